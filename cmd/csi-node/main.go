@@ -1,0 +1,75 @@
+// Command csi-node is the converge CSI node plugin. It parses flags into a
+// driver.Config and runs the driver until SIGTERM or SIGINT; mounts stay in
+// place when it stops.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/driver"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/reconciler"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func main() {
+	host, _ := os.Hostname()
+	var cfg driver.Config
+	var prefixes listFlag
+	fs := flag.CommandLine
+	fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///var/lib/kubelet/plugins/converge.csi.dev/csi.sock", "CSI endpoint (unix:///path/csi.sock)")
+	fs.StringVar(&cfg.NodeID, "node-id", host, "node name reported to Kubernetes")
+	fs.StringVar(&cfg.DriverName, "driver-name", driver.DefaultDriverName, "CSI driver name")
+	fs.StringVar(&cfg.StateDir, "state-dir", driver.DefaultStateDir, "directory of the state store (state.db)")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory of the volume images (default <state-dir>/volumes)")
+	fs.StringVar(&cfg.KubeletDir, "kubelet-dir", driver.DefaultKubeletDir, "kubelet root; staging and target paths must lie inside it")
+	fs.Var(&prefixes, "allowed-path-prefix", "extra directory staging and target paths may lie in (repeatable)")
+	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
+	fs.DurationVar(&cfg.MaxWait, "max-wait", nodeserver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
+	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	klog.InitFlags(fs)
+	flag.Parse()
+
+	cfg.Version = buildVersion()
+	if *showVersion {
+		fmt.Println(cfg.Version)
+		return
+	}
+	cfg.AllowedPathPrefixes = prefixes
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := driver.Run(ctx, cfg); err != nil {
+		klog.ErrorS(err, "csi-node failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "devel"
+}

@@ -1,0 +1,137 @@
+package devices
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// imageSuffix ends every volume image file name.
+const imageSuffix = ".img"
+
+// ErrImageExists is returned by Images.Create when an image of another size
+// already exists.
+var ErrImageExists = errors.New("image exists with another size")
+
+// Images manages the sparse image files that back file-backend volumes. An
+// image's path is always derived from the volume ID inside Dir; it is never
+// taken from a request. IDs must have been validated by the caller.
+type Images struct {
+	// Dir is the data directory.
+	Dir string
+}
+
+// Path returns the image file of id.
+func (im *Images) Path(id string) string {
+	return filepath.Join(im.Dir, id+imageSuffix)
+}
+
+// IDOf returns the volume ID whose image is path, and false when path is
+// not an image in Dir.
+func (im *Images) IDOf(path string) (string, bool) {
+	if filepath.Dir(path) != filepath.Clean(im.Dir) {
+		return "", false
+	}
+	return strings.CutSuffix(filepath.Base(path), imageSuffix)
+}
+
+// Size returns the size of id's image; an error matching os.ErrNotExist when
+// there is none.
+func (im *Images) Size(id string) (int64, error) {
+	fi, err := os.Stat(im.Path(id))
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
+
+// Create makes a sparse image of size bytes for id, atomically: a crash
+// leaves either no image or a complete one. An existing image of the same
+// size is a no-op; of another size, ErrImageExists.
+func (im *Images) Create(id string, size int64) error {
+	if err := os.MkdirAll(im.Dir, 0o700); err != nil {
+		return err
+	}
+	if cur, err := im.Size(id); err == nil {
+		if cur != size {
+			return fmt.Errorf("%w: %d bytes, asked for %d", ErrImageExists, cur, size)
+		}
+		return nil
+	}
+	tmp, err := os.CreateTemp(im.Dir, ".tmp-"+id+"-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Truncate(size); err != nil {
+		tmp.Close()
+		return fmt.Errorf("sizing image: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	// RENAME_NOREPLACE keeps a concurrent creator's image intact.
+	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, im.Path(id), unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EEXIST) {
+		return im.Create(id, size)
+	}
+	if err != nil {
+		return fmt.Errorf("publishing image: %w", err)
+	}
+	return syncDir(im.Dir)
+}
+
+// Delete removes id's image. A missing image is a no-op.
+func (im *Images) Delete(id string) error {
+	if err := os.Remove(im.Path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return syncDir(im.Dir)
+}
+
+// List returns the IDs of all images, sorted.
+func (im *Images) List() ([]string, error) {
+	entries, err := os.ReadDir(im.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range entries {
+		if id, ok := strings.CutSuffix(e.Name(), imageSuffix); ok && e.Type().IsRegular() && !strings.HasPrefix(id, ".") {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids, nil
+}
+
+// Capacity returns the total and available bytes of the filesystem that
+// holds Dir.
+func (im *Images) Capacity() (total, available int64, err error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(im.Dir, &st); err != nil {
+		return 0, 0, fmt.Errorf("statfs %s: %w", im.Dir, err)
+	}
+	return int64(st.Blocks) * st.Bsize, int64(st.Bavail) * st.Bsize, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

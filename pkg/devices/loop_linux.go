@@ -1,0 +1,154 @@
+package devices
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+const (
+	loopControl = "/dev/loop-control"
+	// attachRetries bounds the race with other processes that take the same
+	// free loop device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
+	attachRetries = 16
+)
+
+// ErrNoLoopDevice is returned when the kernel has no free loop device.
+var ErrNoLoopDevice = errors.New("no free loop device")
+
+// AttachLoop attaches file to a free loop device with direct I/O and returns
+// the device node. The device is not auto-cleared: it stays attached until
+// DetachLoop, so a mount can outlive the plugin process.
+func AttachLoop(file string) (string, error) {
+	backing, err := os.OpenFile(file, os.O_RDWR, 0)
+	if err != nil {
+		return "", fmt.Errorf("opening image: %w", err)
+	}
+	defer backing.Close()
+
+	ctl, err := os.OpenFile(loopControl, os.O_RDWR, 0)
+	if err != nil {
+		return "", fmt.Errorf("opening %s: %w", loopControl, err)
+	}
+	defer ctl.Close()
+
+	for range attachRetries {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.ENODEV) {
+				return "", ErrNoLoopDevice
+			}
+			return "", fmt.Errorf("LOOP_CTL_GET_FREE: %w", err)
+		}
+		dev := fmt.Sprintf("/dev/loop%d", n)
+		err = configureLoop(dev, backing)
+		if errors.Is(err, unix.EBUSY) {
+			continue // someone else took it first
+		}
+		if err != nil {
+			return "", err
+		}
+		return dev, nil
+	}
+	return "", fmt.Errorf("%w: every candidate was taken concurrently", ErrNoLoopDevice)
+}
+
+func configureLoop(dev string, backing *os.File) error {
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", dev, err)
+	}
+	defer f.Close()
+	cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
+	cfg.Info.Flags = unix.LO_FLAGS_DIRECT_IO
+	name := backing.Name()
+	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], name)
+	if err := unix.IoctlLoopConfigure(int(f.Fd()), &cfg); err != nil {
+		return fmt.Errorf("LOOP_CONFIGURE %s: %w", dev, err)
+	}
+	return nil
+}
+
+// DetachLoop releases a loop device. If the device is still open (mounted),
+// the kernel detaches it when it is last closed. Detaching a device that is
+// not attached is a no-op.
+func DetachLoop(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("opening %s: %w", dev, err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+		return fmt.Errorf("LOOP_CLR_FD %s: %w", dev, err)
+	}
+	return nil
+}
+
+// ListLoops returns the attached loop devices, read from sysfs under
+// sysBlock (normally /sys/block).
+func ListLoops(sysBlock string) ([]state.Loop, error) {
+	entries, err := os.ReadDir(sysBlock)
+	if err != nil {
+		return nil, err
+	}
+	var out []state.Loop
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, "loop") {
+			continue
+		}
+		backing, err := os.ReadFile(filepath.Join(sysBlock, name, "loop", "backing_file"))
+		if err != nil {
+			continue // not attached
+		}
+		devRaw, err := os.ReadFile(filepath.Join(sysBlock, name, "dev"))
+		if err != nil {
+			continue // detached meanwhile
+		}
+		dev, err := parseDevNum(strings.TrimSpace(string(devRaw)))
+		if err != nil {
+			return nil, fmt.Errorf("%s/dev: %w", name, err)
+		}
+		out = append(out, state.Loop{
+			Device:      "/dev/" + name,
+			Dev:         dev,
+			BackingFile: strings.TrimSuffix(string(backing), "\n"),
+		})
+	}
+	return out, nil
+}
+
+func parseDevNum(s string) (state.DevNum, error) {
+	maj, min, ok := strings.Cut(s, ":")
+	if !ok {
+		return state.DevNum{}, fmt.Errorf("malformed device number %q", s)
+	}
+	a, err := strconv.ParseUint(maj, 10, 32)
+	if err != nil {
+		return state.DevNum{}, err
+	}
+	b, err := strconv.ParseUint(min, 10, 32)
+	if err != nil {
+		return state.DevNum{}, err
+	}
+	return state.DevNum{Major: uint32(a), Minor: uint32(b)}, nil
+}
+
+// LoopDevices attaches and detaches loop devices.
+type LoopDevices struct{}
+
+// Attach calls AttachLoop.
+func (LoopDevices) Attach(image string) (string, error) { return AttachLoop(image) }
+
+// Detach calls DetachLoop.
+func (LoopDevices) Detach(dev string) error { return DetachLoop(dev) }

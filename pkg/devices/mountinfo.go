@@ -1,0 +1,51 @@
+package devices
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/mount-utils"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// ReadMounts parses a mountinfo file (normally /proc/self/mountinfo) once.
+func ReadMounts(path string) ([]state.Mount, error) {
+	infos, err := mount.ParseMountInfo(path)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]state.Mount, 0, len(infos))
+	for _, mi := range infos {
+		out = append(out, state.Mount{
+			Path:     unescapeOctal(mi.MountPoint),
+			Dev:      state.DevNum{Major: uint32(mi.Major), Minor: uint32(mi.Minor)},
+			Root:     unescapeOctal(mi.Root),
+			Source:   unescapeOctal(mi.Source),
+			FsType:   mi.FsType,
+			ReadOnly: slices.Contains(mi.MountOptions, "ro"),
+		})
+	}
+	return out, nil
+}
+
+// unescapeOctal undoes the kernel's \ooo escaping of space, tab, newline and
+// backslash in mountinfo fields.
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,98 @@
+package driver
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	DefaultDriverName = "converge.csi.dev"
+	DefaultStateDir   = "/var/lib/converge"
+	DefaultKubeletDir = "/var/lib/kubelet"
+	// TopologyKey is the topology segment that pins a volume to its node.
+	TopologyKey = "topology.converge.csi.dev/node"
+)
+
+// Config is everything the plugin is configured with; cmd/csi-node fills it
+// from flags.
+type Config struct {
+	// Endpoint is the CSI endpoint, unix:///path/to/csi.sock.
+	Endpoint string
+	// DriverName is the CSI driver name.
+	DriverName string
+	// NodeID is this node's name.
+	NodeID string
+	// Version is reported by GetPluginInfo.
+	Version string
+	// StateDir holds the store (state.db).
+	StateDir string
+	// DataDir holds the volume images; defaults to <StateDir>/volumes.
+	DataDir string
+	// KubeletDir is the kubelet's root; staging and target paths lie in it.
+	KubeletDir string
+	// AllowedPathPrefixes are extra roots for staging and target paths.
+	AllowedPathPrefixes []string
+	// ResyncPeriod is the time between reconcile passes without a kick.
+	ResyncPeriod time.Duration
+	// MaxWait is the longest an RPC waits when its context has no deadline.
+	MaxWait time.Duration
+	// MaxVolumes is reported by NodeGetInfo; 0 means no limit.
+	MaxVolumes int64
+}
+
+// withDefaults fills defaults and validates.
+func (c Config) withDefaults() (Config, error) {
+	if c.DriverName == "" {
+		c.DriverName = DefaultDriverName
+	}
+	if c.StateDir == "" {
+		c.StateDir = DefaultStateDir
+	}
+	if c.DataDir == "" {
+		c.DataDir = filepath.Join(c.StateDir, "volumes")
+	}
+	if c.KubeletDir == "" {
+		c.KubeletDir = DefaultKubeletDir
+	}
+	if c.NodeID == "" {
+		return c, errors.New("node ID is required")
+	}
+	if c.MaxVolumes < 0 {
+		return c, errors.New("max volumes must not be negative")
+	}
+	for _, d := range append([]string{c.StateDir, c.DataDir, c.KubeletDir}, c.AllowedPathPrefixes...) {
+		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
+			return c, fmt.Errorf("directory %q must be an absolute, clean path other than /", d)
+		}
+	}
+	if _, err := socketPath(c.Endpoint); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// roots returns the directories staging and target paths may lie in.
+func (c Config) roots() []string {
+	return append([]string{c.KubeletDir}, c.AllowedPathPrefixes...)
+}
+
+// socketPath returns the file of a unix:// endpoint.
+func socketPath(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "unix" {
+		return "", fmt.Errorf("endpoint %q must be unix:///absolute/path", endpoint)
+	}
+	p := u.Path
+	if u.Host != "" {
+		p = u.Host + p // unix://relative/path
+	}
+	if !strings.HasPrefix(p, "/") || filepath.Clean(p) != p {
+		return "", fmt.Errorf("endpoint %q must name an absolute, clean socket path", endpoint)
+	}
+	return p, nil
+}

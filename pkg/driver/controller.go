@@ -1,0 +1,311 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+const (
+	// DefaultVolumeSize is the size of a volume created without a
+	// capacity range.
+	DefaultVolumeSize = 1 << 30
+	// MinVolumeSize is the smallest volume: room for an ext4 journal.
+	MinVolumeSize = 16 << 20
+	// sizeAlign keeps images a whole number of 4 KiB blocks, so the loop
+	// device and every filesystem block size divide them.
+	sizeAlign = 4096
+	// listTokenPrefix marks a ListVolumes token: the token is the prefix
+	// and the last volume ID of the previous page.
+	listTokenPrefix = "after:"
+	// k8sParamPrefix is the prefix of parameters the external-provisioner
+	// itself adds (PVC and PV names with --extra-create-metadata); they
+	// carry no meaning for the plugin.
+	k8sParamPrefix = "csi.storage.k8s.io/"
+)
+
+// controllerStore is what the controller needs of the store.
+type controllerStore interface {
+	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
+	DropFinals(id string)
+}
+
+// controller implements the node-local csi.ControllerServer: volumes are
+// sparse image files in the data directory of this node.
+type controller struct {
+	csi.UnimplementedControllerServer
+	images   *devices.Images
+	store    controllerStore
+	topology map[string]string
+
+	// mu serialises CreateVolume and DeleteVolume so a name is never
+	// created and deleted at once.
+	mu sync.Mutex
+}
+
+func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
+		})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// CreateVolume creates a sparse image named after the volume. It is
+// idempotent by name: an existing image within the capacity range is
+// returned; one outside it is ALREADY_EXISTS.
+func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	name := req.GetName()
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "name is required")
+	}
+	if err := state.ValidID(name); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "name: %v", err)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, err
+	}
+	var unknown []string
+	for k := range req.GetParameters() {
+		if !strings.HasPrefix(k, k8sParamPrefix) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return nil, status.Errorf(codes.InvalidArgument, "unknown parameters: %s", strings.Join(unknown, ", "))
+	}
+	if req.GetVolumeContentSource() != nil {
+		return nil, status.Error(codes.InvalidArgument, "snapshots and cloning are not supported")
+	}
+	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
+		return nil, err
+	}
+	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
+	size, err := c.sizeFor(required, limit)
+	if err != nil {
+		return nil, err
+	}
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cur, err := c.images.Size(name); err == nil {
+		if cur < required || limit > 0 && cur > limit {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", name, cur, required, limit)
+		}
+		return c.response(name, cur), nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.Internal, "checking volume %s: %v", name, err)
+	}
+	if err := c.images.Create(name, size); err != nil {
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			return nil, status.Errorf(codes.ResourceExhausted, "creating volume %s: %v", name, err)
+		}
+		return nil, status.Errorf(codes.Internal, "creating volume %s: %v", name, err)
+	}
+	return c.response(name, size), nil
+}
+
+func (c *controller) response(id string, size int64) *csi.CreateVolumeResponse {
+	return &csi.CreateVolumeResponse{Volume: c.volume(id, size)}
+}
+
+func (c *controller) volume(id string, size int64) *csi.Volume {
+	return &csi.Volume{
+		VolumeId:           id,
+		CapacityBytes:      size,
+		AccessibleTopology: []*csi.Topology{{Segments: c.topology}},
+	}
+}
+
+// sizeFor picks the image size for a capacity range.
+func (c *controller) sizeFor(required, limit int64) (int64, error) {
+	if required < 0 || limit < 0 {
+		return 0, status.Error(codes.InvalidArgument, "capacity range must not be negative")
+	}
+	if limit > 0 && required > limit {
+		return 0, status.Errorf(codes.OutOfRange, "required bytes %d exceed limit bytes %d", required, limit)
+	}
+	size := max(required, MinVolumeSize)
+	if required == 0 {
+		size = DefaultVolumeSize
+		if limit > 0 {
+			size = min(size, limit)
+		}
+	}
+	if size > (1 << 62) {
+		return 0, status.Errorf(codes.OutOfRange, "%d bytes is more than this node can hold", size)
+	}
+	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
+	if limit > 0 && size > limit {
+		return 0, status.Errorf(codes.OutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, limit)
+	}
+	total, _, err := c.images.Capacity()
+	if err != nil {
+		return 0, status.Errorf(codes.Internal, "%v", err)
+	}
+	if size > total {
+		return 0, status.Errorf(codes.OutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
+	}
+	return size, nil
+}
+
+// checkTopology fails when the requisite topology excludes this node.
+func (c *controller) checkTopology(req *csi.TopologyRequirement) error {
+	if len(req.GetRequisite()) == 0 {
+		return nil
+	}
+	for _, t := range req.GetRequisite() {
+		if v, ok := t.GetSegments()[TopologyKey]; ok && v == c.topology[TopologyKey] {
+			return nil
+		}
+	}
+	return status.Errorf(codes.ResourceExhausted, "requisite topology does not include this node (%s=%s)", TopologyKey, c.topology[TopologyKey])
+}
+
+func checkCapabilities(caps []*csi.VolumeCapability) error {
+	if len(caps) == 0 {
+		return status.Error(codes.InvalidArgument, "volume capabilities are required")
+	}
+	for _, vc := range caps {
+		if _, err := nodeserver.ParseCapability(vc); err != nil {
+			return status.Errorf(codes.InvalidArgument, "%v", err)
+		}
+	}
+	return nil
+}
+
+// DeleteVolume removes a volume's image and record. It refuses while the
+// volume is staged or published; an unknown volume is a no-op.
+func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	if state.ValidID(id) != nil {
+		return &csi.DeleteVolumeResponse{}, nil // no such volume can exist
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// The image is removed inside the record's transaction, so no stage
+	// intent can slip in between the check and the removal.
+	_, err := c.store.Update(id, func(v *state.Volume) error {
+		if v.Stage != nil {
+			return state.Errorf(state.KindFailedPrecondition, "volume %s is staged at %s", id, v.Stage.Path)
+		}
+		if len(v.Publishes) > 0 {
+			return state.Errorf(state.KindFailedPrecondition, "volume %s is published at %s", id, strings.Join(v.Targets(), ", "))
+		}
+		if err := c.images.Delete(id); err != nil {
+			return fmt.Errorf("deleting image of %s: %w", id, err)
+		}
+		v.Formatted = ""
+		return nil
+	})
+	if err != nil {
+		return nil, nodeserver.Status(err)
+	}
+	c.store.DropFinals(id)
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
+	}
+	if state.ValidID(id) != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	if _, err := c.images.Size(id); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+		}
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	for _, vc := range req.GetVolumeCapabilities() {
+		if _, err := nodeserver.ParseCapability(vc); err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+		}
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// ListVolumes pages through the images in ID order.
+func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	if req.GetMaxEntries() < 0 {
+		return nil, status.Error(codes.InvalidArgument, "max entries must not be negative")
+	}
+	after := ""
+	if tok := req.GetStartingToken(); tok != "" {
+		id, ok := strings.CutPrefix(tok, listTokenPrefix)
+		if !ok || state.ValidID(id) != nil {
+			return nil, status.Errorf(codes.Aborted, "invalid starting token %q", tok)
+		}
+		after = id
+	}
+	ids, err := c.images.List()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "listing volumes: %v", err)
+	}
+	start := sort.SearchStrings(ids, after)
+	if start < len(ids) && ids[start] == after {
+		start++
+	}
+	resp := &csi.ListVolumesResponse{}
+	for _, id := range ids[start:] {
+		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
+			resp.NextToken = listTokenPrefix + resp.Entries[len(resp.Entries)-1].Volume.VolumeId
+			break
+		}
+		size, err := c.images.Size(id)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: c.volume(id, size)})
+	}
+	return resp, nil
+}
+
+// GetCapacity reports the free space of the data directory's filesystem.
+func (c *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	for _, vc := range req.GetVolumeCapabilities() {
+		if _, err := nodeserver.ParseCapability(vc); err != nil {
+			return &csi.GetCapacityResponse{}, nil
+		}
+	}
+	if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && seg[TopologyKey] != c.topology[TopologyKey] {
+		return &csi.GetCapacityResponse{}, nil
+	}
+	_, avail, err := c.images.Capacity()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
+	}
+	return &csi.GetCapacityResponse{AvailableCapacity: avail}, nil
+}

@@ -1,0 +1,153 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/reconciler"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+const (
+	// maxFormats bounds concurrent mkfs runs; they are I/O bound.
+	maxFormats = 2
+	// stopGrace is how long in-flight RPCs may finish after SIGTERM.
+	stopGrace = 10 * time.Second
+)
+
+// Run builds the plugin from cfg and serves until ctx ends. On return every
+// mount and device is left in place: they belong to pods, not to the
+// plugin process.
+func Run(ctx context.Context, cfg Config) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	logger := klog.FromContext(ctx)
+	for _, d := range []string{cfg.StateDir, cfg.DataDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	store, err := state.Open(filepath.Join(cfg.StateDir, "state.db"))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	images := &devices.Images{Dir: cfg.DataDir}
+	rec, err := reconciler.New(reconciler.Config{
+		Store:        store,
+		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"},
+		Loops:        devices.LoopDevices{},
+		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats),
+		Paths:        devices.NewPaths(cfg.roots()),
+		Images:       images,
+		Clock:        clock.RealClock{},
+		ResyncPeriod: cfg.ResyncPeriod,
+	})
+	if err != nil {
+		return err
+	}
+	topology := map[string]string{TopologyKey: cfg.NodeID}
+	node, err := nodeserver.New(nodeserver.Config{
+		Store:      store,
+		Kicker:     rec,
+		Stat:       devices.Statfs,
+		NodeID:     cfg.NodeID,
+		MaxVolumes: cfg.MaxVolumes,
+		Topology:   topology,
+		Roots:      cfg.roots(),
+		MaxWait:    cfg.MaxWait,
+	})
+	if err != nil {
+		return err
+	}
+
+	sock, err := socketPath(cfg.Endpoint)
+	if err != nil {
+		return err
+	}
+	lis, err := listen(sock)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(sock)
+
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, logCalls))
+	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready})
+	csi.RegisterControllerServer(srv, &controller{images: images, store: store, topology: topology})
+	csi.RegisterNodeServer(srv, node)
+
+	recCtx, stopRec := context.WithCancel(ctx)
+	defer stopRec()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rec.Run(recCtx)
+	}()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(lis) }()
+	logger.Info("Serving", "endpoint", cfg.Endpoint, "driver", cfg.DriverName, "nodeID", cfg.NodeID,
+		"stateDir", cfg.StateDir, "dataDir", cfg.DataDir, "roots", cfg.roots())
+
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-serveErr:
+	}
+	logger.Info("Stopping; mounts stay in place")
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(stopGrace):
+		srv.Stop()
+	}
+	stopRec()
+	wg.Wait()
+	return err
+}
+
+// listen creates the socket with mode 0600. A live socket of another
+// instance is never taken over; a stale one is replaced.
+func listen(sock string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(sock), 0o750); err != nil {
+		return nil, fmt.Errorf("creating socket directory: %w", err)
+	}
+	if _, err := os.Lstat(sock); err == nil {
+		conn, derr := net.DialTimeout("unix", sock, time.Second)
+		if derr == nil {
+			conn.Close()
+			return nil, fmt.Errorf("another instance is serving on %s", sock)
+		}
+		if err := os.Remove(sock); err != nil {
+			return nil, fmt.Errorf("removing stale socket: %w", err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	old := unix.Umask(0o177)
+	lis, err := net.Listen("unix", sock)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", sock, err)
+	}
+	return lis, nil
+}

@@ -1,0 +1,37 @@
+package driver
+
+import (
+	"context"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// identity implements csi.IdentityServer.
+type identity struct {
+	csi.UnimplementedIdentityServer
+	name, version string
+	ready         func() bool
+}
+
+func (i *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: i.name, VendorVersion: i.version}, nil
+}
+
+func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	caps := []*csi.PluginCapability{}
+	for _, t := range []csi.PluginCapability_Service_Type{
+		csi.PluginCapability_Service_CONTROLLER_SERVICE,
+		csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
+	} {
+		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
+			Service: &csi.PluginCapability_Service{Type: t},
+		}})
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// Probe reports ready only once start-up reconstruction has finished.
+func (i *identity) Probe(context.Context, *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(i.ready())}, nil
+}

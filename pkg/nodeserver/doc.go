@@ -1,0 +1,8 @@
+// Package nodeserver serves the CSI Node service. A mutating RPC validates
+// its request (InvalidArgument before any lookup), records the intent in the
+// store in one durable transaction, kicks the reconciler and waits until the
+// reconciler reports the intent fulfilled, rolled back, or superseded, or
+// until the request's deadline. It never touches a device or a mount.
+//
+// This package also owns the one mapping from failures to gRPC codes.
+package nodeserver

@@ -1,0 +1,107 @@
+package nodeserver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// Store is the subset of the desired-state store the node server needs.
+type Store interface {
+	Get(id string) (*state.Volume, error)
+	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
+	Result(id string, key state.IntentKey) (state.Result, bool)
+	FinalFor(id string, key state.IntentKey, gen int64) *state.Error
+	Watch(id string) <-chan struct{}
+}
+
+// Kicker asks the reconciler for a pass.
+type Kicker interface {
+	Kick()
+}
+
+// StatFunc returns the usage of the filesystem at path, giving up when ctx
+// ends.
+type StatFunc func(ctx context.Context, path string) (state.Usage, error)
+
+// Defaults of Config.
+const (
+	DefaultMaxWait      = 2 * time.Minute
+	DefaultStatsTimeout = 5 * time.Second
+)
+
+// Config configures a Server.
+type Config struct {
+	Store  Store
+	Kicker Kicker
+	Stat   StatFunc
+
+	// NodeID is reported by NodeGetInfo.
+	NodeID string
+	// MaxVolumes is reported by NodeGetInfo; 0 means no limit.
+	MaxVolumes int64
+	// Topology is the node's accessible topology.
+	Topology map[string]string
+	// Roots are the directories staging and target paths must lie in.
+	Roots []string
+	// MaxWait is the longest an RPC waits when its context has no deadline.
+	MaxWait time.Duration
+	// StatsTimeout bounds NodeGetVolumeStats' statfs.
+	StatsTimeout time.Duration
+}
+
+// Server implements csi.NodeServer.
+type Server struct {
+	csi.UnimplementedNodeServer
+	cfg Config
+}
+
+var _ csi.NodeServer = (*Server)(nil)
+
+// New validates cfg, fills defaults and returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil || cfg.Kicker == nil || cfg.Stat == nil {
+		return nil, errors.New("nodeserver: store, kicker and stat are required")
+	}
+	if cfg.NodeID == "" {
+		return nil, errors.New("nodeserver: node ID is required")
+	}
+	if len(cfg.Roots) == 0 {
+		return nil, errors.New("nodeserver: at least one allowed root is required")
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.StatsTimeout <= 0 {
+		cfg.StatsTimeout = DefaultStatsTimeout
+	}
+	return &Server{cfg: cfg}, nil
+}
+
+// NodeGetCapabilities implements csi.NodeServer.
+func (s *Server) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	var caps []*csi.NodeServiceCapability
+	for _, c := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{
+			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},
+		})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// NodeGetInfo implements csi.NodeServer.
+func (s *Server) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{
+		NodeId:             s.cfg.NodeID,
+		MaxVolumesPerNode:  s.cfg.MaxVolumes,
+		AccessibleTopology: &csi.Topology{Segments: s.cfg.Topology},
+	}, nil
+}

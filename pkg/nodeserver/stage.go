@@ -1,0 +1,102 @@
+package nodeserver
+
+import (
+	"context"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// NodeStageVolume records the stage intent and waits until the volume's
+// device is attached and its filesystem mounted at the staging path.
+func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	if err := s.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
+	c, err := ParseCapability(req.GetVolumeCapability())
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	spec := &state.Stage{
+		Path:       req.GetStagingTargetPath(),
+		Access:     c.Access,
+		FsType:     c.FsType,
+		MountFlags: c.MountFlags,
+		AccessMode: c.Mode,
+		ReadOnly:   c.ReadOnly,
+	}
+	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
+		st := v.Stage
+		switch {
+		case st == nil:
+			v.Stage = spec
+		case st.SameSpec(spec):
+			st.Deleting = false // a duplicate, or a retry during a rollback
+		case st.Deleting:
+			return state.Errorf(state.KindAborted, "volume %s is still being unstaged from %s; retry later", id, st.Path)
+		case st.Path != spec.Path:
+			return state.Errorf(state.KindAlreadyExists, "volume %s is already staged at %s", id, st.Path)
+		default:
+			return state.Errorf(state.KindAlreadyExists, "volume %s is already staged at %s with another capability, fs type or mount flags", id, st.Path)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, Status(err)
+	}
+	klog.FromContext(ctx).V(4).Info("Stage intent recorded", "volumeID", id, "generation", v.Stage.Generation)
+	s.cfg.Kicker.Kick()
+	if err := s.wait(ctx, id, s.setupCheck(id, state.StageKey, v.Stage.Generation, liveStage)); err != nil {
+		return nil, err
+	}
+	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+// NodeUnstageVolume withdraws the stage intent and waits until the staging
+// mount is gone and the device released. A volume that is not staged at
+// that path is a no-op.
+func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	path := req.GetStagingTargetPath()
+	if err := s.checkPath("staging target path", path); err != nil {
+		return nil, err
+	}
+	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
+		st := v.Stage
+		if st == nil || st.Path != path {
+			return nil
+		}
+		var live []string
+		for _, t := range v.Targets() {
+			if !v.Publishes[t].Deleting {
+				live = append(live, t)
+			}
+		}
+		if len(live) > 0 {
+			return state.Errorf(state.KindFailedPrecondition, "volume %s is still published at %s", id, strings.Join(live, ", "))
+		}
+		st.Deleting = true
+		return nil
+	})
+	if err != nil {
+		return nil, Status(err)
+	}
+	if v.Stage == nil || v.Stage.Path != path {
+		return &csi.NodeUnstageVolumeResponse{}, nil
+	}
+	s.cfg.Kicker.Kick()
+	if err := s.wait(ctx, id, s.teardownCheck(id, state.StageKey, liveStage)); err != nil {
+		return nil, err
+	}
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}

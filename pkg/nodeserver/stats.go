@@ -1,0 +1,53 @@
+package nodeserver
+
+import (
+	"context"
+	"errors"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// NodeGetVolumeStats reports the usage of a staged or published volume from
+// a statfs bounded in time. It reads the store only, so it never waits
+// behind an operation on the volume. An unknown volume, or a path that is
+// neither its staging path nor one of its targets, is NOT_FOUND.
+func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if id == "" {
+		return nil, invalid("volume ID is required")
+	}
+	if path == "" {
+		return nil, invalid("volume path is required")
+	}
+	if state.ValidID(id) != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	v, err := s.cfg.Store.Get(id)
+	if errors.Is(err, state.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	if err != nil {
+		return nil, Status(err)
+	}
+	known := v.Stage != nil && !v.Stage.Deleting && v.Stage.Path == path
+	if p := v.Publishes[path]; p != nil && !p.Deleting {
+		known = true
+	}
+	if !known {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatsTimeout)
+	defer cancel()
+	u, err := s.cfg.Stat(ctx, path)
+	if err != nil {
+		return nil, Status(err)
+	}
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Available: u.AvailableBytes, Used: u.UsedBytes},
+		{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Available: u.FreeInodes, Used: u.UsedInodes},
+	}}, nil
+}

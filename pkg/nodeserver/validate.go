@@ -1,0 +1,140 @@
+package nodeserver
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// FsTypes are the filesystems a volume may ask for.
+var FsTypes = []string{"ext4", "xfs"}
+
+// mountFlagPolicy lists the mount options a request may carry. Options with
+// a value name it "key=". Everything else is refused: in particular bind,
+// rbind, remount, move, loop and helper options, and anything that names
+// another device or path. See the README's "Mount flags" section.
+var mountFlagPolicy = map[string]bool{
+	"ro": false, "rw": false, "sync": false, "async": false, "dirsync": false,
+	"noexec": false, "exec": false, "nosuid": false, "suid": false, "nodev": false, "dev": false,
+	"noatime": false, "atime": false, "relatime": false, "norelatime": false, "strictatime": false,
+	"nodiratime": false, "diratime": false, "lazytime": false, "nolazytime": false,
+	"discard": false, "nodiscard": false, "acl": false, "noacl": false,
+	"user_xattr": false, "nouser_xattr": false, "barrier": false, "nobarrier": false,
+	"nouuid": false, "inode64": false, "largeio": false, "nolargeio": false,
+	"usrquota": false, "grpquota": false, "prjquota": false, "uquota": false, "gquota": false, "pquota": false,
+	"errors=": true, "data=": true, "commit=": true, "allocsize=": true, "logbufs=": true,
+	"context=": true, "fscontext=": true, "defcontext=": true, "rootcontext=": true,
+}
+
+// CheckMountFlags enforces the mount flag policy.
+func CheckMountFlags(flags []string) error {
+	for _, f := range flags {
+		if f == "" {
+			return fmt.Errorf("empty mount flag")
+		}
+		if strings.ContainsAny(f, "\x00\n\r\t ") {
+			return fmt.Errorf("mount flag %q holds a control or space character", f)
+		}
+		key, value, hasValue := strings.Cut(f, "=")
+		if hasValue {
+			key += "="
+		}
+		if _, ok := mountFlagPolicy[key]; !ok {
+			return fmt.Errorf("mount flag %q is not allowed", f)
+		}
+		if strings.HasSuffix(key, "context=") {
+			// An SELinux label may hold commas (categories) inside quotes.
+			quoted := len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' &&
+				!strings.Contains(value[1:len(value)-1], `"`)
+			if strings.ContainsAny(value, ",\"") && !quoted {
+				return fmt.Errorf("mount flag %q: a label with commas must be quoted", f)
+			}
+			continue
+		}
+		if strings.ContainsAny(value, "/,\"") {
+			return fmt.Errorf("mount flag %q must not name a path or hold a comma", f)
+		}
+	}
+	return nil
+}
+
+// supportedModes are the access modes of a node-local volume.
+var supportedModes = []csi.VolumeCapability_AccessMode_Mode{
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER,
+}
+
+// Capability is a validated CSI volume capability.
+type Capability struct {
+	Access     state.AccessType
+	FsType     string
+	MountFlags []string
+	// Mode is the access mode's CSI name.
+	Mode string
+	// ReadOnly is true for reader-only modes.
+	ReadOnly bool
+}
+
+// ParseCapability validates a volume capability.
+func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
+	if c == nil {
+		return Capability{}, fmt.Errorf("volume capability is required")
+	}
+	mode := c.GetAccessMode().GetMode()
+	if mode == csi.VolumeCapability_AccessMode_UNKNOWN {
+		return Capability{}, fmt.Errorf("access mode is required")
+	}
+	if !slices.Contains(supportedModes, mode) {
+		return Capability{}, fmt.Errorf("access mode %s is not supported by a node-local volume", mode)
+	}
+	out := Capability{Mode: mode.String(), ReadOnly: mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY}
+	switch {
+	case c.GetBlock() != nil:
+		return Capability{}, fmt.Errorf("block access type is not supported")
+	case c.GetMount() != nil:
+		m := c.GetMount()
+		out.Access = state.AccessMount
+		out.FsType = m.GetFsType()
+		if out.FsType != "" && !slices.Contains(FsTypes, out.FsType) {
+			return Capability{}, fmt.Errorf("fs type %q is not supported; use one of %v", out.FsType, FsTypes)
+		}
+		if err := CheckMountFlags(m.GetMountFlags()); err != nil {
+			return Capability{}, err
+		}
+		out.MountFlags = slices.Clone(m.GetMountFlags())
+		if len(out.MountFlags) == 0 {
+			out.MountFlags = nil
+		}
+	default:
+		return Capability{}, fmt.Errorf("access type (mount or block) is required")
+	}
+	return out, nil
+}
+
+// checkID validates a volume ID for an RPC.
+func checkID(id string) error {
+	if id == "" {
+		return invalid("volume ID is required")
+	}
+	if err := state.ValidID(id); err != nil {
+		return invalid("%v", err)
+	}
+	return nil
+}
+
+// checkPath validates a staging or target path for an RPC.
+func (s *Server) checkPath(what, path string) error {
+	if path == "" {
+		return invalid("%s is required", what)
+	}
+	if _, _, err := state.Beneath(path, s.cfg.Roots); err != nil {
+		return invalid("%s: %v", what, err)
+	}
+	return nil
+}

@@ -1,0 +1,162 @@
+package reconciler
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// failure is the backoff state of the latest failed action of a volume.
+type failure struct {
+	act      action
+	attempts int
+	next     time.Time
+	err      *state.Error
+}
+
+// executor runs operations: at most one per volume, in two bounded pools,
+// with exponential backoff per volume and action.
+type executor struct {
+	clock     clock.Clock
+	initial   time.Duration
+	max       time.Duration
+	fastSlots chan struct{}
+	slowSlots chan struct{}
+	wg        sync.WaitGroup
+
+	// mu guards running and failures.
+	mu       sync.Mutex
+	running  map[string]action
+	failures map[string]*failure
+}
+
+func newExecutor(c clock.Clock, fast, slow int, initial, max time.Duration) *executor {
+	return &executor{
+		clock:     c,
+		initial:   initial,
+		max:       max,
+		fastSlots: make(chan struct{}, fast),
+		slowSlots: make(chan struct{}, slow),
+		running:   map[string]action{},
+		failures:  map[string]*failure{},
+	}
+}
+
+// sameAction reports whether a and b are the same step of the same intent,
+// so that backoff of one applies to the other.
+func sameAction(a, b action) bool {
+	return a.kind == b.kind && a.target == b.target && a.generation == b.generation
+}
+
+// blocked reports whether act of volume id must not start now: because an
+// operation of id is running, or because act failed and its backoff has not
+// ended (then retryAt is when it may).
+func (e *executor) blocked(id string, act action) (busy bool, retryAt time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.running[id]; ok {
+		return true, time.Time{}
+	}
+	if f := e.failures[id]; f != nil && sameAction(f.act, act) && e.clock.Now().Before(f.next) {
+		return true, f.next
+	}
+	return false, time.Time{}
+}
+
+// lastFailure returns the latest failure of the action serving key at
+// generation gen, or nil.
+func (e *executor) lastFailure(id string, key state.IntentKey, gen int64) *failure {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f := e.failures[id]; f != nil && f.act.key() == key && f.act.generation == gen {
+		c := *f
+		return &c
+	}
+	return nil
+}
+
+// idle reports whether no operation is running.
+func (e *executor) idle() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.running) == 0
+}
+
+// start runs op for volume id in the background; done is called with its
+// error after the backoff state is updated. The caller must have checked
+// blocked. The operation waits for a slot of its pool or for ctx.
+func (e *executor) start(ctx context.Context, id string, act action, op func() error, done func(error, *failure)) {
+	e.mu.Lock()
+	e.running[id] = act
+	e.mu.Unlock()
+
+	slots := e.fastSlots
+	if act.slow() {
+		slots = e.slowSlots
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		var err error
+		select {
+		case slots <- struct{}{}:
+			err = op()
+			<-slots
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		f := e.finish(id, act, err)
+		done(err, f)
+	}()
+}
+
+// finish records the outcome of act and releases the volume.
+func (e *executor) finish(id string, act action, err error) *failure {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.running, id)
+	if err == nil {
+		if f := e.failures[id]; f != nil && sameAction(f.act, act) {
+			delete(e.failures, id)
+		}
+		return nil
+	}
+	f := e.failures[id]
+	if f == nil || !sameAction(f.act, act) {
+		f = &failure{act: act}
+		e.failures[id] = f
+	}
+	f.attempts++
+	f.err = state.AsError(err)
+	f.next = e.clock.Now().Add(backoff(e.initial, e.max, f.attempts))
+	c := *f
+	return &c
+}
+
+// forget drops the backoff state of a volume that has no record any more.
+func (e *executor) forget(keep func(id string) bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for id := range e.failures {
+		if !keep(id) {
+			delete(e.failures, id)
+		}
+	}
+}
+
+// wait blocks until every started operation has finished.
+func (e *executor) wait() { e.wg.Wait() }
+
+// backoff returns the delay before attempt n+1: initial doubled per failed
+// attempt, capped at max.
+func backoff(initial, max time.Duration, attempts int) time.Duration {
+	d := initial
+	for i := 1; i < attempts && d < max; i++ {
+		d *= 2
+	}
+	return min(d, max)
+}

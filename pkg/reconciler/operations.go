@@ -1,0 +1,200 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// DefaultFsType is the filesystem made when a stage names none.
+const DefaultFsType = devices.FsExt4
+
+// fsTypeOf returns the filesystem a stage asks for.
+func fsTypeOf(st *state.Stage) string {
+	if st.FsType == "" {
+		return DefaultFsType
+	}
+	return st.FsType
+}
+
+// pathError classifies a failure to resolve a request path: a missing or
+// symlinked path is the caller's to fix, so it is terminal.
+func pathError(what, path string, err error) error {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return state.Terminalf(state.KindFailedPrecondition, "%s %s does not exist", what, path)
+	case errors.Is(err, devices.ErrSymlink):
+		return state.Terminalf(state.KindInvalidArgument, "%s %s: a path component is a symlink", what, path)
+	case errors.Is(err, devices.ErrOutsideRoots):
+		return state.Terminalf(state.KindInvalidArgument, "%s %s is outside the allowed roots", what, path)
+	}
+	return fmt.Errorf("%s %s: %w", what, path, err)
+}
+
+// stage attaches the volume's image, checks the filesystem provenance,
+// formats only where allowed (invariant 4), mounts the filesystem at the
+// staging path and records the provenance.
+func (r *Reconciler) stage(v *state.Volume, a *actual) error {
+	st := v.Stage
+	if err := r.cfg.Paths.CheckDir(st.Path); err != nil {
+		return pathError("staging path", st.Path, err)
+	}
+	if a.staged {
+		return r.recordFormatted(v.ID, a.stagingMount.FsType)
+	}
+	if a.stagingMount != nil {
+		return state.Errorf(state.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
+	}
+	if _, err := r.cfg.Images.Size(v.ID); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return state.Terminalf(state.KindNotFound, "volume %s does not exist", v.ID)
+		}
+		return fmt.Errorf("checking image: %w", err)
+	}
+	dev := ""
+	if a.loop != nil {
+		dev = a.loop.Device
+	} else {
+		d, err := r.cfg.Loops.Attach(r.cfg.Images.Path(v.ID))
+		if errors.Is(err, devices.ErrNoLoopDevice) {
+			return state.Errorf(state.KindResourceExhausted, "attaching volume %s: %v", v.ID, err)
+		}
+		if err != nil {
+			return fmt.Errorf("attaching volume %s: %w", v.ID, err)
+		}
+		dev = d
+	}
+
+	want := fsTypeOf(st)
+	have, err := r.cfg.Filesystems.DiskFormat(dev)
+	if errors.Is(err, devices.ErrPartitioned) {
+		return state.Terminalf(state.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot tell whether %s holds data, refusing to format: %w", dev, err)
+	}
+	switch {
+	case v.Formatted != "" && have == "":
+		return state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
+	case have != "" && have != want:
+		return state.Terminalf(state.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
+	case have == "" && st.ReadOnly:
+		return state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
+	}
+	if err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want)); err != nil {
+		return fmt.Errorf("mounting %s at %s: %w", dev, st.Path, err)
+	}
+	return r.recordFormatted(v.ID, want)
+}
+
+// recordFormatted sets the provenance of a volume once.
+func (r *Reconciler) recordFormatted(id, fsType string) error {
+	_, err := r.cfg.Store.Update(id, func(v *state.Volume) error {
+		if v.Formatted == "" {
+			v.Formatted = fsType
+		}
+		return nil
+	})
+	return err
+}
+
+// stageOptions returns the mount options of a staging mount.
+func stageOptions(st *state.Stage, fsType string) []string {
+	opts := slices.Clone(st.MountFlags)
+	if st.ReadOnly {
+		opts = append(opts, "ro")
+	}
+	if fsType == devices.FsXFS && !slices.Contains(opts, "nouuid") {
+		// Clones of one image share a UUID; xfs refuses the second mount.
+		opts = append(opts, "nouuid")
+	}
+	return opts
+}
+
+// publish bind mounts the staging mount at target, creating the target
+// directory (the kubelet creates its parent).
+func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
+	p := v.Publishes[target]
+	if err := r.cfg.Paths.CheckDir(filepath.Dir(target)); err != nil {
+		return pathError("parent of target path", filepath.Dir(target), err)
+	}
+	if m := a.targets[target]; m != nil {
+		return state.Errorf(state.KindFailedPrecondition, "target %s holds another mount (%s)", target, m.Source)
+	}
+	if err := r.cfg.Paths.Mkdir(target); err != nil {
+		if errors.Is(err, devices.ErrSymlink) {
+			return pathError("target path", target, err)
+		}
+		return fmt.Errorf("creating target: %w", err)
+	}
+	opts := slices.Clone(p.MountFlags)
+	if p.ReadOnly {
+		opts = append(opts, "ro")
+	}
+	if err := r.cfg.Filesystems.BindMount(v.Stage.Path, target, opts); err != nil {
+		return fmt.Errorf("bind mounting %s at %s: %w", v.Stage.Path, target, err)
+	}
+	return nil
+}
+
+// unpublish unmounts target and removes it; once the target is verified
+// gone it forgets the publish.
+func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error {
+	if a.targets[target] != nil {
+		if err := r.cfg.Filesystems.Unmount(target); err != nil {
+			return fmt.Errorf("unmounting %s: %w", target, err)
+		}
+	}
+	err := r.cfg.Paths.Remove(target)
+	switch {
+	case errors.Is(err, devices.ErrSymlink), errors.Is(err, devices.ErrOutsideRoots):
+		// The plugin never creates a target through a symlink, so
+		// nothing of ours can be there; leave the foreign path alone.
+	case err != nil:
+		return fmt.Errorf("removing target: %w", err)
+	}
+	gen := v.Publishes[target].Generation
+	_, err = r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
+		if p := cur.Publishes[target]; p != nil && p.Deleting && p.Generation == gen {
+			delete(cur.Publishes, target)
+		}
+		return nil
+	})
+	return err
+}
+
+// unstage takes one step of a teardown: unmount the staging mount, else
+// detach the device, else (verified gone) forget the stage. Each step is
+// verified by the next pass's observation before the next one runs.
+func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
+	st := v.Stage
+	if len(a.foreignMounts) > 0 {
+		return state.Errorf(state.KindFailedPrecondition, "volume %s is still mounted at %s", v.ID, strings.Join(a.foreignMounts, ", "))
+	}
+	if a.staged {
+		if err := r.cfg.Filesystems.Unmount(st.Path); err != nil {
+			return fmt.Errorf("unmounting staging path %s: %w", st.Path, err)
+		}
+		return nil
+	}
+	if a.loop != nil {
+		if err := r.cfg.Loops.Detach(a.loop.Device); err != nil {
+			return fmt.Errorf("detaching %s: %w", a.loop.Device, err)
+		}
+		return nil
+	}
+	gen := st.Generation
+	_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
+		if s := cur.Stage; s != nil && s.Deleting && s.Generation == gen {
+			cur.Stage = nil
+		}
+		return nil
+	})
+	return err
+}

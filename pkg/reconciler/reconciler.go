@@ -1,0 +1,309 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// Store is the subset of the desired-state store the reconciler needs.
+type Store interface {
+	List() []*state.Volume
+	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
+	SetResult(id string, key state.IntentKey, r state.Result)
+	SetFinal(id string, key state.IntentKey, f state.Final)
+}
+
+// Observer reads the actual state of the machine.
+type Observer interface {
+	Observe() (*state.Snapshot, error)
+}
+
+// Loops attaches and detaches loop devices.
+type Loops interface {
+	Attach(image string) (string, error)
+	Detach(dev string) error
+}
+
+// Filesystems probes, formats and mounts.
+type Filesystems interface {
+	DiskFormat(dev string) (string, error)
+	FormatAndMount(dev, target, fsType string, options []string) error
+	BindMount(source, target string, options []string) error
+	Unmount(target string) error
+}
+
+// Paths checks, creates and removes paths without following symlinks.
+type Paths interface {
+	CheckDir(path string) error
+	Mkdir(path string) error
+	Remove(path string) error
+}
+
+// Images locates and checks the backing files of volumes.
+type Images interface {
+	Path(id string) string
+	Size(id string) (int64, error)
+}
+
+// Defaults of Config.
+const (
+	DefaultResyncPeriod   = 10 * time.Second
+	DefaultFastWorkers    = 16
+	DefaultSlowWorkers    = 2
+	DefaultBackoffInitial = 500 * time.Millisecond
+	DefaultBackoffMax     = 2 * time.Minute
+)
+
+// Config configures a Reconciler. Zero durations and counts take defaults.
+type Config struct {
+	Store       Store
+	Observer    Observer
+	Loops       Loops
+	Filesystems Filesystems
+	Paths       Paths
+	Images      Images
+	Clock       clock.WithTicker
+
+	// ResyncPeriod is the time between passes when nothing kicks the loop.
+	ResyncPeriod time.Duration
+	// FastWorkers bounds concurrent quick operations (bind mounts, unmounts).
+	FastWorkers int
+	// SlowWorkers bounds concurrent slow operations (attach, mkfs, fsck).
+	SlowWorkers int
+	// BackoffInitial is the delay after the first transient failure.
+	BackoffInitial time.Duration
+	// BackoffMax caps the delay between retries.
+	BackoffMax time.Duration
+}
+
+// Reconciler converges the actual state to the desired state.
+type Reconciler struct {
+	cfg   Config
+	exec  *executor
+	kick  chan struct{}
+	ready atomic.Bool
+	// wake is the earliest backoff end seen by the last pass (UnixNano, 0
+	// for none); only the loop goroutine uses it.
+	wake time.Time
+}
+
+// New validates cfg, fills defaults and returns a Reconciler.
+func New(cfg Config) (*Reconciler, error) {
+	if cfg.Store == nil || cfg.Observer == nil || cfg.Loops == nil || cfg.Filesystems == nil ||
+		cfg.Paths == nil || cfg.Images == nil {
+		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths and images are required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.ResyncPeriod <= 0 {
+		cfg.ResyncPeriod = DefaultResyncPeriod
+	}
+	if cfg.FastWorkers <= 0 {
+		cfg.FastWorkers = DefaultFastWorkers
+	}
+	if cfg.SlowWorkers <= 0 {
+		cfg.SlowWorkers = DefaultSlowWorkers
+	}
+	if cfg.BackoffInitial <= 0 {
+		cfg.BackoffInitial = DefaultBackoffInitial
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	return &Reconciler{
+		cfg:  cfg,
+		exec: newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax),
+		kick: make(chan struct{}, 1),
+	}, nil
+}
+
+// Kick asks for a pass as soon as possible. Kicks coalesce: any number of
+// kicks before the next pass cause one pass.
+func (r *Reconciler) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Ready reports whether start-up reconstruction has finished: a pass found
+// nothing to start and no operation running (operations waiting out a
+// backoff do not hold readiness back).
+func (r *Reconciler) Ready() bool { return r.ready.Load() }
+
+// Run reconciles until ctx ends, then waits for running operations to
+// finish and returns. Mounts are left in place.
+func (r *Reconciler) Run(ctx context.Context) {
+	logger := klog.FromContext(ctx).WithName("reconciler")
+	ctx = klog.NewContext(ctx, logger)
+	ticker := r.cfg.Clock.NewTicker(r.cfg.ResyncPeriod)
+	defer ticker.Stop()
+	var timer clock.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+		r.exec.wait()
+		logger.V(2).Info("Reconciler stopped")
+	}()
+	for {
+		started := r.Pass(ctx)
+		if !r.ready.Load() && started == 0 && r.exec.idle() {
+			r.ready.Store(true)
+			logger.Info("Start-up reconstruction finished")
+		}
+		var wakeC <-chan time.Time
+		if timer != nil {
+			timer.Stop()
+			timer = nil
+		}
+		if !r.wake.IsZero() {
+			timer = r.cfg.Clock.NewTimer(r.wake.Sub(r.cfg.Clock.Now()))
+			wakeC = timer.C()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.kick:
+		case <-ticker.C():
+		case <-wakeC:
+		}
+	}
+}
+
+// Pass observes the machine once, publishes the result of every intent,
+// and starts the first action of each volume that needs one and is not
+// busy or backing off. It returns the number of operations started.
+// Teardowns are started before set-ups.
+func (r *Reconciler) Pass(ctx context.Context) int {
+	logger := klog.FromContext(ctx)
+	r.wake = time.Time{}
+	snap, err := r.cfg.Observer.Observe()
+	if err != nil {
+		logger.Error(err, "Cannot observe the machine; skipping pass")
+		return 0
+	}
+	vols := r.cfg.Store.List()
+	ids := make(map[string]bool, len(vols))
+	type plan struct {
+		v   *state.Volume
+		a   *actual
+		act action
+	}
+	var plans []plan
+	for _, v := range vols {
+		ids[v.ID] = true
+		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap)
+		acts := diff(v, a)
+		r.publishResults(v, a)
+		if len(acts) > 0 {
+			plans = append(plans, plan{v: v, a: a, act: acts[0]})
+		}
+	}
+	r.exec.forget(func(id string) bool { return ids[id] })
+
+	started := 0
+	for _, teardown := range []bool{true, false} {
+		for _, p := range plans {
+			if p.act.kind.teardown() != teardown {
+				continue
+			}
+			busy, retryAt := r.exec.blocked(p.v.ID, p.act)
+			if busy {
+				if !retryAt.IsZero() && (r.wake.IsZero() || retryAt.Before(r.wake)) {
+					r.wake = retryAt
+				}
+				continue
+			}
+			r.startOp(ctx, p.v, p.a, p.act)
+			started++
+		}
+	}
+	return started
+}
+
+// publishResults reports, for each live intent of v, whether it is
+// fulfilled and, if not, its latest failure.
+func (r *Reconciler) publishResults(v *state.Volume, a *actual) {
+	report := func(key state.IntentKey, gen int64, ready bool) {
+		res := state.Result{Generation: gen, Ready: ready}
+		if !ready {
+			if f := r.exec.lastFailure(v.ID, key, gen); f != nil {
+				res.Err, res.Attempts, res.NextRetry = f.err, f.attempts, f.next
+			}
+		}
+		r.cfg.Store.SetResult(v.ID, key, res)
+	}
+	if st := v.Stage; st != nil {
+		report(state.StageKey, st.Generation, !st.Deleting && stageReady(v, a))
+	}
+	for t, p := range v.Publishes {
+		report(state.PublishKey(t), p.Generation, !p.Deleting && stageReady(v, a) && a.published(t))
+	}
+}
+
+// startOp runs the operation for act in the executor.
+func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, act action) {
+	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "action", act.kind.String())
+	if act.target != "" {
+		logger = logger.WithValues("targetPath", act.target)
+	}
+	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
+	op := func() error {
+		switch act.kind {
+		case actStage:
+			return r.stage(v, a)
+		case actPublish:
+			return r.publish(v, a, act.target)
+		case actUnpublish:
+			return r.unpublish(v, a, act.target)
+		default:
+			return r.unstage(v, a)
+		}
+	}
+	r.exec.start(ctx, v.ID, act, op, func(err error, f *failure) {
+		r.finished(logger, v.ID, act, err, f)
+		r.Kick()
+	})
+}
+
+// finished handles the outcome of an operation: a terminal failure of a
+// set-up withdraws its intent, so the following passes roll it back.
+func (r *Reconciler) finished(logger klog.Logger, id string, act action, err error, f *failure) {
+	if err == nil {
+		logger.V(2).Info("Operation succeeded")
+		return
+	}
+	e := state.AsError(err)
+	if !e.Terminal || act.kind.teardown() {
+		logger.Error(err, "Operation failed; will retry", "attempts", f.attempts, "nextRetry", f.next)
+		return
+	}
+	logger.Error(err, "Operation failed terminally; withdrawing the intent", "kind", e.Kind.String())
+	// The final is recorded before the withdrawal so that a waiter never
+	// sees the intent withdrawn without knowing why.
+	r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
+	_, uerr := r.cfg.Store.Update(id, func(v *state.Volume) error {
+		if act.kind == actStage {
+			if st := v.Stage; st != nil && st.Generation == act.generation && !st.Deleting {
+				st.Deleting = true
+			}
+			return nil
+		}
+		if p := v.Publishes[act.target]; p != nil && p.Generation == act.generation && !p.Deleting {
+			p.Deleting = true
+		}
+		return nil
+	})
+	if uerr != nil {
+		logger.Error(uerr, "Cannot withdraw the intent; will retry the operation")
+	}
+}

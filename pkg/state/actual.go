@@ -1,0 +1,95 @@
+package state
+
+// DevNum is a device number as major:minor.
+type DevNum struct {
+	Major, Minor uint32
+}
+
+// Mount is one line of /proc/self/mountinfo.
+type Mount struct {
+	// Path is the mount point, unescaped.
+	Path string
+	// Dev is the device number of the mounted filesystem.
+	Dev DevNum
+	// Root is the path inside the filesystem that is mounted; "/" for a
+	// whole filesystem and for a bind mount of a whole filesystem.
+	Root string
+	// Source is the mount source, e.g. /dev/loop3.
+	Source string
+	// FsType is the filesystem type.
+	FsType string
+	// ReadOnly is true when the mount point is read-only.
+	ReadOnly bool
+}
+
+// Loop is an attached loop device.
+type Loop struct {
+	// Device is the device node, e.g. /dev/loop3.
+	Device string
+	// Dev is its device number.
+	Dev DevNum
+	// BackingFile is the file the device is attached to.
+	BackingFile string
+}
+
+// Snapshot is the observed state of the machine at one instant: the mount
+// table and the loop devices. It is built once per reconcile pass and then
+// answers every per-volume question in O(1).
+type Snapshot struct {
+	// mountsAt maps a mount point to its mounts, bottom first.
+	mountsAt map[string][]Mount
+	// mountsOf maps a device to the mounts of its filesystem.
+	mountsOf map[DevNum][]Mount
+	// loops maps a backing file to its loop device.
+	loops map[string]Loop
+}
+
+// NewSnapshot indexes mounts and loop devices.
+func NewSnapshot(mounts []Mount, loops []Loop) *Snapshot {
+	s := &Snapshot{
+		mountsAt: make(map[string][]Mount, len(mounts)),
+		mountsOf: make(map[DevNum][]Mount, len(mounts)),
+		loops:    make(map[string]Loop, len(loops)),
+	}
+	for _, m := range mounts {
+		s.mountsAt[m.Path] = append(s.mountsAt[m.Path], m)
+		s.mountsOf[m.Dev] = append(s.mountsOf[m.Dev], m)
+	}
+	for _, l := range loops {
+		s.loops[l.BackingFile] = l
+	}
+	return s
+}
+
+// MountAt returns the top mount at path.
+func (s *Snapshot) MountAt(path string) (Mount, bool) {
+	ms := s.mountsAt[path]
+	if len(ms) == 0 {
+		return Mount{}, false
+	}
+	return ms[len(ms)-1], true
+}
+
+// MountsOf returns every mount of the filesystem on dev.
+func (s *Snapshot) MountsOf(dev DevNum) []Mount { return s.mountsOf[dev] }
+
+// LoopFor returns the loop device attached to backingFile.
+func (s *Snapshot) LoopFor(backingFile string) (Loop, bool) {
+	l, ok := s.loops[backingFile]
+	return l, ok
+}
+
+// Loops returns every loop device in the snapshot.
+func (s *Snapshot) Loops() []Loop {
+	out := make([]Loop, 0, len(s.loops))
+	for _, l := range s.loops {
+		out = append(out, l)
+	}
+	return out
+}
+
+// Usage is the space and inode usage of a mounted filesystem.
+type Usage struct {
+	TotalBytes, AvailableBytes, UsedBytes int64
+	TotalInodes, FreeInodes, UsedInodes   int64
+}

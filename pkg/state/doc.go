@@ -1,0 +1,8 @@
+// Package state holds the desired state of the node: one durable record per
+// volume (what the kubelet asked for), the in-memory results the reconciler
+// reports for each intent, and the snapshot type that describes the observed
+// (actual) state of the machine.
+//
+// The package knows intents and nothing of gRPC, the OS or CSI codes: errors
+// carry a Kind that pkg/nodeserver maps to a gRPC code in one place.
+package state

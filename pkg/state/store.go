@@ -1,0 +1,339 @@
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+const (
+	// SchemaVersion is the layout of the records; Open refuses any other.
+	SchemaVersion = "1"
+
+	// lockTimeout bounds how long Open waits for the file lock of a store
+	// that another live instance holds, so a second instance fails fast.
+	lockTimeout = 2 * time.Second
+)
+
+var (
+	bucketMeta    = []byte("meta")
+	bucketVolumes = []byte("volumes")
+	keySchema     = []byte("schema")
+)
+
+// ErrLocked is returned by Open when another process holds the store.
+var ErrLocked = errors.New("state store is locked by another process")
+
+// Store is the durable desired state: one record per volume, kept in a bbolt
+// file and mirrored in memory. Every Update is fsynced before it returns, so
+// the reconciler never acts on an intent that a crash could lose.
+//
+// The Store also keeps, in memory only, the result of the latest attempt on
+// each intent, and lets callers wait for a volume to change.
+type Store struct {
+	db *bolt.DB
+
+	// writeMu serialises Update so the mirror is updated in commit order.
+	writeMu sync.Mutex
+
+	// mu guards volumes, results, finals and watchers.
+	mu       sync.Mutex
+	volumes  map[string]*Volume
+	results  map[string]map[IntentKey]Result
+	finals   map[string]map[IntentKey]Final
+	watchers map[string]chan struct{}
+}
+
+// Final is a terminal failure of one intent generation. It outlives the
+// intent it refers to, so the request that made the intent can answer with
+// it once the reconciler has rolled the intent back.
+type Final struct {
+	// Generation is the intent generation that failed.
+	Generation int64
+	// Err is the failure.
+	Err *Error
+}
+
+// Result is the outcome of the reconciler's latest work on one intent.
+type Result struct {
+	// Generation is the intent generation the result refers to.
+	Generation int64
+	// Ready is true once the reconciler observed the intent fulfilled.
+	Ready bool
+	// Err is the last failure, nil when the last attempt succeeded.
+	Err *Error
+	// Attempts counts consecutive failed attempts.
+	Attempts int
+	// NextRetry is when a failed intent is retried.
+	NextRetry time.Time
+}
+
+// Open opens (creating if needed) the store at path. The parent directory is
+// created with mode 0700. It fails with ErrLocked when another live process
+// holds the store, and refuses a store written with another schema.
+func Open(path string) (*Store, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("creating state directory: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("%w: %s", ErrLocked, path)
+		}
+		return nil, fmt.Errorf("opening state store %s: %w", path, err)
+	}
+	s := &Store{
+		db:       db,
+		volumes:  map[string]*Volume{},
+		results:  map[string]map[IntentKey]Result{},
+		finals:   map[string]map[IntentKey]Final{},
+		watchers: map[string]chan struct{}{},
+	}
+	if err := s.load(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) load() error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		switch v := meta.Get(keySchema); {
+		case v == nil:
+			if err := meta.Put(keySchema, []byte(SchemaVersion)); err != nil {
+				return err
+			}
+		case string(v) != SchemaVersion:
+			return fmt.Errorf("state store has schema %q, this binary reads %q", v, SchemaVersion)
+		}
+		vols, err := tx.CreateBucketIfNotExists(bucketVolumes)
+		if err != nil {
+			return err
+		}
+		return vols.ForEach(func(k, raw []byte) error {
+			v := &Volume{}
+			if err := json.Unmarshal(raw, v); err != nil {
+				return fmt.Errorf("decoding record %q: %w", k, err)
+			}
+			s.volumes[string(k)] = v
+			return nil
+		})
+	})
+}
+
+// Close closes the store. Waiters are not woken.
+func (s *Store) Close() error { return s.db.Close() }
+
+// Get returns a deep copy of the record of id, or ErrNotFound.
+func (s *Store) Get(id string) (*Volume, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.volumes[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return v.DeepCopy(), nil
+}
+
+// List returns deep copies of all records, sorted by ID.
+func (s *Store) List() []*Volume {
+	s.mu.Lock()
+	out := make([]*Volume, 0, len(s.volumes))
+	for _, v := range s.volumes {
+		out = append(out, v.DeepCopy())
+	}
+	s.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Update applies fn to the record of id (a fresh record when there is none)
+// in one durable transaction and returns the record as stored. If fn returns
+// an error nothing changes. If fn changes nothing, nothing is written and the
+// generation stays. Otherwise the generation is bumped, every intent whose
+// spec or deletion changed takes the new generation, and a record left empty
+// is deleted.
+func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+
+	s.mu.Lock()
+	old := s.volumes[id]
+	s.mu.Unlock()
+	cur := old.DeepCopy()
+	if cur == nil {
+		cur = &Volume{ID: id}
+	}
+	if err := fn(cur); err != nil {
+		return nil, err
+	}
+	cur.ID = id
+	if len(cur.Publishes) == 0 {
+		cur.Publishes = nil
+	}
+	if old != nil && reflect.DeepEqual(old, cur) || old == nil && cur.Empty() {
+		return cur, nil
+	}
+	var prevGen int64
+	if old != nil {
+		prevGen = old.Generation
+	}
+	cur.Generation = prevGen + 1
+	stampGenerations(old, cur)
+
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketVolumes)
+		if cur.Empty() {
+			return b.Delete([]byte(id))
+		}
+		raw, err := json.Marshal(cur)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(id), raw)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("writing record %s: %w", id, err)
+	}
+
+	s.mu.Lock()
+	if cur.Empty() {
+		delete(s.volumes, id)
+	} else {
+		s.volumes[id] = cur.DeepCopy()
+	}
+	s.pruneResultsLocked(cur)
+	s.notifyLocked(id)
+	s.mu.Unlock()
+	return cur, nil
+}
+
+// stampGenerations gives every intent of cur that differs from old the
+// generation of cur.
+func stampGenerations(old, cur *Volume) {
+	var oldStage *Stage
+	var oldPubs map[string]*Publish
+	if old != nil {
+		oldStage, oldPubs = old.Stage, old.Publishes
+	}
+	if st := cur.Stage; st != nil {
+		if oldStage == nil || !oldStage.SameSpec(st) || oldStage.Deleting != st.Deleting {
+			st.Generation = cur.Generation
+		}
+	}
+	for target, p := range cur.Publishes {
+		o := oldPubs[target]
+		if o == nil || !o.SameSpec(p) || o.Deleting != p.Deleting {
+			p.Generation = cur.Generation
+		}
+	}
+}
+
+// SetResult records the result of the latest attempt on one intent and wakes
+// the volume's waiters. Results live in memory only: after a restart the
+// kubelet's retries find the result again.
+func (s *Store) SetResult(id string, key IntentKey, r Result) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.results[id]
+	if m == nil {
+		m = map[IntentKey]Result{}
+		s.results[id] = m
+	}
+	if old, ok := m[key]; ok && reflect.DeepEqual(old, r) {
+		return
+	}
+	m[key] = r
+	s.notifyLocked(id)
+}
+
+// Result returns the latest result of one intent; ok is false when there
+// is none.
+func (s *Store) Result(id string, key IntentKey) (r Result, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok = s.results[id][key]
+	return r, ok
+}
+
+// pruneResultsLocked drops the results of intents that v no longer holds.
+func (s *Store) pruneResultsLocked(v *Volume) {
+	for k := range s.results[v.ID] {
+		if k == StageKey && v.Stage != nil {
+			continue
+		}
+		if target, ok := strings.CutPrefix(string(k), "publish:"); ok && v.Publishes[target] != nil {
+			continue
+		}
+		delete(s.results[v.ID], k)
+	}
+	if len(s.results[v.ID]) == 0 {
+		delete(s.results, v.ID)
+	}
+}
+
+// SetFinal records a terminal failure of one intent generation and wakes the
+// volume's waiters. Only the latest final of each intent is kept.
+func (s *Store) SetFinal(id string, key IntentKey, f Final) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.finals[id]
+	if m == nil {
+		m = map[IntentKey]Final{}
+		s.finals[id] = m
+	}
+	m[key] = f
+	s.notifyLocked(id)
+}
+
+// FinalFor returns the terminal failure of generation gen of one intent, or
+// nil when that generation did not fail terminally.
+func (s *Store) FinalFor(id string, key IntentKey, gen int64) *Error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f, ok := s.finals[id][key]; ok && f.Generation == gen {
+		return f.Err
+	}
+	return nil
+}
+
+// DropFinals forgets the terminal failures of id, e.g. when the volume is
+// deleted.
+func (s *Store) DropFinals(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.finals, id)
+}
+
+// Watch returns a channel that is closed at the next change of the record
+// or of a result of id. Take the channel before reading the state it guards.
+func (s *Store) Watch(id string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch, ok := s.watchers[id]
+	if !ok {
+		ch = make(chan struct{})
+		s.watchers[id] = ch
+	}
+	return ch
+}
+
+func (s *Store) notifyLocked(id string) {
+	if ch, ok := s.watchers[id]; ok {
+		close(ch)
+		delete(s.watchers, id)
+	}
+}

@@ -1,0 +1,144 @@
+package state
+
+import (
+	"slices"
+	"sort"
+)
+
+// AccessType says how a volume is presented to a workload.
+type AccessType string
+
+const (
+	// AccessMount presents a filesystem mounted at the staging path and bind
+	// mounted at each target.
+	AccessMount AccessType = "mount"
+	// AccessBlock presents the raw block device.
+	AccessBlock AccessType = "block"
+)
+
+// Stage is the desired staging of a volume: its device attached and, for
+// AccessMount, its filesystem mounted at Path.
+type Stage struct {
+	// Path is the staging target path given by the kubelet.
+	Path string `json:"path"`
+	// Access is mount or block.
+	Access AccessType `json:"access"`
+	// FsType is the filesystem the volume must carry (AccessMount only).
+	FsType string `json:"fsType,omitempty"`
+	// MountFlags are the extra mount options for the staging mount.
+	MountFlags []string `json:"mountFlags,omitempty"`
+	// AccessMode is the CSI access mode name, e.g. SINGLE_NODE_WRITER.
+	AccessMode string `json:"accessMode"`
+	// ReadOnly is true for reader-only access modes: the device is never
+	// formatted and the filesystem is mounted read-only.
+	ReadOnly bool `json:"readOnly,omitempty"`
+
+	// Generation is the volume generation at which this spec last changed.
+	Generation int64 `json:"generation"`
+	// Deleting marks a withdrawn stage that stays recorded until the
+	// reconciler has verified that its mount and device are gone.
+	Deleting bool `json:"deleting,omitempty"`
+}
+
+// Publish is the desired bind mount of a staged volume at one target path.
+type Publish struct {
+	// Access is mount or block.
+	Access AccessType `json:"access"`
+	// AccessMode is the CSI access mode name of the request.
+	AccessMode string `json:"accessMode"`
+	// ReadOnly asks for a read-only bind mount.
+	ReadOnly bool `json:"readOnly,omitempty"`
+	// MountFlags are the extra mount options for the bind mount.
+	MountFlags []string `json:"mountFlags,omitempty"`
+
+	// Generation is the volume generation at which this spec last changed.
+	Generation int64 `json:"generation"`
+	// Deleting marks a withdrawn publish that stays recorded until the
+	// reconciler has verified that its mount and target are gone.
+	Deleting bool `json:"deleting,omitempty"`
+}
+
+// Volume is the durable record of one volume: everything the kubelet asked
+// for and everything the plugin must remember to undo it.
+type Volume struct {
+	// ID is the CSI volume ID.
+	ID string `json:"id"`
+	// Generation is bumped on every change of the record.
+	Generation int64 `json:"generation"`
+	// Stage is nil when the volume is neither staged nor being unstaged.
+	Stage *Stage `json:"stage,omitempty"`
+	// Publishes maps a target path to its publish.
+	Publishes map[string]*Publish `json:"publishes,omitempty"`
+	// Formatted is the filesystem type this plugin created on the device or
+	// found there when first asked for it; empty when it never did. A
+	// volume whose record says Formatted is never formatted again.
+	Formatted string `json:"formatted,omitempty"`
+}
+
+// Empty reports whether the record holds nothing worth keeping.
+func (v *Volume) Empty() bool {
+	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == ""
+}
+
+// DeepCopy returns a copy that shares no memory with v.
+func (v *Volume) DeepCopy() *Volume {
+	if v == nil {
+		return nil
+	}
+	out := *v
+	if v.Stage != nil {
+		s := *v.Stage
+		s.MountFlags = slices.Clone(v.Stage.MountFlags)
+		out.Stage = &s
+	}
+	if v.Publishes != nil {
+		out.Publishes = make(map[string]*Publish, len(v.Publishes))
+		for target, p := range v.Publishes {
+			c := *p
+			c.MountFlags = slices.Clone(p.MountFlags)
+			out.Publishes[target] = &c
+		}
+	}
+	return &out
+}
+
+// Targets returns the publish target paths in sorted order.
+func (v *Volume) Targets() []string {
+	targets := make([]string, 0, len(v.Publishes))
+	for t := range v.Publishes {
+		targets = append(targets, t)
+	}
+	sort.Strings(targets)
+	return targets
+}
+
+// SameSpec reports whether two stages ask for the same thing, ignoring
+// generation and deletion.
+func (s *Stage) SameSpec(o *Stage) bool {
+	if s == nil || o == nil {
+		return s == o
+	}
+	return s.Path == o.Path && s.Access == o.Access && s.FsType == o.FsType &&
+		slices.Equal(s.MountFlags, o.MountFlags) && s.AccessMode == o.AccessMode &&
+		s.ReadOnly == o.ReadOnly
+}
+
+// SameSpec reports whether two publishes ask for the same thing, ignoring
+// generation and deletion.
+func (p *Publish) SameSpec(o *Publish) bool {
+	if p == nil || o == nil {
+		return p == o
+	}
+	return p.Access == o.Access && p.AccessMode == o.AccessMode && p.ReadOnly == o.ReadOnly &&
+		slices.Equal(p.MountFlags, o.MountFlags)
+}
+
+// IntentKey names one intent of a volume for results: "stage" or
+// "publish:<target path>".
+type IntentKey string
+
+// StageKey is the intent key of a volume's stage.
+const StageKey IntentKey = "stage"
+
+// PublishKey returns the intent key of the publish at target.
+func PublishKey(target string) IntentKey { return IntentKey("publish:" + target) }
