@@ -52,7 +52,7 @@ func (p *Paths) open(path string, flags uint64) (int, error) {
 	}
 	defer unix.Close(rootFd)
 	how := &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW | flags,
+		Flags:   unix.O_PATH | unix.O_CLOEXEC | flags,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	}
 	for {
@@ -72,9 +72,9 @@ func (p *Paths) open(path string, flags uint64) (int, error) {
 	}
 }
 
-// Stat returns the file mode of path, resolved without symlinks. The last
-// component may itself be a symlink: it is reported, not followed. A missing
-// path yields an error matching os.ErrNotExist.
+// Stat returns the file mode of path, resolved without symlinks: a symlink
+// in any component, the last one included, is ErrSymlink. A missing path
+// yields an error matching os.ErrNotExist.
 func (p *Paths) Stat(path string) (os.FileMode, error) {
 	fd, err := p.open(path, 0)
 	if err != nil {

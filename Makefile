@@ -1,0 +1,41 @@
+# converge: the first two targets are the quick start (see README.md).
+GO       ?= go
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo devel)
+LDFLAGS  := -X main.version=$(VERSION)
+RUN_DIR  ?= $(CURDIR)/.run
+SOCKET   := $(RUN_DIR)/csi.sock
+
+.PHONY: run test build deps unit vet sanity clean
+
+## run: build and serve on a local socket with a local state directory
+run: deps build
+	@mkdir -p $(RUN_DIR)/pods
+	@echo "converge: serving on unix://$(SOCKET) (state in $(RUN_DIR)); Ctrl-C stops, mounts stay."
+	@echo "Call it, e.g. with csi-sanity from another shell:"
+	@echo "  $(GO) run github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity --csi.endpoint=unix://$(SOCKET) \\"
+	@echo "    --csi.mountdir=$(RUN_DIR)/pods/target --csi.stagingdir=$(RUN_DIR)/pods/staging --csi.testvolumesize=67108864"
+	bin/csi-node --endpoint unix://$(SOCKET) --state-dir $(RUN_DIR)/state \
+		--kubelet-dir $(RUN_DIR)/kubelet --allowed-path-prefix $(RUN_DIR)/pods -v 2
+
+## test: install OS packages, then vet, unit tests, integration tests and csi-sanity
+test: deps vet
+	$(GO) test -count=1 -timeout 12m ./...
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/csi-node ./cmd/csi-node
+
+deps:
+	@./hack/install-deps.sh
+
+vet:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...
+
+unit:
+	$(GO) test -count=1 ./pkg/...
+
+sanity: deps
+	$(GO) test -count=1 -v ./test/sanity/
+
+clean:
+	rm -rf bin $(RUN_DIR)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the OS tools converge executes and its tests need, on Debian.
+# Idempotent: does nothing when every tool is present.
+set -euo pipefail
+need=()
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v mkfs.xfs  >/dev/null || need+=(xfsprogs)
+command -v blkid     >/dev/null || need+=(util-linux)
+command -v losetup   >/dev/null || need+=(mount)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing ${need[*]}; run as root" >&2
+    exit 1
+  fi
+  echo "install-deps: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null || true  # a stale index still usually works
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# The kernel's loop driver: /dev/loop-control appears once it is loaded.
+[ -e /dev/loop-control ] || modprobe loop 2>/dev/null || true

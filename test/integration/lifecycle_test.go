@@ -1,0 +1,339 @@
+// Package integration drives the real csi-node binary over its socket on
+// real loop devices, filesystems and mounts.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+const volSize = 64 << 20
+
+func mountCap(fsType string, mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+var rwo = mountCap("", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func create(t *testing.T, p *testenv.Plugin, name string) { createSized(t, p, name, volSize) }
+
+func createSized(t *testing.T, p *testenv.Plugin, name string, size int64) {
+	t.Helper()
+	_, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name:               name,
+		CapacityRange:      &csi.CapacityRange{RequiredBytes: size},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo},
+	})
+	if err != nil {
+		t.Fatalf("CreateVolume %s: %v", name, err)
+	}
+}
+
+func mkdir(t *testing.T, dir string) string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func stage(t *testing.T, p *testenv.Plugin, id, path string, c *csi.VolumeCapability) error {
+	_, err := p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: path, VolumeCapability: c})
+	return err
+}
+
+func publish(t *testing.T, p *testenv.Plugin, id, staging, target string, ro bool) error {
+	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{
+		VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo, Readonly: ro,
+	})
+	return err
+}
+
+func unpublish(t *testing.T, p *testenv.Plugin, id, target string) {
+	t.Helper()
+	if _, err := p.Node().NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatalf("NodeUnpublishVolume: %v", err)
+	}
+}
+
+func unstage(t *testing.T, p *testenv.Plugin, id, path string) {
+	t.Helper()
+	if _, err := p.Node().NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: path}); err != nil {
+		t.Fatalf("NodeUnstageVolume: %v", err)
+	}
+}
+
+func must(t *testing.T, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func wantCode(t *testing.T, what string, err error, want codes.Code) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Errorf("%s: got code %s (%v), want %s", what, got, err, want)
+	}
+}
+
+// mountAt returns the source and options of the top mount at path.
+func mountAt(t *testing.T, path string) (source string, opts string, ok bool) {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 || fields[4] != path {
+			continue
+		}
+		sep := 6
+		for fields[sep] != "-" {
+			sep++
+		}
+		source, opts, ok = fields[sep+2], fields[5], true
+	}
+	return source, opts, ok
+}
+
+func fsUUID(t *testing.T, dev string) string {
+	t.Helper()
+	out, err := exec.Command("blkid", "-p", "-s", "UUID", "-o", "value", dev).Output()
+	if err != nil {
+		t.Fatalf("blkid %s: %v", dev, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// TestLifecycle stages, publishes, writes, tears down, and does it all again:
+// the data survives and the device is not reformatted.
+func TestLifecycle(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	create(t, p, "vol-a")
+	staging := mkdir(t, filepath.Join(p.Root, "plugins", "vol-a", "globalmount"))
+	target1 := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod1")), "mount")
+
+	must(t, "stage", stage(t, p, "vol-a", staging, rwo))
+	dev, _, ok := mountAt(t, staging)
+	if !ok || !strings.HasPrefix(dev, "/dev/loop") {
+		t.Fatalf("staging path: got mount source %q (mounted %v), want a loop device", dev, ok)
+	}
+	uuid := fsUUID(t, dev)
+	must(t, "publish", publish(t, p, "vol-a", staging, target1, false))
+	if src, _, ok := mountAt(t, target1); !ok || src != dev {
+		t.Fatalf("target: got mount of %q (mounted %v), want %s", src, ok, dev)
+	}
+	must(t, "write", os.WriteFile(filepath.Join(target1, "data"), []byte("hello converge"), 0o600))
+
+	// Idempotent repeats answer OK without changing anything.
+	must(t, "stage again", stage(t, p, "vol-a", staging, rwo))
+	must(t, "publish again", publish(t, p, "vol-a", staging, target1, false))
+
+	unpublish(t, p, "vol-a", target1)
+	if _, _, ok := mountAt(t, target1); ok {
+		t.Fatal("target still mounted after unpublish")
+	}
+	if _, err := os.Stat(target1); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("target not removed after unpublish: %v", err)
+	}
+	unpublish(t, p, "vol-a", target1) // repeat: OK
+	unstage(t, p, "vol-a", staging)
+	if _, _, ok := mountAt(t, staging); ok {
+		t.Fatal("staging path still mounted after unstage")
+	}
+	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+		t.Fatalf("after unstage: %v", left)
+	}
+	unstage(t, p, "vol-a", staging) // repeat: OK
+
+	must(t, "restage", stage(t, p, "vol-a", staging, rwo))
+	dev2, _, _ := mountAt(t, staging)
+	if got := fsUUID(t, dev2); got != uuid {
+		t.Fatalf("filesystem UUID after restage: got %s, want %s (device reformatted)", got, uuid)
+	}
+	target2 := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod2")), "mount")
+	must(t, "republish read-only", publish(t, p, "vol-a", staging, target2, true))
+	got, err := os.ReadFile(filepath.Join(target2, "data"))
+	if err != nil || string(got) != "hello converge" {
+		t.Fatalf("data after restage: got %q, %v; want %q", got, err, "hello converge")
+	}
+	err = os.WriteFile(filepath.Join(target2, "other"), []byte("x"), 0o600)
+	if !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("write to read-only publish: got %v, want EROFS", err)
+	}
+
+	unpublish(t, p, "vol-a", target2)
+	unstage(t, p, "vol-a", staging)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "vol-a"})
+	must(t, "delete", err)
+	if _, err := os.Stat(filepath.Join(p.DataDir, "vol-a.img")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("image still there after DeleteVolume: %v", err)
+	}
+}
+
+// TestStopLeavesMounts stops the plugin with SIGTERM while a volume is
+// published: the mounts stay, and the restarted plugin tears them down.
+func TestStopLeavesMounts(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	create(t, p, "vol-b")
+	staging := mkdir(t, filepath.Join(p.Root, "staging-b"))
+	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-b")), "mount")
+	must(t, "stage", stage(t, p, "vol-b", staging, rwo))
+	must(t, "publish", publish(t, p, "vol-b", staging, target, false))
+	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
+
+	p.Stop()
+	if _, _, ok := mountAt(t, target); !ok {
+		t.Fatal("SIGTERM removed the publish mount")
+	}
+	if _, _, ok := mountAt(t, staging); !ok {
+		t.Fatal("SIGTERM removed the staging mount")
+	}
+	p.Start()
+	// The restarted plugin knows the volume: a repeat is idempotent and the
+	// data is readable.
+	must(t, "publish after restart", publish(t, p, "vol-b", staging, target, false))
+	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
+		t.Fatalf("data after restart: got %q, %v", b, err)
+	}
+	unpublish(t, p, "vol-b", target)
+	unstage(t, p, "vol-b", staging)
+}
+
+// TestBadRequests sends requests that must fail with an exact code and
+// leave nothing mounted or attached.
+func TestBadRequests(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	create(t, p, "vol-c")
+	staging := mkdir(t, filepath.Join(p.Root, "staging-c"))
+	outside := t.TempDir()
+	link := filepath.Join(p.Root, "link")
+	must(t, "symlink", os.Symlink(outside, link))
+	xfsCap := mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	badFlags := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: []string{"bind"}}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+
+	stageCases := []struct {
+		name string
+		id   string
+		path string
+		cap  *csi.VolumeCapability
+		want codes.Code
+	}{
+		{name: "missing ID", id: "", path: staging, cap: rwo, want: codes.InvalidArgument},
+		{name: "traversal in ID", id: "../vol-c", path: staging, cap: rwo, want: codes.InvalidArgument},
+		{name: "ID too long", id: strings.Repeat("a", 129), path: staging, cap: rwo, want: codes.InvalidArgument},
+		{name: "missing path", id: "vol-c", path: "", cap: rwo, want: codes.InvalidArgument},
+		{name: "relative path", id: "vol-c", path: "pods/staging", cap: rwo, want: codes.InvalidArgument},
+		{name: "unclean path", id: "vol-c", path: staging + "/../staging-c", cap: rwo, want: codes.InvalidArgument},
+		{name: "outside roots", id: "vol-c", path: outside, cap: rwo, want: codes.InvalidArgument},
+		{name: "symlinked component", id: "vol-c", path: filepath.Join(link, "x"), cap: rwo, want: codes.InvalidArgument},
+		{name: "missing capability", id: "vol-c", path: staging, cap: nil, want: codes.InvalidArgument},
+		{name: "unknown fs type", id: "vol-c", path: staging, cap: mountCap("ntfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER), want: codes.InvalidArgument},
+		{name: "multi-node mode", id: "vol-c", path: staging, cap: mountCap("", csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER), want: codes.InvalidArgument},
+		{name: "bind mount flag", id: "vol-c", path: staging, cap: badFlags, want: codes.InvalidArgument},
+		{name: "unknown volume", id: "no-such-volume", path: staging, cap: rwo, want: codes.NotFound},
+	}
+	for _, tc := range stageCases {
+		t.Run("stage/"+tc.name, func(t *testing.T) {
+			wantCode(t, "NodeStageVolume", stage(t, p, tc.id, tc.path, tc.cap), tc.want)
+			if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+				t.Errorf("left behind: %v", left)
+			}
+			if entries, _ := os.ReadDir(outside); len(entries) > 0 {
+				t.Errorf("something was created outside the roots: %v", entries)
+			}
+		})
+	}
+
+	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-c")), "mount")
+	wantCode(t, "publish before stage", publish(t, p, "vol-c", staging, target, false), codes.FailedPrecondition)
+	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("publish before stage created the target: %v", err)
+	}
+
+	must(t, "stage", stage(t, p, "vol-c", staging, rwo))
+	wantCode(t, "restage with another fs type", stage(t, p, "vol-c", staging, xfsCap), codes.AlreadyExists)
+	other := mkdir(t, filepath.Join(p.Root, "staging-c2"))
+	wantCode(t, "restage at another path", stage(t, p, "vol-c", other, rwo), codes.AlreadyExists)
+	wantCode(t, "publish with wrong staging path", publish(t, p, "vol-c", other, target, false), codes.FailedPrecondition)
+	wantCode(t, "publish at a symlinked target", publish(t, p, "vol-c", staging, filepath.Join(link, "mount"), false), codes.InvalidArgument)
+	must(t, "publish", publish(t, p, "vol-c", staging, target, false))
+	wantCode(t, "republish read-only at the same target", publish(t, p, "vol-c", staging, target, true), codes.AlreadyExists)
+	_, err := p.Node().NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: "vol-c", StagingTargetPath: staging})
+	wantCode(t, "unstage while published", err, codes.FailedPrecondition)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "vol-c"})
+	wantCode(t, "delete while staged", err, codes.FailedPrecondition)
+	_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-c", VolumePath: other})
+	wantCode(t, "stats at a path the volume is not at", err, codes.NotFound)
+	st, err := p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-c", VolumePath: target})
+	must(t, "stats", err)
+	if u := st.GetUsage(); len(u) != 2 || u[0].GetTotal() <= 0 || u[1].GetTotal() <= 0 {
+		t.Errorf("stats: got %v, want bytes and inodes totals", u)
+	}
+	unpublish(t, p, "vol-c", target)
+	unstage(t, p, "vol-c", staging)
+	if entries, _ := os.ReadDir(outside); len(entries) > 0 {
+		t.Errorf("something was created outside the roots: %v", entries)
+	}
+}
+
+// TestForeignFilesystemRefused stages a volume whose image already holds an
+// xfs filesystem as ext4: FAILED_PRECONDITION, the filesystem is untouched,
+// and the device is released before the answer.
+func TestForeignFilesystemRefused(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	createSized(t, p, "vol-x", 320<<20) // xfs needs 300 MB
+	img := filepath.Join(p.DataDir, "vol-x.img")
+	if out, err := exec.Command("mkfs.xfs", "-q", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.xfs: %v %s", err, out)
+	}
+	before := fsUUID(t, img)
+	staging := mkdir(t, filepath.Join(p.Root, "staging-x"))
+	wantCode(t, "stage xfs image as ext4", stage(t, p, "vol-x", staging, rwo), codes.FailedPrecondition)
+	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+		t.Errorf("left behind after the refusal: %v", left)
+	}
+	if after := fsUUID(t, img); after != before {
+		t.Fatalf("xfs UUID changed from %s to %s: the image was reformatted", before, after)
+	}
+	// Asking for what is there works.
+	must(t, "stage as xfs", stage(t, p, "vol-x", staging, mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)))
+	if _, opts, ok := mountAt(t, staging); !ok || opts == "" {
+		t.Fatal("xfs staging mount missing")
+	}
+	unstage(t, p, "vol-x", staging)
+}
