@@ -40,8 +40,16 @@ func (p *Paths) split(path string) (root, rel string, err error) {
 	return root, rel, nil
 }
 
-// open resolves path beneath its root with O_PATH and returns the fd.
+// open resolves path beneath its root with O_PATH and returns the fd. A
+// root itself opens as is: roots are trusted configuration.
 func (p *Paths) open(path string, flags uint64) (int, error) {
+	if slices.Contains(p.roots, path) {
+		fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return -1, fmt.Errorf("opening root %s: %w", path, err)
+		}
+		return fd, nil
+	}
 	root, rel, err := p.split(path)
 	if err != nil {
 		return -1, err

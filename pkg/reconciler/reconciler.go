@@ -279,7 +279,7 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 // set-up withdraws its intent, so the following passes roll it back.
 func (r *Reconciler) finished(logger klog.Logger, id string, act action, err error, f *failure) {
 	if err == nil {
-		logger.V(2).Info("Operation succeeded")
+		logger.Info("Operation succeeded", "generation", act.generation)
 		return
 	}
 	e := state.AsError(err)

@@ -1,0 +1,95 @@
+package devices
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestUnescapeOctal(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{`/a/b`, `/a/b`},
+		{`/a\040b`, `/a b`},
+		{`/a\134b`, `/a\b`},
+		{`/a\011\012`, "/a\t\n"},
+		{`/trailing\04`, `/trailing\04`},
+	}
+	for _, tc := range tests {
+		if got := unescapeOctal(tc.in); got != tc.want {
+			t.Errorf("unescapeOctal(%q): got %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestPathsRefuseSymlinks(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	p := NewPaths([]string{root})
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Mkdir(filepath.Join(root, "real"), 0o750))
+	must(os.Symlink(outside, filepath.Join(root, "link")))
+
+	if err := p.CheckDir(filepath.Join(root, "real")); err != nil {
+		t.Errorf("CheckDir(real): %v", err)
+	}
+	for _, path := range []string{filepath.Join(root, "link"), filepath.Join(root, "link", "x")} {
+		if err := p.Mkdir(path); !errors.Is(err, ErrSymlink) {
+			t.Errorf("Mkdir(%s): got %v, want ErrSymlink", path, err)
+		}
+		if err := p.CheckDir(path); !errors.Is(err, ErrSymlink) {
+			t.Errorf("CheckDir(%s): got %v, want ErrSymlink", path, err)
+		}
+	}
+	if err := p.Remove(filepath.Join(root, "link", "x")); !errors.Is(err, ErrSymlink) {
+		t.Errorf("Remove through a symlink: got %v, want ErrSymlink", err)
+	}
+	if entries, _ := os.ReadDir(outside); len(entries) != 0 {
+		t.Errorf("created outside the root: %v", entries)
+	}
+	if err := p.Mkdir(filepath.Join(outside, "x")); !errors.Is(err, ErrOutsideRoots) {
+		t.Errorf("Mkdir outside: got %v, want ErrOutsideRoots", err)
+	}
+	target := filepath.Join(root, "real", "target")
+	must(p.Mkdir(target))
+	must(p.Mkdir(target)) // existing directory: no-op
+	must(p.Remove(target))
+	must(p.Remove(target)) // missing: no-op
+	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("target still there: %v", err)
+	}
+	if err := p.CheckDir(target); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("CheckDir(missing): got %v, want ErrNotExist", err)
+	}
+}
+
+func TestImagesCreateIsIdempotent(t *testing.T) {
+	im := &Images{Dir: t.TempDir()}
+	if err := im.Create("v", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.Create("v", 1<<20); err != nil {
+		t.Errorf("same size again: %v", err)
+	}
+	if err := im.Create("v", 2<<20); !errors.Is(err, ErrImageExists) {
+		t.Errorf("other size: got %v, want ErrImageExists", err)
+	}
+	ids, _ := im.List()
+	if len(ids) != 1 || ids[0] != "v" {
+		t.Errorf("List: got %v, want [v] (no temporary files)", ids)
+	}
+	if id, ok := im.IDOf(im.Path("v")); !ok || id != "v" {
+		t.Errorf("IDOf: got %q %v", id, ok)
+	}
+	if err := im.Delete("v"); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.Delete("v"); err != nil {
+		t.Errorf("delete missing: %v", err)
+	}
+}

@@ -1,0 +1,395 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type harness struct {
+	t     *testing.T
+	world *fakeWorld
+	store *state.Store
+	clock *clocktesting.FakeClock
+	r     *Reconciler
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	w := newFakeWorld()
+	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	r, err := New(Config{
+		Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Images: w, Clock: clk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &harness{t: t, world: w, store: store, clock: clk, r: r}
+}
+
+// settle runs passes, each after waiting for running operations, until a
+// pass starts nothing.
+func (h *harness) settle() {
+	h.t.Helper()
+	for range 50 {
+		h.r.exec.wait()
+		n := h.r.Pass(context.Background())
+		h.r.exec.wait()
+		if n == 0 {
+			return
+		}
+	}
+	h.t.Fatal("reconciler did not settle in 50 passes")
+}
+
+func (h *harness) update(id string, fn func(v *state.Volume)) *state.Volume {
+	h.t.Helper()
+	v, err := h.store.Update(id, func(v *state.Volume) error { fn(v); return nil })
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return v
+}
+
+// volume makes an image and the kubelet's directories for id.
+func (h *harness) volume(id string) (staging, target string) {
+	h.world.images[id] = true
+	staging = "/k/staging/" + id
+	h.world.dirs[staging] = true
+	h.world.dirs["/k/pod-"+id] = true
+	return staging, "/k/pod-" + id + "/mount"
+}
+
+func stageSpec(path string) *state.Stage {
+	return &state.Stage{Path: path, Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
+}
+
+func publishSpec() *state.Publish {
+	return &state.Publish{Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
+}
+
+func mountPaths(w *fakeWorld) []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, m := range w.mounts {
+		out = append(out, m.Path)
+	}
+	return out
+}
+
+func TestDiffOrder(t *testing.T) {
+	loop := &state.Loop{Device: "/dev/loop0", Dev: state.DevNum{Major: 7}}
+	staged := &actual{loop: loop, staged: true, stagingMount: &state.Mount{}, targets: map[string]*state.Mount{}}
+	bare := &actual{targets: map[string]*state.Mount{}}
+	pub := func(deleting bool) *state.Publish { p := publishSpec(); p.Deleting = deleting; return p }
+	st := func(deleting bool) *state.Stage { s := stageSpec("/s"); s.Deleting = deleting; return s }
+	tests := []struct {
+		name string
+		v    *state.Volume
+		a    *actual
+		want []string
+	}{
+		{name: "nothing recorded", v: &state.Volume{}, a: bare, want: nil},
+		{name: "stage before publish", v: &state.Volume{Stage: st(false), Publishes: map[string]*state.Publish{"/t": pub(false)}}, a: bare, want: []string{"stage"}},
+		{name: "publish on a ready stage", v: &state.Volume{Stage: st(false), Formatted: "ext4", Publishes: map[string]*state.Publish{"/t": pub(false)}}, a: staged, want: []string{"publish /t"}},
+		{name: "provenance missing re-runs stage", v: &state.Volume{Stage: st(false), Publishes: map[string]*state.Publish{"/t": pub(false)}}, a: staged, want: []string{"stage"}},
+		{name: "unpublish before set-up", v: &state.Volume{Stage: st(false), Formatted: "ext4", Publishes: map[string]*state.Publish{"/a": pub(false), "/b": pub(true)}}, a: staged, want: []string{"unpublish /b", "publish /a"}},
+		{name: "unstage waits for publishes", v: &state.Volume{Stage: st(true), Formatted: "ext4", Publishes: map[string]*state.Publish{"/b": pub(true)}}, a: staged, want: []string{"unpublish /b"}},
+		{name: "unstage once publishes are gone", v: &state.Volume{Stage: st(true), Formatted: "ext4"}, a: staged, want: []string{"unstage"}},
+		{name: "converged", v: &state.Volume{Stage: st(false), Formatted: "ext4"}, a: staged, want: nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, a := range diff(tc.v, tc.a) {
+				got = append(got, a.String())
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStageThenPublishThenTeardown(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.volume("v1")
+	v := h.update("v1", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.settle()
+
+	if got, want := mountPaths(h.world), []string{staging, target}; !slices.Equal(got, want) {
+		t.Fatalf("mounts: got %v, want %v", got, want)
+	}
+	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready || r.Generation != v.Stage.Generation {
+		t.Errorf("stage result: got %+v, want ready at generation %d", r, v.Stage.Generation)
+	}
+	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
+		t.Errorf("publish result: got %+v, want ready", r)
+	}
+	got, _ := h.store.Get("v1")
+	if got.Formatted != "ext4" {
+		t.Errorf("provenance: got %q, want ext4", got.Formatted)
+	}
+
+	h.update("v1", func(v *state.Volume) {
+		v.Stage.Deleting = true
+		v.Publishes[target].Deleting = true
+	})
+	h.settle()
+	if m := mountPaths(h.world); len(m) != 0 {
+		t.Errorf("mounts after teardown: got %v, want none", m)
+	}
+	if len(h.world.loops) != 0 {
+		t.Errorf("loops after teardown: got %v, want none", h.world.loops)
+	}
+	got, _ = h.store.Get("v1")
+	if got.Stage != nil || len(got.Publishes) != 0 || got.Formatted != "ext4" {
+		t.Errorf("record after teardown: got %+v, want no intents and provenance kept", got)
+	}
+	calls := strings.Join(h.world.Calls(), ",")
+	want := "attach,blkid,mount " + staging + ",mkfs /dev/loop0,bind " + target + ",unmount " + target + ",unmount " + staging + ",detach"
+	if calls != want {
+		t.Errorf("calls:\n got %s\nwant %s", calls, want)
+	}
+}
+
+func TestTransientFailureBacksOff(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	h.world.fail["mount "+staging] = errors.New("device busy")
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+
+	attempts := func() int {
+		n := 0
+		for _, c := range h.world.Calls() {
+			if c == "mount "+staging {
+				n++
+			}
+		}
+		return n
+	}
+	ctx := context.Background()
+	h.r.Pass(ctx)
+	h.r.exec.wait()
+	if got := attempts(); got != 1 {
+		t.Fatalf("attempts after the first pass: got %d, want 1", got)
+	}
+	r, _ := h.store.Result("v1", state.StageKey)
+	h.r.Pass(ctx) // publishes the failure; the backoff holds the retry
+	h.r.exec.wait()
+	r, _ = h.store.Result("v1", state.StageKey)
+	if r.Err == nil || r.Attempts != 1 || !r.NextRetry.Equal(h.clock.Now().Add(500*time.Millisecond)) {
+		t.Fatalf("result after one failure: got %+v, want attempt 1 retrying in 500ms", r)
+	}
+	if got := attempts(); got != 1 {
+		t.Fatalf("retried inside the backoff: %d attempts", got)
+	}
+	for i, wait := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second} {
+		h.clock.Step(wait - time.Millisecond)
+		h.r.Pass(ctx)
+		h.r.exec.wait()
+		if got := attempts(); got != i+1 {
+			t.Fatalf("retried %v early: %d attempts, want %d", time.Millisecond, got, i+1)
+		}
+		h.clock.Step(time.Millisecond)
+		h.r.Pass(ctx)
+		h.r.exec.wait()
+		if got := attempts(); got != i+2 {
+			t.Fatalf("after %v: got %d attempts, want %d", wait, got, i+2)
+		}
+	}
+	delete(h.world.fail, "mount "+staging)
+	h.clock.Step(DefaultBackoffMax)
+	h.settle()
+	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready || r.Err != nil {
+		t.Errorf("after the fault cleared: got %+v, want ready", r)
+	}
+}
+
+func TestBackoffCaps(t *testing.T) {
+	tests := []struct {
+		attempts int
+		want     time.Duration
+	}{
+		{1, 500 * time.Millisecond}, {2, time.Second}, {3, 2 * time.Second}, {9, 128 * time.Second}, {10, 2 * time.Minute}, {50, 2 * time.Minute},
+	}
+	for _, tc := range tests {
+		want := min(tc.want, 2*time.Minute)
+		if got := backoff(500*time.Millisecond, 2*time.Minute, tc.attempts); got != want {
+			t.Errorf("backoff(%d): got %v, want %v", tc.attempts, got, want)
+		}
+	}
+}
+
+func TestTerminalFailureRollsBack(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	// Someone else's filesystem is on the device: refuse, release the device.
+	h.world.fs["/dev/loop0"] = "xfs"
+	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+
+	if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindFailedPrecondition {
+		t.Fatalf("final: got %+v, want FailedPrecondition", f)
+	}
+	if _, err := h.store.Get("v1"); !errors.Is(err, state.ErrNotFound) {
+		t.Errorf("record after rollback: got %v, want it gone", err)
+	}
+	if len(h.world.loops) != 0 || len(h.world.mounts) != 0 {
+		t.Errorf("left after rollback: loops %v, mounts %v", h.world.loops, h.world.mounts)
+	}
+	if slices.Contains(h.world.Calls(), "mkfs /dev/loop0") {
+		t.Error("formatted a device holding another filesystem")
+	}
+	if h.world.fs["/dev/loop0"] != "xfs" {
+		t.Error("the foreign filesystem changed")
+	}
+}
+
+func TestProvenanceNeverReformats(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	// The record says formatted, but blkid finds nothing: data loss, never mkfs.
+	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging); v.Formatted = "ext4" })
+	h.settle()
+	if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss {
+		t.Fatalf("final: got %+v, want DataLoss", f)
+	}
+	for _, c := range h.world.Calls() {
+		if strings.HasPrefix(c, "mkfs") || strings.HasPrefix(c, "mount") {
+			t.Errorf("called %s on a device that lost its filesystem", c)
+		}
+	}
+	got, _ := h.store.Get("v1")
+	if got == nil || got.Formatted != "ext4" || got.Stage != nil {
+		t.Errorf("record: got %+v, want provenance kept and the stage rolled back", got)
+	}
+}
+
+func TestBlkidErrorFailsClosed(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	h.world.fail["blkid"] = errors.New("I/O error")
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.r.Pass(context.Background())
+	h.r.exec.wait()
+	h.r.Pass(context.Background())
+	h.r.exec.wait()
+	for _, c := range h.world.Calls() {
+		if strings.HasPrefix(c, "mkfs") || strings.HasPrefix(c, "mount") {
+			t.Errorf("called %s although blkid failed", c)
+		}
+	}
+	if r, _ := h.store.Result("v1", state.StageKey); r.Err == nil || r.Ready {
+		t.Errorf("result: got %+v, want a pending failure", r)
+	}
+}
+
+func TestOneOperationPerVolumeParallelAcross(t *testing.T) {
+	h := newHarness(t)
+	sa, ta := h.volume("a")
+	sb, _ := h.volume("b")
+	release := make(chan struct{})
+	h.world.hold["mount "+sa] = release
+	h.update("a", func(v *state.Volume) {
+		v.Stage = stageSpec(sa)
+		v.Publishes = map[string]*state.Publish{ta: publishSpec()}
+	})
+	h.update("b", func(v *state.Volume) { v.Stage = stageSpec(sb) })
+	ctx := context.Background()
+	if n := h.r.Pass(ctx); n != 2 {
+		t.Fatalf("first pass started %d operations, want 2 (one per volume)", n)
+	}
+	// Volume a's stage is held; b's stage completes meanwhile.
+	waitFor(t, h.world.started, "mount "+sa, "mount "+sb)
+	if n := h.r.Pass(ctx); n != 0 {
+		t.Fatalf("pass while a is busy started %d operations, want 0", n)
+	}
+	close(release)
+	h.settle()
+	if got := mountPaths(h.world); len(got) != 3 {
+		t.Errorf("mounts: got %v, want a's staging and target and b's staging", got)
+	}
+}
+
+// waitFor reads started calls until every one of want has started.
+func waitFor(t *testing.T, ch <-chan string, want ...string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for len(want) > 0 {
+		select {
+		case got := <-ch:
+			want = slices.DeleteFunc(want, func(w string) bool { return w == got })
+		case <-timeout:
+			t.Fatalf("calls %q never started", want)
+		}
+	}
+}
+
+func TestKicksCoalesce(t *testing.T) {
+	h := newHarness(t)
+	for range 100 {
+		h.r.Kick()
+	}
+	if got := len(h.r.kick); got != 1 {
+		t.Errorf("pending kicks: got %d, want 1", got)
+	}
+}
+
+func TestRunConvergesAndStops(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.volume("v1")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.r.Run(ctx); close(done) }()
+
+	watch := h.store.Watch("v1")
+	v := h.update("v1", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.r.Kick()
+	deadline := time.After(10 * time.Second)
+	for {
+		if r, _ := h.store.Result("v1", state.PublishKey(target)); r.Ready && r.Generation == v.Publishes[target].Generation {
+			break
+		}
+		select {
+		case <-watch:
+			watch = h.store.Watch("v1")
+		case <-deadline:
+			t.Fatal("publish never became ready")
+		}
+	}
+	if !h.r.Ready() {
+		t.Error("Ready is false after convergence")
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}

@@ -1,0 +1,197 @@
+package state
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+func openStore(t *testing.T, path string) *Store {
+	t.Helper()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func stage(path string) *Stage {
+	return &Stage{Path: path, Access: AccessMount, AccessMode: "SINGLE_NODE_WRITER", MountFlags: []string{"noatime"}}
+}
+
+func TestUpdateGenerations(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "state.db"))
+	v, err := s.Update("v", func(v *Volume) error { v.Stage = stage("/s"); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Generation != 1 || v.Stage.Generation != 1 {
+		t.Fatalf("first update: got generation %d, stage %d; want 1, 1", v.Generation, v.Stage.Generation)
+	}
+	// A no-op update writes nothing and keeps the generation.
+	v, _ = s.Update("v", func(v *Volume) error { return nil })
+	if v.Generation != 1 {
+		t.Errorf("no-op update: got generation %d, want 1", v.Generation)
+	}
+	// A publish bumps the volume generation but not the stage's.
+	v, _ = s.Update("v", func(v *Volume) error {
+		v.Publishes = map[string]*Publish{"/t": {Access: AccessMount}}
+		return nil
+	})
+	if v.Generation != 2 || v.Stage.Generation != 1 || v.Publishes["/t"].Generation != 2 {
+		t.Errorf("after publish: got %d/%d/%d, want 2/1/2", v.Generation, v.Stage.Generation, v.Publishes["/t"].Generation)
+	}
+	// Marking the stage deleting stamps it.
+	v, _ = s.Update("v", func(v *Volume) error { v.Stage.Deleting = true; return nil })
+	if v.Stage.Generation != 3 {
+		t.Errorf("after deleting: got stage generation %d, want 3", v.Stage.Generation)
+	}
+	// A failing update changes nothing.
+	boom := errors.New("boom")
+	if _, err := s.Update("v", func(v *Volume) error { v.Stage = nil; return boom }); !errors.Is(err, boom) {
+		t.Fatalf("got %v, want boom", err)
+	}
+	if got, _ := s.Get("v"); got.Stage == nil || got.Generation != 3 {
+		t.Errorf("after failed update: got %+v", got)
+	}
+	// Emptying the record deletes it.
+	s.Update("v", func(v *Volume) error { v.Stage, v.Publishes = nil, nil; return nil })
+	if _, err := s.Get("v"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("emptied record: got %v, want ErrNotFound", err)
+	}
+}
+
+func TestCopiesAreDeep(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "state.db"))
+	s.Update("v", func(v *Volume) error {
+		v.Stage = stage("/s")
+		v.Publishes = map[string]*Publish{"/t": {MountFlags: []string{"ro"}}}
+		return nil
+	})
+	got, _ := s.Get("v")
+	got.Stage.Path = "/evil"
+	got.Stage.MountFlags[0] = "evil"
+	got.Publishes["/t"].MountFlags[0] = "evil"
+	got.Publishes["/x"] = &Publish{}
+	for _, l := range s.List() {
+		l.Stage.MountFlags[0] = "evil"
+	}
+	again, _ := s.Get("v")
+	if again.Stage.Path != "/s" || again.Stage.MountFlags[0] != "noatime" ||
+		again.Publishes["/t"].MountFlags[0] != "ro" || len(again.Publishes) != 1 {
+		t.Errorf("mutating a returned copy changed the store: %+v", again)
+	}
+}
+
+func TestDurableAcrossReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Update("v", func(v *Volume) error { v.Stage = stage("/s"); v.Formatted = "ext4"; return nil })
+	s.Close()
+
+	s2 := openStore(t, path)
+	got, err := s2.Get("v")
+	if err != nil || got.Stage.Path != "/s" || got.Formatted != "ext4" || got.Generation != 1 {
+		t.Fatalf("after reopen: got %+v, %v", got, err)
+	}
+}
+
+func TestSecondOpenIsLocked(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	openStore(t, path)
+	if _, err := Open(path); !errors.Is(err, ErrLocked) {
+		t.Errorf("second open: got %v, want ErrLocked", err)
+	}
+}
+
+func TestSchemaMismatchRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Update(func(tx *bolt.Tx) error {
+		b, _ := tx.CreateBucketIfNotExists(bucketMeta)
+		return b.Put(keySchema, []byte("99"))
+	})
+	db.Close()
+	if _, err := Open(path); err == nil {
+		t.Error("opened a store of schema 99")
+	}
+}
+
+func TestStateDirIsPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	openStore(t, filepath.Join(dir, "state.db"))
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode().Perm(); got != 0o700 {
+		t.Errorf("state directory mode: got %o, want 700", got)
+	}
+}
+
+func TestWatchWakesOnChange(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "state.db"))
+	ch := s.Watch("v")
+	s.SetResult("v", StageKey, Result{Generation: 1})
+	select {
+	case <-ch:
+	default:
+		t.Fatal("SetResult did not wake the watcher")
+	}
+	ch = s.Watch("v")
+	s.SetResult("v", StageKey, Result{Generation: 1}) // unchanged
+	select {
+	case <-ch:
+		t.Fatal("an unchanged result woke the watcher")
+	default:
+	}
+	s.Update("v", func(v *Volume) error { v.Stage = stage("/s"); return nil })
+	select {
+	case <-ch:
+	default:
+		t.Fatal("Update did not wake the watcher")
+	}
+}
+
+func TestValidID(t *testing.T) {
+	tests := []struct {
+		id string
+		ok bool
+	}{
+		{"pvc-1234", true}, {"a.b_c-D", true}, {"", false}, {".", false}, {"..", false},
+		{".hidden", false}, {"a/b", false}, {"a b", false}, {"é", false},
+		{string(make([]byte, 129)), false},
+	}
+	for _, tc := range tests {
+		if err := ValidID(tc.id); (err == nil) != tc.ok {
+			t.Errorf("ValidID(%q): got %v, want ok=%v", tc.id, err, tc.ok)
+		}
+	}
+}
+
+func TestBeneath(t *testing.T) {
+	roots := []string{"/var/lib/kubelet", "/tmp/x"}
+	tests := []struct {
+		path string
+		ok   bool
+	}{
+		{"/var/lib/kubelet/pods/a", true}, {"/tmp/x/y", true},
+		{"/var/lib/kubelet", false}, {"/var/lib/kubeletx/a", false}, {"relative", false},
+		{"/var/lib/kubelet/../etc", false}, {"/var/lib/kubelet/a/", false}, {"/etc/passwd", false},
+	}
+	for _, tc := range tests {
+		if _, _, err := Beneath(tc.path, roots); (err == nil) != tc.ok {
+			t.Errorf("Beneath(%q): got %v, want ok=%v", tc.path, err, tc.ok)
+		}
+	}
+}
