@@ -73,6 +73,14 @@ func (c Config) withDefaults() (Config, error) {
 	if _, err := socketPath(c.Endpoint); err != nil {
 		return c, err
 	}
+	// The mount table names mounts by their real path: a root reached
+	// through a symlink would never match what the kubelet asks for, and the
+	// reconciler would mount again on every pass.
+	for _, r := range c.roots() {
+		if real, err := filepath.EvalSymlinks(r); err == nil && real != r {
+			return c, fmt.Errorf("root %s is reached through a symlink (it is %s); pass the real path", r, real)
+		}
+	}
 	return c, nil
 }
 

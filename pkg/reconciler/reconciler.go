@@ -89,8 +89,8 @@ type Reconciler struct {
 	exec  *executor
 	kick  chan struct{}
 	ready atomic.Bool
-	// wake is the earliest backoff end seen by the last pass (UnixNano, 0
-	// for none); only the loop goroutine uses it.
+	// wake is the earliest backoff end seen by the last pass (zero for
+	// none); only the goroutine running passes uses it.
 	wake time.Time
 }
 
@@ -155,8 +155,11 @@ func (r *Reconciler) Run(ctx context.Context) {
 		logger.V(2).Info("Reconciler stopped")
 	}()
 	for {
-		started := r.Pass(ctx)
-		if !r.ready.Load() && started == 0 && r.exec.idle() {
+		started, err := r.Pass(ctx)
+		if err != nil {
+			logger.Error(err, "Cannot observe the machine; skipping pass")
+		}
+		if !r.ready.Load() && err == nil && started == 0 && r.exec.idle() {
 			r.ready.Store(true)
 			logger.Info("Start-up reconstruction finished")
 		}
@@ -181,15 +184,13 @@ func (r *Reconciler) Run(ctx context.Context) {
 
 // Pass observes the machine once, publishes the result of every intent,
 // and starts the first action of each volume that needs one and is not
-// busy or backing off. It returns the number of operations started.
-// Teardowns are started before set-ups.
-func (r *Reconciler) Pass(ctx context.Context) int {
-	logger := klog.FromContext(ctx)
+// busy or backing off. It returns the number of operations started, or the
+// error that kept it from observing. Teardowns are started before set-ups.
+func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	r.wake = time.Time{}
 	snap, err := r.cfg.Observer.Observe()
 	if err != nil {
-		logger.Error(err, "Cannot observe the machine; skipping pass")
-		return 0
+		return 0, err
 	}
 	vols := r.cfg.Store.List()
 	ids := make(map[string]bool, len(vols))
@@ -227,7 +228,7 @@ func (r *Reconciler) Pass(ctx context.Context) int {
 			started++
 		}
 	}
-	return started
+	return started, nil
 }
 
 // publishResults reports, for each live intent of v, whether it is

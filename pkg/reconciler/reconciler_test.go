@@ -51,7 +51,10 @@ func (h *harness) settle() {
 	h.t.Helper()
 	for range 50 {
 		h.r.exec.wait()
-		n := h.r.Pass(context.Background())
+		n, err := h.r.Pass(context.Background())
+		if err != nil {
+			h.t.Fatal(err)
+		}
 		h.r.exec.wait()
 		if n == 0 {
 			return
@@ -319,12 +322,12 @@ func TestOneOperationPerVolumeParallelAcross(t *testing.T) {
 	})
 	h.update("b", func(v *state.Volume) { v.Stage = stageSpec(sb) })
 	ctx := context.Background()
-	if n := h.r.Pass(ctx); n != 2 {
+	if n, _ := h.r.Pass(ctx); n != 2 {
 		t.Fatalf("first pass started %d operations, want 2 (one per volume)", n)
 	}
 	// Volume a's stage is held; b's stage completes meanwhile.
 	waitFor(t, h.world.started, "mount "+sa, "mount "+sb)
-	if n := h.r.Pass(ctx); n != 0 {
+	if n, _ := h.r.Pass(ctx); n != 0 {
 		t.Fatalf("pass while a is busy started %d operations, want 0", n)
 	}
 	close(release)
