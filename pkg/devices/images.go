@@ -11,8 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// imageSuffix ends every volume image file name.
-const imageSuffix = ".img"
+const (
+	// imageSuffix ends every volume image file name.
+	imageSuffix = ".img"
+	// tempPrefix starts the name of an image being created; IDs never
+	// start with a dot, so no image can be mistaken for one.
+	tempPrefix = ".tmp-"
+)
 
 // ErrImageExists is returned by Images.Create when an image of another size
 // already exists.
@@ -63,7 +68,7 @@ func (im *Images) Create(id string, size int64) error {
 		}
 		return nil
 	}
-	tmp, err := os.CreateTemp(im.Dir, ".tmp-"+id+"-*")
+	tmp, err := os.CreateTemp(im.Dir, tempPrefix+id+"-*")
 	if err != nil {
 		return err
 	}
@@ -88,6 +93,26 @@ func (im *Images) Create(id string, size int64) error {
 		return fmt.Errorf("publishing image: %w", err)
 	}
 	return syncDir(im.Dir)
+}
+
+// RemoveStaleTemps removes the temporary files of Create calls that a crash
+// interrupted. Call it before serving, when no Create runs.
+func (im *Images) RemoveStaleTemps() error {
+	entries, err := os.ReadDir(im.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), tempPrefix) {
+			if err := os.Remove(filepath.Join(im.Dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Delete removes id's image. A missing image is a no-op.

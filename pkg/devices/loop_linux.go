@@ -120,9 +120,10 @@ func ListLoops(sysBlock string) ([]state.Loop, error) {
 			return nil, fmt.Errorf("%s/dev: %w", name, err)
 		}
 		out = append(out, state.Loop{
-			Device:      "/dev/" + name,
-			Dev:         dev,
-			BackingFile: strings.TrimSuffix(string(backing), "\n"),
+			Device: "/dev/" + name,
+			Dev:    dev,
+			// A deleted backing file reads "<path> (deleted)".
+			BackingFile: strings.TrimSuffix(strings.TrimSuffix(string(backing), "\n"), " (deleted)"),
 		})
 	}
 	return out, nil

@@ -51,6 +51,9 @@ func Run(ctx context.Context, cfg Config) error {
 	defer store.Close()
 
 	images := &devices.Images{Dir: cfg.DataDir}
+	if err := images.RemoveStaleTemps(); err != nil {
+		return fmt.Errorf("removing interrupted image creations: %w", err)
+	}
 	rec, err := reconciler.New(reconciler.Config{
 		Store:        store,
 		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"},
@@ -58,6 +61,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats),
 		Paths:        devices.NewPaths(cfg.roots()),
 		Images:       images,
+		Roots:        cfg.roots(),
 		Clock:        clock.RealClock{},
 		ResyncPeriod: cfg.ResyncPeriod,
 	})

@@ -14,14 +14,17 @@ const (
 	actUnstage
 	actStage
 	actPublish
+	// actRelease unmounts and detaches a loop device of the data directory
+	// that no stage intent references.
+	actRelease
 )
 
-var actionNames = [...]string{"unpublish", "unstage", "stage", "publish"}
+var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan"}
 
 func (k actionKind) String() string { return actionNames[k] }
 
 // teardown reports whether the kind removes something.
-func (k actionKind) teardown() bool { return k == actUnpublish || k == actUnstage }
+func (k actionKind) teardown() bool { return k == actUnpublish || k == actUnstage || k == actRelease }
 
 // action is one step toward the desired state of a volume.
 type action struct {
@@ -36,7 +39,7 @@ type action struct {
 
 // key returns the intent the action serves.
 func (a action) key() state.IntentKey {
-	if a.kind == actStage || a.kind == actUnstage {
+	if a.kind == actStage || a.kind == actUnstage || a.kind == actRelease {
 		return state.StageKey
 	}
 	return state.PublishKey(a.target)
@@ -170,4 +173,25 @@ func unstageReason(a *actual) string {
 		return "device attached"
 	}
 	return "verified gone"
+}
+
+// orphans returns, for every loop device attached to an image of the data
+// directory whose volume has no stage recorded, the actual state to
+// release. The write-ahead rule (a stage is forgotten only once its device is
+// verified detached) makes every such device a leftover: of a crash before
+// the record was written, of a lost store, or of someone else's losetup.
+func orphans(snap *state.Snapshot, images Images, staged map[string]bool) map[string]*actual {
+	out := map[string]*actual{}
+	for _, l := range snap.Loops() {
+		id, ok := images.IDOf(l.BackingFile)
+		if !ok || staged[id] {
+			continue
+		}
+		a := &actual{loop: &l}
+		for _, m := range snap.MountsOf(l.Dev) {
+			a.foreignMounts = append(a.foreignMounts, m.Path)
+		}
+		out[id] = a
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/converge-csi/converge/pkg/devices"
@@ -77,6 +78,13 @@ func (w *fakeWorld) Observe() (*state.Snapshot, error) {
 }
 
 func (w *fakeWorld) Path(id string) string { return filepath.Join(w.dataDir, id+".img") }
+
+func (w *fakeWorld) IDOf(path string) (string, bool) {
+	if filepath.Dir(path) != w.dataDir {
+		return "", false
+	}
+	return strings.CutSuffix(filepath.Base(path), ".img")
+}
 
 func (w *fakeWorld) Size(id string) (int64, error) {
 	w.mu.Lock()

@@ -198,3 +198,22 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	})
 	return err
 }
+
+// release takes one step of releasing an orphaned device: unmount one of
+// its mounts inside the allowed roots, else detach it. A mount outside the
+// roots is not the plugin's; the device is then left attached and reported.
+func (r *Reconciler) release(a *actual) error {
+	for _, m := range a.foreignMounts {
+		if _, _, err := state.Beneath(m, r.cfg.Roots); err != nil {
+			return state.Errorf(state.KindFailedPrecondition, "orphaned device %s is mounted at %s, outside the plugin's roots; leaving it", a.loop.Device, m)
+		}
+		if err := r.cfg.Filesystems.Unmount(m); err != nil {
+			return fmt.Errorf("unmounting orphaned mount %s of %s: %w", m, a.loop.Device, err)
+		}
+		return nil
+	}
+	if err := r.cfg.Loops.Detach(a.loop.Device); err != nil {
+		return fmt.Errorf("detaching orphaned %s: %w", a.loop.Device, err)
+	}
+	return nil
+}

@@ -49,6 +49,7 @@ type Paths interface {
 // Images locates and checks the backing files of volumes.
 type Images interface {
 	Path(id string) string
+	IDOf(path string) (string, bool)
 	Size(id string) (int64, error)
 }
 
@@ -70,6 +71,10 @@ type Config struct {
 	Paths       Paths
 	Images      Images
 	Clock       clock.WithTicker
+
+	// Roots are the directories the plugin may unmount orphaned mounts in;
+	// mounts elsewhere are never touched.
+	Roots []string
 
 	// ResyncPeriod is the time between passes when nothing kicks the loop.
 	ResyncPeriod time.Duration
@@ -200,6 +205,14 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 		act action
 	}
 	var plans []plan
+	staged := make(map[string]bool, len(vols))
+	for _, v := range vols {
+		staged[v.ID] = v.Stage != nil
+	}
+	for id, a := range orphans(snap, r.cfg.Images, staged) {
+		ids[id] = true
+		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
+	}
 	for _, v := range vols {
 		ids[v.ID] = true
 		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap)
@@ -266,6 +279,8 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			return r.publish(v, a, act.target)
 		case actUnpublish:
 			return r.unpublish(v, a, act.target)
+		case actRelease:
+			return r.release(a)
 		default:
 			return r.unstage(v, a)
 		}

@@ -38,6 +38,7 @@ func newHarness(t *testing.T) *harness {
 	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
 	r, err := New(Config{
 		Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Images: w, Clock: clk,
+		Roots: []string{"/k"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -394,5 +395,47 @@ func TestRunConvergesAndStops(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func TestOrphanedDevicesAreReleased(t *testing.T) {
+	h := newHarness(t)
+	// Two devices of the data directory that no record stages: one mounted
+	// inside the roots (a crash before the record), one mounted outside.
+	ghost, err := h.world.Attach(h.world.Path("ghost"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.world.fs[ghost] = "ext4"
+	h.world.dirs["/k/old"] = true
+	if err := h.world.FormatAndMount(ghost, "/k/old", "ext4", nil); err != nil {
+		t.Fatal(err)
+	}
+	foreign, _ := h.world.Attach(h.world.Path("foreign"))
+	h.world.fs[foreign] = "ext4"
+	h.world.FormatAndMount(foreign, "/mnt/admin", "ext4", nil)
+	// A device of another directory is never ours.
+	h.world.Attach("/elsewhere/disk.img")
+	// A volume staged normally is left alone.
+	staging, _ := h.volume("live")
+	h.update("live", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+
+	h.world.mu.Lock()
+	defer h.world.mu.Unlock()
+	var loops []string
+	for backing := range h.world.loops {
+		loops = append(loops, backing)
+	}
+	slices.Sort(loops)
+	if want := []string{"/data/foreign.img", "/data/live.img", "/elsewhere/disk.img"}; !slices.Equal(loops, want) {
+		t.Errorf("attached after release: got %v, want %v", loops, want)
+	}
+	var mounts []string
+	for _, m := range h.world.mounts {
+		mounts = append(mounts, m.Path)
+	}
+	if want := []string{"/mnt/admin", staging}; !slices.Equal(mounts, want) {
+		t.Errorf("mounts after release: got %v, want %v", mounts, want)
 	}
 }

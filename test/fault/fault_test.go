@@ -1,0 +1,321 @@
+// Package fault kills the real csi-node binary with SIGKILL at random
+// moments of a concurrent workload on real loop devices, restarts it,
+// replays the outstanding requests the way the kubelet would, and checks
+// that the data survived, that every desired mount exists, and that a full
+// teardown leaves nothing behind.
+//
+// The base seed is printed; rerun one with CONVERGE_FAULT_SEED=<seed>, and
+// run longer with CONVERGE_FAULT_TRIALS=<n>.
+package fault
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+const volumes = 3
+
+var rwo = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
+// level is how far a volume is set up; each step moves it one level.
+type level int
+
+const (
+	absent level = iota
+	created
+	staged
+	published
+)
+
+// vol is the kubelet's view of one volume: what it last asked for, and the
+// files it wrote and saw synced while the volume was published.
+type vol struct {
+	id, staging, target string
+	want                level
+	files               map[string]string
+}
+
+type env struct {
+	t *testing.T
+	p *testenv.Plugin
+}
+
+func envInt(name string, def int64) int64 {
+	if v, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil {
+		return v
+	}
+	return def
+}
+
+// retryable reports whether the kubelet would retry a request that failed
+// with err, rather than treat the failure as final.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.Canceled, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// step moves v one level toward to and returns the RPC's error.
+func (e *env) step(ctx context.Context, v *vol, from, to level) error {
+	c, n := e.p.Controller(), e.p.Node()
+	var err error
+	switch {
+	case from == absent && to > absent:
+		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.id, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+	case from == created && to > created:
+		_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: rwo})
+	case from == staged && to > staged:
+		_, err = n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: rwo})
+	case from == published && to < published:
+		_, err = n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
+	case from == staged && to < staged:
+		_, err = n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+	case from == created && to < created:
+		_, err = c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.id})
+	}
+	return err
+}
+
+// drive runs the steps from level from to v.want, stopping at the first
+// error.
+func (e *env) drive(ctx context.Context, v *vol, from level) error {
+	for from != v.want {
+		next := from + 1
+		if v.want < from {
+			next = from - 1
+		}
+		if err := e.step(ctx, v, from, v.want); err != nil {
+			return err
+		}
+		from = next
+	}
+	return nil
+}
+
+// replay makes the restarted plugin reach every volume's wanted level the
+// way the kubelet does after a crash: it walks every level down to the
+// wanted one and up again, idempotently, retrying what it would retry.
+func (e *env) replay(v *vol) {
+	e.t.Helper()
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := e.replayOnce(ctx, v)
+		cancel()
+		if err == nil {
+			return
+		}
+		if !retryable(err) || attempt == 20 {
+			e.t.Fatalf("replaying %s to level %d: %v", v.id, v.want, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (e *env) replayOnce(ctx context.Context, v *vol) error {
+	// Tear down whatever may be above the wanted level, top first...
+	for l := published; l > v.want; l-- {
+		if err := e.step(ctx, v, l, l-1); err != nil {
+			return err
+		}
+	}
+	// ...then set up to it, bottom first. Every step is idempotent.
+	for l := absent; l < v.want; l++ {
+		if err := e.step(ctx, v, l, l+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeSynced(path, content string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func mounted(path string) bool {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == path {
+			return true
+		}
+	}
+	return false
+}
+
+// check verifies v against the machine after a replay.
+func (e *env) check(trial int, v *vol) {
+	e.t.Helper()
+	if got, want := mounted(v.staging), v.want >= staged; got != want {
+		e.t.Fatalf("trial %d %s: staging mounted %v, want %v", trial, v.id, got, want)
+	}
+	if got, want := mounted(v.target), v.want == published; got != want {
+		e.t.Fatalf("trial %d %s: target mounted %v, want %v", trial, v.id, got, want)
+	}
+	if v.want != published {
+		return
+	}
+	for name, content := range v.files {
+		b, err := os.ReadFile(filepath.Join(v.target, name))
+		if err != nil || string(b) != content {
+			e.t.Fatalf("trial %d %s: file %s read %q, %v; want %q (data lost)", trial, v.id, name, b, err, content)
+		}
+	}
+}
+
+func TestKillAnywhere(t *testing.T) {
+	trials := int(envInt("CONVERGE_FAULT_TRIALS", 30))
+	seed := uint64(envInt("CONVERGE_FAULT_SEED", time.Now().UnixNano()))
+	t.Logf("fault injection: %d trials, seed %d (rerun with CONVERGE_FAULT_SEED=%d)", trials, seed, seed)
+
+	p := testenv.New(t)
+	e := &env{t: t, p: p}
+	vols := make([]*vol, volumes)
+	for i := range vols {
+		id := fmt.Sprintf("fault-%d", i)
+		vols[i] = &vol{
+			id:      id,
+			staging: filepath.Join(p.Root, "staging", id),
+			target:  filepath.Join(p.Root, "pods", id, "mount"),
+			files:   map[string]string{},
+		}
+		for _, d := range []string{vols[i].staging, filepath.Dir(vols[i].target)} {
+			if err := os.MkdirAll(d, 0o750); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p.Start()
+	var walks, interrupted int
+	for trial := range trials {
+		rng := rand.New(rand.NewPCG(seed, uint64(trial)))
+		// Each volume walks to a random other level concurrently; the
+		// plugin is killed at a random moment of the walk.
+		var wg sync.WaitGroup
+		var mu sync.Mutex // guards the files maps and the counters while the walks run
+		for _, v := range vols {
+			from := v.want
+			for v.want == from {
+				v.want = level(rng.IntN(4))
+			}
+			if v.want == absent {
+				clear(v.files)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				err := e.drive(ctx, v, from)
+				mu.Lock()
+				walks++
+				if err != nil {
+					interrupted++
+				}
+				mu.Unlock()
+				if err == nil && v.want == published {
+					name := fmt.Sprintf("trial-%d", trial)
+					content := fmt.Sprintf("%s written in trial %d", v.id, trial)
+					if writeSynced(filepath.Join(v.target, name), content) == nil {
+						mu.Lock()
+						v.files[name] = content
+						mu.Unlock()
+					}
+				}
+			}()
+		}
+		time.Sleep(time.Duration(rng.IntN(80)) * time.Millisecond)
+		p.Kill()
+		wg.Wait()
+		p.Start()
+		for _, v := range vols {
+			e.replay(v)
+		}
+		for _, v := range vols {
+			e.check(trial, v)
+		}
+	}
+
+	t.Logf("%d of %d walks were cut short by the kill", interrupted, walks)
+	if trials >= 10 && interrupted == 0 {
+		t.Error("no kill interrupted a walk: the suite tests nothing")
+	}
+
+	// Full teardown: nothing of ours may remain.
+	for _, v := range vols {
+		v.want = absent
+		e.replay(v)
+	}
+	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+		t.Fatalf("after full teardown: %v", left)
+	}
+	if entries, _ := os.ReadDir(p.DataDir); len(entries) > 0 {
+		var names []string
+		for _, en := range entries {
+			names = append(names, en.Name())
+		}
+		t.Fatalf("data directory after full teardown holds %v", names)
+	}
+}
+
+// TestOrphanReleasedBeforeReady attaches a loop device to a volume image
+// behind the plugin's back, as a crash between attach and record would leave
+// it, and checks that the restarted plugin releases it before Probe is ready.
+func TestOrphanReleasedBeforeReady(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	_, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{
+		Name: "orphan", CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Kill()
+	out, err := exec.Command("losetup", "-f", "--show", filepath.Join(p.DataDir, "orphan.img")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("losetup: %v %s", err, out)
+	}
+	if len(testenv.Leftovers(p.Dir, p.DataDir)) != 1 {
+		t.Fatal("setup: the orphan is not attached")
+	}
+	p.Start()
+	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+		t.Errorf("ready while orphans remain: %v", left)
+	}
+}
