@@ -60,6 +60,9 @@ func (a action) String() string {
 type actual struct {
 	// loop is the loop device attached to the volume's image, if any.
 	loop *state.Loop
+	// extraLoops names further devices attached to the same image, which
+	// only someone else can have made.
+	extraLoops []string
 	// stagingMount is the top mount at the staging path, if any.
 	stagingMount *state.Mount
 	// staged is true when stagingMount is the volume's filesystem.
@@ -81,8 +84,11 @@ func (a *actual) published(target string) bool {
 // backing file.
 func observeVolume(v *state.Volume, image string, snap *state.Snapshot) *actual {
 	a := &actual{targets: make(map[string]*state.Mount, len(v.Publishes))}
-	if l, ok := snap.LoopFor(image); ok {
-		a.loop = &l
+	if ls := snap.LoopsFor(image); len(ls) > 0 {
+		a.loop = &ls[0]
+		for _, l := range ls[1:] {
+			a.extraLoops = append(a.extraLoops, l.Device)
+		}
 	}
 	if v.Stage != nil {
 		if m, ok := snap.MountAt(v.Stage.Path); ok {
@@ -186,6 +192,9 @@ func orphans(snap *state.Snapshot, images Images, staged map[string]bool) map[st
 		id, ok := images.IDOf(l.BackingFile)
 		if !ok || staged[id] {
 			continue
+		}
+		if _, seen := out[id]; seen {
+			continue // one device of an image at a time
 		}
 		a := &actual{loop: &l}
 		for _, m := range snap.MountsOf(l.Dev) {

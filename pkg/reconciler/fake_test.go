@@ -21,7 +21,7 @@ type fakeWorld struct {
 	dataDir  string
 	images   map[string]bool
 	loops    map[string]state.Loop // by backing file
-	fs       map[string]string     // device -> filesystem type
+	fs       map[string]string     // image -> filesystem type, as on disk
 	mounts   []state.Mount
 	dirs     map[string]bool
 	nextLoop uint32
@@ -128,7 +128,17 @@ func (w *fakeWorld) DiskFormat(dev string) (string, error) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.fs[dev], nil
+	return w.fs[w.imageOf(dev)], nil
+}
+
+// imageOf returns the backing file of a device; w.mu must be held.
+func (w *fakeWorld) imageOf(dev string) string {
+	for image, l := range w.loops {
+		if l.Device == dev {
+			return image
+		}
+	}
+	return ""
 }
 
 func (w *fakeWorld) devOf(device string) (state.DevNum, bool) {
@@ -150,11 +160,12 @@ func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options []string)
 	if !ok {
 		return fmt.Errorf("no device %s", dev)
 	}
-	if w.fs[dev] == "" {
+	image := w.imageOf(dev)
+	if w.fs[image] == "" {
 		w.calls = append(w.calls, "mkfs "+dev)
-		w.fs[dev] = fsType
+		w.fs[image] = fsType
 	}
-	w.mounts = append(w.mounts, state.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[dev]})
+	w.mounts = append(w.mounts, state.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[image]})
 	return nil
 }
 

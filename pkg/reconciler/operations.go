@@ -45,6 +45,12 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 	if err := r.cfg.Paths.CheckDir(st.Path); err != nil {
 		return pathError("staging path", st.Path, err)
 	}
+	if len(a.extraLoops) > 0 {
+		// Two devices on one image would let one filesystem be mounted
+		// twice, which corrupts it.
+		return state.Errorf(state.KindFailedPrecondition, "image of volume %s is attached more than once (%s and %s); refusing to mount it",
+			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
+	}
 	if a.staged {
 		return r.recordFormatted(v.ID, a.stagingMount.FsType)
 	}

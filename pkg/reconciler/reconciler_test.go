@@ -251,7 +251,7 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
 	// Someone else's filesystem is on the device: refuse, release the device.
-	h.world.fs["/dev/loop0"] = "xfs"
+	h.world.fs[h.world.Path("v1")] = "xfs"
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.settle()
 
@@ -267,7 +267,7 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 	if slices.Contains(h.world.Calls(), "mkfs /dev/loop0") {
 		t.Error("formatted a device holding another filesystem")
 	}
-	if h.world.fs["/dev/loop0"] != "xfs" {
+	if h.world.fs[h.world.Path("v1")] != "xfs" {
 		t.Error("the foreign filesystem changed")
 	}
 }
@@ -406,13 +406,13 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.world.fs[ghost] = "ext4"
+	h.world.fs[h.world.Path("ghost")] = "ext4"
 	h.world.dirs["/k/old"] = true
 	if err := h.world.FormatAndMount(ghost, "/k/old", "ext4", nil); err != nil {
 		t.Fatal(err)
 	}
 	foreign, _ := h.world.Attach(h.world.Path("foreign"))
-	h.world.fs[foreign] = "ext4"
+	h.world.fs[h.world.Path("foreign")] = "ext4"
 	h.world.FormatAndMount(foreign, "/mnt/admin", "ext4", nil)
 	// A device of another directory is never ours.
 	h.world.Attach("/elsewhere/disk.img")
@@ -437,5 +437,31 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	}
 	if want := []string{"/mnt/admin", staging}; !slices.Equal(mounts, want) {
 		t.Errorf("mounts after release: got %v, want %v", mounts, want)
+	}
+}
+
+func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	h.world.fs[h.world.Path("v1")] = "ext4"
+	// Someone attached the image twice; the plugin must not pick one and
+	// mount the filesystem that the other device may also carry.
+	h.world.Attach(h.world.Path("v1"))
+	h.world.mu.Lock()
+	// The fake keys loops by backing file; a second key holds the second
+	// device of the same image.
+	h.world.loops[h.world.Path("v1")+"#2"] = state.Loop{Device: "/dev/loop9", Dev: state.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
+	h.world.mu.Unlock()
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.r.Pass(context.Background())
+	h.r.exec.wait()
+	h.r.Pass(context.Background())
+	h.r.exec.wait()
+	if m := mountPaths(h.world); len(m) != 0 {
+		t.Errorf("mounted %v with the image attached twice", m)
+	}
+	r, _ := h.store.Result("v1", state.StageKey)
+	if r.Err == nil || !strings.Contains(r.Err.Message, "attached more than once") {
+		t.Errorf("result: got %+v, want a failure naming the double attachment", r)
 	}
 }

@@ -1,5 +1,7 @@
 package state
 
+import "sort"
+
 // DevNum is a device number as major:minor.
 type DevNum struct {
 	Major, Minor uint32
@@ -40,8 +42,9 @@ type Snapshot struct {
 	mountsAt map[string][]Mount
 	// mountsOf maps a device to the mounts of its filesystem.
 	mountsOf map[DevNum][]Mount
-	// loops maps a backing file to its loop device.
-	loops map[string]Loop
+	// loops maps a backing file to its loop devices: normally one, more
+	// when someone attached the file again behind the plugin's back.
+	loops map[string][]Loop
 }
 
 // NewSnapshot indexes mounts and loop devices.
@@ -49,14 +52,25 @@ func NewSnapshot(mounts []Mount, loops []Loop) *Snapshot {
 	s := &Snapshot{
 		mountsAt: make(map[string][]Mount, len(mounts)),
 		mountsOf: make(map[DevNum][]Mount, len(mounts)),
-		loops:    make(map[string]Loop, len(loops)),
+		loops:    make(map[string][]Loop, len(loops)),
 	}
 	for _, m := range mounts {
 		s.mountsAt[m.Path] = append(s.mountsAt[m.Path], m)
 		s.mountsOf[m.Dev] = append(s.mountsOf[m.Dev], m)
 	}
 	for _, l := range loops {
-		s.loops[l.BackingFile] = l
+		s.loops[l.BackingFile] = append(s.loops[l.BackingFile], l)
+	}
+	for f, ls := range s.loops {
+		// Prefer a device whose filesystem is mounted, then the lowest.
+		sort.Slice(ls, func(i, j int) bool {
+			mi, mj := len(s.mountsOf[ls[i].Dev]) > 0, len(s.mountsOf[ls[j].Dev]) > 0
+			if mi != mj {
+				return mi
+			}
+			return ls[i].Dev.Minor < ls[j].Dev.Minor
+		})
+		s.loops[f] = ls
 	}
 	return s
 }
@@ -73,17 +87,15 @@ func (s *Snapshot) MountAt(path string) (Mount, bool) {
 // MountsOf returns every mount of the filesystem on dev.
 func (s *Snapshot) MountsOf(dev DevNum) []Mount { return s.mountsOf[dev] }
 
-// LoopFor returns the loop device attached to backingFile.
-func (s *Snapshot) LoopFor(backingFile string) (Loop, bool) {
-	l, ok := s.loops[backingFile]
-	return l, ok
-}
+// LoopsFor returns the loop devices attached to backingFile, the one in
+// use first.
+func (s *Snapshot) LoopsFor(backingFile string) []Loop { return s.loops[backingFile] }
 
 // Loops returns every loop device in the snapshot.
 func (s *Snapshot) Loops() []Loop {
 	out := make([]Loop, 0, len(s.loops))
-	for _, l := range s.loops {
-		out = append(out, l)
+	for _, ls := range s.loops {
+		out = append(out, ls...)
 	}
 	return out
 }
