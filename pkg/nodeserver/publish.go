@@ -106,7 +106,7 @@ func (s *Server) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
 	s.cfg.Kicker.Kick()
-	if err := s.wait(ctx, id, s.teardownCheck(id, state.PublishKey(target), livePublish(target))); err != nil {
+	if err := s.wait(ctx, id, s.teardownCheck(id, state.PublishKey(target), v.Publishes[target].Generation, livePublish(target))); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil

@@ -95,7 +95,7 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 		return &csi.NodeUnstageVolumeResponse{}, nil
 	}
 	s.cfg.Kicker.Kick()
-	if err := s.wait(ctx, id, s.teardownCheck(id, state.StageKey, liveStage)); err != nil {
+	if err := s.wait(ctx, id, s.teardownCheck(id, state.StageKey, v.Stage.Generation, liveStage)); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil

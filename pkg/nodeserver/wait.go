@@ -89,9 +89,10 @@ func (s *Server) setupCheck(id string, key state.IntentKey, gen int64, live func
 	}
 }
 
-// teardownCheck waits for a withdrawn intent to be verified gone; ABORTED
-// when a later request revived it.
-func (s *Server) teardownCheck(id string, key state.IntentKey, live func(v *state.Volume) (gen int64, deleting, present bool)) check {
+// teardownCheck waits for an intent withdrawn at generation gen to be
+// verified gone. When the reconciler refused the teardown it answers with
+// the refusal; when a later request revived the intent, ABORTED.
+func (s *Server) teardownCheck(id string, key state.IntentKey, gen int64, live func(v *state.Volume) (gen int64, deleting, present bool)) check {
 	return func(v *state.Volume) (bool, error, string) {
 		g, deleting, present := live(v)
 		switch {
@@ -100,6 +101,9 @@ func (s *Server) teardownCheck(id string, key state.IntentKey, live func(v *stat
 		case deleting:
 			_, pending := s.progress(id, key, g)
 			return false, nil, pending
+		}
+		if final := s.cfg.Store.FinalFor(id, key, gen); final != nil {
+			return true, final, ""
 		}
 		return true, state.Errorf(state.KindAborted, "volume %s: request superseded by a later one", id), ""
 	}

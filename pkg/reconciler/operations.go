@@ -181,7 +181,9 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	st := v.Stage
 	if len(a.foreignMounts) > 0 {
-		return state.Errorf(state.KindFailedPrecondition, "volume %s is still mounted at %s", v.ID, strings.Join(a.foreignMounts, ", "))
+		// Someone else's bind mount of the staging mount: unstaging would
+		// pull the filesystem from under it. Refuse; never touch it.
+		return state.Terminalf(state.KindFailedPrecondition, "volume %s is still mounted at %s; unmount it before unstaging", v.ID, strings.Join(a.foreignMounts, ", "))
 	}
 	if a.staged {
 		if err := r.cfg.Filesystems.Unmount(st.Path); err != nil {

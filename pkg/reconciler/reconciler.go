@@ -291,35 +291,45 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 	})
 }
 
-// finished handles the outcome of an operation: a terminal failure of a
-// set-up withdraws its intent, so the following passes roll it back.
+// finished handles the outcome of an operation. A terminal failure of a
+// set-up withdraws its intent, so the following passes roll it back; a
+// terminal failure of an unstage cancels the deletion (the volume stays
+// staged). Either way the final is recorded first, so that a waiter never
+// sees the intent change without knowing why.
 func (r *Reconciler) finished(logger klog.Logger, id string, act action, err error, f *failure) {
 	if err == nil {
 		logger.Info("Operation succeeded", "generation", act.generation)
 		return
 	}
 	e := state.AsError(err)
-	if !e.Terminal || act.kind.teardown() {
+	if !e.Terminal || act.kind == actUnpublish || act.kind == actRelease {
 		logger.Error(err, "Operation failed; will retry", "attempts", f.attempts, "nextRetry", f.next)
 		return
 	}
-	logger.Error(err, "Operation failed terminally; withdrawing the intent", "kind", e.Kind.String())
-	// The final is recorded before the withdrawal so that a waiter never
-	// sees the intent withdrawn without knowing why.
+	if act.kind == actUnstage {
+		logger.Error(err, "Unstage refused; the volume stays staged", "kind", e.Kind.String())
+	} else {
+		logger.Error(err, "Operation failed terminally; withdrawing the intent", "kind", e.Kind.String())
+	}
 	r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
 	_, uerr := r.cfg.Store.Update(id, func(v *state.Volume) error {
-		if act.kind == actStage {
+		switch act.kind {
+		case actStage:
 			if st := v.Stage; st != nil && st.Generation == act.generation && !st.Deleting {
 				st.Deleting = true
 			}
-			return nil
-		}
-		if p := v.Publishes[act.target]; p != nil && p.Generation == act.generation && !p.Deleting {
-			p.Deleting = true
+		case actUnstage:
+			if st := v.Stage; st != nil && st.Generation == act.generation && st.Deleting {
+				st.Deleting = false
+			}
+		default:
+			if p := v.Publishes[act.target]; p != nil && p.Generation == act.generation && !p.Deleting {
+				p.Deleting = true
+			}
 		}
 		return nil
 	})
 	if uerr != nil {
-		logger.Error(uerr, "Cannot withdraw the intent; will retry the operation")
+		logger.Error(uerr, "Cannot record the outcome; will retry the operation")
 	}
 }

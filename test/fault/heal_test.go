@@ -1,0 +1,178 @@
+package fault
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+// resync is short so that healing tests wait little; healing must happen
+// within one resync period of the change.
+const resync = 200 * time.Millisecond
+
+// eventually polls cond until it holds or a generous bound (many resync
+// periods) passes. It waits for a state, it does not time anything.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(50 * resync)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not healed within %v", what, 50*resync)
+		}
+		time.Sleep(resync / 4)
+	}
+}
+
+// setUp creates, stages and publishes a volume and writes a file to it.
+func setUp(t *testing.T, p *testenv.Plugin, id string) *vol {
+	t.Helper()
+	e := &env{t: t, p: p}
+	v := &vol{id: id, staging: filepath.Join(p.Root, "staging", id), target: filepath.Join(p.Root, "pods", id, "mount"), want: published}
+	for _, d := range []string{v.staging, filepath.Dir(v.target)} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.drive(ctx, v, absent); err != nil {
+		t.Fatalf("setting up %s: %v", id, err)
+	}
+	v.files = map[string]string{"data": "payload of " + id}
+	if err := writeSynced(filepath.Join(v.target, "data"), v.files["data"]); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func readBack(t *testing.T, v *vol) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(v.target, "data"))
+	if err != nil || string(b) != v.files["data"] {
+		t.Fatalf("%s: read back %q, %v; want %q", v.id, b, err, v.files["data"])
+	}
+}
+
+func tearDown(t *testing.T, p *testenv.Plugin, v *vol) {
+	t.Helper()
+	v.want = absent
+	(&env{t: t, p: p}).replay(v)
+}
+
+func TestSelfHealing(t *testing.T) {
+	p := testenv.New(t, "--resync-period", resync.String())
+	p.Start()
+	v := setUp(t, p, "heal")
+
+	t.Run("publish unmounted from outside", func(t *testing.T) {
+		if err := syscall.Unmount(v.target, 0); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "publish", func() bool { return mounted(v.target) })
+		readBack(t, v)
+	})
+	t.Run("staging unmounted from outside", func(t *testing.T) {
+		if err := syscall.Unmount(v.staging, 0); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "staging mount", func() bool { return mounted(v.staging) })
+		readBack(t, v)
+	})
+	t.Run("staging lazily unmounted under a live publish", func(t *testing.T) {
+		if err := syscall.Unmount(v.staging, syscall.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "staging mount", func() bool { return mounted(v.staging) })
+		readBack(t, v)
+		// Both mounts show the same filesystem: a file made through one is
+		// seen through the other.
+		if err := writeSynced(filepath.Join(v.staging, "via-staging"), "x"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(v.target, "via-staging")); err != nil {
+			t.Fatalf("staging and target are different filesystems after healing: %v", err)
+		}
+	})
+	tearDown(t, p, v)
+}
+
+// TestReboot simulates a node reboot: the store keeps its intents while no
+// mount or loop device survives. Volumes whose directories still exist come
+// back with their data; a publish whose pod directory is gone is dropped.
+func TestReboot(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	kept := setUp(t, p, "kept")
+	gone := setUp(t, p, "gone")
+	p.Stop()
+	testenv.ForceClean(p.Dir, p.DataDir) // the reboot
+	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+		t.Fatalf("reboot left %v", left)
+	}
+	if err := os.RemoveAll(filepath.Dir(gone.target)); err != nil { // the kubelet removed the pod
+		t.Fatal(err)
+	}
+	p.Start() // ready only once every volume is restored or dropped
+	if !mounted(kept.staging) || !mounted(kept.target) {
+		t.Fatal("the kept volume was not restored before Probe reported ready")
+	}
+	readBack(t, kept)
+	if !mounted(gone.staging) {
+		t.Error("the staging mount of the volume whose pod is gone was not restored")
+	}
+	if mounted(gone.target) {
+		t.Error("the publish whose pod directory is gone was restored")
+	}
+	if _, err := os.Stat(filepath.Dir(gone.target)); err == nil {
+		t.Error("the plugin recreated a removed pod directory")
+	}
+	// The dropped publish is forgotten: unpublishing it is a no-op.
+	gone.want = staged
+	(&env{t: t, p: p}).replay(gone)
+	tearDown(t, p, kept)
+	tearDown(t, p, gone)
+}
+
+// TestUnstageRefusedUnderForeignBindMount checks that unstaging a volume
+// whose staging mount someone else bind mounted fails with
+// FAILED_PRECONDITION naming the mount, and touches nothing.
+func TestUnstageRefusedUnderForeignBindMount(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	v := setUp(t, p, "shared")
+	foreign := filepath.Join(p.Root, "someone-else")
+	if err := os.MkdirAll(foreign, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(v.staging, foreign, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	v.want = staged
+	(&env{t: t, p: p}).replay(v)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := p.Node().NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("unstage under a foreign bind mount: got %v, want FailedPrecondition", err)
+	}
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, foreign) {
+		t.Errorf("message %q does not name %s", msg, foreign)
+	}
+	if !mounted(foreign) || !mounted(v.staging) {
+		t.Fatal("the refusal touched a mount")
+	}
+	if err := syscall.Unmount(foreign, 0); err != nil {
+		t.Fatal(err)
+	}
+	tearDown(t, p, v)
+}
