@@ -298,7 +298,7 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 // sees the intent change without knowing why.
 func (r *Reconciler) finished(logger klog.Logger, id string, act action, err error, f *failure) {
 	if err == nil {
-		logger.Info("Operation succeeded", "generation", act.generation)
+		logger.Info("Operation succeeded", "reason", act.reason, "generation", act.generation)
 		return
 	}
 	e := state.AsError(err)
