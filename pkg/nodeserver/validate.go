@@ -17,17 +17,17 @@ var FsTypes = []string{"ext4", "xfs"}
 // a value name it "key=". Everything else is refused: in particular bind,
 // rbind, remount, move, loop and helper options, and anything that names
 // another device or path. See the README's "Mount flags" section.
-var mountFlagPolicy = map[string]bool{
-	"ro": false, "rw": false, "sync": false, "async": false, "dirsync": false,
-	"noexec": false, "exec": false, "nosuid": false, "suid": false, "nodev": false, "dev": false,
-	"noatime": false, "atime": false, "relatime": false, "norelatime": false, "strictatime": false,
-	"nodiratime": false, "diratime": false, "lazytime": false, "nolazytime": false,
-	"discard": false, "nodiscard": false, "acl": false, "noacl": false,
-	"user_xattr": false, "nouser_xattr": false, "barrier": false, "nobarrier": false,
-	"nouuid": false, "inode64": false, "largeio": false, "nolargeio": false,
-	"usrquota": false, "grpquota": false, "prjquota": false, "uquota": false, "gquota": false, "pquota": false,
-	"errors=": true, "data=": true, "commit=": true, "allocsize=": true, "logbufs=": true,
-	"context=": true, "fscontext=": true, "defcontext=": true, "rootcontext=": true,
+var mountFlagPolicy = map[string]struct{}{
+	"ro": {}, "rw": {}, "sync": {}, "async": {}, "dirsync": {},
+	"noexec": {}, "exec": {}, "nosuid": {}, "suid": {}, "nodev": {}, "dev": {},
+	"noatime": {}, "atime": {}, "relatime": {}, "norelatime": {}, "strictatime": {},
+	"nodiratime": {}, "diratime": {}, "lazytime": {}, "nolazytime": {},
+	"discard": {}, "nodiscard": {}, "acl": {}, "noacl": {},
+	"user_xattr": {}, "nouser_xattr": {}, "barrier": {}, "nobarrier": {},
+	"nouuid": {}, "inode64": {}, "largeio": {}, "nolargeio": {},
+	"usrquota": {}, "grpquota": {}, "prjquota": {}, "uquota": {}, "gquota": {}, "pquota": {},
+	"errors=": {}, "data=": {}, "commit=": {}, "allocsize=": {}, "logbufs=": {},
+	"context=": {}, "fscontext=": {}, "defcontext=": {}, "rootcontext=": {},
 }
 
 // CheckMountFlags enforces the mount flag policy.

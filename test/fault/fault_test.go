@@ -105,7 +105,7 @@ func (e *env) drive(ctx context.Context, v *vol, from level) error {
 		if v.want < from {
 			next = from - 1
 		}
-		if err := e.step(ctx, v, from, v.want); err != nil {
+		if err := e.step(ctx, v, from, next); err != nil {
 			return err
 		}
 		from = next
