@@ -94,6 +94,30 @@ func DetachLoop(dev string) error {
 	return nil
 }
 
+// KeepLoop clears the auto-clear flag of an attached loop device, undoing a
+// losetup -d that someone ran while the device was mounted: without it the
+// device would vanish with its last mount. A device that is not attached is
+// an error.
+func KeepLoop(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", dev, err)
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return fmt.Errorf("LOOP_GET_STATUS64 %s: %w", dev, err)
+	}
+	if info.Flags&unix.LO_FLAGS_AUTOCLEAR == 0 {
+		return nil
+	}
+	info.Flags &^= unix.LO_FLAGS_AUTOCLEAR
+	if err := unix.IoctlLoopSetStatus64(int(f.Fd()), info); err != nil {
+		return fmt.Errorf("LOOP_SET_STATUS64 %s: %w", dev, err)
+	}
+	return nil
+}
+
 // ListLoops returns the attached loop devices, read from sysfs under
 // sysBlock (normally /sys/block).
 func ListLoops(sysBlock string) ([]state.Loop, error) {
@@ -119,9 +143,11 @@ func ListLoops(sysBlock string) ([]state.Loop, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s/dev: %w", name, err)
 		}
+		autoclear, _ := os.ReadFile(filepath.Join(sysBlock, name, "loop", "autoclear"))
 		out = append(out, state.Loop{
-			Device: "/dev/" + name,
-			Dev:    dev,
+			Device:    "/dev/" + name,
+			Dev:       dev,
+			AutoClear: strings.TrimSpace(string(autoclear)) == "1",
 			// A deleted backing file reads "<path> (deleted)".
 			BackingFile: strings.TrimSuffix(strings.TrimSuffix(string(backing), "\n"), " (deleted)"),
 		})
@@ -150,6 +176,9 @@ type LoopDevices struct{}
 
 // Attach calls AttachLoop.
 func (LoopDevices) Attach(image string) (string, error) { return AttachLoop(image) }
+
+// Keep calls KeepLoop.
+func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }
 
 // Detach calls DetachLoop.
 func (LoopDevices) Detach(dev string) error { return DetachLoop(dev) }

@@ -25,6 +25,11 @@ func ReadMounts(path string) ([]state.Mount, error) {
 			Source:   unescapeOctal(mi.Source),
 			FsType:   mi.FsType,
 			ReadOnly: slices.Contains(mi.MountOptions, "ro"),
+			// Per-superblock state: "ro" (or "emergency_ro" since Linux
+			// 6.x) after errors=remount-ro fired, "shutdown" (ext4) once
+			// every I/O fails.
+			SuperReadOnly: slices.Contains(mi.SuperOptions, "ro") || slices.Contains(mi.SuperOptions, "emergency_ro"),
+			Shutdown:      slices.Contains(mi.SuperOptions, "shutdown"),
 		})
 	}
 	return out, nil

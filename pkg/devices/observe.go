@@ -2,6 +2,9 @@ package devices
 
 import (
 	"fmt"
+	"os"
+
+	"k8s.io/mount-utils"
 
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -25,4 +28,16 @@ func (o *Observer) Observe() (*state.Snapshot, error) {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
 	return state.NewSnapshot(mounts, loops), nil
+}
+
+// CheckMount stats a mount point and returns the error when it shows a
+// corrupted mount (ENOTCONN, ESTALE, EIO and the others of mount-utils'
+// IsCorruptedMnt); any other outcome is nil, as the mount table is the
+// authority on whether something is mounted there.
+func (o *Observer) CheckMount(path string) error {
+	_, err := os.Stat(path)
+	if err != nil && mount.IsCorruptedMnt(err) {
+		return err
+	}
+	return nil
 }

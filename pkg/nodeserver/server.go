@@ -17,6 +17,7 @@ type Store interface {
 	Result(id string, key state.IntentKey) (state.Result, bool)
 	FinalFor(id string, key state.IntentKey, gen int64) *state.Error
 	Watch(id string) <-chan struct{}
+	Condition(id string) state.Condition
 }
 
 // Kicker asks the reconciler for a pass.
@@ -89,6 +90,7 @@ func (s *Server) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{
 			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},

@@ -3,6 +3,7 @@ package nodeserver
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -12,9 +13,12 @@ import (
 )
 
 // NodeGetVolumeStats reports the usage of a staged or published volume from
-// a statfs bounded in time. It reads the store only, so it never waits
-// behind an operation on the volume. An unknown volume, or a path that is
-// neither its staging path nor one of its targets, is NOT_FOUND.
+// a statfs bounded in time, and its condition as the reconciler last saw it.
+// It reads the store only, so it never waits behind an operation on the
+// volume. An unknown volume, or a path that is neither its staging path nor
+// one of its targets, is NOT_FOUND. While the volume is not mounted at the
+// path, or its mount there is broken, the answer is UNAVAILABLE with what is
+// wrong, since statfs there would measure another or a dead filesystem.
 func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if id == "" {
@@ -40,6 +44,10 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if !known {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
 	}
+	cond := s.cfg.Store.Condition(id)
+	if slices.Contains(cond.Unusable, path) {
+		return nil, status.Errorf(codes.Unavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatsTimeout)
 	defer cancel()
 	u, err := s.cfg.Stat(ctx, path)
@@ -50,4 +58,12 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Available: u.AvailableBytes, Used: u.UsedBytes},
 		{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Available: u.FreeInodes, Used: u.UsedInodes},
 	}}, nil
+}
+
+// describe renders a condition for an error message.
+func describe(c state.Condition) string {
+	if !c.Abnormal {
+		return "the reconciler has not mounted it yet"
+	}
+	return c.Reason + ": " + c.Message
 }

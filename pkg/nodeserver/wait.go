@@ -65,7 +65,7 @@ func (s *Server) progress(id string, key state.IntentKey, gen int64) (ready bool
 	if r.Err != nil {
 		return false, fmt.Sprintf("attempt %d failed: %s; next retry at %s", r.Attempts, r.Err.Message, r.NextRetry.Format("15:04:05.000"))
 	}
-	return false, ""
+	return false, r.Waiting
 }
 
 // setupCheck waits for a set-up intent (stage or publish) of generation gen:

@@ -17,14 +17,32 @@ const (
 	// actRelease unmounts and detaches a loop device of the data directory
 	// that no stage intent references.
 	actRelease
+	// actUnmountTarget unmounts an unusable publish mount and keeps the
+	// publish, so that a later pass mounts it again.
+	actUnmountTarget
+	// actUnmountStaging unmounts an unusable staging mount and keeps the
+	// stage, so that a later pass mounts it again (after fsck).
+	actUnmountStaging
+	// actKeepDevice clears the auto-clear flag that a losetup -d from
+	// outside set on the volume's loop device.
+	actKeepDevice
 )
 
-var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan"}
+var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan",
+	"unmount unusable target", "unmount unusable staging", "keep device"}
 
 func (k actionKind) String() string { return actionNames[k] }
 
 // teardown reports whether the kind removes something.
-func (k actionKind) teardown() bool { return k == actUnpublish || k == actUnstage || k == actRelease }
+func (k actionKind) teardown() bool {
+	return k == actUnpublish || k == actUnstage || k == actRelease || k == actUnmountTarget || k == actUnmountStaging
+}
+
+// repair reports whether the kind undoes damage done to a live volume.
+// Repairs back off even when they succeed (see executor.blocked), so that
+// damage that comes straight back, such as a shut-down filesystem that a
+// container still holds, cannot make the loop churn.
+func (k actionKind) repair() bool { return k == actUnmountTarget || k == actUnmountStaging }
 
 // action is one step toward the desired state of a volume.
 type action struct {
@@ -39,7 +57,8 @@ type action struct {
 
 // key returns the intent the action serves.
 func (a action) key() state.IntentKey {
-	if a.kind == actStage || a.kind == actUnstage || a.kind == actRelease {
+	switch a.kind {
+	case actStage, actUnstage, actRelease, actUnmountStaging, actKeepDevice:
 		return state.StageKey
 	}
 	return state.PublishKey(a.target)
@@ -72,6 +91,16 @@ type actual struct {
 	// foreignMounts lists mounts of the volume's device at paths the record
 	// does not name.
 	foreignMounts []string
+
+	// unusable says why the staged filesystem cannot be used (shut down, or
+	// its mount point fails with EIO, ESTALE, ENOTCONN); "" when it can.
+	unusable string
+	// errorsRO is true when the kernel made the filesystem of a read-write
+	// stage read-only, after errors.
+	errorsRO bool
+	// unusableTargets maps a published target whose mount point fails to
+	// the error.
+	unusableTargets map[string]string
 }
 
 // published reports whether target holds a bind mount of the volume.
@@ -80,9 +109,23 @@ func (a *actual) published(target string) bool {
 	return m != nil && a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
 }
 
+// anyPublished reports whether any target of v holds a bind mount of the
+// volume.
+func (a *actual) anyPublished(v *state.Volume) bool {
+	for t := range v.Publishes {
+		if a.published(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkMount stats a mount point and returns the error of a corrupted mount.
+type checkMount func(path string) error
+
 // observeVolume derives v's actual state from snap. image is the volume's
-// backing file.
-func observeVolume(v *state.Volume, image string, snap *state.Snapshot) *actual {
+// backing file; check probes the mount points of the volume's filesystem.
+func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check checkMount) *actual {
 	a := &actual{targets: make(map[string]*state.Mount, len(v.Publishes))}
 	if ls := snap.LoopsFor(image); len(ls) > 0 {
 		a.loop = &ls[0]
@@ -95,10 +138,30 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot) *actual 
 			a.stagingMount = &m
 			a.staged = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
 		}
+		if a.staged {
+			m := a.stagingMount
+			switch {
+			case m.Shutdown:
+				a.unusable = "the filesystem was shut down (every I/O fails)"
+			default:
+				if err := check(m.Path); err != nil {
+					a.unusable = fmt.Sprintf("the staging mount is corrupted: %v", err)
+				}
+			}
+			a.errorsRO = m.SuperReadOnly && !v.Stage.ReadOnly
+		}
 	}
 	for target := range v.Publishes {
 		if m, ok := snap.MountAt(target); ok {
 			a.targets[target] = &m
+			if a.published(target) && !m.Shutdown {
+				if err := check(target); err != nil {
+					if a.unusableTargets == nil {
+						a.unusableTargets = map[string]string{}
+					}
+					a.unusableTargets[target] = err.Error()
+				}
+			}
 		}
 	}
 	if a.loop != nil {
@@ -115,9 +178,17 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot) *actual 
 	return a
 }
 
-// stageReady reports whether v's stage is fulfilled.
+// stageReady reports whether v's stage is fulfilled: its filesystem is
+// mounted at the staging path and usable. A filesystem that went read-only
+// after errors still counts (it is reported, not ready for new publishes).
 func stageReady(v *state.Volume, a *actual) bool {
-	return v.Stage != nil && !v.Stage.Deleting && a.staged && v.Formatted != ""
+	return v.Stage != nil && !v.Stage.Deleting && a.staged && v.Formatted != "" && a.unusable == ""
+}
+
+// publishReady reports whether the publish of v at target is fulfilled.
+func publishReady(v *state.Volume, a *actual, target string) bool {
+	p := v.Publishes[target]
+	return p != nil && !p.Deleting && stageReady(v, a) && a.published(target) && a.unusableTargets[target] == ""
 }
 
 // diff compares v with its actual state and returns the actions that lead to
@@ -142,11 +213,22 @@ func diff(v *state.Volume, a *actual) []action {
 		}
 		return acts
 	}
+	if a.staged && (a.unusable != "" || a.errorsRO) {
+		return append(acts, repairStaging(v, a, targets)...)
+	}
 	if !stageReady(v, a) {
 		return append(acts, action{kind: actStage, generation: st.Generation, reason: stageReason(v, a)})
 	}
+	if a.loop.AutoClear {
+		acts = append(acts, action{kind: actKeepDevice, generation: st.Generation, reason: "loop device was detached from outside while in use"})
+	}
 	for _, t := range targets {
-		if p := v.Publishes[t]; !p.Deleting && !a.published(t) {
+		p := v.Publishes[t]
+		if msg := a.unusableTargets[t]; msg != "" && !p.Deleting {
+			acts = append(acts, action{kind: actUnmountTarget, target: t, generation: p.Generation, reason: "target mount is corrupted: " + msg})
+			continue
+		}
+		if !p.Deleting && !a.published(t) {
 			reason := "target not mounted"
 			if a.targets[t] != nil {
 				reason = "target holds another mount"
@@ -155,6 +237,33 @@ func diff(v *state.Volume, a *actual) []action {
 		}
 	}
 	return acts
+}
+
+// repairStaging returns the steps that take down a staged filesystem that
+// is unusable or went read-only after errors, so that the stage mounts it
+// again (with fsck). A shut-down or corrupted filesystem is dead under every
+// mount: its bind mounts go first, then the staging mount. A filesystem that
+// only went read-only still serves reads, so it is taken down only once no
+// bind mount of it is left. Foreign mounts hold the superblock, and a new
+// mount would get the same broken one, so they stop the repair (reported).
+func repairStaging(v *state.Volume, a *actual, targets []string) []action {
+	st := v.Stage
+	if a.unusable != "" {
+		var acts []action
+		for _, t := range targets {
+			if !v.Publishes[t].Deleting && a.published(t) {
+				acts = append(acts, action{kind: actUnmountTarget, target: t, generation: v.Publishes[t].Generation, reason: a.unusable})
+			}
+		}
+		if len(acts) > 0 || len(a.foreignMounts) > 0 {
+			return acts
+		}
+		return []action{{kind: actUnmountStaging, generation: st.Generation, reason: a.unusable}}
+	}
+	if a.anyPublished(v) || len(a.foreignMounts) > 0 {
+		return nil
+	}
+	return []action{{kind: actUnmountStaging, generation: st.Generation, reason: "the filesystem went read-only after errors; remounting it after fsck"}}
 }
 
 func stageReason(v *state.Volume, a *actual) string {

@@ -28,10 +28,14 @@ type executor struct {
 	slowSlots chan struct{}
 	wg        sync.WaitGroup
 
-	// mu guards running and failures.
+	// mu guards running, failures and repairs.
 	mu       sync.Mutex
 	running  map[string]action
 	failures map[string]*failure
+	// repairs counts, per volume and repair step (action.String()), the
+	// repairs since the volume was last healthy, and holds off the next
+	// one (see actionKind.repair).
+	repairs map[string]map[string]*failure
 }
 
 func newExecutor(c clock.Clock, fast, slow int, initial, max time.Duration) *executor {
@@ -43,6 +47,7 @@ func newExecutor(c clock.Clock, fast, slow int, initial, max time.Duration) *exe
 		slowSlots: make(chan struct{}, slow),
 		running:   map[string]action{},
 		failures:  map[string]*failure{},
+		repairs:   map[string]map[string]*failure{},
 	}
 }
 
@@ -64,7 +69,17 @@ func (e *executor) blocked(id string, act action) (busy bool, retryAt time.Time)
 	if f := e.failures[id]; f != nil && sameAction(f.act, act) && e.clock.Now().Before(f.next) {
 		return true, f.next
 	}
+	if f := e.repairs[id][act.String()]; f != nil && e.clock.Now().Before(f.next) {
+		return true, f.next
+	}
 	return false, time.Time{}
+}
+
+// healthy resets the repair backoff of a volume seen fully converged.
+func (e *executor) healthy(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.repairs, id)
 }
 
 // lastFailure returns the latest failure of the action serving key at
@@ -123,6 +138,18 @@ func (e *executor) finish(id string, act action, err error) *failure {
 		if f := e.failures[id]; f != nil && sameAction(f.act, act) {
 			delete(e.failures, id)
 		}
+		if act.kind.repair() {
+			if e.repairs[id] == nil {
+				e.repairs[id] = map[string]*failure{}
+			}
+			f := e.repairs[id][act.String()]
+			if f == nil {
+				f = &failure{act: act}
+				e.repairs[id][act.String()] = f
+			}
+			f.attempts++
+			f.next = e.clock.Now().Add(backoff(e.initial, e.max, f.attempts))
+		}
 		return nil
 	}
 	f := e.failures[id]
@@ -144,6 +171,11 @@ func (e *executor) forget(keep func(id string) bool) {
 	for id := range e.failures {
 		if !keep(id) {
 			delete(e.failures, id)
+		}
+	}
+	for id := range e.repairs {
+		if !keep(id) {
+			delete(e.repairs, id)
 		}
 	}
 }

@@ -33,18 +33,25 @@ type fakeWorld struct {
 	hold map[string]chan struct{}
 	// started receives the name of each call as it begins.
 	started chan string
+	// corrupt maps a mount point to the error a stat of it returns.
+	corrupt map[string]error
+	// deadSuper marks images whose superblock stays shut down across
+	// remounts, as when a container still holds the filesystem.
+	deadSuper map[string]bool
 }
 
 func newFakeWorld() *fakeWorld {
 	return &fakeWorld{
-		dataDir: "/data",
-		images:  map[string]bool{},
-		loops:   map[string]state.Loop{},
-		fs:      map[string]string{},
-		dirs:    map[string]bool{},
-		fail:    map[string]error{},
-		hold:    map[string]chan struct{}{},
-		started: make(chan string, 100),
+		dataDir:   "/data",
+		images:    map[string]bool{},
+		loops:     map[string]state.Loop{},
+		fs:        map[string]string{},
+		dirs:      map[string]bool{},
+		fail:      map[string]error{},
+		hold:      map[string]chan struct{}{},
+		started:   make(chan string, 100),
+		corrupt:   map[string]error{},
+		deadSuper: map[string]bool{},
 	}
 }
 
@@ -75,6 +82,27 @@ func (w *fakeWorld) Observe() (*state.Snapshot, error) {
 		loops = append(loops, l)
 	}
 	return state.NewSnapshot(append([]state.Mount(nil), w.mounts...), loops), nil
+}
+
+func (w *fakeWorld) CheckMount(path string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.corrupt[path]
+}
+
+func (w *fakeWorld) Keep(dev string) error {
+	if err := w.call("keep " + dev); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k, l := range w.loops {
+		if l.Device == dev {
+			l.AutoClear = false
+			w.loops[k] = l
+		}
+	}
+	return nil
 }
 
 func (w *fakeWorld) Path(id string) string { return filepath.Join(w.dataDir, id+".img") }
@@ -165,8 +193,22 @@ func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options []string)
 		w.calls = append(w.calls, "mkfs "+dev)
 		w.fs[image] = fsType
 	}
-	w.mounts = append(w.mounts, state.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[image]})
+	w.mounts = append(w.mounts, state.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[image], Shutdown: w.deadSuper[image]})
 	return nil
+}
+
+// damage sets superblock flags on every mount of image's filesystem, as
+// the kernel does after an error (read-only) or a shutdown.
+func (w *fakeWorld) damage(image string, shutdown, readOnly bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l := w.loops[image]
+	for i := range w.mounts {
+		if w.mounts[i].Dev == l.Dev {
+			w.mounts[i].Shutdown = w.mounts[i].Shutdown || shutdown
+			w.mounts[i].SuperReadOnly = w.mounts[i].SuperReadOnly || readOnly
+		}
+	}
 }
 
 func (w *fakeWorld) BindMount(source, target string, options []string) error {

@@ -116,6 +116,12 @@ func stageOptions(st *state.Stage, fsType string) []string {
 	if st.ReadOnly {
 		opts = append(opts, "ro")
 	}
+	if fsType == devices.FsExt4 && !slices.ContainsFunc(opts, func(o string) bool { return strings.HasPrefix(o, "errors=") }) {
+		// Stop writing at the first error instead of piling more writes on
+		// a damaged filesystem; the reconciler reports it and remounts
+		// after fsck once no pod uses it.
+		opts = append(opts, "errors=remount-ro")
+	}
 	if fsType == devices.FsXFS && !slices.Contains(opts, "nouuid") {
 		// Clones of one image share a UUID; xfs refuses the second mount.
 		opts = append(opts, "nouuid")
@@ -222,6 +228,33 @@ func (r *Reconciler) release(a *actual) error {
 	}
 	if err := r.cfg.Loops.Detach(a.loop.Device); err != nil {
 		return fmt.Errorf("detaching orphaned %s: %w", a.loop.Device, err)
+	}
+	return nil
+}
+
+// unmountTarget unmounts an unusable publish mount and keeps the publish and
+// its directory: the next pass finds the target empty and mounts it again.
+func (r *Reconciler) unmountTarget(target string) error {
+	if err := r.cfg.Filesystems.Unmount(target); err != nil {
+		return fmt.Errorf("unmounting unusable target %s: %w", target, err)
+	}
+	return nil
+}
+
+// unmountStaging unmounts an unusable staging mount and keeps the stage: the
+// next pass mounts the filesystem again, and mount-utils runs fsck before a
+// read-write mount, so a damaged filesystem is checked before it is used.
+func (r *Reconciler) unmountStaging(v *state.Volume) error {
+	if err := r.cfg.Filesystems.Unmount(v.Stage.Path); err != nil {
+		return fmt.Errorf("unmounting unusable staging path %s: %w", v.Stage.Path, err)
+	}
+	return nil
+}
+
+// keepDevice clears the auto-clear flag of the volume's loop device.
+func (r *Reconciler) keepDevice(a *actual) error {
+	if err := r.cfg.Loops.Keep(a.loop.Device); err != nil {
+		return fmt.Errorf("keeping %s attached: %w", a.loop.Device, err)
 	}
 	return nil
 }

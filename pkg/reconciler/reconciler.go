@@ -18,17 +18,23 @@ type Store interface {
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
 	SetResult(id string, key state.IntentKey, r state.Result)
 	SetFinal(id string, key state.IntentKey, f state.Final)
+	SetCondition(id string, c state.Condition)
 }
 
 // Observer reads the actual state of the machine.
 type Observer interface {
 	Observe() (*state.Snapshot, error)
+	// CheckMount returns the error of a corrupted mount at path (ENOTCONN,
+	// ESTALE, EIO...), nil otherwise.
+	CheckMount(path string) error
 }
 
 // Loops attaches and detaches loop devices.
 type Loops interface {
 	Attach(image string) (string, error)
 	Detach(dev string) error
+	// Keep clears the auto-clear flag of an attached device.
+	Keep(dev string) error
 }
 
 // Filesystems probes, formats and mounts.
@@ -97,6 +103,13 @@ type Reconciler struct {
 	// wake is the earliest backoff end seen by the last pass (zero for
 	// none); only the goroutine running passes uses it.
 	wake time.Time
+	// reported maps a volume to the reason of the abnormal condition last
+	// logged for it; only the goroutine running passes uses it.
+	reported map[string]string
+	// fulfilled maps a volume and intent to the generation at which the
+	// intent was last seen fulfilled, so that a mount lost later is told
+	// from one not made yet; only the goroutine running passes uses it.
+	fulfilled map[string]map[state.IntentKey]int64
 }
 
 // New validates cfg, fills defaults and returns a Reconciler.
@@ -124,9 +137,11 @@ func New(cfg Config) (*Reconciler, error) {
 		cfg.BackoffMax = DefaultBackoffMax
 	}
 	return &Reconciler{
-		cfg:  cfg,
-		exec: newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax),
-		kick: make(chan struct{}, 1),
+		cfg:       cfg,
+		exec:      newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax),
+		kick:      make(chan struct{}, 1),
+		reported:  map[string]string{},
+		fulfilled: map[string]map[state.IntentKey]int64{},
 	}, nil
 }
 
@@ -215,14 +230,24 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	}
 	for _, v := range vols {
 		ids[v.ID] = true
-		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap)
+		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount)
 		acts := diff(v, a)
-		r.publishResults(v, a)
+		r.publishResults(ctx, v, a)
 		if len(acts) > 0 {
 			plans = append(plans, plan{v: v, a: a, act: acts[0]})
 		}
 	}
 	r.exec.forget(func(id string) bool { return ids[id] })
+	for id := range r.reported {
+		if !ids[id] {
+			delete(r.reported, id)
+		}
+	}
+	for id := range r.fulfilled {
+		if !ids[id] {
+			delete(r.fulfilled, id)
+		}
+	}
 
 	started := 0
 	for _, teardown := range []bool{true, false} {
@@ -245,13 +270,28 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 }
 
 // publishResults reports, for each live intent of v, whether it is
-// fulfilled and, if not, its latest failure.
-func (r *Reconciler) publishResults(v *state.Volume, a *actual) {
+// fulfilled and, if not, its latest failure or what it waits for; and the
+// volume's condition, logged at each change.
+func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *actual) {
+	seen := r.fulfilled[v.ID]
+	if seen == nil {
+		seen = map[state.IntentKey]int64{}
+		r.fulfilled[v.ID] = seen
+	}
+	lost := func(key state.IntentKey, gen int64) bool { return seen[key] == gen }
+	cond := condition(v, a, lost)
 	report := func(key state.IntentKey, gen int64, ready bool) {
+		if ready {
+			seen[key] = gen
+		} else if seen[key] != gen {
+			delete(seen, key)
+		}
 		res := state.Result{Generation: gen, Ready: ready}
 		if !ready {
 			if f := r.exec.lastFailure(v.ID, key, gen); f != nil {
 				res.Err, res.Attempts, res.NextRetry = f.err, f.attempts, f.next
+			} else if cond.Abnormal {
+				res.Waiting = cond.Message
 			}
 		}
 		r.cfg.Store.SetResult(v.ID, key, res)
@@ -259,8 +299,24 @@ func (r *Reconciler) publishResults(v *state.Volume, a *actual) {
 	if st := v.Stage; st != nil {
 		report(state.StageKey, st.Generation, !st.Deleting && stageReady(v, a))
 	}
+	healthy := stageReady(v, a) && !cond.Abnormal
 	for t, p := range v.Publishes {
-		report(state.PublishKey(t), p.Generation, !p.Deleting && stageReady(v, a) && a.published(t))
+		ready := publishReady(v, a, t)
+		report(state.PublishKey(t), p.Generation, ready)
+		healthy = healthy && ready
+	}
+	if healthy {
+		r.exec.healthy(v.ID)
+	}
+	r.cfg.Store.SetCondition(v.ID, cond)
+	logger := klog.FromContext(ctx)
+	switch prev := r.reported[v.ID]; {
+	case cond.Abnormal && prev != cond.Message:
+		logger.Info("Volume is abnormal", "volumeID", v.ID, "reason", cond.Reason, "message", cond.Message)
+		r.reported[v.ID] = cond.Message
+	case !cond.Abnormal && prev != "":
+		logger.Info("Volume is back to normal", "volumeID", v.ID, "was", prev)
+		delete(r.reported, v.ID)
 	}
 }
 
@@ -281,6 +337,12 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			return r.unpublish(v, a, act.target)
 		case actRelease:
 			return r.release(a)
+		case actUnmountTarget:
+			return r.unmountTarget(act.target)
+		case actUnmountStaging:
+			return r.unmountStaging(v)
+		case actKeepDevice:
+			return r.keepDevice(a)
 		default:
 			return r.unstage(v, a)
 		}

@@ -22,6 +22,12 @@ type Mount struct {
 	FsType string
 	// ReadOnly is true when the mount point is read-only.
 	ReadOnly bool
+	// SuperReadOnly is true when the filesystem itself is read-only, as
+	// after the kernel remounted it on errors (errors=remount-ro).
+	SuperReadOnly bool
+	// Shutdown is true when the filesystem was shut down (every I/O on it
+	// fails with EIO), as after FS_IOC_SHUTDOWN or a fatal journal error.
+	Shutdown bool
 }
 
 // Loop is an attached loop device.
@@ -32,6 +38,9 @@ type Loop struct {
 	Dev DevNum
 	// BackingFile is the file the device is attached to.
 	BackingFile string
+	// AutoClear is true when the device goes away with its last user, as
+	// after someone ran losetup -d on it while it was mounted.
+	AutoClear bool
 }
 
 // Snapshot is the observed state of the machine at one instant: the mount

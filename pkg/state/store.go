@@ -45,12 +45,13 @@ type Store struct {
 	// writeMu serialises Update so the mirror is updated in commit order.
 	writeMu sync.Mutex
 
-	// mu guards volumes, results, finals and watchers.
-	mu       sync.Mutex
-	volumes  map[string]*Volume
-	results  map[string]map[IntentKey]Result
-	finals   map[string]map[IntentKey]Final
-	watchers map[string]chan struct{}
+	// mu guards volumes, results, finals, conditions and watchers.
+	mu         sync.Mutex
+	volumes    map[string]*Volume
+	results    map[string]map[IntentKey]Result
+	finals     map[string]map[IntentKey]Final
+	conditions map[string]Condition
+	watchers   map[string]chan struct{}
 }
 
 // Final is a terminal failure of one intent generation. It outlives the
@@ -71,6 +72,9 @@ type Result struct {
 	Ready bool
 	// Err is the last failure, nil when the last attempt succeeded.
 	Err *Error
+	// Waiting says what an unfulfilled intent without a failure waits for,
+	// e.g. the repair of a damaged filesystem.
+	Waiting string
 	// Attempts counts consecutive failed attempts.
 	Attempts int
 	// NextRetry is when a failed intent is retried.
@@ -92,11 +96,12 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("opening state store %s: %w", path, err)
 	}
 	s := &Store{
-		db:       db,
-		volumes:  map[string]*Volume{},
-		results:  map[string]map[IntentKey]Result{},
-		finals:   map[string]map[IntentKey]Final{},
-		watchers: map[string]chan struct{}{},
+		db:         db,
+		volumes:    map[string]*Volume{},
+		results:    map[string]map[IntentKey]Result{},
+		finals:     map[string]map[IntentKey]Final{},
+		conditions: map[string]Condition{},
+		watchers:   map[string]chan struct{}{},
 	}
 	if err := s.load(); err != nil {
 		db.Close()
@@ -282,6 +287,9 @@ func (s *Store) pruneResultsLocked(v *Volume) {
 	}
 	if len(s.results[v.ID]) == 0 {
 		delete(s.results, v.ID)
+	}
+	if v.Empty() {
+		delete(s.conditions, v.ID)
 	}
 }
 

@@ -118,14 +118,17 @@ func (e *env) drive(ctx context.Context, v *vol, from level) error {
 // wanted one and up again, idempotently, retrying what it would retry.
 func (e *env) replay(v *vol) {
 	e.t.Helper()
-	for attempt := 0; ; attempt++ {
+	// The kubelet would retry for ever; a bound keeps a stuck plugin from
+	// eating the test binary's whole timeout (which would hide its log).
+	deadline := time.Now().Add(90 * time.Second)
+	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := e.replayOnce(ctx, v)
 		cancel()
 		if err == nil {
 			return
 		}
-		if !retryable(err) || attempt == 20 {
+		if !retryable(err) || time.Now().After(deadline) {
 			e.t.Fatalf("replaying %s to level %d: %v", v.id, v.want, err)
 		}
 		time.Sleep(100 * time.Millisecond)

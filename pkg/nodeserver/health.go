@@ -1,0 +1,46 @@
+package nodeserver
+
+import (
+	"context"
+	"errors"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// healthTypes maps the plugin's health classes to CSI's.
+var healthTypes = map[state.Health]csi.VolumeHealthErrorType{
+	state.Degraded:     csi.VolumeHealthErrorType_DEGRADED,
+	state.Inaccessible: csi.VolumeHealthErrorType_INACCESSIBLE,
+	state.DataLost:     csi.VolumeHealthErrorType_DATA_LOSS,
+}
+
+// NodeGetVolumeHealth reports the health of a volume as the reconciler last
+// observed it: no entry when it is healthy or not yet looked at, one entry
+// naming the problem otherwise. It reads memory only and never blocks. A
+// volume without a record on this node is NOT_FOUND; the paths, optional in
+// CSI, are not needed since the record names them.
+func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, invalid("volume ID is required")
+	}
+	if state.ValidID(id) != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	if _, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found on this node", id)
+	} else if err != nil {
+		return nil, Status(err)
+	}
+	h := &csi.VolumeHealth{VolumeId: id}
+	if c := s.cfg.Store.Condition(id); c.Abnormal {
+		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
+			Status: healthTypes[c.Health], Reason: c.Reason, Message: c.Message,
+		})
+	}
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}

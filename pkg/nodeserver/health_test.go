@@ -1,0 +1,109 @@
+package nodeserver
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+func TestStatsAndHealthFollowTheCondition(t *testing.T) {
+	s, store, _ := newServer(t)
+	ctx := t.Context()
+	staging, target := root+"/staging/v", root+"/pods/p/mount"
+	if _, err := store.Update("v", func(v *state.Volume) error {
+		v.Stage = &state.Stage{Path: staging, Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
+		v.Publishes = map[string]*state.Publish{target: {Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stats := func(path string) error {
+		_, err := s.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: path})
+		return err
+	}
+	health := func() []*csi.VolumeHealth_VolumeHealthEntry {
+		t.Helper()
+		resp, err := s.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: "v"})
+		if err != nil {
+			t.Fatalf("health: %v", err)
+		}
+		return resp.GetVolumeHealth().GetHealthStatuses()
+	}
+
+	tests := []struct {
+		name          string
+		cond          state.Condition
+		stagingCode   codes.Code
+		targetCode    codes.Code
+		wantStatus    csi.VolumeHealthErrorType
+		wantInMessage string
+	}{
+		{name: "healthy", cond: state.Condition{}, stagingCode: codes.OK, targetCode: codes.OK},
+		{
+			name:        "staging mount lost",
+			cond:        state.Condition{Abnormal: true, Health: state.Inaccessible, Reason: "StagingMountMissing", Message: "nothing is mounted", Unusable: []string{staging, target}},
+			stagingCode: codes.Unavailable, targetCode: codes.Unavailable,
+			wantStatus: csi.VolumeHealthErrorType_INACCESSIBLE, wantInMessage: "StagingMountMissing",
+		},
+		{
+			name:        "filesystem shut down",
+			cond:        state.Condition{Abnormal: true, Health: state.Inaccessible, Reason: "FilesystemUnusable", Message: "shut down", Unusable: []string{staging, target}},
+			stagingCode: codes.Unavailable, targetCode: codes.Unavailable,
+			wantStatus: csi.VolumeHealthErrorType_INACCESSIBLE, wantInMessage: "FilesystemUnusable",
+		},
+		{
+			name:        "read-only after errors still has usage",
+			cond:        state.Condition{Abnormal: true, Health: state.Degraded, Reason: "FilesystemReadOnly", Message: "went read-only"},
+			stagingCode: codes.OK, targetCode: codes.OK,
+			wantStatus: csi.VolumeHealthErrorType_DEGRADED,
+		},
+		{
+			name:        "staging path taken, the pod still served",
+			cond:        state.Condition{Abnormal: true, Health: state.Degraded, Reason: "StagingPathTaken", Message: "another mount", Unusable: []string{staging}},
+			stagingCode: codes.Unavailable, targetCode: codes.OK,
+			wantStatus: csi.VolumeHealthErrorType_DEGRADED, wantInMessage: "StagingPathTaken",
+		},
+		{
+			name:        "publish being made",
+			cond:        state.Condition{Unusable: []string{target}},
+			stagingCode: codes.OK, targetCode: codes.Unavailable,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			store.SetCondition("v", tc.cond)
+			if err := stats(staging); status.Code(err) != tc.stagingCode {
+				t.Errorf("stats at staging: got %v, want %v", err, tc.stagingCode)
+			}
+			err := stats(target)
+			if status.Code(err) != tc.targetCode {
+				t.Errorf("stats at target: got %v, want %v", err, tc.targetCode)
+			}
+			if err != nil && !strings.Contains(err.Error(), tc.wantInMessage) {
+				t.Errorf("stats message: got %q, want it to contain %q", err, tc.wantInMessage)
+			}
+			entries := health()
+			if !tc.cond.Abnormal {
+				if len(entries) != 0 {
+					t.Errorf("health: got %v, want no entry", entries)
+				}
+				return
+			}
+			if len(entries) != 1 || entries[0].Status != tc.wantStatus || entries[0].Reason != tc.cond.Reason {
+				t.Errorf("health: got %v, want one %v entry with reason %s", entries, tc.wantStatus, tc.cond.Reason)
+			}
+		})
+	}
+
+	if _, err := s.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: "unknown"}); status.Code(err) != codes.NotFound {
+		t.Errorf("health of an unknown volume: got %v, want NotFound", err)
+	}
+	if _, err := s.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("health without an ID: got %v, want InvalidArgument", err)
+	}
+}

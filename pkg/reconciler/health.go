@@ -1,0 +1,84 @@
+package reconciler
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// condition derives the health of v from its actual state: abnormal when a
+// live intent that was fulfilled is not any more (lost reports whether the
+// intent of that generation was seen fulfilled; the plugin is repairing
+// it), or when the volume's filesystem or device is damaged. Intents being
+// set up or torn down are normal. The first problem found is reported, in
+// the order an operator should look at them.
+func condition(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int64) bool) state.Condition {
+	var c state.Condition
+	st := v.Stage
+	if st == nil || st.Deleting {
+		return c
+	}
+	if !a.staged || a.unusable != "" {
+		c.Unusable = append(c.Unusable, st.Path)
+	}
+	var broken []string
+	for _, t := range v.Targets() {
+		p := v.Publishes[t]
+		if p.Deleting {
+			continue
+		}
+		switch {
+		case !a.published(t):
+			c.Unusable = append(c.Unusable, t)
+			if lost(state.PublishKey(t), p.Generation) {
+				broken = append(broken, t)
+			}
+		case a.unusableTargets[t] != "":
+			c.Unusable = append(c.Unusable, t)
+			broken = append(broken, t)
+		case a.unusable != "":
+			c.Unusable = append(c.Unusable, t)
+		}
+	}
+	abnormal := func(reason, format string, args ...any) state.Condition {
+		c.Abnormal, c.Health, c.Reason, c.Message = true, state.Inaccessible, reason, fmt.Sprintf(format, args...)
+		return c
+	}
+	degraded := func(reason, format string, args ...any) state.Condition {
+		c = abnormal(reason, format, args...)
+		c.Health = state.Degraded
+		return c
+	}
+	stageLost := lost(state.StageKey, st.Generation)
+	// Damage to the device or the staging mount leaves the volume usable
+	// where a bind mount of it is still in place.
+	staging := abnormal
+	if a.anyPublished(v) {
+		staging = degraded
+	}
+	switch {
+	case len(a.extraLoops) > 0:
+		return staging("DeviceAttachedTwice", "the image of volume %s is attached more than once (%s); it is not mounted until the extra devices are detached",
+			v.ID, strings.Join(append([]string{a.loop.Device}, a.extraLoops...), ", "))
+	case stageLost && a.loop == nil:
+		return abnormal("DeviceDetached", "the loop device of volume %s is gone; attaching and mounting it again", v.ID)
+	case stageLost && a.stagingMount == nil:
+		return staging("StagingMountMissing", "nothing is mounted at the staging path %s; mounting volume %s again", st.Path, v.ID)
+	case a.stagingMount != nil && !a.staged:
+		return staging("StagingPathTaken", "the staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
+	case a.unusable != "" && len(a.foreignMounts) > 0:
+		return abnormal("FilesystemUnusable", "volume %s: %s; it cannot be remounted while it is also mounted at %s", v.ID, a.unusable, strings.Join(a.foreignMounts, ", "))
+	case a.unusable != "":
+		return abnormal("FilesystemUnusable", "volume %s: %s; unmounting and mounting it again", v.ID, a.unusable)
+	case a.errorsRO:
+		return degraded("FilesystemReadOnly", "the filesystem of volume %s went read-only after errors; it is checked and mounted again once no pod uses it", v.ID)
+	case a.loop != nil && a.loop.AutoClear:
+		return degraded("DeviceDetachPending", "loop device %s of volume %s was detached from outside while in use; keeping it attached", a.loop.Device, v.ID)
+	case len(broken) > 0 && a.unusableTargets[broken[0]] != "":
+		return abnormal("PublishMountUnusable", "the mount of volume %s at %s is corrupted (%s); mounting it again", v.ID, broken[0], a.unusableTargets[broken[0]])
+	case len(broken) > 0:
+		return abnormal("PublishMountMissing", "volume %s is not mounted at %s; mounting it", v.ID, broken[0])
+	}
+	return c
+}

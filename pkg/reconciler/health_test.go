@@ -1,0 +1,207 @@
+package reconciler
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// staged makes a volume staged and published at one target and settles.
+func (h *harness) stagedAndPublished(id string) (staging, target string) {
+	h.t.Helper()
+	staging, target = h.volume(id)
+	h.update(id, func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.settle()
+	if got, want := mountPaths(h.world), []string{staging, target}; !slices.Equal(got, want) {
+		h.t.Fatalf("mounts after set-up: got %v, want %v", got, want)
+	}
+	return staging, target
+}
+
+// callsSince returns the calls made after the first n.
+func (h *harness) callsSince(n int) string {
+	return strings.Join(h.world.Calls()[n:], ",")
+}
+
+func TestShutDownFilesystemIsRemounted(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.stagedAndPublished("v1")
+	n := len(h.world.Calls())
+	h.world.damage(h.world.Path("v1"), true, false)
+
+	h.settle()
+	want := "unmount " + target + ",unmount " + staging + ",blkid,mount " + staging + ",bind " + target
+	if got := h.callsSince(n); got != want {
+		t.Errorf("calls:\n got %s\nwant %s", got, want)
+	}
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition after repair: got %+v, want normal", c)
+	}
+	if got := strings.Join(h.world.Calls(), ","); strings.Count(got, "mkfs") != 1 {
+		t.Errorf("calls: got %s, want exactly one mkfs", got)
+	}
+}
+
+func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.stagedAndPublished("v1")
+	image := h.world.Path("v1")
+	h.world.deadSuper[image] = true // every remount gets the dead superblock again
+	h.world.damage(image, true, false)
+
+	unmounts := func() int {
+		n := 0
+		for _, c := range h.world.Calls() {
+			if c == "unmount "+staging {
+				n++
+			}
+		}
+		return n
+	}
+	// Without the repair backoff, each pass would unmount and remount.
+	for range 10 {
+		h.r.Pass(t.Context())
+		h.r.exec.wait()
+	}
+	if got := unmounts(); got != 1 {
+		t.Fatalf("staging unmounts in 10 passes without time passing: got %d, want 1", got)
+	}
+	c := h.store.Condition("v1")
+	if c.Health != state.Inaccessible || c.Reason != "FilesystemUnusable" {
+		t.Errorf("condition: got %+v, want INACCESSIBLE FilesystemUnusable", c)
+	}
+	h.clock.Step(DefaultBackoffInitial)
+	for range 10 {
+		h.r.Pass(t.Context())
+		h.r.exec.wait()
+	}
+	if got := unmounts(); got != 2 {
+		t.Errorf("staging unmounts after one backoff: got %d, want 2", got)
+	}
+
+	// Once the superblock is released, the next repair heals the volume
+	// and resets the backoff.
+	delete(h.world.deadSuper, image)
+	h.clock.Step(DefaultBackoffMax)
+	h.settle()
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition after the superblock is released: got %+v, want normal", c)
+	}
+	if _, retry := h.r.exec.blocked("v1", action{kind: actUnmountStaging}); !retry.IsZero() {
+		t.Errorf("repair backoff after healing: got retry at %v, want none", retry)
+	}
+}
+
+func TestReadOnlyAfterErrorsWaitsForPublishesToGo(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.stagedAndPublished("v1")
+	n := len(h.world.Calls())
+	h.world.damage(h.world.Path("v1"), false, true)
+
+	h.settle()
+	if got := h.callsSince(n); got != "" {
+		t.Errorf("calls while a pod uses the filesystem: got %s, want none", got)
+	}
+	c := h.store.Condition("v1")
+	if c.Health != state.Degraded || c.Reason != "FilesystemReadOnly" {
+		t.Errorf("condition: got %+v, want DEGRADED FilesystemReadOnly", c)
+	}
+	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
+		t.Errorf("existing publish: got %+v, want still ready", r)
+	}
+
+	// A new publish is not made on the damaged filesystem, and says why.
+	second := "/k/pod-v1/second"
+	h.update("v1", func(v *state.Volume) { v.Publishes[second] = publishSpec() })
+	h.settle()
+	if r, _ := h.store.Result("v1", state.PublishKey(second)); r.Ready || !strings.Contains(r.Waiting, "read-only after errors") {
+		t.Errorf("new publish: got %+v, want not ready, waiting on the read-only filesystem", r)
+	}
+
+	// Once the pods are gone, the filesystem is remounted (fsck runs in
+	// FormatAndMount) and the waiting publish is made.
+	h.update("v1", func(v *state.Volume) { v.Publishes[target].Deleting = true })
+	h.settle()
+	want := "unmount " + target + ",unmount " + staging + ",blkid,mount " + staging + ",bind " + second
+	if got := h.callsSince(n); got != want {
+		t.Errorf("calls:\n got %s\nwant %s", got, want)
+	}
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition after remount: got %+v, want normal", c)
+	}
+}
+
+func TestCorruptedTargetIsRemounted(t *testing.T) {
+	h := newHarness(t)
+	_, target := h.stagedAndPublished("v1")
+	n := len(h.world.Calls())
+	h.world.corrupt[target] = syscall.ESTALE
+	h.r.Pass(t.Context())
+	h.r.exec.wait()
+	if c := h.store.Condition("v1"); c.Reason != "PublishMountUnusable" {
+		t.Errorf("condition: got %+v, want PublishMountUnusable", c)
+	}
+	delete(h.world.corrupt, target)
+	h.settle()
+	if got, want := h.callsSince(n), "unmount "+target+",bind "+target; got != want {
+		t.Errorf("calls: got %s, want %s", got, want)
+	}
+}
+
+func TestDetachedFromOutsideIsKept(t *testing.T) {
+	h := newHarness(t)
+	h.stagedAndPublished("v1")
+	image := h.world.Path("v1")
+	h.world.mu.Lock()
+	l := h.world.loops[image]
+	l.AutoClear = true
+	h.world.loops[image] = l
+	h.world.mu.Unlock()
+	n := len(h.world.Calls())
+
+	h.r.Pass(t.Context())
+	h.r.exec.wait()
+	if c := h.store.Condition("v1"); c.Reason != "DeviceDetachPending" {
+		t.Errorf("condition: got %+v, want DeviceDetachPending", c)
+	}
+	h.settle()
+	if got, want := h.callsSince(n), "keep "+l.Device; got != want {
+		t.Errorf("calls: got %s, want %s", got, want)
+	}
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition after keep: got %+v, want normal", c)
+	}
+}
+
+func TestConditionNamesUnusablePaths(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.stagedAndPublished("v1")
+	h.world.fail["mount "+staging] = errors.New("busy")
+	h.world.mu.Lock()
+	h.world.mounts = nil // someone unmounted both
+	h.world.mu.Unlock()
+	h.r.Pass(t.Context())
+	h.r.exec.wait()
+	h.r.Pass(t.Context())
+	c := h.store.Condition("v1")
+	if c.Reason != "StagingMountMissing" || c.Health != state.Inaccessible {
+		t.Errorf("condition: got %+v, want INACCESSIBLE StagingMountMissing", c)
+	}
+	if !slices.Equal(c.Unusable, []string{staging, target}) {
+		t.Errorf("unmounted: got %v, want %v", c.Unusable, []string{staging, target})
+	}
+	delete(h.world.fail, "mount "+staging)
+	h.clock.Step(time.Minute)
+	h.settle()
+	if c := h.store.Condition("v1"); c.Abnormal || len(c.Unusable) > 0 {
+		t.Errorf("condition after healing: got %+v, want normal", c)
+	}
+}

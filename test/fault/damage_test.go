@@ -1,0 +1,177 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+// ext4Shutdown is EXT4_IOC_SHUTDOWN, _IOR('X', 125, __u32); its argument 0
+// (EXT4_GOING_FLAGS_DEFAULT) syncs the filesystem before shutting it down.
+const ext4Shutdown = 0x8004587d
+
+// sourceAt returns the source of the top mount at path.
+func sourceAt(t *testing.T, path string) string {
+	t.Helper()
+	ms, err := devices.ReadMounts("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := ""
+	for _, m := range ms {
+		if m.Path == path {
+			source = m.Source
+		}
+	}
+	if source == "" {
+		t.Fatalf("nothing mounted at %s", path)
+	}
+	return source
+}
+
+// health returns the health entries of a volume, "" when it is healthy.
+func health(p *testenv.Plugin, id string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := p.Node().NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: id})
+	if err != nil {
+		return "", err
+	}
+	var out []string
+	for _, e := range resp.GetVolumeHealth().GetHealthStatuses() {
+		out = append(out, e.GetStatus().String()+" "+e.GetReason())
+	}
+	return strings.Join(out, ", "), nil
+}
+
+func stats(p *testenv.Plugin, id, path string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := p.Node().NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: path})
+	return err
+}
+
+func healthIs(t *testing.T, p *testenv.Plugin, id, want string) func() bool {
+	return func() bool {
+		got, err := health(p, id)
+		if err != nil {
+			t.Fatalf("health of %s: %v", id, err)
+		}
+		return got == want
+	}
+}
+
+// writable reports whether dir is a mount point in which a new file can be
+// written and synced. (Without the mount check, a probe would land in the
+// bare directory while the volume is unmounted for repair.)
+func writable(dir string) bool {
+	return mounted(dir) && writeSynced(filepath.Join(dir, "probe"), "x") == nil
+}
+
+// TestDamageIsRepaired damages a published volume the ways the kernel and
+// operators do, and checks that the loop repairs (or, where repair is not
+// safe, reports) each within a few resync periods, with the data intact.
+func TestDamageIsRepaired(t *testing.T) {
+	p := testenv.New(t, "--resync-period", resync.String())
+	p.Start()
+	v := setUp(t, p, "damage")
+
+	t.Run("filesystem shut down", func(t *testing.T) {
+		f, err := os.Open(v.staging)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = unix.IoctlSetPointerInt(int(f.Fd()), ext4Shutdown, 0)
+		f.Close()
+		if err != nil {
+			t.Fatalf("EXT4_IOC_SHUTDOWN: %v", err)
+		}
+		if _, err := os.ReadFile(filepath.Join(v.target, "data")); !errors.Is(err, syscall.EIO) {
+			t.Fatalf("reading a shut-down filesystem: got %v, want EIO", err)
+		}
+		eventually(t, "shut-down filesystem", func() bool { return writable(v.target) })
+		readBack(t, v)
+		eventually(t, "health", healthIs(t, p, v.id, ""))
+	})
+
+	t.Run("read-only after errors", func(t *testing.T) {
+		dev := sourceAt(t, v.staging)
+		trigger := filepath.Join("/sys/fs/ext4", filepath.Base(dev), "trigger_fs_error")
+		if err := os.WriteFile(trigger, []byte("converge test"), 0); err != nil {
+			t.Skipf("cannot trigger an ext4 error on this kernel: %v", err)
+		}
+		eventually(t, "read-only reported", healthIs(t, p, v.id, "DEGRADED FilesystemReadOnly"))
+		if !mounted(v.target) || writable(v.target) {
+			t.Fatal("the target is not mounted read-only after errors=remount-ro fired")
+		}
+		if err := stats(p, v.id, v.target); err != nil {
+			t.Errorf("stats of a read-only filesystem: got %v, want usage", err)
+		}
+		readBack(t, v)
+		// Not remounted while the pod uses it...
+		time.Sleep(5 * resync)
+		if !mounted(v.target) || writable(v.target) {
+			t.Fatal("the filesystem was remounted under a live publish")
+		}
+		// ...but once the pod is gone, checked and mounted again.
+		v.want = staged
+		(&env{t: t, p: p}).replay(v)
+		eventually(t, "remount after fsck", func() bool { return writable(v.staging) })
+		eventually(t, "health", healthIs(t, p, v.id, ""))
+		v.want = published
+		(&env{t: t, p: p}).replay(v)
+		readBack(t, v)
+	})
+
+	t.Run("loop device detached from outside", func(t *testing.T) {
+		dev := sourceAt(t, v.staging)
+		if err := devices.DetachLoop(dev); err != nil { // what losetup -d does
+			t.Fatal(err)
+		}
+		autoclear := filepath.Join("/sys/block", filepath.Base(dev), "loop", "autoclear")
+		if b, err := os.ReadFile(autoclear); err != nil || strings.TrimSpace(string(b)) != "1" {
+			t.Fatalf("after LOOP_CLR_FD on a mounted device: autoclear %q, %v; want 1", b, err)
+		}
+		eventually(t, "auto-clear flag", func() bool {
+			b, err := os.ReadFile(autoclear)
+			return err == nil && strings.TrimSpace(string(b)) == "0"
+		})
+		eventually(t, "health", healthIs(t, p, v.id, ""))
+		readBack(t, v)
+	})
+
+	t.Run("staging path taken by another mount", func(t *testing.T) {
+		if err := syscall.Mount("tmpfs", v.staging, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "reported", healthIs(t, p, v.id, "DEGRADED StagingPathTaken"))
+		err := stats(p, v.id, v.staging)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "StagingPathTaken") {
+			t.Errorf("stats at the taken staging path: got %v, want Unavailable naming StagingPathTaken", err)
+		}
+		if err := stats(p, v.id, v.target); err != nil {
+			t.Errorf("stats at the still-published target: got %v, want usage", err)
+		}
+		if err := syscall.Unmount(v.staging, 0); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "health", healthIs(t, p, v.id, ""))
+		if err := stats(p, v.id, v.staging); err != nil {
+			t.Errorf("stats after healing: %v", err)
+		}
+	})
+	tearDown(t, p, v)
+}
