@@ -27,6 +27,9 @@ type executor struct {
 	fastSlots chan struct{}
 	slowSlots chan struct{}
 	wg        sync.WaitGroup
+	// spawn runs an operation; in production on its own goroutine. The
+	// simulation test runs operations inline to make them deterministic.
+	spawn func(func())
 
 	// mu guards running, failures and repairs.
 	mu       sync.Mutex
@@ -45,6 +48,7 @@ func newExecutor(c clock.Clock, fast, slow int, initial, max time.Duration) *exe
 		max:       max,
 		fastSlots: make(chan struct{}, fast),
 		slowSlots: make(chan struct{}, slow),
+		spawn:     func(f func()) { go f() },
 		running:   map[string]action{},
 		failures:  map[string]*failure{},
 		repairs:   map[string]map[string]*failure{},
@@ -114,7 +118,7 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() e
 		slots = e.slowSlots
 	}
 	e.wg.Add(1)
-	go func() {
+	e.spawn(func() {
 		defer e.wg.Done()
 		var err error
 		select {
@@ -126,7 +130,7 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() e
 		}
 		f := e.finish(id, act, err)
 		done(err, f)
-	}()
+	})
 }
 
 // finish records the outcome of act and releases the volume.

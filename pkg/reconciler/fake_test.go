@@ -3,6 +3,7 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,30 +15,41 @@ import (
 
 // fakeWorld is an in-memory device layer: loop devices, filesystems on
 // them, a mount table and directories. It implements every interface the
-// reconciler consumes.
+// reconciler consumes. Superblock state (shut down, read-only after errors)
+// is shared by every mount of a device, as in the kernel.
 type fakeWorld struct {
 	// mu guards every field below.
-	mu       sync.Mutex
-	dataDir  string
-	images   map[string]bool
-	loops    map[string]state.Loop // by backing file
-	fs       map[string]string     // image -> filesystem type, as on disk
-	mounts   []state.Mount
-	dirs     map[string]bool
-	nextLoop uint32
-	calls    []string
+	mu      sync.Mutex
+	dataDir string
+	images  map[string]bool
+	loops   map[string]state.Loop // by backing file
+	fs      map[string]string     // image -> filesystem type, as on disk
+	mkfs    map[string]int        // image -> times formatted
+	mounts  []state.Mount
+	dirs    map[string]bool
+	calls   []string
 	// fail maps a call ("attach", "mount <target>", "bind <target>", ...)
 	// to the error it returns.
 	fail map[string]error
 	// hold, when set for a call, blocks that call until the channel closes.
 	hold map[string]chan struct{}
-	// started receives the name of each call as it begins.
+	// started, when not nil, receives the name of each call as it begins.
 	started chan string
-	// corrupt maps a mount point to the error a stat of it returns.
+	// corrupt maps a mount point to the error a stat of it returns, until
+	// it is unmounted.
 	corrupt map[string]error
 	// deadSuper marks images whose superblock stays shut down across
 	// remounts, as when a container still holds the filesystem.
 	deadSuper map[string]bool
+	// before, when set, runs as each call begins (without mu held), with
+	// the backing file of the volume the call is about ("" when unknown);
+	// its error fails the call before it has any effect.
+	before func(name, image string) error
+	// after, when set, runs once each call that passed before is done
+	// (without mu held), with the call's error; what it returns is the
+	// call's error, so that it can fail a call that had its effect, as
+	// when the plugin dies between a mount and recording it.
+	after func(name, image string, err error) error
 }
 
 func newFakeWorld() *fakeWorld {
@@ -46,6 +58,7 @@ func newFakeWorld() *fakeWorld {
 		images:    map[string]bool{},
 		loops:     map[string]state.Loop{},
 		fs:        map[string]string{},
+		mkfs:      map[string]int{},
 		dirs:      map[string]bool{},
 		fail:      map[string]error{},
 		hold:      map[string]chan struct{}{},
@@ -55,17 +68,51 @@ func newFakeWorld() *fakeWorld {
 	}
 }
 
-func (w *fakeWorld) call(name string) error {
+// do runs one call about the volume whose image imageOf returns (with mu
+// held): it records the call, honours fail, hold and before, applies effect
+// under mu, then runs after.
+func (w *fakeWorld) do(name string, imageOf func() string, effect func() error) error {
 	w.mu.Lock()
 	w.calls = append(w.calls, name)
-	h := w.hold[name]
-	err := w.fail[name]
+	h, err, before, after, started := w.hold[name], w.fail[name], w.before, w.after, w.started
+	image := imageOf()
 	w.mu.Unlock()
-	w.started <- name
+	if started != nil {
+		started <- name
+	}
 	if h != nil {
 		<-h
 	}
+	if err != nil {
+		return err
+	}
+	if before != nil {
+		if err := before(name, image); err != nil {
+			return err
+		}
+	}
+	w.mu.Lock()
+	err = effect()
+	w.mu.Unlock()
+	if after != nil {
+		return after(name, image, err)
+	}
 	return err
+}
+
+// imageAt returns the backing file of the device mounted at path; w.mu
+// must be held.
+func (w *fakeWorld) imageAt(path string) string {
+	for i := len(w.mounts) - 1; i >= 0; i-- {
+		if m := w.mounts[i]; m.Path == path {
+			for image, l := range w.loops {
+				if l.Dev == m.Dev {
+					return image
+				}
+			}
+		}
+	}
+	return ""
 }
 
 func (w *fakeWorld) Calls() []string {
@@ -90,21 +137,6 @@ func (w *fakeWorld) CheckMount(path string) error {
 	return w.corrupt[path]
 }
 
-func (w *fakeWorld) Keep(dev string) error {
-	if err := w.call("keep " + dev); err != nil {
-		return err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for k, l := range w.loops {
-		if l.Device == dev {
-			l.AutoClear = false
-			w.loops[k] = l
-		}
-	}
-	return nil
-}
-
 func (w *fakeWorld) Path(id string) string { return filepath.Join(w.dataDir, id+".img") }
 
 func (w *fakeWorld) IDOf(path string) (string, bool) {
@@ -123,40 +155,64 @@ func (w *fakeWorld) Size(id string) (int64, error) {
 	return 64 << 20, nil
 }
 
+// minorOf numbers the loop device of an image from its name, so that
+// device names do not depend on the order concurrent attaches run in.
+func minorOf(image string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(image))
+	return h.Sum32() % 100_000
+}
+
 func (w *fakeWorld) Attach(image string) (string, error) {
-	if err := w.call("attach"); err != nil {
-		return "", err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := w.nextLoop
-	w.nextLoop++
-	l := state.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: state.DevNum{Major: 7, Minor: n}, BackingFile: image}
-	w.loops[image] = l
-	return l.Device, nil
+	var dev string
+	err := w.do("attach", func() string { return image }, func() error {
+		n := minorOf(image)
+		l := state.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: state.DevNum{Major: 7, Minor: n}, BackingFile: image}
+		w.loops[image] = l
+		dev = l.Device
+		return nil
+	})
+	return dev, err
 }
 
 func (w *fakeWorld) Detach(dev string) error {
-	if err := w.call("detach"); err != nil {
-		return err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for k, l := range w.loops {
-		if l.Device == dev {
+	return w.do("detach", func() string { return w.imageOf(dev) }, func() error {
+		for k, l := range w.loops {
+			if l.Device != dev {
+				continue
+			}
+			if len(w.mountsOfLocked(l.Dev)) > 0 {
+				// The kernel only marks a busy device; it goes away with
+				// its last mount.
+				l.AutoClear = true
+				w.loops[k] = l
+				continue
+			}
 			delete(w.loops, k)
 		}
-	}
-	return nil
+		return nil
+	})
+}
+
+func (w *fakeWorld) Keep(dev string) error {
+	return w.do("keep "+dev, func() string { return w.imageOf(dev) }, func() error {
+		for k, l := range w.loops {
+			if l.Device == dev {
+				l.AutoClear = false
+				w.loops[k] = l
+			}
+		}
+		return nil
+	})
 }
 
 func (w *fakeWorld) DiskFormat(dev string) (string, error) {
-	if err := w.call("blkid"); err != nil {
-		return "", err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.fs[w.imageOf(dev)], nil
+	var fs string
+	err := w.do("blkid", func() string { return w.imageOf(dev) }, func() error {
+		fs = w.fs[w.imageOf(dev)]
+		return nil
+	})
+	return fs, err
 }
 
 // imageOf returns the backing file of a device; w.mu must be held.
@@ -169,32 +225,74 @@ func (w *fakeWorld) imageOf(dev string) string {
 	return ""
 }
 
-func (w *fakeWorld) devOf(device string) (state.DevNum, bool) {
-	for _, l := range w.loops {
-		if l.Device == device {
-			return l.Dev, true
+// mountsOfLocked returns the mounts of a device; w.mu must be held.
+func (w *fakeWorld) mountsOfLocked(num state.DevNum) []state.Mount {
+	var out []state.Mount
+	for _, m := range w.mounts {
+		if m.Dev == num {
+			out = append(out, m)
 		}
 	}
-	return state.DevNum{}, false
+	return out
 }
 
 func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options []string) error {
-	if err := w.call("mount " + target); err != nil {
-		return err
+	return w.do("mount "+target, func() string { return w.imageOf(dev) }, func() error {
+		image := w.imageOf(dev)
+		if image == "" {
+			return fmt.Errorf("no device %s", dev)
+		}
+		num := w.loops[image].Dev
+		if w.fs[image] == "" {
+			w.calls = append(w.calls, "mkfs "+dev)
+			w.fs[image] = fsType
+			w.mkfs[image]++
+		}
+		m := state.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[image], Shutdown: w.deadSuper[image]}
+		if others := w.mountsOfLocked(num); len(others) > 0 {
+			// Mounting a mounted device again gets the same superblock.
+			m.Shutdown, m.SuperReadOnly = m.Shutdown || others[0].Shutdown, others[0].SuperReadOnly
+		}
+		w.mounts = append(w.mounts, m)
+		return nil
+	})
+}
+
+func (w *fakeWorld) BindMount(source, target string, options []string) error {
+	return w.do("bind "+target, func() string { return w.imageAt(source) }, func() error {
+		for i := len(w.mounts) - 1; i >= 0; i-- {
+			if m := w.mounts[i]; m.Path == source {
+				m.Path = target
+				w.mounts = append(w.mounts, m)
+				return nil
+			}
+		}
+		return fmt.Errorf("%s is not mounted", source)
+	})
+}
+
+func (w *fakeWorld) Unmount(target string) error {
+	return w.do("unmount "+target, func() string { return w.imageAt(target) }, func() error {
+		for i := len(w.mounts) - 1; i >= 0; i-- {
+			if w.mounts[i].Path == target {
+				w.mounts = append(w.mounts[:i], w.mounts[i+1:]...)
+				delete(w.corrupt, target)
+				w.autoclearLocked()
+				return nil
+			}
+		}
+		return nil
+	})
+}
+
+// autoclearLocked detaches auto-clearing devices that lost their last
+// mount; w.mu must be held.
+func (w *fakeWorld) autoclearLocked() {
+	for k, l := range w.loops {
+		if l.AutoClear && len(w.mountsOfLocked(l.Dev)) == 0 {
+			delete(w.loops, k)
+		}
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	num, ok := w.devOf(dev)
-	if !ok {
-		return fmt.Errorf("no device %s", dev)
-	}
-	image := w.imageOf(dev)
-	if w.fs[image] == "" {
-		w.calls = append(w.calls, "mkfs "+dev)
-		w.fs[image] = fsType
-	}
-	w.mounts = append(w.mounts, state.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[image], Shutdown: w.deadSuper[image]})
-	return nil
 }
 
 // damage sets superblock flags on every mount of image's filesystem, as
@@ -209,37 +307,6 @@ func (w *fakeWorld) damage(image string, shutdown, readOnly bool) {
 			w.mounts[i].SuperReadOnly = w.mounts[i].SuperReadOnly || readOnly
 		}
 	}
-}
-
-func (w *fakeWorld) BindMount(source, target string, options []string) error {
-	if err := w.call("bind " + target); err != nil {
-		return err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := len(w.mounts) - 1; i >= 0; i-- {
-		if m := w.mounts[i]; m.Path == source {
-			m.Path = target
-			w.mounts = append(w.mounts, m)
-			return nil
-		}
-	}
-	return fmt.Errorf("%s is not mounted", source)
-}
-
-func (w *fakeWorld) Unmount(target string) error {
-	if err := w.call("unmount " + target); err != nil {
-		return err
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i := len(w.mounts) - 1; i >= 0; i-- {
-		if w.mounts[i].Path == target {
-			w.mounts = append(w.mounts[:i], w.mounts[i+1:]...)
-			return nil
-		}
-	}
-	return nil
 }
 
 func (w *fakeWorld) CheckDir(path string) error {

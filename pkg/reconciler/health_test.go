@@ -205,3 +205,43 @@ func TestConditionNamesUnusablePaths(t *testing.T) {
 		t.Errorf("condition after healing: got %+v, want normal", c)
 	}
 }
+
+func TestDataLossOfAStagedVolumeIsReportedNotRolledBack(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.stagedAndPublished("v1")
+	image := h.world.Path("v1")
+	h.world.mu.Lock()
+	h.world.mounts = nil      // both mounts gone...
+	delete(h.world.fs, image) // ...and the filesystem with them
+	h.world.mu.Unlock()
+	h.settle()
+
+	if n := h.world.mkfs[image]; n != 1 {
+		t.Fatalf("formatted %d times, want once", n)
+	}
+	v, err := h.store.Get("v1")
+	if err != nil || v.Stage == nil || v.Stage.Deleting || v.Publishes[target] == nil || v.Publishes[target].Deleting {
+		t.Fatalf("record after data loss: got %+v, %v; want the stage and publish kept", v, err)
+	}
+	c := h.store.Condition("v1")
+	if c.Health != state.DataLost || c.Reason != "FilesystemMissing" || !slices.Contains(c.Unusable, staging) {
+		t.Errorf("condition: got %+v, want DATA_LOSS FilesystemMissing with %s unusable", c, staging)
+	}
+}
+
+func TestTerminalStageFailureWithdrawsItsPublishes(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.volume("v1")
+	h.world.fs[h.world.Path("v1")] = "xfs" // not what the stage asks for
+	v := h.update("v1", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.settle()
+	if f := h.store.FinalFor("v1", state.PublishKey(target), v.Publishes[target].Generation); f == nil || f.Kind != state.KindFailedPrecondition || !strings.Contains(f.Message, "staging failed") {
+		t.Errorf("publish final: got %+v, want FailedPrecondition naming the staging failure", f)
+	}
+	if got, err := h.store.Get("v1"); err == nil {
+		t.Errorf("record after rollback: got %+v, want it gone", got)
+	}
+}

@@ -280,6 +280,11 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 	}
 	lost := func(key state.IntentKey, gen int64) bool { return seen[key] == gen }
 	cond := condition(v, a, lost)
+	if st := v.Stage; st != nil && !st.Deleting {
+		if f := r.exec.lastFailure(v.ID, state.StageKey, st.Generation); f != nil && f.err.Kind == state.KindDataLoss {
+			cond.Abnormal, cond.Health, cond.Reason, cond.Message = true, state.DataLost, "FilesystemMissing", f.err.Message
+		}
+	}
 	report := func(key state.IntentKey, gen int64, ready bool) {
 		if ready {
 			seen[key] = gen
@@ -327,6 +332,7 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 		logger = logger.WithValues("targetPath", act.target)
 	}
 	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
+	repairing := act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
 	op := func() error {
 		switch act.kind {
 		case actStage:
@@ -348,29 +354,38 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 		}
 	}
 	r.exec.start(ctx, v.ID, act, op, func(err error, f *failure) {
-		r.finished(logger, v.ID, act, err, f)
+		r.finished(logger, v.ID, act, err, f, repairing)
 		r.Kick()
 	})
 }
 
 // finished handles the outcome of an operation. A terminal failure of a
 // set-up withdraws its intent, so the following passes roll it back; a
-// terminal failure of an unstage cancels the deletion (the volume stays
-// staged). Either way the final is recorded first, so that a waiter never
-// sees the intent change without knowing why.
-func (r *Reconciler) finished(logger klog.Logger, id string, act action, err error, f *failure) {
+// failed stage takes the publishes on top of it along, since they can no
+// longer be fulfilled. A terminal failure of an unstage cancels the deletion
+// (the volume stays staged). Either way the finals are recorded first, so
+// that a waiter never sees an intent change without knowing why.
+//
+// A stage that was fulfilled and then lost its data (repairing) is not
+// withdrawn: no request waits for it, and rolling it back would hide the
+// loss from the pods' owners. It stays, is retried with backoff and is
+// reported as DATA_LOSS.
+func (r *Reconciler) finished(logger klog.Logger, id string, act action, err error, f *failure, repairing bool) {
 	if err == nil {
 		logger.Info("Operation succeeded", "reason", act.reason, "generation", act.generation)
 		return
 	}
 	e := state.AsError(err)
-	if !e.Terminal || act.kind == actUnpublish || act.kind == actRelease {
+	switch {
+	case !e.Terminal || act.kind != actStage && act.kind != actPublish && act.kind != actUnstage:
 		logger.Error(err, "Operation failed; will retry", "attempts", f.attempts, "nextRetry", f.next)
 		return
-	}
-	if act.kind == actUnstage {
+	case repairing && act.kind == actStage && e.Kind == state.KindDataLoss:
+		logger.Error(err, "Volume lost its data; keeping the stage, never formatting it", "attempts", f.attempts, "nextRetry", f.next)
+		return
+	case act.kind == actUnstage:
 		logger.Error(err, "Unstage refused; the volume stays staged", "kind", e.Kind.String())
-	} else {
+	default:
 		logger.Error(err, "Operation failed terminally; withdrawing the intent", "kind", e.Kind.String())
 	}
 	r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
@@ -379,12 +394,18 @@ func (r *Reconciler) finished(logger klog.Logger, id string, act action, err err
 		case actStage:
 			if st := v.Stage; st != nil && st.Generation == act.generation && !st.Deleting {
 				st.Deleting = true
+				for t, p := range v.Publishes {
+					if !p.Deleting {
+						r.cfg.Store.SetFinal(id, state.PublishKey(t), state.Final{Generation: p.Generation, Err: state.Terminalf(e.Kind, "staging failed: %s", e.Message)})
+						p.Deleting = true
+					}
+				}
 			}
 		case actUnstage:
 			if st := v.Stage; st != nil && st.Generation == act.generation && st.Deleting {
 				st.Deleting = false
 			}
-		default:
+		case actPublish:
 			if p := v.Publishes[act.target]; p != nil && p.Generation == act.generation && !p.Deleting {
 				p.Deleting = true
 			}
