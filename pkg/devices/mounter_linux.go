@@ -23,16 +23,24 @@ const unknownData = "unknown data, probably partitions"
 // table: it holds data and must never be formatted.
 var ErrPartitioned = errors.New("device carries a partition table")
 
-// Mounter formats and mounts filesystems through k8s.io/mount-utils.
+// Mounter formats and mounts filesystems through k8s.io/mount-utils, and
+// makes bind mounts and unmounts through file descriptors resolved beneath
+// the plugin's roots (see Paths), so that no path swapped meanwhile can
+// redirect them.
 type Mounter struct {
-	sfm *mount.SafeFormatAndMount
+	sfm   *mount.SafeFormatAndMount
+	paths *Paths
 }
 
 // NewMounter returns a Mounter running the system's mount, blkid, fsck and
-// mkfs through exec. At most maxFormats mkfs run at once.
-func NewMounter(exec utilexec.Interface, maxFormats int) *Mounter {
-	return &Mounter{sfm: mount.NewSafeFormatAndMount(mount.NewWithoutSystemd(""), exec,
-		mount.WithMaxConcurrentFormat(maxFormats, 10*time.Minute))}
+// mkfs through exec. At most maxFormats mkfs run at once. Every mount point
+// must lie beneath the roots of paths.
+func NewMounter(exec utilexec.Interface, maxFormats int, paths *Paths) *Mounter {
+	return &Mounter{
+		sfm: mount.NewSafeFormatAndMount(mount.NewWithoutSystemd(""), exec,
+			mount.WithMaxConcurrentFormat(maxFormats, 10*time.Minute)),
+		paths: paths,
+	}
 }
 
 // DiskFormat returns the filesystem type on dev, "" when blkid positively
@@ -52,18 +60,36 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 // FormatAndMount mounts the filesystem on dev at target, first running fsck
 // for a read-write mount, and formats dev as fsType only if blkid finds it
 // empty. The caller decides whether formatting is allowed before calling.
+//
+// mount(8) takes a path, so the mount is verified after it is made: target,
+// resolved again beneath the roots without symlinks, must be the root of
+// dev's filesystem. If it is not, a path component was swapped for a symlink
+// between the check and the mount; the misplaced mount, which is the
+// plugin's own, is found by its device and removed, and the call fails with
+// ErrMisplacedMount.
 func (m *Mounter) FormatAndMount(dev, target, fsType string, options []string) error {
-	return m.sfm.FormatAndMount(dev, target, fsType, options)
+	if err := m.sfm.FormatAndMount(dev, target, fsType, options); err != nil {
+		return err
+	}
+	err := m.paths.CheckMountedAt(dev, target)
+	if err == nil {
+		return nil
+	}
+	if uerr := unmountStray(dev, m.paths); uerr != nil {
+		return fmt.Errorf("%w; removing it: %v", err, uerr)
+	}
+	return err
 }
 
-// BindMount bind mounts source at target and applies options (e.g. ro) with
-// a remount.
+// BindMount bind mounts source at target through file descriptors (see
+// Paths.BindMount).
 func (m *Mounter) BindMount(source, target string, options []string) error {
-	return m.sfm.Mount(source, target, "", append([]string{"bind"}, options...))
+	return m.paths.BindMount(source, target, options)
 }
 
-// Unmount unmounts the top mount at target. Unmounting a path that is not
-// mounted is a no-op.
+// Unmount unmounts the top mount at target through a descriptor of its
+// parent (see Paths.Unmount). Unmounting a path that is not mounted is a
+// no-op.
 func (m *Mounter) Unmount(target string) error {
-	return m.sfm.Unmount(target)
+	return m.paths.Unmount(target)
 }

@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store:        store,
 		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"},
 		Loops:        devices.LoopDevices{},
-		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats),
+		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
 		Images:       images,
 		Roots:        cfg.roots(),

@@ -1,0 +1,142 @@
+package devices
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrMisplacedMount is returned when a mount did not land on the path it
+// was made for (a path component was swapped for a symlink meanwhile).
+var ErrMisplacedMount = errors.New("mount did not land on its path")
+
+// bindAttrs maps the per-mount flags a bind mount can carry to mount
+// attributes. Filesystem options (errors=, discard, context=...) belong to
+// the staging mount; a bind mount cannot change them and ignores them.
+var bindAttrs = map[string]uint64{
+	"ro":          unix.MOUNT_ATTR_RDONLY,
+	"nosuid":      unix.MOUNT_ATTR_NOSUID,
+	"nodev":       unix.MOUNT_ATTR_NODEV,
+	"noexec":      unix.MOUNT_ATTR_NOEXEC,
+	"noatime":     unix.MOUNT_ATTR_NOATIME,
+	"strictatime": unix.MOUNT_ATTR_STRICTATIME,
+	"nodiratime":  unix.MOUNT_ATTR_NODIRATIME,
+}
+
+// fdPath names the file an O_PATH descriptor refers to, for system calls
+// that take a path: the kernel resolves it to exactly that file, whatever
+// happens to the path the descriptor was opened by.
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// BindMount bind mounts the directory source at the directory target, both
+// resolved beneath the roots without symlinks, through file descriptors
+// only: the mount is cloned from source (open_tree), gets its attributes
+// while still detached (so a read-only bind is never writable, not even for
+// an instant), and is attached at target (move_mount). A symlink swapped
+// into either path after the check cannot redirect it.
+func (p *Paths) BindMount(source, target string, options []string) error {
+	var attr unix.MountAttr
+	for _, o := range options {
+		attr.Attr_set |= bindAttrs[o]
+	}
+	src, err := p.open(source, unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(src)
+	dst, err := p.open(target, unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	tree, err := unix.OpenTree(src, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("cloning the mount at %s: %w", source, err)
+	}
+	// The descriptor holds the mount; close it once attached, or the mount
+	// stays busy.
+	defer unix.Close(tree)
+	if attr.Attr_set != 0 {
+		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			return fmt.Errorf("setting %v on the bind mount of %s: %w", options, source, err)
+		}
+	}
+	if err := unix.MoveMount(tree, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attaching the bind mount of %s at %s: %w", source, target, err)
+	}
+	return nil
+}
+
+// Unmount unmounts the top mount at path. The parent directory is resolved
+// beneath the roots without symlinks and held by a descriptor; the last
+// component is looked up in it without following a symlink. A path that is
+// not mounted, or does not exist, is a no-op.
+func (p *Paths) Unmount(path string) error {
+	parent, err := p.open(filepath.Dir(path), unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(parent)
+	err = unix.Unmount(fdPath(parent)+"/"+filepath.Base(path), unix.UMOUNT_NOFOLLOW)
+	switch {
+	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+		return nil
+	default:
+		return fmt.Errorf("unmounting %s: %w", path, err)
+	}
+}
+
+// CheckMountedAt verifies that the directory path, resolved beneath the
+// roots without symlinks, is the root of a filesystem on the block device
+// dev. It is ErrMisplacedMount when it is not.
+func (p *Paths) CheckMountedAt(dev, path string) error {
+	var devSt unix.Stat_t
+	if err := unix.Stat(dev, &devSt); err != nil {
+		return fmt.Errorf("stat %s: %w", dev, err)
+	}
+	fd, err := p.open(path, unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Dev != devSt.Rdev {
+		return fmt.Errorf("%w: %s holds device %d:%d, not %s", ErrMisplacedMount, path, unix.Major(st.Dev), unix.Minor(st.Dev), dev)
+	}
+	return nil
+}
+
+// unmountStray unmounts every mount of dev's filesystem that does not lie
+// beneath the roots: a mount the plugin just made and that a swapped
+// symlink carried outside. Mounts beneath the roots are left to the
+// reconciler.
+func unmountStray(dev string, p *Paths) error {
+	var devSt unix.Stat_t
+	if err := unix.Stat(dev, &devSt); err != nil {
+		return fmt.Errorf("stat %s: %w", dev, err)
+	}
+	mounts, err := ReadMounts("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := len(mounts) - 1; i >= 0; i-- {
+		m := mounts[i]
+		if uint64(unix.Mkdev(m.Dev.Major, m.Dev.Minor)) != devSt.Rdev {
+			continue
+		}
+		if _, _, err := p.split(m.Path); err == nil {
+			continue
+		}
+		if err := unix.Unmount(m.Path, unix.UMOUNT_NOFOLLOW); err != nil {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", m.Path, err))
+		}
+	}
+	return errors.Join(errs...)
+}
