@@ -30,6 +30,9 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	if err := checkVolumeContext(req.GetVolumeContext()); err != nil {
+		return nil, err
+	}
 	if target == staging {
 		return nil, invalid("target path must differ from the staging target path")
 	}

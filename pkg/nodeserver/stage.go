@@ -24,6 +24,9 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
+	if err := checkVolumeContext(req.GetVolumeContext()); err != nil {
+		return nil, err
+	}
 	spec := &state.Stage{
 		Path:       req.GetStagingTargetPath(),
 		Access:     c.Access,

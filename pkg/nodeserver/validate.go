@@ -30,11 +30,24 @@ var mountFlagPolicy = map[string]struct{}{
 	"context=": {}, "fscontext=": {}, "defcontext=": {}, "rootcontext=": {},
 }
 
+// Bounds of the mount flags of one request: far above any real use, low
+// enough that a request cannot make the plugin build huge mount commands.
+const (
+	maxMountFlags   = 64
+	maxMountFlagLen = 256
+)
+
 // CheckMountFlags enforces the mount flag policy.
 func CheckMountFlags(flags []string) error {
+	if len(flags) > maxMountFlags {
+		return fmt.Errorf("%d mount flags, at most %d", len(flags), maxMountFlags)
+	}
 	for _, f := range flags {
 		if f == "" {
 			return fmt.Errorf("empty mount flag")
+		}
+		if len(f) > maxMountFlagLen {
+			return fmt.Errorf("mount flag of %d bytes, at most %d", len(f), maxMountFlagLen)
 		}
 		if strings.ContainsAny(f, "\x00\n\r\t ") {
 			return fmt.Errorf("mount flag %q holds a control or space character", f)
@@ -115,6 +128,27 @@ func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
 		return Capability{}, fmt.Errorf("access type (mount or block) is required")
 	}
 	return out, nil
+}
+
+// Prefixes of volume context keys that Kubernetes adds on its own: the
+// kubelet's pod information and service account tokens, and the
+// external-provisioner's identity. converge reads none of them.
+var ignoredContextPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
+
+// checkVolumeContext refuses volume attributes converge does not know, and
+// names them, so that a typo in a PV is not silently ignored.
+func checkVolumeContext(vc map[string]string) error {
+	var unknown []string
+	for k := range vc {
+		if !slices.ContainsFunc(ignoredContextPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
+			unknown = append(unknown, fmt.Sprintf("%q", k))
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return invalid("unknown volume attributes: %s", strings.Join(unknown, ", "))
+	}
+	return nil
 }
 
 // checkID validates a volume ID for an RPC.

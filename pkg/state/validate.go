@@ -34,8 +34,13 @@ func ValidID(id string) error {
 	return nil
 }
 
-// Beneath checks that path is absolute, clean and strictly inside one of
-// roots, and returns the longest such root and the path relative to it.
+// MaxPathLen is Linux's PATH_MAX: no longer path can be resolved, so none
+// is accepted.
+const MaxPathLen = 4096
+
+// Beneath checks that path is absolute, clean, shorter than MaxPathLen and
+// strictly inside one of roots, and returns the longest such root and the
+// path relative to it.
 func Beneath(path string, roots []string) (root, rel string, err error) {
 	if !filepath.IsAbs(path) {
 		return "", "", fmt.Errorf("%w: %q is not absolute", ErrBadPath, path)
@@ -45,6 +50,9 @@ func Beneath(path string, roots []string) (root, rel string, err error) {
 	}
 	if strings.ContainsRune(path, 0) {
 		return "", "", fmt.Errorf("%w: %q holds a NUL byte", ErrBadPath, path)
+	}
+	if len(path) >= MaxPathLen {
+		return "", "", fmt.Errorf("%w: path of %d bytes, at most %d", ErrBadPath, len(path), MaxPathLen-1)
 	}
 	for _, r := range roots {
 		r = filepath.Clean(r)

@@ -1,0 +1,325 @@
+package integration
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+// tree lists every file and directory under dir with its size, leaving out
+// the store file, whose pages bbolt may touch on any read.
+func tree(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Name() == "state.db" || d.Type()&fs.ModeSocket != 0 {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		size := info.Size()
+		if d.IsDir() {
+			size = 0
+		}
+		out = append(out, path+" "+info.Mode().String()+" "+strings.Repeat("+", int(min(size, 1))))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func diffTrees(before, after []string) (added, removed []string) {
+	in := func(xs []string, x string) bool { i := sort.SearchStrings(xs, x); return i < len(xs) && xs[i] == x }
+	for _, a := range after {
+		if !in(before, a) {
+			added = append(added, a)
+		}
+	}
+	for _, b := range before {
+		if !in(after, b) {
+			removed = append(removed, b)
+		}
+	}
+	return added, removed
+}
+
+// TestAttackTable sends hostile requests to every RPC of the real binary.
+// Each gets its exact code, and afterwards nothing is mounted, attached,
+// created or removed anywhere under the test's directory (roots, data
+// directory, and a directory outside the roots that symlinks point to).
+func TestAttackTable(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	create(t, p, "vol-a")
+	n, c := p.Node(), p.Controller()
+	staging := mkdir(t, filepath.Join(p.Root, "staging-a"))
+	pod := mkdir(t, filepath.Join(p.Root, "pod-a"))
+	target := filepath.Join(pod, "mount")
+	outside := mkdir(t, filepath.Join(p.Dir, "outside"))
+	link := filepath.Join(p.Root, "link")
+	must(t, "symlink", os.Symlink(outside, link))
+	fileLink := filepath.Join(pod, "mount-link")
+	must(t, "symlink", os.Symlink(filepath.Join(outside, "mount"), fileLink))
+
+	flags := func(f ...string) *csi.VolumeCapability {
+		return &csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: f}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		}
+	}
+	mode := func(m csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability { return mountCap("", m) }
+	block := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	noAccessType := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	stageReq := func(id, path string, cp *csi.VolumeCapability) func() error {
+		return func() error {
+			_, err := n.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: path, VolumeCapability: cp})
+			return err
+		}
+	}
+	stageCtx := func(vc map[string]string) func() error {
+		return func() error {
+			_, err := n.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "vol-a", StagingTargetPath: staging, VolumeCapability: rwo, VolumeContext: vc})
+			return err
+		}
+	}
+	publishReq := func(id, stg, tgt string, cp *csi.VolumeCapability) func() error {
+		return func() error {
+			_, err := n.NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: stg, TargetPath: tgt, VolumeCapability: cp})
+			return err
+		}
+	}
+	unpublishReq := func(id, tgt string) func() error {
+		return func() error {
+			_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: tgt})
+			return err
+		}
+	}
+	unstageReq := func(id, path string) func() error {
+		return func() error {
+			_, err := n.NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: path})
+			return err
+		}
+	}
+	statsReq := func(id, path string) func() error {
+		return func() error {
+			_, err := n.NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: path})
+			return err
+		}
+	}
+	createReq := func(name string, size int64, params map[string]string, caps ...*csi.VolumeCapability) func() error {
+		return func() error {
+			_, err := c.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, Parameters: params, VolumeCapabilities: caps})
+			return err
+		}
+	}
+	long := strings.Repeat("a", 129)
+	deep := p.Root + "/" + strings.Repeat("d/", 2100) + "x"
+
+	cases := []struct {
+		name string
+		call func() error
+		want codes.Code
+	}{
+		// Identifiers.
+		{"stage: empty ID", stageReq("", staging, rwo), codes.InvalidArgument},
+		{"stage: traversal in ID", stageReq("../vol-a", staging, rwo), codes.InvalidArgument},
+		{"stage: ID is dot", stageReq(".", staging, rwo), codes.InvalidArgument},
+		{"stage: ID is dot-dot", stageReq("..", staging, rwo), codes.InvalidArgument},
+		{"stage: slash in ID", stageReq("a/b", staging, rwo), codes.InvalidArgument},
+		{"stage: NUL in ID", stageReq("vol-a\x00x", staging, rwo), codes.InvalidArgument},
+		{"stage: 129-byte ID", stageReq(long, staging, rwo), codes.InvalidArgument},
+		{"stage: non-ASCII ID", stageReq("völ", staging, rwo), codes.InvalidArgument},
+		{"stage: space in ID", stageReq("vol a", staging, rwo), codes.InvalidArgument},
+		{"stage: unknown volume", stageReq("no-such-volume", staging, rwo), codes.NotFound},
+		// Paths.
+		{"stage: empty path", stageReq("vol-a", "", rwo), codes.InvalidArgument},
+		{"stage: relative path", stageReq("vol-a", "pods/staging-a", rwo), codes.InvalidArgument},
+		{"stage: dot-dot in path", stageReq("vol-a", staging+"/../staging-a", rwo), codes.InvalidArgument},
+		{"stage: trailing slash", stageReq("vol-a", staging+"/", rwo), codes.InvalidArgument},
+		{"stage: double slash", stageReq("vol-a", p.Root+"//staging-a", rwo), codes.InvalidArgument},
+		{"stage: outside the roots", stageReq("vol-a", outside, rwo), codes.InvalidArgument},
+		{"stage: /etc", stageReq("vol-a", "/etc", rwo), codes.InvalidArgument},
+		{"stage: the root itself", stageReq("vol-a", p.Root, rwo), codes.InvalidArgument},
+		{"stage: sibling sharing the root's prefix", stageReq("vol-a", p.Root+"-evil/x", rwo), codes.InvalidArgument},
+		{"stage: NUL in path", stageReq("vol-a", staging+"\x00/x", rwo), codes.InvalidArgument},
+		{"stage: path over PATH_MAX", stageReq("vol-a", deep, rwo), codes.InvalidArgument},
+		{"stage: symlinked component", stageReq("vol-a", filepath.Join(link, "x"), rwo), codes.InvalidArgument},
+		{"stage: path is a symlink", stageReq("vol-a", link, rwo), codes.InvalidArgument},
+		{"stage: missing directory", stageReq("vol-a", filepath.Join(p.Root, "nowhere"), rwo), codes.FailedPrecondition},
+		// Capabilities and parameters.
+		{"stage: no capability", stageReq("vol-a", staging, nil), codes.InvalidArgument},
+		{"stage: no access type", stageReq("vol-a", staging, noAccessType), codes.InvalidArgument},
+		{"stage: no access mode", stageReq("vol-a", staging, &csi.VolumeCapability{AccessType: rwo.AccessType}), codes.InvalidArgument},
+		{"stage: multi-node mode", stageReq("vol-a", staging, mode(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)), codes.InvalidArgument},
+		{"stage: block access", stageReq("vol-a", staging, block), codes.InvalidArgument},
+		{"stage: unknown fs type", stageReq("vol-a", staging, mountCap("ntfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
+		{"stage: fs type with a space", stageReq("vol-a", staging, mountCap("ext4 ", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
+		{"stage: fs type as mount option", stageReq("vol-a", staging, mountCap("ext4,loop", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
+		{"stage: flag bind", stageReq("vol-a", staging, flags("bind")), codes.InvalidArgument},
+		{"stage: flag rbind", stageReq("vol-a", staging, flags("rbind")), codes.InvalidArgument},
+		{"stage: flag remount", stageReq("vol-a", staging, flags("remount")), codes.InvalidArgument},
+		{"stage: flag move", stageReq("vol-a", staging, flags("move")), codes.InvalidArgument},
+		{"stage: flag loop", stageReq("vol-a", staging, flags("loop=/dev/loop7")), codes.InvalidArgument},
+		{"stage: helper option", stageReq("vol-a", staging, flags("helper=/bin/sh")), codes.InvalidArgument},
+		{"stage: x-mount.mkdir", stageReq("vol-a", staging, flags("x-mount.mkdir")), codes.InvalidArgument},
+		{"stage: comma smuggles bind", stageReq("vol-a", staging, flags("ro,bind")), codes.InvalidArgument},
+		{"stage: newline in flag", stageReq("vol-a", staging, flags("noatime\nbind")), codes.InvalidArgument},
+		{"stage: NUL in flag", stageReq("vol-a", staging, flags("noatime\x00bind")), codes.InvalidArgument},
+		{"stage: flag names a device", stageReq("vol-a", staging, flags("data=/dev/sda")), codes.InvalidArgument},
+		{"stage: journal on another device", stageReq("vol-a", staging, flags("journal_path=/dev/sdb")), codes.InvalidArgument},
+		{"stage: unquoted label with comma", stageReq("vol-a", staging, flags("context=a,bind")), codes.InvalidArgument},
+		{"stage: empty flag", stageReq("vol-a", staging, flags("")), codes.InvalidArgument},
+		{"stage: oversized flag", stageReq("vol-a", staging, flags("context=\""+strings.Repeat("x", 300)+"\"")), codes.InvalidArgument},
+		{"stage: 65 flags", stageReq("vol-a", staging, flags(strings.Split(strings.Repeat("noatime ", 65), " ")[:65]...)), codes.InvalidArgument},
+		{"stage: unknown volume attribute", stageCtx(map[string]string{"device": "/dev/sda"}), codes.InvalidArgument},
+		// Publish.
+		{"publish: empty ID", publishReq("", staging, target, rwo), codes.InvalidArgument},
+		{"publish: traversal in ID", publishReq("../x", staging, target, rwo), codes.InvalidArgument},
+		{"publish: empty target", publishReq("vol-a", staging, "", rwo), codes.InvalidArgument},
+		{"publish: empty staging path", publishReq("vol-a", "", target, rwo), codes.InvalidArgument},
+		{"publish: target outside the roots", publishReq("vol-a", staging, filepath.Join(outside, "mount"), rwo), codes.InvalidArgument},
+		{"publish: unclean target", publishReq("vol-a", staging, pod+"/../pod-a/mount", rwo), codes.InvalidArgument},
+		{"publish: target is the staging path", publishReq("vol-a", staging, staging, rwo), codes.InvalidArgument},
+		{"publish: no capability", publishReq("vol-a", staging, target, nil), codes.InvalidArgument},
+		{"publish: flag bind", publishReq("vol-a", staging, target, flags("bind")), codes.InvalidArgument},
+		{"publish: not staged", publishReq("vol-a", staging, target, rwo), codes.FailedPrecondition},
+		{"publish: unknown volume", publishReq("no-such-volume", staging, target, rwo), codes.FailedPrecondition},
+		// Unpublish, unstage.
+		{"unpublish: empty ID", unpublishReq("", target), codes.InvalidArgument},
+		{"unpublish: traversal in ID", unpublishReq("../x", target), codes.InvalidArgument},
+		{"unpublish: empty target", unpublishReq("vol-a", ""), codes.InvalidArgument},
+		{"unpublish: target outside the roots", unpublishReq("vol-a", outside), codes.InvalidArgument},
+		{"unpublish: symlinked target", unpublishReq("vol-a", fileLink), codes.OK},
+		{"unstage: empty ID", unstageReq("", staging), codes.InvalidArgument},
+		{"unstage: traversal in ID", unstageReq("../x", staging), codes.InvalidArgument},
+		{"unstage: empty path", unstageReq("vol-a", ""), codes.InvalidArgument},
+		{"unstage: path outside the roots", unstageReq("vol-a", "/etc"), codes.InvalidArgument},
+		// Stats, health, expansion.
+		{"stats: empty ID", statsReq("", staging), codes.InvalidArgument},
+		{"stats: empty path", statsReq("vol-a", ""), codes.InvalidArgument},
+		{"stats: traversal in ID", statsReq("../vol-a", staging), codes.NotFound},
+		{"stats: not staged", statsReq("vol-a", staging), codes.NotFound},
+		{"stats: path outside", statsReq("vol-a", "/etc"), codes.NotFound},
+		{"health: empty ID", func() error {
+			_, err := n.NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{})
+			return err
+		}, codes.InvalidArgument},
+		{"health: traversal in ID", func() error {
+			_, err := n.NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{VolumeId: "../../etc"})
+			return err
+		}, codes.NotFound},
+		{"expand: not offered", func() error {
+			_, err := n.NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "vol-a", VolumePath: staging})
+			return err
+		}, codes.Unimplemented},
+		// Controller.
+		{"create: empty name", createReq("", 1<<20, nil, rwo), codes.InvalidArgument},
+		{"create: traversal in name", createReq("../../etc/passwd", 1<<20, nil, rwo), codes.InvalidArgument},
+		{"create: 129-byte name", createReq(long, 1<<20, nil, rwo), codes.InvalidArgument},
+		{"create: 8 EiB", createReq("huge", 1<<63-1, nil, rwo), codes.OutOfRange},
+		{"create: negative size", createReq("neg", -1, nil, rwo), codes.InvalidArgument},
+		{"create: unknown parameter", createReq("param", 1<<20, map[string]string{"backingFile": "/etc/shadow"}, rwo), codes.InvalidArgument},
+		{"create: no capability", createReq("nocap", 1<<20, nil), codes.InvalidArgument},
+		{"create: multi-node", createReq("multi", 1<<20, nil, mode(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)), codes.InvalidArgument},
+		{"create: hostile flag", createReq("flag", 1<<20, nil, flags("bind")), codes.InvalidArgument},
+		{"create: limit below required", func() error {
+			_, err := c.CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "lim", CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 20, LimitBytes: 1 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+			return err
+		}, codes.OutOfRange},
+		{"delete: empty ID", func() error {
+			_, err := c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{})
+			return err
+		}, codes.InvalidArgument},
+		{"delete: traversal in ID", func() error {
+			_, err := c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "../state"})
+			return err
+		}, codes.OK},
+		{"validate: unknown volume", func() error {
+			_, err := c.ValidateVolumeCapabilities(ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: "../vol-a", VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+			return err
+		}, codes.NotFound},
+		{"list: forged token", func() error {
+			_, err := c.ListVolumes(ctx(t), &csi.ListVolumesRequest{StartingToken: "after:../../etc"})
+			return err
+		}, codes.Aborted},
+		{"list: negative page size", func() error {
+			_, err := c.ListVolumes(ctx(t), &csi.ListVolumesRequest{MaxEntries: -1})
+			return err
+		}, codes.InvalidArgument},
+	}
+	if len(cases) < 60 {
+		t.Fatalf("the table holds %d attacks, want at least 60", len(cases))
+	}
+	before := tree(t, p.Dir)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			if got := status.Code(err); got != tc.want {
+				t.Errorf("got %s (%v), want %s", got, err, tc.want)
+			}
+			if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+				t.Errorf("mounted or attached: %v", left)
+			}
+			if added, removed := diffTrees(before, tree(t, p.Dir)); len(added)+len(removed) > 0 {
+				t.Errorf("files changed: added %v, removed %v", added, removed)
+			}
+		})
+	}
+}
+
+// TestConflictingConcurrentStages sends two stages of one volume at two
+// paths at once: exactly one wins; the other is refused, and the loser's
+// path is never mounted.
+func TestConflictingConcurrentStages(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	create(t, p, "vol-b")
+	paths := []string{mkdir(t, filepath.Join(p.Root, "s1")), mkdir(t, filepath.Join(p.Root, "s2"))}
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Go(func() { errs[i] = stage(t, p, "vol-b", paths[i], rwo) })
+	}
+	wg.Wait()
+	won := -1
+	for i, err := range errs {
+		switch status.Code(err) {
+		case codes.OK:
+			if won >= 0 {
+				t.Fatalf("both stages succeeded")
+			}
+			won = i
+		case codes.AlreadyExists, codes.Aborted:
+		default:
+			t.Errorf("stage at %s: got %v, want OK, ALREADY_EXISTS or ABORTED", paths[i], err)
+		}
+	}
+	if won < 0 {
+		t.Fatalf("neither stage succeeded: %v", errs)
+	}
+	if _, _, ok := mountAt(t, paths[1-won]); ok {
+		t.Errorf("the losing path %s is mounted", paths[1-won])
+	}
+	unstage(t, p, "vol-b", paths[won])
+}
