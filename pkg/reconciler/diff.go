@@ -26,23 +26,28 @@ const (
 	// actKeepDevice clears the auto-clear flag that a losetup -d from
 	// outside set on the volume's loop device.
 	actKeepDevice
+	// actUnmountStray unmounts a mount of the volume's filesystem inside
+	// the roots at a path no record names (target is that path).
+	actUnmountStray
 )
 
 var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan",
-	"unmount unusable target", "unmount unusable staging", "keep device"}
+	"unmount unusable target", "unmount unusable staging", "keep device", "unmount stray"}
 
 func (k actionKind) String() string { return actionNames[k] }
 
 // teardown reports whether the kind removes something.
 func (k actionKind) teardown() bool {
-	return k == actUnpublish || k == actUnstage || k == actRelease || k == actUnmountTarget || k == actUnmountStaging
+	return k == actUnpublish || k == actUnstage || k == actRelease || k == actUnmountTarget || k == actUnmountStaging || k == actUnmountStray
 }
 
 // repair reports whether the kind undoes damage done to a live volume.
 // Repairs back off even when they succeed (see executor.blocked), so that
 // damage that comes straight back, such as a shut-down filesystem that a
 // container still holds, cannot make the loop churn.
-func (k actionKind) repair() bool { return k == actUnmountTarget || k == actUnmountStaging }
+func (k actionKind) repair() bool {
+	return k == actUnmountTarget || k == actUnmountStaging || k == actUnmountStray
+}
 
 // action is one step toward the desired state of a volume.
 type action struct {
@@ -58,7 +63,7 @@ type action struct {
 // key returns the intent the action serves.
 func (a action) key() state.IntentKey {
 	switch a.kind {
-	case actStage, actUnstage, actRelease, actUnmountStaging, actKeepDevice:
+	case actStage, actUnstage, actRelease, actUnmountStaging, actKeepDevice, actUnmountStray:
 		return state.StageKey
 	}
 	return state.PublishKey(a.target)
@@ -88,8 +93,12 @@ type actual struct {
 	staged bool
 	// targets maps each recorded target path to its top mount, if any.
 	targets map[string]*state.Mount
-	// foreignMounts lists mounts of the volume's device at paths the record
-	// does not name.
+	// strays lists mounts of the volume's filesystem inside the roots at
+	// paths the record does not name: the plugin's own mounts, moved by a
+	// rename or left behind; they are unmounted.
+	strays []string
+	// foreignMounts lists mounts of the volume's filesystem outside the
+	// roots: someone else's, never touched, and they block unstage.
 	foreignMounts []string
 
 	// unusable says why the staged filesystem cannot be used (shut down, or
@@ -124,8 +133,9 @@ func (a *actual) anyPublished(v *state.Volume) bool {
 type checkMount func(path string) error
 
 // observeVolume derives v's actual state from snap. image is the volume's
-// backing file; check probes the mount points of the volume's filesystem.
-func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check checkMount) *actual {
+// backing file; check probes the mount points of the volume's filesystem;
+// roots are the directories the plugin owns mounts in.
+func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check checkMount, roots []string) *actual {
 	a := &actual{targets: make(map[string]*state.Mount, len(v.Publishes))}
 	if ls := snap.LoopsFor(image); len(ls) > 0 {
 		a.loop = &ls[0]
@@ -172,7 +182,11 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 			if _, ok := v.Publishes[m.Path]; ok {
 				continue
 			}
-			a.foreignMounts = append(a.foreignMounts, m.Path)
+			if _, _, err := state.Beneath(m.Path, roots); err == nil {
+				a.strays = append(a.strays, m.Path)
+			} else {
+				a.foreignMounts = append(a.foreignMounts, m.Path)
+			}
 		}
 	}
 	return a
@@ -206,6 +220,9 @@ func diff(v *state.Volume, a *actual) []action {
 	st := v.Stage
 	if st == nil {
 		return acts
+	}
+	for _, m := range a.strays {
+		acts = append(acts, action{kind: actUnmountStray, target: m, generation: st.Generation, reason: "mount of the volume at a path no record names"})
 	}
 	if st.Deleting {
 		if len(v.Publishes) == 0 {

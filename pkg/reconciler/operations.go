@@ -187,8 +187,8 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	st := v.Stage
 	if len(a.foreignMounts) > 0 {
-		// Someone else's bind mount of the staging mount: unstaging would
-		// pull the filesystem from under it. Refuse; never touch it.
+		// Someone else's mount of the filesystem outside the roots:
+		// unstaging would pull it from under them. Refuse; never touch it.
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is still mounted at %s; unmount it before unstaging", v.ID, strings.Join(a.foreignMounts, ", "))
 	}
 	if a.staged {
@@ -232,11 +232,12 @@ func (r *Reconciler) release(a *actual) error {
 	return nil
 }
 
-// unmountTarget unmounts an unusable publish mount and keeps the publish and
-// its directory: the next pass finds the target empty and mounts it again.
-func (r *Reconciler) unmountTarget(target string) error {
-	if err := r.cfg.Filesystems.Unmount(target); err != nil {
-		return fmt.Errorf("unmounting unusable target %s: %w", target, err)
+// unmountTarget unmounts the top mount at path and leaves the directory: an
+// unusable publish mount (the next pass mounts the target again) or a stray
+// mount of the volume inside the roots.
+func (r *Reconciler) unmountTarget(path string) error {
+	if err := r.cfg.Filesystems.Unmount(path); err != nil {
+		return fmt.Errorf("unmounting %s: %w", path, err)
 	}
 	return nil
 }

@@ -230,7 +230,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	}
 	for _, v := range vols {
 		ids[v.ID] = true
-		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount)
+		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots)
 		acts := diff(v, a)
 		r.publishResults(ctx, v, a)
 		if len(acts) > 0 {
@@ -343,7 +343,7 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			return r.unpublish(v, a, act.target)
 		case actRelease:
 			return r.release(a)
-		case actUnmountTarget:
+		case actUnmountTarget, actUnmountStray:
 			return r.unmountTarget(act.target)
 		case actUnmountStaging:
 			return r.unmountStaging(v)

@@ -366,6 +366,18 @@ func (s *sim) randomStep() {
 			w.autoclearLocked()
 		}
 		w.mu.Unlock()
+	case x < 80:
+		// The kubelet's directory is renamed under a mount: the mount
+		// moves with it, to a path no record names.
+		w.mu.Lock()
+		for i := range w.mounts {
+			if w.mounts[i].Path == targetOf(id, k) {
+				s.note("outside: rename %s, moving its mount", podOf(id, k))
+				w.mounts[i].Path = "/k/moved/" + id + "-" + strconv.Itoa(s.step) + "/mount"
+				delete(w.corrupt, targetOf(id, k))
+			}
+		}
+		w.mu.Unlock()
 	case x < 82:
 		w.mu.Lock()
 		if w.imageAt(targetOf(id, k)) != "" {
@@ -581,6 +593,9 @@ func (s *sim) check() {
 			s.t.Errorf("step %d: invariant 3: %s attached with no stage recorded", s.step, image)
 		}
 		for _, m := range w.mountsOfLocked(l.Dev) {
+			if strings.HasPrefix(m.Path, "/k/moved/") {
+				continue // moved there from outside, not made there
+			}
 			if rec == nil || (rec.Stage == nil || rec.Stage.Path != m.Path) && rec.Publishes[m.Path] == nil {
 				s.t.Errorf("step %d: invariant 3: %s mounted at %s, which its record does not name", s.step, id, m.Path)
 			}

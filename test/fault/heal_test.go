@@ -88,6 +88,19 @@ func TestSelfHealing(t *testing.T) {
 		eventually(t, "staging mount", func() bool { return mounted(v.staging) })
 		readBack(t, v)
 	})
+	t.Run("mount moved to a path no record names", func(t *testing.T) {
+		// A rename inside the kubelet's directory carries a mount along;
+		// here a bind mount stands in for it.
+		stray := filepath.Join(p.Root, "pods", "moved")
+		if err := os.MkdirAll(stray, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount(v.target, stray, "", syscall.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "stray mount", func() bool { return !mounted(stray) })
+		readBack(t, v)
+	})
 	t.Run("staging lazily unmounted under a live publish", func(t *testing.T) {
 		if err := syscall.Unmount(v.staging, syscall.MNT_DETACH); err != nil {
 			t.Fatal(err)
@@ -144,13 +157,13 @@ func TestReboot(t *testing.T) {
 }
 
 // TestUnstageRefusedUnderForeignBindMount checks that unstaging a volume
-// whose staging mount someone else bind mounted fails with
-// FAILED_PRECONDITION naming the mount, and touches nothing.
+// whose staging mount someone else bind mounted outside the plugin's roots
+// fails with FAILED_PRECONDITION naming the mount, and touches nothing.
 func TestUnstageRefusedUnderForeignBindMount(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
 	v := setUp(t, p, "shared")
-	foreign := filepath.Join(p.Root, "someone-else")
+	foreign := filepath.Join(p.Dir, "someone-else")
 	if err := os.MkdirAll(foreign, 0o750); err != nil {
 		t.Fatal(err)
 	}
