@@ -163,6 +163,16 @@ func (p *Plugin) Start() {
 	}
 }
 
+// Log returns what the plugin has logged so far.
+func (p *Plugin) Log() string {
+	p.t.Helper()
+	b, err := os.ReadFile(filepath.Join(p.Dir, "plugin.log"))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return string(b)
+}
+
 // Conn returns the client connection to the plugin.
 func (p *Plugin) Conn() *grpc.ClientConn { return p.conn }
 
