@@ -5,7 +5,14 @@ LDFLAGS  := -X main.version=$(VERSION)
 RUN_DIR  ?= $(CURDIR)/.run
 SOCKET   := $(RUN_DIR)/csi.sock
 
-.PHONY: run test build deps unit vet sanity clean
+.PHONY: run test build deps unit vet sanity fuzz clean
+
+# FUZZTIME bounds each fuzz target in make test; run longer with e.g.
+# make fuzz FUZZTIME=10m.
+FUZZTIME ?= 3s
+FUZZ_TARGETS := pkg/state:FuzzValidID pkg/state:FuzzBeneath \
+	pkg/nodeserver:FuzzCheckMountFlags pkg/nodeserver:FuzzParseCapability \
+	pkg/devices:FuzzUnescapeOctal pkg/devices:FuzzReadMounts pkg/devices:FuzzPathsOpen
 
 ## run: build and serve on a local socket with a local state directory
 run: deps build
@@ -17,9 +24,18 @@ run: deps build
 	bin/csi-node --endpoint unix://$(SOCKET) --state-dir $(RUN_DIR)/state \
 		--kubelet-dir $(RUN_DIR)/kubelet --allowed-path-prefix $(RUN_DIR)/pods -v 2
 
-## test: install OS packages, then vet, unit tests, integration tests and csi-sanity
+## test: install OS packages, then vet, unit tests, integration tests, csi-sanity and a short fuzz of each target
 test: deps vet
 	$(GO) test -count=1 -timeout 12m ./...
+	@$(MAKE) --no-print-directory fuzz
+
+## fuzz: run every fuzz target for FUZZTIME; crashers land in the package's testdata/fuzz
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) ./$${t%%:*} >$(RUN_DIR).fuzz.log 2>&1 || \
+			{ cat $(RUN_DIR).fuzz.log; exit 1; }; \
+	done; rm -f $(RUN_DIR).fuzz.log
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/csi-node ./cmd/csi-node

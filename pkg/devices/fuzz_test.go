@@ -1,0 +1,98 @@
+package devices
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// FuzzUnescapeOctal checks that the mountinfo unescaping inverts the
+// kernel's escaping of space, tab, newline and backslash.
+func FuzzUnescapeOctal(f *testing.F) {
+	for _, s := range []string{"/a b", "/a\tb\nc\\d", `/a\040b`, "/plain", "\\"} {
+		f.Add(s)
+	}
+	escape := func(s string) string {
+		var b strings.Builder
+		for i := 0; i < len(s); i++ {
+			if c := s[i]; strings.IndexByte(" \t\n\\", c) >= 0 {
+				fmt.Fprintf(&b, "\\%03o", c)
+			} else {
+				b.WriteByte(c)
+			}
+		}
+		return b.String()
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got := unescapeOctal(escape(s)); got != s {
+			t.Fatalf("unescape(escape(%q)) = %q", s, got)
+		}
+	})
+}
+
+// FuzzReadMounts feeds arbitrary mountinfo contents to the parser: it must
+// fail or parse, never panic, and never return more mounts than lines.
+func FuzzReadMounts(f *testing.F) {
+	f.Add("36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n")
+	f.Add("42 27 7:0 / /tmp/a\\040b rw,relatime - ext4 /dev/loop0 rw,shutdown\n")
+	f.Add("1 2 3:4 / / rw - - - -\n")
+	f.Add("garbage")
+	f.Fuzz(func(t *testing.T, content string) {
+		p := filepath.Join(t.TempDir(), "mountinfo")
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		mounts, err := ReadMounts(p)
+		if err != nil {
+			return
+		}
+		if lines := strings.Count(content, "\n") + 1; len(mounts) > lines {
+			t.Fatalf("%d mounts from %d lines", len(mounts), lines)
+		}
+	})
+}
+
+// FuzzPathsOpen resolves arbitrary relative paths beneath a root that holds
+// a symlink to outside and a symlink loop: whatever resolves must be the
+// root or inside it, never outside, and never through a symlink.
+func FuzzPathsOpen(f *testing.F) {
+	base := f.TempDir()
+	root := filepath.Join(base, "root")
+	outside := filepath.Join(base, "outside")
+	for _, d := range []string{root + "/a/b", outside + "/secret"} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			f.Fatal(err)
+		}
+	}
+	if err := os.Symlink(outside, root+"/a/out"); err != nil {
+		f.Fatal(err)
+	}
+	if err := os.Symlink("../a", root+"/a/b/up"); err != nil {
+		f.Fatal(err)
+	}
+	p := NewPaths([]string{root})
+	for _, s := range []string{"a", "a/b", "a/out", "a/out/secret", "a/b/up/b", "a/../..", "a/b/../../../outside"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, rel string) {
+		fd, err := p.open(root+"/"+rel, 0)
+		if err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		got, err := os.Readlink(fdPath(fd))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != root && !strings.HasPrefix(got, root+"/") {
+			t.Fatalf("%q resolved to %s, outside %s", rel, got, root)
+		}
+		if strings.Contains(got, "outside") {
+			t.Fatalf("%q resolved through a symlink to %s", rel, got)
+		}
+	})
+}

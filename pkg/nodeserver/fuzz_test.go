@@ -1,0 +1,69 @@
+package nodeserver
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// FuzzCheckMountFlags checks the mount flag policy: an accepted flag is on
+// the allow-list, holds no separator a mount command would split it at
+// (outside a quoted SELinux label), and names no path.
+func FuzzCheckMountFlags(f *testing.F) {
+	for _, s := range []string{"ro", "noatime", "bind", "ro,bind", "data=/dev/sda", "errors=remount-ro", `context="a:b:c:s0:c1,c2"`,
+		`context="a"b"`, "context=a,b", "noatime\nbind", "x-mount.mkdir", "loop", "helper=x", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, flag string) {
+		if CheckMountFlags([]string{flag}) != nil {
+			return
+		}
+		key, value, _ := strings.Cut(flag, "=")
+		if strings.ContainsAny(flag, "\x00\n\r\t ") {
+			t.Fatalf("accepted %q with a control character or space", flag)
+		}
+		if strings.HasSuffix(key, "context") {
+			if strings.Contains(value, ",") && !(strings.HasPrefix(value, `"`) && strings.HasSuffix(value, `"`) && strings.Count(value, `"`) == 2) {
+				t.Fatalf("accepted %q: comma outside a quoted label", flag)
+			}
+			return
+		}
+		if strings.ContainsAny(flag, ",/\"") {
+			t.Fatalf("accepted %q: separator or path", flag)
+		}
+		for _, bad := range []string{"bind", "rbind", "remount", "move", "loop", "helper", "x-"} {
+			if key == bad || strings.HasPrefix(key, "x-") {
+				t.Fatalf("accepted %q", flag)
+			}
+		}
+	})
+}
+
+// FuzzParseCapability feeds arbitrary fs types and flags through the
+// capability check: an accepted one names an allowed filesystem and flags
+// that pass the policy.
+func FuzzParseCapability(f *testing.F) {
+	f.Add("ext4", "noatime", int32(1))
+	f.Add("ntfs", "ro", int32(1))
+	f.Add("", "bind", int32(5))
+	f.Add("xfs", "nouuid", int32(7))
+	f.Fuzz(func(t *testing.T, fsType, flag string, mode int32) {
+		c, err := ParseCapability(&csi.VolumeCapability{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: []string{flag}}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_Mode(mode)},
+		})
+		if err != nil {
+			return
+		}
+		if c.FsType != "" && c.FsType != "ext4" && c.FsType != "xfs" {
+			t.Fatalf("accepted fs type %q", fsType)
+		}
+		if CheckMountFlags(c.MountFlags) != nil {
+			t.Fatalf("accepted flags %q that the policy refuses", c.MountFlags)
+		}
+		if !strings.HasPrefix(c.Mode, "SINGLE_NODE_") {
+			t.Fatalf("accepted mode %s", c.Mode)
+		}
+	})
+}
