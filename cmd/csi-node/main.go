@@ -43,6 +43,7 @@ func main() {
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", nodeserver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
+	fs.IntVar(&cfg.MaxRequests, "max-requests", nodeserver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)
 	flag.Parse()

@@ -43,6 +43,9 @@ type Config struct {
 	MaxWait time.Duration
 	// MaxVolumes is reported by NodeGetInfo; 0 means no limit.
 	MaxVolumes int64
+	// MaxRequests bounds the node requests waiting for the reconciler at
+	// once; more are refused with RESOURCE_EXHAUSTED. 0 takes the default.
+	MaxRequests int
 }
 
 // withDefaults fills defaults and validates.

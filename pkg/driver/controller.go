@@ -159,12 +159,17 @@ func (c *controller) sizeFor(required, limit int64) (int64, error) {
 	if limit > 0 && size > limit {
 		return 0, status.Errorf(codes.OutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, limit)
 	}
-	total, _, err := c.images.Capacity()
+	total, avail, err := c.images.Capacity()
 	if err != nil {
 		return 0, status.Errorf(codes.Internal, "%v", err)
 	}
 	if size > total {
 		return 0, status.Errorf(codes.OutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
+	}
+	if size > avail {
+		// Images are sparse, but a volume is only promised what is free
+		// when it is made, as GetCapacity reports.
+		return 0, status.Errorf(codes.ResourceExhausted, "%d bytes requested, the data directory has %d bytes free", size, avail)
 	}
 	return size, nil
 }

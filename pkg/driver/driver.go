@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/net/netutil"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,6 +29,15 @@ const (
 	maxFormats = 2
 	// stopGrace is how long in-flight RPCs may finish after SIGTERM.
 	stopGrace = 10 * time.Second
+	// maxConnections bounds open connections (file descriptors): the
+	// kubelet, node-driver-registrar, the livenessprobe and provisioner
+	// sidecars need a handful.
+	maxConnections = 64
+	// maxStreams bounds concurrent calls on one connection; above the node
+	// server's own bound on waiting requests.
+	maxStreams = 4096
+	// maxMessage bounds a request's size; CSI requests are a few KiB.
+	maxMessage = 1 << 20
 )
 
 // Run builds the plugin from cfg and serves until ctx ends. On return every
@@ -70,14 +80,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	topology := map[string]string{TopologyKey: cfg.NodeID}
 	node, err := nodeserver.New(nodeserver.Config{
-		Store:      store,
-		Kicker:     rec,
-		Stat:       devices.Statfs,
-		NodeID:     cfg.NodeID,
-		MaxVolumes: cfg.MaxVolumes,
-		Topology:   topology,
-		Roots:      cfg.roots(),
-		MaxWait:    cfg.MaxWait,
+		Store:       store,
+		Kicker:      rec,
+		Stat:        devices.Statfs,
+		NodeID:      cfg.NodeID,
+		MaxVolumes:  cfg.MaxVolumes,
+		Topology:    topology,
+		Roots:       cfg.roots(),
+		MaxWait:     cfg.MaxWait,
+		MaxRequests: cfg.MaxRequests,
 	})
 	if err != nil {
 		return err
@@ -93,7 +104,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer os.Remove(sock)
 
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, logCalls))
+	// The kubelet, the registrar and the probes each hold one connection;
+	// a bound on connections bounds file descriptors, a bound on streams
+	// the goroutines of one connection.
+	lis = netutil.LimitListener(lis, maxConnections)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, logCalls),
+		grpc.MaxConcurrentStreams(maxStreams), grpc.MaxRecvMsgSize(maxMessage))
 	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready})
 	csi.RegisterControllerServer(srv, &controller{images: images, store: store, topology: topology})
 	csi.RegisterNodeServer(srv, node)

@@ -42,6 +42,11 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		ReadOnly:   req.GetReadonly() || c.ReadOnly,
 		MountFlags: c.MountFlags,
 	}
+	release, err := s.admit()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
 		st := v.Stage
 		switch {
@@ -96,6 +101,11 @@ func (s *Server) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 	if err := s.checkPath("target path", target); err != nil {
 		return nil, err
 	}
+	release, err := s.admit()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
 		if p := v.Publishes[target]; p != nil {
 			p.Deleting = true

@@ -3,6 +3,8 @@ package nodeserver
 import (
 	"context"
 	"errors"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -33,6 +35,9 @@ type StatFunc func(ctx context.Context, path string) (state.Usage, error)
 const (
 	DefaultMaxWait      = 2 * time.Minute
 	DefaultStatsTimeout = 5 * time.Second
+	// DefaultMaxRequests allows a few requests per volume on a node with
+	// a thousand volumes; a waiting request costs a goroutine and a watch.
+	DefaultMaxRequests = 2048
 )
 
 // Config configures a Server.
@@ -53,12 +58,16 @@ type Config struct {
 	MaxWait time.Duration
 	// StatsTimeout bounds NodeGetVolumeStats' statfs.
 	StatsTimeout time.Duration
+	// MaxRequests bounds the requests waiting for the reconciler at once.
+	MaxRequests int
 }
 
 // Server implements csi.NodeServer.
 type Server struct {
 	csi.UnimplementedNodeServer
 	cfg Config
+	// slots holds a token per waiting request (MaxRequests of them).
+	slots chan struct{}
 }
 
 var _ csi.NodeServer = (*Server)(nil)
@@ -77,10 +86,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
+	if cfg.MaxRequests <= 0 {
+		cfg.MaxRequests = DefaultMaxRequests
+	}
 	if cfg.StatsTimeout <= 0 {
 		cfg.StatsTimeout = DefaultStatsTimeout
 	}
-	return &Server{cfg: cfg}, nil
+	return &Server{cfg: cfg, slots: make(chan struct{}, cfg.MaxRequests)}, nil
 }
 
 // NodeGetCapabilities implements csi.NodeServer.
@@ -106,4 +118,16 @@ func (s *Server) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 		MaxVolumesPerNode:  s.cfg.MaxVolumes,
 		AccessibleTopology: &csi.Topology{Segments: s.cfg.Topology},
 	}, nil
+}
+
+// admit takes a slot for a request that will wait for the reconciler, or
+// refuses it with RESOURCE_EXHAUSTED when MaxRequests already wait (the
+// kubelet retries). The caller must call release once done.
+func (s *Server) admit() (release func(), err error) {
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, nil
+	default:
+		return nil, status.Errorf(codes.ResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
+	}
 }

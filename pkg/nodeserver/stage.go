@@ -35,6 +35,11 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		AccessMode: c.Mode,
 		ReadOnly:   c.ReadOnly,
 	}
+	release, err := s.admit()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
 		st := v.Stage
 		switch {
@@ -74,6 +79,11 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	if err := s.checkPath("staging target path", path); err != nil {
 		return nil, err
 	}
+	release, err := s.admit()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
 		st := v.Stage
 		if st == nil || st.Path != path {

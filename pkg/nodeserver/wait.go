@@ -76,6 +76,12 @@ func (s *Server) setupCheck(id string, key state.IntentKey, gen int64, live func
 	return func(v *state.Volume) (bool, error, string) {
 		g, deleting, present := live(v)
 		if present && g == gen && !deleting {
+			if r, ok := s.cfg.Store.Result(id, key); ok && r.Generation == gen && !r.Ready && r.Err != nil && r.Err.Kind == state.KindResourceExhausted {
+				// Out of loop devices or space: say so now rather than at
+				// the deadline. The intent stays and is retried; the
+				// kubelet retries too.
+				return true, r.Err, ""
+			}
 			ready, pending := s.progress(id, key, gen)
 			return ready, nil, pending
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -243,5 +244,20 @@ func TestTerminalStageFailureWithdrawsItsPublishes(t *testing.T) {
 	}
 	if got, err := h.store.Get("v1"); err == nil {
 		t.Errorf("record after rollback: got %+v, want it gone", got)
+	}
+}
+
+func TestNoFreeLoopDeviceIsResourceExhausted(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	h.world.fail["attach"] = devices.ErrNoLoopDevice
+	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+	r, _ := h.store.Result("v1", state.StageKey)
+	if r.Ready || r.Err == nil || r.Err.Kind != state.KindResourceExhausted || r.Generation != v.Stage.Generation {
+		t.Fatalf("result: got %+v, want a ResourceExhausted failure", r)
+	}
+	if got, _ := h.store.Get("v1"); got.Stage == nil || got.Stage.Deleting {
+		t.Errorf("stage after running out of loop devices: got %+v, want it kept and retried", got.Stage)
 	}
 }

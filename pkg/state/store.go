@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -210,6 +211,10 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 		}
 		return b.Put([]byte(id), raw)
 	})
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		// Nothing was committed: the records stay as they were.
+		return nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %v", id, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("writing record %s: %w", id, err)
 	}

@@ -163,6 +163,9 @@ func (p *Plugin) Start() {
 	}
 }
 
+// PID returns the process ID of the running plugin.
+func (p *Plugin) PID() int { return p.cmd.Process.Pid }
+
 // Log returns what the plugin has logged so far.
 func (p *Plugin) Log() string {
 	p.t.Helper()
