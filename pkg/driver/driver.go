@@ -148,10 +148,19 @@ func Run(ctx context.Context, cfg Config) error {
 // listen creates the socket with mode 0600. A live socket of another
 // instance is never taken over; a stale one is replaced.
 func listen(sock string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(sock), 0o750); err != nil {
+	dir := filepath.Dir(sock)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("creating socket directory: %w", err)
 	}
-	if _, err := os.Lstat(sock); err == nil {
+	if st, err := os.Stat(dir); err != nil {
+		return nil, err
+	} else if st.Mode().Perm()&0o002 != 0 {
+		return nil, fmt.Errorf("socket directory %s is writable by others, who could replace the socket; make it 0750 or stricter", dir)
+	}
+	if st, err := os.Lstat(sock); err == nil {
+		if st.Mode().Type() != os.ModeSocket {
+			return nil, fmt.Errorf("%s exists and is not a socket; refusing to replace it", sock)
+		}
 		conn, derr := net.DialTimeout("unix", sock, time.Second)
 		if derr == nil {
 			conn.Close()
