@@ -323,3 +323,29 @@ func TestConflictingConcurrentStages(t *testing.T) {
 	}
 	unstage(t, p, "vol-b", paths[won])
 }
+
+// TestRefusalsNameTheUnknown checks that unknown StorageClass parameters and
+// volume attributes are refused by name, while the keys Kubernetes adds on
+// its own are accepted.
+func TestRefusalsNameTheUnknown(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	_, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "vol-n", VolumeCapabilities: []*csi.VolumeCapability{rwo},
+		Parameters: map[string]string{"csi.storage.k8s.io/fstype": "ext4", "sizeInGB": "1", "backing": "/dev/sda"}})
+	wantCode(t, "create with unknown parameters", err, codes.InvalidArgument)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "sizeInGB") || !strings.Contains(msg, "backing") || strings.Contains(msg, "fstype") {
+		t.Errorf("message %q should name sizeInGB and backing, and not the csi.storage.k8s.io/ key", msg)
+	}
+	create(t, p, "vol-n")
+	staging := mkdir(t, filepath.Join(p.Root, "staging-n"))
+	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "vol-n", StagingTargetPath: staging, VolumeCapability: rwo,
+		VolumeContext: map[string]string{"storage.kubernetes.io/csiProvisionerIdentity": "x", "mountOptions": "bind"}})
+	wantCode(t, "stage with an unknown attribute", err, codes.InvalidArgument)
+	if msg := status.Convert(err).Message(); !strings.Contains(msg, "mountOptions") || strings.Contains(msg, "csiProvisionerIdentity") {
+		t.Errorf("message %q should name mountOptions only", msg)
+	}
+	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "vol-n", StagingTargetPath: staging, VolumeCapability: rwo,
+		VolumeContext: map[string]string{"storage.kubernetes.io/csiProvisionerIdentity": "x"}})
+	must(t, "stage with the provisioner's identity", err)
+	unstage(t, p, "vol-n", staging)
+}
