@@ -193,6 +193,7 @@ func TestAttackTable(t *testing.T) {
 		{"stage: oversized flag", stageReq("vol-a", staging, flags("context=\""+strings.Repeat("x", 300)+"\"")), codes.InvalidArgument},
 		{"stage: 65 flags", stageReq("vol-a", staging, flags(strings.Split(strings.Repeat("noatime ", 65), " ")[:65]...)), codes.InvalidArgument},
 		{"stage: unknown volume attribute", stageCtx(map[string]string{"device": "/dev/sda"}), codes.InvalidArgument},
+		{"stage: 2 MiB request", stageCtx(map[string]string{"csi.storage.k8s.io/pad": strings.Repeat("x", 2<<20)}), codes.ResourceExhausted},
 		// Publish.
 		{"publish: empty ID", publishReq("", staging, target, rwo), codes.InvalidArgument},
 		{"publish: traversal in ID", publishReq("../x", staging, target, rwo), codes.InvalidArgument},
