@@ -55,6 +55,30 @@ func (im *Images) Size(id string) (int64, error) {
 	return fi.Size(), nil
 }
 
+// Grow makes id's image at least size bytes (sparse) and returns its size.
+// An image already that large is left as it is: images never shrink.
+func (im *Images) Grow(id string, size int64) (int64, error) {
+	f, err := os.OpenFile(im.Path(id), os.O_RDWR, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if fi.Size() >= size {
+		return fi.Size(), nil
+	}
+	if err := f.Truncate(size); err != nil {
+		return 0, fmt.Errorf("growing image of %s: %w", id, err)
+	}
+	if err := f.Sync(); err != nil {
+		return 0, fmt.Errorf("growing image of %s: %w", id, err)
+	}
+	return size, nil
+}
+
 // Create makes a sparse image of size bytes for id, atomically: a crash
 // leaves either no image or a complete one. An existing image of the same
 // size is a no-op; of another size, ErrImageExists.

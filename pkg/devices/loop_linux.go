@@ -94,6 +94,20 @@ func DetachLoop(dev string) error {
 	return nil
 }
 
+// GrowLoop makes an attached loop device take the current size of its
+// backing file (LOOP_SET_CAPACITY). A device already that size is a no-op.
+func GrowLoop(dev string) error {
+	f, err := os.OpenFile(dev, os.O_RDONLY, 0)
+	if err != nil {
+		return fmt.Errorf("opening %s: %w", dev, err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_CAPACITY, 0); err != nil {
+		return fmt.Errorf("LOOP_SET_CAPACITY %s: %w", dev, err)
+	}
+	return nil
+}
+
 // KeepLoop clears the auto-clear flag of an attached loop device, undoing a
 // losetup -d that someone ran while the device was mounted: without it the
 // device would vanish with its last mount. A device that is not attached is
@@ -144,12 +158,22 @@ func ListLoops(sysBlock string) ([]state.Loop, error) {
 			return nil, fmt.Errorf("%s/dev: %w", name, err)
 		}
 		autoclear, _ := os.ReadFile(filepath.Join(sysBlock, name, "loop", "autoclear"))
+		// sysfs gives the size in 512-byte sectors, whatever the block size.
+		sectors, _ := os.ReadFile(filepath.Join(sysBlock, name, "size"))
+		size, _ := strconv.ParseInt(strings.TrimSpace(string(sectors)), 10, 64)
+		backingFile := strings.TrimSuffix(strings.TrimSuffix(string(backing), "\n"), " (deleted)")
+		var backingSize int64
+		if fi, err := os.Stat(backingFile); err == nil {
+			backingSize = fi.Size()
+		}
 		out = append(out, state.Loop{
-			Device:    "/dev/" + name,
-			Dev:       dev,
-			AutoClear: strings.TrimSpace(string(autoclear)) == "1",
+			Device:      "/dev/" + name,
+			Dev:         dev,
+			AutoClear:   strings.TrimSpace(string(autoclear)) == "1",
+			Size:        size * 512,
+			BackingSize: backingSize,
 			// A deleted backing file reads "<path> (deleted)".
-			BackingFile: strings.TrimSuffix(strings.TrimSuffix(string(backing), "\n"), " (deleted)"),
+			BackingFile: backingFile,
 		})
 	}
 	return out, nil
@@ -176,6 +200,9 @@ type LoopDevices struct{}
 
 // Attach calls AttachLoop.
 func (LoopDevices) Attach(image string) (string, error) { return AttachLoop(image) }
+
+// Grow calls GrowLoop.
+func (LoopDevices) Grow(dev string) error { return GrowLoop(dev) }
 
 // Keep calls KeepLoop.
 func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }

@@ -81,6 +81,36 @@ func (m *Mounter) FormatAndMount(dev, target, fsType string, options []string) e
 	return err
 }
 
+// Resize grows the filesystem on dev, mounted at mountPath, to fill the
+// device, online, through mount-utils (resize2fs, xfs_growfs, btrfs
+// filesystem resize). A filesystem that already fills it is a no-op.
+func (m *Mounter) Resize(dev, mountPath string) error {
+	if _, err := mount.NewResizeFs(m.sfm.Exec).Resize(dev, mountPath); err != nil {
+		return fmt.Errorf("growing the filesystem on %s: %w", dev, err)
+	}
+	return nil
+}
+
+// GrowUnmounted grows the unmounted ext4 filesystem on dev to fill the
+// device: a forced e2fsck first (resize2fs demands it), then resize2fs.
+// Other filesystems grow only online; for them it is an error.
+func (m *Mounter) GrowUnmounted(dev, fsType string) error {
+	if fsType != FsExt4 {
+		return fmt.Errorf("%s grows only while mounted", fsType)
+	}
+	// e2fsck exits 1 when it fixed something, which is fine here.
+	if out, err := m.sfm.Exec.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
+		var ee utilexec.ExitError
+		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
+			return fmt.Errorf("e2fsck -f %s: %v: %s", dev, err, out)
+		}
+	}
+	if out, err := m.sfm.Exec.Command("resize2fs", dev).CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs %s: %v: %s", dev, err, out)
+	}
+	return nil
+}
+
 // BindMount bind mounts source at target through file descriptors (see
 // Paths.BindMount).
 func (m *Mounter) BindMount(source, target string, options []string) error {

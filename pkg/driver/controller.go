@@ -62,6 +62,7 @@ func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{
 			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
@@ -101,7 +102,7 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, err
 	}
 	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
-	size, err := c.sizeFor(required, limit)
+	size, err := c.sizeFor(required, limit, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -137,8 +138,9 @@ func (c *controller) volume(id string, size int64) *csi.Volume {
 	}
 }
 
-// sizeFor picks the image size for a capacity range.
-func (c *controller) sizeFor(required, limit int64) (int64, error) {
+// sizeFor picks the image size for a capacity range, for an image that has
+// have bytes now (0 for a new one).
+func (c *controller) sizeFor(required, limit, have int64) (int64, error) {
 	if required < 0 || limit < 0 {
 		return 0, status.Error(codes.InvalidArgument, "capacity range must not be negative")
 	}
@@ -166,10 +168,10 @@ func (c *controller) sizeFor(required, limit int64) (int64, error) {
 	if size > total {
 		return 0, status.Errorf(codes.OutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
 	}
-	if size > avail {
+	if size-have > avail {
 		// Images are sparse, but a volume is only promised what is free
-		// when it is made, as GetCapacity reports.
-		return 0, status.Errorf(codes.ResourceExhausted, "%d bytes requested, the data directory has %d bytes free", size, avail)
+		// when it is made or grown, as GetCapacity reports.
+		return 0, status.Errorf(codes.ResourceExhausted, "%d more bytes requested, the data directory has %d bytes free", size-have, avail)
 	}
 	return size, nil
 }
@@ -197,6 +199,50 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 		}
 	}
 	return nil
+}
+
+// ControllerExpandVolume grows a volume's image (sparse) to the requested
+// capacity; the node then grows the device and the filesystem. An image
+// already that large is left as it is (images never shrink). It may run
+// while the volume is staged and published: growth is online.
+func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
+	}
+	if state.ValidID(id) != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur, err := c.images.Size(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "checking volume %s: %v", id, err)
+	}
+	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
+	if limit > 0 && cur > limit {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, cur, limit)
+	}
+	size, err := c.sizeFor(max(required, cur), limit, cur)
+	if err != nil {
+		return nil, err
+	}
+	size, err = c.images.Grow(id, size)
+	if err != nil {
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			return nil, status.Errorf(codes.ResourceExhausted, "growing volume %s: %v", id, err)
+		}
+		return nil, status.Errorf(codes.Internal, "growing volume %s: %v", id, err)
+	}
+	// The node grows the loop device and the filesystem (or, for a raw
+	// block volume, the device).
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
 }
 
 // DeleteVolume removes a volume's image and record. It refuses while the

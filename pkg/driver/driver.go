@@ -83,6 +83,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store:       store,
 		Kicker:      rec,
 		Stat:        devices.Statfs,
+		Capacity:    images.Size,
 		NodeID:      cfg.NodeID,
 		MaxVolumes:  cfg.MaxVolumes,
 		Topology:    topology,

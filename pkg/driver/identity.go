@@ -28,6 +28,9 @@ func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 			Service: &csi.PluginCapability_Service{Type: t},
 		}})
 	}
+	caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_VolumeExpansion_{
+		VolumeExpansion: &csi.PluginCapability_VolumeExpansion{Type: csi.PluginCapability_VolumeExpansion_ONLINE},
+	}})
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil
 }
 

@@ -22,6 +22,7 @@ func TestWaitingRequestsAreBounded(t *testing.T) {
 	s, err := New(Config{
 		Store: store, Kicker: &fakeReconciler{store: store}, NodeID: "n1", Roots: []string{root},
 		Stat: func(context.Context, string) (state.Usage, error) { return state.Usage{}, nil }, MaxRequests: 2,
+		Capacity: func(string) (int64, error) { return 64 << 20, nil },
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -39,7 +39,8 @@ func newServer(t *testing.T) (*Server, *state.Store, *fakeReconciler) {
 	rec := &fakeReconciler{store: store}
 	s, err := New(Config{
 		Store: store, Kicker: rec, NodeID: "n1", Roots: []string{root}, MaxWait: 5 * time.Second,
-		Stat: func(context.Context, string) (state.Usage, error) { return state.Usage{TotalBytes: 1}, nil },
+		Stat:     func(context.Context, string) (state.Usage, error) { return state.Usage{TotalBytes: 1}, nil },
+		Capacity: func(string) (int64, error) { return 64 << 20, nil },
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,10 @@ type Kicker interface {
 	Kick()
 }
 
+// CapacityFunc returns the size of a volume's image; an error matching
+// os.ErrNotExist when it has none.
+type CapacityFunc func(id string) (int64, error)
+
 // StatFunc returns the usage of the filesystem at path, giving up when ctx
 // ends.
 type StatFunc func(ctx context.Context, path string) (state.Usage, error)
@@ -45,6 +49,8 @@ type Config struct {
 	Store  Store
 	Kicker Kicker
 	Stat   StatFunc
+	// Capacity reads the size of a volume's image (expansion, block stats).
+	Capacity CapacityFunc
 
 	// NodeID is reported by NodeGetInfo.
 	NodeID string
@@ -74,8 +80,8 @@ var _ csi.NodeServer = (*Server)(nil)
 
 // New validates cfg, fills defaults and returns a Server.
 func New(cfg Config) (*Server, error) {
-	if cfg.Store == nil || cfg.Kicker == nil || cfg.Stat == nil {
-		return nil, errors.New("nodeserver: store, kicker and stat are required")
+	if cfg.Store == nil || cfg.Kicker == nil || cfg.Stat == nil || cfg.Capacity == nil {
+		return nil, errors.New("nodeserver: store, kicker, stat and capacity are required")
 	}
 	if cfg.NodeID == "" {
 		return nil, errors.New("nodeserver: node ID is required")
@@ -103,6 +109,7 @@ func (s *Server) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRe
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{
 			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},

@@ -29,10 +29,15 @@ const (
 	// actUnmountStray unmounts a mount of the volume's filesystem inside
 	// the roots at a path no record names (target is that path).
 	actUnmountStray
+	// actGrowDevice makes the loop device take its grown image's size.
+	actGrowDevice
+	// actGrowFs grows the staged filesystem to fill its device.
+	actGrowFs
 )
 
 var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan",
-	"unmount unusable target", "unmount unusable staging", "keep device", "unmount stray"}
+	"unmount unusable target", "unmount unusable staging", "keep device", "unmount stray",
+	"grow device", "grow filesystem"}
 
 func (k actionKind) String() string { return actionNames[k] }
 
@@ -65,13 +70,15 @@ func (a action) key() state.IntentKey {
 	switch a.kind {
 	case actStage, actUnstage, actRelease, actUnmountStaging, actKeepDevice, actUnmountStray:
 		return state.StageKey
+	case actGrowDevice, actGrowFs:
+		return state.ExpandKey
 	}
 	return state.PublishKey(a.target)
 }
 
-// slow reports whether the action may take long (mkfs, fsck) and so runs in
-// the slow pool.
-func (a action) slow() bool { return a.kind == actStage }
+// slow reports whether the action may take long (mkfs, fsck, resize) and
+// so runs in the slow pool.
+func (a action) slow() bool { return a.kind == actStage || a.kind == actGrowFs }
 
 func (a action) String() string {
 	if a.target != "" {
@@ -253,7 +260,35 @@ func diff(v *state.Volume, a *actual) []action {
 			acts = append(acts, action{kind: actPublish, target: t, generation: p.Generation, reason: reason})
 		}
 	}
-	return acts
+	return append(acts, grow(v, a)...)
+}
+
+// grow returns the step that brings a ready stage to the size of its image:
+// first the device, then the filesystem (not for a read-only stage, which
+// cannot be resized online).
+func grow(v *state.Volume, a *actual) []action {
+	var gen int64
+	if v.Expand != nil {
+		gen = v.Expand.Generation
+	}
+	l := a.loop
+	switch {
+	case l.Size < l.BackingSize:
+		return []action{{kind: actGrowDevice, generation: gen, reason: fmt.Sprintf("image is %d bytes, device %d", l.BackingSize, l.Size)}}
+	case v.Stage.Access == state.AccessMount && !v.Stage.ReadOnly && !a.errorsRO && v.FsSize < l.Size:
+		return []action{{kind: actGrowFs, generation: gen, reason: fmt.Sprintf("device is %d bytes, filesystem last grown to %d", l.Size, v.FsSize)}}
+	}
+	return nil
+}
+
+// expandReady reports whether v's expansion is fulfilled: the device and
+// (for a filesystem) the filesystem reached the size asked for.
+func expandReady(v *state.Volume, a *actual) bool {
+	e := v.Expand
+	if e == nil || !stageReady(v, a) || a.loop.Size < e.Bytes {
+		return false
+	}
+	return v.Stage.Access == state.AccessBlock || v.Stage.ReadOnly || v.FsSize >= e.Bytes
 }
 
 // repairStaging returns the steps that take down a staged filesystem that

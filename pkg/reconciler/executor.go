@@ -98,6 +98,17 @@ func (e *executor) lastFailure(id string, key state.IntentKey, gen int64) *failu
 	return nil
 }
 
+// lastGrowFailure returns the latest failure of a volume's growth, or nil.
+func (e *executor) lastGrowFailure(id string) *failure {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f := e.failures[id]; f != nil && f.act.key() == state.ExpandKey {
+		c := *f
+		return &c
+	}
+	return nil
+}
+
 // idle reports whether no operation is running.
 func (e *executor) idle() bool {
 	e.mu.Lock()

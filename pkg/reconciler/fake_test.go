@@ -41,6 +41,8 @@ type fakeWorld struct {
 	// deadSuper marks images whose superblock stays shut down across
 	// remounts, as when a container still holds the filesystem.
 	deadSuper map[string]bool
+	// sizes holds image sizes that differ from the default 64 MiB.
+	sizes map[string]int64
 	// before, when set, runs as each call begins (without mu held), with
 	// the backing file of the volume the call is about ("" when unknown);
 	// its error fails the call before it has any effect.
@@ -65,6 +67,7 @@ func newFakeWorld() *fakeWorld {
 		started:   make(chan string, 100),
 		corrupt:   map[string]error{},
 		deadSuper: map[string]bool{},
+		sizes:     map[string]int64{},
 	}
 }
 
@@ -152,7 +155,47 @@ func (w *fakeWorld) Size(id string) (int64, error) {
 	if !w.images[id] {
 		return 0, os.ErrNotExist
 	}
-	return 64 << 20, nil
+	return w.sizeLocked(w.Path(id)), nil
+}
+
+// sizeLocked returns the size of an image file; w.mu must be held.
+func (w *fakeWorld) sizeLocked(image string) int64 {
+	if n, ok := w.sizes[image]; ok {
+		return n
+	}
+	return 64 << 20
+}
+
+// growImage grows an image file, as ControllerExpandVolume does; devices
+// attached to it see the new size only after Grow.
+func (w *fakeWorld) growImage(image string, size int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sizes[image] = size
+	if l, ok := w.loops[image]; ok {
+		l.BackingSize = size
+		w.loops[image] = l
+	}
+}
+
+func (w *fakeWorld) Grow(dev string) error {
+	return w.do("grow "+dev, func() string { return w.imageOf(dev) }, func() error {
+		for k, l := range w.loops {
+			if l.Device == dev {
+				l.Size = l.BackingSize
+				w.loops[k] = l
+			}
+		}
+		return nil
+	})
+}
+
+func (w *fakeWorld) GrowUnmounted(dev, fsType string) error {
+	return w.do("grow unmounted "+fsType, func() string { return w.imageOf(dev) }, func() error { return nil })
+}
+
+func (w *fakeWorld) Resize(dev, mountPath string) error {
+	return w.do("resize "+mountPath, func() string { return w.imageOf(dev) }, func() error { return nil })
 }
 
 // minorOf numbers the loop device of an image from its name, so that
@@ -167,7 +210,8 @@ func (w *fakeWorld) Attach(image string) (string, error) {
 	var dev string
 	err := w.do("attach", func() string { return image }, func() error {
 		n := minorOf(image)
-		l := state.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: state.DevNum{Major: 7, Minor: n}, BackingFile: image}
+		size := w.sizeLocked(image)
+		l := state.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: state.DevNum{Major: 7, Minor: n}, BackingFile: image, Size: size, BackingSize: size}
 		w.loops[image] = l
 		dev = l.Device
 		return nil

@@ -2,7 +2,9 @@ package reconciler
 
 import (
 	"errors"
+
 	"fmt"
+	"k8s.io/klog/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,12 +54,14 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
 	}
 	if a.staged {
-		return r.recordFormatted(v.ID, a.stagingMount.FsType)
+		return r.recordFormatted(v.ID, a.stagingMount.FsType, 0)
 	}
 	if a.stagingMount != nil {
 		return state.Errorf(state.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
 	}
-	if _, err := r.cfg.Images.Size(v.ID); err != nil {
+	// devSize is the size the device has, which a new filesystem fills.
+	devSize, err := r.cfg.Images.Size(v.ID)
+	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return state.Terminalf(state.KindNotFound, "volume %s does not exist", v.ID)
 		}
@@ -65,7 +69,7 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 	}
 	dev := ""
 	if a.loop != nil {
-		dev = a.loop.Device
+		dev, devSize = a.loop.Device, a.loop.Size
 	} else {
 		d, err := r.cfg.Loops.Attach(r.cfg.Images.Path(v.ID))
 		if errors.Is(err, devices.ErrNoLoopDevice) {
@@ -93,18 +97,35 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 	case have == "" && st.ReadOnly:
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
 	}
+	grown := int64(0)
+	if have == devices.FsExt4 && !st.ReadOnly && v.FsSize < devSize {
+		// ext4 grows best before it is mounted: an online resize needs
+		// CAP_SYS_RESOURCE and locks out writers for a while. A failure
+		// here is left to the online grow after the mount.
+		if err := r.cfg.Filesystems.GrowUnmounted(dev, have); err != nil {
+			klog.Background().Error(err, "Cannot grow the filesystem before mounting; will grow it online", "volumeID", v.ID, "device", dev)
+		} else {
+			grown = devSize
+		}
+	}
 	if err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want)); err != nil {
 		return fmt.Errorf("mounting %s at %s: %w", dev, st.Path, err)
 	}
-	return r.recordFormatted(v.ID, want)
+	if have == "" {
+		// Formatted just now: the filesystem fills the device.
+		grown = devSize
+	}
+	return r.recordFormatted(v.ID, want, grown)
 }
 
-// recordFormatted sets the provenance of a volume once.
-func (r *Reconciler) recordFormatted(id, fsType string) error {
+// recordFormatted sets the provenance of a volume once, and the device size
+// its filesystem is known to fill (0: not known).
+func (r *Reconciler) recordFormatted(id, fsType string, fsSize int64) error {
 	_, err := r.cfg.Store.Update(id, func(v *state.Volume) error {
 		if v.Formatted == "" {
 			v.Formatted = fsType
 		}
+		v.FsSize = max(v.FsSize, fsSize)
 		return nil
 	})
 	return err
@@ -207,6 +228,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
 		if s := cur.Stage; s != nil && s.Deleting && s.Generation == gen {
 			cur.Stage = nil
+			cur.Expand = nil // asked of this stage; the image keeps its size
 		}
 		return nil
 	})
@@ -258,4 +280,24 @@ func (r *Reconciler) keepDevice(a *actual) error {
 		return fmt.Errorf("keeping %s attached: %w", a.loop.Device, err)
 	}
 	return nil
+}
+
+// growDevice makes the loop device take its image's size.
+func (r *Reconciler) growDevice(a *actual) error {
+	return r.cfg.Loops.Grow(a.loop.Device)
+}
+
+// growFs grows the staged filesystem online to fill the device and records
+// the device size it now fills. A failure is retried and reported; it never
+// touches the mounts.
+func (r *Reconciler) growFs(v *state.Volume, a *actual) error {
+	if err := r.cfg.Filesystems.Resize(a.loop.Device, v.Stage.Path); err != nil {
+		return err
+	}
+	size := a.loop.Size
+	_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
+		cur.FsSize = max(cur.FsSize, size)
+		return nil
+	})
+	return err
 }

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -35,6 +36,8 @@ type Loops interface {
 	Detach(dev string) error
 	// Keep clears the auto-clear flag of an attached device.
 	Keep(dev string) error
+	// Grow makes a device take its backing file's size.
+	Grow(dev string) error
 }
 
 // Filesystems probes, formats and mounts.
@@ -43,6 +46,10 @@ type Filesystems interface {
 	FormatAndMount(dev, target, fsType string, options []string) error
 	BindMount(source, target string, options []string) error
 	Unmount(target string) error
+	// Resize grows the filesystem on dev, mounted at mountPath, online.
+	Resize(dev, mountPath string) error
+	// GrowUnmounted checks and grows the unmounted filesystem on dev.
+	GrowUnmounted(dev, fsType string) error
 }
 
 // Paths checks, creates and removes paths without following symlinks.
@@ -283,6 +290,10 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 	if st := v.Stage; st != nil && !st.Deleting {
 		if f := r.exec.lastFailure(v.ID, state.StageKey, st.Generation); f != nil && f.err.Kind == state.KindDataLoss {
 			cond.Abnormal, cond.Health, cond.Reason, cond.Message = true, state.DataLost, "FilesystemMissing", f.err.Message
+		} else if f := r.exec.lastGrowFailure(v.ID); f != nil && !cond.Abnormal {
+			cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
+			cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
+				v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
 		}
 	}
 	report := func(key state.IntentKey, gen int64, ready bool) {
@@ -309,6 +320,9 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 		ready := publishReady(v, a, t)
 		report(state.PublishKey(t), p.Generation, ready)
 		healthy = healthy && ready
+	}
+	if e := v.Expand; e != nil {
+		report(state.ExpandKey, e.Generation, expandReady(v, a))
 	}
 	if healthy {
 		r.exec.healthy(v.ID)
@@ -349,6 +363,10 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			return r.unmountStaging(v)
 		case actKeepDevice:
 			return r.keepDevice(a)
+		case actGrowDevice:
+			return r.growDevice(a)
+		case actGrowFs:
+			return r.growFs(v, a)
 		default:
 			return r.unstage(v, a)
 		}

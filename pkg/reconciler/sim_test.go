@@ -409,6 +409,18 @@ func (s *sim) randomStep() {
 		s.note("crash and restart")
 		s.count("crash between operations")
 		s.restart()
+	case x < 95:
+		// The controller grows the image, the kubelet asks the node.
+		w.mu.Lock()
+		size := w.sizeLocked(w.Path(id)) + 16<<20
+		w.mu.Unlock()
+		w.growImage(w.Path(id), size)
+		s.note("expand %s to %d", id, size)
+		s.update(id, func(v *state.Volume) {
+			if v.Stage != nil && !v.Stage.Deleting {
+				v.Expand = &state.Expand{Bytes: size}
+			}
+		})
 	default:
 		s.note("idle")
 	}
@@ -556,6 +568,10 @@ func (s *sim) checkCall(name, id string) {
 		if !strings.HasPrefix(path, "/k/") {
 			s.violations = append(s.violations, fmt.Sprintf("%s: outside the roots", name))
 		}
+	case "resize":
+		if rec == nil || rec.Stage == nil || path != rec.Stage.Path || w.imageAt(path) != w.Path(id) {
+			s.violations = append(s.violations, fmt.Sprintf("%s: not the volume's staging mount", name))
+		}
 	case "detach":
 		if o := others(""); len(o) > 0 {
 			s.violations = append(s.violations, fmt.Sprintf("invariant 2: detach of %s while mounted at %v", id, o))
@@ -692,6 +708,11 @@ func (s *sim) checkConverged() {
 			want[st.Path] = true
 			if r, _ := s.store.Result(v.ID, state.StageKey); !r.Ready {
 				s.t.Errorf("%s: stage not ready after convergence: %+v", v.ID, r)
+			}
+		}
+		if e := v.Expand; e != nil {
+			if r, _ := s.store.Result(v.ID, state.ExpandKey); !r.Ready {
+				s.t.Errorf("%s: expansion to %d not converged: %+v (fs grown to %d)", v.ID, e.Bytes, r, v.FsSize)
 			}
 		}
 		for t, p := range v.Publishes {

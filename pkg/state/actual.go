@@ -41,6 +41,11 @@ type Loop struct {
 	// AutoClear is true when the device goes away with its last user, as
 	// after someone ran losetup -d on it while it was mounted.
 	AutoClear bool
+	// Size is the device's size in bytes.
+	Size int64
+	// BackingSize is the size of the backing file in bytes; larger than
+	// Size after the file was grown and before the device was told.
+	BackingSize int64
 }
 
 // Snapshot is the observed state of the machine at one instant: the mount

@@ -244,6 +244,11 @@ func stampGenerations(old, cur *Volume) {
 			st.Generation = cur.Generation
 		}
 	}
+	if e := cur.Expand; e != nil {
+		if old == nil || old.Expand == nil || old.Expand.Bytes != e.Bytes {
+			e.Generation = cur.Generation
+		}
+	}
 	for target, p := range cur.Publishes {
 		o := oldPubs[target]
 		if o == nil || !o.SameSpec(p) || o.Deleting != p.Deleting {
@@ -282,7 +287,7 @@ func (s *Store) Result(id string, key IntentKey) (r Result, ok bool) {
 // pruneResultsLocked drops the results of intents that v no longer holds.
 func (s *Store) pruneResultsLocked(v *Volume) {
 	for k := range s.results[v.ID] {
-		if k == StageKey && v.Stage != nil {
+		if k == StageKey && v.Stage != nil || k == ExpandKey && v.Expand != nil {
 			continue
 		}
 		if target, ok := strings.CutPrefix(string(k), "publish:"); ok && v.Publishes[target] != nil {

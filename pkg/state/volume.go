@@ -73,6 +73,20 @@ type Volume struct {
 	// found there when first asked for it; empty when it never did. A
 	// volume whose record says Formatted is never formatted again.
 	Formatted string `json:"formatted,omitempty"`
+	// Expand is the capacity NodeExpandVolume asked for; nil when none.
+	Expand *Expand `json:"expand,omitempty"`
+	// FsSize is the device size, in bytes, that the filesystem was last
+	// grown to fill; 0 when unknown. A filesystem on a larger device is
+	// grown, at expansion, at stage and after a restart.
+	FsSize int64 `json:"fsSize,omitempty"`
+}
+
+// Expand is the desired capacity of a staged volume.
+type Expand struct {
+	// Bytes is the capacity the device and the filesystem must reach.
+	Bytes int64 `json:"bytes"`
+	// Generation is the volume generation at which Bytes last changed.
+	Generation int64 `json:"generation"`
 }
 
 // Empty reports whether the record holds nothing worth keeping.
@@ -90,6 +104,10 @@ func (v *Volume) DeepCopy() *Volume {
 		s := *v.Stage
 		s.MountFlags = slices.Clone(v.Stage.MountFlags)
 		out.Stage = &s
+	}
+	if v.Expand != nil {
+		e := *v.Expand
+		out.Expand = &e
 	}
 	if v.Publishes != nil {
 		out.Publishes = make(map[string]*Publish, len(v.Publishes))
@@ -139,6 +157,9 @@ type IntentKey string
 
 // StageKey is the intent key of a volume's stage.
 const StageKey IntentKey = "stage"
+
+// ExpandKey is the intent key of a volume's expansion.
+const ExpandKey IntentKey = "expand"
 
 // PublishKey returns the intent key of the publish at target.
 func PublishKey(target string) IntentKey { return IntentKey("publish:" + target) }

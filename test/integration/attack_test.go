@@ -133,6 +133,12 @@ func TestAttackTable(t *testing.T) {
 			return err
 		}
 	}
+	expandReq := func(id, path string, size int64) func() error {
+		return func() error {
+			_, err := n.NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: path, CapacityRange: &csi.CapacityRange{RequiredBytes: size}})
+			return err
+		}
+	}
 	long := strings.Repeat("a", 129)
 	deep := p.Root + "/" + strings.Repeat("d/", 2100) + "x"
 
@@ -230,10 +236,25 @@ func TestAttackTable(t *testing.T) {
 			_, err := n.NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{VolumeId: "../../etc"})
 			return err
 		}, codes.NotFound},
-		{"expand: not offered", func() error {
-			_, err := n.NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "vol-a", VolumePath: staging})
+		{"expand: empty ID", expandReq("", staging, 1<<20), codes.InvalidArgument},
+		{"expand: traversal in ID", expandReq("../vol-a", staging, 1<<20), codes.InvalidArgument},
+		{"expand: empty path", expandReq("vol-a", "", 1<<20), codes.InvalidArgument},
+		{"expand: path outside the roots of a volume not here", expandReq("vol-a", "/etc", 1<<20), codes.NotFound},
+		{"expand: negative size", expandReq("vol-a", staging, -1), codes.InvalidArgument},
+		{"expand: not staged", expandReq("vol-a", staging, 1<<20), codes.NotFound},
+		{"expand: unknown volume", expandReq("no-such-volume", staging, 1<<20), codes.NotFound},
+		{"controller expand: unknown volume", func() error {
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "../vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}})
 			return err
-		}, codes.Unimplemented},
+		}, codes.NotFound},
+		{"controller expand: 8 EiB", func() error {
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1<<63 - 1}})
+			return err
+		}, codes.OutOfRange},
+		{"controller expand: shrink below the limit", func() error {
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20, LimitBytes: 1 << 20}})
+			return err
+		}, codes.OutOfRange},
 		// Controller.
 		{"create: empty name", createReq("", 1<<20, nil, rwo), codes.InvalidArgument},
 		{"create: traversal in name", createReq("../../etc/passwd", 1<<20, nil, rwo), codes.InvalidArgument},

@@ -1,0 +1,98 @@
+package nodeserver
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// NodeExpandVolume records the capacity the volume must reach and waits
+// until the reconciler has grown its device and, for a filesystem, the
+// filesystem, online. The image must already hold that capacity
+// (ControllerExpandVolume grows it); asking for more is OUT_OF_RANGE. A
+// volume already that large is answered as soon as the reconciler confirms
+// it. The volume path is its staging path or one of its targets; neither a
+// capability nor the staging path is needed. The answer's capacity is the
+// image's.
+func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	if path == "" {
+		return nil, invalid("volume path is required")
+	}
+	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
+	if required < 0 || limit < 0 {
+		return nil, invalid("capacity range must not be negative")
+	}
+	// An unknown volume is NOT_FOUND whatever the path (CSI); the path is
+	// checked before it is used.
+	v, err := s.cfg.Store.Get(id)
+	if errors.Is(err, state.ErrNotFound) {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	if err != nil {
+		return nil, Status(err)
+	}
+	if err := s.checkPath("volume path", path); err != nil {
+		return nil, err
+	}
+	known := v.Stage != nil && !v.Stage.Deleting && v.Stage.Path == path
+	if p := v.Publishes[path]; p != nil && !p.Deleting {
+		known = true
+	}
+	if !known {
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
+	}
+	capacity, err := s.cfg.Capacity(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "reading the capacity of volume %s: %v", id, err)
+	}
+	if required == 0 {
+		required = capacity
+	}
+	if required > capacity {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s holds %d bytes, %d were asked for; ControllerExpandVolume grows it first", id, capacity, required)
+	}
+	release, err := s.admit()
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, err = s.cfg.Store.Update(id, func(v *state.Volume) error {
+		if v.Stage == nil || v.Stage.Deleting {
+			return state.Errorf(state.KindNotFound, "volume %s is not staged", id)
+		}
+		if v.Expand == nil || v.Expand.Bytes < required {
+			v.Expand = &state.Expand{Bytes: required}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, Status(err)
+	}
+	klog.FromContext(ctx).V(4).Info("Expand intent recorded", "volumeID", id, "bytes", v.Expand.Bytes, "generation", v.Expand.Generation)
+	s.cfg.Kicker.Kick()
+	if err := s.wait(ctx, id, s.setupCheck(id, state.ExpandKey, v.Expand.Generation, liveExpand)); err != nil {
+		return nil, err
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+func liveExpand(v *state.Volume) (int64, bool, bool) {
+	if v.Expand == nil {
+		return 0, false, false
+	}
+	return v.Expand.Generation, false, true
+}

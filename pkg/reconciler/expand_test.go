@@ -1,0 +1,87 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+func TestExpansionGrowsDeviceThenFilesystem(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.stagedAndPublished("v1")
+	image := h.world.Path("v1")
+	if v, _ := h.store.Get("v1"); v.FsSize != 64<<20 {
+		t.Fatalf("fs size after mkfs: got %d, want the device's %d", v.FsSize, 64<<20)
+	}
+	n := len(h.world.Calls())
+	h.world.growImage(image, 128<<20) // ControllerExpandVolume
+	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
+	h.settle()
+
+	dev := fmt.Sprintf("/dev/loop%d", minorOf(image))
+	if got, want := h.callsSince(n), "grow "+dev+",resize "+staging; got != want {
+		t.Errorf("calls: got %s, want %s", got, want)
+	}
+	got, _ := h.store.Get("v1")
+	if got.FsSize != 128<<20 {
+		t.Errorf("fs size: got %d, want %d", got.FsSize, 128<<20)
+	}
+	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready || r.Generation != v.Expand.Generation {
+		t.Errorf("expand result: got %+v, want ready at generation %d", r, v.Expand.Generation)
+	}
+}
+
+func TestFailedGrowIsRetriedAndReportedNotUndone(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.stagedAndPublished("v1")
+	h.world.growImage(h.world.Path("v1"), 128<<20)
+	h.world.fail["resize "+staging] = errors.New("resize2fs: Device or resource busy")
+	h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
+	h.settle()
+
+	c := h.store.Condition("v1")
+	if c.Health != state.Degraded || c.Reason != "GrowFailed" {
+		t.Errorf("condition: got %+v, want DEGRADED GrowFailed", c)
+	}
+	if got := mountPaths(h.world); len(got) != 2 || got[0] != staging || got[1] != target {
+		t.Errorf("mounts after a failed grow: got %v, want both kept", got)
+	}
+	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
+		t.Errorf("publish after a failed grow: got %+v, want still ready", r)
+	}
+	delete(h.world.fail, "resize "+staging)
+	h.clock.Step(DefaultBackoffMax)
+	h.settle()
+	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready {
+		t.Errorf("expand after the retry: got %+v, want ready", r)
+	}
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition after the retry: got %+v, want normal", c)
+	}
+}
+
+func TestFoundXFSIsGrownOnlineAfterStage(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	h.world.fs[h.world.Path("v1")] = "xfs"
+	st := stageSpec(staging)
+	st.FsType = "xfs"
+	h.update("v1", func(v *state.Volume) { v.Stage = st })
+	h.settle()
+	if got, want := h.callsSince(0), "attach,blkid,mount "+staging+",resize "+staging; got != want {
+		t.Errorf("calls: got %s, want %s", got, want)
+	}
+}
+
+func TestFoundFilesystemIsGrownAtStage(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	h.world.fs[h.world.Path("v1")] = "ext4" // made elsewhere, on a smaller image maybe
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+	if got, want := h.callsSince(0), "attach,blkid,grow unmounted ext4,mount "+staging; got != want {
+		t.Errorf("calls: got %s, want %s", got, want)
+	}
+}
