@@ -5,6 +5,7 @@ set -euo pipefail
 need=()
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v mkfs.xfs  >/dev/null || need+=(xfsprogs)
+command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
 command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
 if [ ${#need[@]} -gt 0 ]; then

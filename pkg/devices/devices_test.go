@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 func TestUnescapeOctal(t *testing.T) {
@@ -91,5 +93,21 @@ func TestImagesCreateIsIdempotent(t *testing.T) {
 	}
 	if err := im.Delete("v"); err != nil {
 		t.Errorf("delete missing: %v", err)
+	}
+}
+
+func TestBtrfsMountsAreMatchedToTheirLoopDevice(t *testing.T) {
+	loops := []state.Loop{{Device: "/dev/loop3", Dev: state.DevNum{Major: 7, Minor: 3}}}
+	mounts := []state.Mount{
+		{Path: "/s", Dev: state.DevNum{Major: 0, Minor: 40}, Source: "/dev/loop3", FsType: "btrfs"},
+		{Path: "/t", Dev: state.DevNum{Major: 0, Minor: 41}, Source: "tmpfs", FsType: "tmpfs"},
+		{Path: "/u", Dev: state.DevNum{Major: 7, Minor: 3}, Source: "/dev/loop3", FsType: "ext4"},
+	}
+	got := byDevice(mounts, loops)
+	want := []state.DevNum{{Major: 7, Minor: 3}, {Major: 0, Minor: 41}, {Major: 7, Minor: 3}}
+	for i := range got {
+		if got[i].Dev != want[i] {
+			t.Errorf("%s: got %v, want %v", got[i].Path, got[i].Dev, want[i])
+		}
 	}
 }

@@ -106,10 +106,25 @@ func (p *Paths) CheckMountedAt(dev, path string) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("stat %s: %w", path, err)
 	}
-	if st.Dev != devSt.Rdev {
-		return fmt.Errorf("%w: %s holds device %d:%d, not %s", ErrMisplacedMount, path, unix.Major(st.Dev), unix.Minor(st.Dev), dev)
+	if st.Dev == devSt.Rdev || onDevice(st.Dev, dev) {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%w: %s holds device %d:%d, not %s", ErrMisplacedMount, path, unix.Major(st.Dev), unix.Minor(st.Dev), dev)
+}
+
+// onDevice reports whether the filesystem with the anonymous device number
+// anon (btrfs) is mounted from dev, by the mount table.
+func onDevice(anon uint64, dev string) bool {
+	mounts, err := ReadMounts("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, m := range mounts {
+		if uint64(unix.Mkdev(m.Dev.Major, m.Dev.Minor)) == anon && m.Source == dev {
+			return true
+		}
+	}
+	return false
 }
 
 // unmountStray unmounts every mount of dev's filesystem that does not lie
@@ -128,7 +143,7 @@ func unmountStray(dev string, p *Paths) error {
 	var errs []error
 	for i := len(mounts) - 1; i >= 0; i-- {
 		m := mounts[i]
-		if uint64(unix.Mkdev(m.Dev.Major, m.Dev.Minor)) != devSt.Rdev {
+		if uint64(unix.Mkdev(m.Dev.Major, m.Dev.Minor)) != devSt.Rdev && m.Source != dev {
 			continue
 		}
 		if _, _, err := p.split(m.Path); err == nil {

@@ -11,8 +11,9 @@ import (
 
 // Filesystem types converge creates and mounts.
 const (
-	FsExt4 = "ext4"
-	FsXFS  = "xfs"
+	FsExt4  = "ext4"
+	FsXFS   = "xfs"
+	FsBtrfs = "btrfs"
 )
 
 // unknownData is what mount-utils' GetDiskFormat reports for a device with

@@ -27,7 +27,23 @@ func (o *Observer) Observe() (*state.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
-	return state.NewSnapshot(mounts, loops), nil
+	return state.NewSnapshot(byDevice(mounts, loops), loops), nil
+}
+
+// byDevice gives the mounts of a filesystem that reports an anonymous
+// device number (btrfs: 0:N) the number of the loop device it is on, named
+// by the mount source, so that every mount is matched to its device alike.
+func byDevice(mounts []state.Mount, loops []state.Loop) []state.Mount {
+	dev := make(map[string]state.DevNum, len(loops))
+	for _, l := range loops {
+		dev[l.Device] = l.Dev
+	}
+	for i, m := range mounts {
+		if d, ok := dev[m.Source]; ok && m.Dev.Major == 0 && m.FsType == FsBtrfs {
+			mounts[i].Dev = d
+		}
+	}
+	return mounts
 }
 
 // CheckMount stats a mount point and returns the error when it shows a

@@ -56,7 +56,7 @@ func FuzzParseCapability(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if c.FsType != "" && c.FsType != "ext4" && c.FsType != "xfs" {
+		if c.FsType != "" && c.FsType != "ext4" && c.FsType != "xfs" && c.FsType != "btrfs" {
 			t.Fatalf("accepted fs type %q", fsType)
 		}
 		if CheckMountFlags(c.MountFlags) != nil {

@@ -11,7 +11,7 @@ import (
 )
 
 // FsTypes are the filesystems a volume may ask for.
-var FsTypes = []string{"ext4", "xfs"}
+var FsTypes = []string{"ext4", "xfs", "btrfs"}
 
 // mountFlagPolicy lists the mount options a request may carry. Options with
 // a value name it "key=". Everything else is refused: in particular bind,

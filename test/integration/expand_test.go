@@ -61,6 +61,7 @@ func TestExpansion(t *testing.T) {
 		{fs: "ext4", from: 64 << 20, to: 192 << 20, minGrowth: 100 << 20},
 		{fs: "ext4", from: 64 << 20, to: 192 << 20, minGrowth: 100 << 20, restage: true},
 		{fs: "xfs", from: 320 << 20, to: 512 << 20, minGrowth: 150 << 20},
+		{fs: "btrfs", from: 256 << 20, to: 512 << 20, minGrowth: 200 << 20},
 	} {
 		name := tc.fs + "/online"
 		if tc.restage {
