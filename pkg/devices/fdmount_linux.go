@@ -70,6 +70,58 @@ func (p *Paths) BindMount(source, target string, options []string) error {
 	return nil
 }
 
+// Mkfile creates the empty regular file path (its parent must exist) with
+// mode 0600, resolved beneath the roots without symlinks: the target of a
+// raw block publish. An existing regular file is a no-op.
+func (p *Paths) Mkfile(path string) error {
+	parent, err := p.open(filepath.Dir(path), unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(parent)
+	fd, err := unix.Openat(parent, filepath.Base(path), unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.EEXIST) {
+		var st unix.Stat_t
+		if err := unix.Fstatat(parent, filepath.Base(path), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("stat %s: %w", path, err)
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("%s exists and is not a regular file", path)
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("creating %s: %w", path, err)
+	}
+	return unix.Close(fd)
+}
+
+// BindDevice bind mounts the device node dev (a path the plugin derived,
+// not a request's) on the file target, resolved beneath the roots without
+// symlinks, through descriptors as BindMount does; ro makes it read-only
+// before it is attached.
+func (p *Paths) BindDevice(dev, target string, ro bool) error {
+	dst, err := p.open(target, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dst)
+	tree, err := unix.OpenTree(unix.AT_FDCWD, dev, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("cloning %s: %w", dev, err)
+	}
+	defer unix.Close(tree)
+	if ro {
+		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
+			return fmt.Errorf("making the bind mount of %s read-only: %w", dev, err)
+		}
+	}
+	if err := unix.MoveMount(tree, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attaching %s at %s: %w", dev, target, err)
+	}
+	return nil
+}
+
 // Unmount unmounts the top mount at path. The parent directory is resolved
 // beneath the roots without symlinks and held by a descriptor; the last
 // component is looked up in it without following a symlink. A path that is

@@ -118,6 +118,15 @@ func (m *Mounter) BindMount(source, target string, options []string) error {
 	return m.paths.BindMount(source, target, options)
 }
 
+// BindDevice bind mounts the device node dev on the file target (see
+// Paths.BindDevice), creating the file first.
+func (m *Mounter) BindDevice(dev, target string, ro bool) error {
+	if err := m.paths.Mkfile(target); err != nil {
+		return err
+	}
+	return m.paths.BindDevice(dev, target, ro)
+}
+
 // Unmount unmounts the top mount at target through a descriptor of its
 // parent (see Paths.Unmount). Unmounting a path that is not mounted is a
 // no-op.

@@ -236,10 +236,6 @@ func TestIntentConflicts(t *testing.T) {
 func TestBadInputRecordsNothing(t *testing.T) {
 	s, store, _ := newServer(t)
 	ctx := context.Background()
-	block := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 	flags := func(f ...string) *csi.VolumeCapability {
 		return &csi.VolumeCapability{
 			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: f}},
@@ -267,7 +263,6 @@ func TestBadInputRecordsNothing(t *testing.T) {
 		{"stage: traversal", st("v", root+"/../../etc", rwo)},
 		{"stage: no capability", st("v", good, nil)},
 		{"stage: no access mode", st("v", good, &csi.VolumeCapability{AccessType: rwo.AccessType})},
-		{"stage: block", st("v", good, block)},
 		{"stage: remount flag", st("v", good, flags("remount"))},
 		{"stage: comma in flag", st("v", good, flags("ro,bind"))},
 		{"stage: newline in flag", st("v", good, flags("noatime\nbind"))},

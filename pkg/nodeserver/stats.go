@@ -48,6 +48,14 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if slices.Contains(cond.Unusable, path) {
 		return nil, status.Errorf(codes.Unavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
 	}
+	if v.Stage.Access == state.AccessBlock {
+		// A raw device has a size and nothing else to report.
+		size, err := s.cfg.Capacity(id)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "reading the size of volume %s: %v", id, err)
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatsTimeout)
 	defer cancel()
 	u, err := s.cfg.Stat(ctx, path)

@@ -109,7 +109,7 @@ func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
 	out := Capability{Mode: mode.String(), ReadOnly: mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY}
 	switch {
 	case c.GetBlock() != nil:
-		return Capability{}, fmt.Errorf("block access type is not supported")
+		out.Access = state.AccessBlock
 	case c.GetMount() != nil:
 		m := c.GetMount()
 		out.Access = state.AccessMount

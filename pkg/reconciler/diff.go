@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"fmt"
+	"path/filepath"
 
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -117,12 +118,23 @@ type actual struct {
 	// unusableTargets maps a published target whose mount point fails to
 	// the error.
 	unusableTargets map[string]string
+	// block is true for a raw block volume: staged means attached, and a
+	// publish is a bind mount of the device node.
+	block bool
 }
 
-// published reports whether target holds a bind mount of the volume.
+// published reports whether target holds a bind mount of the volume: of
+// its filesystem, or for a raw block volume of its device node (a file of
+// devtmpfs whose path there is the device's name).
 func (a *actual) published(target string) bool {
 	m := a.targets[target]
-	return m != nil && a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
+	if m == nil || a.loop == nil {
+		return false
+	}
+	if a.block {
+		return m.Root == "/"+filepath.Base(a.loop.Device) && (m.FsType == "devtmpfs" || m.FsType == "tmpfs")
+	}
+	return m.Dev == a.loop.Dev && m.Root == "/"
 }
 
 // anyPublished reports whether any target of v holds a bind mount of the
@@ -150,7 +162,10 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 			a.extraLoops = append(a.extraLoops, l.Device)
 		}
 	}
-	if v.Stage != nil {
+	if v.Stage != nil && v.Stage.Access == state.AccessBlock {
+		// Nothing is mounted for a raw block stage: the device is it.
+		a.block, a.staged = true, a.loop != nil
+	} else if v.Stage != nil {
 		if m, ok := snap.MountAt(v.Stage.Path); ok {
 			a.stagingMount = &m
 			a.staged = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
@@ -203,7 +218,7 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 // mounted at the staging path and usable. A filesystem that went read-only
 // after errors still counts (it is reported, not ready for new publishes).
 func stageReady(v *state.Volume, a *actual) bool {
-	return v.Stage != nil && !v.Stage.Deleting && a.staged && v.Formatted != "" && a.unusable == ""
+	return v.Stage != nil && !v.Stage.Deleting && a.staged && (a.block || v.Formatted != "") && a.unusable == ""
 }
 
 // publishReady reports whether the publish of v at target is fulfilled.
@@ -232,7 +247,12 @@ func diff(v *state.Volume, a *actual) []action {
 		acts = append(acts, action{kind: actUnmountStray, target: m, generation: st.Generation, reason: "mount of the volume at a path no record names"})
 	}
 	if st.Deleting {
-		if len(v.Publishes) == 0 {
+		// A device detached while something still holds it open (another
+		// mount namespace, the kubelet's own loop device on a block
+		// volume) goes away with its last user: wait for that, rather
+		// than detach it again and again.
+		waiting := a.loop != nil && a.loop.AutoClear && (a.block || !a.staged)
+		if len(v.Publishes) == 0 && !waiting {
 			acts = append(acts, action{kind: actUnstage, generation: st.Generation, reason: unstageReason(a)})
 		}
 		return acts
@@ -334,7 +354,7 @@ func stageReason(v *state.Volume, a *actual) string {
 
 func unstageReason(a *actual) string {
 	switch {
-	case a.staged:
+	case a.staged && !a.block:
 		return "staging mount present"
 	case a.loop != nil:
 		return "device attached"

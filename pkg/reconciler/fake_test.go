@@ -190,6 +190,17 @@ func (w *fakeWorld) Grow(dev string) error {
 	})
 }
 
+func (w *fakeWorld) BindDevice(dev, target string, ro bool) error {
+	return w.do("binddev "+target, func() string { return w.imageOf(dev) }, func() error {
+		if !w.dirs[filepath.Dir(target)] {
+			return fmt.Errorf("%s: %w", filepath.Dir(target), os.ErrNotExist)
+		}
+		w.dirs[target] = true // the file
+		w.mounts = append(w.mounts, state.Mount{Path: target, Dev: state.DevNum{Major: 0, Minor: 5}, Root: "/" + filepath.Base(dev), Source: "udev", FsType: "devtmpfs", ReadOnly: ro})
+		return nil
+	})
+}
+
 func (w *fakeWorld) GrowUnmounted(dev, fsType string) error {
 	return w.do("grow unmounted "+fsType, func() string { return w.imageOf(dev) }, func() error { return nil })
 }

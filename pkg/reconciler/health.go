@@ -63,9 +63,9 @@ func condition(v *state.Volume, a *actual, lost func(key state.IntentKey, gen in
 			v.ID, strings.Join(append([]string{a.loop.Device}, a.extraLoops...), ", "))
 	case stageLost && a.loop == nil:
 		return abnormal("DeviceDetached", "the loop device of volume %s is gone; attaching and mounting it again", v.ID)
-	case stageLost && a.stagingMount == nil:
+	case stageLost && a.stagingMount == nil && !a.block:
 		return staging("StagingMountMissing", "nothing is mounted at the staging path %s; mounting volume %s again", st.Path, v.ID)
-	case a.stagingMount != nil && !a.staged:
+	case a.stagingMount != nil && !a.staged && !a.block:
 		return staging("StagingPathTaken", "the staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
 	case a.unusable != "" && len(a.foreignMounts) > 0:
 		return abnormal("FilesystemUnusable", "volume %s: %s; it cannot be remounted while it is also mounted at %s", v.ID, a.unusable, strings.Join(a.foreignMounts, ", "))

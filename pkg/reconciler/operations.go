@@ -53,7 +53,7 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 		return state.Errorf(state.KindFailedPrecondition, "image of volume %s is attached more than once (%s and %s); refusing to mount it",
 			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
 	}
-	if a.staged {
+	if a.staged && !a.block {
 		return r.recordFormatted(v.ID, a.stagingMount.FsType, 0)
 	}
 	if a.stagingMount != nil {
@@ -81,6 +81,10 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 		dev = d
 	}
 
+	if st.Access == state.AccessBlock {
+		// A raw block volume is attached, never formatted nor mounted.
+		return nil
+	}
 	want := fsTypeOf(st)
 	have, err := r.cfg.Filesystems.DiskFormat(dev)
 	if errors.Is(err, devices.ErrPartitioned) {
@@ -160,6 +164,17 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 	if m := a.targets[target]; m != nil {
 		return state.Errorf(state.KindFailedPrecondition, "target %s holds another mount (%s)", target, m.Source)
 	}
+	if a.block {
+		// The target is a file, created by the plugin, on which the
+		// device node is bind mounted.
+		if err := r.cfg.Filesystems.BindDevice(a.loop.Device, target, p.ReadOnly); err != nil {
+			if errors.Is(err, devices.ErrSymlink) || errors.Is(err, devices.ErrOutsideRoots) {
+				return pathError("target path", target, err)
+			}
+			return fmt.Errorf("bind mounting %s at %s: %w", a.loop.Device, target, err)
+		}
+		return nil
+	}
 	if err := r.cfg.Paths.Mkdir(target); err != nil {
 		if errors.Is(err, devices.ErrSymlink) {
 			return pathError("target path", target, err)
@@ -212,7 +227,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 		// unstaging would pull it from under them. Refuse; never touch it.
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is still mounted at %s; unmount it before unstaging", v.ID, strings.Join(a.foreignMounts, ", "))
 	}
-	if a.staged {
+	if a.staged && !a.block {
 		if err := r.cfg.Filesystems.Unmount(st.Path); err != nil {
 			return fmt.Errorf("unmounting staging path %s: %w", st.Path, err)
 		}

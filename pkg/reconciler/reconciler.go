@@ -50,6 +50,9 @@ type Filesystems interface {
 	Resize(dev, mountPath string) error
 	// GrowUnmounted checks and grows the unmounted filesystem on dev.
 	GrowUnmounted(dev, fsType string) error
+	// BindDevice bind mounts the device node dev on the file target,
+	// creating the file.
+	BindDevice(dev, target string, ro bool) error
 }
 
 // Paths checks, creates and removes paths without following symlinks.

@@ -270,9 +270,15 @@ func (s *sim) stage(id string) {
 	s.update(id, func(v *state.Volume) {
 		if v.Stage == nil || v.Stage.Deleting {
 			v.Stage = stageSpec(stagingOf(id))
+			if id == blockVolume {
+				v.Stage.Access = state.AccessBlock
+			}
 		}
 	})
 }
+
+// blockVolume is staged and published as a raw block device.
+var blockVolume = volID(simVolumes - 1)
 
 func (s *sim) publish(id string, k int) {
 	s.world.mu.Lock()
@@ -287,6 +293,7 @@ func (s *sim) publish(id string, k int) {
 				v.Publishes = map[string]*state.Publish{}
 			}
 			v.Publishes[targetOf(id, k)] = publishSpec()
+			v.Publishes[targetOf(id, k)].Access = v.Stage.Access
 		}
 	})
 }
@@ -368,10 +375,12 @@ func (s *sim) randomStep() {
 		w.mu.Unlock()
 	case x < 80:
 		// The kubelet's directory is renamed under a mount: the mount
-		// moves with it, to a path no record names.
+		// moves with it, to a path no record names. (Not for the block
+		// volume: binds of a device node outside the records are the
+		// kubelet's own block mappings, which the plugin leaves alone.)
 		w.mu.Lock()
 		for i := range w.mounts {
-			if w.mounts[i].Path == targetOf(id, k) {
+			if w.mounts[i].Path == targetOf(id, k) && id != blockVolume {
 				s.note("outside: rename %s, moving its mount", podOf(id, k))
 				w.mounts[i].Path = "/k/moved/" + id + "-" + strconv.Itoa(s.step) + "/mount"
 				delete(w.corrupt, targetOf(id, k))
@@ -572,6 +581,10 @@ func (s *sim) checkCall(name, id string) {
 		if rec == nil || rec.Stage == nil || path != rec.Stage.Path || w.imageAt(path) != w.Path(id) {
 			s.violations = append(s.violations, fmt.Sprintf("%s: not the volume's staging mount", name))
 		}
+	case "binddev":
+		if rec == nil || rec.Publishes[path] == nil || rec.Stage == nil || rec.Stage.Access != state.AccessBlock {
+			s.violations = append(s.violations, fmt.Sprintf("invariant 3: %s without a recorded block publish", name))
+		}
 	case "detach":
 		if o := others(""); len(o) > 0 {
 			s.violations = append(s.violations, fmt.Sprintf("invariant 2: detach of %s while mounted at %v", id, o))
@@ -705,7 +718,9 @@ func (s *sim) checkConverged() {
 			if st.Deleting {
 				s.t.Errorf("%s: stage still being deleted after convergence", v.ID)
 			}
-			want[st.Path] = true
+			if st.Access == state.AccessMount {
+				want[st.Path] = true
+			}
 			if r, _ := s.store.Result(v.ID, state.StageKey); !r.Ready {
 				s.t.Errorf("%s: stage not ready after convergence: %+v", v.ID, r)
 			}

@@ -178,7 +178,6 @@ func TestAttackTable(t *testing.T) {
 		{"stage: no access type", stageReq("vol-a", staging, noAccessType), codes.InvalidArgument},
 		{"stage: no access mode", stageReq("vol-a", staging, &csi.VolumeCapability{AccessType: rwo.AccessType}), codes.InvalidArgument},
 		{"stage: multi-node mode", stageReq("vol-a", staging, mode(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)), codes.InvalidArgument},
-		{"stage: block access", stageReq("vol-a", staging, block), codes.InvalidArgument},
 		{"stage: unknown fs type", stageReq("vol-a", staging, mountCap("ntfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
 		{"stage: fs type with a space", stageReq("vol-a", staging, mountCap("ext4 ", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
 		{"stage: fs type as mount option", stageReq("vol-a", staging, mountCap("ext4,loop", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
@@ -211,6 +210,7 @@ func TestAttackTable(t *testing.T) {
 		{"publish: no capability", publishReq("vol-a", staging, target, nil), codes.InvalidArgument},
 		{"publish: flag bind", publishReq("vol-a", staging, target, flags("bind")), codes.InvalidArgument},
 		{"publish: not staged", publishReq("vol-a", staging, target, rwo), codes.FailedPrecondition},
+		{"publish: block, not staged", publishReq("vol-a", staging, target, block), codes.FailedPrecondition},
 		{"publish: unknown volume", publishReq("no-such-volume", staging, target, rwo), codes.FailedPrecondition},
 		// Unpublish, unstage.
 		{"unpublish: empty ID", unpublishReq("", target), codes.InvalidArgument},

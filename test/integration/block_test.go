@@ -1,0 +1,74 @@
+package integration
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+var rawBlock = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
+// TestRawBlockVolume stages and publishes a volume as a raw device: the
+// target is a file through which the device is written and read back; the
+// stats report its size; it grows online; and teardown leaves nothing.
+func TestRawBlockVolume(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	createSized(t, p, "raw", 32<<20)
+	staging := mkdir(t, filepath.Join(p.Root, "staging-raw"))
+	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-raw")), "dev")
+	must(t, "stage", stage(t, p, "raw", staging, rawBlock))
+	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: "raw", StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
+	must(t, "publish", err)
+
+	payload := bytes.Repeat([]byte("converge"), 512)
+	f, err := os.OpenFile(target, os.O_RDWR, 0)
+	must(t, "open the target", err)
+	_, err = f.WriteAt(payload, 1<<20)
+	must(t, "write through the target", err)
+	must(t, "sync", f.Sync())
+	f.Close()
+	got := make([]byte, len(payload))
+	img, err := os.Open(filepath.Join(p.DataDir, "raw.img"))
+	must(t, "open image", err)
+	_, err = img.ReadAt(got, 1<<20)
+	img.Close()
+	must(t, "read the image", err)
+	if !bytes.Equal(got, payload) {
+		t.Fatal("what was written through the target is not in the volume's image")
+	}
+
+	st, err := p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "raw", VolumePath: target})
+	must(t, "stats", err)
+	if u := st.GetUsage(); len(u) != 1 || u[0].GetUnit() != csi.VolumeUsage_BYTES || u[0].GetTotal() != 32<<20 {
+		t.Errorf("stats: got %v, want the device's 32 MiB", u)
+	}
+
+	_, err = p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "raw", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
+	must(t, "controller expand", err)
+	_, err = p.Node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "raw", VolumePath: target, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
+	must(t, "node expand", err)
+	f, err = os.Open(target)
+	must(t, "open the target", err)
+	end, err := f.Seek(0, 2)
+	f.Close()
+	if err != nil || end != 64<<20 {
+		t.Errorf("device size through the target after growth: %d, %v; want %d", end, err, 64<<20)
+	}
+
+	unpublish(t, p, "raw", target)
+	if _, err := os.Stat(target); !os.IsNotExist(err) {
+		t.Errorf("target file after unpublish: %v", err)
+	}
+	unstage(t, p, "raw", staging)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "raw"})
+	must(t, "delete", err)
+}
