@@ -21,8 +21,10 @@ var healthTypes = map[state.Health]csi.VolumeHealthErrorType{
 // NodeGetVolumeHealth reports the health of a volume as the reconciler last
 // observed it: no entry when it is healthy or not yet looked at, one entry
 // naming the problem otherwise. It reads memory only and never blocks. A
-// volume without a record on this node is NOT_FOUND; the paths, optional in
-// CSI, are not needed since the record names them.
+// volume whose stage was just refused and rolled back for lost data is
+// reported DATA_LOSS (CSI lets a CO ask about a volume it failed to stage);
+// any other volume without a record on this node is NOT_FOUND. The paths,
+// optional in CSI, are not needed since the record names them.
 func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
@@ -32,6 +34,11 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
 	}
 	if _, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) {
+		if f, ok := s.cfg.Store.LastFinal(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {
+			return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: id, HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{
+				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: f.Err.Message,
+			}}}}, nil
+		}
 		return nil, status.Errorf(codes.NotFound, "volume %s not found on this node", id)
 	} else if err != nil {
 		return nil, Status(err)

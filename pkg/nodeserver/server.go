@@ -20,6 +20,7 @@ type Store interface {
 	FinalFor(id string, key state.IntentKey, gen int64) *state.Error
 	Watch(id string) <-chan struct{}
 	Condition(id string) state.Condition
+	LastFinal(id string, key state.IntentKey) (state.Final, bool)
 }
 
 // Kicker asks the reconciler for a pass.

@@ -98,11 +98,11 @@ func (e *executor) lastFailure(id string, key state.IntentKey, gen int64) *failu
 	return nil
 }
 
-// lastGrowFailure returns the latest failure of a volume's growth, or nil.
-func (e *executor) lastGrowFailure(id string) *failure {
+// latestFailure returns the latest failed action of a volume, or nil.
+func (e *executor) latestFailure(id string) *failure {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if f := e.failures[id]; f != nil && f.act.key() == state.ExpandKey {
+	if f := e.failures[id]; f != nil {
 		c := *f
 		return &c
 	}

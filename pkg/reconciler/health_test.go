@@ -261,3 +261,31 @@ func TestNoFreeLoopDeviceIsResourceExhausted(t *testing.T) {
 		t.Errorf("stage after running out of loop devices: got %+v, want it kept and retried", got.Stage)
 	}
 }
+
+func TestRepeatedFailuresAreDegraded(t *testing.T) {
+	h := newHarness(t)
+	h.stagedAndPublished("v1")
+	// A second pod's publish keeps failing.
+	target := "/k/pod-v1/second"
+	h.world.fail["bind "+target] = errors.New("EBUSY")
+	h.update("v1", func(v *state.Volume) { v.Publishes[target] = publishSpec() })
+	for i := range repeatedFailures {
+		h.r.Pass(t.Context())
+		h.r.exec.wait()
+		h.clock.Step(DefaultBackoffMax)
+		if c := h.store.Condition("v1"); i < repeatedFailures-1 && c.Reason == "OperationFailing" {
+			t.Fatalf("after %d failures: got %+v, want not yet OperationFailing", i+1, c)
+		}
+	}
+	h.r.Pass(t.Context())
+	h.r.exec.wait()
+	if c := h.store.Condition("v1"); c.Health != state.Degraded || c.Reason != "OperationFailing" || !strings.Contains(c.Message, "publish "+target) {
+		t.Errorf("condition: got %+v, want DEGRADED OperationFailing naming the publish", c)
+	}
+	delete(h.world.fail, "bind "+target)
+	h.clock.Step(DefaultBackoffMax)
+	h.settle()
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition after the publish was made: got %+v, want normal", c)
+	}
+}

@@ -69,6 +69,10 @@ type Images interface {
 	Size(id string) (int64, error)
 }
 
+// repeatedFailures is how many failures in a row of one operation make a
+// volume DEGRADED: one or two are the ordinary retries of a busy node.
+const repeatedFailures = 3
+
 // Defaults of Config.
 const (
 	DefaultResyncPeriod   = 10 * time.Second
@@ -293,10 +297,17 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 	if st := v.Stage; st != nil && !st.Deleting {
 		if f := r.exec.lastFailure(v.ID, state.StageKey, st.Generation); f != nil && f.err.Kind == state.KindDataLoss {
 			cond.Abnormal, cond.Health, cond.Reason, cond.Message = true, state.DataLost, "FilesystemMissing", f.err.Message
-		} else if f := r.exec.lastGrowFailure(v.ID); f != nil && !cond.Abnormal {
-			cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
-			cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
-				v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
+		} else if f := r.exec.latestFailure(v.ID); f != nil && !cond.Abnormal {
+			switch {
+			case f.act.key() == state.ExpandKey:
+				cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
+				cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
+					v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
+			case f.attempts >= repeatedFailures:
+				cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "OperationFailing"
+				cond.Message = fmt.Sprintf("%s of volume %s failed %d times in a row (%s); retrying at %s",
+					f.act, v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
+			}
 		}
 	}
 	report := func(key state.IntentKey, gen int64, ready bool) {
@@ -332,10 +343,11 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 	}
 	r.cfg.Store.SetCondition(v.ID, cond)
 	logger := klog.FromContext(ctx)
+	// Log when the reason changes; the failures behind it log each retry.
 	switch prev := r.reported[v.ID]; {
-	case cond.Abnormal && prev != cond.Message:
+	case cond.Abnormal && prev != cond.Reason:
 		logger.Info("Volume is abnormal", "volumeID", v.ID, "reason", cond.Reason, "message", cond.Message)
-		r.reported[v.ID] = cond.Message
+		r.reported[v.ID] = cond.Reason
 	case !cond.Abnormal && prev != "":
 		logger.Info("Volume is back to normal", "volumeID", v.ID, "was", prev)
 		delete(r.reported, v.ID)

@@ -328,6 +328,15 @@ func (s *Store) FinalFor(id string, key IntentKey, gen int64) *Error {
 	return nil
 }
 
+// LastFinal returns the latest terminal failure of one intent of id,
+// whatever its generation; ok is false when there is none.
+func (s *Store) LastFinal(id string, key IntentKey) (f Final, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f, ok = s.finals[id][key]
+	return f, ok
+}
+
 // DropFinals forgets the terminal failures of id, e.g. when the volume is
 // deleted.
 func (s *Store) DropFinals(id string) {
