@@ -40,6 +40,8 @@ func main() {
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory of the volume images (default <state-dir>/volumes)")
 	fs.StringVar(&cfg.KubeletDir, "kubelet-dir", driver.DefaultKubeletDir, "kubelet root; staging and target paths must lie inside it")
 	fs.Var(&prefixes, "allowed-path-prefix", "extra directory staging and target paths may lie in (repeatable)")
+	var devicePrefixes listFlag
+	fs.Var(&devicePrefixes, "allowed-device-prefix", "directory of stable device paths (e.g. /dev/disk/by-id) that static volumes may name (repeatable; none: static volumes are off)")
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", nodeserver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
@@ -54,6 +56,7 @@ func main() {
 		return
 	}
 	cfg.AllowedPathPrefixes = prefixes
+	cfg.AllowedDevicePrefixes = devicePrefixes
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -37,6 +37,9 @@ type Config struct {
 	KubeletDir string
 	// AllowedPathPrefixes are extra roots for staging and target paths.
 	AllowedPathPrefixes []string
+	// AllowedDevicePrefixes are the directories whose entries a static
+	// volume may name as its device; none disables static volumes.
+	AllowedDevicePrefixes []string
 	// ResyncPeriod is the time between reconcile passes without a kick.
 	ResyncPeriod time.Duration
 	// MaxWait is the longest an RPC waits when its context has no deadline.
@@ -68,7 +71,8 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxVolumes < 0 {
 		return c, errors.New("max volumes must not be negative")
 	}
-	for _, d := range append([]string{c.StateDir, c.DataDir, c.KubeletDir}, c.AllowedPathPrefixes...) {
+	dirs := append([]string{c.StateDir, c.DataDir, c.KubeletDir}, c.AllowedPathPrefixes...)
+	for _, d := range append(dirs, c.AllowedDevicePrefixes...) {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
 			return c, fmt.Errorf("directory %q must be an absolute, clean path other than /", d)
 		}

@@ -64,7 +64,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := images.RemoveStaleTemps(); err != nil {
 		return fmt.Errorf("removing interrupted image creations: %w", err)
 	}
+	var static reconciler.Static
+	if len(cfg.AllowedDevicePrefixes) > 0 {
+		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
+	}
 	rec, err := reconciler.New(reconciler.Config{
+		Static:       static,
 		Store:        store,
 		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"},
 		Loops:        devices.LoopDevices{},
@@ -80,16 +85,17 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	topology := map[string]string{TopologyKey: cfg.NodeID}
 	node, err := nodeserver.New(nodeserver.Config{
-		Store:       store,
-		Kicker:      rec,
-		Stat:        devices.Statfs,
-		Capacity:    images.Size,
-		NodeID:      cfg.NodeID,
-		MaxVolumes:  cfg.MaxVolumes,
-		Topology:    topology,
-		Roots:       cfg.roots(),
-		MaxWait:     cfg.MaxWait,
-		MaxRequests: cfg.MaxRequests,
+		Store:          store,
+		Kicker:         rec,
+		Stat:           devices.Statfs,
+		Capacity:       images.Size,
+		NodeID:         cfg.NodeID,
+		MaxVolumes:     cfg.MaxVolumes,
+		Topology:       topology,
+		Roots:          cfg.roots(),
+		DevicePrefixes: cfg.AllowedDevicePrefixes,
+		MaxWait:        cfg.MaxWait,
+		MaxRequests:    cfg.MaxRequests,
 	})
 	if err != nil {
 		return err

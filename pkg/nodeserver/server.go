@@ -61,6 +61,9 @@ type Config struct {
 	Topology map[string]string
 	// Roots are the directories staging and target paths must lie in.
 	Roots []string
+	// DevicePrefixes are the directories a static volume's device path
+	// must lie in; none disables static volumes.
+	DevicePrefixes []string
 	// MaxWait is the longest an RPC waits when its context has no deadline.
 	MaxWait time.Duration
 	// StatsTimeout bounds NodeGetVolumeStats' statfs.

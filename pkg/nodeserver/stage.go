@@ -27,7 +27,14 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err := checkVolumeContext(req.GetVolumeContext()); err != nil {
 		return nil, err
 	}
+	device, static := req.GetVolumeContext()[DeviceAttribute]
+	if static {
+		if err := s.checkDevice(device); err != nil {
+			return nil, err
+		}
+	}
 	spec := &state.Stage{
+		Device:     device,
 		Path:       req.GetStagingTargetPath(),
 		Access:     c.Access,
 		FsType:     c.FsType,

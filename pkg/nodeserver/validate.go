@@ -135,18 +135,36 @@ func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
 // external-provisioner's identity. converge reads none of them.
 var ignoredContextPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
 
+// DeviceAttribute is the volume attribute of a static PV that names its
+// existing block device by a stable path under an allowed device prefix.
+const DeviceAttribute = "converge.csi.dev/device"
+
 // checkVolumeContext refuses volume attributes converge does not know, and
 // names them, so that a typo in a PV is not silently ignored.
 func checkVolumeContext(vc map[string]string) error {
 	var unknown []string
 	for k := range vc {
-		if !slices.ContainsFunc(ignoredContextPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
+		if k != DeviceAttribute && !slices.ContainsFunc(ignoredContextPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
 			unknown = append(unknown, fmt.Sprintf("%q", k))
 		}
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
 		return invalid("unknown volume attributes: %s", strings.Join(unknown, ", "))
+	}
+	return nil
+}
+
+// checkDevice validates the device path of a static volume: absolute, clean
+// and inside an allowed device prefix. Symlinks below the prefix are what
+// stable paths are made of; the device layer resolves them and checks that
+// a block device is at the end.
+func (s *Server) checkDevice(path string) error {
+	if len(s.cfg.DevicePrefixes) == 0 {
+		return invalid("volume attribute %s names a device, but static devices are not enabled (--allowed-device-prefix)", DeviceAttribute)
+	}
+	if _, _, err := state.Beneath(path, s.cfg.DevicePrefixes); err != nil {
+		return invalid("volume attribute %s: %v", DeviceAttribute, err)
 	}
 	return nil
 }

@@ -121,6 +121,9 @@ type actual struct {
 	// block is true for a raw block volume: staged means attached, and a
 	// publish is a bind mount of the device node.
 	block bool
+	// static is true for a volume on an existing block device (loop is
+	// that device, when it is there): it is never attached nor detached.
+	static bool
 }
 
 // published reports whether target holds a bind mount of the volume: of
@@ -154,9 +157,12 @@ type checkMount func(path string) error
 // observeVolume derives v's actual state from snap. image is the volume's
 // backing file; check probes the mount points of the volume's filesystem;
 // roots are the directories the plugin owns mounts in.
-func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check checkMount, roots []string) *actual {
+// A static volume's device, resolved by the caller, is staticDev.
+func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check checkMount, roots []string, staticDev *state.Loop) *actual {
 	a := &actual{targets: make(map[string]*state.Mount, len(v.Publishes))}
-	if ls := snap.LoopsFor(image); len(ls) > 0 {
+	if v.Stage != nil && v.Stage.Device != "" {
+		a.static, a.loop = true, staticDev
+	} else if ls := snap.LoopsFor(image); len(ls) > 0 {
 		a.loop = &ls[0]
 		for _, l := range ls[1:] {
 			a.extraLoops = append(a.extraLoops, l.Device)
@@ -251,7 +257,7 @@ func diff(v *state.Volume, a *actual) []action {
 		// mount namespace, the kubelet's own loop device on a block
 		// volume) goes away with its last user: wait for that, rather
 		// than detach it again and again.
-		waiting := a.loop != nil && a.loop.AutoClear && (a.block || !a.staged)
+		waiting := a.loop != nil && a.loop.AutoClear && (a.block || !a.staged) && !a.static
 		if len(v.Publishes) == 0 && !waiting {
 			acts = append(acts, action{kind: actUnstage, generation: st.Generation, reason: unstageReason(a)})
 		}
@@ -356,7 +362,7 @@ func unstageReason(a *actual) string {
 	switch {
 	case a.staged && !a.block:
 		return "staging mount present"
-	case a.loop != nil:
+	case a.loop != nil && !a.static:
 		return "device attached"
 	}
 	return "verified gone"

@@ -59,8 +59,17 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 	if a.stagingMount != nil {
 		return state.Errorf(state.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
 	}
+	if a.static {
+		if err := r.checkIdentity(v, a); err != nil {
+			return err
+		}
+	}
 	// devSize is the size the device has, which a new filesystem fills.
-	devSize, err := r.cfg.Images.Size(v.ID)
+	var devSize int64
+	var err error
+	if !a.static {
+		devSize, err = r.cfg.Images.Size(v.ID)
+	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return state.Terminalf(state.KindNotFound, "volume %s does not exist", v.ID)
@@ -233,7 +242,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 		}
 		return nil
 	}
-	if a.loop != nil {
+	if a.loop != nil && !a.static {
 		if err := r.cfg.Loops.Detach(a.loop.Device); err != nil {
 			return fmt.Errorf("detaching %s: %w", a.loop.Device, err)
 		}
@@ -315,4 +324,41 @@ func (r *Reconciler) growFs(v *state.Volume, a *actual) error {
 		return nil
 	})
 	return err
+}
+
+// checkIdentity makes sure a static volume's device is there and is the
+// device it was first staged on, and records its identity at the first
+// stage. Another device at the same path is refused for good: fail closed.
+func (r *Reconciler) checkIdentity(v *state.Volume, a *actual) error {
+	st := v.Stage
+	if r.cfg.Static == nil {
+		return state.Terminalf(state.KindInvalidArgument, "volume %s names device %s, but static devices are not enabled", v.ID, st.Device)
+	}
+	if a.loop == nil {
+		_, err := r.cfg.Static.Resolve(st.Device)
+		if errors.Is(err, devices.ErrOutsideRoots) {
+			return state.Terminalf(state.KindInvalidArgument, "device %s of volume %s: %v", st.Device, v.ID, err)
+		}
+		// Missing for now (a disk not yet attached): retried.
+		return state.Errorf(state.KindFailedPrecondition, "device %s of volume %s is not usable: %v", st.Device, v.ID, err)
+	}
+	id, err := r.cfg.Static.Identity(*a.loop)
+	if err != nil {
+		return fmt.Errorf("identifying %s: %w", a.loop.Device, err)
+	}
+	switch {
+	case id == "":
+		return state.Terminalf(state.KindFailedPrecondition, "device %s (%s) of volume %s has no WWID, serial or other identity; refusing to use a device that cannot be told from another", st.Device, a.loop.Device, v.ID)
+	case v.DeviceID != "" && id != v.DeviceID:
+		return state.Terminalf(state.KindFailedPrecondition, "device %s of volume %s is now %s (%s), not %s that it was first staged on; refusing it", st.Device, v.ID, a.loop.Device, id, v.DeviceID)
+	case v.DeviceID == "":
+		_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
+			if cur.DeviceID == "" {
+				cur.DeviceID = id
+			}
+			return nil
+		})
+		return err
+	}
+	return nil
 }

@@ -73,6 +73,14 @@ type Images interface {
 // volume DEGRADED: one or two are the ordinary retries of a busy node.
 const repeatedFailures = 3
 
+// Static resolves the existing block devices of static volumes.
+type Static interface {
+	// Resolve returns the device at a stable path.
+	Resolve(path string) (state.Loop, error)
+	// Identity returns what identifies the device, "" when nothing does.
+	Identity(l state.Loop) (string, error)
+}
+
 // Defaults of Config.
 const (
 	DefaultResyncPeriod   = 10 * time.Second
@@ -91,6 +99,8 @@ type Config struct {
 	Paths       Paths
 	Images      Images
 	Clock       clock.WithTicker
+	// Static resolves static volumes' devices; nil when they are off.
+	Static Static
 
 	// Roots are the directories the plugin may unmount orphaned mounts in;
 	// mounts elsewhere are never touched.
@@ -244,7 +254,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	}
 	for _, v := range vols {
 		ids[v.ID] = true
-		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots)
+		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
 		acts := diff(v, a)
 		r.publishResults(ctx, v, a)
 		if len(acts) > 0 {
@@ -281,6 +291,19 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 		}
 	}
 	return started, nil
+}
+
+// staticDevice resolves the device of a static volume; nil when v is not
+// one, or its device is not there now (the stage then says why).
+func (r *Reconciler) staticDevice(v *state.Volume) *state.Loop {
+	if v.Stage == nil || v.Stage.Device == "" || r.cfg.Static == nil {
+		return nil
+	}
+	l, err := r.cfg.Static.Resolve(v.Stage.Device)
+	if err != nil {
+		return nil
+	}
+	return &l
 }
 
 // publishResults reports, for each live intent of v, whether it is

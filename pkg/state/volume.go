@@ -27,6 +27,10 @@ type Stage struct {
 	FsType string `json:"fsType,omitempty"`
 	// MountFlags are the extra mount options for the staging mount.
 	MountFlags []string `json:"mountFlags,omitempty"`
+	// Device is the stable path of the existing block device a static
+	// volume lives on; empty for a volume on an image of the data
+	// directory.
+	Device string `json:"device,omitempty"`
 	// AccessMode is the CSI access mode name, e.g. SINGLE_NODE_WRITER.
 	AccessMode string `json:"accessMode"`
 	// ReadOnly is true for reader-only access modes: the device is never
@@ -75,6 +79,10 @@ type Volume struct {
 	Formatted string `json:"formatted,omitempty"`
 	// Expand is the capacity NodeExpandVolume asked for; nil when none.
 	Expand *Expand `json:"expand,omitempty"`
+	// DeviceID identifies the device of a static volume, as found at its
+	// first stage (the filesystem's UUID, or the device's WWID or serial);
+	// another device at the same path is refused.
+	DeviceID string `json:"deviceID,omitempty"`
 	// FsSize is the device size, in bytes, that the filesystem was last
 	// grown to fill; 0 when unknown. A filesystem on a larger device is
 	// grown, at expansion, at stage and after a restart.
@@ -136,7 +144,7 @@ func (s *Stage) SameSpec(o *Stage) bool {
 	if s == nil || o == nil {
 		return s == o
 	}
-	return s.Path == o.Path && s.Access == o.Access && s.FsType == o.FsType &&
+	return s.Path == o.Path && s.Access == o.Access && s.FsType == o.FsType && s.Device == o.Device &&
 		slices.Equal(s.MountFlags, o.MountFlags) && s.AccessMode == o.AccessMode &&
 		s.ReadOnly == o.ReadOnly
 }
