@@ -59,8 +59,8 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 }
 
 // FormatAndMount mounts the filesystem on dev at target, first running fsck
-// for a read-write mount, and formats dev as fsType only if blkid finds it
-// empty. The caller decides whether formatting is allowed before calling.
+// for a read-write mount, and formats dev as fsType (with mkfsOptions) only
+// if blkid finds it empty. The caller decides whether formatting is allowed before calling.
 //
 // mount(8) takes a path, so the mount is verified after it is made: target,
 // resolved again beneath the roots without symlinks, must be the root of
@@ -68,8 +68,8 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 // between the check and the mount; the misplaced mount, which is the
 // plugin's own, is found by its device and removed, and the call fails with
 // ErrMisplacedMount.
-func (m *Mounter) FormatAndMount(dev, target, fsType string, options []string) error {
-	if err := m.sfm.FormatAndMount(dev, target, fsType, options); err != nil {
+func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error {
+	if err := m.sfm.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
 		return err
 	}
 	err := m.paths.CheckMountedAt(dev, target)

@@ -87,13 +87,28 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	var unknown []string
 	for k := range req.GetParameters() {
-		if !strings.HasPrefix(k, k8sParamPrefix) {
+		if !strings.HasPrefix(k, k8sParamPrefix) && k != nodeserver.MkfsOptionsKey {
 			unknown = append(unknown, k)
 		}
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
 		return nil, status.Errorf(codes.InvalidArgument, "unknown parameters: %s", strings.Join(unknown, ", "))
+	}
+	// mkfs options are checked now, for the filesystem the volume will
+	// carry, and handed to the node in the volume's attributes.
+	volumeContext := map[string]string{}
+	if opts, ok := req.GetParameters()[nodeserver.MkfsOptionsKey]; ok {
+		fsType := req.GetParameters()[k8sParamPrefix+"fstype"]
+		for _, c := range req.GetVolumeCapabilities() {
+			if fs := c.GetMount().GetFsType(); fs != "" {
+				fsType = fs
+			}
+		}
+		if _, err := nodeserver.CheckMkfsOptions(fsType, opts); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+		}
+		volumeContext[nodeserver.MkfsOptionsKey] = opts
 	}
 	if req.GetVolumeContentSource() != nil {
 		return nil, status.Error(codes.InvalidArgument, "snapshots and cloning are not supported")
@@ -113,7 +128,7 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		if cur < required || limit > 0 && cur > limit {
 			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", name, cur, required, limit)
 		}
-		return c.response(name, cur), nil
+		return c.response(name, cur, volumeContext), nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, status.Errorf(codes.Internal, "checking volume %s: %v", name, err)
 	}
@@ -123,11 +138,15 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 		return nil, status.Errorf(codes.Internal, "creating volume %s: %v", name, err)
 	}
-	return c.response(name, size), nil
+	return c.response(name, size, volumeContext), nil
 }
 
-func (c *controller) response(id string, size int64) *csi.CreateVolumeResponse {
-	return &csi.CreateVolumeResponse{Volume: c.volume(id, size)}
+func (c *controller) response(id string, size int64, volumeContext map[string]string) *csi.CreateVolumeResponse {
+	v := c.volume(id, size)
+	if len(volumeContext) > 0 {
+		v.VolumeContext = volumeContext
+	}
+	return &csi.CreateVolumeResponse{Volume: v}
 }
 
 func (c *controller) volume(id string, size int64) *csi.Volume {

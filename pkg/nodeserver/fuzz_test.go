@@ -67,3 +67,33 @@ func FuzzParseCapability(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCheckMkfsOptions checks the mkfs option policy: whatever it accepts
+// is pairs of an allowed flag and a value that names no path and holds no
+// shell or separator character.
+func FuzzCheckMkfsOptions(f *testing.F) {
+	f.Add("ext4", "-b 4096 -i 8192")
+	f.Add("xfs", "-m reflink=1")
+	f.Add("ext4", "-J device=/dev/sda")
+	f.Add("btrfs", "-n 16384 -F x")
+	f.Fuzz(func(t *testing.T, fsType, value string) {
+		args, err := CheckMkfsOptions(fsType, value)
+		if err != nil {
+			return
+		}
+		if len(args)%2 != 0 {
+			t.Fatalf("%q: odd arguments %q", value, args)
+		}
+		if fsType == "" {
+			fsType = "ext4"
+		}
+		for i := 0; i < len(args); i += 2 {
+			if !mkfsPolicy[fsType][args[i]] {
+				t.Fatalf("%q: flag %q accepted for %s", value, args[i], fsType)
+			}
+			if strings.ContainsAny(args[i+1], "/ ;$`|&<>\\\"'\x00\n") || strings.HasPrefix(args[i+1], "-") {
+				t.Fatalf("%q: value %q accepted", value, args[i+1])
+			}
+		}
+	})
+}

@@ -33,14 +33,22 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 			return nil, err
 		}
 	}
+	mkfsOptions, err := CheckMkfsOptions(c.FsType, req.GetVolumeContext()[MkfsOptionsKey])
+	if err != nil {
+		return nil, invalid("%v", err)
+	}
+	if c.Access == state.AccessBlock {
+		mkfsOptions = nil // nothing is formatted
+	}
 	spec := &state.Stage{
-		Device:     device,
-		Path:       req.GetStagingTargetPath(),
-		Access:     c.Access,
-		FsType:     c.FsType,
-		MountFlags: c.MountFlags,
-		AccessMode: c.Mode,
-		ReadOnly:   c.ReadOnly,
+		MkfsOptions: mkfsOptions,
+		Device:      device,
+		Path:        req.GetStagingTargetPath(),
+		Access:      c.Access,
+		FsType:      c.FsType,
+		MountFlags:  c.MountFlags,
+		AccessMode:  c.Mode,
+		ReadOnly:    c.ReadOnly,
 	}
 	release, err := s.admit()
 	if err != nil {

@@ -144,7 +144,7 @@ const DeviceAttribute = "converge.csi.dev/device"
 func checkVolumeContext(vc map[string]string) error {
 	var unknown []string
 	for k := range vc {
-		if k != DeviceAttribute && !slices.ContainsFunc(ignoredContextPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
+		if k != DeviceAttribute && k != MkfsOptionsKey && !slices.ContainsFunc(ignoredContextPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
 			unknown = append(unknown, fmt.Sprintf("%q", k))
 		}
 	}

@@ -291,7 +291,7 @@ func (w *fakeWorld) mountsOfLocked(num state.DevNum) []state.Mount {
 	return out
 }
 
-func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options []string) error {
+func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error {
 	return w.do("mount "+target, func() string { return w.imageOf(dev) }, func() error {
 		image := w.imageOf(dev)
 		if image == "" {

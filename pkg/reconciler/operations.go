@@ -121,7 +121,7 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 			grown = devSize
 		}
 	}
-	if err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want)); err != nil {
+	if err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want), st.MkfsOptions); err != nil {
 		return fmt.Errorf("mounting %s at %s: %w", dev, st.Path, err)
 	}
 	if have == "" {

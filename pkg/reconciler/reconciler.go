@@ -43,7 +43,7 @@ type Loops interface {
 // Filesystems probes, formats and mounts.
 type Filesystems interface {
 	DiskFormat(dev string) (string, error)
-	FormatAndMount(dev, target, fsType string, options []string) error
+	FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error
 	BindMount(source, target string, options []string) error
 	Unmount(target string) error
 	// Resize grows the filesystem on dev, mounted at mountPath, online.

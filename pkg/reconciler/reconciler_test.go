@@ -410,12 +410,12 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	}
 	h.world.fs[h.world.Path("ghost")] = "ext4"
 	h.world.dirs["/k/old"] = true
-	if err := h.world.FormatAndMount(ghost, "/k/old", "ext4", nil); err != nil {
+	if err := h.world.FormatAndMount(ghost, "/k/old", "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	foreign, _ := h.world.Attach(h.world.Path("foreign"))
 	h.world.fs[h.world.Path("foreign")] = "ext4"
-	h.world.FormatAndMount(foreign, "/mnt/admin", "ext4", nil)
+	h.world.FormatAndMount(foreign, "/mnt/admin", "ext4", nil, nil)
 	// A device of another directory is never ours.
 	h.world.Attach("/elsewhere/disk.img")
 	// A volume staged normally is left alone.
@@ -465,5 +465,19 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 	r, _ := h.store.Result("v1", state.StageKey)
 	if r.Err == nil || !strings.Contains(r.Err.Message, "attached more than once") {
 		t.Errorf("result: got %+v, want a failure naming the double attachment", r)
+	}
+}
+
+func TestStageOptionsPassFlagsThrough(t *testing.T) {
+	st := stageSpec("/s")
+	st.MountFlags = []string{`context="system_u:object_r:container_file_t:s0:c1,c2"`, "noatime"}
+	got := stageOptions(st, "ext4")
+	want := []string{`context="system_u:object_r:container_file_t:s0:c1,c2"`, "noatime", "errors=remount-ro"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ext4: got %q, want %q", got, want)
+	}
+	st.ReadOnly = true
+	if got := stageOptions(st, "xfs"); !slices.Contains(got, "ro") || !slices.Contains(got, "nouuid") || slices.Contains(got, "errors=remount-ro") {
+		t.Errorf("read-only xfs: got %q, want ro and nouuid and no ext4 option", got)
 	}
 }

@@ -27,6 +27,9 @@ type Stage struct {
 	FsType string `json:"fsType,omitempty"`
 	// MountFlags are the extra mount options for the staging mount.
 	MountFlags []string `json:"mountFlags,omitempty"`
+	// MkfsOptions are extra mkfs arguments, used only if the device is
+	// formatted.
+	MkfsOptions []string `json:"mkfsOptions,omitempty"`
 	// Device is the stable path of the existing block device a static
 	// volume lives on; empty for a volume on an image of the data
 	// directory.
@@ -111,6 +114,7 @@ func (v *Volume) DeepCopy() *Volume {
 	if v.Stage != nil {
 		s := *v.Stage
 		s.MountFlags = slices.Clone(v.Stage.MountFlags)
+		s.MkfsOptions = slices.Clone(v.Stage.MkfsOptions)
 		out.Stage = &s
 	}
 	if v.Expand != nil {
@@ -145,7 +149,7 @@ func (s *Stage) SameSpec(o *Stage) bool {
 		return s == o
 	}
 	return s.Path == o.Path && s.Access == o.Access && s.FsType == o.FsType && s.Device == o.Device &&
-		slices.Equal(s.MountFlags, o.MountFlags) && s.AccessMode == o.AccessMode &&
+		slices.Equal(s.MountFlags, o.MountFlags) && slices.Equal(s.MkfsOptions, o.MkfsOptions) && s.AccessMode == o.AccessMode &&
 		s.ReadOnly == o.ReadOnly
 }
 
