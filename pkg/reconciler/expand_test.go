@@ -57,9 +57,7 @@ func TestFailedGrowIsRetriedAndReportedNotUndone(t *testing.T) {
 	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready {
 		t.Errorf("expand after the retry: got %+v, want ready", r)
 	}
-	if c := h.store.Condition("v1"); c.Abnormal {
-		t.Errorf("condition after the retry: got %+v, want normal", c)
-	}
+	h.wantNormal("v1", "after the retry")
 }
 
 func TestFoundXFSIsGrownOnlineAfterStage(t *testing.T) {

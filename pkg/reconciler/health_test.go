@@ -27,6 +27,14 @@ func (h *harness) stagedAndPublished(id string) (staging, target string) {
 	return staging, target
 }
 
+// wantNormal fails the test unless volume id's condition is normal.
+func (h *harness) wantNormal(id, when string) {
+	h.t.Helper()
+	if c := h.store.Condition(id); c.Abnormal {
+		h.t.Errorf("condition %s: got %+v, want normal", when, c)
+	}
+}
+
 // callsSince returns the calls made after the first n.
 func (h *harness) callsSince(n int) string {
 	return strings.Join(h.world.Calls()[n:], ",")
@@ -43,9 +51,7 @@ func TestShutDownFilesystemIsRemounted(t *testing.T) {
 	if got := h.callsSince(n); got != want {
 		t.Errorf("calls:\n got %s\nwant %s", got, want)
 	}
-	if c := h.store.Condition("v1"); c.Abnormal {
-		t.Errorf("condition after repair: got %+v, want normal", c)
-	}
+	h.wantNormal("v1", "after repair")
 	if got := strings.Join(h.world.Calls(), ","); strings.Count(got, "mkfs") != 1 {
 		t.Errorf("calls: got %s, want exactly one mkfs", got)
 	}
@@ -93,9 +99,7 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 	delete(h.world.deadSuper, image)
 	h.clock.Step(DefaultBackoffMax)
 	h.settle()
-	if c := h.store.Condition("v1"); c.Abnormal {
-		t.Errorf("condition after the superblock is released: got %+v, want normal", c)
-	}
+	h.wantNormal("v1", "after the superblock is released")
 	if _, retry := h.r.exec.blocked("v1", action{kind: actUnmountStaging}); !retry.IsZero() {
 		t.Errorf("repair backoff after healing: got retry at %v, want none", retry)
 	}
@@ -135,9 +139,7 @@ func TestReadOnlyAfterErrorsWaitsForPublishesToGo(t *testing.T) {
 	if got := h.callsSince(n); got != want {
 		t.Errorf("calls:\n got %s\nwant %s", got, want)
 	}
-	if c := h.store.Condition("v1"); c.Abnormal {
-		t.Errorf("condition after remount: got %+v, want normal", c)
-	}
+	h.wantNormal("v1", "after remount")
 }
 
 func TestCorruptedTargetIsRemounted(t *testing.T) {
@@ -177,9 +179,7 @@ func TestDetachedFromOutsideIsKept(t *testing.T) {
 	if got, want := h.callsSince(n), "keep "+l.Device; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
-	if c := h.store.Condition("v1"); c.Abnormal {
-		t.Errorf("condition after keep: got %+v, want normal", c)
-	}
+	h.wantNormal("v1", "after keep")
 }
 
 func TestConditionNamesUnusablePaths(t *testing.T) {
@@ -285,7 +285,5 @@ func TestRepeatedFailuresAreDegraded(t *testing.T) {
 	delete(h.world.fail, "bind "+target)
 	h.clock.Step(DefaultBackoffMax)
 	h.settle()
-	if c := h.store.Condition("v1"); c.Abnormal {
-		t.Errorf("condition after the publish was made: got %+v, want normal", c)
-	}
+	h.wantNormal("v1", "after the publish was made")
 }

@@ -4,8 +4,6 @@
 package sanityblock
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
@@ -16,19 +14,8 @@ import (
 func TestSanityBlock(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-
-	cfg := sanity.NewTestConfig()
-	cfg.Address = "unix://" + p.Socket
-	cfg.TargetPath = filepath.Join(p.Root, "target")
-	cfg.StagingPath = filepath.Join(p.Root, "staging")
+	cfg := p.SanityConfig(16 << 20)
 	cfg.TestVolumeAccessType = "block"
-	cfg.TestVolumeSize = 16 << 20
-	cfg.TestVolumeExpandSize = 32 << 20
-	cfg.IdempotentCount = 5
-	cfg.TestNodeVolumeAttachLimit = false
 	sanity.Test(t, cfg)
-
-	if _, err := os.Stat(cfg.StagingPath); err == nil {
-		t.Errorf("csi-sanity left %s behind", cfg.StagingPath)
-	}
+	testenv.CheckSanityCleanup(t, cfg)
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 )
@@ -277,4 +278,27 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// SanityConfig returns the csi-sanity configuration for a started plugin:
+// its socket, staging and target paths under its root, volumes of size
+// bytes (expanded to twice that), each idempotency spec repeated five
+// times. The caller sets the access type.
+func (p *Plugin) SanityConfig(size int64) sanity.TestConfig {
+	cfg := sanity.NewTestConfig()
+	cfg.Address = "unix://" + p.Socket
+	cfg.TargetPath = filepath.Join(p.Root, "target")
+	cfg.StagingPath = filepath.Join(p.Root, "staging")
+	cfg.TestVolumeSize = size
+	cfg.TestVolumeExpandSize = 2 * size
+	cfg.IdempotentCount = 5
+	cfg.TestNodeVolumeAttachLimit = false
+	return cfg
+}
+
+// CheckSanityCleanup fails t when csi-sanity left its staging directory.
+func CheckSanityCleanup(t testing.TB, cfg sanity.TestConfig) {
+	if _, err := os.Stat(cfg.StagingPath); err == nil {
+		t.Errorf("csi-sanity left %s behind", cfg.StagingPath)
+	}
 }
