@@ -29,6 +29,9 @@ func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		os.Exit(status(os.Args[2:]))
+	}
 	host, _ := os.Hostname()
 	var cfg driver.Config
 	var prefixes listFlag
@@ -45,6 +48,7 @@ func main() {
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", nodeserver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
+	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz, /readyz and /status (empty: only on <state-dir>/status.sock)")
 	fs.IntVar(&cfg.MaxRequests, "max-requests", nodeserver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)
@@ -76,4 +80,27 @@ func buildVersion() string {
 		return bi.Main.Version
 	}
 	return "devel"
+}
+
+// status runs "csi-node status": it asks the running plugin for its
+// volumes and prints them.
+func status(args []string) int {
+	fs := flag.NewFlagSet("status", flag.ExitOnError)
+	stateDir := fs.String("state-dir", driver.DefaultStateDir, "state directory of the running plugin (its status socket is there)")
+	addr := fs.String("http-address", "", "ask this host:port instead of the status socket")
+	output := fs.String("o", "table", "output format: table or json")
+	fs.Parse(args)
+	if *output != "table" && *output != "json" {
+		fmt.Fprintf(os.Stderr, "csi-node status: -o must be table or json, not %q\n", *output)
+		return 2
+	}
+	vols, err := driver.FetchStatus(context.Background(), *stateDir, *addr)
+	if err == nil {
+		err = driver.PrintStatus(os.Stdout, vols, *output == "json")
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "csi-node status: %v\n", err)
+		return 1
+	}
+	return 0
 }

@@ -49,7 +49,14 @@ type Config struct {
 	// MaxRequests bounds the node requests waiting for the reconciler at
 	// once; more are refused with RESOURCE_EXHAUSTED. 0 takes the default.
 	MaxRequests int
+	// HTTPAddress serves /metrics, /healthz, /readyz and /status over TCP
+	// (host:port); empty for none. They are always served on StatusSocket.
+	HTTPAddress string
 }
+
+// StatusSocket is the unix socket, in the state directory, on which a
+// running plugin serves its status (and metrics), for csi-node status.
+func StatusSocket(stateDir string) string { return filepath.Join(stateDir, "status.sock") }
 
 // withDefaults fills defaults and validates.
 func (c Config) withDefaults() (Config, error) {

@@ -19,6 +19,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/reconciler"
 	"github.com/converge-csi/converge/pkg/state"
@@ -68,7 +69,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(cfg.AllowedDevicePrefixes) > 0 {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
 	}
+	m := metrics.New()
 	rec, err := reconciler.New(reconciler.Config{
+		Recorder:     m,
 		Static:       static,
 		Store:        store,
 		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"},
@@ -115,11 +118,17 @@ func Run(ctx context.Context, cfg Config) error {
 	// a bound on connections bounds file descriptors, a bound on streams
 	// the goroutines of one connection.
 	lis = netutil.LimitListener(lis, maxConnections)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, logCalls),
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, observeCalls(m), logCalls),
 		grpc.MaxConcurrentStreams(maxStreams), grpc.MaxRecvMsgSize(maxMessage))
 	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready})
 	csi.RegisterControllerServer(srv, &controller{images: images, store: store, topology: topology})
 	csi.RegisterNodeServer(srv, node)
+
+	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec))
+	if err != nil {
+		return err
+	}
+	defer stopHTTP()
 
 	recCtx, stopRec := context.WithCancel(ctx)
 	defer stopRec()

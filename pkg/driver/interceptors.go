@@ -11,8 +11,19 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/nodeserver"
 )
+
+// observeCalls records each RPC's duration and code in m.
+func observeCalls(m *metrics.Metrics) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		m.RPCDone(info.FullMethod, status.Code(err).String(), time.Since(start))
+		return resp, err
+	}
+}
 
 // logCalls logs each RPC at V(4) and its body, without secrets, at V(5). It
 // also makes sure no plain Go error leaves a handler.

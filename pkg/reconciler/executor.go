@@ -109,6 +109,21 @@ func (e *executor) latestFailure(id string) *failure {
 	return nil
 }
 
+// inBackoff counts the volumes whose latest failed action waits out its
+// backoff.
+func (e *executor) inBackoff() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	now := e.clock.Now()
+	for _, f := range e.failures {
+		if now.Before(f.next) {
+			n++
+		}
+	}
+	return n
+}
+
 // idle reports whether no operation is running.
 func (e *executor) idle() bool {
 	e.mu.Lock()

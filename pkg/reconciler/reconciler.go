@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -101,6 +104,8 @@ type Config struct {
 	Clock       clock.WithTicker
 	// Static resolves static volumes' devices; nil when they are off.
 	Static Static
+	// Recorder receives operations and passes, for metrics; nil for none.
+	Recorder Recorder
 
 	// Roots are the directories the plugin may unmount orphaned mounts in;
 	// mounts elsewhere are never touched.
@@ -130,6 +135,10 @@ type Reconciler struct {
 	// reported maps a volume to the reason of the abnormal condition last
 	// logged for it; only the goroutine running passes uses it.
 	reported map[string]string
+	// statusMu guards status, the volumes as of the last pass.
+	statusMu sync.Mutex
+	status   []VolumeStatus
+
 	// fulfilled maps a volume and intent to the generation at which the
 	// intent was last seen fulfilled, so that a mount lost later is told
 	// from one not made yet; only the goroutine running passes uses it.
@@ -144,6 +153,9 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = noRecorder{}
 	}
 	if cfg.ResyncPeriod <= 0 {
 		cfg.ResyncPeriod = DefaultResyncPeriod
@@ -232,6 +244,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 // error that kept it from observing. Teardowns are started before set-ups.
 func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	r.wake = time.Time{}
+	start := r.cfg.Clock.Now()
 	snap, err := r.cfg.Observer.Observe()
 	if err != nil {
 		return 0, err
@@ -252,11 +265,12 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 		ids[id] = true
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
+	statuses := make([]VolumeStatus, 0, len(vols))
 	for _, v := range vols {
 		ids[v.ID] = true
 		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
 		acts := diff(v, a)
-		r.publishResults(ctx, v, a)
+		statuses = append(statuses, r.publishResults(ctx, v, a))
 		if len(acts) > 0 {
 			plans = append(plans, plan{v: v, a: a, act: acts[0]})
 		}
@@ -290,6 +304,11 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 			started++
 		}
 	}
+	slices.SortFunc(statuses, func(a, b VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
+	r.statusMu.Lock()
+	r.status = statuses
+	r.statusMu.Unlock()
+	r.cfg.Recorder.PassDone(r.cfg.Clock.Since(start), statuses, r.exec.inBackoff())
 	return started, nil
 }
 
@@ -308,8 +327,8 @@ func (r *Reconciler) staticDevice(v *state.Volume) *state.Loop {
 
 // publishResults reports, for each live intent of v, whether it is
 // fulfilled and, if not, its latest failure or what it waits for; and the
-// volume's condition, logged at each change.
-func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *actual) {
+// volume's condition, logged at each change. It returns v's status.
+func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *actual) VolumeStatus {
 	seen := r.fulfilled[v.ID]
 	if seen == nil {
 		seen = map[state.IntentKey]int64{}
@@ -375,6 +394,7 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 		logger.Info("Volume is back to normal", "volumeID", v.ID, "was", prev)
 		delete(r.reported, v.ID)
 	}
+	return r.volumeStatus(v, a, cond)
 }
 
 // startOp runs the operation for act in the executor.
@@ -385,6 +405,7 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 	}
 	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
 	repairing := act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
+	begin := r.cfg.Clock.Now()
 	op := func() error {
 		switch act.kind {
 		case actStage:
@@ -410,6 +431,16 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 		}
 	}
 	r.exec.start(ctx, v.ID, act, op, func(err error, f *failure) {
+		result := "ok"
+		switch {
+		case err != nil && state.AsError(err).Terminal:
+			result = "terminal"
+		case err != nil:
+			result = "error"
+		case repairing || act.kind.repair() || act.kind == actKeepDevice || act.kind == actRelease:
+			r.cfg.Recorder.Repaired(act.kind.String())
+		}
+		r.cfg.Recorder.OperationDone(act.kind.String(), result, r.cfg.Clock.Since(begin))
 		r.finished(logger, v.ID, act, err, f, repairing)
 		r.Kick()
 	})

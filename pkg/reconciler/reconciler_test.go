@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -479,5 +480,61 @@ func TestStageOptionsPassFlagsThrough(t *testing.T) {
 	st.ReadOnly = true
 	if got := stageOptions(st, "xfs"); !slices.Contains(got, "ro") || !slices.Contains(got, "nouuid") || slices.Contains(got, "errors=remount-ro") {
 		t.Errorf("read-only xfs: got %q, want ro and nouuid and no ext4 option", got)
+	}
+}
+
+// countingRecorder counts what the reconciler records.
+type countingRecorder struct {
+	mu     sync.Mutex
+	ops    map[string]int
+	passes int
+	last   []VolumeStatus
+}
+
+func (c *countingRecorder) OperationDone(action, result string, _ time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ops[action+" "+result]++
+}
+func (c *countingRecorder) Repaired(string) {}
+func (c *countingRecorder) PassDone(_ time.Duration, v []VolumeStatus, _ int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.passes++
+	c.last = v
+}
+
+func TestStatusAndRecorder(t *testing.T) {
+	h := newHarness(t)
+	rec := &countingRecorder{ops: map[string]int{}}
+	h.r.cfg.Recorder = rec
+	staging, target := h.volume("v1")
+	h.update("v1", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.r.Pass(t.Context())
+	h.r.exec.wait()
+	if s := h.r.Status(); len(s) != 1 || s[0].Phase != PhaseSettingUp || s[0].PublishesDesired != 1 || s[0].PublishesActual != 0 {
+		t.Errorf("status while setting up: got %+v", s)
+	}
+	h.settle()
+	s := h.r.Status()
+	if len(s) != 1 || s[0].Phase != PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
+		t.Errorf("status when converged: got %+v", s)
+	}
+	if rec.ops["stage ok"] != 1 || rec.ops["publish ok"] != 1 || rec.passes < 3 || len(rec.last) != 1 {
+		t.Errorf("recorded: ops %v, %d passes, last %v", rec.ops, rec.passes, rec.last)
+	}
+	h.world.fail["unmount "+target] = errors.New("EBUSY")
+	h.update("v1", func(v *state.Volume) { v.Publishes[target].Deleting = true })
+	h.r.Pass(t.Context())
+	h.r.exec.wait()
+	h.r.Pass(t.Context())
+	if s := h.r.Status(); s[0].Phase != PhaseFailing || s[0].LastError == "" || s[0].NextRetry.IsZero() {
+		t.Errorf("status of a failing teardown: got %+v", s)
+	}
+	if rec.ops["unpublish error"] != 1 {
+		t.Errorf("recorded: ops %v, want one failed unpublish", rec.ops)
 	}
 }

@@ -1,0 +1,78 @@
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/metrics"
+	"github.com/converge-csi/converge/pkg/reconciler"
+)
+
+// newHTTPHandler serves /metrics, /healthz (the process serves), /readyz
+// (start-up reconstruction is done) and /status (the volumes as of the last
+// pass, as JSON). None of them waits for an operation.
+func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !rec.Ready() {
+			http.Error(w, "start-up reconstruction is not finished", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(rec.Status())
+	})
+	return mux
+}
+
+// serveHTTP serves h on the status socket in the state directory (0600)
+// and, when configured, on cfg.HTTPAddress. The returned function stops
+// both.
+func serveHTTP(cfg Config, h http.Handler) (stop func(), err error) {
+	sock := StatusSocket(cfg.StateDir)
+	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale status socket: %w", err)
+	}
+	old := unix.Umask(0o177)
+	unixLis, err := net.Listen("unix", sock)
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", sock, err)
+	}
+	listeners := []net.Listener{unixLis}
+	if cfg.HTTPAddress != "" {
+		tcp, err := net.Listen("tcp", cfg.HTTPAddress)
+		if err != nil {
+			unixLis.Close()
+			return nil, fmt.Errorf("listening on %s: %w", cfg.HTTPAddress, err)
+		}
+		listeners = append(listeners, tcp)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	for _, l := range listeners {
+		go func() {
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				klog.Background().Error(err, "HTTP server failed", "address", l.Addr().String())
+			}
+		}()
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		os.Remove(sock)
+	}, nil
+}

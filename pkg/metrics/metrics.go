@@ -1,0 +1,131 @@
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/converge-csi/converge/pkg/reconciler"
+)
+
+// namespace prefixes every metric name.
+const namespace = "converge"
+
+// Metrics holds the collectors, registered in Registry.
+type Metrics struct {
+	// Registry holds converge's metrics and the Go runtime's.
+	Registry *prometheus.Registry
+
+	operations *prometheus.HistogramVec
+	repairs    *prometheus.CounterVec
+	passes     prometheus.Histogram
+	volumes    *prometheus.GaugeVec
+	intents    *prometheus.GaugeVec
+	backoff    prometheus.Gauge
+	uncertain  prometheus.Gauge
+	rpcs       *prometheus.HistogramVec
+}
+
+var _ reconciler.Recorder = (*Metrics)(nil)
+
+// New makes the collectors and registers them.
+func New() *Metrics {
+	// Buckets from 1 ms (a bind mount) to about a minute (mkfs of a large
+	// volume, fsck).
+	opBuckets := prometheus.ExponentialBuckets(0.001, 2.5, 13)
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		operations: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "operation_duration_seconds",
+			Help:    "Duration of reconciler operations, by action and result (ok, error, terminal).",
+			Buckets: opBuckets,
+		}, []string{"operation", "result"}),
+		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "repairs_total",
+			Help: "Repairs the reconciler made on its own, by action.",
+		}, []string{"action"}),
+		passes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "reconcile_pass_duration_seconds",
+			Help:    "Duration of one reconcile pass (observe, diff, start operations).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12),
+		}),
+		volumes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "volumes",
+			Help: "Volumes with a record, by phase.",
+		}, []string{"phase"}),
+		intents: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "intents",
+			Help: "Stages and publishes, as desired and as fulfilled.",
+		}, []string{"kind", "state"}),
+		backoff: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "operations_in_backoff",
+			Help: "Volumes whose latest failed operation waits out its backoff.",
+		}),
+		uncertain: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "volumes_uncertain",
+			Help: "Volumes whose latest operation failed and will be retried.",
+		}),
+		rpcs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "rpc_duration_seconds",
+			Help:    "Duration of CSI calls, by method and gRPC code.",
+			Buckets: opBuckets,
+		}, []string{"method", "code"}),
+	}
+	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, p := range reconciler.Phases {
+		m.volumes.WithLabelValues(p)
+	}
+	return m
+}
+
+// OperationDone implements reconciler.Recorder.
+func (m *Metrics) OperationDone(action, result string, d time.Duration) {
+	m.operations.WithLabelValues(action, result).Observe(d.Seconds())
+}
+
+// Repaired implements reconciler.Recorder.
+func (m *Metrics) Repaired(action string) { m.repairs.WithLabelValues(action).Inc() }
+
+// PassDone implements reconciler.Recorder.
+func (m *Metrics) PassDone(d time.Duration, volumes []reconciler.VolumeStatus, inBackoff int) {
+	m.passes.Observe(d.Seconds())
+	phases := make(map[string]int, len(reconciler.Phases))
+	var stages, staged, publishes, published, uncertain int
+	for _, v := range volumes {
+		phases[v.Phase]++
+		if v.StagingPath != "" {
+			stages++
+		}
+		if v.Staged {
+			staged++
+		}
+		publishes += v.PublishesDesired
+		published += v.PublishesActual
+		if v.LastError != "" {
+			uncertain++
+		}
+	}
+	for _, p := range reconciler.Phases {
+		m.volumes.WithLabelValues(p).Set(float64(phases[p]))
+	}
+	m.intents.WithLabelValues("stage", "desired").Set(float64(stages))
+	m.intents.WithLabelValues("stage", "actual").Set(float64(staged))
+	m.intents.WithLabelValues("publish", "desired").Set(float64(publishes))
+	m.intents.WithLabelValues("publish", "actual").Set(float64(published))
+	m.backoff.Set(float64(inBackoff))
+	m.uncertain.Set(float64(uncertain))
+}
+
+// RPCDone records one CSI call.
+func (m *Metrics) RPCDone(method, code string, d time.Duration) {
+	m.rpcs.WithLabelValues(method, code).Observe(d.Seconds())
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+}

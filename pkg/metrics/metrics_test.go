@@ -1,0 +1,74 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/converge-csi/converge/pkg/reconciler"
+)
+
+func TestMetricsFollowTheReconciler(t *testing.T) {
+	m := New()
+	m.OperationDone("stage", "ok", 30*time.Millisecond)
+	m.OperationDone("stage", "error", time.Millisecond)
+	m.Repaired("keep device")
+	m.PassDone(2*time.Millisecond, []reconciler.VolumeStatus{
+		{ID: "a", Phase: reconciler.PhaseReady, StagingPath: "/s/a", Staged: true, PublishesDesired: 2, PublishesActual: 2},
+		{ID: "b", Phase: reconciler.PhaseFailing, StagingPath: "/s/b", PublishesDesired: 1, LastError: "busy"},
+		{ID: "c", Phase: reconciler.PhaseIdle},
+	}, 1)
+	m.RPCDone("/csi.v1.Node/NodeStageVolume", "OK", time.Millisecond)
+
+	checks := []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"ready volumes", testutil.ToFloat64(m.volumes.WithLabelValues(reconciler.PhaseReady)), 1},
+		{"failing volumes", testutil.ToFloat64(m.volumes.WithLabelValues(reconciler.PhaseFailing)), 1},
+		{"tearing-down volumes", testutil.ToFloat64(m.volumes.WithLabelValues(reconciler.PhaseTearingDown)), 0},
+		{"desired stages", testutil.ToFloat64(m.intents.WithLabelValues("stage", "desired")), 2},
+		{"actual stages", testutil.ToFloat64(m.intents.WithLabelValues("stage", "actual")), 1},
+		{"desired publishes", testutil.ToFloat64(m.intents.WithLabelValues("publish", "desired")), 3},
+		{"actual publishes", testutil.ToFloat64(m.intents.WithLabelValues("publish", "actual")), 2},
+		{"in backoff", testutil.ToFloat64(m.backoff), 1},
+		{"uncertain", testutil.ToFloat64(m.uncertain), 1},
+		{"repairs", testutil.ToFloat64(m.repairs.WithLabelValues("keep device")), 1},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.operations); n != 2 {
+		t.Errorf("operation series: got %d, want 2 (stage ok, stage error)", n)
+	}
+	names, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range names {
+		if n := f.GetName(); !strings.HasPrefix(n, "converge_") && !strings.HasPrefix(n, "go_") && !strings.HasPrefix(n, "process_") {
+			t.Errorf("metric %s lacks the converge_ prefix", n)
+		}
+	}
+}
+
+func TestMetricNamesFollowConventions(t *testing.T) {
+	m := New()
+	m.OperationDone("stage", "ok", time.Millisecond)
+	m.RPCDone("/csi.v1.Node/NodeStageVolume", "OK", time.Millisecond)
+	m.Repaired("keep device")
+	problems, err := testutil.GatherAndLint(m.Registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		if strings.HasPrefix(p.Metric, "converge_") {
+			t.Errorf("%s: %s", p.Metric, p.Text)
+		}
+	}
+}

@@ -1,0 +1,92 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+// get fetches path from the plugin's status socket.
+func get(t *testing.T, p *testenv.Plugin, path string) (int, string) {
+	t.Helper()
+	sock := filepath.Join(p.StateDir, "status.sock")
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := client.Get("http://converge" + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestStatusAndMetrics reads the running plugin's status with
+// "csi-node status" (a table and JSON), and its /metrics, /healthz and
+// /readyz, while a volume is staged and published.
+func TestStatusAndMetrics(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	create(t, p, "vol-status")
+	staging := mkdir(t, filepath.Join(p.Root, "staging-status"))
+	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-status")), "mount")
+	must(t, "stage", stage(t, p, "vol-status", staging, rwo))
+	must(t, "publish", publish(t, p, "vol-status", staging, target, false))
+
+	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
+	must(t, "csi-node status", err)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "VOLUME") || !strings.Contains(lines[1], "vol-status") ||
+		!strings.Contains(lines[1], "Ready") || !strings.Contains(lines[1], "1/1") || !strings.Contains(lines[1], "64Mi") {
+		t.Errorf("status table:\n%s", out)
+	}
+	out, err = exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir, "-o", "json").CombinedOutput()
+	must(t, "csi-node status -o json", err)
+	var vols []struct {
+		ID               string `json:"id"`
+		Phase            string `json:"phase"`
+		StagingPath      string `json:"stagingPath"`
+		PublishesDesired int    `json:"publishesDesired"`
+		PublishesActual  int    `json:"publishesActual"`
+	}
+	must(t, "decode", json.Unmarshal(out, &vols))
+	if len(vols) != 1 || vols[0].ID != "vol-status" || vols[0].Phase != "Ready" || vols[0].StagingPath != staging || vols[0].PublishesActual != 1 {
+		t.Errorf("status JSON: got %+v", vols)
+	}
+
+	if code, _ := get(t, p, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz: %d", code)
+	}
+	if code, _ := get(t, p, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
+	}
+	code, metrics := get(t, p, "/metrics")
+	for _, want := range []string{
+		`converge_operation_duration_seconds_count{operation="stage",result="ok"} 1`,
+		`converge_operation_duration_seconds_count{operation="publish",result="ok"} 1`,
+		`converge_intents{kind="publish",state="actual"} 1`,
+		`converge_volumes{phase="Ready"} 1`,
+		`converge_rpc_duration_seconds_count{code="OK",method="/csi.v1.Node/NodeStageVolume"}`,
+		`converge_reconcile_pass_duration_seconds_count`,
+	} {
+		if code != http.StatusOK || !strings.Contains(metrics, want) {
+			t.Errorf("/metrics (%d) lacks %s", code, want)
+		}
+	}
+	unpublish(t, p, "vol-status", target)
+	unstage(t, p, "vol-status", staging)
+
+	p.Stop()
+	if out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput(); err == nil || !strings.Contains(string(out), "is it running") {
+		t.Errorf("status of a stopped plugin: %v, %s", err, out)
+	}
+}
