@@ -5,7 +5,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 RUN_DIR  ?= $(CURDIR)/.run
 SOCKET   := $(RUN_DIR)/csi.sock
 
-.PHONY: run test build deps unit vet sanity fuzz clean
+.PHONY: run test build deps unit vet sanity fuzz bench clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -30,6 +30,11 @@ run: deps build
 test: deps vet
 	$(GO) test -count=1 -timeout 12m ./...
 	@$(MAKE) --no-print-directory fuzz
+
+## bench: the benchmarks of docs/performance.md (real devices; about 5 minutes; not part of make test)
+bench: deps
+	$(GO) test -run '^$$' -bench 'BenchmarkPass' -benchtime 20x ./pkg/reconciler
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
 
 ## fuzz: run every fuzz target for FUZZTIME; crashers land in the package's testdata/fuzz
 fuzz:

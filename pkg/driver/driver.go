@@ -27,7 +27,7 @@ import (
 
 const (
 	// maxFormats bounds concurrent mkfs runs; they are I/O bound.
-	maxFormats = 2
+	maxFormats = 8
 	// stopGrace is how long in-flight RPCs may finish after SIGTERM.
 	stopGrace = 10 * time.Second
 	// maxConnections bounds open connections (file descriptors): the

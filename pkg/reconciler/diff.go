@@ -34,17 +34,21 @@ const (
 	actGrowDevice
 	// actGrowFs grows the staged filesystem to fill its device.
 	actGrowFs
+	// actDetachExtra detaches a second, unmounted loop device of the
+	// volume's image (target is the device).
+	actDetachExtra
 )
 
 var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan",
 	"unmount unusable target", "unmount unusable staging", "keep device", "unmount stray",
-	"grow device", "grow filesystem"}
+	"grow device", "grow filesystem", "detach extra device"}
 
 func (k actionKind) String() string { return actionNames[k] }
 
 // teardown reports whether the kind removes something.
 func (k actionKind) teardown() bool {
-	return k == actUnpublish || k == actUnstage || k == actRelease || k == actUnmountTarget || k == actUnmountStaging || k == actUnmountStray
+	return k == actUnpublish || k == actUnstage || k == actRelease || k == actUnmountTarget || k == actUnmountStaging ||
+		k == actUnmountStray || k == actDetachExtra
 }
 
 // repair reports whether the kind undoes damage done to a live volume.
@@ -52,7 +56,7 @@ func (k actionKind) teardown() bool {
 // damage that comes straight back, such as a shut-down filesystem that a
 // container still holds, cannot make the loop churn.
 func (k actionKind) repair() bool {
-	return k == actUnmountTarget || k == actUnmountStaging || k == actUnmountStray
+	return k == actUnmountTarget || k == actUnmountStaging || k == actUnmountStray || k == actDetachExtra
 }
 
 // action is one step toward the desired state of a volume.
@@ -69,7 +73,7 @@ type action struct {
 // key returns the intent the action serves.
 func (a action) key() state.IntentKey {
 	switch a.kind {
-	case actStage, actUnstage, actRelease, actUnmountStaging, actKeepDevice, actUnmountStray:
+	case actStage, actUnstage, actRelease, actUnmountStaging, actKeepDevice, actUnmountStray, actDetachExtra:
 		return state.StageKey
 	case actGrowDevice, actGrowFs:
 		return state.ExpandKey
@@ -92,9 +96,11 @@ func (a action) String() string {
 type actual struct {
 	// loop is the loop device attached to the volume's image, if any.
 	loop *state.Loop
-	// extraLoops names further devices attached to the same image, which
-	// only someone else can have made.
+	// extraLoops names further devices attached to the same image.
 	extraLoops []string
+	// idleExtraLoops are the extra devices that nothing mounts: harmless
+	// to detach, and in the way of the stage.
+	idleExtraLoops []string
 	// stagingMount is the top mount at the staging path, if any.
 	stagingMount *state.Mount
 	// staged is true when stagingMount is the volume's filesystem.
@@ -166,6 +172,9 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 		a.loop = &ls[0]
 		for _, l := range ls[1:] {
 			a.extraLoops = append(a.extraLoops, l.Device)
+			if len(snap.MountsOf(l.Dev)) == 0 && !l.AutoClear {
+				a.idleExtraLoops = append(a.idleExtraLoops, l.Device)
+			}
 		}
 	}
 	if v.Stage != nil && v.Stage.Access == state.AccessBlock {
@@ -251,6 +260,9 @@ func diff(v *state.Volume, a *actual) []action {
 	}
 	for _, m := range a.strays {
 		acts = append(acts, action{kind: actUnmountStray, target: m, generation: st.Generation, reason: "mount of the volume at a path no record names"})
+	}
+	for _, d := range a.idleExtraLoops {
+		acts = append(acts, action{kind: actDetachExtra, target: d, generation: st.Generation, reason: "the image is attached more than once; this device is not mounted"})
 	}
 	if st.Deleting {
 		// A device detached while something still holds it open (another

@@ -31,10 +31,16 @@ type executor struct {
 	// simulation test runs operations inline to make them deterministic.
 	spawn func(func())
 
-	// mu guards running, failures and repairs.
+	// mu guards running, failures, repairs, finished and seq.
 	mu       sync.Mutex
 	running  map[string]action
 	failures map[string]*failure
+	// seq counts finished operations; finished maps a volume to the seq of
+	// its last finished operation. A pass whose observation is older than
+	// that must not act on the volume: it would redo what the operation
+	// just did (attach a second loop device, say).
+	seq      uint64
+	finished map[string]uint64
 	// repairs counts, per volume and repair step (action.String()), the
 	// repairs since the volume was last healthy, and holds off the next
 	// one (see actionKind.repair).
@@ -50,6 +56,7 @@ func newExecutor(c clock.Clock, fast, slow int, initial, max time.Duration) *exe
 		slowSlots: make(chan struct{}, slow),
 		spawn:     func(f func()) { go f() },
 		running:   map[string]action{},
+		finished:  map[string]uint64{},
 		failures:  map[string]*failure{},
 		repairs:   map[string]map[string]*failure{},
 	}
@@ -61,13 +68,25 @@ func sameAction(a, b action) bool {
 	return a.kind == b.kind && a.target == b.target && a.generation == b.generation
 }
 
+// epoch returns the count of finished operations, to be taken before an
+// observation and given to blocked.
+func (e *executor) epoch() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.seq
+}
+
 // blocked reports whether act of volume id must not start now: because an
-// operation of id is running, or because act failed and its backoff has not
-// ended (then retryAt is when it may).
-func (e *executor) blocked(id string, act action) (busy bool, retryAt time.Time) {
+// operation of id is running, or finished after the observation taken at
+// epoch (the operation's own kick brings a fresher pass), or because act
+// failed and its backoff has not ended (then retryAt is when it may).
+func (e *executor) blocked(id string, act action, epoch uint64) (busy bool, retryAt time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if _, ok := e.running[id]; ok {
+		return true, time.Time{}
+	}
+	if e.finished[id] > epoch {
 		return true, time.Time{}
 	}
 	if f := e.failures[id]; f != nil && sameAction(f.act, act) && e.clock.Now().Before(f.next) {
@@ -164,6 +183,8 @@ func (e *executor) finish(id string, act action, err error) *failure {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.running, id)
+	e.seq++
+	e.finished[id] = e.seq
 	if err == nil {
 		if f := e.failures[id]; f != nil && sameAction(f.act, act) {
 			delete(e.failures, id)
@@ -206,6 +227,11 @@ func (e *executor) forget(keep func(id string) bool) {
 	for id := range e.repairs {
 		if !keep(id) {
 			delete(e.repairs, id)
+		}
+	}
+	for id := range e.finished {
+		if !keep(id) {
+			delete(e.finished, id)
 		}
 	}
 }

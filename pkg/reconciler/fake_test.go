@@ -43,6 +43,8 @@ type fakeWorld struct {
 	deadSuper map[string]bool
 	// sizes holds image sizes that differ from the default 64 MiB.
 	sizes map[string]int64
+	// afterObserve, when set, runs once Observe has taken its snapshot.
+	afterObserve func()
 	// before, when set, runs as each call begins (without mu held), with
 	// the backing file of the volume the call is about ("" when unknown);
 	// its error fails the call before it has any effect.
@@ -126,12 +128,17 @@ func (w *fakeWorld) Calls() []string {
 
 func (w *fakeWorld) Observe() (*state.Snapshot, error) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	loops := make([]state.Loop, 0, len(w.loops))
 	for _, l := range w.loops {
 		loops = append(loops, l)
 	}
-	return state.NewSnapshot(append([]state.Mount(nil), w.mounts...), loops), nil
+	snap := state.NewSnapshot(append([]state.Mount(nil), w.mounts...), loops)
+	after := w.afterObserve
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	return snap, nil
 }
 
 func (w *fakeWorld) CheckMount(path string) error {
@@ -214,7 +221,7 @@ func (w *fakeWorld) Resize(dev, mountPath string) error {
 func minorOf(image string) uint32 {
 	h := fnv.New32a()
 	h.Write([]byte(image))
-	return h.Sum32() % 100_000
+	return h.Sum32()
 }
 
 func (w *fakeWorld) Attach(image string) (string, error) {

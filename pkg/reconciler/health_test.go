@@ -100,7 +100,7 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 	h.clock.Step(DefaultBackoffMax)
 	h.settle()
 	h.wantNormal("v1", "after the superblock is released")
-	if _, retry := h.r.exec.blocked("v1", action{kind: actUnmountStaging}); !retry.IsZero() {
+	if _, retry := h.r.exec.blocked("v1", action{kind: actUnmountStaging}, h.r.exec.epoch()); !retry.IsZero() {
 		t.Errorf("repair backoff after healing: got retry at %v, want none", retry)
 	}
 }

@@ -88,7 +88,7 @@ type Static interface {
 const (
 	DefaultResyncPeriod   = 10 * time.Second
 	DefaultFastWorkers    = 16
-	DefaultSlowWorkers    = 2
+	DefaultSlowWorkers    = 8
 	DefaultBackoffInitial = 500 * time.Millisecond
 	DefaultBackoffMax     = 2 * time.Minute
 )
@@ -245,6 +245,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	r.wake = time.Time{}
 	start := r.cfg.Clock.Now()
+	epoch := r.exec.epoch()
 	snap, err := r.cfg.Observer.Observe()
 	if err != nil {
 		return 0, err
@@ -293,7 +294,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 			if p.act.kind.teardown() != teardown {
 				continue
 			}
-			busy, retryAt := r.exec.blocked(p.v.ID, p.act)
+			busy, retryAt := r.exec.blocked(p.v.ID, p.act, epoch)
 			if busy {
 				if !retryAt.IsZero() && (r.wake.IsZero() || retryAt.Before(r.wake)) {
 					r.wake = retryAt
@@ -424,6 +425,8 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			return r.keepDevice(a)
 		case actGrowDevice:
 			return r.growDevice(a)
+		case actDetachExtra:
+			return r.cfg.Loops.Detach(act.target)
 		case actGrowFs:
 			return r.growFs(v, a)
 		default:

@@ -444,28 +444,45 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 }
 
 func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
-	h := newHarness(t)
-	staging, _ := h.volume("v1")
-	h.world.fs[h.world.Path("v1")] = "ext4"
-	// Someone attached the image twice; the plugin must not pick one and
-	// mount the filesystem that the other device may also carry.
-	h.world.Attach(h.world.Path("v1"))
-	h.world.mu.Lock()
-	// The fake keys loops by backing file; a second key holds the second
-	// device of the same image.
-	h.world.loops[h.world.Path("v1")+"#2"] = state.Loop{Device: "/dev/loop9", Dev: state.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
-	h.world.mu.Unlock()
-	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.r.Pass(context.Background())
-	h.r.exec.wait()
-	h.r.Pass(context.Background())
-	h.r.exec.wait()
-	if m := mountPaths(h.world); len(m) != 0 {
-		t.Errorf("mounted %v with the image attached twice", m)
-	}
-	r, _ := h.store.Result("v1", state.StageKey)
-	if r.Err == nil || !strings.Contains(r.Err.Message, "attached more than once") {
-		t.Errorf("result: got %+v, want a failure naming the double attachment", r)
+	for _, inUse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("both devices mounted=%v", inUse), func(t *testing.T) {
+			h := newHarness(t)
+			staging, _ := h.volume("v1")
+			h.world.fs[h.world.Path("v1")] = "ext4"
+			// The image is attached twice; the plugin must not pick one and
+			// mount the filesystem that the other device may also carry.
+			h.world.Attach(h.world.Path("v1"))
+			h.world.mu.Lock()
+			// The fake keys loops by backing file; a second key holds the
+			// second device of the same image.
+			second := state.Loop{Device: "/dev/loop9", Dev: state.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
+			h.world.loops[h.world.Path("v1")+"#2"] = second
+			if inUse {
+				// Both devices are mounted by someone: neither may go.
+				first := h.world.loops[h.world.Path("v1")]
+				h.world.mounts = append(h.world.mounts,
+					state.Mount{Path: "/mnt/one", Dev: first.Dev, Root: "/", Source: first.Device, FsType: "ext4"},
+					state.Mount{Path: "/mnt/two", Dev: second.Dev, Root: "/", Source: second.Device, FsType: "ext4"})
+			}
+			h.world.mu.Unlock()
+			h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+			h.settle()
+			mounted := slices.Contains(mountPaths(h.world), staging)
+			r, _ := h.store.Result("v1", state.StageKey)
+			if inUse {
+				if mounted {
+					t.Errorf("mounted with the image attached twice and both devices in use")
+				}
+				if r.Err == nil || !strings.Contains(r.Err.Message, "attached more than once") {
+					t.Errorf("result: got %+v, want a failure naming the double attachment", r)
+				}
+				return
+			}
+			// An unmounted second device is detached, then the stage proceeds.
+			if !mounted || !r.Ready || !slices.Contains(h.world.Calls(), "detach") {
+				t.Errorf("mounted %v, result %+v, calls %v; want the idle second device detached and the stage made", mounted, r, h.world.Calls())
+			}
+		})
 	}
 }
 
@@ -536,5 +553,34 @@ func TestStatusAndRecorder(t *testing.T) {
 	}
 	if rec.ops["unpublish error"] != 1 {
 		t.Errorf("recorded: ops %v, want one failed unpublish", rec.ops)
+	}
+}
+
+// TestStaleObservationStartsNothing makes an operation finish between a
+// pass's observation and its decisions: the pass must not act on the
+// volume from that stale view (it would attach the image a second time).
+func TestStaleObservationStartsNothing(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	release := make(chan struct{})
+	h.world.hold["attach"] = release
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	if n, _ := h.r.Pass(t.Context()); n != 1 {
+		t.Fatalf("first pass started %d operations, want 1", n)
+	}
+	waitFor(t, h.world.started, "attach") // the stage is held before attaching
+	h.world.afterObserve = func() {
+		// The second pass has seen no device; now the stage attaches one,
+		// mounts and ends.
+		h.world.afterObserve = nil
+		close(release)
+		h.r.exec.wait()
+	}
+	if n, _ := h.r.Pass(t.Context()); n != 0 {
+		t.Errorf("a pass acting on an observation older than the last operation started %d operations", n)
+	}
+	h.r.exec.wait()
+	if attaches := strings.Count(strings.Join(h.world.Calls(), ","), "attach"); attaches != 1 {
+		t.Errorf("attached %d times, want once", attaches)
 	}
 }

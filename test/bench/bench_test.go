@@ -1,0 +1,412 @@
+// Package bench measures converge on the real kernel against a baseline
+// that does the same raw work directly (the same loop attach, mkfs, mount
+// and bind mount calls, with no gRPC, store or reconciler), both in the
+// same run. Run it with make bench; it is not part of make test.
+//
+// Each benchmark reports medians (and p99 for bursts) in milliseconds as
+// custom metrics, and the ratio converge/baseline.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+const volSize = 64 << 20
+
+var rwo = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
+// vol names the paths of one volume under a root.
+type vol struct{ id, image, staging, target string }
+
+func newVol(root, dataDir, id string) vol {
+	return vol{id: id, image: filepath.Join(dataDir, id+".img"), staging: filepath.Join(root, "staging", id), target: filepath.Join(root, "pods", id, "mount")}
+}
+
+func (v vol) dirs(b testing.TB) {
+	for _, d := range []string{v.staging, filepath.Dir(v.target)} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// baseline does the raw work of a stage and a publish with the same calls
+// the plugin makes, and undoes it.
+type baseline struct {
+	root    string
+	dataDir string
+	mounter *devices.Mounter
+	paths   *devices.Paths
+	images  *devices.Images
+}
+
+func newBaseline(b testing.TB, dir string) *baseline {
+	root := filepath.Join(dir, "base")
+	data := filepath.Join(dir, "base-data")
+	for _, d := range []string{root, data} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			b.Fatal(err)
+		}
+	}
+	paths := devices.NewPaths([]string{root})
+	return &baseline{root: root, dataDir: data, paths: paths, images: &devices.Images{Dir: data},
+		mounter: devices.NewMounter(utilexec.New(), 1<<10, paths)}
+}
+
+func (bl *baseline) vol(id string) vol { return newVol(bl.root, bl.dataDir, id) }
+
+func (bl *baseline) stage(v vol) (string, error) {
+	dev, err := devices.AttachLoop(v.image)
+	if err != nil {
+		return "", err
+	}
+	if _, err := bl.mounter.DiskFormat(dev); err != nil {
+		return dev, err
+	}
+	return dev, bl.mounter.FormatAndMount(dev, v.staging, "ext4", []string{"errors=remount-ro"}, nil)
+}
+
+func (bl *baseline) publish(v vol) error {
+	if err := bl.paths.Mkdir(v.target); err != nil {
+		return err
+	}
+	return bl.mounter.BindMount(v.staging, v.target, nil)
+}
+
+func (bl *baseline) teardown(v vol, dev string) error {
+	for _, p := range []string{v.target, v.staging} {
+		if err := bl.mounter.Unmount(p); err != nil {
+			return err
+		}
+	}
+	if err := bl.paths.Remove(v.target); err != nil {
+		return err
+	}
+	return devices.DetachLoop(dev)
+}
+
+// plugin wraps a running csi-node with the calls the kubelet makes.
+type plugin struct {
+	*testenv.Plugin
+}
+
+func (p plugin) vol(id string) vol { return newVol(p.Root, p.DataDir, id) }
+
+func (p plugin) create(b testing.TB, id string) {
+	_, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: id, CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+func (p plugin) stage(v vol) error {
+	_, err := p.Node().NodeStageVolume(context.Background(), &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: rwo})
+	return err
+}
+
+func (p plugin) publish(v vol) error {
+	_, err := p.Node().NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: rwo})
+	return err
+}
+
+func (p plugin) teardown(v vol) error {
+	if _, err := p.Node().NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target}); err != nil {
+		return err
+	}
+	_, err := p.Node().NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+	return err
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// quantile returns the q-quantile of ds (sorted in place).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	slices.Sort(ds)
+	return ds[min(len(ds)-1, int(q*float64(len(ds))))]
+}
+
+func timed(f func() error) (time.Duration, error) {
+	start := time.Now()
+	err := f()
+	return time.Since(start), err
+}
+
+func start(b *testing.B, args ...string) plugin {
+	p := plugin{testenv.New(b, args...)}
+	p.Start()
+	return p
+}
+
+// makeImages creates n fresh sparse images for the baseline.
+func makeImages(b *testing.B, bl *baseline, prefix string, n int) []vol {
+	vols := make([]vol, n)
+	for i := range vols {
+		vols[i] = bl.vol(fmt.Sprintf("%s-%d", prefix, i))
+		if err := bl.images.Create(vols[i].id, volSize); err != nil {
+			b.Fatal(err)
+		}
+		vols[i].dirs(b)
+	}
+	return vols
+}
+
+// BenchmarkOneVolume measures, for one volume at a time, stage + publish
+// and publish alone through the plugin's socket against the baseline,
+// alternating the two so that both see the same machine.
+func BenchmarkOneVolume(b *testing.B) {
+	const rounds = 25
+	p := start(b)
+	bl := newBaseline(b, p.Dir)
+	var cStage, bStage, cPub, bPub []time.Duration
+	for b.Loop() {
+		for i := range rounds {
+			id := fmt.Sprintf("one-%d-%d", b.N, i)
+			cv := p.vol(id)
+			p.create(b, id)
+			cv.dirs(b)
+			bv := makeImages(b, bl, id, 1)[0]
+
+			d1, err := timed(func() error { return p.stage(cv) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			d2, err := timed(func() error { return p.publish(cv) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			var dev string
+			d3, err := timed(func() error { var err error; dev, err = bl.stage(bv); return err })
+			if err != nil {
+				b.Fatal(err)
+			}
+			d4, err := timed(func() error { return bl.publish(bv) })
+			if err != nil {
+				b.Fatal(err)
+			}
+			cStage, cPub = append(cStage, d1+d2), append(cPub, d2)
+			bStage, bPub = append(bStage, d3+d4), append(bPub, d4)
+			if err := p.teardown(cv); err != nil {
+				b.Fatal(err)
+			}
+			if err := bl.teardown(bv, dev); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	cs, bs, cp, bp := quantile(cStage, 0.5), quantile(bStage, 0.5), quantile(cPub, 0.5), quantile(bPub, 0.5)
+	b.ReportMetric(ms(cs), "stage+publish-ms")
+	b.ReportMetric(ms(bs), "baseline-stage+publish-ms")
+	b.ReportMetric(float64(cs)/float64(bs), "stage+publish-ratio")
+	b.ReportMetric(ms(cp), "publish-ms")
+	b.ReportMetric(ms(bp), "baseline-publish-ms")
+	b.ReportMetric(float64(cp)/float64(bp), "publish-ratio")
+}
+
+// burst runs f for every volume at once and returns the wall time and
+// each volume's latency.
+func burst(b *testing.B, vols []vol, f func(vol) error) (time.Duration, []time.Duration) {
+	lat := make([]time.Duration, len(vols))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, v := range vols {
+		wg.Go(func() {
+			d, err := timed(func() error { return f(v) })
+			if err != nil {
+				b.Error(err)
+			}
+			lat[i] = d
+		})
+	}
+	wg.Wait()
+	return time.Since(start), lat
+}
+
+// BenchmarkBurst stages and publishes 100 volumes at once, then tears them
+// down at once, through the plugin and through the baseline with the same
+// parallelism (one goroutine per volume).
+func BenchmarkBurst(b *testing.B) {
+	const n = 100
+	p := start(b)
+	bl := newBaseline(b, p.Dir)
+	for b.Loop() {
+		cvols := make([]vol, n)
+		for i := range cvols {
+			id := fmt.Sprintf("burst-%d-%d", b.N, i)
+			p.create(b, id)
+			cvols[i] = p.vol(id)
+			cvols[i].dirs(b)
+		}
+		bvols := makeImages(b, bl, fmt.Sprintf("burst-%d", b.N), n)
+		devs := make([]string, n)
+		var mu sync.Mutex
+		index := map[string]int{}
+		for i, v := range bvols {
+			index[v.id] = i
+		}
+
+		cWall, cLat := burst(b, cvols, func(v vol) error {
+			if err := p.stage(v); err != nil {
+				return err
+			}
+			return p.publish(v)
+		})
+		bWall, bLat := burst(b, bvols, func(v vol) error {
+			dev, err := bl.stage(v)
+			mu.Lock()
+			devs[index[v.id]] = dev
+			mu.Unlock()
+			if err != nil {
+				return err
+			}
+			return bl.publish(v)
+		})
+		cDown, _ := burst(b, cvols, p.teardown)
+		bDown, _ := burst(b, bvols, func(v vol) error { return bl.teardown(v, devs[index[v.id]]) })
+
+		b.ReportMetric(ms(cWall), "burst-wall-ms")
+		b.ReportMetric(ms(bWall), "baseline-burst-wall-ms")
+		b.ReportMetric(float64(cWall)/float64(bWall), "burst-ratio")
+		b.ReportMetric(ms(quantile(cLat, 0.5)), "burst-p50-ms")
+		b.ReportMetric(ms(quantile(cLat, 0.99)), "burst-p99-ms")
+		b.ReportMetric(ms(quantile(bLat, 0.5)), "baseline-burst-p50-ms")
+		b.ReportMetric(ms(quantile(bLat, 0.99)), "baseline-burst-p99-ms")
+		b.ReportMetric(ms(cDown), "teardown-wall-ms")
+		b.ReportMetric(ms(bDown), "baseline-teardown-wall-ms")
+		b.ReportMetric(float64(cDown)/float64(bDown), "teardown-ratio")
+	}
+}
+
+// procStat reads a process's CPU time (user+system) and resident memory.
+func procStat(b *testing.B, pid int) (cpu time.Duration, rssKiB int) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name, which is in parentheses.
+	rest := string(raw[bytesLastIndex(raw, ')')+2:])
+	var f [20]int64
+	var state string
+	fmt.Sscan(rest, &state, &f[0], &f[1], &f[2], &f[3], &f[4], &f[5], &f[6], &f[7], &f[8], &f[9], &f[10], &f[11])
+	ticks := f[10] + f[11] // utime, stime (fields 14 and 15)
+	cpu = time.Duration(ticks) * time.Second / 100
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var kb int
+	for _, line := range splitLines(string(status)) {
+		if _, err := fmt.Sscanf(line, "VmRSS: %d kB", &kb); err == nil {
+			break
+		}
+	}
+	return cpu, kb
+}
+
+func bytesLastIndex(b []byte, c byte) int {
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] == c {
+			return i
+		}
+	}
+	return -1
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := range len(s) {
+		if s[i] == '\n' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return out
+}
+
+// meanPassMs reads the mean reconcile pass duration from the plugin's
+// metrics, over its status socket.
+func meanPassMs(b *testing.B, p plugin) float64 {
+	sock := filepath.Join(p.StateDir, "status.sock")
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := client.Get("http://converge/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var sum, count float64
+	for _, line := range splitLines(string(raw)) {
+		fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_sum %g", &sum)
+		fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_count %g", &count)
+	}
+	if count == 0 {
+		b.Fatal("no passes in the metrics")
+	}
+	return 1000 * sum / count
+}
+
+// BenchmarkThousandVolumes stages and publishes 1000 volumes, then
+// measures the idle plugin (CPU per minute over a measured window at the
+// default resync period, resident memory, the duration of a pass from the
+// metrics), and the time from a restart to Probe ready.
+func BenchmarkThousandVolumes(b *testing.B) {
+	n := 1000
+	if v := os.Getenv("CONVERGE_BENCH_VOLUMES"); v != "" {
+		fmt.Sscan(v, &n)
+	}
+	window := 60 * time.Second
+	p := start(b)
+	vols := make([]vol, n)
+	for i := range vols {
+		id := fmt.Sprintf("k-%04d", i)
+		p.create(b, id)
+		vols[i] = p.vol(id)
+		vols[i].dirs(b)
+	}
+	for b.Loop() {
+		setup, _ := burst(b, vols, func(v vol) error {
+			if err := p.stage(v); err != nil {
+				return err
+			}
+			return p.publish(v)
+		})
+		b.ReportMetric(setup.Seconds(), "setup-s")
+
+		time.Sleep(2 * time.Second) // let the set-up's last passes end
+		cpu0, _ := procStat(b, p.PID())
+		time.Sleep(window)
+		cpu1, rss := procStat(b, p.PID())
+		b.ReportMetric(100*float64(cpu1-cpu0)/float64(window), "idle-cpu-%")
+		b.ReportMetric(float64(rss)/1024, "rss-MiB")
+		b.ReportMetric(meanPassMs(b, p), "pass-ms")
+
+		p.Stop()
+		start := time.Now()
+		p.Start() // waits for Probe ready
+		b.ReportMetric(time.Since(start).Seconds(), "restart-to-ready-s")
+
+		down, _ := burst(b, vols, p.teardown)
+		b.ReportMetric(down.Seconds(), "teardown-s")
+	}
+}
