@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,6 +25,12 @@ const (
 	// lockTimeout bounds how long Open waits for the file lock of a store
 	// that another live instance holds, so a second instance fails fast.
 	lockTimeout = 2 * time.Second
+
+	// recordShards is the number of locks records are spread over.
+	recordShards = 64
+	// batchDelay is how long a write waits for others to share its fsync:
+	// short against an fsync, long enough for a burst of requests.
+	batchDelay = 500 * time.Microsecond
 )
 
 var (
@@ -43,8 +51,12 @@ var ErrLocked = errors.New("state store is locked by another process")
 type Store struct {
 	db *bolt.DB
 
-	// writeMu serialises Update so the mirror is updated in commit order.
-	writeMu sync.Mutex
+	// recordMu serialises the Updates of one record (sharded by ID), so its
+	// mirror is updated in commit order; records of different volumes
+	// commit concurrently and share fsyncs (bbolt's Batch).
+	recordMu [recordShards]sync.Mutex
+	// writers counts the Updates writing now.
+	writers atomic.Int32
 
 	// mu guards volumes, results, finals, conditions and watchers.
 	mu         sync.Mutex
@@ -96,6 +108,7 @@ func Open(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("opening state store %s: %w", path, err)
 	}
+	db.MaxBatchDelay = batchDelay
 	s := &Store{
 		db:         db,
 		volumes:    map[string]*Volume{},
@@ -173,8 +186,9 @@ func (s *Store) List() []*Volume {
 // spec or deletion changed takes the new generation, and a record left empty
 // is deleted.
 func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
+	mu := &s.recordMu[shard(id)]
+	mu.Lock()
+	defer mu.Unlock()
 
 	s.mu.Lock()
 	old := s.volumes[id]
@@ -200,17 +214,30 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 	cur.Generation = prevGen + 1
 	stampGenerations(old, cur)
 
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	var raw []byte
+	if !cur.Empty() {
+		var err error
+		if raw, err = json.Marshal(cur); err != nil {
+			return nil, fmt.Errorf("encoding record %s: %w", id, err)
+		}
+	}
+	write := func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketVolumes)
-		if cur.Empty() {
+		if raw == nil {
 			return b.Delete([]byte(id))
 		}
-		raw, err := json.Marshal(cur)
-		if err != nil {
-			return err
-		}
 		return b.Put([]byte(id), raw)
-	})
+	}
+	// A lone write commits at once; writes that meet share a batch and
+	// its fsync. Batch may run write more than once: Put and Delete are
+	// idempotent.
+	var err error
+	if s.writers.Add(1) > 1 {
+		err = s.db.Batch(write)
+	} else {
+		err = s.db.Update(write)
+	}
+	s.writers.Add(-1)
 	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 		// Nothing was committed: the records stay as they were.
 		return nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %v", id, err)
@@ -229,6 +256,13 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 	s.notifyLocked(id)
 	s.mu.Unlock()
 	return cur, nil
+}
+
+// shard picks the lock of a record.
+func shard(id string) int {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32() % recordShards)
 }
 
 // stampGenerations gives every intent of cur that differs from old the
