@@ -111,3 +111,15 @@ func TestBtrfsMountsAreMatchedToTheirLoopDevice(t *testing.T) {
 		}
 	}
 }
+
+func TestAttachedLoopNames(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "partitions")
+	content := "major minor  #blocks  name\n\n 254        0  268435456 vda\n   7        0      65536 loop0\n 259        1      65024 loop0p1\n   7       12     131072 loop12\n"
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := attachedLoopNames(p)
+	if err != nil || len(got) != 2 || got[0] != "loop0" || got[1] != "loop12" {
+		t.Errorf("got %v, %v; want loop0 and loop12", got, err)
+	}
+}

@@ -134,14 +134,26 @@ func KeepLoop(dev string) error {
 
 // ListLoops returns the attached loop devices, read from sysfs under
 // sysBlock (normally /sys/block).
-func ListLoops(sysBlock string) ([]state.Loop, error) {
-	entries, err := os.ReadDir(sysBlock)
+//
+// When partitions (normally /proc/partitions) is readable, only the loop
+// devices it lists are visited: it omits devices of zero size, which is
+// what an unattached loop device is, and those pile up by the thousand
+// (the kernel makes them on demand and keeps them). Otherwise every loop
+// device in sysBlock is visited.
+func ListLoops(sysBlock, partitions string) ([]state.Loop, error) {
+	names, err := attachedLoopNames(partitions)
 	if err != nil {
-		return nil, err
+		entries, err := os.ReadDir(sysBlock)
+		if err != nil {
+			return nil, err
+		}
+		names = names[:0]
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
 	}
 	var out []state.Loop
-	for _, e := range entries {
-		name := e.Name()
+	for _, name := range names {
 		if !strings.HasPrefix(name, "loop") {
 			continue
 		}
@@ -177,6 +189,29 @@ func ListLoops(sysBlock string) ([]state.Loop, error) {
 		})
 	}
 	return out, nil
+}
+
+// attachedLoopNames returns the names of the loop devices (not their
+// partitions) that a /proc/partitions file lists.
+func attachedLoopNames(partitions string) ([]string, error) {
+	if partitions == "" {
+		return nil, errors.New("no partitions file")
+	}
+	raw, err := os.ReadFile(partitions)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 {
+			continue
+		}
+		if name := f[3]; strings.HasPrefix(name, "loop") && !strings.Contains(name[4:], "p") {
+			names = append(names, name)
+		}
+	}
+	return names, nil
 }
 
 func parseDevNum(s string) (state.DevNum, error) {

@@ -15,6 +15,9 @@ type Observer struct {
 	MountInfo string
 	// SysBlock is the sysfs block directory, normally /sys/block.
 	SysBlock string
+	// Partitions lists the block devices of non-zero size, normally
+	// /proc/partitions; empty to visit every loop device in SysBlock.
+	Partitions string
 }
 
 // Observe parses the mount table once and lists the loop devices.
@@ -23,7 +26,7 @@ func (o *Observer) Observe() (*state.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
 	}
-	loops, err := ListLoops(o.SysBlock)
+	loops, err := ListLoops(o.SysBlock, o.Partitions)
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}

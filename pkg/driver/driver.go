@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Recorder:     m,
 		Static:       static,
 		Store:        store,
-		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"},
+		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions"},
 		Loops:        devices.LoopDevices{},
 		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
