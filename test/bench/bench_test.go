@@ -10,9 +10,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -345,17 +342,8 @@ func splitLines(s string) []string {
 // passTotals reads the total duration and count of reconcile passes from
 // the plugin's metrics, over its status socket.
 func passTotals(b *testing.B, p plugin) (sum, count float64) {
-	sock := filepath.Join(p.StateDir, "status.sock")
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
-	resp, err := client.Get("http://converge/metrics")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	for _, line := range splitLines(string(raw)) {
+	_, raw := p.StatusGet("/metrics")
+	for _, line := range splitLines(raw) {
 		fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_sum %g", &sum)
 		fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_count %g", &count)
 	}

@@ -1,10 +1,7 @@
 package integration
 
 import (
-	"context"
 	"encoding/json"
-	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -13,22 +10,6 @@ import (
 
 	"github.com/converge-csi/converge/test/testenv"
 )
-
-// get fetches path from the plugin's status socket.
-func get(t *testing.T, p *testenv.Plugin, path string) (int, string) {
-	t.Helper()
-	sock := filepath.Join(p.StateDir, "status.sock")
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
-	resp, err := client.Get("http://converge" + path)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
 
 // TestStatusAndMetrics reads the running plugin's status with
 // "csi-node status" (a table and JSON), and its /metrics, /healthz and
@@ -63,13 +44,13 @@ func TestStatusAndMetrics(t *testing.T) {
 		t.Errorf("status JSON: got %+v", vols)
 	}
 
-	if code, _ := get(t, p, "/readyz"); code != http.StatusOK {
+	if code, _ := p.StatusGet("/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz: %d", code)
 	}
-	if code, _ := get(t, p, "/healthz"); code != http.StatusOK {
+	if code, _ := p.StatusGet("/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d", code)
 	}
-	code, metrics := get(t, p, "/metrics")
+	code, metrics := p.StatusGet("/metrics")
 	for _, want := range []string{
 		`converge_operation_duration_seconds_count{operation="stage",result="ok"} 1`,
 		`converge_operation_duration_seconds_count{operation="publish",result="ok"} 1`,

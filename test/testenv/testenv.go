@@ -8,6 +8,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -301,4 +304,24 @@ func CheckSanityCleanup(t testing.TB, cfg sanity.TestConfig) {
 	if _, err := os.Stat(cfg.StagingPath); err == nil {
 		t.Errorf("csi-sanity left %s behind", cfg.StagingPath)
 	}
+}
+
+// StatusGet fetches path (e.g. /metrics) from the plugin's status socket
+// and returns the HTTP status code and body.
+func (p *Plugin) StatusGet(path string) (int, string) {
+	p.t.Helper()
+	sock := filepath.Join(p.StateDir, "status.sock")
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := client.Get("http://converge" + path)
+	if err != nil {
+		p.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		p.t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp.StatusCode, string(b)
 }
