@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/state"
@@ -118,8 +119,9 @@ func TestAttachedLoopNames(t *testing.T) {
 	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got, err := attachedLoopNames(p)
-	if err != nil || len(got) != 2 || got[0] != "loop0" || got[1] != "loop12" {
-		t.Errorf("got %v, %v; want loop0 and loop12", got, err)
+	got, err := attachedLoops(p)
+	want := []partition{{name: "loop0", dev: state.DevNum{Major: 7}, size: 64 << 20}, {name: "loop12", dev: state.DevNum{Major: 7, Minor: 12}, size: 128 << 20}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("got %v, %v; want %v", got, err, want)
 	}
 }

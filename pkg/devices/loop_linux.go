@@ -141,59 +141,89 @@ func KeepLoop(dev string) error {
 // (the kernel makes them on demand and keeps them). Otherwise every loop
 // device in sysBlock is visited.
 func ListLoops(sysBlock, partitions string) ([]state.Loop, error) {
-	names, err := attachedLoopNames(partitions)
+	// From /proc/partitions come each device's number and size at once;
+	// sysfs then gives only what it alone knows. Every syscall counts: a
+	// node may have a thousand devices, observed on every pass.
+	known, err := attachedLoops(partitions)
 	if err != nil {
 		entries, err := os.ReadDir(sysBlock)
 		if err != nil {
 			return nil, err
 		}
-		names = names[:0]
+		known = known[:0]
 		for _, e := range entries {
-			names = append(names, e.Name())
+			known = append(known, partition{name: e.Name(), size: -1})
 		}
 	}
+	buf := make([]byte, unix.PathMax+64)
 	var out []state.Loop
-	for _, name := range names {
-		if !strings.HasPrefix(name, "loop") {
+	for _, d := range known {
+		if !strings.HasPrefix(d.name, "loop") {
 			continue
 		}
-		backing, err := os.ReadFile(filepath.Join(sysBlock, name, "loop", "backing_file"))
+		backing, err := readSmall(filepath.Join(sysBlock, d.name, "loop", "backing_file"), buf)
 		if err != nil {
 			continue // not attached
 		}
-		devRaw, err := os.ReadFile(filepath.Join(sysBlock, name, "dev"))
-		if err != nil {
-			continue // detached meanwhile
+		// A deleted backing file reads "<path> (deleted)".
+		backingFile := strings.TrimSuffix(strings.TrimSuffix(backing, "\n"), " (deleted)")
+		autoclear, _ := readSmall(filepath.Join(sysBlock, d.name, "loop", "autoclear"), buf)
+		if d.size < 0 {
+			devRaw, err := readSmall(filepath.Join(sysBlock, d.name, "dev"), buf)
+			if err != nil {
+				continue // detached meanwhile
+			}
+			if d.dev, err = parseDevNum(strings.TrimSpace(devRaw)); err != nil {
+				return nil, fmt.Errorf("%s/dev: %w", d.name, err)
+			}
+			// sysfs gives the size in 512-byte sectors.
+			sectors, _ := readSmall(filepath.Join(sysBlock, d.name, "size"), buf)
+			n, _ := strconv.ParseInt(strings.TrimSpace(sectors), 10, 64)
+			d.size = n * 512
 		}
-		dev, err := parseDevNum(strings.TrimSpace(string(devRaw)))
-		if err != nil {
-			return nil, fmt.Errorf("%s/dev: %w", name, err)
-		}
-		autoclear, _ := os.ReadFile(filepath.Join(sysBlock, name, "loop", "autoclear"))
-		// sysfs gives the size in 512-byte sectors, whatever the block size.
-		sectors, _ := os.ReadFile(filepath.Join(sysBlock, name, "size"))
-		size, _ := strconv.ParseInt(strings.TrimSpace(string(sectors)), 10, 64)
-		backingFile := strings.TrimSuffix(strings.TrimSuffix(string(backing), "\n"), " (deleted)")
 		var backingSize int64
-		if fi, err := os.Stat(backingFile); err == nil {
-			backingSize = fi.Size()
+		var st unix.Stat_t
+		if err := unix.Stat(backingFile, &st); err == nil {
+			backingSize = st.Size
 		}
 		out = append(out, state.Loop{
-			Device:      "/dev/" + name,
-			Dev:         dev,
-			AutoClear:   strings.TrimSpace(string(autoclear)) == "1",
-			Size:        size * 512,
+			Device:      "/dev/" + d.name,
+			Dev:         d.dev,
+			AutoClear:   strings.TrimSpace(autoclear) == "1",
+			Size:        d.size,
 			BackingSize: backingSize,
-			// A deleted backing file reads "<path> (deleted)".
 			BackingFile: backingFile,
 		})
 	}
 	return out, nil
 }
 
-// attachedLoopNames returns the names of the loop devices (not their
-// partitions) that a /proc/partitions file lists.
-func attachedLoopNames(partitions string) ([]string, error) {
+// readSmall reads a small file (a sysfs attribute) with three syscalls,
+// using buf.
+func readSmall(path string, buf []byte) (string, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// partition is one loop device of /proc/partitions; size is -1 when only
+// the name is known.
+type partition struct {
+	name string
+	dev  state.DevNum
+	size int64
+}
+
+// attachedLoops returns the loop devices (not their partitions) that a
+// /proc/partitions file lists, with their numbers and sizes.
+func attachedLoops(partitions string) ([]partition, error) {
 	if partitions == "" {
 		return nil, errors.New("no partitions file")
 	}
@@ -201,17 +231,22 @@ func attachedLoopNames(partitions string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var names []string
+	var out []partition
 	for _, line := range strings.Split(string(raw), "\n") {
 		f := strings.Fields(line)
-		if len(f) != 4 {
+		if len(f) != 4 || !strings.HasPrefix(f[3], "loop") || strings.Contains(f[3][4:], "p") {
 			continue
 		}
-		if name := f[3]; strings.HasPrefix(name, "loop") && !strings.Contains(name[4:], "p") {
-			names = append(names, name)
+		major, err1 := strconv.ParseUint(f[0], 10, 32)
+		minor, err2 := strconv.ParseUint(f[1], 10, 32)
+		blocks, err3 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil || err3 != nil {
+			return nil, fmt.Errorf("%s: malformed line %q", partitions, line)
 		}
+		// #blocks counts 1 KiB blocks.
+		out = append(out, partition{name: f[3], dev: state.DevNum{Major: uint32(major), Minor: uint32(minor)}, size: blocks * 1024})
 	}
-	return names, nil
+	return out, nil
 }
 
 func parseDevNum(s string) (state.DevNum, error) {
