@@ -133,10 +133,18 @@ func Run(ctx context.Context, cfg Config) error {
 	recCtx, stopRec := context.WithCancel(ctx)
 	defer stopRec()
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		rec.Run(recCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		// A mount made or removed by anyone kicks a pass, so an external
+		// unmount heals at once rather than at the next resync.
+		if err := devices.WatchMounts(recCtx, "/proc/self/mountinfo", rec.Kick); err != nil {
+			logger.Error(err, "Cannot watch the mount table; changes are seen at each resync")
+		}
 	}()
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()

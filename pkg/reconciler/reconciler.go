@@ -246,11 +246,16 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	r.wake = time.Time{}
 	start := r.cfg.Clock.Now()
 	epoch := r.exec.epoch()
+	// Intents first, then the machine: the observation must be at least as
+	// new as the intents it is compared with. The other way round, an
+	// intent written during the observation would be judged against a
+	// machine as it was before, say, a mount was removed, and could be
+	// refused for good.
+	vols := r.cfg.Store.List()
 	snap, err := r.cfg.Observer.Observe()
 	if err != nil {
 		return 0, err
 	}
-	vols := r.cfg.Store.List()
 	ids := make(map[string]bool, len(vols))
 	type plan struct {
 		v   *state.Volume

@@ -584,3 +584,35 @@ func TestStaleObservationStartsNothing(t *testing.T) {
 		t.Errorf("attached %d times, want once", attaches)
 	}
 }
+
+// TestIntentNewerThanObservationIsNotJudged writes an unstage while a pass
+// observes the machine, just after the foreign mount that would refuse it
+// is gone: the pass must not judge the new intent against the machine as it
+// was (and refuse it for good).
+func TestIntentNewerThanObservationIsNotJudged(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+	h.world.mu.Lock()
+	l := h.world.loops[h.world.Path("v1")]
+	h.world.mounts = append(h.world.mounts, state.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"})
+	h.world.mu.Unlock()
+	h.world.afterObserve = func() {
+		// Someone unmounts their bind mount, then the kubelet unstages.
+		h.world.afterObserve = nil
+		h.world.mu.Lock()
+		h.world.mounts = h.world.mounts[:len(h.world.mounts)-1]
+		h.world.mu.Unlock()
+		h.update("v1", func(v *state.Volume) { v.Stage.Deleting = true })
+	}
+	h.settle()
+	h.settle() // the kick that the request's write gives in production
+	v, _ := h.store.Get("v1")
+	if v.Stage != nil {
+		t.Errorf("stage after the unstage: got %+v, want it torn down", v.Stage)
+	}
+	if f, ok := h.store.LastFinal("v1", state.StageKey); ok {
+		t.Errorf("the unstage was refused: %+v", f.Err)
+	}
+}

@@ -189,3 +189,24 @@ func TestUnstageRefusedUnderForeignBindMount(t *testing.T) {
 	}
 	tearDown(t, p, v)
 }
+
+// TestExternalUnmountHealsAtOnce runs with a resync period of an hour: an
+// unmount from outside is seen through the mount table's change
+// notification and repaired at once, not at the next resync.
+func TestExternalUnmountHealsAtOnce(t *testing.T) {
+	p := testenv.New(t, "--resync-period", "1h")
+	p.Start()
+	v := setUp(t, p, "watched")
+	if err := syscall.Unmount(v.target, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !mounted(v.target) {
+		if time.Now().After(deadline) {
+			t.Fatal("the external unmount was not repaired within 10 s; the next resync is an hour away")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	readBack(t, v)
+	tearDown(t, p, v)
+}
