@@ -81,10 +81,13 @@ type Plugin struct {
 	// Args are extra flags.
 	Args []string
 
-	t    testing.TB
-	cmd  *exec.Cmd
-	log  *os.File
-	conn *grpc.ClientConn
+	t   testing.TB
+	cmd *exec.Cmd
+	log *os.File
+	// connMu guards conn, which a test's goroutines use while the main
+	// one kills and restarts the plugin.
+	connMu sync.Mutex
+	conn   *grpc.ClientConn
 }
 
 // New prepares a plugin in a fresh directory and registers the cleanup
@@ -151,7 +154,9 @@ func (p *Plugin) Start() {
 	if err != nil {
 		p.t.Fatal(err)
 	}
+	p.connMu.Lock()
 	p.conn = conn
+	p.connMu.Unlock()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -181,13 +186,17 @@ func (p *Plugin) Log() string {
 }
 
 // Conn returns the client connection to the plugin.
-func (p *Plugin) Conn() *grpc.ClientConn { return p.conn }
+func (p *Plugin) Conn() *grpc.ClientConn {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	return p.conn
+}
 
 // Node returns a Node client.
-func (p *Plugin) Node() csi.NodeClient { return csi.NewNodeClient(p.conn) }
+func (p *Plugin) Node() csi.NodeClient { return csi.NewNodeClient(p.Conn()) }
 
 // Controller returns a Controller client.
-func (p *Plugin) Controller() csi.ControllerClient { return csi.NewControllerClient(p.conn) }
+func (p *Plugin) Controller() csi.ControllerClient { return csi.NewControllerClient(p.Conn()) }
 
 // Stop sends SIGTERM and waits for the plugin to exit.
 func (p *Plugin) Stop() { p.signal(syscall.SIGTERM) }
@@ -196,10 +205,13 @@ func (p *Plugin) Stop() { p.signal(syscall.SIGTERM) }
 func (p *Plugin) Kill() { p.signal(syscall.SIGKILL) }
 
 func (p *Plugin) signal(sig syscall.Signal) {
+	// The connection is closed but kept: calls racing with the kill fail
+	// (Canceled, which the kubelet retries) instead of dereferencing nil.
+	p.connMu.Lock()
 	if p.conn != nil {
 		p.conn.Close()
-		p.conn = nil
 	}
+	p.connMu.Unlock()
 	if p.cmd == nil {
 		return
 	}
