@@ -86,6 +86,18 @@ func unstage(t *testing.T, p *testenv.Plugin, id, path string) {
 	}
 }
 
+// upPublished creates volume id, makes the kubelet's directories for it,
+// stages and publishes it read-write, and returns its paths.
+func upPublished(t *testing.T, p *testenv.Plugin, id string) (staging, target string) {
+	t.Helper()
+	create(t, p, id)
+	staging = mkdir(t, filepath.Join(p.Root, "staging-"+id))
+	target = filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+id)), "mount")
+	must(t, "stage", stage(t, p, id, staging, rwo))
+	must(t, "publish", publish(t, p, id, staging, target, false))
+	return staging, target
+}
+
 func must(t *testing.T, what string, err error) {
 	t.Helper()
 	if err != nil {
@@ -204,11 +216,7 @@ func TestLifecycle(t *testing.T) {
 func TestStopLeavesMounts(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	create(t, p, "vol-b")
-	staging := mkdir(t, filepath.Join(p.Root, "staging-b"))
-	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-b")), "mount")
-	must(t, "stage", stage(t, p, "vol-b", staging, rwo))
-	must(t, "publish", publish(t, p, "vol-b", staging, target, false))
+	staging, target := upPublished(t, p, "vol-b")
 	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
 
 	p.Stop()

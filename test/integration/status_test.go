@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,11 +16,7 @@ import (
 func TestStatusAndMetrics(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	create(t, p, "vol-status")
-	staging := mkdir(t, filepath.Join(p.Root, "staging-status"))
-	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-status")), "mount")
-	must(t, "stage", stage(t, p, "vol-status", staging, rwo))
-	must(t, "publish", publish(t, p, "vol-status", staging, target, false))
+	staging, target := upPublished(t, p, "vol-status")
 
 	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
 	must(t, "csi-node status", err)
