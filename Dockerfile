@@ -1,0 +1,32 @@
+# converge csi-node image.
+#   docker build -t <registry>/csi-node:<tag> --build-arg VERSION=<tag> .
+
+# Build stage: a static binary, built as an unprivileged user.
+FROM golang:1.26-bookworm AS build
+RUN useradd --create-home --uid 10001 builder
+USER builder
+WORKDIR /home/builder/src
+COPY --chown=builder go.mod go.sum ./
+RUN go mod download
+COPY --chown=builder cmd ./cmd
+COPY --chown=builder pkg ./pkg
+ARG VERSION=devel
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/csi-node ./cmd/csi-node
+
+# Final stage: the binary and exactly the OS tools it executes (mount-utils
+# runs mount, umount, blkid, blockdev, fsck, mkfs.* and the resize tools;
+# converge runs e2fsck and resize2fs). test/image checks this list against
+# the code.
+FROM debian:bookworm-slim
+ARG VERSION=devel
+LABEL org.opencontainers.image.title="converge csi-node" \
+      org.opencontainers.image.description="CSI node plugin with a kubelet-style reconciler: loop-device volumes, node-local" \
+      org.opencontainers.image.source="https://github.com/converge-csi/converge" \
+      org.opencontainers.image.version="${VERSION}"
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends e2fsprogs xfsprogs btrfs-progs util-linux mount \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /home/builder/csi-node /usr/local/bin/csi-node
+# csi-node needs root (privileged in the DaemonSet): it attaches loop
+# devices and mounts.
+ENTRYPOINT ["/usr/local/bin/csi-node"]
