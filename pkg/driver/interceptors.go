@@ -25,10 +25,14 @@ func observeCalls(m *metrics.Metrics) grpc.UnaryServerInterceptor {
 	}
 }
 
-// logCalls logs each RPC at V(4) and its body, without secrets, at V(5). It
+// logCalls logs each RPC (with its volume, if any) at V(4) and its body, without secrets, at V(5). It
 // also makes sure no plain Go error leaves a handler.
 func logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	logger := klog.FromContext(ctx).WithValues("method", info.FullMethod)
+	if v, ok := req.(interface{ GetVolumeId() string }); ok && v.GetVolumeId() != "" {
+		// Every line of the call names its volume, so one grep follows it.
+		logger = logger.WithValues("volumeID", v.GetVolumeId())
+	}
 	if logger.V(5).Enabled() {
 		logger.V(5).Info("Request", "body", protosanitizer.StripSecrets(req).String())
 	}
