@@ -5,7 +5,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 RUN_DIR  ?= $(CURDIR)/.run
 SOCKET   := $(RUN_DIR)/csi.sock
 
-.PHONY: run test build deps unit vet sanity fuzz bench clean
+.PHONY: run test build deps unit vet sanity fuzz bench e2e clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -26,10 +26,18 @@ run: deps build
 	bin/csi-node --endpoint unix://$(SOCKET) --state-dir $(RUN_DIR)/state \
 		--kubelet-dir $(RUN_DIR)/kubelet --allowed-path-prefix $(RUN_DIR)/pods -v 2
 
-## test: install OS packages, then vet, unit tests, integration tests, csi-sanity and a short fuzz of each target
+## test: install OS packages, then vet, unit tests, integration tests, csi-sanity, a short fuzz of each target and the real-kubelet suite
 test: deps vet
 	$(GO) test -count=1 -timeout 12m ./...
 	@$(MAKE) --no-print-directory fuzz
+	@$(MAKE) --no-print-directory e2e
+
+## e2e: a single-node cluster (kubelet, apiserver, controller-manager, scheduler v1.36.3, etcd, containerd)
+## on 127.0.0.1 with csi-node as its CSI driver, and real pods on it. The first run builds Kubernetes
+## (about 5 minutes) into the user's cache directory; later runs bring the cluster up in seconds.
+e2e:
+	@./hack/install-deps.sh e2e
+	cd test/e2e && $(GO) test -count=1 -v -timeout 40m .
 
 ## bench: the benchmarks of docs/performance.md (real devices; about 5 minutes; not part of make test)
 bench: deps
@@ -53,6 +61,7 @@ deps:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	cd test/e2e && $(GO) vet ./...
 
 unit:
 	$(GO) test -count=1 ./pkg/...

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs the OS tools converge executes and its tests need, on Debian.
+# With the argument "e2e", also what the real-kubelet suite (test/e2e) runs:
+# etcd, containerd, runc, the CNI plugins and busybox for the test image.
 # Idempotent: does nothing when every tool is present.
 set -euo pipefail
 need=()
@@ -8,6 +10,14 @@ command -v mkfs.xfs  >/dev/null || need+=(xfsprogs)
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
 command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
+if [ "${1:-}" = e2e ]; then
+  command -v etcd       >/dev/null || need+=(etcd-server)
+  command -v containerd >/dev/null || need+=(containerd)
+  command -v runc       >/dev/null || need+=(runc)
+  [ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins)
+  # The static build: the test image holds nothing but it.
+  dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: missing ${need[*]}; run as root" >&2

@@ -1,0 +1,78 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+)
+
+// call is one CSI call csi-node answered, as its log (at -v 4) records it.
+type call struct {
+	method string // e.g. NodeStageVolume
+	volume string
+	code   string // OK, or the gRPC code
+}
+
+func (c call) String() string { return fmt.Sprintf("%s(%s) = %s", c.method, c.volume, c.code) }
+
+var (
+	callLine   = regexp.MustCompile(`"Call (succeeded|failed)".*method="/csi\.v1\.[A-Za-z]+/([A-Za-z]+)"`)
+	volumeAttr = regexp.MustCompile(`volumeID="([^"]+)"`)
+	codeAttr   = regexp.MustCompile(`code="([^"]+)"`)
+)
+
+// readCalls parses csi-node's log for the calls made about volume (all
+// volumes when it is empty), in order.
+func readCalls(log, volume string) ([]call, error) {
+	f, err := os.Open(log)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []call
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		m := callLine.FindStringSubmatch(sc.Text())
+		if m == nil {
+			continue
+		}
+		c := call{method: m[2], code: "OK"}
+		if v := volumeAttr.FindStringSubmatch(sc.Text()); v != nil {
+			c.volume = v[1]
+		}
+		if m[1] == "failed" {
+			c.code = "?"
+			if v := codeAttr.FindStringSubmatch(sc.Text()); v != nil {
+				c.code = v[1]
+			}
+		}
+		if volume == "" || c.volume == volume {
+			out = append(out, c)
+		}
+	}
+	return out, sc.Err()
+}
+
+// count is how many of calls are method with code.
+func count(calls []call, method, code string) int {
+	n := 0
+	for _, c := range calls {
+		if c.method == method && c.code == code {
+			n++
+		}
+	}
+	return n
+}
+
+func describe(calls []call) string {
+	var b strings.Builder
+	for _, c := range calls {
+		if strings.HasPrefix(c.method, "Node") && c.method != "NodeGetVolumeStats" && c.method != "NodeGetCapabilities" {
+			fmt.Fprintf(&b, "\n    %s", c)
+		}
+	}
+	return b.String()
+}

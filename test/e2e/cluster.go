@@ -1,0 +1,615 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// kubernetesVersion is the release the suite runs; test/e2e/k8s/go.mod pins
+// the same one.
+const kubernetesVersion = "v1.36.3"
+
+// runPrefix names a run's directory in the temporary directory; a directory
+// of that name found at start is an earlier run's that was killed before it
+// could take itself down.
+const runPrefix = "converge-e2e-"
+
+// cluster is a single-node Kubernetes cluster on 127.0.0.1 with converge as
+// its CSI driver. Everything it writes lives under dir, except the
+// Kubernetes binaries, which are cached across runs (see kubeBinaries).
+type cluster struct {
+	dir        string // the run's directory; removed by down
+	repo       string // converge's repository root
+	bin        string // directory of the Kubernetes binaries
+	kubeletDir string // the kubelet's --root-dir
+	stateDir   string // csi-node's --state-dir
+	node       string // the node's name; resolves to 127.0.0.1
+	logs       string // directory of every daemon's log
+
+	pki        *pki
+	admin      string // the admin kubeconfig
+	client     kubernetes.Interface
+	containerd string // containerd's socket
+	csiSock    string // csi-node's CSI socket
+	csiBinary  string
+
+	etcd, apiserver, controllerManager, scheduler, containerdProc, kubelet, csiNode *proc
+	registrar                                                                       *registrar
+	provisioner                                                                     *provisioner
+	stopProvisioner                                                                 context.CancelFunc
+
+	ports    map[string]int
+	upPhases []string // how long each phase of up took, for the log
+}
+
+// repoRoot is converge's repository root, found from this file.
+func repoRoot() string {
+	_, self, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(self), "..", "..")
+}
+
+// up brings the cluster up. On error the caller must still call down.
+func (c *cluster) up(ctx context.Context) error {
+	c.repo = repoRoot()
+	for _, note := range cleanStaleRuns() {
+		fmt.Printf("e2e: cleaned after an earlier run that did not take itself down: %s\n", note)
+	}
+	dir, err := os.MkdirTemp("", runPrefix)
+	if err != nil {
+		return err
+	}
+	c.dir = dir
+	if err := recordHostPaths(dir); err != nil {
+		return err
+	}
+	c.logs = filepath.Join(dir, "logs")
+	c.kubeletDir = filepath.Join(dir, "kubelet")
+	c.stateDir = filepath.Join(dir, "converge")
+	for _, d := range []string{c.logs, c.kubeletDir, filepath.Join(c.kubeletDir, "plugins_registry")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return err
+	}
+	c.node = strings.ToLower(host)
+	if addrs, err := net.LookupHost(c.node); err != nil || !slices.Contains(addrs, "127.0.0.1") {
+		return fmt.Errorf("host name %q must resolve to 127.0.0.1 (the apiserver reaches the kubelet by it), got %v %v", c.node, addrs, err)
+	}
+	c.ports = map[string]int{}
+	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "kubelet", "kubelet-healthz", "controller-manager", "scheduler"} {
+		if c.ports[name], err = freePort(); err != nil {
+			return err
+		}
+	}
+
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"kubernetes binaries", c.kubeBinaries},
+		{"csi-node binary", c.buildCSINode},
+		{"certificates", c.makePKI},
+		{"etcd", c.startEtcd},
+		{"kube-apiserver", c.startAPIServer},
+		{"controller-manager and scheduler", c.startControllers},
+		{"containerd and images", c.startContainerd},
+		{"kubelet", c.startKubelet},
+		{"csi-node and registration", c.startCSINode},
+		{"CSIDriver and StorageClass", c.applyDriver},
+		{"default service account", c.waitServiceAccount},
+	}
+	for _, s := range steps {
+		start := time.Now()
+		if err := s.run(ctx); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+		c.upPhases = append(c.upPhases, fmt.Sprintf("%s %.1fs", s.name, time.Since(start).Seconds()))
+	}
+	pctx, cancel := context.WithCancel(context.Background())
+	c.stopProvisioner = cancel
+	prov, err := newProvisioner(c.client, c.node, c.csiSock)
+	if err != nil {
+		return err
+	}
+	c.provisioner = prov
+	go prov.run(pctx)
+	return nil
+}
+
+// kubeBinaries builds the Kubernetes binaries of test/e2e/k8s into the
+// user's cache directory, keyed by version, or reuses the ones built there
+// before with the same flags: a cold build takes minutes, a warm one
+// nothing.
+func (c *cluster) kubeBinaries(ctx context.Context) error {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return err
+	}
+	c.bin = filepath.Join(cache, "converge-e2e", "kubernetes-"+kubernetesVersion)
+	// The version a release build stamps (hack/lib/version.sh): the
+	// kubelet reports it in its Node, the API server in /version.
+	var ldflags []string
+	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
+		major, minor, _ := strings.Cut(strings.TrimPrefix(kubernetesVersion, "v"), ".")
+		minor, _, _ = strings.Cut(minor, ".")
+		ldflags = append(ldflags, "-X "+pkg+".gitVersion="+kubernetesVersion, "-X "+pkg+".gitMajor="+major,
+			"-X "+pkg+".gitMinor="+minor, "-X "+pkg+".gitTreeState=clean")
+	}
+	args := []string{"build", "-trimpath", "-ldflags", "-s -w " + strings.Join(ldflags, " ")}
+	stamp := strings.Join(args, " ") + "\n"
+	if b, err := os.ReadFile(filepath.Join(c.bin, "built-with")); err == nil && string(b) == stamp {
+		return nil
+	}
+	tmp := c.bin + ".partial"
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "-o", tmp+"/", "tool")...)
+	cmd.Dir = filepath.Join(c.repo, "test", "e2e", "k8s")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build tool: %v\n%s", err, tail(string(out), 40))
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "built-with"), []byte(stamp), 0o644); err != nil {
+		return err
+	}
+	os.RemoveAll(c.bin)
+	return os.Rename(tmp, c.bin)
+}
+
+func (c *cluster) buildCSINode(ctx context.Context) error {
+	c.csiBinary = filepath.Join(c.dir, "csi-node")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", c.csiBinary, "./cmd/csi-node")
+	cmd.Dir = c.repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build csi-node: %v\n%s", err, out)
+	}
+	return nil
+}
+
+func (c *cluster) makePKI(context.Context) error {
+	p, err := newPKI(filepath.Join(c.dir, "pki"))
+	if err != nil {
+		return err
+	}
+	c.pki = p
+	ids := []struct {
+		name, cn string
+		orgs     []string
+		hosts    []string
+	}{
+		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", "localhost", c.node, "kubernetes", "kubernetes.default", "kubernetes.default.svc"}},
+		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil},
+		{"admin", "converge-e2e-admin", []string{"system:masters"}, nil},
+		{"controller-manager", "system:kube-controller-manager", nil, nil},
+		{"scheduler", "system:kube-scheduler", nil, nil},
+		{"kubelet", "system:node:" + c.node, []string{"system:nodes"}, nil},
+	}
+	server := fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
+	for _, id := range ids {
+		if err := p.issue(id.name, id.cn, id.orgs, id.hosts...); err != nil {
+			return err
+		}
+		if _, err := p.kubeconfig(id.name, server); err != nil {
+			return err
+		}
+	}
+	c.admin = p.path("admin.kubeconfig")
+	return nil
+}
+
+func (c *cluster) startEtcd(ctx context.Context) error {
+	client := fmt.Sprintf("http://127.0.0.1:%d", c.ports["etcd"])
+	peer := fmt.Sprintf("http://127.0.0.1:%d", c.ports["etcd-peer"])
+	var err error
+	c.etcd, err = startProc(c.logs, "etcd", "etcd",
+		"--name=e2e", "--data-dir="+filepath.Join(c.dir, "etcd"),
+		"--listen-client-urls="+client, "--advertise-client-urls="+client,
+		"--listen-peer-urls="+peer, "--initial-advertise-peer-urls="+peer,
+		"--initial-cluster=e2e="+peer, "--listen-metrics-urls=")
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 30*time.Second, c.etcd, func() error {
+		conn, err := net.DialTimeout("tcp", strings.TrimPrefix(client, "http://"), time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	})
+}
+
+func (c *cluster) startAPIServer(ctx context.Context) error {
+	p := c.pki.path
+	var err error
+	c.apiserver, err = startProc(c.logs, "kube-apiserver", filepath.Join(c.bin, "kube-apiserver"),
+		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", c.ports["etcd"]),
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", c.ports["apiserver"]),
+		// A loopback address is invalid in the kubernetes Service's
+		// Endpoints; nothing here needs them.
+		"--endpoint-reconciler-type=none",
+		"--service-cluster-ip-range=10.96.0.0/24",
+		"--tls-cert-file="+p("apiserver.crt"), "--tls-private-key-file="+p("apiserver.key"),
+		"--client-ca-file="+p("ca.crt"),
+		"--service-account-key-file="+p("sa.pub"), "--service-account-signing-key-file="+p("sa.key"),
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+		"--kubelet-client-certificate="+p("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key="+p("apiserver-kubelet-client.key"),
+		// The node's host name resolves to 127.0.0.1, so kubectl exec and
+		// logs reach the kubelet.
+		"--kubelet-preferred-address-types=Hostname",
+		"--allow-privileged=true",
+	)
+	if err != nil {
+		return err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.admin)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = 100, 200
+	c.client, err = kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, c.apiserver, func() error {
+		body, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			return fmt.Errorf("readyz: %v %s", err, body)
+		}
+		return nil
+	})
+}
+
+func (c *cluster) startControllers(ctx context.Context) error {
+	var err error
+	c.controllerManager, err = startProc(c.logs, "kube-controller-manager", filepath.Join(c.bin, "kube-controller-manager"),
+		"--kubeconfig="+c.pki.path("controller-manager.kubeconfig"),
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", c.ports["controller-manager"]),
+		"--leader-elect=false",
+		"--service-account-private-key-file="+c.pki.path("sa.key"),
+		"--root-ca-file="+c.pki.path("ca.crt"),
+		"--flex-volume-plugin-dir="+filepath.Join(c.dir, "flexvolume"),
+		// Each controller acts as its own service account, with the
+		// system:controller:* roles; the controller-manager's own identity
+		// has only the rights to start them.
+		"--use-service-account-credentials=true",
+	)
+	if err != nil {
+		return err
+	}
+	c.scheduler, err = startProc(c.logs, "kube-scheduler", filepath.Join(c.bin, "kube-scheduler"),
+		"--kubeconfig="+c.pki.path("scheduler.kubeconfig"),
+		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", c.ports["scheduler"]),
+		"--leader-elect=false",
+	)
+	return err
+}
+
+// startContainerd runs a containerd of the run's own (its own root, state,
+// socket and CNI configuration) and imports the locally built images.
+func (c *cluster) startContainerd(ctx context.Context) error {
+	base := filepath.Join(c.dir, "containerd")
+	cni := filepath.Join(c.dir, "cni")
+	for _, d := range []string{base, cni} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// Pods use the host's network; a loopback-only network makes the
+	// runtime report its network ready, and no bridge or address is made.
+	if err := os.WriteFile(filepath.Join(cni, "10-loopback.conflist"),
+		[]byte(`{"cniVersion": "1.0.0", "name": "e2e-loopback", "plugins": [{"type": "loopback"}]}`+"\n"), 0o644); err != nil {
+		return err
+	}
+	c.containerd = filepath.Join(base, "containerd.sock")
+	config := fmt.Sprintf(`version = 2
+root = %q
+state = %q
+[grpc]
+  address = %q
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  # No CAP_SYS_RESOURCE here: runc cannot lower a sandbox's oom_score_adj.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %q
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %q
+`, filepath.Join(base, "root"), filepath.Join(base, "state"), c.containerd, filepath.Join(base, "opt"),
+		pauseImage, filepath.Join(base, "runc"), cni)
+	cfgPath := filepath.Join(base, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		return err
+	}
+	var err error
+	c.containerdProc, err = startProc(c.logs, "containerd", "containerd", "--config", cfgPath)
+	if err != nil {
+		return err
+	}
+	if err := waitFor(ctx, 30*time.Second, c.containerdProc, func() error {
+		return exec.Command("ctr", "--address", c.containerd, "version").Run()
+	}); err != nil {
+		return err
+	}
+	images := filepath.Join(c.dir, "images")
+	if err := os.MkdirAll(images, 0o755); err != nil {
+		return err
+	}
+	return buildImages(images, c.containerd)
+}
+
+func (c *cluster) startKubelet(ctx context.Context) error {
+	if err := c.saveSysctls(); err != nil {
+		return err
+	}
+	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: %d
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %d
+# cgroup v1 and no systemd as PID 1 on this machine kind.
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+# Otherwise the kubelet adds firewall chains to the host.
+makeIPTablesUtilChains: false
+containerRuntimeEndpoint: unix://%s
+podLogsDir: %s
+volumePluginDir: %s
+# The images are built here and cannot be pulled again.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "1%%"
+  nodefs.available: "1%%"
+  imagefs.available: "1%%"
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: %s
+authorization:
+  mode: Webhook
+registerNode: true
+nodeStatusUpdateFrequency: 2s
+`, c.ports["kubelet"], c.ports["kubelet-healthz"], c.containerd,
+		filepath.Join(c.dir, "pod-logs"), filepath.Join(c.dir, "volume-plugins"), c.pki.path("ca.crt"))
+	path := filepath.Join(c.dir, "kubelet.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+		return err
+	}
+	if err := c.runKubelet(); err != nil {
+		return err
+	}
+	return waitFor(ctx, 60*time.Second, c.kubelet, func() error {
+		n, err := c.client.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("node %s not Ready: %v", c.node, n.Status.Conditions)
+	})
+}
+
+// runKubelet starts the kubelet process with the configuration startKubelet
+// wrote; restartKubelet calls it again.
+func (c *cluster) runKubelet() error {
+	var err error
+	c.kubelet, err = startProc(c.logs, "kubelet", filepath.Join(c.bin, "kubelet"),
+		"--config="+filepath.Join(c.dir, "kubelet.yaml"),
+		"--kubeconfig="+c.pki.path("kubelet.kubeconfig"),
+		"--root-dir="+c.kubeletDir,
+		"--cert-dir="+filepath.Join(c.dir, "kubelet-pki"),
+		"--hostname-override="+c.node,
+		"-v=2",
+	)
+	return err
+}
+
+// startCSINode runs csi-node as a host process on the socket the kubelet
+// expects and registers it, as node-driver-registrar does.
+func (c *cluster) startCSINode(ctx context.Context) error {
+	c.csiSock = filepath.Join(c.kubeletDir, "plugins", driverName, "csi.sock")
+	if err := os.MkdirAll(filepath.Dir(c.csiSock), 0o755); err != nil {
+		return err
+	}
+	before := 0
+	if c.registrar != nil {
+		before = c.registrar.registered()
+	}
+	if err := c.runCSINode(ctx); err != nil {
+		return err
+	}
+	if c.registrar == nil {
+		r, err := startRegistrar(c.kubeletDir, driverName, c.csiSock)
+		if err != nil {
+			return err
+		}
+		c.registrar = r
+	}
+	return c.waitRegistered(ctx, before)
+}
+
+// runCSINode starts csi-node and waits for its socket to answer.
+func (c *cluster) runCSINode(ctx context.Context) error {
+	var err error
+	c.csiNode, err = startProc(c.logs, "csi-node", c.csiBinary,
+		"--endpoint=unix://"+c.csiSock,
+		"--node-id="+c.node,
+		"--state-dir="+c.stateDir,
+		"--kubelet-dir="+c.kubeletDir,
+		// Every call is logged at -v 4: the suite reads the kubelet's calls
+		// from the log.
+		"-v=4",
+	)
+	if err != nil {
+		return err
+	}
+	return waitFor(ctx, 30*time.Second, c.csiNode, func() error {
+		conn, err := net.DialTimeout("unix", c.csiSock, time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	})
+}
+
+// waitRegistered waits for the kubelet to register the driver once more
+// than before, and for the node's CSINode object to list it.
+func (c *cluster) waitRegistered(ctx context.Context, before int) error {
+	return waitFor(ctx, 60*time.Second, c.csiNode, func() error {
+		if n := c.registrar.registered(); n <= before {
+			return fmt.Errorf("registered %d times, want more than %d", n, before)
+		}
+		if !c.driverRegistered() {
+			return fmt.Errorf("CSINode %s does not list %s", c.node, driverName)
+		}
+		return nil
+	})
+}
+
+// driverRegistered reports whether the node's CSINode object lists the
+// driver, as the kubelet keeps it while the driver is registered.
+func (c *cluster) driverRegistered() bool {
+	cn, err := c.client.StorageV1().CSINodes().Get(context.Background(), c.node, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	for _, d := range cn.Spec.Drivers {
+		if d.Name == driverName {
+			return true
+		}
+	}
+	return false
+}
+
+// applyDriver applies deploy/'s CSIDriver and StorageClass, the manifests
+// users apply, with kubectl.
+func (c *cluster) applyDriver(ctx context.Context) error {
+	_, err := c.kubectl(ctx, "apply", "-f", filepath.Join(c.repo, "deploy", "csidriver.yaml"),
+		"-f", filepath.Join(c.repo, "deploy", "storageclass.yaml"))
+	return err
+}
+
+func (c *cluster) waitServiceAccount(ctx context.Context) error {
+	return waitFor(ctx, 60*time.Second, c.controllerManager, func() error {
+		_, err := c.client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
+}
+
+// kubectl runs the cluster's kubectl as the admin and returns its output.
+func (c *cluster) kubectl(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "kubectl"), append([]string{"--kubeconfig", c.admin}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// ctr runs containerd's ctr on the run's containerd, in the kubelet's
+// namespace.
+func (c *cluster) ctr(args ...string) (string, error) {
+	out, err := exec.Command("ctr", append([]string{"--address", c.containerd, "-n", "k8s.io"}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// restartKubelet stops the kubelet with SIGTERM and starts it again.
+func (c *cluster) restartKubelet(ctx context.Context) error {
+	if err := c.kubelet.stop(30 * time.Second); err != nil {
+		return err
+	}
+	return c.runKubelet()
+}
+
+// killCSINode kills csi-node and its registration with SIGKILL, as when
+// the DaemonSet's pod dies: the kubelet loses the driver until it is back.
+func (c *cluster) killCSINode() {
+	c.csiNode.kill()
+	c.registrar.stop()
+	c.registrar = nil
+}
+
+// waitFor polls check every 100 ms until it succeeds, timeout passes, ctx
+// ends or p (when not nil) exits; the error then names the last failure and
+// the tail of p's log.
+func waitFor(ctx context.Context, timeout time.Duration, p *proc, check func() error) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		if last = check(); last == nil {
+			return nil
+		}
+		if p != nil && p.exited() {
+			return fmt.Errorf("%s exited (%v): %v\n%s", p.name, p.err, last, tailFile(p.log, 30))
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			msg := ""
+			if p != nil {
+				msg = "\n" + tailFile(p.log, 30)
+			}
+			return fmt.Errorf("not within %s: %v%s", timeout, last, msg)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func tailFile(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	return tail(string(b), n)
+}

@@ -1,0 +1,283 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+const (
+	fs  = corev1.PersistentVolumeFilesystem
+	blk = corev1.PersistentVolumeBlock
+	rwo = corev1.ReadWriteOnce
+)
+
+// A pod writes to a claim and is deleted; a second pod reads the data. The
+// kubelet stages, publishes, unpublishes and unstages through converge, and
+// nothing is left mounted afterwards.
+func TestDataOutlivesPod(t *testing.T) {
+	claim(t, "outlive", fs, rwo)
+	writer := startPod(t, podSpec{name: "outlive-writer", claims: []string{"outlive"}})
+	v := boundVolume(t, "outlive")
+	token := "written by " + string(writer.UID)
+	mustExec(t, writer.Name, fmt.Sprintf("echo %q > %s/f && sync", token, dataDir))
+	if id := mountID(t, v.targetPath(writer)); id == "" {
+		t.Fatalf("nothing mounted at the writer's target %s", v.targetPath(writer))
+	}
+	deletePod(t, writer.Name)
+	v.waitCalls(t, "NodeUnstageVolume", 1)
+	if id := mountID(t, v.stagingPath()); id != "" {
+		t.Fatalf("staging path %s still mounted (%s) after NodeUnstageVolume", v.stagingPath(), id)
+	}
+
+	reader := startPod(t, podSpec{name: "outlive-reader", claims: []string{"outlive"}})
+	if got := mustExec(t, reader.Name, "cat "+dataDir+"/f"); got != token {
+		t.Fatalf("the second pod read %q, want %q", got, token)
+	}
+	deletePod(t, reader.Name)
+	v.waitCalls(t, "NodeUnstageVolume", 2)
+	calls := v.calls(t)
+	for _, m := range []string{"NodeStageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"} {
+		if n := count(calls, m, "OK"); n != 2 {
+			t.Errorf("%s answered OK %d times, want 2 (once per pod):%s", m, n, describe(calls))
+		}
+	}
+	release(t, v, "outlive")
+}
+
+// A raw block claim is attached to a pod as a device; what the pod writes
+// to it is in the volume's image, and a second pod reads it back.
+func TestRawBlock(t *testing.T) {
+	claim(t, "raw", blk, rwo)
+	writer := startPod(t, podSpec{name: "raw-writer", claims: []string{"raw"}, block: true})
+	v := boundVolume(t, "raw")
+	token := "raw " + string(writer.UID)
+	mustExec(t, writer.Name, fmt.Sprintf("printf %%s %q | dd of=%s bs=4096 conv=sync,fsync 2>/dev/null", token, blockPath))
+	img, err := os.ReadFile(v.image())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(img[:len(token)]); got != token {
+		t.Fatalf("the image starts with %q, want %q: the pod's device is not the volume", got, token)
+	}
+	deletePod(t, writer.Name)
+
+	reader := startPod(t, podSpec{name: "raw-reader", claims: []string{"raw"}, block: true})
+	got := mustExec(t, reader.Name, fmt.Sprintf("dd if=%s bs=%d count=1 2>/dev/null", blockPath, len(token)))
+	if got != token {
+		t.Fatalf("the second pod read %q from its device, want %q", got, token)
+	}
+	if n := count(v.calls(t), "NodePublishVolume", "OK"); n != 2 {
+		t.Errorf("NodePublishVolume answered OK %d times, want 2:%s", n, describe(v.calls(t)))
+	}
+	release(t, v, "raw", reader.Name)
+}
+
+// Two pods on the node share a ReadWriteOnce volume: one stage, two
+// publishes, and each sees the other's writes. A ReadWriteOncePod volume
+// refuses a second pod until the first is gone.
+func TestSharedVolume(t *testing.T) {
+	t.Run("ReadWriteOnce", func(t *testing.T) {
+		claim(t, "shared", fs, rwo)
+		a := startPod(t, podSpec{name: "shared-a", claims: []string{"shared"}})
+		b := startPod(t, podSpec{name: "shared-b", claims: []string{"shared"}})
+		v := boundVolume(t, "shared")
+		mustExec(t, a.Name, "echo from-a > "+dataDir+"/a")
+		mustExec(t, b.Name, "echo from-b > "+dataDir+"/b")
+		if got := mustExec(t, a.Name, "cat "+dataDir+"/b"); got != "from-b" {
+			t.Errorf("pod a read %q, want from-b", got)
+		}
+		if got := mustExec(t, b.Name, "cat "+dataDir+"/a"); got != "from-a" {
+			t.Errorf("pod b read %q, want from-a", got)
+		}
+		calls := v.calls(t)
+		if n := count(calls, "NodeStageVolume", "OK"); n != 1 {
+			t.Errorf("NodeStageVolume answered OK %d times, want 1:%s", n, describe(calls))
+		}
+		if n := count(calls, "NodePublishVolume", "OK"); n != 2 {
+			t.Errorf("NodePublishVolume answered OK %d times, want 2:%s", n, describe(calls))
+		}
+		release(t, v, "shared", a.Name, b.Name)
+	})
+	t.Run("ReadWriteOncePod", func(t *testing.T) {
+		claim(t, "single", fs, corev1.ReadWriteOncePod)
+		first := startPod(t, podSpec{name: "single-first", claims: []string{"single"}})
+		v := boundVolume(t, "single")
+		createPod(t, podSpec{name: "single-second", claims: []string{"single"}})
+		// The scheduler refuses the second pod while the first holds the
+		// volume; it is never published twice.
+		poll(t, time.Minute, "second pod refused", func() (bool, string) {
+			p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), "single-second", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse && strings.Contains(cond.Message, "ReadWriteOncePod") {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%s %v", p.Status.Phase, p.Status.Conditions)
+		})
+		if n := count(v.calls(t), "NodePublishVolume", "OK"); n != 1 {
+			t.Fatalf("NodePublishVolume answered OK %d times while the second pod waits, want 1:%s", n, describe(v.calls(t)))
+		}
+		deletePod(t, first.Name)
+		second := waitRunning(t, "single-second")
+		mustExec(t, second.Name, "test -d "+dataDir)
+		release(t, v, "single", second.Name)
+	})
+}
+
+// csi-node is killed with SIGKILL while pods use its volumes: they keep
+// their data and their mounts, the plugin restarts and is registered
+// again, and deleting the pods afterwards tears everything down.
+func TestPluginKilled(t *testing.T) {
+	claim(t, "killed", fs, rwo)
+	pod := startPod(t, podSpec{name: "killed", claims: []string{"killed"}})
+	v := boundVolume(t, "killed")
+	mustExec(t, pod.Name, "echo before > "+dataDir+"/f && sync")
+	staging, target := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod))
+
+	c.killCSINode()
+	// The kubelet's plugin watcher sees the registration socket go and
+	// drops the driver from the node.
+	poll(t, time.Minute, "driver deregistered", func() (bool, string) {
+		return !c.driverRegistered(), "CSINode still lists " + driverName
+	})
+	// Mounts belong to the pods, not to the plugin's process.
+	mustExec(t, pod.Name, "echo during >> "+dataDir+"/f && sync")
+	if got := mustExec(t, pod.Name, "cat "+dataDir+"/f"); got != "before\nduring" {
+		t.Fatalf("while csi-node is down the pod read %q", got)
+	}
+	if err := c.startCSINode(context.Background()); err != nil {
+		t.Fatalf("restart csi-node: %v", err)
+	}
+	if !c.driverRegistered() {
+		t.Fatalf("CSINode does not list %s after the restart", driverName)
+	}
+	if got := mustExec(t, pod.Name, "cat "+dataDir+"/f"); got != "before\nduring" {
+		t.Fatalf("after the restart the pod read %q", got)
+	}
+	if s, tg := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod)); s != staging || tg != target {
+		t.Errorf("the restart remounted the volume: staging mount %s -> %s, target mount %s -> %s", staging, s, target, tg)
+	}
+	release(t, v, "killed", pod.Name)
+}
+
+// The kubelet is restarted while a pod runs: the pod, its container and its
+// mounts are undisturbed, and deleting the pod later is clean.
+func TestKubeletRestart(t *testing.T) {
+	claim(t, "kubelet-restart", fs, rwo)
+	pod := startPod(t, podSpec{name: "kubelet-restart", claims: []string{"kubelet-restart"}})
+	v := boundVolume(t, "kubelet-restart")
+	mustExec(t, pod.Name, "echo kept > "+dataDir+"/f")
+	staging, target := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod))
+	containerID := pod.Status.ContainerStatuses[0].ContainerID
+
+	if err := c.restartKubelet(context.Background()); err != nil {
+		t.Fatalf("restart kubelet: %v", err)
+	}
+	// Wait until the restarted kubelet has reported the pod again.
+	start := time.Now()
+	poll(t, 2*time.Minute, "kubelet back", func() (bool, string) {
+		n, err := c.client.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), c.node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return n.Spec.RenewTime != nil && n.Spec.RenewTime.After(start), "lease not renewed yet"
+	})
+	// The restarted kubelet rebuilds its view of the pod's volume and
+	// confirms it with NodeStageVolume and NodePublishVolume again, which
+	// must change nothing.
+	v.waitCalls(t, "NodePublishVolume", 2)
+	got := waitRunning(t, pod.Name)
+	if id := got.Status.ContainerStatuses[0].ContainerID; id != containerID {
+		t.Errorf("container replaced across the kubelet's restart: %s -> %s", containerID, id)
+	}
+	if n := got.Status.ContainerStatuses[0].RestartCount; n != 0 {
+		t.Errorf("container restarted %d times", n)
+	}
+	if out := waitExec(t, pod.Name, "cat "+dataDir+"/f"); out != "kept" {
+		t.Errorf("after the kubelet's restart the pod read %q", out)
+	}
+	if s, tg := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod)); s != staging || tg != target {
+		t.Errorf("mounts changed across the kubelet's restart: staging %s -> %s, target %s -> %s", staging, s, target, tg)
+	}
+	calls := v.calls(t)
+	if n := count(calls, "NodeUnpublishVolume", "OK") + count(calls, "NodeUnstageVolume", "OK"); n != 0 {
+		t.Errorf("the kubelet's restart tore the volume down:%s", describe(calls))
+	}
+	release(t, v, "kubelet-restart", pod.Name)
+}
+
+// A pod's volume is unmounted on the host behind the kubelet's back:
+// converge mounts it again on its own (the kubelet calls nothing), and the
+// pod's container, restarted, finds its data.
+func TestExternalUnmountRepaired(t *testing.T) {
+	claim(t, "unmounted", fs, rwo)
+	pod := startPod(t, podSpec{name: "unmounted", claims: []string{"unmounted"}})
+	v := boundVolume(t, "unmounted")
+	mustExec(t, pod.Name, "echo survives > "+dataDir+"/f && sync")
+	target := v.targetPath(pod)
+	publishes := count(v.calls(t), "NodePublishVolume", "OK")
+	before := mountID(t, target)
+
+	if err := syscall.Unmount(target, 0); err != nil {
+		t.Fatalf("unmount %s: %v", target, err)
+	}
+	poll(t, 30*time.Second, "target mounted again", func() (bool, string) {
+		id := mountID(t, target)
+		return id != "" && id != before, "mounts at the target:\n" + mountLines(target)
+	})
+	if n := count(v.calls(t), "NodePublishVolume", "OK"); n != publishes {
+		t.Errorf("the repair came from the kubelet (%d publishes, had %d)", n, publishes)
+	}
+	// The running container holds its own copy of the old mount; a new
+	// container binds the target afresh and would get an empty directory
+	// had converge not repaired it.
+	cid := strings.TrimPrefix(pod.Status.ContainerStatuses[0].ContainerID, "containerd://")
+	if out, err := c.ctr("tasks", "kill", "-s", "SIGKILL", cid); err != nil {
+		t.Fatalf("kill the container: %v %s", err, out)
+	}
+	poll(t, 2*time.Minute, "container restarted", func() (bool, string) {
+		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), pod.Name, metav1.GetOptions{})
+		if err != nil || len(p.Status.ContainerStatuses) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		s := p.Status.ContainerStatuses[0]
+		return s.RestartCount > 0 && s.Ready, fmt.Sprintf("restarts %d, ready %v", s.RestartCount, s.Ready)
+	})
+	if got := mustExec(t, pod.Name, "cat "+dataDir+"/f"); got != "survives" {
+		t.Fatalf("the restarted container read %q", got)
+	}
+	release(t, v, "unmounted", pod.Name)
+}
+
+// The whole of deploy/ (DaemonSet, RBAC, CSIDriver, StorageClass) is valid
+// for this API server.
+func TestDeployDryRun(t *testing.T) {
+	out, err := c.kubectl(context.Background(), "apply", "--dry-run=server", "-k", filepath.Join(c.repo, "deploy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"csidriver.storage.k8s.io/converge.csi.dev", "storageclass.storage.k8s.io/converge",
+		"daemonset.apps/converge-node", "serviceaccount/converge-node", "clusterrole.rbac.authorization.k8s.io/converge-provisioner"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("kubectl apply --dry-run=server -k deploy/ did not report %s:\n%s", want, out)
+		}
+	}
+	t.Logf("kubectl apply --dry-run=server -k deploy/:\n%s", out)
+}
+
+func readFile(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}

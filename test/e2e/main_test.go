@@ -1,0 +1,67 @@
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// c is the cluster every test runs on; TestMain brings it up once.
+var c *cluster
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Println("e2e: skipped: a kubelet, containerd and mounts need root")
+		os.Exit(0)
+	}
+	if testing.Short() {
+		fmt.Println("e2e: skipped in -short mode")
+		os.Exit(0)
+	}
+	c = &cluster{}
+	// Cold, the Kubernetes build takes minutes; warm, the cluster is up in
+	// seconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	start := time.Now()
+	err := c.up(ctx)
+	cancel()
+	code := 1
+	if err != nil {
+		fmt.Printf("e2e: bringing the cluster up failed: %v\n", err)
+		dumpLogs()
+	} else {
+		fmt.Printf("e2e: cluster up in %.1fs (%s); kubelet %s, node %s, run directory %s\n",
+			time.Since(start).Seconds(), strings.Join(c.upPhases, ", "), kubernetesVersion, c.node, c.dir)
+		code = m.Run()
+		if code != 0 {
+			dumpLogs()
+		}
+		if errs := c.provisioner.errors(); len(errs) > 0 && code != 0 {
+			fmt.Printf("e2e: provisioner errors:\n  %s\n", strings.Join(errs, "\n  "))
+		}
+	}
+	if notes := c.down(); len(notes) > 0 {
+		fmt.Printf("e2e: taking the cluster down needed force or failed:\n  %s\n", strings.Join(notes, "\n  "))
+		code = 1
+	}
+	if left := leftovers(c.dir); len(left) > 0 {
+		fmt.Printf("e2e: left behind: %v\n", left)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// dumpLogs prints the end of every daemon's log, for a failed run.
+func dumpLogs() {
+	if c == nil || c.logs == "" {
+		return
+	}
+	for _, name := range []string{"csi-node", "kubelet", "containerd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"} {
+		fmt.Printf("---- %s.log (last 40 lines)\n%s\n", name, tailFile(c.logs+"/"+name+".log", 40))
+	}
+}

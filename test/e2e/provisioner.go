@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+const (
+	driverName  = "converge.csi.dev"
+	topologyKey = "topology.converge.csi.dev/node"
+)
+
+// provisioner does for the suite what external-provisioner does in deploy/
+// with --node-deployment and --enable-capacity (its image cannot be
+// fetched here): for a claim of a converge StorageClass whose pod the
+// scheduler placed on this node, it calls CreateVolume on csi-node and
+// creates the bound PersistentVolume; for a released volume it calls
+// DeleteVolume and deletes the PersistentVolume; and it publishes the node's
+// CSIStorageCapacity from GetCapacity. The kubelet is not involved; what it
+// does with the volumes is what the suite tests.
+type provisioner struct {
+	client kubernetes.Interface
+	node   string
+	conn   *grpc.ClientConn
+	ctrl   csi.ControllerClient
+
+	// mu guards errs.
+	mu   sync.Mutex
+	errs []string
+}
+
+func newProvisioner(client kubernetes.Interface, node, csiSock string) (*provisioner, error) {
+	conn, err := grpc.NewClient("unix://"+csiSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	return &provisioner{client: client, node: node, conn: conn, ctrl: csi.NewControllerClient(conn)}, nil
+}
+
+// run works every 200 ms until ctx ends. A step that fails (csi-node is
+// being restarted, say) is retried at the next one.
+func (p *provisioner) run(ctx context.Context) {
+	defer p.conn.Close()
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	lastCapacity := time.Time{}
+	for {
+		if time.Since(lastCapacity) > 5*time.Second {
+			if p.note(p.publishCapacity(ctx)) {
+				lastCapacity = time.Now()
+			}
+		}
+		p.note(p.provision(ctx))
+		p.note(p.reclaim(ctx))
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *provisioner) note(err error) bool {
+	if err == nil {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.errs) < 100 {
+		p.errs = append(p.errs, time.Now().Format("15:04:05.000")+" "+err.Error())
+	}
+	return false
+}
+
+func (p *provisioner) errors() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.errs...)
+}
+
+func (p *provisioner) publishCapacity(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := p.ctrl.GetCapacity(cctx, &csi.GetCapacityRequest{
+		AccessibleTopology: &csi.Topology{Segments: map[string]string{topologyKey: p.node}},
+	})
+	if err != nil {
+		return fmt.Errorf("GetCapacity: %w", err)
+	}
+	capacity := resource.NewQuantity(resp.AvailableCapacity, resource.BinarySI)
+	name := "converge-" + p.node
+	caps := p.client.StorageV1().CSIStorageCapacities("kube-system")
+	obj, err := caps.Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = caps.Create(ctx, &storagev1.CSIStorageCapacity{
+			ObjectMeta:       metav1.ObjectMeta{Name: name},
+			NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{topologyKey: p.node}},
+			StorageClassName: "converge",
+			Capacity:         capacity,
+		}, metav1.CreateOptions{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	obj.Capacity = capacity
+	_, err = caps.Update(ctx, obj, metav1.UpdateOptions{})
+	return err
+}
+
+func (p *provisioner) provision(ctx context.Context) error {
+	claims, err := p.client.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for i := range claims.Items {
+		pvc := &claims.Items[i]
+		if pvc.Status.Phase != corev1.ClaimPending || pvc.Spec.VolumeName != "" ||
+			pvc.Annotations["volume.kubernetes.io/selected-node"] != p.node ||
+			pvc.Spec.StorageClassName == nil {
+			continue
+		}
+		sc, err := p.client.StorageV1().StorageClasses().Get(ctx, *pvc.Spec.StorageClassName, metav1.GetOptions{})
+		if err != nil || sc.Provisioner != driverName {
+			continue
+		}
+		if err := p.provisionOne(ctx, pvc, sc); err != nil {
+			return fmt.Errorf("provision %s/%s: %w", pvc.Namespace, pvc.Name, err)
+		}
+	}
+	return nil
+}
+
+func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass) error {
+	name := "pvc-" + string(pvc.UID)
+	if _, err := p.client.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{}); err == nil {
+		return nil // made; the PV controller binds it
+	}
+	fsType := sc.Parameters["csi.storage.k8s.io/fstype"]
+	params := map[string]string{
+		// What --extra-create-metadata adds.
+		"csi.storage.k8s.io/pvc/name":      pvc.Name,
+		"csi.storage.k8s.io/pvc/namespace": pvc.Namespace,
+		"csi.storage.k8s.io/pv/name":       name,
+	}
+	for k, v := range sc.Parameters {
+		if !strings.HasPrefix(k, "csi.storage.k8s.io/") {
+			params[k] = v
+		}
+	}
+	block := pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock
+	cap := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER}}
+	for _, m := range pvc.Spec.AccessModes {
+		if m == corev1.ReadWriteOncePod {
+			cap.AccessMode.Mode = csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+		}
+	}
+	if block {
+		cap.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+	} else {
+		cap.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}}
+	}
+	here := []*csi.Topology{{Segments: map[string]string{topologyKey: p.node}}}
+	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := p.ctrl.CreateVolume(cctx, &csi.CreateVolumeRequest{
+		Name:                      name,
+		CapacityRange:             &csi.CapacityRange{RequiredBytes: size.Value()},
+		VolumeCapabilities:        []*csi.VolumeCapability{cap},
+		Parameters:                params,
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: here, Preferred: here},
+	})
+	if err != nil {
+		return fmt.Errorf("CreateVolume: %w", err)
+	}
+	v := resp.GetVolume()
+	source := &corev1.CSIPersistentVolumeSource{Driver: driverName, VolumeHandle: v.VolumeId, VolumeAttributes: v.VolumeContext}
+	if !block {
+		source.FSType = fsType
+	}
+	pv := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": driverName},
+		},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(v.CapacityBytes, resource.BinarySI)},
+			AccessModes:                   pvc.Spec.AccessModes,
+			VolumeMode:                    pvc.Spec.VolumeMode,
+			StorageClassName:              sc.Name,
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			ClaimRef: &corev1.ObjectReference{
+				Kind: "PersistentVolumeClaim", APIVersion: "v1",
+				Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID,
+			},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: source},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+					Key: topologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{p.node},
+				}}}},
+			}},
+		},
+	}
+	_, err = p.client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
+	return err
+}
+
+// reclaim deletes the volumes whose claims are gone.
+func (p *provisioner) reclaim(ctx context.Context) error {
+	pvs, err := p.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	for _, pv := range pvs.Items {
+		if pv.Annotations["pv.kubernetes.io/provisioned-by"] != driverName || pv.Status.Phase != corev1.VolumeReleased ||
+			pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete || pv.Spec.CSI == nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := p.ctrl.DeleteVolume(cctx, &csi.DeleteVolumeRequest{VolumeId: pv.Spec.CSI.VolumeHandle})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
+		}
+		if err := p.client.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}

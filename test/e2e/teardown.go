@@ -1,0 +1,335 @@
+package e2e
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// down takes the cluster apart in reverse and leaves the machine as it
+// was: no process, mount, loop device, cgroup or file of the run's remains
+// (the cached Kubernetes binaries aside). It returns what it had to clean
+// by force, or failed to.
+func (c *cluster) down() []string {
+	var notes []string
+	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
+	if c.stopProvisioner != nil {
+		c.stopProvisioner()
+	}
+	c.registrar.stop()
+	if c.kubelet != nil {
+		c.kubelet.stop(30 * time.Second)
+	}
+	if c.containerdProc != nil && !c.containerdProc.exited() {
+		// Containers outlive containerd in their shims: end them first.
+		out, _ := c.ctr("tasks", "ls", "-q")
+		for _, id := range strings.Fields(out) {
+			c.ctr("tasks", "kill", "-s", "SIGKILL", id)
+			c.ctr("tasks", "delete", "-f", id)
+		}
+		out, _ = c.ctr("containers", "ls", "-q")
+		for _, id := range strings.Fields(out) {
+			c.ctr("containers", "delete", id)
+		}
+		c.containerdProc.stop(20 * time.Second)
+	}
+	killShims(c.containerd)
+	if c.csiNode != nil {
+		c.csiNode.stop(10 * time.Second)
+	}
+	for _, p := range []*proc{c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
+		if p != nil {
+			p.stop(20 * time.Second)
+		}
+	}
+	if c.dir != "" {
+		cleanRun(c.dir, note)
+	}
+	return notes
+}
+
+// cleanRun removes what a run leaves on the machine once its daemons are
+// gone: mounts under dir (the kubelet's bind mount of its root among them),
+// loop devices of images under dir, the sysctls the kubelet changed, the
+// kubepods cgroups, the kubelet's log links, and dir itself.
+func cleanRun(dir string, note func(string, ...any)) {
+	for _, m := range mountsUnder(dir) {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			note("unmount %s: %v", m, err)
+		}
+	}
+	for dev, file := range loopsBackedUnder(dir) {
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			note("detach %s (%s): %v %s", dev, file, err, out)
+		}
+	}
+	restoreSysctls(dir, note)
+	removeHostPaths(dir, note)
+	removeCgroups(note)
+	removeLogLinks(dir)
+	if err := os.RemoveAll(dir); err != nil {
+		note("remove %s: %v", dir, err)
+	}
+}
+
+// cleanStaleRuns cleans up after earlier runs that were killed before they
+// could take themselves down (a test binary's timeout ends it with a
+// panic): it kills their processes, including the containers of their
+// kubelet, and then cleans as down does.
+func cleanStaleRuns() []string {
+	var notes []string
+	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), runPrefix+"*"))
+	for _, dir := range dirs {
+		note("%s", dir)
+		for _, pid := range processesMentioning(dir) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		// Only this suite's kubelet makes kubepods cgroups on a test
+		// machine: what runs in them are its containers.
+		procs, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/*/*/cgroup.procs")
+		more, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/*/cgroup.procs")
+		for _, f := range append(procs, more...) {
+			b, _ := os.ReadFile(f)
+			for _, field := range strings.Fields(string(b)) {
+				var pid int
+				if _, err := fmt.Sscan(field, &pid); err == nil {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		time.Sleep(500 * time.Millisecond) // for the kills to land before the cgroups are removed
+		cleanRun(dir, note)
+	}
+	return notes
+}
+
+// processesMentioning lists the processes whose command line contains s.
+func processesMentioning(s string) []int {
+	var out []int
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range cmdlines {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), s) {
+			continue
+		}
+		var pid int
+		if _, err := fmt.Sscanf(p, "/proc/%d/cmdline", &pid); err == nil && pid != os.Getpid() {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// kernelTunables are the sysctls the kubelet sets at start.
+var kernelTunables = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes"}
+
+// saveSysctls records the kernel tunables in the run's directory before
+// the kubelet changes them, so that down, or the next run after a crash,
+// puts them back.
+func (c *cluster) saveSysctls() error {
+	var b strings.Builder
+	for _, s := range kernelTunables {
+		if v, err := os.ReadFile(filepath.Join("/proc/sys", s)); err == nil {
+			fmt.Fprintf(&b, "%s=%s\n", s, strings.TrimSpace(string(v)))
+		}
+	}
+	return os.WriteFile(filepath.Join(c.dir, "sysctls"), []byte(b.String()), 0o644)
+}
+
+func restoreSysctls(dir string, note func(string, ...any)) {
+	b, err := os.ReadFile(filepath.Join(dir, "sysctls"))
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		s, v, ok := strings.Cut(line, "=")
+		if !ok || !slices.Contains(kernelTunables, s) {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join("/proc/sys", s), []byte(v), 0o644); err != nil {
+			note("restore sysctl %s=%s: %v", s, v, err)
+		}
+	}
+}
+
+// hostPaths are directories outside the run's own that the daemons make
+// at fixed paths whatever they are told: the kubelet's device-plugin socket
+// and container log links, containerd's shim sockets and runc state, and
+// the flex-volume directory of the controller-manager's probe.
+var hostPaths = []string{"/var/lib/kubelet", "/var/log/containers", "/run/containerd", "/opt/containerd", "/usr/libexec/kubernetes"}
+
+// recordHostPaths notes which of hostPaths do not exist before the run, so
+// that cleanRun removes what the run made of them.
+func recordHostPaths(dir string) error {
+	var absent []string
+	for _, p := range hostPaths {
+		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
+			absent = append(absent, p)
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "host-paths-absent"), []byte(strings.Join(absent, "\n")), 0o644)
+}
+
+// removeHostPaths removes, of the host paths that did not exist before the
+// run, the empty directories and the sockets: nothing that holds data.
+func removeHostPaths(dir string, note func(string, ...any)) {
+	b, err := os.ReadFile(filepath.Join(dir, "host-paths-absent"))
+	if err != nil {
+		return
+	}
+	for _, root := range strings.Fields(string(b)) {
+		if !slices.Contains(hostPaths, root) {
+			continue
+		}
+		var paths []string
+		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err == nil && (d.IsDir() || d.Type()&os.ModeSocket != 0) {
+				paths = append(paths, path)
+			}
+			return nil
+		})
+		sort.Slice(paths, func(i, j int) bool { return len(paths[i]) > len(paths[j]) })
+		for _, p := range paths {
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				note("remove %s (made by the run): %v", p, err)
+			}
+		}
+	}
+}
+
+// killShims ends containerd-shim processes serving the run's containerd:
+// with their tasks gone they exit by themselves, so one left is stuck.
+func killShims(address string) {
+	if address == "" {
+		return
+	}
+	for _, pid := range processesMentioning(address) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// removeCgroups removes the kubepods cgroups the kubelet made, deepest
+// first. The kubelet makes them afresh at its next start.
+func removeCgroups(note func(string, ...any)) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	for _, root := range roots {
+		var dirs []string
+		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+		for _, d := range dirs {
+			if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+				note("remove cgroup %s: %v", d, err)
+			}
+		}
+	}
+}
+
+// removeLogLinks removes the links the kubelet makes in /var/log/containers
+// (a fixed path) to the run's container logs.
+func removeLogLinks(dir string) {
+	links, _ := filepath.Glob("/var/log/containers/*.log")
+	for _, l := range links {
+		if target, err := os.Readlink(l); err == nil && strings.HasPrefix(target, dir+"/") {
+			os.Remove(l)
+		}
+	}
+}
+
+// mountsUnder lists the mount points under dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 {
+			mp := unescapeOctal(fields[4])
+			if mp == dir || strings.HasPrefix(mp, dir+"/") {
+				out = append(out, mp)
+			}
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// loopsBackedUnder maps each loop device whose backing file lies under dir
+// to that file.
+func loopsBackedUnder(dir string) map[string]string {
+	out := map[string]string{}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		backing := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
+		if strings.HasPrefix(backing, dir+"/") {
+			out["/dev/"+strings.Split(f, "/")[3]] = backing
+		}
+	}
+	return out
+}
+
+// unescapeOctal undoes mountinfo's \040-style escapes.
+func unescapeOctal(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// leftovers lists what of the run's remains on the machine after down: its
+// directory, mounts under it, loop devices backed by files under it, and
+// processes started from its binaries.
+func leftovers(dir string) []string {
+	if dir == "" {
+		return nil
+	}
+	var out []string
+	if _, err := os.Stat(dir); err == nil {
+		out = append(out, "directory "+dir)
+	}
+	for _, m := range mountsUnder(dir) {
+		out = append(out, "mount "+m)
+	}
+	for dev, file := range loopsBackedUnder(dir) {
+		out = append(out, fmt.Sprintf("loop device %s (%s)", dev, file))
+	}
+	for _, pid := range processesMentioning(dir) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out = append(out, fmt.Sprintf("process %d: %s", pid, strings.ReplaceAll(string(b), "\x00", " ")))
+	}
+	return out
+}
