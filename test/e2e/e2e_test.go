@@ -140,11 +140,9 @@ func TestSharedVolume(t *testing.T) {
 // their data and their mounts, the plugin restarts and is registered
 // again, and deleting the pods afterwards tears everything down.
 func TestPluginKilled(t *testing.T) {
-	claim(t, "killed", fs, rwo)
-	pod := startPod(t, podSpec{name: "killed", claims: []string{"killed"}})
-	v := boundVolume(t, "killed")
+	pod, v := podWithVolume(t, "killed")
 	mustExec(t, pod.Name, "echo before > "+dataDir+"/f && sync")
-	staging, target := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod))
+	mounts := v.mounts(t, pod)
 
 	c.killCSINode()
 	// The kubelet's plugin watcher sees the registration socket go and
@@ -166,8 +164,8 @@ func TestPluginKilled(t *testing.T) {
 	if got := mustExec(t, pod.Name, "cat "+dataDir+"/f"); got != "before\nduring" {
 		t.Fatalf("after the restart the pod read %q", got)
 	}
-	if s, tg := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod)); s != staging || tg != target {
-		t.Errorf("the restart remounted the volume: staging mount %s -> %s, target mount %s -> %s", staging, s, target, tg)
+	if now := v.mounts(t, pod); now != mounts {
+		t.Errorf("the restart remounted the volume: %s, now %s", mounts, now)
 	}
 	release(t, v, "killed", pod.Name)
 }
@@ -175,11 +173,9 @@ func TestPluginKilled(t *testing.T) {
 // The kubelet is restarted while a pod runs: the pod, its container and its
 // mounts are undisturbed, and deleting the pod later is clean.
 func TestKubeletRestart(t *testing.T) {
-	claim(t, "kubelet-restart", fs, rwo)
-	pod := startPod(t, podSpec{name: "kubelet-restart", claims: []string{"kubelet-restart"}})
-	v := boundVolume(t, "kubelet-restart")
+	pod, v := podWithVolume(t, "kubelet-restart")
 	mustExec(t, pod.Name, "echo kept > "+dataDir+"/f")
-	staging, target := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod))
+	mounts := v.mounts(t, pod)
 	containerID := pod.Status.ContainerStatuses[0].ContainerID
 
 	if err := c.restartKubelet(context.Background()); err != nil {
@@ -208,8 +204,8 @@ func TestKubeletRestart(t *testing.T) {
 	if out := waitExec(t, pod.Name, "cat "+dataDir+"/f"); out != "kept" {
 		t.Errorf("after the kubelet's restart the pod read %q", out)
 	}
-	if s, tg := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod)); s != staging || tg != target {
-		t.Errorf("mounts changed across the kubelet's restart: staging %s -> %s, target %s -> %s", staging, s, target, tg)
+	if now := v.mounts(t, pod); now != mounts {
+		t.Errorf("mounts changed across the kubelet's restart: %s, now %s", mounts, now)
 	}
 	calls := v.calls(t)
 	if n := count(calls, "NodeUnpublishVolume", "OK") + count(calls, "NodeUnstageVolume", "OK"); n != 0 {
@@ -222,9 +218,7 @@ func TestKubeletRestart(t *testing.T) {
 // converge mounts it again on its own (the kubelet calls nothing), and the
 // pod's container, restarted, finds its data.
 func TestExternalUnmountRepaired(t *testing.T) {
-	claim(t, "unmounted", fs, rwo)
-	pod := startPod(t, podSpec{name: "unmounted", claims: []string{"unmounted"}})
-	v := boundVolume(t, "unmounted")
+	pod, v := podWithVolume(t, "unmounted")
 	mustExec(t, pod.Name, "echo survives > "+dataDir+"/f && sync")
 	target := v.targetPath(pod)
 	publishes := count(v.calls(t), "NodePublishVolume", "OK")

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/pkg/devices"
 )
 
 const (
@@ -205,6 +207,27 @@ func mustExec(t *testing.T, pod, command string) string {
 	return out
 }
 
+// podWithVolume creates a filesystem claim of ReadWriteOnce and a pod
+// using it, both named name, and waits for the pod to run.
+func podWithVolume(t *testing.T, name string) (*corev1.Pod, volume) {
+	t.Helper()
+	claim(t, name, corev1.PersistentVolumeFilesystem, corev1.ReadWriteOnce)
+	pod := startPod(t, podSpec{name: name, claims: []string{name}})
+	return pod, boundVolume(t, name)
+}
+
+// mounts identifies the volume's staging mount and the pod's bind mount
+// by their unique mount IDs, to show they were left alone. Either missing
+// fails t.
+func (v volume) mounts(t *testing.T, pod *corev1.Pod) string {
+	t.Helper()
+	staging, target := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod))
+	if staging == "" || target == "" {
+		t.Fatalf("volume %s not mounted: staging mount %q, target mount %q", v.handle, staging, target)
+	}
+	return fmt.Sprintf("staging mount %s, target mount %s", staging, target)
+}
+
 // volume is a claim's provisioned volume as the node sees it.
 type volume struct {
 	pv, handle string
@@ -330,14 +353,16 @@ func mountID(t *testing.T, path string) string {
 	return strconv.FormatUint(st.Mnt_id, 10)
 }
 
-// mountLines is every mountinfo line of a mount at path, to explain a
-// failure.
+// mountLines describes every mount at path, to explain a failure.
 func mountLines(path string) string {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := devices.ReadMounts("/proc/self/mountinfo")
+	if err != nil {
+		return err.Error()
+	}
 	var out []string
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && unescapeOctal(f[4]) == path {
-			out = append(out, line)
+	for _, m := range mounts {
+		if m.Path == path {
+			out = append(out, fmt.Sprintf("%s on %s (%s, root %s)", m.Source, m.Path, m.FsType, m.Root))
 		}
 	}
 	return strings.Join(out, "\n")

@@ -1,17 +1,17 @@
 package e2e
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/converge-csi/converge/pkg/devices"
 )
 
 // down takes the cluster apart in reverse and leaves the machine as it
@@ -67,8 +67,8 @@ func cleanRun(dir string, note func(string, ...any)) {
 		}
 	}
 	for dev, file := range loopsBackedUnder(dir) {
-		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
-			note("detach %s (%s): %v %s", dev, file, err, out)
+		if err := devices.DetachLoop(dev); err != nil {
+			note("detach %s (%s): %v", dev, file, err)
 		}
 	}
 	restoreSysctls(dir, note)
@@ -250,64 +250,34 @@ func removeLogLinks(dir string) {
 	}
 }
 
-// mountsUnder lists the mount points under dir, deepest first.
+// mountsUnder lists the mount points under dir (dir included), deepest
+// first, as converge's own device layer reads them.
 func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := devices.ReadMounts("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 {
-			mp := unescapeOctal(fields[4])
-			if mp == dir || strings.HasPrefix(mp, dir+"/") {
-				out = append(out, mp)
-			}
+	for _, m := range mounts {
+		if m.Path == dir || strings.HasPrefix(m.Path, dir+"/") {
+			out = append(out, m.Path)
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
 	return out
 }
 
-// loopsBackedUnder maps each loop device whose backing file lies under dir
-// to that file.
+// loopsBackedUnder maps each attached loop device whose backing file lies
+// under dir to that file.
 func loopsBackedUnder(dir string) map[string]string {
 	out := map[string]string{}
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		backing := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")
-		if strings.HasPrefix(backing, dir+"/") {
-			out["/dev/"+strings.Split(f, "/")[3]] = backing
+	loops, _ := devices.ListLoops("/sys/block", "/proc/partitions")
+	for _, l := range loops {
+		if strings.HasPrefix(l.BackingFile, dir+"/") {
+			out[l.Device] = l.BackingFile
 		}
 	}
 	return out
-}
-
-// unescapeOctal undoes mountinfo's \040-style escapes.
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // leftovers lists what of the run's remains on the machine after down: its
