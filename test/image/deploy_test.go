@@ -1,0 +1,71 @@
+package image
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestReadmeMatchesDeploy checks the README's "Run on Kubernetes" section
+// against deploy/: every image with its tag, every csi-node argument, and
+// the CSIDriver and StorageClass settings it describes must be the ones the
+// manifests hold, so the section cannot drift from what kubectl apply -k
+// deploy/ installs.
+func TestReadmeMatchesDeploy(t *testing.T) {
+	section := readmeSection(t, "## Run on Kubernetes")
+	daemonset := readFile(t, "../../deploy/daemonset.yaml")
+	var want []string
+	for _, m := range regexp.MustCompile(`(?m)^\s+image: (\S+:\S+)$`).FindAllStringSubmatch(daemonset, -1) {
+		want = append(want, m[1])
+	}
+	if len(want) < 4 {
+		t.Fatalf("found %d pinned images in daemonset.yaml, want the four sidecars", len(want))
+	}
+	// The csi-node container's arguments, up to the next container.
+	csiNode := daemonset[strings.Index(daemonset, "- name: csi-node"):strings.Index(daemonset, "- name: node-driver-registrar")]
+	for _, m := range regexp.MustCompile(`(?m)^\s+- (--?[a-z-]+=\S+)$`).FindAllStringSubmatch(csiNode, -1) {
+		want = append(want, m[1])
+	}
+	for _, m := range regexp.MustCompile(`(?m)^\s+(cpu|memory): (\S+)$`).FindAllStringSubmatch(csiNode, -1) {
+		want = append(want, m[2])
+	}
+	for _, f := range []string{"csidriver.yaml", "storageclass.yaml"} {
+		for _, m := range regexp.MustCompile(`(?m)^\s*([a-zA-Z0-9./-]+: [A-Za-z0-9]+)$`).FindAllStringSubmatch(readFile(t, "../../deploy/"+f), -1) {
+			if !strings.HasPrefix(m[1], "apiVersion:") && !strings.HasPrefix(m[1], "kind:") && !strings.HasPrefix(m[1], "name:") && !strings.HasPrefix(m[1], "provisioner:") {
+				want = append(want, m[1])
+			}
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(section, w) {
+			t.Errorf("deploy/ has %q; the README's Run on Kubernetes section does not say it", w)
+		}
+	}
+	t.Logf("%d settings of deploy/ checked: %s", len(want), strings.Join(want, ", "))
+}
+
+// readmeSection returns the README's section under heading, up to the next
+// heading of the same level.
+func readmeSection(t *testing.T, heading string) string {
+	t.Helper()
+	readme := readFile(t, "../../README.md")
+	i := strings.Index(readme, heading+"\n")
+	if i < 0 {
+		t.Fatalf("README.md has no %q section", heading)
+	}
+	rest := readme[i+len(heading):]
+	if j := strings.Index(rest, "\n## "); j >= 0 {
+		rest = rest[:j]
+	}
+	return rest
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
