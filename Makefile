@@ -37,7 +37,7 @@ test: deps vet
 ## (about 5 minutes) into the user's cache directory; later runs bring the cluster up in seconds.
 e2e:
 	@./hack/install-deps.sh e2e
-	cd test/e2e && $(GO) test -count=1 -v -timeout 40m .
+	cd test/e2e && $(GO) test -count=1 -v -timeout 60m .
 
 ## bench: the benchmarks of docs/performance.md (real devices; about 5 minutes; not part of make test)
 bench: deps

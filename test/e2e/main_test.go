@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 	c = &cluster{}
 	// Cold, the Kubernetes build takes minutes; warm, the cluster is up in
 	// seconds.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	start := time.Now()
 	err := c.up(ctx)
 	cancel()
