@@ -162,16 +162,16 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 		}
 	}
 	block := pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock
-	cap := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER}}
+	vc := &csi.VolumeCapability{AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER}}
 	for _, m := range pvc.Spec.AccessModes {
 		if m == corev1.ReadWriteOncePod {
-			cap.AccessMode.Mode = csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+			vc.AccessMode.Mode = csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
 		}
 	}
 	if block {
-		cap.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
+		vc.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 	} else {
-		cap.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}}
+		vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}}
 	}
 	here := []*csi.Topology{{Segments: map[string]string{topologyKey: p.node}}}
 	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
@@ -180,7 +180,7 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	resp, err := p.ctrl.CreateVolume(cctx, &csi.CreateVolumeRequest{
 		Name:                      name,
 		CapacityRange:             &csi.CapacityRange{RequiredBytes: size.Value()},
-		VolumeCapabilities:        []*csi.VolumeCapability{cap},
+		VolumeCapabilities:        []*csi.VolumeCapability{vc},
 		Parameters:                params,
 		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: here, Preferred: here},
 	})
