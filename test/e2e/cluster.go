@@ -71,6 +71,9 @@ func (c *cluster) up(ctx context.Context) error {
 		return err
 	}
 	c.dir = dir
+	if err := writeOwner(dir); err != nil {
+		return err
+	}
 	if err := recordHostPaths(dir); err != nil {
 		return err
 	}

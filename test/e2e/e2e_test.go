@@ -61,11 +61,17 @@ func TestRawBlock(t *testing.T) {
 	v := boundVolume(t, "raw")
 	token := "raw " + string(writer.UID)
 	mustExec(t, writer.Name, fmt.Sprintf("printf %%s %q | dd of=%s bs=4096 conv=sync,fsync 2>/dev/null", token, blockPath))
-	img, err := os.ReadFile(v.image())
+	img, err := os.Open(v.image())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(img[:len(token)]); got != token {
+	head := make([]byte, len(token))
+	_, err = img.ReadAt(head, 0)
+	img.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(head); got != token {
 		t.Fatalf("the image starts with %q, want %q: the pod's device is not the volume", got, token)
 	}
 	deletePod(t, writer.Name)
@@ -129,9 +135,12 @@ func TestSharedVolume(t *testing.T) {
 		if n := count(v.calls(t), "NodePublishVolume", "OK"); n != 1 {
 			t.Fatalf("NodePublishVolume answered OK %d times while the second pod waits, want 1:%s", n, describe(v.calls(t)))
 		}
+		mustExec(t, first.Name, "echo from-first > "+dataDir+"/f && sync")
 		deletePod(t, first.Name)
 		second := waitRunning(t, "single-second")
-		mustExec(t, second.Name, "test -d "+dataDir)
+		if got := mustExec(t, second.Name, "cat "+dataDir+"/f"); got != "from-first" {
+			t.Errorf("the second pod read %q, want from-first", got)
+		}
 		release(t, v, "single", second.Name)
 	})
 }

@@ -89,6 +89,9 @@ func cleanStaleRuns() []string {
 	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), runPrefix+"*"))
 	for _, dir := range dirs {
+		if ownerAlive(dir) {
+			continue // another suite's, running now
+		}
 		note("%s", dir)
 		for _, pid := range processesMentioning(dir) {
 			syscall.Kill(pid, syscall.SIGKILL)
@@ -110,6 +113,44 @@ func cleanStaleRuns() []string {
 		cleanRun(dir, note)
 	}
 	return notes
+}
+
+// writeOwner records in the run's directory which process runs it: its
+// PID and the start time that makes the PID unambiguous.
+func writeOwner(dir string) error {
+	return os.WriteFile(filepath.Join(dir, "owner"), []byte(processIdentity(os.Getpid())), 0o644)
+}
+
+// ownerAlive reports whether the process that made the run directory still
+// runs. A directory without an owner file was made before the suite wrote
+// one, or by a run killed before it could: stale.
+func ownerAlive(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "owner"))
+	if err != nil {
+		return false
+	}
+	var pid int
+	if _, err := fmt.Sscanf(string(b), "%d", &pid); err != nil {
+		return false
+	}
+	return processIdentity(pid) == string(b)
+}
+
+// processIdentity is "<pid> <start time>" of a running process, or "" when
+// none has that PID.
+func processIdentity(pid int) string {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// The fields after the command name, which is in parentheses; the
+	// start time is the 22nd field of the line, the 20th after it.
+	rest := string(stat[strings.LastIndexByte(string(stat), ')')+2:])
+	fields := strings.Fields(rest)
+	if len(fields) < 20 {
+		return ""
+	}
+	return fmt.Sprintf("%d %s", pid, fields[19])
 }
 
 // processesMentioning lists the processes whose command line contains s.
