@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -72,9 +73,9 @@ func cleanRun(dir string, note func(string, ...any)) {
 		}
 	}
 	restoreSysctls(dir, note)
+	removeLogLinks(dir) // before the host paths: they live in one
 	removeHostPaths(dir, note)
 	removeCgroups(note)
-	removeLogLinks(dir)
 	if err := os.RemoveAll(dir); err != nil {
 		note("remove %s: %v", dir, err)
 	}
@@ -93,8 +94,10 @@ func cleanStaleRuns() []string {
 			continue // another suite's, running now
 		}
 		note("%s", dir)
+		var killed []int
 		for _, pid := range processesMentioning(dir) {
 			syscall.Kill(pid, syscall.SIGKILL)
+			killed = append(killed, pid)
 		}
 		// Only this suite's kubelet makes kubepods cgroups on a test
 		// machine: what runs in them are its containers.
@@ -106,10 +109,19 @@ func cleanStaleRuns() []string {
 				var pid int
 				if _, err := fmt.Sscan(field, &pid); err == nil {
 					syscall.Kill(pid, syscall.SIGKILL)
+					killed = append(killed, pid)
 				}
 			}
 		}
-		time.Sleep(500 * time.Millisecond) // for the kills to land before the cgroups are removed
+		// The mounts and cgroups go only once their processes have.
+		waitFor(context.Background(), 10*time.Second, nil, func() error {
+			for _, pid := range killed {
+				if syscall.Kill(pid, 0) == nil {
+					return fmt.Errorf("process %d still there", pid)
+				}
+			}
+			return nil
+		})
 		cleanRun(dir, note)
 	}
 	return notes
