@@ -7,6 +7,7 @@ package testenv
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,14 +35,18 @@ var (
 	buildErr  error
 )
 
-// Binary builds csi-node once per test process and returns its path.
+// Binary builds csi-node once per test process and returns its path. The
+// binary lives in converge-bin-<pid> in the temporary directory; the
+// directories of test processes that have ended are removed first, since a
+// test process has no hook to remove its own at exit.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		_, self, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(self), "..", "..")
-		dir, err := os.MkdirTemp("", "converge-bin-")
-		if err != nil {
+		removeStaleBinaries()
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("converge-bin-%d", os.Getpid()))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			buildErr = err
 			return
 		}
@@ -55,6 +61,21 @@ func Binary(t testing.TB) string {
 		t.Fatal(buildErr)
 	}
 	return binary
+}
+
+// removeStaleBinaries removes the converge-bin-<pid> directories whose
+// process is gone.
+func removeStaleBinaries() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "converge-bin-*"))
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "converge-bin-"))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			os.RemoveAll(d)
+		}
+	}
 }
 
 // RequireRoot skips t unless it runs as root with loop devices available.
