@@ -244,18 +244,25 @@ func removeHostPaths(dir string, note func(string, ...any)) {
 		if !slices.Contains(hostPaths, root) {
 			continue
 		}
-		var paths []string
-		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-			if err == nil && (d.IsDir() || d.Type()&os.ModeSocket != 0) {
-				paths = append(paths, path)
-			}
-			return nil
-		})
-		sort.Slice(paths, func(i, j int) bool { return len(paths[i]) > len(paths[j]) })
-		for _, p := range paths {
-			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-				note("remove %s (made by the run): %v", p, err)
-			}
+		removeDeepestFirst(root, func(d os.DirEntry) bool { return d.IsDir() || d.Type()&os.ModeSocket != 0 }, note)
+	}
+}
+
+// removeDeepestFirst removes the entries under root (root included) that
+// match, children before their parents. A directory that still holds
+// something it does not match stays, and is noted.
+func removeDeepestFirst(root string, match func(os.DirEntry) bool, note func(string, ...any)) {
+	var paths []string
+	filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err == nil && match(d) {
+			paths = append(paths, path)
+		}
+		return nil
+	})
+	sort.Slice(paths, func(i, j int) bool { return len(paths[i]) > len(paths[j]) })
+	for _, p := range paths {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			note("remove %s (made by the run): %v", p, err)
 		}
 	}
 }
@@ -276,19 +283,8 @@ func killShims(address string) {
 func removeCgroups(note func(string, ...any)) {
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
 	for _, root := range roots {
-		var dirs []string
-		filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, path)
-			}
-			return nil
-		})
-		sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
-		for _, d := range dirs {
-			if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
-				note("remove cgroup %s: %v", d, err)
-			}
-		}
+		// A cgroup directory is removed with rmdir, empty of processes.
+		removeDeepestFirst(root, os.DirEntry.IsDir, note)
 	}
 }
 
