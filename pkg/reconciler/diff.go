@@ -59,6 +59,12 @@ func (k actionKind) repair() bool {
 	return k == actUnmountTarget || k == actUnmountStaging || k == actUnmountStray || k == actDetachExtra
 }
 
+// fulfils reports whether a successful operation of the kind fulfils its
+// intent by itself: a stage leaves the filesystem mounted (or the device
+// attached), a publish leaves the bind mount. Other kinds are one step of
+// several, or serve an intent that is fulfilled when it is gone.
+func (k actionKind) fulfils() bool { return k == actStage || k == actPublish }
+
 // action is one step toward the desired state of a volume.
 type action struct {
 	kind actionKind

@@ -449,8 +449,23 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			r.cfg.Recorder.Repaired(act.kind.String())
 		}
 		r.cfg.Recorder.OperationDone(act.kind.String(), result, r.cfg.Clock.Since(begin))
-		r.finished(logger, v.ID, act, err, f, repairing)
+		if err != nil {
+			// The outcome is recorded (a terminal failure withdraws its
+			// intent) before the pass that acts on it is kicked.
+			r.finished(logger, v.ID, act, err, f, repairing)
+			r.Kick()
+			return
+		}
+		// The kicked pass verifies what the operation did. Kicked first,
+		// so that the request woken next runs before the pass.
 		r.Kick()
+		if act.kind.fulfils() {
+			// As the kubelet marks a volume mounted when its operation
+			// succeeds: the waiting request answers now, without waiting
+			// for a pass to observe the mount.
+			r.cfg.Store.SetResult(v.ID, act.key(), state.Result{Generation: act.generation, Ready: true})
+		}
+		r.finished(logger, v.ID, act, nil, nil, repairing)
 	})
 }
 

@@ -182,6 +182,45 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 	}
 }
 
+// TestOperationAnswersItsRequest checks that a successful stage or publish
+// reports its intent fulfilled when it ends, as the kubelet marks a volume
+// mounted when its operation succeeds, so the waiting request does not wait
+// for another pass; and that a failed one does not.
+func TestOperationAnswersItsRequest(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.volume("v1")
+	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	pass := func() {
+		t.Helper()
+		if _, err := h.r.Pass(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		h.r.exec.wait()
+	}
+	pass()
+	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready || r.Generation != v.Stage.Generation {
+		t.Fatalf("stage result after the pass that staged: got %+v, want ready at generation %d", r, v.Stage.Generation)
+	}
+	v = h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
+	pass()
+	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready || r.Generation != v.Publishes[target].Generation {
+		t.Fatalf("publish result after the pass that published: got %+v, want ready at generation %d", r, v.Publishes[target].Generation)
+	}
+
+	target2 := "/k/pod-v1b/mount"
+	h.world.dirs["/k/pod-v1b"] = true
+	h.world.fail["bind "+target2] = errors.New("EBUSY")
+	h.update("v1", func(v *state.Volume) { v.Publishes[target2] = publishSpec() })
+	pass()
+	if r, _ := h.store.Result("v1", state.PublishKey(target2)); r.Ready {
+		t.Errorf("result of a failed publish: got %+v, want not ready", r)
+	}
+	pass() // the pass the failure kicked reports it
+	if r, _ := h.store.Result("v1", state.PublishKey(target2)); r.Ready || r.Err == nil {
+		t.Errorf("result of a failed publish, a pass later: got %+v, want not ready with its error", r)
+	}
+}
+
 func TestTransientFailureBacksOff(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")

@@ -81,7 +81,8 @@ type Final struct {
 type Result struct {
 	// Generation is the intent generation the result refers to.
 	Generation int64
-	// Ready is true once the reconciler observed the intent fulfilled.
+	// Ready is true once the reconciler saw the intent fulfilled: its
+	// operation succeeded, or a pass observed it.
 	Ready bool
 	// Err is the last failure, nil when the last attempt succeeded.
 	Err *Error
