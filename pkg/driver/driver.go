@@ -70,22 +70,11 @@ func Run(ctx context.Context, cfg Config) error {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
 	}
 	m := metrics.New()
-	// A pass kicked by a request reuses the mount table while the kernel
-	// reports no mount or unmount; the resync passes parse it anew, so a
-	// filesystem's own state (read-only after errors, shut down), which the
-	// kernel does not report, is seen within a resync period.
-	resync := cfg.ResyncPeriod
-	if resync <= 0 {
-		resync = reconciler.DefaultResyncPeriod
-	}
-	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions",
-		MountTableMaxAge: resync / 2}
-	defer observer.Close()
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder:     m,
 		Static:       static,
 		Store:        store,
-		Observer:     observer,
+		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions"},
 		Loops:        devices.LoopDevices{},
 		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
