@@ -39,7 +39,7 @@ func main() {
 	fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///var/lib/kubelet/plugins/converge.csi.dev/csi.sock", "CSI endpoint (unix:///path/csi.sock)")
 	fs.StringVar(&cfg.NodeID, "node-id", host, "node name reported to Kubernetes")
 	fs.StringVar(&cfg.DriverName, "driver-name", driver.DefaultDriverName, "CSI driver name")
-	fs.StringVar(&cfg.StateDir, "state-dir", driver.DefaultStateDir, "directory of the state store (state.db)")
+	fs.StringVar(&cfg.StateDir, "state-dir", driver.DefaultStateDir, "directory of the state store (state.db and its log state.db-wal)")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory of the volume images (default <state-dir>/volumes)")
 	fs.StringVar(&cfg.KubeletDir, "kubelet-dir", driver.DefaultKubeletDir, "kubelet root; staging and target paths must lie inside it")
 	fs.Var(&prefixes, "allowed-path-prefix", "extra directory staging and target paths may lie in (repeatable)")

@@ -3,6 +3,10 @@
 // reports for each intent, and the snapshot type that describes the observed
 // (actual) state of the machine.
 //
+// A record is durable once it is in the store's write-ahead log (one write
+// and one fdatasync); bbolt takes the log's records at checkpoints, and Open
+// replays what came after the last one (see writeLog).
+//
 // The package knows intents and nothing of gRPC, the OS or CSI codes: errors
 // carry a Kind that pkg/nodeserver maps to a gRPC code in one place.
 package state

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,8 +12,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -28,35 +27,35 @@ const (
 
 	// recordShards is the number of locks records are spread over.
 	recordShards = 64
-	// batchDelay is how long a write waits for others to share its fsync:
-	// short against an fsync, long enough for a burst of requests.
-	batchDelay = 500 * time.Microsecond
 )
 
 var (
 	bucketMeta    = []byte("meta")
 	bucketVolumes = []byte("volumes")
 	keySchema     = []byte("schema")
+	// keyLogSeq holds the number of the last log record bbolt holds.
+	keyLogSeq = []byte("log-seq")
 )
 
 // ErrLocked is returned by Open when another process holds the store.
 var ErrLocked = errors.New("state store is locked by another process")
 
 // Store is the durable desired state: one record per volume, kept in a bbolt
-// file and mirrored in memory. Every Update is fsynced before it returns, so
-// the reconciler never acts on an intent that a crash could lose.
+// file and mirrored in memory. Every Update is durable before it returns, so
+// the reconciler never acts on an intent that a crash could lose: written to
+// the store's log with one fdatasync, and into bbolt at the log's next
+// checkpoint (see writeLog).
 //
 // The Store also keeps, in memory only, the result of the latest attempt on
 // each intent, and lets callers wait for a volume to change.
 type Store struct {
-	db *bolt.DB
+	db  *bolt.DB
+	log *writeLog
 
 	// recordMu serialises the Updates of one record (sharded by ID), so its
-	// mirror is updated in commit order; records of different volumes
-	// commit concurrently and share fsyncs (bbolt's Batch).
+	// mirror is updated in log order; records of different volumes are
+	// written concurrently and share fdatasyncs.
 	recordMu [recordShards]sync.Mutex
-	// writers counts the Updates writing now.
-	writers atomic.Int32
 
 	// mu guards volumes, results, finals, conditions and watchers.
 	mu         sync.Mutex
@@ -95,10 +94,13 @@ type Result struct {
 	NextRetry time.Time
 }
 
-// Open opens (creating if needed) the store at path. The parent directory is
-// created with mode 0700. It fails with ErrLocked when another live process
-// holds the store, and refuses a store written with another schema.
-func Open(path string) (*Store, error) {
+// Open opens (creating if needed) the store at path and its log at
+// path-wal, and replays the log. The parent directory is created with mode
+// 0700. It fails with ErrLocked when another live process holds the store,
+// and refuses a store written with another schema.
+func Open(path string) (*Store, error) { return open(path, DefaultLogSize) }
+
+func open(path string, logSize int64) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("creating state directory: %w", err)
 	}
@@ -109,7 +111,6 @@ func Open(path string) (*Store, error) {
 		}
 		return nil, fmt.Errorf("opening state store %s: %w", path, err)
 	}
-	db.MaxBatchDelay = batchDelay
 	s := &Store{
 		db:         db,
 		volumes:    map[string]*Volume{},
@@ -118,15 +119,99 @@ func Open(path string) (*Store, error) {
 		conditions: map[string]Condition{},
 		watchers:   map[string]chan struct{}{},
 	}
-	if err := s.load(); err != nil {
+	logSeq, err := s.load()
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := s.replay(path+"-wal", logSeq, logSize); err != nil {
 		db.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Store) load() error {
+// replay opens the log, applies the records it holds after logSeq, the
+// last that bbolt holds, and commits them to bbolt when it can.
+func (s *Store) replay(path string, logSeq uint64, size int64) error {
+	l, recs, end, err := openLog(path)
+	if err != nil {
+		return err
+	}
+	l.checkpoint = s.commit
+	l.seq, l.off = logSeq, 0
+	for _, r := range recs {
+		if r.seq <= logSeq {
+			continue
+		}
+		if r.seq != l.seq+1 {
+			l.f.Close()
+			return fmt.Errorf("state log at %s starts at record %d, but the store holds records up to %d only; refusing to open a store missing records", path, r.seq, logSeq)
+		}
+		if len(r.value) == 0 {
+			delete(s.volumes, r.id)
+		} else {
+			v := &Volume{}
+			if err := json.Unmarshal(r.value, v); err != nil || v.ID != r.id {
+				l.f.Close()
+				return fmt.Errorf("state log at %s: record %d of volume %s does not decode: %v", path, r.seq, r.id, err)
+			}
+			s.volumes[r.id] = v
+		}
+		l.pending[r.id] = bytesOrNil(r.value)
+		l.seq = r.seq
+	}
+	if l.seq > logSeq {
+		// Appends go on after the replayed records until a checkpoint
+		// has them in bbolt; that fails on a full disk, and is retried
+		// when the log is full.
+		l.off = end
+		l.mu.Lock()
+		l.checkpointLocked()
+		l.mu.Unlock()
+	}
+	l.written.Store(l.seq)
+	l.synced.Store(l.seq)
+	if err := l.prepare(size); err != nil {
+		l.f.Close()
+		return err
+	}
+	s.log = l
+	return nil
+}
+
+// bytesOrNil returns b, or nil when it is empty (a deletion).
+func bytesOrNil(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+// commit writes values (nil deletes) to bbolt in one transaction, with
+// seq, the number of the last log record they come from.
+func (s *Store) commit(values map[string][]byte, seq uint64) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketVolumes)
+		for id, raw := range values {
+			var err error
+			if raw == nil {
+				err = b.Delete([]byte(id))
+			} else {
+				err = b.Put([]byte(id), raw)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return tx.Bucket(bucketMeta).Put(keyLogSeq, binary.BigEndian.AppendUint64(nil, seq))
+	})
+}
+
+// load reads the records bbolt holds, and the number of the last log
+// record among them.
+func (s *Store) load() (logSeq uint64, err error) {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
@@ -138,6 +223,9 @@ func (s *Store) load() error {
 			}
 		case string(v) != SchemaVersion:
 			return fmt.Errorf("state store has schema %q, this binary reads %q", v, SchemaVersion)
+		}
+		if raw := meta.Get(keyLogSeq); len(raw) == 8 {
+			logSeq = binary.BigEndian.Uint64(raw)
 		}
 		vols, err := tx.CreateBucketIfNotExists(bucketVolumes)
 		if err != nil {
@@ -152,10 +240,14 @@ func (s *Store) load() error {
 			return nil
 		})
 	})
+	return logSeq, err
 }
 
-// Close closes the store. Waiters are not woken.
-func (s *Store) Close() error { return s.db.Close() }
+// Close commits the log to bbolt (when it cannot, the log keeps the
+// records for the next Open) and closes the store. Waiters are not woken.
+func (s *Store) Close() error {
+	return errors.Join(s.log.close(), s.db.Close())
+}
 
 // Get returns a deep copy of the record of id, or ErrNotFound.
 func (s *Store) Get(id string) (*Volume, error) {
@@ -222,24 +314,8 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 			return nil, fmt.Errorf("encoding record %s: %w", id, err)
 		}
 	}
-	write := func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketVolumes)
-		if raw == nil {
-			return b.Delete([]byte(id))
-		}
-		return b.Put([]byte(id), raw)
-	}
-	// A lone write commits at once; writes that meet share a batch and
-	// its fsync. Batch may run write more than once: Put and Delete are
-	// idempotent.
-	var err error
-	if s.writers.Add(1) > 1 {
-		err = s.db.Batch(write)
-	} else {
-		err = s.db.Update(write)
-	}
-	s.writers.Add(-1)
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+	err := s.log.write(id, raw)
+	if isNoSpace(err) {
 		// Nothing was committed: the records stay as they were.
 		return nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %v", id, err)
 	}

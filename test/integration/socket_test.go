@@ -45,7 +45,7 @@ func perm(t *testing.T, path string) os.FileMode {
 func TestSocketAndStatePolicy(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	for path, want := range map[string]os.FileMode{p.Socket: 0o600, p.StateDir: 0o700, p.DataDir: 0o700, filepath.Join(p.StateDir, "state.db"): 0o600} {
+	for path, want := range map[string]os.FileMode{p.Socket: 0o600, p.StateDir: 0o700, p.DataDir: 0o700, filepath.Join(p.StateDir, "state.db"): 0o600, filepath.Join(p.StateDir, "state.db-wal"): 0o600} {
 		if got := perm(t, path); got != want {
 			t.Errorf("%s: mode %v, want %v", path, got, want)
 		}
