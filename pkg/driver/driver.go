@@ -60,6 +60,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer store.Close()
+	if n := store.Replayed(); n > 0 {
+		// The last run ended without a checkpoint: killed or crashed.
+		logger.Info("Replayed the state log", "records", n)
+	}
 
 	images := &devices.Images{Dir: cfg.DataDir}
 	if err := images.RemoveStaleTemps(); err != nil {

@@ -64,6 +64,9 @@ type Store struct {
 	finals     map[string]map[IntentKey]Final
 	conditions map[string]Condition
 	watchers   map[string]chan struct{}
+
+	// replayed counts the log records Open applied.
+	replayed int
 }
 
 // Final is a terminal failure of one intent generation. It outlives the
@@ -160,6 +163,7 @@ func (s *Store) replay(path string, logSeq uint64, size int64) error {
 		}
 		l.pending[r.id] = bytesOrNil(r.value)
 		l.seq = r.seq
+		s.replayed++
 	}
 	if l.seq > logSeq {
 		// Appends go on after the replayed records until a checkpoint
@@ -179,6 +183,10 @@ func (s *Store) replay(path string, logSeq uint64, size int64) error {
 	s.log = l
 	return nil
 }
+
+// Replayed returns how many records Open took from the log: those written
+// after the last checkpoint of a run that ended without closing the store.
+func (s *Store) Replayed() int { return s.replayed }
 
 // bytesOrNil returns b, or nil when it is empty (a deletion).
 func bytesOrNil(b []byte) []byte {

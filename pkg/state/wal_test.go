@@ -71,13 +71,20 @@ func TestLogReplaysAfterCrash(t *testing.T) {
 				}
 			}
 			want := records(s)
+			s.log.mu.Lock()
+			inLog := len(s.log.pending)
+			s.log.mu.Unlock()
 			crash(s)
 			s = openSized(t, path, 2048)
 			defer s.Close()
 			if got := records(s); !reflect.DeepEqual(got, want) {
 				t.Fatalf("after crash at write %d:\n got %+v\nwant %+v", crashAt, got, want)
 			}
-			// It goes on from there, and a clean close keeps it too.
+			if s.Replayed() < inLog {
+				t.Errorf("replayed %d records, the log held %d volumes' records", s.Replayed(), inLog)
+			}
+			// It goes on from there, and a clean close keeps it too,
+			// in bbolt: nothing to replay.
 			setSize(t, s, "after", 1)
 			want = records(s)
 			if err := s.Close(); err != nil {
@@ -87,6 +94,9 @@ func TestLogReplaysAfterCrash(t *testing.T) {
 			defer s.Close()
 			if got := records(s); !reflect.DeepEqual(got, want) {
 				t.Fatalf("after a clean close:\n got %+v\nwant %+v", got, want)
+			}
+			if s.Replayed() != 0 {
+				t.Errorf("replayed %d records after a clean close, want 0", s.Replayed())
 			}
 		})
 	}
