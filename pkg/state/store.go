@@ -20,6 +20,12 @@ import (
 const (
 	// SchemaVersion is the layout of the records; Open refuses any other.
 	SchemaVersion = "1"
+	// schemaLogged is the same layout while the log may hold records that
+	// bbolt has not: from Open until a Close that checkpointed everything.
+	// A binary older than the log reads schema 1 only, so it refuses such
+	// a store rather than start without the log's intents (and release the
+	// mounts they stand for as orphans).
+	schemaLogged = "2"
 
 	// lockTimeout bounds how long Open waits for the file lock of a store
 	// that another live instance holds, so a second instance fails fast.
@@ -224,13 +230,11 @@ func (s *Store) load() (logSeq uint64, err error) {
 		if err != nil {
 			return err
 		}
-		switch v := meta.Get(keySchema); {
-		case v == nil:
-			if err := meta.Put(keySchema, []byte(SchemaVersion)); err != nil {
-				return err
-			}
-		case string(v) != SchemaVersion:
-			return fmt.Errorf("state store has schema %q, this binary reads %q", v, SchemaVersion)
+		if v := meta.Get(keySchema); v != nil && string(v) != SchemaVersion && string(v) != schemaLogged {
+			return fmt.Errorf("state store has schema %q, this binary reads %q and %q", v, SchemaVersion, schemaLogged)
+		}
+		if err := meta.Put(keySchema, []byte(schemaLogged)); err != nil {
+			return err
 		}
 		if raw := meta.Get(keyLogSeq); len(raw) == 8 {
 			logSeq = binary.BigEndian.Uint64(raw)
@@ -254,7 +258,13 @@ func (s *Store) load() (logSeq uint64, err error) {
 // Close commits the log to bbolt (when it cannot, the log keeps the
 // records for the next Open) and closes the store. Waiters are not woken.
 func (s *Store) Close() error {
-	return errors.Join(s.log.close(), s.db.Close())
+	clean, err := s.log.close()
+	if clean {
+		err = errors.Join(err, s.db.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketMeta).Put(keySchema, []byte(SchemaVersion))
+		}))
+	}
+	return errors.Join(err, s.db.Close())
 }
 
 // Get returns a deep copy of the record of id, or ErrNotFound.

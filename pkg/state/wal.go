@@ -278,18 +278,17 @@ func (l *writeLog) checkpointLocked() error {
 }
 
 // close commits what the log holds to bbolt, when it can (the log keeps it
-// otherwise), and closes the file.
-func (l *writeLog) close() error {
+// otherwise), and closes the file. clean reports that bbolt holds every
+// record.
+func (l *writeLog) close() (clean bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if errors.Is(l.broken, os.ErrClosed) {
-		return nil
+		return false, nil
 	}
-	if l.broken == nil {
-		l.checkpointLocked()
-	}
+	clean = l.broken == nil && l.checkpointLocked() == nil
 	l.broken = os.ErrClosed
-	return l.f.Close()
+	return clean, l.f.Close()
 }
 
 // raise sets v to n unless it is already higher.

@@ -278,3 +278,50 @@ func TestClosedStoreRefusesWrites(t *testing.T) {
 		t.Errorf("records: got %+v, want only v", got)
 	}
 }
+
+// TestUncleanStoreRefusedByOlderBinaries checks the schema a store is left
+// with: 1 (what binaries older than the log read) only after a Close that
+// put every record in bbolt; 2 while the log may hold records bbolt has
+// not, so that an older binary refuses the store rather than start without
+// them.
+func TestUncleanStoreRefusedByOlderBinaries(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	schema := func() string {
+		t.Helper()
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		var v string
+		db.View(func(tx *bolt.Tx) error { v = string(tx.Bucket(bucketMeta).Get(keySchema)); return nil })
+		return v
+	}
+	s := openSized(t, path, 4096)
+	setSize(t, s, "v", 1)
+	crash(s)
+	if got := schema(); got != schemaLogged {
+		t.Fatalf("schema after a crash: %q, want %q", got, schemaLogged)
+	}
+	s = openSized(t, path, 4096)
+	if got := records(s); got["v"] == nil {
+		t.Fatalf("record lost: %+v", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := schema(); got != SchemaVersion {
+		t.Fatalf("schema after a clean close: %q, want %q", got, SchemaVersion)
+	}
+	// What an older binary finds then: every record in bbolt.
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []byte
+	db.View(func(tx *bolt.Tx) error { raw = tx.Bucket(bucketVolumes).Get([]byte("v")); return nil })
+	db.Close()
+	if raw == nil {
+		t.Error("after a clean close, bbolt lacks record v")
+	}
+}
