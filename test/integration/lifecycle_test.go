@@ -227,6 +227,10 @@ func TestStopLeavesMounts(t *testing.T) {
 		t.Fatal("SIGTERM removed the staging mount")
 	}
 	p.Start()
+	// A clean stop put every record in bbolt: nothing to replay.
+	if strings.Contains(p.Log(), "Replayed the state log") {
+		t.Error("a start after a clean stop replayed the state log")
+	}
 	// The restarted plugin knows the volume: a repeat is idempotent and the
 	// data is readable.
 	must(t, "publish after restart", publish(t, p, "vol-b", staging, target, false))
@@ -235,6 +239,34 @@ func TestStopLeavesMounts(t *testing.T) {
 	}
 	unpublish(t, p, "vol-b", target)
 	unstage(t, p, "vol-b", staging)
+}
+
+// TestKilledPluginReplaysItsLog kills the plugin (SIGKILL, no checkpoint)
+// while a volume is published: the next start takes the intents from the
+// state log, says so, and keeps the mounts (released as orphans they would
+// not be).
+func TestKilledPluginReplaysItsLog(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	staging, target := upPublished(t, p, "vol-k")
+	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
+
+	p.Kill()
+	logged := len(p.Log())
+	p.Start()
+	must(t, "publish after restart", publish(t, p, "vol-k", staging, target, false))
+	since := p.Log()[logged:]
+	if !strings.Contains(since, "Replayed the state log") {
+		t.Error("the start after a kill did not replay the state log")
+	}
+	if strings.Contains(since, "Starting operation") {
+		t.Errorf("the restarted plugin redid work the kill left done:\n%s", since)
+	}
+	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
+		t.Fatalf("data after restart: got %q, %v", b, err)
+	}
+	unpublish(t, p, "vol-k", target)
+	unstage(t, p, "vol-k", staging)
 }
 
 // TestBadRequests walks one volume through requests that conflict with its
