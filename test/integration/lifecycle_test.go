@@ -211,62 +211,51 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
-// TestStopLeavesMounts stops the plugin with SIGTERM while a volume is
-// published: the mounts stay, and the restarted plugin tears them down.
-func TestStopLeavesMounts(t *testing.T) {
-	p := testenv.New(t)
-	p.Start()
-	staging, target := upPublished(t, p, "vol-b")
-	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
+// TestRestartKeepsMounts stops the plugin while a volume is published, with
+// SIGTERM (a clean stop: the store is checkpointed) and with SIGKILL (its
+// last intents are only in the state log): the mounts stay, the restarted
+// plugin knows the volume without redoing any work (released as orphans
+// the mounts would be), and it replays the log only after the kill.
+func TestRestartKeepsMounts(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		stop     func(p *testenv.Plugin)
+		replayed bool
+	}{
+		{name: "SIGTERM", stop: (*testenv.Plugin).Stop},
+		{name: "SIGKILL", stop: (*testenv.Plugin).Kill, replayed: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := testenv.New(t)
+			p.Start()
+			staging, target := upPublished(t, p, "vol-b")
+			must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
 
-	p.Stop()
-	if _, _, ok := mountAt(t, target); !ok {
-		t.Fatal("SIGTERM removed the publish mount")
+			tc.stop(p)
+			if _, _, ok := mountAt(t, target); !ok {
+				t.Fatalf("%s removed the publish mount", tc.name)
+			}
+			if _, _, ok := mountAt(t, staging); !ok {
+				t.Fatalf("%s removed the staging mount", tc.name)
+			}
+			logged := len(p.Log())
+			p.Start()
+			// A repeat is idempotent and the data is readable.
+			must(t, "publish after restart", publish(t, p, "vol-b", staging, target, false))
+			if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
+				t.Fatalf("data after restart: got %q, %v", b, err)
+			}
+			since := p.Log()[logged:]
+			if got := strings.Contains(since, "Replayed the state log"); got != tc.replayed {
+				t.Errorf("start after %s replayed the state log: %v, want %v", tc.name, got, tc.replayed)
+			}
+			if strings.Contains(since, "Starting operation") {
+				t.Errorf("the restarted plugin redid work that was done:\n%s", since)
+			}
+			unpublish(t, p, "vol-b", target)
+			unstage(t, p, "vol-b", staging)
+		})
 	}
-	if _, _, ok := mountAt(t, staging); !ok {
-		t.Fatal("SIGTERM removed the staging mount")
-	}
-	p.Start()
-	// A clean stop put every record in bbolt: nothing to replay.
-	if strings.Contains(p.Log(), "Replayed the state log") {
-		t.Error("a start after a clean stop replayed the state log")
-	}
-	// The restarted plugin knows the volume: a repeat is idempotent and the
-	// data is readable.
-	must(t, "publish after restart", publish(t, p, "vol-b", staging, target, false))
-	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
-		t.Fatalf("data after restart: got %q, %v", b, err)
-	}
-	unpublish(t, p, "vol-b", target)
-	unstage(t, p, "vol-b", staging)
-}
-
-// TestKilledPluginReplaysItsLog kills the plugin (SIGKILL, no checkpoint)
-// while a volume is published: the next start takes the intents from the
-// state log, says so, and keeps the mounts (released as orphans they would
-// not be).
-func TestKilledPluginReplaysItsLog(t *testing.T) {
-	p := testenv.New(t)
-	p.Start()
-	staging, target := upPublished(t, p, "vol-k")
-	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
-
-	p.Kill()
-	logged := len(p.Log())
-	p.Start()
-	must(t, "publish after restart", publish(t, p, "vol-k", staging, target, false))
-	since := p.Log()[logged:]
-	if !strings.Contains(since, "Replayed the state log") {
-		t.Error("the start after a kill did not replay the state log")
-	}
-	if strings.Contains(since, "Starting operation") {
-		t.Errorf("the restarted plugin redid work the kill left done:\n%s", since)
-	}
-	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
-		t.Fatalf("data after restart: got %q, %v", b, err)
-	}
-	unpublish(t, p, "vol-k", target)
-	unstage(t, p, "vol-k", staging)
 }
 
 // TestBadRequests walks one volume through requests that conflict with its
