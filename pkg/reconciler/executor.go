@@ -98,6 +98,14 @@ func (e *executor) blocked(id string, act action, epoch uint64) (busy bool, retr
 	return false, time.Time{}
 }
 
+// stale reports whether an operation of id finished after the observation
+// taken at epoch.
+func (e *executor) stale(id string, epoch uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.finished[id] > epoch
+}
+
 // healthy resets the repair backoff of a volume seen fully converged.
 func (e *executor) healthy(id string) {
 	e.mu.Lock()

@@ -21,6 +21,7 @@ type Store interface {
 	List() []*state.Volume
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
 	SetResult(id string, key state.IntentKey, r state.Result)
+	Fulfilled(id string, key state.IntentKey, gen int64, path string)
 	SetFinal(id string, key state.IntentKey, f state.Final)
 	SetCondition(id string, c state.Condition)
 }
@@ -276,7 +277,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 		ids[v.ID] = true
 		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
 		acts := diff(v, a)
-		statuses = append(statuses, r.publishResults(ctx, v, a))
+		statuses = append(statuses, r.publishResults(ctx, v, a, r.exec.stale(v.ID, epoch)))
 		if len(acts) > 0 {
 			plans = append(plans, plan{v: v, a: a, act: acts[0]})
 		}
@@ -333,8 +334,11 @@ func (r *Reconciler) staticDevice(v *state.Volume) *state.Loop {
 
 // publishResults reports, for each live intent of v, whether it is
 // fulfilled and, if not, its latest failure or what it waits for; and the
-// volume's condition, logged at each change. It returns v's status.
-func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *actual) VolumeStatus {
+// volume's condition, logged at each change. It returns v's status. An
+// observation older than v's last finished operation (stale) reports
+// nothing: that operation reported what it did, which such an observation
+// may not show.
+func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *actual, stale bool) VolumeStatus {
 	seen := r.fulfilled[v.ID]
 	if seen == nil {
 		seen = map[state.IntentKey]int64{}
@@ -357,6 +361,9 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 					f.act, v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
 			}
 		}
+	}
+	if stale {
+		return r.volumeStatus(v, a, cond)
 	}
 	report := func(key state.IntentKey, gen int64, ready bool) {
 		if ready {
@@ -463,7 +470,11 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			// As the kubelet marks a volume mounted when its operation
 			// succeeds: the waiting request answers now, without waiting
 			// for a pass to observe the mount.
-			r.cfg.Store.SetResult(v.ID, act.key(), state.Result{Generation: act.generation, Ready: true})
+			path := act.target
+			if act.kind == actStage {
+				path = v.Stage.Path
+			}
+			r.cfg.Store.Fulfilled(v.ID, act.key(), act.generation, path)
 		}
 		r.finished(logger, v.ID, act, nil, nil, repairing)
 	})

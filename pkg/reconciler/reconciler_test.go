@@ -201,10 +201,16 @@ func TestOperationAnswersItsRequest(t *testing.T) {
 	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready || r.Generation != v.Stage.Generation {
 		t.Fatalf("stage result after the pass that staged: got %+v, want ready at generation %d", r, v.Stage.Generation)
 	}
+	if c := h.store.Condition("v1"); slices.Contains(c.Unusable, staging) {
+		t.Errorf("condition after the pass that staged: got %+v, want %s usable", c, staging)
+	}
 	v = h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
 	pass()
 	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready || r.Generation != v.Publishes[target].Generation {
 		t.Fatalf("publish result after the pass that published: got %+v, want ready at generation %d", r, v.Publishes[target].Generation)
+	}
+	if c := h.store.Condition("v1"); slices.Contains(c.Unusable, target) {
+		t.Errorf("condition after the pass that published: got %+v, want %s usable (NodeGetVolumeStats reads it)", c, target)
 	}
 
 	target2 := "/k/pod-v1b/mount"
@@ -621,6 +627,39 @@ func TestStaleObservationStartsNothing(t *testing.T) {
 	h.r.exec.wait()
 	if attaches := strings.Count(strings.Join(h.world.Calls(), ","), "attach"); attaches != 1 {
 		t.Errorf("attached %d times, want once", attaches)
+	}
+}
+
+// TestStaleObservationReportsNothing runs a pass that observes the machine
+// while a publish is under way and reports after it succeeded: that pass
+// must not take back what the operation reported (ready, and the target
+// usable), since its observation is older than the mount.
+func TestStaleObservationReportsNothing(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.volume("v1")
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+	release := make(chan struct{})
+	h.world.hold["bind "+target] = release
+	v := h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
+	if n, _ := h.r.Pass(t.Context()); n != 1 {
+		t.Fatalf("first pass started %d operations, want 1", n)
+	}
+	waitFor(t, h.world.started, "bind "+target)
+	h.world.afterObserve = func() {
+		// The second pass has seen no bind mount; now the publish ends.
+		h.world.afterObserve = nil
+		close(release)
+		h.r.exec.wait()
+	}
+	if _, err := h.r.Pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready || r.Generation != v.Publishes[target].Generation {
+		t.Errorf("publish result after a stale pass: got %+v, want ready", r)
+	}
+	if c := h.store.Condition("v1"); slices.Contains(c.Unusable, target) {
+		t.Errorf("condition after a stale pass: got %+v, want %s usable", c, target)
 	}
 }
 

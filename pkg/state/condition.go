@@ -1,5 +1,7 @@
 package state
 
+import "slices"
+
 // Health classifies an abnormal volume, after CSI's VolumeHealthErrorType.
 type Health string
 
@@ -45,6 +47,30 @@ func (s *Store) SetCondition(id string, c Condition) {
 		return
 	}
 	s.conditions[id] = c
+}
+
+// Fulfilled records that intent key of volume id was fulfilled at
+// generation gen by an operation that just succeeded, before a pass has
+// observed its work: the result is ready, and path, where the volume now
+// is, leaves the condition's unusable paths. The next pass confirms both.
+func (s *Store) Fulfilled(id string, key IntentKey, gen int64, path string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.results[id]
+	if m == nil {
+		m = map[IntentKey]Result{}
+		s.results[id] = m
+	}
+	m[key] = Result{Generation: gen, Ready: true}
+	if c, ok := s.conditions[id]; ok {
+		c.Unusable = slices.DeleteFunc(slices.Clone(c.Unusable), func(p string) bool { return p == path })
+		if !c.Abnormal && len(c.Unusable) == 0 {
+			delete(s.conditions, id)
+		} else {
+			s.conditions[id] = c
+		}
+	}
+	s.notifyLocked(id)
 }
 
 // Condition returns the health of a volume; the zero Condition (normal)
