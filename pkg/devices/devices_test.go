@@ -119,9 +119,16 @@ func TestAttachedLoopNames(t *testing.T) {
 	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	got, err := attachedLoops(p)
 	want := []partition{{name: "loop0", dev: state.DevNum{Major: 7}, size: 64 << 20}, {name: "loop12", dev: state.DevNum{Major: 7, Minor: 12}, size: 128 << 20}}
-	if err != nil || !slices.Equal(got, want) {
-		t.Errorf("got %v, %v; want %v", got, err, want)
+	// Read at once, and through a kept descriptor with a buffer smaller
+	// than the file, twice.
+	kept := newKeptFiles()
+	defer kept.close()
+	kept.buf = make([]byte, 7)
+	for _, r := range []fileReader{&oneShot{buf: make([]byte, 16)}, kept, kept} {
+		got, err := attachedLoops(p, r)
+		if err != nil || !slices.Equal(got, want) {
+			t.Errorf("%T: got %v, %v; want %v", r, got, err, want)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -141,10 +142,15 @@ func KeepLoop(dev string) error {
 // (the kernel makes them on demand and keeps them). Otherwise every loop
 // device in sysBlock is visited.
 func ListLoops(sysBlock, partitions string) ([]state.Loop, error) {
+	return listLoops(sysBlock, partitions, &oneShot{buf: make([]byte, unix.PathMax+64)})
+}
+
+// listLoops is ListLoops reading its files with r.
+func listLoops(sysBlock, partitions string, r fileReader) ([]state.Loop, error) {
 	// From /proc/partitions come each device's number and size at once;
 	// sysfs then gives only what it alone knows. Every syscall counts: a
 	// node may have a thousand devices, observed on every pass.
-	known, err := attachedLoops(partitions)
+	known, err := attachedLoops(partitions, r)
 	if err != nil {
 		entries, err := os.ReadDir(sysBlock)
 		if err != nil {
@@ -155,21 +161,20 @@ func ListLoops(sysBlock, partitions string) ([]state.Loop, error) {
 			known = append(known, partition{name: e.Name(), size: -1})
 		}
 	}
-	buf := make([]byte, unix.PathMax+64)
 	var out []state.Loop
 	for _, d := range known {
 		if !strings.HasPrefix(d.name, "loop") {
 			continue
 		}
-		backing, err := readSmall(filepath.Join(sysBlock, d.name, "loop", "backing_file"), buf)
+		backing, err := r.read(filepath.Join(sysBlock, d.name, "loop", "backing_file"))
 		if err != nil {
 			continue // not attached
 		}
 		// A deleted backing file reads "<path> (deleted)".
 		backingFile := strings.TrimSuffix(strings.TrimSuffix(backing, "\n"), " (deleted)")
-		autoclear, _ := readSmall(filepath.Join(sysBlock, d.name, "loop", "autoclear"), buf)
+		autoclear, _ := r.read(filepath.Join(sysBlock, d.name, "loop", "autoclear"))
 		if d.size < 0 {
-			devRaw, err := readSmall(filepath.Join(sysBlock, d.name, "dev"), buf)
+			devRaw, err := r.read(filepath.Join(sysBlock, d.name, "dev"))
 			if err != nil {
 				continue // detached meanwhile
 			}
@@ -177,7 +182,7 @@ func ListLoops(sysBlock, partitions string) ([]state.Loop, error) {
 				return nil, fmt.Errorf("%s/dev: %w", d.name, err)
 			}
 			// sysfs gives the size in 512-byte sectors.
-			sectors, _ := readSmall(filepath.Join(sysBlock, d.name, "size"), buf)
+			sectors, _ := r.read(filepath.Join(sysBlock, d.name, "size"))
 			n, _ := strconv.ParseInt(strings.TrimSpace(sectors), 10, 64)
 			d.size = n * 512
 		}
@@ -198,19 +203,117 @@ func ListLoops(sysBlock, partitions string) ([]state.Loop, error) {
 	return out, nil
 }
 
-// readSmall reads a small file (a sysfs attribute) with three syscalls,
-// using buf.
-func readSmall(path string, buf []byte) (string, error) {
+// fileReader reads a small kernel-generated file (a sysfs attribute,
+// /proc/partitions) whole.
+type fileReader interface {
+	read(path string) (string, error)
+}
+
+// oneShot opens, reads and closes each file: three syscalls.
+type oneShot struct{ buf []byte }
+
+func (o *oneShot) read(path string) (string, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", err
 	}
 	defer unix.Close(fd)
-	n, err := unix.Read(fd, buf)
+	return preadAll(fd, &o.buf)
+}
+
+// preadAll reads the file open at fd from its start to its end, growing
+// *buf as needed. The kernel generates these files anew for each read
+// from offset 0. A read may come back short before the end (a seq_file
+// hands out at most a page of whole lines at a time), so only a read of
+// nothing ends it.
+func preadAll(fd int, buf *[]byte) (string, error) {
+	n := 0
+	for {
+		if n == len(*buf) {
+			*buf = append(*buf, make([]byte, len(*buf))...)
+		}
+		m, err := unix.Pread(fd, (*buf)[n:], int64(n))
+		if err != nil {
+			return "", err
+		}
+		if m == 0 {
+			return string((*buf)[:n]), nil
+		}
+		n += m
+	}
+}
+
+// keptFiles reads files through descriptors it keeps open between calls:
+// one pread each rather than an open, a read and a close. A descriptor is
+// never read stale: the kernel generates the file anew for each read, and a
+// loop device's attributes go away when it is detached, after which their
+// descriptors fail (ENODEV, even once the device is attached again); any
+// failure closes the descriptor and opens the file anew.
+type keptFiles struct {
+	// mu guards everything below.
+	mu  sync.Mutex
+	buf []byte
+	fds map[string]*keptFile
+	// round counts listings; a descriptor not read in the latest is
+	// closed.
+	round int
+}
+
+type keptFile struct {
+	fd    int
+	round int
+}
+
+func newKeptFiles() *keptFiles {
+	return &keptFiles{buf: make([]byte, unix.PathMax+64), fds: map[string]*keptFile{}}
+}
+
+func (k *keptFiles) read(path string) (string, error) {
+	if f := k.fds[path]; f != nil {
+		if s, err := preadAll(f.fd, &k.buf); err == nil {
+			f.round = k.round
+			return s, nil
+		}
+		unix.Close(f.fd)
+		delete(k.fds, path)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", err
 	}
-	return string(buf[:n]), nil
+	s, err := preadAll(fd, &k.buf)
+	if err != nil {
+		unix.Close(fd)
+		return "", err
+	}
+	k.fds[path] = &keptFile{fd: fd, round: k.round}
+	return s, nil
+}
+
+// listLoops is ListLoops with k's descriptors; those of devices no longer
+// listed are closed.
+func (k *keptFiles) listLoops(sysBlock, partitions string) ([]state.Loop, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.round++
+	loops, err := listLoops(sysBlock, partitions, k)
+	for path, f := range k.fds {
+		if f.round != k.round {
+			unix.Close(f.fd)
+			delete(k.fds, path)
+		}
+	}
+	return loops, err
+}
+
+// close closes every descriptor.
+func (k *keptFiles) close() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for path, f := range k.fds {
+		unix.Close(f.fd)
+		delete(k.fds, path)
+	}
 }
 
 // partition is one loop device of /proc/partitions; size is -1 when only
@@ -223,16 +326,16 @@ type partition struct {
 
 // attachedLoops returns the loop devices (not their partitions) that a
 // /proc/partitions file lists, with their numbers and sizes.
-func attachedLoops(partitions string) ([]partition, error) {
+func attachedLoops(partitions string, r fileReader) ([]partition, error) {
 	if partitions == "" {
 		return nil, errors.New("no partitions file")
 	}
-	raw, err := os.ReadFile(partitions)
+	raw, err := r.read(partitions)
 	if err != nil {
 		return nil, err
 	}
 	var out []partition
-	for _, line := range strings.Split(string(raw), "\n") {
+	for _, line := range strings.Split(raw, "\n") {
 		f := strings.Fields(line)
 		if len(f) != 4 || !strings.HasPrefix(f[3], "loop") || strings.Contains(f[3][4:], "p") {
 			continue

@@ -3,6 +3,7 @@ package devices
 import (
 	"fmt"
 	"os"
+	"sync"
 
 	"k8s.io/mount-utils"
 
@@ -18,6 +19,11 @@ type Observer struct {
 	// Partitions lists the block devices of non-zero size, normally
 	// /proc/partitions; empty to visit every loop device in SysBlock.
 	Partitions string
+
+	// files keeps the files of the loop listing open between passes;
+	// made on first use.
+	filesOnce sync.Once
+	files     *keptFiles
 }
 
 // Observe parses the mount table once and lists the loop devices.
@@ -26,11 +32,20 @@ func (o *Observer) Observe() (*state.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
 	}
-	loops, err := ListLoops(o.SysBlock, o.Partitions)
+	o.filesOnce.Do(func() { o.files = newKeptFiles() })
+	loops, err := o.files.listLoops(o.SysBlock, o.Partitions)
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
 	return state.NewSnapshot(byDevice(mounts, loops), loops), nil
+}
+
+// Close closes the files Observe keeps open. Observe may be called again
+// afterwards; it opens them anew.
+func (o *Observer) Close() error {
+	o.filesOnce.Do(func() { o.files = newKeptFiles() })
+	o.files.close()
+	return nil
 }
 
 // byDevice gives the mounts of a filesystem that reports an anonymous

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -55,5 +56,101 @@ func TestObserveSeesRenamedMountPoint(t *testing.T) {
 	}
 	if got, want := paths(), []string{filepath.Join(after, "mnt")}; !slices.Equal(got, want) {
 		t.Fatalf("after the rename: got %v, want %v", got, want)
+	}
+}
+
+// TestObserveFollowsLoopDevices detaches a loop device and attaches another
+// image (most likely to the same device, the lowest free) between two
+// observations by one Observer, which keeps the device's sysfs files open:
+// the second observation shows the new image, since a detached device's
+// descriptors fail even once it is attached again; and once the device is
+// detached, its descriptors are closed.
+func TestObserveFollowsLoopDevices(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices")
+	}
+	dir := t.TempDir()
+	images := []string{filepath.Join(dir, "a.img"), filepath.Join(dir, "b.img")}
+	for _, img := range images {
+		if err := os.WriteFile(img, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(img, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var attached []string
+	t.Cleanup(func() {
+		for _, d := range attached {
+			DetachLoop(d)
+		}
+	})
+	attach := func(img string) string {
+		t.Helper()
+		d, err := AttachLoop(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attached = append(attached, d)
+		return d
+	}
+	detach := func(d string) {
+		t.Helper()
+		if err := DetachLoop(d); err != nil {
+			t.Fatal(err)
+		}
+		attached = slices.DeleteFunc(attached, func(a string) bool { return a == d })
+	}
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions"}
+	defer o.Close()
+	backing := func() map[string]string {
+		t.Helper()
+		snap, err := o.Observe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		for _, l := range snap.Loops() {
+			if filepath.Dir(l.BackingFile) == dir {
+				out[l.Device] = l.BackingFile
+			}
+		}
+		return out
+	}
+	kept := func(dev string) int {
+		o.files.mu.Lock()
+		defer o.files.mu.Unlock()
+		n := 0
+		for path := range o.files.fds {
+			if strings.HasPrefix(path, filepath.Join("/sys/block", filepath.Base(dev))+"/") {
+				n++
+			}
+		}
+		return n
+	}
+
+	dev := attach(images[0])
+	for range 2 {
+		if got := backing(); got[dev] != images[0] || len(got) != 1 {
+			t.Fatalf("attached to a: got %v", got)
+		}
+	}
+	if kept(dev) == 0 {
+		t.Fatalf("no descriptor of %s kept", dev)
+	}
+	detach(dev)
+	dev2 := attach(images[1])
+	if dev2 != dev {
+		t.Logf("b went to %s, not %s: the stale descriptors were not read", dev2, dev)
+	}
+	if got := backing(); got[dev2] != images[1] || len(got) != 1 {
+		t.Fatalf("a detached and b attached (%s, was %s): got %v", dev2, dev, got)
+	}
+	detach(dev2)
+	if got := backing(); len(got) != 0 {
+		t.Fatalf("after the detach: got %v", got)
+	}
+	if n := kept(dev2); n != 0 {
+		t.Errorf("%d descriptors of the detached %s kept", n, dev2)
 	}
 }

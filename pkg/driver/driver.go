@@ -74,11 +74,13 @@ func Run(ctx context.Context, cfg Config) error {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
 	}
 	m := metrics.New()
+	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions"}
+	defer observer.Close()
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder:     m,
 		Static:       static,
 		Store:        store,
-		Observer:     &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions"},
+		Observer:     observer,
 		Loops:        devices.LoopDevices{},
 		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
