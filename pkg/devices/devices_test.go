@@ -131,4 +131,13 @@ func TestAttachedLoopNames(t *testing.T) {
 			t.Errorf("%T: got %v, %v; want %v", r, got, err, want)
 		}
 	}
+	if len(kept.fds) != 1 {
+		t.Errorf("%d descriptors kept, want 1", len(kept.fds))
+	}
+	// At its bound it reads all the same, keeping nothing more.
+	full := newKeptFiles()
+	full.max = 0
+	if got, err := attachedLoops(p, full); err != nil || !slices.Equal(got, want) || len(full.fds) != 0 {
+		t.Errorf("with no descriptor allowed: got %v, %v, %d kept; want %v, none kept", got, err, len(full.fds), want)
+	}
 }

@@ -257,6 +257,10 @@ type keptFiles struct {
 	// round counts listings; a descriptor not read in the latest is
 	// closed.
 	round int
+	// max bounds the descriptors kept, so that a node with very many loop
+	// devices never runs the plugin out of descriptors: past it, files
+	// are opened and closed for each read.
+	max int
 }
 
 type keptFile struct {
@@ -265,7 +269,14 @@ type keptFile struct {
 }
 
 func newKeptFiles() *keptFiles {
-	return &keptFiles{buf: make([]byte, unix.PathMax+64), fds: map[string]*keptFile{}}
+	// A quarter of the process's descriptor limit (which Go raises to the
+	// hard limit at start): 2 per attached device.
+	max := 256
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur/4 > uint64(max) {
+		max = int(min(rl.Cur/4, 1<<20))
+	}
+	return &keptFiles{buf: make([]byte, unix.PathMax+64), fds: map[string]*keptFile{}, max: max}
 }
 
 func (k *keptFiles) read(path string) (string, error) {
@@ -282,9 +293,9 @@ func (k *keptFiles) read(path string) (string, error) {
 		return "", err
 	}
 	s, err := preadAll(fd, &k.buf)
-	if err != nil {
+	if err != nil || len(k.fds) >= k.max {
 		unix.Close(fd)
-		return "", err
+		return s, err
 	}
 	k.fds[path] = &keptFile{fd: fd, round: k.round}
 	return s, nil
