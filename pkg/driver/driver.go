@@ -146,9 +146,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}()
 	go func() {
 		defer wg.Done()
-		// A mount made or removed by anyone kicks a pass, so an external
-		// unmount heals at once rather than at the next resync.
-		if err := devices.WatchMounts(recCtx, "/proc/self/mountinfo", rec.Kick); err != nil {
+		// A mount made or removed by anyone kicks a pass within a
+		// millisecond (KickSoon: the plugin's own mounts need no pass of
+		// their own), so an external unmount heals at once rather than at
+		// the next resync.
+		if err := devices.WatchMounts(recCtx, "/proc/self/mountinfo", rec.KickSoon); err != nil {
 			logger.Error(err, "Cannot watch the mount table; changes are seen at each resync")
 		}
 	}()

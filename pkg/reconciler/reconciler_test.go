@@ -410,6 +410,45 @@ func TestKicksCoalesce(t *testing.T) {
 	}
 }
 
+// TestKickSoon checks that KickSoon kicks once after its delay however
+// often it is called meanwhile, and that a pass starting meanwhile serves it
+// instead.
+func TestKickSoon(t *testing.T) {
+	h := newHarness(t)
+	h.r.soonDelay = time.Millisecond
+	for range 3 {
+		h.r.KickSoon()
+	}
+	select {
+	case <-h.r.kick:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no kick after KickSoon")
+	}
+	h.r.soonMu.Lock()
+	soon := h.r.soon
+	h.r.soonMu.Unlock()
+	if soon {
+		t.Error("a KickSoon still waits after its kick")
+	}
+
+	h.r.soonDelay = time.Hour
+	h.r.KickSoon()
+	if _, err := h.r.Pass(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h.r.soonMu.Lock()
+	soon = h.r.soon
+	h.r.soonMu.Unlock()
+	if soon {
+		t.Error("a pass that started after KickSoon did not serve it")
+	}
+	select {
+	case <-h.r.kick:
+		t.Error("kicked although a pass served the KickSoon")
+	default:
+	}
+}
+
 func TestRunConvergesAndStops(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.volume("v1")
