@@ -38,11 +38,11 @@ type Condition struct {
 func (s *Store) SetCondition(id string, c Condition) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.volumes[id]; !ok {
-		delete(s.conditions, id)
-		return
-	}
-	if !c.Abnormal && len(c.Unusable) == 0 {
+	s.setConditionLocked(id, c)
+}
+
+func (s *Store) setConditionLocked(id string, c Condition) {
+	if _, ok := s.volumes[id]; !ok || !c.Abnormal && len(c.Unusable) == 0 {
 		delete(s.conditions, id)
 		return
 	}
@@ -56,19 +56,10 @@ func (s *Store) SetCondition(id string, c Condition) {
 func (s *Store) Fulfilled(id string, key IntentKey, gen int64, path string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := s.results[id]
-	if m == nil {
-		m = map[IntentKey]Result{}
-		s.results[id] = m
-	}
-	m[key] = Result{Generation: gen, Ready: true}
+	s.setResultLocked(id, key, Result{Generation: gen, Ready: true})
 	if c, ok := s.conditions[id]; ok {
 		c.Unusable = slices.DeleteFunc(slices.Clone(c.Unusable), func(p string) bool { return p == path })
-		if !c.Abnormal && len(c.Unusable) == 0 {
-			delete(s.conditions, id)
-		} else {
-			s.conditions[id] = c
-		}
+		s.setConditionLocked(id, c)
 	}
 	s.notifyLocked(id)
 }

@@ -392,16 +392,23 @@ func stampGenerations(old, cur *Volume) {
 func (s *Store) SetResult(id string, key IntentKey, r Result) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.setResultLocked(id, key, r) {
+		s.notifyLocked(id)
+	}
+}
+
+// setResultLocked records r and reports whether it changed anything.
+func (s *Store) setResultLocked(id string, key IntentKey, r Result) bool {
 	m := s.results[id]
 	if m == nil {
 		m = map[IntentKey]Result{}
 		s.results[id] = m
 	}
 	if old, ok := m[key]; ok && reflect.DeepEqual(old, r) {
-		return
+		return false
 	}
 	m[key] = r
-	s.notifyLocked(id)
+	return true
 }
 
 // Result returns the latest result of one intent; ok is false when there
