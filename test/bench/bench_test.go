@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -375,7 +376,8 @@ func passTotals(b *testing.B, p plugin) (sum, count float64) {
 // BenchmarkThousandVolumes stages and publishes 1000 volumes, then
 // measures the idle plugin (CPU per minute over a measured window at the
 // default resync period, resident memory, the duration of a pass from the
-// metrics), and the time from a restart to Probe ready.
+// metrics), and the time from a restart to Probe ready, after a SIGKILL
+// (the state log replayed) and after a clean stop.
 func BenchmarkThousandVolumes(b *testing.B) {
 	n := 1000
 	if v := os.Getenv("CONVERGE_BENCH_VOLUMES"); v != "" {
@@ -400,6 +402,21 @@ func BenchmarkThousandVolumes(b *testing.B) {
 		b.ReportMetric(setup.Seconds(), "setup-s")
 		absolute(fmt.Sprintf("%d volumes at once: wall", n), "s", setup.Seconds(), 0)
 
+		// A crash right after: the restart replays what the state log
+		// holds since its last checkpoint.
+		p.Kill()
+		logged := len(p.Log())
+		start := time.Now()
+		p.Start() // waits for Probe ready
+		b.ReportMetric(time.Since(start).Seconds(), "restart-after-kill-s")
+		absolute(fmt.Sprintf("%d volumes: restart after SIGKILL to Probe ready", n), "s", time.Since(start).Seconds(), 2)
+		var replayed float64
+		if _, tail, ok := strings.Cut(p.Log()[logged:], `"Replayed the state log" records=`); ok {
+			fmt.Sscan(tail, &replayed)
+		}
+		b.ReportMetric(replayed, "replayed-records")
+		absolute(fmt.Sprintf("%d volumes: records that restart replayed", n), "", replayed, 0)
+
 		time.Sleep(2 * time.Second) // let the set-up's last passes end
 		cpu0, _ := procStat(b, p.PID())
 		sum0, count0 := passTotals(b, p)
@@ -418,7 +435,7 @@ func BenchmarkThousandVolumes(b *testing.B) {
 		b.ReportMetric(count1-count0, "idle-passes")
 
 		p.Stop()
-		start := time.Now()
+		start = time.Now()
 		p.Start() // waits for Probe ready
 		b.ReportMetric(time.Since(start).Seconds(), "restart-to-ready-s")
 		absolute(fmt.Sprintf("%d volumes: restart to Probe ready", n), "s", time.Since(start).Seconds(), 2)
