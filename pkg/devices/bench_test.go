@@ -23,14 +23,7 @@ func BenchmarkListLoops(b *testing.B) {
 		}
 	})
 	for i := range 300 {
-		img := filepath.Join(dir, fmt.Sprintf("%d.img", i))
-		if err := os.WriteFile(img, nil, 0o600); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.Truncate(img, 1<<20); err != nil {
-			b.Fatal(err)
-		}
-		d, err := AttachLoop(img)
+		d, err := AttachLoop(sparseImage(b, filepath.Join(dir, fmt.Sprintf("%d.img", i))))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -70,15 +70,7 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 		t.Skip("needs root for loop devices")
 	}
 	dir := t.TempDir()
-	images := []string{filepath.Join(dir, "a.img"), filepath.Join(dir, "b.img")}
-	for _, img := range images {
-		if err := os.WriteFile(img, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(img, 1<<20); err != nil {
-			t.Fatal(err)
-		}
-	}
+	images := []string{sparseImage(t, filepath.Join(dir, "a.img")), sparseImage(t, filepath.Join(dir, "b.img"))}
 	var attached []string
 	t.Cleanup(func() {
 		for _, d := range attached {
@@ -153,4 +145,17 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 	if n := kept(dev2); n != 0 {
 		t.Errorf("%d descriptors of the detached %s kept", n, dev2)
 	}
+}
+
+// sparseImage creates a sparse 1 MiB file at path to attach, and returns
+// path.
+func sparseImage(tb testing.TB, path string) string {
+	tb.Helper()
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.Truncate(path, 1<<20); err != nil {
+		tb.Fatal(err)
+	}
+	return path
 }
