@@ -42,17 +42,20 @@ func (p *Paths) BindMount(source, target string, options []string) error {
 	for _, o := range options {
 		attr.Attr_set |= bindAttrs[o]
 	}
-	src, err := p.open(source, unix.O_DIRECTORY)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(src)
 	dst, err := p.open(target, unix.O_DIRECTORY)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(dst)
+	src, err := p.open(source, unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
 	tree, err := unix.OpenTree(src, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	// Closed at once: a descriptor open inside the source mount makes it
+	// busy, and an unmount of it by someone else (a repair from outside,
+	// an operator) would fail while the bind is being attached.
+	unix.Close(src)
 	if err != nil {
 		return fmt.Errorf("cloning the mount at %s: %w", source, err)
 	}
