@@ -135,13 +135,49 @@ func (p *Paths) Unmount(path string) error {
 		return err
 	}
 	defer unix.Close(parent)
-	err = unix.Unmount(fdPath(parent)+"/"+filepath.Base(path), unix.UMOUNT_NOFOLLOW)
+	return unmountIn(parent, path)
+}
+
+// unmountIn unmounts the top mount at the last component of path in the
+// directory parent, without following a symlink there. Nothing mounted
+// there, or nothing there, is a no-op.
+func unmountIn(parent int, path string) error {
+	err := unix.Unmount(fdPath(parent)+"/"+filepath.Base(path), unix.UMOUNT_NOFOLLOW)
 	switch {
 	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
 		return nil
 	default:
 		return fmt.Errorf("unmounting %s: %w", path, err)
 	}
+}
+
+// ErrNotOwned is returned by UnmountOwned when the top mount at the path is
+// not the mount it was asked to remove.
+var ErrNotOwned = errors.New("the mount there is not the one to remove")
+
+// UnmountOwned unmounts the top mount at path only if its unique mount ID
+// is id: the plugin's own mount, found at a path no record names. Any other
+// mount there is someone else's (the kubelet's subPath bind mounts, an
+// operator's) and is left alone with ErrNotOwned. The path is resolved as
+// for Unmount; the ID is read through the same parent descriptor right
+// before the unmount. A path that is not mounted is a no-op.
+func (p *Paths) UnmountOwned(path string, id uint64) error {
+	parent, err := p.open(filepath.Dir(path), unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(parent)
+	got, err := mountID(parent, filepath.Base(path))
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if id == 0 || got != id {
+		return fmt.Errorf("%w: %s holds mount %d, not %d", ErrNotOwned, path, got, id)
+	}
+	return unmountIn(parent, path)
 }
 
 // CheckMountedAt verifies that the directory path, resolved beneath the

@@ -133,3 +133,9 @@ func (m *Mounter) BindDevice(dev, target string, ro bool) error {
 func (m *Mounter) Unmount(target string) error {
 	return m.paths.Unmount(target)
 }
+
+// UnmountOwned unmounts the top mount at target only if its unique mount
+// ID is id (see Paths.UnmountOwned).
+func (m *Mounter) UnmountOwned(target string, id uint64) error {
+	return m.paths.UnmountOwned(target, id)
+}

@@ -19,6 +19,7 @@ func ReadMounts(path string) ([]state.Mount, error) {
 	out := make([]state.Mount, 0, len(infos))
 	for _, mi := range infos {
 		out = append(out, state.Mount{
+			ID:       mi.ID,
 			Path:     unescapeOctal(mi.MountPoint),
 			Dev:      state.DevNum{Major: uint32(mi.Major), Minor: uint32(mi.Minor)},
 			Root:     unescapeOctal(mi.Root),

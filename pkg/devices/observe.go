@@ -5,6 +5,7 @@ import (
 	"os"
 	"sync"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
 
 	"github.com/converge-csi/converge/pkg/state"
@@ -64,14 +65,31 @@ func byDevice(mounts []state.Mount, loops []state.Loop) []state.Mount {
 	return mounts
 }
 
-// CheckMount stats a mount point and returns the error when it shows a
-// corrupted mount (ENOTCONN, ESTALE, EIO and the others of mount-utils'
-// IsCorruptedMnt); any other outcome is nil, as the mount table is the
-// authority on whether something is mounted there.
-func (o *Observer) CheckMount(path string) error {
-	_, err := os.Stat(path)
+// CheckMount stats a mount point and returns the unique ID of the top mount
+// there (0 when the kernel does not tell it, before Linux 6.8), and the
+// error when the stat shows a corrupted mount (ENOTCONN, ESTALE, EIO and
+// the others of mount-utils' IsCorruptedMnt); any other failure is no
+// error, as the mount table is the authority on whether something is
+// mounted there. The last component is not followed if it is a symlink,
+// nor automounted.
+func (o *Observer) CheckMount(path string) (uint64, error) {
+	id, err := mountID(unix.AT_FDCWD, path)
 	if err != nil && mount.IsCorruptedMnt(err) {
-		return err
+		return 0, err
 	}
-	return nil
+	return id, nil
+}
+
+// mountID returns the unique ID of the top mount at path, resolved from
+// dirfd; 0 when the kernel does not tell it.
+func mountID(dirfd int, path string) (uint64, error) {
+	var stx unix.Statx_t
+	err := unix.Statx(dirfd, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT, unix.STATX_MNT_ID_UNIQUE, &stx)
+	if err != nil {
+		return 0, &os.PathError{Op: "statx", Path: path, Err: err}
+	}
+	if stx.Mask&unix.STATX_MNT_ID_UNIQUE == 0 {
+		return 0, nil
+	}
+	return stx.Mnt_id, nil
 }

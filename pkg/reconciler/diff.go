@@ -27,8 +27,9 @@ const (
 	// actKeepDevice clears the auto-clear flag that a losetup -d from
 	// outside set on the volume's loop device.
 	actKeepDevice
-	// actUnmountStray unmounts a mount of the volume's filesystem inside
-	// the roots at a path no record names (target is that path).
+	// actUnmountStray unmounts the plugin's own mount of the volume's
+	// filesystem found at a path no record names (target is that path,
+	// mountID the mount).
 	actUnmountStray
 	// actGrowDevice makes the loop device take its grown image's size.
 	actGrowDevice
@@ -37,11 +38,15 @@ const (
 	// actDetachExtra detaches a second, unmounted loop device of the
 	// volume's image (target is the device).
 	actDetachExtra
+	// actRecordMount records the unique ID of the mount at the staging
+	// path (target "") or at a target, so that the plugin knows it as its
+	// own wherever it goes later.
+	actRecordMount
 )
 
 var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan",
 	"unmount unusable target", "unmount unusable staging", "keep device", "unmount stray",
-	"grow device", "grow filesystem", "detach extra device"}
+	"grow device", "grow filesystem", "detach extra device", "record mount"}
 
 func (k actionKind) String() string { return actionNames[k] }
 
@@ -72,6 +77,9 @@ type action struct {
 	target string
 	// generation is the generation of the intent the action serves.
 	generation int64
+	// mountID is the unique ID of the mount a stray unmount removes or a
+	// record mount records.
+	mountID uint64
 	// reason says why the diff chose the action, for the logs.
 	reason string
 }
@@ -83,6 +91,10 @@ func (a action) key() state.IntentKey {
 		return state.StageKey
 	case actGrowDevice, actGrowFs:
 		return state.ExpandKey
+	case actRecordMount:
+		if a.target == "" {
+			return state.StageKey
+		}
 	}
 	return state.PublishKey(a.target)
 }
@@ -113,12 +125,16 @@ type actual struct {
 	staged bool
 	// targets maps each recorded target path to its top mount, if any.
 	targets map[string]*state.Mount
-	// strays lists mounts of the volume's filesystem inside the roots at
-	// paths the record does not name: the plugin's own mounts, moved by a
-	// rename or left behind; they are unmounted.
-	strays []string
-	// foreignMounts lists mounts of the volume's filesystem outside the
-	// roots: someone else's, never touched, and they block unstage.
+	// strays lists the plugin's own mounts of the volume's filesystem at
+	// paths the record does not name, moved there by a rename; they are
+	// unmounted.
+	strays []stray
+	// mountIDs maps the staging path and each target that holds the
+	// volume's mount to that mount's unique ID (0 when unknown).
+	mountIDs map[string]uint64
+	// foreignMounts lists the other mounts of the volume's filesystem at
+	// paths the record does not name: someone else's (the kubelet's subPath
+	// bind mounts, an operator's), never touched, and they block unstage.
 	foreignMounts []string
 
 	// unusable says why the staged filesystem cannot be used (shut down, or
@@ -163,15 +179,25 @@ func (a *actual) anyPublished(v *state.Volume) bool {
 	return false
 }
 
-// checkMount stats a mount point and returns the error of a corrupted mount.
-type checkMount func(path string) error
+// stray is the plugin's own mount at a path no record names.
+type stray struct {
+	path string
+	// id is the mount's unique ID.
+	id uint64
+}
+
+// checkMount stats a mount point and returns the unique ID of the top mount
+// there (0 when unknown), and the error of a corrupted mount.
+type checkMount func(path string) (uint64, error)
 
 // observeVolume derives v's actual state from snap. image is the volume's
 // backing file; check probes the mount points of the volume's filesystem;
-// roots are the directories the plugin owns mounts in.
+// roots are the directories the plugin mounts in. A mount of the volume at
+// a path the record does not name is a stray only if the record holds its
+// unique ID: only a mount the plugin made is its own.
 // A static volume's device, resolved by the caller, is staticDev.
 func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check checkMount, roots []string, staticDev *state.Loop) *actual {
-	a := &actual{targets: make(map[string]*state.Mount, len(v.Publishes))}
+	a := &actual{targets: make(map[string]*state.Mount, len(v.Publishes)), mountIDs: map[string]uint64{}}
 	if v.Stage != nil && v.Stage.Device != "" {
 		a.static, a.loop = true, staticDev
 	} else if ls := snap.LoopsFor(image); len(ls) > 0 {
@@ -197,9 +223,11 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 			case m.Shutdown:
 				a.unusable = "the filesystem was shut down (every I/O fails)"
 			default:
-				if err := check(m.Path); err != nil {
+				id, err := check(m.Path)
+				if err != nil {
 					a.unusable = fmt.Sprintf("the staging mount is corrupted: %v", err)
 				}
+				a.mountIDs[m.Path] = id
 			}
 			a.errorsRO = m.SuperReadOnly && !v.Stage.ReadOnly
 		}
@@ -208,12 +236,14 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 		if m, ok := snap.MountAt(target); ok {
 			a.targets[target] = &m
 			if a.published(target) && !m.Shutdown {
-				if err := check(target); err != nil {
+				id, err := check(target)
+				if err != nil {
 					if a.unusableTargets == nil {
 						a.unusableTargets = map[string]string{}
 					}
 					a.unusableTargets[target] = err.Error()
 				}
+				a.mountIDs[target] = id
 			}
 		}
 	}
@@ -226,13 +256,30 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 				continue
 			}
 			if _, _, err := state.Beneath(m.Path, roots); err == nil {
-				a.strays = append(a.strays, m.Path)
-			} else {
-				a.foreignMounts = append(a.foreignMounts, m.Path)
+				// Only the plugin's own mount is a stray; outside the
+				// roots there is none.
+				if id, _ := check(m.Path); id != 0 && recorded(v, id) {
+					a.strays = append(a.strays, stray{path: m.Path, id: id})
+					continue
+				}
 			}
+			a.foreignMounts = append(a.foreignMounts, m.Path)
 		}
 	}
 	return a
+}
+
+// recorded reports whether v's record holds the unique mount ID id.
+func recorded(v *state.Volume, id uint64) bool {
+	if v.Stage != nil && v.Stage.MountID == id {
+		return true
+	}
+	for _, p := range v.Publishes {
+		if p.MountID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // stageReady reports whether v's stage is fulfilled: its filesystem is
@@ -265,7 +312,7 @@ func diff(v *state.Volume, a *actual) []action {
 		return acts
 	}
 	for _, m := range a.strays {
-		acts = append(acts, action{kind: actUnmountStray, target: m, generation: st.Generation, reason: "mount of the volume at a path no record names"})
+		acts = append(acts, action{kind: actUnmountStray, target: m.path, mountID: m.id, generation: st.Generation, reason: "the plugin's own mount of the volume, moved to a path no record names"})
 	}
 	for _, d := range a.idleExtraLoops {
 		acts = append(acts, action{kind: actDetachExtra, target: d, generation: st.Generation, reason: "the image is attached more than once; this device is not mounted"})
@@ -304,7 +351,28 @@ func diff(v *state.Volume, a *actual) []action {
 			acts = append(acts, action{kind: actPublish, target: t, generation: p.Generation, reason: reason})
 		}
 	}
+	// Recording comes after the publishes, so that it never delays one.
+	acts = append(acts, recordMounts(v, a, targets)...)
 	return append(acts, grow(v, a)...)
+}
+
+// recordMounts returns the steps that record the unique IDs of the
+// volume's mounts at the paths its record names, where only the plugin
+// mounts: after it made them, and after a restart for mounts made before
+// the record kept IDs.
+func recordMounts(v *state.Volume, a *actual, targets []string) []action {
+	var acts []action
+	st := v.Stage
+	if id := a.mountIDs[st.Path]; id != 0 && id != st.MountID {
+		acts = append(acts, action{kind: actRecordMount, mountID: id, generation: st.Generation, reason: "staging mount not recorded"})
+	}
+	for _, t := range targets {
+		p := v.Publishes[t]
+		if id := a.mountIDs[t]; id != 0 && id != p.MountID && !p.Deleting && a.published(t) {
+			acts = append(acts, action{kind: actRecordMount, target: t, mountID: id, generation: p.Generation, reason: "target mount not recorded"})
+		}
+	}
+	return acts
 }
 
 // grow returns the step that brings a ready stage to the size of its image:

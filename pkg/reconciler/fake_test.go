@@ -26,6 +26,12 @@ type fakeWorld struct {
 	fs      map[string]string     // image -> filesystem type, as on disk
 	mkfs    map[string]int        // image -> times formatted
 	mounts  []state.Mount
+	// unique maps a mount's mountinfo ID to its unique ID (see mount).
+	unique  map[int]uint64
+	lastUID uint64
+	// foreign holds the unique IDs of mounts someone else made (the
+	// kubelet's subPath bind mounts), which the plugin must never unmount.
+	foreign map[uint64]bool
 	dirs    map[string]bool
 	calls   []string
 	// fail maps a call ("attach", "mount <target>", "bind <target>", ...)
@@ -64,6 +70,8 @@ func newFakeWorld() *fakeWorld {
 		fs:        map[string]string{},
 		mkfs:      map[string]int{},
 		dirs:      map[string]bool{},
+		unique:    map[int]uint64{},
+		foreign:   map[uint64]bool{},
 		fail:      map[string]error{},
 		hold:      map[string]chan struct{}{},
 		started:   make(chan string, 100),
@@ -141,10 +149,67 @@ func (w *fakeWorld) Observe() (*state.Snapshot, error) {
 	return snap, nil
 }
 
-func (w *fakeWorld) CheckMount(path string) error {
+func (w *fakeWorld) CheckMount(path string) (uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.corrupt[path]
+	var id uint64
+	for i := len(w.mounts) - 1; i >= 0; i-- {
+		if w.mounts[i].Path == path {
+			id = w.unique[w.mounts[i].ID]
+			break
+		}
+	}
+	if err := w.corrupt[path]; err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+// mountLocked adds m to the mount table, as the kernel does: with the
+// lowest free mountinfo ID (so IDs are reused at once, as in Linux) and a
+// unique ID never used before; w.mu must be held.
+func (w *fakeWorld) mountLocked(m state.Mount) {
+	m.ID = 1
+	for w.unique[m.ID] != 0 {
+		m.ID++
+	}
+	w.lastUID++
+	w.unique[m.ID] = w.lastUID
+	w.mounts = append(w.mounts, m)
+}
+
+// removeSubPathsLocked unmounts the foreign mounts under pod's
+// volume-subpaths directory, as the kubelet does before it unpublishes;
+// w.mu must be held.
+func (w *fakeWorld) removeSubPathsLocked(pod string) {
+	for i := len(w.mounts) - 1; i >= 0; i-- {
+		if strings.HasPrefix(w.mounts[i].Path, pod+"/volume-subpaths/") {
+			w.unmountLocked(i)
+		}
+	}
+}
+
+// unmountLocked removes the i-th mount; w.mu must be held.
+func (w *fakeWorld) unmountLocked(i int) {
+	delete(w.unique, w.mounts[i].ID)
+	w.mounts = append(w.mounts[:i], w.mounts[i+1:]...)
+}
+
+func (w *fakeWorld) UnmountOwned(target string, id uint64) error {
+	return w.do("unmount "+target, func() string { return w.imageAt(target) }, func() error {
+		for i := len(w.mounts) - 1; i >= 0; i-- {
+			if w.mounts[i].Path == target {
+				if w.unique[w.mounts[i].ID] != id {
+					return fmt.Errorf("%s holds another mount: %w", target, devices.ErrNotOwned)
+				}
+				w.unmountLocked(i)
+				delete(w.corrupt, target)
+				w.autoclearLocked()
+				return nil
+			}
+		}
+		return nil
+	})
 }
 
 func (w *fakeWorld) Path(id string) string { return filepath.Join(w.dataDir, id+".img") }
@@ -203,7 +268,7 @@ func (w *fakeWorld) BindDevice(dev, target string, ro bool) error {
 			return fmt.Errorf("%s: %w", filepath.Dir(target), os.ErrNotExist)
 		}
 		w.dirs[target] = true // the file
-		w.mounts = append(w.mounts, state.Mount{Path: target, Dev: state.DevNum{Major: 0, Minor: 5}, Root: "/" + filepath.Base(dev), Source: "udev", FsType: "devtmpfs", ReadOnly: ro})
+		w.mountLocked(state.Mount{Path: target, Dev: state.DevNum{Major: 0, Minor: 5}, Root: "/" + filepath.Base(dev), Source: "udev", FsType: "devtmpfs", ReadOnly: ro})
 		return nil
 	})
 }
@@ -315,7 +380,7 @@ func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOpti
 			// Mounting a mounted device again gets the same superblock.
 			m.Shutdown, m.SuperReadOnly = m.Shutdown || others[0].Shutdown, others[0].SuperReadOnly
 		}
-		w.mounts = append(w.mounts, m)
+		w.mountLocked(m)
 		return nil
 	})
 }
@@ -325,7 +390,7 @@ func (w *fakeWorld) BindMount(source, target string, options []string) error {
 		for i := len(w.mounts) - 1; i >= 0; i-- {
 			if m := w.mounts[i]; m.Path == source {
 				m.Path = target
-				w.mounts = append(w.mounts, m)
+				w.mountLocked(m)
 				return nil
 			}
 		}
@@ -337,7 +402,7 @@ func (w *fakeWorld) Unmount(target string) error {
 	return w.do("unmount "+target, func() string { return w.imageAt(target) }, func() error {
 		for i := len(w.mounts) - 1; i >= 0; i-- {
 			if w.mounts[i].Path == target {
-				w.mounts = append(w.mounts[:i], w.mounts[i+1:]...)
+				w.unmountLocked(i)
 				delete(w.corrupt, target)
 				w.autoclearLocked()
 				return nil

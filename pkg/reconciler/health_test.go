@@ -287,3 +287,67 @@ func TestRepeatedFailuresAreDegraded(t *testing.T) {
 	h.settle()
 	h.wantNormal("v1", "after the publish was made")
 }
+
+// TestOnlyOwnMountsAreStrays checks that the plugin unmounts a mount of a
+// volume at a path no record names only when it made that mount: the
+// kubelet's subPath bind mounts inside the kubelet directory, and a mount
+// that reused the mountinfo ID of one of the plugin's, are someone else's
+// and stay; the plugin's own mount, moved away by a rename, goes.
+func TestOnlyOwnMountsAreStrays(t *testing.T) {
+	h := newHarness(t)
+	_, target := h.stagedAndPublished("v1")
+	h.settle()
+	v, _ := h.store.Get("v1")
+	if v.Stage.MountID == 0 || v.Publishes[target].MountID == 0 {
+		t.Fatalf("mount IDs after publish: stage %d, publish %d; want both recorded", v.Stage.MountID, v.Publishes[target].MountID)
+	}
+	top := func(path string) (state.Mount, bool) {
+		for i := len(h.world.mounts) - 1; i >= 0; i-- {
+			if h.world.mounts[i].Path == path {
+				return h.world.mounts[i], true
+			}
+		}
+		return state.Mount{}, false
+	}
+
+	// The kubelet bind mounts a directory of the volume for a container.
+	subPath := "/k/pods/v1/volume-subpaths/pv/c/0"
+	h.world.mu.Lock()
+	m, _ := top(target)
+	m.Path, m.Root = subPath, "/data"
+	h.world.mountLocked(m)
+	h.world.mu.Unlock()
+	h.settle()
+	if !slices.Contains(mountPaths(h.world), subPath) {
+		t.Errorf("the kubelet's subPath mount at %s was unmounted", subPath)
+	}
+
+	// The plugin's own publish mount is moved away by a rename, and the
+	// kubelet's subPath mount is made again; the kernel may give it the
+	// mountinfo ID the moved mount had once that one is gone.
+	moved := "/k/moved/mount"
+	h.world.mu.Lock()
+	for i := range h.world.mounts {
+		if h.world.mounts[i].Path == target {
+			h.world.mounts[i].Path = moved
+		}
+	}
+	h.world.mu.Unlock()
+	h.settle()
+	paths := mountPaths(h.world)
+	if slices.Contains(paths, moved) {
+		t.Errorf("the plugin's own mount moved to %s was not unmounted: %v", moved, paths)
+	}
+	if !slices.Contains(paths, target) || !slices.Contains(paths, subPath) {
+		t.Errorf("mounts after healing: got %v, want %s published again and %s kept", paths, target, subPath)
+	}
+	h.world.mu.Lock()
+	reused, _ := top(target)
+	reused.Path = "/k/pods/v1/volume-subpaths/pv/c/1"
+	h.world.mountLocked(reused)
+	h.world.mu.Unlock()
+	h.settle()
+	if !slices.Contains(mountPaths(h.world), reused.Path) {
+		t.Errorf("a second subPath mount at %s was unmounted", reused.Path)
+	}
+}

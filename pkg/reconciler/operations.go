@@ -279,13 +279,39 @@ func (r *Reconciler) release(a *actual) error {
 }
 
 // unmountTarget unmounts the top mount at path and leaves the directory: an
-// unusable publish mount (the next pass mounts the target again) or a stray
-// mount of the volume inside the roots.
+// unusable publish mount (the next pass mounts the target again).
 func (r *Reconciler) unmountTarget(path string) error {
 	if err := r.cfg.Filesystems.Unmount(path); err != nil {
 		return fmt.Errorf("unmounting %s: %w", path, err)
 	}
 	return nil
+}
+
+// unmountStray unmounts the plugin's own mount id, found at path, which no
+// record names (a rename carried it there). If another mount is on top of
+// it by now, that one is someone else's: nothing is unmounted, and the next
+// pass decides again.
+func (r *Reconciler) unmountStray(path string, id uint64) error {
+	if err := r.cfg.Filesystems.UnmountOwned(path, id); err != nil {
+		return fmt.Errorf("unmounting stray %s: %w", path, err)
+	}
+	return nil
+}
+
+// recordMount records the unique ID of the mount at the staging path
+// (act.target "") or at a target, unless the intent changed meanwhile.
+func (r *Reconciler) recordMount(id string, act action) error {
+	_, err := r.cfg.Store.Update(id, func(v *state.Volume) error {
+		if act.target == "" {
+			if st := v.Stage; st != nil && !st.Deleting && st.Generation == act.generation {
+				st.MountID = act.mountID
+			}
+		} else if p := v.Publishes[act.target]; p != nil && !p.Deleting && p.Generation == act.generation {
+			p.MountID = act.mountID
+		}
+		return nil
+	})
+	return err
 }
 
 // unmountStaging unmounts an unusable staging mount and keeps the stage: the

@@ -29,9 +29,10 @@ type Store interface {
 // Observer reads the actual state of the machine.
 type Observer interface {
 	Observe() (*state.Snapshot, error)
-	// CheckMount returns the error of a corrupted mount at path (ENOTCONN,
-	// ESTALE, EIO...), nil otherwise.
-	CheckMount(path string) error
+	// CheckMount returns the unique ID of the top mount at path (0 when
+	// unknown) and the error of a corrupted mount there (ENOTCONN, ESTALE,
+	// EIO...), nil otherwise.
+	CheckMount(path string) (uint64, error)
 }
 
 // Loops attaches and detaches loop devices.
@@ -50,6 +51,9 @@ type Filesystems interface {
 	FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error
 	BindMount(source, target string, options []string) error
 	Unmount(target string) error
+	// UnmountOwned unmounts the top mount at target only if its unique
+	// mount ID is id.
+	UnmountOwned(target string, id uint64) error
 	// Resize grows the filesystem on dev, mounted at mountPath, online.
 	Resize(dev, mountPath string) error
 	// GrowUnmounted checks and grows the unmounted filesystem on dev.
@@ -455,7 +459,9 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 		logger = logger.WithValues("targetPath", act.target)
 	}
 	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
-	repairing := act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
+	// A stage or publish of an intent already seen fulfilled makes again
+	// what was lost.
+	repairing := act.kind.fulfils() && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
 	begin := r.cfg.Clock.Now()
 	op := func() error {
 		switch act.kind {
@@ -467,8 +473,12 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			return r.unpublish(v, a, act.target)
 		case actRelease:
 			return r.release(a)
-		case actUnmountTarget, actUnmountStray:
+		case actUnmountTarget:
 			return r.unmountTarget(act.target)
+		case actUnmountStray:
+			return r.unmountStray(act.target, act.mountID)
+		case actRecordMount:
+			return r.recordMount(v.ID, act)
 		case actUnmountStaging:
 			return r.unmountStaging(v)
 		case actKeepDevice:

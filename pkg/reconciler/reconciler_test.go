@@ -544,9 +544,8 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 			if inUse {
 				// Both devices are mounted by someone: neither may go.
 				first := h.world.loops[h.world.Path("v1")]
-				h.world.mounts = append(h.world.mounts,
-					state.Mount{Path: "/mnt/one", Dev: first.Dev, Root: "/", Source: first.Device, FsType: "ext4"},
-					state.Mount{Path: "/mnt/two", Dev: second.Dev, Root: "/", Source: second.Device, FsType: "ext4"})
+				h.world.mountLocked(state.Mount{Path: "/mnt/one", Dev: first.Dev, Root: "/", Source: first.Device, FsType: "ext4"})
+				h.world.mountLocked(state.Mount{Path: "/mnt/two", Dev: second.Dev, Root: "/", Source: second.Device, FsType: "ext4"})
 			}
 			h.world.mu.Unlock()
 			h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
@@ -713,13 +712,13 @@ func TestIntentNewerThanObservationIsNotJudged(t *testing.T) {
 	h.settle()
 	h.world.mu.Lock()
 	l := h.world.loops[h.world.Path("v1")]
-	h.world.mounts = append(h.world.mounts, state.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"})
+	h.world.mountLocked(state.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"})
 	h.world.mu.Unlock()
 	h.world.afterObserve = func() {
 		// Someone unmounts their bind mount, then the kubelet unstages.
 		h.world.afterObserve = nil
 		h.world.mu.Lock()
-		h.world.mounts = h.world.mounts[:len(h.world.mounts)-1]
+		h.world.unmountLocked(len(h.world.mounts) - 1)
 		h.world.mu.Unlock()
 		h.update("v1", func(v *state.Volume) { v.Stage.Deleting = true })
 	}

@@ -299,6 +299,10 @@ func (s *sim) publish(id string, k int) {
 }
 
 func (s *sim) unpublish(id string, k int) {
+	// The kubelet removes a pod's subPath mounts before it unpublishes.
+	s.world.mu.Lock()
+	s.world.removeSubPathsLocked(podOf(id, k))
+	s.world.mu.Unlock()
 	s.update(id, func(v *state.Volume) {
 		if p := v.Publishes[targetOf(id, k)]; p != nil {
 			p.Deleting = true
@@ -345,8 +349,23 @@ func (s *sim) randomStep() {
 	k := s.rng.IntN(simTargets)
 	w := s.world
 	switch x := s.rng.IntN(100); {
-	case x < 60:
+	case x < 57:
 		s.note("%s", s.request(id, s.rng.IntN(1<<20)))
+	case x < 60:
+		// The kubelet bind mounts a subPath of a published volume for a
+		// container: its own mount of our filesystem inside our roots,
+		// which the plugin must never touch.
+		w.mu.Lock()
+		for i := len(w.mounts) - 1; i >= 0; i-- {
+			if m := w.mounts[i]; m.Path == targetOf(id, k) && id != blockVolume {
+				m.Path, m.Root = fmt.Sprintf("%s/volume-subpaths/pv/c/%d", podOf(id, k), s.step), "/data"
+				w.mountLocked(m)
+				w.foreign[w.unique[w.mounts[len(w.mounts)-1].ID]] = true
+				s.note("kubelet: subPath bind mount at %s", m.Path)
+				break
+			}
+		}
+		w.mu.Unlock()
 	case x < 66:
 		// Someone unmounts one of the plugin's mounts.
 		w.mu.Lock()
@@ -354,7 +373,7 @@ func (s *sim) randomStep() {
 			i := s.rng.IntN(len(w.mounts))
 			s.note("outside: unmount %s", w.mounts[i].Path)
 			delete(w.corrupt, w.mounts[i].Path)
-			w.mounts = append(w.mounts[:i], w.mounts[i+1:]...)
+			w.unmountLocked(i)
 			w.autoclearLocked()
 		}
 		w.mu.Unlock()
@@ -399,6 +418,7 @@ func (s *sim) randomStep() {
 		// it forgot to unpublish.
 		w.mu.Lock()
 		if w.imageAt(targetOf(id, k)) == "" && w.dirs[podOf(id, k)] {
+			w.removeSubPathsLocked(podOf(id, k))
 			s.note("kubelet: remove %s", podOf(id, k))
 			delete(w.dirs, targetOf(id, k))
 			delete(w.dirs, podOf(id, k))
@@ -566,6 +586,14 @@ func (s *sim) checkCall(name, id string) {
 			s.violations = append(s.violations, fmt.Sprintf("invariant 1: %s on top of staging mount %+v", name, top))
 		}
 	case "unmount":
+		for i := len(w.mounts) - 1; i >= 0; i-- {
+			if m := w.mounts[i]; m.Path == path {
+				if w.foreign[w.unique[m.ID]] {
+					s.violations = append(s.violations, fmt.Sprintf("%s: the kubelet's mount, not the plugin's", name))
+				}
+				break
+			}
+		}
 		if id == "" || rec == nil {
 			return
 		}
@@ -622,8 +650,8 @@ func (s *sim) check() {
 			s.t.Errorf("step %d: invariant 3: %s attached with no stage recorded", s.step, image)
 		}
 		for _, m := range w.mountsOfLocked(l.Dev) {
-			if strings.HasPrefix(m.Path, "/k/moved/") {
-				continue // moved there from outside, not made there
+			if strings.HasPrefix(m.Path, "/k/moved/") || w.foreign[w.unique[m.ID]] {
+				continue // moved there from outside, or made by the kubelet
 			}
 			if rec == nil || (rec.Stage == nil || rec.Stage.Path != m.Path) && rec.Publishes[m.Path] == nil {
 				s.t.Errorf("step %d: invariant 3: %s mounted at %s, which its record does not name", s.step, id, m.Path)

@@ -9,6 +9,9 @@ type DevNum struct {
 
 // Mount is one line of /proc/self/mountinfo.
 type Mount struct {
+	// ID is the mount's ID in mountinfo, which the kernel reuses once the
+	// mount is gone (unlike the unique mount ID that records keep).
+	ID int
 	// Path is the mount point, unescaped.
 	Path string
 	// Dev is the device number of the mounted filesystem.

@@ -40,6 +40,11 @@ type Stage struct {
 	// formatted and the filesystem is mounted read-only.
 	ReadOnly bool `json:"readOnly,omitempty"`
 
+	// MountID is the unique mount ID (statx STATX_MNT_ID_UNIQUE, never
+	// reused) of the staging mount the plugin made; 0 until recorded. It
+	// is how the plugin knows its own mount wherever it is moved later.
+	MountID uint64 `json:"mountID,omitempty"`
+
 	// Generation is the volume generation at which this spec last changed.
 	Generation int64 `json:"generation"`
 	// Deleting marks a withdrawn stage that stays recorded until the
@@ -57,6 +62,10 @@ type Publish struct {
 	ReadOnly bool `json:"readOnly,omitempty"`
 	// MountFlags are the extra mount options for the bind mount.
 	MountFlags []string `json:"mountFlags,omitempty"`
+
+	// MountID is the unique mount ID of the bind mount the plugin made at
+	// the target; 0 until recorded (see Stage.MountID).
+	MountID uint64 `json:"mountID,omitempty"`
 
 	// Generation is the volume generation at which this spec last changed.
 	Generation int64 `json:"generation"`
@@ -143,7 +152,7 @@ func (v *Volume) Targets() []string {
 }
 
 // SameSpec reports whether two stages ask for the same thing, ignoring
-// generation and deletion.
+// generation, deletion and the recorded mount.
 func (s *Stage) SameSpec(o *Stage) bool {
 	if s == nil || o == nil {
 		return s == o
@@ -154,7 +163,7 @@ func (s *Stage) SameSpec(o *Stage) bool {
 }
 
 // SameSpec reports whether two publishes ask for the same thing, ignoring
-// generation and deletion.
+// generation, deletion and the recorded mount.
 func (p *Publish) SameSpec(o *Publish) bool {
 	if p == nil || o == nil {
 		return p == o

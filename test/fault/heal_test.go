@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -89,16 +90,62 @@ func TestSelfHealing(t *testing.T) {
 		readBack(t, v)
 	})
 	t.Run("mount moved to a path no record names", func(t *testing.T) {
-		// A rename inside the kubelet's directory carries a mount along;
-		// here a bind mount stands in for it.
-		stray := filepath.Join(p.Root, "pods", "moved")
-		if err := os.MkdirAll(stray, 0o750); err != nil {
+		// A rename inside the kubelet's directory carries the plugin's
+		// mount along: the pod directory is swapped with an empty one.
+		moved := filepath.Join(p.Root, "pods", "moved")
+		if err := os.MkdirAll(moved, 0o750); err != nil {
 			t.Fatal(err)
 		}
-		if err := syscall.Mount(v.target, stray, "", syscall.MS_BIND, ""); err != nil {
+		defer os.RemoveAll(moved)
+		time.Sleep(2 * resync) // the mount's ID is recorded a pass after the publish
+		if err := unix.Renameat2(unix.AT_FDCWD, filepath.Dir(v.target), unix.AT_FDCWD, moved, unix.RENAME_EXCHANGE); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "stray mount", func() bool { return !mounted(stray) })
+		if !mounted(filepath.Join(moved, "mount")) {
+			t.Fatalf("the rename did not carry the mount to %s", moved)
+		}
+		eventually(t, "moved mount", func() bool { return !mounted(filepath.Join(moved, "mount")) })
+		eventually(t, "publish", func() bool { return mounted(v.target) })
+		readBack(t, v)
+	})
+	t.Run("the kubelet's mounts of the volume are left alone", func(t *testing.T) {
+		// The kubelet prepares a subPath by bind mounting a directory of
+		// the published volume under pods/<uid>/volume-subpaths/, then
+		// remounting it; someone may also bind the whole volume elsewhere.
+		if err := os.MkdirAll(filepath.Join(v.target, "sub"), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		subPath := filepath.Join(p.Root, "pods", "uid-1", "volume-subpaths", "pv", "c", "0")
+		whole := filepath.Join(p.Root, "pods", "uid-1", "whole")
+		for _, d := range []string{subPath, whole} {
+			if err := os.MkdirAll(d, 0o750); err != nil {
+				t.Fatal(err)
+			}
+		}
+		defer os.RemoveAll(filepath.Join(p.Root, "pods", "uid-1"))
+		if err := syscall.Mount(filepath.Join(v.target, "sub"), subPath, "", syscall.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Unmount(subPath, syscall.MNT_DETACH)
+		if err := syscall.Mount("", subPath, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_NOSUID, ""); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount(v.target, whole, "", syscall.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Unmount(whole, syscall.MNT_DETACH)
+		time.Sleep(5 * resync)
+		for _, m := range []string{subPath, whole} {
+			if !mounted(m) {
+				t.Errorf("%s was unmounted; only the plugin's own mounts are its to remove", m)
+			}
+		}
+		if err := syscall.Unmount(subPath, 0); err != nil {
+			t.Error(err)
+		}
+		if err := syscall.Unmount(whole, 0); err != nil {
+			t.Error(err)
+		}
 		readBack(t, v)
 	})
 	t.Run("staging lazily unmounted under a live publish", func(t *testing.T) {
