@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -139,5 +141,32 @@ func TestAttachedLoopNames(t *testing.T) {
 	full.max = 0
 	if got, err := attachedLoops(p, full); err != nil || !slices.Equal(got, want) || len(full.fds) != 0 {
 		t.Errorf("with no descriptor allowed: got %v, %v, %d kept; want %v, none kept", got, err, len(full.fds), want)
+	}
+}
+
+// TestBindAttr checks the attributes a bind mount gets from its flags: the
+// access-time flags are values of one field, which mount_setattr takes only
+// with the field cleared; the last one given wins.
+func TestBindAttr(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		options  []string
+		set, clr uint64
+	}{
+		{name: "none", options: nil},
+		{name: "noatime", options: []string{"noatime"}, set: unix.MOUNT_ATTR_NOATIME, clr: unix.MOUNT_ATTR__ATIME},
+		{name: "strictatime", options: []string{"strictatime"}, set: unix.MOUNT_ATTR_STRICTATIME, clr: unix.MOUNT_ATTR__ATIME},
+		{name: "relatime", options: []string{"relatime"}, set: unix.MOUNT_ATTR_RELATIME, clr: unix.MOUNT_ATTR__ATIME},
+		{name: "last atime wins", options: []string{"noatime", "strictatime"}, set: unix.MOUNT_ATTR_STRICTATIME, clr: unix.MOUNT_ATTR__ATIME},
+		{name: "nodiratime is its own flag", options: []string{"nodiratime", "noatime"}, set: unix.MOUNT_ATTR_NODIRATIME | unix.MOUNT_ATTR_NOATIME, clr: unix.MOUNT_ATTR__ATIME},
+		{name: "flags", options: []string{"ro", "nosuid", "nodev", "noexec"}, set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
+		{name: "filesystem options are ignored", options: []string{"discard", "errors=remount-ro", "rw", "atime"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := bindAttr(tc.options)
+			if got.Attr_set != tc.set || got.Attr_clr != tc.clr {
+				t.Errorf("bindAttr(%v): got set %#x clr %#x, want set %#x clr %#x", tc.options, got.Attr_set, got.Attr_clr, tc.set, tc.clr)
+			}
+		})
 	}
 }

@@ -13,17 +13,34 @@ import (
 // was made for (a path component was swapped for a symlink meanwhile).
 var ErrMisplacedMount = errors.New("mount did not land on its path")
 
-// bindAttrs maps the per-mount flags a bind mount can carry to mount
-// attributes. Filesystem options (errors=, discard, context=...) belong to
-// the staging mount; a bind mount cannot change them and ignores them.
-var bindAttrs = map[string]uint64{
-	"ro":          unix.MOUNT_ATTR_RDONLY,
-	"nosuid":      unix.MOUNT_ATTR_NOSUID,
-	"nodev":       unix.MOUNT_ATTR_NODEV,
-	"noexec":      unix.MOUNT_ATTR_NOEXEC,
-	"noatime":     unix.MOUNT_ATTR_NOATIME,
-	"strictatime": unix.MOUNT_ATTR_STRICTATIME,
-	"nodiratime":  unix.MOUNT_ATTR_NODIRATIME,
+// bindAttrs maps the per-mount flags a bind mount can carry to the mount
+// attributes they set and clear. The access-time flags are values of one
+// field (MOUNT_ATTR__ATIME): mount_setattr takes one only with the field
+// cleared, and answers EINVAL otherwise; the last one given wins. Filesystem
+// options (errors=, discard, context=...) belong to the staging mount; a
+// bind mount cannot change them and ignores them, as it ignores the flags
+// that only undo one of these ("rw", "exec", "atime"...): a bind starts
+// from the staging mount's attributes.
+var bindAttrs = map[string]struct{ set, clr uint64 }{
+	"ro":          {set: unix.MOUNT_ATTR_RDONLY},
+	"nosuid":      {set: unix.MOUNT_ATTR_NOSUID},
+	"nodev":       {set: unix.MOUNT_ATTR_NODEV},
+	"noexec":      {set: unix.MOUNT_ATTR_NOEXEC},
+	"nodiratime":  {set: unix.MOUNT_ATTR_NODIRATIME},
+	"noatime":     {set: unix.MOUNT_ATTR_NOATIME, clr: unix.MOUNT_ATTR__ATIME},
+	"strictatime": {set: unix.MOUNT_ATTR_STRICTATIME, clr: unix.MOUNT_ATTR__ATIME},
+	"relatime":    {set: unix.MOUNT_ATTR_RELATIME, clr: unix.MOUNT_ATTR__ATIME},
+}
+
+// bindAttr returns the mount attributes that options ask of a bind mount.
+func bindAttr(options []string) unix.MountAttr {
+	var attr unix.MountAttr
+	for _, o := range options {
+		a := bindAttrs[o]
+		attr.Attr_set = attr.Attr_set&^a.clr | a.set
+		attr.Attr_clr |= a.clr
+	}
+	return attr
 }
 
 // fdPath names the file an O_PATH descriptor refers to, for system calls
@@ -38,10 +55,7 @@ func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 // an instant), and is attached at target (move_mount). A symlink swapped
 // into either path after the check cannot redirect it.
 func (p *Paths) BindMount(source, target string, options []string) error {
-	var attr unix.MountAttr
-	for _, o := range options {
-		attr.Attr_set |= bindAttrs[o]
-	}
+	attr := bindAttr(options)
 	dst, err := p.open(target, unix.O_DIRECTORY)
 	if err != nil {
 		return err
@@ -62,15 +76,23 @@ func (p *Paths) BindMount(source, target string, options []string) error {
 	// The descriptor holds the mount; close it once attached, or the mount
 	// stays busy.
 	defer unix.Close(tree)
-	if attr.Attr_set != 0 {
+	if attr.Attr_set != 0 || attr.Attr_clr != 0 {
 		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-			return fmt.Errorf("setting %v on the bind mount of %s: %w", options, source, err)
+			return refused(fmt.Errorf("setting %v on the bind mount of %s: %w", options, source, err))
 		}
 	}
 	if err := unix.MoveMount(tree, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attaching the bind mount of %s at %s: %w", source, target, err)
 	}
 	return nil
+}
+
+// refused marks err with ErrRefused when the kernel answered EINVAL.
+func refused(err error) error {
+	if errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("%w: %w", ErrRefused, err)
+	}
+	return err
 }
 
 // Mkfile creates the empty regular file path (its parent must exist) with
@@ -116,7 +138,7 @@ func (p *Paths) BindDevice(dev, target string, ro bool) error {
 	defer unix.Close(tree)
 	if ro {
 		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
-			return fmt.Errorf("making the bind mount of %s read-only: %w", dev, err)
+			return refused(fmt.Errorf("making the bind mount of %s read-only: %w", dev, err))
 		}
 	}
 	if err := unix.MoveMount(tree, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {

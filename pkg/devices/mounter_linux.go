@@ -3,6 +3,7 @@ package devices
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/mount-utils"
@@ -23,6 +24,22 @@ const unknownData = "unknown data, probably partitions"
 // ErrPartitioned is returned by DiskFormat for a device with a partition
 // table: it holds data and must never be formatted.
 var ErrPartitioned = errors.New("device carries a partition table")
+
+// ErrRefused wraps a mount the kernel refused as invalid (EINVAL): an
+// option the filesystem does not take, a combination of attributes it does
+// not allow, or a superblock it cannot read. Trying again cannot help.
+var ErrRefused = errors.New("the kernel refused the mount as invalid")
+
+// ErrNotPermitted wraps an operation the plugin lacks the privilege for,
+// such as growing a mounted ext4 without CAP_SYS_RESOURCE. Trying again
+// cannot help.
+var ErrNotPermitted = errors.New("the plugin lacks the privilege")
+
+// badOption is how mount(8) reports EINVAL from mount(2).
+const badOption = "bad option"
+
+// notPermitted is how resize2fs reports EPERM from the online resize ioctl.
+const notPermitted = "Permission denied to resize"
 
 // Mounter formats and mounts filesystems through k8s.io/mount-utils, and
 // makes bind mounts and unmounts through file descriptors resolved beneath
@@ -70,6 +87,9 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 // ErrMisplacedMount.
 func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error {
 	if err := m.sfm.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
+		if strings.Contains(err.Error(), badOption) {
+			return fmt.Errorf("%w (%s with options %v; the kernel log names the reason): %v", ErrRefused, fsType, options, err)
+		}
 		return err
 	}
 	err := m.paths.CheckMountedAt(dev, target)
@@ -87,6 +107,9 @@ func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOption
 // filesystem resize). A filesystem that already fills it is a no-op.
 func (m *Mounter) Resize(dev, mountPath string) error {
 	if _, err := mount.NewResizeFs(m.sfm.Exec).Resize(dev, mountPath); err != nil {
+		if strings.Contains(err.Error(), notPermitted) {
+			return fmt.Errorf("%w to grow the filesystem on %s while it is mounted (ext4 needs CAP_SYS_RESOURCE); it grows at its next stage: %v", ErrNotPermitted, dev, err)
+		}
 		return fmt.Errorf("growing the filesystem on %s: %w", dev, err)
 	}
 	return nil

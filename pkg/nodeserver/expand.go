@@ -84,10 +84,28 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	}
 	klog.FromContext(ctx).V(4).Info("Expand intent recorded", "volumeID", id, "bytes", v.Expand.Bytes, "generation", v.Expand.Generation)
 	s.cfg.Kicker.Kick()
-	if err := s.wait(ctx, id, s.setupCheck(id, state.ExpandKey, v.Expand.Generation, liveExpand)); err != nil {
+	if err := s.wait(ctx, id, s.expandCheck(id, v.Expand.Generation)); err != nil {
 		return nil, err
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+// expandCheck waits as setupCheck does; in addition, a growth that failed
+// for good (say, a privilege the plugin lacks) answers with its failure at
+// once: the expansion stays recorded, since the device may already have
+// grown, and is not retried until it changes.
+func (s *Server) expandCheck(id string, gen int64) check {
+	setup := s.setupCheck(id, state.ExpandKey, gen, liveExpand)
+	return func(v *state.Volume) (bool, error, string) {
+		done, err, pending := setup(v)
+		if done || v.Expand == nil || v.Expand.Generation != gen {
+			return done, err, pending
+		}
+		if final := s.cfg.Store.FinalFor(id, state.ExpandKey, gen); final != nil {
+			return true, final, ""
+		}
+		return false, nil, pending
+	}
 }
 
 func liveExpand(v *state.Volume) (int64, bool, bool) {

@@ -30,6 +30,17 @@ var mountFlagPolicy = map[string]struct{}{
 	"context=": {}, "fscontext=": {}, "defcontext=": {}, "rootcontext=": {},
 }
 
+// AllowedMountFlags returns the mount flag policy's entries, sorted; an
+// option with a value is named "key=".
+func AllowedMountFlags() []string {
+	out := make([]string, 0, len(mountFlagPolicy))
+	for f := range mountFlagPolicy {
+		out = append(out, f)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Bounds of the mount flags of one request: far above any real use, low
 // enough that a request cannot make the plugin build huge mount commands.
 const (

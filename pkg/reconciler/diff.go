@@ -229,7 +229,7 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 				}
 				a.mountIDs[m.Path] = id
 			}
-			a.errorsRO = m.SuperReadOnly && !v.Stage.ReadOnly
+			a.errorsRO = m.SuperReadOnly && !v.Stage.MountsReadOnly()
 		}
 	}
 	for target := range v.Publishes {
@@ -387,7 +387,7 @@ func grow(v *state.Volume, a *actual) []action {
 	switch {
 	case l.Size < l.BackingSize:
 		return []action{{kind: actGrowDevice, generation: gen, reason: fmt.Sprintf("image is %d bytes, device %d", l.BackingSize, l.Size)}}
-	case v.Stage.Access == state.AccessMount && !v.Stage.ReadOnly && !a.errorsRO && v.FsSize < l.Size:
+	case v.Stage.Access == state.AccessMount && !v.Stage.MountsReadOnly() && !a.errorsRO && v.FsSize < l.Size:
 		return []action{{kind: actGrowFs, generation: gen, reason: fmt.Sprintf("device is %d bytes, filesystem last grown to %d", l.Size, v.FsSize)}}
 	}
 	return nil
@@ -400,7 +400,7 @@ func expandReady(v *state.Volume, a *actual) bool {
 	if e == nil || !stageReady(v, a) || a.loop.Size < e.Bytes {
 		return false
 	}
-	return v.Stage.Access == state.AccessBlock || v.Stage.ReadOnly || v.FsSize >= e.Bytes
+	return v.Stage.Access == state.AccessBlock || v.Stage.MountsReadOnly() || v.FsSize >= e.Bytes
 }
 
 // repairStaging returns the steps that take down a staged filesystem that

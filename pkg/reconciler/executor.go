@@ -16,6 +16,9 @@ type failure struct {
 	attempts int
 	next     time.Time
 	err      *state.Error
+	// final is true when retrying cannot help: the action is not tried
+	// again until its intent changes (a new generation is a new action).
+	final bool
 }
 
 // executor runs operations: at most one per volume, in two bounded pools,
@@ -87,6 +90,9 @@ func (e *executor) blocked(id string, act action, epoch uint64) (busy bool, retr
 		return true, time.Time{}
 	}
 	if e.finished[id] > epoch {
+		return true, time.Time{}
+	}
+	if f := e.failures[id]; f != nil && sameAction(f.act, act) && f.final {
 		return true, time.Time{}
 	}
 	if f := e.failures[id]; f != nil && sameAction(f.act, act) && e.clock.Now().Before(f.next) {
@@ -219,6 +225,11 @@ func (e *executor) finish(id string, act action, err error) *failure {
 	f.attempts++
 	f.err = state.AsError(err)
 	f.next = e.clock.Now().Add(backoff(e.initial, e.max, f.attempts))
+	// A terminal failure of a set-up withdraws its intent, so nothing
+	// retries it, except a stage that lost its data, which is retried on
+	// purpose (see Reconciler.finished). Any other terminal failure would
+	// come back the same.
+	f.final = f.err.Terminal && act.kind != actStage
 	c := *f
 	return &c
 }

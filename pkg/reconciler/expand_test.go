@@ -3,8 +3,10 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -81,5 +83,37 @@ func TestFoundFilesystemIsGrownAtStage(t *testing.T) {
 	h.settle()
 	if got, want := h.callsSince(0), "attach,blkid,grow unmounted ext4,mount "+staging; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
+	}
+}
+
+// TestGrowThatCannotSucceedIsFinal checks that a growth the plugin lacks the
+// privilege for is not retried: the expansion keeps its record, its request
+// gets the failure with its kind, and only a new expansion tries again.
+func TestGrowThatCannotSucceedIsFinal(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.stagedAndPublished("v1")
+	h.world.growImage(h.world.Path("v1"), 128<<20)
+	h.world.fail["resize "+staging] = fmt.Errorf("resize2fs: Permission denied to resize filesystem: %w", devices.ErrNotPermitted)
+	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
+	h.settle()
+	resizes := func() int { return strings.Count(strings.Join(h.world.Calls(), ","), "resize "+staging) }
+	h.clock.Step(10 * DefaultBackoffMax)
+	h.settle()
+	if n := resizes(); n != 1 {
+		t.Errorf("resize attempts: got %d, want 1", n)
+	}
+	err := h.store.FinalFor("v1", state.ExpandKey, v.Expand.Generation)
+	if err == nil || err.Kind != state.KindFailedPrecondition {
+		t.Fatalf("final of the expansion: got %+v, want FailedPrecondition", err)
+	}
+	if got, _ := h.store.Get("v1"); got.Expand == nil {
+		t.Errorf("the expansion was withdrawn; want it kept")
+	}
+	delete(h.world.fail, "resize "+staging)
+	h.world.growImage(h.world.Path("v1"), 192<<20)
+	v = h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 192 << 20} })
+	h.settle()
+	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready || r.Generation != v.Expand.Generation {
+		t.Errorf("a new expansion: got %+v, want ready", r)
 	}
 }

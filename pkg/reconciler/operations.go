@@ -39,6 +39,21 @@ func pathError(what, path string, err error) error {
 	return fmt.Errorf("%s %s: %w", what, path, err)
 }
 
+// deviceError classifies a failure of the device layer: what retrying
+// cannot fix (a mount the kernel refuses as invalid, a privilege the plugin
+// lacks) is terminal, with its real kind, so that the request answers it
+// at once instead of a deadline; everything else is retried.
+func deviceError(err error, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	switch {
+	case errors.Is(err, devices.ErrRefused):
+		return state.Terminalf(state.KindInvalidArgument, "%s: %v", msg, err)
+	case errors.Is(err, devices.ErrNotPermitted):
+		return state.Terminalf(state.KindFailedPrecondition, "%s: %v", msg, err)
+	}
+	return fmt.Errorf("%s: %w", msg, err)
+}
+
 // stage attaches the volume's image, checks the filesystem provenance,
 // formats only where allowed (invariant 4), mounts the filesystem at the
 // staging path and records the provenance.
@@ -107,11 +122,11 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 		return state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
 	case have != "" && have != want:
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
-	case have == "" && st.ReadOnly:
+	case have == "" && st.MountsReadOnly():
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
 	}
 	grown := int64(0)
-	if have == devices.FsExt4 && !st.ReadOnly && v.FsSize < devSize {
+	if have == devices.FsExt4 && !st.MountsReadOnly() && v.FsSize < devSize {
 		// ext4 grows best before it is mounted: an online resize needs
 		// CAP_SYS_RESOURCE and locks out writers for a while. A failure
 		// here is left to the online grow after the mount.
@@ -122,7 +137,7 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 		}
 	}
 	if err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want), st.MkfsOptions); err != nil {
-		return fmt.Errorf("mounting %s at %s: %w", dev, st.Path, err)
+		return deviceError(err, "mounting %s at %s", dev, st.Path)
 	}
 	if have == "" {
 		// Formatted just now: the filesystem fills the device.
@@ -180,7 +195,7 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 			if errors.Is(err, devices.ErrSymlink) || errors.Is(err, devices.ErrOutsideRoots) {
 				return pathError("target path", target, err)
 			}
-			return fmt.Errorf("bind mounting %s at %s: %w", a.loop.Device, target, err)
+			return deviceError(err, "bind mounting %s at %s", a.loop.Device, target)
 		}
 		return nil
 	}
@@ -195,7 +210,7 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 		opts = append(opts, "ro")
 	}
 	if err := r.cfg.Filesystems.BindMount(v.Stage.Path, target, opts); err != nil {
-		return fmt.Errorf("bind mounting %s at %s: %w", v.Stage.Path, target, err)
+		return deviceError(err, "bind mounting %s at %s", v.Stage.Path, target)
 	}
 	return nil
 }
@@ -342,7 +357,7 @@ func (r *Reconciler) growDevice(a *actual) error {
 // touches the mounts.
 func (r *Reconciler) growFs(v *state.Volume, a *actual) error {
 	if err := r.cfg.Filesystems.Resize(a.loop.Device, v.Stage.Path); err != nil {
-		return err
+		return deviceError(err, "growing volume %s", v.ID)
 	}
 	size := a.loop.Size
 	_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {

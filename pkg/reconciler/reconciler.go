@@ -546,6 +546,12 @@ func (r *Reconciler) finished(logger klog.Logger, id string, act action, err err
 	}
 	e := state.AsError(err)
 	switch {
+	case e.Terminal && act.key() == state.ExpandKey:
+		// The expansion stays recorded (the device may have grown) and is
+		// not tried again until it changes; its request answers this.
+		logger.Error(err, "Growth failed for good; not retrying it until the expansion changes", "kind", e.Kind.String())
+		r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
+		return
 	case !e.Terminal || act.kind != actStage && act.kind != actPublish && act.kind != actUnstage:
 		logger.Error(err, "Operation failed; will retry", "attempts", f.attempts, "nextRetry", f.next)
 		return

@@ -151,6 +151,12 @@ func (v *Volume) Targets() []string {
 	return targets
 }
 
+// MountsReadOnly reports whether the stage mounts its filesystem read-only:
+// for a reader-only access mode, or for an "ro" mount flag.
+func (s *Stage) MountsReadOnly() bool {
+	return s.ReadOnly || slices.Contains(s.MountFlags, "ro")
+}
+
 // SameSpec reports whether two stages ask for the same thing, ignoring
 // generation, deletion and the recorded mount.
 func (s *Stage) SameSpec(o *Stage) bool {
