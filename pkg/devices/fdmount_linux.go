@@ -203,8 +203,13 @@ func (p *Paths) UnmountOwned(path string, id uint64) error {
 }
 
 // CheckMountedAt verifies that the directory path, resolved beneath the
-// roots without symlinks, is the root of a filesystem on the block device
-// dev. It is ErrMisplacedMount when it is not.
+// roots without symlinks, is the root of a mount of the block device dev.
+// It is ErrMisplacedMount when it is not.
+//
+// The mount is identified by its mount ID (statx), not by the device number
+// a stat shows: btrfs gives each subvolume, the top one included, its own
+// anonymous device number, which is neither dev's nor the one mountinfo
+// lists for the mount.
 func (p *Paths) CheckMountedAt(dev, path string) error {
 	var devSt unix.Stat_t
 	if err := unix.Stat(dev, &devSt); err != nil {
@@ -215,29 +220,26 @@ func (p *Paths) CheckMountedAt(dev, path string) error {
 		return err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("stat %s: %w", path, err)
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		return fmt.Errorf("statx %s: %w", path, err)
 	}
-	if st.Dev == devSt.Rdev || onDevice(st.Dev, dev) {
+	if uint64(unix.Mkdev(stx.Dev_major, stx.Dev_minor)) == devSt.Rdev {
 		return nil
 	}
-	return fmt.Errorf("%w: %s holds device %d:%d, not %s", ErrMisplacedMount, path, unix.Major(st.Dev), unix.Minor(st.Dev), dev)
-}
-
-// onDevice reports whether the filesystem with the anonymous device number
-// anon (btrfs) is mounted from dev, by the mount table.
-func onDevice(anon uint64, dev string) bool {
 	mounts, err := ReadMounts("/proc/self/mountinfo")
 	if err != nil {
-		return false
+		return err
 	}
 	for _, m := range mounts {
-		if uint64(unix.Mkdev(m.Dev.Major, m.Dev.Minor)) == anon && m.Source == dev {
-			return true
+		if stx.Mask&unix.STATX_MNT_ID != 0 && uint64(m.ID) == stx.Mnt_id {
+			if m.Source == dev && m.Root == "/" {
+				return nil
+			}
+			return fmt.Errorf("%w: %s holds %s (%s) at %s, not %s", ErrMisplacedMount, path, m.Source, m.FsType, m.Path, dev)
 		}
 	}
-	return false
+	return fmt.Errorf("%w: %s holds device %d:%d, not %s", ErrMisplacedMount, path, stx.Dev_major, stx.Dev_minor, dev)
 }
 
 // unmountStray unmounts every mount of dev's filesystem that does not lie

@@ -1,7 +1,9 @@
 package devices
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -158,4 +160,52 @@ func sparseImage(tb testing.TB, path string) string {
 		tb.Fatal(err)
 	}
 	return path
+}
+
+// TestCheckMountedAtEachFilesystem mounts a fresh filesystem of each kind
+// and checks that CheckMountedAt finds it at its mount point, and refuses
+// the mount point once another device is mounted there. btrfs shows a stat
+// a device number of its own, unlike the one mountinfo lists, so a check by
+// device number failed every first btrfs stage.
+func TestCheckMountedAtEachFilesystem(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mounts")
+	}
+	for _, fs := range []string{FsExt4, FsXFS, FsBtrfs} {
+		t.Run(fs, func(t *testing.T) {
+			dir := t.TempDir()
+			mnt := filepath.Join(dir, "mnt")
+			if err := os.Mkdir(mnt, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			img := sparseImage(t, filepath.Join(dir, "a.img"))
+			if err := os.Truncate(img, 320<<20); err != nil { // xfs's minimum
+				t.Fatal(err)
+			}
+			dev, err := AttachLoop(img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { DetachLoop(dev) })
+			force := map[string]string{FsExt4: "-F", FsXFS: "-f", FsBtrfs: "-f"}[fs]
+			if out, err := exec.Command("mkfs."+fs, "-q", force, dev).CombinedOutput(); err != nil {
+				t.Fatalf("mkfs.%s: %v: %s", fs, err, out)
+			}
+			if err := syscall.Mount(dev, mnt, fs, 0, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+			paths := NewPaths([]string{dir})
+			if err := paths.CheckMountedAt(dev, mnt); err != nil {
+				t.Errorf("CheckMountedAt(%s, %s): %v, want the mount found", dev, mnt, err)
+			}
+			if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+			if err := paths.CheckMountedAt(dev, mnt); !errors.Is(err, ErrMisplacedMount) {
+				t.Errorf("CheckMountedAt with tmpfs on top: got %v, want ErrMisplacedMount", err)
+			}
+		})
+	}
 }
