@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/test/testenv"
 )
@@ -51,6 +52,21 @@ func TestRawBlockVolume(t *testing.T) {
 	if u := st.GetUsage(); len(u) != 1 || u[0].GetUnit() != csi.VolumeUsage_BYTES || u[0].GetTotal() != 32<<20 {
 		t.Errorf("stats: got %v, want the device's 32 MiB", u)
 	}
+
+	// The kubelet publishes a pod's block volume under its csi plugin
+	// directory and asks the stats at the device map path it made there.
+	volumeDevices := filepath.Join(p.Dir, "kubelet", "plugins", "kubernetes.io", "csi", "volumeDevices")
+	kubeletTarget := filepath.Join(mkdir(t, filepath.Join(volumeDevices, "publish", "pv-raw")), "uid-1")
+	_, err = p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: "raw", StagingTargetPath: staging, TargetPath: kubeletTarget, VolumeCapability: rawBlock})
+	must(t, "publish at the kubelet's path", err)
+	st, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "raw", VolumePath: filepath.Join(volumeDevices, "pv-raw", "dev", "uid-1")})
+	must(t, "stats at the kubelet's device map path", err)
+	if u := st.GetUsage(); len(u) != 1 || u[0].GetTotal() != 32<<20 {
+		t.Errorf("stats at the kubelet's device map path: got %v, want the device's 32 MiB", u)
+	}
+	_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "raw", VolumePath: filepath.Join(volumeDevices, "pv-raw", "dev", "uid-2")})
+	wantCode(t, "stats at the map path of a pod it is not published to", err, codes.NotFound)
+	unpublish(t, p, "raw", kubeletTarget)
 
 	_, err = p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "raw", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
 	must(t, "controller expand", err)
