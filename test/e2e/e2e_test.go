@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -283,4 +284,39 @@ func TestDeployDryRun(t *testing.T) {
 func readFile(path string) string {
 	b, _ := os.ReadFile(path)
 	return string(b)
+}
+
+// A pod on the pod network gets an eth0 with a link-local address of its
+// own, and the host gets no route for it.
+func TestPodNetwork(t *testing.T) {
+	pod := startPod(t, podSpec{name: "netns", podNetwork: true})
+	addr := mustExec(t, pod.Name, "ip -o -4 addr show eth0")
+	if !strings.Contains(addr, "inet 169.254.") {
+		t.Errorf("the pod's eth0: got %q, want a 169.254.0.0/16 address", addr)
+	}
+	routes, err := exec.Command("ip", "-o", "route", "show", "table", "all").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(routes), "169.254.") {
+		t.Errorf("the host has a route for the pod network:\n%s", routes)
+	}
+}
+
+// An image that is not on the machine is never pulled from outside: every
+// registry resolves to a refusing loopback port.
+func TestNoPullLeavesTheMachine(t *testing.T) {
+	for i, image := range []string{"registry.k8s.io/e2e-test-images/not-here:1.0", "docker.io/library/not-here:1.0", "pull.example.invalid/not-here:1.0"} {
+		name := fmt.Sprintf("pull-%d", i)
+		createPod(t, podSpec{name: name, image: image, podNetwork: true})
+		poll(t, time.Minute, "a failed pull of "+image, func() (bool, string) {
+			evs := podEvents(name)
+			return strings.Contains(evs, "Failed to pull image"), evs
+		})
+		evs := podEvents(name)
+		if !strings.Contains(evs, strings.TrimPrefix(refusedRegistry, "http://")) {
+			t.Errorf("the pull of %s did not go to %s:%s", image, refusedRegistry, evs)
+		}
+		deletePod(t, name)
+	}
 }

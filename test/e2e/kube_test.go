@@ -66,6 +66,11 @@ type podSpec struct {
 	claims  []string // mounted at /data (the first) or attached at /dev/xvda
 	block   bool
 	command string // sh -c; the default waits for SIGTERM
+	// podNetwork runs the pod in a network namespace of its own (an eth0
+	// from the run's CNI plugin) rather than on the host's network.
+	podNetwork bool
+	// image replaces the busybox image; it is pulled if not present.
+	image string
 }
 
 // startPod creates a pod of the busybox image on the host's network and
@@ -89,6 +94,9 @@ func createPod(t *testing.T, s podSpec) *corev1.Pod {
 		ImagePullPolicy: corev1.PullNever,
 		Command:         []string{"sh", "-c", s.command},
 	}
+	if s.image != "" {
+		ctr.Image, ctr.ImagePullPolicy = s.image, corev1.PullIfNotPresent
+	}
 	var vols []corev1.Volume
 	for i, cl := range s.claims {
 		vname := fmt.Sprintf("v%d", i)
@@ -104,7 +112,7 @@ func createPod(t *testing.T, s podSpec) *corev1.Pod {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: s.name},
 		Spec: corev1.PodSpec{
-			HostNetwork:                   true,
+			HostNetwork:                   !s.podNetwork,
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](5),
 			Containers:                    []corev1.Container{ctr},

@@ -16,21 +16,55 @@ import (
 // The node's side of the cluster: containerd, the kubelet, and csi-node
 // with its registration.
 
+// refusedRegistry is where every registry resolves: a loopback port nothing
+// listens on, so that a pull of an image that is not here fails at once and
+// no request ever leaves the machine.
+const refusedRegistry = "http://127.0.0.1:9"
+
+// registries are the registries named explicitly (besides _default, which
+// containerd reads for any other): the suite's images come from
+// registry.k8s.io, and the others are the ones an image name most often
+// names.
+var registries = []string{"_default", "registry.k8s.io", "docker.io", "gcr.io", "k8s.gcr.io", "quay.io", "ghcr.io", "mcr.microsoft.com", "public.ecr.aws"}
+
 // startContainerd runs a containerd of the run's own (its own root, state,
-// socket and CNI configuration) and imports the locally built images.
+// socket, CNI configuration and registry hosts) and imports the locally
+// built images.
 func (c *cluster) startContainerd(ctx context.Context) error {
 	base := filepath.Join(c.dir, "containerd")
 	cni := filepath.Join(c.dir, "cni")
-	for _, d := range []string{base, cni} {
+	cniBin := filepath.Join(c.dir, "cni-bin")
+	hosts := filepath.Join(c.dir, "registry-hosts")
+	for _, d := range []string{base, cni, cniBin} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
-	// Pods use the host's network; a loopback-only network makes the
-	// runtime report its network ready, and no bridge or address is made.
-	if err := os.WriteFile(filepath.Join(cni, "10-loopback.conflist"),
-		[]byte(`{"cniVersion": "1.0.0", "name": "e2e-loopback", "plugins": [{"type": "loopback"}]}`+"\n"), 0o644); err != nil {
+	// The pod network: an eth0 per pod that reaches nothing and adds
+	// nothing to the host (see ./cni). containerd sets up loopback itself,
+	// with the loopback plugin of the same directory.
+	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(cniBin, "converge-e2e"), "./cni")
+	build.Dir = filepath.Join(c.repo, "test", "e2e")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the CNI plugin: %v: %s", err, out)
+	}
+	if err := os.Symlink("/usr/lib/cni/loopback", filepath.Join(cniBin, "loopback")); err != nil {
 		return err
+	}
+	if err := os.WriteFile(filepath.Join(cni, "10-e2e.conflist"),
+		[]byte(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{"type": "converge-e2e"}]}`+"\n"), 0o644); err != nil {
+		return err
+	}
+	// containerd 1.6 takes a hosts.toml only with a [host] table; the
+	// server is the fallback after the hosts, so both refuse.
+	for _, r := range registries {
+		if err := os.MkdirAll(filepath.Join(hosts, r), 0o755); err != nil {
+			return err
+		}
+		toml := fmt.Sprintf("server = %q\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", refusedRegistry, refusedRegistry)
+		if err := os.WriteFile(filepath.Join(hosts, r, "hosts.toml"), []byte(toml), 0o644); err != nil {
+			return err
+		}
 	}
 	c.containerd = filepath.Join(base, "containerd.sock")
 	config := fmt.Sprintf(`version = 2
@@ -51,10 +85,12 @@ state = %q
         SystemdCgroup = false
         Root = %q
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = %q
     conf_dir = %q
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %q
 `, filepath.Join(base, "root"), filepath.Join(base, "state"), c.containerd, filepath.Join(base, "opt"),
-		pauseImage, filepath.Join(base, "runc"), cni)
+		pauseImage, filepath.Join(base, "runc"), cniBin, cni, hosts)
 	cfgPath := filepath.Join(base, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return err
