@@ -159,7 +159,8 @@ func (c *cluster) kubeBinaries(ctx context.Context) error {
 			"-X "+pkg+".gitMinor="+minor, "-X "+pkg+".gitTreeState=clean")
 	}
 	args := []string{"build", "-trimpath", "-ldflags", "-s -w " + strings.Join(ldflags, " ")}
-	stamp := strings.Join(args, " ") + "\n"
+	// The tools of test/e2e/k8s/go.mod: the Kubernetes binaries and agnhost.
+	stamp := strings.Join(args, " ") + " tool (kubernetes and agnhost)\n"
 	if b, err := os.ReadFile(filepath.Join(c.bin, "built-with")); err == nil && string(b) == stamp {
 		return nil
 	}

@@ -10,16 +10,36 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
 
-// The images the cluster runs. No registry is reachable, so both are built
-// here and imported into containerd; pods use imagePullPolicy Never.
+// The images the cluster runs. No registry is reachable, so they are built
+// here and imported into containerd; our own pods use imagePullPolicy
+// Never.
 const (
 	pauseImage   = "converge.local/pause:e2e"
 	busyboxImage = "converge.local/busybox:e2e"
 )
+
+// upstreamTags are the names under which the Kubernetes storage suite
+// (test/utils/image/manifest.go of the release) asks for each of our images.
+// Its pods pull IfNotPresent, so they find these here.
+var upstreamTags = map[string][]string{
+	pauseImage: {"registry.k8s.io/pause:3.10.2"},
+	// The shell tools of busybox, with GNU dd (multiVolume uses
+	// oflag=nocache and iflag=direct, which busybox's dd lacks) and the
+	// C library it needs. The suite only runs shell commands in the glibc
+	// and nginx images.
+	"converge.local/e2e-tools:e2e": {
+		"registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+		"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0",
+		"registry.k8s.io/e2e-test-images/nginx:1.15-4",
+		"registry.k8s.io/e2e-test-images/nginx:1.27-0",
+	},
+	"converge.local/agnhost:e2e": {"registry.k8s.io/e2e-test-images/agnhost:2.63.0"},
+}
 
 // layerFile is one entry of an image layer.
 type layerFile struct {
@@ -30,9 +50,10 @@ type layerFile struct {
 	dir     bool
 }
 
-// buildImages writes OCI archives of the pause and busybox images into dir
-// and imports them into containerd's k8s.io namespace.
-func buildImages(dir, containerdSock string) error {
+// buildImages writes OCI archives of the images into dir, imports them into
+// containerd's k8s.io namespace and tags them with their upstream names.
+// agnhost is the binary built from the Kubernetes release.
+func buildImages(dir, containerdSock, agnhost string) error {
 	pause := filepath.Join(dir, "pause")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pause, "./images/pause")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -43,44 +64,111 @@ func buildImages(dir, containerdSock string) error {
 	if err != nil {
 		return err
 	}
-	pauseArchive := filepath.Join(dir, "pause.tar")
-	if err := writeOCIArchive(pauseArchive, pauseImage, []layerFile{{name: "pause", mode: 0o755, data: bin}},
-		map[string]any{"Entrypoint": []string{"/pause"}}); err != nil {
-		return err
-	}
-
-	// busybox-static with a link per applet, as the busybox image has.
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		return fmt.Errorf("busybox-static is not installed: %w", err)
-	}
-	data, err := os.ReadFile(bb)
+	shell, err := busyboxFiles(nil)
 	if err != nil {
 		return err
 	}
-	list, err := exec.Command(bb, "--list").Output()
+	tools, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd"})
 	if err != nil {
-		return fmt.Errorf("busybox --list: %w", err)
-	}
-	files := []layerFile{{name: "bin", dir: true}, {name: "tmp", dir: true}, {name: "data", dir: true},
-		{name: "bin/busybox", mode: 0o755, data: data}}
-	for _, applet := range strings.Fields(string(list)) {
-		if applet != "busybox" && !strings.Contains(applet, "/") {
-			files = append(files, layerFile{name: "bin/" + applet, symlink: "busybox"})
-		}
-	}
-	bbArchive := filepath.Join(dir, "busybox.tar")
-	if err := writeOCIArchive(bbArchive, busyboxImage, files,
-		map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}); err != nil {
 		return err
 	}
-	for _, a := range []string{pauseArchive, bbArchive} {
-		out, err := exec.Command("ctr", "--address", containerdSock, "-n", "k8s.io", "images", "import", a).CombinedOutput()
+	agn, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/agnhost": agnhost})
+	if err != nil {
+		return err
+	}
+	images := []struct {
+		ref    string
+		files  []layerFile
+		config map[string]any
+	}{
+		{pauseImage, []layerFile{{name: "pause", mode: 0o755, data: bin}}, map[string]any{"Entrypoint": []string{"/pause"}}},
+		{busyboxImage, shell, map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
+		{"converge.local/e2e-tools:e2e", tools, map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
+		{"converge.local/agnhost:e2e", agn,
+			map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{"PATH=/bin"}}},
+	}
+	ctr := func(args ...string) error {
+		out, err := exec.Command("ctr", append([]string{"--address", containerdSock, "-n", "k8s.io", "images"}, args...)...).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("ctr images import %s: %v: %s", a, err, out)
+			return fmt.Errorf("ctr images %v: %v: %s", args, err, out)
+		}
+		return nil
+	}
+	for i, im := range images {
+		archive := filepath.Join(dir, fmt.Sprintf("image-%d.tar", i))
+		if err := writeOCIArchive(archive, im.ref, im.files, im.config); err != nil {
+			return err
+		}
+		if err := ctr("import", archive); err != nil {
+			return err
+		}
+		for _, tag := range upstreamTags[im.ref] {
+			if err := ctr("tag", "--force", im.ref, tag); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// busyboxFiles returns the files of a busybox image: busybox-static with a
+// link per applet, the directories tests expect, and the programs of extra
+// (by path in the image: path on the host), each with the shared libraries
+// ldd lists for it at their paths (replacing the applet of the same name).
+func busyboxFiles(extra map[string]string) ([]layerFile, error) {
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		return nil, fmt.Errorf("busybox-static is not installed: %w", err)
+	}
+	data, err := os.ReadFile(bb)
+	if err != nil {
+		return nil, err
+	}
+	list, err := exec.Command(bb, "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("busybox --list: %w", err)
+	}
+	files := []layerFile{{name: "bin", dir: true}, {name: "tmp", dir: true}, {name: "data", dir: true},
+		{name: "bin/busybox", mode: 0o755, data: data}}
+	have := map[string]bool{}
+	for at, prog := range extra {
+		paths := map[string]string{at: prog}
+		out, err := exec.Command("ldd", prog).Output()
+		if err != nil {
+			return nil, fmt.Errorf("ldd %s: %w", prog, err)
+		}
+		for _, f := range strings.Fields(string(out)) {
+			if strings.HasPrefix(f, "/") {
+				paths[f] = f
+			}
+		}
+		for p, host := range paths {
+			real, err := filepath.EvalSymlinks(host)
+			if err != nil {
+				return nil, err
+			}
+			b, err := os.ReadFile(real)
+			if err != nil {
+				return nil, err
+			}
+			for d := filepath.Dir(p); d != "/" && !have[d]; d = filepath.Dir(d) {
+				have[d] = true
+				files = append(files, layerFile{name: strings.TrimPrefix(d, "/"), dir: true})
+			}
+			if !have[p] {
+				have[p] = true
+				files = append(files, layerFile{name: strings.TrimPrefix(p, "/"), mode: 0o755, data: b})
+			}
+		}
+	}
+	for _, applet := range strings.Fields(string(list)) {
+		if applet != "busybox" && !strings.Contains(applet, "/") && !have["/bin/"+applet] {
+			files = append(files, layerFile{name: "bin/" + applet, symlink: "busybox"})
+		}
+	}
+	// Directories must precede their files in the layer.
+	slices.SortStableFunc(files, func(a, b layerFile) int { return strings.Compare(a.name, b.name) })
+	return files, nil
 }
 
 // writeOCIArchive writes a one-layer image as an OCI image-layout tar that

@@ -109,7 +109,7 @@ state = %q
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return err
 	}
-	return buildImages(images, c.containerd)
+	return buildImages(images, c.containerd, filepath.Join(c.bin, "agnhost"))
 }
 
 func (c *cluster) startKubelet(ctx context.Context) error {

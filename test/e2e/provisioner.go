@@ -28,8 +28,9 @@ const (
 // fetched here): for a claim of a converge StorageClass whose pod the
 // scheduler placed on this node, it calls CreateVolume on csi-node and
 // creates the bound PersistentVolume; for a released volume it calls
-// DeleteVolume and deletes the PersistentVolume; and it publishes the node's
-// CSIStorageCapacity from GetCapacity. The kubelet is not involved; what it
+// DeleteVolume and deletes the PersistentVolume; it publishes the node's
+// CSIStorageCapacity from GetCapacity; and it expands volumes as
+// external-resizer does (see resize). The kubelet is not involved; what it
 // does with the volumes is what the suite tests.
 type provisioner struct {
 	client kubernetes.Interface
@@ -58,12 +59,13 @@ func (p *provisioner) run(ctx context.Context) {
 	defer t.Stop()
 	lastCapacity := time.Time{}
 	for {
-		if time.Since(lastCapacity) > 5*time.Second {
+		if time.Since(lastCapacity) > time.Second {
 			if p.note(p.publishCapacity(ctx)) {
 				lastCapacity = time.Now()
 			}
 		}
 		p.note(p.provision(ctx))
+		p.note(p.resize(ctx))
 		p.note(p.reclaim(ctx))
 		select {
 		case <-ctx.Done():
@@ -91,34 +93,63 @@ func (p *provisioner) errors() []string {
 	return append([]string(nil), p.errs...)
 }
 
+// publishCapacity publishes, as external-provisioner --enable-capacity does
+// with per-node topology, one CSIStorageCapacity for each StorageClass of
+// the driver (GetCapacity with the class's parameters), and deletes those
+// of classes that are gone. The suite makes a StorageClass of its own for
+// most tests; without its capacity the scheduler finds no room on the node.
 func (p *provisioner) publishCapacity(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := p.ctrl.GetCapacity(cctx, &csi.GetCapacityRequest{
-		AccessibleTopology: &csi.Topology{Segments: map[string]string{topologyKey: p.node}},
-	})
+	classes, err := p.client.StorageV1().StorageClasses().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return fmt.Errorf("GetCapacity: %w", err)
+		return err
 	}
-	capacity := resource.NewQuantity(resp.AvailableCapacity, resource.BinarySI)
-	name := "converge-" + p.node
 	caps := p.client.StorageV1().CSIStorageCapacities("kube-system")
-	obj, err := caps.Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		_, err = caps.Create(ctx, &storagev1.CSIStorageCapacity{
-			ObjectMeta:       metav1.ObjectMeta{Name: name},
-			NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{topologyKey: p.node}},
-			StorageClassName: "converge",
-			Capacity:         capacity,
-		}, metav1.CreateOptions{})
-		return err
-	}
+	have, err := caps.List(ctx, metav1.ListOptions{LabelSelector: "csi.storage.k8s.io/drivername=" + driverName})
 	if err != nil {
 		return err
 	}
-	obj.Capacity = capacity
-	_, err = caps.Update(ctx, obj, metav1.UpdateOptions{})
-	return err
+	byClass := map[string]*storagev1.CSIStorageCapacity{}
+	for i := range have.Items {
+		byClass[have.Items[i].StorageClassName] = &have.Items[i]
+	}
+	for _, sc := range classes.Items {
+		if sc.Provisioner != driverName {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := p.ctrl.GetCapacity(cctx, &csi.GetCapacityRequest{
+			Parameters:         sc.Parameters,
+			AccessibleTopology: &csi.Topology{Segments: map[string]string{topologyKey: p.node}},
+		})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("GetCapacity for %s: %w", sc.Name, err)
+		}
+		capacity := resource.NewQuantity(resp.AvailableCapacity, resource.BinarySI)
+		obj := byClass[sc.Name]
+		delete(byClass, sc.Name)
+		if obj == nil {
+			_, err = caps.Create(ctx, &storagev1.CSIStorageCapacity{
+				ObjectMeta: metav1.ObjectMeta{GenerateName: "csisc-", Labels: map[string]string{
+					"csi.storage.k8s.io/drivername": driverName, "csi.storage.k8s.io/managed-by": "external-provisioner-" + p.node}},
+				NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{topologyKey: p.node}},
+				StorageClassName: sc.Name,
+				Capacity:         capacity,
+			}, metav1.CreateOptions{})
+		} else if obj.Capacity == nil || obj.Capacity.Cmp(*capacity) != 0 {
+			obj.Capacity = capacity
+			_, err = caps.Update(ctx, obj, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, obj := range byClass {
+		if err := caps.Delete(ctx, obj.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
 }
 
 func (p *provisioner) provision(ctx context.Context) error {
@@ -171,7 +202,9 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	if block {
 		vc.AccessType = &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}
 	} else {
-		vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}}
+		// external-provisioner passes the class's mountOptions as the
+		// capability's mount flags.
+		vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: sc.MountOptions}}
 	}
 	here := []*csi.Topology{{Segments: map[string]string{topologyKey: p.node}}}
 	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
@@ -192,6 +225,10 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	if !block {
 		source.FSType = fsType
 	}
+	reclaim := corev1.PersistentVolumeReclaimDelete
+	if sc.ReclaimPolicy != nil {
+		reclaim = *sc.ReclaimPolicy
+	}
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
@@ -202,7 +239,8 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 			AccessModes:                   pvc.Spec.AccessModes,
 			VolumeMode:                    pvc.Spec.VolumeMode,
 			StorageClassName:              sc.Name,
-			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimDelete,
+			PersistentVolumeReclaimPolicy: reclaim,
+			MountOptions:                  sc.MountOptions,
 			ClaimRef: &corev1.ObjectReference{
 				Kind: "PersistentVolumeClaim", APIVersion: "v1",
 				Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID,
