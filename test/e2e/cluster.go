@@ -159,8 +159,9 @@ func (c *cluster) kubeBinaries(ctx context.Context) error {
 			"-X "+pkg+".gitMinor="+minor, "-X "+pkg+".gitTreeState=clean")
 	}
 	args := []string{"build", "-trimpath", "-ldflags", "-s -w " + strings.Join(ldflags, " ")}
-	// The tools of test/e2e/k8s/go.mod: the Kubernetes binaries and agnhost.
-	stamp := strings.Join(args, " ") + " tool (kubernetes and agnhost)\n"
+	// The tools of test/e2e/k8s/go.mod: the Kubernetes binaries, agnhost and
+	// the ginkgo runner.
+	stamp := strings.Join(args, " ") + " tool (kubernetes, agnhost, ginkgo)\n"
 	if b, err := os.ReadFile(filepath.Join(c.bin, "built-with")); err == nil && string(b) == stamp {
 		return nil
 	}

@@ -29,8 +29,8 @@ const (
 var upstreamTags = map[string][]string{
 	pauseImage: {"registry.k8s.io/pause:3.10.2"},
 	// The shell tools of busybox, with GNU dd (multiVolume uses
-	// oflag=nocache and iflag=direct, which busybox's dd lacks) and the
-	// C library it needs. The suite only runs shell commands in the glibc
+	// oflag=nocache and iflag=direct, which busybox's dd lacks), dash as
+	// the shell and the C library they need. The suite only runs shell commands in the glibc
 	// and nginx images.
 	"converge.local/e2e-tools:e2e": {
 		"registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
@@ -68,11 +68,13 @@ func buildImages(dir, containerdSock, agnhost string) error {
 	if err != nil {
 		return err
 	}
-	tools, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd"})
+	// busybox's sh runs its own applets before any program of PATH, so the
+	// shell of these images is Debian's dash, which runs GNU dd.
+	tools, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/dash"})
 	if err != nil {
 		return err
 	}
-	agn, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/agnhost": agnhost})
+	agn, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/dash", "/agnhost": agnhost})
 	if err != nil {
 		return err
 	}
