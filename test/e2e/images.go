@@ -29,7 +29,7 @@ const (
 var upstreamTags = map[string][]string{
 	pauseImage: {"registry.k8s.io/pause:3.10.2"},
 	// The shell tools of busybox, with GNU dd (multiVolume uses
-	// oflag=nocache and iflag=direct, which busybox's dd lacks), dash as
+	// oflag=nocache and iflag=direct, which busybox's dd lacks), bash as
 	// the shell and the C library they need. The suite only runs shell commands in the glibc
 	// and nginx images.
 	"converge.local/e2e-tools:e2e": {
@@ -69,12 +69,13 @@ func buildImages(dir, containerdSock, agnhost string) error {
 		return err
 	}
 	// busybox's sh runs its own applets before any program of PATH, so the
-	// shell of these images is Debian's dash, which runs GNU dd.
-	tools, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/dash"})
+	// shell of these images is Debian's bash, which runs GNU dd and, unlike
+	// dash, has the let builtin that the suite's scripts use.
+	tools, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/bash"})
 	if err != nil {
 		return err
 	}
-	agn, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/dash", "/agnhost": agnhost})
+	agn, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/bash", "/agnhost": agnhost})
 	if err != nil {
 		return err
 	}

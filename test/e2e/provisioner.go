@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -159,20 +160,55 @@ func (p *provisioner) provision(ctx context.Context) error {
 	}
 	for i := range claims.Items {
 		pvc := &claims.Items[i]
+		selected := pvc.Annotations["volume.kubernetes.io/selected-node"]
 		if pvc.Status.Phase != corev1.ClaimPending || pvc.Spec.VolumeName != "" ||
-			pvc.Annotations["volume.kubernetes.io/selected-node"] != p.node ||
-			pvc.Spec.StorageClassName == nil {
+			selected != "" && selected != p.node || pvc.Spec.StorageClassName == nil {
 			continue
 		}
 		sc, err := p.client.StorageV1().StorageClasses().Get(ctx, *pvc.Spec.StorageClassName, metav1.GetOptions{})
 		if err != nil || sc.Provisioner != driverName {
 			continue
 		}
+		if selected == "" {
+			// Immediate binding: as external-provisioner does with
+			// --node-deployment-immediate-binding (its default), the
+			// node's provisioner claims a claim its class allows on this
+			// node by setting the selected-node annotation, then makes it.
+			immediate := sc.VolumeBindingMode == nil || *sc.VolumeBindingMode == storagev1.VolumeBindingImmediate
+			if !immediate || !p.allowed(sc) {
+				continue
+			}
+			if pvc.Annotations == nil {
+				pvc.Annotations = map[string]string{}
+			}
+			pvc.Annotations["volume.kubernetes.io/selected-node"] = p.node
+			if pvc, err = p.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("claim %s/%s for this node: %w", claims.Items[i].Namespace, claims.Items[i].Name, err)
+			}
+		}
 		if err := p.provisionOne(ctx, pvc, sc); err != nil {
 			return fmt.Errorf("provision %s/%s: %w", pvc.Namespace, pvc.Name, err)
 		}
 	}
 	return nil
+}
+
+// allowed reports whether the class's allowedTopologies admit this node
+// (a class without them admits every node).
+func (p *provisioner) allowed(sc *storagev1.StorageClass) bool {
+	if len(sc.AllowedTopologies) == 0 {
+		return true
+	}
+	for _, term := range sc.AllowedTopologies {
+		ok := true
+		for _, e := range term.MatchLabelExpressions {
+			ok = ok && e.Key == topologyKey && slices.Contains(e.Values, p.node)
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass) error {
