@@ -302,6 +302,12 @@ func publishReady(v *state.Volume, a *actual, target string) bool {
 func diff(v *state.Volume, a *actual) []action {
 	var acts []action
 	targets := v.Targets()
+	// The plugin's own mounts that moved come first: a publish or stage
+	// whose recorded mount is somewhere else is not forgotten before that
+	// mount is gone, or nothing would know it as the plugin's any more.
+	for _, m := range a.strays {
+		acts = append(acts, action{kind: actUnmountStray, target: m.path, mountID: m.id, reason: "the plugin's own mount of the volume, moved to a path no record names"})
+	}
 	for _, t := range targets {
 		if p := v.Publishes[t]; p.Deleting {
 			acts = append(acts, action{kind: actUnpublish, target: t, generation: p.Generation, reason: "publish withdrawn"})
@@ -310,9 +316,6 @@ func diff(v *state.Volume, a *actual) []action {
 	st := v.Stage
 	if st == nil {
 		return acts
-	}
-	for _, m := range a.strays {
-		acts = append(acts, action{kind: actUnmountStray, target: m.path, mountID: m.id, generation: st.Generation, reason: "the plugin's own mount of the volume, moved to a path no record names"})
 	}
 	for _, d := range a.idleExtraLoops {
 		acts = append(acts, action{kind: actDetachExtra, target: d, generation: st.Generation, reason: "the image is attached more than once; this device is not mounted"})
