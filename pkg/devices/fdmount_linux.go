@@ -54,16 +54,16 @@ func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 // while still detached (so a read-only bind is never writable, not even for
 // an instant), and is attached at target (move_mount). A symlink swapped
 // into either path after the check cannot redirect it.
-func (p *Paths) BindMount(source, target string, options []string) error {
+func (p *Paths) BindMount(source, target string, options []string) (uint64, error) {
 	attr := bindAttr(options)
 	dst, err := p.open(target, unix.O_DIRECTORY)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer unix.Close(dst)
 	src, err := p.open(source, unix.O_DIRECTORY)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	tree, err := unix.OpenTree(src, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
 	// Closed at once: a descriptor open inside the source mount makes it
@@ -71,20 +71,20 @@ func (p *Paths) BindMount(source, target string, options []string) error {
 	// an operator) would fail while the bind is being attached.
 	unix.Close(src)
 	if err != nil {
-		return fmt.Errorf("cloning the mount at %s: %w", source, err)
+		return 0, fmt.Errorf("cloning the mount at %s: %w", source, err)
 	}
 	// The descriptor holds the mount; close it once attached, or the mount
 	// stays busy.
 	defer unix.Close(tree)
 	if attr.Attr_set != 0 || attr.Attr_clr != 0 {
 		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-			return refused(fmt.Errorf("setting %v on the bind mount of %s: %w", options, source, err))
+			return 0, refused(fmt.Errorf("setting %v on the bind mount of %s: %w", options, source, err))
 		}
 	}
 	if err := unix.MoveMount(tree, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attaching the bind mount of %s at %s: %w", source, target, err)
+		return 0, fmt.Errorf("attaching the bind mount of %s at %s: %w", source, target, err)
 	}
-	return nil
+	return attached(tree)
 }
 
 // refused marks err with ErrRefused when the kernel answered EINVAL.
@@ -93,6 +93,17 @@ func refused(err error) error {
 		return fmt.Errorf("%w: %w", ErrRefused, err)
 	}
 	return err
+}
+
+// attached returns the unique mount ID of the mount the descriptor tree
+// holds, once attached: what the plugin records as its own. 0 when the
+// kernel does not tell it.
+func attached(tree int) (uint64, error) {
+	id, err := mountID(tree, "")
+	if err != nil {
+		return 0, fmt.Errorf("reading the ID of the new mount: %w", err)
+	}
+	return id, nil
 }
 
 // Mkfile creates the empty regular file path (its parent must exist) with
@@ -125,26 +136,26 @@ func (p *Paths) Mkfile(path string) error {
 // not a request's) on the file target, resolved beneath the roots without
 // symlinks, through descriptors as BindMount does; ro makes it read-only
 // before it is attached.
-func (p *Paths) BindDevice(dev, target string, ro bool) error {
+func (p *Paths) BindDevice(dev, target string, ro bool) (uint64, error) {
 	dst, err := p.open(target, 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer unix.Close(dst)
 	tree, err := unix.OpenTree(unix.AT_FDCWD, dev, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
-		return fmt.Errorf("cloning %s: %w", dev, err)
+		return 0, fmt.Errorf("cloning %s: %w", dev, err)
 	}
 	defer unix.Close(tree)
 	if ro {
 		if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
-			return refused(fmt.Errorf("making the bind mount of %s read-only: %w", dev, err))
+			return 0, refused(fmt.Errorf("making the bind mount of %s read-only: %w", dev, err))
 		}
 	}
 	if err := unix.MoveMount(tree, "", dst, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attaching %s at %s: %w", dev, target, err)
+		return 0, fmt.Errorf("attaching %s at %s: %w", dev, target, err)
 	}
-	return nil
+	return attached(tree)
 }
 
 // Unmount unmounts the top mount at path. The parent directory is resolved

@@ -136,16 +136,16 @@ func (m *Mounter) GrowUnmounted(dev, fsType string) error {
 }
 
 // BindMount bind mounts source at target through file descriptors (see
-// Paths.BindMount).
-func (m *Mounter) BindMount(source, target string, options []string) error {
+// Paths.BindMount) and returns the new mount's unique ID.
+func (m *Mounter) BindMount(source, target string, options []string) (uint64, error) {
 	return m.paths.BindMount(source, target, options)
 }
 
 // BindDevice bind mounts the device node dev on the file target (see
 // Paths.BindDevice), creating the file first.
-func (m *Mounter) BindDevice(dev, target string, ro bool) error {
+func (m *Mounter) BindDevice(dev, target string, ro bool) (uint64, error) {
 	if err := m.paths.Mkfile(target); err != nil {
-		return err
+		return 0, err
 	}
 	return m.paths.BindDevice(dev, target, ro)
 }

@@ -1,6 +1,7 @@
 package devices
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -20,6 +21,9 @@ type Observer struct {
 	// Partitions lists the block devices of non-zero size, normally
 	// /proc/partitions; empty to visit every loop device in SysBlock.
 	Partitions string
+	// Paths resolves mount points beneath the plugin's roots without
+	// symlinks for CheckMount; nil resolves every path as it is.
+	Paths *Paths
 
 	// files keeps the files of the loop listing open between passes;
 	// made on first use.
@@ -66,25 +70,56 @@ func byDevice(mounts []state.Mount, loops []state.Loop) []state.Mount {
 }
 
 // CheckMount stats a mount point and returns the unique ID of the top mount
-// there (0 when the kernel does not tell it, before Linux 6.8), and the
-// error when the stat shows a corrupted mount (ENOTCONN, ESTALE, EIO and
-// the others of mount-utils' IsCorruptedMnt); any other failure is no
-// error, as the mount table is the authority on whether something is
-// mounted there. The last component is not followed if it is a symlink,
-// nor automounted.
+// there (0 when it cannot be told: a kernel before Linux 6.8, or a path
+// beneath the roots with a symlink in it just now, which a rename racing
+// the observation can make), and the error when the stat shows a corrupted
+// mount (ENOTCONN, ESTALE, EIO and the others of mount-utils'
+// IsCorruptedMnt); any other failure is no error, as the mount table is the
+// authority on whether something is mounted there. A path beneath the roots
+// is resolved without following any symlink, so the ID is never another
+// mount's that a symlink led to.
 func (o *Observer) CheckMount(path string) (uint64, error) {
-	id, err := mountID(unix.AT_FDCWD, path)
+	var id uint64
+	var err error
+	if _, _, berr := state.Beneath(path, o.rootsOf()); o.Paths != nil && berr == nil {
+		fd, oerr := o.Paths.open(path, 0)
+		if oerr != nil {
+			if mount.IsCorruptedMnt(errors.Unwrap(oerr)) || mount.IsCorruptedMnt(oerr) {
+				return 0, oerr
+			}
+			return 0, nil
+		}
+		id, err = mountID(fd, "")
+		unix.Close(fd)
+	} else {
+		id, err = mountID(unix.AT_FDCWD, path)
+	}
 	if err != nil && mount.IsCorruptedMnt(err) {
 		return 0, err
 	}
+	if err != nil {
+		return 0, nil
+	}
 	return id, nil
+}
+
+// rootsOf returns the roots of o.Paths, none without it.
+func (o *Observer) rootsOf() []string {
+	if o.Paths == nil {
+		return nil
+	}
+	return o.Paths.roots
 }
 
 // mountID returns the unique ID of the top mount at path, resolved from
 // dirfd; 0 when the kernel does not tell it.
 func mountID(dirfd int, path string) (uint64, error) {
 	var stx unix.Statx_t
-	err := unix.Statx(dirfd, path, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT, unix.STATX_MNT_ID_UNIQUE, &stx)
+	flags := unix.AT_SYMLINK_NOFOLLOW | unix.AT_NO_AUTOMOUNT
+	if path == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	err := unix.Statx(dirfd, path, flags, unix.STATX_MNT_ID_UNIQUE, &stx)
 	if err != nil {
 		return 0, &os.PathError{Op: "statx", Path: path, Err: err}
 	}

@@ -74,7 +74,8 @@ func Run(ctx context.Context, cfg Config) error {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
 	}
 	m := metrics.New()
-	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions"}
+	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions",
+		Paths: devices.NewPaths(cfg.roots())}
 	defer observer.Close()
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder:     m,

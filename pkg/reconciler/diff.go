@@ -129,6 +129,11 @@ type actual struct {
 	// paths the record does not name, moved there by a rename; they are
 	// unmounted.
 	strays []stray
+	// unknownMounts lists the mounts of the volume's filesystem inside the
+	// roots whose unique ID could not be read this pass (a rename racing
+	// the observation put a symlink in the path): they may be the plugin's
+	// own, so no intent is forgotten while they are there.
+	unknownMounts []string
 	// mountIDs maps the staging path and each target that holds the
 	// volume's mount to that mount's unique ID (0 when unknown).
 	mountIDs map[string]uint64
@@ -258,8 +263,13 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 			if _, _, err := state.Beneath(m.Path, roots); err == nil {
 				// Only the plugin's own mount is a stray; outside the
 				// roots there is none.
-				if id, _ := check(m.Path); id != 0 && recorded(v, id) {
+				id, _ := check(m.Path)
+				if id != 0 && recorded(v, id) {
 					a.strays = append(a.strays, stray{path: m.Path, id: id})
+					continue
+				}
+				if id == 0 {
+					a.unknownMounts = append(a.unknownMounts, m.Path)
 					continue
 				}
 			}

@@ -262,15 +262,18 @@ func (w *fakeWorld) Grow(dev string) error {
 	})
 }
 
-func (w *fakeWorld) BindDevice(dev, target string, ro bool) error {
-	return w.do("binddev "+target, func() string { return w.imageOf(dev) }, func() error {
+func (w *fakeWorld) BindDevice(dev, target string, ro bool) (uint64, error) {
+	var id uint64
+	err := w.do("binddev "+target, func() string { return w.imageOf(dev) }, func() error {
 		if !w.dirs[filepath.Dir(target)] {
 			return fmt.Errorf("%s: %w", filepath.Dir(target), os.ErrNotExist)
 		}
 		w.dirs[target] = true // the file
 		w.mountLocked(state.Mount{Path: target, Dev: state.DevNum{Major: 0, Minor: 5}, Root: "/" + filepath.Base(dev), Source: "udev", FsType: "devtmpfs", ReadOnly: ro})
+		id = w.lastUID
 		return nil
 	})
+	return id, err
 }
 
 func (w *fakeWorld) GrowUnmounted(dev, fsType string) error {
@@ -385,17 +388,20 @@ func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOpti
 	})
 }
 
-func (w *fakeWorld) BindMount(source, target string, options []string) error {
-	return w.do("bind "+target, func() string { return w.imageAt(source) }, func() error {
+func (w *fakeWorld) BindMount(source, target string, options []string) (uint64, error) {
+	var id uint64
+	err := w.do("bind "+target, func() string { return w.imageAt(source) }, func() error {
 		for i := len(w.mounts) - 1; i >= 0; i-- {
 			if m := w.mounts[i]; m.Path == source {
 				m.Path = target
 				w.mountLocked(m)
+				id = w.lastUID
 				return nil
 			}
 		}
 		return fmt.Errorf("%s is not mounted", source)
 	})
+	return id, err
 }
 
 func (w *fakeWorld) Unmount(target string) error {

@@ -179,7 +179,8 @@ func stageOptions(st *state.Stage, fsType string) []string {
 }
 
 // publish bind mounts the staging mount at target, creating the target
-// directory (the kubelet creates its parent).
+// directory (the kubelet creates its parent), and records the new mount's
+// unique ID.
 func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 	p := v.Publishes[target]
 	if err := r.cfg.Paths.CheckDir(filepath.Dir(target)); err != nil {
@@ -191,13 +192,14 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 	if a.block {
 		// The target is a file, created by the plugin, on which the
 		// device node is bind mounted.
-		if err := r.cfg.Filesystems.BindDevice(a.loop.Device, target, p.ReadOnly); err != nil {
+		id, err := r.cfg.Filesystems.BindDevice(a.loop.Device, target, p.ReadOnly)
+		if err != nil {
 			if errors.Is(err, devices.ErrSymlink) || errors.Is(err, devices.ErrOutsideRoots) {
 				return pathError("target path", target, err)
 			}
 			return deviceError(err, "bind mounting %s at %s", a.loop.Device, target)
 		}
-		return nil
+		return r.recordMount(v.ID, action{kind: actRecordMount, target: target, mountID: id, generation: p.Generation})
 	}
 	if err := r.cfg.Paths.Mkdir(target); err != nil {
 		if errors.Is(err, devices.ErrSymlink) {
@@ -209,15 +211,21 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 	if p.ReadOnly {
 		opts = append(opts, "ro")
 	}
-	if err := r.cfg.Filesystems.BindMount(v.Stage.Path, target, opts); err != nil {
+	id, err := r.cfg.Filesystems.BindMount(v.Stage.Path, target, opts)
+	if err != nil {
 		return deviceError(err, "bind mounting %s at %s", v.Stage.Path, target)
 	}
-	return nil
+	// Recorded at once, wherever a rename may carry the mount meanwhile:
+	// it is the plugin's own only while the record says so.
+	return r.recordMount(v.ID, action{kind: actRecordMount, target: target, mountID: id, generation: p.Generation})
 }
 
 // unpublish unmounts target and removes it; once the target is verified
 // gone it forgets the publish.
 func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error {
+	if err := a.mayHoldOwnMount(); err != nil {
+		return err
+	}
 	if a.targets[target] != nil {
 		if err := r.cfg.Filesystems.Unmount(target); err != nil {
 			return fmt.Errorf("unmounting %s: %w", target, err)
@@ -241,11 +249,24 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 	return err
 }
 
+// mayHoldOwnMount fails, to be retried, while a mount of the volume whose
+// owner could not be told is there: forgetting an intent would forget the
+// unique ID that shows a moved mount of it as the plugin's own.
+func (a *actual) mayHoldOwnMount() error {
+	if len(a.unknownMounts) > 0 {
+		return fmt.Errorf("cannot tell yet whether the mount at %s is the plugin's own; keeping the record", strings.Join(a.unknownMounts, ", "))
+	}
+	return nil
+}
+
 // unstage takes one step of a teardown: unmount the staging mount, else
 // detach the device, else (verified gone) forget the stage. Each step is
 // verified by the next pass's observation before the next one runs.
 func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	st := v.Stage
+	if err := a.mayHoldOwnMount(); err != nil {
+		return err
+	}
 	if len(a.foreignMounts) > 0 {
 		// Someone else's mount of the filesystem outside the roots:
 		// unstaging would pull it from under them. Refuse; never touch it.

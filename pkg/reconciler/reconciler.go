@@ -49,7 +49,8 @@ type Loops interface {
 type Filesystems interface {
 	DiskFormat(dev string) (string, error)
 	FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error
-	BindMount(source, target string, options []string) error
+	// BindMount and BindDevice return the new mount's unique ID.
+	BindMount(source, target string, options []string) (uint64, error)
 	Unmount(target string) error
 	// UnmountOwned unmounts the top mount at target only if its unique
 	// mount ID is id.
@@ -60,7 +61,7 @@ type Filesystems interface {
 	GrowUnmounted(dev, fsType string) error
 	// BindDevice bind mounts the device node dev on the file target,
 	// creating the file.
-	BindDevice(dev, target string, ro bool) error
+	BindDevice(dev, target string, ro bool) (uint64, error)
 }
 
 // Paths checks, creates and removes paths without following symlinks.

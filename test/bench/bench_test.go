@@ -88,7 +88,8 @@ func (bl *baseline) publish(v vol) error {
 	if err := bl.paths.Mkdir(v.target); err != nil {
 		return err
 	}
-	return bl.mounter.BindMount(v.staging, v.target, nil)
+	_, err := bl.mounter.BindMount(v.staging, v.target, nil)
+	return err
 }
 
 func (bl *baseline) teardown(v vol, dev string) error {
