@@ -318,8 +318,12 @@ func diff(v *state.Volume, a *actual) []action {
 	for _, m := range a.strays {
 		acts = append(acts, action{kind: actUnmountStray, target: m.path, mountID: m.id, reason: "the plugin's own mount of the volume, moved to a path no record names"})
 	}
+	// A mount whose owner cannot be told this pass (a rename racing the
+	// observation) may be the plugin's own: nothing is forgotten until the
+	// next pass can tell. Waiting is no failure, so it backs nothing off.
+	hold := len(a.unknownMounts) > 0
 	for _, t := range targets {
-		if p := v.Publishes[t]; p.Deleting {
+		if p := v.Publishes[t]; p.Deleting && !hold {
 			acts = append(acts, action{kind: actUnpublish, target: t, generation: p.Generation, reason: "publish withdrawn"})
 		}
 	}
@@ -336,7 +340,7 @@ func diff(v *state.Volume, a *actual) []action {
 		// volume) goes away with its last user: wait for that, rather
 		// than detach it again and again.
 		waiting := a.loop != nil && a.loop.AutoClear && (a.block || !a.staged) && !a.static
-		if len(v.Publishes) == 0 && !waiting {
+		if len(v.Publishes) == 0 && !waiting && !hold {
 			acts = append(acts, action{kind: actUnstage, generation: st.Generation, reason: unstageReason(a)})
 		}
 		return acts
