@@ -95,6 +95,17 @@ func refused(err error) error {
 	return err
 }
 
+// mountIDAt returns the unique ID of the top mount at path, resolved
+// beneath the roots without symlinks.
+func (p *Paths) mountIDAt(path string) (uint64, error) {
+	fd, err := p.open(path, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return mountID(fd, "")
+}
+
 // attached returns the unique mount ID of the mount the descriptor tree
 // holds, once attached: what the plugin records as its own. 0 when the
 // kernel does not tell it.

@@ -75,7 +75,8 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 	return fs, nil
 }
 
-// FormatAndMount mounts the filesystem on dev at target, first running fsck
+// FormatAndMount mounts the filesystem on dev at target and returns the new
+// mount's unique ID. It mounts first running fsck
 // for a read-write mount, and formats dev as fsType (with mkfsOptions) only
 // if blkid finds it empty. The caller decides whether formatting is allowed before calling.
 //
@@ -85,21 +86,21 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 // between the check and the mount; the misplaced mount, which is the
 // plugin's own, is found by its device and removed, and the call fails with
 // ErrMisplacedMount.
-func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error {
+func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
 	if err := m.sfm.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
 		if strings.Contains(err.Error(), badOption) {
-			return fmt.Errorf("%w (%s with options %v; the kernel log names the reason): %v", ErrRefused, fsType, options, err)
+			return 0, fmt.Errorf("%w (%s with options %v; the kernel log names the reason): %v", ErrRefused, fsType, options, err)
 		}
-		return err
+		return 0, err
 	}
 	err := m.paths.CheckMountedAt(dev, target)
 	if err == nil {
-		return nil
+		return m.paths.mountIDAt(target)
 	}
 	if uerr := unmountStray(dev, m.paths); uerr != nil {
-		return fmt.Errorf("%w; removing it: %v", err, uerr)
+		return 0, fmt.Errorf("%w; removing it: %v", err, uerr)
 	}
-	return err
+	return 0, err
 }
 
 // Resize grows the filesystem on dev, mounted at mountPath, to fill the

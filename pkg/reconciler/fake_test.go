@@ -366,8 +366,9 @@ func (w *fakeWorld) mountsOfLocked(num state.DevNum) []state.Mount {
 	return out
 }
 
-func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error {
-	return w.do("mount "+target, func() string { return w.imageOf(dev) }, func() error {
+func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
+	var id uint64
+	err := w.do("mount "+target, func() string { return w.imageOf(dev) }, func() error {
 		image := w.imageOf(dev)
 		if image == "" {
 			return fmt.Errorf("no device %s", dev)
@@ -384,8 +385,10 @@ func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOpti
 			m.Shutdown, m.SuperReadOnly = m.Shutdown || others[0].Shutdown, others[0].SuperReadOnly
 		}
 		w.mountLocked(m)
+		id = w.lastUID
 		return nil
 	})
+	return id, err
 }
 
 func (w *fakeWorld) BindMount(source, target string, options []string) (uint64, error) {

@@ -136,14 +136,18 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 			grown = devSize
 		}
 	}
-	if err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want), st.MkfsOptions); err != nil {
+	id, err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want), st.MkfsOptions)
+	if err != nil {
 		return deviceError(err, "mounting %s at %s", dev, st.Path)
 	}
 	if have == "" {
 		// Formatted just now: the filesystem fills the device.
 		grown = devSize
 	}
-	return r.recordFormatted(v.ID, want, grown)
+	if err := r.recordFormatted(v.ID, want, grown); err != nil {
+		return err
+	}
+	return r.recordMount(v.ID, action{kind: actRecordMount, mountID: id, generation: st.Generation})
 }
 
 // recordFormatted sets the provenance of a volume once, and the device size

@@ -48,7 +48,8 @@ type Loops interface {
 // Filesystems probes, formats and mounts.
 type Filesystems interface {
 	DiskFormat(dev string) (string, error)
-	FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) error
+	// FormatAndMount returns the new mount's unique ID.
+	FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error)
 	// BindMount and BindDevice return the new mount's unique ID.
 	BindMount(source, target string, options []string) (uint64, error)
 	Unmount(target string) error

@@ -495,7 +495,7 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	}
 	h.world.fs[h.world.Path("ghost")] = "ext4"
 	h.world.dirs["/k/old"] = true
-	if err := h.world.FormatAndMount(ghost, "/k/old", "ext4", nil, nil); err != nil {
+	if _, err := h.world.FormatAndMount(ghost, "/k/old", "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	foreign, _ := h.world.Attach(h.world.Path("foreign"))

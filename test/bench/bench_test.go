@@ -81,7 +81,8 @@ func (bl *baseline) stage(v vol) (string, error) {
 	if _, err := bl.mounter.DiskFormat(dev); err != nil {
 		return dev, err
 	}
-	return dev, bl.mounter.FormatAndMount(dev, v.staging, "ext4", []string{"errors=remount-ro"}, nil)
+	_, err = bl.mounter.FormatAndMount(dev, v.staging, "ext4", []string{"errors=remount-ro"}, nil)
+	return dev, err
 }
 
 func (bl *baseline) publish(v vol) error {
