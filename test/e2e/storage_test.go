@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/xml"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,7 +40,9 @@ func TestExternalStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	if *storageSuite == "parallel" {
-		skips = append(skips, skip{`\[Serial\]`, "runs alone"}, skip{`\[Disruptive\]`, "disrupts the node"})
+		skips = append(skips,
+			skip{`\[Serial\]`, "[Serial]: runs alone, in make conformance"},
+			skip{`\[Disruptive\]`, "[Disruptive]: disrupts the node, in make conformance"})
 	}
 	patterns := make([]string, len(skips))
 	for i, s := range skips {
@@ -89,7 +93,7 @@ func TestExternalStorage(t *testing.T) {
 	start := time.Now()
 	runErr := cmd.Run()
 	t.Logf("the suite ran %.0fs; its log is %s", time.Since(start).Seconds(), log.Name())
-	counts, failed, err := readJUnit(report)
+	counts, failed, err := readJUnit(report, skips)
 	if err != nil {
 		t.Fatalf("reading the suite's report: %v (the suite: %v)\n%s", err, runErr, tailFile(log.Name(), 60))
 	}
@@ -160,9 +164,11 @@ type junitSuite struct {
 // first word after the bracketed driver, test pattern and tags.
 var testsuiteOf = regexp.MustCompile(`^(?:\[\w+\] )?External Storage \[Driver: [^\]]*\](?: \[[^\]]*\])* (\S+)`)
 
-// readJUnit counts the tests of each testsuite that ran, passed and were
-// skipped, and lists the failed ones.
-func readJUnit(path string) (string, []string, error) {
+// readJUnit counts the tests of each testsuite that ran, passed, were
+// skipped by the suite itself (it says why) and were left out by the skip
+// list, and lists the failed ones. Below the table it gives each reason
+// with how many tests it skipped.
+func readJUnit(path string, skips []skip) (string, []string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", nil, err
@@ -171,8 +177,14 @@ func readJUnit(path string) (string, []string, error) {
 	if err := xml.Unmarshal(b, &r); err != nil {
 		return "", nil, err
 	}
-	type count struct{ ran, passed, skipped int }
+	type count struct{ ran, passed, skipped, listed int }
 	counts := map[string]*count{}
+	listed := make([]*regexp.Regexp, len(skips))
+	for i, s := range skips {
+		listed[i] = regexp.MustCompile(s.pattern)
+	}
+	suiteWhy := map[string]int{}
+	listWhy := map[string]int{}
 	var failed []string
 	for _, tc := range r.Cases {
 		m := testsuiteOf.FindStringSubmatch(tc.Name)
@@ -186,9 +198,15 @@ func readJUnit(path string) (string, []string, error) {
 		}
 		switch {
 		case tc.Skipped != nil && tc.Skipped.Message == "skipped":
-			// Left out by the focus or the skip list: not counted.
+			// Left out by the skip list, or by the focus (not counted).
+			if i := slices.IndexFunc(listed, func(re *regexp.Regexp) bool { return re.MatchString(tc.Name) }); i >= 0 {
+				cn.listed++
+				listWhy[firstSentence(skips[i].reason)]++
+			}
 		case tc.Skipped != nil:
-			cn.skipped++ // by the suite itself, which says why
+			cn.skipped++
+			why := strings.Join(strings.Fields(strings.TrimPrefix(tc.Skipped.Message, "skipped - ")), " ")
+			suiteWhy[why]++
 		case tc.Failure != nil || tc.Error != nil:
 			cn.ran++
 			failed = append(failed, tc.Name)
@@ -197,16 +215,30 @@ func readJUnit(path string) (string, []string, error) {
 			cn.passed++
 		}
 	}
-	names := make([]string, 0, len(counts))
-	for n := range counts {
-		names = append(names, n)
-	}
-	slices.Sort(names)
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%-28s %5s %7s %8s\n", "testsuite", "ran", "passed", "skipped")
-	for _, n := range names {
+	fmt.Fprintf(&sb, "%-28s %5s %7s %8s %8s\n", "testsuite", "ran", "passed", "skipped", "listed")
+	for _, n := range slices.Sorted(maps.Keys(counts)) {
 		cn := counts[n]
-		fmt.Fprintf(&sb, "%-28s %5d %7d %8d\n", n, cn.ran, cn.passed, cn.skipped)
+		if *cn == (count{}) {
+			continue
+		}
+		fmt.Fprintf(&sb, "%-28s %5d %7d %8d %8d\n", n, cn.ran, cn.passed, cn.skipped, cn.listed)
 	}
+	reasons := func(title string, why map[string]int) {
+		fmt.Fprintf(&sb, "%s:\n", title)
+		for _, w := range slices.SortedFunc(maps.Keys(why), func(a, b string) int { return cmp.Or(why[b]-why[a], strings.Compare(a, b)) }) {
+			fmt.Fprintf(&sb, "%5d  %s\n", why[w], w)
+		}
+	}
+	reasons("skipped by the suite, which says why", suiteWhy)
+	reasons("left out by the skip list (test/e2e/storage/skip.txt) or as serial", listWhy)
 	return sb.String(), failed, nil
+}
+
+// firstSentence is a reason's first sentence, for the summary.
+func firstSentence(s string) string {
+	if i := strings.IndexAny(s, ".;"); i >= 0 && i+1 < len(s) && s[i+1] == ' ' {
+		return s[:i]
+	}
+	return s
 }
