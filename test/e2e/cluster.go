@@ -33,7 +33,7 @@ type cluster struct {
 	dir        string // the run's directory; removed by down
 	repo       string // converge's repository root
 	bin        string // directory of the Kubernetes binaries
-	kubeletDir string // the kubelet's --root-dir
+	kubeletDir string // the kubelet's root directory, as the test process sees it (nodeKubeletDir on the node)
 	stateDir   string // csi-node's --state-dir
 	node       string // the node's name; resolves to 127.0.0.1
 	logs       string // directory of every daemon's log
@@ -41,8 +41,9 @@ type cluster struct {
 	pki        *pki
 	admin      string // the admin kubeconfig
 	client     kubernetes.Interface
-	containerd string // containerd's socket
-	csiSock    string // csi-node's CSI socket
+	ns         *nodeNS // the node's mount and PID namespaces
+	containerd string  // containerd's socket
+	csiSock    string  // csi-node's CSI socket, as the test process sees it
 	csiBinary  string
 
 	etcd, apiserver, controllerManager, scheduler, containerdProc, kubelet, csiNode *proc
@@ -115,6 +116,7 @@ func (c *cluster) up(ctx context.Context) error {
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
 		{"controller-manager and scheduler", c.startControllers},
+		{"node namespaces", c.startNodeNS},
 		{"containerd and images", c.startContainerd},
 		{"kubelet", c.startKubelet},
 		{"csi-node and registration", c.startCSINode},

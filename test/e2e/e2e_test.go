@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -234,8 +233,8 @@ func TestExternalUnmountRepaired(t *testing.T) {
 	publishes := count(v.calls(t), "NodePublishVolume", "OK")
 	before := mountID(t, target)
 
-	if err := syscall.Unmount(target, 0); err != nil {
-		t.Fatalf("unmount %s: %v", target, err)
+	if out, err := c.ns.run("umount", target); err != nil {
+		t.Fatalf("umount %s on the node: %v: %s", target, err, out)
 	}
 	poll(t, 30*time.Second, "target mounted again", func() (bool, string) {
 		id := mountID(t, target)

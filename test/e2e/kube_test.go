@@ -263,15 +263,16 @@ func boundVolume(t *testing.T, claimName string) volume {
 	return v
 }
 
-// stagingPath is where the kubelet stages the volume.
+// stagingPath is where the kubelet stages the volume, on the node.
 func (v volume) stagingPath() string {
 	sum := sha256.Sum256([]byte(v.handle))
-	return filepath.Join(c.kubeletDir, "plugins", "kubernetes.io", "csi", driverName, hex.EncodeToString(sum[:]), "globalmount")
+	return filepath.Join(nodeKubeletDir, "plugins", "kubernetes.io", "csi", driverName, hex.EncodeToString(sum[:]), "globalmount")
 }
 
-// targetPath is where the kubelet publishes a filesystem volume for a pod.
+// targetPath is where the kubelet publishes a filesystem volume for a pod,
+// on the node.
 func (v volume) targetPath(pod *corev1.Pod) string {
-	return filepath.Join(c.kubeletDir, "pods", string(pod.UID), "volumes", "kubernetes.io~csi", v.pv, "mount")
+	return filepath.Join(nodeKubeletDir, "pods", string(pod.UID), "volumes", "kubernetes.io~csi", v.pv, "mount")
 }
 
 // image is the volume's backing file in csi-node's data directory.
@@ -310,7 +311,7 @@ func (v volume) gone(t *testing.T) {
 		_, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), v.pv, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
-	for _, m := range mountsUnder(c.kubeletDir) {
+	for _, m := range mountsIn(c.ns.mountinfo(), nodeKubeletDir) {
 		if strings.Contains(m, v.pv) || strings.HasPrefix(m, filepath.Dir(v.stagingPath())) {
 			t.Errorf("still mounted: %s", m)
 		}
@@ -340,11 +341,12 @@ func release(t *testing.T, v volume, claimName string, pods ...string) {
 	t.Logf("csi-node's calls for %s (claim %s):%s", v.handle, claimName, describe(v.calls(t)))
 }
 
-// mountID identifies the mount at path by the kernel's unique mount ID
-// (statx STATX_MNT_ID_UNIQUE, never reused, unlike mountinfo's), or is ""
-// when nothing is mounted there.
+// mountID identifies the mount at path on the node by the kernel's unique
+// mount ID (statx STATX_MNT_ID_UNIQUE, never reused, unlike mountinfo's),
+// or is "" when nothing is mounted there.
 func mountID(t *testing.T, path string) string {
 	t.Helper()
+	path = c.ns.path(path)
 	var st, parent unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID_UNIQUE, &st); err != nil {
 		return ""
@@ -361,9 +363,10 @@ func mountID(t *testing.T, path string) string {
 	return strconv.FormatUint(st.Mnt_id, 10)
 }
 
-// mountLines describes every mount at path, to explain a failure.
+// mountLines describes every mount at path on the node, to explain a
+// failure.
 func mountLines(path string) string {
-	mounts, err := devices.ReadMounts("/proc/self/mountinfo")
+	mounts, err := devices.ReadMounts(c.ns.mountinfo())
 	if err != nil {
 		return err.Error()
 	}

@@ -14,6 +14,9 @@ import (
 var c *cluster
 
 func TestMain(m *testing.M) {
+	if len(os.Args) == 2 && os.Args[0] == nodeInitName {
+		runNodeInit(os.Args[1])
+	}
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Println("e2e: skipped: a kubelet, containerd and mounts need root")

@@ -96,7 +96,7 @@ state = %q
 		return err
 	}
 	var err error
-	c.containerdProc, err = startProc(c.logs, "containerd", "containerd", "--config", cfgPath)
+	c.containerdProc, err = c.ns.start(c.logs, "containerd", "containerd", "--config", cfgPath)
 	if err != nil {
 		return err
 	}
@@ -177,10 +177,10 @@ nodeStatusUpdateFrequency: 2s
 // wrote; restartKubelet calls it again.
 func (c *cluster) runKubelet() error {
 	var err error
-	c.kubelet, err = startProc(c.logs, "kubelet", filepath.Join(c.bin, "kubelet"),
+	c.kubelet, err = c.ns.start(c.logs, "kubelet", filepath.Join(c.bin, "kubelet"),
 		"--config="+filepath.Join(c.dir, "kubelet.yaml"),
 		"--kubeconfig="+c.pki.path("kubelet.kubeconfig"),
-		"--root-dir="+c.kubeletDir,
+		"--root-dir="+nodeKubeletDir,
 		"--cert-dir="+filepath.Join(c.dir, "kubelet-pki"),
 		"--hostname-override="+c.node,
 		"-v=2",
@@ -203,7 +203,7 @@ func (c *cluster) startCSINode(ctx context.Context) error {
 		return err
 	}
 	if c.registrar == nil {
-		r, err := startRegistrar(c.kubeletDir, driverName, c.csiSock)
+		r, err := startRegistrar(c.kubeletDir, driverName, c.nodeCSISock())
 		if err != nil {
 			return err
 		}
@@ -212,14 +212,26 @@ func (c *cluster) startCSINode(ctx context.Context) error {
 	return c.waitRegistered(ctx, before)
 }
 
+// nodeCSISock is csi-node's CSI socket as the node sees it.
+func (c *cluster) nodeCSISock() string {
+	return filepath.Join(nodeKubeletDir, "plugins", driverName, "csi.sock")
+}
+
+// startNodeNS sets up the node's namespaces (see nodens.go).
+func (c *cluster) startNodeNS(context.Context) error {
+	var err error
+	c.ns, err = startNodeNS(c.logs, c.kubeletDir)
+	return err
+}
+
 // runCSINode starts csi-node and waits for its socket to answer.
 func (c *cluster) runCSINode(ctx context.Context) error {
 	var err error
-	c.csiNode, err = startProc(c.logs, "csi-node", c.csiBinary,
-		"--endpoint=unix://"+c.csiSock,
+	c.csiNode, err = c.ns.start(c.logs, "csi-node", c.csiBinary,
+		"--endpoint=unix://"+c.nodeCSISock(),
 		"--node-id="+c.node,
 		"--state-dir="+c.stateDir,
-		"--kubelet-dir="+c.kubeletDir,
+		"--kubelet-dir="+nodeKubeletDir,
 		// Every call is logged at -v 4: the suite reads the kubelet's calls
 		// from the log.
 		"-v=4",

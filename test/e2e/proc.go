@@ -16,8 +16,11 @@ type proc struct {
 	name string
 	log  string
 	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // of Wait, once done is closed
+	// target is the process signals go to when it is not cmd's: the
+	// daemon that nsenter runs and waits for (nodeNS.start).
+	target *os.Process
+	done   chan struct{}
+	err    error // of Wait, once done is closed
 }
 
 func startProc(logDir, name string, bin string, args ...string) (*proc, error) {
@@ -54,9 +57,14 @@ func (p *proc) exited() bool {
 // signal sends sig unless the process has already ended. os.Process signals
 // through a pidfd, so a recycled PID is never hit.
 func (p *proc) signal(sig syscall.Signal) {
-	if !p.exited() {
-		p.cmd.Process.Signal(sig)
+	if p.exited() {
+		return
 	}
+	if p.target != nil {
+		p.target.Signal(sig)
+		return
+	}
+	p.cmd.Process.Signal(sig)
 }
 
 // stop sends SIGTERM, then SIGKILL after grace, and waits for the exit.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -158,6 +159,8 @@ func (p *provisioner) provision(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Each claim on its own, as in reclaim.
+	var errs []error
 	for i := range claims.Items {
 		pvc := &claims.Items[i]
 		selected := pvc.Annotations["volume.kubernetes.io/selected-node"]
@@ -183,14 +186,15 @@ func (p *provisioner) provision(ctx context.Context) error {
 			}
 			pvc.Annotations["volume.kubernetes.io/selected-node"] = p.node
 			if pvc, err = p.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
-				return fmt.Errorf("claim %s/%s for this node: %w", claims.Items[i].Namespace, claims.Items[i].Name, err)
+				errs = append(errs, fmt.Errorf("claim %s/%s for this node: %w", claims.Items[i].Namespace, claims.Items[i].Name, err))
+				continue
 			}
 		}
 		if err := p.provisionOne(ctx, pvc, sc); err != nil {
-			return fmt.Errorf("provision %s/%s: %w", pvc.Namespace, pvc.Name, err)
+			errs = append(errs, fmt.Errorf("provision %s/%s: %w", pvc.Namespace, pvc.Name, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // allowed reports whether the class's allowedTopologies admit this node
@@ -293,12 +297,15 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	return err
 }
 
-// reclaim deletes the volumes whose claims are gone.
+// reclaim deletes the volumes whose claims are gone. As in
+// external-provisioner, each volume is retried on its own: one that cannot
+// be deleted yet (still staged, say) holds no other back.
 func (p *provisioner) reclaim(ctx context.Context) error {
 	pvs, err := p.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
+	var errs []error
 	for _, pv := range pvs.Items {
 		if pv.Annotations["pv.kubernetes.io/provisioned-by"] != driverName || pv.Status.Phase != corev1.VolumeReleased ||
 			pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete || pv.Spec.CSI == nil {
@@ -308,11 +315,12 @@ func (p *provisioner) reclaim(ctx context.Context) error {
 		_, err := p.ctrl.DeleteVolume(cctx, &csi.DeleteVolumeRequest{VolumeId: pv.Spec.CSI.VolumeHandle})
 		cancel()
 		if err != nil {
-			return fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
+			errs = append(errs, fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err))
+			continue
 		}
 		if err := p.client.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return err
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -29,6 +30,8 @@ func (p *provisioner) resize(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Each claim on its own, as in reclaim.
+	var errs []error
 	for i := range claims.Items {
 		pvc := &claims.Items[i]
 		want, have := pvc.Spec.Resources.Requests[corev1.ResourceStorage], pvc.Status.Capacity[corev1.ResourceStorage]
@@ -46,10 +49,10 @@ func (p *provisioner) resize(ctx context.Context) error {
 			continue
 		}
 		if err := p.resizeOne(ctx, pvc, pv, want); err != nil {
-			return fmt.Errorf("resize %s/%s: %w", pvc.Namespace, pvc.Name, err)
+			errs = append(errs, fmt.Errorf("resize %s/%s: %w", pvc.Namespace, pvc.Name, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, want resource.Quantity) error {

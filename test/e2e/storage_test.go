@@ -147,7 +147,8 @@ func readSkips(path string) ([]skip, error) {
 // junitSuite is the part of a JUnit report the summary needs.
 type junitSuite struct {
 	Cases []struct {
-		Name    string `xml:"name,attr"`
+		Name    string  `xml:"name,attr"`
+		Time    float64 `xml:"time,attr"`
 		Skipped *struct {
 			Message string `xml:"message,attr"`
 		} `xml:"skipped"`
@@ -186,6 +187,11 @@ func readJUnit(path string, skips []skip) (string, []string, error) {
 	suiteWhy := map[string]int{}
 	listWhy := map[string]int{}
 	var failed []string
+	type took struct {
+		name string
+		secs float64
+	}
+	var ran []took
 	for _, tc := range r.Cases {
 		m := testsuiteOf.FindStringSubmatch(tc.Name)
 		if m == nil {
@@ -210,9 +216,11 @@ func readJUnit(path string, skips []skip) (string, []string, error) {
 		case tc.Failure != nil || tc.Error != nil:
 			cn.ran++
 			failed = append(failed, tc.Name)
+			ran = append(ran, took{tc.Name, tc.Time})
 		default:
 			cn.ran++
 			cn.passed++
+			ran = append(ran, took{tc.Name, tc.Time})
 		}
 	}
 	var sb strings.Builder
@@ -232,6 +240,12 @@ func readJUnit(path string, skips []skip) (string, []string, error) {
 	}
 	reasons("skipped by the suite, which says why", suiteWhy)
 	reasons("left out by the skip list (test/e2e/storage/skip.txt) or as serial", listWhy)
+	// A test that waits out a timeout and still passes shows here.
+	slices.SortFunc(ran, func(a, b took) int { return cmp.Compare(b.secs, a.secs) })
+	fmt.Fprintf(&sb, "slowest:\n")
+	for _, t := range ran[:min(5, len(ran))] {
+		fmt.Fprintf(&sb, "%6.0fs  %s\n", t.secs, t.name)
+	}
 	return sb.String(), failed, nil
 }
 

@@ -46,6 +46,11 @@ func (c *cluster) down() []string {
 	if c.csiNode != nil {
 		c.csiNode.stop(10 * time.Second)
 	}
+	// Whatever still runs in the node's namespaces dies with their init,
+	// and their mounts go with them.
+	if c.ns != nil {
+		c.ns.init.kill()
+	}
 	for _, p := range []*proc{c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
 		if p != nil {
 			p.stop(20 * time.Second)
@@ -302,7 +307,13 @@ func removeLogLinks(dir string) {
 // mountsUnder lists the mount points under dir (dir included), deepest
 // first, as converge's own device layer reads them.
 func mountsUnder(dir string) []string {
-	mounts, err := devices.ReadMounts("/proc/self/mountinfo")
+	return mountsIn("/proc/self/mountinfo", dir)
+}
+
+// mountsIn lists the mount points of a mount table (a mountinfo file) at
+// or under dir, deepest first.
+func mountsIn(mountinfo, dir string) []string {
+	mounts, err := devices.ReadMounts(mountinfo)
 	if err != nil {
 		return nil
 	}

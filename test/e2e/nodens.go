@@ -1,0 +1,170 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The node's daemons (containerd with its containers, the kubelet,
+// csi-node) run in a mount and PID namespace of the node's own, as on a
+// machine of their own:
+//   - its PID 1 is ours, so that what enters "the host" through
+//     /proc/1/ns/mnt, as the storage suite's HostExec pods do
+//     (nsenter --mount=/rootfs/proc/1/ns/mnt), enters the node's mount
+//     namespace; on this machine kind nobody may open the real PID 1's;
+//   - the kubelet's root directory is /var/lib/kubelet there, the path the
+//     suite's tests look in, bound from the run's directory;
+//   - every mount the node makes stays in it and goes with it: the test
+//     process sees them through /proc/<init>/root and /proc/<init>/mountinfo
+//     (nodePath, nodeMounts).
+//
+// The namespaces' PID 1 is this test binary, started again as nodeInitName:
+// it mounts the namespace's /proc and the kubelet directory, then only reaps
+// orphans. It dies with the test process (Pdeathsig), and the kernel then
+// kills everything in the namespace.
+
+// nodeInitName is the name (argv[0]) under which the test binary runs as
+// the node's init; its argument is the run's kubelet directory.
+const nodeInitName = "converge-e2e-node-init"
+
+// nodeKubeletDir is the kubelet's root directory as the node sees it.
+const nodeKubeletDir = "/var/lib/kubelet"
+
+// runNodeInit is the node's init: TestMain runs it instead of the tests when
+// the binary is started as nodeInitName. It never returns.
+func runNodeInit(kubeletDir string) {
+	fail := func(err error) {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", nodeInitName, err)
+		os.Exit(1)
+	}
+	// Nothing of the node's propagates to the host's mounts, nor back.
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		fail(fmt.Errorf("make / private: %w", err))
+	}
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		fail(fmt.Errorf("mount the namespace's /proc: %w", err))
+	}
+	if err := os.MkdirAll(nodeKubeletDir, 0o755); err != nil {
+		fail(err)
+	}
+	if err := unix.Mount(kubeletDir, nodeKubeletDir, "", unix.MS_BIND, ""); err != nil {
+		fail(fmt.Errorf("bind %s at %s: %w", kubeletDir, nodeKubeletDir, err))
+	}
+	chld := make(chan os.Signal, 1)
+	signal.Notify(chld, syscall.SIGCHLD)
+	fmt.Println("ready")
+	for {
+		// Orphans of the namespace (a shim's parent, a daemon nsenter
+		// no longer waits for) become this process's children.
+		for {
+			pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+		<-chld
+	}
+}
+
+// nodeNS is the node's namespaces, held by their init.
+type nodeNS struct {
+	init *proc
+}
+
+// startNodeNS starts the node's init and waits until it has set the
+// namespaces up.
+func startNodeNS(logDir, kubeletDir string) (*nodeNS, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	log := filepath.Join(logDir, "node-init.log")
+	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	cmd := &exec.Cmd{Path: self, Args: []string{nodeInitName, kubeletDir}, Stdout: w, Stderr: f}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
+		Setpgid:    true,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start the node's init: %w", err)
+	}
+	p := &proc{name: "node-init", log: log, cmd: cmd, done: make(chan struct{})}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	if line != "ready\n" {
+		p.kill()
+		return nil, fmt.Errorf("the node's init did not come up (%v): %s", p.err, tailFile(log, 10))
+	}
+	return &nodeNS{init: p}, nil
+}
+
+// pid is the init's PID as the test process sees it.
+func (n *nodeNS) pid() int { return n.init.cmd.Process.Pid }
+
+// path is where the test process reaches path of the node's mount
+// namespace.
+func (n *nodeNS) path(path string) string {
+	return fmt.Sprintf("/proc/%d/root%s", n.pid(), path)
+}
+
+// mountinfo is the node's mount table.
+func (n *nodeNS) mountinfo() string {
+	return fmt.Sprintf("/proc/%d/mountinfo", n.pid())
+}
+
+// run runs a command in the node's mount namespace and returns its output.
+func (n *nodeNS) run(bin string, args ...string) (string, error) {
+	out, err := exec.Command("nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--", bin}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// start starts a daemon in the node's namespaces. nsenter runs it as its
+// child and ends with it, but forwards no signal: the returned proc signals
+// the daemon itself.
+func (n *nodeNS) start(logDir, name, bin string, args ...string) (*proc, error) {
+	p, err := startProc(logDir, name, "nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--pid", "--", bin}, args...)...)
+	if err != nil {
+		return nil, err
+	}
+	children := fmt.Sprintf("/proc/%d/task/%d/children", p.cmd.Process.Pid, p.cmd.Process.Pid)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(children)
+		if f := strings.Fields(string(b)); len(f) == 1 {
+			pid, _ := strconv.Atoi(f[0])
+			d, err := os.FindProcess(pid) // a pidfd: a recycled PID is never hit
+			// Still nsenter's child once the pidfd is held: it is the daemon.
+			if b, _ := os.ReadFile(children); err == nil && strings.TrimSpace(string(b)) == f[0] {
+				p.target = d
+				return p, nil
+			}
+		}
+		if p.exited() || time.Now().After(deadline) {
+			p.kill()
+			return nil, fmt.Errorf("start %s in the node's namespaces (%v): %s", name, p.err, tailFile(p.log, 10))
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
