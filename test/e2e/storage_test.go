@@ -98,6 +98,10 @@ func TestExternalStorage(t *testing.T) {
 		t.Fatalf("reading the suite's report: %v (the suite: %v)\n%s", err, runErr, tailFile(log.Name(), 60))
 	}
 	t.Logf("External Storage tests per testsuite:\n%s", counts)
+	// The stand-ins retry what fails; a run that passed slowly may say why.
+	if errs := c.provisioner.errors(); len(errs) > 0 {
+		t.Logf("the provisioner's stand-in retried %d failures (the first 10 follow):\n  %s", len(errs), strings.Join(errs[:min(10, len(errs))], "\n  "))
+	}
 	for _, f := range failed {
 		t.Errorf("FAILED: %s", f)
 	}
