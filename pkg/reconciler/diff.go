@@ -7,69 +7,6 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// actionKind is what an operation does.
-type actionKind int
-
-const (
-	actUnpublish actionKind = iota
-	actUnstage
-	actStage
-	actPublish
-	// actRelease unmounts and detaches a loop device of the data directory
-	// that no stage intent references.
-	actRelease
-	// actUnmountTarget unmounts an unusable publish mount and keeps the
-	// publish, so that a later pass mounts it again.
-	actUnmountTarget
-	// actUnmountStaging unmounts an unusable staging mount and keeps the
-	// stage, so that a later pass mounts it again (after fsck).
-	actUnmountStaging
-	// actKeepDevice clears the auto-clear flag that a losetup -d from
-	// outside set on the volume's loop device.
-	actKeepDevice
-	// actUnmountStray unmounts the plugin's own mount of the volume's
-	// filesystem found at a path no record names (target is that path,
-	// mountID the mount).
-	actUnmountStray
-	// actGrowDevice makes the loop device take its grown image's size.
-	actGrowDevice
-	// actGrowFs grows the staged filesystem to fill its device.
-	actGrowFs
-	// actDetachExtra detaches a second, unmounted loop device of the
-	// volume's image (target is the device).
-	actDetachExtra
-	// actRecordMount records the unique ID of the mount at the staging
-	// path (target "") or at a target, so that the plugin knows it as its
-	// own wherever it goes later.
-	actRecordMount
-)
-
-var actionNames = [...]string{"unpublish", "unstage", "stage", "publish", "release orphan",
-	"unmount unusable target", "unmount unusable staging", "keep device", "unmount stray",
-	"grow device", "grow filesystem", "detach extra device", "record mount"}
-
-func (k actionKind) String() string { return actionNames[k] }
-
-// teardown reports whether the kind removes something.
-func (k actionKind) teardown() bool {
-	return k == actUnpublish || k == actUnstage || k == actRelease || k == actUnmountTarget || k == actUnmountStaging ||
-		k == actUnmountStray || k == actDetachExtra
-}
-
-// repair reports whether the kind undoes damage done to a live volume.
-// Repairs back off even when they succeed (see executor.blocked), so that
-// damage that comes straight back, such as a shut-down filesystem that a
-// container still holds, cannot make the loop churn.
-func (k actionKind) repair() bool {
-	return k == actUnmountTarget || k == actUnmountStaging || k == actUnmountStray || k == actDetachExtra
-}
-
-// fulfils reports whether a successful operation of the kind fulfils its
-// intent by itself: a stage leaves the filesystem mounted (or the device
-// attached), a publish leaves the bind mount. Other kinds are one step of
-// several, or serve an intent that is fulfilled when it is gone.
-func (k actionKind) fulfils() bool { return k == actStage || k == actPublish }
-
 // action is one step toward the desired state of a volume.
 type action struct {
 	kind actionKind
@@ -83,25 +20,6 @@ type action struct {
 	// reason says why the diff chose the action, for the logs.
 	reason string
 }
-
-// key returns the intent the action serves.
-func (a action) key() state.IntentKey {
-	switch a.kind {
-	case actStage, actUnstage, actRelease, actUnmountStaging, actKeepDevice, actUnmountStray, actDetachExtra:
-		return state.StageKey
-	case actGrowDevice, actGrowFs:
-		return state.ExpandKey
-	case actRecordMount:
-		if a.target == "" {
-			return state.StageKey
-		}
-	}
-	return state.PublishKey(a.target)
-}
-
-// slow reports whether the action may take long (mkfs, fsck, resize) and
-// so runs in the slow pool.
-func (a action) slow() bool { return a.kind == actStage || a.kind == actGrowFs }
 
 func (a action) String() string {
 	if a.target != "" {

@@ -173,7 +173,7 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() e
 	e.mu.Unlock()
 
 	slots := e.fastSlots
-	if act.slow() {
+	if act.kind.spec().slow {
 		slots = e.slowSlots
 	}
 	e.wg.Add(1)
@@ -203,7 +203,7 @@ func (e *executor) finish(id string, act action, err error) *failure {
 		if f := e.failures[id]; f != nil && sameAction(f.act, act) {
 			delete(e.failures, id)
 		}
-		if act.kind.repair() {
+		if act.kind.spec().repair {
 			if e.repairs[id] == nil {
 				e.repairs[id] = map[string]*failure{}
 			}
@@ -227,9 +227,10 @@ func (e *executor) finish(id string, act action, err error) *failure {
 	f.next = e.clock.Now().Add(backoff(e.initial, e.max, f.attempts))
 	// A terminal failure of a set-up withdraws its intent, so nothing
 	// retries it, except a stage that lost its data, which is retried on
-	// purpose (see Reconciler.finished). Any other terminal failure would
-	// come back the same.
-	f.final = f.err.Terminal && act.kind != actStage
+	// purpose, and any set-up whose withdrawal could not be recorded (see
+	// Reconciler.finished). Any other terminal failure would come back the
+	// same.
+	f.final = f.err.Terminal && act.kind.spec().final != finalWithdraws
 	c := *f
 	return &c
 }

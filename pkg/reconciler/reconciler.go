@@ -341,7 +341,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	started := 0
 	for _, teardown := range []bool{true, false} {
 		for _, p := range plans {
-			if p.act.kind.teardown() != teardown {
+			if p.act.kind.spec().teardown != teardown {
 				continue
 			}
 			busy, retryAt := r.exec.blocked(p.v.ID, p.act, epoch)
@@ -456,45 +456,17 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 
 // startOp runs the operation for act in the executor.
 func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, act action) {
-	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "action", act.kind.String())
+	spec := act.kind.spec()
+	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "action", spec.name)
 	if act.target != "" {
 		logger = logger.WithValues("targetPath", act.target)
 	}
 	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
 	// A stage or publish of an intent already seen fulfilled makes again
 	// what was lost.
-	repairing := act.kind.fulfils() && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
+	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
 	begin := r.cfg.Clock.Now()
-	op := func() error {
-		switch act.kind {
-		case actStage:
-			return r.stage(v, a)
-		case actPublish:
-			return r.publish(v, a, act.target)
-		case actUnpublish:
-			return r.unpublish(v, a, act.target)
-		case actRelease:
-			return r.release(a)
-		case actUnmountTarget:
-			return r.unmountTarget(act.target)
-		case actUnmountStray:
-			return r.unmountStray(act.target, act.mountID)
-		case actRecordMount:
-			return r.recordMount(v.ID, act)
-		case actUnmountStaging:
-			return r.unmountStaging(v)
-		case actKeepDevice:
-			return r.keepDevice(a)
-		case actGrowDevice:
-			return r.growDevice(a)
-		case actDetachExtra:
-			return r.cfg.Loops.Detach(act.target)
-		case actGrowFs:
-			return r.growFs(v, a)
-		default:
-			return r.unstage(v, a)
-		}
-	}
+	op := func() error { return spec.run(r, v, a, act) }
 	r.exec.start(ctx, v.ID, act, op, func(err error, f *failure) {
 		result := "ok"
 		switch {
@@ -502,10 +474,10 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 			result = "terminal"
 		case err != nil:
 			result = "error"
-		case repairing || act.kind.repair() || act.kind == actKeepDevice || act.kind == actRelease:
-			r.cfg.Recorder.Repaired(act.kind.String())
+		case repairing || spec.counted:
+			r.cfg.Recorder.Repaired(spec.name)
 		}
-		r.cfg.Recorder.OperationDone(act.kind.String(), result, r.cfg.Clock.Since(begin))
+		r.cfg.Recorder.OperationDone(spec.name, result, r.cfg.Clock.Since(begin))
 		if err != nil {
 			// The outcome is recorded (a terminal failure withdraws its
 			// intent) before the pass that acts on it is kicked.
@@ -516,12 +488,12 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 		// The pass that verifies what the operation did, and takes the
 		// volume's next step, comes a moment later (KickSoon).
 		r.KickSoon()
-		if act.kind.fulfils() {
+		if spec.fulfils {
 			// As the kubelet marks a volume mounted when its operation
 			// succeeds: the waiting request answers now, without waiting
 			// for a pass to observe the mount.
 			path := act.target
-			if act.kind == actStage {
+			if act.key() == state.StageKey {
 				path = v.Stage.Path
 			}
 			r.cfg.Store.Fulfilled(v.ID, act.key(), act.generation, path)
@@ -547,28 +519,29 @@ func (r *Reconciler) finished(logger klog.Logger, id string, act action, err err
 		return
 	}
 	e := state.AsError(err)
+	spec := act.kind.spec()
 	switch {
-	case e.Terminal && act.key() == state.ExpandKey:
+	case e.Terminal && spec.final == finalRecorded:
 		// The expansion stays recorded (the device may have grown) and is
 		// not tried again until it changes; its request answers this.
 		logger.Error(err, "Growth failed for good; not retrying it until the expansion changes", "kind", e.Kind.String())
 		r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
 		return
-	case !e.Terminal || act.kind != actStage && act.kind != actPublish && act.kind != actUnstage:
+	case !e.Terminal || spec.final == finalHolds:
 		logger.Error(err, "Operation failed; will retry", "attempts", f.attempts, "nextRetry", f.next)
 		return
-	case repairing && act.kind == actStage && e.Kind == state.KindDataLoss:
+	case repairing && act.key() == state.StageKey && e.Kind == state.KindDataLoss:
 		logger.Error(err, "Volume lost its data; keeping the stage, never formatting it", "attempts", f.attempts, "nextRetry", f.next)
 		return
-	case act.kind == actUnstage:
+	case spec.final == finalKeepsStaged:
 		logger.Error(err, "Unstage refused; the volume stays staged", "kind", e.Kind.String())
 	default:
 		logger.Error(err, "Operation failed terminally; withdrawing the intent", "kind", e.Kind.String())
 	}
 	r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
 	_, uerr := r.cfg.Store.Update(id, func(v *state.Volume) error {
-		switch act.kind {
-		case actStage:
+		switch {
+		case spec.final == finalWithdraws && act.key() == state.StageKey:
 			if st := v.Stage; st != nil && st.Generation == act.generation && !st.Deleting {
 				st.Deleting = true
 				for t, p := range v.Publishes {
@@ -578,11 +551,11 @@ func (r *Reconciler) finished(logger klog.Logger, id string, act action, err err
 					}
 				}
 			}
-		case actUnstage:
+		case spec.final == finalKeepsStaged:
 			if st := v.Stage; st != nil && st.Generation == act.generation && st.Deleting {
 				st.Deleting = false
 			}
-		case actPublish:
+		case spec.final == finalWithdraws:
 			if p := v.Publishes[act.target]; p != nil && p.Generation == act.generation && !p.Deleting {
 				p.Deleting = true
 			}

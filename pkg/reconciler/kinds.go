@@ -1,0 +1,173 @@
+package reconciler
+
+import "github.com/converge-csi/converge/pkg/state"
+
+// actionKind is what an operation does. Everything the reconciler knows of
+// a kind is its entry in kinds.
+type actionKind int
+
+const (
+	actUnpublish actionKind = iota
+	actUnstage
+	actStage
+	actPublish
+	actRelease
+	actUnmountTarget
+	actUnmountStaging
+	actKeepDevice
+	actUnmountStray
+	actGrowDevice
+	actGrowFs
+	actDetachExtra
+	actRecordMount
+
+	// kindCount is the number of kinds; kinds has an entry for each.
+	kindCount
+)
+
+// intent names the intent an action serves, which keys its result and its
+// final.
+type intent int
+
+const (
+	// forStage: the stage (and the release of an orphan, which has none).
+	forStage intent = iota + 1
+	// forPublish: the publish at the action's target.
+	forPublish
+	// forExpand: the expansion.
+	forExpand
+	// forStageOrPublish: the stage when the action has no target, else
+	// the publish at its target.
+	forStageOrPublish
+)
+
+// onFinal says what a terminal failure of a kind does to its intent. (Any
+// failure that is not terminal is retried with backoff.)
+type onFinal int
+
+const (
+	// finalHolds: the intent stays, and the action is not tried again
+	// until the intent's generation changes: it would fail the same way.
+	finalHolds onFinal = iota + 1
+	// finalWithdraws: the intent is withdrawn and rolled back, a failed
+	// stage taking its publishes along. The action is tried again only
+	// while the withdrawal cannot be recorded, and for a stage that lost
+	// its data (kept, retried with backoff and reported).
+	finalWithdraws
+	// finalKeepsStaged: the withdrawal of the stage is cancelled, and the
+	// volume stays staged.
+	finalKeepsStaged
+	// finalRecorded: the final is recorded for the intent's request, the
+	// intent stays, and the action is not tried again until the intent's
+	// generation changes.
+	finalRecorded
+)
+
+// kindSpec is everything the reconciler knows of one kind of action.
+type kindSpec struct {
+	name string
+	// teardown: it removes something; a pass starts teardowns first.
+	teardown bool
+	// repair: it undoes damage done to a live volume. Repairs back off
+	// even when they succeed (see executor.blocked), so that damage that
+	// comes straight back, such as a shut-down filesystem that a container
+	// still holds, cannot make the loop churn.
+	repair bool
+	// counted: a success is counted as a repair in the metrics (every
+	// repair, and the kinds that undo what someone did from outside).
+	counted bool
+	// fulfils: a success fulfils its intent by itself (a stage leaves the
+	// filesystem mounted or the device attached, a publish the bind
+	// mount). Other kinds are one step of several, or serve an intent
+	// that is fulfilled when it is gone.
+	fulfils bool
+	// slow: it may take long (mkfs, fsck, resize), so it runs in the slow
+	// pool.
+	slow bool
+	// serves is the intent the action serves.
+	serves intent
+	// final is what a terminal failure does to that intent.
+	final onFinal
+	// run performs the action on the volume whose record (v) and actual
+	// state (a) the pass saw.
+	run func(r *Reconciler, v *state.Volume, a *actual, act action) error
+}
+
+// kinds is the table of action kinds. init fills it: its run functions
+// reach code that reads it, which a variable's initializer may not.
+var kinds [kindCount]kindSpec
+
+func init() { kinds = kindTable() }
+
+func kindTable() [kindCount]kindSpec {
+	return [kindCount]kindSpec{
+		actUnpublish: {name: "unpublish", teardown: true, serves: forPublish, final: finalHolds,
+			run: func(r *Reconciler, v *state.Volume, a *actual, act action) error {
+				return r.unpublish(v, a, act.target)
+			}},
+		actUnstage: {name: "unstage", teardown: true, serves: forStage, final: finalKeepsStaged,
+			run: func(r *Reconciler, v *state.Volume, a *actual, _ action) error { return r.unstage(v, a) }},
+		actStage: {name: "stage", fulfils: true, slow: true, serves: forStage, final: finalWithdraws,
+			run: func(r *Reconciler, v *state.Volume, a *actual, _ action) error { return r.stage(v, a) }},
+		actPublish: {name: "publish", fulfils: true, serves: forPublish, final: finalWithdraws,
+			run: func(r *Reconciler, v *state.Volume, a *actual, act action) error { return r.publish(v, a, act.target) }},
+		// Unmounts and detaches a loop device of the data directory that no
+		// stage references.
+		actRelease: {name: "release orphan", teardown: true, counted: true, serves: forStage, final: finalHolds,
+			run: func(r *Reconciler, _ *state.Volume, a *actual, _ action) error { return r.release(a) }},
+		// Unmounts an unusable publish mount and keeps the publish, so that a
+		// later pass mounts it again.
+		actUnmountTarget: {name: "unmount unusable target", teardown: true, repair: true, counted: true, serves: forPublish, final: finalHolds,
+			run: func(r *Reconciler, _ *state.Volume, _ *actual, act action) error { return r.unmountTarget(act.target) }},
+		// Unmounts an unusable staging mount and keeps the stage, so that a
+		// later pass mounts it again (after fsck).
+		actUnmountStaging: {name: "unmount unusable staging", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
+			run: func(r *Reconciler, v *state.Volume, _ *actual, _ action) error { return r.unmountStaging(v) }},
+		// Clears the auto-clear flag that a losetup -d from outside set on the
+		// volume's loop device.
+		actKeepDevice: {name: "keep device", counted: true, serves: forStage, final: finalHolds,
+			run: func(r *Reconciler, _ *state.Volume, a *actual, _ action) error { return r.keepDevice(a) }},
+		// Unmounts the plugin's own mount of the volume's filesystem found at a
+		// path no record names (target is that path, mountID the mount).
+		actUnmountStray: {name: "unmount stray", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
+			run: func(r *Reconciler, _ *state.Volume, _ *actual, act action) error {
+				return r.unmountStray(act.target, act.mountID)
+			}},
+		// Makes the loop device take its grown image's size.
+		actGrowDevice: {name: "grow device", serves: forExpand, final: finalRecorded,
+			run: func(r *Reconciler, _ *state.Volume, a *actual, _ action) error { return r.growDevice(a) }},
+		// Grows the staged filesystem to fill its device.
+		actGrowFs: {name: "grow filesystem", slow: true, serves: forExpand, final: finalRecorded,
+			run: func(r *Reconciler, v *state.Volume, a *actual, _ action) error { return r.growFs(v, a) }},
+		// Detaches a second, unmounted loop device of the volume's image
+		// (target is the device).
+		actDetachExtra: {name: "detach extra device", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
+			run: func(r *Reconciler, _ *state.Volume, _ *actual, act action) error {
+				return r.cfg.Loops.Detach(act.target)
+			}},
+		// Records the unique ID of the mount at the staging path (target "")
+		// or at a target, so that the plugin knows it as its own wherever it
+		// goes later.
+		actRecordMount: {name: "record mount", serves: forStageOrPublish, final: finalHolds,
+			run: func(r *Reconciler, v *state.Volume, _ *actual, act action) error { return r.recordMount(v.ID, act) }},
+	}
+}
+
+func (k actionKind) spec() *kindSpec { return &kinds[k] }
+
+func (k actionKind) String() string { return kinds[k].name }
+
+// key returns the intent the action serves.
+func (a action) key() state.IntentKey {
+	switch a.kind.spec().serves {
+	case forStage:
+		return state.StageKey
+	case forExpand:
+		return state.ExpandKey
+	case forStageOrPublish:
+		if a.target == "" {
+			return state.StageKey
+		}
+	}
+	return state.PublishKey(a.target)
+}
