@@ -111,7 +111,7 @@ type Config struct {
 	Filesystems Filesystems
 	Paths       Paths
 	Images      Images
-	Clock       clock.WithTicker
+	Clock       clock.WithTickerAndDelayedExecution
 	// Static resolves static volumes' devices; nil when they are off.
 	Static Static
 	// Recorder receives operations and passes, for metrics; nil for none.
@@ -220,7 +220,7 @@ func (r *Reconciler) KickSoon() {
 		return
 	}
 	r.soon = true
-	time.AfterFunc(r.soonDelay, func() {
+	r.cfg.Clock.AfterFunc(r.soonDelay, func() {
 		r.soonMu.Lock()
 		soon := r.soon
 		r.soon = false

@@ -410,15 +410,21 @@ func TestKicksCoalesce(t *testing.T) {
 	}
 }
 
-// TestKickSoon checks that KickSoon kicks once after its delay however
-// often it is called meanwhile, and that a pass starting meanwhile serves it
-// instead.
+// TestKickSoon checks that KickSoon kicks once after its delay (on the
+// injected clock) however often it is called meanwhile, and that a pass
+// starting meanwhile serves it instead.
 func TestKickSoon(t *testing.T) {
 	h := newHarness(t)
 	h.r.soonDelay = time.Millisecond
 	for range 3 {
 		h.r.KickSoon()
 	}
+	select {
+	case <-h.r.kick:
+		t.Fatal("kicked before the delay passed")
+	case <-time.After(10 * time.Millisecond):
+	}
+	h.clock.Step(time.Millisecond)
 	select {
 	case <-h.r.kick:
 	case <-time.After(10 * time.Second):
@@ -436,6 +442,7 @@ func TestKickSoon(t *testing.T) {
 	if _, err := h.r.Pass(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	h.clock.Step(time.Hour)
 	h.r.soonMu.Lock()
 	soon = h.r.soon
 	h.r.soonMu.Unlock()
@@ -445,7 +452,7 @@ func TestKickSoon(t *testing.T) {
 	select {
 	case <-h.r.kick:
 		t.Error("kicked although a pass served the KickSoon")
-	default:
+	case <-time.After(20 * time.Millisecond): // the timer's function runs on its own goroutine
 	}
 }
 
@@ -470,6 +477,10 @@ func TestRunConvergesAndStops(t *testing.T) {
 		select {
 		case <-watch:
 			watch = h.store.Watch("v1")
+		case <-time.After(time.Millisecond):
+			// The pass after an operation comes a moment later
+			// (KickSoon), on the fake clock.
+			h.clock.Step(time.Millisecond)
 		case <-deadline:
 			t.Fatal("publish never became ready")
 		}
