@@ -165,9 +165,9 @@ func (e *executor) idle() bool {
 }
 
 // start runs op for volume id in the background; done is called with its
-// error after the backoff state is updated. The caller must have checked
+// outcome after the backoff state is updated. The caller must have checked
 // blocked. The operation waits for a slot of its pool or for ctx.
-func (e *executor) start(ctx context.Context, id string, act action, op func() error, done func(error, *failure)) {
+func (e *executor) start(ctx context.Context, id string, act action, op func() outcome, done func(outcome, *failure)) {
 	e.mu.Lock()
 	e.running[id] = act
 	e.mu.Unlock()
@@ -179,27 +179,27 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() e
 	e.wg.Add(1)
 	e.spawn(func() {
 		defer e.wg.Done()
-		var err error
+		var out outcome
 		select {
 		case slots <- struct{}{}:
-			err = op()
+			out = op()
 			<-slots
 		case <-ctx.Done():
-			err = ctx.Err()
+			out = outcome{retried, state.AsError(ctx.Err())}
 		}
-		f := e.finish(id, act, err)
-		done(err, f)
+		f := e.finish(id, act, out)
+		done(out, f)
 	})
 }
 
 // finish records the outcome of act and releases the volume.
-func (e *executor) finish(id string, act action, err error) *failure {
+func (e *executor) finish(id string, act action, out outcome) *failure {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	delete(e.running, id)
 	e.seq++
 	e.finished[id] = e.seq
-	if err == nil {
+	if out.err == nil {
 		if f := e.failures[id]; f != nil && sameAction(f.act, act) {
 			delete(e.failures, id)
 		}
@@ -223,14 +223,9 @@ func (e *executor) finish(id string, act action, err error) *failure {
 		e.failures[id] = f
 	}
 	f.attempts++
-	f.err = state.AsError(err)
+	f.err = out.err
 	f.next = e.clock.Now().Add(backoff(e.initial, e.max, f.attempts))
-	// A terminal failure of a set-up withdraws its intent, so nothing
-	// retries it, except a stage that lost its data, which is retried on
-	// purpose, and any set-up whose withdrawal could not be recorded (see
-	// Reconciler.finished). Any other terminal failure would come back the
-	// same.
-	f.final = f.err.Terminal && act.kind.spec().final != finalWithdraws
+	f.final = out.final()
 	c := *f
 	return &c
 }

@@ -291,9 +291,10 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	r.soonMu.Unlock()
 	start := r.cfg.Clock.Now()
 	epoch := r.exec.epoch()
-	// Intents first, then the machine: the observation must be at least as
-	// new as the intents it is compared with. The other way round, an
-	// intent written during the observation would be judged against a
+
+	// Observe. Intents first, then the machine: the observation must be at
+	// least as new as the intents it is compared with. The other way round,
+	// an intent written during the observation would be judged against a
 	// machine as it was before, say, a mount was removed, and could be
 	// refused for good.
 	vols := r.cfg.Store.List()
@@ -301,30 +302,63 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ids := make(map[string]bool, len(vols))
-	type plan struct {
-		v   *state.Volume
-		a   *actual
-		act action
+	// Plan.
+	seen, plans := r.plan(vols, snap)
+	// Report.
+	statuses := make([]VolumeStatus, 0, len(seen))
+	for _, s := range seen {
+		statuses = append(statuses, r.publishResults(ctx, s.v, s.a, r.exec.stale(s.v.ID, epoch)))
 	}
-	var plans []plan
+	r.forgetGone(vols, plans)
+	// Start.
+	started := r.startPlans(ctx, plans, epoch)
+
+	slices.SortFunc(statuses, func(a, b VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
+	r.statusMu.Lock()
+	r.status = statuses
+	r.statusMu.Unlock()
+	r.cfg.Recorder.PassDone(r.cfg.Clock.Since(start), statuses, r.exec.inBackoff())
+	return started, nil
+}
+
+// plan is the next action of one volume, with the record and the actual
+// state it was decided on.
+type plan struct {
+	v   *state.Volume
+	a   *actual
+	act action
+}
+
+// plan derives the actual state of every recorded volume from snap (seen,
+// act empty) and returns, for each volume and each orphaned device that
+// needs one, its next action.
+func (r *Reconciler) plan(vols []*state.Volume, snap *state.Snapshot) (seen, plans []plan) {
 	staged := make(map[string]bool, len(vols))
 	for _, v := range vols {
 		staged[v.ID] = v.Stage != nil
 	}
 	for id, a := range orphans(snap, r.cfg.Images, staged) {
-		ids[id] = true
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
-	statuses := make([]VolumeStatus, 0, len(vols))
 	for _, v := range vols {
-		ids[v.ID] = true
 		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		acts := diff(v, a)
-		statuses = append(statuses, r.publishResults(ctx, v, a, r.exec.stale(v.ID, epoch)))
-		if len(acts) > 0 {
+		seen = append(seen, plan{v: v, a: a})
+		if acts := diff(v, a); len(acts) > 0 {
 			plans = append(plans, plan{v: v, a: a, act: acts[0]})
 		}
+	}
+	return seen, plans
+}
+
+// forgetGone drops what the reconciler keeps of volumes that are neither
+// recorded nor planned for any more.
+func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
+	ids := make(map[string]bool, len(vols)+len(plans))
+	for _, v := range vols {
+		ids[v.ID] = true
+	}
+	for _, p := range plans {
+		ids[p.v.ID] = true
 	}
 	r.exec.forget(func(id string) bool { return ids[id] })
 	for id := range r.reported {
@@ -337,7 +371,11 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 			delete(r.fulfilled, id)
 		}
 	}
+}
 
+// startPlans starts the planned actions that are not blocked, teardowns
+// first, and notes in r.wake the earliest end of a backoff in the way.
+func (r *Reconciler) startPlans(ctx context.Context, plans []plan, epoch uint64) int {
 	started := 0
 	for _, teardown := range []bool{true, false} {
 		for _, p := range plans {
@@ -355,12 +393,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 			started++
 		}
 	}
-	slices.SortFunc(statuses, func(a, b VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
-	r.statusMu.Lock()
-	r.status = statuses
-	r.statusMu.Unlock()
-	r.cfg.Recorder.PassDone(r.cfg.Clock.Since(start), statuses, r.exec.inBackoff())
-	return started, nil
+	return started
 }
 
 // staticDevice resolves the device of a static volume; nil when v is not
@@ -466,103 +499,12 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 	// what was lost.
 	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
 	begin := r.cfg.Clock.Now()
-	op := func() error { return spec.run(r, v, a, act) }
-	r.exec.start(ctx, v.ID, act, op, func(err error, f *failure) {
-		result := "ok"
-		switch {
-		case err != nil && state.AsError(err).Terminal:
-			result = "terminal"
-		case err != nil:
-			result = "error"
-		case repairing || spec.counted:
+	op := func() outcome { return outcomeOf(act, spec.run(r, v, a, act), repairing) }
+	r.exec.start(ctx, v.ID, act, op, func(out outcome, f *failure) {
+		if out.err == nil && (repairing || spec.counted) {
 			r.cfg.Recorder.Repaired(spec.name)
 		}
-		r.cfg.Recorder.OperationDone(spec.name, result, r.cfg.Clock.Since(begin))
-		if err != nil {
-			// The outcome is recorded (a terminal failure withdraws its
-			// intent) before the pass that acts on it is kicked.
-			r.finished(logger, v.ID, act, err, f, repairing)
-			r.Kick()
-			return
-		}
-		// The pass that verifies what the operation did, and takes the
-		// volume's next step, comes a moment later (KickSoon).
-		r.KickSoon()
-		if spec.fulfils {
-			// As the kubelet marks a volume mounted when its operation
-			// succeeds: the waiting request answers now, without waiting
-			// for a pass to observe the mount.
-			path := act.target
-			if act.key() == state.StageKey {
-				path = v.Stage.Path
-			}
-			r.cfg.Store.Fulfilled(v.ID, act.key(), act.generation, path)
-		}
-		r.finished(logger, v.ID, act, nil, nil, repairing)
+		r.cfg.Recorder.OperationDone(spec.name, out.result(), r.cfg.Clock.Since(begin))
+		r.carryOut(logger, v, act, out, f)
 	})
-}
-
-// finished handles the outcome of an operation. A terminal failure of a
-// set-up withdraws its intent, so the following passes roll it back; a
-// failed stage takes the publishes on top of it along, since they can no
-// longer be fulfilled. A terminal failure of an unstage cancels the deletion
-// (the volume stays staged). Either way the finals are recorded first, so
-// that a waiter never sees an intent change without knowing why.
-//
-// A stage that was fulfilled and then lost its data (repairing) is not
-// withdrawn: no request waits for it, and rolling it back would hide the
-// loss from the pods' owners. It stays, is retried with backoff and is
-// reported as DATA_LOSS.
-func (r *Reconciler) finished(logger klog.Logger, id string, act action, err error, f *failure, repairing bool) {
-	if err == nil {
-		logger.Info("Operation succeeded", "reason", act.reason, "generation", act.generation)
-		return
-	}
-	e := state.AsError(err)
-	spec := act.kind.spec()
-	switch {
-	case e.Terminal && spec.final == finalRecorded:
-		// The expansion stays recorded (the device may have grown) and is
-		// not tried again until it changes; its request answers this.
-		logger.Error(err, "Growth failed for good; not retrying it until the expansion changes", "kind", e.Kind.String())
-		r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
-		return
-	case !e.Terminal || spec.final == finalHolds:
-		logger.Error(err, "Operation failed; will retry", "attempts", f.attempts, "nextRetry", f.next)
-		return
-	case repairing && act.key() == state.StageKey && e.Kind == state.KindDataLoss:
-		logger.Error(err, "Volume lost its data; keeping the stage, never formatting it", "attempts", f.attempts, "nextRetry", f.next)
-		return
-	case spec.final == finalKeepsStaged:
-		logger.Error(err, "Unstage refused; the volume stays staged", "kind", e.Kind.String())
-	default:
-		logger.Error(err, "Operation failed terminally; withdrawing the intent", "kind", e.Kind.String())
-	}
-	r.cfg.Store.SetFinal(id, act.key(), state.Final{Generation: act.generation, Err: e})
-	_, uerr := r.cfg.Store.Update(id, func(v *state.Volume) error {
-		switch {
-		case spec.final == finalWithdraws && act.key() == state.StageKey:
-			if st := v.Stage; st != nil && st.Generation == act.generation && !st.Deleting {
-				st.Deleting = true
-				for t, p := range v.Publishes {
-					if !p.Deleting {
-						r.cfg.Store.SetFinal(id, state.PublishKey(t), state.Final{Generation: p.Generation, Err: state.Terminalf(e.Kind, "staging failed: %s", e.Message)})
-						p.Deleting = true
-					}
-				}
-			}
-		case spec.final == finalKeepsStaged:
-			if st := v.Stage; st != nil && st.Generation == act.generation && st.Deleting {
-				st.Deleting = false
-			}
-		case spec.final == finalWithdraws:
-			if p := v.Publishes[act.target]; p != nil && p.Generation == act.generation && !p.Deleting {
-				p.Deleting = true
-			}
-		}
-		return nil
-	})
-	if uerr != nil {
-		logger.Error(uerr, "Cannot record the outcome; will retry the operation")
-	}
 }

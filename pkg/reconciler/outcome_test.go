@@ -1,0 +1,49 @@
+package reconciler
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// TestOutcomeOf checks what the end of each kind of operation calls for:
+// the one decision every operation's end goes through.
+func TestOutcomeOf(t *testing.T) {
+	transient := errors.New("device busy")
+	refused := state.Terminalf(state.KindFailedPrecondition, "refused")
+	lost := state.Terminalf(state.KindDataLoss, "no filesystem where one was made")
+	for _, tc := range []struct {
+		name      string
+		act       action
+		err       error
+		repairing bool
+		want      effect
+		final     bool
+	}{
+		{"success", action{kind: actStage}, nil, false, succeeded, false},
+		{"transient failure of a set-up", action{kind: actStage}, transient, false, retried, false},
+		{"transient failure of a teardown", action{kind: actUnstage}, transient, false, retried, false},
+		{"refused stage", action{kind: actStage}, refused, false, withdrawn, false},
+		{"refused publish", action{kind: actPublish, target: "/t"}, refused, false, withdrawn, false},
+		{"refused unstage", action{kind: actUnstage}, refused, false, keptStaged, true},
+		{"refused growth", action{kind: actGrowFs}, refused, false, heldAndAnswered, true},
+		{"refused device growth", action{kind: actGrowDevice}, refused, false, heldAndAnswered, true},
+		{"refused unpublish", action{kind: actUnpublish, target: "/t"}, refused, false, held, true},
+		{"refused repair", action{kind: actUnmountStaging}, refused, false, held, true},
+		{"first stage finds no filesystem", action{kind: actStage}, lost, false, withdrawn, false},
+		{"fulfilled stage lost its data", action{kind: actStage}, lost, true, keptLost, false},
+		{"re-publish refused", action{kind: actPublish, target: "/t"}, lost, true, withdrawn, false},
+	} {
+		out := outcomeOf(tc.act, tc.err, tc.repairing)
+		if out.effect != tc.want {
+			t.Errorf("%s: effect %d, want %d", tc.name, out.effect, tc.want)
+		}
+		if out.final() != tc.final {
+			t.Errorf("%s: final %v, want %v", tc.name, out.final(), tc.final)
+		}
+		if (out.err == nil) != (tc.err == nil) {
+			t.Errorf("%s: error %v from %v", tc.name, out.err, tc.err)
+		}
+	}
+}
