@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -228,6 +229,19 @@ func (e *executor) finish(id string, act action, out outcome) *failure {
 	f.final = out.final()
 	c := *f
 	return &c
+}
+
+// prune drops the failure of volume id unless its action is among acts,
+// the actions the volume needs now: a failure of an action no longer
+// planned (its intent changed or was withdrawn, or it was done otherwise)
+// is history, and must neither be reported nor hold anything back.
+func (e *executor) prune(id string, acts []action) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	f := e.failures[id]
+	if f != nil && !slices.ContainsFunc(acts, func(a action) bool { return sameAction(a, f.act) }) {
+		delete(e.failures, id)
+	}
 }
 
 // forget drops the backoff state of a volume that has no record any more.

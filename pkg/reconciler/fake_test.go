@@ -189,10 +189,12 @@ func (w *fakeWorld) removeSubPathsLocked(pod string) {
 	}
 }
 
-// unmountLocked removes the i-th mount; w.mu must be held.
+// unmountLocked removes the i-th mount, and with it an auto-clearing
+// device it was the last user of; w.mu must be held.
 func (w *fakeWorld) unmountLocked(i int) {
 	delete(w.unique, w.mounts[i].ID)
 	w.mounts = append(w.mounts[:i], w.mounts[i+1:]...)
+	w.autoclearLocked()
 }
 
 func (w *fakeWorld) UnmountOwned(target string, id uint64) error {
@@ -336,10 +338,18 @@ func (w *fakeWorld) Keep(dev string) error {
 	})
 }
 
+// partitionTable in fakeWorld.fs stands for a device that carries a
+// partition table rather than a filesystem.
+const partitionTable = "<partition table>"
+
 func (w *fakeWorld) DiskFormat(dev string) (string, error) {
 	var fs string
 	err := w.do("blkid", func() string { return w.imageOf(dev) }, func() error {
 		fs = w.fs[w.imageOf(dev)]
+		if fs == partitionTable {
+			fs = ""
+			return fmt.Errorf("%s: %w", dev, devices.ErrPartitioned)
+		}
 		return nil
 	})
 	return fs, err
@@ -374,6 +384,11 @@ func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOpti
 			return fmt.Errorf("no device %s", dev)
 		}
 		num := w.loops[image].Dev
+		if w.fs[image] == partitionTable {
+			// As mount-utils: something is there, so no mkfs; the mount
+			// of the type asked for fails.
+			return fmt.Errorf("mount %s: wrong fs type", dev)
+		}
 		if w.fs[image] == "" {
 			w.calls = append(w.calls, "mkfs "+dev)
 			w.fs[image] = fsType

@@ -111,7 +111,11 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 	}
 	want := fsTypeOf(st)
 	have, err := r.cfg.Filesystems.DiskFormat(dev)
-	if errors.Is(err, devices.ErrPartitioned) {
+	switch {
+	case errors.Is(err, devices.ErrPartitioned) && v.Formatted != "":
+		// The filesystem the plugin made is gone: as a wiped one.
+		return state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but its device %s now carries a partition table; refusing to format or mount it", v.ID, v.Formatted, dev)
+	case errors.Is(err, devices.ErrPartitioned):
 		return state.Terminalf(state.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
 	}
 	if err != nil {

@@ -307,7 +307,13 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	// Report.
 	statuses := make([]VolumeStatus, 0, len(seen))
 	for _, s := range seen {
-		statuses = append(statuses, r.publishResults(ctx, s.v, s.a, r.exec.stale(s.v.ID, epoch)))
+		stale := r.exec.stale(s.v.ID, epoch)
+		if !stale {
+			// A failure counts while its action is planned: not once its
+			// intent changed, was withdrawn or was fulfilled otherwise.
+			r.exec.prune(s.v.ID, s.acts)
+		}
+		statuses = append(statuses, r.publishResults(ctx, s.v, s.a, stale))
 	}
 	r.forgetGone(vols, plans)
 	// Start.
@@ -327,11 +333,13 @@ type plan struct {
 	v   *state.Volume
 	a   *actual
 	act action
+	// acts are all the actions the volume needs, act first (seen only).
+	acts []action
 }
 
 // plan derives the actual state of every recorded volume from snap (seen,
-// act empty) and returns, for each volume and each orphaned device that
-// needs one, its next action.
+// with the actions each needs) and returns, for each volume and each
+// orphaned device that needs one, its next action.
 func (r *Reconciler) plan(vols []*state.Volume, snap *state.Snapshot) (seen, plans []plan) {
 	staged := make(map[string]bool, len(vols))
 	for _, v := range vols {
@@ -342,8 +350,9 @@ func (r *Reconciler) plan(vols []*state.Volume, snap *state.Snapshot) (seen, pla
 	}
 	for _, v := range vols {
 		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		seen = append(seen, plan{v: v, a: a})
-		if acts := diff(v, a); len(acts) > 0 {
+		acts := diff(v, a)
+		seen = append(seen, plan{v: v, a: a, acts: acts})
+		if len(acts) > 0 {
 			plans = append(plans, plan{v: v, a: a, act: acts[0]})
 		}
 	}

@@ -320,6 +320,36 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 	}
 }
 
+// A device that carries a partition table holds data: the stage is
+// refused at once (FAILED_PRECONDITION, not retried; DATA_LOSS when the
+// plugin had formatted the volume), nothing is formatted or mounted, the
+// device is released, and the partition table stays.
+func TestPartitionedDeviceIsRefused(t *testing.T) {
+	for formatted, want := range map[string]state.Kind{"": state.KindFailedPrecondition, "ext4": state.KindDataLoss} {
+		h := newHarness(t)
+		staging, _ := h.volume("v1")
+		h.world.fs[h.world.Path("v1")] = partitionTable
+		v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging); v.Formatted = formatted })
+		h.settle()
+
+		f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation)
+		if f == nil || f.Kind != want || !strings.Contains(f.Message, "partition table") {
+			t.Fatalf("formatted %q: final %+v, want %v naming the partition table", formatted, f, want)
+		}
+		for _, c := range h.world.Calls() {
+			if strings.HasPrefix(c, "mkfs") || strings.HasPrefix(c, "mount") {
+				t.Errorf("formatted %q: called %s on a device with a partition table", formatted, c)
+			}
+		}
+		if len(h.world.loops) != 0 || len(h.world.mounts) != 0 {
+			t.Errorf("formatted %q: left after the refusal: loops %v, mounts %v", formatted, h.world.loops, h.world.mounts)
+		}
+		if h.world.fs[h.world.Path("v1")] != partitionTable {
+			t.Errorf("formatted %q: the partition table changed", formatted)
+		}
+	}
+}
+
 func TestProvenanceNeverReformats(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")

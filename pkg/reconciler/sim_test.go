@@ -436,12 +436,21 @@ func (s *sim) randomStep() {
 		}
 		w.mu.Unlock()
 	case x < 89:
-		// The device loses its filesystem behind the plugin's back; the
-		// plugin must report DATA_LOSS and never format it again.
-		s.note("outside: wipe the filesystem of %s", id)
+		// The device loses its filesystem behind the plugin's back, wiped
+		// or overwritten by a partition table; the plugin must report
+		// DATA_LOSS and never format it again.
+		partition := s.rng.IntN(2) == 0
+		if partition {
+			s.note("outside: write a partition table over the device of %s", id)
+		} else {
+			s.note("outside: wipe the filesystem of %s", id)
+		}
 		w.mu.Lock()
-		if w.fs[w.Path(id)] != "" {
+		if w.fs[w.Path(id)] != "" && w.fs[w.Path(id)] != partitionTable {
 			delete(w.fs, w.Path(id))
+			if partition {
+				w.fs[w.Path(id)] = partitionTable
+			}
 			s.wiped[w.Path(id)]++
 		}
 		w.mu.Unlock()
