@@ -50,13 +50,14 @@ type Mounter struct {
 	paths *Paths
 }
 
-// NewMounter returns a Mounter running the system's mount, blkid, fsck and
-// mkfs through exec. At most maxFormats mkfs run at once. Every mount point
-// must lie beneath the roots of paths.
-func NewMounter(exec utilexec.Interface, maxFormats int, paths *Paths) *Mounter {
+// NewMounter returns a Mounter that mounts filesystems through mounter and
+// runs blkid, fsck and mkfs through exec: in production
+// mount.NewWithoutSystemd("") and exec.New(), the system's. At most
+// maxFormats mkfs run at once. Every mount point must lie beneath the roots
+// of paths.
+func NewMounter(mounter mount.Interface, exec utilexec.Interface, maxFormats int, paths *Paths) *Mounter {
 	return &Mounter{
-		sfm: mount.NewSafeFormatAndMount(mount.NewWithoutSystemd(""), exec,
-			mount.WithMaxConcurrentFormat(maxFormats, 10*time.Minute)),
+		sfm:   mount.NewSafeFormatAndMount(mounter, exec, mount.WithMaxConcurrentFormat(maxFormats, 10*time.Minute)),
 		paths: paths,
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
+	"k8s.io/mount-utils"
 	"k8s.io/utils/clock"
 	utilexec "k8s.io/utils/exec"
 
@@ -83,7 +84,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Store:        store,
 		Observer:     observer,
 		Loops:        devices.LoopDevices{},
-		Filesystems:  devices.NewMounter(utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
+		Filesystems:  devices.NewMounter(mount.NewWithoutSystemd(""), utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
 		Images:       images,
 		Roots:        cfg.roots(),

@@ -20,6 +20,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/converge-csi/converge/pkg/devices"
@@ -68,7 +69,7 @@ func newBaseline(b testing.TB, dir string) *baseline {
 	}
 	paths := devices.NewPaths([]string{root})
 	return &baseline{root: root, dataDir: data, paths: paths, images: &devices.Images{Dir: data},
-		mounter: devices.NewMounter(utilexec.New(), 1<<10, paths)}
+		mounter: devices.NewMounter(mount.NewWithoutSystemd(""), utilexec.New(), 1<<10, paths)}
 }
 
 func (bl *baseline) vol(id string) vol { return newVol(bl.root, bl.dataDir, id) }
