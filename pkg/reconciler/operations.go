@@ -47,9 +47,9 @@ func deviceError(err error, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	switch {
 	case errors.Is(err, devices.ErrRefused):
-		return state.Terminalf(state.KindInvalidArgument, "%s: %v", msg, err)
+		return state.Terminalf(state.KindInvalidArgument, "%s: %w", msg, err)
 	case errors.Is(err, devices.ErrNotPermitted):
-		return state.Terminalf(state.KindFailedPrecondition, "%s: %v", msg, err)
+		return state.Terminalf(state.KindFailedPrecondition, "%s: %w", msg, err)
 	}
 	return fmt.Errorf("%s: %w", msg, err)
 }
@@ -97,7 +97,7 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 	} else {
 		d, err := r.cfg.Loops.Attach(r.cfg.Images.Path(v.ID))
 		if errors.Is(err, devices.ErrNoLoopDevice) {
-			return state.Errorf(state.KindResourceExhausted, "attaching volume %s: %v", v.ID, err)
+			return state.Errorf(state.KindResourceExhausted, "attaching volume %s: %w", v.ID, err)
 		}
 		if err != nil {
 			return fmt.Errorf("attaching volume %s: %w", v.ID, err)
@@ -407,10 +407,10 @@ func (r *Reconciler) checkIdentity(v *state.Volume, a *actual) error {
 	if a.loop == nil {
 		_, err := r.cfg.Static.Resolve(st.Device)
 		if errors.Is(err, devices.ErrOutsideRoots) {
-			return state.Terminalf(state.KindInvalidArgument, "device %s of volume %s: %v", st.Device, v.ID, err)
+			return state.Terminalf(state.KindInvalidArgument, "device %s of volume %s: %w", st.Device, v.ID, err)
 		}
 		// Missing for now (a disk not yet attached): retried.
-		return state.Errorf(state.KindFailedPrecondition, "device %s of volume %s is not usable: %v", st.Device, v.ID, err)
+		return state.Errorf(state.KindFailedPrecondition, "device %s of volume %s is not usable: %w", st.Device, v.ID, err)
 	}
 	id, err := r.cfg.Static.Identity(*a.loop)
 	if err != nil {

@@ -49,28 +49,49 @@ var kindNames = map[Kind]string{
 func (k Kind) String() string { return kindNames[k] }
 
 // Error is a classified failure. A Terminal error is final: the reconciler
-// withdraws the intent instead of retrying it.
+// withdraws the intent instead of retrying it. It wraps its causes, the
+// errors its message was made with by %w, so that errors.Is and errors.As
+// see through it.
 type Error struct {
 	Kind     Kind
 	Terminal bool
 	Message  string
+	causes   []error
 }
 
 // Error implements error.
 func (e *Error) Error() string { return e.Message }
 
-// Errorf returns a non-terminal error of the given kind.
+// Unwrap returns the errors e was made from.
+func (e *Error) Unwrap() []error { return e.causes }
+
+// Errorf returns a non-terminal error of the given kind. As with
+// fmt.Errorf, the operands of %w are its causes.
 func Errorf(kind Kind, format string, args ...any) *Error {
-	return &Error{Kind: kind, Message: fmt.Sprintf(format, args...)}
+	return newError(kind, false, format, args)
 }
 
-// Terminalf returns a terminal error of the given kind.
+// Terminalf returns a terminal error of the given kind; the operands of %w
+// are its causes.
 func Terminalf(kind Kind, format string, args ...any) *Error {
-	return &Error{Kind: kind, Terminal: true, Message: fmt.Sprintf(format, args...)}
+	return newError(kind, true, format, args)
+}
+
+func newError(kind Kind, terminal bool, format string, args []any) *Error {
+	err := fmt.Errorf(format, args...)
+	e := &Error{Kind: kind, Terminal: terminal, Message: err.Error()}
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		e.causes = []error{u.Unwrap()}
+	case interface{ Unwrap() []error }:
+		e.causes = u.Unwrap()
+	}
+	return e
 }
 
 // AsError returns err as an *Error; any other error becomes a transient
-// KindInternal error carrying err's message. It returns nil for nil.
+// KindInternal error carrying err's message and wrapping it. It returns nil
+// for nil.
 func AsError(err error) *Error {
 	if err == nil {
 		return nil
@@ -79,5 +100,5 @@ func AsError(err error) *Error {
 	if errors.As(err, &e) {
 		return e
 	}
-	return &Error{Kind: KindInternal, Message: err.Error()}
+	return &Error{Kind: KindInternal, Message: err.Error(), causes: []error{err}}
 }
