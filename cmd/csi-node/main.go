@@ -16,8 +16,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/driver"
-	"github.com/converge-csi/converge/pkg/nodeserver"
-	"github.com/converge-csi/converge/pkg/reconciler"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -30,7 +28,7 @@ func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "status" {
-		os.Exit(status(os.Args[2:]))
+		os.Exit(statusCommand(os.Args[2:]))
 	}
 	host, _ := os.Hostname()
 	var cfg driver.Config
@@ -45,11 +43,11 @@ func main() {
 	fs.Var(&prefixes, "allowed-path-prefix", "extra directory staging and target paths may lie in (repeatable)")
 	var devicePrefixes listFlag
 	fs.Var(&devicePrefixes, "allowed-device-prefix", "directory of stable device paths (e.g. /dev/disk/by-id) that static volumes may name (repeatable; none: static volumes are off)")
-	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
-	fs.DurationVar(&cfg.MaxWait, "max-wait", nodeserver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
+	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", driver.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
+	fs.DurationVar(&cfg.MaxWait, "max-wait", driver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
 	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz, /readyz and /status (empty: only on <state-dir>/status.sock)")
-	fs.IntVar(&cfg.MaxRequests, "max-requests", nodeserver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
+	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)
 	flag.Parse()
@@ -82,9 +80,9 @@ func buildVersion() string {
 	return "devel"
 }
 
-// status runs "csi-node status": it asks the running plugin for its
+// statusCommand runs "csi-node status": it asks the running plugin for its
 // volumes and prints them.
-func status(args []string) int {
+func statusCommand(args []string) int {
 	fs := flag.NewFlagSet("status", flag.ExitOnError)
 	stateDir := fs.String("state-dir", driver.DefaultStateDir, "state directory of the running plugin (its status socket is there)")
 	addr := fs.String("http-address", "", "ask this host:port instead of the status socket")
@@ -94,9 +92,9 @@ func status(args []string) int {
 		fmt.Fprintf(os.Stderr, "csi-node status: -o must be table or json, not %q\n", *output)
 		return 2
 	}
-	vols, err := driver.FetchStatus(context.Background(), *stateDir, *addr)
+	vols, err := FetchStatus(context.Background(), *stateDir, *addr)
 	if err == nil {
-		err = driver.PrintStatus(os.Stdout, vols, *output == "json")
+		err = PrintStatus(os.Stdout, vols, *output == "json")
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "csi-node status: %v\n", err)

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // BenchmarkListLoops lists 300 attached loop devices (as root; skipped
@@ -35,9 +35,9 @@ func BenchmarkListLoops(b *testing.B) {
 	kept := newKeptFiles()
 	defer kept.close()
 	var perCall [2]float64
-	for i, list := range []func() ([]state.Loop, error){
-		func() ([]state.Loop, error) { return ListLoops("/sys/block", "/proc/partitions") },
-		func() ([]state.Loop, error) { return kept.listLoops("/sys/block", "/proc/partitions") },
+	for i, list := range []func() ([]host.Loop, error){
+		func() ([]host.Loop, error) { return ListLoops("/sys/block", "/proc/partitions") },
+		func() ([]host.Loop, error) { return kept.listLoops("/sys/block", "/proc/partitions") },
 	} {
 		b.Run([]string{"open", "kept"}[i], func(b *testing.B) {
 			for b.Loop() {

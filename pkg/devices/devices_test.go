@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 func TestUnescapeOctal(t *testing.T) {
@@ -100,14 +100,14 @@ func TestImagesCreateIsIdempotent(t *testing.T) {
 }
 
 func TestBtrfsMountsAreMatchedToTheirLoopDevice(t *testing.T) {
-	loops := []state.Loop{{Device: "/dev/loop3", Dev: state.DevNum{Major: 7, Minor: 3}}}
-	mounts := []state.Mount{
-		{Path: "/s", Dev: state.DevNum{Major: 0, Minor: 40}, Source: "/dev/loop3", FsType: "btrfs"},
-		{Path: "/t", Dev: state.DevNum{Major: 0, Minor: 41}, Source: "tmpfs", FsType: "tmpfs"},
-		{Path: "/u", Dev: state.DevNum{Major: 7, Minor: 3}, Source: "/dev/loop3", FsType: "ext4"},
+	loops := []host.Loop{{Device: "/dev/loop3", Dev: host.DevNum{Major: 7, Minor: 3}}}
+	mounts := []host.Mount{
+		{Path: "/s", Dev: host.DevNum{Major: 0, Minor: 40}, Source: "/dev/loop3", FsType: "btrfs"},
+		{Path: "/t", Dev: host.DevNum{Major: 0, Minor: 41}, Source: "tmpfs", FsType: "tmpfs"},
+		{Path: "/u", Dev: host.DevNum{Major: 7, Minor: 3}, Source: "/dev/loop3", FsType: "ext4"},
 	}
 	got := byDevice(mounts, loops)
-	want := []state.DevNum{{Major: 7, Minor: 3}, {Major: 0, Minor: 41}, {Major: 7, Minor: 3}}
+	want := []host.DevNum{{Major: 7, Minor: 3}, {Major: 0, Minor: 41}, {Major: 7, Minor: 3}}
 	for i := range got {
 		if got[i].Dev != want[i] {
 			t.Errorf("%s: got %v, want %v", got[i].Path, got[i].Dev, want[i])
@@ -121,7 +121,7 @@ func TestAttachedLoopNames(t *testing.T) {
 	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	want := []partition{{name: "loop0", dev: state.DevNum{Major: 7}, size: 64 << 20}, {name: "loop12", dev: state.DevNum{Major: 7, Minor: 12}, size: 128 << 20}}
+	want := []partition{{name: "loop0", dev: host.DevNum{Major: 7}, size: 64 << 20}, {name: "loop12", dev: host.DevNum{Major: 7, Minor: 12}, size: 128 << 20}}
 	// Read at once, and through a kept descriptor with a buffer smaller
 	// than the file, twice.
 	kept := newKeptFiles()

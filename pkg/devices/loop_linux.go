@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 const (
@@ -141,12 +141,12 @@ func KeepLoop(dev string) error {
 // what an unattached loop device is, and those pile up by the thousand
 // (the kernel makes them on demand and keeps them). Otherwise every loop
 // device in sysBlock is visited.
-func ListLoops(sysBlock, partitions string) ([]state.Loop, error) {
+func ListLoops(sysBlock, partitions string) ([]host.Loop, error) {
 	return listLoops(sysBlock, partitions, &oneShot{buf: make([]byte, unix.PathMax+64)})
 }
 
 // listLoops is ListLoops reading its files with r.
-func listLoops(sysBlock, partitions string, r fileReader) ([]state.Loop, error) {
+func listLoops(sysBlock, partitions string, r fileReader) ([]host.Loop, error) {
 	// From /proc/partitions come each device's number and size at once;
 	// sysfs then gives only what it alone knows. Every syscall counts: a
 	// node may have a thousand devices, observed on every pass.
@@ -161,7 +161,7 @@ func listLoops(sysBlock, partitions string, r fileReader) ([]state.Loop, error) 
 			known = append(known, partition{name: e.Name(), size: -1})
 		}
 	}
-	var out []state.Loop
+	var out []host.Loop
 	for _, d := range known {
 		if !strings.HasPrefix(d.name, "loop") {
 			continue
@@ -191,7 +191,7 @@ func listLoops(sysBlock, partitions string, r fileReader) ([]state.Loop, error) 
 		if err := unix.Stat(backingFile, &st); err == nil {
 			backingSize = st.Size
 		}
-		out = append(out, state.Loop{
+		out = append(out, host.Loop{
 			Device:      "/dev/" + d.name,
 			Dev:         d.dev,
 			AutoClear:   strings.TrimSpace(autoclear) == "1",
@@ -303,7 +303,7 @@ func (k *keptFiles) read(path string) (string, error) {
 
 // listLoops is ListLoops with k's descriptors; those of devices no longer
 // listed are closed.
-func (k *keptFiles) listLoops(sysBlock, partitions string) ([]state.Loop, error) {
+func (k *keptFiles) listLoops(sysBlock, partitions string) ([]host.Loop, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.round++
@@ -331,7 +331,7 @@ func (k *keptFiles) close() {
 // the name is known.
 type partition struct {
 	name string
-	dev  state.DevNum
+	dev  host.DevNum
 	size int64
 }
 
@@ -358,25 +358,25 @@ func attachedLoops(partitions string, r fileReader) ([]partition, error) {
 			return nil, fmt.Errorf("%s: malformed line %q", partitions, line)
 		}
 		// #blocks counts 1 KiB blocks.
-		out = append(out, partition{name: f[3], dev: state.DevNum{Major: uint32(major), Minor: uint32(minor)}, size: blocks * 1024})
+		out = append(out, partition{name: f[3], dev: host.DevNum{Major: uint32(major), Minor: uint32(minor)}, size: blocks * 1024})
 	}
 	return out, nil
 }
 
-func parseDevNum(s string) (state.DevNum, error) {
+func parseDevNum(s string) (host.DevNum, error) {
 	maj, min, ok := strings.Cut(s, ":")
 	if !ok {
-		return state.DevNum{}, fmt.Errorf("malformed device number %q", s)
+		return host.DevNum{}, fmt.Errorf("malformed device number %q", s)
 	}
 	a, err := strconv.ParseUint(maj, 10, 32)
 	if err != nil {
-		return state.DevNum{}, err
+		return host.DevNum{}, err
 	}
 	b, err := strconv.ParseUint(min, 10, 32)
 	if err != nil {
-		return state.DevNum{}, err
+		return host.DevNum{}, err
 	}
-	return state.DevNum{Major: uint32(a), Minor: uint32(b)}, nil
+	return host.DevNum{Major: uint32(a), Minor: uint32(b)}, nil
 }
 
 // LoopDevices attaches and detaches loop devices.

@@ -7,21 +7,21 @@ import (
 
 	"k8s.io/mount-utils"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // ReadMounts parses a mountinfo file (normally /proc/self/mountinfo) once.
-func ReadMounts(path string) ([]state.Mount, error) {
+func ReadMounts(path string) ([]host.Mount, error) {
 	infos, err := mount.ParseMountInfo(path)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]state.Mount, 0, len(infos))
+	out := make([]host.Mount, 0, len(infos))
 	for _, mi := range infos {
-		out = append(out, state.Mount{
+		out = append(out, host.Mount{
 			ID:       mi.ID,
 			Path:     unescapeOctal(mi.MountPoint),
-			Dev:      state.DevNum{Major: uint32(mi.Major), Minor: uint32(mi.Minor)},
+			Dev:      host.DevNum{Major: uint32(mi.Major), Minor: uint32(mi.Minor)},
 			Root:     unescapeOctal(mi.Root),
 			Source:   unescapeOctal(mi.Source),
 			FsType:   mi.FsType,

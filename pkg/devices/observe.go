@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // Observer reads the actual state of the machine.
@@ -32,7 +32,7 @@ type Observer struct {
 }
 
 // Observe parses the mount table once and lists the loop devices.
-func (o *Observer) Observe() (*state.Snapshot, error) {
+func (o *Observer) Observe() (*host.Snapshot, error) {
 	mounts, err := ReadMounts(o.MountInfo)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
@@ -42,7 +42,7 @@ func (o *Observer) Observe() (*state.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
-	return state.NewSnapshot(byDevice(mounts, loops), loops), nil
+	return host.NewSnapshot(byDevice(mounts, loops), loops), nil
 }
 
 // Close closes the files Observe keeps open. Observe may be called again
@@ -56,8 +56,8 @@ func (o *Observer) Close() error {
 // byDevice gives the mounts of a filesystem that reports an anonymous
 // device number (btrfs: 0:N) the number of the loop device it is on, named
 // by the mount source, so that every mount is matched to its device alike.
-func byDevice(mounts []state.Mount, loops []state.Loop) []state.Mount {
-	dev := make(map[string]state.DevNum, len(loops))
+func byDevice(mounts []host.Mount, loops []host.Loop) []host.Mount {
+	dev := make(map[string]host.DevNum, len(loops))
 	for _, l := range loops {
 		dev[l.Device] = l.Dev
 	}
@@ -81,7 +81,7 @@ func byDevice(mounts []state.Mount, loops []state.Loop) []state.Mount {
 func (o *Observer) CheckMount(path string) (uint64, error) {
 	var id uint64
 	var err error
-	if _, _, berr := state.Beneath(path, o.rootsOf()); o.Paths != nil && berr == nil {
+	if _, _, berr := host.Beneath(path, o.rootsOf()); o.Paths != nil && berr == nil {
 		fd, oerr := o.Paths.open(path, 0)
 		if oerr != nil {
 			if mount.IsCorruptedMnt(errors.Unwrap(oerr)) || mount.IsCorruptedMnt(oerr) {

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // ErrSymlink is returned when a component of a path is a symlink.
@@ -33,7 +33,7 @@ func NewPaths(roots []string) *Paths {
 }
 
 func (p *Paths) split(path string) (root, rel string, err error) {
-	root, rel, err = state.Beneath(path, p.roots)
+	root, rel, err = host.Beneath(path, p.roots)
 	if err != nil {
 		return "", "", fmt.Errorf("%w: %v", ErrOutsideRoots, err)
 	}

@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // StaticDevices resolves the existing block devices of static volumes,
@@ -26,46 +26,46 @@ type StaticDevices struct {
 // of) to a block device node under /dev. A missing path is an error matching
 // os.ErrNotExist; a path outside the prefixes is ErrOutsideRoots; anything
 // but a block device node at the end is an error. The device is returned
-// as a state.Loop whose BackingFile is empty and whose size does not change
+// as a host.Loop whose BackingFile is empty and whose size does not change
 // on its own.
-func (s StaticDevices) Resolve(path string) (state.Loop, error) {
-	if _, _, err := state.Beneath(path, s.Prefixes); err != nil {
-		return state.Loop{}, fmt.Errorf("%w: %v", ErrOutsideRoots, err)
+func (s StaticDevices) Resolve(path string) (host.Loop, error) {
+	if _, _, err := host.Beneath(path, s.Prefixes); err != nil {
+		return host.Loop{}, fmt.Errorf("%w: %v", ErrOutsideRoots, err)
 	}
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return state.Loop{}, fmt.Errorf("resolving %s: %w", path, err)
+		return host.Loop{}, fmt.Errorf("resolving %s: %w", path, err)
 	}
 	if !strings.HasPrefix(real, "/dev/") {
-		return state.Loop{}, fmt.Errorf("%s resolves to %s, which is not under /dev", path, real)
+		return host.Loop{}, fmt.Errorf("%s resolves to %s, which is not under /dev", path, real)
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(real, &st); err != nil {
-		return state.Loop{}, fmt.Errorf("stat %s: %w", real, err)
+		return host.Loop{}, fmt.Errorf("stat %s: %w", real, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return state.Loop{}, fmt.Errorf("%s resolves to %s, which is not a block device", path, real)
+		return host.Loop{}, fmt.Errorf("%s resolves to %s, which is not a block device", path, real)
 	}
-	dev := state.DevNum{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}
+	dev := host.DevNum{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}
 	sectors, err := os.ReadFile(filepath.Join(s.sysDir(dev), "size"))
 	if err != nil {
-		return state.Loop{}, fmt.Errorf("reading the size of %s: %w", real, err)
+		return host.Loop{}, fmt.Errorf("reading the size of %s: %w", real, err)
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(string(sectors)), 10, 64)
 	if err != nil {
-		return state.Loop{}, fmt.Errorf("reading the size of %s: %w", real, err)
+		return host.Loop{}, fmt.Errorf("reading the size of %s: %w", real, err)
 	}
-	return state.Loop{Device: real, Dev: dev, Size: n * 512, BackingSize: n * 512}, nil
+	return host.Loop{Device: real, Dev: dev, Size: n * 512, BackingSize: n * 512}, nil
 }
 
-func (s StaticDevices) sysDir(dev state.DevNum) string {
+func (s StaticDevices) sysDir(dev host.DevNum) string {
 	return filepath.Join(s.SysDevBlock, fmt.Sprintf("%d:%d", dev.Major, dev.Minor))
 }
 
 // Identity returns what identifies the device whatever path it appears
 // under: its WWID or serial number, or for a loop device its backing file.
 // It is "" when the device offers none.
-func (s StaticDevices) Identity(l state.Loop) (string, error) {
+func (s StaticDevices) Identity(l host.Loop) (string, error) {
 	dir := s.sysDir(l.Dev)
 	for _, c := range []struct{ file, kind string }{
 		{"wwid", "wwid"}, {"device/wwid", "wwid"}, {"device/serial", "serial"}, {"serial", "serial"}, {"loop/backing_file", "loop"},

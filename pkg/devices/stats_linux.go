@@ -6,13 +6,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // Statfs returns the usage of the filesystem at path. It gives up when ctx
 // ends, so a hung filesystem cannot hang the caller; the statfs call itself
 // is left to finish in the background.
-func Statfs(ctx context.Context, path string) (state.Usage, error) {
+func Statfs(ctx context.Context, path string) (host.Usage, error) {
 	type result struct {
 		st  unix.Statfs_t
 		err error
@@ -25,13 +25,13 @@ func Statfs(ctx context.Context, path string) (state.Usage, error) {
 	}()
 	select {
 	case <-ctx.Done():
-		return state.Usage{}, fmt.Errorf("statfs %s: %w", path, ctx.Err())
+		return host.Usage{}, fmt.Errorf("statfs %s: %w", path, ctx.Err())
 	case r := <-ch:
 		if r.err != nil {
-			return state.Usage{}, fmt.Errorf("statfs %s: %w", path, r.err)
+			return host.Usage{}, fmt.Errorf("statfs %s: %w", path, r.err)
 		}
 		bs := r.st.Bsize
-		return state.Usage{
+		return host.Usage{
 			TotalBytes:     int64(r.st.Blocks) * bs,
 			AvailableBytes: int64(r.st.Bavail) * bs,
 			UsedBytes:      int64(r.st.Blocks-r.st.Bfree) * bs,

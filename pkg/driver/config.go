@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/converge-csi/converge/pkg/controller"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/reconciler"
 )
 
 // Defaults of Config.
@@ -15,7 +19,12 @@ const (
 	DefaultStateDir   = "/var/lib/converge"
 	DefaultKubeletDir = "/var/lib/kubelet"
 	// TopologyKey is the topology segment that pins a volume to its node.
-	TopologyKey = "topology.converge.csi.dev/node"
+	TopologyKey = controller.TopologyKey
+
+	// The defaults of the packages the plugin wires, for the flags.
+	DefaultResyncPeriod = reconciler.DefaultResyncPeriod
+	DefaultMaxWait      = nodeserver.DefaultMaxWait
+	DefaultMaxRequests  = nodeserver.DefaultMaxRequests
 )
 
 // Config is everything the plugin is configured with; cmd/csi-node fills it

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"golang.org/x/net/netutil"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"golang.org/x/net/netutil"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/nodeserver"
@@ -41,6 +43,9 @@ const (
 	// maxMessage bounds a request's size; CSI requests are a few KiB.
 	maxMessage = 1 << 20
 )
+
+// The metrics are the reconciler's recorder.
+var _ reconciler.Recorder = (*metrics.Metrics)(nil)
 
 // Run builds the plugin from cfg and serves until ctx ends. On return every
 // mount and device is left in place: they belong to pods, not to the
@@ -129,7 +134,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, observeCalls(m), logCalls),
 		grpc.MaxConcurrentStreams(maxStreams), grpc.MaxRecvMsgSize(maxMessage))
 	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready})
-	csi.RegisterControllerServer(srv, &controller{images: images, store: store, topology: topology})
+	csi.RegisterControllerServer(srv, controller.New(images, store, topology))
 	csi.RegisterNodeServer(srv, node)
 
 	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec))

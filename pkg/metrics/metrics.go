@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/converge-csi/converge/pkg/reconciler"
+	"github.com/converge-csi/converge/pkg/status"
 )
 
 // namespace prefixes every metric name.
@@ -28,8 +28,6 @@ type Metrics struct {
 	uncertain  prometheus.Gauge
 	rpcs       *prometheus.HistogramVec
 }
-
-var _ reconciler.Recorder = (*Metrics)(nil)
 
 // New makes the collectors and registers them.
 func New() *Metrics {
@@ -76,7 +74,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, p := range reconciler.Phases {
+	for _, p := range status.Phases {
 		m.volumes.WithLabelValues(p)
 	}
 	return m
@@ -91,9 +89,9 @@ func (m *Metrics) OperationDone(action, result string, d time.Duration) {
 func (m *Metrics) Repaired(action string) { m.repairs.WithLabelValues(action).Inc() }
 
 // PassDone implements reconciler.Recorder.
-func (m *Metrics) PassDone(d time.Duration, volumes []reconciler.VolumeStatus, inBackoff int) {
+func (m *Metrics) PassDone(d time.Duration, volumes []status.VolumeStatus, inBackoff int) {
 	m.passes.Observe(d.Seconds())
-	phases := make(map[string]int, len(reconciler.Phases))
+	phases := make(map[string]int, len(status.Phases))
 	var stages, staged, publishes, published, uncertain int
 	for _, v := range volumes {
 		phases[v.Phase]++
@@ -109,7 +107,7 @@ func (m *Metrics) PassDone(d time.Duration, volumes []reconciler.VolumeStatus, i
 			uncertain++
 		}
 	}
-	for _, p := range reconciler.Phases {
+	for _, p := range status.Phases {
 		m.volumes.WithLabelValues(p).Set(float64(phases[p]))
 	}
 	m.intents.WithLabelValues("stage", "desired").Set(float64(stages))

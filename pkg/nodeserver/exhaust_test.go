@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -21,7 +22,7 @@ func TestWaitingRequestsAreBounded(t *testing.T) {
 	t.Cleanup(func() { store.Close() })
 	s, err := New(Config{
 		Store: store, Kicker: &fakeReconciler{store: store}, NodeID: "n1", Roots: []string{root},
-		Stat: func(context.Context, string) (state.Usage, error) { return state.Usage{}, nil }, MaxRequests: 2,
+		Stat: func(context.Context, string) (host.Usage, error) { return host.Usage{}, nil }, MaxRequests: 2,
 		Capacity: func(string) (int64, error) { return 64 << 20, nil },
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -39,7 +40,7 @@ func newServer(t *testing.T) (*Server, *state.Store, *fakeReconciler) {
 	rec := &fakeReconciler{store: store}
 	s, err := New(Config{
 		Store: store, Kicker: rec, NodeID: "n1", Roots: []string{root}, MaxWait: 5 * time.Second,
-		Stat:     func(context.Context, string) (state.Usage, error) { return state.Usage{TotalBytes: 1}, nil },
+		Stat:     func(context.Context, string) (host.Usage, error) { return host.Usage{TotalBytes: 1}, nil },
 		Capacity: func(string) (int64, error) { return 64 << 20, nil },
 	})
 	if err != nil {

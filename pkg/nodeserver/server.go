@@ -3,12 +3,14 @@ package nodeserver
 import (
 	"context"
 	"errors"
+	"time"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -34,7 +36,7 @@ type CapacityFunc func(id string) (int64, error)
 
 // StatFunc returns the usage of the filesystem at path, giving up when ctx
 // ends.
-type StatFunc func(ctx context.Context, path string) (state.Usage, error)
+type StatFunc func(ctx context.Context, path string) (host.Usage, error)
 
 // Defaults of Config.
 const (

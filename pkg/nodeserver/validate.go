@@ -7,6 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -174,7 +175,7 @@ func (s *Server) checkDevice(path string) error {
 	if len(s.cfg.DevicePrefixes) == 0 {
 		return invalid("volume attribute %s names a device, but static devices are not enabled (--allowed-device-prefix)", DeviceAttribute)
 	}
-	if _, _, err := state.Beneath(path, s.cfg.DevicePrefixes); err != nil {
+	if _, _, err := host.Beneath(path, s.cfg.DevicePrefixes); err != nil {
 		return invalid("volume attribute %s: %v", DeviceAttribute, err)
 	}
 	return nil
@@ -196,7 +197,7 @@ func (s *Server) checkPath(what, path string) error {
 	if path == "" {
 		return invalid("%s is required", what)
 	}
-	if _, _, err := state.Beneath(path, s.cfg.Roots); err != nil {
+	if _, _, err := host.Beneath(path, s.cfg.Roots); err != nil {
 		return invalid("%s: %v", what, err)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -31,18 +32,18 @@ func (a action) String() string {
 // actual is the observed state of one volume, derived from a snapshot.
 type actual struct {
 	// loop is the loop device attached to the volume's image, if any.
-	loop *state.Loop
+	loop *host.Loop
 	// extraLoops names further devices attached to the same image.
 	extraLoops []string
 	// idleExtraLoops are the extra devices that nothing mounts: harmless
 	// to detach, and in the way of the stage.
 	idleExtraLoops []string
 	// stagingMount is the top mount at the staging path, if any.
-	stagingMount *state.Mount
+	stagingMount *host.Mount
 	// staged is true when stagingMount is the volume's filesystem.
 	staged bool
 	// targets maps each recorded target path to its top mount, if any.
-	targets map[string]*state.Mount
+	targets map[string]*host.Mount
 	// strays lists the plugin's own mounts of the volume's filesystem at
 	// paths the record does not name, moved there by a rename; they are
 	// unmounted.
@@ -119,8 +120,8 @@ type checkMount func(path string) (uint64, error)
 // a path the record does not name is a stray only if the record holds its
 // unique ID: only a mount the plugin made is its own.
 // A static volume's device, resolved by the caller, is staticDev.
-func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check checkMount, roots []string, staticDev *state.Loop) *actual {
-	a := &actual{targets: make(map[string]*state.Mount, len(v.Publishes)), mountIDs: map[string]uint64{}}
+func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check checkMount, roots []string, staticDev *host.Loop) *actual {
+	a := &actual{targets: make(map[string]*host.Mount, len(v.Publishes)), mountIDs: map[string]uint64{}}
 	if v.Stage != nil && v.Stage.Device != "" {
 		a.static, a.loop = true, staticDev
 	} else if ls := snap.LoopsFor(image); len(ls) > 0 {
@@ -178,7 +179,7 @@ func observeVolume(v *state.Volume, image string, snap *state.Snapshot, check ch
 			if _, ok := v.Publishes[m.Path]; ok {
 				continue
 			}
-			if _, _, err := state.Beneath(m.Path, roots); err == nil {
+			if _, _, err := host.Beneath(m.Path, roots); err == nil {
 				// Only the plugin's own mount is a stray; outside the
 				// roots there is none.
 				id, _ := check(m.Path)
@@ -394,7 +395,7 @@ func unstageReason(a *actual) string {
 // release. The write-ahead rule (a stage is forgotten only once its device is
 // verified detached) makes every such device a leftover: of a crash before
 // the record was written, of a lost store, or of someone else's losetup.
-func orphans(snap *state.Snapshot, images Images, staged map[string]bool) map[string]*actual {
+func orphans(snap *host.Snapshot, images Images, staged map[string]bool) map[string]*actual {
 	out := map[string]*actual{}
 	for _, l := range snap.Loops() {
 		id, ok := images.IDOf(l.BackingFile)

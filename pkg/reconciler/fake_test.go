@@ -10,7 +10,7 @@ import (
 	"sync"
 
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // fakeWorld is an in-memory device layer: loop devices, filesystems on
@@ -22,10 +22,10 @@ type fakeWorld struct {
 	mu      sync.Mutex
 	dataDir string
 	images  map[string]bool
-	loops   map[string]state.Loop // by backing file
-	fs      map[string]string     // image -> filesystem type, as on disk
-	mkfs    map[string]int        // image -> times formatted
-	mounts  []state.Mount
+	loops   map[string]host.Loop // by backing file
+	fs      map[string]string    // image -> filesystem type, as on disk
+	mkfs    map[string]int       // image -> times formatted
+	mounts  []host.Mount
 	// unique maps a mount's mountinfo ID to its unique ID (see mount).
 	unique  map[int]uint64
 	lastUID uint64
@@ -66,7 +66,7 @@ func newFakeWorld() *fakeWorld {
 	return &fakeWorld{
 		dataDir:   "/data",
 		images:    map[string]bool{},
-		loops:     map[string]state.Loop{},
+		loops:     map[string]host.Loop{},
 		fs:        map[string]string{},
 		mkfs:      map[string]int{},
 		dirs:      map[string]bool{},
@@ -134,13 +134,13 @@ func (w *fakeWorld) Calls() []string {
 	return append([]string(nil), w.calls...)
 }
 
-func (w *fakeWorld) Observe() (*state.Snapshot, error) {
+func (w *fakeWorld) Observe() (*host.Snapshot, error) {
 	w.mu.Lock()
-	loops := make([]state.Loop, 0, len(w.loops))
+	loops := make([]host.Loop, 0, len(w.loops))
 	for _, l := range w.loops {
 		loops = append(loops, l)
 	}
-	snap := state.NewSnapshot(append([]state.Mount(nil), w.mounts...), loops)
+	snap := host.NewSnapshot(append([]host.Mount(nil), w.mounts...), loops)
 	after := w.afterObserve
 	w.mu.Unlock()
 	if after != nil {
@@ -168,7 +168,7 @@ func (w *fakeWorld) CheckMount(path string) (uint64, error) {
 // mountLocked adds m to the mount table, as the kernel does: with the
 // lowest free mountinfo ID (so IDs are reused at once, as in Linux) and a
 // unique ID never used before; w.mu must be held.
-func (w *fakeWorld) mountLocked(m state.Mount) {
+func (w *fakeWorld) mountLocked(m host.Mount) {
 	m.ID = 1
 	for w.unique[m.ID] != 0 {
 		m.ID++
@@ -271,7 +271,7 @@ func (w *fakeWorld) BindDevice(dev, target string, ro bool) (uint64, error) {
 			return fmt.Errorf("%s: %w", filepath.Dir(target), os.ErrNotExist)
 		}
 		w.dirs[target] = true // the file
-		w.mountLocked(state.Mount{Path: target, Dev: state.DevNum{Major: 0, Minor: 5}, Root: "/" + filepath.Base(dev), Source: "udev", FsType: "devtmpfs", ReadOnly: ro})
+		w.mountLocked(host.Mount{Path: target, Dev: host.DevNum{Major: 0, Minor: 5}, Root: "/" + filepath.Base(dev), Source: "udev", FsType: "devtmpfs", ReadOnly: ro})
 		id = w.lastUID
 		return nil
 	})
@@ -299,7 +299,7 @@ func (w *fakeWorld) Attach(image string) (string, error) {
 	err := w.do("attach", func() string { return image }, func() error {
 		n := minorOf(image)
 		size := w.sizeLocked(image)
-		l := state.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: state.DevNum{Major: 7, Minor: n}, BackingFile: image, Size: size, BackingSize: size}
+		l := host.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: host.DevNum{Major: 7, Minor: n}, BackingFile: image, Size: size, BackingSize: size}
 		w.loops[image] = l
 		dev = l.Device
 		return nil
@@ -366,8 +366,8 @@ func (w *fakeWorld) imageOf(dev string) string {
 }
 
 // mountsOfLocked returns the mounts of a device; w.mu must be held.
-func (w *fakeWorld) mountsOfLocked(num state.DevNum) []state.Mount {
-	var out []state.Mount
+func (w *fakeWorld) mountsOfLocked(num host.DevNum) []host.Mount {
+	var out []host.Mount
 	for _, m := range w.mounts {
 		if m.Dev == num {
 			out = append(out, m)
@@ -394,7 +394,7 @@ func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOpti
 			w.fs[image] = fsType
 			w.mkfs[image]++
 		}
-		m := state.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[image], Shutdown: w.deadSuper[image]}
+		m := host.Mount{Path: target, Dev: num, Root: "/", Source: dev, FsType: w.fs[image], Shutdown: w.deadSuper[image]}
 		if others := w.mountsOfLocked(num); len(others) > 0 {
 			// Mounting a mounted device again gets the same superblock.
 			m.Shutdown, m.SuperReadOnly = m.Shutdown || others[0].Shutdown, others[0].SuperReadOnly

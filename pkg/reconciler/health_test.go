@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -301,13 +302,13 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	if v.Stage.MountID == 0 || v.Publishes[target].MountID == 0 {
 		t.Fatalf("mount IDs after publish: stage %d, publish %d; want both recorded", v.Stage.MountID, v.Publishes[target].MountID)
 	}
-	top := func(path string) (state.Mount, bool) {
+	top := func(path string) (host.Mount, bool) {
 		for i := len(h.world.mounts) - 1; i >= 0; i-- {
 			if h.world.mounts[i].Path == path {
 				return h.world.mounts[i], true
 			}
 		}
-		return state.Mount{}, false
+		return host.Mount{}, false
 	}
 
 	// The kubelet bind mounts a directory of the volume for a container.

@@ -4,13 +4,15 @@ import (
 	"errors"
 
 	"fmt"
-	"k8s.io/klog/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
+	"k8s.io/klog/v2"
+
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -308,7 +310,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 // roots is not the plugin's; the device is then left attached and reported.
 func (r *Reconciler) release(a *actual) error {
 	for _, m := range a.foreignMounts {
-		if _, _, err := state.Beneath(m, r.cfg.Roots); err != nil {
+		if _, _, err := host.Beneath(m, r.cfg.Roots); err != nil {
 			return state.Errorf(state.KindFailedPrecondition, "orphaned device %s is mounted at %s, outside the plugin's roots; leaving it", a.loop.Device, m)
 		}
 		if err := r.cfg.Filesystems.Unmount(m); err != nil {

@@ -13,7 +13,9 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/status"
 )
 
 // Store is the subset of the desired-state store the reconciler needs.
@@ -28,7 +30,7 @@ type Store interface {
 
 // Observer reads the actual state of the machine.
 type Observer interface {
-	Observe() (*state.Snapshot, error)
+	Observe() (*host.Snapshot, error)
 	// CheckMount returns the unique ID of the top mount at path (0 when
 	// unknown) and the error of a corrupted mount there (ENOTCONN, ESTALE,
 	// EIO...), nil otherwise.
@@ -89,9 +91,9 @@ const repeatedFailures = 3
 // Static resolves the existing block devices of static volumes.
 type Static interface {
 	// Resolve returns the device at a stable path.
-	Resolve(path string) (state.Loop, error)
+	Resolve(path string) (host.Loop, error)
 	// Identity returns what identifies the device, "" when nothing does.
-	Identity(l state.Loop) (string, error)
+	Identity(l host.Loop) (string, error)
 }
 
 // Defaults of Config.
@@ -152,7 +154,7 @@ type Reconciler struct {
 	soonDelay time.Duration
 	// statusMu guards status, the volumes as of the last pass.
 	statusMu sync.Mutex
-	status   []VolumeStatus
+	status   []status.VolumeStatus
 
 	// fulfilled maps a volume and intent to the generation at which the
 	// intent was last seen fulfilled, so that a mount lost later is told
@@ -305,7 +307,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	// Plan.
 	seen, plans := r.plan(vols, snap)
 	// Report.
-	statuses := make([]VolumeStatus, 0, len(seen))
+	statuses := make([]status.VolumeStatus, 0, len(seen))
 	for _, s := range seen {
 		stale := r.exec.stale(s.v.ID, epoch)
 		if !stale {
@@ -319,7 +321,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	// Start.
 	started := r.startPlans(ctx, plans, epoch)
 
-	slices.SortFunc(statuses, func(a, b VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(statuses, func(a, b status.VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
 	r.statusMu.Lock()
 	r.status = statuses
 	r.statusMu.Unlock()
@@ -340,7 +342,7 @@ type plan struct {
 // plan derives the actual state of every recorded volume from snap (seen,
 // with the actions each needs) and returns, for each volume and each
 // orphaned device that needs one, its next action.
-func (r *Reconciler) plan(vols []*state.Volume, snap *state.Snapshot) (seen, plans []plan) {
+func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plans []plan) {
 	staged := make(map[string]bool, len(vols))
 	for _, v := range vols {
 		staged[v.ID] = v.Stage != nil
@@ -407,7 +409,7 @@ func (r *Reconciler) startPlans(ctx context.Context, plans []plan, epoch uint64)
 
 // staticDevice resolves the device of a static volume; nil when v is not
 // one, or its device is not there now (the stage then says why).
-func (r *Reconciler) staticDevice(v *state.Volume) *state.Loop {
+func (r *Reconciler) staticDevice(v *state.Volume) *host.Loop {
 	if v.Stage == nil || v.Stage.Device == "" || r.cfg.Static == nil {
 		return nil
 	}
@@ -424,7 +426,7 @@ func (r *Reconciler) staticDevice(v *state.Volume) *state.Loop {
 // observation older than v's last finished operation (stale) reports
 // nothing: that operation reported what it did, which such an observation
 // may not show.
-func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *actual, stale bool) VolumeStatus {
+func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *actual, stale bool) status.VolumeStatus {
 	seen := r.fulfilled[v.ID]
 	if seen == nil {
 		seen = map[state.IntentKey]int64{}

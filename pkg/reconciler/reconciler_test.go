@@ -14,7 +14,9 @@ import (
 	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/status"
 )
 
 func TestMain(m *testing.M) {
@@ -103,9 +105,9 @@ func mountPaths(w *fakeWorld) []string {
 }
 
 func TestDiffOrder(t *testing.T) {
-	loop := &state.Loop{Device: "/dev/loop0", Dev: state.DevNum{Major: 7}}
-	staged := &actual{loop: loop, staged: true, stagingMount: &state.Mount{}, targets: map[string]*state.Mount{}}
-	bare := &actual{targets: map[string]*state.Mount{}}
+	loop := &host.Loop{Device: "/dev/loop0", Dev: host.DevNum{Major: 7}}
+	staged := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}}
+	bare := &actual{targets: map[string]*host.Mount{}}
 	pub := func(deleting bool) *state.Publish { p := publishSpec(); p.Deleting = deleting; return p }
 	st := func(deleting bool) *state.Stage { s := stageSpec("/s"); s.Deleting = deleting; return s }
 	tests := []struct {
@@ -580,13 +582,13 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 			h.world.mu.Lock()
 			// The fake keys loops by backing file; a second key holds the
 			// second device of the same image.
-			second := state.Loop{Device: "/dev/loop9", Dev: state.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
+			second := host.Loop{Device: "/dev/loop9", Dev: host.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
 			h.world.loops[h.world.Path("v1")+"#2"] = second
 			if inUse {
 				// Both devices are mounted by someone: neither may go.
 				first := h.world.loops[h.world.Path("v1")]
-				h.world.mountLocked(state.Mount{Path: "/mnt/one", Dev: first.Dev, Root: "/", Source: first.Device, FsType: "ext4"})
-				h.world.mountLocked(state.Mount{Path: "/mnt/two", Dev: second.Dev, Root: "/", Source: second.Device, FsType: "ext4"})
+				h.world.mountLocked(host.Mount{Path: "/mnt/one", Dev: first.Dev, Root: "/", Source: first.Device, FsType: "ext4"})
+				h.world.mountLocked(host.Mount{Path: "/mnt/two", Dev: second.Dev, Root: "/", Source: second.Device, FsType: "ext4"})
 			}
 			h.world.mu.Unlock()
 			h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
@@ -629,7 +631,7 @@ type countingRecorder struct {
 	mu     sync.Mutex
 	ops    map[string]int
 	passes int
-	last   []VolumeStatus
+	last   []status.VolumeStatus
 }
 
 func (c *countingRecorder) OperationDone(action, result string, _ time.Duration) {
@@ -638,7 +640,7 @@ func (c *countingRecorder) OperationDone(action, result string, _ time.Duration)
 	c.ops[action+" "+result]++
 }
 func (c *countingRecorder) Repaired(string) {}
-func (c *countingRecorder) PassDone(_ time.Duration, v []VolumeStatus, _ int) {
+func (c *countingRecorder) PassDone(_ time.Duration, v []status.VolumeStatus, _ int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.passes++
@@ -656,12 +658,12 @@ func TestStatusAndRecorder(t *testing.T) {
 	})
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
-	if s := h.r.Status(); len(s) != 1 || s[0].Phase != PhaseSettingUp || s[0].PublishesDesired != 1 || s[0].PublishesActual != 0 {
+	if s := h.r.Status(); len(s) != 1 || s[0].Phase != status.PhaseSettingUp || s[0].PublishesDesired != 1 || s[0].PublishesActual != 0 {
 		t.Errorf("status while setting up: got %+v", s)
 	}
 	h.settle()
 	s := h.r.Status()
-	if len(s) != 1 || s[0].Phase != PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
+	if len(s) != 1 || s[0].Phase != status.PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
 		t.Errorf("status when converged: got %+v", s)
 	}
 	if rec.ops["stage ok"] != 1 || rec.ops["publish ok"] != 1 || rec.passes < 3 || len(rec.last) != 1 {
@@ -672,7 +674,7 @@ func TestStatusAndRecorder(t *testing.T) {
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
 	h.r.Pass(t.Context())
-	if s := h.r.Status(); s[0].Phase != PhaseFailing || s[0].LastError == "" || s[0].NextRetry.IsZero() {
+	if s := h.r.Status(); s[0].Phase != status.PhaseFailing || s[0].LastError == "" || s[0].NextRetry.IsZero() {
 		t.Errorf("status of a failing teardown: got %+v", s)
 	}
 	if rec.ops["unpublish error"] != 1 {
@@ -753,7 +755,7 @@ func TestIntentNewerThanObservationIsNotJudged(t *testing.T) {
 	h.settle()
 	h.world.mu.Lock()
 	l := h.world.loops[h.world.Path("v1")]
-	h.world.mountLocked(state.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"})
+	h.world.mountLocked(host.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"})
 	h.world.mu.Unlock()
 	h.world.afterObserve = func() {
 		// Someone unmounts their bind mount, then the kubelet unstages.

@@ -33,6 +33,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -596,7 +597,7 @@ func (s *sim) checkCall(name, id string) {
 			return
 		}
 		src := w.imageAt(rec.Stage.Path)
-		var top state.Mount
+		var top host.Mount
 		for _, m := range w.mounts {
 			if m.Path == rec.Stage.Path {
 				top = m

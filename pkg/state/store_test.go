@@ -180,23 +180,6 @@ func TestValidID(t *testing.T) {
 	}
 }
 
-func TestBeneath(t *testing.T) {
-	roots := []string{"/var/lib/kubelet", "/tmp/x"}
-	tests := []struct {
-		path string
-		ok   bool
-	}{
-		{"/var/lib/kubelet/pods/a", true}, {"/tmp/x/y", true},
-		{"/var/lib/kubelet", false}, {"/var/lib/kubeletx/a", false}, {"relative", false},
-		{"/var/lib/kubelet/../etc", false}, {"/var/lib/kubelet/a/", false}, {"/etc/passwd", false},
-	}
-	for _, tc := range tests {
-		if _, _, err := Beneath(tc.path, roots); (err == nil) != tc.ok {
-			t.Errorf("Beneath(%q): got %v, want ok=%v", tc.path, err, tc.ok)
-		}
-	}
-}
-
 // TestErrorWrapsItsCause checks that a classified error keeps what it was
 // made from, for errors.Is and errors.As.
 func TestErrorWrapsItsCause(t *testing.T) {

@@ -1,4 +1,4 @@
-package driver
+package main
 
 import (
 	"context"
@@ -11,17 +11,18 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/converge-csi/converge/pkg/reconciler"
+	"github.com/converge-csi/converge/pkg/driver"
+	"github.com/converge-csi/converge/pkg/status"
 )
 
 // FetchStatus asks a running plugin for the volumes as of its last pass,
 // over its status socket in stateDir, or over httpAddress when it is set.
 // It never opens the store, so it works while the plugin runs and is busy.
-func FetchStatus(ctx context.Context, stateDir, httpAddress string) ([]reconciler.VolumeStatus, error) {
+func FetchStatus(ctx context.Context, stateDir, httpAddress string) ([]status.VolumeStatus, error) {
 	url := "http://" + httpAddress + "/status"
 	client := &http.Client{Timeout: 10 * time.Second}
 	if httpAddress == "" {
-		sock := StatusSocket(stateDir)
+		sock := driver.StatusSocket(stateDir)
 		url = "http://converge/status"
 		client.Transport = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -40,7 +41,7 @@ func FetchStatus(ctx context.Context, stateDir, httpAddress string) ([]reconcile
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("the plugin answered %s", resp.Status)
 	}
-	var out []reconciler.VolumeStatus
+	var out []status.VolumeStatus
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return nil, fmt.Errorf("reading the status: %w", err)
 	}
@@ -50,7 +51,7 @@ func FetchStatus(ctx context.Context, stateDir, httpAddress string) ([]reconcile
 // PrintStatus writes volumes as a table (volume, phase, staged at,
 // publishes fulfilled/desired, size, condition or last error, next retry),
 // or as JSON.
-func PrintStatus(w io.Writer, volumes []reconciler.VolumeStatus, asJSON bool) error {
+func PrintStatus(w io.Writer, volumes []status.VolumeStatus, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -1,4 +1,7 @@
-package driver
+// Package controller is converge's node-local CSI Controller service: each
+// node's plugin creates, grows and deletes the image files of its own data
+// directory, and reports what it can still hold.
+package controller
 
 import (
 	"context"
@@ -20,6 +23,8 @@ import (
 )
 
 const (
+	// TopologyKey is the topology segment that pins a volume to its node.
+	TopologyKey = "topology.converge.csi.dev/node"
 	// DefaultVolumeSize is the size of a volume created without a
 	// capacity range.
 	DefaultVolumeSize = 1 << 30
@@ -37,8 +42,8 @@ const (
 	k8sParamPrefix = "csi.storage.k8s.io/"
 )
 
-// controllerStore is what the controller needs of the store.
-type controllerStore interface {
+// Store is what the controller needs of the store.
+type Store interface {
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
 	DropFinals(id string)
 }
@@ -48,12 +53,19 @@ type controllerStore interface {
 type controller struct {
 	csi.UnimplementedControllerServer
 	images   *devices.Images
-	store    controllerStore
+	store    Store
 	topology map[string]string
 
 	// mu serialises CreateVolume and DeleteVolume so a name is never
 	// created and deleted at once.
 	mu sync.Mutex
+}
+
+// New returns the Controller service over the images of this node's data
+// directory; topology is this node's segment (TopologyKey: the node's
+// name).
+func New(images *devices.Images, store Store, topology map[string]string) csi.ControllerServer {
+	return &controller{images: images, store: store, topology: topology}
 }
 
 func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {

@@ -1,4 +1,9 @@
-package state
+// Package host holds what every layer knows of the host alike: the
+// observation types the device layer fills and the reconciler compares
+// with the records (mounts, loop devices, filesystem usage), and the rule
+// every host path the plugin acts on must pass (Beneath). It imports
+// nothing of the plugin.
+package host
 
 import "sort"
 

@@ -1,0 +1,93 @@
+// Package arch holds the design's dependency rules as a test: which of the
+// plugin's packages may import which, so that no arrow runs back up.
+package arch
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/converge-csi/converge/"
+
+// allowed lists, for every package of the plugin, the packages of the
+// plugin it may import (its tests aside). The direction is the design's:
+// nodeserver -> state <- reconciler -> devices; host and status are leaves
+// every layer may read; driver wires everything; the command sees only the
+// driver and the status it prints.
+var allowed = map[string][]string{
+	"cmd/csi-node":   {"pkg/driver", "pkg/status"},
+	"pkg/driver":     {"pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/state"},
+	"pkg/controller": {"pkg/devices", "pkg/nodeserver", "pkg/state"},
+	"pkg/nodeserver": {"pkg/host", "pkg/state"},
+	"pkg/reconciler": {"pkg/devices", "pkg/host", "pkg/state", "pkg/status"},
+	"pkg/devices":    {"pkg/host"},
+	"pkg/metrics":    {"pkg/status"},
+	"pkg/state":      nil,
+	"pkg/host":       nil,
+	"pkg/status":     nil,
+}
+
+// only lists outside modules that one package alone may import: the store
+// is the only place that knows bbolt.
+var only = map[string]string{
+	"go.etcd.io/bbolt": "pkg/state",
+}
+
+func TestImportArrows(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	imports := map[string]map[string]bool{}
+	for _, top := range []string{"cmd", "pkg"} {
+		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+			if err != nil {
+				return err
+			}
+			pkg, _ := filepath.Rel(root, filepath.Dir(path))
+			if imports[pkg] == nil {
+				imports[pkg] = map[string]bool{}
+			}
+			for _, spec := range f.Imports {
+				p, _ := strconv.Unquote(spec.Path.Value)
+				imports[pkg][p] = true
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for pkg, deps := range imports {
+		may, known := allowed[pkg]
+		if !known {
+			t.Errorf("%s is a package the design does not place: add it to allowed with the imports it may have", pkg)
+			continue
+		}
+		for dep := range deps {
+			if inner, ok := strings.CutPrefix(dep, module); ok && !slices.Contains(may, inner) {
+				t.Errorf("%s imports %s: an arrow the design does not allow", pkg, inner)
+			}
+			for mod, owner := range only {
+				if (dep == mod || strings.HasPrefix(dep, mod+"/")) && pkg != owner {
+					t.Errorf("%s imports %s, which only %s may", pkg, dep, owner)
+				}
+			}
+		}
+	}
+	for pkg := range allowed {
+		if imports[pkg] == nil {
+			t.Errorf("%s is in allowed but has no source: remove it", pkg)
+		}
+	}
+}
