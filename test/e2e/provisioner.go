@@ -168,6 +168,18 @@ func (p *provisioner) provision(ctx context.Context) error {
 			selected != "" && selected != p.node || pvc.Spec.StorageClassName == nil {
 			continue
 		}
+		if ref := pvc.Spec.DataSourceRef; ref != nil {
+			// A data source: external-provisioner leaves a claim whose
+			// source is a custom resource to that resource's populator,
+			// and fills one from a claim or a snapshot only through the
+			// driver's CLONE_VOLUME or snapshot capability, which
+			// converge does not advertise. Either way it never makes an
+			// empty volume for it.
+			if ref.Kind == "PersistentVolumeClaim" && ref.APIGroup == nil || ref.Kind == "VolumeSnapshot" {
+				errs = append(errs, fmt.Errorf("provision %s/%s: converge cannot fill a volume from a %s", pvc.Namespace, pvc.Name, ref.Kind))
+			}
+			continue
+		}
 		sc, err := p.client.StorageV1().StorageClasses().Get(ctx, *pvc.Spec.StorageClassName, metav1.GetOptions{})
 		if err != nil || sc.Provisioner != driverName {
 			continue

@@ -255,8 +255,11 @@ func readJUnit(path string, skips []skip) (string, []string, error) {
 
 // firstSentence is a reason's first sentence, for the summary.
 func firstSentence(s string) string {
-	if i := strings.IndexAny(s, ".;"); i >= 0 && i+1 < len(s) && s[i+1] == ' ' {
-		return s[:i]
+	end := len(s)
+	for _, sep := range []string{". ", "; "} {
+		if i := strings.Index(s, sep); i >= 0 && i < end {
+			end = i
+		}
 	}
-	return s
+	return s[:end]
 }
