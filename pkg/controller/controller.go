@@ -13,9 +13,6 @@ import (
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/nodeserver"
@@ -89,10 +86,10 @@ func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	name := req.GetName()
 	if name == "" {
-		return nil, status.Error(codes.InvalidArgument, "name is required")
+		return nil, state.Errorf(state.KindInvalidArgument, "name is required")
 	}
 	if err := state.ValidID(name); err != nil {
-		return nil, status.Errorf(codes.InvalidArgument, "name: %v", err)
+		return nil, state.Errorf(state.KindInvalidArgument, "name: %w", err)
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return nil, err
@@ -105,7 +102,7 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	if len(unknown) > 0 {
 		sort.Strings(unknown)
-		return nil, status.Errorf(codes.InvalidArgument, "unknown parameters: %s", strings.Join(unknown, ", "))
+		return nil, state.Errorf(state.KindInvalidArgument, "unknown parameters: %s", strings.Join(unknown, ", "))
 	}
 	// mkfs options are checked now, for the filesystem the volume will
 	// carry, and handed to the node in the volume's attributes.
@@ -118,12 +115,12 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 			}
 		}
 		if _, err := nodeserver.CheckMkfsOptions(fsType, opts); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "%v", err)
+			return nil, state.Errorf(state.KindInvalidArgument, "%w", err)
 		}
 		volumeContext[nodeserver.MkfsOptionsKey] = opts
 	}
 	if req.GetVolumeContentSource() != nil {
-		return nil, status.Error(codes.InvalidArgument, "snapshots and cloning are not supported")
+		return nil, state.Errorf(state.KindInvalidArgument, "snapshots and cloning are not supported")
 	}
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
@@ -138,17 +135,17 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	defer c.mu.Unlock()
 	if cur, err := c.images.Size(name); err == nil {
 		if cur < required || limit > 0 && cur > limit {
-			return nil, status.Errorf(codes.AlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", name, cur, required, limit)
+			return nil, state.Errorf(state.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", name, cur, required, limit)
 		}
 		return c.response(name, cur, volumeContext), nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, status.Errorf(codes.Internal, "checking volume %s: %v", name, err)
+		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", name, err)
 	}
 	if err := c.images.Create(name, size); err != nil {
-		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-			return nil, status.Errorf(codes.ResourceExhausted, "creating volume %s: %v", name, err)
+		if state.NoSpace(err) {
+			return nil, state.Errorf(state.KindResourceExhausted, "creating volume %s: %w", name, err)
 		}
-		return nil, status.Errorf(codes.Internal, "creating volume %s: %v", name, err)
+		return nil, state.Errorf(state.KindInternal, "creating volume %s: %w", name, err)
 	}
 	return c.response(name, size, volumeContext), nil
 }
@@ -173,10 +170,10 @@ func (c *controller) volume(id string, size int64) *csi.Volume {
 // have bytes now (0 for a new one).
 func (c *controller) sizeFor(required, limit, have int64) (int64, error) {
 	if required < 0 || limit < 0 {
-		return 0, status.Error(codes.InvalidArgument, "capacity range must not be negative")
+		return 0, state.Errorf(state.KindInvalidArgument, "capacity range must not be negative")
 	}
 	if limit > 0 && required > limit {
-		return 0, status.Errorf(codes.OutOfRange, "required bytes %d exceed limit bytes %d", required, limit)
+		return 0, state.Errorf(state.KindOutOfRange, "required bytes %d exceed limit bytes %d", required, limit)
 	}
 	size := max(required, MinVolumeSize)
 	if required == 0 {
@@ -186,23 +183,23 @@ func (c *controller) sizeFor(required, limit, have int64) (int64, error) {
 		}
 	}
 	if size > (1 << 62) {
-		return 0, status.Errorf(codes.OutOfRange, "%d bytes is more than this node can hold", size)
+		return 0, state.Errorf(state.KindOutOfRange, "%d bytes is more than this node can hold", size)
 	}
 	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
 	if limit > 0 && size > limit {
-		return 0, status.Errorf(codes.OutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, limit)
+		return 0, state.Errorf(state.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, limit)
 	}
 	total, avail, err := c.images.Capacity()
 	if err != nil {
-		return 0, status.Errorf(codes.Internal, "%v", err)
+		return 0, state.Errorf(state.KindInternal, "%w", err)
 	}
 	if size > total {
-		return 0, status.Errorf(codes.OutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
+		return 0, state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
 	}
 	if size-have > avail {
 		// Images are sparse, but a volume is only promised what is free
 		// when it is made or grown, as GetCapacity reports.
-		return 0, status.Errorf(codes.ResourceExhausted, "%d more bytes requested, the data directory has %d bytes free", size-have, avail)
+		return 0, state.Errorf(state.KindResourceExhausted, "%d more bytes requested, the data directory has %d bytes free", size-have, avail)
 	}
 	return size, nil
 }
@@ -217,16 +214,16 @@ func (c *controller) checkTopology(req *csi.TopologyRequirement) error {
 			return nil
 		}
 	}
-	return status.Errorf(codes.ResourceExhausted, "requisite topology does not include this node (%s=%s)", TopologyKey, c.topology[TopologyKey])
+	return state.Errorf(state.KindResourceExhausted, "requisite topology does not include this node (%s=%s)", TopologyKey, c.topology[TopologyKey])
 }
 
 func checkCapabilities(caps []*csi.VolumeCapability) error {
 	if len(caps) == 0 {
-		return status.Error(codes.InvalidArgument, "volume capabilities are required")
+		return state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
 	}
 	for _, vc := range caps {
 		if _, err := nodeserver.ParseCapability(vc); err != nil {
-			return status.Errorf(codes.InvalidArgument, "%v", err)
+			return state.Errorf(state.KindInvalidArgument, "%w", err)
 		}
 	}
 	return nil
@@ -239,26 +236,26 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
 	}
 	if req.GetCapacityRange() == nil {
-		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
+		return nil, state.Errorf(state.KindInvalidArgument, "capacity range is required")
 	}
 	if state.ValidID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+		return nil, state.NotFound(id)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cur, err := c.images.Size(id)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+		return nil, state.NotFound(id)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "checking volume %s: %v", id, err)
+		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
 	}
 	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
 	if limit > 0 && cur > limit {
-		return nil, status.Errorf(codes.OutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, cur, limit)
+		return nil, state.Errorf(state.KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, cur, limit)
 	}
 	size, err := c.sizeFor(max(required, cur), limit, cur)
 	if err != nil {
@@ -266,10 +263,10 @@ func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	}
 	size, err = c.images.Grow(id, size)
 	if err != nil {
-		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-			return nil, status.Errorf(codes.ResourceExhausted, "growing volume %s: %v", id, err)
+		if state.NoSpace(err) {
+			return nil, state.Errorf(state.KindResourceExhausted, "growing volume %s: %w", id, err)
 		}
-		return nil, status.Errorf(codes.Internal, "growing volume %s: %v", id, err)
+		return nil, state.Errorf(state.KindInternal, "growing volume %s: %w", id, err)
 	}
 	// The node grows the loop device and the filesystem (or, for a raw
 	// block volume, the device).
@@ -281,7 +278,7 @@ func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
 	}
 	if state.ValidID(id) != nil {
 		return &csi.DeleteVolumeResponse{}, nil // no such volume can exist
@@ -313,19 +310,19 @@ func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
+		return nil, state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
 	}
 	if state.ValidID(id) != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+		return nil, state.NotFound(id)
 	}
 	if _, err := c.images.Size(id); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, status.Errorf(codes.NotFound, "volume %s not found", id)
+			return nil, state.NotFound(id)
 		}
-		return nil, status.Errorf(codes.Internal, "%v", err)
+		return nil, state.Errorf(state.KindInternal, "%w", err)
 	}
 	for _, vc := range req.GetVolumeCapabilities() {
 		if _, err := nodeserver.ParseCapability(vc); err != nil {
@@ -342,19 +339,19 @@ func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 // ListVolumes pages through the images in ID order.
 func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	if req.GetMaxEntries() < 0 {
-		return nil, status.Error(codes.InvalidArgument, "max entries must not be negative")
+		return nil, state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
 	}
 	after := ""
 	if tok := req.GetStartingToken(); tok != "" {
 		id, ok := strings.CutPrefix(tok, listTokenPrefix)
 		if !ok || state.ValidID(id) != nil {
-			return nil, status.Errorf(codes.Aborted, "invalid starting token %q", tok)
+			return nil, state.Errorf(state.KindAborted, "invalid starting token %q", tok)
 		}
 		after = id
 	}
 	ids, err := c.images.List()
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "listing volumes: %v", err)
+		return nil, state.Errorf(state.KindInternal, "listing volumes: %w", err)
 	}
 	start := sort.SearchStrings(ids, after)
 	if start < len(ids) && ids[start] == after {
@@ -387,7 +384,7 @@ func (c *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	}
 	_, avail, err := c.images.Capacity()
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "%v", err)
+		return nil, state.Errorf(state.KindInternal, "%w", err)
 	}
 	return &csi.GetCapacityResponse{AvailableCapacity: avail}, nil
 }

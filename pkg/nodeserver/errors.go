@@ -10,31 +10,20 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-var kindCodes = map[state.Kind]codes.Code{
-	state.KindInternal:           codes.Internal,
-	state.KindInvalidArgument:    codes.InvalidArgument,
-	state.KindNotFound:           codes.NotFound,
-	state.KindAlreadyExists:      codes.AlreadyExists,
-	state.KindFailedPrecondition: codes.FailedPrecondition,
-	state.KindResourceExhausted:  codes.ResourceExhausted,
-	state.KindAborted:            codes.Aborted,
-	state.KindDataLoss:           codes.DataLoss,
-	state.KindOutOfRange:         codes.OutOfRange,
-}
-
 // Status turns any error into a gRPC status error, so that no plain Go error
-// reaches the kubelet as Unknown. A gRPC status passes through unchanged.
+// reaches the kubelet as Unknown: the one place a code is chosen, for the
+// node and the controller alike (the driver's interceptor applies it to
+// every call) besides state.Error's GRPCStatus. A classified error gets its
+// kind's code; a gRPC status keeps its own.
 func Status(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
-		return err
+	// A classified error (state.Error) carries its kind's code.
+	if s, ok := status.FromError(err); ok {
+		return s.Err()
 	}
-	var e *state.Error
 	switch {
-	case errors.As(err, &e):
-		return status.Error(kindCodes[e.Kind], e.Message)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
@@ -44,5 +33,5 @@ func Status(err error) error {
 }
 
 func invalid(format string, args ...any) error {
-	return status.Errorf(codes.InvalidArgument, format, args...)
+	return state.Errorf(state.KindInvalidArgument, format, args...)
 }

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/converge-csi/converge/pkg/host"
@@ -141,6 +138,6 @@ func (s *Server) admit() (release func(), err error) {
 	case s.slots <- struct{}{}:
 		return func() { <-s.slots }, nil
 	default:
-		return nil, status.Errorf(codes.ResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
+		return nil, state.Errorf(state.KindResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
 	}
 }

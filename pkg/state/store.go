@@ -333,7 +333,7 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 		}
 	}
 	err := s.log.write(id, raw)
-	if isNoSpace(err) {
+	if NoSpace(err) {
 		// Nothing was committed: the records stay as they were.
 		return nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %w", id, err)
 	}

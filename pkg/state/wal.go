@@ -171,7 +171,7 @@ func (l *writeLog) prepare(size int64) error {
 	zeros := make([]byte, 64<<10)
 	for l.size < size {
 		n, err := unix.Pwrite(l.fd, zeros[:min(int64(len(zeros)), size-l.size)], l.size)
-		if err != nil && !isNoSpace(err) {
+		if err != nil && !NoSpace(err) {
 			return fmt.Errorf("allocating state log: %w", err)
 		}
 		l.size += int64(max(n, 0))
@@ -226,7 +226,7 @@ func (l *writeLog) append(id string, value []byte) (uint64, error) {
 		err = syscall.ENOSPC
 	}
 	if err != nil {
-		if isNoSpace(err) {
+		if NoSpace(err) {
 			// The record is not counted and what part of it reached the
 			// file ends the chain there, until the next record
 			// overwrites it.
@@ -301,7 +301,9 @@ func raise(v *atomic.Uint64, n uint64) {
 	}
 }
 
-func isNoSpace(err error) bool {
+// NoSpace reports whether err says a filesystem is full or a quota is
+// exhausted (ENOSPC, EDQUOT): what a request answers RESOURCE_EXHAUSTED.
+func NoSpace(err error) bool {
 	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
