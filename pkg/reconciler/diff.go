@@ -172,30 +172,38 @@ func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check che
 		}
 	}
 	if a.loop != nil {
-		for _, m := range snap.MountsOf(a.loop.Dev) {
-			if v.Stage != nil && m.Path == v.Stage.Path {
-				continue
-			}
-			if _, ok := v.Publishes[m.Path]; ok {
-				continue
-			}
-			if _, _, err := host.Beneath(m.Path, roots); err == nil {
-				// Only the plugin's own mount is a stray; outside the
-				// roots there is none.
-				id, _ := check(m.Path)
-				if id != 0 && recorded(v, id) {
-					a.strays = append(a.strays, stray{path: m.Path, id: id})
-					continue
-				}
-				if id == 0 {
-					a.unknownMounts = append(a.unknownMounts, m.Path)
-					continue
-				}
-			}
-			a.foreignMounts = append(a.foreignMounts, m.Path)
-		}
+		a.sortOtherMounts(v, snap.MountsOf(a.loop.Dev), check, roots)
 	}
 	return a
+}
+
+// sortOtherMounts sorts the mounts of the volume's filesystem at paths
+// its record does not name: the plugin's own (strays: inside the roots,
+// with a unique ID the record holds), those whose owner cannot be told this
+// pass (unknown), and everyone else's (foreign).
+func (a *actual) sortOtherMounts(v *state.Volume, mounts []host.Mount, check checkMount, roots []string) {
+	for _, m := range mounts {
+		if v.Stage != nil && m.Path == v.Stage.Path {
+			continue
+		}
+		if _, ok := v.Publishes[m.Path]; ok {
+			continue
+		}
+		if _, _, err := host.Beneath(m.Path, roots); err == nil {
+			// Only the plugin's own mount is a stray; outside the roots
+			// there is none.
+			id, _ := check(m.Path)
+			if id != 0 && recorded(v, id) {
+				a.strays = append(a.strays, stray{path: m.Path, id: id})
+				continue
+			}
+			if id == 0 {
+				a.unknownMounts = append(a.unknownMounts, m.Path)
+				continue
+			}
+		}
+		a.foreignMounts = append(a.foreignMounts, m.Path)
+	}
 }
 
 // recorded reports whether v's record holds the unique mount ID id.

@@ -7,6 +7,34 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
+// unusablePaths lists the live stage's and publishes' paths where the
+// volume cannot be used now, and of those the publishes that were
+// fulfilled and broke (broken).
+func unusablePaths(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int64) bool) (unusable, broken []string) {
+	if !a.staged || a.unusable != "" {
+		unusable = append(unusable, v.Stage.Path)
+	}
+	for _, t := range v.Targets() {
+		p := v.Publishes[t]
+		if p.Deleting {
+			continue
+		}
+		switch {
+		case !a.published(t):
+			unusable = append(unusable, t)
+			if lost(state.PublishKey(t), p.Generation) {
+				broken = append(broken, t)
+			}
+		case a.unusableTargets[t] != "":
+			unusable = append(unusable, t)
+			broken = append(broken, t)
+		case a.unusable != "":
+			unusable = append(unusable, t)
+		}
+	}
+	return unusable, broken
+}
+
 // condition derives the health of v from its actual state: abnormal when a
 // live intent that was fulfilled is not any more (lost reports whether the
 // intent of that generation was seen fulfilled; the plugin is repairing
@@ -19,28 +47,8 @@ func condition(v *state.Volume, a *actual, lost func(key state.IntentKey, gen in
 	if st == nil || st.Deleting {
 		return c
 	}
-	if !a.staged || a.unusable != "" {
-		c.Unusable = append(c.Unusable, st.Path)
-	}
 	var broken []string
-	for _, t := range v.Targets() {
-		p := v.Publishes[t]
-		if p.Deleting {
-			continue
-		}
-		switch {
-		case !a.published(t):
-			c.Unusable = append(c.Unusable, t)
-			if lost(state.PublishKey(t), p.Generation) {
-				broken = append(broken, t)
-			}
-		case a.unusableTargets[t] != "":
-			c.Unusable = append(c.Unusable, t)
-			broken = append(broken, t)
-		case a.unusable != "":
-			c.Unusable = append(c.Unusable, t)
-		}
-	}
+	c.Unusable, broken = unusablePaths(v, a, lost)
 	abnormal := func(reason, format string, args ...any) state.Condition {
 		c.Abnormal, c.Health, c.Reason, c.Message = true, state.Inaccessible, reason, fmt.Sprintf(format, args...)
 		return c

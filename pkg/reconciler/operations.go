@@ -61,75 +61,18 @@ func deviceError(err error, format string, args ...any) error {
 // staging path and records the provenance.
 func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 	st := v.Stage
-	if err := r.cfg.Paths.CheckDir(st.Path); err != nil {
-		return pathError("staging path", st.Path, err)
+	if done, err := r.stageChecks(v, a); done || err != nil {
+		return err
 	}
-	if len(a.extraLoops) > 0 {
-		// Two devices on one image would let one filesystem be mounted
-		// twice, which corrupts it.
-		return state.Errorf(state.KindFailedPrecondition, "image of volume %s is attached more than once (%s and %s); refusing to mount it",
-			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
-	}
-	if a.staged && !a.block {
-		return r.recordFormatted(v.ID, a.stagingMount.FsType, 0)
-	}
-	if a.stagingMount != nil {
-		return state.Errorf(state.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
-	}
-	if a.static {
-		if err := r.checkIdentity(v, a); err != nil {
-			return err
-		}
-	}
-	// devSize is the size the device has, which a new filesystem fills.
-	var devSize int64
-	var err error
-	if !a.static {
-		devSize, err = r.cfg.Images.Size(v.ID)
-	}
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return state.Terminalf(state.KindNotFound, "volume %s does not exist", v.ID)
-		}
-		return fmt.Errorf("checking image: %w", err)
-	}
-	dev := ""
-	if a.loop != nil {
-		dev, devSize = a.loop.Device, a.loop.Size
-	} else {
-		d, err := r.cfg.Loops.Attach(r.cfg.Images.Path(v.ID))
-		if errors.Is(err, devices.ErrNoLoopDevice) {
-			return state.Errorf(state.KindResourceExhausted, "attaching volume %s: %w", v.ID, err)
-		}
-		if err != nil {
-			return fmt.Errorf("attaching volume %s: %w", v.ID, err)
-		}
-		dev = d
-	}
-
-	if st.Access == state.AccessBlock {
+	dev, devSize, err := r.stageDevice(v, a)
+	if err != nil || st.Access == state.AccessBlock {
 		// A raw block volume is attached, never formatted nor mounted.
-		return nil
+		return err
 	}
 	want := fsTypeOf(st)
-	have, err := r.cfg.Filesystems.DiskFormat(dev)
-	switch {
-	case errors.Is(err, devices.ErrPartitioned) && v.Formatted != "":
-		// The filesystem the plugin made is gone: as a wiped one.
-		return state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but its device %s now carries a partition table; refusing to format or mount it", v.ID, v.Formatted, dev)
-	case errors.Is(err, devices.ErrPartitioned):
-		return state.Terminalf(state.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
-	}
+	have, err := r.filesystemOn(v, dev, want)
 	if err != nil {
-		return fmt.Errorf("cannot tell whether %s holds data, refusing to format: %w", dev, err)
-	}
-	switch {
-	case v.Formatted != "" && have == "":
-		return state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
-	case have != "" && have != want:
-		return state.Terminalf(state.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
-	case have == "" && st.MountsReadOnly():
-		return state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
+		return err
 	}
 	grown := int64(0)
 	if have == devices.FsExt4 && !st.MountsReadOnly() && v.FsSize < devSize {
@@ -154,6 +97,82 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 		return err
 	}
 	return r.recordMount(v.ID, action{kind: actRecordMount, mountID: id, generation: st.Generation})
+}
+
+// stageChecks refuses a stage that must not go on, and finishes one whose
+// filesystem is already mounted (done).
+func (r *Reconciler) stageChecks(v *state.Volume, a *actual) (done bool, err error) {
+	st := v.Stage
+	if err := r.cfg.Paths.CheckDir(st.Path); err != nil {
+		return false, pathError("staging path", st.Path, err)
+	}
+	if len(a.extraLoops) > 0 {
+		// Two devices on one image would let one filesystem be mounted
+		// twice, which corrupts it.
+		return false, state.Errorf(state.KindFailedPrecondition, "image of volume %s is attached more than once (%s and %s); refusing to mount it",
+			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
+	}
+	if a.staged && !a.block {
+		return true, r.recordFormatted(v.ID, a.stagingMount.FsType, 0)
+	}
+	if a.stagingMount != nil {
+		return false, state.Errorf(state.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
+	}
+	if a.static {
+		return false, r.checkIdentity(v, a)
+	}
+	return false, nil
+}
+
+// stageDevice returns the volume's device, attaching its image if needed,
+// and the device's size, which a new filesystem fills.
+func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, error) {
+	var devSize int64
+	var err error
+	if !a.static {
+		devSize, err = r.cfg.Images.Size(v.ID)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return "", 0, state.Terminalf(state.KindNotFound, "volume %s does not exist", v.ID)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("checking image: %w", err)
+	}
+	if a.loop != nil {
+		return a.loop.Device, a.loop.Size, nil
+	}
+	dev, err := r.cfg.Loops.Attach(r.cfg.Images.Path(v.ID))
+	if errors.Is(err, devices.ErrNoLoopDevice) {
+		return "", 0, state.Errorf(state.KindResourceExhausted, "attaching volume %s: %w", v.ID, err)
+	}
+	if err != nil {
+		return "", 0, fmt.Errorf("attaching volume %s: %w", v.ID, err)
+	}
+	return dev, devSize, nil
+}
+
+// filesystemOn returns the filesystem on dev ("" for none), or why the
+// stage must not format nor mount it: a partition table, a filesystem
+// the plugin made that is gone, another filesystem than want, or an empty
+// device staged read-only. A probe that fails fails closed.
+func (r *Reconciler) filesystemOn(v *state.Volume, dev, want string) (string, error) {
+	have, err := r.cfg.Filesystems.DiskFormat(dev)
+	switch {
+	case errors.Is(err, devices.ErrPartitioned) && v.Formatted != "":
+		// The filesystem the plugin made is gone: as a wiped one.
+		return "", state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but its device %s now carries a partition table; refusing to format or mount it", v.ID, v.Formatted, dev)
+	case errors.Is(err, devices.ErrPartitioned):
+		return "", state.Terminalf(state.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
+	case err != nil:
+		return "", fmt.Errorf("cannot tell whether %s holds data, refusing to format: %w", dev, err)
+	case v.Formatted != "" && have == "":
+		return "", state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
+	case have != "" && have != want:
+		return "", state.Terminalf(state.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
+	case have == "" && v.Stage.MountsReadOnly():
+		return "", state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
+	}
+	return have, nil
 }
 
 // recordFormatted sets the provenance of a volume once, and the device size

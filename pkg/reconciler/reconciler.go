@@ -433,23 +433,7 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 		r.fulfilled[v.ID] = seen
 	}
 	lost := func(key state.IntentKey, gen int64) bool { return seen[key] == gen }
-	cond := condition(v, a, lost)
-	if st := v.Stage; st != nil && !st.Deleting {
-		if f := r.exec.lastFailure(v.ID, state.StageKey, st.Generation); f != nil && f.err.Kind == state.KindDataLoss {
-			cond.Abnormal, cond.Health, cond.Reason, cond.Message = true, state.DataLost, "FilesystemMissing", f.err.Message
-		} else if f := r.exec.latestFailure(v.ID); f != nil && !cond.Abnormal {
-			switch {
-			case f.act.key() == state.ExpandKey:
-				cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
-				cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
-					v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
-			case f.attempts >= repeatedFailures:
-				cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "OperationFailing"
-				cond.Message = fmt.Sprintf("%s of volume %s failed %d times in a row (%s); retrying at %s",
-					f.act, v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
-			}
-		}
-	}
+	cond := r.withFailures(v, condition(v, a, lost))
 	if stale {
 		return r.volumeStatus(v, a, cond)
 	}
@@ -485,17 +469,50 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 		r.exec.healthy(v.ID)
 	}
 	r.cfg.Store.SetCondition(v.ID, cond)
-	logger := klog.FromContext(ctx)
-	// Log when the reason changes; the failures behind it log each retry.
-	switch prev := r.reported[v.ID]; {
-	case cond.Abnormal && prev != cond.Reason:
-		logger.Info("Volume is abnormal", "volumeID", v.ID, "reason", cond.Reason, "message", cond.Message)
-		r.reported[v.ID] = cond.Reason
-	case !cond.Abnormal && prev != "":
-		logger.Info("Volume is back to normal", "volumeID", v.ID, "was", prev)
-		delete(r.reported, v.ID)
-	}
+	r.logCondition(klog.FromContext(ctx), v.ID, cond)
 	return r.volumeStatus(v, a, cond)
+}
+
+// withFailures adds to the condition of a live stage what its operations'
+// failures say: a lost filesystem (DATA_LOSS), a growth that keeps failing,
+// or any operation failing repeatedly (DEGRADED).
+func (r *Reconciler) withFailures(v *state.Volume, cond state.Condition) state.Condition {
+	st := v.Stage
+	if st == nil || st.Deleting {
+		return cond
+	}
+	if f := r.exec.lastFailure(v.ID, state.StageKey, st.Generation); f != nil && f.err.Kind == state.KindDataLoss {
+		cond.Abnormal, cond.Health, cond.Reason, cond.Message = true, state.DataLost, "FilesystemMissing", f.err.Message
+		return cond
+	}
+	f := r.exec.latestFailure(v.ID)
+	if f == nil || cond.Abnormal {
+		return cond
+	}
+	switch {
+	case f.act.key() == state.ExpandKey:
+		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
+		cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
+			v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
+	case f.attempts >= repeatedFailures:
+		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "OperationFailing"
+		cond.Message = fmt.Sprintf("%s of volume %s failed %d times in a row (%s); retrying at %s",
+			f.act, v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
+	}
+	return cond
+}
+
+// logCondition logs when a volume's reason changes; the failures behind it
+// log each retry.
+func (r *Reconciler) logCondition(logger klog.Logger, id string, cond state.Condition) {
+	switch prev := r.reported[id]; {
+	case cond.Abnormal && prev != cond.Reason:
+		logger.Info("Volume is abnormal", "volumeID", id, "reason", cond.Reason, "message", cond.Message)
+		r.reported[id] = cond.Reason
+	case !cond.Abnormal && prev != "":
+		logger.Info("Volume is back to normal", "volumeID", id, "was", prev)
+		delete(r.reported, id)
+	}
 }
 
 // startOp runs the operation for act in the executor.
