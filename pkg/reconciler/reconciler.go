@@ -18,122 +18,12 @@ import (
 	"github.com/converge-csi/converge/pkg/status"
 )
 
-// Store is the subset of the desired-state store the reconciler needs.
-type Store interface {
-	List() []*state.Volume
-	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
-	SetResult(id string, key state.IntentKey, r state.Result)
-	Fulfilled(id string, key state.IntentKey, gen int64, path string)
-	SetFinal(id string, key state.IntentKey, f state.Final)
-	SetCondition(id string, c state.Condition)
-}
-
-// Observer reads the actual state of the machine.
-type Observer interface {
-	Observe() (*host.Snapshot, error)
-	// CheckMount returns the unique ID of the top mount at path (0 when
-	// unknown) and the error of a corrupted mount there (ENOTCONN, ESTALE,
-	// EIO...), nil otherwise.
-	CheckMount(path string) (uint64, error)
-}
-
-// Loops attaches and detaches loop devices.
-type Loops interface {
-	Attach(image string) (string, error)
-	Detach(dev string) error
-	// Keep clears the auto-clear flag of an attached device.
-	Keep(dev string) error
-	// Grow makes a device take its backing file's size.
-	Grow(dev string) error
-}
-
-// Filesystems probes, formats and mounts.
-type Filesystems interface {
-	DiskFormat(dev string) (string, error)
-	// FormatAndMount returns the new mount's unique ID.
-	FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error)
-	// BindMount and BindDevice return the new mount's unique ID.
-	BindMount(source, target string, options []string) (uint64, error)
-	Unmount(target string) error
-	// UnmountOwned unmounts the top mount at target only if its unique
-	// mount ID is id.
-	UnmountOwned(target string, id uint64) error
-	// Resize grows the filesystem on dev, mounted at mountPath, online.
-	Resize(dev, mountPath string) error
-	// GrowUnmounted checks and grows the unmounted filesystem on dev.
-	GrowUnmounted(dev, fsType string) error
-	// BindDevice bind mounts the device node dev on the file target,
-	// creating the file.
-	BindDevice(dev, target string, ro bool) (uint64, error)
-}
-
-// Paths checks, creates and removes paths without following symlinks.
-type Paths interface {
-	CheckDir(path string) error
-	Mkdir(path string) error
-	Remove(path string) error
-}
-
-// Images locates and checks the backing files of volumes.
-type Images interface {
-	Path(id string) string
-	IDOf(path string) (string, bool)
-	Size(id string) (int64, error)
-}
-
 // soonDelay is how long KickSoon waits for a pass to start by itself.
 const soonDelay = time.Millisecond
 
 // repeatedFailures is how many failures in a row of one operation make a
 // volume DEGRADED: one or two are the ordinary retries of a busy node.
 const repeatedFailures = 3
-
-// Static resolves the existing block devices of static volumes.
-type Static interface {
-	// Resolve returns the device at a stable path.
-	Resolve(path string) (host.Loop, error)
-	// Identity returns what identifies the device, "" when nothing does.
-	Identity(l host.Loop) (string, error)
-}
-
-// Defaults of Config.
-const (
-	DefaultResyncPeriod   = 10 * time.Second
-	DefaultFastWorkers    = 16
-	DefaultSlowWorkers    = 8
-	DefaultBackoffInitial = 500 * time.Millisecond
-	DefaultBackoffMax     = 2 * time.Minute
-)
-
-// Config configures a Reconciler. Zero durations and counts take defaults.
-type Config struct {
-	Store       Store
-	Observer    Observer
-	Loops       Loops
-	Filesystems Filesystems
-	Paths       Paths
-	Images      Images
-	Clock       clock.WithTickerAndDelayedExecution
-	// Static resolves static volumes' devices; nil when they are off.
-	Static Static
-	// Recorder receives operations and passes, for metrics; nil for none.
-	Recorder Recorder
-
-	// Roots are the directories the plugin may unmount orphaned mounts in;
-	// mounts elsewhere are never touched.
-	Roots []string
-
-	// ResyncPeriod is the time between passes when nothing kicks the loop.
-	ResyncPeriod time.Duration
-	// FastWorkers bounds concurrent quick operations (bind mounts, unmounts).
-	FastWorkers int
-	// SlowWorkers bounds concurrent slow operations (attach, mkfs, fsck).
-	SlowWorkers int
-	// BackoffInitial is the delay after the first transient failure.
-	BackoffInitial time.Duration
-	// BackoffMax caps the delay between retries.
-	BackoffMax time.Duration
-}
 
 // Reconciler converges the actual state to the desired state.
 type Reconciler struct {
