@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -63,13 +62,15 @@ type Store struct {
 	// written concurrently and share fdatasyncs.
 	recordMu [recordShards]sync.Mutex
 
-	// mu guards volumes, results, finals, conditions and watchers.
-	mu         sync.Mutex
-	volumes    map[string]*Volume
-	results    map[string]map[IntentKey]Result
-	finals     map[string]map[IntentKey]Final
-	conditions map[string]Condition
-	watchers   map[string]chan struct{}
+	// mu guards volumes, the mirror of the durable records.
+	mu      sync.Mutex
+	volumes map[string]*Volume
+
+	// reports are what the plugin answers from memory: results, finals,
+	// conditions and the watchers waiting for them. Lock order: a
+	// record's recordMu, then mu; reports.mu is taken alone, never while
+	// another of the store's locks is held.
+	reports
 
 	// replayed counts the log records Open applied.
 	replayed int
@@ -120,14 +121,7 @@ func open(path string, logSize int64) (*Store, error) {
 		}
 		return nil, fmt.Errorf("opening state store %s: %w", path, err)
 	}
-	s := &Store{
-		db:         db,
-		volumes:    map[string]*Volume{},
-		results:    map[string]map[IntentKey]Result{},
-		finals:     map[string]map[IntentKey]Final{},
-		conditions: map[string]Condition{},
-		watchers:   map[string]chan struct{}{},
-	}
+	s := &Store{db: db, volumes: map[string]*Volume{}, reports: newReports()}
 	logSeq, err := s.load()
 	if err != nil {
 		db.Close()
@@ -136,6 +130,9 @@ func open(path string, logSize int64) (*Store, error) {
 	if err := s.replay(path+"-wal", logSeq, logSize); err != nil {
 		db.Close()
 		return nil, err
+	}
+	for id := range s.volumes {
+		s.live[id] = true
 	}
 	return s, nil
 }
@@ -347,9 +344,8 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 	} else {
 		s.volumes[id] = cur.DeepCopy()
 	}
-	s.pruneResultsLocked(cur)
-	s.notifyLocked(id)
 	s.mu.Unlock()
+	s.reports.recorded(cur)
 	return cur, nil
 }
 
@@ -383,120 +379,5 @@ func stampGenerations(old, cur *Volume) {
 		if o == nil || !o.SameSpec(p) || o.Deleting != p.Deleting {
 			p.Generation = cur.Generation
 		}
-	}
-}
-
-// SetResult records the result of the latest attempt on one intent and wakes
-// the volume's waiters. Results live in memory only: after a restart the
-// kubelet's retries find the result again.
-func (s *Store) SetResult(id string, key IntentKey, r Result) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.setResultLocked(id, key, r) {
-		s.notifyLocked(id)
-	}
-}
-
-// setResultLocked records r and reports whether it changed anything.
-func (s *Store) setResultLocked(id string, key IntentKey, r Result) bool {
-	m := s.results[id]
-	if m == nil {
-		m = map[IntentKey]Result{}
-		s.results[id] = m
-	}
-	if old, ok := m[key]; ok && reflect.DeepEqual(old, r) {
-		return false
-	}
-	m[key] = r
-	return true
-}
-
-// Result returns the latest result of one intent; ok is false when there
-// is none.
-func (s *Store) Result(id string, key IntentKey) (r Result, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r, ok = s.results[id][key]
-	return r, ok
-}
-
-// pruneResultsLocked drops the results of intents that v no longer holds.
-func (s *Store) pruneResultsLocked(v *Volume) {
-	for k := range s.results[v.ID] {
-		if k == StageKey && v.Stage != nil || k == ExpandKey && v.Expand != nil {
-			continue
-		}
-		if target, ok := strings.CutPrefix(string(k), "publish:"); ok && v.Publishes[target] != nil {
-			continue
-		}
-		delete(s.results[v.ID], k)
-	}
-	if len(s.results[v.ID]) == 0 {
-		delete(s.results, v.ID)
-	}
-	if v.Empty() {
-		delete(s.conditions, v.ID)
-	}
-}
-
-// SetFinal records a terminal failure of one intent generation and wakes the
-// volume's waiters. Only the latest final of each intent is kept.
-func (s *Store) SetFinal(id string, key IntentKey, f Final) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	m := s.finals[id]
-	if m == nil {
-		m = map[IntentKey]Final{}
-		s.finals[id] = m
-	}
-	m[key] = f
-	s.notifyLocked(id)
-}
-
-// FinalFor returns the terminal failure of generation gen of one intent, or
-// nil when that generation did not fail terminally.
-func (s *Store) FinalFor(id string, key IntentKey, gen int64) *Error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if f, ok := s.finals[id][key]; ok && f.Generation == gen {
-		return f.Err
-	}
-	return nil
-}
-
-// LastFinal returns the latest terminal failure of one intent of id,
-// whatever its generation; ok is false when there is none.
-func (s *Store) LastFinal(id string, key IntentKey) (f Final, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	f, ok = s.finals[id][key]
-	return f, ok
-}
-
-// DropFinals forgets the terminal failures of id, e.g. when the volume is
-// deleted.
-func (s *Store) DropFinals(id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.finals, id)
-}
-
-// Watch returns a channel that is closed at the next change of the record
-// or of a result of id. Take the channel before reading the state it guards.
-func (s *Store) Watch(id string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch, ok := s.watchers[id]
-	if !ok {
-		ch = make(chan struct{})
-		s.watchers[id] = ch
-	}
-	return ch
-}
-
-func (s *Store) notifyLocked(id string) {
-	if ch, ok := s.watchers[id]; ok {
-		close(ch)
-		delete(s.watchers, id)
 	}
 }
