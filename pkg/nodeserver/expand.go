@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/state"
@@ -35,7 +37,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	// checked before it is used.
 	v, err := s.cfg.Store.Get(id)
 	if errors.Is(err, state.ErrNotFound) {
-		return nil, state.NotFound(id)
+		return nil, notFound(id)
 	}
 	if err != nil {
 		return nil, Status(err)
@@ -48,20 +50,20 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		known = true
 	}
 	if !known {
-		return nil, state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", id, path)
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
 	}
 	capacity, err := s.cfg.Capacity(id)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, state.NotFound(id)
+		return nil, notFound(id)
 	}
 	if err != nil {
-		return nil, state.Errorf(state.KindInternal, "reading the capacity of volume %s: %w", id, err)
+		return nil, status.Errorf(codes.Internal, "reading the capacity of volume %s: %v", id, err)
 	}
 	if required == 0 {
 		required = capacity
 	}
 	if required > capacity {
-		return nil, state.Errorf(state.KindOutOfRange, "volume %s holds %d bytes, %d were asked for; ControllerExpandVolume grows it first", id, capacity, required)
+		return nil, status.Errorf(codes.OutOfRange, "volume %s holds %d bytes, %d were asked for; ControllerExpandVolume grows it first", id, capacity, required)
 	}
 	release, err := s.admit()
 	if err != nil {

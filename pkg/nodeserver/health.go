@@ -5,6 +5,8 @@ import (
 	"errors"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -29,7 +31,7 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 		return nil, invalid("volume ID is required")
 	}
 	if state.ValidID(id) != nil {
-		return nil, state.NotFound(id)
+		return nil, notFound(id)
 	}
 	if _, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) {
 		if f, ok := s.cfg.Store.LastFinal(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {
@@ -37,7 +39,7 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: f.Err.Message,
 			}}}}, nil
 		}
-		return nil, state.Errorf(state.KindNotFound, "volume %s not found on this node", id)
+		return nil, status.Errorf(codes.NotFound, "volume %s not found on this node", id)
 	} else if err != nil {
 		return nil, Status(err)
 	}

@@ -2,6 +2,7 @@ package nodeserver
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -321,5 +322,27 @@ func TestBlockStatsTarget(t *testing.T) {
 				t.Errorf("blockStatsTarget(%s): got %q, %v; want %q", tc.path, got, ok, tc.want)
 			}
 		})
+	}
+}
+
+// TestEveryKindHasItsCode checks that every kind of classified error
+// answers with a code of its own, also through an error that wraps it.
+func TestEveryKindHasItsCode(t *testing.T) {
+	seen := map[codes.Code]state.Kind{}
+	for k := state.KindInternal; k <= state.KindOutOfRange; k++ {
+		if k.String() == "" {
+			t.Fatalf("kind %d has no name: the range of kinds in this test is stale", k)
+		}
+		c := status.Code(Status(fmt.Errorf("context: %w", state.Terminalf(k, "failed"))))
+		if c == codes.OK || c == codes.Unknown {
+			t.Errorf("%v answers %v", k, c)
+		}
+		if other, ok := seen[c]; ok {
+			t.Errorf("%v and %v both answer %v", k, other, c)
+		}
+		seen[c] = k
+	}
+	if len(seen) != len(kindCodes) {
+		t.Errorf("%d kinds tested, %d mapped", len(seen), len(kindCodes))
 	}
 }

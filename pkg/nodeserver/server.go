@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -138,6 +140,6 @@ func (s *Server) admit() (release func(), err error) {
 	case s.slots <- struct{}{}:
 		return func() { <-s.slots }, nil
 	default:
-		return nil, state.Errorf(state.KindResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
+		return nil, status.Errorf(codes.ResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
 	}
 }

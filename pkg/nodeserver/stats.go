@@ -29,11 +29,11 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		return nil, invalid("volume path is required")
 	}
 	if state.ValidID(id) != nil {
-		return nil, state.NotFound(id)
+		return nil, notFound(id)
 	}
 	v, err := s.cfg.Store.Get(id)
 	if errors.Is(err, state.ErrNotFound) {
-		return nil, state.NotFound(id)
+		return nil, notFound(id)
 	}
 	if err != nil {
 		return nil, Status(err)
@@ -50,7 +50,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		known = true
 	}
 	if !known {
-		return nil, state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", id, path)
+		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
 	}
 	cond := s.cfg.Store.Condition(id)
 	if slices.Contains(cond.Unusable, path) {
@@ -60,7 +60,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		// A raw device has a size and nothing else to report.
 		size, err := s.cfg.Capacity(id)
 		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "reading the size of volume %s: %w", id, err)
+			return nil, status.Errorf(codes.Internal, "reading the size of volume %s: %v", id, err)
 		}
 		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
 	}

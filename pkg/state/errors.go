@@ -3,9 +3,6 @@ package state
 import (
 	"errors"
 	"fmt"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // ErrNotFound is returned when a volume has no record.
@@ -57,22 +54,6 @@ var kindNames = map[Kind]string{
 // String returns the kind's name.
 func (k Kind) String() string { return kindNames[k] }
 
-// kindCodes is the gRPC code each kind answers with.
-var kindCodes = map[Kind]codes.Code{
-	KindInternal:           codes.Internal,
-	KindInvalidArgument:    codes.InvalidArgument,
-	KindNotFound:           codes.NotFound,
-	KindAlreadyExists:      codes.AlreadyExists,
-	KindFailedPrecondition: codes.FailedPrecondition,
-	KindResourceExhausted:  codes.ResourceExhausted,
-	KindAborted:            codes.Aborted,
-	KindDataLoss:           codes.DataLoss,
-	KindOutOfRange:         codes.OutOfRange,
-}
-
-// Code is the gRPC code the kind answers with.
-func (k Kind) Code() codes.Code { return kindCodes[k] }
-
 // Error is a classified failure. A Terminal error is final: the reconciler
 // withdraws the intent instead of retrying it. It wraps its causes, the
 // errors its message was made with by %w, so that errors.Is and errors.As
@@ -86,10 +67,6 @@ type Error struct {
 
 // Error implements error.
 func (e *Error) Error() string { return e.Message }
-
-// GRPCStatus is the answer e makes to a CSI call: its kind's code and its
-// message. gRPC finds it also through errors that wrap e.
-func (e *Error) GRPCStatus() *status.Status { return status.New(e.Kind.Code(), e.Message) }
 
 // Unwrap returns the errors e was made from.
 func (e *Error) Unwrap() []error { return e.causes }

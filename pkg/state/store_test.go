@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 func openStore(t *testing.T, path string) *Store {
@@ -203,24 +201,5 @@ func TestErrorWrapsItsCause(t *testing.T) {
 	classified := Terminalf(KindDataLoss, "lost: %w", cause)
 	if e := AsError(fmt.Errorf("outer: %w", classified)); e != classified {
 		t.Errorf("AsError did not find the classified error inside: %+v", e)
-	}
-}
-
-// TestEveryKindHasItsCode checks that every kind answers with a code of
-// its own, also through an error that wraps it.
-func TestEveryKindHasItsCode(t *testing.T) {
-	seen := map[codes.Code]Kind{}
-	for k := range kindNames {
-		c := k.Code()
-		if c == codes.OK || c == codes.Unknown {
-			t.Errorf("%v answers %v", k, c)
-		}
-		if other, ok := seen[c]; ok {
-			t.Errorf("%v and %v both answer %v", k, other, c)
-		}
-		seen[c] = k
-		if got := status.Code(fmt.Errorf("context: %w", Terminalf(k, "failed"))); got != c {
-			t.Errorf("a wrapped %v answers %v, want %v", k, got, c)
-		}
 	}
 }

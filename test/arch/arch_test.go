@@ -39,6 +39,17 @@ var only = map[string]string{
 	"go.etcd.io/bbolt": "pkg/state",
 }
 
+// never lists, after the design card, what a package must not import: the
+// store neither gRPC nor exec, the reconciler answers no RPC, the device
+// layer knows nothing of CSI.
+var never = map[string][]string{
+	"pkg/state":      {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os/exec", "k8s.io/utils/exec"},
+	"pkg/reconciler": {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
+	"pkg/devices":    {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
+	"pkg/host":       {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os/exec"},
+	"pkg/status":     {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
+}
+
 func TestImportArrows(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -77,6 +88,11 @@ func TestImportArrows(t *testing.T) {
 		for dep := range deps {
 			if inner, ok := strings.CutPrefix(dep, module); ok && !slices.Contains(may, inner) {
 				t.Errorf("%s imports %s: an arrow the design does not allow", pkg, inner)
+			}
+			for _, mod := range never[pkg] {
+				if dep == mod || strings.HasPrefix(dep, mod+"/") {
+					t.Errorf("%s imports %s, which the design forbids it", pkg, dep)
+				}
 			}
 			for mod, owner := range only {
 				if (dep == mod || strings.HasPrefix(dep, mod+"/")) && pkg != owner {
