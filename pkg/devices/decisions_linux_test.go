@@ -95,21 +95,22 @@ func TestFormatAndMountDecisions(t *testing.T) {
 		options []string
 		answers []answer
 		mounted bool
+		want    error // what the failure is, before the fake mount's own
 	}{
 		{"empty, read-write: formatted", nil,
-			[]answer{{"blkid", "", 2}, {"mkfs.ext4", "", 0}}, true},
+			[]answer{{"blkid", "", 2}, {"mkfs.ext4", "", 0}}, true, nil},
 		{"empty, read-only: never formatted", []string{"ro"},
-			[]answer{{"blkid", "", 2}}, false},
+			[]answer{{"blkid", "", 2}}, false, ErrNotFormattable},
 		{"ext4, fsck clean", nil,
-			[]answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 0}}, true},
+			[]answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 0}}, true, nil},
 		{"ext4, fsck corrected errors", nil,
-			[]answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 1}}, true},
+			[]answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 1}}, true, nil},
 		{"ext4, fsck could not correct them", nil,
-			[]answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 4}}, false},
+			[]answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 4}}, false, ErrFilesystemDamaged},
 		{"ext4, read-only: no fsck", []string{"ro"},
-			[]answer{{"blkid", "TYPE=ext4\n", 0}}, true},
+			[]answer{{"blkid", "TYPE=ext4\n", 0}}, true, nil},
 		{"blkid fails: nothing done", nil,
-			[]answer{{"blkid", "", 4}}, false},
+			[]answer{{"blkid", "", 4}}, false, nil},
 	} {
 		s := &script{answers: tc.answers}
 		fm := mount.NewFakeMounter(nil)
@@ -119,6 +120,9 @@ func TestFormatAndMountDecisions(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: succeeded on a fake mount", tc.name)
 		}
+		if tc.want != nil && !errors.Is(err, tc.want) {
+			t.Errorf("%s: error %v, want %v", tc.name, err, tc.want)
+		}
 		if len(s.ran) != len(tc.answers) {
 			t.Errorf("%s: ran %q, want %d commands", tc.name, s.ran, len(tc.answers))
 		}
@@ -126,5 +130,41 @@ func TestFormatAndMountDecisions(t *testing.T) {
 		if mounted != tc.mounted {
 			t.Errorf("%s: mounted %v, want %v (commands %q)", tc.name, mounted, tc.mounted, s.ran)
 		}
+	}
+}
+
+// TestGrowUnmountedCommands checks the offline growth of an ext4: a forced
+// e2fsck (exit 1, errors corrected, is fine) before resize2fs, and a failed
+// command reported with what ran, its exit code and its output.
+func TestGrowUnmountedCommands(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		answers []answer
+		failed  string // the command that failed, "" for none
+		code    int
+	}{
+		{"clean", []answer{{"e2fsck", "", 0}, {"resize2fs", "", 0}}, "", 0},
+		{"e2fsck corrected errors", []answer{{"e2fsck", "", 1}, {"resize2fs", "", 0}}, "", 0},
+		{"e2fsck could not", []answer{{"e2fsck", "UNEXPECTED INCONSISTENCY", 4}}, "e2fsck", 4},
+		{"resize2fs fails", []answer{{"e2fsck", "", 0}, {"resize2fs", "No space left", 1}}, "resize2fs", 1},
+	} {
+		s := &script{answers: tc.answers}
+		m := NewMounter(mount.NewFakeMounter(nil), s.exec(t), 1, NewPaths([]string{t.TempDir()}))
+		err := m.GrowUnmounted("/dev/loop7", FsExt4)
+		var ce *CommandError
+		switch {
+		case tc.failed == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.failed != "" && !errors.As(err, &ce):
+			t.Errorf("%s: error %v, want a CommandError", tc.name, err)
+		case tc.failed != "" && (ce.Command[0] != tc.failed || ce.ExitCode != tc.code || ce.Output != tc.answers[len(tc.answers)-1].output):
+			t.Errorf("%s: %+v, want %s exiting %d with its output", tc.name, ce, tc.failed, tc.code)
+		}
+		if len(s.ran) != len(tc.answers) {
+			t.Errorf("%s: ran %q", tc.name, s.ran)
+		}
+	}
+	if err := NewMounter(mount.NewFakeMounter(nil), &testingexec.FakeExec{}, 1, NewPaths([]string{t.TempDir()})).GrowUnmounted("/dev/loop7", FsXFS); err == nil {
+		t.Error("xfs grown offline")
 	}
 }

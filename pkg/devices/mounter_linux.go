@@ -35,6 +35,57 @@ var ErrRefused = errors.New("the kernel refused the mount as invalid")
 // cannot help.
 var ErrNotPermitted = errors.New("the plugin lacks the privilege")
 
+// ErrFilesystemDamaged wraps a mount refused because fsck found errors in
+// the filesystem that it could not correct: an operator's fsck is needed,
+// and trying again cannot help.
+var ErrFilesystemDamaged = errors.New("fsck found errors it could not correct")
+
+// ErrNotFormattable wraps a mount of a device that holds no filesystem
+// where none may be made (a read-only mount), or another filesystem than
+// the one asked for. Trying again cannot help.
+var ErrNotFormattable = errors.New("the device does not hold the filesystem asked for, and none may be made")
+
+// CommandError is a command that failed: what ran, how it exited and what
+// it printed.
+type CommandError struct {
+	Command  []string
+	ExitCode int // -1 when it did not run to an exit
+	Output   string
+	Err      error
+}
+
+func (e *CommandError) Error() string {
+	return fmt.Sprintf("%s: %v: %s", strings.Join(e.Command, " "), e.Err, strings.TrimSpace(e.Output))
+}
+
+// Unwrap returns the error the command ended with.
+func (e *CommandError) Unwrap() error { return e.Err }
+
+// run runs a command through exec and returns a *CommandError when it
+// fails; ok reports which exit codes count as success besides 0.
+func (m *Mounter) run(ok func(code int) bool, name string, args ...string) error {
+	out, err := m.sfm.Exec.Command(name, args...).CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	code := -1
+	var ee utilexec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitStatus()
+	}
+	if code > 0 && ok != nil && ok(code) {
+		return nil
+	}
+	return &CommandError{Command: append([]string{name}, args...), ExitCode: code, Output: string(out), Err: err}
+}
+
+// mountErrors maps mount-utils' classified mount errors to ours.
+var mountErrors = map[mount.MountErrorType]error{
+	mount.HasFilesystemErrors: ErrFilesystemDamaged,
+	mount.UnformattedReadOnly: ErrNotFormattable,
+	mount.FilesystemMismatch:  ErrNotFormattable,
+}
+
 // badOption is how mount(8) reports EINVAL from mount(2).
 const badOption = "bad option"
 
@@ -89,6 +140,10 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 // ErrMisplacedMount.
 func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
 	if err := m.sfm.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
+		var me mount.MountError
+		if errors.As(err, &me) && mountErrors[me.Type] != nil {
+			return 0, fmt.Errorf("%w: %w", mountErrors[me.Type], err)
+		}
 		if strings.Contains(err.Error(), badOption) {
 			return 0, fmt.Errorf("%w (%s with options %v; the kernel log names the reason): %v", ErrRefused, fsType, options, err)
 		}
@@ -125,16 +180,10 @@ func (m *Mounter) GrowUnmounted(dev, fsType string) error {
 		return fmt.Errorf("%s grows only while mounted", fsType)
 	}
 	// e2fsck exits 1 when it fixed something, which is fine here.
-	if out, err := m.sfm.Exec.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
-		var ee utilexec.ExitError
-		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
-			return fmt.Errorf("e2fsck -f %s: %v: %s", dev, err, out)
-		}
+	if err := m.run(func(code int) bool { return code == 1 }, "e2fsck", "-f", "-p", dev); err != nil {
+		return err
 	}
-	if out, err := m.sfm.Exec.Command("resize2fs", dev).CombinedOutput(); err != nil {
-		return fmt.Errorf("resize2fs %s: %v: %s", dev, err, out)
-	}
-	return nil
+	return m.run(nil, "resize2fs", dev)
 }
 
 // BindMount bind mounts source at target through file descriptors (see

@@ -43,15 +43,20 @@ func pathError(what, path string, err error) error {
 
 // deviceError classifies a failure of the device layer: what retrying
 // cannot fix (a mount the kernel refuses as invalid, a privilege the plugin
-// lacks) is terminal, with its real kind, so that the request answers it
-// at once instead of a deadline; everything else is retried.
+// lacks, a device without the filesystem asked for where none may be made,
+// a filesystem fsck cannot repair) is terminal, with its real kind, so that
+// the request answers it at once instead of a deadline; everything else is
+// retried. The cause stays wrapped.
 func deviceError(err error, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	switch {
 	case errors.Is(err, devices.ErrRefused):
 		return state.Terminalf(state.KindInvalidArgument, "%s: %w", msg, err)
-	case errors.Is(err, devices.ErrNotPermitted):
+	case errors.Is(err, devices.ErrNotPermitted), errors.Is(err, devices.ErrNotFormattable):
 		return state.Terminalf(state.KindFailedPrecondition, "%s: %w", msg, err)
+	case errors.Is(err, devices.ErrFilesystemDamaged):
+		// Kept and reported under pods that use it; never formatted.
+		return state.Terminalf(state.KindDataLoss, "%s: %w", msg, err)
 	}
 	return fmt.Errorf("%s: %w", msg, err)
 }

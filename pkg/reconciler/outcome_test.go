@@ -2,8 +2,10 @@ package reconciler
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -44,6 +46,29 @@ func TestOutcomeOf(t *testing.T) {
 		}
 		if (out.err == nil) != (tc.err == nil) {
 			t.Errorf("%s: error %v from %v", tc.name, out.err, tc.err)
+		}
+	}
+}
+
+// TestDeviceErrorKinds checks how a failure of the device layer becomes a
+// classified error: what retrying cannot fix is terminal with its kind,
+// the rest is retried, and the cause stays reachable.
+func TestDeviceErrorKinds(t *testing.T) {
+	for _, tc := range []struct {
+		cause    error
+		kind     state.Kind
+		terminal bool
+	}{
+		{devices.ErrRefused, state.KindInvalidArgument, true},
+		{devices.ErrNotPermitted, state.KindFailedPrecondition, true},
+		{devices.ErrNotFormattable, state.KindFailedPrecondition, true},
+		{devices.ErrFilesystemDamaged, state.KindDataLoss, true},
+		{errors.New("device busy"), state.KindInternal, false},
+	} {
+		err := deviceError(fmt.Errorf("mount: %w", tc.cause), "mounting %s", "/dev/loop7")
+		e := state.AsError(err)
+		if e.Kind != tc.kind || e.Terminal != tc.terminal || !errors.Is(err, tc.cause) {
+			t.Errorf("%v: got %+v (wraps it: %v), want %v terminal %v", tc.cause, e, errors.Is(err, tc.cause), tc.kind, tc.terminal)
 		}
 	}
 }
