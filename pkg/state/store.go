@@ -140,64 +140,28 @@ func open(path string, logSize int64) (*Store, error) {
 // replay opens the log, applies the records it holds after logSeq, the
 // last that bbolt holds, and commits them to bbolt when it can.
 func (s *Store) replay(path string, logSeq uint64, size int64) error {
-	l, recs, end, err := openLog(path)
+	l, n, err := recoverLog(path, logSeq, size, s.commit, func(id string, value []byte) error {
+		if len(value) == 0 {
+			delete(s.volumes, id)
+			return nil
+		}
+		v := &Volume{}
+		if err := json.Unmarshal(value, v); err != nil || v.ID != id {
+			return fmt.Errorf("does not decode: %v", err)
+		}
+		s.volumes[id] = v
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	l.checkpoint = s.commit
-	l.seq, l.off = logSeq, 0
-	for _, r := range recs {
-		if r.seq <= logSeq {
-			continue
-		}
-		if r.seq != l.seq+1 {
-			l.f.Close()
-			return fmt.Errorf("state log at %s starts at record %d, but the store holds records up to %d only; refusing to open a store missing records", path, r.seq, logSeq)
-		}
-		if len(r.value) == 0 {
-			delete(s.volumes, r.id)
-		} else {
-			v := &Volume{}
-			if err := json.Unmarshal(r.value, v); err != nil || v.ID != r.id {
-				l.f.Close()
-				return fmt.Errorf("state log at %s: record %d of volume %s does not decode: %v", path, r.seq, r.id, err)
-			}
-			s.volumes[r.id] = v
-		}
-		l.pending[r.id] = bytesOrNil(r.value)
-		l.seq = r.seq
-		s.replayed++
-	}
-	if l.seq > logSeq {
-		// Appends go on after the replayed records until a checkpoint
-		// has them in bbolt; that fails on a full disk, and is retried
-		// when the log is full.
-		l.off = end
-		l.mu.Lock()
-		l.checkpointLocked()
-		l.mu.Unlock()
-	}
-	l.written.Store(l.seq)
-	l.synced.Store(l.seq)
-	if err := l.prepare(size); err != nil {
-		l.f.Close()
-		return err
-	}
-	s.log = l
+	s.log, s.replayed = l, n
 	return nil
 }
 
 // Replayed returns how many records Open took from the log: those written
 // after the last checkpoint of a run that ended without closing the store.
 func (s *Store) Replayed() int { return s.replayed }
-
-// bytesOrNil returns b, or nil when it is empty (a deletion).
-func bytesOrNil(b []byte) []byte {
-	if len(b) == 0 {
-		return nil
-	}
-	return b
-}
 
 // commit writes values (nil deletes) to bbolt in one transaction, with
 // seq, the number of the last log record they come from.

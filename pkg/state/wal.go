@@ -132,8 +132,54 @@ type writeLog struct {
 	synced  atomic.Uint64
 }
 
+// recoverLog opens the log at path and hands apply, in order, each record
+// it holds after logSeq, the last that bbolt holds; it returns the log,
+// ready for appends of size bytes, and how many records it applied.
+// checkpoint commits what was written since the last checkpoint to bbolt.
+// Replayed records are checkpointed when they can be (not on a full disk:
+// appends then go on after them until the log is full). A chain that does
+// not continue bbolt's, or a record apply refuses, fails it.
+func recoverLog(path string, logSeq uint64, size int64, checkpoint func(map[string][]byte, uint64) error, apply func(id string, value []byte) error) (*writeLog, int, error) {
+	l, recs, end, err := openLog(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	l.checkpoint = checkpoint
+	l.seq, l.off = logSeq, 0
+	applied := 0
+	for _, r := range recs {
+		if r.seq <= logSeq {
+			continue
+		}
+		if r.seq != l.seq+1 {
+			l.f.Close()
+			return nil, 0, fmt.Errorf("state log at %s starts at record %d, but the store holds records up to %d only; refusing to open a store missing records", path, r.seq, logSeq)
+		}
+		if err := apply(r.id, r.value); err != nil {
+			l.f.Close()
+			return nil, 0, fmt.Errorf("state log at %s: record %d of volume %s %w", path, r.seq, r.id, err)
+		}
+		l.pending[r.id] = bytesOrNil(r.value)
+		l.seq = r.seq
+		applied++
+	}
+	if l.seq > logSeq {
+		l.off = end
+		l.mu.Lock()
+		l.checkpointLocked()
+		l.mu.Unlock()
+	}
+	l.written.Store(l.seq)
+	l.synced.Store(l.seq)
+	if err := l.prepare(size); err != nil {
+		l.f.Close()
+		return nil, 0, err
+	}
+	return l, applied, nil
+}
+
 // openLog opens the log at path, creating it if needed, and returns it
-// with the records it holds and where their chain ends. The caller sets
+// with the records it holds and where their chain ends. recoverLog sets
 // checkpoint, seq, off and pending, then calls prepare.
 func openLog(path string) (*writeLog, []logRecord, int64, error) {
 	_, statErr := os.Stat(path)
@@ -318,4 +364,12 @@ func syncDir(dir string) error {
 		return fmt.Errorf("syncing %s: %w", dir, err)
 	}
 	return nil
+}
+
+// bytesOrNil returns b, or nil when it is empty (a deletion).
+func bytesOrNil(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
 }
