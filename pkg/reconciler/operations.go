@@ -275,9 +275,7 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 	}
 	gen := v.Publishes[target].Generation
 	_, err = r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
-		if p := cur.Publishes[target]; p != nil && p.Deleting && p.Generation == gen {
-			delete(cur.Publishes, target)
-		}
+		cur.ForgetPublish(target, gen)
 		return nil
 	})
 	return err
@@ -320,10 +318,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	}
 	gen := st.Generation
 	_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
-		if s := cur.Stage; s != nil && s.Deleting && s.Generation == gen {
-			cur.Stage = nil
-			cur.Expand = nil // asked of this stage; the image keeps its size
-		}
+		cur.ForgetStage(gen)
 		return nil
 	})
 	return err
@@ -372,13 +367,7 @@ func (r *Reconciler) unmountStray(path string, id uint64) error {
 // (act.target "") or at a target, unless the intent changed meanwhile.
 func (r *Reconciler) recordMount(id string, act action) error {
 	_, err := r.cfg.Store.Update(id, func(v *state.Volume) error {
-		if act.target == "" {
-			if st := v.Stage; st != nil && !st.Deleting && st.Generation == act.generation {
-				st.MountID = act.mountID
-			}
-		} else if p := v.Publishes[act.target]; p != nil && !p.Deleting && p.Generation == act.generation {
-			p.MountID = act.mountID
-		}
+		v.RecordMountID(act.target, act.generation, act.mountID)
 		return nil
 	})
 	return err

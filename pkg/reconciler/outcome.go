@@ -140,23 +140,16 @@ func (r *Reconciler) carryOut(logger klog.Logger, v *state.Volume, act action, o
 func (r *Reconciler) settle(v *state.Volume, act action, out outcome) {
 	switch {
 	case out.effect == keptStaged:
-		if st := v.Stage; st != nil && st.Generation == act.generation && st.Deleting {
-			st.Deleting = false
-		}
+		v.KeepStaged(act.generation)
 	case act.key() == state.StageKey:
-		if st := v.Stage; st != nil && st.Generation == act.generation && !st.Deleting {
-			st.Deleting = true
-			for t, p := range v.Publishes {
-				if !p.Deleting {
-					r.cfg.Store.SetFinal(v.ID, state.PublishKey(t), state.Final{Generation: p.Generation,
-						Err: state.Terminalf(out.err.Kind, "staging failed: %s", out.err.Message)})
-					p.Deleting = true
-				}
-			}
+		publishes, _ := v.WithdrawStage(act.generation)
+		for t, gen := range publishes {
+			// Recorded before the commit, so that no waiter sees its
+			// intent withdrawn without knowing why.
+			r.cfg.Store.SetFinal(v.ID, state.PublishKey(t), state.Final{Generation: gen,
+				Err: state.Terminalf(out.err.Kind, "staging failed: %s", out.err.Message)})
 		}
 	default:
-		if p := v.Publishes[act.target]; p != nil && p.Generation == act.generation && !p.Deleting {
-			p.Deleting = true
-		}
+		v.WithdrawPublish(act.target, act.generation)
 	}
 }

@@ -1,0 +1,84 @@
+package state
+
+// The transitions the reconciler makes to a record once an operation has
+// ended. Each applies only to the intent of the generation the operation
+// served, and reports whether it changed anything: an intent that changed
+// meanwhile (a new request, a withdrawal) is the newer truth, and is left
+// as it is. They run inside Store.Update and do no I/O.
+
+// ForgetPublish drops the withdrawn publish at target of generation gen,
+// once its mount is verified gone.
+func (v *Volume) ForgetPublish(target string, gen int64) bool {
+	if p := v.Publishes[target]; p != nil && p.Deleting && p.Generation == gen {
+		delete(v.Publishes, target)
+		return true
+	}
+	return false
+}
+
+// ForgetStage drops the withdrawn stage of generation gen, and the
+// expansion asked of it (the image keeps its size), once its device is
+// verified released.
+func (v *Volume) ForgetStage(gen int64) bool {
+	if st := v.Stage; st != nil && st.Deleting && st.Generation == gen {
+		v.Stage, v.Expand = nil, nil
+		return true
+	}
+	return false
+}
+
+// RecordMountID records id as the unique ID of the mount of the live stage
+// (target "") or publish at target of generation gen.
+func (v *Volume) RecordMountID(target string, gen int64, id uint64) bool {
+	if target == "" {
+		if st := v.Stage; st != nil && !st.Deleting && st.Generation == gen {
+			st.MountID = id
+			return true
+		}
+		return false
+	}
+	if p := v.Publishes[target]; p != nil && !p.Deleting && p.Generation == gen {
+		p.MountID = id
+		return true
+	}
+	return false
+}
+
+// WithdrawStage withdraws the live stage of generation gen, whose set-up
+// failed for good, and with it the live publishes on top of it, which can
+// no longer be fulfilled; it returns those publishes' generations by target.
+func (v *Volume) WithdrawStage(gen int64) (publishes map[string]int64, ok bool) {
+	st := v.Stage
+	if st == nil || st.Deleting || st.Generation != gen {
+		return nil, false
+	}
+	st.Deleting = true
+	publishes = map[string]int64{}
+	for t, p := range v.Publishes {
+		if !p.Deleting {
+			p.Deleting = true
+			publishes[t] = p.Generation
+		}
+	}
+	return publishes, true
+}
+
+// WithdrawPublish withdraws the live publish at target of generation gen,
+// whose set-up failed for good.
+func (v *Volume) WithdrawPublish(target string, gen int64) bool {
+	if p := v.Publishes[target]; p != nil && !p.Deleting && p.Generation == gen {
+		p.Deleting = true
+		return true
+	}
+	return false
+}
+
+// KeepStaged cancels the withdrawal of the stage of generation gen, whose
+// unstage was refused for good: the volume stays staged.
+func (v *Volume) KeepStaged(gen int64) bool {
+	if st := v.Stage; st != nil && st.Deleting && st.Generation == gen {
+		st.Deleting = false
+		return true
+	}
+	return false
+}
