@@ -1,10 +1,12 @@
 package devices
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -73,7 +75,7 @@ func TestDiskFormatDecisions(t *testing.T) {
 	} {
 		s := &script{answers: []answer{tc.blkid}}
 		m := NewMounter(mount.NewFakeMounter(nil), s.exec(t), 1, NewPaths([]string{t.TempDir()}))
-		got, err := m.DiskFormat("/dev/loop7")
+		got, err := m.DiskFormat(t.Context(), "/dev/loop7")
 		if (err != nil) != tc.fails || errors.Is(err, ErrPartitioned) != tc.partitioned {
 			t.Errorf("%s: error %v, want failure %v, partition table %v", tc.name, err, tc.fails, tc.partitioned)
 		}
@@ -116,7 +118,7 @@ func TestFormatAndMountDecisions(t *testing.T) {
 		fm := mount.NewFakeMounter(nil)
 		root := t.TempDir()
 		m := NewMounter(fm, s.exec(t), 1, NewPaths([]string{root}))
-		_, err := m.FormatAndMount("/dev/loop7", root+"/staging", "ext4", tc.options, nil)
+		_, err := m.FormatAndMount(t.Context(), "/dev/loop7", root+"/staging", "ext4", tc.options, nil)
 		if err == nil {
 			t.Errorf("%s: succeeded on a fake mount", tc.name)
 		}
@@ -150,7 +152,7 @@ func TestGrowUnmountedCommands(t *testing.T) {
 	} {
 		s := &script{answers: tc.answers}
 		m := NewMounter(mount.NewFakeMounter(nil), s.exec(t), 1, NewPaths([]string{t.TempDir()}))
-		err := m.GrowUnmounted("/dev/loop7", FsExt4)
+		err := m.GrowUnmounted(t.Context(), "/dev/loop7", FsExt4)
 		var ce *CommandError
 		switch {
 		case tc.failed == "" && err != nil:
@@ -164,7 +166,21 @@ func TestGrowUnmountedCommands(t *testing.T) {
 			t.Errorf("%s: ran %q", tc.name, s.ran)
 		}
 	}
-	if err := NewMounter(mount.NewFakeMounter(nil), &testingexec.FakeExec{}, 1, NewPaths([]string{t.TempDir()})).GrowUnmounted("/dev/loop7", FsXFS); err == nil {
+	if err := NewMounter(mount.NewFakeMounter(nil), &testingexec.FakeExec{}, 1, NewPaths([]string{t.TempDir()})).GrowUnmounted(t.Context(), "/dev/loop7", FsXFS); err == nil {
 		t.Error("xfs grown offline")
+	}
+}
+
+// TestCommandsEndWithTheirContext runs a real command that would outlive
+// its context: it is killed when the context ends, and reported as a
+// command that did not run to an exit.
+func TestCommandsEndWithTheirContext(t *testing.T) {
+	m := NewMounter(mount.NewFakeMounter(nil), utilexec.New(), 1, NewPaths([]string{t.TempDir()}))
+	ctx, cancel := context.WithCancel(t.Context())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	err := m.run(ctx, nil, "sleep", "600")
+	var ce *CommandError
+	if !errors.As(err, &ce) || ce.ExitCode != -1 || ctx.Err() == nil {
+		t.Fatalf("sleep 600 under a cancelled context: %v", err)
 	}
 }

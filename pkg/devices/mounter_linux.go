@@ -1,10 +1,10 @@
 package devices
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -63,8 +63,8 @@ func (e *CommandError) Unwrap() error { return e.Err }
 
 // run runs a command through exec and returns a *CommandError when it
 // fails; ok reports which exit codes count as success besides 0.
-func (m *Mounter) run(ok func(code int) bool, name string, args ...string) error {
-	out, err := m.sfm.Exec.Command(name, args...).CombinedOutput()
+func (m *Mounter) run(ctx context.Context, ok func(code int) bool, name string, args ...string) error {
+	out, err := m.exec.CommandContext(ctx, name, args...).CombinedOutput()
 	if err == nil {
 		return nil
 	}
@@ -97,27 +97,44 @@ const notPermitted = "Permission denied to resize"
 // the plugin's roots (see Paths), so that no path swapped meanwhile can
 // redirect them.
 type Mounter struct {
-	sfm   *mount.SafeFormatAndMount
-	paths *Paths
+	mounter mount.Interface
+	exec    utilexec.Interface
+	// formats bounds the format-and-mounts (mkfs among them) at once.
+	formats chan struct{}
+	paths   *Paths
 }
 
 // NewMounter returns a Mounter that mounts filesystems through mounter and
 // runs blkid, fsck and mkfs through exec: in production
 // mount.NewWithoutSystemd("") and exec.New(), the system's. At most
-// maxFormats mkfs run at once. Every mount point must lie beneath the roots
+// maxFormats format-and-mounts (with their mkfs) run at once. Every mount point must lie beneath the roots
 // of paths.
 func NewMounter(mounter mount.Interface, exec utilexec.Interface, maxFormats int, paths *Paths) *Mounter {
-	return &Mounter{
-		sfm:   mount.NewSafeFormatAndMount(mounter, exec, mount.WithMaxConcurrentFormat(maxFormats, 10*time.Minute)),
-		paths: paths,
-	}
+	return &Mounter{mounter: mounter, exec: exec, formats: make(chan struct{}, max(maxFormats, 1)), paths: paths}
+}
+
+// sfm is mount-utils' format-and-mount over m's mounter and exec, its
+// commands (blkid, fsck, mkfs, resize) run under ctx: they are killed when
+// ctx ends, as at shutdown.
+func (m *Mounter) sfm(ctx context.Context) *mount.SafeFormatAndMount {
+	return &mount.SafeFormatAndMount{Interface: m.mounter, Exec: ctxExec{m.exec, ctx}}
+}
+
+// ctxExec runs every command under ctx.
+type ctxExec struct {
+	utilexec.Interface
+	ctx context.Context
+}
+
+func (e ctxExec) Command(cmd string, args ...string) utilexec.Cmd {
+	return e.CommandContext(e.ctx, cmd, args...)
 }
 
 // DiskFormat returns the filesystem type on dev, "" when blkid positively
 // finds no filesystem and no partition table, and an error otherwise (a
 // blkid failure is an error, never "empty": callers fail closed).
-func (m *Mounter) DiskFormat(dev string) (string, error) {
-	fs, err := m.sfm.GetDiskFormat(dev)
+func (m *Mounter) DiskFormat(ctx context.Context, dev string) (string, error) {
+	fs, err := m.sfm(ctx).GetDiskFormat(dev)
 	if err != nil {
 		return "", fmt.Errorf("probing %s: %w", dev, err)
 	}
@@ -138,8 +155,14 @@ func (m *Mounter) DiskFormat(dev string) (string, error) {
 // between the check and the mount; the misplaced mount, which is the
 // plugin's own, is found by its device and removed, and the call fails with
 // ErrMisplacedMount.
-func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
-	if err := m.sfm.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
+func (m *Mounter) FormatAndMount(ctx context.Context, dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
+	select {
+	case m.formats <- struct{}{}:
+		defer func() { <-m.formats }()
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	if err := m.sfm(ctx).FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
 		var me mount.MountError
 		if errors.As(err, &me) && mountErrors[me.Type] != nil {
 			return 0, fmt.Errorf("%w: %w", mountErrors[me.Type], err)
@@ -162,8 +185,8 @@ func (m *Mounter) FormatAndMount(dev, target, fsType string, options, mkfsOption
 // Resize grows the filesystem on dev, mounted at mountPath, to fill the
 // device, online, through mount-utils (resize2fs, xfs_growfs, btrfs
 // filesystem resize). A filesystem that already fills it is a no-op.
-func (m *Mounter) Resize(dev, mountPath string) error {
-	if _, err := mount.NewResizeFs(m.sfm.Exec).Resize(dev, mountPath); err != nil {
+func (m *Mounter) Resize(ctx context.Context, dev, mountPath string) error {
+	if _, err := mount.NewResizeFs(ctxExec{m.exec, ctx}).Resize(dev, mountPath); err != nil {
 		if strings.Contains(err.Error(), notPermitted) {
 			return fmt.Errorf("%w to grow the filesystem on %s while it is mounted (ext4 needs CAP_SYS_RESOURCE); it grows at its next stage: %v", ErrNotPermitted, dev, err)
 		}
@@ -175,15 +198,15 @@ func (m *Mounter) Resize(dev, mountPath string) error {
 // GrowUnmounted grows the unmounted ext4 filesystem on dev to fill the
 // device: a forced e2fsck first (resize2fs demands it), then resize2fs.
 // Other filesystems grow only online; for them it is an error.
-func (m *Mounter) GrowUnmounted(dev, fsType string) error {
+func (m *Mounter) GrowUnmounted(ctx context.Context, dev, fsType string) error {
 	if fsType != FsExt4 {
 		return fmt.Errorf("%s grows only while mounted", fsType)
 	}
 	// e2fsck exits 1 when it fixed something, which is fine here.
-	if err := m.run(func(code int) bool { return code == 1 }, "e2fsck", "-f", "-p", dev); err != nil {
+	if err := m.run(ctx, func(code int) bool { return code == 1 }, "e2fsck", "-f", "-p", dev); err != nil {
 		return err
 	}
-	return m.run(nil, "resize2fs", dev)
+	return m.run(ctx, nil, "resize2fs", dev)
 }
 
 // BindMount bind mounts source at target through file descriptors (see

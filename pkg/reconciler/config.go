@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -41,11 +42,12 @@ type Loops interface {
 	Grow(dev string) error
 }
 
-// Filesystems probes, formats and mounts.
+// Filesystems probes, formats and mounts. The commands of the calls that
+// take a ctx (blkid, fsck, mkfs, resize) are killed when it ends.
 type Filesystems interface {
-	DiskFormat(dev string) (string, error)
+	DiskFormat(ctx context.Context, dev string) (string, error)
 	// FormatAndMount returns the new mount's unique ID.
-	FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error)
+	FormatAndMount(ctx context.Context, dev, target, fsType string, options, mkfsOptions []string) (uint64, error)
 	// BindMount and BindDevice return the new mount's unique ID.
 	BindMount(source, target string, options []string) (uint64, error)
 	Unmount(target string) error
@@ -53,9 +55,9 @@ type Filesystems interface {
 	// mount ID is id.
 	UnmountOwned(target string, id uint64) error
 	// Resize grows the filesystem on dev, mounted at mountPath, online.
-	Resize(dev, mountPath string) error
+	Resize(ctx context.Context, dev, mountPath string) error
 	// GrowUnmounted checks and grows the unmounted filesystem on dev.
-	GrowUnmounted(dev, fsType string) error
+	GrowUnmounted(ctx context.Context, dev, fsType string) error
 	// BindDevice bind mounts the device node dev on the file target,
 	// creating the file.
 	BindDevice(dev, target string, ro bool) (uint64, error)

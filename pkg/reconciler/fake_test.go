@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -278,11 +279,11 @@ func (w *fakeWorld) BindDevice(dev, target string, ro bool) (uint64, error) {
 	return id, err
 }
 
-func (w *fakeWorld) GrowUnmounted(dev, fsType string) error {
+func (w *fakeWorld) GrowUnmounted(_ context.Context, dev, fsType string) error {
 	return w.do("grow unmounted "+fsType, func() string { return w.imageOf(dev) }, func() error { return nil })
 }
 
-func (w *fakeWorld) Resize(dev, mountPath string) error {
+func (w *fakeWorld) Resize(_ context.Context, dev, mountPath string) error {
 	return w.do("resize "+mountPath, func() string { return w.imageOf(dev) }, func() error { return nil })
 }
 
@@ -342,7 +343,7 @@ func (w *fakeWorld) Keep(dev string) error {
 // partition table rather than a filesystem.
 const partitionTable = "<partition table>"
 
-func (w *fakeWorld) DiskFormat(dev string) (string, error) {
+func (w *fakeWorld) DiskFormat(_ context.Context, dev string) (string, error) {
 	var fs string
 	err := w.do("blkid", func() string { return w.imageOf(dev) }, func() error {
 		fs = w.fs[w.imageOf(dev)]
@@ -376,7 +377,7 @@ func (w *fakeWorld) mountsOfLocked(num host.DevNum) []host.Mount {
 	return out
 }
 
-func (w *fakeWorld) FormatAndMount(dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
+func (w *fakeWorld) FormatAndMount(_ context.Context, dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
 	var id uint64
 	err := w.do("mount "+target, func() string { return w.imageOf(dev) }, func() error {
 		image := w.imageOf(dev)

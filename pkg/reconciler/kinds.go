@@ -1,6 +1,10 @@
 package reconciler
 
-import "github.com/converge-csi/converge/pkg/state"
+import (
+	"context"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
 
 // actionKind is what an operation does. Everything the reconciler knows of
 // a kind is its entry in kinds.
@@ -89,8 +93,8 @@ type kindSpec struct {
 	// final is what a terminal failure does to that intent.
 	final onFinal
 	// run performs the action on the volume whose record (v) and actual
-	// state (a) the pass saw.
-	run func(r *Reconciler, v *state.Volume, a *actual, act action) error
+	// state (a) the pass saw; the commands it runs end with ctx.
+	run func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error
 }
 
 // kinds is the table of action kinds. init fills it: its run functions
@@ -102,54 +106,74 @@ func init() { kinds = kindTable() }
 func kindTable() [kindCount]kindSpec {
 	return [kindCount]kindSpec{
 		actUnpublish: {name: "unpublish", teardown: true, serves: forPublish, final: finalHolds,
-			run: func(r *Reconciler, v *state.Volume, a *actual, act action) error {
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.unpublish(v, a, act.target)
 			}},
 		actUnstage: {name: "unstage", teardown: true, serves: forStage, final: finalKeepsStaged,
-			run: func(r *Reconciler, v *state.Volume, a *actual, _ action) error { return r.unstage(v, a) }},
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
+				return r.unstage(v, a)
+			}},
 		actStage: {name: "stage", fulfils: true, slow: true, serves: forStage, final: finalWithdraws,
-			run: func(r *Reconciler, v *state.Volume, a *actual, _ action) error { return r.stage(v, a) }},
+			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
+				return r.stage(ctx, v, a)
+			}},
 		actPublish: {name: "publish", fulfils: true, serves: forPublish, final: finalWithdraws,
-			run: func(r *Reconciler, v *state.Volume, a *actual, act action) error { return r.publish(v, a, act.target) }},
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
+				return r.publish(v, a, act.target)
+			}},
 		// Unmounts and detaches a loop device of the data directory that no
 		// stage references.
 		actRelease: {name: "release orphan", teardown: true, counted: true, serves: forStage, final: finalHolds,
-			run: func(r *Reconciler, _ *state.Volume, a *actual, _ action) error { return r.release(a) }},
+			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, _ action) error {
+				return r.release(a)
+			}},
 		// Unmounts an unusable publish mount and keeps the publish, so that a
 		// later pass mounts it again.
 		actUnmountTarget: {name: "unmount unusable target", teardown: true, repair: true, counted: true, serves: forPublish, final: finalHolds,
-			run: func(r *Reconciler, _ *state.Volume, _ *actual, act action) error { return r.unmountTarget(act.target) }},
+			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
+				return r.unmountTarget(act.target)
+			}},
 		// Unmounts an unusable staging mount and keeps the stage, so that a
 		// later pass mounts it again (after fsck).
 		actUnmountStaging: {name: "unmount unusable staging", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
-			run: func(r *Reconciler, v *state.Volume, _ *actual, _ action) error { return r.unmountStaging(v) }},
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, _ action) error {
+				return r.unmountStaging(v)
+			}},
 		// Clears the auto-clear flag that a losetup -d from outside set on the
 		// volume's loop device.
 		actKeepDevice: {name: "keep device", counted: true, serves: forStage, final: finalHolds,
-			run: func(r *Reconciler, _ *state.Volume, a *actual, _ action) error { return r.keepDevice(a) }},
+			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, _ action) error {
+				return r.keepDevice(a)
+			}},
 		// Unmounts the plugin's own mount of the volume's filesystem found at a
 		// path no record names (target is that path, mountID the mount).
 		actUnmountStray: {name: "unmount stray", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
-			run: func(r *Reconciler, _ *state.Volume, _ *actual, act action) error {
+			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
 				return r.unmountStray(act.target, act.mountID)
 			}},
 		// Makes the loop device take its grown image's size.
 		actGrowDevice: {name: "grow device", serves: forExpand, final: finalRecorded,
-			run: func(r *Reconciler, _ *state.Volume, a *actual, _ action) error { return r.growDevice(a) }},
+			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, _ action) error {
+				return r.growDevice(a)
+			}},
 		// Grows the staged filesystem to fill its device.
 		actGrowFs: {name: "grow filesystem", slow: true, serves: forExpand, final: finalRecorded,
-			run: func(r *Reconciler, v *state.Volume, a *actual, _ action) error { return r.growFs(v, a) }},
+			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
+				return r.growFs(ctx, v, a)
+			}},
 		// Detaches a second, unmounted loop device of the volume's image
 		// (target is the device).
 		actDetachExtra: {name: "detach extra device", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
-			run: func(r *Reconciler, _ *state.Volume, _ *actual, act action) error {
+			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
 				return r.cfg.Loops.Detach(act.target)
 			}},
 		// Records the unique ID of the mount at the staging path (target "")
 		// or at a target, so that the plugin knows it as its own wherever it
 		// goes later.
 		actRecordMount: {name: "record mount", serves: forStageOrPublish, final: finalHolds,
-			run: func(r *Reconciler, v *state.Volume, _ *actual, act action) error { return r.recordMount(v.ID, act) }},
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
+				return r.recordMount(v.ID, act)
+			}},
 	}
 }
 

@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"errors"
 
 	"fmt"
@@ -64,7 +65,7 @@ func deviceError(err error, format string, args ...any) error {
 // stage attaches the volume's image, checks the filesystem provenance,
 // formats only where allowed (invariant 4), mounts the filesystem at the
 // staging path and records the provenance.
-func (r *Reconciler) stage(v *state.Volume, a *actual) error {
+func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) error {
 	st := v.Stage
 	if done, err := r.stageChecks(v, a); done || err != nil {
 		return err
@@ -75,7 +76,7 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 		return err
 	}
 	want := fsTypeOf(st)
-	have, err := r.filesystemOn(v, dev, want)
+	have, err := r.filesystemOn(ctx, v, dev, want)
 	if err != nil {
 		return err
 	}
@@ -84,13 +85,13 @@ func (r *Reconciler) stage(v *state.Volume, a *actual) error {
 		// ext4 grows best before it is mounted: an online resize needs
 		// CAP_SYS_RESOURCE and locks out writers for a while. A failure
 		// here is left to the online grow after the mount.
-		if err := r.cfg.Filesystems.GrowUnmounted(dev, have); err != nil {
+		if err := r.cfg.Filesystems.GrowUnmounted(ctx, dev, have); err != nil {
 			klog.Background().Error(err, "Cannot grow the filesystem before mounting; will grow it online", "volumeID", v.ID, "device", dev)
 		} else {
 			grown = devSize
 		}
 	}
-	id, err := r.cfg.Filesystems.FormatAndMount(dev, st.Path, want, stageOptions(st, want), st.MkfsOptions)
+	id, err := r.cfg.Filesystems.FormatAndMount(ctx, dev, st.Path, want, stageOptions(st, want), st.MkfsOptions)
 	if err != nil {
 		return deviceError(err, "mounting %s at %s", dev, st.Path)
 	}
@@ -160,8 +161,8 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 // stage must not format nor mount it: a partition table, a filesystem
 // the plugin made that is gone, another filesystem than want, or an empty
 // device staged read-only. A probe that fails fails closed.
-func (r *Reconciler) filesystemOn(v *state.Volume, dev, want string) (string, error) {
-	have, err := r.cfg.Filesystems.DiskFormat(dev)
+func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, want string) (string, error) {
+	have, err := r.cfg.Filesystems.DiskFormat(ctx, dev)
 	switch {
 	case errors.Is(err, devices.ErrPartitioned) && v.Formatted != "":
 		// The filesystem the plugin made is gone: as a wiped one.
@@ -399,8 +400,8 @@ func (r *Reconciler) growDevice(a *actual) error {
 // growFs grows the staged filesystem online to fill the device and records
 // the device size it now fills. A failure is retried and reported; it never
 // touches the mounts.
-func (r *Reconciler) growFs(v *state.Volume, a *actual) error {
-	if err := r.cfg.Filesystems.Resize(a.loop.Device, v.Stage.Path); err != nil {
+func (r *Reconciler) growFs(ctx context.Context, v *state.Volume, a *actual) error {
+	if err := r.cfg.Filesystems.Resize(ctx, a.loop.Device, v.Stage.Path); err != nil {
 		return deviceError(err, "growing volume %s", v.ID)
 	}
 	size := a.loop.Size

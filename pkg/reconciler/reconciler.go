@@ -417,7 +417,7 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 	// what was lost.
 	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
 	begin := r.cfg.Clock.Now()
-	op := func() outcome { return outcomeOf(act, spec.run(r, v, a, act), repairing) }
+	op := func() outcome { return outcomeOf(act, spec.run(ctx, r, v, a, act), repairing) }
 	r.exec.start(ctx, v.ID, act, op, func(out outcome, f *failure) {
 		if out.err == nil && (repairing || spec.counted) {
 			r.cfg.Recorder.Repaired(spec.name)

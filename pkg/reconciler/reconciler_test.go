@@ -545,12 +545,12 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	}
 	h.world.fs[h.world.Path("ghost")] = "ext4"
 	h.world.dirs["/k/old"] = true
-	if _, err := h.world.FormatAndMount(ghost, "/k/old", "ext4", nil, nil); err != nil {
+	if _, err := h.world.FormatAndMount(t.Context(), ghost, "/k/old", "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	foreign, _ := h.world.Attach(h.world.Path("foreign"))
 	h.world.fs[h.world.Path("foreign")] = "ext4"
-	h.world.FormatAndMount(foreign, "/mnt/admin", "ext4", nil, nil)
+	h.world.FormatAndMount(t.Context(), foreign, "/mnt/admin", "ext4", nil, nil)
 	// A device of another directory is never ours.
 	h.world.Attach("/elsewhere/disk.img")
 	// A volume staged normally is left alone.

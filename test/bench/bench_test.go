@@ -79,10 +79,10 @@ func (bl *baseline) stage(v vol) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if _, err := bl.mounter.DiskFormat(dev); err != nil {
+	if _, err := bl.mounter.DiskFormat(context.Background(), dev); err != nil {
 		return dev, err
 	}
-	_, err = bl.mounter.FormatAndMount(dev, v.staging, "ext4", []string{"errors=remount-ro"}, nil)
+	_, err = bl.mounter.FormatAndMount(context.Background(), dev, v.staging, "ext4", []string{"errors=remount-ro"}, nil)
 	return dev, err
 }
 
