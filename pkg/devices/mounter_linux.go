@@ -54,6 +54,7 @@ type CommandError struct {
 	Err      error
 }
 
+// Error says what ran, how it ended and what it printed.
 func (e *CommandError) Error() string {
 	return fmt.Sprintf("%s: %v: %s", strings.Join(e.Command, " "), e.Err, strings.TrimSpace(e.Output))
 }
