@@ -6,7 +6,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"sort"
 	"strings"
@@ -41,6 +40,7 @@ const (
 
 // Store is what the controller needs of the store.
 type Store interface {
+	Get(id string) (*state.Volume, error)
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
 	DropFinals(id string)
 }
@@ -133,6 +133,13 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if v, err := c.store.Get(name); err == nil && v.Removing {
+		// A deletion of the name that a crash interrupted: its image is
+		// not this volume's.
+		if err := c.finishRemoval(name); err != nil {
+			return nil, err
+		}
+	}
 	if cur, err := c.images.Size(name); err == nil {
 		if cur < required || limit > 0 && cur > limit {
 			return nil, state.Errorf(state.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", name, cur, required, limit)
@@ -285,26 +292,29 @@ func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	// The image is removed inside the record's transaction, so no stage
-	// intent can slip in between the check and the removal.
-	_, err := c.store.Update(id, func(v *state.Volume) error {
-		if v.Stage != nil {
-			return state.Errorf(state.KindFailedPrecondition, "volume %s is staged at %s", id, v.Stage.Path)
-		}
-		if len(v.Publishes) > 0 {
-			return state.Errorf(state.KindFailedPrecondition, "volume %s is published at %s", id, strings.Join(v.Targets(), ", "))
-		}
-		if err := c.images.Delete(id); err != nil {
-			return fmt.Errorf("deleting image of %s: %w", id, err)
-		}
-		v.Formatted = ""
-		return nil
-	})
-	if err != nil {
+	// The record is marked first, so that no stage intent can slip in
+	// while the image goes, and a crash in between leaves a mark the next
+	// DeleteVolume or CreateVolume of the name finishes.
+	if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
 		return nil, nodeserver.Status(err)
 	}
-	c.store.DropFinals(id)
+	if err := c.finishRemoval(id); err != nil {
+		return nil, err
+	}
 	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// finishRemoval removes the image of a volume marked as being removed and
+// then forgets the volume.
+func (c *controller) finishRemoval(id string) error {
+	if err := c.images.Delete(id); err != nil {
+		return state.Errorf(state.KindInternal, "deleting image of %s: %w", id, err)
+	}
+	if _, err := c.store.Update(id, func(v *state.Volume) error { v.FinishRemoval(); return nil }); err != nil {
+		return err
+	}
+	c.store.DropFinals(id)
+	return nil
 }
 
 func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {

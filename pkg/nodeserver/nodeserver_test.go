@@ -346,3 +346,20 @@ func TestEveryKindHasItsCode(t *testing.T) {
 		t.Errorf("%d kinds tested, %d mapped", len(seen), len(kindCodes))
 	}
 }
+
+// TestStageOfAVolumeBeingDeleted checks that a volume whose image the
+// controller is removing takes no stage intent: NOT_FOUND, nothing
+// recorded.
+func TestStageOfAVolumeBeingDeleted(t *testing.T) {
+	s, store, _ := newServer(t)
+	if _, err := store.Update("v1", func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.NodeStageVolume(t.Context(), stageReq("v1"))
+	if status.Code(err) != codes.NotFound {
+		t.Errorf("stage of a volume being deleted: %v, want NotFound", err)
+	}
+	if v, _ := store.Get("v1"); v == nil || v.Stage != nil || !v.Removing {
+		t.Errorf("record after the refused stage: %+v", v)
+	}
+}

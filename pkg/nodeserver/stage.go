@@ -58,6 +58,8 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
 		st := v.Stage
 		switch {
+		case v.Removing:
+			return state.Errorf(state.KindNotFound, "volume %s is being deleted", id)
 		case st == nil:
 			v.Stage = spec
 		case st.SameSpec(spec):

@@ -1,5 +1,7 @@
 package state
 
+import "strings"
+
 // The transitions the reconciler makes to a record once an operation has
 // ended. Each applies only to the intent of the generation the operation
 // served, and reports whether it changed anything: an intent that changed
@@ -81,4 +83,23 @@ func (v *Volume) KeepStaged(gen int64) bool {
 		return true
 	}
 	return false
+}
+
+// StartRemoval marks the volume as being removed, unless an intent still
+// uses it (FAILED_PRECONDITION, naming where).
+func (v *Volume) StartRemoval() error {
+	if v.Stage != nil {
+		return Errorf(KindFailedPrecondition, "volume %s is staged at %s", v.ID, v.Stage.Path)
+	}
+	if len(v.Publishes) > 0 {
+		return Errorf(KindFailedPrecondition, "volume %s is published at %s", v.ID, strings.Join(v.Targets(), ", "))
+	}
+	v.Removing = true
+	return nil
+}
+
+// FinishRemoval forgets the volume once its image is gone: what the record
+// held (the provenance) no longer describes anything.
+func (v *Volume) FinishRemoval() {
+	v.Removing, v.Formatted = false, ""
 }

@@ -89,6 +89,11 @@ type Volume struct {
 	// found there when first asked for it; empty when it never did. A
 	// volume whose record says Formatted is never formatted again.
 	Formatted string `json:"formatted,omitempty"`
+	// Removing is set while DeleteVolume removes the volume's image: no
+	// intent is accepted, and a DeleteVolume or CreateVolume of the same
+	// name finishes the removal before anything else (a crash may have
+	// come between the removal and the record's end).
+	Removing bool `json:"removing,omitempty"`
 	// Expand is the capacity NodeExpandVolume asked for; nil when none.
 	Expand *Expand `json:"expand,omitempty"`
 	// DeviceID identifies the device of a static volume, as found at its
@@ -111,7 +116,7 @@ type Expand struct {
 
 // Empty reports whether the record holds nothing worth keeping.
 func (v *Volume) Empty() bool {
-	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == ""
+	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing
 }
 
 // DeepCopy returns a copy that shares no memory with v.
