@@ -68,8 +68,10 @@ type Store struct {
 
 	// reports are what the plugin answers from memory: results, finals,
 	// conditions and the watchers waiting for them. Lock order: a
-	// record's recordMu, then mu; reports.mu is taken alone, never while
-	// another of the store's locks is held.
+	// record's recordMu, then the log's locks (its syncMu before its mu;
+	// a checkpoint under the log's mu takes no lock of the store), then
+	// mu; reports.mu is taken alone, never while another of the store's
+	// locks is held.
 	reports
 
 	// replayed counts the log records Open applied.
