@@ -178,7 +178,7 @@ func TestCommandsEndWithTheirContext(t *testing.T) {
 	m := NewMounter(mount.NewFakeMounter(nil), utilexec.New(), 1, NewPaths([]string{t.TempDir()}))
 	ctx, cancel := context.WithCancel(t.Context())
 	time.AfterFunc(50*time.Millisecond, cancel)
-	err := m.run(ctx, nil, "sleep", "600")
+	err := run(ctxExec{m.exec, ctx}.Command("sleep", "600"), nil, "sleep", "600")
 	var ce *CommandError
 	if !errors.As(err, &ce) || ce.ExitCode != -1 || ctx.Err() == nil {
 		t.Fatalf("sleep 600 under a cancelled context: %v", err)

@@ -62,10 +62,10 @@ func (e *CommandError) Error() string {
 // Unwrap returns the error the command ended with.
 func (e *CommandError) Unwrap() error { return e.Err }
 
-// run runs a command through exec and returns a *CommandError when it
-// fails; ok reports which exit codes count as success besides 0.
-func (m *Mounter) run(ctx context.Context, ok func(code int) bool, name string, args ...string) error {
-	out, err := m.exec.CommandContext(ctx, name, args...).CombinedOutput()
+// run runs cmd, made of argv, and returns a *CommandError when it fails;
+// ok reports which exit codes count as success besides 0.
+func run(cmd utilexec.Cmd, ok func(code int) bool, argv ...string) error {
+	out, err := cmd.CombinedOutput()
 	if err == nil {
 		return nil
 	}
@@ -77,7 +77,7 @@ func (m *Mounter) run(ctx context.Context, ok func(code int) bool, name string, 
 	if code > 0 && ok != nil && ok(code) {
 		return nil
 	}
-	return &CommandError{Command: append([]string{name}, args...), ExitCode: code, Output: string(out), Err: err}
+	return &CommandError{Command: argv, ExitCode: code, Output: string(out), Err: err}
 }
 
 // mountErrors maps mount-utils' classified mount errors to ours.
@@ -204,10 +204,10 @@ func (m *Mounter) GrowUnmounted(ctx context.Context, dev, fsType string) error {
 		return fmt.Errorf("%s grows only while mounted", fsType)
 	}
 	// e2fsck exits 1 when it fixed something, which is fine here.
-	if err := m.run(ctx, func(code int) bool { return code == 1 }, "e2fsck", "-f", "-p", dev); err != nil {
+	if err := run(m.exec.CommandContext(ctx, "e2fsck", "-f", "-p", dev), func(code int) bool { return code == 1 }, "e2fsck", "-f", "-p", dev); err != nil {
 		return err
 	}
-	return m.run(ctx, nil, "resize2fs", dev)
+	return run(m.exec.CommandContext(ctx, "resize2fs", dev), nil, "resize2fs", dev)
 }
 
 // BindMount bind mounts source at target through file descriptors (see

@@ -146,6 +146,12 @@ func scanDir(t *testing.T, dir string, tools map[string]bool) {
 	}
 	for _, f := range files {
 		ast.Inspect(f, func(n ast.Node) bool {
+			// An exec wrapper's own Command forwards what its callers
+			// name (devices' ctxExec, under mount-utils' calls, which
+			// are scanned in their own package).
+			if fd, ok := n.(*ast.FuncDecl); ok && fd.Recv != nil && fd.Name.Name == "Command" {
+				return false
+			}
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
 				return true
