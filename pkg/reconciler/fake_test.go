@@ -1,12 +1,14 @@
 package reconciler
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -30,6 +32,13 @@ type fakeWorld struct {
 	// unique maps a mount's mountinfo ID to its unique ID (see mount).
 	unique  map[int]uint64
 	lastUID uint64
+	// freeIDs holds the mountinfo IDs given back below lastID, the
+	// highest ever given: the lowest free ID is its least or lastID+1.
+	freeIDs idHeap
+	lastID  int
+	// at maps a path to the unique IDs of the mounts there, bottom first,
+	// so that a stat of a mount point need not walk the table.
+	at map[string][]uint64
 	// foreign holds the unique IDs of mounts someone else made (the
 	// kubelet's subPath bind mounts), which the plugin must never unmount.
 	foreign map[uint64]bool
@@ -72,6 +81,7 @@ func newFakeWorld() *fakeWorld {
 		mkfs:      map[string]int{},
 		dirs:      map[string]bool{},
 		unique:    map[int]uint64{},
+		at:        map[string][]uint64{},
 		foreign:   map[uint64]bool{},
 		fail:      map[string]error{},
 		hold:      map[string]chan struct{}{},
@@ -154,11 +164,8 @@ func (w *fakeWorld) CheckMount(path string) (uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var id uint64
-	for i := len(w.mounts) - 1; i >= 0; i-- {
-		if w.mounts[i].Path == path {
-			id = w.unique[w.mounts[i].ID]
-			break
-		}
+	if ids := w.at[path]; len(ids) > 0 {
+		id = ids[len(ids)-1]
 	}
 	if err := w.corrupt[path]; err != nil {
 		return 0, err
@@ -170,13 +177,63 @@ func (w *fakeWorld) CheckMount(path string) (uint64, error) {
 // lowest free mountinfo ID (so IDs are reused at once, as in Linux) and a
 // unique ID never used before; w.mu must be held.
 func (w *fakeWorld) mountLocked(m host.Mount) {
-	m.ID = 1
-	for w.unique[m.ID] != 0 {
-		m.ID++
+	m.ID = 0
+	for m.ID == 0 && len(w.freeIDs) > 0 {
+		if id := heap.Pop(&w.freeIDs).(int); w.unique[id] == 0 {
+			m.ID = id
+		}
+	}
+	for m.ID == 0 {
+		w.lastID++
+		if w.unique[w.lastID] == 0 {
+			m.ID = w.lastID
+		}
 	}
 	w.lastUID++
 	w.unique[m.ID] = w.lastUID
+	w.at[m.Path] = append(w.at[m.Path], w.lastUID)
 	w.mounts = append(w.mounts, m)
+}
+
+// unmountAllLocked removes every mount, as someone unmounting them all
+// from outside; w.mu must be held.
+func (w *fakeWorld) unmountAllLocked() {
+	for len(w.mounts) > 0 {
+		w.unmountLocked(len(w.mounts) - 1)
+	}
+}
+
+// moveLocked moves the i-th mount to path, as a rename of a directory
+// above it does; w.mu must be held.
+func (w *fakeWorld) moveLocked(i int, path string) {
+	uid := w.unique[w.mounts[i].ID]
+	w.forgetAtLocked(w.mounts[i].Path, uid)
+	w.mounts[i].Path = path
+	w.at[path] = append(w.at[path], uid)
+}
+
+// forgetAtLocked drops the mount uid from the index of path.
+func (w *fakeWorld) forgetAtLocked(path string, uid uint64) {
+	ids := slices.DeleteFunc(w.at[path], func(id uint64) bool { return id == uid })
+	if len(ids) == 0 {
+		delete(w.at, path)
+	} else {
+		w.at[path] = ids
+	}
+}
+
+// idHeap is a min-heap of mountinfo IDs.
+type idHeap []int
+
+func (h idHeap) Len() int           { return len(h) }
+func (h idHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h idHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *idHeap) Push(x any)        { *h = append(*h, x.(int)) }
+func (h *idHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // removeSubPathsLocked unmounts the foreign mounts under pod's
@@ -193,7 +250,9 @@ func (w *fakeWorld) removeSubPathsLocked(pod string) {
 // unmountLocked removes the i-th mount, and with it an auto-clearing
 // device it was the last user of; w.mu must be held.
 func (w *fakeWorld) unmountLocked(i int) {
+	w.forgetAtLocked(w.mounts[i].Path, w.unique[w.mounts[i].ID])
 	delete(w.unique, w.mounts[i].ID)
+	heap.Push(&w.freeIDs, w.mounts[i].ID)
 	w.mounts = append(w.mounts[:i], w.mounts[i+1:]...)
 	w.autoclearLocked()
 }

@@ -188,7 +188,7 @@ func TestConditionNamesUnusablePaths(t *testing.T) {
 	staging, target := h.stagedAndPublished("v1")
 	h.world.fail["mount "+staging] = errors.New("busy")
 	h.world.mu.Lock()
-	h.world.mounts = nil // someone unmounted both
+	h.world.unmountAllLocked() // someone unmounted both
 	h.world.mu.Unlock()
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
@@ -213,8 +213,8 @@ func TestDataLossOfAStagedVolumeIsReportedNotRolledBack(t *testing.T) {
 	staging, target := h.stagedAndPublished("v1")
 	image := h.world.Path("v1")
 	h.world.mu.Lock()
-	h.world.mounts = nil      // both mounts gone...
-	delete(h.world.fs, image) // ...and the filesystem with them
+	h.world.unmountAllLocked() // both mounts gone...
+	delete(h.world.fs, image)  // ...and the filesystem with them
 	h.world.mu.Unlock()
 	h.settle()
 
@@ -330,7 +330,7 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	h.world.mu.Lock()
 	for i := range h.world.mounts {
 		if h.world.mounts[i].Path == target {
-			h.world.mounts[i].Path = moved
+			h.world.moveLocked(i, moved)
 		}
 	}
 	h.world.mu.Unlock()

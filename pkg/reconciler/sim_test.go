@@ -413,7 +413,7 @@ func (s *sim) randomStep() {
 		for i := range w.mounts {
 			if w.mounts[i].Path == targetOf(id, k) && id != blockVolume {
 				s.note("outside: rename %s, moving its mount", podOf(id, k))
-				w.mounts[i].Path = "/k/moved/" + id + "-" + strconv.Itoa(s.step) + "/mount"
+				w.moveLocked(i, "/k/moved/"+id+"-"+strconv.Itoa(s.step)+"/mount")
 				delete(w.corrupt, targetOf(id, k))
 			}
 		}
