@@ -23,7 +23,7 @@ func BenchmarkListLoops(b *testing.B) {
 		}
 	})
 	for i := range 300 {
-		d, err := AttachLoop(sparseImage(b, filepath.Join(dir, fmt.Sprintf("%d.img", i))))
+		d, err := AttachLoop(sparseImage(b, filepath.Join(dir, fmt.Sprintf("%d.img", i))), true)
 		if err != nil {
 			b.Fatal(err)
 		}

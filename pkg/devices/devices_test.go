@@ -75,13 +75,13 @@ func TestPathsRefuseSymlinks(t *testing.T) {
 
 func TestImagesCreateIsIdempotent(t *testing.T) {
 	im := &Images{Dir: t.TempDir()}
-	if err := im.Create("v", 1<<20); err != nil {
+	if err := im.Create("v", 1<<20, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := im.Create("v", 1<<20); err != nil {
+	if err := im.Create("v", 1<<20, true); err != nil {
 		t.Errorf("same size again: %v", err)
 	}
-	if err := im.Create("v", 2<<20); !errors.Is(err, ErrImageExists) {
+	if err := im.Create("v", 2<<20, true); !errors.Is(err, ErrImageExists) {
 		t.Errorf("other size: got %v, want ErrImageExists", err)
 	}
 	ids, _ := im.List()
@@ -168,5 +168,60 @@ func TestBindAttr(t *testing.T) {
 				t.Errorf("bindAttr(%v): got set %#x clr %#x, want set %#x clr %#x", tc.options, got.Attr_set, got.Attr_clr, tc.set, tc.clr)
 			}
 		})
+	}
+}
+
+// TestImagesThickAndThin checks the allocation of images: a thick image
+// has every block from its creation and growth on, a thin one none until
+// written, and Reserve fills the holes of one.
+func TestImagesThickAndThin(t *testing.T) {
+	im := &Images{Dir: t.TempDir()}
+	allocated := func(id string) int64 {
+		t.Helper()
+		us, err := im.Usages()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range us {
+			if u.ID == id {
+				return u.Allocated
+			}
+		}
+		t.Fatalf("no image %s in %v", id, us)
+		return 0
+	}
+	const mib = 1 << 20
+	if err := im.Create("thick", 8*mib, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := im.Create("thin", 8*mib, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := allocated("thick"); got < 8*mib {
+		t.Errorf("thick image: %d bytes allocated, want all 8 MiB", got)
+	}
+	if got := allocated("thin"); got > 64<<10 {
+		t.Errorf("thin image: %d bytes allocated, want next to none", got)
+	}
+	if n, err := im.Grow("thick", 12*mib, true); err != nil || n != 12*mib {
+		t.Fatalf("grow thick: %d, %v", n, err)
+	}
+	if got := allocated("thick"); got < 12*mib {
+		t.Errorf("grown thick image: %d bytes allocated, want all 12 MiB", got)
+	}
+	if n, err := im.Grow("thin", 12*mib, false); err != nil || n != 12*mib {
+		t.Fatalf("grow thin: %d, %v", n, err)
+	}
+	if got := allocated("thin"); got > 64<<10 {
+		t.Errorf("grown thin image: %d bytes allocated, want next to none", got)
+	}
+	if err := im.Reserve("thin"); err != nil {
+		t.Fatal(err)
+	}
+	if got := allocated("thin"); got < 12*mib {
+		t.Errorf("reserved image: %d bytes allocated, want all 12 MiB", got)
+	}
+	if size, _ := im.Size("thin"); size != 12*mib {
+		t.Errorf("reserve changed the size to %d", size)
 	}
 }

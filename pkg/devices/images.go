@@ -23,7 +23,35 @@ const (
 // already exists.
 var ErrImageExists = errors.New("image exists with another size")
 
-// Images manages the sparse image files that back file-backend volumes. An
+// ErrCannotAllocate is returned when the data directory's filesystem cannot
+// allocate a file's space ahead of its writes (fallocate), which a thick
+// volume needs.
+var ErrCannotAllocate = errors.New("the data directory's filesystem cannot allocate space ahead of writes (fallocate)")
+
+// allocate gives f's first size bytes their blocks, growing the file to
+// size where it is smaller; the data already there is untouched.
+func allocate(f *os.File, size int64) error {
+	err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return ErrCannotAllocate
+	}
+	if err != nil {
+		return fmt.Errorf("allocating %d bytes: %w", size, err)
+	}
+	return nil
+}
+
+// sizeTo makes f size bytes long: every block allocated for a thick image,
+// a sparse extension otherwise.
+func sizeTo(f *os.File, size int64, thick bool) error {
+	if thick {
+		return allocate(f, size)
+	}
+	return f.Truncate(size)
+}
+
+// Images manages the image files that back file-backend volumes: thick
+// (every block allocated) or sparse. An
 // image's path is always derived from the volume ID inside Dir; it is never
 // taken from a request. IDs must have been validated by the caller.
 type Images struct {
@@ -55,9 +83,10 @@ func (im *Images) Size(id string) (int64, error) {
 	return fi.Size(), nil
 }
 
-// Grow makes id's image at least size bytes (sparse) and returns its size.
-// An image already that large is left as it is: images never shrink.
-func (im *Images) Grow(id string, size int64) (int64, error) {
+// Grow makes id's image at least size bytes and returns its size; the new
+// bytes of a thick image are allocated, those of a thin one are not. An
+// image already that large is left as it is: images never shrink.
+func (im *Images) Grow(id string, size int64, thick bool) (int64, error) {
 	f, err := os.OpenFile(im.Path(id), os.O_RDWR, 0)
 	if err != nil {
 		return 0, err
@@ -70,7 +99,10 @@ func (im *Images) Grow(id string, size int64) (int64, error) {
 	if fi.Size() >= size {
 		return fi.Size(), nil
 	}
-	if err := f.Truncate(size); err != nil {
+	if err := sizeTo(f, size, thick); err != nil {
+		// A thick growth that ran out of space may have allocated part of
+		// the new range (still beyond the old end); cut it off.
+		f.Truncate(fi.Size())
 		return 0, fmt.Errorf("growing image of %s: %w", id, err)
 	}
 	if err := f.Sync(); err != nil {
@@ -79,10 +111,11 @@ func (im *Images) Grow(id string, size int64) (int64, error) {
 	return size, nil
 }
 
-// Create makes a sparse image of size bytes for id, atomically: a crash
-// leaves either no image or a complete one. An existing image of the same
-// size is a no-op; of another size, ErrImageExists.
-func (im *Images) Create(id string, size int64) error {
+// Create makes an image of size bytes for id, every block allocated when
+// thick and sparse otherwise, atomically: a crash leaves either no image or
+// a complete one. An existing image of the same size is a no-op; of
+// another size, ErrImageExists.
+func (im *Images) Create(id string, size int64, thick bool) error {
 	if err := os.MkdirAll(im.Dir, 0o700); err != nil {
 		return err
 	}
@@ -97,7 +130,7 @@ func (im *Images) Create(id string, size int64) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if err := tmp.Truncate(size); err != nil {
+	if err := sizeTo(tmp, size, thick); err != nil {
 		tmp.Close()
 		return fmt.Errorf("sizing image: %w", err)
 	}
@@ -111,12 +144,58 @@ func (im *Images) Create(id string, size int64) error {
 	// RENAME_NOREPLACE keeps a concurrent creator's image intact.
 	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, im.Path(id), unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EEXIST) {
-		return im.Create(id, size)
+		return im.Create(id, size, thick)
 	}
 	if err != nil {
 		return fmt.Errorf("publishing image: %w", err)
 	}
 	return syncDir(im.Dir)
+}
+
+// Reserve allocates every block of id's image that is not allocated (the
+// holes of an image made sparse, or punched by discards). On failure
+// (ENOSPC) part of the holes may have been filled; what was written is
+// never touched.
+func (im *Images) Reserve(id string) error {
+	f, err := os.OpenFile(im.Path(id), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if err := allocate(f, fi.Size()); err != nil {
+		return fmt.Errorf("reserving the space of %s: %w", id, err)
+	}
+	return f.Sync()
+}
+
+// Usage is the size of an image and the space allocated to it.
+type Usage struct {
+	ID              string
+	Size, Allocated int64
+}
+
+// Usages returns the size and allocation of every image, in ID order.
+func (im *Images) Usages() ([]Usage, error) {
+	ids, err := im.List()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Usage, 0, len(ids))
+	for _, id := range ids {
+		var st unix.Stat_t
+		if err := unix.Stat(im.Path(id), &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue // deleted meanwhile
+			}
+			return nil, err
+		}
+		out = append(out, Usage{ID: id, Size: st.Size, Allocated: st.Blocks * 512})
+	}
+	return out, nil
 }
 
 // RemoveStaleTemps removes the temporary files of Create calls that a crash

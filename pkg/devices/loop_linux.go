@@ -1,6 +1,7 @@
 package devices
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -24,10 +25,11 @@ const (
 // ErrNoLoopDevice is returned when the kernel has no free loop device.
 var ErrNoLoopDevice = errors.New("no free loop device")
 
-// AttachLoop attaches file to a free loop device with direct I/O and returns
-// the device node. The device is not auto-cleared: it stays attached until
-// DetachLoop, so a mount can outlive the plugin process.
-func AttachLoop(file string) (string, error) {
+// AttachLoop attaches file to a free loop device with direct I/O, passing
+// discards on to the file or refusing them, and returns the device node.
+// The device is not auto-cleared: it stays attached until DetachLoop, so a
+// mount can outlive the plugin process.
+func AttachLoop(file string, discards bool) (string, error) {
 	backing, err := os.OpenFile(file, os.O_RDWR, 0)
 	if err != nil {
 		return "", fmt.Errorf("opening image: %w", err)
@@ -54,6 +56,15 @@ func AttachLoop(file string) (string, error) {
 			continue // someone else took it first
 		}
 		if err != nil {
+			return "", err
+		}
+		if err := SetDiscards("/sys/block", dev, discards); err != nil {
+			DetachLoop(dev)
+			if errors.Is(err, ErrDiscardsStuck) {
+				// Another device number comes next time.
+				removeLoop(dev)
+				continue
+			}
 			return "", err
 		}
 		return dev, nil
@@ -107,6 +118,73 @@ func GrowLoop(dev string) error {
 		return fmt.Errorf("LOOP_SET_CAPACITY %s: %w", dev, err)
 	}
 	return nil
+}
+
+// ErrDiscardsStuck is returned when a loop device's discards cannot be
+// turned on again: the kernel keeps the limit a user wrote for the device
+// number across detaches, and once it is 0 no other value is accepted
+// until the device is removed.
+var ErrDiscardsStuck = errors.New("the kernel keeps discards off on this loop device until it is removed")
+
+// SetDiscards makes an attached loop device pass discards on to its backing
+// file, which punches holes in it (on: as far as the device can), or refuse
+// them (queue/discard_max_bytes 0), so that nothing written to it, neither
+// mkfs nor a trim nor a filesystem mounted with discard, hands a thick
+// volume's space back. sysBlock is normally /sys/block.
+func SetDiscards(sysBlock, dev string, on bool) error {
+	queue := filepath.Join(sysBlock, filepath.Base(dev), "queue")
+	value := int64(0)
+	if on {
+		// The limit the device allows, in whole discard granules: the
+		// kernel refuses any other.
+		hw, err := readInt(filepath.Join(queue, "discard_max_hw_bytes"))
+		if err != nil {
+			return err
+		}
+		granule, err := readInt(filepath.Join(queue, "discard_granularity"))
+		if err != nil {
+			return err
+		}
+		if hw > 0 && granule == 0 {
+			return fmt.Errorf("%s: %w", dev, ErrDiscardsStuck)
+		}
+		if granule > 0 {
+			value = hw / granule * granule
+		}
+	}
+	if err := os.WriteFile(filepath.Join(queue, "discard_max_bytes"), strconv.AppendInt(nil, value, 10), 0); err != nil {
+		return fmt.Errorf("setting the discard limit of %s to %d: %w", dev, value, err)
+	}
+	return nil
+}
+
+// removeLoop removes an unattached loop device, so that the kernel makes
+// the number afresh, with its default limits, for its next user. A device
+// someone uses meanwhile stays.
+func removeLoop(dev string) {
+	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
+	if err != nil {
+		return
+	}
+	ctl, err := os.OpenFile(loopControl, os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer ctl.Close()
+	unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n)
+}
+
+// readInt reads a sysfs attribute that holds a number.
+func readInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return n, nil
 }
 
 // KeepLoop clears the auto-clear flag of an attached loop device, undoing a
@@ -173,6 +251,7 @@ func listLoops(sysBlock, partitions string, r fileReader) ([]host.Loop, error) {
 		// A deleted backing file reads "<path> (deleted)".
 		backingFile := strings.TrimSuffix(strings.TrimSuffix(backing, "\n"), " (deleted)")
 		autoclear, _ := r.read(filepath.Join(sysBlock, d.name, "loop", "autoclear"))
+		discard, _ := r.read(filepath.Join(sysBlock, d.name, "queue", "discard_max_bytes"))
 		if d.size < 0 {
 			devRaw, err := r.read(filepath.Join(sysBlock, d.name, "dev"))
 			if err != nil {
@@ -186,18 +265,21 @@ func listLoops(sysBlock, partitions string, r fileReader) ([]host.Loop, error) {
 			n, _ := strconv.ParseInt(strings.TrimSpace(sectors), 10, 64)
 			d.size = n * 512
 		}
-		var backingSize int64
+		var backingSize, allocated int64
 		var st unix.Stat_t
 		if err := unix.Stat(backingFile, &st); err == nil {
-			backingSize = st.Size
+			backingSize, allocated = st.Size, st.Blocks*512
 		}
+		discards := strings.TrimSpace(discard)
 		out = append(out, host.Loop{
-			Device:      "/dev/" + d.name,
-			Dev:         d.dev,
-			AutoClear:   strings.TrimSpace(autoclear) == "1",
-			Size:        d.size,
-			BackingSize: backingSize,
-			BackingFile: backingFile,
+			Device:           "/dev/" + d.name,
+			Dev:              d.dev,
+			AutoClear:        strings.TrimSpace(autoclear) == "1",
+			Size:             d.size,
+			BackingSize:      backingSize,
+			BackingAllocated: allocated,
+			BackingFile:      backingFile,
+			Discards:         discards != "" && discards != "0",
 		})
 	}
 	return out, nil
@@ -270,7 +352,7 @@ type keptFile struct {
 
 func newKeptFiles() *keptFiles {
 	// A quarter of the process's descriptor limit (which Go raises to the
-	// hard limit at start): 2 per attached device.
+	// hard limit at start): 3 per attached device.
 	max := 256
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur/4 > uint64(max) {
@@ -382,8 +464,13 @@ func parseDevNum(s string) (host.DevNum, error) {
 // LoopDevices attaches and detaches loop devices.
 type LoopDevices struct{}
 
+// SetDiscards calls SetDiscards on /sys/block.
+func (LoopDevices) SetDiscards(dev string, on bool) error { return SetDiscards("/sys/block", dev, on) }
+
 // Attach calls AttachLoop.
-func (LoopDevices) Attach(image string) (string, error) { return AttachLoop(image) }
+func (LoopDevices) Attach(image string, discards bool) (string, error) {
+	return AttachLoop(image, discards)
+}
 
 // Grow calls GrowLoop.
 func (LoopDevices) Grow(dev string) error { return GrowLoop(dev) }
@@ -391,5 +478,15 @@ func (LoopDevices) Grow(dev string) error { return GrowLoop(dev) }
 // Keep calls KeepLoop.
 func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }
 
-// Detach calls DetachLoop.
-func (LoopDevices) Detach(dev string) error { return DetachLoop(dev) }
+// Detach calls DetachLoop, and removes a device whose discards were
+// turned off: the kernel would keep them off for the number's next user.
+func (LoopDevices) Detach(dev string) error {
+	off, _ := readInt(filepath.Join("/sys/block", filepath.Base(dev), "queue", "discard_max_bytes"))
+	if err := DetachLoop(dev); err != nil {
+		return err
+	}
+	if off == 0 {
+		removeLoop(dev)
+	}
+	return nil
+}

@@ -24,6 +24,8 @@ type Observer struct {
 	// Paths resolves mount points beneath the plugin's roots without
 	// symlinks for CheckMount; nil resolves every path as it is.
 	Paths *Paths
+	// Images is the data directory whose space is observed; nil for none.
+	Images *Images
 
 	// files keeps the files of the loop listing open between passes;
 	// made on first use.
@@ -42,7 +44,13 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
-	return host.NewSnapshot(byDevice(mounts, loops), loops), nil
+	snap := host.NewSnapshot(byDevice(mounts, loops), loops)
+	if o.Images != nil {
+		if total, free, err := o.Images.Capacity(); err == nil {
+			snap.WithPool(host.Pool{Known: true, Total: total, Free: free})
+		}
+	}
+	return snap, nil
 }
 
 // Close closes the files Observe keeps open. Observe may be called again

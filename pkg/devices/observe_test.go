@@ -81,7 +81,7 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 	})
 	attach := func(img string) string {
 		t.Helper()
-		d, err := AttachLoop(img)
+		d, err := AttachLoop(img, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +182,7 @@ func TestCheckMountedAtEachFilesystem(t *testing.T) {
 			if err := os.Truncate(img, 320<<20); err != nil { // xfs's minimum
 				t.Fatal(err)
 			}
-			dev, err := AttachLoop(img)
+			dev, err := AttachLoop(img, true)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -54,6 +54,13 @@ type Loop struct {
 	// BackingSize is the size of the backing file in bytes; larger than
 	// Size after the file was grown and before the device was told.
 	BackingSize int64
+	// BackingAllocated is the space allocated to the backing file, in
+	// bytes (its st_blocks): less than BackingSize where the file has
+	// holes.
+	BackingAllocated int64
+	// Discards is true when the device passes discards on to its backing
+	// file, which punches holes in it (queue/discard_max_bytes > 0).
+	Discards bool
 }
 
 // Snapshot is the observed state of the machine at one instant: the mount
@@ -67,7 +74,27 @@ type Snapshot struct {
 	// loops maps a backing file to its loop devices: normally one, more
 	// when someone attached the file again behind the plugin's back.
 	loops map[string][]Loop
+	// pool is the space of the data directory.
+	pool Pool
 }
+
+// Pool is the space of the filesystem that holds the volume images.
+type Pool struct {
+	// Known is false when it was not observed.
+	Known bool
+	// Total is the filesystem's size and Free what it can still allocate
+	// (statfs f_bavail), in bytes.
+	Total, Free int64
+}
+
+// WithPool returns s with the data directory's space.
+func (s *Snapshot) WithPool(p Pool) *Snapshot {
+	s.pool = p
+	return s
+}
+
+// Pool returns the data directory's space.
+func (s *Snapshot) Pool() Pool { return s.pool }
 
 // NewSnapshot indexes mounts and loop devices.
 func NewSnapshot(mounts []Mount, loops []Loop) *Snapshot {

@@ -16,6 +16,21 @@ const (
 	AccessBlock AccessType = "block"
 )
 
+// Provisioning says how a volume's image holds its space.
+type Provisioning string
+
+const (
+	// ProvisionThick allocates every block of the image when the volume is
+	// created or grown, and keeps them allocated: the volume's size is
+	// space the data directory holds for it alone.
+	ProvisionThick Provisioning = "thick"
+	// ProvisionThin leaves the image sparse: blocks are allocated as the
+	// volume is written and handed back when it discards them, and the
+	// node promises thin volumes no more than its overprovisioning ratio
+	// allows.
+	ProvisionThin Provisioning = "thin"
+)
+
 // Stage is the desired staging of a volume: its device attached and, for
 // AccessMount, its filesystem mounted at Path.
 type Stage struct {
@@ -104,7 +119,15 @@ type Volume struct {
 	// grown to fill; 0 when unknown. A filesystem on a larger device is
 	// grown, at expansion, at stage and after a restart.
 	FsSize int64 `json:"fsSize,omitempty"`
+	// Provisioning is how CreateVolume made the volume's image; empty for
+	// a volume made before the plugin recorded it (a sparse image, which
+	// is accounted at its full size and made thick at its next stage when
+	// the space is there) and for a static volume.
+	Provisioning Provisioning `json:"provisioning,omitempty"`
 }
+
+// Thin reports whether the volume's image is sparse by request.
+func (v *Volume) Thin() bool { return v.Provisioning == ProvisionThin }
 
 // Expand is the desired capacity of a staged volume.
 type Expand struct {
@@ -116,8 +139,13 @@ type Expand struct {
 
 // Empty reports whether the record holds nothing worth keeping.
 func (v *Volume) Empty() bool {
-	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing
+	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing && v.Provisioning == ""
 }
+
+// Staged reports whether the node holds an intent for the volume: a stage
+// or a publish, live or being withdrawn. A record without one only keeps
+// what the controller made (its provisioning) or a provenance.
+func (v *Volume) Staged() bool { return v.Stage != nil || len(v.Publishes) > 0 }
 
 // DeepCopy returns a copy that shares no memory with v.
 func (v *Volume) DeepCopy() *Volume {
