@@ -6,13 +6,17 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sort"
 	"strings"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/state"
@@ -36,7 +40,31 @@ const (
 	// itself adds (PVC and PV names with --extra-create-metadata); they
 	// carry no meaning for the plugin.
 	k8sParamPrefix = "csi.storage.k8s.io/"
+	// ProvisioningKey is the StorageClass parameter that chooses how a
+	// volume's image holds its space: "thick" (the default) or "thin".
+	ProvisioningKey = "converge.csi.dev/provisioning"
 )
+
+// parseProvisioning reads the provisioning a request's parameters ask for.
+func parseProvisioning(params map[string]string) (state.Provisioning, error) {
+	switch p, ok := params[ProvisioningKey]; {
+	case !ok || p == string(state.ProvisionThick):
+		return state.ProvisionThick, nil
+	case p == string(state.ProvisionThin):
+		return state.ProvisionThin, nil
+	default:
+		return "", state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want %q or %q", ProvisioningKey, p, state.ProvisionThick, state.ProvisionThin)
+	}
+}
+
+// Options are the controller's capacity policy.
+type Options struct {
+	// Ratio is the overprovisioning ratio of thin volumes (at least 1).
+	Ratio float64
+	// Guard is the free space of the data directory below which no thin
+	// volume is created or grown.
+	Guard capacity.Guard
+}
 
 // Store is what the controller needs of the store.
 type Store interface {
@@ -46,12 +74,13 @@ type Store interface {
 }
 
 // controller implements the node-local csi.ControllerServer: volumes are
-// sparse image files in the data directory of this node.
+// image files in the data directory of this node, thick or thin.
 type controller struct {
 	csi.UnimplementedControllerServer
 	images   *devices.Images
 	store    Store
 	topology map[string]string
+	opts     Options
 
 	// mu serialises CreateVolume and DeleteVolume so a name is never
 	// created and deleted at once.
@@ -61,8 +90,8 @@ type controller struct {
 // New returns the Controller service over the images of this node's data
 // directory; topology is this node's segment (TopologyKey: the node's
 // name).
-func New(images *devices.Images, store Store, topology map[string]string) csi.ControllerServer {
-	return &controller{images: images, store: store, topology: topology}
+func New(images *devices.Images, store Store, topology map[string]string, opts Options) csi.ControllerServer {
+	return &controller{images: images, store: store, topology: topology, opts: opts}
 }
 
 func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
@@ -80,9 +109,11 @@ func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// CreateVolume creates a sparse image named after the volume. It is
-// idempotent by name: an existing image within the capacity range is
-// returned; one outside it is ALREADY_EXISTS.
+// CreateVolume creates an image named after the volume, thick (every block
+// allocated) unless the parameters ask for a thin one, once the data
+// directory can promise its size. It is idempotent by name: an existing
+// image within the capacity range and of the same provisioning is
+// returned; another is ALREADY_EXISTS.
 func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	name := req.GetName()
 	if name == "" {
@@ -96,7 +127,7 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	var unknown []string
 	for k := range req.GetParameters() {
-		if !strings.HasPrefix(k, k8sParamPrefix) && k != nodeserver.MkfsOptionsKey {
+		if !strings.HasPrefix(k, k8sParamPrefix) && k != nodeserver.MkfsOptionsKey && k != ProvisioningKey {
 			unknown = append(unknown, k)
 		}
 	}
@@ -119,6 +150,10 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 		volumeContext[nodeserver.MkfsOptionsKey] = opts
 	}
+	prov, err := parseProvisioning(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
 	if req.GetVolumeContentSource() != nil {
 		return nil, state.Errorf(state.KindInvalidArgument, "snapshots and cloning are not supported")
 	}
@@ -126,35 +161,63 @@ func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, err
 	}
 	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
-	size, err := c.sizeFor(required, limit, 0)
+	size, err := sizeFor(required, limit)
 	if err != nil {
 		return nil, err
 	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if v, err := c.store.Get(name); err == nil && v.Removing {
+	v, err := c.store.Get(name)
+	if err == nil && v.Removing {
 		// A deletion of the name that a crash interrupted: its image is
 		// not this volume's.
 		if err := c.finishRemoval(name); err != nil {
 			return nil, err
 		}
+		v = nil
 	}
 	if cur, err := c.images.Size(name); err == nil {
 		if cur < required || limit > 0 && cur > limit {
 			return nil, state.Errorf(state.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", name, cur, required, limit)
 		}
+		if v != nil && v.Provisioning != "" && v.Provisioning != prov {
+			return nil, state.Errorf(state.KindAlreadyExists, "volume %s exists as a %s volume, %s was asked for", name, v.Provisioning, prov)
+		}
 		return c.response(name, cur, volumeContext), nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", name, err)
 	}
-	if err := c.images.Create(name, size); err != nil {
-		if state.NoSpace(err) {
-			return nil, state.Errorf(state.KindResourceExhausted, "creating volume %s: %w", name, err)
-		}
-		return nil, state.Errorf(state.KindInternal, "creating volume %s: %w", name, err)
+	if err := c.promise(prov == state.ProvisionThin, size, 0); err != nil {
+		return nil, err
 	}
+	// The record comes first, so that the image is never accounted as
+	// another provisioning than it was made with; a crash before the image
+	// leaves a record that accounts for nothing, and the retry of the
+	// request makes the image.
+	if _, err := c.store.Update(name, func(v *state.Volume) error { v.Provisioning = prov; return nil }); err != nil {
+		return nil, nodeserver.Status(err)
+	}
+	if err := c.images.Create(name, size, prov == state.ProvisionThick); err != nil {
+		c.store.Update(name, func(v *state.Volume) error { v.Provisioning = ""; return nil })
+		return nil, imageError(err, "creating volume %s", name)
+	}
+	klog.V(2).InfoS("Created volume", "volumeID", name, "bytes", size, "provisioning", prov)
 	return c.response(name, size, volumeContext), nil
+}
+
+// imageError classifies a failure to size an image: no space is
+// RESOURCE_EXHAUSTED, a filesystem that cannot allocate ahead of writes is
+// FAILED_PRECONDITION, and anything else INTERNAL.
+func imageError(err error, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	switch {
+	case state.NoSpace(err):
+		return state.Errorf(state.KindResourceExhausted, "%s: %w", msg, err)
+	case errors.Is(err, devices.ErrCannotAllocate):
+		return state.Errorf(state.KindFailedPrecondition, "%s: %w; thick volumes cannot be kept here, ask for %s: %s", msg, err, ProvisioningKey, state.ProvisionThin)
+	}
+	return state.Errorf(state.KindInternal, "%s: %w", msg, err)
 }
 
 func (c *controller) response(id string, size int64, volumeContext map[string]string) *csi.CreateVolumeResponse {
@@ -173,9 +236,8 @@ func (c *controller) volume(id string, size int64) *csi.Volume {
 	}
 }
 
-// sizeFor picks the image size for a capacity range, for an image that has
-// have bytes now (0 for a new one).
-func (c *controller) sizeFor(required, limit, have int64) (int64, error) {
+// sizeFor picks the image size for a capacity range.
+func sizeFor(required, limit int64) (int64, error) {
 	if required < 0 || limit < 0 {
 		return 0, state.Errorf(state.KindInvalidArgument, "capacity range must not be negative")
 	}
@@ -196,19 +258,60 @@ func (c *controller) sizeFor(required, limit, have int64) (int64, error) {
 	if limit > 0 && size > limit {
 		return 0, state.Errorf(state.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, limit)
 	}
-	total, avail, err := c.images.Capacity()
+	return size, nil
+}
+
+// account derives the state of the data directory.
+func (c *controller) account() (capacity.Account, int64, error) {
+	return Account(c.images, c.store, c.opts.Ratio)
+}
+
+// Account derives the state of the data directory from its images and
+// their records, for thin volumes at ratio, and returns it with the
+// filesystem's size.
+func Account(images *devices.Images, store Store, ratio float64) (capacity.Account, int64, error) {
+	total, free, err := images.Capacity()
 	if err != nil {
-		return 0, state.Errorf(state.KindInternal, "%w", err)
+		return capacity.Account{}, 0, err
+	}
+	usages, err := images.Usages()
+	if err != nil {
+		return capacity.Account{}, 0, fmt.Errorf("listing images: %w", err)
+	}
+	ims := make([]capacity.Image, len(usages))
+	for i, u := range usages {
+		ims[i] = capacity.Image{Size: u.Size, Allocated: u.Allocated}
+		if v, err := store.Get(u.ID); err == nil {
+			ims[i].Thin = v.Thin()
+		}
+	}
+	return capacity.New(free, ratio, ims), total, nil
+}
+
+// promise checks that an image of have bytes may grow to size bytes (have
+// 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the data directory
+// cannot hold it, or for a thin volume when its pool is nearly full;
+// OUT_OF_RANGE when no data directory of this node ever could.
+func (c *controller) promise(thin bool, size, have int64) error {
+	acc, total, err := c.account()
+	if err != nil {
+		return state.Errorf(state.KindInternal, "%w", err)
 	}
 	if size > total {
-		return 0, state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
+		return state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
 	}
-	if size-have > avail {
-		// Images are sparse, but a volume is only promised what is free
-		// when it is made or grown, as GetCapacity reports.
-		return 0, state.Errorf(state.KindResourceExhausted, "%d more bytes requested, the data directory has %d bytes free", size-have, avail)
+	kind := state.ProvisionThick
+	if thin {
+		kind = state.ProvisionThin
+		if guard := c.opts.Guard.Threshold(total); acc.Free < guard {
+			return state.Errorf(state.KindResourceExhausted, "the data directory is nearly full (%d bytes free, below the guard of %d bytes): no thin volume is created or grown", acc.Free, guard)
+		}
 	}
-	return size, nil
+	if avail := acc.Available(thin); size-have > avail {
+		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes can still be promised to a %s volume (%d bytes free, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
+			size-have, avail, kind, acc.Free, acc.ThickOwed, acc.ThinPromised, c.opts.Ratio)
+	}
+	return nil
 }
 
 // checkTopology fails when the requisite topology excludes this node.
@@ -236,8 +339,8 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 	return nil
 }
 
-// ControllerExpandVolume grows a volume's image (sparse) to the requested
-// capacity; the node then grows the device and the filesystem. An image
+// ControllerExpandVolume grows a volume's image to the requested capacity
+// (allocating the new space of a thick volume); the node then grows the device and the filesystem. An image
 // already that large is left as it is (images never shrink). It may run
 // while the volume is staged and published: growth is online.
 func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
@@ -264,16 +367,22 @@ func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if limit > 0 && cur > limit {
 		return nil, state.Errorf(state.KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, cur, limit)
 	}
-	size, err := c.sizeFor(max(required, cur), limit, cur)
+	size, err := sizeFor(max(required, cur), limit)
 	if err != nil {
 		return nil, err
 	}
-	size, err = c.images.Grow(id, size)
-	if err != nil {
-		if state.NoSpace(err) {
-			return nil, state.Errorf(state.KindResourceExhausted, "growing volume %s: %w", id, err)
+	thin := false
+	if v, err := c.store.Get(id); err == nil {
+		thin = v.Thin()
+	}
+	if size > cur {
+		if err := c.promise(thin, size, cur); err != nil {
+			return nil, err
 		}
-		return nil, state.Errorf(state.KindInternal, "growing volume %s: %w", id, err)
+	}
+	size, err = c.images.Grow(id, size, !thin)
+	if err != nil {
+		return nil, imageError(err, "growing volume %s", id)
 	}
 	// The node grows the loop device and the filesystem (or, for a raw
 	// block volume, the device).
@@ -382,8 +491,14 @@ func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	return resp, nil
 }
 
-// GetCapacity reports the free space of the data directory's filesystem.
+// GetCapacity reports what the data directory can still promise to a
+// volume of the provisioning the parameters ask for (thick unless they say
+// thin): exactly what CreateVolume would accept now.
 func (c *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	prov, err := parseProvisioning(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
 	for _, vc := range req.GetVolumeCapabilities() {
 		if _, err := nodeserver.ParseCapability(vc); err != nil {
 			return &csi.GetCapacityResponse{}, nil
@@ -392,9 +507,16 @@ func (c *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && seg[TopologyKey] != c.topology[TopologyKey] {
 		return &csi.GetCapacityResponse{}, nil
 	}
-	_, avail, err := c.images.Capacity()
+	acc, total, err := c.account()
 	if err != nil {
 		return nil, state.Errorf(state.KindInternal, "%w", err)
 	}
-	return &csi.GetCapacityResponse{AvailableCapacity: avail}, nil
+	thin := prov == state.ProvisionThin
+	if thin && acc.Free < c.opts.Guard.Threshold(total) {
+		return &csi.GetCapacityResponse{}, nil
+	}
+	// Thin volumes may be promised more than the filesystem holds, but no
+	// one of them can be larger than it.
+	avail := acc.Available(thin)
+	return &csi.GetCapacityResponse{AvailableCapacity: avail, MaximumVolumeSize: wrapperspb.Int64(min(avail, total))}, nil
 }

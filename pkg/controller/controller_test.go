@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/state"
@@ -27,7 +28,7 @@ func newController(t *testing.T) (csi.ControllerServer, *state.Store, *devices.I
 	if err := os.MkdirAll(images.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return New(images, store, map[string]string{TopologyKey: "node"}), store, images
+	return New(images, store, map[string]string{TopologyKey: "node"}, Options{Ratio: 1, Guard: capacity.Guard{Percent: 5}}), store, images
 }
 
 var capMount = []*csi.VolumeCapability{{
@@ -75,8 +76,8 @@ func TestDeleteVolumeMarksBeforeItRemoves(t *testing.T) {
 	}
 	create(t, c, "v")
 	v, err := store.Get("v")
-	if !errors.Is(err, state.ErrNotFound) {
-		t.Errorf("after CreateVolume finished an interrupted deletion, the record is %+v (%v), want none", v, err)
+	if err != nil || v.Removing || v.Formatted != "" || v.Provisioning != state.ProvisionThick {
+		t.Errorf("after CreateVolume finished an interrupted deletion, the record is %+v (%v), want a new thick volume's", v, err)
 	}
 
 	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: "v"}); err != nil {

@@ -36,7 +36,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	// An unknown volume is NOT_FOUND whatever the path (CSI); the path is
 	// checked before it is used.
 	v, err := s.cfg.Store.Get(id)
-	if errors.Is(err, state.ErrNotFound) {
+	if errors.Is(err, state.ErrNotFound) || err == nil && !v.Staged() {
 		return nil, notFound(id)
 	}
 	if err != nil {

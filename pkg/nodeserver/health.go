@@ -33,7 +33,7 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 	if state.ValidID(id) != nil {
 		return nil, notFound(id)
 	}
-	if _, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) {
+	if v, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) || err == nil && !v.Staged() {
 		if f, ok := s.cfg.Store.LastFinal(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {
 			return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: id, HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{
 				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: f.Err.Message,

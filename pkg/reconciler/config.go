@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/utils/clock"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -34,12 +35,17 @@ type Observer interface {
 
 // Loops attaches and detaches loop devices.
 type Loops interface {
-	Attach(image string) (string, error)
+	// Attach attaches an image to a new device that passes discards on
+	// to it or refuses them.
+	Attach(image string, discards bool) (string, error)
 	Detach(dev string) error
 	// Keep clears the auto-clear flag of an attached device.
 	Keep(dev string) error
 	// Grow makes a device take its backing file's size.
 	Grow(dev string) error
+	// SetDiscards makes a device pass discards on to its backing file
+	// (which punches holes in it) or refuse them.
+	SetDiscards(dev string, on bool) error
 }
 
 // Filesystems probes, formats and mounts. The commands of the calls that
@@ -75,6 +81,8 @@ type Images interface {
 	Path(id string) string
 	IDOf(path string) (string, bool)
 	Size(id string) (int64, error)
+	// Reserve allocates the holes of id's image.
+	Reserve(id string) error
 }
 
 // Static resolves the existing block devices of static volumes.
@@ -107,6 +115,10 @@ type Config struct {
 	Static Static
 	// Recorder receives operations and passes, for metrics; nil for none.
 	Recorder Recorder
+
+	// PoolGuard is the free space of the data directory below which thin
+	// volumes are reported as at risk.
+	PoolGuard capacity.Guard
 
 	// Roots are the directories the plugin may unmount orphaned mounts in;
 	// mounts elsewhere are never touched.

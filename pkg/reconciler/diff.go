@@ -76,6 +76,26 @@ type actual struct {
 	// static is true for a volume on an existing block device (loop is
 	// that device, when it is there): it is never attached nor detached.
 	static bool
+	// pool is the space of the data directory, and poolGuard the free
+	// space below which it is nearly full.
+	pool      host.Pool
+	poolGuard int64
+}
+
+// poolFullBelow is the free space of the data directory below which the
+// next write to a hole of a thin image may fail.
+const poolFullBelow = 1 << 20
+
+// poolLow reports whether the data directory's free space is below the
+// guard.
+func (a *actual) poolLow() bool { return a.pool.Known && a.pool.Free < a.poolGuard }
+
+// holes returns how much of the volume's image is not allocated.
+func (a *actual) holes() int64 {
+	if a.loop == nil || a.static {
+		return 0
+	}
+	return max(0, a.loop.BackingSize-a.loop.BackingAllocated)
 }
 
 // published reports whether target holds a bind mount of the volume: of
@@ -297,7 +317,32 @@ func diff(v *state.Volume, a *actual) []action {
 	}
 	// Recording comes after the publishes, so that it never delays one.
 	acts = append(acts, recordMounts(v, a, targets)...)
-	return append(acts, grow(v, a)...)
+	acts = append(acts, grow(v, a)...)
+	return append(acts, reserve(v, a)...)
+}
+
+// reserve returns the step that keeps a staged volume's space as its
+// provisioning says: a thin volume's device passes discards, so that the
+// space its filesystem frees goes back to the data directory; any other
+// volume's device refuses them, and its image's holes (of a volume made
+// sparse before provisioning was recorded, or punched while its device
+// passed discards) are filled once the data directory has room for them.
+func reserve(v *state.Volume, a *actual) []action {
+	if a.static {
+		return nil
+	}
+	gen := v.Stage.Generation
+	switch h := a.holes(); {
+	case a.loop.Discards && !v.Thin():
+		return []action{{kind: actSetDiscards, generation: gen, reason: "the device of a thick volume passes discards, which punch holes in its image"}}
+	case !a.loop.Discards && v.Thin():
+		return []action{{kind: actSetDiscards, generation: gen, reason: "the device of a thin volume refuses discards, which would give space back"}}
+	case v.Thin():
+		return nil
+	case h > 0 && a.pool.Known && h <= a.pool.Free:
+		return []action{{kind: actReserve, generation: gen, reason: fmt.Sprintf("%d bytes of the image are not allocated", h)}}
+	}
+	return nil
 }
 
 // recordMounts returns the steps that record the unique IDs of the

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
@@ -59,6 +60,12 @@ type fakeWorld struct {
 	deadSuper map[string]bool
 	// sizes holds image sizes that differ from the default 64 MiB.
 	sizes map[string]int64
+	// holes holds the unallocated bytes of images made sparse; every other
+	// image is fully allocated.
+	holes map[string]int64
+	// free is the data directory's free space; pool reports it when set.
+	free int64
+	pool bool
 	// afterObserve, when set, runs once Observe has taken its snapshot.
 	afterObserve func()
 	// before, when set, runs as each call begins (without mu held), with
@@ -89,6 +96,7 @@ func newFakeWorld() *fakeWorld {
 		corrupt:   map[string]error{},
 		deadSuper: map[string]bool{},
 		sizes:     map[string]int64{},
+		holes:     map[string]int64{},
 	}
 }
 
@@ -152,6 +160,9 @@ func (w *fakeWorld) Observe() (*host.Snapshot, error) {
 		loops = append(loops, l)
 	}
 	snap := host.NewSnapshot(append([]host.Mount(nil), w.mounts...), loops)
+	if w.pool {
+		snap.WithPool(host.Pool{Known: true, Total: 1 << 30, Free: w.free})
+	}
 	after := w.afterObserve
 	w.mu.Unlock()
 	if after != nil {
@@ -307,9 +318,50 @@ func (w *fakeWorld) growImage(image string, size int64) {
 	defer w.mu.Unlock()
 	w.sizes[image] = size
 	if l, ok := w.loops[image]; ok {
-		l.BackingSize = size
+		l.BackingSize, l.BackingAllocated = size, w.allocatedLocked(image)
 		w.loops[image] = l
 	}
+}
+
+// allocatedLocked returns the space allocated to an image: all of it but
+// for the holes a test made; w.mu must be held.
+func (w *fakeWorld) allocatedLocked(image string) int64 {
+	return w.sizeLocked(image) - w.holes[image]
+}
+
+func (w *fakeWorld) SetDiscards(dev string, on bool) error {
+	name := "discards off"
+	if on {
+		name = "discards on"
+	}
+	return w.do(name, func() string { return w.imageOf(dev) }, func() error {
+		for k, l := range w.loops {
+			if l.Device == dev {
+				l.Discards = on
+				w.loops[k] = l
+			}
+		}
+		return nil
+	})
+}
+
+func (w *fakeWorld) Reserve(id string) error {
+	image := w.Path(id)
+	return w.do("reserve", func() string { return image }, func() error {
+		if !w.images[id] {
+			return os.ErrNotExist
+		}
+		if w.holes[image] > w.free {
+			return fmt.Errorf("reserving: %w", syscall.ENOSPC)
+		}
+		w.free -= w.holes[image]
+		delete(w.holes, image)
+		if l, ok := w.loops[image]; ok {
+			l.BackingAllocated = w.allocatedLocked(image)
+			w.loops[image] = l
+		}
+		return nil
+	})
 }
 
 func (w *fakeWorld) Grow(dev string) error {
@@ -354,12 +406,13 @@ func minorOf(image string) uint32 {
 	return h.Sum32()
 }
 
-func (w *fakeWorld) Attach(image string) (string, error) {
+func (w *fakeWorld) Attach(image string, discards bool) (string, error) {
 	var dev string
 	err := w.do("attach", func() string { return image }, func() error {
 		n := minorOf(image)
 		size := w.sizeLocked(image)
-		l := host.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: host.DevNum{Major: 7, Minor: n}, BackingFile: image, Size: size, BackingSize: size}
+		l := host.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: host.DevNum{Major: 7, Minor: n}, BackingFile: image, Size: size, BackingSize: size,
+			BackingAllocated: w.allocatedLocked(image), Discards: discards}
 		w.loops[image] = l
 		dev = l.Device
 		return nil

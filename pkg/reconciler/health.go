@@ -88,5 +88,28 @@ func condition(v *state.Volume, a *actual, lost func(key state.IntentKey, gen in
 	case len(broken) > 0:
 		return abnormal("PublishMountMissing", "volume %s is not mounted at %s; mounting it", v.ID, broken[0])
 	}
+	if reason, msg := spaceProblem(v, a); reason != "" {
+		return degraded(reason, "%s", msg)
+	}
 	return c
+}
+
+// spaceProblem reports a volume whose writes may fail for want of space
+// in the data directory: a thin volume while the data directory is nearly
+// full (or full: writes to its image's holes fail), and a volume that is
+// not thin whose image has holes the data directory has no room for.
+func spaceProblem(v *state.Volume, a *actual) (reason, message string) {
+	h := a.holes()
+	switch {
+	case v.Thin() && a.poolLow() && a.pool.Free < poolFullBelow && h > 0:
+		return "PoolFull", fmt.Sprintf("the data directory is full (%d bytes free): writes to the %d bytes of thin volume %s that hold no data yet fail; free space in the data directory or move volumes to another node",
+			a.pool.Free, h, v.ID)
+	case v.Thin() && a.poolLow():
+		return "PoolNearlyFull", fmt.Sprintf("the data directory has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no thin volume is created or grown until it has room",
+			a.pool.Free, a.poolGuard, v.ID, h)
+	case !v.Thin() && h > 0 && (!a.pool.Known || h > a.pool.Free):
+		return "SpaceNotReserved", fmt.Sprintf("%d bytes of the image of volume %s are not allocated and the data directory has %d bytes free: writes to them fail once it is full; they are allocated when it has room",
+			h, v.ID, a.pool.Free)
+	}
+	return "", ""
 }

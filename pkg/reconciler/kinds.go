@@ -24,6 +24,8 @@ const (
 	actGrowFs
 	actDetachExtra
 	actRecordMount
+	actReserve
+	actSetDiscards
 
 	// kindCount is the number of kinds; kinds has an entry for each.
 	kindCount
@@ -173,6 +175,17 @@ func kindTable() [kindCount]kindSpec {
 		actRecordMount: {name: "record mount", serves: forStageOrPublish, final: finalHolds,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
 				return r.recordMount(v.ID, act)
+			}},
+		// Allocates the holes of the image of a volume that is not thin.
+		actReserve: {name: "reserve space", repair: true, counted: true, serves: forStage, final: finalHolds,
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
+				return r.reserve(v, a)
+			}},
+		// Makes the device of a thin volume pass discards, and that of any
+		// other refuse them.
+		actSetDiscards: {name: "set discards", repair: true, counted: true, serves: forStage, final: finalHolds,
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
+				return r.cfg.Loops.SetDiscards(a.loop.Device, v.Thin())
 			}},
 	}
 }

@@ -91,7 +91,7 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 			grown = devSize
 		}
 	}
-	id, err := r.cfg.Filesystems.FormatAndMount(ctx, dev, st.Path, want, stageOptions(st, want), st.MkfsOptions)
+	id, err := r.cfg.Filesystems.FormatAndMount(ctx, dev, st.Path, want, stageOptions(st, want, v.Thin()), st.MkfsOptions)
 	if err != nil {
 		return deviceError(err, "mounting %s at %s", dev, st.Path)
 	}
@@ -147,7 +147,10 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 	if a.loop != nil {
 		return a.loop.Device, a.loop.Size, nil
 	}
-	dev, err := r.cfg.Loops.Attach(r.cfg.Images.Path(v.ID))
+	// Discards are set before anything writes to the device: mkfs
+	// discards it whole, which would hand a thick volume's space back; a
+	// thin volume's device passes them, so that freed space goes back.
+	dev, err := r.cfg.Loops.Attach(r.cfg.Images.Path(v.ID), v.Thin())
 	if errors.Is(err, devices.ErrNoLoopDevice) {
 		return "", 0, state.Errorf(state.KindResourceExhausted, "attaching volume %s: %w", v.ID, err)
 	}
@@ -194,11 +197,22 @@ func (r *Reconciler) recordFormatted(id, fsType string, fsSize int64) error {
 	return err
 }
 
-// stageOptions returns the mount options of a staging mount.
-func stageOptions(st *state.Stage, fsType string) []string {
+// stageOptions returns the mount options of a staging mount, of a thin
+// volume when thin.
+func stageOptions(st *state.Stage, fsType string, thin bool) []string {
 	opts := slices.Clone(st.MountFlags)
 	if st.ReadOnly {
 		opts = append(opts, "ro")
+	}
+	if thin && !st.MountsReadOnly() && !slices.ContainsFunc(opts, func(o string) bool { return o == "nodiscard" || strings.HasPrefix(o, "discard") }) {
+		// A thin volume hands the space its files free back to the data
+		// directory as they are deleted: the loop device turns each
+		// discard into a hole in the image. btrfs batches them.
+		if fsType == devices.FsBtrfs {
+			opts = append(opts, "discard=async")
+		} else {
+			opts = append(opts, "discard")
+		}
 	}
 	if fsType == devices.FsExt4 && !slices.ContainsFunc(opts, func(o string) bool { return strings.HasPrefix(o, "errors=") }) {
 		// Stop writing at the first error instead of piling more writes on
@@ -211,6 +225,25 @@ func stageOptions(st *state.Stage, fsType string) []string {
 		opts = append(opts, "nouuid")
 	}
 	return opts
+}
+
+// reserve allocates the holes of the image of a volume that is not thin. A
+// volume made before provisioning was recorded is thick from then on.
+func (r *Reconciler) reserve(v *state.Volume, a *actual) error {
+	if err := r.cfg.Images.Reserve(v.ID); err != nil {
+		return err
+	}
+	klog.Background().Info("Reserved the space of a volume", "volumeID", v.ID, "bytes", a.holes())
+	if v.Provisioning != "" {
+		return nil
+	}
+	_, err := r.cfg.Store.Update(v.ID, func(v *state.Volume) error {
+		if v.Provisioning == "" {
+			v.Provisioning = state.ProvisionThick
+		}
+		return nil
+	})
+	return err
 }
 
 // publish bind mounts the staging mount at target, creating the target

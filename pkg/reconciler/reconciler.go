@@ -242,6 +242,8 @@ func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plan
 	}
 	for _, v := range vols {
 		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
+		a.pool = snap.Pool()
+		a.poolGuard = r.cfg.PoolGuard.Threshold(a.pool.Total)
 		acts := diff(v, a)
 		seen = append(seen, plan{v: v, a: a, acts: acts})
 		if len(acts) > 0 {

@@ -539,7 +539,7 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	h := newHarness(t)
 	// Two devices of the data directory that no record stages: one mounted
 	// inside the roots (a crash before the record), one mounted outside.
-	ghost, err := h.world.Attach(h.world.Path("ghost"))
+	ghost, err := h.world.Attach(h.world.Path("ghost"), false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -548,11 +548,11 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	if _, err := h.world.FormatAndMount(t.Context(), ghost, "/k/old", "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	foreign, _ := h.world.Attach(h.world.Path("foreign"))
+	foreign, _ := h.world.Attach(h.world.Path("foreign"), false)
 	h.world.fs[h.world.Path("foreign")] = "ext4"
 	h.world.FormatAndMount(t.Context(), foreign, "/mnt/admin", "ext4", nil, nil)
 	// A device of another directory is never ours.
-	h.world.Attach("/elsewhere/disk.img")
+	h.world.Attach("/elsewhere/disk.img", false)
 	// A volume staged normally is left alone.
 	staging, _ := h.volume("live")
 	h.update("live", func(v *state.Volume) { v.Stage = stageSpec(staging) })
@@ -585,7 +585,7 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 			h.world.fs[h.world.Path("v1")] = "ext4"
 			// The image is attached twice; the plugin must not pick one and
 			// mount the filesystem that the other device may also carry.
-			h.world.Attach(h.world.Path("v1"))
+			h.world.Attach(h.world.Path("v1"), false)
 			h.world.mu.Lock()
 			// The fake keys loops by backing file; a second key holds the
 			// second device of the same image.
@@ -622,14 +622,24 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 func TestStageOptionsPassFlagsThrough(t *testing.T) {
 	st := stageSpec("/s")
 	st.MountFlags = []string{`context="system_u:object_r:container_file_t:s0:c1,c2"`, "noatime"}
-	got := stageOptions(st, "ext4")
+	got := stageOptions(st, "ext4", false)
 	want := []string{`context="system_u:object_r:container_file_t:s0:c1,c2"`, "noatime", "errors=remount-ro"}
 	if !slices.Equal(got, want) {
 		t.Errorf("ext4: got %q, want %q", got, want)
 	}
+	if got := stageOptions(st, "ext4", true); !slices.Equal(got, append([]string{want[0], want[1], "discard"}, want[2:]...)) {
+		t.Errorf("thin ext4: got %q, want discard added", got)
+	}
+	if got := stageOptions(st, "btrfs", true); !slices.Contains(got, "discard=async") {
+		t.Errorf("thin btrfs: got %q, want discard=async", got)
+	}
+	st.MountFlags = append(st.MountFlags, "nodiscard")
+	if got := stageOptions(st, "xfs", true); slices.Contains(got, "discard") {
+		t.Errorf("thin xfs with nodiscard: got %q, want no discard added", got)
+	}
 	st.ReadOnly = true
-	if got := stageOptions(st, "xfs"); !slices.Contains(got, "ro") || !slices.Contains(got, "nouuid") || slices.Contains(got, "errors=remount-ro") {
-		t.Errorf("read-only xfs: got %q, want ro and nouuid and no ext4 option", got)
+	if got := stageOptions(st, "xfs", true); !slices.Contains(got, "ro") || !slices.Contains(got, "nouuid") || slices.Contains(got, "errors=remount-ro") || slices.Contains(got, "discard") {
+		t.Errorf("read-only xfs: got %q, want ro and nouuid and no ext4 option nor discard", got)
 	}
 }
 

@@ -37,7 +37,7 @@ func (r *Reconciler) Status() []status.VolumeStatus {
 
 // volumeStatus summarises v as observed, with its condition.
 func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Condition) status.VolumeStatus {
-	s := status.VolumeStatus{ID: v.ID, PublishesDesired: 0}
+	s := status.VolumeStatus{ID: v.ID, Provisioning: string(v.Provisioning)}
 	if a.loop != nil {
 		s.SizeBytes = a.loop.Size
 	}
