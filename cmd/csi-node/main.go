@@ -48,6 +48,8 @@ func main() {
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
 	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz, /readyz and /status (empty: only on <state-dir>/status.sock)")
 	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
+	fs.Float64Var(&cfg.OverprovisioningRatio, "thin-overprovisioning-ratio", 1, "how many times the space that backs them thin volumes may be promised (at least 1; 1 never promises more than exists)")
+	fs.StringVar(&cfg.PoolGuard, "pool-guard", driver.DefaultPoolGuard, "free space of the data directory below which thin volumes report PoolNearlyFull and none is created or grown: a percentage of its filesystem (5%) or a size (2Gi)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)
 	flag.Parse()
@@ -92,9 +94,9 @@ func statusCommand(args []string) int {
 		fmt.Fprintf(os.Stderr, "csi-node status: -o must be table or json, not %q\n", *output)
 		return 2
 	}
-	vols, err := FetchStatus(context.Background(), *stateDir, *addr)
+	st, err := FetchStatus(context.Background(), *stateDir, *addr)
 	if err == nil {
-		err = PrintStatus(os.Stdout, vols, *output == "json")
+		err = PrintStatus(os.Stdout, st, *output == "json")
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "csi-node status: %v\n", err)

@@ -15,15 +15,31 @@ import (
 	"github.com/converge-csi/converge/pkg/status"
 )
 
-// FetchStatus asks a running plugin for the volumes as of its last pass,
-// over its status socket in stateDir, or over httpAddress when it is set.
-// It never opens the store, so it works while the plugin runs and is busy.
-func FetchStatus(ctx context.Context, stateDir, httpAddress string) ([]status.VolumeStatus, error) {
-	url := "http://" + httpAddress + "/status"
+// Status is what csi-node status prints.
+type Status struct {
+	Pool    status.Pool           `json:"pool"`
+	Volumes []status.VolumeStatus `json:"volumes"`
+}
+
+// FetchStatus asks a running plugin for the data directory's space and the
+// volumes as of its last pass.
+func FetchStatus(ctx context.Context, stateDir, httpAddress string) (Status, error) {
+	var s Status
+	if err := fetch(ctx, stateDir, httpAddress, "/status/pool", &s.Pool); err != nil {
+		return s, err
+	}
+	return s, fetch(ctx, stateDir, httpAddress, "/status", &s.Volumes)
+}
+
+// fetch gets path from a running plugin into out, over its status socket
+// in stateDir, or over httpAddress when it is set. It never opens the
+// store, so it works while the plugin runs and is busy.
+func fetch(ctx context.Context, stateDir, httpAddress, path string, out any) error {
+	url := "http://" + httpAddress + path
 	client := &http.Client{Timeout: 10 * time.Second}
 	if httpAddress == "" {
 		sock := driver.StatusSocket(stateDir)
-		url = "http://converge/status"
+		url = "http://converge" + path
 		client.Transport = &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", sock)
@@ -31,35 +47,44 @@ func FetchStatus(ctx context.Context, stateDir, httpAddress string) ([]status.Vo
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("asking the plugin (is it running with this state directory?): %w", err)
+		return fmt.Errorf("asking the plugin (is it running with this state directory?): %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("the plugin answered %s", resp.Status)
+		return fmt.Errorf("the plugin answered %s for %s", resp.Status, path)
 	}
-	var out []status.VolumeStatus
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("reading the status: %w", err)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
 	}
-	return out, nil
+	return nil
 }
 
-// PrintStatus writes volumes as a table (volume, phase, staged at,
-// publishes fulfilled/desired, size, condition or last error, next retry),
-// or as JSON.
-func PrintStatus(w io.Writer, volumes []status.VolumeStatus, asJSON bool) error {
+// PrintStatus writes the data directory's space, then the volumes as a
+// table (volume, phase, provisioning, staged at, publishes
+// fulfilled/desired, size, condition or last error, next retry), or all
+// of it as JSON.
+func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 	if asJSON {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		return enc.Encode(volumes)
+		return enc.Encode(s)
 	}
+	p := s.Pool
+	guard := ""
+	if p.NearlyFull {
+		guard = " NEARLY FULL: no thin volume is created or grown"
+	}
+	fmt.Fprintf(w, "DATA DIRECTORY  size %s, free %s (guard %s)%s\n", amount(p.SizeBytes), amount(p.FreeBytes), amount(p.GuardBytes), guard)
+	fmt.Fprintf(w, "PROMISED        thick %s (%s not yet allocated), thin %s (%s written, ratio %g)\n",
+		amount(p.ThickPromisedBytes), amount(p.ThickOwedBytes), amount(p.ThinPromisedBytes), amount(p.ThinAllocatedBytes), p.OverprovisioningRatio)
+	fmt.Fprintf(w, "AVAILABLE       thick %s, thin %s\n\n", amount(p.ThickAvailableBytes), amount(p.ThinAvailableBytes))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tPHASE\tSTAGED AT\tPUBLISHES\tSIZE\tPROBLEM\tNEXT RETRY")
-	for _, v := range volumes {
+	fmt.Fprintln(tw, "VOLUME\tPHASE\tPROV\tSTAGED AT\tPUBLISHES\tSIZE\tPROBLEM\tNEXT RETRY")
+	for _, v := range s.Volumes {
 		staged := v.StagingPath
 		if staged == "" {
 			staged = "-"
@@ -77,7 +102,11 @@ func PrintStatus(w io.Writer, volumes []status.VolumeStatus, asJSON bool) error 
 		if !v.NextRetry.IsZero() {
 			retry = v.NextRetry.Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", v.ID, v.Phase, staged, v.PublishesActual, v.PublishesDesired,
+		prov := v.Provisioning
+		if prov == "" {
+			prov = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", v.ID, v.Phase, prov, staged, v.PublishesActual, v.PublishesDesired,
 			size(v.SizeBytes), strings.ReplaceAll(problem, "\n", " "), retry)
 	}
 	return tw.Flush()
@@ -92,4 +121,12 @@ func size(b int64) string {
 	default:
 		return fmt.Sprintf("%dMi", b>>20)
 	}
+}
+
+// amount is size, with 0 shown as such.
+func amount(b int64) string {
+	if b == 0 {
+		return "0"
+	}
+	return size(b)
 }

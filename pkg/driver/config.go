@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/reconciler"
@@ -25,6 +26,7 @@ const (
 	DefaultResyncPeriod = reconciler.DefaultResyncPeriod
 	DefaultMaxWait      = nodeserver.DefaultMaxWait
 	DefaultMaxRequests  = nodeserver.DefaultMaxRequests
+	DefaultPoolGuard    = capacity.DefaultGuard
 )
 
 // Config is everything the plugin is configured with; cmd/csi-node fills it
@@ -61,6 +63,15 @@ type Config struct {
 	// HTTPAddress serves /metrics, /healthz, /readyz and /status over TCP
 	// (host:port); empty for none. They are always served on StatusSocket.
 	HTTPAddress string
+	// OverprovisioningRatio is how many times the space that backs them
+	// thin volumes may be promised; 1 (the default) never promises more
+	// than exists.
+	OverprovisioningRatio float64
+	// PoolGuard is the free space of the data directory below which thin
+	// volumes are reported and none is created or grown ("5%", "2Gi").
+	PoolGuard string
+	// guard is PoolGuard, parsed.
+	guard capacity.Guard
 }
 
 // StatusSocket is the unix socket, in the state directory, on which a
@@ -87,6 +98,20 @@ func (c Config) withDefaults() (Config, error) {
 	if c.MaxVolumes < 0 {
 		return c, errors.New("max volumes must not be negative")
 	}
+	if c.OverprovisioningRatio == 0 {
+		c.OverprovisioningRatio = 1
+	}
+	if err := capacity.CheckRatio(c.OverprovisioningRatio); err != nil {
+		return c, fmt.Errorf("--thin-overprovisioning-ratio %w", err)
+	}
+	if c.PoolGuard == "" {
+		c.PoolGuard = capacity.DefaultGuard
+	}
+	g, err := capacity.ParseGuard(c.PoolGuard)
+	if err != nil {
+		return c, fmt.Errorf("--pool-guard %w", err)
+	}
+	c.guard = g
 	dirs := append([]string{c.StateDir, c.DataDir, c.KubeletDir}, c.AllowedPathPrefixes...)
 	for _, d := range append(dirs, c.AllowedDevicePrefixes...) {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {

@@ -26,6 +26,7 @@ import (
 	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/reconciler"
 	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/status"
 )
 
 const (
@@ -81,7 +82,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	m := metrics.New()
 	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions",
-		Paths: devices.NewPaths(cfg.roots())}
+		Paths: devices.NewPaths(cfg.roots()), Images: images}
 	defer observer.Close()
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder:     m,
@@ -95,6 +96,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Roots:        cfg.roots(),
 		Clock:        clock.RealClock{},
 		ResyncPeriod: cfg.ResyncPeriod,
+		PoolGuard:    cfg.guard,
 	})
 	if err != nil {
 		return err
@@ -134,10 +136,12 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, observeCalls(m), logCalls),
 		grpc.MaxConcurrentStreams(maxStreams), grpc.MaxRecvMsgSize(maxMessage))
 	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready})
-	csi.RegisterControllerServer(srv, controller.New(images, store, topology))
+	csi.RegisterControllerServer(srv, controller.New(images, store, topology, controller.Options{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard}))
 	csi.RegisterNodeServer(srv, node)
 
-	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec))
+	pool := func() (status.Pool, error) { return poolStatus(cfg, images, store) }
+	m.WatchPool(pool)
+	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, pool))
 	if err != nil {
 		return err
 	}
@@ -218,4 +222,23 @@ func listen(sock string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: %w", sock, err)
 	}
 	return lis, nil
+}
+
+// poolStatus reports the data directory's space as GetCapacity sees it.
+func poolStatus(cfg Config, images *devices.Images, store controller.Store) (status.Pool, error) {
+	acc, total, err := controller.Account(images, store, cfg.OverprovisioningRatio)
+	if err != nil {
+		return status.Pool{}, err
+	}
+	p := status.Pool{
+		SizeBytes: total, FreeBytes: acc.Free,
+		ThickPromisedBytes: acc.ThickPromised, ThickOwedBytes: acc.ThickOwed,
+		ThinPromisedBytes: acc.ThinPromised, ThinAllocatedBytes: acc.ThinAllocated,
+		ThickAvailableBytes: acc.ThickAvailable(), ThinAvailableBytes: acc.ThinAvailable(),
+		OverprovisioningRatio: cfg.OverprovisioningRatio, GuardBytes: cfg.guard.Threshold(total),
+	}
+	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
+		p.ThinAvailableBytes = 0
+	}
+	return p, nil
 }

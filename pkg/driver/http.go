@@ -15,12 +15,13 @@ import (
 
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/reconciler"
+	"github.com/converge-csi/converge/pkg/status"
 )
 
 // newHTTPHandler serves /metrics, /healthz (the process serves), /readyz
-// (start-up reconstruction is done) and /status (the volumes as of the last
-// pass, as JSON). None of them waits for an operation.
-func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler {
+// (start-up reconstruction is done), /status (the volumes as of the last
+// pass, as JSON) and /status/pool (the data directory's space). None of them waits for an operation.
+func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pool func() (status.Pool, error)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -34,6 +35,15 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(rec.Status())
+	})
+	mux.HandleFunc("GET /status/pool", func(w http.ResponseWriter, _ *http.Request) {
+		p, err := pool()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(p)
 	})
 	return mux
 }

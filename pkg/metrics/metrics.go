@@ -118,6 +118,49 @@ func (m *Metrics) PassDone(d time.Duration, volumes []status.VolumeStatus, inBac
 	m.uncertain.Set(float64(uncertain))
 }
 
+// WatchPool reports the data directory's space, read from pool at each
+// scrape: converge_data_directory_bytes by kind, and
+// converge_data_directory_nearly_full.
+func (m *Metrics) WatchPool(pool func() (status.Pool, error)) {
+	m.Registry.MustRegister(poolCollector(pool))
+}
+
+var (
+	poolBytes = prometheus.NewDesc(namespace+"_data_directory_bytes",
+		"Space of the data directory by kind: size, free, promised_thick, owed_thick (not yet allocated), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers).",
+		[]string{"kind"}, nil)
+	poolNearlyFull = prometheus.NewDesc(namespace+"_data_directory_nearly_full",
+		"1 while the data directory's free space is below the pool guard: thin volumes are reported and none is created or grown.", nil, nil)
+)
+
+type poolCollector func() (status.Pool, error)
+
+func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- poolBytes
+	ch <- poolNearlyFull
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	p, err := c()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(poolBytes, err)
+		return
+	}
+	for kind, v := range map[string]int64{
+		"size": p.SizeBytes, "free": p.FreeBytes,
+		"promised_thick": p.ThickPromisedBytes, "owed_thick": p.ThickOwedBytes,
+		"promised_thin": p.ThinPromisedBytes, "allocated_thin": p.ThinAllocatedBytes,
+		"available_thick": p.ThickAvailableBytes, "available_thin": p.ThinAvailableBytes,
+	} {
+		ch <- prometheus.MustNewConstMetric(poolBytes, prometheus.GaugeValue, float64(v), kind)
+	}
+	full := 0.0
+	if p.NearlyFull {
+		full = 1
+	}
+	ch <- prometheus.MustNewConstMetric(poolNearlyFull, prometheus.GaugeValue, full)
+}
+
 // RPCDone records one CSI call.
 func (m *Metrics) RPCDone(method, code string, d time.Duration) {
 	m.rpcs.WithLabelValues(method, code).Observe(d.Seconds())

@@ -30,6 +30,9 @@ type VolumeStatus struct {
 	StagingPath string `json:"stagingPath,omitempty"`
 	// Access is mount or block.
 	Access string `json:"access,omitempty"`
+	// Provisioning is thick or thin; empty for a volume made before it
+	// was recorded, and for a static volume.
+	Provisioning string `json:"provisioning,omitempty"`
 	// Staged is true when the stage is fulfilled.
 	Staged           bool `json:"staged"`
 	PublishesDesired int  `json:"publishesDesired"`
@@ -43,4 +46,29 @@ type VolumeStatus struct {
 	LastError string    `json:"lastError,omitempty"`
 	Attempts  int       `json:"attempts,omitempty"`
 	NextRetry time.Time `json:"nextRetry,omitzero"`
+}
+
+// Pool is the space of the data directory: its filesystem, what the
+// volumes were promised of it, and what can still be promised.
+type Pool struct {
+	SizeBytes int64 `json:"sizeBytes"`
+	FreeBytes int64 `json:"freeBytes"`
+	// ThickPromisedBytes sums the sizes of the volumes that are not thin
+	// (thick ones, and those made before provisioning was recorded), and
+	// ThickOwedBytes is what of it is not yet allocated.
+	ThickPromisedBytes int64 `json:"thickPromisedBytes"`
+	ThickOwedBytes     int64 `json:"thickOwedBytes"`
+	// ThinPromisedBytes sums the sizes of the thin volumes, of which
+	// ThinAllocatedBytes is written.
+	ThinPromisedBytes  int64 `json:"thinPromisedBytes"`
+	ThinAllocatedBytes int64 `json:"thinAllocatedBytes"`
+	// ThickAvailableBytes and ThinAvailableBytes are what GetCapacity
+	// answers for each provisioning.
+	ThickAvailableBytes int64 `json:"thickAvailableBytes"`
+	ThinAvailableBytes  int64 `json:"thinAvailableBytes"`
+	// OverprovisioningRatio is the node's ratio for thin volumes.
+	OverprovisioningRatio float64 `json:"overprovisioningRatio"`
+	// GuardBytes is the free space below which the pool is nearly full.
+	GuardBytes int64 `json:"guardBytes"`
+	NearlyFull bool  `json:"nearlyFull"`
 }
