@@ -75,7 +75,7 @@ func newBaseline(b testing.TB, dir string) *baseline {
 func (bl *baseline) vol(id string) vol { return newVol(bl.root, bl.dataDir, id) }
 
 func (bl *baseline) stage(v vol) (string, error) {
-	dev, err := devices.AttachLoop(v.image)
+	dev, err := devices.AttachLoop(v.image, false)
 	if err != nil {
 		return "", err
 	}
@@ -159,12 +159,13 @@ func start(b *testing.B, args ...string) plugin {
 	return p
 }
 
-// makeImages creates n fresh sparse images for the baseline.
+// makeImages creates n fresh thick images for the baseline, as converge's
+// CreateVolume does by default.
 func makeImages(b *testing.B, bl *baseline, prefix string, n int) []vol {
 	vols := make([]vol, n)
 	for i := range vols {
 		vols[i] = bl.vol(fmt.Sprintf("%s-%d", prefix, i))
-		if err := bl.images.Create(vols[i].id, volSize); err != nil {
+		if err := bl.images.Create(vols[i].id, volSize, true); err != nil {
 			b.Fatal(err)
 		}
 		vols[i].dirs(b)
@@ -482,4 +483,53 @@ func loopNodes() map[int]bool {
 		}
 	}
 	return out
+}
+
+// BenchmarkCreateVolume measures CreateVolume of a 10 GiB thick volume (its
+// space allocated with fallocate) against a sparse one (a thin volume, what
+// every volume was before provisioning was recorded), in the same run, and
+// DeleteVolume of each.
+func BenchmarkCreateVolume(b *testing.B) {
+	const (
+		rounds = 5
+		size   = 10 << 30
+	)
+	p := start(b)
+	create := func(id, prov string) error {
+		_, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: id,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
+			Parameters: map[string]string{"converge.csi.dev/provisioning": prov}})
+		return err
+	}
+	remove := func(id string) error {
+		_, err := p.Controller().DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id})
+		return err
+	}
+	var thick, thin, thickDel, thinDel []time.Duration
+	for b.Loop() {
+		for i := range rounds {
+			for _, prov := range []string{"thick", "thin"} {
+				id := fmt.Sprintf("create-%s-%d-%d", prov, b.N, i)
+				d, err := timed(func() error { return create(id, prov) })
+				if err != nil {
+					b.Fatal(err)
+				}
+				del, err := timed(func() error { return remove(id) })
+				if err != nil {
+					b.Fatal(err)
+				}
+				if prov == "thick" {
+					thick, thickDel = append(thick, d), append(thickDel, del)
+				} else {
+					thin, thinDel = append(thin, d), append(thinDel, del)
+				}
+			}
+		}
+	}
+	ct, cs := quantile(thick, 0.5), quantile(thin, 0.5)
+	b.ReportMetric(ms(ct), "thick-create-ms")
+	b.ReportMetric(ms(cs), "sparse-create-ms")
+	b.ReportMetric(float64(ct)/float64(cs), "create-ratio")
+	compare("CreateVolume of 10 GiB: thick against sparse, median", "ms", ms(ct), ms(cs), 0)
+	compare("DeleteVolume of 10 GiB: thick against sparse, median", "ms", ms(quantile(thickDel, 0.5)), ms(quantile(thinDel, 0.5)), 0)
 }

@@ -32,7 +32,7 @@ func TestStaticBlockDevice(t *testing.T) {
 		img := filepath.Join(mkdir(t, filepath.Join(p.Dir, "disks")), name+".img")
 		must(t, "image", os.WriteFile(img, nil, 0o600))
 		must(t, "size", os.Truncate(img, 64<<20))
-		dev, err := devices.AttachLoop(img)
+		dev, err := devices.AttachLoop(img, true)
 		must(t, "attach", err)
 		disks = append(disks, dev)
 	}

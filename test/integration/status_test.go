@@ -21,20 +21,33 @@ func TestStatusAndMetrics(t *testing.T) {
 	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
 	must(t, "csi-node status", err)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 2 || !strings.HasPrefix(lines[0], "VOLUME") || !strings.Contains(lines[1], "vol-status") ||
-		!strings.Contains(lines[1], "Ready") || !strings.Contains(lines[1], "1/1") || !strings.Contains(lines[1], "64Mi") {
+	if len(lines) != 6 || !strings.HasPrefix(lines[0], "DATA DIRECTORY  size ") ||
+		!strings.HasPrefix(lines[1], "PROMISED        thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
+		!strings.HasPrefix(lines[2], "AVAILABLE       thick ") || !strings.HasPrefix(lines[4], "VOLUME") ||
+		!strings.Contains(lines[5], "vol-status") || !strings.Contains(lines[5], "Ready") || !strings.Contains(lines[5], "thick") ||
+		!strings.Contains(lines[5], "1/1") || !strings.Contains(lines[5], "64Mi") {
 		t.Errorf("status table:\n%s", out)
 	}
 	out, err = exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir, "-o", "json").CombinedOutput()
 	must(t, "csi-node status -o json", err)
-	var vols []struct {
-		ID               string `json:"id"`
-		Phase            string `json:"phase"`
-		StagingPath      string `json:"stagingPath"`
-		PublishesDesired int    `json:"publishesDesired"`
-		PublishesActual  int    `json:"publishesActual"`
+	var st struct {
+		Pool struct {
+			SizeBytes          int64 `json:"sizeBytes"`
+			ThickPromisedBytes int64 `json:"thickPromisedBytes"`
+		} `json:"pool"`
+		Volumes []struct {
+			ID               string `json:"id"`
+			Phase            string `json:"phase"`
+			StagingPath      string `json:"stagingPath"`
+			PublishesDesired int    `json:"publishesDesired"`
+			PublishesActual  int    `json:"publishesActual"`
+		} `json:"volumes"`
 	}
-	must(t, "decode", json.Unmarshal(out, &vols))
+	must(t, "decode", json.Unmarshal(out, &st))
+	vols := st.Volumes
+	if st.Pool.SizeBytes == 0 || st.Pool.ThickPromisedBytes != 64<<20 {
+		t.Errorf("status JSON pool: got %+v, want the data directory's size and 64 MiB promised", st.Pool)
+	}
 	if len(vols) != 1 || vols[0].ID != "vol-status" || vols[0].Phase != "Ready" || vols[0].StagingPath != staging || vols[0].PublishesActual != 1 {
 		t.Errorf("status JSON: got %+v", vols)
 	}
@@ -53,6 +66,9 @@ func TestStatusAndMetrics(t *testing.T) {
 		`converge_volumes{phase="Ready"} 1`,
 		`converge_rpc_duration_seconds_count{code="OK",method="/csi.v1.Node/NodeStageVolume"}`,
 		`converge_reconcile_pass_duration_seconds_count`,
+		`converge_data_directory_bytes{kind="promised_thick"} 6.7108864e+07`,
+		`converge_data_directory_bytes{kind="promised_thin"} 0`,
+		`converge_data_directory_nearly_full 0`,
 	} {
 		if code != http.StatusOK || !strings.Contains(metrics, want) {
 			t.Errorf("/metrics (%d) lacks %s", code, want)

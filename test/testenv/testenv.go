@@ -255,9 +255,14 @@ func Leftovers(dir, dataDir string) []string {
 	return out
 }
 
-// ForceClean unmounts everything under dir (deepest first) and detaches
-// the loop devices backed by files in dataDir.
+// ForceClean detaches the loop devices backed by files in dataDir (a
+// mounted one goes with its last mount) and unmounts everything under dir
+// (deepest first): the devices first, while their files are still found
+// where dataDir is a mount of its own.
 func ForceClean(dir, dataDir string) {
+	for dev := range loopsIn(dataDir) {
+		exec.Command("losetup", "-d", dev).Run()
+	}
 	for range 5 {
 		ms := mountsUnder(dir)
 		if len(ms) == 0 {
@@ -266,9 +271,6 @@ func ForceClean(dir, dataDir string) {
 		for i := len(ms) - 1; i >= 0; i-- {
 			syscall.Unmount(ms[i], syscall.MNT_DETACH)
 		}
-	}
-	for dev := range loopsIn(dataDir) {
-		exec.Command("losetup", "-d", dev).Run()
 	}
 }
 

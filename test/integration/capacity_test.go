@@ -1,0 +1,388 @@
+package integration
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+const (
+	provisioningKey = "converge.csi.dev/provisioning"
+	mib             = 1 << 20
+)
+
+// smallDataDir gives the plugin a data directory on a filesystem of its
+// own: an ext4 image of size bytes, attached and mounted for the test and
+// taken down after it (after the plugin stopped).
+func smallDataDir(t *testing.T, p *testenv.Plugin, size int64) {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), "datadir.img")
+	f, err := os.Create(img)
+	must(t, "data directory image", err)
+	must(t, "size", f.Truncate(size))
+	f.Close()
+	out, err := exec.Command("losetup", "--find", "--show", img).Output()
+	must(t, "losetup", err)
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m0", dev).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v: %s", err, out)
+	}
+	must(t, "mkdir", os.MkdirAll(p.DataDir, 0o700))
+	must(t, "mount", syscall.Mount(dev, p.DataDir, "ext4", 0, ""))
+	t.Cleanup(func() {
+		// The volumes' devices and mounts go while their images are
+		// still reachable.
+		p.Stop()
+		var left []string
+		for _, l := range testenv.Leftovers(p.Dir, p.DataDir) {
+			if l != "mount "+p.DataDir {
+				left = append(left, l)
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("left behind after the test: %s", strings.Join(left, "; "))
+		}
+		testenv.ForceClean(p.Dir, p.DataDir)
+	})
+}
+
+// allocated returns the space allocated to a volume's image (st_blocks).
+func allocated(t *testing.T, p *testenv.Plugin, id string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	must(t, "stat image", unix.Stat(filepath.Join(p.DataDir, id+".img"), &st))
+	return st.Blocks * 512
+}
+
+func capacityFor(t *testing.T, p *testenv.Plugin, prov string) int64 {
+	t.Helper()
+	resp, err := p.Controller().GetCapacity(ctx(t), &csi.GetCapacityRequest{Parameters: map[string]string{provisioningKey: prov}})
+	must(t, "GetCapacity "+prov, err)
+	return resp.GetAvailableCapacity()
+}
+
+func createProvisioned(p *testenv.Plugin, t *testing.T, id, prov string, size int64) error {
+	_, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name: id, CapacityRange: &csi.CapacityRange{RequiredBytes: size},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}, Parameters: map[string]string{provisioningKey: prov},
+	})
+	return err
+}
+
+// fill writes random data to a new file at dir in 1 MiB steps, each
+// fsynced, until the filesystem is full (ENOSPC) or limit bytes are
+// written, and returns the SHA-256 of what was written and acknowledged.
+// Any other error (EIO, EROFS) fails the test.
+func fill(t *testing.T, dir, name string, limit int64) ([]byte, int64) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+	must(t, "create "+name, err)
+	defer f.Close()
+	h := sha256.New()
+	buf := make([]byte, mib)
+	var n int64
+	for n < limit {
+		rand.Read(buf)
+		w, err := f.Write(buf)
+		if err == nil {
+			err = f.Sync()
+		}
+		if errors.Is(err, syscall.ENOSPC) {
+			// What the short write put in the file is not acknowledged:
+			// cut it off, so that the file holds exactly what was.
+			must(t, "truncate after ENOSPC", f.Truncate(n))
+			must(t, "sync after ENOSPC", f.Sync())
+			break
+		}
+		if err != nil {
+			t.Fatalf("writing %s at %d bytes: %v (want only ENOSPC)", name, n, err)
+		}
+		h.Write(buf[:w])
+		n += int64(w)
+	}
+	return h.Sum(nil), n
+}
+
+func sumOf(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	must(t, "read back", err)
+	s := sha256.Sum256(b)
+	return s[:]
+}
+
+// TestThickVolumesKeepTheirPromise runs the plugin on a 320 MiB data
+// directory and asks for more thick volumes than fit: the extra one is
+// refused RESOURCE_EXHAUSTED and leaves nothing, GetCapacity falls by each
+// accepted volume, every accepted volume is then filled to its own ENOSPC
+// (each write fsynced) with no EIO nor EROFS and its data reads back
+// intact, and each image keeps its blocks after mkfs, a trim inside the
+// volume and a restart.
+func TestThickVolumesKeepTheirPromise(t *testing.T) {
+	p := testenv.New(t)
+	smallDataDir(t, p, 320*mib)
+	p.Start()
+
+	const size = 64 * mib
+	before := capacityFor(t, p, "thick")
+	if before < 4*size || before > 320*mib {
+		t.Fatalf("capacity of an empty 320 MiB data directory: %d", before)
+	}
+	var ids []string
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("thick-%d", i)
+		err := createProvisioned(p, t, id, "thick", size)
+		if err != nil {
+			wantCode(t, "create past the capacity", err, codes.ResourceExhausted)
+			if _, err := os.Stat(filepath.Join(p.DataDir, id+".img")); !os.IsNotExist(err) {
+				t.Errorf("the refused volume left an image: %v", err)
+			}
+			break
+		}
+		ids = append(ids, id)
+		now := capacityFor(t, p, "thick")
+		if fell := before - now; fell < size || fell > size+mib {
+			t.Errorf("capacity fell by %d bytes for a %d-byte volume, want that much (and at most 1 MiB of metadata)", fell, size)
+		}
+		before = now
+		if got := allocated(t, p, id); got < size {
+			t.Errorf("%s: %d bytes allocated at create, want %d", id, got, size)
+		}
+		if i > 10 {
+			t.Fatal("no refusal after 10 volumes of 64 MiB on 320 MiB")
+		}
+	}
+	if len(ids) != 4 {
+		t.Errorf("accepted %d volumes of 64 MiB on 320 MiB, want 4", len(ids))
+	}
+	if before >= size {
+		t.Errorf("capacity %d after the refusal, want less than the refused %d", before, size)
+	}
+
+	type written struct {
+		target string
+		sum    []byte
+		n      int64
+	}
+	var data []written
+	for _, id := range ids {
+		_, target := upPublishedExisting(t, p, id)
+		if got := allocated(t, p, id); got < size {
+			t.Errorf("%s: %d bytes allocated after mkfs, want %d", id, got, size)
+		}
+		sum, n := fill(t, target, "data", size)
+		if n < size/2 {
+			t.Errorf("%s: ENOSPC after %d bytes of a %d-byte volume", id, n, size)
+		}
+		// A trim inside the volume cannot hand its space back.
+		out, _ := exec.Command("fstrim", "-v", target).CombinedOutput()
+		t.Logf("%s: %d bytes written to ENOSPC; fstrim: %s", id, n, strings.TrimSpace(string(out)))
+		must(t, "remove", os.Remove(filepath.Join(target, "data")))
+		exec.Command("sync").Run()
+		exec.Command("fstrim", target).Run()
+		if got := allocated(t, p, id); got < size {
+			t.Errorf("%s: %d bytes allocated after a delete and a trim, want %d", id, got, size)
+		}
+		sum, n = fill(t, target, "data2", size)
+		data = append(data, written{target: target, sum: sum, n: n})
+	}
+
+	p.Stop()
+	p.Start()
+	for i, id := range ids {
+		if got := allocated(t, p, id); got < size {
+			t.Errorf("%s: %d bytes allocated after a restart, want %d", id, got, size)
+		}
+		if got := sumOf(t, filepath.Join(data[i].target, "data2")); !bytes.Equal(got, data[i].sum) {
+			t.Errorf("%s: the %d bytes written read back differently", id, data[i].n)
+		}
+	}
+	for _, id := range ids {
+		downAndDelete(t, p, id)
+	}
+	if after := capacityFor(t, p, "thick"); after < 4*size {
+		t.Errorf("capacity after deleting every volume: %d", after)
+	}
+}
+
+// TestThinVolumesOvercommitAndGiveSpaceBack runs the plugin on a 320 MiB
+// data directory with an overprovisioning ratio of 2: thin volumes are
+// promised up to twice the space and no more, the pool guard reports them
+// before writes fail and refuses new ones, and space freed in a volume
+// returns to the data directory.
+func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
+	p := testenv.New(t, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
+	smallDataDir(t, p, 320*mib)
+	p.Start()
+
+	thick, thin := capacityFor(t, p, "thick"), capacityFor(t, p, "thin")
+	if thin < 2*thick-mib || thin > 2*thick {
+		t.Errorf("capacity for thin %d, for thick %d: want twice as much for thin", thin, thick)
+	}
+	const size = 128 * mib
+	var ids []string
+	for i := 0; ; i++ {
+		id := fmt.Sprintf("thin-%d", i)
+		if err := createProvisioned(p, t, id, "thin", size); err != nil {
+			wantCode(t, "thin create past the ratio", err, codes.ResourceExhausted)
+			break
+		}
+		ids = append(ids, id)
+		if got := allocated(t, p, id); got > mib {
+			t.Errorf("%s: %d bytes allocated at create, want a sparse image", id, got)
+		}
+		if i > 10 {
+			t.Fatal("no refusal after 10 thin volumes of 128 MiB on 320 MiB")
+		}
+	}
+	// 4 x 128 MiB = 512 MiB fits twice the ~300 MiB; a fifth does not.
+	if len(ids) != 4 {
+		t.Fatalf("accepted %d thin volumes of 128 MiB at ratio 2 on 320 MiB, want 4", len(ids))
+	}
+	err := createProvisioned(p, t, "odd", "sometimes", size)
+	wantCode(t, "unknown provisioning", err, codes.InvalidArgument)
+
+	targets := map[string]string{}
+	for _, id := range ids[:3] {
+		_, targets[id] = upPublishedExisting(t, p, id)
+		if got := allocated(t, p, id); got > 16*mib {
+			t.Errorf("%s: %d bytes allocated after mkfs, want next to none (mkfs discards)", id, got)
+		}
+	}
+	// Fill the pool to below the guard, but not to full.
+	fill(t, targets[ids[0]], "big", 100*mib)
+	fill(t, targets[ids[1]], "big", 100*mib)
+	fill(t, targets[ids[2]], "some", 40*mib)
+	cond := waitCondition(t, p, ids[2], "PoolNearlyFull")
+	t.Logf("condition below the guard: %s", cond)
+	err = createProvisioned(p, t, "late", "thin", 16*mib)
+	wantCode(t, "thin create below the guard", err, codes.ResourceExhausted)
+	if c := capacityFor(t, p, "thin"); c != 0 {
+		t.Errorf("thin capacity below the guard: %d, want 0", c)
+	}
+
+	// Space freed in a volume goes back to the data directory.
+	// ext4 discards the freed blocks when their transaction commits, and
+	// the loop device punches the holes from its worker: wait for them.
+	was := allocated(t, p, ids[0])
+	must(t, "remove", os.Remove(filepath.Join(targets[ids[0]], "big")))
+	removed := time.Now()
+	exec.Command("sync").Run()
+	for got := allocated(t, p, ids[0]); was-got < 90*mib; got = allocated(t, p, ids[0]) {
+		if time.Since(removed) > 20*time.Second {
+			t.Fatalf("%s: allocation went from %d to %d bytes in %v after deleting a 100 MiB file, want it back", ids[0], was, got, time.Since(removed))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("%s: 100 MiB deleted; its space was back in the data directory after %v", ids[0], time.Since(removed).Round(time.Millisecond))
+	waitCondition(t, p, ids[2], "")
+	must(t, "create once there is room", createProvisioned(p, t, "late", "thin", 16*mib))
+
+	for _, id := range ids[:3] {
+		downAndDelete(t, p, id)
+	}
+	for _, id := range []string{ids[3], "late"} {
+		_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+		must(t, "delete "+id, err)
+	}
+}
+
+// upPublishedExisting stages and publishes an existing volume read-write.
+func upPublishedExisting(t *testing.T, p *testenv.Plugin, id string) (staging, target string) {
+	t.Helper()
+	staging = mkdir(t, filepath.Join(p.Root, "staging-"+id))
+	target = filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+id)), "mount")
+	must(t, "stage "+id, stage(t, p, id, staging, rwo))
+	must(t, "publish "+id, publish(t, p, id, staging, target, false))
+	return staging, target
+}
+
+// downAndDelete unpublishes, unstages and deletes a volume that
+// upPublishedExisting set up.
+func downAndDelete(t *testing.T, p *testenv.Plugin, id string) {
+	t.Helper()
+	unpublish(t, p, id, filepath.Join(p.Root, "pod-"+id, "mount"))
+	unstage(t, p, id, filepath.Join(p.Root, "staging-"+id))
+	_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	must(t, "delete "+id, err)
+}
+
+// waitCondition waits until NodeGetVolumeHealth reports the volume with
+// reason (healthy for ""), and returns its message.
+func waitCondition(t *testing.T, p *testenv.Plugin, id, reason string) string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := p.Node().NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{VolumeId: id})
+		must(t, "health", err)
+		hs := resp.GetVolumeHealth().GetHealthStatuses()
+		if reason == "" && len(hs) == 0 {
+			return ""
+		}
+		if reason != "" && len(hs) == 1 && hs[0].GetReason() == reason && hs[0].GetStatus() == csi.VolumeHealthErrorType_DEGRADED {
+			return hs[0].GetMessage()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health of %s: %v, want reason %q", id, hs, reason)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestOldSparseVolumeIsMadeThick stages a volume made before provisioning
+// was recorded (a sparse image and no record): GetCapacity accounts for it
+// at its full size, it is staged as ever, and its image is then allocated
+// whole and its record says thick.
+func TestOldSparseVolumeIsMadeThick(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	before := capacityFor(t, p, "thick")
+	const size = 64 * mib
+	must(t, "data directory", os.MkdirAll(p.DataDir, 0o700))
+	f, err := os.Create(filepath.Join(p.DataDir, "old.img"))
+	must(t, "old image", err)
+	must(t, "size", f.Truncate(size))
+	f.Close()
+	if after := capacityFor(t, p, "thick"); before-after < size-mib {
+		t.Errorf("capacity fell by %d bytes for an old sparse %d-byte volume, want all of it", before-after, size)
+	}
+	staging, target := upPublishedExisting(t, p, "old")
+	deadline := time.Now().Add(20 * time.Second)
+	for allocated(t, p, "old") < size {
+		if time.Now().After(deadline) {
+			t.Fatalf("old image: %d of %d bytes allocated after its stage", allocated(t, p, "old"), size)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
+	must(t, "status", err)
+	thick := false
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 2 && f[0] == "old" {
+			thick = f[2] == "thick"
+		}
+	}
+	if !thick {
+		t.Errorf("status after the reservation:\n%s\nwant the old volume thick", out)
+	}
+	unpublish(t, p, "old", target)
+	unstage(t, p, "old", staging)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "old"})
+	must(t, "delete", err)
+}
