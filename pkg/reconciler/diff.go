@@ -267,7 +267,10 @@ func diff(v *state.Volume, a *actual) []action {
 	}
 	// A mount whose owner cannot be told this pass (a rename racing the
 	// observation) may be the plugin's own: nothing is forgotten until the
-	// next pass can tell. Waiting is no failure, so it backs nothing off.
+	// next pass can tell, and nothing is published, since it may be that
+	// very publish moved (a second bind on top of it would take its place
+	// in the record and leave it no one's). Waiting is no failure, so it
+	// backs nothing off.
 	hold := len(a.unknownMounts) > 0
 	for _, t := range targets {
 		if p := v.Publishes[t]; p.Deleting && !hold {
@@ -307,7 +310,7 @@ func diff(v *state.Volume, a *actual) []action {
 			acts = append(acts, action{kind: actUnmountTarget, target: t, generation: p.Generation, reason: "target mount is corrupted: " + msg})
 			continue
 		}
-		if !p.Deleting && !a.published(t) {
+		if !p.Deleting && !a.published(t) && !hold {
 			reason := "target not mounted"
 			if a.targets[t] != nil {
 				reason = "target holds another mount"

@@ -108,6 +108,7 @@ func TestDiffOrder(t *testing.T) {
 	loop := &host.Loop{Device: "/dev/loop0", Dev: host.DevNum{Major: 7}}
 	staged := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}}
 	bare := &actual{targets: map[string]*host.Mount{}}
+	unknown := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}, unknownMounts: []string{"/a.moved"}}
 	pub := func(deleting bool) *state.Publish { p := publishSpec(); p.Deleting = deleting; return p }
 	st := func(deleting bool) *state.Stage { s := stageSpec("/s"); s.Deleting = deleting; return s }
 	tests := []struct {
@@ -124,6 +125,7 @@ func TestDiffOrder(t *testing.T) {
 		{name: "unstage waits for publishes", v: &state.Volume{Stage: st(true), Formatted: "ext4", Publishes: map[string]*state.Publish{"/b": pub(true)}}, a: staged, want: []string{"unpublish /b"}},
 		{name: "unstage once publishes are gone", v: &state.Volume{Stage: st(true), Formatted: "ext4"}, a: staged, want: []string{"unstage"}},
 		{name: "converged", v: &state.Volume{Stage: st(false), Formatted: "ext4"}, a: staged, want: nil},
+		{name: "a mount of unknown owner holds publishes", v: &state.Volume{Stage: st(false), Formatted: "ext4", Publishes: map[string]*state.Publish{"/a": pub(false), "/b": pub(true)}}, a: unknown, want: nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
