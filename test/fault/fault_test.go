@@ -11,6 +11,7 @@ package fault
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -23,13 +24,18 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	report "github.com/converge-csi/converge/pkg/status"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
-const volumes = 3
+const (
+	volumes    = 3
+	volumeSize = 32 << 20
+)
 
 var rwo = &csi.VolumeCapability{
 	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
@@ -82,7 +88,7 @@ func (e *env) step(ctx context.Context, v *vol, from, to level) error {
 	var err error
 	switch {
 	case from == absent && to > absent:
-		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.id, CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.id, CapacityRange: &csi.CapacityRange{RequiredBytes: volumeSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 	case from == created && to > created:
 		_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: rwo})
 	case from == staged && to > staged:
@@ -202,6 +208,49 @@ func (e *env) check(trial int, v *vol) {
 	}
 }
 
+// checkSpace checks that a kill left no partial reservation: the data
+// directory holds exactly the images of the volumes that exist, each
+// allocated whole (thick, the default), no temporary file of a create that
+// was cut short, and the plugin's account owes nothing and promises exactly
+// those volumes.
+func (e *env) checkSpace(trial int, vols []*vol) {
+	e.t.Helper()
+	want := map[string]bool{}
+	for _, v := range vols {
+		if v.want >= created {
+			want[v.id+".img"] = true
+		}
+	}
+	entries, err := os.ReadDir(e.p.DataDir)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, en := range entries {
+		if !want[en.Name()] {
+			e.t.Fatalf("trial %d: the data directory holds %s, which no volume owns", trial, en.Name())
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(e.p.DataDir, en.Name()), &st); err != nil {
+			e.t.Fatal(err)
+		}
+		if st.Blocks*512 < volumeSize {
+			e.t.Fatalf("trial %d: %s has %d of its %d bytes allocated", trial, en.Name(), st.Blocks*512, volumeSize)
+		}
+		delete(want, en.Name())
+	}
+	if len(want) > 0 {
+		e.t.Fatalf("trial %d: images missing: %v", trial, want)
+	}
+	code, body := e.p.StatusGet("/status/pool")
+	var pool report.Pool
+	if err := json.Unmarshal([]byte(body), &pool); code != 200 || err != nil {
+		e.t.Fatalf("trial %d: /status/pool answered %d %q: %v", trial, code, body, err)
+	}
+	if n := int64(len(entries)); pool.ThickOwedBytes != 0 || pool.ThickPromisedBytes != n*volumeSize || pool.ThinPromisedBytes != 0 {
+		e.t.Fatalf("trial %d: pool %+v, want %d volumes of %d bytes promised thick and nothing owed", trial, pool, n, volumeSize)
+	}
+}
+
 func TestKillAnywhere(t *testing.T) {
 	trials := int(envInt("CONVERGE_FAULT_TRIALS", 30))
 	seed := uint64(envInt("CONVERGE_FAULT_SEED", time.Now().UnixNano()))
@@ -273,6 +322,7 @@ func TestKillAnywhere(t *testing.T) {
 		for _, v := range vols {
 			e.check(trial, v)
 		}
+		e.checkSpace(trial, vols)
 	}
 
 	t.Logf("%d of %d walks were cut short by the kill", interrupted, walks)
