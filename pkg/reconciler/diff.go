@@ -90,6 +90,10 @@ const poolFullBelow = 1 << 20
 // guard.
 func (a *actual) poolLow() bool { return a.pool.Known && a.pool.Free < a.poolGuard }
 
+// poolFull reports whether the data directory is full: writes to the holes
+// of images fail.
+func (a *actual) poolFull() bool { return a.pool.Known && a.pool.Free < poolFullBelow }
+
 // holes returns how much of the volume's image is not allocated.
 func (a *actual) holes() int64 {
 	if a.loop == nil || a.static {
@@ -321,7 +325,23 @@ func diff(v *state.Volume, a *actual) []action {
 	// Recording comes after the publishes, so that it never delays one.
 	acts = append(acts, recordMounts(v, a, targets)...)
 	acts = append(acts, grow(v, a)...)
-	return append(acts, reserve(v, a)...)
+	acts = append(acts, reserve(v, a)...)
+	return append(acts, spaceRanOut(v, a)...)
+}
+
+// spaceRanOut returns the step that records a full data directory under a
+// staged filesystem whose image has holes: writes to them fail (ENOSPC at
+// fsync), and a filesystem may lose metadata writes and find out later, so
+// the volume is reported until its filesystem is mounted again, after a
+// check, even once there is room again.
+func spaceRanOut(v *state.Volume, a *actual) []action {
+	st := v.Stage
+	id := a.mountIDs[st.Path]
+	if a.static || a.block || id == 0 || id != st.MountID || id == st.SpaceRanOutUnder || !a.poolFull() || a.holes() == 0 {
+		return nil
+	}
+	return []action{{kind: actRecordSpaceRanOut, mountID: id, generation: st.Generation,
+		reason: fmt.Sprintf("the data directory is full (%d bytes free) and %d bytes of the image are not allocated", a.pool.Free, a.holes())}}
 }
 
 // reserve returns the step that keeps a staged volume's space as its

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -79,6 +80,9 @@ func condition(v *state.Volume, a *actual, lost func(key state.IntentKey, gen in
 		return abnormal("FilesystemUnusable", "volume %s: %s; it cannot be remounted while it is also mounted at %s", v.ID, a.unusable, strings.Join(a.foreignMounts, ", "))
 	case a.unusable != "":
 		return abnormal("FilesystemUnusable", "volume %s: %s; unmounting and mounting it again", v.ID, a.unusable)
+	case a.errorsRO && ranOutUnder(v, a):
+		return degraded("FilesystemReadOnly", "the filesystem of volume %s went read-only after errors, after the data directory ran out of space under it at %s; it is checked and mounted again once no pod uses it",
+			v.ID, v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339))
 	case a.errorsRO:
 		return degraded("FilesystemReadOnly", "the filesystem of volume %s went read-only after errors; it is checked and mounted again once no pod uses it", v.ID)
 	case a.loop != nil && a.loop.AutoClear:
@@ -94,16 +98,29 @@ func condition(v *state.Volume, a *actual, lost func(key state.IntentKey, gen in
 	return c
 }
 
+// ranOutUnder reports whether the data directory ran out of space under
+// the volume's current staging mount.
+func ranOutUnder(v *state.Volume, a *actual) bool {
+	id := v.Stage.SpaceRanOutUnder
+	return id != 0 && id == a.mountIDs[v.Stage.Path]
+}
+
 // spaceProblem reports a volume whose writes may fail for want of space
-// in the data directory: a thin volume while the data directory is nearly
-// full (or full: writes to its image's holes fail), and a volume that is
-// not thin whose image has holes the data directory has no room for.
+// in the data directory: a thin volume while the data directory is full
+// (writes to its image's holes fail) or nearly full; a volume under whose
+// current staging mount the data directory ran out of space (its writes
+// failed, and its filesystem is not trusted until it is checked); and a
+// volume that is not thin whose image has holes the data directory has no
+// room for.
 func spaceProblem(v *state.Volume, a *actual) (reason, message string) {
 	h := a.holes()
 	switch {
-	case v.Thin() && a.poolLow() && a.pool.Free < poolFullBelow && h > 0:
+	case v.Thin() && a.poolFull() && h > 0:
 		return "PoolFull", fmt.Sprintf("the data directory is full (%d bytes free): writes to the %d bytes of thin volume %s that hold no data yet fail; free space in the data directory or move volumes to another node",
 			a.pool.Free, h, v.ID)
+	case ranOutUnder(v, a):
+		return "SpaceRanOut", fmt.Sprintf("the data directory ran out of space at %s under volume %s: any write to its unallocated blocks failed (ENOSPC at fsync) and its filesystem may have lost metadata writes; it is checked when it is next mounted: stop the pods using it, so that it is unstaged, checked and staged again",
+			v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339), v.ID)
 	case v.Thin() && a.poolLow():
 		return "PoolNearlyFull", fmt.Sprintf("the data directory has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no thin volume is created or grown until it has room",
 			a.pool.Free, a.poolGuard, v.ID, h)

@@ -26,6 +26,7 @@ const (
 	actRecordMount
 	actReserve
 	actSetDiscards
+	actRecordSpaceRanOut
 
 	// kindCount is the number of kinds; kinds has an entry for each.
 	kindCount
@@ -186,6 +187,17 @@ func kindTable() [kindCount]kindSpec {
 		actSetDiscards: {name: "set discards", repair: true, counted: true, serves: forStage, final: finalHolds,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.cfg.Loops.SetDiscards(a.loop.Device, v.Thin())
+			}},
+		// Records that the data directory ran out of space under the
+		// staging mount, which the volume then reports until it is
+		// mounted again.
+		actRecordSpaceRanOut: {name: "record space ran out", serves: forStage, final: finalHolds,
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
+				_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
+					cur.RecordSpaceRanOut(act.generation, act.mountID, r.cfg.Clock.Now())
+					return nil
+				})
+				return err
 			}},
 	}
 }

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/state"
@@ -76,8 +77,9 @@ func TestOldSparseVolumeIsMadeThickWhenThereIsRoom(t *testing.T) {
 
 // TestThinVolumesReportAFillingPool checks the pool guard: below it every
 // thin volume is DEGRADED with PoolNearlyFull, and PoolFull once the data
-// directory is full; thick volumes are not, and all are normal again once
-// there is room.
+// directory is full; thick volumes are not. Once there is room again, a
+// thin volume that was staged while the data directory was full reports
+// SpaceRanOut until its filesystem is mounted anew.
 func TestThinVolumesReportAFillingPool(t *testing.T) {
 	h := newHarness(t)
 	h.r.cfg.PoolGuard = capacity.Guard{Bytes: 50 << 20}
@@ -91,7 +93,7 @@ func TestThinVolumesReportAFillingPool(t *testing.T) {
 	for _, tc := range []struct {
 		free   int64
 		reason string
-	}{{40 << 20, "PoolNearlyFull"}, {4096, "PoolFull"}, {500 << 20, ""}} {
+	}{{40 << 20, "PoolNearlyFull"}, {4096, "PoolFull"}, {40 << 20, "SpaceRanOut"}, {500 << 20, "SpaceRanOut"}} {
 		h.world.mu.Lock()
 		h.world.free = tc.free
 		h.world.mu.Unlock()
@@ -101,6 +103,22 @@ func TestThinVolumesReportAFillingPool(t *testing.T) {
 		}
 		h.wantNormal("thick", "whatever the pool")
 	}
+	v, _ := h.store.Get("thin")
+	if c := h.store.Condition("thin"); !strings.Contains(c.Message, v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339)) || v.Stage.SpaceRanOutUnder != v.Stage.MountID {
+		t.Errorf("condition %q and stage %+v: want the time the space ran out under the staging mount", c.Message, v.Stage)
+	}
+
+	// Unstaged and staged again, the filesystem is mounted anew (after
+	// a check): what happened under the old mount is no longer reported.
+	h.update("thin", func(v *state.Volume) {
+		v.Stage.Deleting = true
+		for _, p := range v.Publishes {
+			p.Deleting = true
+		}
+	})
+	h.settle()
+	h.alsoStaged("thin")
+	h.wantNormal("thin", "staged anew with room")
 }
 
 // alsoStaged stages and publishes one more volume beside others.

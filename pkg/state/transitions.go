@@ -1,6 +1,9 @@
 package state
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // The transitions the reconciler makes to a record once an operation has
 // ended. Each applies only to the intent of the generation the operation
@@ -27,6 +30,20 @@ func (v *Volume) ForgetStage(gen int64) bool {
 		return true
 	}
 	return false
+}
+
+// RecordSpaceRanOut records that the data directory was seen full under
+// the staging mount mountID of the live stage of generation gen (the one
+// its record names), at time at unless it was seen before.
+func (v *Volume) RecordSpaceRanOut(gen int64, mountID uint64, at time.Time) bool {
+	st := v.Stage
+	if st == nil || st.Deleting || st.Generation != gen || st.MountID != mountID {
+		return false
+	}
+	if st.SpaceRanOutUnder != mountID {
+		st.SpaceRanOutUnder, st.SpaceRanOutAt = mountID, at
+	}
+	return true
 }
 
 // RecordMountID records id as the unique ID of the mount of the live stage

@@ -3,6 +3,7 @@ package state
 import (
 	"slices"
 	"sort"
+	"time"
 )
 
 // AccessType says how a volume is presented to a workload.
@@ -59,6 +60,14 @@ type Stage struct {
 	// reused) of the staging mount the plugin made; 0 until recorded. It
 	// is how the plugin knows its own mount wherever it is moved later.
 	MountID uint64 `json:"mountID,omitempty"`
+	// SpaceRanOutUnder is the MountID of the staging mount under which
+	// the data directory was seen full while the volume's image had
+	// holes: writes to them failed, and the filesystem may have lost
+	// metadata writes. SpaceRanOutAt is when it was first seen. It is a
+	// fact about that mount only: the next staging mount of the
+	// filesystem is made after a check (fsck).
+	SpaceRanOutUnder uint64    `json:"spaceRanOutUnder,omitempty"`
+	SpaceRanOutAt    time.Time `json:"spaceRanOutAt,omitzero"`
 
 	// Generation is the volume generation at which this spec last changed.
 	Generation int64 `json:"generation"`

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,32 +92,21 @@ func createProvisioned(p *testenv.Plugin, t *testing.T, id, prov string, size in
 // Any other error (EIO, EROFS) fails the test.
 func fill(t *testing.T, dir, name string, limit int64) ([]byte, int64) {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
-	must(t, "create "+name, err)
-	defer f.Close()
-	h := sha256.New()
-	buf := make([]byte, mib)
-	var n int64
-	for n < limit {
-		rand.Read(buf)
-		w, err := f.Write(buf)
-		if err == nil {
-			err = f.Sync()
-		}
-		if errors.Is(err, syscall.ENOSPC) {
-			// What the short write put in the file is not acknowledged:
-			// cut it off, so that the file holds exactly what was.
-			must(t, "truncate after ENOSPC", f.Truncate(n))
-			must(t, "sync after ENOSPC", f.Sync())
-			break
-		}
-		if err != nil {
-			t.Fatalf("writing %s at %d bytes: %v (want only ENOSPC)", name, n, err)
-		}
-		h.Write(buf[:w])
-		n += int64(w)
+	sum, n, err := fillUntilError(dir, name, limit)
+	if errors.Is(err, syscall.ENOSPC) {
+		// What the short write put in the file is not acknowledged: cut
+		// it off, so that the file holds exactly what was.
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY, 0)
+		must(t, "open after ENOSPC", err)
+		defer f.Close()
+		must(t, "truncate after ENOSPC", f.Truncate(n))
+		must(t, "sync after ENOSPC", f.Sync())
+		return sum, n
 	}
-	return h.Sum(nil), n
+	if err != nil {
+		t.Fatalf("writing %s at %d bytes: %v (want only ENOSPC)", name, n, err)
+	}
+	return sum, n
 }
 
 func sumOf(t *testing.T, path string) []byte {
@@ -325,21 +315,23 @@ func downAndDelete(t *testing.T, p *testenv.Plugin, id string) {
 
 // waitCondition waits until NodeGetVolumeHealth reports the volume with
 // reason (healthy for ""), and returns its message.
-func waitCondition(t *testing.T, p *testenv.Plugin, id, reason string) string {
+func waitCondition(t *testing.T, p *testenv.Plugin, id string, reasons ...string) string {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		resp, err := p.Node().NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{VolumeId: id})
 		must(t, "health", err)
 		hs := resp.GetVolumeHealth().GetHealthStatuses()
-		if reason == "" && len(hs) == 0 {
-			return ""
-		}
-		if reason != "" && len(hs) == 1 && hs[0].GetReason() == reason && hs[0].GetStatus() == csi.VolumeHealthErrorType_DEGRADED {
-			return hs[0].GetMessage()
+		for _, reason := range reasons {
+			if reason == "" && len(hs) == 0 {
+				return ""
+			}
+			if reason != "" && len(hs) == 1 && hs[0].GetReason() == reason && hs[0].GetStatus() == csi.VolumeHealthErrorType_DEGRADED {
+				return reason + ": " + hs[0].GetMessage()
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("health of %s: %v, want reason %q", id, hs, reason)
+			t.Fatalf("health of %s: %v, want a reason of %q", id, hs, reasons)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -385,4 +377,96 @@ func TestOldSparseVolumeIsMadeThick(t *testing.T) {
 	unstage(t, p, "old", staging)
 	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "old"})
 	must(t, "delete", err)
+}
+
+// TestThinPoolFullIsReported overcommits a 320 MiB data directory with two
+// thin volumes of 256 MiB and writes to one until its writes fail for want
+// of space in the data directory: the application sees ENOSPC, both volumes
+// report PoolFull, and once the other volume frees space they report
+// SpaceRanOut (the filesystem may have lost metadata writes) until they are
+// staged again, checked: then they are healthy, take writes, and what was
+// acknowledged before reads back intact.
+func TestThinPoolFullIsReported(t *testing.T) {
+	p := testenv.New(t, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
+	smallDataDir(t, p, 320*mib)
+	p.Start()
+
+	const size = 256 * mib
+	ids := []string{"thin-a", "thin-b"}
+	stagings, targets := map[string]string{}, map[string]string{}
+	for _, id := range ids {
+		must(t, "create "+id, createProvisioned(p, t, id, "thin", size))
+		stagings[id], targets[id] = upPublishedExisting(t, p, id)
+	}
+	fill(t, targets["thin-a"], "big", 150*mib)
+	sum, n, err := fillUntilError(targets["thin-b"], "big", size)
+	// The loop device fails the write with BLK_STS_NOSPC: the application
+	// sees ENOSPC at fsync.
+	if !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("thin-b: writes failed after %d bytes with %v, want ENOSPC", n, err)
+	}
+	t.Logf("thin-b: writes failed after %d bytes: %v", n, err)
+	for _, id := range ids {
+		t.Logf("%s: %s", id, waitCondition(t, p, id, "PoolFull"))
+	}
+	must(t, "remove", os.Remove(filepath.Join(targets["thin-a"], "big")))
+	exec.Command("sync").Run()
+	// ext4 may find its lost metadata writes first (at a journal commit)
+	// and go read-only, which says more.
+	for _, id := range ids {
+		t.Logf("%s once there is room: %s", id, waitCondition(t, p, id, "SpaceRanOut", "FilesystemReadOnly"))
+	}
+
+	// What the kubelet does when the pods go and come back: the
+	// filesystems are mounted anew, after fsck.
+	for _, id := range ids {
+		unpublish(t, p, id, targets[id])
+		unstage(t, p, id, stagings[id])
+		must(t, "stage "+id+" again", stage(t, p, id, stagings[id], rwo))
+		must(t, "publish "+id+" again", publish(t, p, id, stagings[id], targets[id], false))
+		waitCondition(t, p, id, "")
+	}
+	f, err := os.Open(filepath.Join(targets["thin-b"], "big"))
+	must(t, "open what was written", err)
+	h := sha256.New()
+	_, err = io.CopyN(h, f, n)
+	f.Close()
+	if err != nil || !bytes.Equal(h.Sum(nil), sum) {
+		t.Errorf("thin-b: the %d bytes acknowledged before the data directory filled up read back differently (%v)", n, err)
+	}
+	if n, _, err := fillUntilError(targets["thin-b"], "after", 32*mib); err != nil {
+		t.Errorf("thin-b: staged again with room, writes fail after %d bytes: %v", n, err)
+	}
+
+	for _, id := range ids {
+		downAndDelete(t, p, id)
+	}
+}
+
+// fillUntilError writes random data to a new file at dir in 1 MiB steps,
+// each fsynced, until a write or sync fails or limit bytes are written,
+// and returns the SHA-256 and length of what was acknowledged, and the
+// error.
+func fillUntilError(dir, name string, limit int64) ([]byte, int64, error) {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	buf := make([]byte, mib)
+	var n int64
+	for n < limit {
+		rand.Read(buf)
+		w, err := f.Write(buf)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			return h.Sum(nil), n, err
+		}
+		h.Write(buf[:w])
+		n += int64(w)
+	}
+	return h.Sum(nil), n, nil
 }
