@@ -52,8 +52,8 @@ func AttachLoop(file string, discards bool) (string, error) {
 		}
 		dev := fmt.Sprintf("/dev/loop%d", n)
 		err = configureLoop(dev, backing)
-		if errors.Is(err, unix.EBUSY) {
-			continue // someone else took it first
+		if errors.Is(err, unix.EBUSY) || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) {
+			continue // someone else took it first, or removed it (see Detach)
 		}
 		if err != nil {
 			return "", err
@@ -480,13 +480,17 @@ func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }
 
 // Detach calls DetachLoop, and removes a device whose discards were
 // turned off: the kernel would keep them off for the number's next user.
+// The removal takes the kernel about 50 ms (measured here), so it runs in
+// the background and does not hold up the unstage: an attach that takes
+// the number meanwhile either holds it open (the removal then fails) or
+// finds it gone and takes another.
 func (LoopDevices) Detach(dev string) error {
 	off, _ := readInt(filepath.Join("/sys/block", filepath.Base(dev), "queue", "discard_max_bytes"))
 	if err := DetachLoop(dev); err != nil {
 		return err
 	}
 	if off == 0 {
-		removeLoop(dev)
+		go removeLoop(dev)
 	}
 	return nil
 }
