@@ -78,6 +78,7 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 	if p.NearlyFull {
 		guard = " NEARLY FULL: no thin volume is created or grown"
 	}
+	fmt.Fprintf(w, "NODE            %s: every volume below lives on this node's disk\n", p.Node)
 	fmt.Fprintf(w, "DATA DIRECTORY  size %s, free %s (guard %s)%s\n", amount(p.SizeBytes), amount(p.FreeBytes), amount(p.GuardBytes), guard)
 	fmt.Fprintf(w, "PROMISED        thick %s (%s not yet allocated), thin %s (%s written, ratio %g)\n",
 		amount(p.ThickPromisedBytes), amount(p.ThickOwedBytes), amount(p.ThinPromisedBytes), amount(p.ThinAllocatedBytes), p.OverprovisioningRatio)

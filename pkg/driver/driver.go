@@ -231,6 +231,7 @@ func poolStatus(cfg Config, images *devices.Images, store controller.Store) (sta
 		return status.Pool{}, err
 	}
 	p := status.Pool{
+		Node:      cfg.NodeID,
 		SizeBytes: total, FreeBytes: acc.Free,
 		ThickPromisedBytes: acc.ThickPromised, ThickOwedBytes: acc.ThickOwed,
 		ThinPromisedBytes: acc.ThinPromised, ThinAllocatedBytes: acc.ThinAllocated,

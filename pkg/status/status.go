@@ -51,8 +51,11 @@ type VolumeStatus struct {
 // Pool is the space of the data directory: its filesystem, what the
 // volumes were promised of it, and what can still be promised.
 type Pool struct {
-	SizeBytes int64 `json:"sizeBytes"`
-	FreeBytes int64 `json:"freeBytes"`
+	// Node is the node whose data directory this is: the only node its
+	// volumes can be staged on.
+	Node      string `json:"node"`
+	SizeBytes int64  `json:"sizeBytes"`
+	FreeBytes int64  `json:"freeBytes"`
 	// ThickPromisedBytes sums the sizes of the volumes that are not thin
 	// (thick ones, and those made before provisioning was recorded), and
 	// ThickOwedBytes is what of it is not yet allocated.

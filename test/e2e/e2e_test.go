@@ -278,6 +278,33 @@ func TestDeployDryRun(t *testing.T) {
 		}
 	}
 	t.Logf("kubectl apply --dry-run=server -k deploy/:\n%s", out)
+
+	// SELinux nodes add a component; the API server takes what it makes.
+	dir := filepath.Join(t.TempDir(), "deploy")
+	if err := os.CopyFS(dir, os.DirFS(filepath.Join(c.repo, "deploy"))); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("components:\n  - components/selinux\n")
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	built, err := c.kubectl(context.Background(), "kustomize", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"mountPath: /sys/fs/selinux", "path: /sys/fs/selinux", "mountPath: /etc/selinux"} {
+		if !strings.Contains(built, want) {
+			t.Errorf("deploy/ with components/selinux does not hold %q", want)
+		}
+	}
+	if out, err := c.kubectl(context.Background(), "apply", "--dry-run=server", "-k", dir); err != nil || !strings.Contains(out, "daemonset.apps/converge-node") {
+		t.Errorf("kubectl apply --dry-run=server -k deploy/ with components/selinux: %v\n%s", err, out)
+	}
 }
 
 func readFile(path string) string {

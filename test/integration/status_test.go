@@ -21,19 +21,20 @@ func TestStatusAndMetrics(t *testing.T) {
 	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
 	must(t, "csi-node status", err)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 6 || !strings.HasPrefix(lines[0], "DATA DIRECTORY  size ") ||
-		!strings.HasPrefix(lines[1], "PROMISED        thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
-		!strings.HasPrefix(lines[2], "AVAILABLE       thick ") || !strings.HasPrefix(lines[4], "VOLUME") ||
-		!strings.Contains(lines[5], "vol-status") || !strings.Contains(lines[5], "Ready") || !strings.Contains(lines[5], "thick") ||
-		!strings.Contains(lines[5], "1/1") || !strings.Contains(lines[5], "64Mi") {
+	if len(lines) != 7 || !strings.HasPrefix(lines[0], "NODE            test-node: ") || !strings.HasPrefix(lines[1], "DATA DIRECTORY  size ") ||
+		!strings.HasPrefix(lines[2], "PROMISED        thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
+		!strings.HasPrefix(lines[3], "AVAILABLE       thick ") || !strings.HasPrefix(lines[5], "VOLUME") ||
+		!strings.Contains(lines[6], "vol-status") || !strings.Contains(lines[6], "Ready") || !strings.Contains(lines[6], "thick") ||
+		!strings.Contains(lines[6], "1/1") || !strings.Contains(lines[6], "64Mi") {
 		t.Errorf("status table:\n%s", out)
 	}
 	out, err = exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir, "-o", "json").CombinedOutput()
 	must(t, "csi-node status -o json", err)
 	var st struct {
 		Pool struct {
-			SizeBytes          int64 `json:"sizeBytes"`
-			ThickPromisedBytes int64 `json:"thickPromisedBytes"`
+			Node               string `json:"node"`
+			SizeBytes          int64  `json:"sizeBytes"`
+			ThickPromisedBytes int64  `json:"thickPromisedBytes"`
 		} `json:"pool"`
 		Volumes []struct {
 			ID               string `json:"id"`
@@ -45,8 +46,8 @@ func TestStatusAndMetrics(t *testing.T) {
 	}
 	must(t, "decode", json.Unmarshal(out, &st))
 	vols := st.Volumes
-	if st.Pool.SizeBytes == 0 || st.Pool.ThickPromisedBytes != 64<<20 {
-		t.Errorf("status JSON pool: got %+v, want the data directory's size and 64 MiB promised", st.Pool)
+	if st.Pool.Node != "test-node" || st.Pool.SizeBytes == 0 || st.Pool.ThickPromisedBytes != 64<<20 {
+		t.Errorf("status JSON pool: got %+v, want the node, the data directory's size and 64 MiB promised", st.Pool)
 	}
 	if len(vols) != 1 || vols[0].ID != "vol-status" || vols[0].Phase != "Ready" || vols[0].StagingPath != staging || vols[0].PublishesActual != 1 {
 		t.Errorf("status JSON: got %+v", vols)
