@@ -73,34 +73,41 @@ type Store interface {
 	DropFinals(id string)
 }
 
-// controller implements the node-local csi.ControllerServer: volumes are
-// image files in the data directory of this node, thick or thin.
-type controller struct {
+// Controller implements the node-local csi.ControllerServer: volumes are
+// image files in the data directory of this node, thick or thin. It also
+// grows images for the node's reconciler (GrowImage), under the same lock
+// and the same promise as CreateVolume.
+type Controller struct {
 	csi.UnimplementedControllerServer
 	images   *devices.Images
 	store    Store
 	topology map[string]string
 	opts     Options
 
-	// mu serialises CreateVolume and DeleteVolume so a name is never
-	// created and deleted at once.
+	// mu serialises CreateVolume, DeleteVolume and GrowImage, so that a
+	// name is never created and deleted at once, and no two of them promise
+	// the same free space.
 	mu sync.Mutex
 }
 
 // New returns the Controller service over the images of this node's data
 // directory; topology is this node's segment (TopologyKey: the node's
 // name).
-func New(images *devices.Images, store Store, topology map[string]string, opts Options) csi.ControllerServer {
-	return &controller{images: images, store: store, topology: topology, opts: opts}
+func New(images *devices.Images, store Store, topology map[string]string, opts Options) *Controller {
+	return &Controller{images: images, store: store, topology: topology, opts: opts}
 }
 
-func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
 	var caps []*csi.ControllerServiceCapability
 	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
-		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		// No EXPAND_VOLUME: the controller service a cluster's resizer
+		// talks to is one node's, and only the node that holds an image
+		// can grow it. Volumes grow in NodeExpandVolume, on their node
+		// (GrowImage), and external-resizer, seeing node expansion only,
+		// leaves the whole growth to the kubelet.
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{
 			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
@@ -114,7 +121,7 @@ func (c *controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 // directory can promise its size. It is idempotent by name: an existing
 // image within the capacity range and of the same provisioning is
 // returned; another is ALREADY_EXISTS.
-func (c *controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	name := req.GetName()
 	if name == "" {
 		return nil, state.Errorf(state.KindInvalidArgument, "name is required")
@@ -220,7 +227,7 @@ func imageError(err error, format string, args ...any) error {
 	return state.Errorf(state.KindInternal, "%s: %w", msg, err)
 }
 
-func (c *controller) response(id string, size int64, volumeContext map[string]string) *csi.CreateVolumeResponse {
+func (c *Controller) response(id string, size int64, volumeContext map[string]string) *csi.CreateVolumeResponse {
 	v := c.volume(id, size)
 	if len(volumeContext) > 0 {
 		v.VolumeContext = volumeContext
@@ -228,7 +235,7 @@ func (c *controller) response(id string, size int64, volumeContext map[string]st
 	return &csi.CreateVolumeResponse{Volume: v}
 }
 
-func (c *controller) volume(id string, size int64) *csi.Volume {
+func (c *Controller) volume(id string, size int64) *csi.Volume {
 	return &csi.Volume{
 		VolumeId:           id,
 		CapacityBytes:      size,
@@ -262,7 +269,7 @@ func sizeFor(required, limit int64) (int64, error) {
 }
 
 // account derives the state of the data directory.
-func (c *controller) account() (capacity.Account, int64, error) {
+func (c *Controller) account() (capacity.Account, int64, error) {
 	return Account(c.images, c.store, c.opts.Ratio)
 }
 
@@ -292,7 +299,7 @@ func Account(images *devices.Images, store Store, ratio float64) (capacity.Accou
 // 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the data directory
 // cannot hold it, or for a thin volume when its pool is nearly full;
 // OUT_OF_RANGE when no data directory of this node ever could.
-func (c *controller) promise(thin bool, size, have int64) error {
+func (c *Controller) promise(thin bool, size, have int64) error {
 	acc, total, err := c.account()
 	if err != nil {
 		return state.Errorf(state.KindInternal, "%w", err)
@@ -315,7 +322,7 @@ func (c *controller) promise(thin bool, size, have int64) error {
 }
 
 // checkTopology fails when the requisite topology excludes this node.
-func (c *controller) checkTopology(req *csi.TopologyRequirement) error {
+func (c *Controller) checkTopology(req *csi.TopologyRequirement) error {
 	if len(req.GetRequisite()) == 0 {
 		return nil
 	}
@@ -339,59 +346,49 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 	return nil
 }
 
-// ControllerExpandVolume grows a volume's image to the requested capacity
-// (allocating the new space of a thick volume); the node then grows the device and the filesystem. An image
-// already that large is left as it is (images never shrink). It may run
-// while the volume is staged and published: growth is online.
-func (c *controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
-	id := req.GetVolumeId()
-	if id == "" {
-		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
-	}
-	if req.GetCapacityRange() == nil {
-		return nil, state.Errorf(state.KindInvalidArgument, "capacity range is required")
-	}
-	if state.ValidID(id) != nil {
-		return nil, state.NotFound(id)
-	}
+// GrowImage grows id's image to at least size bytes (in whole 4 KiB
+// blocks), allocating the new space of a thick volume, once the data
+// directory can promise it, and returns the image's size. An image already
+// that large is left as it is: images never shrink. The node's reconciler
+// calls it for NodeExpandVolume, while the volume is staged: the device and
+// the filesystem grow after it. A missing image is NOT_FOUND; a size the
+// data directory cannot hold now is RESOURCE_EXHAUSTED, one it never could
+// OUT_OF_RANGE.
+func (c *Controller) GrowImage(id string, size int64) (int64, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cur, err := c.images.Size(id)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, state.NotFound(id)
+		return 0, state.NotFound(id)
 	}
 	if err != nil {
-		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+		return 0, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
 	}
-	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
-	if limit > 0 && cur > limit {
-		return nil, state.Errorf(state.KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, cur, limit)
+	if size <= cur {
+		return cur, nil
 	}
-	size, err := sizeFor(max(required, cur), limit)
+	size, err = sizeFor(size, 0)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	thin := false
 	if v, err := c.store.Get(id); err == nil {
 		thin = v.Thin()
 	}
-	if size > cur {
-		if err := c.promise(thin, size, cur); err != nil {
-			return nil, err
-		}
+	if err := c.promise(thin, size, cur); err != nil {
+		return 0, err
 	}
 	size, err = c.images.Grow(id, size, !thin)
 	if err != nil {
-		return nil, imageError(err, "growing volume %s", id)
+		return 0, imageError(err, "growing volume %s", id)
 	}
-	// The node grows the loop device and the filesystem (or, for a raw
-	// block volume, the device).
-	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
+	klog.V(2).InfoS("Grew volume image", "volumeID", id, "from", cur, "bytes", size, "thin", thin)
+	return size, nil
 }
 
 // DeleteVolume removes a volume's image and record. It refuses while the
 // volume is staged or published; an unknown volume is a no-op.
-func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
@@ -415,7 +412,7 @@ func (c *controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 
 // finishRemoval removes the image of a volume marked as being removed and
 // then forgets the volume.
-func (c *controller) finishRemoval(id string) error {
+func (c *Controller) finishRemoval(id string) error {
 	if err := c.images.Delete(id); err != nil {
 		return state.Errorf(state.KindInternal, "deleting image of %s: %w", id, err)
 	}
@@ -426,7 +423,7 @@ func (c *controller) finishRemoval(id string) error {
 	return nil
 }
 
-func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
@@ -456,7 +453,7 @@ func (c *controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 }
 
 // ListVolumes pages through the images in ID order.
-func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	if req.GetMaxEntries() < 0 {
 		return nil, state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
 	}
@@ -494,7 +491,7 @@ func (c *controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 // GetCapacity reports what the data directory can still promise to a
 // volume of the provisioning the parameters ask for (thick unless they say
 // thin): exactly what CreateVolume would accept now.
-func (c *controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	prov, err := parseProvisioning(req.GetParameters())
 	if err != nil {
 		return nil, err

@@ -16,7 +16,7 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-func newController(t *testing.T) (csi.ControllerServer, *state.Store, *devices.Images) {
+func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
 	t.Helper()
 	dir := t.TempDir()
 	store, err := state.Open(filepath.Join(dir, "state.db"))
@@ -91,5 +91,94 @@ func TestDeleteVolumeMarksBeforeItRemoves(t *testing.T) {
 	}
 	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: "v"}); err != nil {
 		t.Errorf("deleting again: %v", err)
+	}
+}
+
+// TestGrowImage checks the growth the node's reconciler asks for: within
+// the promise (the new space of a thick image allocated, of a thin one
+// not), never shrinking, and what the data directory cannot hold refused
+// with the image as it was.
+func TestGrowImage(t *testing.T) {
+	c, _, images := newController(t)
+	create(t, c, "v")
+	total, free, err := images.Capacity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		id       string
+		size     int64
+		want     int64
+		wantKind state.Kind // of the error; KindInternal for none
+	}{
+		{name: "grows, rounded to whole blocks", id: "v", size: 2*MinVolumeSize + 1, want: 2*MinVolumeSize + sizeAlign},
+		{name: "never shrinks", id: "v", size: MinVolumeSize, want: 2*MinVolumeSize + sizeAlign},
+		{name: "more than is free", id: "v", size: free + (64 << 20), wantKind: state.KindResourceExhausted},
+		{name: "more than the filesystem", id: "v", size: total + (1 << 30), wantKind: state.KindOutOfRange},
+		{name: "unknown volume", id: "nope", size: 2 * MinVolumeSize, wantKind: state.KindNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before, _ := images.Size(tc.id)
+			got, err := c.GrowImage(tc.id, tc.size)
+			if tc.wantKind != state.KindInternal {
+				if e := state.AsError(err); err == nil || e.Kind != tc.wantKind {
+					t.Fatalf("got %d, %v; want a %s error", got, err, tc.wantKind)
+				}
+				if after, _ := images.Size(tc.id); after != before {
+					t.Errorf("image size after a refusal: got %d, want %d", after, before)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %d, %v; want %d", got, err, tc.want)
+			}
+			if size, _ := images.Size(tc.id); size != tc.want {
+				t.Errorf("image size: got %d, want %d", size, tc.want)
+			}
+		})
+	}
+	usages, err := images.Usages()
+	if err != nil || len(usages) != 1 {
+		t.Fatalf("usages: %v, %v", usages, err)
+	}
+	if u := usages[0]; u.Allocated < u.Size {
+		t.Errorf("thick image after growth: %d of %d bytes allocated, want all", u.Allocated, u.Size)
+	}
+
+	// A thin volume grows without allocating.
+	if _, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "thin", VolumeCapabilities: capMount,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{ProvisioningKey: "thin"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.GrowImage("thin", 4*MinVolumeSize); err != nil {
+		t.Fatal(err)
+	}
+	usages, _ = images.Usages()
+	for _, u := range usages {
+		if u.ID == "thin" && (u.Size != 4*MinVolumeSize || u.Allocated >= u.Size) {
+			t.Errorf("thin image after growth: %d of %d bytes allocated, want a sparse %d", u.Allocated, u.Size, 4*MinVolumeSize)
+		}
+	}
+}
+
+// TestNoControllerExpansion checks that the controller leaves expansion to
+// the node: a cluster's resizer talks to one node's controller, which
+// cannot grow another node's image.
+func TestNoControllerExpansion(t *testing.T) {
+	c, _, _ := newController(t)
+	resp, err := c.ControllerGetCapabilities(t.Context(), &csi.ControllerGetCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range resp.GetCapabilities() {
+		if cp.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_EXPAND_VOLUME {
+			t.Errorf("the controller advertises EXPAND_VOLUME")
+		}
+	}
+	if _, err := c.ControllerExpandVolume(t.Context(), &csi.ControllerExpandVolumeRequest{VolumeId: "v",
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}}); status.Code(err) != codes.Unimplemented {
+		t.Errorf("ControllerExpandVolume: got %v, want Unimplemented", err)
 	}
 }

@@ -84,6 +84,10 @@ func Run(ctx context.Context, cfg Config) error {
 	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions",
 		Paths: devices.NewPaths(cfg.roots()), Images: images}
 	defer observer.Close()
+	topology := map[string]string{TopologyKey: cfg.NodeID}
+	// The controller grows images for NodeExpandVolume too: under its lock,
+	// with the promise CreateVolume keeps.
+	ctrl := controller.New(images, store, topology, controller.Options{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard})
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder:     m,
 		Static:       static,
@@ -93,6 +97,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Filesystems:  devices.NewMounter(mount.NewWithoutSystemd(""), utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
 		Images:       images,
+		Grower:       ctrl,
 		Roots:        cfg.roots(),
 		Clock:        clock.RealClock{},
 		ResyncPeriod: cfg.ResyncPeriod,
@@ -101,7 +106,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	topology := map[string]string{TopologyKey: cfg.NodeID}
 	node, err := nodeserver.New(nodeserver.Config{
 		Store:          store,
 		Kicker:         rec,
@@ -136,7 +140,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, observeCalls(m), logCalls),
 		grpc.MaxConcurrentStreams(maxStreams), grpc.MaxRecvMsgSize(maxMessage))
 	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready})
-	csi.RegisterControllerServer(srv, controller.New(images, store, topology, controller.Options{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard}))
+	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
 	pool := func() (status.Pool, error) { return poolStatus(cfg, images, store) }

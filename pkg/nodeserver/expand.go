@@ -14,13 +14,16 @@ import (
 )
 
 // NodeExpandVolume records the capacity the volume must reach and waits
-// until the reconciler has grown its device and, for a filesystem, the
-// filesystem, online. The image must already hold that capacity
-// (ControllerExpandVolume grows it); asking for more is OUT_OF_RANGE. A
-// volume already that large is answered as soon as the reconciler confirms
-// it. The volume path is its staging path or one of its targets; neither a
-// capability nor the staging path is needed. The answer's capacity is the
-// image's.
+// until the reconciler has grown its image (within what this node can
+// promise), its device and, for a filesystem, the filesystem, online. The
+// growth happens here, on the node that holds the image, and nowhere else:
+// the controller advertises no expansion of its own. A volume already that
+// large is answered as soon as the reconciler confirms it; images never
+// shrink. The volume path is its staging path or one of its targets;
+// neither a capability nor the staging path is needed. The answer's
+// capacity is the image's. A size this node cannot hold now is
+// RESOURCE_EXHAUSTED and one it never could OUT_OF_RANGE, both with the
+// image as it was; the kubelet's next request tries again.
 func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if err := checkID(id); err != nil {
@@ -32,6 +35,9 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
 	if required < 0 || limit < 0 {
 		return nil, invalid("capacity range must not be negative")
+	}
+	if limit > 0 && required > limit {
+		return nil, status.Errorf(codes.OutOfRange, "required bytes %d exceed limit bytes %d", required, limit)
 	}
 	// An unknown volume is NOT_FOUND whatever the path (CSI); the path is
 	// checked before it is used.
@@ -52,19 +58,20 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if !known {
 		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
 	}
-	capacity, err := s.cfg.Capacity(id)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, notFound(id)
-	}
+	capacity, err := s.capacity(id)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "reading the capacity of volume %s: %v", id, err)
+		return nil, err
+	}
+	if limit > 0 && capacity > limit {
+		return nil, status.Errorf(codes.OutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, capacity, limit)
 	}
 	if required == 0 {
 		required = capacity
 	}
-	if required > capacity {
-		return nil, status.Errorf(codes.OutOfRange, "volume %s holds %d bytes, %d were asked for; ControllerExpandVolume grows it first", id, capacity, required)
-	}
+	// The same size asked for again after it failed for good (no space,
+	// say) is tried again: the kubelet retries, and space may have been
+	// freed since.
+	retry := v.Expand != nil && v.Expand.Bytes == required && s.cfg.Store.FinalFor(id, state.ExpandKey, v.Expand.Generation) != nil
 	release, err := s.admit()
 	if err != nil {
 		return nil, err
@@ -74,7 +81,9 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		if v.Stage == nil || v.Stage.Deleting {
 			return state.Errorf(state.KindNotFound, "volume %s is not staged", id)
 		}
-		if v.Expand == nil || v.Expand.Bytes < required {
+		// The latest request is the intent: a smaller one (a user
+		// recovering from a growth that failed) supersedes a larger one.
+		if v.Expand == nil || v.Expand.Bytes != required || retry {
 			v.Expand = &state.Expand{Bytes: required}
 		}
 		return nil
@@ -87,7 +96,22 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err := s.wait(ctx, id, s.expandCheck(id, v.Expand.Generation)); err != nil {
 		return nil, err
 	}
+	if capacity, err = s.capacity(id); err != nil {
+		return nil, err
+	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+// capacity returns the size of id's image.
+func (s *Server) capacity(id string) (int64, error) {
+	capacity, err := s.cfg.Capacity(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, notFound(id)
+	}
+	if err != nil {
+		return 0, status.Errorf(codes.Internal, "reading the capacity of volume %s: %v", id, err)
+	}
+	return capacity, nil
 }
 
 // expandCheck waits as setupCheck does; in addition, a growth that failed

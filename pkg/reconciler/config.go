@@ -17,6 +17,7 @@ import (
 // Store is the subset of the desired-state store the reconciler needs.
 type Store interface {
 	List() []*state.Volume
+	Get(id string) (*state.Volume, error)
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
 	SetResult(id string, key state.IntentKey, r state.Result)
 	Fulfilled(id string, key state.IntentKey, gen int64, path string)
@@ -85,6 +86,15 @@ type Images interface {
 	Reserve(id string) error
 }
 
+// Grower grows the images of volumes, within what the node can promise.
+type Grower interface {
+	// GrowImage grows id's image to at least size bytes and returns its
+	// size; an image already that large is left as it is. A size the node
+	// cannot hold is a *state.Error of KindResourceExhausted (not now) or
+	// KindOutOfRange (never).
+	GrowImage(id string, size int64) (int64, error)
+}
+
 // Static resolves the existing block devices of static volumes.
 type Static interface {
 	// Resolve returns the device at a stable path.
@@ -110,6 +120,7 @@ type Config struct {
 	Filesystems Filesystems
 	Paths       Paths
 	Images      Images
+	Grower      Grower
 	Clock       clock.WithTickerAndDelayedExecution
 	// Static resolves static volumes' devices; nil when they are off.
 	Static Static

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -387,9 +388,11 @@ func recordMounts(v *state.Volume, a *actual, targets []string) []action {
 	return acts
 }
 
-// grow returns the step that brings a ready stage to the size of its image:
-// first the device, then the filesystem (not for a read-only stage, which
-// cannot be resized online).
+// grow returns the step that brings a ready stage to the size its expansion
+// asks for: first the image, then the device, then the filesystem (not for
+// a read-only stage, which cannot be resized online). A device smaller than
+// its image, or a filesystem smaller than its device, is grown whether or
+// not an expansion asks for it (an expansion interrupted by a restart).
 func grow(v *state.Volume, a *actual) []action {
 	var gen int64
 	if v.Expand != nil {
@@ -397,12 +400,26 @@ func grow(v *state.Volume, a *actual) []action {
 	}
 	l := a.loop
 	switch {
+	case v.Expand != nil && !a.static && l.BackingSize < v.Expand.Bytes:
+		return []action{{kind: actGrowImage, generation: gen, reason: fmt.Sprintf("expansion asks for %d bytes, image is %d", v.Expand.Bytes, l.BackingSize)}}
 	case l.Size < l.BackingSize:
 		return []action{{kind: actGrowDevice, generation: gen, reason: fmt.Sprintf("image is %d bytes, device %d", l.BackingSize, l.Size)}}
 	case v.Stage.Access == state.AccessMount && !v.Stage.MountsReadOnly() && !a.errorsRO && v.FsSize < l.Size:
-		return []action{{kind: actGrowFs, generation: gen, reason: fmt.Sprintf("device is %d bytes, filesystem last grown to %d", l.Size, v.FsSize)}}
+		reason := fmt.Sprintf("device is %d bytes, filesystem last grown to %d", l.Size, v.FsSize)
+		if unused(v, a) && a.stagingMount.FsType == devices.FsExt4 {
+			return []action{{kind: actGrowFsOffline, generation: gen, reason: reason + "; ext4 that nothing uses grows unmounted"}}
+		}
+		return []action{{kind: actGrowFs, generation: gen, reason: reason}}
 	}
 	return nil
+}
+
+// unused reports whether nothing but the staging mount holds v's staged
+// filesystem: no publish desired or mounted, no mount of anyone else's and
+// none whose owner is unknown. The staging mount may then come and go (the
+// kubelet's next publish waits for it).
+func unused(v *state.Volume, a *actual) bool {
+	return a.staged && len(v.Publishes) == 0 && len(a.foreignMounts) == 0 && len(a.unknownMounts) == 0 && len(a.strays) == 0
 }
 
 // expandReady reports whether v's expansion is fulfilled: the device and

@@ -15,6 +15,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // fakeWorld is an in-memory device layer: loop devices, filesystems on
@@ -311,11 +312,36 @@ func (w *fakeWorld) sizeLocked(image string) int64 {
 	return 64 << 20
 }
 
-// growImage grows an image file, as ControllerExpandVolume does; devices
-// attached to it see the new size only after Grow.
+// GrowImage grows an image file, as the controller's GrowImage does for
+// the reconciler; devices attached to it see the new size only after Grow.
+func (w *fakeWorld) GrowImage(id string, size int64) (int64, error) {
+	image := w.Path(id)
+	err := w.do("grow image "+id, func() string { return image }, func() error {
+		if !w.images[id] {
+			return state.NotFound(id)
+		}
+		if size > w.sizeLocked(image) {
+			w.growImageLocked(image, size)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	s, _ := w.Size(id)
+	return s, nil
+}
+
+// growImage grows an image file from outside, as an operator's truncate
+// does; devices attached to it see the new size only after Grow.
 func (w *fakeWorld) growImage(image string, size int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.growImageLocked(image, size)
+}
+
+// growImageLocked grows an image file; w.mu must be held.
+func (w *fakeWorld) growImageLocked(image string, size int64) {
 	w.sizes[image] = size
 	if l, ok := w.loops[image]; ok {
 		l.BackingSize, l.BackingAllocated = size, w.allocatedLocked(image)

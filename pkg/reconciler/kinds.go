@@ -27,6 +27,8 @@ const (
 	actReserve
 	actSetDiscards
 	actRecordSpaceRanOut
+	actGrowImage
+	actGrowFsOffline
 
 	// kindCount is the number of kinds; kinds has an entry for each.
 	kindCount
@@ -153,6 +155,19 @@ func kindTable() [kindCount]kindSpec {
 		actUnmountStray: {name: "unmount stray", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
 				return r.unmountStray(act.target, act.mountID)
+			}},
+		// Grows the image to the size the expansion asks for, within what
+		// the data directory can promise.
+		actGrowImage: {name: "grow image", slow: true, serves: forExpand, final: finalRecorded,
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
+				return r.growImage(v, a)
+			}},
+		// Grows an ext4 that nothing uses while it is unmounted: unmounts
+		// the staging mount, checks and grows the filesystem, and mounts it
+		// again.
+		actGrowFsOffline: {name: "grow filesystem offline", slow: true, serves: forExpand, final: finalRecorded,
+			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
+				return r.growFsOffline(ctx, v, a)
 			}},
 		// Makes the loop device take its grown image's size.
 		actGrowDevice: {name: "grow device", serves: forExpand, final: finalRecorded,

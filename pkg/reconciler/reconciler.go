@@ -55,8 +55,8 @@ type Reconciler struct {
 // New validates cfg, fills defaults and returns a Reconciler.
 func New(cfg Config) (*Reconciler, error) {
 	if cfg.Store == nil || cfg.Observer == nil || cfg.Loops == nil || cfg.Filesystems == nil ||
-		cfg.Paths == nil || cfg.Images == nil {
-		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths and images are required")
+		cfg.Paths == nil || cfg.Images == nil || cfg.Grower == nil {
+		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths, images and grower are required")
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
@@ -382,6 +382,10 @@ func (r *Reconciler) withFailures(v *state.Volume, cond state.Condition) state.C
 		return cond
 	}
 	switch {
+	case f.act.key() == state.ExpandKey && f.final:
+		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
+		cond.Message = fmt.Sprintf("%s of volume %s failed (%s); tried again when the expansion is asked for again; its mounts and data are untouched",
+			f.act, v.ID, f.err.Message)
 	case f.act.key() == state.ExpandKey:
 		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
 		cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",

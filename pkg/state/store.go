@@ -323,7 +323,9 @@ func shard(id string) int {
 }
 
 // stampGenerations gives every intent of cur that differs from old the
-// generation of cur.
+// generation of cur. A new expansion (one whose generation is still 0) is a
+// new request even for the same size, so that an expansion that failed for
+// good is tried again when it is asked for again.
 func stampGenerations(old, cur *Volume) {
 	var oldStage *Stage
 	var oldPubs map[string]*Publish
@@ -336,7 +338,7 @@ func stampGenerations(old, cur *Volume) {
 		}
 	}
 	if e := cur.Expand; e != nil {
-		if old == nil || old.Expand == nil || old.Expand.Bytes != e.Bytes {
+		if old == nil || old.Expand == nil || old.Expand.Bytes != e.Bytes || e.Generation == 0 {
 			e.Generation = cur.Generation
 		}
 	}

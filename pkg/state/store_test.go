@@ -51,12 +51,26 @@ func TestUpdateGenerations(t *testing.T) {
 	if v.Stage.Generation != 3 {
 		t.Errorf("after deleting: got stage generation %d, want 3", v.Stage.Generation)
 	}
+	// An expansion is stamped; another update keeps its generation, and a
+	// new expansion of the same size (asked again) is stamped anew.
+	v, _ = s.Update("v", func(v *Volume) error { v.Expand = &Expand{Bytes: 1 << 30}; return nil })
+	if v.Expand.Generation != 4 {
+		t.Errorf("after expand: got expand generation %d, want 4", v.Expand.Generation)
+	}
+	v, _ = s.Update("v", func(v *Volume) error { v.FsSize = 1 << 20; return nil })
+	if v.Expand.Generation != 4 {
+		t.Errorf("after another update: got expand generation %d, want 4", v.Expand.Generation)
+	}
+	v, _ = s.Update("v", func(v *Volume) error { v.Expand = &Expand{Bytes: 1 << 30}; return nil })
+	if v.Expand.Generation != 6 {
+		t.Errorf("the same expansion asked again: got generation %d, want 6", v.Expand.Generation)
+	}
 	// A failing update changes nothing.
 	boom := errors.New("boom")
 	if _, err := s.Update("v", func(v *Volume) error { v.Stage = nil; return boom }); !errors.Is(err, boom) {
 		t.Fatalf("got %v, want boom", err)
 	}
-	if got, _ := s.Get("v"); got.Stage == nil || got.Generation != 3 {
+	if got, _ := s.Get("v"); got.Stage == nil || got.Generation != 6 {
 		t.Errorf("after failed update: got %+v", got)
 	}
 	// Emptying the record deletes it.

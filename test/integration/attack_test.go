@@ -243,16 +243,8 @@ func TestAttackTable(t *testing.T) {
 		{"expand: negative size", expandReq("vol-a", staging, -1), codes.InvalidArgument},
 		{"expand: not staged", expandReq("vol-a", staging, 1<<20), codes.NotFound},
 		{"expand: unknown volume", expandReq("no-such-volume", staging, 1<<20), codes.NotFound},
-		{"controller expand: unknown volume", func() error {
-			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "../vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}})
-			return err
-		}, codes.NotFound},
-		{"controller expand: 8 EiB", func() error {
-			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1<<63 - 1}})
-			return err
-		}, codes.OutOfRange},
-		{"controller expand: shrink below the limit", func() error {
-			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20, LimitBytes: 1 << 20}})
+		{"expand: limit below required", func() error {
+			_, err := n.NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "vol-a", VolumePath: staging, CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 20, LimitBytes: 1 << 20}})
 			return err
 		}, codes.OutOfRange},
 		// Controller.

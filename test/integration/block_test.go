@@ -68,8 +68,6 @@ func TestRawBlockVolume(t *testing.T) {
 	wantCode(t, "stats at the map path of a pod it is not published to", err, codes.NotFound)
 	unpublish(t, p, "raw", kubeletTarget)
 
-	_, err = p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "raw", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
-	must(t, "controller expand", err)
 	_, err = p.Node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "raw", VolumePath: target, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
 	must(t, "node expand", err)
 	f, err = os.Open(target)

@@ -334,6 +334,27 @@ func (p *Plugin) SanityConfig(size int64) sanity.TestConfig {
 	return cfg
 }
 
+// capSysResource is the bit of CAP_SYS_RESOURCE in a capability set.
+const capSysResource = 24
+
+// CanGrowExt4Online reports whether this process may grow a mounted ext4:
+// the kernel's online resize needs CAP_SYS_RESOURCE, which root lacks on
+// some machines (privileged pods have it). The plugin then answers the
+// growth FAILED_PRECONDITION and grows the filesystem unmounted instead.
+func CanGrowExt4Online() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			v, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			return err == nil && v&(1<<capSysResource) != 0
+		}
+	}
+	return false
+}
+
 // CheckSanityCleanup fails t when csi-sanity left its staging directory.
 func CheckSanityCleanup(t testing.TB, cfg sanity.TestConfig) {
 	if _, err := os.Stat(cfg.StagingPath); err == nil {
