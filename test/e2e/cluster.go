@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
 
@@ -26,30 +25,28 @@ const kubernetesVersion = "v1.36.3"
 // could take itself down.
 const runPrefix = "converge-e2e-"
 
-// cluster is a single-node Kubernetes cluster on 127.0.0.1 with converge as
-// its CSI driver. Everything it writes lives under dir, except the
-// Kubernetes binaries, which are cached across runs (see kubeBinaries).
+// cluster is a Kubernetes cluster on 127.0.0.1 with converge as its CSI
+// driver: one control plane and one node (its embedded kubeNode, whose
+// fields and methods the single-node tests use as the cluster's), to which
+// the two-node tests join a second (addNode). Everything it writes lives
+// under dir, except the Kubernetes binaries, which are cached across runs
+// (see kubeBinaries).
 type cluster struct {
-	dir        string // the run's directory; removed by down
-	repo       string // converge's repository root
-	bin        string // directory of the Kubernetes binaries
-	kubeletDir string // the kubelet's root directory, as the test process sees it (nodeKubeletDir on the node)
-	stateDir   string // csi-node's --state-dir
-	node       string // the node's name; resolves to 127.0.0.1
-	logs       string // directory of every daemon's log
+	*kubeNode
+	dir  string // the run's directory; removed by down
+	repo string // converge's repository root
+	bin  string // directory of the Kubernetes binaries
+	logs string // directory of every daemon's log
 
-	pki        *pki
-	admin      string // the admin kubeconfig
-	client     kubernetes.Interface
-	ns         *nodeNS // the node's mount and PID namespaces
-	containerd string  // containerd's socket
-	csiSock    string  // csi-node's CSI socket, as the test process sees it
-	csiBinary  string
+	pki       *pki
+	admin     string // the admin kubeconfig
+	client    kubernetes.Interface
+	csiBinary string
 
-	etcd, apiserver, controllerManager, scheduler, containerdProc, kubelet, csiNode *proc
-	registrar                                                                       *registrar
-	provisioner                                                                     *provisioner
-	stopProvisioner                                                                 context.CancelFunc
+	etcd, apiserver, controllerManager, scheduler *proc
+
+	// nodes are the cluster's nodes, the first one first.
+	nodes []*kubeNode
 
 	ports    map[string]int
 	upPhases []string // how long each phase of up took, for the log
@@ -79,31 +76,26 @@ func (c *cluster) up(ctx context.Context) error {
 		return err
 	}
 	c.logs = filepath.Join(dir, "logs")
-	c.kubeletDir = filepath.Join(dir, "kubelet")
-	c.stateDir = filepath.Join(dir, "converge")
-	for _, d := range []string{c.logs, c.kubeletDir, filepath.Join(c.kubeletDir, "plugins_registry")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
+	if err := os.MkdirAll(c.logs, 0o755); err != nil {
+		return err
 	}
 	host, err := os.Hostname()
 	if err != nil {
 		return err
 	}
-	c.node = strings.ToLower(host)
-	if addrs, err := net.LookupHost(c.node); err != nil || !slices.Contains(addrs, "127.0.0.1") {
-		return fmt.Errorf("host name %q must resolve to 127.0.0.1 (the apiserver reaches the kubelet by it), got %v %v", c.node, addrs, err)
+	// The first node keeps the run's directory as its own, as when the
+	// cluster had one node.
+	first, err := c.newNode(strings.ToLower(host), dir, c.logs, "kubelet", "")
+	if err != nil {
+		return err
 	}
+	c.kubeNode = first
+	c.nodes = []*kubeNode{first}
 	c.ports = map[string]int{}
-	taken := map[int]bool{}
-	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "kubelet", "kubelet-healthz", "controller-manager", "scheduler"} {
-		// The kernel may hand a port it just gave back out again.
-		for c.ports[name] == 0 || taken[c.ports[name]] {
-			if c.ports[name], err = freePort(); err != nil {
-				return err
-			}
+	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"} {
+		if c.ports[name], err = freePort(); err != nil {
+			return err
 		}
-		taken[c.ports[name]] = true
 	}
 
 	steps := []struct {
@@ -116,13 +108,16 @@ func (c *cluster) up(ctx context.Context) error {
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
 		{"controller-manager and scheduler", c.startControllers},
-		{"node namespaces", c.startNodeNS},
-		{"containerd and images", c.startContainerd},
-		{"kubelet", c.startKubelet},
-		{"csi-node and registration", c.startCSINode},
+		{"kernel tunables", c.saveSysctls},
+	}
+	steps = append(steps, first.upSteps()...)
+	steps = append(steps, []struct {
+		name string
+		run  func(context.Context) error
+	}{
 		{"CSIDriver and StorageClass", c.applyDriver},
 		{"default service account", c.waitServiceAccount},
-	}
+	}...)
 	for _, s := range steps {
 		start := time.Now()
 		if err := s.run(ctx); err != nil {
@@ -130,14 +125,9 @@ func (c *cluster) up(ctx context.Context) error {
 		}
 		c.upPhases = append(c.upPhases, fmt.Sprintf("%s %.1fs", s.name, time.Since(start).Seconds()))
 	}
-	pctx, cancel := context.WithCancel(context.Background())
-	c.stopProvisioner = cancel
-	prov, err := newProvisioner(c.client, c.node, c.csiSock)
-	if err != nil {
-		return err
-	}
-	c.provisioner = prov
-	go prov.run(pctx)
+	// The first node's provisioner also resizes: the leader of the
+	// cluster's one external-resizer.
+	first.provisioner.lead(true)
 	return nil
 }
 
@@ -210,19 +200,24 @@ func (c *cluster) makePKI(context.Context) error {
 		{"admin", "converge-e2e-admin", []string{"system:masters"}, nil},
 		{"controller-manager", "system:kube-controller-manager", nil, nil},
 		{"scheduler", "system:kube-scheduler", nil, nil},
-		{"kubelet", "system:node:" + c.node, []string{"system:nodes"}, nil},
 	}
-	server := fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"])
 	for _, id := range ids {
-		if err := p.issue(id.name, id.cn, id.orgs, id.hosts...); err != nil {
-			return err
-		}
-		if _, err := p.kubeconfig(id.name, server); err != nil {
+		if err := c.issue(id.name, id.cn, id.orgs, id.hosts...); err != nil {
 			return err
 		}
 	}
 	c.admin = p.path("admin.kubeconfig")
-	return nil
+	return c.issue(c.kubeNode.identity, "system:node:"+c.node, []string{"system:nodes"})
+}
+
+// issue issues an identity of the cluster's CA and writes its kubeconfig
+// for the API server.
+func (c *cluster) issue(name, cn string, orgs []string, hosts ...string) error {
+	if err := c.pki.issue(name, cn, orgs, hosts...); err != nil {
+		return err
+	}
+	_, err := c.pki.kubeconfig(name, fmt.Sprintf("https://127.0.0.1:%d", c.ports["apiserver"]))
+	return err
 }
 
 func (c *cluster) startEtcd(ctx context.Context) error {

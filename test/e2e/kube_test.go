@@ -29,20 +29,28 @@ const (
 	// A pod volume's path in the test pods.
 	dataDir   = "/data"
 	blockPath = "/dev/xvda"
+	// hostnameLabel is the label the kubelet gives its Node: its name.
+	hostnameLabel = "kubernetes.io/hostname"
 )
 
 // claim creates a PVC of the converge StorageClass and deletes it (and
 // waits for its volume to be gone) when t ends.
 func claim(t *testing.T, name string, mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode) *corev1.PersistentVolumeClaim {
 	t.Helper()
+	return claimOf(t, name, mode, access, volumeSize, "converge")
+}
+
+// claimOf is claim with a size and a StorageClass of the caller's.
+func claimOf(t *testing.T, name string, mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode, size, class string) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{access},
-			StorageClassName: ptr.To("converge"),
+			StorageClassName: ptr.To(class),
 			VolumeMode:       &mode,
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceStorage: resource.MustParse(volumeSize),
+				corev1.ResourceStorage: resource.MustParse(size),
 			}},
 		},
 	}
@@ -71,6 +79,10 @@ type podSpec struct {
 	podNetwork bool
 	// image replaces the busybox image; it is pulled if not present.
 	image string
+	// node, when set, is the only node the pod may be scheduled to (a
+	// nodeSelector on kubernetes.io/hostname); prefer is a node the
+	// scheduler should prefer (a preferred node affinity of weight 100).
+	node, prefer string
 }
 
 // startPod creates a pod of the busybox image on the host's network and
@@ -118,6 +130,18 @@ func createPod(t *testing.T, s podSpec) *corev1.Pod {
 			Containers:                    []corev1.Container{ctr},
 			Volumes:                       vols,
 		},
+	}
+	if s.node != "" {
+		pod.Spec.NodeSelector = map[string]string{hostnameLabel: s.node}
+	}
+	if s.prefer != "" {
+		pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 100,
+				Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
+					Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{s.prefer},
+				}}},
+			}},
+		}}
 	}
 	ctx := context.Background()
 	out, err := c.client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
@@ -229,16 +253,17 @@ func podWithVolume(t *testing.T, name string) (*corev1.Pod, volume) {
 // fails t.
 func (v volume) mounts(t *testing.T, pod *corev1.Pod) string {
 	t.Helper()
-	staging, target := mountID(t, v.stagingPath()), mountID(t, v.targetPath(pod))
+	staging, target := v.n.mountID(t, v.stagingPath()), v.n.mountID(t, v.targetPath(pod))
 	if staging == "" || target == "" {
 		t.Fatalf("volume %s not mounted: staging mount %q, target mount %q", v.handle, staging, target)
 	}
 	return fmt.Sprintf("staging mount %s, target mount %s", staging, target)
 }
 
-// volume is a claim's provisioned volume as the node sees it.
+// volume is a claim's provisioned volume as its node sees it.
 type volume struct {
 	pv, handle string
+	n          *kubeNode // the node it lives on
 }
 
 // boundVolume waits for the claim to be bound and returns its volume.
@@ -257,7 +282,11 @@ func boundVolume(t *testing.T, claimName string) volume {
 		if err != nil {
 			return false, err.Error()
 		}
-		v = volume{pv: pv.Name, handle: pv.Spec.CSI.VolumeHandle}
+		n := c.nodeNamed(nodeOf(pv))
+		if n == nil {
+			return false, fmt.Sprintf("PV %s names node %q, not one of the cluster's", pv.Name, nodeOf(pv))
+		}
+		v = volume{pv: pv.Name, handle: pv.Spec.CSI.VolumeHandle, n: n}
 		return true, ""
 	})
 	return v
@@ -276,17 +305,27 @@ func (v volume) targetPath(pod *corev1.Pod) string {
 }
 
 // image is the volume's backing file in csi-node's data directory.
-func (v volume) image() string {
-	return filepath.Join(c.stateDir, "volumes", v.handle+".img")
+func (v volume) image() string { return v.n.image(v.handle) }
+
+// image is where the node's csi-node keeps the image of volume handle.
+func (n *kubeNode) image(handle string) string {
+	return filepath.Join(n.dataDir, handle+".img")
 }
 
 // calls is what the kubelet (and the suite's provisioner) asked csi-node
 // about the volume so far.
 func (v volume) calls(t *testing.T) []call {
 	t.Helper()
-	calls, err := readCalls(c.csiNode.log, v.handle)
+	return v.n.callsFor(t, v.handle)
+}
+
+// callsFor is what the node's csi-node was asked about volume handle so
+// far.
+func (n *kubeNode) callsFor(t *testing.T, handle string) []call {
+	t.Helper()
+	calls, err := readCalls(n.csiNode.log, handle)
 	if err != nil {
-		t.Fatalf("read csi-node's log: %v", err)
+		t.Fatalf("read csi-node's log on %s: %v", n.node, err)
 	}
 	return calls
 }
@@ -311,7 +350,7 @@ func (v volume) gone(t *testing.T) {
 		_, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), v.pv, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
-	for _, m := range mountsIn(c.ns.mountinfo(), nodeKubeletDir) {
+	for _, m := range mountsIn(v.n.ns.mountinfo(), nodeKubeletDir) {
 		if strings.Contains(m, v.pv) || strings.HasPrefix(m, filepath.Dir(v.stagingPath())) {
 			t.Errorf("still mounted: %s", m)
 		}
@@ -341,12 +380,18 @@ func release(t *testing.T, v volume, claimName string, pods ...string) {
 	t.Logf("csi-node's calls for %s (claim %s):%s", v.handle, claimName, describe(v.calls(t)))
 }
 
+// mountID is the first node's mountID.
+func mountID(t *testing.T, path string) string {
+	t.Helper()
+	return c.kubeNode.mountID(t, path)
+}
+
 // mountID identifies the mount at path on the node by the kernel's unique
 // mount ID (statx STATX_MNT_ID_UNIQUE, never reused, unlike mountinfo's),
 // or is "" when nothing is mounted there.
-func mountID(t *testing.T, path string) string {
+func (n *kubeNode) mountID(t *testing.T, path string) string {
 	t.Helper()
-	path = c.ns.path(path)
+	path = n.ns.path(path)
 	var st, parent unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, path, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_MNT_ID_UNIQUE, &st); err != nil {
 		return ""

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,8 +45,13 @@ func TestMain(m *testing.M) {
 		if code != 0 {
 			dumpLogs()
 		}
-		if errs := c.provisioner.errors(); len(errs) > 0 && code != 0 {
-			fmt.Printf("e2e: provisioner errors:\n  %s\n", strings.Join(errs, "\n  "))
+		for _, n := range c.nodes {
+			if n.provisioner == nil {
+				continue
+			}
+			if errs := n.provisioner.errors(); len(errs) > 0 && code != 0 {
+				fmt.Printf("e2e: provisioner errors on %s:\n  %s\n", n.node, strings.Join(errs, "\n  "))
+			}
 		}
 	}
 	if notes := c.down(); len(notes) > 0 {
@@ -64,7 +70,12 @@ func dumpLogs() {
 	if c == nil || c.logs == "" {
 		return
 	}
-	for _, name := range []string{"csi-node", "kubelet", "containerd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"} {
+	for _, n := range c.nodes {
+		for _, name := range []string{"csi-node", "kubelet", "containerd"} {
+			fmt.Printf("---- %s %s.log (last 40 lines)\n%s\n", n.node, name, tailFile(filepath.Join(n.logs, name+".log"), 40))
+		}
+	}
+	for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"} {
 		fmt.Printf("---- %s.log (last 40 lines)\n%s\n", name, tailFile(c.logs+"/"+name+".log", 40))
 	}
 }

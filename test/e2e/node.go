@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,7 +15,108 @@ import (
 )
 
 // The node's side of the cluster: containerd, the kubelet, and csi-node
-// with its registration.
+// with its registration and its provisioner.
+
+// kubeNode is one node of the cluster, as a machine of its own would be:
+// its mount and PID namespaces, containerd, kubelet (with its own root
+// directory, ports, identity and, beside the first, cgroup root), and
+// csi-node with its own state and data directories, its registration and
+// the provisioner that runs beside it in deploy/.
+type kubeNode struct {
+	c          *cluster
+	node       string // the node's name; resolves to 127.0.0.1
+	dir        string // the node's directory
+	logs       string // directory of its daemons' logs
+	kubeletDir string // the kubelet's root directory, as the test process sees it (nodeKubeletDir on the node)
+	stateDir   string // csi-node's --state-dir
+	dataDir    string // csi-node's --data-dir: <stateDir>/volumes unless set
+	identity   string // the kubelet's name in the cluster's PKI
+	cgroupRoot string // the kubelet's cgroupRoot; "" for the default
+	ports      map[string]int
+
+	ns         *nodeNS // the node's mount and PID namespaces
+	containerd string  // containerd's socket
+	csiSock    string  // csi-node's CSI socket, as the test process sees it
+
+	containerdProc, kubelet, csiNode *proc
+	registrar                        *registrar
+	provisioner                      *provisioner
+	stopProvisioner                  context.CancelFunc
+}
+
+// newNode makes the directories of a node called name under dir, its
+// kubelet known to the PKI as identity, and picks its ports.
+func (c *cluster) newNode(name, dir, logs, identity, cgroupRoot string) (*kubeNode, error) {
+	if addrs, err := net.LookupHost(name); err != nil || !slices.Contains(addrs, "127.0.0.1") {
+		return nil, fmt.Errorf("node name %q must resolve to 127.0.0.1 (the apiserver reaches the kubelet by it), got %v %v", name, addrs, err)
+	}
+	n := &kubeNode{c: c, node: name, dir: dir, logs: logs, identity: identity, cgroupRoot: cgroupRoot,
+		kubeletDir: filepath.Join(dir, "kubelet"), stateDir: filepath.Join(dir, "converge")}
+	n.dataDir = filepath.Join(n.stateDir, "volumes")
+	for _, d := range []string{logs, n.kubeletDir, filepath.Join(n.kubeletDir, "plugins_registry")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	n.ports = map[string]int{}
+	for _, p := range []string{"kubelet", "kubelet-healthz"} {
+		// The kernel may hand a port it just gave back out again.
+		for n.ports[p] == 0 || c.portTaken(n.ports[p]) {
+			var err error
+			if n.ports[p], err = freePort(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return n, nil
+}
+
+// portTaken reports whether a daemon of the cluster was given port.
+func (c *cluster) portTaken(port int) bool {
+	for _, p := range c.ports {
+		if p == port {
+			return true
+		}
+	}
+	for _, n := range c.nodes {
+		for _, p := range n.ports {
+			if p == port {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// upSteps are the steps that bring the node up, in order, once the
+// control plane runs.
+func (n *kubeNode) upSteps() []struct {
+	name string
+	run  func(context.Context) error
+} {
+	return []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"node namespaces", n.startNodeNS},
+		{"containerd and images", n.startContainerd},
+		{"kubelet", n.startKubelet},
+		{"csi-node and registration", n.startCSINode},
+		{"provisioner", n.startProvisioner},
+	}
+}
+
+// startProvisioner starts the node's provisioner (see provisioner.go).
+func (n *kubeNode) startProvisioner(context.Context) error {
+	prov, err := newProvisioner(n.c.client, n.node, n.csiSock)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n.provisioner, n.stopProvisioner = prov, cancel
+	go prov.run(ctx)
+	return nil
+}
 
 // refusedRegistry is where every registry resolves: a loopback port nothing
 // listens on, so that a pull of an image that is not here fails at once and
@@ -30,11 +132,11 @@ var registries = []string{"_default", "registry.k8s.io", "docker.io", "gcr.io", 
 // startContainerd runs a containerd of the run's own (its own root, state,
 // socket, CNI configuration and registry hosts) and imports the locally
 // built images.
-func (c *cluster) startContainerd(ctx context.Context) error {
-	base := filepath.Join(c.dir, "containerd")
-	cni := filepath.Join(c.dir, "cni")
-	cniBin := filepath.Join(c.dir, "cni-bin")
-	hosts := filepath.Join(c.dir, "registry-hosts")
+func (n *kubeNode) startContainerd(ctx context.Context) error {
+	base := filepath.Join(n.dir, "containerd")
+	cni := filepath.Join(n.dir, "cni")
+	cniBin := filepath.Join(n.dir, "cni-bin")
+	hosts := filepath.Join(n.dir, "registry-hosts")
 	for _, d := range []string{base, cni, cniBin} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -44,7 +146,7 @@ func (c *cluster) startContainerd(ctx context.Context) error {
 	// nothing to the host (see ./cni). containerd sets up loopback itself,
 	// with the loopback plugin of the same directory.
 	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(cniBin, "converge-e2e"), "./cni")
-	build.Dir = filepath.Join(c.repo, "test", "e2e")
+	build.Dir = filepath.Join(n.c.repo, "test", "e2e")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build the CNI plugin: %v: %s", err, out)
 	}
@@ -66,7 +168,7 @@ func (c *cluster) startContainerd(ctx context.Context) error {
 			return err
 		}
 	}
-	c.containerd = filepath.Join(base, "containerd.sock")
+	n.containerd = filepath.Join(base, "containerd.sock")
 	config := fmt.Sprintf(`version = 2
 root = %q
 state = %q
@@ -89,33 +191,30 @@ state = %q
     conf_dir = %q
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = %q
-`, filepath.Join(base, "root"), filepath.Join(base, "state"), c.containerd, filepath.Join(base, "opt"),
+`, filepath.Join(base, "root"), filepath.Join(base, "state"), n.containerd, filepath.Join(base, "opt"),
 		pauseImage, filepath.Join(base, "runc"), cniBin, cni, hosts)
 	cfgPath := filepath.Join(base, "config.toml")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return err
 	}
 	var err error
-	c.containerdProc, err = c.ns.start(c.logs, "containerd", "containerd", "--config", cfgPath)
+	n.containerdProc, err = n.ns.start(n.logs, "containerd", "containerd", "--config", cfgPath)
 	if err != nil {
 		return err
 	}
-	if err := waitFor(ctx, 30*time.Second, c.containerdProc, func() error {
-		return exec.Command("ctr", "--address", c.containerd, "version").Run()
+	if err := waitFor(ctx, 30*time.Second, n.containerdProc, func() error {
+		return exec.Command("ctr", "--address", n.containerd, "version").Run()
 	}); err != nil {
 		return err
 	}
-	images := filepath.Join(c.dir, "images")
+	images := filepath.Join(n.dir, "images")
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return err
 	}
-	return buildImages(images, c.containerd, filepath.Join(c.bin, "agnhost"))
+	return buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost"))
 }
 
-func (c *cluster) startKubelet(ctx context.Context) error {
-	if err := c.saveSysctls(); err != nil {
-		return err
-	}
+func (n *kubeNode) startKubelet(ctx context.Context) error {
 	config := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: 127.0.0.1
@@ -150,39 +249,45 @@ authorization:
   mode: Webhook
 registerNode: true
 nodeStatusUpdateFrequency: 2s
-`, c.ports["kubelet"], c.ports["kubelet-healthz"], c.containerd,
-		filepath.Join(c.dir, "pod-logs"), filepath.Join(c.dir, "volume-plugins"), c.pki.path("ca.crt"))
-	path := filepath.Join(c.dir, "kubelet.yaml")
+`, n.ports["kubelet"], n.ports["kubelet-healthz"], n.containerd,
+		filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "volume-plugins"), n.c.pki.path("ca.crt"))
+	if n.cgroupRoot != "" {
+		// The pods' cgroups (<root>/kubepods/...) apart from every other
+		// kubelet's on this kernel: a kubelet removes the pod cgroups it
+		// does not know under its own.
+		config += fmt.Sprintf("cgroupRoot: %s\n", n.cgroupRoot)
+	}
+	path := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return err
 	}
-	if err := c.runKubelet(); err != nil {
+	if err := n.runKubelet(); err != nil {
 		return err
 	}
-	return waitFor(ctx, 60*time.Second, c.kubelet, func() error {
-		n, err := c.client.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+	return waitFor(ctx, 60*time.Second, n.kubelet, func() error {
+		obj, err := n.c.client.CoreV1().Nodes().Get(ctx, n.node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		for _, cond := range n.Status.Conditions {
+		for _, cond := range obj.Status.Conditions {
 			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
 				return nil
 			}
 		}
-		return fmt.Errorf("node %s not Ready: %v", c.node, n.Status.Conditions)
+		return fmt.Errorf("node %s not Ready: %v", n.node, obj.Status.Conditions)
 	})
 }
 
 // runKubelet starts the kubelet process with the configuration startKubelet
 // wrote; restartKubelet calls it again.
-func (c *cluster) runKubelet() error {
+func (n *kubeNode) runKubelet() error {
 	var err error
-	c.kubelet, err = c.ns.start(c.logs, "kubelet", filepath.Join(c.bin, "kubelet"),
-		"--config="+filepath.Join(c.dir, "kubelet.yaml"),
-		"--kubeconfig="+c.pki.path("kubelet.kubeconfig"),
+	n.kubelet, err = n.ns.start(n.logs, "kubelet", filepath.Join(n.c.bin, "kubelet"),
+		"--config="+filepath.Join(n.dir, "kubelet.yaml"),
+		"--kubeconfig="+n.c.pki.path(n.identity+".kubeconfig"),
 		"--root-dir="+nodeKubeletDir,
-		"--cert-dir="+filepath.Join(c.dir, "kubelet-pki"),
-		"--hostname-override="+c.node,
+		"--cert-dir="+filepath.Join(n.dir, "kubelet-pki"),
+		"--hostname-override="+n.node,
 		"-v=2",
 	)
 	return err
@@ -190,47 +295,48 @@ func (c *cluster) runKubelet() error {
 
 // startCSINode runs csi-node as a host process on the socket the kubelet
 // expects and registers it, as node-driver-registrar does.
-func (c *cluster) startCSINode(ctx context.Context) error {
-	c.csiSock = filepath.Join(c.kubeletDir, "plugins", driverName, "csi.sock")
-	if err := os.MkdirAll(filepath.Dir(c.csiSock), 0o755); err != nil {
+func (n *kubeNode) startCSINode(ctx context.Context) error {
+	n.csiSock = filepath.Join(n.kubeletDir, "plugins", driverName, "csi.sock")
+	if err := os.MkdirAll(filepath.Dir(n.csiSock), 0o755); err != nil {
 		return err
 	}
 	before := 0
-	if c.registrar != nil {
-		before = c.registrar.registered()
+	if n.registrar != nil {
+		before = n.registrar.registered()
 	}
-	if err := c.runCSINode(ctx); err != nil {
+	if err := n.runCSINode(ctx); err != nil {
 		return err
 	}
-	if c.registrar == nil {
-		r, err := startRegistrar(c.kubeletDir, driverName, c.nodeCSISock())
+	if n.registrar == nil {
+		r, err := startRegistrar(n.kubeletDir, driverName, n.nodeCSISock())
 		if err != nil {
 			return err
 		}
-		c.registrar = r
+		n.registrar = r
 	}
-	return c.waitRegistered(ctx, before)
+	return n.waitRegistered(ctx, before)
 }
 
 // nodeCSISock is csi-node's CSI socket as the node sees it.
-func (c *cluster) nodeCSISock() string {
+func (n *kubeNode) nodeCSISock() string {
 	return filepath.Join(nodeKubeletDir, "plugins", driverName, "csi.sock")
 }
 
 // startNodeNS sets up the node's namespaces (see nodens.go).
-func (c *cluster) startNodeNS(context.Context) error {
+func (n *kubeNode) startNodeNS(context.Context) error {
 	var err error
-	c.ns, err = startNodeNS(c.logs, c.kubeletDir)
+	n.ns, err = startNodeNS(n.logs, n.kubeletDir)
 	return err
 }
 
 // runCSINode starts csi-node and waits for its socket to answer.
-func (c *cluster) runCSINode(ctx context.Context) error {
+func (n *kubeNode) runCSINode(ctx context.Context) error {
 	var err error
-	c.csiNode, err = c.ns.start(c.logs, "csi-node", c.csiBinary,
-		"--endpoint=unix://"+c.nodeCSISock(),
-		"--node-id="+c.node,
-		"--state-dir="+c.stateDir,
+	n.csiNode, err = n.ns.start(n.logs, "csi-node", n.c.csiBinary,
+		"--endpoint=unix://"+n.nodeCSISock(),
+		"--node-id="+n.node,
+		"--state-dir="+n.stateDir,
+		"--data-dir="+n.dataDir,
 		"--kubelet-dir="+nodeKubeletDir,
 		// Every call is logged at -v 4: the suite reads the kubelet's calls
 		// from the log.
@@ -239,8 +345,8 @@ func (c *cluster) runCSINode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return waitFor(ctx, 30*time.Second, c.csiNode, func() error {
-		conn, err := net.DialTimeout("unix", c.csiSock, time.Second)
+	return waitFor(ctx, 30*time.Second, n.csiNode, func() error {
+		conn, err := net.DialTimeout("unix", n.csiSock, time.Second)
 		if err == nil {
 			conn.Close()
 		}
@@ -250,13 +356,13 @@ func (c *cluster) runCSINode(ctx context.Context) error {
 
 // waitRegistered waits for the kubelet to register the driver once more
 // than before, and for the node's CSINode object to list it.
-func (c *cluster) waitRegistered(ctx context.Context, before int) error {
-	return waitFor(ctx, 60*time.Second, c.csiNode, func() error {
-		if n := c.registrar.registered(); n <= before {
+func (n *kubeNode) waitRegistered(ctx context.Context, before int) error {
+	return waitFor(ctx, 60*time.Second, n.csiNode, func() error {
+		if n := n.registrar.registered(); n <= before {
 			return fmt.Errorf("registered %d times, want more than %d", n, before)
 		}
-		if !c.driverRegistered() {
-			return fmt.Errorf("CSINode %s does not list %s", c.node, driverName)
+		if !n.driverRegistered() {
+			return fmt.Errorf("CSINode %s does not list %s", n.node, driverName)
 		}
 		return nil
 	})
@@ -264,8 +370,8 @@ func (c *cluster) waitRegistered(ctx context.Context, before int) error {
 
 // driverRegistered reports whether the node's CSINode object lists the
 // driver, as the kubelet keeps it while the driver is registered.
-func (c *cluster) driverRegistered() bool {
-	cn, err := c.client.StorageV1().CSINodes().Get(context.Background(), c.node, metav1.GetOptions{})
+func (n *kubeNode) driverRegistered() bool {
+	cn, err := n.c.client.StorageV1().CSINodes().Get(context.Background(), n.node, metav1.GetOptions{})
 	if err != nil {
 		return false
 	}
@@ -279,23 +385,23 @@ func (c *cluster) driverRegistered() bool {
 
 // ctr runs containerd's ctr on the run's containerd, in the kubelet's
 // namespace.
-func (c *cluster) ctr(args ...string) (string, error) {
-	out, err := exec.Command("ctr", append([]string{"--address", c.containerd, "-n", "k8s.io"}, args...)...).CombinedOutput()
+func (n *kubeNode) ctr(args ...string) (string, error) {
+	out, err := exec.Command("ctr", append([]string{"--address", n.containerd, "-n", "k8s.io"}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
 // restartKubelet stops the kubelet with SIGTERM and starts it again.
-func (c *cluster) restartKubelet(ctx context.Context) error {
-	if err := c.kubelet.stop(30 * time.Second); err != nil {
+func (n *kubeNode) restartKubelet(ctx context.Context) error {
+	if err := n.kubelet.stop(30 * time.Second); err != nil {
 		return err
 	}
-	return c.runKubelet()
+	return n.runKubelet()
 }
 
 // killCSINode kills csi-node and its registration with SIGKILL, as when
 // the DaemonSet's pod dies: the kubelet loses the driver until it is back.
-func (c *cluster) killCSINode() {
-	c.csiNode.kill()
-	c.registrar.stop()
-	c.registrar = nil
+func (n *kubeNode) killCSINode() {
+	n.csiNode.kill()
+	n.registrar.stop()
+	n.registrar = nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -31,14 +32,18 @@ const (
 // scheduler placed on this node, it calls CreateVolume on csi-node and
 // creates the bound PersistentVolume; for a released volume it calls
 // DeleteVolume and deletes the PersistentVolume; it publishes the node's
-// CSIStorageCapacity from GetCapacity; and it expands volumes as
-// external-resizer does (see resize). The kubelet is not involved; what it
-// does with the volumes is what the suite tests.
+// CSIStorageCapacity from GetCapacity; and, on the node whose stand-in
+// leads (as external-resizer's leader election picks one of its instances
+// in the DaemonSet), it expands volumes as external-resizer does (see
+// resize). The kubelet is not involved; what it does with the volumes is
+// what the suite tests.
 type provisioner struct {
 	client kubernetes.Interface
 	node   string
 	conn   *grpc.ClientConn
 	ctrl   csi.ControllerClient
+	// leads is true on the one node whose resizer works for the cluster.
+	leads atomic.Bool
 
 	// mu guards errs.
 	mu   sync.Mutex
@@ -67,7 +72,9 @@ func (p *provisioner) run(ctx context.Context) {
 			}
 		}
 		p.note(p.provision(ctx))
-		p.note(p.resize(ctx))
+		if p.leads.Load() {
+			p.note(p.resize(ctx))
+		}
 		p.note(p.reclaim(ctx))
 		select {
 		case <-ctx.Done():
@@ -76,6 +83,9 @@ func (p *provisioner) run(ctx context.Context) {
 		}
 	}
 }
+
+// lead makes this node's resizer the cluster's leader, or no longer.
+func (p *provisioner) lead(on bool) { p.leads.Store(on) }
 
 func (p *provisioner) note(err error) bool {
 	if err == nil {
@@ -106,7 +116,9 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 		return err
 	}
 	caps := p.client.StorageV1().CSIStorageCapacities("kube-system")
-	have, err := caps.List(ctx, metav1.ListOptions{LabelSelector: "csi.storage.k8s.io/drivername=" + driverName})
+	// Only this node's: each node's provisioner owns its own.
+	have, err := caps.List(ctx, metav1.ListOptions{LabelSelector: "csi.storage.k8s.io/drivername=" + driverName +
+		",csi.storage.k8s.io/managed-by=" + p.managedBy()})
 	if err != nil {
 		return err
 	}
@@ -133,7 +145,7 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 		if obj == nil {
 			_, err = caps.Create(ctx, &storagev1.CSIStorageCapacity{
 				ObjectMeta: metav1.ObjectMeta{GenerateName: "csisc-", Labels: map[string]string{
-					"csi.storage.k8s.io/drivername": driverName, "csi.storage.k8s.io/managed-by": "external-provisioner-" + p.node}},
+					"csi.storage.k8s.io/drivername": driverName, "csi.storage.k8s.io/managed-by": p.managedBy()}},
 				NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{topologyKey: p.node}},
 				StorageClassName: sc.Name,
 				Capacity:         capacity,
@@ -153,6 +165,10 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 	}
 	return nil
 }
+
+// managedBy is the label value that marks this node's CSIStorageCapacity
+// objects, as external-provisioner's node deployment names them.
+func (p *provisioner) managedBy() string { return "external-provisioner-" + p.node }
 
 func (p *provisioner) provision(ctx context.Context) error {
 	claims, err := p.client.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
@@ -309,9 +325,11 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	return err
 }
 
-// reclaim deletes the volumes whose claims are gone. As in
-// external-provisioner, each volume is retried on its own: one that cannot
-// be deleted yet (still staged, say) holds no other back.
+// reclaim deletes the volumes of this node whose claims are gone. As in
+// external-provisioner's node deployment, a volume whose topology names
+// another node is that node's to delete; each volume is retried on its
+// own: one that cannot be deleted yet (still staged, say) holds no other
+// back.
 func (p *provisioner) reclaim(ctx context.Context) error {
 	pvs, err := p.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -320,7 +338,8 @@ func (p *provisioner) reclaim(ctx context.Context) error {
 	var errs []error
 	for _, pv := range pvs.Items {
 		if pv.Annotations["pv.kubernetes.io/provisioned-by"] != driverName || pv.Status.Phase != corev1.VolumeReleased ||
-			pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete || pv.Spec.CSI == nil {
+			pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete || pv.Spec.CSI == nil ||
+			nodeOf(&pv) != p.node {
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -335,4 +354,19 @@ func (p *provisioner) reclaim(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// nodeOf is the node a converge volume's node affinity names, "" for none.
+func nodeOf(pv *corev1.PersistentVolume) string {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return ""
+	}
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == topologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
+				return e.Values[0]
+			}
+		}
+	}
+	return ""
 }

@@ -22,34 +22,8 @@ import (
 func (c *cluster) down() []string {
 	var notes []string
 	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
-	if c.stopProvisioner != nil {
-		c.stopProvisioner()
-	}
-	c.registrar.stop()
-	if c.kubelet != nil {
-		c.kubelet.stop(30 * time.Second)
-	}
-	if c.containerdProc != nil && !c.containerdProc.exited() {
-		// Containers outlive containerd in their shims: end them first.
-		out, _ := c.ctr("tasks", "ls", "-q")
-		for _, id := range strings.Fields(out) {
-			c.ctr("tasks", "kill", "-s", "SIGKILL", id)
-			c.ctr("tasks", "delete", "-f", id)
-		}
-		out, _ = c.ctr("containers", "ls", "-q")
-		for _, id := range strings.Fields(out) {
-			c.ctr("containers", "delete", id)
-		}
-		c.containerdProc.stop(20 * time.Second)
-	}
-	killShims(c.containerd)
-	if c.csiNode != nil {
-		c.csiNode.stop(10 * time.Second)
-	}
-	// Whatever still runs in the node's namespaces dies with their init,
-	// and their mounts go with them.
-	if c.ns != nil {
-		c.ns.init.kill()
+	for i := len(c.nodes) - 1; i >= 0; i-- {
+		c.nodes[i].down()
 	}
 	for _, p := range []*proc{c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
 		if p != nil {
@@ -60,6 +34,39 @@ func (c *cluster) down() []string {
 		cleanRun(c.dir, note)
 	}
 	return notes
+}
+
+// down stops the node's daemons: its provisioner, its registration, the
+// kubelet, its containers and containerd, csi-node, and then everything
+// else in its namespaces, whose mounts go with them.
+func (n *kubeNode) down() {
+	if n.stopProvisioner != nil {
+		n.stopProvisioner()
+	}
+	n.registrar.stop()
+	if n.kubelet != nil {
+		n.kubelet.stop(30 * time.Second)
+	}
+	if n.containerdProc != nil && !n.containerdProc.exited() {
+		// Containers outlive containerd in their shims: end them first.
+		out, _ := n.ctr("tasks", "ls", "-q")
+		for _, id := range strings.Fields(out) {
+			n.ctr("tasks", "kill", "-s", "SIGKILL", id)
+			n.ctr("tasks", "delete", "-f", id)
+		}
+		out, _ = n.ctr("containers", "ls", "-q")
+		for _, id := range strings.Fields(out) {
+			n.ctr("containers", "delete", id)
+		}
+		n.containerdProc.stop(20 * time.Second)
+	}
+	killShims(n.containerd)
+	if n.csiNode != nil {
+		n.csiNode.stop(10 * time.Second)
+	}
+	if n.ns != nil {
+		n.ns.init.kill()
+	}
 }
 
 // cleanRun removes what a run leaves on the machine once its daemons are
@@ -104,11 +111,15 @@ func cleanStaleRuns() []string {
 			syscall.Kill(pid, syscall.SIGKILL)
 			killed = append(killed, pid)
 		}
-		// Only this suite's kubelet makes kubepods cgroups on a test
+		// Only this suite's kubelets make kubepods cgroups on a test
 		// machine: what runs in them are its containers.
-		procs, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/*/*/cgroup.procs")
-		more, _ := filepath.Glob("/sys/fs/cgroup/pids/kubepods/*/*/cgroup.procs")
-		for _, f := range append(procs, more...) {
+		var procs []string
+		for _, pattern := range []string{"/sys/fs/cgroup/pids/kubepods/*/*/*/cgroup.procs", "/sys/fs/cgroup/pids/kubepods/*/*/cgroup.procs",
+			"/sys/fs/cgroup/pids/" + cgroupRootPrefix + "*/kubepods/*/*/*/cgroup.procs", "/sys/fs/cgroup/pids/" + cgroupRootPrefix + "*/kubepods/*/*/cgroup.procs"} {
+			more, _ := filepath.Glob(pattern)
+			procs = append(procs, more...)
+		}
+		for _, f := range procs {
 			b, _ := os.ReadFile(f)
 			for _, field := range strings.Fields(string(b)) {
 				var pid int
@@ -194,7 +205,7 @@ var kernelTunables = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel
 // saveSysctls records the kernel tunables in the run's directory before
 // the kubelet changes them, so that down, or the next run after a crash,
 // puts them back.
-func (c *cluster) saveSysctls() error {
+func (c *cluster) saveSysctls(context.Context) error {
 	var b strings.Builder
 	for _, s := range kernelTunables {
 		if v, err := os.ReadFile(filepath.Join("/proc/sys", s)); err == nil {
@@ -283,10 +294,13 @@ func killShims(address string) {
 	}
 }
 
-// removeCgroups removes the kubepods cgroups the kubelet made, deepest
-// first. The kubelet makes them afresh at its next start.
+// removeCgroups removes the kubepods cgroups the kubelets made and the
+// cgroup roots the suite made for its further nodes, deepest first. The
+// kubelet makes them afresh at its next start.
 func removeCgroups(note func(string, ...any)) {
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
+	more, _ := filepath.Glob("/sys/fs/cgroup/*/" + cgroupRootPrefix + "*")
+	roots = append(roots, more...)
 	for _, root := range roots {
 		// A cgroup directory is removed with rmdir, empty of processes.
 		removeDeepestFirst(root, os.DirEntry.IsDir, note)

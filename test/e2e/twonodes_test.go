@@ -1,0 +1,301 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+)
+
+// The two-node tests join a second node to the cluster (the first time one
+// of them runs) and use both. Each node has its own kubelet, containerd,
+// csi-node, data directory and provisioner; the resizer works on one node
+// for the whole cluster. The second node's data directory is a filesystem
+// of its own, too small for some claims.
+
+const (
+	// secondNodeName must resolve to 127.0.0.1 on every machine: the API
+	// server reaches a kubelet at its node's host name (the first node's is
+	// the machine's).
+	secondNodeName = "localhost"
+	// secondDataDir is the size of the second node's data directory.
+	secondDataDir = 256 << 20
+)
+
+var (
+	// secondMu guards second and secondErr.
+	secondMu  sync.Mutex
+	second    *kubeNode
+	secondErr error
+)
+
+// secondNode joins the second node to the cluster once, and returns it.
+func secondNode(t *testing.T) *kubeNode {
+	t.Helper()
+	secondMu.Lock()
+	defer secondMu.Unlock()
+	if second == nil && secondErr == nil {
+		if c.node == secondNodeName {
+			secondErr = fmt.Errorf("the machine's host name is %s, the second node's name", secondNodeName)
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			start := time.Now()
+			second, secondErr = c.addNode(ctx, secondNodeName, secondDataDir)
+			cancel()
+			fmt.Printf("e2e: second node %s joined in %.1fs\n", secondNodeName, time.Since(start).Seconds())
+		}
+	}
+	if secondErr != nil {
+		t.Fatalf("joining the second node: %v", secondErr)
+	}
+	return second
+}
+
+// A WaitForFirstConsumer claim is provisioned on the node its pod was
+// scheduled to, by that node's provisioner and csi-node alone; a second pod
+// of the claim, with no say about nodes, goes to the same node (the
+// volume's node affinity) and reads the first pod's data.
+func TestTwoNodesVolumeFollowsItsPod(t *testing.T) {
+	b := secondNode(t)
+	claim(t, "follow", fs, rwo)
+	writer := startPod(t, podSpec{name: "follow-writer", claims: []string{"follow"}, node: b.node})
+	v := boundVolume(t, "follow")
+	if v.n != b {
+		t.Fatalf("the volume of a pod scheduled to %s was provisioned on %s", b.node, v.n.node)
+	}
+	if _, err := os.Stat(v.image()); err != nil {
+		t.Errorf("no image on %s: %v", b.node, err)
+	}
+	if _, err := os.Stat(c.kubeNode.image(v.handle)); err == nil {
+		t.Errorf("an image of %s on %s too", v.handle, c.node)
+	}
+	mustExec(t, writer.Name, "echo from-"+b.node+" > "+dataDir+"/f && sync")
+	deletePod(t, writer.Name)
+
+	reader := startPod(t, podSpec{name: "follow-reader", claims: []string{"follow"}})
+	if reader.Spec.NodeName != b.node {
+		t.Errorf("the second pod of the volume went to %s, want %s", reader.Spec.NodeName, b.node)
+	}
+	if got := mustExec(t, reader.Name, "cat "+dataDir+"/f"); got != "from-"+b.node {
+		t.Errorf("the second pod read %q", got)
+	}
+	if calls := c.kubeNode.callsFor(t, v.handle); len(calls) > 0 {
+		t.Errorf("%s's csi-node was asked about a volume of %s:%s", c.node, b.node, describe(calls))
+	}
+	if n := count(v.calls(t), "NodeStageVolume", "OK"); n < 2 {
+		t.Errorf("NodeStageVolume answered OK %d times on %s, want once per pod:%s", n, b.node, describe(v.calls(t)))
+	}
+	release(t, v, "follow", reader.Name)
+}
+
+// The second node's data directory is too small for a claim: its
+// provisioner publishes that in its CSIStorageCapacity, and a pod that
+// prefers that node is scheduled to the first node instead, where its
+// volume is provisioned.
+func TestTwoNodesCapacitySteersScheduling(t *testing.T) {
+	b := secondNode(t)
+	const size = "512Mi"
+	want := resource.MustParse(size)
+	// Both nodes' capacity for the class, as the scheduler reads it.
+	poll(t, time.Minute, "CSIStorageCapacity of both nodes", func() (bool, string) {
+		caps, err := c.client.StorageV1().CSIStorageCapacities("kube-system").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		seen := map[string]*resource.Quantity{}
+		var all []string
+		for _, o := range caps.Items {
+			if o.StorageClassName != "converge" || o.NodeTopology == nil {
+				continue
+			}
+			node := o.NodeTopology.MatchLabels[topologyKey]
+			seen[node] = o.Capacity
+			all = append(all, fmt.Sprintf("%s: %v", node, o.Capacity))
+		}
+		a, bb := seen[c.node], seen[b.node]
+		if a == nil || bb == nil {
+			return false, strings.Join(all, ", ")
+		}
+		if bb.Cmp(want) >= 0 || a.Cmp(want) < 0 {
+			t.Fatalf("capacity for %s: %s has %v, %s has %v; want %s to lack it and %s to have it", size, c.node, a, b.node, bb, b.node, c.node)
+		}
+		t.Logf("CSIStorageCapacity for class converge: %s", strings.Join(all, ", "))
+		return true, ""
+	})
+	claimOf(t, "roomy", fs, rwo, size, "converge")
+	pod := startPod(t, podSpec{name: "roomy", claims: []string{"roomy"}, prefer: b.node})
+	if pod.Spec.NodeName != c.node {
+		t.Errorf("a pod that prefers %s, whose data directory cannot hold its %s claim, went to %s", b.node, size, pod.Spec.NodeName)
+	}
+	v := boundVolume(t, "roomy")
+	if v.n.node != c.node {
+		t.Errorf("its volume was provisioned on %s, want %s", v.n.node, c.node)
+	}
+	if calls := b.callsFor(t, v.handle); len(calls) > 0 {
+		t.Errorf("%s's csi-node was asked about a volume it cannot hold:%s", b.node, describe(calls))
+	}
+	release(t, v, "roomy", pod.Name)
+}
+
+// A claim on the first node is expanded online while the cluster's resizer
+// runs beside the second node's csi-node: the resizer grows nothing there,
+// and the first node's kubelet grows the image, the device and the
+// filesystem through its own csi-node. Before expansion moved to the node,
+// the resizer called ControllerExpandVolume on the second node, which
+// answered NOT_FOUND for the first node's volume, and the claim never grew.
+func TestTwoNodesExpansionWhereverTheResizerRuns(t *testing.T) {
+	b := secondNode(t)
+	// xfs grows online on this machine (a mounted ext4 needs
+	// CAP_SYS_RESOURCE), and needs 300 MiB.
+	class := xfsClass(t)
+	claimOf(t, "grow", fs, rwo, "320Mi", class)
+	pod := startPod(t, podSpec{name: "grow", claims: []string{"grow"}, node: c.node})
+	v := boundVolume(t, "grow")
+	if v.n.node != c.node {
+		t.Fatalf("the volume of a pod on %s was provisioned on %s", c.node, v.n.node)
+	}
+	mustExec(t, pod.Name, "echo before-growth > "+dataDir+"/f && sync")
+	size := func() int64 {
+		out := mustExec(t, pod.Name, "df -k "+dataDir+" | tail -1 | awk '{print $2}'")
+		n, err := strconv.ParseInt(out, 10, 64)
+		if err != nil {
+			t.Fatalf("df in the pod: %q: %v", out, err)
+		}
+		return n << 10
+	}
+	before := size()
+
+	// The resizer's leader moves to the second node.
+	c.kubeNode.provisioner.lead(false)
+	b.provisioner.lead(true)
+	t.Cleanup(func() {
+		b.provisioner.lead(false)
+		c.kubeNode.provisioner.lead(true)
+	})
+	const grown = "448Mi"
+	patch := fmt.Sprintf(`{"spec":{"resources":{"requests":{"storage":%q}}}}`, grown)
+	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Patch(context.Background(), "grow", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("grow the claim: %v", err)
+	}
+	want := resource.MustParse(grown)
+	poll(t, 3*time.Minute, "claim grow at "+grown, func() (bool, string) {
+		pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(context.Background(), "grow", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		got := pvc.Status.Capacity[corev1.ResourceStorage]
+		return got.Cmp(want) >= 0, fmt.Sprintf("capacity %s, allocated %v, conditions %v%s", got.String(), pvc.Status.AllocatedResourceStatuses,
+			pvc.Status.Conditions, describe(v.calls(t)))
+	})
+	// The kubelet marks the claim grown once NodeExpandVolume answered,
+	// which is once the filesystem grew.
+	after := size()
+	if after-before < 100<<20 {
+		t.Errorf("the pod's filesystem was %d bytes before the growth and is %d after; want at least 100 MiB more", before, after)
+	}
+	t.Logf("the pod's filesystem: %d bytes before, %d after", before, after)
+	if got := mustExec(t, pod.Name, "cat "+dataDir+"/f"); got != "before-growth" {
+		t.Errorf("after the growth the pod read %q", got)
+	}
+	if n := count(v.calls(t), "NodeExpandVolume", "OK"); n < 1 {
+		t.Errorf("NodeExpandVolume never answered OK on %s:%s", c.node, describe(v.calls(t)))
+	}
+	if fi, err := os.Stat(v.image()); err != nil || fi.Size() < want.Value() {
+		t.Errorf("the image on %s after the growth: %v, %v; want %d bytes", c.node, fi, err, want.Value())
+	}
+	if calls := b.callsFor(t, v.handle); len(calls) > 0 {
+		t.Errorf("%s's csi-node was asked about a volume of %s:%s", b.node, c.node, describe(calls))
+	}
+	release(t, v, "grow", pod.Name)
+}
+
+// Deleting a pod on the second node leaves the first node's volume, and
+// the pod that uses it, untouched; csi-node killed on the first node does
+// not disturb the second: a new pod there stages and publishes its volume
+// meanwhile, and the first node's pod keeps its mounts and data.
+func TestTwoNodesNodesAreIndependent(t *testing.T) {
+	b := secondNode(t)
+	claim(t, "on-a", fs, rwo)
+	claim(t, "on-b", fs, rwo)
+	podA := startPod(t, podSpec{name: "on-a", claims: []string{"on-a"}, node: c.node})
+	podB := startPod(t, podSpec{name: "on-b", claims: []string{"on-b"}, node: b.node})
+	va, vb := boundVolume(t, "on-a"), boundVolume(t, "on-b")
+	if va.n.node != c.node || vb.n.node != b.node {
+		t.Fatalf("volumes on %s and %s, want %s and %s", va.n.node, vb.n.node, c.node, b.node)
+	}
+	mustExec(t, podA.Name, "echo a > "+dataDir+"/f && sync")
+	mustExec(t, podB.Name, "echo b > "+dataDir+"/f && sync")
+	mountsA := va.mounts(t, podA)
+
+	deletePod(t, podB.Name)
+	vb.waitCalls(t, "NodeUnstageVolume", 1)
+	if now := va.mounts(t, podA); now != mountsA {
+		t.Errorf("deleting a pod on %s changed the mounts on %s: %s, now %s", b.node, c.node, mountsA, now)
+	}
+	if n := count(va.calls(t), "NodeUnpublishVolume", "OK") + count(va.calls(t), "NodeUnstageVolume", "OK"); n != 0 {
+		t.Errorf("deleting a pod on %s tore down a volume on %s:%s", b.node, c.node, describe(va.calls(t)))
+	}
+
+	c.killCSINode()
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			if err := c.startCSINode(context.Background()); err != nil {
+				t.Errorf("restart csi-node on %s: %v", c.node, err)
+			}
+		}
+	})
+	podB2 := startPod(t, podSpec{name: "on-b-again", claims: []string{"on-b"}, node: b.node})
+	if got := mustExec(t, podB2.Name, "cat "+dataDir+"/f"); got != "b" {
+		t.Errorf("with %s's csi-node down, the new pod on %s read %q", c.node, b.node, got)
+	}
+	if got := mustExec(t, podA.Name, "cat "+dataDir+"/f"); got != "a" {
+		t.Errorf("with its csi-node down, the pod on %s read %q", c.node, got)
+	}
+	restarted = true
+	if err := c.startCSINode(context.Background()); err != nil {
+		t.Fatalf("restart csi-node on %s: %v", c.node, err)
+	}
+	if now := va.mounts(t, podA); now != mountsA {
+		t.Errorf("the restart on %s remounted its volume: %s, now %s", c.node, mountsA, now)
+	}
+	release(t, vb, "on-b", podB2.Name)
+	release(t, va, "on-a", podA.Name)
+}
+
+// xfsClass makes a StorageClass of converge volumes with xfs that may be
+// expanded, deleted when t ends, and returns its name.
+func xfsClass(t *testing.T) string {
+	t.Helper()
+	sc := &storagev1.StorageClass{
+		ObjectMeta:           metav1.ObjectMeta{Name: "converge-xfs"},
+		Provisioner:          driverName,
+		Parameters:           map[string]string{"csi.storage.k8s.io/fstype": "xfs"},
+		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
+		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		AllowVolumeExpansion: ptr.To(true),
+	}
+	ctx := context.Background()
+	if _, err := c.client.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create StorageClass %s: %v", sc.Name, err)
+	}
+	t.Cleanup(func() {
+		err := c.client.StorageV1().StorageClasses().Delete(ctx, sc.Name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete StorageClass %s: %v", sc.Name, err)
+		}
+	})
+	return sc.Name
+}
