@@ -79,8 +79,8 @@ func TestDiskFormatDecisions(t *testing.T) {
 		if (err != nil) != tc.fails || errors.Is(err, ErrPartitioned) != tc.partitioned {
 			t.Errorf("%s: error %v, want failure %v, partition table %v", tc.name, err, tc.fails, tc.partitioned)
 		}
-		if got != tc.want {
-			t.Errorf("%s: got %q, want %q", tc.name, got, tc.want)
+		if got.Type != tc.want {
+			t.Errorf("%s: got %q, want %q", tc.name, got.Type, tc.want)
 		}
 	}
 }
@@ -88,9 +88,11 @@ func TestDiskFormatDecisions(t *testing.T) {
 // TestFormatAndMountDecisions checks what mount-utils makes of blkid's and
 // fsck's answers on the way to a mount: mkfs only on an empty device asked
 // for read-write, fsck before a read-write mount of an existing filesystem,
-// and no mount after fsck found errors it could not correct. (The fake
-// mount is not on the real kernel, so the verification after it fails;
-// only the commands and the mount call are checked here.)
+// and no mount after fsck found errors it could not correct. blkid runs once
+// for the stage: the caller's probe (DiskFormat) is the one mount-utils
+// decides from. (The fake mount is not on the real kernel, so the
+// verification after it fails; only the commands and the mount call are
+// checked here.)
 func TestFormatAndMountDecisions(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -111,14 +113,16 @@ func TestFormatAndMountDecisions(t *testing.T) {
 			[]answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 4}}, false, ErrFilesystemDamaged},
 		{"ext4, read-only: no fsck", []string{"ro"},
 			[]answer{{"blkid", "TYPE=ext4\n", 0}}, true, nil},
-		{"blkid fails: nothing done", nil,
-			[]answer{{"blkid", "", 4}}, false, nil},
 	} {
 		s := &script{answers: tc.answers}
 		fm := mount.NewFakeMounter(nil)
 		root := t.TempDir()
 		m := NewMounter(fm, s.exec(t), 1, NewPaths([]string{root}))
-		_, err := m.FormatAndMount(t.Context(), "/dev/loop7", root+"/staging", "ext4", tc.options, nil)
+		probe, err := m.DiskFormat(t.Context(), "/dev/loop7")
+		if err != nil {
+			t.Fatalf("%s: probe: %v", tc.name, err)
+		}
+		_, err = m.FormatAndMount(t.Context(), probe, root+"/staging", "ext4", tc.options, nil)
 		if err == nil {
 			t.Errorf("%s: succeeded on a fake mount", tc.name)
 		}
@@ -132,6 +136,20 @@ func TestFormatAndMountDecisions(t *testing.T) {
 		if mounted != tc.mounted {
 			t.Errorf("%s: mounted %v, want %v (commands %q)", tc.name, mounted, tc.mounted, s.ran)
 		}
+	}
+}
+
+// TestFormatAndMountProbesWhenNotGivenAProbe checks that a probe DiskFormat
+// did not make (no recorded run) is not trusted: FormatAndMount runs blkid
+// itself, and formats only on its answer.
+func TestFormatAndMountProbesWhenNotGivenAProbe(t *testing.T) {
+	s := &script{answers: []answer{{"blkid", "TYPE=ext4\n", 0}, {"fsck", "", 0}}}
+	fm := mount.NewFakeMounter(nil)
+	root := t.TempDir()
+	m := NewMounter(fm, s.exec(t), 1, NewPaths([]string{root}))
+	m.FormatAndMount(t.Context(), Probe{Device: "/dev/loop7"}, root+"/staging", "ext4", nil, nil)
+	if want := []string{"blkid -p -s TYPE -s PTTYPE -o export /dev/loop7", "fsck -a /dev/loop7"}; !slices.Equal(s.ran, want) {
+		t.Errorf("ran %q, want %q", s.ran, want)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"k8s.io/mount-utils"
@@ -114,13 +115,6 @@ func NewMounter(mounter mount.Interface, exec utilexec.Interface, maxFormats int
 	return &Mounter{mounter: mounter, exec: exec, formats: make(chan struct{}, max(maxFormats, 1)), paths: paths}
 }
 
-// sfm is mount-utils' format-and-mount over m's mounter and exec, its
-// commands (blkid, fsck, mkfs, resize) run under ctx: they are killed when
-// ctx ends, as at shutdown.
-func (m *Mounter) sfm(ctx context.Context) *mount.SafeFormatAndMount {
-	return &mount.SafeFormatAndMount{Interface: m.mounter, Exec: ctxExec{m.exec, ctx}}
-}
-
 // ctxExec runs every command under ctx.
 type ctxExec struct {
 	utilexec.Interface
@@ -131,24 +125,97 @@ func (e ctxExec) Command(cmd string, args ...string) utilexec.Cmd {
 	return e.CommandContext(e.ctx, cmd, args...)
 }
 
-// DiskFormat returns the filesystem type on dev, "" when blkid positively
-// finds no filesystem and no partition table, and an error otherwise (a
-// blkid failure is an error, never "empty": callers fail closed).
-func (m *Mounter) DiskFormat(ctx context.Context, dev string) (string, error) {
-	fs, err := m.sfm(ctx).GetDiskFormat(dev)
-	if err != nil {
-		return "", fmt.Errorf("probing %s: %w", dev, err)
-	}
-	if fs == unknownData {
-		return "", fmt.Errorf("%s: %w", dev, ErrPartitioned)
-	}
-	return fs, nil
+// Probe is what one blkid run found on a device. FormatAndMount takes it,
+// so that mount-utils' format decision reads the very answer the caller
+// decided on: blkid runs once per stage, and the two decisions cannot
+// disagree.
+type Probe struct {
+	// Device is the device probed.
+	Device string
+	// Type is the filesystem type found, "" when blkid positively found
+	// none and no partition table.
+	Type string
+	// blkid is the run, replayed to mount-utils; nil when the probe was
+	// not made by DiskFormat (FormatAndMount then probes again).
+	blkid *commandRun
 }
 
-// FormatAndMount mounts the filesystem on dev at target and returns the new
-// mount's unique ID. It mounts first running fsck
-// for a read-write mount, and formats dev as fsType (with mkfsOptions) only
-// if blkid finds it empty. The caller decides whether formatting is allowed before calling.
+// DiskFormat probes dev with blkid and returns what it found: a filesystem
+// type, or "" when blkid positively finds no filesystem and no partition
+// table, and an error otherwise (a blkid failure is an error, never
+// "empty": callers fail closed).
+func (m *Mounter) DiskFormat(ctx context.Context, dev string) (Probe, error) {
+	rec := &recordingExec{Interface: ctxExec{m.exec, ctx}}
+	fs, err := (&mount.SafeFormatAndMount{Interface: m.mounter, Exec: rec}).GetDiskFormat(dev)
+	if err != nil {
+		return Probe{}, fmt.Errorf("probing %s: %w", dev, err)
+	}
+	if fs == unknownData {
+		return Probe{}, fmt.Errorf("%s: %w", dev, ErrPartitioned)
+	}
+	return Probe{Device: dev, Type: fs, blkid: rec.last}, nil
+}
+
+// commandRun is one command that ran: its command line, combined output
+// and error.
+type commandRun struct {
+	argv []string
+	out  []byte
+	err  error
+}
+
+// recordingExec runs commands and records the last one's run.
+type recordingExec struct {
+	utilexec.Interface
+	last *commandRun
+}
+
+func (e *recordingExec) Command(cmd string, args ...string) utilexec.Cmd {
+	return &recordingCmd{Cmd: e.Interface.Command(cmd, args...), exec: e, argv: append([]string{cmd}, args...)}
+}
+
+type recordingCmd struct {
+	utilexec.Cmd
+	exec *recordingExec
+	argv []string
+}
+
+func (c *recordingCmd) CombinedOutput() ([]byte, error) {
+	out, err := c.Cmd.CombinedOutput()
+	c.exec.last = &commandRun{argv: c.argv, out: out, err: err}
+	return out, err
+}
+
+// replayExec answers the first command that is run's command line with
+// run's output and error, without running it; it runs every other
+// command.
+type replayExec struct {
+	utilexec.Interface
+	run *commandRun
+}
+
+func (e *replayExec) Command(cmd string, args ...string) utilexec.Cmd {
+	if r := e.run; r != nil && slices.Equal(r.argv, append([]string{cmd}, args...)) {
+		e.run = nil
+		return replayedCmd{run: r}
+	}
+	return e.Interface.Command(cmd, args...)
+}
+
+// replayedCmd answers CombinedOutput with a recorded run; mount-utils asks
+// blkid nothing else. Its other methods are a nil Cmd's.
+type replayedCmd struct {
+	utilexec.Cmd
+	run *commandRun
+}
+
+func (c replayedCmd) CombinedOutput() ([]byte, error) { return c.run.out, c.run.err }
+
+// FormatAndMount mounts the filesystem on the probed device at target and
+// returns the new mount's unique ID. It runs fsck first for a read-write
+// mount, and formats the device as fsType (with mkfsOptions) only if the
+// probe found it empty. The caller decides from the same probe whether
+// formatting is allowed before calling.
 //
 // mount(8) takes a path, so the mount is verified after it is made: target,
 // resolved again beneath the roots without symlinks, must be the root of
@@ -156,19 +223,26 @@ func (m *Mounter) DiskFormat(ctx context.Context, dev string) (string, error) {
 // between the check and the mount; the misplaced mount, which is the
 // plugin's own, is found by its device and removed, and the call fails with
 // ErrMisplacedMount.
-func (m *Mounter) FormatAndMount(ctx context.Context, dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
+func (m *Mounter) FormatAndMount(ctx context.Context, probe Probe, target, fsType string, options, mkfsOptions []string) (uint64, error) {
+	dev := probe.Device
 	select {
 	case m.formats <- struct{}{}:
 		defer func() { <-m.formats }()
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
-	if err := m.sfm(ctx).FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
+	sfm := &mount.SafeFormatAndMount{Interface: m.mounter, Exec: &replayExec{Interface: ctxExec{m.exec, ctx}, run: probe.blkid}}
+	if err := sfm.FormatAndMountSensitiveWithFormatOptions(dev, target, fsType, options, nil, mkfsOptions); err != nil {
 		var me mount.MountError
 		if errors.As(err, &me) && mountErrors[me.Type] != nil {
 			return 0, fmt.Errorf("%w: %w", mountErrors[me.Type], err)
 		}
-		if strings.Contains(err.Error(), badOption) {
+		switch msg := err.Error(); {
+		case strings.Contains(msg, ErrRefused.Error()):
+			// The mount API's refusal, with the kernel's reason. mount-utils
+			// passes on its text only.
+			return 0, fmt.Errorf("%w: %s", ErrRefused, strings.TrimPrefix(msg, ErrRefused.Error()+": "))
+		case strings.Contains(msg, badOption):
 			return 0, fmt.Errorf("%w (%s with options %v; the kernel log names the reason): %v", ErrRefused, fsType, options, err)
 		}
 		return 0, err

@@ -89,12 +89,15 @@ func Run(ctx context.Context, cfg Config) error {
 	// with the promise CreateVolume keeps.
 	ctrl := controller.New(images, store, topology, controller.Options{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard})
 	rec, err := reconciler.New(reconciler.Config{
-		Recorder:     m,
-		Static:       static,
-		Store:        store,
-		Observer:     observer,
-		Loops:        devices.LoopDevices{},
-		Filesystems:  devices.NewMounter(mount.NewWithoutSystemd(""), utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
+		Recorder: m,
+		Static:   static,
+		Store:    store,
+		Observer: observer,
+		Loops:    devices.LoopDevices{},
+		// mount(8) only for what is not ext4, xfs or btrfs: those mount
+		// through the kernel's mount API, after mount-utils' decisions.
+		Filesystems: devices.NewMounter(devices.NewFsMounter(mount.NewWithoutSystemd(""), devices.NewPaths(cfg.roots()), devices.SELinuxEnabled()),
+			utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
 		Images:       images,
 		Grower:       ctrl,

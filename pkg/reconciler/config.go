@@ -7,6 +7,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -52,9 +53,10 @@ type Loops interface {
 // Filesystems probes, formats and mounts. The commands of the calls that
 // take a ctx (blkid, fsck, mkfs, resize) are killed when it ends.
 type Filesystems interface {
-	DiskFormat(ctx context.Context, dev string) (string, error)
+	// DiskFormat probes dev once; FormatAndMount decides from that probe.
+	DiskFormat(ctx context.Context, dev string) (devices.Probe, error)
 	// FormatAndMount returns the new mount's unique ID.
-	FormatAndMount(ctx context.Context, dev, target, fsType string, options, mkfsOptions []string) (uint64, error)
+	FormatAndMount(ctx context.Context, probe devices.Probe, target, fsType string, options, mkfsOptions []string) (uint64, error)
 	// BindMount and BindDevice return the new mount's unique ID.
 	BindMount(source, target string, options []string) (uint64, error)
 	Unmount(target string) error

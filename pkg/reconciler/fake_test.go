@@ -481,7 +481,7 @@ func (w *fakeWorld) Keep(dev string) error {
 // partition table rather than a filesystem.
 const partitionTable = "<partition table>"
 
-func (w *fakeWorld) DiskFormat(_ context.Context, dev string) (string, error) {
+func (w *fakeWorld) DiskFormat(_ context.Context, dev string) (devices.Probe, error) {
 	var fs string
 	err := w.do("blkid", func() string { return w.imageOf(dev) }, func() error {
 		fs = w.fs[w.imageOf(dev)]
@@ -491,7 +491,7 @@ func (w *fakeWorld) DiskFormat(_ context.Context, dev string) (string, error) {
 		}
 		return nil
 	})
-	return fs, err
+	return devices.Probe{Device: dev, Type: fs}, err
 }
 
 // imageOf returns the backing file of a device; w.mu must be held.
@@ -515,7 +515,8 @@ func (w *fakeWorld) mountsOfLocked(num host.DevNum) []host.Mount {
 	return out
 }
 
-func (w *fakeWorld) FormatAndMount(_ context.Context, dev, target, fsType string, options, mkfsOptions []string) (uint64, error) {
+func (w *fakeWorld) FormatAndMount(_ context.Context, probe devices.Probe, target, fsType string, options, mkfsOptions []string) (uint64, error) {
+	dev := probe.Device
 	var id uint64
 	err := w.do("mount "+target, func() string { return w.imageOf(dev) }, func() error {
 		image := w.imageOf(dev)

@@ -76,10 +76,11 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 		return err
 	}
 	want := fsTypeOf(st)
-	have, err := r.filesystemOn(ctx, v, dev, want)
+	probe, err := r.filesystemOn(ctx, v, dev, want)
 	if err != nil {
 		return err
 	}
+	have := probe.Type
 	grown := int64(0)
 	if have == devices.FsExt4 && !st.MountsReadOnly() && v.FsSize < devSize {
 		// ext4 grows best before it is mounted: an online resize needs
@@ -91,7 +92,7 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 			grown = devSize
 		}
 	}
-	id, err := r.cfg.Filesystems.FormatAndMount(ctx, dev, st.Path, want, stageOptions(st, want, v.Thin()), st.MkfsOptions)
+	id, err := r.cfg.Filesystems.FormatAndMount(ctx, probe, st.Path, want, stageOptions(st, want, v.Thin()), st.MkfsOptions)
 	if err != nil {
 		return deviceError(err, "mounting %s at %s", dev, st.Path)
 	}
@@ -160,28 +161,30 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 	return dev, devSize, nil
 }
 
-// filesystemOn returns the filesystem on dev ("" for none), or why the
-// stage must not format nor mount it: a partition table, a filesystem
-// the plugin made that is gone, another filesystem than want, or an empty
-// device staged read-only. A probe that fails fails closed.
-func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, want string) (string, error) {
-	have, err := r.cfg.Filesystems.DiskFormat(ctx, dev)
+// filesystemOn probes dev and returns the probe (its Type: the filesystem
+// on dev, "" for none), or why the stage must not format nor mount it: a
+// partition table, a filesystem the plugin made that is gone, another
+// filesystem than want, or an empty device staged read-only. A probe that
+// fails fails closed. The mount decides from the same probe.
+func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, want string) (devices.Probe, error) {
+	probe, err := r.cfg.Filesystems.DiskFormat(ctx, dev)
+	have := probe.Type
 	switch {
 	case errors.Is(err, devices.ErrPartitioned) && v.Formatted != "":
 		// The filesystem the plugin made is gone: as a wiped one.
-		return "", state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but its device %s now carries a partition table; refusing to format or mount it", v.ID, v.Formatted, dev)
+		return devices.Probe{}, state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but its device %s now carries a partition table; refusing to format or mount it", v.ID, v.Formatted, dev)
 	case errors.Is(err, devices.ErrPartitioned):
-		return "", state.Terminalf(state.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
+		return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
 	case err != nil:
-		return "", fmt.Errorf("cannot tell whether %s holds data, refusing to format: %w", dev, err)
+		return devices.Probe{}, fmt.Errorf("cannot tell whether %s holds data, refusing to format: %w", dev, err)
 	case v.Formatted != "" && have == "":
-		return "", state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
+		return devices.Probe{}, state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
 	case have != "" && have != want:
-		return "", state.Terminalf(state.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
+		return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
 	case have == "" && v.Stage.MountsReadOnly():
-		return "", state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
+		return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
 	}
-	return have, nil
+	return probe, nil
 }
 
 // recordFormatted sets the provenance of a volume once, and the device size

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/status"
@@ -547,12 +548,12 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	}
 	h.world.fs[h.world.Path("ghost")] = "ext4"
 	h.world.dirs["/k/old"] = true
-	if _, err := h.world.FormatAndMount(t.Context(), ghost, "/k/old", "ext4", nil, nil); err != nil {
+	if _, err := h.world.FormatAndMount(t.Context(), devices.Probe{Device: ghost}, "/k/old", "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	foreign, _ := h.world.Attach(h.world.Path("foreign"), false)
 	h.world.fs[h.world.Path("foreign")] = "ext4"
-	h.world.FormatAndMount(t.Context(), foreign, "/mnt/admin", "ext4", nil, nil)
+	h.world.FormatAndMount(t.Context(), devices.Probe{Device: foreign}, "/mnt/admin", "ext4", nil, nil)
 	// A device of another directory is never ours.
 	h.world.Attach("/elsewhere/disk.img", false)
 	// A volume staged normally is left alone.

@@ -80,7 +80,8 @@ var flagCases = map[string]flagCase{
 	"commit=":      {flag: "commit=5", fs: "ext4"},
 	"allocsize=":   {flag: "allocsize=64k", fs: "xfs"},
 	"logbufs=":     {flag: "logbufs=8", fs: "xfs"},
-	// Without SELinux in the kernel, mount(8) drops the context options.
+	// Without SELinux in the kernel, the plugin drops the context options,
+	// as mount(8) does.
 	"context=":     {flag: `context="system_u:object_r:container_file_t:s0:c1,c2"`, fs: "ext4"},
 	"fscontext=":   {flag: "fscontext=system_u:object_r:container_file_t:s0", fs: "ext4"},
 	"defcontext=":  {flag: "defcontext=system_u:object_r:container_file_t:s0", fs: "ext4"},
