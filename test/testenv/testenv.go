@@ -35,13 +35,20 @@ var (
 	buildErr  error
 )
 
-// Binary builds csi-node once per test process and returns its path. The
+// Binary builds csi-node once per test process and returns its path (or
+// returns $CONVERGE_BINARY's, when set). The
 // binary lives in converge-bin-<pid> in the temporary directory; the
 // directories of test processes that have ended are removed first, since a
 // test process has no hook to remove its own at exit.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
+		if b := os.Getenv(BinaryEnv); b != "" {
+			// Another build (an earlier commit's), to measure it beside
+			// this one in the same machine state.
+			binary = b
+			return
+		}
 		_, self, _, _ := runtime.Caller(0)
 		root := filepath.Join(filepath.Dir(self), "..", "..")
 		removeStaleBinaries()
@@ -62,6 +69,10 @@ func Binary(t testing.TB) string {
 	}
 	return binary
 }
+
+// BinaryEnv names the environment variable that, when set, is the path of
+// the csi-node binary the tests run instead of one built from this tree.
+const BinaryEnv = "CONVERGE_BINARY"
 
 // removeStaleBinaries removes the converge-bin-<pid> directories whose
 // process is gone.
