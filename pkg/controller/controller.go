@@ -103,11 +103,7 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
-		// No EXPAND_VOLUME: the controller service a cluster's resizer
-		// talks to is one node's, and only the node that holds an image
-		// can grow it. Volumes grow in NodeExpandVolume, on their node
-		// (GrowImage), and external-resizer, seeing node expansion only,
-		// leaves the whole growth to the kubelet.
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{
 			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
@@ -384,6 +380,51 @@ func (c *Controller) GrowImage(id string, size int64) (int64, error) {
 	}
 	klog.V(2).InfoS("Grew volume image", "volumeID", id, "from", cur, "bytes", size, "thin", thin)
 	return size, nil
+}
+
+// ControllerExpandVolume grows a volume whose image is on this node, as
+// GrowImage does (the new space of a thick volume allocated, never
+// shrinking, within the promise), and leaves the filesystem to the node.
+// A cluster runs one resizer, beside one node's plugin: for a volume whose
+// image is not here, which this node cannot tell from one of another node,
+// it answers with the capacity asked for and node expansion required, and
+// that node's NodeExpandVolume grows the image there (and refuses, with
+// RESOURCE_EXHAUSTED or OUT_OF_RANGE, a size it cannot hold). Growing here
+// when it can matters for offline expansion: the kubelet calls
+// NodeExpandVolume only once the volume is published again, when a mounted
+// ext4 grows only with CAP_SYS_RESOURCE, while an image grown before the
+// stage has its filesystem grown at the stage, unmounted.
+func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, state.Errorf(state.KindInvalidArgument, "capacity range is required")
+	}
+	if state.ValidID(id) != nil {
+		return nil, state.NotFound(id)
+	}
+	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
+	size, err := sizeFor(required, limit)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := c.images.Size(id)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		klog.V(2).InfoS("Volume is not on this node; its node grows it in NodeExpandVolume", "volumeID", id, "bytes", size)
+		return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
+	case err != nil:
+		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+	case limit > 0 && cur > limit:
+		return nil, state.Errorf(state.KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, cur, limit)
+	}
+	size, err = c.GrowImage(id, size)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
 }
 
 // DeleteVolume removes a volume's image and record. It refuses while the

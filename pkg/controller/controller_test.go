@@ -163,22 +163,44 @@ func TestGrowImage(t *testing.T) {
 	}
 }
 
-// TestNoControllerExpansion checks that the controller leaves expansion to
-// the node: a cluster's resizer talks to one node's controller, which
-// cannot grow another node's image.
-func TestNoControllerExpansion(t *testing.T) {
-	c, _, _ := newController(t)
-	resp, err := c.ControllerGetCapabilities(t.Context(), &csi.ControllerGetCapabilitiesRequest{})
-	if err != nil {
-		t.Fatal(err)
+// TestControllerExpandVolume checks the controller's part of an
+// expansion: a volume on this node grows here (the node then grows the
+// device and the filesystem), one that is not answers with the size asked
+// for and leaves the whole growth to its node, and bad input is refused.
+func TestControllerExpandVolume(t *testing.T) {
+	c, _, images := newController(t)
+	create(t, c, "v")
+	expand := func(id string, required, limit int64) (*csi.ControllerExpandVolumeResponse, error) {
+		return c.ControllerExpandVolume(t.Context(), &csi.ControllerExpandVolumeRequest{VolumeId: id,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit}})
 	}
-	for _, cp := range resp.GetCapabilities() {
-		if cp.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_EXPAND_VOLUME {
-			t.Errorf("the controller advertises EXPAND_VOLUME")
+	resp, err := expand("v", 2*MinVolumeSize, 0)
+	if err != nil || resp.GetCapacityBytes() != 2*MinVolumeSize || !resp.GetNodeExpansionRequired() {
+		t.Errorf("a volume of this node: got %v, %v; want %d bytes and node expansion", resp, err, 2*MinVolumeSize)
+	}
+	if size, _ := images.Size("v"); size != 2*MinVolumeSize {
+		t.Errorf("its image: %d bytes, want %d", size, 2*MinVolumeSize)
+	}
+	resp, err = expand("elsewhere", 3*MinVolumeSize, 0)
+	if err != nil || resp.GetCapacityBytes() != 3*MinVolumeSize || !resp.GetNodeExpansionRequired() {
+		t.Errorf("a volume of another node: got %v, %v; want %d bytes and node expansion", resp, err, 3*MinVolumeSize)
+	}
+	if _, err := images.Size("elsewhere"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an image was made for a volume of another node: %v", err)
+	}
+	for _, tc := range []struct {
+		name            string
+		id              string
+		required, limit int64
+		want            state.Kind
+	}{
+		{"no ID", "", 1 << 30, 0, state.KindInvalidArgument},
+		{"an ID no volume can have", "../v", 1 << 30, 0, state.KindNotFound},
+		{"8 EiB", "v", 1<<63 - 1, 0, state.KindOutOfRange},
+		{"a limit below the volume's size", "v", MinVolumeSize, MinVolumeSize, state.KindOutOfRange},
+	} {
+		if _, err := expand(tc.id, tc.required, tc.limit); state.AsError(err) == nil || state.AsError(err).Kind != tc.want {
+			t.Errorf("%s: got %v, want %s", tc.name, err, tc.want)
 		}
-	}
-	if _, err := c.ControllerExpandVolume(t.Context(), &csi.ControllerExpandVolumeRequest{VolumeId: "v",
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}}); status.Code(err) != codes.Unimplemented {
-		t.Errorf("ControllerExpandVolume: got %v, want Unimplemented", err)
 	}
 }

@@ -18,18 +18,13 @@ import (
 // image cannot be fetched here), with Kubernetes' recovery from expansion
 // failures (GA since 1.34): for a bound claim of a converge volume whose
 // request exceeds its capacity, it records the size being allocated and
-// ControllerResizeInProgress, then resizes the volume as the resizer
-// external-resizer picks at start-up does. For a driver whose controller
-// advertises EXPAND_VOLUME it calls ControllerExpandVolume; for one that
-// advertises only node expansion, as converge does, it is the "trivial
-// resizer": the volume's new size is the one requested and node expansion
-// is required, with no call to the driver at all. It then sets the
-// PersistentVolume's capacity, and either leaves the rest to the kubelet
-// (NodeResizePending with the FileSystemResizePending condition, when node
-// expansion is required) or finishes the resize. A failure is recorded
-// with the ControllerResizeError condition, as ControllerResizeInfeasible
-// for a final code (the user must change the request) and still
-// ControllerResizeInProgress otherwise, and retried.
+// ControllerResizeInProgress, calls ControllerExpandVolume, sets the
+// PersistentVolume's capacity, and then either leaves the rest to the
+// kubelet (NodeResizePending with the FileSystemResizePending condition,
+// when node expansion is required) or finishes the resize. A failure is
+// recorded with the ControllerResizeError condition, as
+// ControllerResizeInfeasible for a final code (the user must change the
+// request) and still ControllerResizeInProgress otherwise, and retried.
 func (p *provisioner) resize(ctx context.Context) error {
 	claims, err := p.client.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -87,16 +82,9 @@ func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolum
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	expands, err := p.controllerExpands(cctx)
-	if err != nil {
-		return err
-	}
-	resp := &csi.ControllerExpandVolumeResponse{CapacityBytes: want.Value(), NodeExpansionRequired: true}
-	if expands {
-		resp, err = p.ctrl.ControllerExpandVolume(cctx, &csi.ControllerExpandVolumeRequest{
-			VolumeId: pv.Spec.CSI.VolumeHandle, CapacityRange: &csi.CapacityRange{RequiredBytes: want.Value()}, VolumeCapability: vc,
-		})
-	}
+	resp, err := p.ctrl.ControllerExpandVolume(cctx, &csi.ControllerExpandVolumeRequest{
+		VolumeId: pv.Spec.CSI.VolumeHandle, CapacityRange: &csi.CapacityRange{RequiredBytes: want.Value()}, VolumeCapability: vc,
+	})
 	if err != nil {
 		st := corev1.PersistentVolumeClaimControllerResizeInProgress
 		switch status.Code(err) {
@@ -124,21 +112,4 @@ func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolum
 	pvc.Status.Conditions = nil
 	_, err = claims.UpdateStatus(ctx, pvc, metav1.UpdateOptions{})
 	return err
-}
-
-// controllerExpands reports whether the driver's controller advertises
-// EXPAND_VOLUME, as external-resizer asks once at start-up to choose its
-// resizer. (It also requires node EXPAND_VOLUME for the trivial resizer,
-// which converge's node advertises; the node tests check that.)
-func (p *provisioner) controllerExpands(ctx context.Context) (bool, error) {
-	resp, err := p.ctrl.ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
-	if err != nil {
-		return false, fmt.Errorf("ControllerGetCapabilities: %w", err)
-	}
-	for _, c := range resp.GetCapabilities() {
-		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_EXPAND_VOLUME {
-			return true, nil
-		}
-	}
-	return false, nil
 }

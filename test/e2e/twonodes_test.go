@@ -150,11 +150,11 @@ func TestTwoNodesCapacitySteersScheduling(t *testing.T) {
 }
 
 // A claim on the first node is expanded online while the cluster's resizer
-// runs beside the second node's csi-node: the resizer grows nothing there,
-// and the first node's kubelet grows the image, the device and the
-// filesystem through its own csi-node. Before expansion moved to the node,
-// the resizer called ControllerExpandVolume on the second node, which
-// answered NOT_FOUND for the first node's volume, and the claim never grew.
+// runs beside the second node's csi-node: that node's ControllerExpandVolume
+// grows nothing (the image is not there) and asks for node expansion, and
+// the first node's kubelet grows the image, the device and the filesystem
+// through its own csi-node. Before, the second node answered NOT_FOUND for
+// the first node's volume, and the claim never grew.
 func TestTwoNodesExpansionWhereverTheResizerRuns(t *testing.T) {
 	b := secondNode(t)
 	// xfs grows online on this machine (a mounted ext4 needs
@@ -215,8 +215,11 @@ func TestTwoNodesExpansionWhereverTheResizerRuns(t *testing.T) {
 	if fi, err := os.Stat(v.image()); err != nil || fi.Size() < want.Value() {
 		t.Errorf("the image on %s after the growth: %v, %v; want %d bytes", c.node, fi, err, want.Value())
 	}
-	if calls := b.callsFor(t, v.handle); len(calls) > 0 {
-		t.Errorf("%s's csi-node was asked about a volume of %s:%s", b.node, c.node, describe(calls))
+	if calls := b.callsFor(t, v.handle); count(calls, "ControllerExpandVolume", "OK") == 0 || count(calls, "ControllerExpandVolume", "OK") != len(calls) {
+		t.Errorf("%s's csi-node, beside the resizer, was asked %v about a volume of %s; want ControllerExpandVolume = OK only", b.node, calls, c.node)
+	}
+	if _, err := os.Stat(b.image(v.handle)); err == nil {
+		t.Errorf("an image of %s on %s", v.handle, b.node)
 	}
 	release(t, v, "grow", pod.Name)
 }

@@ -247,6 +247,18 @@ func TestAttackTable(t *testing.T) {
 			_, err := n.NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "vol-a", VolumePath: staging, CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 20, LimitBytes: 1 << 20}})
 			return err
 		}, codes.OutOfRange},
+		{"controller expand: unknown volume", func() error {
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "../vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}})
+			return err
+		}, codes.NotFound},
+		{"controller expand: 8 EiB", func() error {
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1<<63 - 1}})
+			return err
+		}, codes.OutOfRange},
+		{"controller expand: shrink below the limit", func() error {
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20, LimitBytes: 1 << 20}})
+			return err
+		}, codes.OutOfRange},
 		// Controller.
 		{"create: empty name", createReq("", 1<<20, nil, rwo), codes.InvalidArgument},
 		{"create: traversal in name", createReq("../../etc/passwd", 1<<20, nil, rwo), codes.InvalidArgument},

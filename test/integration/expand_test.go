@@ -34,9 +34,9 @@ type growCase struct {
 }
 
 // TestExpansion grows volumes of each filesystem through NodeExpandVolume
-// alone, as the kubelet asks it on the volume's node (the controller
-// advertises no expansion): the node grows the image, the device and the
-// filesystem; statfs at the pod's target shows the new size and the data
+// alone, as the kubelet asks it on the volume's node when the cluster's
+// resizer runs on another node: the node grows the image, the device and
+// the filesystem; statfs at the pod's target shows the new size and the data
 // written before is intact. Online cases grow while the volume stays staged
 // and published.
 func TestExpansion(t *testing.T) {
@@ -124,6 +124,63 @@ func expandCase(t *testing.T, p *testenv.Plugin, tc growCase) {
 	must(t, "node expand to a smaller size", err)
 	if resp.GetCapacityBytes() != tc.to {
 		t.Errorf("capacity after asking for less: got %d, want %d", resp.GetCapacityBytes(), tc.to)
+	}
+	unpublish(t, p, id, target)
+	unstage(t, p, id, staging)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	must(t, "delete", err)
+}
+
+// TestControllerExpansionGrowsAtStage grows an unstaged ext4 volume as the
+// cluster's resizer does when it runs beside the volume's node: the
+// controller grows the image, and the next stage grows the filesystem before
+// it mounts it (no CAP_SYS_RESOURCE needed), so that the kubelet's
+// NodeExpandVolume after the publish has nothing left to do. The same call
+// for a volume this node does not hold leaves the growth to its node.
+func TestControllerExpansionGrowsAtStage(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	const id, from, to = "grow-offline", 64 << 20, 192 << 20
+	createSized(t, p, id, from)
+	staging := mkdir(t, filepath.Join(p.Root, "staging-"+id))
+	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+id)), "mount")
+	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	up := func() {
+		must(t, "stage", stage(t, p, id, staging, c))
+		_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: c})
+		must(t, "publish", err)
+	}
+	up()
+	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("before growth"), 0o600))
+	before := fsBytes(t, target)
+	unpublish(t, p, id, target)
+	unstage(t, p, id, staging)
+
+	resp, err := p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: to}})
+	must(t, "controller expand", err)
+	if resp.GetCapacityBytes() != to || !resp.GetNodeExpansionRequired() || imageSize(t, p, id) != to {
+		t.Fatalf("controller expand: got %v, image %d; want %d bytes, node expansion", resp, imageSize(t, p, id), to)
+	}
+	up()
+	if after := fsBytes(t, target); after-before < 100<<20 {
+		t.Errorf("filesystem after the stage: %d bytes, %d before; want at least 100 MiB more", after, before)
+	}
+	nresp, err := p.Node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target, CapacityRange: &csi.CapacityRange{RequiredBytes: to}})
+	must(t, "node expand after the publish", err)
+	if nresp.GetCapacityBytes() != to {
+		t.Errorf("node expand: capacity %d, want %d", nresp.GetCapacityBytes(), to)
+	}
+	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "before growth" {
+		t.Errorf("data after growth: %q, %v", b, err)
+	}
+
+	resp, err = p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "on-another-node", CapacityRange: &csi.CapacityRange{RequiredBytes: to}})
+	must(t, "controller expand of another node's volume", err)
+	if resp.GetCapacityBytes() != to || !resp.GetNodeExpansionRequired() {
+		t.Errorf("controller expand of another node's volume: got %v, want %d bytes and node expansion", resp, to)
+	}
+	if _, err := os.Stat(filepath.Join(p.DataDir, "on-another-node.img")); !os.IsNotExist(err) {
+		t.Errorf("an image was made for another node's volume: %v", err)
 	}
 	unpublish(t, p, id, target)
 	unstage(t, p, id, staging)
