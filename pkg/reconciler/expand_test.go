@@ -65,9 +65,8 @@ func TestExpansionGrowsImageFirst(t *testing.T) {
 // same volume once published grows online.
 func TestUnusedExt4GrowsUnmounted(t *testing.T) {
 	h := newHarness(t)
-	staging, target := h.volume("v1")
-	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	staging := h.staged("v1")
+	_, target := h.volume("v1")
 	n := len(h.world.Calls())
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	h.settle()
@@ -97,9 +96,7 @@ func TestUnusedExt4GrowsUnmounted(t *testing.T) {
 // unmounted again before its backoff.
 func TestFailedUnmountedGrowthMountsAgainAndBacksOff(t *testing.T) {
 	h := newHarness(t)
-	staging, _ := h.volume("v1")
-	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	staging := h.staged("v1")
 	h.world.fail["grow unmounted ext4"] = errors.New("e2fsck: exit status 4")
 	h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	h.settle()

@@ -28,6 +28,15 @@ func (h *harness) stagedAndPublished(id string) (staging, target string) {
 	return staging, target
 }
 
+// staged makes a volume staged, with no publish, and settles.
+func (h *harness) staged(id string) (staging string) {
+	h.t.Helper()
+	staging, _ = h.volume(id)
+	h.update(id, func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+	return staging
+}
+
 // wantNormal fails the test unless volume id's condition is normal.
 func (h *harness) wantNormal(id, when string) {
 	h.t.Helper()

@@ -770,9 +770,7 @@ func TestStaleObservationReportsNothing(t *testing.T) {
 // was (and refuse it for good).
 func TestIntentNewerThanObservationIsNotJudged(t *testing.T) {
 	h := newHarness(t)
-	staging, _ := h.volume("v1")
-	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.staged("v1")
 	h.world.mu.Lock()
 	l := h.world.loops[h.world.Path("v1")]
 	h.world.mountLocked(host.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"})
