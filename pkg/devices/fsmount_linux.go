@@ -70,27 +70,10 @@ func (m *fsMounter) MountSensitiveWithoutSystemdWithMountFlags(source, target, f
 	return m.MountSensitive(source, target, fstype, options, sensitive)
 }
 
-// mountAttrs maps the per-mount options of mount(8) to the attributes
-// fsmount gives the new mount. "ro" also makes the superblock read-only.
-var mountAttrs = map[string]uint64{
-	"ro":          unix.MOUNT_ATTR_RDONLY,
-	"nosuid":      unix.MOUNT_ATTR_NOSUID,
-	"nodev":       unix.MOUNT_ATTR_NODEV,
-	"noexec":      unix.MOUNT_ATTR_NOEXEC,
-	"noatime":     unix.MOUNT_ATTR_NOATIME,
-	"relatime":    unix.MOUNT_ATTR_RELATIME,
-	"strictatime": unix.MOUNT_ATTR_STRICTATIME,
-	"nodiratime":  unix.MOUNT_ATTR_NODIRATIME,
-}
-
 // defaultOptions are options of mount(8) that ask for what a new mount is
 // anyway (or only undo another option, which the policy's options never
 // need): nothing is passed for them.
 var defaultOptions = []string{"defaults", "rw", "suid", "dev", "exec", "atime", "norelatime", "diratime", "async", "nolazytime"}
-
-// superblockFlags are the options the kernel's generic parser sets on the
-// superblock (fsconfig FSCONFIG_SET_FLAG).
-var superblockFlags = []string{"ro", "sync", "dirsync", "lazytime"}
 
 // selinuxOptions are the SELinux context options.
 var selinuxOptions = []string{"context", "fscontext", "defcontext", "rootcontext"}
@@ -125,7 +108,9 @@ func (p *Paths) MountFilesystem(dev, target, fstype string, options []string, se
 	if err := unix.FsconfigSetString(fsfd, "source", dev); err != nil {
 		return fail("source", err)
 	}
-	var attrs uint64
+	// The per-mount flags are the attributes a bind would get (the last
+	// access-time flag wins); "ro" also makes the superblock read-only.
+	attrs := bindAttr(options).Attr_set
 	for _, o := range options {
 		key, value, hasValue := strings.Cut(o, "=")
 		switch {
@@ -134,11 +119,8 @@ func (p *Paths) MountFilesystem(dev, target, fstype string, options []string, se
 		case slices.Contains(selinuxOptions, key) && !selinux:
 			continue
 		}
-		if a, ok := mountAttrs[o]; ok {
-			attrs |= a
-			if !slices.Contains(superblockFlags, o) {
-				continue
-			}
+		if _, ok := bindAttrs[o]; ok && o != "ro" {
+			continue
 		}
 		if hasValue {
 			// mount(8) takes a value with commas in double quotes; the
