@@ -77,7 +77,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, err
 	}
 	defer release()
-	v, err = s.cfg.Store.Update(id, func(v *state.Volume) error {
+	v, err = s.record(id, func(v *state.Volume) error {
 		if v.Stage == nil || v.Stage.Deleting {
 			return state.Errorf(state.KindNotFound, "volume %s is not staged", id)
 		}
@@ -89,10 +89,9 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil
 	})
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	klog.FromContext(ctx).V(4).Info("Expand intent recorded", "volumeID", id, "bytes", v.Expand.Bytes, "generation", v.Expand.Generation)
-	s.cfg.Kicker.Kick()
 	if err := s.wait(ctx, id, s.expandCheck(id, v.Expand.Generation)); err != nil {
 		return nil, err
 	}

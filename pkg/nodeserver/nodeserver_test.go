@@ -363,3 +363,76 @@ func TestStageOfAVolumeBeingDeleted(t *testing.T) {
 		t.Errorf("record after the refused stage: %+v", v)
 	}
 }
+
+// syncGate is a store whose writes become durable only when the test says,
+// and then fail with err.
+type syncGate struct {
+	*state.Store
+	release chan struct{}
+	synced  chan struct{}
+	err     error
+}
+
+func (g *syncGate) Write(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error) {
+	v, durable, err := g.Store.Write(id, fn)
+	if err != nil {
+		return nil, nil, err
+	}
+	return v, func() error {
+		<-g.release
+		defer close(g.synced)
+		if err := durable(); err != nil {
+			return err
+		}
+		return g.err
+	}, nil
+}
+
+// TestIntentWorkOverlapsItsSync checks that a request kicks the
+// reconciler before its intent is durable (the work overlaps the
+// fdatasync), never answers before it is durable, and answers UNAVAILABLE,
+// uncertain to the kubelet, when it cannot be made durable, even though
+// the work was done.
+func TestIntentWorkOverlapsItsSync(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want codes.Code
+	}{
+		{name: "durable", want: codes.OK},
+		{name: "sync fails", err: fmt.Errorf("fdatasync: input/output error"), want: codes.Unavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, store, rec := newServer(t)
+			g := &syncGate{Store: store, release: make(chan struct{}), synced: make(chan struct{}), err: tc.err}
+			s.cfg.Store = g
+			kickedBeforeSync := make(chan bool, 1)
+			rec.onKick = func() {
+				select {
+				case <-g.synced:
+					kickedBeforeSync <- false
+				default:
+					kickedBeforeSync <- true
+				}
+				readyAll(store, "v1")
+			}
+			answered := make(chan error, 1)
+			go func() {
+				_, err := s.NodeStageVolume(context.Background(), stageReq("v1"))
+				answered <- err
+			}()
+			if !<-kickedBeforeSync {
+				t.Fatal("the reconciler was kicked only after the intent was durable")
+			}
+			select {
+			case err := <-answered:
+				t.Fatalf("answered %v before the intent was durable", err)
+			default:
+			}
+			close(g.release)
+			if got := status.Code(<-answered); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -47,7 +47,7 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil, err
 	}
 	defer release()
-	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
+	v, err := s.record(id, func(v *state.Volume) error {
 		st := v.Stage
 		switch {
 		case st == nil || st.Deleting:
@@ -79,9 +79,8 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 		return nil
 	})
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
-	s.cfg.Kicker.Kick()
 	gen := v.Publishes[target].Generation
 	if err := s.wait(ctx, id, s.setupCheck(id, state.PublishKey(target), gen, livePublish(target))); err != nil {
 		return nil, err
@@ -106,19 +105,18 @@ func (s *Server) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublish
 		return nil, err
 	}
 	defer release()
-	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
+	v, err := s.record(id, func(v *state.Volume) error {
 		if p := v.Publishes[target]; p != nil {
 			p.Deleting = true
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	if v.Publishes[target] == nil {
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
-	s.cfg.Kicker.Kick()
 	if err := s.wait(ctx, id, s.teardownCheck(id, state.PublishKey(target), v.Publishes[target].Generation, livePublish(target))); err != nil {
 		return nil, err
 	}

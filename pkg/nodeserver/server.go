@@ -16,7 +16,7 @@ import (
 // Store is the subset of the desired-state store the node server needs.
 type Store interface {
 	Get(id string) (*state.Volume, error)
-	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
+	Write(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error)
 	Result(id string, key state.IntentKey) (state.Result, bool)
 	FinalFor(id string, key state.IntentKey, gen int64) *state.Error
 	Watch(id string) <-chan struct{}
@@ -142,4 +142,22 @@ func (s *Server) admit() (release func(), err error) {
 	default:
 		return nil, status.Errorf(codes.ResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
 	}
+}
+
+// record writes the intent fn makes and kicks the reconciler, whose work
+// on it overlaps the write's fdatasync, then returns once the record is
+// durable: no request is answered OK on an intent a crash could lose. When
+// the fdatasync fails the work may have been done already, so the answer
+// is UNAVAILABLE, which the kubelet treats as uncertain: it retries, or
+// later calls the reverse.
+func (s *Server) record(id string, fn func(v *state.Volume) error) (*state.Volume, error) {
+	v, durable, err := s.cfg.Store.Write(id, fn)
+	if err != nil {
+		return nil, Status(err)
+	}
+	s.cfg.Kicker.Kick()
+	if err := durable(); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "the request for volume %s could not be made durable; restart the plugin: %v", id, err)
+	}
+	return v, nil
 }

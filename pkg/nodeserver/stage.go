@@ -55,7 +55,7 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil, err
 	}
 	defer release()
-	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
+	v, err := s.record(id, func(v *state.Volume) error {
 		st := v.Stage
 		switch {
 		case v.Removing:
@@ -74,10 +74,9 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		return nil
 	})
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	klog.FromContext(ctx).V(4).Info("Stage intent recorded", "volumeID", id, "generation", v.Stage.Generation)
-	s.cfg.Kicker.Kick()
 	if err := s.wait(ctx, id, s.setupCheck(id, state.StageKey, v.Stage.Generation, liveStage)); err != nil {
 		return nil, err
 	}
@@ -101,7 +100,7 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 		return nil, err
 	}
 	defer release()
-	v, err := s.cfg.Store.Update(id, func(v *state.Volume) error {
+	v, err := s.record(id, func(v *state.Volume) error {
 		st := v.Stage
 		if st == nil || st.Path != path {
 			return nil
@@ -119,12 +118,11 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 		return nil
 	})
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	if v.Stage == nil || v.Stage.Path != path {
 		return &csi.NodeUnstageVolumeResponse{}, nil
 	}
-	s.cfg.Kicker.Kick()
 	if err := s.wait(ctx, id, s.teardownCheck(id, state.StageKey, v.Stage.Generation, liveStage)); err != nil {
 		return nil, err
 	}

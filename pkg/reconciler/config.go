@@ -20,6 +20,7 @@ type Store interface {
 	List() []*state.Volume
 	Get(id string) (*state.Volume, error)
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
+	Write(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error)
 	SetResult(id string, key state.IntentKey, r state.Result)
 	Fulfilled(id string, key state.IntentKey, gen int64, path string)
 	SetFinal(id string, key state.IntentKey, f state.Final)

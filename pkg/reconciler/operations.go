@@ -311,11 +311,10 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 		return fmt.Errorf("removing target: %w", err)
 	}
 	gen := v.Publishes[target].Generation
-	_, err = r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
+	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
 		cur.ForgetPublish(target, gen)
 		return nil
 	})
-	return err
 }
 
 // mayHoldOwnMount fails, to be retried, while a mount of the volume whose
@@ -354,11 +353,10 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 		return nil
 	}
 	gen := st.Generation
-	_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
+	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
 		cur.ForgetStage(gen)
 		return nil
 	})
-	return err
 }
 
 // release takes one step of releasing an orphaned device: unmount one of
@@ -403,10 +401,20 @@ func (r *Reconciler) unmountStray(path string, id uint64) error {
 // recordMount records the unique ID of the mount at the staging path
 // (act.target "") or at a target, unless the intent changed meanwhile.
 func (r *Reconciler) recordMount(id string, act action) error {
-	_, err := r.cfg.Store.Update(id, func(v *state.Volume) error {
+	return r.recordKernelState(id, func(v *state.Volume) error {
 		v.RecordMountID(act.target, act.generation, act.mountID)
 		return nil
 	})
+}
+
+// recordKernelState writes a change of id's record that only follows the
+// kernel's state (a mount's unique ID; a mount or device verified gone)
+// without waiting for the disk: a crash of the plugin leaves it in the
+// store's log, and a crash of the machine takes the mounts and devices it
+// speaks of too, so that what the record says after either still holds.
+// The next durable write, or a clean stop, makes it durable.
+func (r *Reconciler) recordKernelState(id string, fn func(v *state.Volume) error) error {
+	_, _, err := r.cfg.Store.Write(id, fn)
 	return err
 }
 

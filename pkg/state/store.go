@@ -260,6 +260,29 @@ func (s *Store) List() []*Volume {
 // spec or deletion changed takes the new generation, and a record left empty
 // is deleted.
 func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
+	v, durable, err := s.Write(id, fn)
+	if err != nil {
+		return nil, err
+	}
+	if err := durable(); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Write is Update that does not wait for the disk: it returns once the
+// record is in the log file and in memory, where the reconciler acts on it
+// and where the next Open finds it however this process ends (the kernel
+// holds the written pages). durable returns once the record also survives
+// a crash of the machine (an fdatasync that concurrent writers share).
+//
+// So the work on a record may overlap its fdatasync: what the reconciler
+// builds (mounts, loop devices) is kernel state, which a crash of the
+// machine takes away together with the record's unsynced pages. A request
+// answers only once durable returned nil. When durable fails, the log
+// refuses every later write and the plugin must be restarted; the record
+// stays in memory meanwhile.
+func (s *Store) Write(id string, fn func(v *Volume) error) (v *Volume, durable func() error, err error) {
 	mu := &s.recordMu[shard(id)]
 	mu.Lock()
 	defer mu.Unlock()
@@ -272,14 +295,17 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 		cur = &Volume{ID: id}
 	}
 	if err := fn(cur); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cur.ID = id
 	if len(cur.Publishes) == 0 {
 		cur.Publishes = nil
 	}
 	if old != nil && reflect.DeepEqual(old, cur) || old == nil && cur.Empty() {
-		return cur, nil
+		// Nothing to write; an earlier write of the same content may
+		// still be on its way to the disk.
+		seq := s.log.written.Load()
+		return cur, func() error { return s.log.sync(seq) }, nil
 	}
 	var prevGen int64
 	if old != nil {
@@ -292,16 +318,16 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 	if !cur.Empty() {
 		var err error
 		if raw, err = json.Marshal(cur); err != nil {
-			return nil, fmt.Errorf("encoding record %s: %w", id, err)
+			return nil, nil, fmt.Errorf("encoding record %s: %w", id, err)
 		}
 	}
-	err := s.log.write(id, raw)
+	seq, err := s.log.append(id, raw)
 	if NoSpace(err) {
 		// Nothing was committed: the records stay as they were.
-		return nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %w", id, err)
+		return nil, nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %w", id, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("writing record %s: %w", id, err)
+		return nil, nil, fmt.Errorf("writing record %s: %w", id, err)
 	}
 
 	s.mu.Lock()
@@ -312,7 +338,12 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 	}
 	s.mu.Unlock()
 	s.reports.recorded(cur)
-	return cur, nil
+	return cur, func() error {
+		if err := s.log.sync(seq); err != nil {
+			return fmt.Errorf("writing record %s: %w", id, err)
+		}
+		return nil
+	}, nil
 }
 
 // shard picks the lock of a record.

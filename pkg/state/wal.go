@@ -103,7 +103,8 @@ func scanLog(data []byte) ([]logRecord, int64) {
 }
 
 // writeLog is the store's log file. Writers append under mu and then make
-// what they wrote durable with sync.
+// what they wrote durable with sync (Store.Write lets the work on a record
+// run meanwhile).
 type writeLog struct {
 	f  *os.File
 	fd int
@@ -229,16 +230,6 @@ func (l *writeLog) prepare(size int64) error {
 		return fmt.Errorf("allocating state log: %w", err)
 	}
 	return nil
-}
-
-// write appends the record of id (value nil deletes it) and returns once
-// it is durable.
-func (l *writeLog) write(id string, value []byte) error {
-	seq, err := l.append(id, value)
-	if err != nil {
-		return err
-	}
-	return l.sync(seq)
 }
 
 // append writes the record of id to the file, after a checkpoint when the

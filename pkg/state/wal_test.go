@@ -325,3 +325,49 @@ func TestUncleanStoreRefusedByOlderBinaries(t *testing.T) {
 		t.Error("after a clean close, bbolt lacks record v")
 	}
 }
+
+// TestWriteBeforeSync checks Store.Write: its record is in memory and in
+// the log file before it is durable, so a killed process leaves it for the
+// next Open; durable makes it (and any earlier write) durable, also for a
+// write that changed nothing and so would otherwise answer on a record
+// still on its way to the disk.
+func TestWriteBeforeSync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s := openStore(t, path)
+	v, durable, err := s.Write("a", func(v *Volume) error { v.Formatted = "ext4"; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get("a"); err != nil || got.Formatted != "ext4" || got.Generation != v.Generation {
+		t.Fatalf("before its sync: got %+v, %v; want the record written", got, err)
+	}
+	written, synced := s.log.written.Load(), s.log.synced.Load()
+	if synced >= written {
+		t.Fatalf("synced %d of %d records before durable was called; want the write unsynced", synced, written)
+	}
+	_, unchanged, err := s.Write("a", func(v *Volume) error { v.Formatted = "ext4"; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unchanged(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.log.synced.Load(); got < written {
+		t.Errorf("an unchanged write answered durable with record %d of %d synced", got, written)
+	}
+	if err := durable(); err != nil {
+		t.Fatal(err)
+	}
+
+	// A write never synced is found by the next Open of a killed process.
+	if _, _, err := s.Write("b", func(v *Volume) error { v.FsSize = 7; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	want := records(s)
+	crash(s)
+	s = openStore(t, path)
+	defer s.Close()
+	if got := records(s); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after a crash of the process:\n got %+v\nwant %+v", got, want)
+	}
+}

@@ -196,7 +196,9 @@ func timed(f func() error) (time.Duration, error) {
 
 func start(b *testing.B, args ...string) plugin {
 	removeNewLoopNodes(b)
-	p := plugin{testenv.New(b, args...)}
+	// At -v=2, as deploy/ runs it: the tests' -v=4 writes a log line per
+	// call and command, which is not what a node pays.
+	p := plugin{testenv.New(b, append([]string{"-v", "2"}, args...)...)}
 	p.Start()
 	return p
 }
