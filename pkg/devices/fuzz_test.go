@@ -4,10 +4,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/mount-utils"
+
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // FuzzUnescapeOctal checks that the mountinfo unescaping inverts the
@@ -34,12 +39,16 @@ func FuzzUnescapeOctal(f *testing.F) {
 	})
 }
 
-// FuzzReadMounts feeds arbitrary mountinfo contents to the parser: it must
-// fail or parse, never panic, and never return more mounts than lines.
+// FuzzReadMounts feeds arbitrary mountinfo contents to the parser and to
+// mount-utils' ParseMountInfo, which it replaces in every pass: both must
+// refuse the same contents, and what both parse must be the same mounts
+// (no panic, never more mounts than lines).
 func FuzzReadMounts(f *testing.F) {
 	f.Add("36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n")
 	f.Add("42 27 7:0 / /tmp/a\\040b rw,relatime - ext4 /dev/loop0 rw,shutdown\n")
+	f.Add("43 27 7:1 / /t ro shared:3 master:2 - xfs /dev/loop1 emergency_ro,context=\"a,ro\"\n")
 	f.Add("1 2 3:4 / / rw - - - -\n")
+	f.Add("1 2 3:4:5 / / rw - - - -\n")
 	f.Add("garbage")
 	f.Fuzz(func(t *testing.T, content string) {
 		p := filepath.Join(t.TempDir(), "mountinfo")
@@ -47,11 +56,32 @@ func FuzzReadMounts(f *testing.F) {
 			t.Fatal(err)
 		}
 		mounts, err := ReadMounts(p)
+		infos, utilErr := mount.ParseMountInfo(p)
+		if (err == nil) != (utilErr == nil) {
+			t.Fatalf("ReadMounts: %v; mount-utils: %v", err, utilErr)
+		}
 		if err != nil {
 			return
 		}
 		if lines := strings.Count(content, "\n") + 1; len(mounts) > lines {
 			t.Fatalf("%d mounts from %d lines", len(mounts), lines)
+		}
+		want := make([]host.Mount, 0, len(infos))
+		for _, mi := range infos {
+			want = append(want, host.Mount{
+				ID:            mi.ID,
+				Path:          unescapeOctal(mi.MountPoint),
+				Dev:           host.DevNum{Major: uint32(mi.Major), Minor: uint32(mi.Minor)},
+				Root:          unescapeOctal(mi.Root),
+				Source:        unescapeOctal(mi.Source),
+				FsType:        mi.FsType,
+				ReadOnly:      slices.Contains(mi.MountOptions, "ro"),
+				SuperReadOnly: slices.Contains(mi.SuperOptions, "ro") || slices.Contains(mi.SuperOptions, "emergency_ro"),
+				Shutdown:      slices.Contains(mi.SuperOptions, "shutdown"),
+			})
+		}
+		if !reflect.DeepEqual(mounts, want) {
+			t.Fatalf("got %+v, mount-utils parses %+v", mounts, want)
 		}
 	})
 }

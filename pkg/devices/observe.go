@@ -27,19 +27,20 @@ type Observer struct {
 	// Images is the data directory whose space is observed; nil for none.
 	Images *Images
 
-	// files keeps the files of the loop listing open between passes;
-	// made on first use.
+	// files keeps the files of the loop listing open between passes, and
+	// mounts the mount table's; made on first use.
 	filesOnce sync.Once
 	files     *keptFiles
+	mounts    *mountTable
 }
 
 // Observe parses the mount table once and lists the loop devices.
 func (o *Observer) Observe() (*host.Snapshot, error) {
-	mounts, err := ReadMounts(o.MountInfo)
+	o.filesOnce.Do(o.keepFiles)
+	mounts, err := o.mounts.read()
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
 	}
-	o.filesOnce.Do(func() { o.files = newKeptFiles() })
 	loops, err := o.files.listLoops(o.SysBlock, o.Partitions)
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
@@ -56,9 +57,14 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 // Close closes the files Observe keeps open. Observe may be called again
 // afterwards; it opens them anew.
 func (o *Observer) Close() error {
-	o.filesOnce.Do(func() { o.files = newKeptFiles() })
+	o.filesOnce.Do(o.keepFiles)
 	o.files.close()
+	o.mounts.close()
 	return nil
+}
+
+func (o *Observer) keepFiles() {
+	o.files, o.mounts = newKeptFiles(), newMountTable(o.MountInfo)
 }
 
 // byDevice gives the mounts of a filesystem that reports an anonymous

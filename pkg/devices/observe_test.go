@@ -2,9 +2,11 @@ package devices
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -207,5 +209,92 @@ func TestCheckMountedAtEachFilesystem(t *testing.T) {
 				t.Errorf("CheckMountedAt with tmpfs on top: got %v, want ErrMisplacedMount", err)
 			}
 		})
+	}
+}
+
+// TestMountTableKeepsItsDescriptor reads the mount table through one kept
+// descriptor and a buffer far smaller than the table (so every read grows
+// it and spans pages) while mounts come and go: each read shows the table
+// as it is then, as a fresh read of the file does, and a closed table opens
+// the file again.
+func TestMountTableKeepsItsDescriptor(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	dir := t.TempDir()
+	var mnts []string
+	for i := range 5 {
+		m := filepath.Join(dir, fmt.Sprintf("m %d", i))
+		if err := os.Mkdir(m, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		mnts = append(mnts, m)
+	}
+	t.Cleanup(func() {
+		for _, m := range mnts {
+			syscall.Unmount(m, syscall.MNT_DETACH)
+		}
+	})
+	mt := newMountTable("/proc/self/mountinfo")
+	mt.buf = make([]byte, 16)
+	defer mt.close()
+	check := func(want []string) {
+		t.Helper()
+		got, err := mt.read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh, err := ReadMounts("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, fresh) {
+			t.Fatalf("kept descriptor read %d mounts, a fresh read %d:\n got %+v\nwant %+v", len(got), len(fresh), got, fresh)
+		}
+		// The way of a kernel before 5.8 reads the same.
+		if old, err := (&mountTable{path: "/proc/self/mountinfo"}).read(); err != nil || !reflect.DeepEqual(old, fresh) {
+			t.Fatalf("read until two reads agree: got %+v, %v; want %+v", old, err, fresh)
+		}
+		var ours []string
+		for _, m := range got {
+			if strings.HasPrefix(m.Path, dir+"/") {
+				ours = append(ours, m.Path)
+			}
+		}
+		if !slices.Equal(ours, want) {
+			t.Fatalf("got mounts %q, want %q", ours, want)
+		}
+	}
+	check(nil)
+	for i, m := range mnts {
+		if err := syscall.Mount("tmpfs", m, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		check(mnts[:i+1])
+	}
+	mt.close()
+	if err := syscall.Unmount(mnts[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	check(mnts[1:])
+}
+
+func TestReleaseAtLeast(t *testing.T) {
+	for _, tc := range []struct {
+		release string
+		want    bool
+	}{
+		{"6.18.44-fc-v657", true},
+		{"5.8.0", true},
+		{"5.8-rc1", true},
+		{"5.7.19", false},
+		{"4.19.0-amd64", false},
+		{"10.0", true},
+		{"garbage", false},
+		{"5.x", false},
+	} {
+		if got := releaseAtLeast(tc.release, 5, 8); got != tc.want {
+			t.Errorf("releaseAtLeast(%q, 5, 8): got %v, want %v", tc.release, got, tc.want)
+		}
 	}
 }
