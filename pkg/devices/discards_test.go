@@ -53,8 +53,8 @@ func TestDiscardsAfterAThickUser(t *testing.T) {
 	}
 	detach := func(dev string) {
 		t.Helper()
-		if err := (LoopDevices{}).Detach(dev); err != nil {
-			t.Fatal(err)
+		if gone, err := (LoopDevices{}).Detach(dev); err != nil || !gone {
+			t.Fatalf("detaching unused %s: gone %v, %v; want gone", dev, gone, err)
 		}
 	}
 	for i := range 10 {

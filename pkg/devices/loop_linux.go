@@ -478,19 +478,25 @@ func (LoopDevices) Grow(dev string) error { return GrowLoop(dev) }
 // Keep calls KeepLoop.
 func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }
 
-// Detach calls DetachLoop, and removes a device whose discards were
-// turned off: the kernel would keep them off for the number's next user.
-// The removal takes the kernel about 50 ms (measured here), so it runs in
-// the background and does not hold up the unstage: an attach that takes
-// the number meanwhile either holds it open (the removal then fails) or
-// finds it gone and takes another.
-func (LoopDevices) Detach(dev string) error {
-	off, _ := readInt(filepath.Join("/sys/block", filepath.Base(dev), "queue", "discard_max_bytes"))
+// Detach calls DetachLoop and reports whether the device is gone: it has
+// no backing file any more (a device someone else holds open is only
+// marked, and goes at its last close; a number attached again meanwhile
+// reads as not gone). It removes a device whose discards were turned off:
+// the kernel would keep them off for the number's next user. The removal
+// takes the kernel about 50 ms (measured here), so it runs in the
+// background and does not hold up the unstage: an attach that takes the
+// number meanwhile either holds it open (the removal then fails) or finds
+// it gone and takes another.
+func (LoopDevices) Detach(dev string) (gone bool, err error) {
+	sys := filepath.Join("/sys/block", filepath.Base(dev))
+	off, _ := readInt(filepath.Join(sys, "queue", "discard_max_bytes"))
 	if err := DetachLoop(dev); err != nil {
-		return err
+		return false, err
 	}
+	_, err = os.Stat(filepath.Join(sys, "loop", "backing_file"))
+	gone = errors.Is(err, os.ErrNotExist)
 	if off == 0 {
 		go removeLoop(dev)
 	}
-	return nil
+	return gone, nil
 }

@@ -298,3 +298,30 @@ func TestReleaseAtLeast(t *testing.T) {
 		}
 	}
 }
+
+// TestDetachReportsABusyDevice detaches a device that another user holds
+// open: the kernel only marks it, so Detach reports it not gone, and it
+// goes at that user's last close.
+func TestDetachReportsABusyDevice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to attach loop devices")
+	}
+	img := sparseImage(t, filepath.Join(t.TempDir(), "busy.img"))
+	dev, err := AttachLoop(img, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { DetachLoop(dev) })
+	holder, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gone, err := (LoopDevices{}).Detach(dev); err != nil || gone {
+		holder.Close()
+		t.Fatalf("detaching %s while it is held open: gone %v, %v; want not gone", dev, gone, err)
+	}
+	holder.Close()
+	if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s still attached after its last close: %v", dev, err)
+	}
+}

@@ -41,7 +41,9 @@ type Loops interface {
 	// Attach attaches an image to a new device that passes discards on
 	// to it or refuses them.
 	Attach(image string, discards bool) (string, error)
-	Detach(dev string) error
+	// Detach detaches a device and reports whether it is gone when Detach
+	// returns; a device another user holds open goes at its last close.
+	Detach(dev string) (gone bool, err error)
 	// Keep clears the auto-clear flag of an attached device.
 	Keep(dev string) error
 	// Grow makes a device take its backing file's size.

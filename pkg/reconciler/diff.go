@@ -61,6 +61,9 @@ type actual struct {
 	// paths the record does not name: someone else's (the kubelet's subPath
 	// bind mounts, an operator's), never touched, and they block unstage.
 	foreignMounts []string
+	// deviceMounts counts the mounts of the volume's device, wherever
+	// they are (the staging mount included).
+	deviceMounts int
 
 	// unusable says why the staged filesystem cannot be used (shut down, or
 	// its mount point fails with EIO, ESTALE, ENOTCONN); "" when it can.
@@ -197,7 +200,9 @@ func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check che
 		}
 	}
 	if a.loop != nil {
-		a.sortOtherMounts(v, snap.MountsOf(a.loop.Dev), check, roots)
+		mounts := snap.MountsOf(a.loop.Dev)
+		a.deviceMounts = len(mounts)
+		a.sortOtherMounts(v, mounts, check, roots)
 	}
 	return a
 }

@@ -446,8 +446,9 @@ func (w *fakeWorld) Attach(image string, discards bool) (string, error) {
 	return dev, err
 }
 
-func (w *fakeWorld) Detach(dev string) error {
-	return w.do("detach", func() string { return w.imageOf(dev) }, func() error {
+func (w *fakeWorld) Detach(dev string) (bool, error) {
+	gone := true
+	err := w.do("detach", func() string { return w.imageOf(dev) }, func() error {
 		for k, l := range w.loops {
 			if l.Device != dev {
 				continue
@@ -457,12 +458,14 @@ func (w *fakeWorld) Detach(dev string) error {
 				// its last mount.
 				l.AutoClear = true
 				w.loops[k] = l
+				gone = false
 				continue
 			}
 			delete(w.loops, k)
 		}
 		return nil
 	})
+	return gone && err == nil, err
 }
 
 func (w *fakeWorld) Keep(dev string) error {

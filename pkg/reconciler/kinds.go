@@ -183,7 +183,8 @@ func kindTable() [kindCount]kindSpec {
 		// (target is the device).
 		actDetachExtra: {name: "detach extra device", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
-				return r.cfg.Loops.Detach(act.target)
+				_, err := r.cfg.Loops.Detach(act.target)
+				return err
 			}},
 		// Records the unique ID of the mount at the staging path (target "")
 		// or at a target, so that the plugin knows it as its own wherever it

@@ -327,9 +327,12 @@ func (a *actual) mayHoldOwnMount() error {
 	return nil
 }
 
-// unstage takes one step of a teardown: unmount the staging mount, else
-// detach the device, else (verified gone) forget the stage. Each step is
-// verified by the next pass's observation before the next one runs.
+// unstage tears a stage down: unmount the staging mount, detach the device,
+// forget the stage (once verified gone). It goes on to the next step only
+// where the operation can see the one before done: the staging mount was
+// the filesystem's only mount in the observation and its unmount succeeded,
+// or the device is gone once detached. Otherwise (a device another user
+// holds open, say) the next pass's observation decides.
 func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	st := v.Stage
 	if err := a.mayHoldOwnMount(); err != nil {
@@ -344,13 +347,18 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 		if err := r.cfg.Filesystems.Unmount(st.Path); err != nil {
 			return fmt.Errorf("unmounting staging path %s: %w", st.Path, err)
 		}
-		return nil
+		if a.deviceMounts != 1 {
+			return nil
+		}
 	}
 	if a.loop != nil && !a.static {
-		if err := r.cfg.Loops.Detach(a.loop.Device); err != nil {
+		gone, err := r.cfg.Loops.Detach(a.loop.Device)
+		if err != nil {
 			return fmt.Errorf("detaching %s: %w", a.loop.Device, err)
 		}
-		return nil
+		if !gone {
+			return nil
+		}
 	}
 	gen := st.Generation
 	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
@@ -372,7 +380,7 @@ func (r *Reconciler) release(a *actual) error {
 		}
 		return nil
 	}
-	if err := r.cfg.Loops.Detach(a.loop.Device); err != nil {
+	if _, err := r.cfg.Loops.Detach(a.loop.Device); err != nil {
 		return fmt.Errorf("detaching orphaned %s: %w", a.loop.Device, err)
 	}
 	return nil

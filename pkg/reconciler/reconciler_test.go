@@ -793,3 +793,49 @@ func TestIntentNewerThanObservationIsNotJudged(t *testing.T) {
 		t.Errorf("the unstage was refused: %+v", f.Err)
 	}
 }
+
+// TestUnstageIsOneOperation checks that an unstage whose every step the
+// operation can see done (the staging mount was the filesystem's only
+// mount; the device is gone once detached) unmounts, detaches and forgets
+// in the one operation a pass starts; and that one that cannot (a second
+// mount stacked on the staging path) stops after the unmount and leaves the
+// rest to the next pass's observation.
+func TestUnstageIsOneOperation(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		stacked bool
+		// wantCalls are the calls of the one pass after the withdrawal.
+		wantCalls string
+	}{
+		{name: "only mount", wantCalls: "unmount %[1]s,detach"},
+		{name: "stacked mount", stacked: true, wantCalls: "unmount %[1]s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			staging := h.staged("v1")
+			if tc.stacked {
+				if _, err := h.world.BindMount(staging, staging, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.update("v1", func(v *state.Volume) { v.Stage.Deleting = true })
+			n := len(h.world.Calls())
+			h.r.exec.wait()
+			if _, err := h.r.Pass(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			h.r.exec.wait()
+			if got, want := h.callsSince(n), fmt.Sprintf(tc.wantCalls, staging); got != want {
+				t.Errorf("calls of the first pass: got %s, want %s", got, want)
+			}
+			v, err := h.store.Get("v1")
+			if forgotten := err == nil && v.Stage == nil; forgotten == tc.stacked {
+				t.Errorf("stage forgotten after one pass: got %v, want %v (record %+v)", forgotten, !tc.stacked, v)
+			}
+			h.settle()
+			if m, v := mountPaths(h.world), func() *state.Volume { v, _ := h.store.Get("v1"); return v }(); len(m) != 0 || len(h.world.loops) != 0 || v.Stage != nil {
+				t.Errorf("after settling: mounts %v, loops %v, record %+v; want none and no stage", m, h.world.loops, v)
+			}
+		})
+	}
+}

@@ -368,7 +368,9 @@ func BenchmarkBurst(b *testing.B) {
 			}
 			return p.publish(v)
 		})
+		passTimeBefore, passesBefore := passTotals(b, p)
 		cDown, _ := burst(b, cvols, p.teardown)
+		passTimeAfter, passesAfter := passTotals(b, p)
 		rWall, rLat, rDown := handBurst(b, rawFloor{bl}, makeImages(b, bl, fmt.Sprintf("raw-burst-%d", b.N), n))
 		mWall, mLat, mDown := handBurst(b, bl, makeImages(b, bl, fmt.Sprintf("mu-burst-%d", b.N), n))
 
@@ -381,6 +383,9 @@ func BenchmarkBurst(b *testing.B) {
 		b.ReportMetric(ms(cDown), "teardown-wall-ms")
 		b.ReportMetric(ms(rDown), "raw-teardown-wall-ms")
 		b.ReportMetric(float64(cDown)/float64(rDown), "teardown-ratio")
+		// Passes the reconciler made during the teardown (all volumes).
+		b.ReportMetric(passesAfter-passesBefore, "teardown-passes")
+		b.ReportMetric((passTimeAfter-passTimeBefore)*1000, "teardown-pass-total-ms")
 		compare("100 volumes at once: wall", "ms", ms(cWall), ms(rWall), ms(mWall), 1.3)
 		compare("100 volumes at once: p50 per volume", "ms", ms(quantile(cLat, 0.5)), ms(quantile(rLat, 0.5)), ms(quantile(mLat, 0.5)), 0)
 		compare("100 volumes at once: p99 per volume", "ms", ms(quantile(cLat, 0.99)), ms(quantile(rLat, 0.99)), ms(quantile(mLat, 0.99)), 0)
