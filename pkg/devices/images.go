@@ -14,8 +14,8 @@ import (
 const (
 	// imageSuffix ends every volume image file name.
 	imageSuffix = ".img"
-	// tempPrefix starts the name of an image being created; IDs never
-	// start with a dot, so no image can be mistaken for one.
+	// tempPrefix starts the name of an image being created or copied; IDs
+	// never start with a dot, so no image can be mistaken for one.
 	tempPrefix = ".tmp-"
 )
 
@@ -200,8 +200,13 @@ func (im *Images) Usages() ([]Usage, error) {
 
 // RemoveStaleTemps removes the temporary files of Create calls that a crash
 // interrupted. Call it before serving, when no Create runs.
-func (im *Images) RemoveStaleTemps() error {
-	entries, err := os.ReadDir(im.Dir)
+func (im *Images) RemoveStaleTemps() error { return RemoveStaleTemps(im.Dir) }
+
+// RemoveStaleTemps removes from dir the temporary files of what a crash
+// interrupted (an image's creation, a CopyFile). Call it when nothing
+// writes to dir. A missing dir is a no-op.
+func RemoveStaleTemps(dir string) error {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -210,7 +215,7 @@ func (im *Images) RemoveStaleTemps() error {
 	}
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), tempPrefix) {
-			if err := os.Remove(filepath.Join(im.Dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return err
 			}
 		}

@@ -176,27 +176,7 @@ func TestCheckMountedAtEachFilesystem(t *testing.T) {
 	for _, fs := range []string{FsExt4, FsXFS, FsBtrfs} {
 		t.Run(fs, func(t *testing.T) {
 			dir := t.TempDir()
-			mnt := filepath.Join(dir, "mnt")
-			if err := os.Mkdir(mnt, 0o700); err != nil {
-				t.Fatal(err)
-			}
-			img := sparseImage(t, filepath.Join(dir, "a.img"))
-			if err := os.Truncate(img, 320<<20); err != nil { // xfs's minimum
-				t.Fatal(err)
-			}
-			dev, err := AttachLoop(img, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { DetachLoop(dev) })
-			force := map[string]string{FsExt4: "-F", FsXFS: "-f", FsBtrfs: "-f"}[fs]
-			if out, err := exec.Command("mkfs."+fs, "-q", force, dev).CombinedOutput(); err != nil {
-				t.Fatalf("mkfs.%s: %v: %s", fs, err, out)
-			}
-			if err := syscall.Mount(dev, mnt, fs, 0, ""); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+			mnt, dev := mountFresh(t, dir, fs)
 			paths := NewPaths([]string{dir})
 			if err := paths.CheckMountedAt(dev, mnt); err != nil {
 				t.Errorf("CheckMountedAt(%s, %s): %v, want the mount found", dev, mnt, err)
@@ -210,6 +190,42 @@ func TestCheckMountedAtEachFilesystem(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mountFresh makes a new filesystem of type fs (mkfs with extra options
+// mkfsArgs) on a 320 MiB sparse image in dir, xfs's minimum, and mounts it
+// at dir/mnt; the test's cleanup unmounts and detaches it.
+func mountFresh(tb testing.TB, dir, fs string, mkfsArgs ...string) (mnt, dev string) {
+	tb.Helper()
+	return mountFreshSized(tb, dir, fs, 320<<20, mkfsArgs...)
+}
+
+// mountFreshSized is mountFresh on an image of size bytes.
+func mountFreshSized(tb testing.TB, dir, fs string, size int64, mkfsArgs ...string) (mnt, dev string) {
+	tb.Helper()
+	mnt = filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		tb.Fatal(err)
+	}
+	img := sparseImage(tb, filepath.Join(dir, "a.img"))
+	if err := os.Truncate(img, size); err != nil {
+		tb.Fatal(err)
+	}
+	dev, err := AttachLoop(img, true)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { DetachLoop(dev) })
+	force := map[string]string{FsExt4: "-F", FsXFS: "-f", FsBtrfs: "-f"}[fs]
+	args := append([]string{"-q", force}, mkfsArgs...)
+	if out, err := exec.Command("mkfs."+fs, append(args, dev)...).CombinedOutput(); err != nil {
+		tb.Fatalf("mkfs.%s: %v: %s", fs, err, out)
+	}
+	if err := syscall.Mount(dev, mnt, fs, 0, ""); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	return mnt, dev
 }
 
 // TestMountTableKeepsItsDescriptor reads the mount table through one kept

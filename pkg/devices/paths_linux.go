@@ -43,8 +43,14 @@ func (p *Paths) split(path string) (root, rel string, err error) {
 // open resolves path beneath its root with O_PATH and returns the fd. A
 // root itself opens as is: roots are trusted configuration.
 func (p *Paths) open(path string, flags uint64) (int, error) {
+	return p.openAs(path, unix.O_PATH|flags)
+}
+
+// openAs is open with the open flags given (O_CLOEXEC added), for a
+// descriptor that ioctls act on, which O_PATH refuses.
+func (p *Paths) openAs(path string, flags uint64) (int, error) {
 	if slices.Contains(p.roots, path) {
-		fd, err := unix.Open(path, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		fd, err := unix.Open(path, int(flags)|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return -1, fmt.Errorf("opening root %s: %w", path, err)
 		}
@@ -60,7 +66,7 @@ func (p *Paths) open(path string, flags uint64) (int, error) {
 	}
 	defer unix.Close(rootFd)
 	how := &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC | flags,
+		Flags:   unix.O_CLOEXEC | flags,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	}
 	for {

@@ -1,0 +1,149 @@
+package devices
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// CopyMode is how the data directory's filesystem copies an image.
+type CopyMode string
+
+const (
+	// CopyReflink shares the source's blocks (FICLONE): atomic against
+	// concurrent writes to the source, milliseconds whatever the size, and
+	// no space until either copy is written (xfs with reflink, btrfs).
+	CopyReflink CopyMode = "reflink"
+	// CopySparse copies the source's data extents (SEEK_DATA, SEEK_HOLE,
+	// copy_file_range) and leaves its holes holes: time and space in
+	// proportion to the data.
+	CopySparse CopyMode = "sparse"
+)
+
+// copyChunk bounds one copy_file_range, so that a cancelled copy stops
+// within about one chunk's time.
+const copyChunk = 64 << 20
+
+// ProbeCopyMode finds out how dir's filesystem copies: it clones a small
+// file there (FICLONE) and removes both files. A filesystem without reflinks
+// answers EOPNOTSUPP, EINVAL or EXDEV: CopySparse.
+func ProbeCopyMode(dir string) (CopyMode, error) {
+	src, err := os.CreateTemp(dir, tempPrefix+"probe-")
+	if err != nil {
+		return "", fmt.Errorf("probing how %s copies: %w", dir, err)
+	}
+	defer os.Remove(src.Name())
+	defer src.Close()
+	if _, err := src.Write(make([]byte, 4096)); err != nil {
+		return "", fmt.Errorf("probing how %s copies: %w", dir, err)
+	}
+	dst, err := os.CreateTemp(dir, tempPrefix+"probe-")
+	if err != nil {
+		return "", fmt.Errorf("probing how %s copies: %w", dir, err)
+	}
+	defer os.Remove(dst.Name())
+	defer dst.Close()
+	switch err := unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())); {
+	case err == nil:
+		return CopyReflink, nil
+	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.ENOTTY), errors.Is(err, unix.EINVAL), errors.Is(err, unix.EXDEV):
+		return CopySparse, nil
+	default:
+		return "", fmt.Errorf("probing how %s copies: FICLONE: %w", dir, err)
+	}
+}
+
+// CopyFile copies the file src to dst, which must not exist, as mode says.
+// The copy is made under a temporary name in dst's directory and renamed to
+// dst only once it is complete and on the disk, so a crash leaves dst
+// complete or absent (and a temporary file, which RemoveStaleTemps removes). A
+// copy cancelled through ctx, or failed, leaves nothing. An existing dst is
+// an error matching os.ErrExist.
+func CopyFile(ctx context.Context, src, dst string, mode CopyMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	st, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(dst)
+	tmp, err := os.CreateTemp(dir, tempPrefix+filepath.Base(dst)+"-")
+	if err != nil {
+		return err
+	}
+	done := false
+	defer func() {
+		tmp.Close()
+		if !done {
+			os.Remove(tmp.Name())
+		}
+	}()
+	switch mode {
+	case CopyReflink:
+		if err := unix.IoctlFileClone(int(tmp.Fd()), int(in.Fd())); err != nil {
+			return fmt.Errorf("cloning %s: %w", src, err)
+		}
+	case CopySparse:
+		if err := copySparse(ctx, in, tmp, st.Size()); err != nil {
+			return fmt.Errorf("copying %s: %w", src, err)
+		}
+	default:
+		return fmt.Errorf("unknown copy mode %q", mode)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("syncing the copy of %s: %w", src, err)
+	}
+	// renameat2(RENAME_NOREPLACE): never over an existing dst.
+	if err := unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("%s: %w", dst, os.ErrExist)
+		}
+		return fmt.Errorf("renaming the copy of %s to %s: %w", src, dst, err)
+	}
+	done = true
+	return syncDir(dir)
+}
+
+// copySparse copies the data extents of in to out, leaving holes, and
+// gives out in's size.
+func copySparse(ctx context.Context, in, out *os.File, size int64) error {
+	inFd, outFd := int(in.Fd()), int(out.Fd())
+	var off int64
+	for off < size {
+		start, err := unix.Seek(inFd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("SEEK_DATA: %w", err)
+		}
+		end, err := unix.Seek(inFd, start, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("SEEK_HOLE: %w", err)
+		}
+		for start < end {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			rOff, wOff := start, start
+			n, err := unix.CopyFileRange(inFd, &rOff, outFd, &wOff, int(min(end-start, copyChunk)), 0)
+			if err != nil {
+				return fmt.Errorf("copy_file_range: %w", err)
+			}
+			if n == 0 {
+				return io.ErrUnexpectedEOF // the source shrank
+			}
+			start += int64(n)
+		}
+		off = end
+	}
+	return out.Truncate(size)
+}

@@ -1,0 +1,198 @@
+package devices
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// copyDirs returns, for each copy mode, a directory on a filesystem that
+// copies that way: a fresh ext4 (no reflinks) and a fresh xfs with reflinks.
+func copyDirs(t *testing.T) map[CopyMode]string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mounts")
+	}
+	ext4, _ := mountFresh(t, t.TempDir(), FsExt4)
+	xfs, _ := mountFresh(t, t.TempDir(), FsXFS, "-m", "reflink=1")
+	return map[CopyMode]string{CopySparse: ext4, CopyReflink: xfs}
+}
+
+// TestProbeCopyMode finds reflinks on xfs made with them and none on ext4,
+// and leaves nothing behind.
+func TestProbeCopyMode(t *testing.T) {
+	for want, dir := range copyDirs(t) {
+		got, err := ProbeCopyMode(dir)
+		if err != nil || got != want {
+			t.Errorf("ProbeCopyMode(%s): got %q, %v; want %q", dir, got, err, want)
+		}
+		if left := filesIn(t, dir); len(left) != 0 {
+			t.Errorf("ProbeCopyMode left %v in %s", left, dir)
+		}
+	}
+}
+
+// filesIn returns the names in dir but lost+found.
+func filesIn(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Name() != "lost+found" {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// allocated returns the bytes allocated to the file at path.
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// TestCopyFile copies an image with two data extents and holes each way:
+// the copy holds the same bytes and size, keeps the holes (it allocates no
+// more than the source), and is independent of the source afterwards; it
+// never replaces an existing file; and a cancelled or refused copy leaves
+// no file and no temporary behind.
+func TestCopyFile(t *testing.T) {
+	for mode, dir := range copyDirs(t) {
+		t.Run(string(mode), func(t *testing.T) {
+			src := filepath.Join(dir, "src.img")
+			f, err := os.Create(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, b := bytes.Repeat([]byte("a"), 1<<20), bytes.Repeat([]byte("b"), 1<<20)
+			if _, err := f.WriteAt(a, 0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(b, 40<<20); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Truncate(64 << 20); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			want, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			dst := filepath.Join(dir, "dst.img")
+			if err := CopyFile(context.Background(), src, dst, mode); err != nil {
+				t.Fatal(err)
+			}
+			got, err := os.ReadFile(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("the copy differs from the source (%d against %d bytes)", len(got), len(want))
+			}
+			if srcA, dstA := allocated(t, src), allocated(t, dst); dstA > srcA {
+				t.Errorf("the copy allocates %d bytes, the source %d: holes were filled", dstA, srcA)
+			}
+			// Written after the copy, the source changes alone.
+			if err := os.WriteFile(src, []byte("changed"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
+				t.Error("writing the source changed the copy")
+			}
+
+			if err := CopyFile(context.Background(), src, dst, mode); !errors.Is(err, os.ErrExist) {
+				t.Errorf("copying over an existing file: got %v, want os.ErrExist", err)
+			}
+			if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
+				t.Error("a refused copy changed the existing file")
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			err = CopyFile(ctx, dst, filepath.Join(dir, "cancelled.img"), CopySparse)
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("a cancelled copy: got %v, want context.Canceled", err)
+			}
+			if left := filesIn(t, dir); strings.Join(left, ",") != "dst.img,src.img" {
+				t.Errorf("files after the refused and cancelled copies: got %v, want dst.img and src.img", left)
+			}
+		})
+	}
+}
+
+// TestRemoveStaleTemps removes what a crash left of a copy in progress
+// and nothing else.
+func TestRemoveStaleTemps(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{tempPrefix + "snap-1-123", "v1.img", "keep"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := RemoveStaleTemps(dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := filesIn(t, dir); strings.Join(got, ",") != "keep,v1.img" {
+		t.Errorf("got %v, want keep and v1.img", got)
+	}
+	if err := RemoveStaleTemps(filepath.Join(dir, "missing")); err != nil {
+		t.Errorf("a missing directory: got %v, want no error", err)
+	}
+}
+
+// TestFreezeThaw freezes a mounted filesystem through Paths: a second
+// freeze finds it frozen, a thaw thaws it (a second thaw is a no-op), and
+// it can be frozen again; a path through a symlink is refused.
+func TestFreezeThaw(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mounts")
+	}
+	for _, fs := range []string{FsExt4, FsXFS, FsBtrfs} {
+		t.Run(fs, func(t *testing.T) {
+			dir := t.TempDir()
+			mnt, _ := mountFresh(t, dir, fs)
+			paths := NewPaths([]string{dir})
+			if err := paths.Freeze(mnt); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { paths.Thaw(mnt) })
+			if err := paths.Freeze(mnt); !errors.Is(err, ErrFrozen) {
+				t.Errorf("freezing a frozen filesystem: got %v, want ErrFrozen", err)
+			}
+			for range 2 {
+				if err := paths.Thaw(mnt); err != nil {
+					t.Errorf("thaw: %v", err)
+				}
+			}
+			if err := paths.Freeze(mnt); err != nil {
+				t.Errorf("freezing a thawed filesystem: %v", err)
+			}
+			if err := paths.Thaw(mnt); err != nil {
+				t.Errorf("thaw: %v", err)
+			}
+			link := filepath.Join(dir, "link")
+			if err := os.Symlink(mnt, link); err != nil {
+				t.Fatal(err)
+			}
+			if err := paths.Freeze(link); !errors.Is(err, ErrSymlink) {
+				t.Errorf("freezing through a symlink: got %v, want ErrSymlink", err)
+			}
+		})
+	}
+}
