@@ -58,13 +58,14 @@ func ProbeCopyMode(dir string) (CopyMode, error) {
 	}
 }
 
-// CopyFile copies the file src to dst, which must not exist, as mode says.
-// The copy is made under a temporary name in dst's directory and renamed to
-// dst only once it is complete and on the disk, so a crash leaves dst
+// CopyFile copies the file src to dst, which must not exist, as mode says,
+// and gives the copy the extended attributes attrs. The copy is made under
+// a temporary name in dst's directory and renamed to dst only once it is
+// complete, with its attributes, and on the disk, so a crash leaves dst
 // complete or absent (and a temporary file, which RemoveStaleTemps removes). A
 // copy cancelled through ctx, or failed, leaves nothing. An existing dst is
 // an error matching os.ErrExist.
-func CopyFile(ctx context.Context, src, dst string, mode CopyMode) error {
+func CopyFile(ctx context.Context, src, dst string, mode CopyMode, attrs map[string]string) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -97,6 +98,11 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode) error {
 		}
 	default:
 		return fmt.Errorf("unknown copy mode %q", mode)
+	}
+	for name, value := range attrs {
+		if err := unix.Fsetxattr(int(tmp.Fd()), name, []byte(value), 0); err != nil {
+			return fmt.Errorf("setting %s on the copy of %s: %w", name, src, err)
+		}
 	}
 	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("syncing the copy of %s: %w", src, err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // copyDirs returns, for each copy mode, a directory on a filesystem that
@@ -96,7 +97,7 @@ func TestCopyFile(t *testing.T) {
 			}
 
 			dst := filepath.Join(dir, "dst.img")
-			if err := CopyFile(context.Background(), src, dst, mode); err != nil {
+			if err := CopyFile(context.Background(), src, dst, mode, nil); err != nil {
 				t.Fatal(err)
 			}
 			got, err := os.ReadFile(dst)
@@ -117,7 +118,7 @@ func TestCopyFile(t *testing.T) {
 				t.Error("writing the source changed the copy")
 			}
 
-			if err := CopyFile(context.Background(), src, dst, mode); !errors.Is(err, os.ErrExist) {
+			if err := CopyFile(context.Background(), src, dst, mode, nil); !errors.Is(err, os.ErrExist) {
 				t.Errorf("copying over an existing file: got %v, want os.ErrExist", err)
 			}
 			if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
@@ -125,7 +126,7 @@ func TestCopyFile(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
-			err = CopyFile(ctx, dst, filepath.Join(dir, "cancelled.img"), CopySparse)
+			err = CopyFile(ctx, dst, filepath.Join(dir, "cancelled.img"), CopySparse, nil)
 			if !errors.Is(err, context.Canceled) {
 				t.Errorf("a cancelled copy: got %v, want context.Canceled", err)
 			}
@@ -192,6 +193,77 @@ func TestFreezeThaw(t *testing.T) {
 			}
 			if err := paths.Freeze(link); !errors.Is(err, ErrSymlink) {
 				t.Errorf("freezing through a symlink: got %v, want ErrSymlink", err)
+			}
+		})
+	}
+}
+
+// TestSnapshots takes a snapshot of an image each way of copying, then
+// writes the image and deletes it: the snapshot still describes what it
+// was taken of, lists, refuses to be taken again, and restores the bytes
+// of when it was taken; a crash's leftover is neither listed nor kept;
+// deleting it twice is fine.
+func TestSnapshots(t *testing.T) {
+	for mode, dir := range copyDirs(t) {
+		t.Run(string(mode), func(t *testing.T) {
+			image := filepath.Join(dir, "v1.img")
+			before := bytes.Repeat([]byte("before"), 100_000)
+			if err := os.WriteFile(image, before, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			snaps := &Snapshots{Dir: filepath.Join(dir, "snapshots"), Mode: mode}
+			now := time.Date(2026, 11, 23, 16, 0, 0, 123, time.UTC)
+			info, err := snaps.Take(context.Background(), "s1", "v1", image, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := SnapshotInfo{ID: "s1", Source: "v1", Size: int64(len(before)), Allocated: info.Allocated, Created: now}
+			if info != want || info.Allocated <= 0 {
+				t.Errorf("Take: got %+v, want %+v with blocks allocated", info, want)
+			}
+			if err := os.WriteFile(image, []byte("after"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(image); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := snaps.Take(context.Background(), "s1", "v1", filepath.Join(dir, "missing.img"), now); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("taking a snapshot of a missing image: got %v, want os.ErrNotExist", err)
+			}
+			other := filepath.Join(dir, "other.img")
+			if err := os.WriteFile(other, []byte("other"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := snaps.Take(context.Background(), "s1", "other", other, now); !errors.Is(err, os.ErrExist) {
+				t.Errorf("taking s1 again: got %v, want os.ErrExist", err)
+			}
+			// What a crash in the middle of a copy leaves.
+			if err := os.WriteFile(filepath.Join(snaps.Dir, tempPrefix+"s2.snap-1"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := snaps.List(); err != nil || len(got) != 1 || got[0] != info {
+				t.Errorf("List: got %+v, %v; want only %+v", got, err, info)
+			}
+			if err := snaps.RemoveStaleTemps(); err != nil {
+				t.Fatal(err)
+			}
+			if got := filesIn(t, snaps.Dir); strings.Join(got, ",") != "s1.snap" {
+				t.Errorf("after RemoveStaleTemps: got %v, want s1.snap", got)
+			}
+			restored := filepath.Join(dir, "v2.img")
+			if err := snaps.Restore(context.Background(), "s1", restored); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := os.ReadFile(restored); !bytes.Equal(got, before) {
+				t.Error("the restored image does not hold the bytes of when the snapshot was taken")
+			}
+			for range 2 {
+				if err := snaps.Delete("s1"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := snaps.Get("s1"); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("Get after Delete: got %v, want os.ErrNotExist", err)
 			}
 		})
 	}

@@ -1,0 +1,156 @@
+package devices
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	// snapshotSuffix ends every snapshot file name.
+	snapshotSuffix = ".snap"
+	// The extended attributes a snapshot file carries: the volume it was
+	// taken of, and when (RFC 3339, nanoseconds).
+	xattrSource  = "user.converge.source"
+	xattrCreated = "user.converge.created"
+)
+
+// Snapshots keeps the snapshots of this node's volumes: one file each in
+// Dir (on the data directory's filesystem, so that a reflink can share
+// the image's blocks), a copy of the volume's image made by CopyFile. What
+// it was taken of, and when, are extended attributes set before the copy
+// is renamed to its name, so a snapshot file never lacks them. IDs must
+// have been validated by the caller.
+type Snapshots struct {
+	// Dir holds the snapshot files.
+	Dir string
+	// Mode is how Dir's filesystem copies (ProbeCopyMode).
+	Mode CopyMode
+}
+
+// SnapshotInfo describes a snapshot.
+type SnapshotInfo struct {
+	ID string
+	// Source is the ID of the volume it was taken of.
+	Source string
+	// Size is the size of the image it holds: the least a volume
+	// restored from it can be.
+	Size int64
+	// Allocated is what its file allocates (blocks it shares with the
+	// image or other snapshots counted in full).
+	Allocated int64
+	// Created is when it was taken.
+	Created time.Time
+}
+
+// Path returns the file of snapshot id.
+func (s *Snapshots) Path(id string) string {
+	return filepath.Join(s.Dir, id+snapshotSuffix)
+}
+
+// Take copies image, the image of volume source, to snapshot id, as
+// CopyFile does (whole or absent after a crash), stamped with source and
+// now. An existing snapshot id is an error matching os.ErrExist.
+func (s *Snapshots) Take(ctx context.Context, id, source, image string, now time.Time) (SnapshotInfo, error) {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return SnapshotInfo{}, err
+	}
+	attrs := map[string]string{xattrSource: source, xattrCreated: now.UTC().Format(time.RFC3339Nano)}
+	if err := CopyFile(ctx, image, s.Path(id), s.Mode, attrs); err != nil {
+		return SnapshotInfo{}, err
+	}
+	return s.Get(id)
+}
+
+// Restore copies snapshot id to image, which must not exist, as CopyFile
+// does: a volume made from it is whole or absent after a crash.
+func (s *Snapshots) Restore(ctx context.Context, id, image string) error {
+	return CopyFile(ctx, s.Path(id), image, s.Mode, nil)
+}
+
+// Get describes snapshot id; an error matching os.ErrNotExist when there
+// is none.
+func (s *Snapshots) Get(id string) (SnapshotInfo, error) {
+	path := s.Path(id)
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return SnapshotInfo{}, &os.PathError{Op: "stat", Path: path, Err: err}
+	}
+	source, err := getXattr(path, xattrSource)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	raw, err := getXattr(path, xattrCreated)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	created, err := time.Parse(time.RFC3339Nano, raw)
+	if err != nil {
+		return SnapshotInfo{}, fmt.Errorf("snapshot %s: creation time %q: %w", id, raw, err)
+	}
+	return SnapshotInfo{ID: id, Source: source, Size: st.Size, Allocated: st.Blocks * 512, Created: created}, nil
+}
+
+// List describes every snapshot, sorted by ID. A snapshot deleted while
+// it lists is left out.
+func (s *Snapshots) List() ([]SnapshotInfo, error) {
+	entries, err := os.ReadDir(s.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []SnapshotInfo
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), snapshotSuffix)
+		if !ok || !e.Type().IsRegular() || strings.HasPrefix(id, ".") {
+			continue
+		}
+		info, err := s.Get(id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Delete removes snapshot id. A missing snapshot is a no-op.
+func (s *Snapshots) Delete(id string) error {
+	if err := os.Remove(s.Path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return syncDir(s.Dir)
+}
+
+// RemoveStaleTemps removes what crashed snapshots left (see CopyFile).
+// Call it when no snapshot is being taken.
+func (s *Snapshots) RemoveStaleTemps() error { return RemoveStaleTemps(s.Dir) }
+
+// getXattr reads the extended attribute name of path.
+func getXattr(path, name string) (string, error) {
+	buf := make([]byte, 256)
+	for {
+		n, err := unix.Getxattr(path, name, buf)
+		if errors.Is(err, unix.ERANGE) {
+			buf = make([]byte, 2*len(buf))
+			continue
+		}
+		if err != nil {
+			return "", &os.PathError{Op: "getxattr " + name, Path: path, Err: err}
+		}
+		return string(buf[:n]), nil
+	}
+}
