@@ -69,6 +69,15 @@ func (s *Snapshots) Take(ctx context.Context, id, source, image string, now time
 	return s.Get(id)
 }
 
+// Taken reports whether snapshot id exists.
+func (s *Snapshots) Taken(id string) (bool, error) {
+	_, err := os.Stat(s.Path(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // Restore copies snapshot id to image, which must not exist, as CopyFile
 // does: a volume made from it is whole or absent after a crash.
 func (s *Snapshots) Restore(ctx context.Context, id, image string) error {

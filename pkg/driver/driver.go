@@ -76,6 +76,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := images.RemoveStaleTemps(); err != nil {
 		return fmt.Errorf("removing interrupted image creations: %w", err)
 	}
+	snapshots, err := openSnapshots(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	logger.Info("Snapshots", "dir", snapshots.Dir, "copy", snapshots.Mode)
 	var static reconciler.Static
 	if len(cfg.AllowedDevicePrefixes) > 0 {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
@@ -101,6 +106,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Paths:        devices.NewPaths(cfg.roots()),
 		Images:       images,
 		Grower:       ctrl,
+		Snapshots:    snapshots,
 		Roots:        cfg.roots(),
 		Clock:        clock.RealClock{},
 		ResyncPeriod: cfg.ResyncPeriod,
@@ -249,4 +255,20 @@ func poolStatus(cfg Config, images *devices.Images, store controller.Store) (sta
 		p.ThinAvailableBytes = 0
 	}
 	return p, nil
+}
+
+// openSnapshots prepares the snapshot directory of the data directory
+// (made at the first snapshot): cleared of what interrupted copies left,
+// and its way of copying found out in the data directory, on the same
+// filesystem (reflinks where it shares blocks).
+func openSnapshots(dataDir string) (*devices.Snapshots, error) {
+	dir := filepath.Join(dataDir, "snapshots")
+	if err := devices.RemoveStaleTemps(dir); err != nil {
+		return nil, fmt.Errorf("removing interrupted snapshots: %w", err)
+	}
+	mode, err := devices.ProbeCopyMode(dataDir)
+	if err != nil {
+		return nil, err
+	}
+	return &devices.Snapshots{Dir: dir, Mode: mode}, nil
 }

@@ -80,6 +80,20 @@ type Paths interface {
 	CheckDir(path string) error
 	Mkdir(path string) error
 	Remove(path string) error
+	// Freeze freezes the filesystem mounted at path (devices.ErrFrozen
+	// when it is frozen already); Thaw thaws it, a no-op when it is not.
+	Freeze(path string) error
+	Thaw(path string) error
+}
+
+// Snapshots takes the snapshots of volumes: a snapshot is a file of its
+// own, whole or absent, never half made.
+type Snapshots interface {
+	// Taken reports whether snapshot id exists.
+	Taken(id string) (bool, error)
+	// Take copies image, the image of volume source, to snapshot id,
+	// stamped with now; an error matching os.ErrExist when id exists.
+	Take(ctx context.Context, id, source, image string, now time.Time) (devices.SnapshotInfo, error)
 }
 
 // Images locates and checks the backing files of volumes.
@@ -126,6 +140,7 @@ type Config struct {
 	Paths       Paths
 	Images      Images
 	Grower      Grower
+	Snapshots   Snapshots
 	Clock       clock.WithTickerAndDelayedExecution
 	// Static resolves static volumes' devices; nil when they are off.
 	Static Static

@@ -64,6 +64,9 @@ type actual struct {
 	// deviceMounts counts the mounts of the volume's device, wherever
 	// they are (the staging mount included).
 	deviceMounts int
+	// snapshotsTaken holds the IDs of the snapshots asked of the volume
+	// that exist.
+	snapshotsTaken map[string]bool
 
 	// unusable says why the staged filesystem cannot be used (shut down, or
 	// its mount point fails with EIO, ESTALE, ENOTCONN); "" when it can.
@@ -263,10 +266,23 @@ func publishReady(v *state.Volume, a *actual, target string) bool {
 }
 
 // diff compares v with its actual state and returns the actions that lead to
-// the desired state, in the order they must run: withdrawn publishes, then a
-// withdrawn stage (only once no publish is left), then the stage, then the
-// publishes (only on top of a ready stage). An empty result means converged.
+// the desired state, in the order they must run: a thaw of what a snapshot
+// left frozen, withdrawn publishes, then a withdrawn stage (only once no
+// publish is left), then the stage, then the publishes (only on top of a
+// ready stage), then the snapshots asked for. An empty result means
+// converged.
 func diff(v *state.Volume, a *actual) []action {
+	var acts []action
+	if v.Frozen != "" {
+		acts = append(acts, action{kind: actThaw, target: v.Frozen, reason: "a snapshot froze the filesystem and did not record its thaw"})
+	}
+	acts = append(acts, diffMounts(v, a)...)
+	return append(acts, snapshots(v, a)...)
+}
+
+// diffMounts returns the actions of diff that build or tear down the
+// volume's devices and mounts.
+func diffMounts(v *state.Volume, a *actual) []action {
 	var acts []action
 	targets := v.Targets()
 	// The plugin's own mounts that moved come first: a publish or stage

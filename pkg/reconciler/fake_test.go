@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
@@ -67,6 +68,10 @@ type fakeWorld struct {
 	// free is the data directory's free space; pool reports it when set.
 	free int64
 	pool bool
+	// frozen holds the images whose filesystem is frozen.
+	frozen map[string]bool
+	// snapshots maps a snapshot's ID to what it was taken of.
+	snapshots map[string]fakeSnapshot
 	// afterObserve, when set, runs once Observe has taken its snapshot.
 	afterObserve func()
 	// before, when set, runs as each call begins (without mu held), with
@@ -98,7 +103,60 @@ func newFakeWorld() *fakeWorld {
 		deadSuper: map[string]bool{},
 		sizes:     map[string]int64{},
 		holes:     map[string]int64{},
+		frozen:    map[string]bool{},
+		snapshots: map[string]fakeSnapshot{},
 	}
+}
+
+// fakeSnapshot is what a snapshot of the fake world was taken of.
+type fakeSnapshot struct {
+	// image is the image it copied.
+	image string
+	// frozen says whether the image's filesystem was frozen meanwhile.
+	frozen bool
+}
+
+// Freeze freezes the filesystem mounted at path.
+func (w *fakeWorld) Freeze(path string) error {
+	return w.do("freeze "+path, func() string { return w.imageAt(path) }, func() error {
+		image := w.imageAt(path)
+		switch {
+		case image == "":
+			return fmt.Errorf("%s: not a mount of a loop device", path)
+		case w.frozen[image]:
+			return devices.ErrFrozen
+		}
+		w.frozen[image] = true
+		return nil
+	})
+}
+
+// Thaw thaws the filesystem mounted at path; not frozen, it is a no-op.
+func (w *fakeWorld) Thaw(path string) error {
+	return w.do("thaw "+path, func() string { return w.imageAt(path) }, func() error {
+		delete(w.frozen, w.imageAt(path))
+		return nil
+	})
+}
+
+func (w *fakeWorld) Taken(id string) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.snapshots[id]
+	return ok, nil
+}
+
+func (w *fakeWorld) Take(_ context.Context, id, source, image string, _ time.Time) (devices.SnapshotInfo, error) {
+	return devices.SnapshotInfo{ID: id, Source: source}, w.do("snapshot "+id, func() string { return image }, func() error {
+		switch {
+		case !w.images[source] || image != w.Path(source):
+			return fmt.Errorf("%s: %w", image, os.ErrNotExist)
+		case w.snapshots[id] != fakeSnapshot{}:
+			return fmt.Errorf("snapshot %s: %w", id, os.ErrExist)
+		}
+		w.snapshots[id] = fakeSnapshot{image: image, frozen: w.frozen[image]}
+		return nil
+	})
 }
 
 // do runs one call about the volume whose image imageOf returns (with mu
@@ -640,9 +698,11 @@ var (
 	_ Filesystems = (*fakeWorld)(nil)
 	_ Paths       = (*fakeWorld)(nil)
 	_ Images      = (*fakeWorld)(nil)
+	_ Snapshots   = (*fakeWorld)(nil)
 	_ Loops       = devices.LoopDevices{}
 	_ Filesystems = (*devices.Mounter)(nil)
 	_ Paths       = (*devices.Paths)(nil)
+	_ Snapshots   = (*devices.Snapshots)(nil)
 	_ Images      = (*devices.Images)(nil)
 	_ Observer    = (*devices.Observer)(nil)
 )

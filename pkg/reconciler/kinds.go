@@ -29,6 +29,9 @@ const (
 	actRecordSpaceRanOut
 	actGrowImage
 	actGrowFsOffline
+	actTakeSnapshot
+	actForgetSnapshot
+	actThaw
 
 	// kindCount is the number of kinds; kinds has an entry for each.
 	kindCount
@@ -48,6 +51,8 @@ const (
 	// forStageOrPublish: the stage when the action has no target, else
 	// the publish at its target.
 	forStageOrPublish
+	// forSnapshot: the snapshot whose ID is the action's target.
+	forSnapshot
 )
 
 // onFinal says what a terminal failure of a kind does to its intent. (Any
@@ -204,6 +209,28 @@ func kindTable() [kindCount]kindSpec {
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.cfg.Loops.SetDiscards(a.loop.Device, v.Thin())
 			}},
+		// Copies the volume's image to the snapshot whose ID is the
+		// target, its filesystem frozen meanwhile when it is staged, and
+		// forgets the intent.
+		actTakeSnapshot: {name: "take snapshot", fulfils: true, slow: true, serves: forSnapshot, final: finalWithdraws,
+			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
+				return r.takeSnapshot(ctx, v, a, act)
+			}},
+		// Forgets the intent of a snapshot that exists (taken before a
+		// crash let the intent be forgotten).
+		actForgetSnapshot: {name: "forget snapshot intent", serves: forSnapshot, final: finalHolds,
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
+				return r.recordKernelState(v.ID, func(cur *state.Volume) error {
+					cur.ForgetSnapshot(act.target, act.generation)
+					return nil
+				})
+			}},
+		// Thaws the filesystem a snapshot froze (target: its staging
+		// path), which a crash left frozen.
+		actThaw: {name: "thaw", repair: true, counted: true, serves: forStage, final: finalHolds,
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
+				return r.thaw(v, a, act.target)
+			}},
 		// Records that the data directory ran out of space under the
 		// staging mount, which the volume then reports until it is
 		// mounted again.
@@ -233,6 +260,8 @@ func (a action) key() state.IntentKey {
 		if a.target == "" {
 			return state.StageKey
 		}
+	case forSnapshot:
+		return state.SnapshotKey(a.target)
 	}
 	return state.PublishKey(a.target)
 }

@@ -58,6 +58,9 @@ func TestActionKeys(t *testing.T) {
 		{action{kind: actGrowFs}, "expand"},
 		{action{kind: actRecordMount}, "stage"},
 		{action{kind: actRecordMount, target: "/t"}, "publish:/t"},
+		{action{kind: actTakeSnapshot, target: "s1"}, "snapshot:s1"},
+		{action{kind: actForgetSnapshot, target: "s1"}, "snapshot:s1"},
+		{action{kind: actThaw, target: "/k/staging/v1"}, "stage"},
 	} {
 		if got := string(tc.act.key()); got != tc.want {
 			t.Errorf("%v serves %q, want %q", tc.act, got, tc.want)

@@ -141,6 +141,8 @@ func (r *Reconciler) settle(v *state.Volume, act action, out outcome) {
 	switch {
 	case out.effect == keptStaged:
 		v.KeepStaged(act.generation)
+	case act.kind.spec().serves == forSnapshot:
+		v.ForgetSnapshot(act.target, act.generation)
 	case act.key() == state.StageKey:
 		publishes, _ := v.WithdrawStage(act.generation)
 		for t, gen := range publishes {

@@ -55,8 +55,8 @@ type Reconciler struct {
 // New validates cfg, fills defaults and returns a Reconciler.
 func New(cfg Config) (*Reconciler, error) {
 	if cfg.Store == nil || cfg.Observer == nil || cfg.Loops == nil || cfg.Filesystems == nil ||
-		cfg.Paths == nil || cfg.Images == nil || cfg.Grower == nil {
-		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths, images and grower are required")
+		cfg.Paths == nil || cfg.Images == nil || cfg.Grower == nil || cfg.Snapshots == nil {
+		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths, images, grower and snapshots are required")
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
@@ -244,6 +244,7 @@ func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plan
 		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
 		a.pool = snap.Pool()
 		a.poolGuard = r.cfg.PoolGuard.Threshold(a.pool.Total)
+		a.snapshotsTaken = r.takenSnapshots(v)
 		acts := diff(v, a)
 		seen = append(seen, plan{v: v, a: a, acts: acts})
 		if len(acts) > 0 {
@@ -356,6 +357,10 @@ func (r *Reconciler) publishResults(ctx context.Context, v *state.Volume, a *act
 	}
 	if e := v.Expand; e != nil {
 		report(state.ExpandKey, e.Generation, expandReady(v, a))
+	}
+	for id, s := range v.Snapshots {
+		// Fulfilled when it is forgotten: only its failures are reported.
+		report(state.SnapshotKey(id), s.Generation, false)
 	}
 	if healthy {
 		r.exec.healthy(v.ID)

@@ -77,6 +77,9 @@ func (s *reports) pruneResultsLocked(v *Volume) {
 		if target, ok := strings.CutPrefix(string(k), "publish:"); ok && v.Publishes[target] != nil {
 			continue
 		}
+		if id, ok := strings.CutPrefix(string(k), "snapshot:"); ok && v.Snapshots[id] != nil {
+			continue
+		}
 		delete(s.results[v.ID], k)
 	}
 	if len(s.results[v.ID]) == 0 {

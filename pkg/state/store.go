@@ -301,6 +301,9 @@ func (s *Store) Write(id string, fn func(v *Volume) error) (v *Volume, durable f
 	if len(cur.Publishes) == 0 {
 		cur.Publishes = nil
 	}
+	if len(cur.Snapshots) == 0 {
+		cur.Snapshots = nil
+	}
 	if old != nil && reflect.DeepEqual(old, cur) || old == nil && cur.Empty() {
 		// Nothing to write; an earlier write of the same content may
 		// still be on its way to the disk.
@@ -371,6 +374,11 @@ func stampGenerations(old, cur *Volume) {
 	if e := cur.Expand; e != nil {
 		if old == nil || old.Expand == nil || old.Expand.Bytes != e.Bytes || e.Generation == 0 {
 			e.Generation = cur.Generation
+		}
+	}
+	for id, s := range cur.Snapshots {
+		if old == nil || old.Snapshots[id] == nil {
+			s.Generation = cur.Generation
 		}
 	}
 	for target, p := range cur.Publishes {

@@ -85,9 +85,12 @@ func TestCopiesAreDeep(t *testing.T) {
 	s.Update("v", func(v *Volume) error {
 		v.Stage = stage("/s")
 		v.Publishes = map[string]*Publish{"/t": {MountFlags: []string{"ro"}}}
+		v.Snapshots = map[string]*SnapshotIntent{"s1": {}}
 		return nil
 	})
 	got, _ := s.Get("v")
+	got.Snapshots["s1"].Generation = 99
+	got.Snapshots["s2"] = &SnapshotIntent{}
 	got.Stage.Path = "/evil"
 	got.Stage.MountFlags[0] = "evil"
 	got.Publishes["/t"].MountFlags[0] = "evil"
@@ -97,7 +100,8 @@ func TestCopiesAreDeep(t *testing.T) {
 	}
 	again, _ := s.Get("v")
 	if again.Stage.Path != "/s" || again.Stage.MountFlags[0] != "noatime" ||
-		again.Publishes["/t"].MountFlags[0] != "ro" || len(again.Publishes) != 1 {
+		again.Publishes["/t"].MountFlags[0] != "ro" || len(again.Publishes) != 1 ||
+		len(again.Snapshots) != 1 || again.Snapshots["s1"].Generation != 1 {
 		t.Errorf("mutating a returned copy changed the store: %+v", again)
 	}
 }

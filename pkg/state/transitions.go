@@ -102,6 +102,19 @@ func (v *Volume) KeepStaged(gen int64) bool {
 	return false
 }
 
+// ForgetSnapshot drops the intent of snapshot id of generation gen: taken,
+// or failed for good.
+func (v *Volume) ForgetSnapshot(id string, gen int64) bool {
+	if s := v.Snapshots[id]; s != nil && s.Generation == gen {
+		delete(v.Snapshots, id)
+		if len(v.Snapshots) == 0 {
+			v.Snapshots = nil
+		}
+		return true
+	}
+	return false
+}
+
 // StartRemoval marks the volume as being removed, unless an intent still
 // uses it (FAILED_PRECONDITION, naming where).
 func (v *Volume) StartRemoval() error {
@@ -111,6 +124,9 @@ func (v *Volume) StartRemoval() error {
 	if len(v.Publishes) > 0 {
 		return Errorf(KindFailedPrecondition, "volume %s is published at %s", v.ID, strings.Join(v.Targets(), ", "))
 	}
+	if len(v.Snapshots) > 0 {
+		return Errorf(KindFailedPrecondition, "volume %s: snapshot %s is being taken", v.ID, strings.Join(v.SnapshotIDs(), ", "))
+	}
 	v.Removing = true
 	return nil
 }
@@ -119,5 +135,5 @@ func (v *Volume) StartRemoval() error {
 // held (the provenance, the size and the provisioning) no longer describes
 // anything.
 func (v *Volume) FinishRemoval() {
-	*v = Volume{ID: v.ID, Generation: v.Generation, Stage: v.Stage, Publishes: v.Publishes, Expand: v.Expand}
+	*v = Volume{ID: v.ID, Generation: v.Generation, Stage: v.Stage, Publishes: v.Publishes, Expand: v.Expand, Snapshots: v.Snapshots, Frozen: v.Frozen}
 }

@@ -2,6 +2,7 @@ package state
 
 import (
 	"maps"
+	"path/filepath"
 	"testing"
 )
 
@@ -67,5 +68,45 @@ func TestTransitionsApplyToTheirGeneration(t *testing.T) {
 	}
 	if v.ForgetStage(3) {
 		t.Error("forgot a stage kept live")
+	}
+}
+
+// TestSnapshotIntents checks that a snapshot intent takes the generation
+// of the update that asks for it and keeps it while other intents change,
+// that it holds the volume's removal back, and that ForgetSnapshot drops
+// only the intent of its generation.
+func TestSnapshotIntents(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "state.db"))
+	v, err := s.Update("v", func(v *Volume) error { v.Provisioning = ProvisionThick; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err = s.Update("v", func(v *Volume) error {
+		v.Snapshots = map[string]*SnapshotIntent{"s1": {}}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := v.Snapshots["s1"].Generation
+	if gen != v.Generation {
+		t.Fatalf("snapshot intent generation: got %d, want %d", gen, v.Generation)
+	}
+	v, err = s.Update("v", func(v *Volume) error { v.Stage = stage("/s"); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.Snapshots["s1"].Generation; got != gen {
+		t.Errorf("another intent's change restamped the snapshot: got %d, want %d", got, gen)
+	}
+	v.Stage = nil
+	if err := v.StartRemoval(); err == nil || v.Removing {
+		t.Errorf("removal while a snapshot is being taken: got %v, want refused", err)
+	}
+	if v.ForgetSnapshot("s1", gen+1) || v.ForgetSnapshot("s2", gen) || v.Snapshots["s1"] == nil {
+		t.Error("forgot a snapshot intent of another generation or ID")
+	}
+	if !v.ForgetSnapshot("s1", gen) || v.Snapshots != nil {
+		t.Errorf("snapshot intent not forgotten: %+v", v.Snapshots)
 	}
 }

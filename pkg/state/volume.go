@@ -133,6 +133,21 @@ type Volume struct {
 	// is accounted at its full size and made thick at its next stage when
 	// the space is there) and for a static volume.
 	Provisioning Provisioning `json:"provisioning,omitempty"`
+	// Snapshots maps the ID of each snapshot asked of the volume and not
+	// yet taken to its intent. A snapshot once taken is a file of its own,
+	// which outlives the volume, and its intent is forgotten.
+	Snapshots map[string]*SnapshotIntent `json:"snapshots,omitempty"`
+	// Frozen is the staging path whose filesystem the reconciler froze for
+	// a snapshot, recorded before the freeze and cleared after the thaw:
+	// a crash in between leaves it, and the next pass thaws the filesystem
+	// (a frozen filesystem hangs every pod on it). Empty when none.
+	Frozen string `json:"frozen,omitempty"`
+}
+
+// SnapshotIntent is the desire for a snapshot of the volume.
+type SnapshotIntent struct {
+	// Generation is the volume generation at which it was asked for.
+	Generation int64 `json:"generation"`
 }
 
 // Thin reports whether the volume's image is sparse by request.
@@ -148,7 +163,8 @@ type Expand struct {
 
 // Empty reports whether the record holds nothing worth keeping.
 func (v *Volume) Empty() bool {
-	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing && v.Provisioning == ""
+	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing && v.Provisioning == "" &&
+		len(v.Snapshots) == 0 && v.Frozen == ""
 }
 
 // Staged reports whether the node holds an intent for the volume: a stage
@@ -171,6 +187,13 @@ func (v *Volume) DeepCopy() *Volume {
 	if v.Expand != nil {
 		e := *v.Expand
 		out.Expand = &e
+	}
+	if v.Snapshots != nil {
+		out.Snapshots = make(map[string]*SnapshotIntent, len(v.Snapshots))
+		for id, s := range v.Snapshots {
+			c := *s
+			out.Snapshots[id] = &c
+		}
 	}
 	if v.Publishes != nil {
 		out.Publishes = make(map[string]*Publish, len(v.Publishes))
@@ -232,3 +255,16 @@ const ExpandKey IntentKey = "expand"
 
 // PublishKey returns the intent key of the publish at target.
 func PublishKey(target string) IntentKey { return IntentKey("publish:" + target) }
+
+// SnapshotKey returns the intent key of the snapshot id.
+func SnapshotKey(id string) IntentKey { return IntentKey("snapshot:" + id) }
+
+// SnapshotIDs returns the IDs of the snapshots asked of v, sorted.
+func (v *Volume) SnapshotIDs() []string {
+	ids := make([]string, 0, len(v.Snapshots))
+	for id := range v.Snapshots {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}

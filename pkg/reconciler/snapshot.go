@@ -1,0 +1,118 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// snapshots returns the steps of the snapshots asked of v: take each that
+// does not exist yet, and forget the intent of each that does (taken by an
+// operation that a crash stopped before it forgot it).
+func snapshots(v *state.Volume, a *actual) []action {
+	var acts []action
+	for _, id := range v.SnapshotIDs() {
+		gen := v.Snapshots[id].Generation
+		if a.snapshotsTaken[id] {
+			acts = append(acts, action{kind: actForgetSnapshot, target: id, generation: gen, reason: "snapshot taken"})
+			continue
+		}
+		acts = append(acts, action{kind: actTakeSnapshot, target: id, generation: gen, reason: "snapshot asked for"})
+	}
+	return acts
+}
+
+// takenSnapshots observes which of the snapshots asked of v exist. One
+// that cannot be told counts as not taken: taking it tells why.
+func (r *Reconciler) takenSnapshots(v *state.Volume) map[string]bool {
+	if len(v.Snapshots) == 0 {
+		return nil
+	}
+	taken := make(map[string]bool, len(v.Snapshots))
+	for id := range v.Snapshots {
+		taken[id], _ = r.cfg.Snapshots.Taken(id)
+	}
+	return taken
+}
+
+// takeSnapshot copies v's image to the snapshot act.target and forgets the
+// intent. A staged, writable filesystem is frozen for the copy, so that
+// the snapshot holds it clean: recorded first (v.Frozen), so that a crash
+// before the thaw is undone by the next pass, and always thawed, whether
+// the copy succeeded, failed or was cancelled. A raw block volume and a
+// read-only filesystem are copied as they are.
+func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actual, act action) error {
+	if a.static {
+		return state.Terminalf(state.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
+	}
+	var frozen string
+	if st := v.Stage; st != nil && !st.Deleting && a.staged && !a.block && !st.MountsReadOnly() {
+		frozen = st.Path
+		if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = frozen; return nil }); err != nil {
+			return err
+		}
+		if err := r.cfg.Paths.Freeze(frozen); err != nil {
+			if errors.Is(err, devices.ErrFrozen) {
+				// Someone else's freeze: not ours to thaw, nor to copy
+				// under; wait for it to end.
+				err = fmt.Errorf("the filesystem of volume %s is frozen by someone else: %w", v.ID, err)
+			}
+			if cerr := r.clearFrozen(v.ID, frozen); cerr != nil {
+				return errors.Join(err, cerr)
+			}
+			return err
+		}
+	}
+	_, err := r.cfg.Snapshots.Take(ctx, act.target, v.ID, r.cfg.Images.Path(v.ID), r.cfg.Clock.Now())
+	if frozen != "" {
+		if terr := r.cfg.Paths.Thaw(frozen); terr != nil {
+			// The record keeps v.Frozen: the next pass thaws it.
+			return errors.Join(err, fmt.Errorf("thawing %s: %w", frozen, terr))
+		}
+		if cerr := r.clearFrozen(v.ID, frozen); cerr != nil {
+			return errors.Join(err, cerr)
+		}
+	}
+	switch {
+	case errors.Is(err, os.ErrExist):
+		// Taken by an attempt that did not forget its intent.
+	case errors.Is(err, os.ErrNotExist):
+		return state.Terminalf(state.KindNotFound, "volume %s has no image to take a snapshot of", v.ID)
+	case state.NoSpace(err):
+		return state.Terminalf(state.KindResourceExhausted, "no room in the data directory for snapshot %s of volume %s: %v", act.target, v.ID, err)
+	case err != nil:
+		return fmt.Errorf("taking snapshot %s: %w", act.target, err)
+	}
+	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
+		cur.ForgetSnapshot(act.target, act.generation)
+		return nil
+	})
+}
+
+// thaw thaws the filesystem at path that v's record says a snapshot froze,
+// and clears the record. The filesystem is thawed only while it is v's
+// staging mount: anything else there is not the plugin's to thaw.
+func (r *Reconciler) thaw(v *state.Volume, a *actual, path string) error {
+	if st := v.Stage; st != nil && st.Path == path && a.staged && !a.block {
+		if err := r.cfg.Paths.Thaw(path); err != nil {
+			return fmt.Errorf("thawing %s: %w", path, err)
+		}
+	}
+	return r.clearFrozen(v.ID, path)
+}
+
+// clearFrozen records that the filesystem at path is no longer frozen by
+// the plugin. A crash of the machine thaws every filesystem, so it need not
+// wait for the disk, nor does setting it.
+func (r *Reconciler) clearFrozen(id, path string) error {
+	return r.recordKernelState(id, func(cur *state.Volume) error {
+		if cur.Frozen == path {
+			cur.Frozen = ""
+		}
+		return nil
+	})
+}

@@ -1,0 +1,181 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// askSnapshot records the intent of snapshot id of volume vol and returns
+// its generation.
+func (h *harness) askSnapshot(vol, id string) int64 {
+	h.t.Helper()
+	v := h.update(vol, func(v *state.Volume) {
+		if v.Snapshots == nil {
+			v.Snapshots = map[string]*state.SnapshotIntent{}
+		}
+		v.Snapshots[id] = &state.SnapshotIntent{}
+	})
+	return v.Snapshots[id].Generation
+}
+
+// wantSnapshotDone fails unless snapshot id of vol was taken (frozen as
+// wantFrozen says), its intent forgotten, and nothing is left frozen or
+// marked frozen.
+func (h *harness) wantSnapshotDone(vol, id string, wantFrozen bool) {
+	h.t.Helper()
+	got, ok := h.world.snapshots[id]
+	if !ok || got.image != h.world.Path(vol) || got.frozen != wantFrozen {
+		h.t.Errorf("snapshot %s: got %+v (taken %v), want a copy of %s taken frozen %v", id, got, ok, h.world.Path(vol), wantFrozen)
+	}
+	v, err := h.store.Get(vol)
+	if errors.Is(err, state.ErrNotFound) {
+		v, err = &state.Volume{ID: vol}, nil // nothing else was recorded
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if v.Snapshots != nil || v.Frozen != "" {
+		h.t.Errorf("record after the snapshot: intents %v, frozen %q; want neither", v.Snapshots, v.Frozen)
+	}
+	if len(h.world.frozen) != 0 {
+		h.t.Errorf("frozen after the snapshot: %v", h.world.frozen)
+	}
+}
+
+// TestSnapshotFreezesAStagedFilesystem takes snapshots of a volume that is
+// staged and published, of one only created, and of a raw block volume:
+// only the staged filesystem is frozen, for the copy alone.
+func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
+	t.Run("staged", func(t *testing.T) {
+		h := newHarness(t)
+		staging, _ := h.stagedAndPublished("v1")
+		n := len(h.world.Calls())
+		h.askSnapshot("v1", "s1")
+		h.settle()
+		if got, want := h.callsSince(n), fmt.Sprintf("freeze %[1]s,snapshot s1,thaw %[1]s", staging); got != want {
+			t.Errorf("calls: got %s, want %s", got, want)
+		}
+		h.wantSnapshotDone("v1", "s1", true)
+	})
+	t.Run("not staged", func(t *testing.T) {
+		h := newHarness(t)
+		h.volume("v1")
+		h.askSnapshot("v1", "s1")
+		h.settle()
+		if got := h.callsSince(0); got != "snapshot s1" {
+			t.Errorf("calls: got %s, want snapshot s1", got)
+		}
+		h.wantSnapshotDone("v1", "s1", false)
+	})
+	t.Run("raw block", func(t *testing.T) {
+		h := newHarness(t)
+		staging, _ := h.volume("v1")
+		h.update("v1", func(v *state.Volume) {
+			v.Stage = stageSpec(staging)
+			v.Stage.Access = state.AccessBlock
+		})
+		h.settle()
+		n := len(h.world.Calls())
+		h.askSnapshot("v1", "s1")
+		h.settle()
+		if got := h.callsSince(n); got != "snapshot s1" {
+			t.Errorf("calls: got %s, want snapshot s1", got)
+		}
+		h.wantSnapshotDone("v1", "s1", false)
+	})
+}
+
+// TestSnapshotFailures checks that a failed copy thaws the filesystem and
+// is retried; that a copy that can never succeed (no image) withdraws the
+// intent with its final; that a freeze someone else holds is waited out,
+// never thawed by the plugin; and that a snapshot taken before a crash
+// let its intent be forgotten is not taken again.
+func TestSnapshotFailures(t *testing.T) {
+	t.Run("copy fails, then succeeds", func(t *testing.T) {
+		h := newHarness(t)
+		h.staged("v1")
+		h.world.fail["snapshot s1"] = errors.New("EIO")
+		h.askSnapshot("v1", "s1")
+		h.settle()
+		if len(h.world.frozen) != 0 {
+			t.Errorf("frozen after a failed copy: %v", h.world.frozen)
+		}
+		if r, _ := h.store.Result("v1", state.SnapshotKey("s1")); r.Err == nil || r.Attempts != 1 {
+			t.Errorf("result after a failed copy: got %+v, want the failure reported", r)
+		}
+		delete(h.world.fail, "snapshot s1")
+		h.clock.Step(DefaultBackoffInitial)
+		h.settle()
+		h.wantSnapshotDone("v1", "s1", true)
+	})
+	t.Run("no image", func(t *testing.T) {
+		h := newHarness(t)
+		gen := h.askSnapshot("v1", "s1")
+		h.settle()
+		if f := h.store.FinalFor("v1", state.SnapshotKey("s1"), gen); f == nil || f.Kind != state.KindNotFound {
+			t.Errorf("final: got %v, want NOT_FOUND", f)
+		}
+		if v, err := h.store.Get("v1"); err == nil && v.Snapshots != nil {
+			t.Errorf("intent kept after a final: %+v", v.Snapshots)
+		}
+	})
+	t.Run("frozen by someone else", func(t *testing.T) {
+		h := newHarness(t)
+		staging := h.staged("v1")
+		if err := h.world.Freeze(staging); err != nil {
+			t.Fatal(err)
+		}
+		n := len(h.world.Calls())
+		h.askSnapshot("v1", "s1")
+		h.settle()
+		if got, want := h.callsSince(n), "freeze "+staging; got != want {
+			t.Errorf("calls under someone else's freeze: got %s, want %s (nothing thawed, nothing copied)", got, want)
+		}
+		if !h.world.frozen[h.world.Path("v1")] {
+			t.Error("the plugin thawed someone else's freeze")
+		}
+		if v, _ := h.store.Get("v1"); v.Frozen != "" {
+			t.Errorf("record marks the filesystem frozen by the plugin: %q", v.Frozen)
+		}
+		if err := h.world.Thaw(staging); err != nil {
+			t.Fatal(err)
+		}
+		h.clock.Step(DefaultBackoffInitial)
+		h.settle()
+		h.wantSnapshotDone("v1", "s1", true)
+	})
+	t.Run("taken before a crash", func(t *testing.T) {
+		h := newHarness(t)
+		h.volume("v1")
+		h.world.snapshots["s1"] = fakeSnapshot{image: h.world.Path("v1")}
+		h.askSnapshot("v1", "s1")
+		h.settle()
+		if got := h.callsSince(0); got != "" {
+			t.Errorf("calls: got %s, want none", got)
+		}
+		h.wantSnapshotDone("v1", "s1", false)
+	})
+}
+
+// TestFrozenByACrashIsThawed starts from what a crash between a freeze and
+// its thaw leaves (the filesystem frozen, the record saying so): the first
+// pass thaws it before anything else, and clears the record.
+func TestFrozenByACrashIsThawed(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.stagedAndPublished("v1")
+	if err := h.world.Freeze(staging); err != nil {
+		t.Fatal(err)
+	}
+	h.update("v1", func(v *state.Volume) { v.Frozen = staging })
+	n := len(h.world.Calls())
+	h.settle()
+	if got, want := h.callsSince(n), "thaw "+staging; got != want {
+		t.Errorf("calls: got %s, want %s", got, want)
+	}
+	if v, _ := h.store.Get("v1"); v.Frozen != "" || len(h.world.frozen) != 0 {
+		t.Errorf("after the pass: record frozen %q, world frozen %v; want neither", v.Frozen, h.world.frozen)
+	}
+}
