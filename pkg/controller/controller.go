@@ -69,6 +69,7 @@ type Options struct {
 // Store is what the controller needs of the store.
 type Store interface {
 	Get(id string) (*state.Volume, error)
+	List() []*state.Volume
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
 	DropFinals(id string)
 }
@@ -83,6 +84,8 @@ type Controller struct {
 	store    Store
 	topology map[string]string
 	opts     Options
+	// snapshots is nil unless ServeSnapshots was called.
+	snapshots *snapshotService
 
 	// mu serialises CreateVolume, DeleteVolume and GrowImage, so that a
 	// name is never created and deleted at once, and no two of them promise
@@ -99,12 +102,16 @@ func New(images *devices.Images, store Store, topology map[string]string, opts O
 
 func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
 	var caps []*csi.ControllerServiceCapability
-	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+	types := []csi.ControllerServiceCapability_RPC_Type{
 		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
 		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
-	} {
+	}
+	if c.snapshots != nil {
+		types = append(types, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)
+	}
+	for _, t := range types {
 		caps = append(caps, &csi.ControllerServiceCapability{
 			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
 		})
@@ -157,8 +164,16 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
-	if req.GetVolumeContentSource() != nil {
-		return nil, state.Errorf(state.KindInvalidArgument, "snapshots and cloning are not supported")
+	var snap *devices.SnapshotInfo
+	if src := req.GetVolumeContentSource(); src != nil {
+		if src.GetSnapshot() == nil {
+			return nil, state.Errorf(state.KindInvalidArgument, "only a snapshot can be a volume's content source; cloning a volume is not supported")
+		}
+		info, err := c.restoreSource(src.GetSnapshot().GetSnapshotId())
+		if err != nil {
+			return nil, err
+		}
+		snap = &info
 	}
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
@@ -167,6 +182,16 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	size, err := sizeFor(required, limit)
 	if err != nil {
 		return nil, err
+	}
+	if snap != nil {
+		// A volume made from a snapshot holds at least the snapshot's
+		// image: its size unless more is asked for, never less.
+		if required == 0 && (limit == 0 || limit >= snap.Size) {
+			size = snap.Size
+		}
+		if size < snap.Size {
+			return nil, state.Errorf(state.KindOutOfRange, "a volume of %d bytes cannot hold snapshot %s of %d bytes", size, snap.ID, snap.Size)
+		}
 	}
 
 	c.mu.Lock()
@@ -187,7 +212,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		if v != nil && v.Provisioning != "" && v.Provisioning != prov {
 			return nil, state.Errorf(state.KindAlreadyExists, "volume %s exists as a %s volume, %s was asked for", name, v.Provisioning, prov)
 		}
-		return c.response(name, cur, volumeContext), nil
+		return c.response(name, cur, volumeContext, req.GetVolumeContentSource()), nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", name, err)
 	}
@@ -201,12 +226,17 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if _, err := c.store.Update(name, func(v *state.Volume) error { v.Provisioning = prov; return nil }); err != nil {
 		return nil, nodeserver.Status(err)
 	}
-	if err := c.images.Create(name, size, prov == state.ProvisionThick); err != nil {
+	if snap != nil {
+		err = c.restore(ctx, name, *snap, size, prov == state.ProvisionThick)
+	} else if err = c.images.Create(name, size, prov == state.ProvisionThick); err != nil {
+		err = imageError(err, "creating volume %s", name)
+	}
+	if err != nil {
 		c.store.Update(name, func(v *state.Volume) error { v.Provisioning = ""; return nil })
-		return nil, imageError(err, "creating volume %s", name)
+		return nil, err
 	}
 	klog.V(2).InfoS("Created volume", "volumeID", name, "bytes", size, "provisioning", prov)
-	return c.response(name, size, volumeContext), nil
+	return c.response(name, size, volumeContext, req.GetVolumeContentSource()), nil
 }
 
 // imageError classifies a failure to size an image: no space is
@@ -223,11 +253,12 @@ func imageError(err error, format string, args ...any) error {
 	return state.Errorf(state.KindInternal, "%s: %w", msg, err)
 }
 
-func (c *Controller) response(id string, size int64, volumeContext map[string]string) *csi.CreateVolumeResponse {
+func (c *Controller) response(id string, size int64, volumeContext map[string]string, source *csi.VolumeContentSource) *csi.CreateVolumeResponse {
 	v := c.volume(id, size)
 	if len(volumeContext) > 0 {
 		v.VolumeContext = volumeContext
 	}
+	v.ContentSource = source
 	return &csi.CreateVolumeResponse{Volume: v}
 }
 

@@ -27,6 +27,21 @@ func (p *Paths) Freeze(path string) error {
 	return p.freezeIoctl(path, fifreeze, "FIFREEZE")
 }
 
+// Sync writes out what is dirty in the filesystem mounted at path
+// (syncfs), while its writes go on: done before Freeze, the freeze has
+// only what came meanwhile to write.
+func (p *Paths) Sync(path string) error {
+	fd, err := p.openAs(path, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", path, err)
+	}
+	return nil
+}
+
 // Thaw thaws the filesystem mounted at path. A filesystem that is not
 // frozen is a no-op.
 func (p *Paths) Thaw(path string) error {

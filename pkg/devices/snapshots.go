@@ -69,6 +69,18 @@ func (s *Snapshots) Take(ctx context.Context, id, source, image string, now time
 	return s.Get(id)
 }
 
+// Flush writes out what is dirty of image, so that a copy of it that
+// follows (a reflink writes the source out first) has little left to
+// write while the volume's filesystem is frozen.
+func (s *Snapshots) Flush(image string) error {
+	f, err := os.Open(image)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Fdatasync(int(f.Fd()))
+}
+
 // Taken reports whether snapshot id exists.
 func (s *Snapshots) Taken(id string) (bool, error) {
 	_, err := os.Stat(s.Path(id))
@@ -138,7 +150,11 @@ func (s *Snapshots) List() ([]SnapshotInfo, error) {
 
 // Delete removes snapshot id. A missing snapshot is a no-op.
 func (s *Snapshots) Delete(id string) error {
-	if err := os.Remove(s.Path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	err := os.Remove(s.Path(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	return syncDir(s.Dir)

@@ -132,6 +132,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
+	// Snapshots are intents of the node's records: the node server asks
+	// the reconciler for them and waits, on the controller's behalf.
+	ctrl.ServeSnapshots(snapshots, node)
+
 	sock, err := socketPath(cfg.Endpoint)
 	if err != nil {
 		return err

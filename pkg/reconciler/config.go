@@ -84,6 +84,8 @@ type Paths interface {
 	// when it is frozen already); Thaw thaws it, a no-op when it is not.
 	Freeze(path string) error
 	Thaw(path string) error
+	// Sync writes out what is dirty in the filesystem mounted at path.
+	Sync(path string) error
 }
 
 // Snapshots takes the snapshots of volumes: a snapshot is a file of its
@@ -91,6 +93,8 @@ type Paths interface {
 type Snapshots interface {
 	// Taken reports whether snapshot id exists.
 	Taken(id string) (bool, error)
+	// Flush writes out what is dirty of an image.
+	Flush(image string) error
 	// Take copies image, the image of volume source, to snapshot id,
 	// stamped with now; an error matching os.ErrExist when id exists.
 	Take(ctx context.Context, id, source, image string, now time.Time) (devices.SnapshotInfo, error)

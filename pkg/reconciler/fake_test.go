@@ -139,6 +139,16 @@ func (w *fakeWorld) Thaw(path string) error {
 	})
 }
 
+// Sync writes out the filesystem mounted at path (nothing to do here).
+func (w *fakeWorld) Sync(path string) error {
+	return w.do("sync "+path, func() string { return w.imageAt(path) }, func() error { return nil })
+}
+
+// Flush writes out an image (nothing to do here).
+func (w *fakeWorld) Flush(image string) error {
+	return w.do("flush "+filepath.Base(image), func() string { return image }, func() error { return nil })
+}
+
 func (w *fakeWorld) Taken(id string) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

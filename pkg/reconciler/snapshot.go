@@ -49,9 +49,18 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	if a.static {
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
 	}
+	image := r.cfg.Images.Path(v.ID)
 	var frozen string
 	if st := v.Stage; st != nil && !st.Deleting && a.staged && !a.block && !st.MountsReadOnly() {
 		frozen = st.Path
+		// What the volume wrote is in the image's page cache: written out
+		// now, the freeze and the copy have only what comes meanwhile.
+		if err := r.cfg.Paths.Sync(frozen); err != nil {
+			return fmt.Errorf("syncing %s: %w", frozen, err)
+		}
+		if err := r.cfg.Snapshots.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("flushing the image of %s: %w", v.ID, err)
+		}
 		if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = frozen; return nil }); err != nil {
 			return err
 		}
@@ -67,7 +76,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 			return err
 		}
 	}
-	_, err := r.cfg.Snapshots.Take(ctx, act.target, v.ID, r.cfg.Images.Path(v.ID), r.cfg.Clock.Now())
+	_, err := r.cfg.Snapshots.Take(ctx, act.target, v.ID, image, r.cfg.Clock.Now())
 	if frozen != "" {
 		if terr := r.cfg.Paths.Thaw(frozen); terr != nil {
 			// The record keeps v.Frozen: the next pass thaws it.

@@ -55,7 +55,7 @@ func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 		n := len(h.world.Calls())
 		h.askSnapshot("v1", "s1")
 		h.settle()
-		if got, want := h.callsSince(n), fmt.Sprintf("freeze %[1]s,snapshot s1,thaw %[1]s", staging); got != want {
+		if got, want := h.callsSince(n), fmt.Sprintf("sync %[1]s,flush v1.img,freeze %[1]s,snapshot s1,thaw %[1]s", staging); got != want {
 			t.Errorf("calls: got %s, want %s", got, want)
 		}
 		h.wantSnapshotDone("v1", "s1", true)
@@ -131,7 +131,7 @@ func TestSnapshotFailures(t *testing.T) {
 		n := len(h.world.Calls())
 		h.askSnapshot("v1", "s1")
 		h.settle()
-		if got, want := h.callsSince(n), "freeze "+staging; got != want {
+		if got, want := h.callsSince(n), "sync "+staging+",flush v1.img,freeze "+staging; got != want {
 			t.Errorf("calls under someone else's freeze: got %s, want %s (nothing thawed, nothing copied)", got, want)
 		}
 		if !h.world.frozen[h.world.Path("v1")] {

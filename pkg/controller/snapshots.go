@@ -1,0 +1,323 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// snapshotNodeSep separates a snapshot's name from the name of the node
+// it lives on in the snapshot's ID: Kubernetes node names (DNS subdomains)
+// never hold it, so the node is what follows the last one.
+const snapshotNodeSep = "_"
+
+// Snapshotter asks the node's reconciler for snapshots: it records the
+// intent, then waits for the snapshot to be taken.
+type Snapshotter interface {
+	AskSnapshot(source, id string) (gen int64, err error)
+	AwaitSnapshot(ctx context.Context, source, id string, gen int64) error
+}
+
+// snapshotService is the controller's part in snapshots.
+type snapshotService struct {
+	snaps *devices.Snapshots
+	taker Snapshotter
+
+	// mu serialises the decisions about snapshot IDs (CreateSnapshot's
+	// check and intent, DeleteSnapshot) and holds a snapshot while a
+	// volume is restored from it, so that it is not deleted under the
+	// copy. A CreateSnapshot waits for its copy without it.
+	mu sync.Mutex
+}
+
+// ServeSnapshots makes the controller serve snapshots of this node's
+// volumes, kept in snaps and taken by taker. Without it the controller
+// advertises no snapshot capability.
+func (c *Controller) ServeSnapshots(snaps *devices.Snapshots, taker Snapshotter) {
+	c.snapshots = &snapshotService{snaps: snaps, taker: taker}
+}
+
+// snapshotID returns the ID of the snapshot named name on this node: the
+// name and the node's name. A name too long for both keeps what fits of
+// it and a hash of the whole (names differ in their end as often as in
+// their start).
+func (c *Controller) snapshotID(name string) string {
+	suffix := snapshotNodeSep + c.topology[TopologyKey]
+	if len(name)+len(suffix) <= state.MaxIDLength {
+		return name + suffix
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	sum := fmt.Sprintf("%016x", h.Sum64())
+	keep := state.MaxIDLength - len(suffix) - len(sum) - 1
+	if keep < 1 {
+		return name + suffix // the node's name alone is too long: refused
+	}
+	return name[:keep] + "-" + sum + suffix
+}
+
+// snapshotNode returns the node a snapshot ID names.
+func snapshotNode(id string) string {
+	i := strings.LastIndex(id, snapshotNodeSep)
+	if i < 0 {
+		return ""
+	}
+	return id[i+1:]
+}
+
+// CreateSnapshot takes a snapshot of a volume of this node, idempotent by
+// name: the snapshot of that name of the same volume is returned, of
+// another volume ALREADY_EXISTS. The reconciler takes it (see
+// reconciler.takeSnapshot); the answer comes once it exists, and a
+// snapshot is never listed before it is whole.
+func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	s := c.snapshots
+	if s == nil {
+		return nil, errNoSnapshots
+	}
+	name, source := req.GetName(), req.GetSourceVolumeId()
+	if name == "" {
+		return nil, state.Errorf(state.KindInvalidArgument, "name is required")
+	}
+	if source == "" {
+		return nil, state.Errorf(state.KindInvalidArgument, "source volume ID is required")
+	}
+	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
+		return nil, err
+	}
+	id := c.snapshotID(name)
+	if err := state.ValidID(id); err != nil {
+		return nil, state.Errorf(state.KindInvalidArgument, "snapshot name %q: as the ID %q: %v", name, id, err)
+	}
+	if state.ValidID(source) != nil {
+		return nil, state.NotFound(source)
+	}
+
+	s.mu.Lock()
+	info, err := s.snaps.Get(id)
+	switch {
+	case err == nil:
+		s.mu.Unlock()
+		if info.Source != source {
+			return nil, state.Errorf(state.KindAlreadyExists, "snapshot %s exists, of volume %s", name, info.Source)
+		}
+		return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
+	case !errors.Is(err, os.ErrNotExist):
+		s.mu.Unlock()
+		return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+	}
+	if other := c.takingSnapshot(id); other != "" && other != source {
+		s.mu.Unlock()
+		return nil, state.Errorf(state.KindAlreadyExists, "snapshot %s is being taken of volume %s", name, other)
+	}
+	if _, err := c.images.Size(source); err != nil {
+		s.mu.Unlock()
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, state.NotFound(source)
+		}
+		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", source, err)
+	}
+	gen, err := s.taker.AskSnapshot(source, id)
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
+		return nil, err
+	}
+	if info, err = s.snaps.Get(id); err != nil {
+		return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+	}
+	klog.V(2).InfoS("Took snapshot", "snapshotID", id, "volumeID", source, "bytes", info.Size)
+	return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
+}
+
+// takingSnapshot returns the volume whose record asks for snapshot id, ""
+// when none does.
+func (c *Controller) takingSnapshot(id string) string {
+	for _, v := range c.store.List() {
+		if v.Snapshots[id] != nil {
+			return v.ID
+		}
+	}
+	return ""
+}
+
+// checkSnapshotParameters refuses any parameter but those the sidecars add
+// themselves.
+func checkSnapshotParameters(params map[string]string) error {
+	var unknown []string
+	for k := range params {
+		if !strings.HasPrefix(k, k8sParamPrefix) {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return state.Errorf(state.KindInvalidArgument, "unknown parameters: %s", strings.Join(unknown, ", "))
+	}
+	return nil
+}
+
+func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
+	return &csi.Snapshot{
+		SnapshotId:     info.ID,
+		SourceVolumeId: info.Source,
+		SizeBytes:      info.Size,
+		CreationTime:   timestamppb.New(info.Created),
+		ReadyToUse:     true,
+	}
+}
+
+// DeleteSnapshot removes a snapshot of this node. An unknown one is a
+// no-op; one still being taken is ABORTED (retried by the sidecar), and a
+// volume being restored from it holds the deletion until its copy ends.
+func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	s := c.snapshots
+	if s == nil {
+		return nil, errNoSnapshots
+	}
+	id := req.GetSnapshotId()
+	if id == "" {
+		return nil, state.Errorf(state.KindInvalidArgument, "snapshot ID is required")
+	}
+	if state.ValidID(id) != nil {
+		return &csi.DeleteSnapshotResponse{}, nil // no such snapshot can exist
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if source := c.takingSnapshot(id); source != "" {
+		return nil, state.Errorf(state.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
+	}
+	if err := s.snaps.Delete(id); err != nil {
+		return nil, state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
+	}
+	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// ListSnapshots pages through this node's snapshots in ID order, all of
+// them or those of one ID or one source volume; only whole snapshots
+// exist to be listed.
+func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	s := c.snapshots
+	if s == nil {
+		return nil, errNoSnapshots
+	}
+	if req.GetMaxEntries() < 0 {
+		return nil, state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
+	}
+	after := ""
+	if tok := req.GetStartingToken(); tok != "" {
+		id, ok := strings.CutPrefix(tok, listTokenPrefix)
+		if !ok || state.ValidID(id) != nil {
+			return nil, state.Errorf(state.KindAborted, "invalid starting token %q", tok)
+		}
+		after = id
+	}
+	var infos []devices.SnapshotInfo
+	switch id := req.GetSnapshotId(); {
+	case id != "":
+		if state.ValidID(id) != nil {
+			return &csi.ListSnapshotsResponse{}, nil
+		}
+		info, err := s.snaps.Get(id)
+		if errors.Is(err, os.ErrNotExist) {
+			return &csi.ListSnapshotsResponse{}, nil
+		}
+		if err != nil {
+			return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+		}
+		infos = []devices.SnapshotInfo{info}
+	default:
+		all, err := s.snaps.List()
+		if err != nil {
+			return nil, state.Errorf(state.KindInternal, "listing snapshots: %w", err)
+		}
+		infos = all
+	}
+	resp := &csi.ListSnapshotsResponse{}
+	for _, info := range infos {
+		if info.ID <= after || req.GetSourceVolumeId() != "" && info.Source != req.GetSourceVolumeId() {
+			continue
+		}
+		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
+			resp.NextToken = listTokenPrefix + resp.Entries[len(resp.Entries)-1].Snapshot.SnapshotId
+			break
+		}
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: c.snapshot(info)})
+	}
+	return resp, nil
+}
+
+// restoreSource checks the snapshot a volume is to be made from and
+// returns it: NOT_FOUND when it does not exist here, RESOURCE_EXHAUSTED
+// naming the node it is on when that is another node (the scheduler then
+// tries another node).
+func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, error) {
+	s := c.snapshots
+	if s == nil {
+		return devices.SnapshotInfo{}, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
+	}
+	if id == "" {
+		return devices.SnapshotInfo{}, state.Errorf(state.KindInvalidArgument, "the snapshot to restore has no ID")
+	}
+	if state.ValidID(id) != nil {
+		return devices.SnapshotInfo{}, state.Errorf(state.KindNotFound, "snapshot %s not found", id)
+	}
+	if node := snapshotNode(id); node != "" && node != c.topology[TopologyKey] {
+		return devices.SnapshotInfo{}, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[TopologyKey])
+	}
+	info, err := s.snaps.Get(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return devices.SnapshotInfo{}, state.Errorf(state.KindNotFound, "snapshot %s not found", id)
+	}
+	if err != nil {
+		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+	}
+	return info, nil
+}
+
+// restore makes the image of volume id, size bytes, from snapshot snap:
+// the copy (whole or absent after a crash), grown to size, every block
+// allocated for a thick volume. The snapshot is held meanwhile.
+func (c *Controller) restore(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
+	s := c.snapshots
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.snaps.Restore(ctx, snap.ID, c.images.Path(id)); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
+		}
+		return imageError(err, "restoring volume %s from snapshot %s", id, snap.ID)
+	}
+	if _, err := c.images.Grow(id, size, thick); err != nil {
+		c.images.Delete(id)
+		return imageError(err, "growing volume %s restored from snapshot %s", id, snap.ID)
+	}
+	if thick {
+		if err := c.images.Reserve(id); err != nil {
+			c.images.Delete(id)
+			return imageError(err, "allocating volume %s restored from snapshot %s", id, snap.ID)
+		}
+	}
+	return nil
+}
+
+// errNoSnapshots answers the snapshot RPCs of a controller that does not
+// serve snapshots.
+var errNoSnapshots = status.Error(codes.Unimplemented, "snapshots are not served")

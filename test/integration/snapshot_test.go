@@ -1,0 +1,118 @@
+package integration
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+// snapshotOf takes snapshot name of volume id and fails the test unless it
+// is ready.
+func snapshotOf(t *testing.T, p *testenv.Plugin, name, id string) *csi.Snapshot {
+	t.Helper()
+	resp, err := p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: id})
+	must(t, "CreateSnapshot "+name, err)
+	s := resp.GetSnapshot()
+	if !s.GetReadyToUse() || s.GetSourceVolumeId() != id || s.GetSizeBytes() != volSize {
+		t.Fatalf("snapshot %s: got %+v, want ready, of %s, %d bytes", name, s, id, volSize)
+	}
+	return s
+}
+
+// restoreFrom creates volume id from snapshot snapID.
+func restoreFrom(t *testing.T, p *testenv.Plugin, id, snapID string, size int64) error {
+	_, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name:                id,
+		CapacityRange:       &csi.CapacityRange{RequiredBytes: size},
+		VolumeCapabilities:  []*csi.VolumeCapability{rwo},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}},
+	})
+	return err
+}
+
+// TestSnapshotAndRestore takes a snapshot of a published volume while a
+// pod would write to it, writes more, and restores the snapshot to a new
+// volume, larger than the snapshot, once the source volume is gone: the
+// restored volume holds exactly what was written before the snapshot, and
+// its filesystem fills its size. On the way: the snapshot lists by ID and
+// by source, a second request of the same name answers the same
+// snapshot, another volume cannot take that name, a restore too small or
+// of a snapshot of another node is refused, and the deleted snapshot is
+// gone.
+func TestSnapshotAndRestore(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	_, target := upPublished(t, p, "snap-src")
+	must(t, "write before", os.WriteFile(filepath.Join(target, "before"), []byte("before the snapshot"), 0o600))
+
+	s := snapshotOf(t, p, "snap-1", "snap-src")
+	if again := snapshotOf(t, p, "snap-1", "snap-src"); again.GetSnapshotId() != s.GetSnapshotId() {
+		t.Errorf("the same request answered snapshot %s, then %s", s.GetSnapshotId(), again.GetSnapshotId())
+	}
+	must(t, "write after", os.WriteFile(filepath.Join(target, "after"), []byte("after the snapshot"), 0o600))
+	must(t, "write after, durably", syncFile(filepath.Join(target, "after")))
+
+	create(t, p, "snap-other")
+	_, err := p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-1", SourceVolumeId: "snap-other"})
+	wantCode(t, "the same name of another volume", err, codes.AlreadyExists)
+	_, err = p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-2", SourceVolumeId: "no-such-volume"})
+	wantCode(t, "a snapshot of no volume", err, codes.NotFound)
+
+	for _, req := range []*csi.ListSnapshotsRequest{{SnapshotId: s.GetSnapshotId()}, {SourceVolumeId: "snap-src"}, {}} {
+		resp, err := p.Controller().ListSnapshots(ctx(t), req)
+		must(t, "ListSnapshots", err)
+		if len(resp.GetEntries()) != 1 || resp.GetEntries()[0].GetSnapshot().GetSnapshotId() != s.GetSnapshotId() {
+			t.Errorf("ListSnapshots(%v): got %v, want only %s", req, resp.GetEntries(), s.GetSnapshotId())
+		}
+	}
+
+	// The source goes; its snapshot stays.
+	downAndDelete(t, p, "snap-src")
+	wantCode(t, "a restore smaller than the snapshot", restoreFrom(t, p, "snap-small", s.GetSnapshotId(), volSize/2), codes.OutOfRange)
+	elsewhere := strings.Replace(s.GetSnapshotId(), "_test-node", "_other-node", 1)
+	err = restoreFrom(t, p, "snap-far", elsewhere, volSize)
+	wantCode(t, "a restore of another node's snapshot", err, codes.ResourceExhausted)
+	if err != nil && !strings.Contains(err.Error(), "other-node") {
+		t.Errorf("the refusal does not name the snapshot's node: %v", err)
+	}
+
+	must(t, "restore", restoreFrom(t, p, "snap-restored", s.GetSnapshotId(), 2*volSize))
+	_, restored := upPublishedExisting(t, p, "snap-restored")
+	if got, err := os.ReadFile(filepath.Join(restored, "before")); err != nil || string(got) != "before the snapshot" {
+		t.Errorf("restored file: got %q, %v; want what was written before the snapshot", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(restored, "after")); !os.IsNotExist(err) {
+		t.Errorf("a file written after the snapshot is in the restored volume: %v", err)
+	}
+	if got := fsBytes(t, restored); got <= volSize {
+		t.Errorf("the restored filesystem holds %d bytes; want it grown past the snapshot's %d bytes to its %d-byte volume", got, volSize, 2*volSize)
+	}
+	downAndDelete(t, p, "snap-restored")
+
+	for range 2 {
+		_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshotId()})
+		must(t, "DeleteSnapshot", err)
+	}
+	resp, err := p.Controller().ListSnapshots(ctx(t), &csi.ListSnapshotsRequest{})
+	must(t, "ListSnapshots", err)
+	if len(resp.GetEntries()) != 0 {
+		t.Errorf("snapshots after the deletion: %v", resp.GetEntries())
+	}
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "snap-other"})
+	must(t, "delete snap-other", err)
+}
+
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
