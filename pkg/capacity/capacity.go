@@ -19,6 +19,10 @@ type Image struct {
 	Size int64
 	// Allocated is the space the data directory's filesystem gave it.
 	Allocated int64
+	// Shared is what of Allocated it shares with other files (reflinked
+	// snapshots): a thick image owes it too, since every write there
+	// takes a new block.
+	Shared int64
 	// Thin is true for a thin volume. Every other image (thick, made
 	// before provisioning was recorded, or being created) is accounted at
 	// its full size.
@@ -34,7 +38,8 @@ type Account struct {
 	ThickPromised, ThinPromised int64
 	// ThickOwed is the space the thick images may still claim: the holes
 	// of images not (yet) fully allocated, such as those made before
-	// provisioning was recorded.
+	// provisioning was recorded, and the blocks they share with their
+	// snapshots, which a write copies.
 	ThickOwed int64
 	// ThinAllocated is the space the thin images hold.
 	ThinAllocated int64
@@ -53,7 +58,7 @@ func New(free int64, ratio float64, images []Image) Account {
 			continue
 		}
 		a.ThickPromised += im.Size
-		a.ThickOwed += max(0, im.Size-im.Allocated)
+		a.ThickOwed += max(0, im.Size-im.Allocated) + min(im.Shared, im.Allocated)
 	}
 	return a
 }

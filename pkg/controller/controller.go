@@ -314,7 +314,7 @@ func Account(images *devices.Images, store Store, ratio float64) (capacity.Accou
 	}
 	ims := make([]capacity.Image, len(usages))
 	for i, u := range usages {
-		ims[i] = capacity.Image{Size: u.Size, Allocated: u.Allocated}
+		ims[i] = capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
 		if v, err := store.Get(u.ID); err == nil {
 			ims[i].Thin = v.Thin()
 		}

@@ -124,12 +124,9 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		s.mu.Unlock()
 		return nil, state.Errorf(state.KindAlreadyExists, "snapshot %s is being taken of volume %s", name, other)
 	}
-	if _, err := c.images.Size(source); err != nil {
+	if err := c.promiseSnapshot(source); err != nil {
 		s.mu.Unlock()
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, state.NotFound(source)
-		}
-		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", source, err)
+		return nil, err
 	}
 	gen, err := s.taker.AskSnapshot(source, id)
 	s.mu.Unlock()
@@ -144,6 +141,39 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 	klog.V(2).InfoS("Took snapshot", "snapshotID", id, "volumeID", source, "bytes", info.Size)
 	return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
+}
+
+// promiseSnapshot checks that the data directory can hold a snapshot of
+// volume id without breaking a promise: NOT_FOUND when the volume has no
+// image here, RESOURCE_EXHAUSTED when the space is not there. A copy
+// takes up to the image's allocated space at once. A reflink takes nothing
+// at once, but a thick image then owes the blocks it shares, which its
+// writes copy; a thin image's writes take space as any thin write does.
+func (c *Controller) promiseSnapshot(id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	u, err := c.images.Usage(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return state.NotFound(id)
+	}
+	if err != nil {
+		return state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+	}
+	need := u.Allocated
+	if c.snapshots.snaps.Mode == devices.CopyReflink {
+		need = max(0, u.Allocated-u.Shared)
+		if v, err := c.store.Get(id); err == nil && v.Thin() {
+			need = 0
+		}
+	}
+	acc, _, err := c.account()
+	if err != nil {
+		return state.Errorf(state.KindInternal, "%w", err)
+	}
+	if avail := acc.ThickAvailable(); need > avail {
+		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of the data directory (copied by %s), %d can still be promised", id, need, c.snapshots.snaps.Mode, avail)
+	}
+	return nil
 }
 
 // takingSnapshot returns the volume whose record asks for snapshot id, ""

@@ -268,3 +268,56 @@ func TestSnapshots(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedBytes counts what a file shares with its reflinked copy: all
+// of it after the copy, less what the source overwrote since; nothing
+// where the filesystem copies without sharing.
+func TestSharedBytes(t *testing.T) {
+	for mode, dir := range copyDirs(t) {
+		t.Run(string(mode), func(t *testing.T) {
+			src := filepath.Join(dir, "src.img")
+			if err := os.WriteFile(src, bytes.Repeat([]byte("x"), 8<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			shared := func(path string) int64 {
+				t.Helper()
+				n, err := SharedBytes(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			if n := shared(src); n != 0 {
+				t.Errorf("before any copy: %d bytes shared, want 0", n)
+			}
+			dst := filepath.Join(dir, "dst.img")
+			if err := CopyFile(context.Background(), src, dst, mode, nil); err != nil {
+				t.Fatal(err)
+			}
+			want := int64(8 << 20)
+			if mode == CopySparse {
+				want = 0
+			}
+			if n, m := shared(src), shared(dst); n != want || m != want {
+				t.Errorf("after the copy: source shares %d bytes, copy %d; want %d", n, m, want)
+			}
+			f, err := os.OpenFile(src, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(bytes.Repeat([]byte("y"), 1<<20), 0); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			if mode == CopyReflink {
+				want -= 1 << 20
+			}
+			if n := shared(src); n != want {
+				t.Errorf("after 1 MiB of the source was overwritten: it shares %d bytes, want %d", n, want)
+			}
+		})
+	}
+}

@@ -57,6 +57,10 @@ func sizeTo(f *os.File, size int64, thick bool) error {
 type Images struct {
 	// Dir is the data directory.
 	Dir string
+	// Shares is true when Dir's filesystem shares blocks between files
+	// (reflinks, see ProbeCopyMode): Usages then counts what each image
+	// shares.
+	Shares bool
 }
 
 // Path returns the image file of id.
@@ -176,6 +180,9 @@ func (im *Images) Reserve(id string) error {
 type Usage struct {
 	ID              string
 	Size, Allocated int64
+	// Shared is what of Allocated the image shares with other files (its
+	// snapshots'): a write there must allocate anew.
+	Shared int64
 }
 
 // Usages returns the size and allocation of every image, in ID order.
@@ -186,16 +193,34 @@ func (im *Images) Usages() ([]Usage, error) {
 	}
 	out := make([]Usage, 0, len(ids))
 	for _, id := range ids {
-		var st unix.Stat_t
-		if err := unix.Stat(im.Path(id), &st); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				continue // deleted meanwhile
-			}
+		u, err := im.Usage(id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
 			return nil, err
 		}
-		out = append(out, Usage{ID: id, Size: st.Size, Allocated: st.Blocks * 512})
+		out = append(out, u)
 	}
 	return out, nil
+}
+
+// Usage returns the size and allocation of id's image; an error matching
+// os.ErrNotExist when there is none.
+func (im *Images) Usage(id string) (Usage, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(im.Path(id), &st); err != nil {
+		return Usage{}, &os.PathError{Op: "stat", Path: im.Path(id), Err: err}
+	}
+	u := Usage{ID: id, Size: st.Size, Allocated: st.Blocks * 512}
+	if im.Shares {
+		shared, err := SharedBytes(im.Path(id))
+		if err != nil {
+			return Usage{}, err
+		}
+		u.Shared = shared
+	}
+	return u, nil
 }
 
 // RemoveStaleTemps removes the temporary files of Create calls that a crash

@@ -81,6 +81,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	logger.Info("Snapshots", "dir", snapshots.Dir, "copy", snapshots.Mode)
+	// Where images share blocks with their snapshots, a thick image owes
+	// what it shares: its writes there take new blocks.
+	images.Shares = snapshots.Mode == devices.CopyReflink
 	var static reconciler.Static
 	if len(cfg.AllowedDevicePrefixes) > 0 {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}

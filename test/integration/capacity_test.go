@@ -32,6 +32,13 @@ const (
 // taken down after it (after the plugin stopped).
 func smallDataDir(t *testing.T, p *testenv.Plugin, size int64) {
 	t.Helper()
+	smallDataDirOf(t, p, size, "ext4", "-q", "-F", "-m0")
+}
+
+// smallDataDirOf is smallDataDir on a filesystem of type fs, made with
+// mkfs.<fs> mkfsArgs.
+func smallDataDirOf(t *testing.T, p *testenv.Plugin, size int64, fs string, mkfsArgs ...string) {
+	t.Helper()
 	img := filepath.Join(t.TempDir(), "datadir.img")
 	f, err := os.Create(img)
 	must(t, "data directory image", err)
@@ -41,11 +48,11 @@ func smallDataDir(t *testing.T, p *testenv.Plugin, size int64) {
 	must(t, "losetup", err)
 	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m0", dev).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mkfs."+fs, append(mkfsArgs, dev)...).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs: %v: %s", err, out)
 	}
 	must(t, "mkdir", os.MkdirAll(p.DataDir, 0o700))
-	must(t, "mount", syscall.Mount(dev, p.DataDir, "ext4", 0, ""))
+	must(t, "mount", syscall.Mount(dev, p.DataDir, fs, 0, ""))
 	t.Cleanup(func() {
 		// The volumes' devices and mounts go while their images are
 		// still reachable.

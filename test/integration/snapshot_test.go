@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -115,4 +117,78 @@ func syncFile(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// TestReflinkSnapshotKeepsThickPromise takes a snapshot of a published
+// thick volume with 64 MiB written, where the data directory shares blocks
+// (xfs with reflinks): the snapshot costs no space at once, but the
+// volume's written blocks are now shared and a write there takes a new
+// one, so the node stops promising that space to new volumes (blocks
+// allocated but never written stay the volume's own: xfs shares only
+// written extents); once the snapshot is deleted it promises it again. The
+// volume can still be written in full.
+func TestReflinkSnapshotKeepsThickPromise(t *testing.T) {
+	p := testenv.New(t)
+	smallDataDirOf(t, p, 512*mib, "xfs", "-q", "-f", "-m", "reflink=1")
+	p.Start()
+	if !strings.Contains(p.Log(), `copy="reflink"`) {
+		t.Fatal("the plugin did not find that the data directory shares blocks")
+	}
+	must(t, "create", createProvisioned(p, t, "thick-src", "thick", 128*mib))
+	_, target := upPublishedExisting(t, p, "thick-src")
+	f, err := os.Create(filepath.Join(target, "written"))
+	must(t, "create written", err)
+	for range 64 {
+		if _, err := f.Write(bytes.Repeat([]byte{1}, mib)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t, "sync written", f.Sync())
+	f.Close()
+	before := capacityFor(t, p, "thick")
+
+	s := snapshotOf128(t, p, "snap-thick", "thick-src")
+	after := capacityFor(t, p, "thick")
+	if drop := before - after; drop < 64*mib {
+		t.Errorf("thick capacity went from %d to %d MiB after the snapshot: want it lower by at least the 64 MiB written, which the volume's writes may now take anew", before/mib, after/mib)
+	}
+	wantCode(t, "a thick volume of the space the snapshot's sharing owes", createProvisioned(p, t, "thick-late", "thick", before), codes.ResourceExhausted)
+
+	// Every block of the volume can be written: what it was promised.
+	f, err = os.OpenFile(filepath.Join(target, "written"), os.O_WRONLY, 0)
+	must(t, "create fill", err)
+	chunk := make([]byte, mib)
+	for range 110 {
+		if _, err := f.Write(chunk); err != nil {
+			t.Fatalf("writing the thick volume after its snapshot: %v", err)
+		}
+	}
+	must(t, "sync fill", f.Sync())
+	f.Close()
+
+	// The writes copied the shared blocks: the snapshot alone holds the
+	// old ones, which its deletion gives back.
+	written := capacityFor(t, p, "thick")
+	_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshotId()})
+	must(t, "DeleteSnapshot", err)
+	// xfs frees an unlinked file's blocks in the background.
+	deadline := time.Now().Add(20 * time.Second)
+	for got := capacityFor(t, p, "thick"); got < written+48*mib; got = capacityFor(t, p, "thick") {
+		if time.Now().After(deadline) {
+			t.Fatalf("thick capacity after the snapshot's deletion: %d MiB, want the about 64 MiB only the snapshot held back on the %d MiB of before it", got/mib, written/mib)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	downAndDelete(t, p, "thick-src")
+}
+
+// snapshotOf128 takes snapshot name of a 128 MiB volume id.
+func snapshotOf128(t *testing.T, p *testenv.Plugin, name, id string) *csi.Snapshot {
+	t.Helper()
+	resp, err := p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: id})
+	must(t, "CreateSnapshot "+name, err)
+	if s := resp.GetSnapshot(); !s.GetReadyToUse() || s.GetSizeBytes() != 128*mib {
+		t.Fatalf("snapshot %s: got %+v, want ready, 128 MiB", name, s)
+	}
+	return resp.GetSnapshot()
 }
