@@ -159,7 +159,7 @@ func Run(ctx context.Context, cfg Config) error {
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
-	pool := func() (status.Pool, error) { return poolStatus(cfg, images, store) }
+	pool := func() (status.Pool, error) { return poolStatus(cfg, images, snapshots, store) }
 	m.WatchPool(pool)
 	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, pool))
 	if err != nil {
@@ -245,7 +245,7 @@ func listen(sock string) (net.Listener, error) {
 }
 
 // poolStatus reports the data directory's space as GetCapacity sees it.
-func poolStatus(cfg Config, images *devices.Images, store controller.Store) (status.Pool, error) {
+func poolStatus(cfg Config, images *devices.Images, snapshots *devices.Snapshots, store controller.Store) (status.Pool, error) {
 	acc, total, err := controller.Account(images, store, cfg.OverprovisioningRatio)
 	if err != nil {
 		return status.Pool{}, err
@@ -260,6 +260,14 @@ func poolStatus(cfg Config, images *devices.Images, store controller.Store) (sta
 	}
 	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
 		p.ThinAvailableBytes = 0
+	}
+	snaps, err := snapshots.List()
+	if err != nil {
+		return status.Pool{}, fmt.Errorf("listing snapshots: %w", err)
+	}
+	p.Snapshots, p.CopyMode = len(snaps), string(snapshots.Mode)
+	for _, s := range snaps {
+		p.SnapshotBytes += s.Allocated
 	}
 	return p, nil
 }

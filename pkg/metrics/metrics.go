@@ -27,6 +27,7 @@ type Metrics struct {
 	backoff    prometheus.Gauge
 	uncertain  prometheus.Gauge
 	rpcs       *prometheus.HistogramVec
+	frozen     prometheus.Histogram
 }
 
 // New makes the collectors and registers them.
@@ -66,13 +67,18 @@ func New() *Metrics {
 			Namespace: namespace, Name: "volumes_uncertain",
 			Help: "Volumes whose latest operation failed and will be retried.",
 		}),
+		frozen: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "snapshot_freeze_duration_seconds",
+			Help:    "How long a snapshot held a volume's filesystem frozen (its pods' writes waited).",
+			Buckets: opBuckets,
+		}),
 		rpcs: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "rpc_duration_seconds",
 			Help:    "Duration of CSI calls, by method and gRPC code.",
 			Buckets: opBuckets,
 		}, []string{"method", "code"}),
 	}
-	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs,
+	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, p := range status.Phases {
 		m.volumes.WithLabelValues(p)
@@ -84,6 +90,9 @@ func New() *Metrics {
 func (m *Metrics) OperationDone(action, result string, d time.Duration) {
 	m.operations.WithLabelValues(action, result).Observe(d.Seconds())
 }
+
+// Frozen implements reconciler.Recorder.
+func (m *Metrics) Frozen(d time.Duration) { m.frozen.Observe(d.Seconds()) }
 
 // Repaired implements reconciler.Recorder.
 func (m *Metrics) Repaired(action string) { m.repairs.WithLabelValues(action).Inc() }
@@ -127,8 +136,10 @@ func (m *Metrics) WatchPool(pool func() (status.Pool, error)) {
 
 var (
 	poolBytes = prometheus.NewDesc(namespace+"_data_directory_bytes",
-		"Space of the data directory by kind: size, free, promised_thick, owed_thick (not yet allocated), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers).",
+		"Space of the data directory by kind: size, free, promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers), snapshots (what the snapshots allocate).",
 		[]string{"kind"}, nil)
+	snapshotCount = prometheus.NewDesc(namespace+"_snapshots",
+		"Snapshots kept in the data directory.", nil, nil)
 	poolNearlyFull = prometheus.NewDesc(namespace+"_data_directory_nearly_full",
 		"1 while the data directory's free space is below the pool guard: thin volumes are reported and none is created or grown.", nil, nil)
 )
@@ -138,6 +149,7 @@ type poolCollector func() (status.Pool, error)
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolBytes
 	ch <- poolNearlyFull
+	ch <- snapshotCount
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -151,6 +163,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		"promised_thick": p.ThickPromisedBytes, "owed_thick": p.ThickOwedBytes,
 		"promised_thin": p.ThinPromisedBytes, "allocated_thin": p.ThinAllocatedBytes,
 		"available_thick": p.ThickAvailableBytes, "available_thin": p.ThinAvailableBytes,
+		"snapshots": p.SnapshotBytes,
 	} {
 		ch <- prometheus.MustNewConstMetric(poolBytes, prometheus.GaugeValue, float64(v), kind)
 	}
@@ -159,6 +172,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		full = 1
 	}
 	ch <- prometheus.MustNewConstMetric(poolNearlyFull, prometheus.GaugeValue, full)
+	ch <- prometheus.MustNewConstMetric(snapshotCount, prometheus.GaugeValue, float64(p.Snapshots))
 }
 
 // RPCDone records one CSI call.

@@ -659,7 +659,8 @@ func (c *countingRecorder) OperationDone(action, result string, _ time.Duration)
 	defer c.mu.Unlock()
 	c.ops[action+" "+result]++
 }
-func (c *countingRecorder) Repaired(string) {}
+func (c *countingRecorder) Repaired(string)      {}
+func (c *countingRecorder) Frozen(time.Duration) {}
 func (c *countingRecorder) PassDone(_ time.Duration, v []status.VolumeStatus, _ int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -64,6 +64,8 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 		if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = frozen; return nil }); err != nil {
 			return err
 		}
+		frozenAt := r.cfg.Clock.Now()
+		defer func() { r.cfg.Recorder.Frozen(r.cfg.Clock.Since(frozenAt)) }()
 		if err := r.cfg.Paths.Freeze(frozen); err != nil {
 			if errors.Is(err, devices.ErrFrozen) {
 				// Someone else's freeze: not ours to thaw, nor to copy

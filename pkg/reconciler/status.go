@@ -19,6 +19,9 @@ type Recorder interface {
 	// PassDone reports one pass, its duration, the volumes as it saw them
 	// and how many operations wait out a backoff.
 	PassDone(d time.Duration, volumes []status.VolumeStatus, inBackoff int)
+	// Frozen reports how long a snapshot held a volume's filesystem
+	// frozen.
+	Frozen(d time.Duration)
 }
 
 type noRecorder struct{}
@@ -26,6 +29,7 @@ type noRecorder struct{}
 func (noRecorder) OperationDone(string, string, time.Duration)        {}
 func (noRecorder) Repaired(string)                                    {}
 func (noRecorder) PassDone(time.Duration, []status.VolumeStatus, int) {}
+func (noRecorder) Frozen(time.Duration)                               {}
 
 // Status returns the volumes as of the last pass, sorted by ID. It never
 // waits for an operation.

@@ -74,4 +74,11 @@ type Pool struct {
 	// GuardBytes is the free space below which the pool is nearly full.
 	GuardBytes int64 `json:"guardBytes"`
 	NearlyFull bool  `json:"nearlyFull"`
+	// Snapshots counts the snapshots kept in the data directory, which
+	// SnapshotBytes they allocate (blocks shared with their volumes
+	// counted in full); CopyMode is how the data directory copies them
+	// (reflink or sparse).
+	Snapshots     int    `json:"snapshots"`
+	SnapshotBytes int64  `json:"snapshotBytes"`
+	CopyMode      string `json:"copyMode"`
 }

@@ -7,25 +7,30 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
 	"github.com/converge-csi/converge/test/testenv"
 )
 
 // TestStatusAndMetrics reads the running plugin's status with
 // "csi-node status" (a table and JSON), and its /metrics, /healthz and
-// /readyz, while a volume is staged and published.
+// /readyz, while a volume is staged and published and has a snapshot.
 func TestStatusAndMetrics(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
 	staging, target := upPublished(t, p, "vol-status")
+	snap := snapshotOf(t, p, "snap-status", "vol-status")
 
 	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
 	must(t, "csi-node status", err)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 7 || !strings.HasPrefix(lines[0], "NODE            test-node: ") || !strings.HasPrefix(lines[1], "DATA DIRECTORY  size ") ||
+	if len(lines) != 8 || !strings.HasPrefix(lines[0], "NODE            test-node: ") || !strings.HasPrefix(lines[1], "DATA DIRECTORY  size ") ||
 		!strings.HasPrefix(lines[2], "PROMISED        thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
-		!strings.HasPrefix(lines[3], "AVAILABLE       thick ") || !strings.HasPrefix(lines[5], "VOLUME") ||
-		!strings.Contains(lines[6], "vol-status") || !strings.Contains(lines[6], "Ready") || !strings.Contains(lines[6], "thick") ||
-		!strings.Contains(lines[6], "1/1") || !strings.Contains(lines[6], "64Mi") {
+		!strings.HasPrefix(lines[3], "AVAILABLE       thick ") ||
+		!strings.HasPrefix(lines[4], "SNAPSHOTS       1, allocating ") || !strings.HasSuffix(lines[4], "(copied by sparse)") ||
+		!strings.HasPrefix(lines[6], "VOLUME") ||
+		!strings.Contains(lines[7], "vol-status") || !strings.Contains(lines[7], "Ready") || !strings.Contains(lines[7], "thick") ||
+		!strings.Contains(lines[7], "1/1") || !strings.Contains(lines[7], "64Mi") {
 		t.Errorf("status table:\n%s", out)
 	}
 	out, err = exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir, "-o", "json").CombinedOutput()
@@ -35,6 +40,8 @@ func TestStatusAndMetrics(t *testing.T) {
 			Node               string `json:"node"`
 			SizeBytes          int64  `json:"sizeBytes"`
 			ThickPromisedBytes int64  `json:"thickPromisedBytes"`
+			Snapshots          int    `json:"snapshots"`
+			CopyMode           string `json:"copyMode"`
 		} `json:"pool"`
 		Volumes []struct {
 			ID               string `json:"id"`
@@ -46,8 +53,8 @@ func TestStatusAndMetrics(t *testing.T) {
 	}
 	must(t, "decode", json.Unmarshal(out, &st))
 	vols := st.Volumes
-	if st.Pool.Node != "test-node" || st.Pool.SizeBytes == 0 || st.Pool.ThickPromisedBytes != 64<<20 {
-		t.Errorf("status JSON pool: got %+v, want the node, the data directory's size and 64 MiB promised", st.Pool)
+	if st.Pool.Node != "test-node" || st.Pool.SizeBytes == 0 || st.Pool.ThickPromisedBytes != 64<<20 || st.Pool.Snapshots != 1 || st.Pool.CopyMode != "sparse" {
+		t.Errorf("status JSON pool: got %+v, want the node, the data directory's size, 64 MiB promised and one snapshot copied sparse", st.Pool)
 	}
 	if len(vols) != 1 || vols[0].ID != "vol-status" || vols[0].Phase != "Ready" || vols[0].StagingPath != staging || vols[0].PublishesActual != 1 {
 		t.Errorf("status JSON: got %+v", vols)
@@ -70,11 +77,16 @@ func TestStatusAndMetrics(t *testing.T) {
 		`converge_data_directory_bytes{kind="promised_thick"} 6.7108864e+07`,
 		`converge_data_directory_bytes{kind="promised_thin"} 0`,
 		`converge_data_directory_nearly_full 0`,
+		`converge_operation_duration_seconds_count{operation="take snapshot",result="ok"} 1`,
+		`converge_snapshot_freeze_duration_seconds_count 1`,
+		`converge_snapshots 1`,
 	} {
 		if code != http.StatusOK || !strings.Contains(metrics, want) {
 			t.Errorf("/metrics (%d) lacks %s", code, want)
 		}
 	}
+	_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()})
+	must(t, "DeleteSnapshot", err)
 	unpublish(t, p, "vol-status", target)
 	unstage(t, p, "vol-status", staging)
 
