@@ -109,7 +109,8 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 	}
 	if c.snapshots != nil {
-		types = append(types, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS)
+		types = append(types, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+			csi.ControllerServiceCapability_RPC_CLONE_VOLUME)
 	}
 	for _, t := range types {
 		caps = append(caps, &csi.ControllerServiceCapability{
@@ -165,15 +166,26 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, err
 	}
 	var snap *devices.SnapshotInfo
-	if src := req.GetVolumeContentSource(); src != nil {
-		if src.GetSnapshot() == nil {
-			return nil, state.Errorf(state.KindInvalidArgument, "only a snapshot can be a volume's content source; cloning a volume is not supported")
-		}
+	switch src := req.GetVolumeContentSource(); {
+	case src == nil:
+	case src.GetSnapshot() != nil:
 		info, err := c.restoreSource(src.GetSnapshot().GetSnapshotId())
 		if err != nil {
 			return nil, err
 		}
 		snap = &info
+	case src.GetVolume() != nil:
+		if _, err := c.images.Size(name); err == nil {
+			break // made already: answered below, as any volume is
+		}
+		info, done, err := c.cloneSource(ctx, src.GetVolume().GetVolumeId(), name)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+		snap = &info
+	default:
+		return nil, state.Errorf(state.KindInvalidArgument, "unknown volume content source")
 	}
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err

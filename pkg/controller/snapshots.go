@@ -38,10 +38,39 @@ type snapshotService struct {
 	taker Snapshotter
 
 	// mu serialises the decisions about snapshot IDs (CreateSnapshot's
-	// check and intent, DeleteSnapshot) and holds a snapshot while a
-	// volume is restored from it, so that it is not deleted under the
-	// copy. A CreateSnapshot waits for its copy without it.
+	// check and intent, DeleteSnapshot). A CreateSnapshot waits for its
+	// copy without it. Lock order: mu, then the controller's mu.
 	mu sync.Mutex
+
+	// restoringMu guards restoring, the number of restores copying from
+	// each snapshot, which DeleteSnapshot refuses to delete meanwhile. It
+	// is taken alone.
+	restoringMu sync.Mutex
+	restoring   map[string]int
+}
+
+// restores reports how many restores copy from snapshot id now.
+func (s *snapshotService) restores(id string) int {
+	s.restoringMu.Lock()
+	defer s.restoringMu.Unlock()
+	return s.restoring[id]
+}
+
+// hold counts a restore from snapshot id until the returned release.
+func (s *snapshotService) hold(id string) (release func()) {
+	s.restoringMu.Lock()
+	defer s.restoringMu.Unlock()
+	if s.restoring == nil {
+		s.restoring = map[string]int{}
+	}
+	s.restoring[id]++
+	return func() {
+		s.restoringMu.Lock()
+		defer s.restoringMu.Unlock()
+		if s.restoring[id]--; s.restoring[id] <= 0 {
+			delete(s.restoring, id)
+		}
+	}
 }
 
 // ServeSnapshots makes the controller serve snapshots of this node's
@@ -120,27 +149,83 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		s.mu.Unlock()
 		return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
+	info, err = c.takeLocked(ctx, id, source)
+	if err != nil {
+		return nil, err
+	}
+	klog.V(2).InfoS("Took snapshot", "snapshotID", id, "volumeID", source, "bytes", info.Size)
+	return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
+}
+
+// takeLocked asks the reconciler for snapshot id of volume source, which
+// does not exist yet, and waits for it: ALREADY_EXISTS while another
+// volume's snapshot of that ID is being taken, RESOURCE_EXHAUSTED when the
+// data directory cannot hold it. It is called with the snapshot lock held,
+// and releases it before the wait.
+func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices.SnapshotInfo, error) {
+	s := c.snapshots
 	if other := c.takingSnapshot(id); other != "" && other != source {
 		s.mu.Unlock()
-		return nil, state.Errorf(state.KindAlreadyExists, "snapshot %s is being taken of volume %s", name, other)
+		return devices.SnapshotInfo{}, state.Errorf(state.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
 	}
 	if err := c.promiseSnapshot(source); err != nil {
 		s.mu.Unlock()
-		return nil, err
+		return devices.SnapshotInfo{}, err
 	}
 	gen, err := s.taker.AskSnapshot(source, id)
 	s.mu.Unlock()
 	if err != nil {
-		return nil, err
+		return devices.SnapshotInfo{}, err
 	}
 	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
-		return nil, err
+		return devices.SnapshotInfo{}, err
 	}
-	if info, err = s.snaps.Get(id); err != nil {
-		return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+	info, err := s.snaps.Get(id)
+	if err != nil {
+		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	klog.V(2).InfoS("Took snapshot", "snapshotID", id, "volumeID", source, "bytes", info.Size)
-	return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
+	return info, nil
+}
+
+// cloneSource takes a snapshot of volume source to make volume name from
+// (a clone is a restore of a snapshot taken for it), under an ID that is
+// never listed and that a start-up removes should a crash leave it; done
+// deletes it. A volume whose image is not here is NOT_FOUND (its ID does
+// not say which node has it).
+func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, done func(), err error) {
+	s := c.snapshots
+	if s == nil {
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
+	}
+	if source == "" {
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "the volume to clone has no ID")
+	}
+	if state.ValidID(source) != nil {
+		return devices.SnapshotInfo{}, nil, state.NotFound(source)
+	}
+	if _, err := c.images.Size(source); errors.Is(err, os.ErrNotExist) {
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[TopologyKey])
+	}
+	id := s.snaps.TempID("clone-" + name)
+	s.mu.Lock()
+	if c.takingSnapshot(id) == "" {
+		// What an interrupted clone of the same name left.
+		if err := s.snaps.Delete(id); err != nil {
+			s.mu.Unlock()
+			return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInternal, "%w", err)
+		}
+	}
+	info, err = c.takeLocked(ctx, id, source)
+	if err != nil {
+		return devices.SnapshotInfo{}, nil, err
+	}
+	return info, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err := s.snaps.Delete(id); err != nil {
+			klog.ErrorS(err, "Cannot delete the snapshot a clone was made from; a restart removes it", "snapshotID", id)
+		}
+	}, nil
 }
 
 // promiseSnapshot checks that the data directory can hold a snapshot of
@@ -214,8 +299,8 @@ func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
 }
 
 // DeleteSnapshot removes a snapshot of this node. An unknown one is a
-// no-op; one still being taken is ABORTED (retried by the sidecar), and a
-// volume being restored from it holds the deletion until its copy ends.
+// no-op; one still being taken, or that a volume is being restored from,
+// is ABORTED (the sidecar retries).
 func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
 	s := c.snapshots
 	if s == nil {
@@ -232,6 +317,9 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	defer s.mu.Unlock()
 	if source := c.takingSnapshot(id); source != "" {
 		return nil, state.Errorf(state.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
+	}
+	if n := s.restores(id); n > 0 {
+		return nil, state.Errorf(state.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
 	}
 	if err := s.snaps.Delete(id); err != nil {
 		return nil, state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
@@ -324,11 +412,15 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, error) {
 
 // restore makes the image of volume id, size bytes, from snapshot snap:
 // the copy (whole or absent after a crash), grown to size, every block
-// allocated for a thick volume. The snapshot is held meanwhile.
+// allocated for a thick volume. The snapshot is held against deletion
+// meanwhile. The controller's mu is held.
 func (c *Controller) restore(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
 	s := c.snapshots
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.hold(snap.ID)()
+	if _, err := s.snaps.Get(snap.ID); err != nil {
+		// Deleted between the check and the hold.
+		return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
+	}
 	if err := s.snaps.Restore(ctx, snap.ID, c.images.Path(id)); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)

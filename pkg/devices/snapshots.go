@@ -81,6 +81,10 @@ func (s *Snapshots) Flush(image string) error {
 	return unix.Fdatasync(int(f.Fd()))
 }
 
+// TempID returns the ID of a snapshot that serves only to make something
+// (a clone): List never shows it, and RemoveStaleTemps removes it.
+func (s *Snapshots) TempID(name string) string { return tempPrefix + name }
+
 // Taken reports whether snapshot id exists.
 func (s *Snapshots) Taken(id string) (bool, error) {
 	_, err := os.Stat(s.Path(id))

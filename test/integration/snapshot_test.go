@@ -39,7 +39,8 @@ func restoreFrom(t *testing.T, p *testenv.Plugin, id, snapID string, size int64)
 }
 
 // TestSnapshotAndRestore takes a snapshot of a published volume while a
-// pod would write to it, writes more, and restores the snapshot to a new
+// pod would write to it, writes more, clones the volume, and restores the
+// snapshot to a new
 // volume, larger than the snapshot, once the source volume is gone: the
 // restored volume holds exactly what was written before the snapshot, and
 // its filesystem fills its size. On the way: the snapshot lists by ID and
@@ -73,6 +74,29 @@ func TestSnapshotAndRestore(t *testing.T) {
 			t.Errorf("ListSnapshots(%v): got %v, want only %s", req, resp.GetEntries(), s.GetSnapshotId())
 		}
 	}
+
+	// A clone of the published volume holds what it holds now; the
+	// snapshot the clone was made from is gone and never listed.
+	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name: "snap-clone", CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "snap-src"}}},
+	})
+	must(t, "clone", err)
+	_, clone := upPublishedExisting(t, p, "snap-clone")
+	for _, f := range []string{"before", "after"} {
+		if _, err := os.Stat(filepath.Join(clone, f)); err != nil {
+			t.Errorf("the clone lacks %s: %v", f, err)
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(p.DataDir, "snapshots")); len(entries) != 1 {
+		t.Errorf("snapshot directory after the clone: %v, want only %s", entries, s.GetSnapshotId())
+	}
+	downAndDelete(t, p, "snap-clone")
+	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name: "snap-clone-none", CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "no-such-volume"}}},
+	})
+	wantCode(t, "a clone of no volume", err, codes.NotFound)
 
 	// The source goes; its snapshot stays.
 	downAndDelete(t, p, "snap-src")

@@ -1,0 +1,89 @@
+package controller
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// instantTaker takes a snapshot at once when asked, as the reconciler
+// would, and records what it was asked.
+type instantTaker struct {
+	t      *testing.T
+	snaps  *devices.Snapshots
+	images *devices.Images
+	asked  []string
+}
+
+func (f *instantTaker) AskSnapshot(source, id string) (int64, error) {
+	f.asked = append(f.asked, source+"/"+id)
+	_, err := f.snaps.Take(context.Background(), id, source, f.images.Path(source), time.Unix(0, 0))
+	return 1, err
+}
+
+func (f *instantTaker) AwaitSnapshot(context.Context, string, string, int64) error { return nil }
+
+func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instantTaker {
+	t.Helper()
+	snaps := &devices.Snapshots{Dir: filepath.Join(images.Dir, "snapshots"), Mode: devices.CopySparse}
+	taker := &instantTaker{t: t, snaps: snaps, images: images}
+	c.ServeSnapshots(snaps, taker)
+	return taker
+}
+
+// TestSnapshotIDs checks that a snapshot's ID names its node, fits the
+// CSI limit whatever the name's length (two long names that differ only
+// at their end stay apart), and that a snapshot of another node is
+// refused for a restore naming that node.
+func TestSnapshotIDs(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	if got := c.snapshotID("s1"); got != "s1_node" || snapshotNode(got) != "node" {
+		t.Errorf("snapshotID(s1): got %q (node %q), want s1_node", got, snapshotNode(got))
+	}
+	long1, long2 := strings.Repeat("a", 128), strings.Repeat("a", 127)+"b"
+	id1, id2 := c.snapshotID(long1), c.snapshotID(long2)
+	if state.ValidID(id1) != nil || state.ValidID(id2) != nil || id1 == id2 || snapshotNode(id1) != "node" {
+		t.Errorf("long names: got IDs %q and %q, want two valid, distinct IDs of node", id1, id2)
+	}
+	_, err := c.restoreSource("s1_elsewhere")
+	if status.Code(nodeserver.Status(err)) != codes.ResourceExhausted || !strings.Contains(err.Error(), "elsewhere") {
+		t.Errorf("restoring another node's snapshot: got %v, want RESOURCE_EXHAUSTED naming the node", err)
+	}
+}
+
+// TestDeleteSnapshotWhileRestoring checks that a snapshot a volume is
+// being restored from is not deleted (ABORTED, retried), and is once the
+// restore ended.
+func TestDeleteSnapshotWhileRestoring(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	create(t, c, "v1")
+	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: "v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetSnapshot().GetSnapshotId()
+	release := c.snapshots.hold(id)
+	_, err = c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
+	if status.Code(nodeserver.Status(err)) != codes.Aborted {
+		t.Errorf("deleting a snapshot being restored: got %v, want ABORTED", err)
+	}
+	release()
+	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
+		t.Errorf("deleting it once the restore ended: %v", err)
+	}
+	if taken, _ := c.snapshots.snaps.Taken(id); taken {
+		t.Error("the snapshot is still there")
+	}
+}
