@@ -173,6 +173,9 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		if err != nil {
 			return nil, err
 		}
+		if err := checkRestoreFs(info, req.GetParameters(), req.GetVolumeCapabilities()); err != nil {
+			return nil, err
+		}
 		snap = &info
 	case src.GetVolume() != nil:
 		if _, err := c.images.Size(name); err == nil {

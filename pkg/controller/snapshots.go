@@ -410,6 +410,33 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, error) {
 	return info, nil
 }
 
+// checkRestoreFs refuses, with INVALID_ARGUMENT, a volume made from snapshot
+// snap that asks to be mounted with another filesystem than the snapshot
+// holds (the stage would refuse it, after the volume was made). A raw
+// block volume takes any snapshot.
+func checkRestoreFs(snap devices.SnapshotInfo, params map[string]string, caps []*csi.VolumeCapability) error {
+	if snap.FsType == "" {
+		return nil
+	}
+	for _, vc := range caps {
+		m := vc.GetMount()
+		if m == nil {
+			continue
+		}
+		want := m.GetFsType()
+		if want == "" {
+			want = params[k8sParamPrefix+"fstype"]
+		}
+		if want == "" {
+			want = devices.FsExt4 // the node's default (reconciler.DefaultFsType)
+		}
+		if want != snap.FsType {
+			return state.Errorf(state.KindInvalidArgument, "snapshot %s holds a %s filesystem; a volume made from it cannot be mounted as %s", snap.ID, snap.FsType, want)
+		}
+	}
+	return nil
+}
+
 // restore makes the image of volume id, size bytes, from snapshot snap:
 // the copy (whole or absent after a crash), grown to size, every block
 // allocated for a thick volume. The snapshot is held against deletion

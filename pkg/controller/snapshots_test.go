@@ -27,7 +27,7 @@ type instantTaker struct {
 
 func (f *instantTaker) AskSnapshot(source, id string) (int64, error) {
 	f.asked = append(f.asked, source+"/"+id)
-	_, err := f.snaps.Take(context.Background(), id, source, f.images.Path(source), time.Unix(0, 0))
+	_, err := f.snaps.Take(context.Background(), id, source, f.images.Path(source), "ext4", time.Unix(0, 0))
 	return 1, err
 }
 

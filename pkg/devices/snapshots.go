@@ -20,6 +20,8 @@ const (
 	// taken of, and when (RFC 3339, nanoseconds).
 	xattrSource  = "user.converge.source"
 	xattrCreated = "user.converge.created"
+	// xattrFsType is the filesystem the volume carried, when it had one.
+	xattrFsType = "user.converge.fstype"
 )
 
 // Snapshots keeps the snapshots of this node's volumes: one file each in
@@ -48,6 +50,9 @@ type SnapshotInfo struct {
 	Allocated int64
 	// Created is when it was taken.
 	Created time.Time
+	// FsType is the filesystem the volume carried when it was taken; ""
+	// when it had none the plugin knew of (a raw block volume).
+	FsType string
 }
 
 // Path returns the file of snapshot id.
@@ -55,14 +60,18 @@ func (s *Snapshots) Path(id string) string {
 	return filepath.Join(s.Dir, id+snapshotSuffix)
 }
 
-// Take copies image, the image of volume source, to snapshot id, as
-// CopyFile does (whole or absent after a crash), stamped with source and
-// now. An existing snapshot id is an error matching os.ErrExist.
-func (s *Snapshots) Take(ctx context.Context, id, source, image string, now time.Time) (SnapshotInfo, error) {
+// Take copies image, the image of volume source carrying a filesystem of
+// type fsType ("" for none), to snapshot id, as CopyFile does (whole or
+// absent after a crash), stamped with source, fsType and now. An existing
+// snapshot id is an error matching os.ErrExist.
+func (s *Snapshots) Take(ctx context.Context, id, source, image, fsType string, now time.Time) (SnapshotInfo, error) {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return SnapshotInfo{}, err
 	}
 	attrs := map[string]string{xattrSource: source, xattrCreated: now.UTC().Format(time.RFC3339Nano)}
+	if fsType != "" {
+		attrs[xattrFsType] = fsType
+	}
 	if err := CopyFile(ctx, image, s.Path(id), s.Mode, attrs); err != nil {
 		return SnapshotInfo{}, err
 	}
@@ -120,7 +129,11 @@ func (s *Snapshots) Get(id string) (SnapshotInfo, error) {
 	if err != nil {
 		return SnapshotInfo{}, fmt.Errorf("snapshot %s: creation time %q: %w", id, raw, err)
 	}
-	return SnapshotInfo{ID: id, Source: source, Size: st.Size, Allocated: st.Blocks * 512, Created: created}, nil
+	fsType, err := getXattr(path, xattrFsType)
+	if err != nil && !errors.Is(err, unix.ENODATA) {
+		return SnapshotInfo{}, err
+	}
+	return SnapshotInfo{ID: id, Source: source, Size: st.Size, Allocated: st.Blocks * 512, Created: created, FsType: fsType}, nil
 }
 
 // List describes every snapshot, sorted by ID. A snapshot deleted while

@@ -95,9 +95,10 @@ type Snapshots interface {
 	Taken(id string) (bool, error)
 	// Flush writes out what is dirty of an image.
 	Flush(image string) error
-	// Take copies image, the image of volume source, to snapshot id,
-	// stamped with now; an error matching os.ErrExist when id exists.
-	Take(ctx context.Context, id, source, image string, now time.Time) (devices.SnapshotInfo, error)
+	// Take copies image, the image of volume source carrying fsType ("":
+	// none known), to snapshot id, stamped with now; an error matching
+	// os.ErrExist when id exists.
+	Take(ctx context.Context, id, source, image, fsType string, now time.Time) (devices.SnapshotInfo, error)
 }
 
 // Images locates and checks the backing files of volumes.

@@ -156,7 +156,7 @@ func (w *fakeWorld) Taken(id string) (bool, error) {
 	return ok, nil
 }
 
-func (w *fakeWorld) Take(_ context.Context, id, source, image string, _ time.Time) (devices.SnapshotInfo, error) {
+func (w *fakeWorld) Take(_ context.Context, id, source, image, _ string, _ time.Time) (devices.SnapshotInfo, error) {
 	return devices.SnapshotInfo{ID: id, Source: source}, w.do("snapshot "+id, func() string { return image }, func() error {
 		switch {
 		case !w.images[source] || image != w.Path(source):

@@ -78,7 +78,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 			return err
 		}
 	}
-	_, err := r.cfg.Snapshots.Take(ctx, act.target, v.ID, image, r.cfg.Clock.Now())
+	_, err := r.cfg.Snapshots.Take(ctx, act.target, v.ID, image, v.Formatted, r.cfg.Clock.Now())
 	if frozen != "" {
 		if terr := r.cfg.Paths.Thaw(frozen); terr != nil {
 			// The record keeps v.Frozen: the next pass thaws it.

@@ -45,9 +45,9 @@ func restoreFrom(t *testing.T, p *testenv.Plugin, id, snapID string, size int64)
 // restored volume holds exactly what was written before the snapshot, and
 // its filesystem fills its size. On the way: the snapshot lists by ID and
 // by source, a second request of the same name answers the same
-// snapshot, another volume cannot take that name, a restore too small or
-// of a snapshot of another node is refused, and the deleted snapshot is
-// gone.
+// snapshot, another volume cannot take that name, a restore too small, of
+// a snapshot of another node or as another filesystem is refused, and the
+// deleted snapshot is gone.
 func TestSnapshotAndRestore(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
@@ -108,6 +108,12 @@ func TestSnapshotAndRestore(t *testing.T) {
 		t.Errorf("the refusal does not name the snapshot's node: %v", err)
 	}
 
+	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name: "snap-xfs", CapacityRange: &csi.CapacityRange{RequiredBytes: 2 * volSize},
+		VolumeCapabilities:  []*csi.VolumeCapability{mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: s.GetSnapshotId()}}},
+	})
+	wantCode(t, "a restore of an ext4 snapshot as xfs", err, codes.InvalidArgument)
 	must(t, "restore", restoreFrom(t, p, "snap-restored", s.GetSnapshotId(), 2*volSize))
 	_, restored := upPublishedExisting(t, p, "snap-restored")
 	if got, err := os.ReadFile(filepath.Join(restored, "before")); err != nil || string(got) != "before the snapshot" {
