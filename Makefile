@@ -58,6 +58,7 @@ conformance: deps
 ## bench: the benchmarks of docs/performance.md (real devices; about 5 minutes; not part of make test)
 bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkPass' -benchtime 20x ./pkg/reconciler
+	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
 
 ## fuzz: run every fuzz target for FUZZTIME; crashers land in the package's testdata/fuzz
