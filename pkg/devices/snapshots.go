@@ -94,6 +94,9 @@ func (s *Snapshots) Flush(image string) error {
 // (a clone): List never shows it, and RemoveStaleTemps removes it.
 func (s *Snapshots) TempID(name string) string { return tempPrefix + name }
 
+// IsTemp reports whether id is a TempID.
+func (s *Snapshots) IsTemp(id string) bool { return strings.HasPrefix(id, tempPrefix) }
+
 // Taken reports whether snapshot id exists.
 func (s *Snapshots) Taken(id string) (bool, error) {
 	_, err := os.Stat(s.Path(id))

@@ -80,6 +80,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	if err := dropTempSnapshotIntents(store, snapshots); err != nil {
+		return err
+	}
 	logger.Info("Snapshots", "dir", snapshots.Dir, "copy", snapshots.Mode)
 	// Where images share blocks with their snapshots, a thick image owes
 	// what it shares: its writes there take new blocks.
@@ -286,4 +289,33 @@ func openSnapshots(dataDir string) (*devices.Snapshots, error) {
 		return nil, err
 	}
 	return &devices.Snapshots{Dir: dir, Mode: mode}, nil
+}
+
+// dropTempSnapshotIntents forgets the intents of the snapshots only a clone
+// needed (see controller.cloneSource): a restart ended the CreateVolume that
+// waited for them, and its retry asks again. With their files, which
+// openSnapshots removed, nothing of an interrupted clone outlives a restart.
+func dropTempSnapshotIntents(store *state.Store, snapshots *devices.Snapshots) error {
+	for _, v := range store.List() {
+		var temps []string
+		for _, id := range v.SnapshotIDs() {
+			if snapshots.IsTemp(id) {
+				temps = append(temps, id)
+			}
+		}
+		if len(temps) == 0 {
+			continue
+		}
+		if _, err := store.Update(v.ID, func(cur *state.Volume) error {
+			for _, id := range temps {
+				if s := cur.Snapshots[id]; s != nil {
+					cur.ForgetSnapshot(id, s.Generation)
+				}
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("forgetting the snapshots of interrupted clones of %s: %w", v.ID, err)
+		}
+	}
+	return nil
 }
