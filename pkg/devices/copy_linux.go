@@ -29,9 +29,10 @@ const (
 // within about one chunk's time.
 const copyChunk = 64 << 20
 
-// ProbeCopyMode finds out how dir's filesystem copies: it clones a small
-// file there (FICLONE) and removes both files. A filesystem without reflinks
-// answers EOPNOTSUPP, EINVAL or EXDEV: CopySparse.
+// ProbeCopyMode finds out how dir's filesystem copies: it clones an empty
+// file there (FICLONE) and removes both files; empty, so that a full
+// filesystem answers too. A filesystem without reflinks answers
+// EOPNOTSUPP, EINVAL or EXDEV: CopySparse.
 func ProbeCopyMode(dir string) (CopyMode, error) {
 	src, err := os.CreateTemp(dir, tempPrefix+"probe-")
 	if err != nil {
@@ -39,9 +40,6 @@ func ProbeCopyMode(dir string) (CopyMode, error) {
 	}
 	defer os.Remove(src.Name())
 	defer src.Close()
-	if _, err := src.Write(make([]byte, 4096)); err != nil {
-		return "", fmt.Errorf("probing how %s copies: %w", dir, err)
-	}
 	dst, err := os.CreateTemp(dir, tempPrefix+"probe-")
 	if err != nil {
 		return "", fmt.Errorf("probing how %s copies: %w", dir, err)

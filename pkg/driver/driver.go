@@ -286,7 +286,11 @@ func openSnapshots(dataDir string) (*devices.Snapshots, error) {
 	}
 	mode, err := devices.ProbeCopyMode(dataDir)
 	if err != nil {
-		return nil, err
+		// Never a reason not to start (the volumes' mounts are restored
+		// by the start): copies then never share blocks, which is correct
+		// anywhere, only slower where reflinks would have worked.
+		klog.ErrorS(err, "Cannot tell whether the data directory shares blocks; snapshots are copied without")
+		mode = devices.CopySparse
 	}
 	return &devices.Snapshots{Dir: dir, Mode: mode}, nil
 }
