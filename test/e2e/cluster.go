@@ -12,6 +12,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -41,9 +42,14 @@ type cluster struct {
 	pki       *pki
 	admin     string // the admin kubeconfig
 	client    kubernetes.Interface
+	dynamic   dynamic.Interface
 	csiBinary string
 
 	etcd, apiserver, controllerManager, scheduler *proc
+	// snapshotController is the cluster's; snapshotBin holds the
+	// external-snapshotter binaries.
+	snapshotController *proc
+	snapshotBin        string
 
 	// nodes are the cluster's nodes, the first one first.
 	nodes []*kubeNode
@@ -108,6 +114,7 @@ func (c *cluster) up(ctx context.Context) error {
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
 		{"controller-manager and scheduler", c.startControllers},
+		{"snapshot CRDs and controller", c.startSnapshots},
 		{"kernel tunables", c.saveSysctls},
 	}
 	steps = append(steps, first.upSteps()...)
@@ -136,11 +143,6 @@ func (c *cluster) up(ctx context.Context) error {
 // before with the same flags: a cold build takes minutes, a warm one
 // nothing.
 func (c *cluster) kubeBinaries(ctx context.Context) error {
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return err
-	}
-	c.bin = filepath.Join(cache, "converge-e2e", "kubernetes-"+kubernetesVersion)
 	// The version a release build stamps (hack/lib/version.sh): the
 	// kubelet reports it in its Node, the API server in /version.
 	var ldflags []string
@@ -150,28 +152,43 @@ func (c *cluster) kubeBinaries(ctx context.Context) error {
 		ldflags = append(ldflags, "-X "+pkg+".gitVersion="+kubernetesVersion, "-X "+pkg+".gitMajor="+major,
 			"-X "+pkg+".gitMinor="+minor, "-X "+pkg+".gitTreeState=clean")
 	}
-	args := []string{"build", "-trimpath", "-ldflags", "-s -w " + strings.Join(ldflags, " ")}
 	// The tools of test/e2e/k8s/go.mod: the Kubernetes binaries, agnhost and
 	// the ginkgo runner.
-	stamp := strings.Join(args, " ") + " tool (kubernetes, agnhost, ginkgo)\n"
-	if b, err := os.ReadFile(filepath.Join(c.bin, "built-with")); err == nil && string(b) == stamp {
-		return nil
+	var err error
+	c.bin, err = c.buildTools(ctx, "kubernetes-"+kubernetesVersion, "k8s", "kubernetes, agnhost, ginkgo", "-s -w "+strings.Join(ldflags, " "))
+	return err
+}
+
+// buildTools builds the tools of the module test/e2e/<module> ("go build
+// tool"; what they are, for the stamp) into the user's cache directory
+// under name, or reuses what was built there before with the same flags,
+// and returns the directory.
+func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags string) (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
 	}
-	tmp := c.bin + ".partial"
+	bin := filepath.Join(cache, "converge-e2e", name)
+	args := []string{"build", "-trimpath", "-ldflags", ldflags}
+	stamp := strings.Join(args, " ") + " tool (" + what + ")\n"
+	if b, err := os.ReadFile(filepath.Join(bin, "built-with")); err == nil && string(b) == stamp {
+		return bin, nil
+	}
+	tmp := bin + ".partial"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return err
+		return "", err
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, "-o", tmp+"/", "tool")...)
-	cmd.Dir = filepath.Join(c.repo, "test", "e2e", "k8s")
+	cmd.Dir = filepath.Join(c.repo, "test", "e2e", module)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build tool: %v\n%s", err, tail(string(out), 40))
+		return "", fmt.Errorf("go build tool: %v\n%s", err, tail(string(out), 40))
 	}
 	if err := os.WriteFile(filepath.Join(tmp, "built-with"), []byte(stamp), 0o644); err != nil {
-		return err
+		return "", err
 	}
-	os.RemoveAll(c.bin)
-	return os.Rename(tmp, c.bin)
+	os.RemoveAll(bin)
+	return bin, os.Rename(tmp, bin)
 }
 
 func (c *cluster) buildCSINode(ctx context.Context) error {
@@ -274,6 +291,9 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 	cfg.QPS, cfg.Burst = 100, 200
 	c.client, err = kubernetes.NewForConfig(cfg)
 	if err != nil {
+		return err
+	}
+	if c.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
 		return err
 	}
 	return waitFor(ctx, 60*time.Second, c.apiserver, func() error {

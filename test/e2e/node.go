@@ -38,10 +38,10 @@ type kubeNode struct {
 	containerd string  // containerd's socket
 	csiSock    string  // csi-node's CSI socket, as the test process sees it
 
-	containerdProc, kubelet, csiNode *proc
-	registrar                        *registrar
-	provisioner                      *provisioner
-	stopProvisioner                  context.CancelFunc
+	containerdProc, kubelet, csiNode, snapshotter *proc
+	registrar                                     *registrar
+	provisioner                                   *provisioner
+	stopProvisioner                               context.CancelFunc
 }
 
 // newNode makes the directories of a node called name under dir, its
@@ -102,13 +102,14 @@ func (n *kubeNode) upSteps() []struct {
 		{"containerd and images", n.startContainerd},
 		{"kubelet", n.startKubelet},
 		{"csi-node and registration", n.startCSINode},
+		{"csi-snapshotter", n.startSnapshotter},
 		{"provisioner", n.startProvisioner},
 	}
 }
 
 // startProvisioner starts the node's provisioner (see provisioner.go).
 func (n *kubeNode) startProvisioner(context.Context) error {
-	prov, err := newProvisioner(n.c.client, n.node, n.csiSock)
+	prov, err := newProvisioner(n.c.client, n.c.dynamic, n.node, n.csiSock)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,11 @@ type proc struct {
 }
 
 func startProc(logDir, name string, bin string, args ...string) (*proc, error) {
+	return startProcEnv(logDir, name, nil, bin, args...)
+}
+
+// startProcEnv is startProc with env added to the suite's environment.
+func startProcEnv(logDir, name string, env []string, bin string, args ...string) (*proc, error) {
 	log := filepath.Join(logDir, name+".log")
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -33,6 +38,9 @@ func startProc(logDir, name string, bin string, args ...string) (*proc, error) {
 	fmt.Fprintf(f, "==== %s %s %v\n", time.Now().Format(time.RFC3339Nano), bin, args)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	// Its own process group, so that a signal to the suite's terminal does
 	// not reach it before the suite has taken the cluster down in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -18,6 +18,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -39,9 +42,12 @@ const (
 // what the suite tests.
 type provisioner struct {
 	client kubernetes.Interface
-	node   string
-	conn   *grpc.ClientConn
-	ctrl   csi.ControllerClient
+	// dynamic reads the snapshot API's objects (VolumeSnapshot,
+	// VolumeSnapshotContent), whose typed client is not the suite's.
+	dynamic dynamic.Interface
+	node    string
+	conn    *grpc.ClientConn
+	ctrl    csi.ControllerClient
 	// leads is true on the one node whose resizer works for the cluster.
 	leads atomic.Bool
 
@@ -50,12 +56,12 @@ type provisioner struct {
 	errs []string
 }
 
-func newProvisioner(client kubernetes.Interface, node, csiSock string) (*provisioner, error) {
+func newProvisioner(client kubernetes.Interface, dyn dynamic.Interface, node, csiSock string) (*provisioner, error) {
 	conn, err := grpc.NewClient("unix://"+csiSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
-	return &provisioner{client: client, node: node, conn: conn, ctrl: csi.NewControllerClient(conn)}, nil
+	return &provisioner{client: client, dynamic: dyn, node: node, conn: conn, ctrl: csi.NewControllerClient(conn)}, nil
 }
 
 // run works every 200 ms until ctx ends. A step that fails (csi-node is
@@ -187,14 +193,14 @@ func (p *provisioner) provision(ctx context.Context) error {
 		if ref := pvc.Spec.DataSourceRef; ref != nil {
 			// A data source: external-provisioner leaves a claim whose
 			// source is a custom resource to that resource's populator,
-			// and fills one from a claim or a snapshot only through the
-			// driver's CLONE_VOLUME or snapshot capability, which
-			// converge does not advertise. Either way it never makes an
-			// empty volume for it.
-			if ref.Kind == "PersistentVolumeClaim" && ref.APIGroup == nil || ref.Kind == "VolumeSnapshot" {
-				errs = append(errs, fmt.Errorf("provision %s/%s: converge cannot fill a volume from a %s", pvc.Namespace, pvc.Name, ref.Kind))
+			// and fills one from a claim (CLONE_VOLUME) or a snapshot
+			// (CREATE_DELETE_SNAPSHOT) through the driver; it never makes
+			// an empty volume for it.
+			clone := ref.Kind == "PersistentVolumeClaim" && (ref.APIGroup == nil || *ref.APIGroup == "")
+			snap := ref.Kind == "VolumeSnapshot" && ref.APIGroup != nil && *ref.APIGroup == "snapshot.storage.k8s.io"
+			if !clone && !snap {
+				continue
 			}
-			continue
 		}
 		sc, err := p.client.StorageV1().StorageClasses().Get(ctx, *pvc.Spec.StorageClassName, metav1.GetOptions{})
 		if err != nil || sc.Provisioner != driverName {
@@ -276,6 +282,10 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	}
 	here := []*csi.Topology{{Segments: map[string]string{topologyKey: p.node}}}
 	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	source, err := p.contentSource(ctx, pvc)
+	if err != nil {
+		return err
+	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	resp, err := p.ctrl.CreateVolume(cctx, &csi.CreateVolumeRequest{
@@ -284,14 +294,15 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 		VolumeCapabilities:        []*csi.VolumeCapability{vc},
 		Parameters:                params,
 		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: here, Preferred: here},
+		VolumeContentSource:       source,
 	})
 	if err != nil {
 		return fmt.Errorf("CreateVolume: %w", err)
 	}
 	v := resp.GetVolume()
-	source := &corev1.CSIPersistentVolumeSource{Driver: driverName, VolumeHandle: v.VolumeId, VolumeAttributes: v.VolumeContext}
+	csiSource := &corev1.CSIPersistentVolumeSource{Driver: driverName, VolumeHandle: v.VolumeId, VolumeAttributes: v.VolumeContext}
 	if !block {
-		source.FSType = fsType
+		csiSource.FSType = fsType
 	}
 	reclaim := corev1.PersistentVolumeReclaimDelete
 	if sc.ReclaimPolicy != nil {
@@ -313,7 +324,7 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 				Kind: "PersistentVolumeClaim", APIVersion: "v1",
 				Namespace: pvc.Namespace, Name: pvc.Name, UID: pvc.UID,
 			},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: source},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: csiSource},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
 				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
 					Key: topologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{p.node},
@@ -324,6 +335,56 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	_, err = p.client.CoreV1().PersistentVolumes().Create(ctx, pv, metav1.CreateOptions{})
 	return err
 }
+
+// contentSource returns what a claim's data source asks CreateVolume to
+// fill the volume from, as external-provisioner resolves it: a
+// VolumeSnapshot that is ready, through its bound content's snapshot
+// handle; a bound claim of the same namespace, through its volume's
+// handle. Nil for a claim without one; an error while the source is not
+// ready (retried at the next step, as external-provisioner requeues).
+func (p *provisioner) contentSource(ctx context.Context, pvc *corev1.PersistentVolumeClaim) (*csi.VolumeContentSource, error) {
+	ref := pvc.Spec.DataSourceRef
+	switch {
+	case ref == nil:
+		return nil, nil
+	case ref.Kind == "PersistentVolumeClaim":
+		src, err := p.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if src.Status.Phase != corev1.ClaimBound {
+			return nil, fmt.Errorf("source claim %s is not bound yet", ref.Name)
+		}
+		pv, err := p.client.CoreV1().PersistentVolumes().Get(ctx, src.Spec.VolumeName, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: pv.Spec.CSI.VolumeHandle}}}, nil
+	}
+	snap, err := p.dynamic.Resource(volumeSnapshots).Namespace(pvc.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	ready, _, _ := unstructured.NestedBool(snap.Object, "status", "readyToUse")
+	contentName, _, _ := unstructured.NestedString(snap.Object, "status", "boundVolumeSnapshotContentName")
+	if !ready || contentName == "" {
+		return nil, fmt.Errorf("snapshot %s is not ready yet", ref.Name)
+	}
+	content, err := p.dynamic.Resource(volumeSnapshotContents).Get(ctx, contentName, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	handle, _, _ := unstructured.NestedString(content.Object, "status", "snapshotHandle")
+	if handle == "" {
+		return nil, fmt.Errorf("snapshot content %s has no handle yet", contentName)
+	}
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: handle}}}, nil
+}
+
+var (
+	volumeSnapshots        = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
+	volumeSnapshotContents = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotcontents"}
+)
 
 // reclaim deletes the volumes of this node whose claims are gone. As in
 // external-provisioner's node deployment, a volume whose topology names

@@ -25,7 +25,7 @@ func (c *cluster) down() []string {
 	for i := len(c.nodes) - 1; i >= 0; i-- {
 		c.nodes[i].down()
 	}
-	for _, p := range []*proc{c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
+	for _, p := range []*proc{c.snapshotController, c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
 		if p != nil {
 			p.stop(20 * time.Second)
 		}
@@ -42,6 +42,9 @@ func (c *cluster) down() []string {
 func (n *kubeNode) down() {
 	if n.stopProvisioner != nil {
 		n.stopProvisioner()
+	}
+	if n.snapshotter != nil {
+		n.snapshotter.stop(10 * time.Second)
 	}
 	n.registrar.stop()
 	if n.kubelet != nil {
