@@ -305,6 +305,30 @@ func TestDeployDryRun(t *testing.T) {
 	if out, err := c.kubectl(context.Background(), "apply", "--dry-run=server", "-k", dir); err != nil || !strings.Contains(out, "daemonset.apps/converge-node") {
 		t.Errorf("kubectl apply --dry-run=server -k deploy/ with components/selinux: %v\n%s", err, out)
 	}
+
+	// Snapshots add a component too; the cluster has the snapshot CRDs.
+	dir = filepath.Join(t.TempDir(), "deploy")
+	if err := os.CopyFS(dir, os.DirFS(filepath.Join(c.repo, "deploy"))); err != nil {
+		t.Fatal(err)
+	}
+	f, err = os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("components:\n  - components/snapshots\n")
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = c.kubectl(context.Background(), "apply", "--dry-run=server", "-k", dir)
+	for _, want := range []string{"daemonset.apps/converge-node", "volumesnapshotclass.snapshot.storage.k8s.io/converge", "clusterrole.rbac.authorization.k8s.io/converge-snapshotter"} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("kubectl apply --dry-run=server -k deploy/ with components/snapshots did not report %s: %v\n%s", want, err, out)
+		}
+	}
+	if built, err := c.kubectl(context.Background(), "kustomize", dir); err != nil || !strings.Contains(built, "--node-deployment") || !strings.Contains(built, "csi-snapshotter:v8.7.0") {
+		t.Errorf("deploy/ with components/snapshots does not run csi-snapshotter v8.7.0 with --node-deployment: %v", err)
+	}
 }
 
 func readFile(path string) string {
