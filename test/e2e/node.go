@@ -101,8 +101,7 @@ func (n *kubeNode) upSteps() []struct {
 		{"node namespaces", n.startNodeNS},
 		{"containerd and images", n.startContainerd},
 		{"kubelet", n.startKubelet},
-		{"csi-node and registration", n.startCSINode},
-		{"csi-snapshotter", n.startSnapshotter},
+		{"csi-node, registration and csi-snapshotter", n.startCSINode},
 		{"provisioner", n.startProvisioner},
 	}
 }
@@ -315,7 +314,15 @@ func (n *kubeNode) startCSINode(ctx context.Context) error {
 		}
 		n.registrar = r
 	}
-	return n.waitRegistered(ctx, before)
+	if err := n.waitRegistered(ctx, before); err != nil {
+		return err
+	}
+	// The pod's third container: it exits when it loses csi-node, as
+	// csi-lib-utils' sidecars do, and comes back with the pod.
+	if n.snapshotter == nil || n.snapshotter.exited() {
+		return n.startSnapshotter(ctx)
+	}
+	return nil
 }
 
 // nodeCSISock is csi-node's CSI socket as the node sees it.
@@ -399,10 +406,13 @@ func (n *kubeNode) restartKubelet(ctx context.Context) error {
 	return n.runKubelet()
 }
 
-// killCSINode kills csi-node and its registration with SIGKILL, as when
-// the DaemonSet's pod dies: the kubelet loses the driver until it is back.
+// killCSINode kills csi-node, its registration and csi-snapshotter with
+// SIGKILL, as when the DaemonSet's pod dies: the kubelet loses the driver
+// until it is back.
 func (n *kubeNode) killCSINode() {
 	n.csiNode.kill()
 	n.registrar.stop()
 	n.registrar = nil
+	n.snapshotter.kill()
+	n.snapshotter = nil
 }
