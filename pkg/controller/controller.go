@@ -539,18 +539,28 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	}}, nil
 }
 
+// pageStart checks a List call's paging and returns the ID its page starts
+// after ("" for the first page): the token is listTokenPrefix and the last
+// ID of the page before.
+func pageStart(maxEntries int32, token string) (after string, err error) {
+	if maxEntries < 0 {
+		return "", state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
+	}
+	if token == "" {
+		return "", nil
+	}
+	id, ok := strings.CutPrefix(token, listTokenPrefix)
+	if !ok || state.ValidID(id) != nil {
+		return "", state.Errorf(state.KindAborted, "invalid starting token %q", token)
+	}
+	return id, nil
+}
+
 // ListVolumes pages through the images in ID order.
 func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
-	}
-	after := ""
-	if tok := req.GetStartingToken(); tok != "" {
-		id, ok := strings.CutPrefix(tok, listTokenPrefix)
-		if !ok || state.ValidID(id) != nil {
-			return nil, state.Errorf(state.KindAborted, "invalid starting token %q", tok)
-		}
-		after = id
+	after, err := pageStart(req.GetMaxEntries(), req.GetStartingToken())
+	if err != nil {
+		return nil, err
 	}
 	ids, err := c.images.List()
 	if err != nil {

@@ -336,16 +336,9 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	if s == nil {
 		return nil, errNoSnapshots
 	}
-	if req.GetMaxEntries() < 0 {
-		return nil, state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
-	}
-	after := ""
-	if tok := req.GetStartingToken(); tok != "" {
-		id, ok := strings.CutPrefix(tok, listTokenPrefix)
-		if !ok || state.ValidID(id) != nil {
-			return nil, state.Errorf(state.KindAborted, "invalid starting token %q", tok)
-		}
-		after = id
+	after, err := pageStart(req.GetMaxEntries(), req.GetStartingToken())
+	if err != nil {
+		return nil, err
 	}
 	var infos []devices.SnapshotInfo
 	switch id := req.GetSnapshotId(); {

@@ -249,16 +249,29 @@ func RemoveStaleTemps(dir string) error {
 }
 
 // Delete removes id's image. A missing image is a no-op.
-func (im *Images) Delete(id string) error {
-	if err := os.Remove(im.Path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return syncDir(im.Dir)
-}
+func (im *Images) Delete(id string) error { return removeSynced(im.Path(id)) }
 
 // List returns the IDs of all images, sorted.
-func (im *Images) List() ([]string, error) {
-	entries, err := os.ReadDir(im.Dir)
+func (im *Images) List() ([]string, error) { return idsIn(im.Dir, imageSuffix) }
+
+// removeSynced removes the file at path and makes its removal durable. A
+// missing file is a no-op.
+func removeSynced(path string) error {
+	err := os.Remove(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// idsIn returns, sorted, the IDs of the regular files of dir named
+// <id><suffix>; hidden files (what is being made) are not IDs. A missing
+// dir has none.
+func idsIn(dir, suffix string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -267,7 +280,7 @@ func (im *Images) List() ([]string, error) {
 	}
 	var ids []string
 	for _, e := range entries {
-		if id, ok := strings.CutSuffix(e.Name(), imageSuffix); ok && e.Type().IsRegular() && !strings.HasPrefix(id, ".") {
+		if id, ok := strings.CutSuffix(e.Name(), suffix); ok && e.Type().IsRegular() && !strings.HasPrefix(id, ".") {
 			ids = append(ids, id)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -142,19 +141,12 @@ func (s *Snapshots) Get(id string) (SnapshotInfo, error) {
 // List describes every snapshot, sorted by ID. A snapshot deleted while
 // it lists is left out.
 func (s *Snapshots) List() ([]SnapshotInfo, error) {
-	entries, err := os.ReadDir(s.Dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	ids, err := idsIn(s.Dir, snapshotSuffix)
 	if err != nil {
 		return nil, err
 	}
 	var out []SnapshotInfo
-	for _, e := range entries {
-		id, ok := strings.CutSuffix(e.Name(), snapshotSuffix)
-		if !ok || !e.Type().IsRegular() || strings.HasPrefix(id, ".") {
-			continue
-		}
+	for _, id := range ids {
 		info, err := s.Get(id)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
@@ -164,21 +156,11 @@ func (s *Snapshots) List() ([]SnapshotInfo, error) {
 		}
 		out = append(out, info)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
 // Delete removes snapshot id. A missing snapshot is a no-op.
-func (s *Snapshots) Delete(id string) error {
-	err := os.Remove(s.Path(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return syncDir(s.Dir)
-}
+func (s *Snapshots) Delete(id string) error { return removeSynced(s.Path(id)) }
 
 // RemoveStaleTemps removes what crashed snapshots left (see CopyFile).
 // Call it when no snapshot is being taken.
