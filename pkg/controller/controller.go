@@ -281,8 +281,14 @@ func (c *Controller) volume(id string, size int64) *csi.Volume {
 	return &csi.Volume{
 		VolumeId:           id,
 		CapacityBytes:      size,
-		AccessibleTopology: []*csi.Topology{{Segments: c.topology}},
+		AccessibleTopology: c.accessible(),
 	}
+}
+
+// accessible is where a volume or snapshot of this node can be used: on
+// this node alone.
+func (c *Controller) accessible() []*csi.Topology {
+	return []*csi.Topology{{Segments: c.topology}}
 }
 
 // sizeFor picks the image size for a capacity range.

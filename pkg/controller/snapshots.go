@@ -128,6 +128,10 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
+	// A snapshot is usable where its file is: on this node only.
+	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
+		return nil, err
+	}
 	id := c.snapshotID(name)
 	if err := state.ValidID(id); err != nil {
 		return nil, state.Errorf(state.KindInvalidArgument, "snapshot name %q: as the ID %q: %v", name, id, err)
@@ -295,6 +299,8 @@ func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
 		SizeBytes:      info.Size,
 		CreationTime:   timestamppb.New(info.Created),
 		ReadyToUse:     true,
+		// Restores are made on this node alone (see restoreSource).
+		AccessibleTopology: c.accessible(),
 	}
 }
 

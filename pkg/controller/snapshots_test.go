@@ -10,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/nodeserver"
@@ -85,5 +86,42 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	}
 	if taken, _ := c.snapshots.snaps.Taken(id); taken {
 		t.Error("the snapshot is still there")
+	}
+}
+
+// TestSnapshotTopology checks that a snapshot says it is usable on this
+// node alone, in CreateSnapshot's answer and in ListSnapshots', and that a
+// requisite topology without this node is RESOURCE_EXHAUSTED before any
+// snapshot is taken.
+func TestSnapshotTopology(t *testing.T) {
+	c, _, images := newController(t)
+	taker := serveSnapshots(t, c, images)
+	create(t, c, "v1")
+	here := &csi.Topology{Segments: map[string]string{TopologyKey: "node"}}
+	elsewhere := &csi.Topology{Segments: map[string]string{TopologyKey: "other"}}
+
+	_, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s0", SourceVolumeId: "v1",
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{elsewhere}}})
+	if status.Code(nodeserver.Status(err)) != codes.ResourceExhausted || !strings.Contains(err.Error(), "node") {
+		t.Errorf("requisite of another node: got %v, want RESOURCE_EXHAUSTED naming this node", err)
+	}
+	if len(taker.asked) != 0 {
+		t.Errorf("requisite of another node: the reconciler was asked for %v, want nothing", taker.asked)
+	}
+
+	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: "v1",
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{elsewhere, here}, Preferred: []*csi.Topology{here}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := c.ListSnapshots(t.Context(), &csi.ListSnapshotsRequest{SnapshotId: resp.GetSnapshot().GetSnapshotId()})
+	if err != nil || len(list.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots: got %v, %v, want one entry", list, err)
+	}
+	for name, snap := range map[string]*csi.Snapshot{"CreateSnapshot": resp.GetSnapshot(), "ListSnapshots": list.GetEntries()[0].GetSnapshot()} {
+		topo := snap.GetAccessibleTopology()
+		if len(topo) != 1 || !proto.Equal(topo[0], here) {
+			t.Errorf("%s: got accessible topology %v, want [%v]", name, topo, here)
+		}
 	}
 }

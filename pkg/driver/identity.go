@@ -23,6 +23,9 @@ func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	for _, t := range []csi.PluginCapability_Service_Type{
 		csi.PluginCapability_Service_CONTROLLER_SERVICE,
 		csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
+		// A snapshot is a file on this node's disk: it restores here only,
+		// and every Snapshot answered names this node (KEP-5943).
+		csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS,
 	} {
 		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
 			Service: &csi.PluginCapability_Service{Type: t},

@@ -27,6 +27,7 @@ import (
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 )
 
 var (
@@ -342,7 +343,25 @@ func (p *Plugin) SanityConfig(size int64) sanity.TestConfig {
 	cfg.TestVolumeExpandSize = 2 * size
 	cfg.IdempotentCount = 5
 	cfg.TestNodeVolumeAttachLimit = false
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithUnaryInterceptor(settleSizeCache))
 	return cfg
+}
+
+// settleSizeCache computes the size of every answer csi-sanity receives,
+// which changes no field of it. csi-sanity v5.6.0 compares the topology
+// of a snapshot it received with one of NodeGetInfo's that it has since
+// sent in two requests, with gomega's Equal: reflect.DeepEqual, which
+// also compares protobuf's internal size cache, set on a message when it
+// is sent and not on one just received. Equal topologies then differ in
+// that cache alone. With every answer's sizes computed, the comparison
+// sees the fields, as proto.Equal does (the controller's
+// TestSnapshotTopology compares with proto.Equal).
+func settleSizeCache(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if m, ok := reply.(proto.Message); ok && err == nil {
+		proto.Size(m)
+	}
+	return err
 }
 
 // capSysResource is the bit of CAP_SYS_RESOURCE in a capability set.
