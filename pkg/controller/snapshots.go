@@ -437,9 +437,10 @@ func checkRestoreFs(snap devices.SnapshotInfo, params map[string]string, caps []
 }
 
 // restore makes the image of volume id, size bytes, from snapshot snap:
-// the copy (whole or absent after a crash), grown to size, every block
-// allocated for a thick volume. The snapshot is held against deletion
-// meanwhile. The controller's mu is held.
+// the copy, grown to size, every block allocated for a thick volume, which
+// appears whole or not at all (a crash in between leaves no image, and the
+// retried CreateVolume makes it anew). The snapshot is held against
+// deletion meanwhile. The controller's mu is held.
 func (c *Controller) restore(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
 	s := c.snapshots
 	defer s.hold(snap.ID)()
@@ -447,21 +448,11 @@ func (c *Controller) restore(ctx context.Context, id string, snap devices.Snapsh
 		// Deleted between the check and the hold.
 		return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
 	}
-	if err := s.snaps.Restore(ctx, snap.ID, c.images.Path(id)); err != nil {
+	if err := s.snaps.Restore(ctx, snap.ID, c.images.Path(id), size, thick); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
 		}
 		return imageError(err, "restoring volume %s from snapshot %s", id, snap.ID)
-	}
-	if _, err := c.images.Grow(id, size, thick); err != nil {
-		c.images.Delete(id)
-		return imageError(err, "growing volume %s restored from snapshot %s", id, snap.ID)
-	}
-	if thick {
-		if err := c.images.Reserve(id); err != nil {
-			c.images.Delete(id)
-			return imageError(err, "allocating volume %s restored from snapshot %s", id, snap.ID)
-		}
 	}
 	return nil
 }

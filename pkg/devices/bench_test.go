@@ -138,7 +138,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 				if err := paths.Freeze(vol); err != nil {
 					b.Fatal(err)
 				}
-				err := CopyFile(context.Background(), img, snap, way.mode, nil)
+				err := CopyFile(context.Background(), img, snap, way.mode, CopyOptions{})
 				if terr := paths.Thaw(vol); terr != nil {
 					b.Fatal(terr)
 				}

@@ -56,14 +56,29 @@ func ProbeCopyMode(dir string) (CopyMode, error) {
 	}
 }
 
+// CopyOptions says what a copy gets beyond src's bytes before it takes
+// dst's name. The zero value is a plain copy.
+type CopyOptions struct {
+	// Attrs are extended attributes given to the copy.
+	Attrs map[string]string
+	// Size, when larger than src, is the copy's size; the bytes it adds
+	// read as zeros.
+	Size int64
+	// Thick allocates every block of the copy, its holes and what Size
+	// adds: the space it will ever need is taken before it exists.
+	Thick bool
+}
+
 // CopyFile copies the file src to dst, which must not exist, as mode says,
-// and gives the copy the extended attributes attrs. The copy is made under
-// a temporary name in dst's directory and renamed to dst only once it is
-// complete, with its attributes, and on the disk, so a crash leaves dst
-// complete or absent (and a temporary file, which RemoveStaleTemps removes). A
-// copy cancelled through ctx, or failed, leaves nothing. An existing dst is
-// an error matching os.ErrExist.
-func CopyFile(ctx context.Context, src, dst string, mode CopyMode, attrs map[string]string) error {
+// and gives the copy what opts says (attributes, a larger size, its
+// blocks). The copy is made under a temporary name in dst's directory and
+// renamed to dst only once it is complete, with all of that, and on the
+// disk, so a crash leaves dst complete or absent (and a temporary file,
+// which RemoveStaleTemps removes). A copy cancelled through ctx, or failed,
+// leaves nothing. An existing dst is an error matching os.ErrExist; no
+// space for a thick copy is an error matching unix.ENOSPC, a filesystem
+// that cannot allocate ahead ErrCannotAllocate.
+func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOptions) error {
 	in, err := os.Open(src)
 	if err != nil {
 		return err
@@ -97,7 +112,16 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, attrs map[str
 	default:
 		return fmt.Errorf("unknown copy mode %q", mode)
 	}
-	for name, value := range attrs {
+	if size := max(opts.Size, st.Size()); opts.Thick {
+		if err := allocate(tmp, size); err != nil {
+			return fmt.Errorf("allocating the copy of %s: %w", src, err)
+		}
+	} else if size > st.Size() {
+		if err := tmp.Truncate(size); err != nil {
+			return fmt.Errorf("sizing the copy of %s: %w", src, err)
+		}
+	}
+	for name, value := range opts.Attrs {
 		if err := unix.Fsetxattr(int(tmp.Fd()), name, []byte(value), 0); err != nil {
 			return fmt.Errorf("setting %s on the copy of %s: %w", name, src, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,7 +98,7 @@ func TestCopyFile(t *testing.T) {
 			}
 
 			dst := filepath.Join(dir, "dst.img")
-			if err := CopyFile(context.Background(), src, dst, mode, nil); err != nil {
+			if err := CopyFile(context.Background(), src, dst, mode, CopyOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			got, err := os.ReadFile(dst)
@@ -118,7 +119,7 @@ func TestCopyFile(t *testing.T) {
 				t.Error("writing the source changed the copy")
 			}
 
-			if err := CopyFile(context.Background(), src, dst, mode, nil); !errors.Is(err, os.ErrExist) {
+			if err := CopyFile(context.Background(), src, dst, mode, CopyOptions{}); !errors.Is(err, os.ErrExist) {
 				t.Errorf("copying over an existing file: got %v, want os.ErrExist", err)
 			}
 			if got, _ := os.ReadFile(dst); !bytes.Equal(got, want) {
@@ -126,7 +127,7 @@ func TestCopyFile(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
-			err = CopyFile(ctx, dst, filepath.Join(dir, "cancelled.img"), CopySparse, nil)
+			err = CopyFile(ctx, dst, filepath.Join(dir, "cancelled.img"), CopySparse, CopyOptions{})
 			if !errors.Is(err, context.Canceled) {
 				t.Errorf("a cancelled copy: got %v, want context.Canceled", err)
 			}
@@ -251,11 +252,27 @@ func TestSnapshots(t *testing.T) {
 				t.Errorf("after RemoveStaleTemps: got %v, want s1.snap", got)
 			}
 			restored := filepath.Join(dir, "v2.img")
-			if err := snaps.Restore(context.Background(), "s1", restored); err != nil {
+			if err := snaps.Restore(context.Background(), "s1", restored, 0, false); err != nil {
 				t.Fatal(err)
 			}
 			if got, _ := os.ReadFile(restored); !bytes.Equal(got, before) {
 				t.Error("the restored image does not hold the bytes of when the snapshot was taken")
+			}
+			// Restored larger, thin then thick: the snapshot's bytes, then
+			// zeros; the thick image has every block of its size.
+			const larger = 4 << 20
+			for _, thick := range []bool{false, true} {
+				image := filepath.Join(dir, fmt.Sprintf("larger-%v.img", thick))
+				if err := snaps.Restore(context.Background(), "s1", image, larger, thick); err != nil {
+					t.Fatal(err)
+				}
+				got, _ := os.ReadFile(image)
+				if len(got) != larger || !bytes.Equal(got[:len(before)], before) || bytes.ContainsFunc(got[len(before):], func(r rune) bool { return r != 0 }) {
+					t.Errorf("restored to %d bytes (thick %v): got %d bytes, want the snapshot's then zeros", larger, thick, len(got))
+				}
+				if a := allocated(t, image); thick && a < larger || !thick && a >= larger {
+					t.Errorf("restored to %d bytes (thick %v): %d bytes allocated", larger, thick, a)
+				}
 			}
 			for range 2 {
 				if err := snaps.Delete("s1"); err != nil {
@@ -291,7 +308,7 @@ func TestSharedBytes(t *testing.T) {
 				t.Errorf("before any copy: %d bytes shared, want 0", n)
 			}
 			dst := filepath.Join(dir, "dst.img")
-			if err := CopyFile(context.Background(), src, dst, mode, nil); err != nil {
+			if err := CopyFile(context.Background(), src, dst, mode, CopyOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			want := int64(8 << 20)

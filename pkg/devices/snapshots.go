@@ -71,7 +71,7 @@ func (s *Snapshots) Take(ctx context.Context, id, source, image, fsType string, 
 	if fsType != "" {
 		attrs[xattrFsType] = fsType
 	}
-	if err := CopyFile(ctx, image, s.Path(id), s.Mode, attrs); err != nil {
+	if err := CopyFile(ctx, image, s.Path(id), s.Mode, CopyOptions{Attrs: attrs}); err != nil {
 		return SnapshotInfo{}, err
 	}
 	return s.Get(id)
@@ -106,9 +106,11 @@ func (s *Snapshots) Taken(id string) (bool, error) {
 }
 
 // Restore copies snapshot id to image, which must not exist, as CopyFile
-// does: a volume made from it is whole or absent after a crash.
-func (s *Snapshots) Restore(ctx context.Context, id, image string) error {
-	return CopyFile(ctx, s.Path(id), image, s.Mode, nil)
+// does, grown to size bytes where the snapshot is smaller and with every
+// block allocated when thick: the image appears whole, of its size and
+// with its space, or not at all, whenever a crash comes.
+func (s *Snapshots) Restore(ctx context.Context, id, image string, size int64, thick bool) error {
+	return CopyFile(ctx, s.Path(id), image, s.Mode, CopyOptions{Size: size, Thick: thick})
 }
 
 // Get describes snapshot id; an error matching os.ErrNotExist when there

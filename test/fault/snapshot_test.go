@@ -3,6 +3,7 @@ package fault
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 
 	"github.com/converge-csi/converge/test/testenv"
 )
@@ -62,12 +64,7 @@ func TestKillDuringSnapshot(t *testing.T) {
 		if got, err := os.ReadFile(filepath.Join(v.target, "big")); err != nil || !bytes.Equal(got, big) {
 			t.Fatalf("kill after %v: the source's data changed (%v)", delay, err)
 		}
-		entries, _ := os.ReadDir(snapDir)
-		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), ".") {
-				t.Errorf("kill after %v: %s left in the snapshot directory", delay, e.Name())
-			}
-		}
+		noTemps(t, fmt.Sprintf("kill after %v", delay), snapDir)
 		resp, err := p.Controller().ListSnapshots(context.Background(), &csi.ListSnapshotsRequest{})
 		if err != nil {
 			t.Fatal(err)
@@ -108,29 +105,181 @@ func restoreAndRead(t *testing.T, p *testenv.Plugin, id string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := p.Controller().CreateVolume(ctx, &csi.CreateVolumeRequest{
-		Name:                "restored",
-		VolumeCapabilities:  []*csi.VolumeCapability{rwo},
-		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}},
-	})
-	if err != nil {
+	if _, err := p.Controller().CreateVolume(ctx, createFrom("restored", fromSnapshot(id), 0, nil)); err != nil {
 		t.Fatalf("restoring %s: %v", id, err)
 	}
+	return publishAndRead(t, p, "restored")
+}
+
+func fromSnapshot(id string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+}
+
+func fromVolume(id string) *csi.VolumeContentSource {
+	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
+}
+
+// createFrom asks for volume name made from source, of at least size bytes.
+func createFrom(name string, source *csi.VolumeContentSource, size int64, params map[string]string) *csi.CreateVolumeRequest {
+	return &csi.CreateVolumeRequest{
+		Name:                name,
+		CapacityRange:       &csi.CapacityRange{RequiredBytes: size},
+		Parameters:          params,
+		VolumeCapabilities:  []*csi.VolumeCapability{rwo},
+		VolumeContentSource: source,
+	}
+}
+
+// publishAndRead stages and publishes the created volume id, reads its
+// file "big", and tears it down and deletes it.
+func publishAndRead(t *testing.T, p *testenv.Plugin, id string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	e := &env{t: t, p: p}
-	r := &vol{id: "restored", staging: filepath.Join(p.Root, "staging", "restored"), target: filepath.Join(p.Root, "pods", "restored", "mount"), want: published}
+	r := &vol{id: id, staging: filepath.Join(p.Root, "staging", id), target: filepath.Join(p.Root, "pods", id, "mount"), want: published}
 	for _, d := range []string{r.staging, filepath.Dir(r.target)} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := e.drive(ctx, r, created); err != nil {
-		t.Fatalf("publishing the restored volume: %v", err)
+		t.Fatalf("publishing %s: %v", id, err)
 	}
 	got, err := os.ReadFile(filepath.Join(r.target, "big"))
 	if err != nil {
-		t.Fatalf("reading the restored volume: %v", err)
+		t.Fatalf("reading %s: %v", id, err)
 	}
 	r.want = absent
 	e.replay(r)
 	return got
+}
+
+// temps returns the temporary files (copies under way) in dir.
+func temps(dir string) []string {
+	entries, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			names = append(names, e.Name())
+		}
+	}
+	return names
+}
+
+// noTemps fails t for a temporary file (a copy under way) left in dir.
+func noTemps(t *testing.T, when, dir string) {
+	t.Helper()
+	if left := temps(dir); len(left) > 0 {
+		t.Errorf("%s: %v left in %s", when, left, dir)
+	}
+}
+
+// TestKillDuringRestore kills the plugin at several moments of making a
+// volume from a snapshot (thick and thin, larger than the snapshot) and of
+// cloning a published volume, and restarts it: the new volume's image is
+// absent or whole (its size, its blocks when thick), no copy is left half
+// made, the clone's own snapshot is never listed and none is left, the
+// source stays writable and intact, and asking again makes a volume that
+// holds the source's data.
+func TestKillDuringRestore(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	v := setUp(t, p, "restsrc")
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<20) // 16 MiB: the copy takes a while
+	if err := writeSynced(filepath.Join(v.target, "big"), string(big)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	snap, err := p.Controller().CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "restsnap", SourceVolumeId: v.id})
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snap.GetSnapshot().GetSnapshotId()
+	snapDir := filepath.Join(p.DataDir, "snapshots")
+	thin := map[string]string{"converge.csi.dev/provisioning": "thin"}
+	for i, delay := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond, 100 * time.Millisecond} {
+		name := fmt.Sprintf("made-%d", i)
+		var req *csi.CreateVolumeRequest
+		var params map[string]string
+		thick := i%3 != 1
+		if !thick {
+			params = thin
+		}
+		kind := "restore"
+		if i%3 == 2 {
+			kind = "clone"
+			req = createFrom(name, fromVolume(v.id), 2*volumeSize, params)
+		} else {
+			req = createFrom(name, fromSnapshot(snapID), 2*volumeSize, params)
+		}
+		when := fmt.Sprintf("%s (%s, thick %v), kill after %v", name, kind, thick, delay)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			p.Controller().CreateVolume(ctx, req)
+		}()
+		time.Sleep(delay)
+		copying := append(temps(p.DataDir), temps(snapDir)...)
+		p.Kill()
+		t.Logf("%s: copies under way just before the kill: %v", when, copying)
+		p.Start() // ready only once what the crash left is finished or rolled back
+		writeWithin(t, v.target, 10*time.Second)
+		readBack(t, v)
+		noTemps(t, when, p.DataDir)
+		noTemps(t, when, snapDir)
+		image := filepath.Join(p.DataDir, name+".img")
+		var st unix.Stat_t
+		switch err := unix.Stat(image, &st); {
+		case errors.Is(err, unix.ENOENT):
+			t.Logf("%s: no image after the restart", when)
+		case err == nil:
+			t.Logf("%s: a whole image after the restart", when)
+			if st.Size != 2*volumeSize || thick && st.Blocks*512 < st.Size {
+				t.Errorf("%s: the image has %d bytes, %d allocated; want %d, all allocated when thick (%v)", when, st.Size, st.Blocks*512, 2*volumeSize, thick)
+			}
+		default:
+			t.Fatal(err)
+		}
+		list, err := p.Controller().ListSnapshots(context.Background(), &csi.ListSnapshotsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(list.GetEntries()); n != 1 || list.GetEntries()[0].GetSnapshot().GetSnapshotId() != snapID {
+			t.Errorf("%s: listed %v, want %s alone", when, list.GetEntries(), snapID)
+		}
+
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err = p.Controller().CreateVolume(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: asking again: %v", when, err)
+		}
+		if got := publishAndRead(t, p, name); !bytes.Equal(got, big) {
+			t.Errorf("%s: the volume made does not hold the source's data", when)
+		}
+		if files := filesIn(t, snapDir); len(files) != 1 {
+			t.Errorf("%s: the snapshot directory holds %v, want the one snapshot", when, files)
+		}
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := p.Controller().DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err != nil {
+		t.Fatal(err)
+	}
+	tearDown(t, p, v)
+}
+
+func filesIn(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	return names
 }
