@@ -27,6 +27,9 @@ type Image struct {
 	// before provisioning was recorded, or being created) is accounted at
 	// its full size.
 	Thin bool
+	// Copying is the space that the snapshots of it asked for and not yet
+	// taken may still claim.
+	Copying int64
 }
 
 // Account is the state of the data directory.
@@ -43,6 +46,11 @@ type Account struct {
 	ThickOwed int64
 	// ThinAllocated is the space the thin images hold.
 	ThinAllocated int64
+	// Copying is the space the snapshots being taken may still claim:
+	// promised to them from the moment they are asked for, so that two
+	// snapshots, or a snapshot and a volume, asked for at once never count
+	// the same free space.
+	Copying int64
 	// Ratio is the overprovisioning ratio of thin volumes.
 	Ratio float64
 }
@@ -52,6 +60,7 @@ type Account struct {
 func New(free int64, ratio float64, images []Image) Account {
 	a := Account{Free: free, Ratio: ratio}
 	for _, im := range images {
+		a.Copying += im.Copying
 		if im.Thin {
 			a.ThinPromised += im.Size
 			a.ThinAllocated += min(im.Allocated, im.Size)
@@ -71,19 +80,19 @@ func (a Account) thinBacking() int64 {
 }
 
 // ThickAvailable is the largest thick volume that can be promised now:
-// the free space that neither a thick image's holes nor the thin volumes'
-// promise (at the ratio) may still claim.
+// the free space that neither a thick image's holes, a snapshot being
+// taken, nor the thin volumes' promise (at the ratio) may still claim.
 func (a Account) ThickAvailable() int64 {
-	return max(0, a.Free-a.ThickOwed-a.thinBacking())
+	return max(0, a.Free-a.ThickOwed-a.Copying-a.thinBacking())
 }
 
 // ThinAvailable is the largest thin volume that can be promised now: the
 // ratio times the space thin volumes may use (what they hold, and the free
-// space the thick images do not owe), less what thin volumes were
-// promised. With a ratio of 1 it is ThickAvailable: nothing is promised
+// space neither the thick images nor the snapshots being taken owe), less
+// what thin volumes were promised. With a ratio of 1 it is ThickAvailable: nothing is promised
 // that does not exist.
 func (a Account) ThinAvailable() int64 {
-	backing := a.ThinAllocated + a.Free - a.ThickOwed
+	backing := a.ThinAllocated + a.Free - a.ThickOwed - a.Copying
 	if backing <= 0 {
 		return 0
 	}

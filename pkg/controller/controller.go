@@ -318,13 +318,17 @@ func sizeFor(required, limit int64) (int64, error) {
 
 // account derives the state of the data directory.
 func (c *Controller) account() (capacity.Account, int64, error) {
-	return Account(c.images, c.store, c.opts.Ratio)
+	var mode devices.CopyMode
+	if c.snapshots != nil {
+		mode = c.snapshots.snaps.Mode
+	}
+	return Account(c.images, c.store, c.opts.Ratio, mode)
 }
 
 // Account derives the state of the data directory from its images and
-// their records, for thin volumes at ratio, and returns it with the
-// filesystem's size.
-func Account(images *devices.Images, store Store, ratio float64) (capacity.Account, int64, error) {
+// their records, for thin volumes at ratio and snapshots copied as mode
+// says, and returns it with the filesystem's size.
+func Account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode) (capacity.Account, int64, error) {
 	total, free, err := images.Capacity()
 	if err != nil {
 		return capacity.Account{}, 0, err
@@ -338,6 +342,7 @@ func Account(images *devices.Images, store Store, ratio float64) (capacity.Accou
 		ims[i] = capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
 		if v, err := store.Get(u.ID); err == nil {
 			ims[i].Thin = v.Thin()
+			ims[i].Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u, v.Thin())
 		}
 	}
 	return capacity.New(free, ratio, ims), total, nil

@@ -233,11 +233,12 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 }
 
 // promiseSnapshot checks that the data directory can hold a snapshot of
-// volume id without breaking a promise: NOT_FOUND when the volume has no
-// image here, RESOURCE_EXHAUSTED when the space is not there. A copy
-// takes up to the image's allocated space at once. A reflink takes nothing
-// at once, but a thick image then owes the blocks it shares, which its
-// writes copy; a thin image's writes take space as any thin write does.
+// volume id without breaking a promise (snapshotNeed says what it takes):
+// NOT_FOUND when the volume has no image here, RESOURCE_EXHAUSTED when the
+// space is not there. The snapshots asked for and not yet taken are
+// promised theirs already (capacity.Account.Copying), and the check and the
+// ask happen under the snapshot lock, so two snapshots asked for at once
+// never count the same free space.
 func (c *Controller) promiseSnapshot(id string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -248,13 +249,8 @@ func (c *Controller) promiseSnapshot(id string) error {
 	if err != nil {
 		return state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
 	}
-	need := u.Allocated
-	if c.snapshots.snaps.Mode == devices.CopyReflink {
-		need = max(0, u.Allocated-u.Shared)
-		if v, err := c.store.Get(id); err == nil && v.Thin() {
-			need = 0
-		}
-	}
+	v, err := c.store.Get(id)
+	need := snapshotNeed(c.snapshots.snaps.Mode, u, err == nil && v.Thin())
 	acc, _, err := c.account()
 	if err != nil {
 		return state.Errorf(state.KindInternal, "%w", err)
@@ -263,6 +259,21 @@ func (c *Controller) promiseSnapshot(id string) error {
 		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of the data directory (copied by %s), %d can still be promised", id, need, c.snapshots.snaps.Mode, avail)
 	}
 	return nil
+}
+
+// snapshotNeed is the space a snapshot of an image whose usage is u takes
+// from the data directory, copied as mode says: by a copy, its allocated
+// blocks at once; by a reflink nothing at once, but a thick image then owes
+// the blocks it did not share yet (its writes will copy them), and a thin
+// image's writes take space as any thin write does.
+func snapshotNeed(mode devices.CopyMode, u devices.Usage, thin bool) int64 {
+	switch {
+	case mode != devices.CopyReflink:
+		return u.Allocated
+	case thin:
+		return 0
+	}
+	return max(0, u.Allocated-u.Shared)
 }
 
 // takingSnapshot returns the volume whose record asks for snapshot id, ""

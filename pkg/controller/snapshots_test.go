@@ -125,3 +125,49 @@ func TestSnapshotTopology(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotAskedIsPromised checks that a snapshot asked for and not yet
+// taken is promised what its copy takes: the space that can be promised
+// drops by the image's allocated blocks from the moment the intent is in
+// the volume's record, and comes back once it is gone.
+func TestSnapshotAskedIsPromised(t *testing.T) {
+	c, store, images := newController(t)
+	serveSnapshots(t, c, images) // copies sparsely: the image's blocks
+	create(t, c, "v1")           // thick: every block allocated
+	u, err := images.Usage("v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _, err := c.account()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Update("v1", func(v *state.Volume) error {
+		v.Snapshots = map[string]*state.SnapshotIntent{"s1_node": {Generation: 1}}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	during, _, err := c.account()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if during.Copying != u.Allocated || u.Allocated == 0 {
+		t.Errorf("a snapshot asked of a volume with %d bytes allocated: %d bytes copying, want them all", u.Allocated, during.Copying)
+	}
+	// The free space may move a little between the two reads (other
+	// writers of the filesystem); the copy's promise is far larger.
+	if drop := before.ThickAvailable() - during.ThickAvailable(); drop < u.Allocated/2 {
+		t.Errorf("a snapshot asked for: thick available dropped by %d bytes, want about %d", drop, u.Allocated)
+	}
+	if _, err := store.Update("v1", func(v *state.Volume) error { v.Snapshots = nil; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	after, _, err := c.account()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Copying != 0 {
+		t.Errorf("no snapshot asked for: %d bytes copying, want 0", after.Copying)
+	}
+}

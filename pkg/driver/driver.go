@@ -249,7 +249,7 @@ func listen(sock string) (net.Listener, error) {
 
 // poolStatus reports the data directory's space as GetCapacity sees it.
 func poolStatus(cfg Config, images *devices.Images, snapshots *devices.Snapshots, store controller.Store) (status.Pool, error) {
-	acc, total, err := controller.Account(images, store, cfg.OverprovisioningRatio)
+	acc, total, err := controller.Account(images, store, cfg.OverprovisioningRatio, snapshots.Mode)
 	if err != nil {
 		return status.Pool{}, err
 	}
@@ -259,6 +259,7 @@ func poolStatus(cfg Config, images *devices.Images, snapshots *devices.Snapshots
 		ThickPromisedBytes: acc.ThickPromised, ThickOwedBytes: acc.ThickOwed,
 		ThinPromisedBytes: acc.ThinPromised, ThinAllocatedBytes: acc.ThinAllocated,
 		ThickAvailableBytes: acc.ThickAvailable(), ThinAvailableBytes: acc.ThinAvailable(),
+		CopyingBytes:          acc.Copying,
 		OverprovisioningRatio: cfg.OverprovisioningRatio, GuardBytes: cfg.guard.Threshold(total),
 	}
 	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {

@@ -136,7 +136,7 @@ func (m *Metrics) WatchPool(pool func() (status.Pool, error)) {
 
 var (
 	poolBytes = prometheus.NewDesc(namespace+"_data_directory_bytes",
-		"Space of the data directory by kind: size, free, promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers), snapshots (what the snapshots allocate).",
+		"Space of the data directory by kind: size, free, promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
 		[]string{"kind"}, nil)
 	snapshotCount = prometheus.NewDesc(namespace+"_snapshots",
 		"Snapshots kept in the data directory.", nil, nil)
@@ -163,7 +163,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		"promised_thick": p.ThickPromisedBytes, "owed_thick": p.ThickOwedBytes,
 		"promised_thin": p.ThinPromisedBytes, "allocated_thin": p.ThinAllocatedBytes,
 		"available_thick": p.ThickAvailableBytes, "available_thin": p.ThinAvailableBytes,
-		"snapshots": p.SnapshotBytes,
+		"snapshots": p.SnapshotBytes, "copying_snapshots": p.CopyingBytes,
 	} {
 		ch <- prometheus.MustNewConstMetric(poolBytes, prometheus.GaugeValue, float64(v), kind)
 	}

@@ -81,4 +81,7 @@ type Pool struct {
 	Snapshots     int    `json:"snapshots"`
 	SnapshotBytes int64  `json:"snapshotBytes"`
 	CopyMode      string `json:"copyMode"`
+	// CopyingBytes is what the snapshots asked for and not yet taken are
+	// promised: their copies may still take it.
+	CopyingBytes int64 `json:"copyingBytes"`
 }
