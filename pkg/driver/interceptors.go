@@ -5,6 +5,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -32,6 +33,9 @@ func logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler 
 	if v, ok := req.(interface{ GetVolumeId() string }); ok && v.GetVolumeId() != "" {
 		// Every line of the call names its volume, so one grep follows it.
 		logger = logger.WithValues("volumeID", v.GetVolumeId())
+	} else if v, ok := req.(*csi.CreateVolumeRequest); ok && v.GetName() != "" {
+		// The name a volume is created with is its ID.
+		logger = logger.WithValues("volumeID", v.GetName())
 	}
 	if logger.V(5).Enabled() {
 		logger.V(5).Info("Request", "body", protosanitizer.StripSecrets(req).String())

@@ -13,6 +13,7 @@ type call struct {
 	method string // e.g. NodeStageVolume
 	volume string
 	code   string // OK, or the gRPC code
+	msg    string // the error's message, "" for OK
 }
 
 func (c call) String() string { return fmt.Sprintf("%s(%s) = %s", c.method, c.volume, c.code) }
@@ -21,6 +22,7 @@ var (
 	callLine   = regexp.MustCompile(`"Call (succeeded|failed)".*method="/csi\.v1\.[A-Za-z]+/([A-Za-z]+)"`)
 	volumeAttr = regexp.MustCompile(`volumeID="([^"]+)"`)
 	codeAttr   = regexp.MustCompile(`code="([^"]+)"`)
+	msgAttr    = regexp.MustCompile(`message="((?:[^"\\]|\\.)*)"`)
 )
 
 // readCalls parses csi-node's log for the calls made about volume (all
@@ -47,6 +49,9 @@ func readCalls(log, volume string) ([]call, error) {
 			c.code = "?"
 			if v := codeAttr.FindStringSubmatch(sc.Text()); v != nil {
 				c.code = v[1]
+			}
+			if v := msgAttr.FindStringSubmatch(sc.Text()); v != nil {
+				c.msg = v[1]
 			}
 		}
 		if volume == "" || c.volume == volume {

@@ -12,7 +12,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -226,9 +228,30 @@ func (p *provisioner) provision(ctx context.Context) error {
 		}
 		if err := p.provisionOne(ctx, pvc, sc); err != nil {
 			errs = append(errs, fmt.Errorf("provision %s/%s: %w", pvc.Namespace, pvc.Name, err))
+			if status.Code(err) == codes.ResourceExhausted {
+				// external-provisioner: a driver with topology that answers
+				// a claim with a selected node RESOURCE_EXHAUSTED may succeed
+				// on another node (checkError: ProvisioningReschedule), so the
+				// claim's selected node is dropped and the scheduler picks
+				// again (rescheduleProvisioning).
+				if err := p.reschedule(ctx, pvc); err != nil {
+					errs = append(errs, err)
+				}
+			}
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// reschedule drops the node selected for pvc, as external-provisioner's
+// rescheduleProvisioning does, so that the scheduler selects one again.
+func (p *provisioner) reschedule(ctx context.Context, pvc *corev1.PersistentVolumeClaim) error {
+	pvc = pvc.DeepCopy()
+	delete(pvc.Annotations, "volume.kubernetes.io/selected-node")
+	if _, err := p.client.CoreV1().PersistentVolumeClaims(pvc.Namespace).Update(ctx, pvc, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("rescheduling %s/%s: %w", pvc.Namespace, pvc.Name, err)
+	}
+	return nil
 }
 
 // allowed reports whether the class's allowedTopologies admit this node

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -276,6 +277,94 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 	}
 	release(t, vb, "on-b", podB2.Name)
 	release(t, va, "on-a", podA.Name)
+}
+
+// A snapshot lives on its volume's node, and a claim restored from it is
+// made there. A pod of the restored claim that may only run on the other
+// node is never given it: that node's csi-node answers RESOURCE_EXHAUSTED
+// naming the snapshot's node, the claim's selected node is dropped (as
+// external-provisioner does), and nothing is made on the wrong node. A pod
+// given the snapshot's node, as the README says to, runs there and reads
+// what was written before the snapshot. (A pod free to go anywhere is not
+// enough on Kubernetes v1.36: its scheduler, which does not know where a
+// snapshot is, picked the other node again at every retry in a run here.)
+func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
+	b := secondNode(t)
+	claim(t, "far-src", fs, rwo)
+	writer := startPod(t, podSpec{name: "far-writer", claims: []string{"far-src"}, node: b.node})
+	src := boundVolume(t, "far-src")
+	if src.n != b {
+		t.Fatalf("the volume of a pod scheduled to %s was provisioned on %s", b.node, src.n.node)
+	}
+	mustExec(t, writer.Name, "echo from-"+b.node+" > "+dataDir+"/f && sync")
+	volumeSnapshot(t, "far-snap", "far-src")
+
+	claimFrom(t, "far-restored", "far-snap", true)
+	ctx := context.Background()
+	pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "far-restored", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handle := "pvc-" + string(pvc.UID)
+	// The nodes selected for the claim, in turn ("" once dropped).
+	w, err := c.client.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, metav1.ListOptions{
+		FieldSelector: "metadata.name=far-restored", ResourceVersion: pvc.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var selected []string
+	pinned := createPod(t, podSpec{name: "far-pinned", claims: []string{"far-restored"}, node: c.node})
+	poll(t, 2*time.Minute, "the claim selected for "+c.node+", dropped, and selected again", func() (bool, string) {
+		for drained := false; !drained; {
+			select {
+			case ev := <-w.ResultChan():
+				if p, ok := ev.Object.(*corev1.PersistentVolumeClaim); ok {
+					sel := p.Annotations["volume.kubernetes.io/selected-node"]
+					if len(selected) == 0 || selected[len(selected)-1] != sel {
+						selected = append(selected, sel)
+					}
+				}
+			default:
+				drained = true
+			}
+		}
+		return slices.Equal(selected[:min(len(selected), 3)], []string{c.node, "", c.node}), fmt.Sprintf("%q", selected)
+	})
+	refused := 0
+	for _, call := range c.kubeNode.callsFor(t, handle) {
+		if call.method != "CreateVolume" {
+			continue
+		}
+		if call.code != "ResourceExhausted" || !strings.Contains(call.msg, "on node "+b.node) {
+			t.Errorf("%s's csi-node answered %s (%s), want RESOURCE_EXHAUSTED naming %s", c.node, call, call.msg, b.node)
+		}
+		refused++
+	}
+	if refused == 0 {
+		t.Errorf("%s's csi-node was never asked for the restored claim", c.node)
+	}
+	if pvc, err = c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "far-restored", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if pvc.Status.Phase != corev1.ClaimPending {
+		t.Errorf("the claim restored from a snapshot of %s, for a pod bound to %s, is %s, want Pending", b.node, c.node, pvc.Status.Phase)
+	}
+	if _, err := os.Stat(c.kubeNode.image(handle)); err == nil {
+		t.Errorf("an image of the restored claim on %s", c.node)
+	}
+	deletePod(t, pinned.Name)
+
+	reader := startPod(t, podSpec{name: "far-reader", claims: []string{"far-restored"}, node: b.node})
+	v := boundVolume(t, "far-restored")
+	if v.n != b {
+		t.Errorf("the restored claim was provisioned on %s, want %s", v.n.node, b.node)
+	}
+	if got := mustExec(t, reader.Name, "cat "+dataDir+"/f"); got != "from-"+b.node {
+		t.Errorf("the restored claim holds %q", got)
+	}
+	release(t, v, "far-restored", reader.Name)
+	release(t, src, "far-src", writer.Name)
 }
 
 // xfsClass makes a StorageClass of converge volumes with xfs that may be
