@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -336,5 +337,51 @@ func TestSharedBytes(t *testing.T) {
 				t.Errorf("after 1 MiB of the source was overwritten: it shares %d bytes, want %d", n, want)
 			}
 		})
+	}
+}
+
+// TestImagesBlank checks, on ext4 and on xfs, that a new image holds no
+// data whether thin (holes) or thick (blocks allocated, never written),
+// and that one written block, or a filesystem, is data.
+func TestImagesBlank(t *testing.T) {
+	for mode, dir := range copyDirs(t) {
+		fs := map[CopyMode]string{CopySparse: "ext4", CopyReflink: "xfs"}[mode]
+		images := &Images{Dir: dir}
+		for _, thick := range []bool{false, true} {
+			id := fmt.Sprintf("blank-%v", thick)
+			if err := images.Create(id, 64<<20, thick); err != nil {
+				t.Fatal(err)
+			}
+			if blank, err := images.Blank(id); !blank || err != nil {
+				t.Errorf("%s: a new image (thick %v): blank %v, %v; want blank", fs, thick, blank, err)
+			}
+			f, err := os.OpenFile(images.Path(id), os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = f.WriteAt([]byte{1}, 40<<20)
+			if err == nil {
+				err = f.Sync()
+			}
+			f.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if blank, err := images.Blank(id); blank || err != nil {
+				t.Errorf("%s: an image with a byte written (thick %v): blank %v, %v; want data", fs, thick, blank, err)
+			}
+		}
+		if err := images.Create("mkfs", 64<<20, true); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("mkfs.ext4", "-q", "-F", images.Path("mkfs")).CombinedOutput(); err != nil {
+			t.Fatalf("mkfs: %v: %s", err, out)
+		}
+		if blank, err := images.Blank("mkfs"); blank || err != nil {
+			t.Errorf("%s: an image with a filesystem: blank %v, %v; want data", fs, blank, err)
+		}
+		if _, err := images.Blank("missing"); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: a missing image: got %v, want os.ErrNotExist", fs, err)
+		}
 	}
 }

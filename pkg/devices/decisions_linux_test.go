@@ -202,3 +202,20 @@ func TestCommandsEndWithTheirContext(t *testing.T) {
 		t.Fatalf("sleep 600 under a cancelled context: %v", err)
 	}
 }
+
+// TestBlankProbeFormatsWithoutBlkid checks that a device whose image held
+// no data is formatted without blkid: mount-utils' own probe of the device
+// is answered "nothing found", and only mkfs runs before the mount.
+func TestBlankProbeFormatsWithoutBlkid(t *testing.T) {
+	s := &script{answers: []answer{{"mkfs.ext4", "", 0}}}
+	fm := mount.NewFakeMounter(nil)
+	root := t.TempDir()
+	m := NewMounter(fm, s.exec(t), 1, NewPaths([]string{root}))
+	m.FormatAndMount(t.Context(), BlankProbe("/dev/loop7"), root+"/staging", "ext4", nil, nil)
+	if len(s.ran) != 1 || !strings.HasPrefix(s.ran[0], "mkfs.ext4 ") || !strings.HasSuffix(s.ran[0], " /dev/loop7") {
+		t.Errorf("ran %q, want mkfs.ext4 of /dev/loop7 alone", s.ran)
+	}
+	if !slices.ContainsFunc(fm.GetLog(), func(a mount.FakeAction) bool { return a.Action == mount.FakeActionMount }) {
+		t.Error("not mounted")
+	}
+}

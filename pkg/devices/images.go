@@ -115,6 +115,29 @@ func (im *Images) Grow(id string, size int64, thick bool) (int64, error) {
 	return size, nil
 }
 
+// Blank reports whether id's image holds no data at all: the filesystem
+// has no data extent in it (SEEK_DATA finds none; holes and blocks
+// allocated but never written read as zeros), so it holds no filesystem,
+// no partition table, nothing. false, and no error, when anything is
+// there. A filesystem that cannot tell holes reports the whole file as
+// data, never blank. A device attached to the image may hold writes in its
+// cache that the image does not show yet: ask before attaching.
+func (im *Images) Blank(id string) (bool, error) {
+	fd, err := unix.Open(im.Path(id), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	_, err = unix.Seek(fd, 0, unix.SEEK_DATA)
+	if errors.Is(err, unix.ENXIO) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking for data in the image of %s: %w", id, err)
+	}
+	return false, nil
+}
+
 // Create makes an image of size bytes for id, every block allocated when
 // thick and sparse otherwise, atomically: a crash leaves either no image or
 // a complete one. An existing image of the same size is a no-op; of

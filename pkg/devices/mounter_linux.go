@@ -125,19 +125,38 @@ func (e ctxExec) Command(cmd string, args ...string) utilexec.Cmd {
 	return e.CommandContext(e.ctx, cmd, args...)
 }
 
-// Probe is what one blkid run found on a device. FormatAndMount takes it,
-// so that mount-utils' format decision reads the very answer the caller
-// decided on: blkid runs once per stage, and the two decisions cannot
-// disagree.
+// Probe is what one blkid run found on a device, or the proof that the
+// device holds nothing at all (BlankProbe). FormatAndMount takes it, so
+// that mount-utils' format decision reads the very answer the caller
+// decided on: a device is probed at most once per stage, and the two
+// decisions cannot disagree.
 type Probe struct {
 	// Device is the device probed.
 	Device string
 	// Type is the filesystem type found, "" when blkid positively found
-	// none and no partition table.
+	// none and no partition table, or the device holds no data at all.
 	Type string
 	// blkid is the run, replayed to mount-utils; nil when the probe was
 	// not made by DiskFormat (FormatAndMount then probes again).
 	blkid *commandRun
+}
+
+// blkidNothingFound is blkid's exit code when it identifies nothing on a
+// device (no filesystem, no partition table), which mount-utils reads as
+// an unformatted device.
+const blkidNothingFound = 2
+
+// BlankProbe returns the probe of dev when the image it is attached to
+// held no data at all before it was attached (Images.Blank): no
+// filesystem, no partition table, no byte but zeros, which is more than
+// blkid can tell. FormatAndMount then formats dev without blkid: to
+// mount-utils' blkid of dev it answers what blkid answers for such a
+// device (nothing found).
+func BlankProbe(dev string) Probe {
+	return Probe{Device: dev, blkid: &commandRun{
+		device: dev,
+		err:    utilexec.CodeExitError{Err: fmt.Errorf("%s holds no data", dev), Code: blkidNothingFound},
+	}}
 }
 
 // DiskFormat probes dev with blkid and returns what it found: a filesystem
@@ -157,11 +176,20 @@ func (m *Mounter) DiskFormat(ctx context.Context, dev string) (Probe, error) {
 }
 
 // commandRun is one command that ran: its command line, combined output
-// and error.
+// and error; or, with no command line, what blkid of device would answer.
 type commandRun struct {
-	argv []string
-	out  []byte
-	err  error
+	argv   []string
+	device string
+	out    []byte
+	err    error
+}
+
+// answers reports whether run is the answer to the command line argv.
+func (r *commandRun) answers(argv []string) bool {
+	if r.argv == nil {
+		return len(argv) > 1 && argv[0] == "blkid" && argv[len(argv)-1] == r.device
+	}
+	return slices.Equal(r.argv, argv)
 }
 
 // recordingExec runs commands and records the last one's run.
@@ -195,7 +223,7 @@ type replayExec struct {
 }
 
 func (e *replayExec) Command(cmd string, args ...string) utilexec.Cmd {
-	if r := e.run; r != nil && slices.Equal(r.argv, append([]string{cmd}, args...)) {
+	if r := e.run; r != nil && r.answers(append([]string{cmd}, args...)) {
 		e.run = nil
 		return replayedCmd{run: r}
 	}

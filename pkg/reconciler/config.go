@@ -108,6 +108,8 @@ type Images interface {
 	Size(id string) (int64, error)
 	// Reserve allocates the holes of id's image.
 	Reserve(id string) error
+	// Blank reports whether id's image holds no data at all.
+	Blank(id string) (bool, error)
 }
 
 // Grower grows the images of volumes, within what the node can promise.

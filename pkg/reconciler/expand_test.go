@@ -203,7 +203,7 @@ func TestFoundXFSIsGrownOnlineAfterStage(t *testing.T) {
 	st.FsType = "xfs"
 	h.update("v1", func(v *state.Volume) { v.Stage = st })
 	h.settle()
-	if got, want := h.callsSince(0), "attach,blkid,mount "+staging+",resize "+staging; got != want {
+	if got, want := h.callsSince(0), "blank,attach,blkid,mount "+staging+",resize "+staging; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
 }
@@ -214,7 +214,7 @@ func TestFoundFilesystemIsGrownAtStage(t *testing.T) {
 	h.world.fs[h.world.Path("v1")] = "ext4" // made elsewhere, on a smaller image maybe
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.settle()
-	if got, want := h.callsSince(0), "attach,blkid,grow unmounted ext4,mount "+staging; got != want {
+	if got, want := h.callsSince(0), "blank,attach,blkid,grow unmounted ext4,mount "+staging; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
 }

@@ -363,6 +363,17 @@ func (w *fakeWorld) IDOf(path string) (string, bool) {
 	return strings.CutSuffix(filepath.Base(path), ".img")
 }
 
+// Blank reports an image with no filesystem nor partition table on it as
+// holding no data: the fake world knows no other data.
+func (w *fakeWorld) Blank(id string) (bool, error) {
+	var blank bool
+	err := w.do("blank", func() string { return w.Path(id) }, func() error {
+		blank = w.fs[w.Path(id)] == ""
+		return nil
+	})
+	return blank, err
+}
+
 func (w *fakeWorld) Size(id string) (int64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -70,13 +70,14 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 	if done, err := r.stageChecks(v, a); done || err != nil {
 		return err
 	}
+	blank := r.blank(v, a)
 	dev, devSize, err := r.stageDevice(v, a)
 	if err != nil || st.Access == state.AccessBlock {
 		// A raw block volume is attached, never formatted nor mounted.
 		return err
 	}
 	want := fsTypeOf(st)
-	probe, err := r.filesystemOn(ctx, v, dev, want)
+	probe, err := r.filesystemOn(ctx, v, dev, want, blank)
 	if err != nil {
 		return err
 	}
@@ -161,13 +162,38 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 	return dev, devSize, nil
 }
 
-// filesystemOn probes dev and returns the probe (its Type: the filesystem
-// on dev, "" for none), or why the stage must not format nor mount it: a
-// partition table, a filesystem the plugin made that is gone, another
-// filesystem than want, or an empty device staged read-only. A probe that
-// fails fails closed. The mount decides from the same probe.
-func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, want string) (devices.Probe, error) {
-	probe, err := r.cfg.Filesystems.DiskFormat(ctx, dev)
+// blank reports whether the image of a volume about to be attached holds
+// no data at all, so that its device needs no blkid (the stage's slowest
+// command but mkfs): what holds no byte but zeros holds no filesystem nor
+// partition table, which is more than blkid can tell. It is asked before
+// the device exists, so no write through the device can hide in the
+// device's cache; a device attached already, a static device, a raw block
+// volume, or an image that cannot be read is probed by blkid.
+func (r *Reconciler) blank(v *state.Volume, a *actual) bool {
+	if a.static || a.loop != nil || v.Stage.Access == state.AccessBlock {
+		return false
+	}
+	blank, err := r.cfg.Images.Blank(v.ID)
+	if err != nil {
+		klog.Background().V(2).Info("Cannot tell whether the image holds data; blkid will", "volumeID", v.ID, "err", err)
+	}
+	return blank && err == nil
+}
+
+// filesystemOn probes dev, unless its image was blank, and returns the
+// probe (its Type: the filesystem on dev, "" for none), or why the stage
+// must not format nor mount it: a partition table, a filesystem the plugin
+// made that is gone, another filesystem than want, or an empty device
+// staged read-only. A probe that fails fails closed. The mount decides
+// from the same probe.
+func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, want string, blank bool) (devices.Probe, error) {
+	var probe devices.Probe
+	var err error
+	if blank {
+		probe = devices.BlankProbe(dev)
+	} else {
+		probe, err = r.cfg.Filesystems.DiskFormat(ctx, dev)
+	}
 	have := probe.Type
 	switch {
 	case errors.Is(err, devices.ErrPartitioned) && v.Formatted != "":

@@ -181,7 +181,8 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 	}
 	calls := strings.Join(h.world.Calls(), ",")
 	dev := fmt.Sprintf("/dev/loop%d", minorOf(h.world.Path("v1")))
-	want := "attach,blkid,mount " + staging + ",mkfs " + dev + ",bind " + target + ",unmount " + target + ",unmount " + staging + ",detach"
+	// A new image holds nothing: formatted without blkid.
+	want := "blank,attach,mount " + staging + ",mkfs " + dev + ",bind " + target + ",unmount " + target + ",unmount " + staging + ",detach"
 	if calls != want {
 		t.Errorf("calls:\n got %s\nwant %s", calls, want)
 	}
@@ -375,9 +376,13 @@ func TestProvenanceNeverReformats(t *testing.T) {
 	}
 }
 
+// TestBlkidErrorFailsClosed checks that a device whose image cannot be
+// told blank is probed by blkid, and that blkid's failure formats nothing
+// and mounts nothing.
 func TestBlkidErrorFailsClosed(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
+	h.world.fail["blank"] = errors.New("I/O error")
 	h.world.fail["blkid"] = errors.New("I/O error")
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.r.Pass(context.Background())
@@ -391,6 +396,27 @@ func TestBlkidErrorFailsClosed(t *testing.T) {
 	}
 	if r, _ := h.store.Result("v1", state.StageKey); r.Err == nil || r.Ready {
 		t.Errorf("result: got %+v, want a pending failure", r)
+	}
+}
+
+// TestAttachedDeviceIsProbed checks that the image of a device attached
+// before the stage (by a stage a crash interrupted) is not trusted to be
+// blank, since writes through the device may not have reached it: blkid
+// probes the device.
+func TestAttachedDeviceIsProbed(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	if _, err := h.world.Attach(h.world.Path("v1"), false); err != nil {
+		t.Fatal(err)
+	}
+	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+	calls := h.world.Calls()
+	if slices.Contains(calls, "blank") || !slices.Contains(calls, "blkid") {
+		t.Errorf("calls %v: want blkid, and no blank check of an attached image", calls)
+	}
+	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready {
+		t.Errorf("result: got %+v, want staged", r)
 	}
 }
 
