@@ -64,18 +64,27 @@ func secondNode(t *testing.T) *kubeNode {
 	return second
 }
 
+// claimOn makes a filesystem claim called name with a pod on node n (the
+// claim's name, "-writer"), and returns the pod and the claim's volume,
+// which must be on n.
+func claimOn(t *testing.T, n *kubeNode, name string) (*corev1.Pod, volume) {
+	t.Helper()
+	claim(t, name, fs, rwo)
+	writer := startPod(t, podSpec{name: name + "-writer", claims: []string{name}, node: n.node})
+	v := boundVolume(t, name)
+	if v.n != n {
+		t.Fatalf("the volume of a pod scheduled to %s was provisioned on %s", n.node, v.n.node)
+	}
+	return writer, v
+}
+
 // A WaitForFirstConsumer claim is provisioned on the node its pod was
 // scheduled to, by that node's provisioner and csi-node alone; a second pod
 // of the claim, with no say about nodes, goes to the same node (the
 // volume's node affinity) and reads the first pod's data.
 func TestTwoNodesVolumeFollowsItsPod(t *testing.T) {
 	b := secondNode(t)
-	claim(t, "follow", fs, rwo)
-	writer := startPod(t, podSpec{name: "follow-writer", claims: []string{"follow"}, node: b.node})
-	v := boundVolume(t, "follow")
-	if v.n != b {
-		t.Fatalf("the volume of a pod scheduled to %s was provisioned on %s", b.node, v.n.node)
-	}
+	writer, v := claimOn(t, b, "follow")
 	if _, err := os.Stat(v.image()); err != nil {
 		t.Errorf("no image on %s: %v", b.node, err)
 	}
@@ -290,12 +299,7 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 // snapshot is, picked the other node again at every retry in a run here.)
 func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 	b := secondNode(t)
-	claim(t, "far-src", fs, rwo)
-	writer := startPod(t, podSpec{name: "far-writer", claims: []string{"far-src"}, node: b.node})
-	src := boundVolume(t, "far-src")
-	if src.n != b {
-		t.Fatalf("the volume of a pod scheduled to %s was provisioned on %s", b.node, src.n.node)
-	}
+	writer, src := claimOn(t, b, "far-src")
 	mustExec(t, writer.Name, "echo from-"+b.node+" > "+dataDir+"/f && sync")
 	volumeSnapshot(t, "far-snap", "far-src")
 
