@@ -120,11 +120,13 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
 }
 
-// CreateVolume creates an image named after the volume, thick (every block
+// CreateVolume creates an image for the volume, thick (every block
 // allocated) unless the parameters ask for a thin one, once the data
-// directory can promise its size. It is idempotent by name: an existing
-// image within the capacity range and of the same provisioning is
-// returned; another is ALREADY_EXISTS.
+// directory can promise its size. The volume's ID is its name and this
+// node's (localID), the image named after it. It is idempotent by name: an
+// existing volume of that name within the capacity range and of the same
+// provisioning is returned; another is ALREADY_EXISTS. A volume made
+// before volume IDs named their node keeps its name as its ID.
 func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	name := req.GetName()
 	if name == "" {
@@ -132,6 +134,13 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	if err := state.ValidID(name); err != nil {
 		return nil, state.Errorf(state.KindInvalidArgument, "name: %w", err)
+	}
+	id := c.localID(name)
+	if state.ValidID(id) != nil || c.legacy(name, id) {
+		// An ID that cannot hold the node's name beside this one (a node
+		// name over about 110 bytes), or a volume made before IDs named
+		// their node: the ID is the name.
+		id = name
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return nil, err
@@ -178,7 +187,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 		snap = &info
 	case src.GetVolume() != nil:
-		if _, err := c.images.Size(name); err == nil {
+		if _, err := c.images.Size(id); err == nil {
 			break // made already: answered below, as any volume is
 		}
 		info, done, err := c.cloneSource(ctx, src.GetVolume().GetVolumeId(), name)
@@ -211,23 +220,28 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	v, err := c.store.Get(name)
+	v, err := c.store.Get(id)
 	if err == nil && v.Removing {
 		// A deletion of the name that a crash interrupted: its image is
 		// not this volume's.
-		if err := c.finishRemoval(name); err != nil {
+		if err := c.finishRemoval(id); err != nil {
 			return nil, err
 		}
 		v = nil
 	}
-	if cur, err := c.images.Size(name); err == nil {
+	if cur, err := c.images.Size(id); err == nil {
+		if id != name && (v == nil || v.Name != name) {
+			// The image of another volume: one made before volume IDs
+			// named their node, under a name that is this one's ID.
+			return nil, state.Errorf(state.KindAlreadyExists, "volume ID %s of the name %s is taken by another volume", id, name)
+		}
 		if cur < required || limit > 0 && cur > limit {
 			return nil, state.Errorf(state.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", name, cur, required, limit)
 		}
 		if v != nil && v.Provisioning != "" && v.Provisioning != prov {
 			return nil, state.Errorf(state.KindAlreadyExists, "volume %s exists as a %s volume, %s was asked for", name, v.Provisioning, prov)
 		}
-		return c.response(name, cur, volumeContext, req.GetVolumeContentSource()), nil
+		return c.response(id, cur, volumeContext, req.GetVolumeContentSource()), nil
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", name, err)
 	}
@@ -238,20 +252,39 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	// another provisioning than it was made with; a crash before the image
 	// leaves a record that accounts for nothing, and the retry of the
 	// request makes the image.
-	if _, err := c.store.Update(name, func(v *state.Volume) error { v.Provisioning = prov; return nil }); err != nil {
+	// The name too: it tells this volume's image from one that a volume
+	// made before IDs named their node left under this ID.
+	if _, err := c.store.Update(id, func(v *state.Volume) error {
+		v.Provisioning = prov
+		if id != name {
+			v.Name = name
+		}
+		return nil
+	}); err != nil {
 		return nil, nodeserver.Status(err)
 	}
 	if snap != nil {
-		err = c.restore(ctx, name, *snap, size, prov == state.ProvisionThick)
-	} else if err = c.images.Create(name, size, prov == state.ProvisionThick); err != nil {
-		err = imageError(err, "creating volume %s", name)
+		err = c.restore(ctx, id, *snap, size, prov == state.ProvisionThick)
+	} else if err = c.images.Create(id, size, prov == state.ProvisionThick); err != nil {
+		err = imageError(err, "creating volume %s", id)
 	}
 	if err != nil {
-		c.store.Update(name, func(v *state.Volume) error { v.Provisioning = ""; return nil })
+		c.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name = "", ""; return nil })
 		return nil, err
 	}
-	klog.V(2).InfoS("Created volume", "volumeID", name, "bytes", size, "provisioning", prov)
-	return c.response(name, size, volumeContext, req.GetVolumeContentSource()), nil
+	klog.V(2).InfoS("Created volume", "volumeID", id, "name", name, "bytes", size, "provisioning", prov)
+	return c.response(id, size, volumeContext, req.GetVolumeContentSource()), nil
+}
+
+// legacy reports whether the volume named name was made before volume IDs
+// named their node: it has no image under id, the ID it would have now,
+// and an image under its name.
+func (c *Controller) legacy(name, id string) bool {
+	if _, err := c.images.Size(id); !errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	_, err := c.images.Size(name)
+	return err == nil
 }
 
 // imageError classifies a failure to size an image: no space is

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -36,12 +37,15 @@ var capMount = []*csi.VolumeCapability{{
 	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 }}
 
-func create(t *testing.T, c csi.ControllerServer, name string) {
+// create makes a thick volume named name and returns its ID.
+func create(t *testing.T, c csi.ControllerServer, name string) string {
 	t.Helper()
-	if _, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}}); err != nil {
+	resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}})
+	if err != nil {
 		t.Fatal(err)
 	}
+	return resp.GetVolume().GetVolumeId()
 }
 
 // TestDeleteVolumeMarksBeforeItRemoves checks the deletion of a volume's
@@ -51,45 +55,47 @@ func create(t *testing.T, c csi.ControllerServer, name string) {
 // made again under the name never inherits the old one's provenance.
 func TestDeleteVolumeMarksBeforeItRemoves(t *testing.T) {
 	c, store, images := newController(t)
-	create(t, c, "v")
-	if _, err := store.Update("v", func(v *state.Volume) error {
+	id := create(t, c, "v")
+	if _, err := store.Update(id, func(v *state.Volume) error {
 		v.Stage, v.Formatted = &state.Stage{Path: "/k/s"}, "ext4"
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: "v"})
+	_, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: id})
 	if code := status.Code(nodeserver.Status(err)); code != codes.FailedPrecondition {
 		t.Errorf("deleting a staged volume: %v, want FailedPrecondition", err)
 	}
-	if _, err := images.Size("v"); err != nil {
+	if _, err := images.Size(id); err != nil {
 		t.Errorf("the image of a staged volume went: %v", err)
 	}
 
 	// A crash after the mark, before the image went: the record holds
 	// the mark and the old provenance, the image is still there.
-	if _, err := store.Update("v", func(v *state.Volume) error {
+	if _, err := store.Update(id, func(v *state.Volume) error {
 		v.Stage = nil
 		return v.StartRemoval()
 	}); err != nil {
 		t.Fatal(err)
 	}
-	create(t, c, "v")
-	v, err := store.Get("v")
+	if again := create(t, c, "v"); again != id {
+		t.Errorf("the name made again: ID %s, want %s", again, id)
+	}
+	v, err := store.Get(id)
 	if err != nil || v.Removing || v.Formatted != "" || v.Provisioning != state.ProvisionThick {
 		t.Errorf("after CreateVolume finished an interrupted deletion, the record is %+v (%v), want a new thick volume's", v, err)
 	}
 
-	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: "v"}); err != nil {
+	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := images.Size("v"); !errors.Is(err, os.ErrNotExist) {
+	if _, err := images.Size(id); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("image after DeleteVolume: %v", err)
 	}
-	if _, err := store.Get("v"); !errors.Is(err, state.ErrNotFound) {
+	if _, err := store.Get(id); !errors.Is(err, state.ErrNotFound) {
 		t.Errorf("record after DeleteVolume: %v", err)
 	}
-	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: "v"}); err != nil {
+	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Errorf("deleting again: %v", err)
 	}
 }
@@ -100,7 +106,7 @@ func TestDeleteVolumeMarksBeforeItRemoves(t *testing.T) {
 // with the image as it was.
 func TestGrowImage(t *testing.T) {
 	c, _, images := newController(t)
-	create(t, c, "v")
+	v := create(t, c, "v")
 	total, free, err := images.Capacity()
 	if err != nil {
 		t.Fatal(err)
@@ -112,10 +118,10 @@ func TestGrowImage(t *testing.T) {
 		want     int64
 		wantKind state.Kind // of the error; KindInternal for none
 	}{
-		{name: "grows, rounded to whole blocks", id: "v", size: 2*MinVolumeSize + 1, want: 2*MinVolumeSize + sizeAlign},
-		{name: "never shrinks", id: "v", size: MinVolumeSize, want: 2*MinVolumeSize + sizeAlign},
-		{name: "more than is free", id: "v", size: free + (64 << 20), wantKind: state.KindResourceExhausted},
-		{name: "more than the filesystem", id: "v", size: total + (1 << 30), wantKind: state.KindOutOfRange},
+		{name: "grows, rounded to whole blocks", id: v, size: 2*MinVolumeSize + 1, want: 2*MinVolumeSize + sizeAlign},
+		{name: "never shrinks", id: v, size: MinVolumeSize, want: 2*MinVolumeSize + sizeAlign},
+		{name: "more than is free", id: v, size: free + (64 << 20), wantKind: state.KindResourceExhausted},
+		{name: "more than the filesystem", id: v, size: total + (1 << 30), wantKind: state.KindOutOfRange},
 		{name: "unknown volume", id: "nope", size: 2 * MinVolumeSize, wantKind: state.KindNotFound},
 	}
 	for _, tc := range tests {
@@ -148,16 +154,18 @@ func TestGrowImage(t *testing.T) {
 	}
 
 	// A thin volume grows without allocating.
-	if _, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "thin", VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{ProvisioningKey: "thin"}}); err != nil {
+	resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "thin", VolumeCapabilities: capMount,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{ProvisioningKey: "thin"}})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.GrowImage("thin", 4*MinVolumeSize); err != nil {
+	thin := resp.GetVolume().GetVolumeId()
+	if _, err := c.GrowImage(thin, 4*MinVolumeSize); err != nil {
 		t.Fatal(err)
 	}
 	usages, _ = images.Usages()
 	for _, u := range usages {
-		if u.ID == "thin" && (u.Size != 4*MinVolumeSize || u.Allocated >= u.Size) {
+		if u.ID == thin && (u.Size != 4*MinVolumeSize || u.Allocated >= u.Size) {
 			t.Errorf("thin image after growth: %d of %d bytes allocated, want a sparse %d", u.Allocated, u.Size, 4*MinVolumeSize)
 		}
 	}
@@ -169,16 +177,16 @@ func TestGrowImage(t *testing.T) {
 // for and leaves the whole growth to its node, and bad input is refused.
 func TestControllerExpandVolume(t *testing.T) {
 	c, _, images := newController(t)
-	create(t, c, "v")
+	v := create(t, c, "v")
 	expand := func(id string, required, limit int64) (*csi.ControllerExpandVolumeResponse, error) {
 		return c.ControllerExpandVolume(t.Context(), &csi.ControllerExpandVolumeRequest{VolumeId: id,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit}})
 	}
-	resp, err := expand("v", 2*MinVolumeSize, 0)
+	resp, err := expand(v, 2*MinVolumeSize, 0)
 	if err != nil || resp.GetCapacityBytes() != 2*MinVolumeSize || !resp.GetNodeExpansionRequired() {
 		t.Errorf("a volume of this node: got %v, %v; want %d bytes and node expansion", resp, err, 2*MinVolumeSize)
 	}
-	if size, _ := images.Size("v"); size != 2*MinVolumeSize {
+	if size, _ := images.Size(v); size != 2*MinVolumeSize {
 		t.Errorf("its image: %d bytes, want %d", size, 2*MinVolumeSize)
 	}
 	resp, err = expand("elsewhere", 3*MinVolumeSize, 0)
@@ -196,11 +204,56 @@ func TestControllerExpandVolume(t *testing.T) {
 	}{
 		{"no ID", "", 1 << 30, 0, state.KindInvalidArgument},
 		{"an ID no volume can have", "../v", 1 << 30, 0, state.KindNotFound},
-		{"8 EiB", "v", 1<<63 - 1, 0, state.KindOutOfRange},
-		{"a limit below the volume's size", "v", MinVolumeSize, MinVolumeSize, state.KindOutOfRange},
+		{"8 EiB", v, 1<<63 - 1, 0, state.KindOutOfRange},
+		{"a limit below the volume's size", v, MinVolumeSize, MinVolumeSize, state.KindOutOfRange},
 	} {
 		if _, err := expand(tc.id, tc.required, tc.limit); state.AsError(err) == nil || state.AsError(err).Kind != tc.want {
 			t.Errorf("%s: got %v, want %s", tc.name, err, tc.want)
+		}
+	}
+}
+
+// TestVolumeIDsNameTheirNode checks that a volume's ID is its name and its
+// node's, that a volume made before (its ID its name) is found by its name
+// and keeps its ID, that a name whose ID such a volume holds is refused,
+// and that a clone of a volume of another node is RESOURCE_EXHAUSTED
+// naming that node, of a volume no node has NOT_FOUND.
+func TestVolumeIDsNameTheirNode(t *testing.T) {
+	c, _, images := newController(t)
+	if id := create(t, c, "v"); id != "v_node" || nodeOf(id) != "node" {
+		t.Errorf("ID of v: got %s (node %q), want v_node", id, nodeOf(id))
+	}
+	// Made by a converge whose volume IDs were their names.
+	for _, old := range []string{"old", "a_node"} {
+		if err := images.Create(old, MinVolumeSize, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if id := create(t, c, "old"); id != "old" {
+		t.Errorf("CreateVolume of a volume made before: ID %s, want old", id)
+	}
+	_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: capMount,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}})
+	if status.Code(nodeserver.Status(err)) != codes.AlreadyExists {
+		t.Errorf("a name whose ID an older volume holds: got %v, want ALREADY_EXISTS", err)
+	}
+	// A node whose name leaves no room for any name: IDs are names.
+	long := New(images, c.store, map[string]string{TopologyKey: strings.Repeat("n", 127)}, c.opts)
+	if id := create(t, long, "w"); id != "w" {
+		t.Errorf("ID on a node of a 127-byte name: got %s, want w", id)
+	}
+	serveSnapshots(t, c, images)
+	for _, tc := range []struct {
+		source string
+		want   codes.Code
+	}{
+		{"w_other", codes.ResourceExhausted},
+		{"nowhere", codes.NotFound},
+	} {
+		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: capMount,
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: tc.source}}}})
+		if status.Code(nodeserver.Status(err)) != tc.want || tc.want == codes.ResourceExhausted && !strings.Contains(err.Error(), "node other") {
+			t.Errorf("a clone of %s: got %v, want %s", tc.source, err, tc.want)
 		}
 	}
 }

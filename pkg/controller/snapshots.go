@@ -3,8 +3,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"fmt"
-	"hash/fnv"
 	"os"
 	"sort"
 	"strings"
@@ -19,11 +17,6 @@ import (
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
-
-// snapshotNodeSep separates a snapshot's name from the name of the node
-// it lives on in the snapshot's ID: Kubernetes node names (DNS subdomains)
-// never hold it, so the node is what follows the last one.
-const snapshotNodeSep = "_"
 
 // Snapshotter asks the node's reconciler for snapshots: it records the
 // intent, then waits for the snapshot to be taken.
@@ -80,34 +73,6 @@ func (c *Controller) ServeSnapshots(snaps *devices.Snapshots, taker Snapshotter)
 	c.snapshots = &snapshotService{snaps: snaps, taker: taker}
 }
 
-// snapshotID returns the ID of the snapshot named name on this node: the
-// name and the node's name. A name too long for both keeps what fits of
-// it and a hash of the whole (names differ in their end as often as in
-// their start).
-func (c *Controller) snapshotID(name string) string {
-	suffix := snapshotNodeSep + c.topology[TopologyKey]
-	if len(name)+len(suffix) <= state.MaxIDLength {
-		return name + suffix
-	}
-	h := fnv.New64a()
-	h.Write([]byte(name))
-	sum := fmt.Sprintf("%016x", h.Sum64())
-	keep := state.MaxIDLength - len(suffix) - len(sum) - 1
-	if keep < 1 {
-		return name + suffix // the node's name alone is too long: refused
-	}
-	return name[:keep] + "-" + sum + suffix
-}
-
-// snapshotNode returns the node a snapshot ID names.
-func snapshotNode(id string) string {
-	i := strings.LastIndex(id, snapshotNodeSep)
-	if i < 0 {
-		return ""
-	}
-	return id[i+1:]
-}
-
 // CreateSnapshot takes a snapshot of a volume of this node, idempotent by
 // name: the snapshot of that name of the same volume is returned, of
 // another volume ALREADY_EXISTS. The reconciler takes it (see
@@ -132,7 +97,7 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}
-	id := c.snapshotID(name)
+	id := c.localID(name)
 	if err := state.ValidID(id); err != nil {
 		return nil, state.Errorf(state.KindInvalidArgument, "snapshot name %q: as the ID %q: %v", name, id, err)
 	}
@@ -194,8 +159,8 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 // cloneSource takes a snapshot of volume source to make volume name from
 // (a clone is a restore of a snapshot taken for it), under an ID that is
 // never listed and that a start-up removes should a crash leave it; done
-// deletes it. A volume whose image is not here is NOT_FOUND (its ID does
-// not say which node has it).
+// deletes it. A volume whose image is not here is RESOURCE_EXHAUSTED
+// naming its node when its ID names another, NOT_FOUND otherwise.
 func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, done func(), err error) {
 	s := c.snapshots
 	if s == nil {
@@ -208,6 +173,10 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 		return devices.SnapshotInfo{}, nil, state.NotFound(source)
 	}
 	if _, err := c.images.Size(source); errors.Is(err, os.ErrNotExist) {
+		if node := nodeOf(source); node != "" && node != c.topology[TopologyKey] {
+			// The scheduler may try another node.
+			return devices.SnapshotInfo{}, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[TopologyKey])
+		}
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[TopologyKey])
 	}
 	id := s.snaps.TempID("clone-" + name)
@@ -407,7 +376,7 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, error) {
 	if state.ValidID(id) != nil {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindNotFound, "snapshot %s not found", id)
 	}
-	if node := snapshotNode(id); node != "" && node != c.topology[TopologyKey] {
+	if node := nodeOf(id); node != "" && node != c.topology[TopologyKey] {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[TopologyKey])
 	}
 	info, err := s.snaps.Get(id)

@@ -49,12 +49,12 @@ func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instan
 func TestSnapshotIDs(t *testing.T) {
 	c, _, images := newController(t)
 	serveSnapshots(t, c, images)
-	if got := c.snapshotID("s1"); got != "s1_node" || snapshotNode(got) != "node" {
-		t.Errorf("snapshotID(s1): got %q (node %q), want s1_node", got, snapshotNode(got))
+	if got := c.localID("s1"); got != "s1_node" || nodeOf(got) != "node" {
+		t.Errorf("localID(s1): got %q (node %q), want s1_node", got, nodeOf(got))
 	}
 	long1, long2 := strings.Repeat("a", 128), strings.Repeat("a", 127)+"b"
-	id1, id2 := c.snapshotID(long1), c.snapshotID(long2)
-	if state.ValidID(id1) != nil || state.ValidID(id2) != nil || id1 == id2 || snapshotNode(id1) != "node" {
+	id1, id2 := c.localID(long1), c.localID(long2)
+	if state.ValidID(id1) != nil || state.ValidID(id2) != nil || id1 == id2 || nodeOf(id1) != "node" {
 		t.Errorf("long names: got IDs %q and %q, want two valid, distinct IDs of node", id1, id2)
 	}
 	_, err := c.restoreSource("s1_elsewhere")
@@ -69,8 +69,8 @@ func TestSnapshotIDs(t *testing.T) {
 func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	c, _, images := newController(t)
 	serveSnapshots(t, c, images)
-	create(t, c, "v1")
-	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: "v1"})
+	v1 := create(t, c, "v1")
+	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,11 +96,11 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 func TestSnapshotTopology(t *testing.T) {
 	c, _, images := newController(t)
 	taker := serveSnapshots(t, c, images)
-	create(t, c, "v1")
+	v1 := create(t, c, "v1")
 	here := &csi.Topology{Segments: map[string]string{TopologyKey: "node"}}
 	elsewhere := &csi.Topology{Segments: map[string]string{TopologyKey: "other"}}
 
-	_, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s0", SourceVolumeId: "v1",
+	_, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s0", SourceVolumeId: v1,
 		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{elsewhere}}})
 	if status.Code(nodeserver.Status(err)) != codes.ResourceExhausted || !strings.Contains(err.Error(), "node") {
 		t.Errorf("requisite of another node: got %v, want RESOURCE_EXHAUSTED naming this node", err)
@@ -109,7 +109,7 @@ func TestSnapshotTopology(t *testing.T) {
 		t.Errorf("requisite of another node: the reconciler was asked for %v, want nothing", taker.asked)
 	}
 
-	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: "v1",
+	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1,
 		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{elsewhere, here}, Preferred: []*csi.Topology{here}}})
 	if err != nil {
 		t.Fatal(err)
@@ -133,8 +133,8 @@ func TestSnapshotTopology(t *testing.T) {
 func TestSnapshotAskedIsPromised(t *testing.T) {
 	c, store, images := newController(t)
 	serveSnapshots(t, c, images) // copies sparsely: the image's blocks
-	create(t, c, "v1")           // thick: every block allocated
-	u, err := images.Usage("v1")
+	v1 := create(t, c, "v1")     // thick: every block allocated
+	u, err := images.Usage(v1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Update("v1", func(v *state.Volume) error {
+	if _, err := store.Update(v1, func(v *state.Volume) error {
 		v.Snapshots = map[string]*state.SnapshotIntent{"s1_node": {Generation: 1}}
 		return nil
 	}); err != nil {
@@ -160,7 +160,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if drop := before.ThickAvailable() - during.ThickAvailable(); drop < u.Allocated/2 {
 		t.Errorf("a snapshot asked for: thick available dropped by %d bytes, want about %d", drop, u.Allocated)
 	}
-	if _, err := store.Update("v1", func(v *state.Volume) error { v.Snapshots = nil; return nil }); err != nil {
+	if _, err := store.Update(v1, func(v *state.Volume) error { v.Snapshots = nil; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	after, _, err := c.account()

@@ -34,8 +34,9 @@ func logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler 
 		// Every line of the call names its volume, so one grep follows it.
 		logger = logger.WithValues("volumeID", v.GetVolumeId())
 	} else if v, ok := req.(*csi.CreateVolumeRequest); ok && v.GetName() != "" {
-		// The name a volume is created with is its ID.
-		logger = logger.WithValues("volumeID", v.GetName())
+		// A volume is created under a name; its ID is the name and the
+		// node's.
+		logger = logger.WithValues("volumeName", v.GetName())
 	}
 	if logger.V(5).Enabled() {
 		logger.V(5).Info("Request", "body", protosanitizer.StripSecrets(req).String())

@@ -133,6 +133,10 @@ type Volume struct {
 	// is accounted at its full size and made thick at its next stage when
 	// the space is there) and for a static volume.
 	Provisioning Provisioning `json:"provisioning,omitempty"`
+	// Name is the name CreateVolume made the volume under, which its ID
+	// holds with the node's name; empty for a volume made before volume
+	// IDs named their node (its ID is its name) and for a static volume.
+	Name string `json:"name,omitempty"`
 	// Snapshots maps the ID of each snapshot asked of the volume and not
 	// yet taken to its intent. A snapshot once taken is a file of its own,
 	// which outlives the volume, and its intent is forgotten.
@@ -164,7 +168,7 @@ type Expand struct {
 // Empty reports whether the record holds nothing worth keeping.
 func (v *Volume) Empty() bool {
 	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing && v.Provisioning == "" &&
-		len(v.Snapshots) == 0 && v.Frozen == ""
+		v.Name == "" && len(v.Snapshots) == 0 && v.Frozen == ""
 }
 
 // Staged reports whether the node holds an intent for the volume: a stage

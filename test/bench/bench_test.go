@@ -155,11 +155,13 @@ type plugin struct {
 
 func (p plugin) vol(id string) vol { return newVol(p.Root, p.DataDir, id) }
 
-func (p plugin) create(b testing.TB, id string) {
-	_, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: id, CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+// create makes a volume named name and returns its ID.
+func (p plugin) create(b testing.TB, name string) string {
+	resp, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 	if err != nil {
 		b.Fatal(err)
 	}
+	return resp.GetVolume().GetVolumeId()
 }
 
 func (p plugin) stage(v vol) error {
@@ -239,8 +241,7 @@ func BenchmarkOneVolume(b *testing.B) {
 	for b.Loop() {
 		for i := range rounds {
 			id := fmt.Sprintf("one-%d-%d", b.N, i)
-			cv := p.vol(id)
-			p.create(b, id)
+			cv := p.vol(p.create(b, id))
 			cv.dirs(b)
 			d1, err := timed(func() error { return p.stage(cv) })
 			if err != nil {
@@ -358,8 +359,7 @@ func BenchmarkBurst(b *testing.B) {
 		cvols := make([]vol, n)
 		for i := range cvols {
 			id := fmt.Sprintf("burst-%d-%d", b.N, i)
-			p.create(b, id)
-			cvols[i] = p.vol(id)
+			cvols[i] = p.vol(p.create(b, id))
 			cvols[i].dirs(b)
 		}
 		cWall, cLat := burst(b, cvols, func(v vol) error {
@@ -466,8 +466,7 @@ func BenchmarkThousandVolumes(b *testing.B) {
 	vols := make([]vol, n)
 	for i := range vols {
 		id := fmt.Sprintf("k-%04d", i)
-		p.create(b, id)
-		vols[i] = p.vol(id)
+		vols[i] = p.vol(p.create(b, id))
 		vols[i].dirs(b)
 	}
 	for b.Loop() {
@@ -569,10 +568,12 @@ func BenchmarkCreateVolume(b *testing.B) {
 		size   = 10 << 30
 	)
 	p := start(b)
-	create := func(id, prov string) error {
-		_, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: id,
+	// create makes the volume named name and sets id to its ID.
+	create := func(name, prov string, id *string) error {
+		resp, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
 			Parameters: map[string]string{"converge.csi.dev/provisioning": prov}})
+		*id = resp.GetVolume().GetVolumeId()
 		return err
 	}
 	remove := func(id string) error {
@@ -583,8 +584,8 @@ func BenchmarkCreateVolume(b *testing.B) {
 	for b.Loop() {
 		for i := range rounds {
 			for _, prov := range []string{"thick", "thin"} {
-				id := fmt.Sprintf("create-%s-%d-%d", prov, b.N, i)
-				d, err := timed(func() error { return create(id, prov) })
+				var id string
+				d, err := timed(func() error { return create(fmt.Sprintf("create-%s-%d-%d", prov, b.N, i), prov, &id) })
 				if err != nil {
 					b.Fatal(err)
 				}

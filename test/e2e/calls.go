@@ -19,8 +19,9 @@ type call struct {
 func (c call) String() string { return fmt.Sprintf("%s(%s) = %s", c.method, c.volume, c.code) }
 
 var (
-	callLine   = regexp.MustCompile(`"Call (succeeded|failed)".*method="/csi\.v1\.[A-Za-z]+/([A-Za-z]+)"`)
-	volumeAttr = regexp.MustCompile(`volumeID="([^"]+)"`)
+	callLine = regexp.MustCompile(`"Call (succeeded|failed)".*method="/csi\.v1\.[A-Za-z]+/([A-Za-z]+)"`)
+	// A CreateVolume names the volume it makes by its name.
+	volumeAttr = regexp.MustCompile(`(?:volumeID|volumeName)="([^"]+)"`)
 	codeAttr   = regexp.MustCompile(`code="([^"]+)"`)
 	msgAttr    = regexp.MustCompile(`message="((?:[^"\\]|\\.)*)"`)
 )

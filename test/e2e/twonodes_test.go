@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -288,15 +289,16 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 	release(t, va, "on-a", podA.Name)
 }
 
-// A snapshot lives on its volume's node, and a claim restored from it is
-// made there. A pod of the restored claim that may only run on the other
-// node is never given it: that node's csi-node answers RESOURCE_EXHAUSTED
-// naming the snapshot's node, the claim's selected node is dropped (as
+// A snapshot lives on its volume's node, and a claim restored from it, or
+// cloned from the volume, is made there. A pod of such a claim that may
+// only run on the other node is never given it: that node's csi-node
+// answers RESOURCE_EXHAUSTED naming the source's node (the snapshot's or
+// the volume's ID names it), the claim's selected node is dropped (as
 // external-provisioner does), and nothing is made on the wrong node. A pod
-// given the snapshot's node, as the README says to, runs there and reads
-// what was written before the snapshot. (A pod free to go anywhere is not
-// enough on Kubernetes v1.36: its scheduler, which does not know where a
-// snapshot is, picked the other node again at every retry in a run here.)
+// given the source's node, as the README says to, runs there and reads
+// what was written before. (A pod free to go anywhere is not enough on
+// Kubernetes v1.36: its scheduler, which does not know where a snapshot
+// is, picked the other node again at every retry in a run here.)
 func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 	b := secondNode(t)
 	writer, src := claimOn(t, b, "far-src")
@@ -304,21 +306,59 @@ func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 	volumeSnapshot(t, "far-snap", "far-src")
 
 	claimFrom(t, "far-restored", "far-snap", true)
+	refusedAndRescheduled(t, "far-restored", b)
+	claimFrom(t, "far-clone", "far-src", false)
+	refusedAndRescheduled(t, "far-clone", b)
+
+	for _, made := range []string{"far-restored", "far-clone"} {
+		if made == "far-clone" {
+			// The second node's small data directory holds the source,
+			// the clone and the clone's own snapshot, not the snapshot
+			// taken before too.
+			if err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), "far-snap", metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			poll(t, time.Minute, "the snapshot deleted on "+b.node, func() (bool, string) {
+				entries, _ := os.ReadDir(filepath.Join(b.dataDir, "snapshots"))
+				return len(entries) == 0, fmt.Sprint(entries)
+			})
+		}
+		reader := startPod(t, podSpec{name: made + "-reader", claims: []string{made}, node: b.node})
+		v := boundVolume(t, made)
+		if v.n != b {
+			t.Errorf("%s was provisioned on %s, want %s", made, v.n.node, b.node)
+		}
+		if got := mustExec(t, reader.Name, "cat "+dataDir+"/f"); got != "from-"+b.node {
+			t.Errorf("%s holds %q", made, got)
+		}
+		release(t, v, made, reader.Name)
+	}
+	release(t, src, "far-src", writer.Name)
+}
+
+// refusedAndRescheduled binds a pod of claimName, which is to be made from
+// a volume or snapshot of node far, to the first node, and checks that the
+// first node's csi-node refuses the claim, RESOURCE_EXHAUSTED naming far,
+// that its selected node is dropped and selected again, that nothing is
+// made there and the claim stays Pending; then it deletes the pod.
+func refusedAndRescheduled(t *testing.T, claimName string, far *kubeNode) {
+	t.Helper()
 	ctx := context.Background()
-	pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "far-restored", metav1.GetOptions{})
+	pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claimName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	handle := "pvc-" + string(pvc.UID)
+	// The name the provisioner asks for the volume under.
+	name := "pvc-" + string(pvc.UID)
 	// The nodes selected for the claim, in turn ("" once dropped).
 	w, err := c.client.CoreV1().PersistentVolumeClaims(ns).Watch(ctx, metav1.ListOptions{
-		FieldSelector: "metadata.name=far-restored", ResourceVersion: pvc.ResourceVersion})
+		FieldSelector: "metadata.name=" + claimName, ResourceVersion: pvc.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Stop()
 	var selected []string
-	pinned := createPod(t, podSpec{name: "far-pinned", claims: []string{"far-restored"}, node: c.node})
+	pinned := createPod(t, podSpec{name: claimName + "-pinned", claims: []string{claimName}, node: c.node})
 	poll(t, 2*time.Minute, "the claim selected for "+c.node+", dropped, and selected again", func() (bool, string) {
 		for drained := false; !drained; {
 			select {
@@ -336,39 +376,28 @@ func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 		return slices.Equal(selected[:min(len(selected), 3)], []string{c.node, "", c.node}), fmt.Sprintf("%q", selected)
 	})
 	refused := 0
-	for _, call := range c.kubeNode.callsFor(t, handle) {
+	for _, call := range c.kubeNode.callsFor(t, name) {
 		if call.method != "CreateVolume" {
 			continue
 		}
-		if call.code != "ResourceExhausted" || !strings.Contains(call.msg, "on node "+b.node) {
-			t.Errorf("%s's csi-node answered %s (%s), want RESOURCE_EXHAUSTED naming %s", c.node, call, call.msg, b.node)
+		if call.code != "ResourceExhausted" || !strings.Contains(call.msg, "on node "+far.node) {
+			t.Errorf("%s's csi-node answered %s (%s), want RESOURCE_EXHAUSTED naming %s", c.node, call, call.msg, far.node)
 		}
 		refused++
 	}
 	if refused == 0 {
-		t.Errorf("%s's csi-node was never asked for the restored claim", c.node)
+		t.Errorf("%s's csi-node was never asked for %s", c.node, claimName)
 	}
-	if pvc, err = c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "far-restored", metav1.GetOptions{}); err != nil {
+	if pvc, err = c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claimName, metav1.GetOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if pvc.Status.Phase != corev1.ClaimPending {
-		t.Errorf("the claim restored from a snapshot of %s, for a pod bound to %s, is %s, want Pending", b.node, c.node, pvc.Status.Phase)
+		t.Errorf("%s, made from a volume of %s, for a pod bound to %s, is %s, want Pending", claimName, far.node, c.node, pvc.Status.Phase)
 	}
-	if _, err := os.Stat(c.kubeNode.image(handle)); err == nil {
-		t.Errorf("an image of the restored claim on %s", c.node)
+	if made, _ := filepath.Glob(filepath.Join(c.kubeNode.dataDir, name+"*")); len(made) > 0 {
+		t.Errorf("an image of %s on %s: %v", claimName, c.node, made)
 	}
 	deletePod(t, pinned.Name)
-
-	reader := startPod(t, podSpec{name: "far-reader", claims: []string{"far-restored"}, node: b.node})
-	v := boundVolume(t, "far-restored")
-	if v.n != b {
-		t.Errorf("the restored claim was provisioned on %s, want %s", v.n.node, b.node)
-	}
-	if got := mustExec(t, reader.Name, "cat "+dataDir+"/f"); got != "from-"+b.node {
-		t.Errorf("the restored claim holds %q", got)
-	}
-	release(t, v, "far-restored", reader.Name)
-	release(t, src, "far-src", writer.Name)
 }
 
 // xfsClass makes a StorageClass of converge volumes with xfs that may be

@@ -55,15 +55,20 @@ const (
 // vol is the kubelet's view of one volume: what it last asked for, and the
 // files it wrote and saw synced while the volume was published.
 type vol struct {
-	id, staging, target string
-	want                level
-	files               map[string]string
+	// name is the volume's name in CreateVolume, id its ID (vid).
+	name, id, staging, target string
+	want                      level
+	files                     map[string]string
 }
 
 type env struct {
 	t *testing.T
 	p *testenv.Plugin
 }
+
+// vid is the ID of the volume that CreateVolume made under name on the test
+// plugin's node: the name and the node's.
+func vid(name string) string { return name + "_" + testenv.NodeID }
 
 func envInt(name string, def int64) int64 {
 	if v, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil {
@@ -88,7 +93,7 @@ func (e *env) step(ctx context.Context, v *vol, from, to level) error {
 	var err error
 	switch {
 	case from == absent && to > absent:
-		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.id, CapacityRange: &csi.CapacityRange{RequiredBytes: volumeSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.name, CapacityRange: &csi.CapacityRange{RequiredBytes: volumeSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 	case from == created && to > created:
 		_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: rwo})
 	case from == staged && to > staged:
@@ -260,8 +265,10 @@ func TestKillAnywhere(t *testing.T) {
 	e := &env{t: t, p: p}
 	vols := make([]*vol, volumes)
 	for i := range vols {
-		id := fmt.Sprintf("fault-%d", i)
+		name := fmt.Sprintf("fault-%d", i)
+		id := vid(name)
 		vols[i] = &vol{
+			name:    name,
 			id:      id,
 			staging: filepath.Join(p.Root, "staging", id),
 			target:  filepath.Join(p.Root, "pods", id, "mount"),
@@ -360,7 +367,7 @@ func TestOrphanReleasedBeforeReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.Kill()
-	out, err := exec.Command("losetup", "-f", "--show", filepath.Join(p.DataDir, "orphan.img")).CombinedOutput()
+	out, err := exec.Command("losetup", "-f", "--show", filepath.Join(p.DataDir, vid("orphan")+".img")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("losetup: %v %s", err, out)
 	}

@@ -34,11 +34,12 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// setUp creates, stages and publishes a volume and writes a file to it.
-func setUp(t *testing.T, p *testenv.Plugin, id string) *vol {
+// setUp creates a volume named name, stages and publishes it and writes a
+// file to it.
+func setUp(t *testing.T, p *testenv.Plugin, name string) *vol {
 	t.Helper()
 	e := &env{t: t, p: p}
-	v := &vol{id: id, staging: filepath.Join(p.Root, "staging", id), target: filepath.Join(p.Root, "pods", id, "mount"), want: published}
+	v := &vol{name: name, id: vid(name), staging: filepath.Join(p.Root, "staging", name), target: filepath.Join(p.Root, "pods", name, "mount"), want: published}
 	for _, d := range []string{v.staging, filepath.Dir(v.target)} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
@@ -47,9 +48,9 @@ func setUp(t *testing.T, p *testenv.Plugin, id string) *vol {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := e.drive(ctx, v, absent); err != nil {
-		t.Fatalf("setting up %s: %v", id, err)
+		t.Fatalf("setting up %s: %v", name, err)
 	}
-	v.files = map[string]string{"data": "payload of " + id}
+	v.files = map[string]string{"data": "payload of " + name}
 	if err := writeSynced(filepath.Join(v.target, "data"), v.files["data"]); err != nil {
 		t.Fatal(err)
 	}

@@ -130,25 +130,25 @@ func createFrom(name string, source *csi.VolumeContentSource, size int64, params
 	}
 }
 
-// publishAndRead stages and publishes the created volume id, reads its
-// file "big", and tears it down and deletes it.
-func publishAndRead(t *testing.T, p *testenv.Plugin, id string) []byte {
+// publishAndRead stages and publishes the volume created under name, reads
+// its file "big", and tears it down and deletes it.
+func publishAndRead(t *testing.T, p *testenv.Plugin, name string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	e := &env{t: t, p: p}
-	r := &vol{id: id, staging: filepath.Join(p.Root, "staging", id), target: filepath.Join(p.Root, "pods", id, "mount"), want: published}
+	r := &vol{name: name, id: vid(name), staging: filepath.Join(p.Root, "staging", name), target: filepath.Join(p.Root, "pods", name, "mount"), want: published}
 	for _, d := range []string{r.staging, filepath.Dir(r.target)} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := e.drive(ctx, r, created); err != nil {
-		t.Fatalf("publishing %s: %v", id, err)
+		t.Fatalf("publishing %s: %v", name, err)
 	}
 	got, err := os.ReadFile(filepath.Join(r.target, "big"))
 	if err != nil {
-		t.Fatalf("reading %s: %v", id, err)
+		t.Fatalf("reading %s: %v", name, err)
 	}
 	r.want = absent
 	e.replay(r)
@@ -229,7 +229,7 @@ func TestKillDuringRestore(t *testing.T) {
 		readBack(t, v)
 		noTemps(t, when, p.DataDir)
 		noTemps(t, when, snapDir)
-		image := filepath.Join(p.DataDir, name+".img")
+		image := filepath.Join(p.DataDir, vid(name)+".img")
 		var st unix.Stat_t
 		switch err := unix.Stat(image, &st); {
 		case errors.Is(err, unix.ENOENT):

@@ -68,7 +68,7 @@ func diffTrees(before, after []string) (added, removed []string) {
 func TestAttackTable(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	create(t, p, "vol-a")
+	volA := create(t, p, "vol-a")
 	n, c := p.Node(), p.Controller()
 	staging := mkdir(t, filepath.Join(p.Root, "staging-a"))
 	pod := mkdir(t, filepath.Join(p.Root, "pod-a"))
@@ -99,7 +99,7 @@ func TestAttackTable(t *testing.T) {
 	}
 	stageCtx := func(vc map[string]string) func() error {
 		return func() error {
-			_, err := n.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "vol-a", StagingTargetPath: staging, VolumeCapability: rwo, VolumeContext: vc})
+			_, err := n.NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: volA, StagingTargetPath: staging, VolumeCapability: rwo, VolumeContext: vc})
 			return err
 		}
 	}
@@ -159,75 +159,75 @@ func TestAttackTable(t *testing.T) {
 		{"stage: space in ID", stageReq("vol a", staging, rwo), codes.InvalidArgument},
 		{"stage: unknown volume", stageReq("no-such-volume", staging, rwo), codes.NotFound},
 		// Paths.
-		{"stage: empty path", stageReq("vol-a", "", rwo), codes.InvalidArgument},
-		{"stage: relative path", stageReq("vol-a", "pods/staging-a", rwo), codes.InvalidArgument},
-		{"stage: dot-dot in path", stageReq("vol-a", staging+"/../staging-a", rwo), codes.InvalidArgument},
-		{"stage: trailing slash", stageReq("vol-a", staging+"/", rwo), codes.InvalidArgument},
-		{"stage: double slash", stageReq("vol-a", p.Root+"//staging-a", rwo), codes.InvalidArgument},
-		{"stage: outside the roots", stageReq("vol-a", outside, rwo), codes.InvalidArgument},
-		{"stage: /etc", stageReq("vol-a", "/etc", rwo), codes.InvalidArgument},
-		{"stage: the root itself", stageReq("vol-a", p.Root, rwo), codes.InvalidArgument},
-		{"stage: sibling sharing the root's prefix", stageReq("vol-a", p.Root+"-evil/x", rwo), codes.InvalidArgument},
-		{"stage: NUL in path", stageReq("vol-a", staging+"\x00/x", rwo), codes.InvalidArgument},
-		{"stage: path over PATH_MAX", stageReq("vol-a", deep, rwo), codes.InvalidArgument},
-		{"stage: symlinked component", stageReq("vol-a", filepath.Join(link, "x"), rwo), codes.InvalidArgument},
-		{"stage: path is a symlink", stageReq("vol-a", link, rwo), codes.InvalidArgument},
-		{"stage: missing directory", stageReq("vol-a", filepath.Join(p.Root, "nowhere"), rwo), codes.FailedPrecondition},
+		{"stage: empty path", stageReq(volA, "", rwo), codes.InvalidArgument},
+		{"stage: relative path", stageReq(volA, "pods/staging-a", rwo), codes.InvalidArgument},
+		{"stage: dot-dot in path", stageReq(volA, staging+"/../staging-a", rwo), codes.InvalidArgument},
+		{"stage: trailing slash", stageReq(volA, staging+"/", rwo), codes.InvalidArgument},
+		{"stage: double slash", stageReq(volA, p.Root+"//staging-a", rwo), codes.InvalidArgument},
+		{"stage: outside the roots", stageReq(volA, outside, rwo), codes.InvalidArgument},
+		{"stage: /etc", stageReq(volA, "/etc", rwo), codes.InvalidArgument},
+		{"stage: the root itself", stageReq(volA, p.Root, rwo), codes.InvalidArgument},
+		{"stage: sibling sharing the root's prefix", stageReq(volA, p.Root+"-evil/x", rwo), codes.InvalidArgument},
+		{"stage: NUL in path", stageReq(volA, staging+"\x00/x", rwo), codes.InvalidArgument},
+		{"stage: path over PATH_MAX", stageReq(volA, deep, rwo), codes.InvalidArgument},
+		{"stage: symlinked component", stageReq(volA, filepath.Join(link, "x"), rwo), codes.InvalidArgument},
+		{"stage: path is a symlink", stageReq(volA, link, rwo), codes.InvalidArgument},
+		{"stage: missing directory", stageReq(volA, filepath.Join(p.Root, "nowhere"), rwo), codes.FailedPrecondition},
 		// Capabilities and parameters.
-		{"stage: no capability", stageReq("vol-a", staging, nil), codes.InvalidArgument},
-		{"stage: no access type", stageReq("vol-a", staging, noAccessType), codes.InvalidArgument},
-		{"stage: no access mode", stageReq("vol-a", staging, &csi.VolumeCapability{AccessType: rwo.AccessType}), codes.InvalidArgument},
-		{"stage: multi-node mode", stageReq("vol-a", staging, mode(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)), codes.InvalidArgument},
-		{"stage: unknown fs type", stageReq("vol-a", staging, mountCap("ntfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
-		{"stage: fs type with a space", stageReq("vol-a", staging, mountCap("ext4 ", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
-		{"stage: fs type as mount option", stageReq("vol-a", staging, mountCap("ext4,loop", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
-		{"stage: flag bind", stageReq("vol-a", staging, flags("bind")), codes.InvalidArgument},
-		{"stage: flag rbind", stageReq("vol-a", staging, flags("rbind")), codes.InvalidArgument},
-		{"stage: flag remount", stageReq("vol-a", staging, flags("remount")), codes.InvalidArgument},
-		{"stage: flag move", stageReq("vol-a", staging, flags("move")), codes.InvalidArgument},
-		{"stage: flag loop", stageReq("vol-a", staging, flags("loop=/dev/loop7")), codes.InvalidArgument},
-		{"stage: helper option", stageReq("vol-a", staging, flags("helper=/bin/sh")), codes.InvalidArgument},
-		{"stage: x-mount.mkdir", stageReq("vol-a", staging, flags("x-mount.mkdir")), codes.InvalidArgument},
-		{"stage: comma smuggles bind", stageReq("vol-a", staging, flags("ro,bind")), codes.InvalidArgument},
-		{"stage: newline in flag", stageReq("vol-a", staging, flags("noatime\nbind")), codes.InvalidArgument},
-		{"stage: NUL in flag", stageReq("vol-a", staging, flags("noatime\x00bind")), codes.InvalidArgument},
-		{"stage: flag names a device", stageReq("vol-a", staging, flags("data=/dev/sda")), codes.InvalidArgument},
-		{"stage: journal on another device", stageReq("vol-a", staging, flags("journal_path=/dev/sdb")), codes.InvalidArgument},
-		{"stage: unquoted label with comma", stageReq("vol-a", staging, flags("context=a,bind")), codes.InvalidArgument},
-		{"stage: empty flag", stageReq("vol-a", staging, flags("")), codes.InvalidArgument},
-		{"stage: oversized flag", stageReq("vol-a", staging, flags("context=\""+strings.Repeat("x", 300)+"\"")), codes.InvalidArgument},
-		{"stage: 65 flags", stageReq("vol-a", staging, flags(strings.Split(strings.Repeat("noatime ", 65), " ")[:65]...)), codes.InvalidArgument},
+		{"stage: no capability", stageReq(volA, staging, nil), codes.InvalidArgument},
+		{"stage: no access type", stageReq(volA, staging, noAccessType), codes.InvalidArgument},
+		{"stage: no access mode", stageReq(volA, staging, &csi.VolumeCapability{AccessType: rwo.AccessType}), codes.InvalidArgument},
+		{"stage: multi-node mode", stageReq(volA, staging, mode(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)), codes.InvalidArgument},
+		{"stage: unknown fs type", stageReq(volA, staging, mountCap("ntfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
+		{"stage: fs type with a space", stageReq(volA, staging, mountCap("ext4 ", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
+		{"stage: fs type as mount option", stageReq(volA, staging, mountCap("ext4,loop", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)), codes.InvalidArgument},
+		{"stage: flag bind", stageReq(volA, staging, flags("bind")), codes.InvalidArgument},
+		{"stage: flag rbind", stageReq(volA, staging, flags("rbind")), codes.InvalidArgument},
+		{"stage: flag remount", stageReq(volA, staging, flags("remount")), codes.InvalidArgument},
+		{"stage: flag move", stageReq(volA, staging, flags("move")), codes.InvalidArgument},
+		{"stage: flag loop", stageReq(volA, staging, flags("loop=/dev/loop7")), codes.InvalidArgument},
+		{"stage: helper option", stageReq(volA, staging, flags("helper=/bin/sh")), codes.InvalidArgument},
+		{"stage: x-mount.mkdir", stageReq(volA, staging, flags("x-mount.mkdir")), codes.InvalidArgument},
+		{"stage: comma smuggles bind", stageReq(volA, staging, flags("ro,bind")), codes.InvalidArgument},
+		{"stage: newline in flag", stageReq(volA, staging, flags("noatime\nbind")), codes.InvalidArgument},
+		{"stage: NUL in flag", stageReq(volA, staging, flags("noatime\x00bind")), codes.InvalidArgument},
+		{"stage: flag names a device", stageReq(volA, staging, flags("data=/dev/sda")), codes.InvalidArgument},
+		{"stage: journal on another device", stageReq(volA, staging, flags("journal_path=/dev/sdb")), codes.InvalidArgument},
+		{"stage: unquoted label with comma", stageReq(volA, staging, flags("context=a,bind")), codes.InvalidArgument},
+		{"stage: empty flag", stageReq(volA, staging, flags("")), codes.InvalidArgument},
+		{"stage: oversized flag", stageReq(volA, staging, flags("context=\""+strings.Repeat("x", 300)+"\"")), codes.InvalidArgument},
+		{"stage: 65 flags", stageReq(volA, staging, flags(strings.Split(strings.Repeat("noatime ", 65), " ")[:65]...)), codes.InvalidArgument},
 		{"stage: unknown volume attribute", stageCtx(map[string]string{"device": "/dev/sda"}), codes.InvalidArgument},
 		{"stage: 2 MiB request", stageCtx(map[string]string{"csi.storage.k8s.io/pad": strings.Repeat("x", 2<<20)}), codes.ResourceExhausted},
 		// Publish.
 		{"publish: empty ID", publishReq("", staging, target, rwo), codes.InvalidArgument},
 		{"publish: traversal in ID", publishReq("../x", staging, target, rwo), codes.InvalidArgument},
-		{"publish: empty target", publishReq("vol-a", staging, "", rwo), codes.InvalidArgument},
-		{"publish: empty staging path", publishReq("vol-a", "", target, rwo), codes.InvalidArgument},
-		{"publish: target outside the roots", publishReq("vol-a", staging, filepath.Join(outside, "mount"), rwo), codes.InvalidArgument},
-		{"publish: unclean target", publishReq("vol-a", staging, pod+"/../pod-a/mount", rwo), codes.InvalidArgument},
-		{"publish: target is the staging path", publishReq("vol-a", staging, staging, rwo), codes.InvalidArgument},
-		{"publish: no capability", publishReq("vol-a", staging, target, nil), codes.InvalidArgument},
-		{"publish: flag bind", publishReq("vol-a", staging, target, flags("bind")), codes.InvalidArgument},
-		{"publish: not staged", publishReq("vol-a", staging, target, rwo), codes.FailedPrecondition},
-		{"publish: block, not staged", publishReq("vol-a", staging, target, block), codes.FailedPrecondition},
+		{"publish: empty target", publishReq(volA, staging, "", rwo), codes.InvalidArgument},
+		{"publish: empty staging path", publishReq(volA, "", target, rwo), codes.InvalidArgument},
+		{"publish: target outside the roots", publishReq(volA, staging, filepath.Join(outside, "mount"), rwo), codes.InvalidArgument},
+		{"publish: unclean target", publishReq(volA, staging, pod+"/../pod-a/mount", rwo), codes.InvalidArgument},
+		{"publish: target is the staging path", publishReq(volA, staging, staging, rwo), codes.InvalidArgument},
+		{"publish: no capability", publishReq(volA, staging, target, nil), codes.InvalidArgument},
+		{"publish: flag bind", publishReq(volA, staging, target, flags("bind")), codes.InvalidArgument},
+		{"publish: not staged", publishReq(volA, staging, target, rwo), codes.FailedPrecondition},
+		{"publish: block, not staged", publishReq(volA, staging, target, block), codes.FailedPrecondition},
 		{"publish: unknown volume", publishReq("no-such-volume", staging, target, rwo), codes.FailedPrecondition},
 		// Unpublish, unstage.
 		{"unpublish: empty ID", unpublishReq("", target), codes.InvalidArgument},
 		{"unpublish: traversal in ID", unpublishReq("../x", target), codes.InvalidArgument},
-		{"unpublish: empty target", unpublishReq("vol-a", ""), codes.InvalidArgument},
-		{"unpublish: target outside the roots", unpublishReq("vol-a", outside), codes.InvalidArgument},
-		{"unpublish: symlinked target", unpublishReq("vol-a", fileLink), codes.OK},
+		{"unpublish: empty target", unpublishReq(volA, ""), codes.InvalidArgument},
+		{"unpublish: target outside the roots", unpublishReq(volA, outside), codes.InvalidArgument},
+		{"unpublish: symlinked target", unpublishReq(volA, fileLink), codes.OK},
 		{"unstage: empty ID", unstageReq("", staging), codes.InvalidArgument},
 		{"unstage: traversal in ID", unstageReq("../x", staging), codes.InvalidArgument},
-		{"unstage: empty path", unstageReq("vol-a", ""), codes.InvalidArgument},
-		{"unstage: path outside the roots", unstageReq("vol-a", "/etc"), codes.InvalidArgument},
+		{"unstage: empty path", unstageReq(volA, ""), codes.InvalidArgument},
+		{"unstage: path outside the roots", unstageReq(volA, "/etc"), codes.InvalidArgument},
 		// Stats, health, expansion.
 		{"stats: empty ID", statsReq("", staging), codes.InvalidArgument},
-		{"stats: empty path", statsReq("vol-a", ""), codes.InvalidArgument},
+		{"stats: empty path", statsReq(volA, ""), codes.InvalidArgument},
 		{"stats: traversal in ID", statsReq("../vol-a", staging), codes.NotFound},
-		{"stats: not staged", statsReq("vol-a", staging), codes.NotFound},
-		{"stats: path outside", statsReq("vol-a", "/etc"), codes.NotFound},
+		{"stats: not staged", statsReq(volA, staging), codes.NotFound},
+		{"stats: path outside", statsReq(volA, "/etc"), codes.NotFound},
 		{"health: empty ID", func() error {
 			_, err := n.NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{})
 			return err
@@ -238,13 +238,13 @@ func TestAttackTable(t *testing.T) {
 		}, codes.NotFound},
 		{"expand: empty ID", expandReq("", staging, 1<<20), codes.InvalidArgument},
 		{"expand: traversal in ID", expandReq("../vol-a", staging, 1<<20), codes.InvalidArgument},
-		{"expand: empty path", expandReq("vol-a", "", 1<<20), codes.InvalidArgument},
-		{"expand: path outside the roots of a volume not here", expandReq("vol-a", "/etc", 1<<20), codes.NotFound},
-		{"expand: negative size", expandReq("vol-a", staging, -1), codes.InvalidArgument},
-		{"expand: not staged", expandReq("vol-a", staging, 1<<20), codes.NotFound},
+		{"expand: empty path", expandReq(volA, "", 1<<20), codes.InvalidArgument},
+		{"expand: path outside the roots of a volume not here", expandReq(volA, "/etc", 1<<20), codes.NotFound},
+		{"expand: negative size", expandReq(volA, staging, -1), codes.InvalidArgument},
+		{"expand: not staged", expandReq(volA, staging, 1<<20), codes.NotFound},
 		{"expand: unknown volume", expandReq("no-such-volume", staging, 1<<20), codes.NotFound},
 		{"expand: limit below required", func() error {
-			_, err := n.NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "vol-a", VolumePath: staging, CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 20, LimitBytes: 1 << 20}})
+			_, err := n.NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: volA, VolumePath: staging, CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 20, LimitBytes: 1 << 20}})
 			return err
 		}, codes.OutOfRange},
 		{"controller expand: unknown volume", func() error {
@@ -252,11 +252,11 @@ func TestAttackTable(t *testing.T) {
 			return err
 		}, codes.NotFound},
 		{"controller expand: 8 EiB", func() error {
-			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1<<63 - 1}})
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: volA, CapacityRange: &csi.CapacityRange{RequiredBytes: 1<<63 - 1}})
 			return err
 		}, codes.OutOfRange},
 		{"controller expand: shrink below the limit", func() error {
-			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: "vol-a", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20, LimitBytes: 1 << 20}})
+			_, err := c.ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: volA, CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20, LimitBytes: 1 << 20}})
 			return err
 		}, codes.OutOfRange},
 		// Controller.
@@ -320,12 +320,12 @@ func TestAttackTable(t *testing.T) {
 func TestConflictingConcurrentStages(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	create(t, p, "vol-b")
+	volB := create(t, p, "vol-b")
 	paths := []string{mkdir(t, filepath.Join(p.Root, "s1")), mkdir(t, filepath.Join(p.Root, "s2"))}
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
 	for i := range 2 {
-		wg.Go(func() { errs[i] = stage(t, p, "vol-b", paths[i], rwo) })
+		wg.Go(func() { errs[i] = stage(t, p, volB, paths[i], rwo) })
 	}
 	wg.Wait()
 	won := -1
@@ -347,7 +347,7 @@ func TestConflictingConcurrentStages(t *testing.T) {
 	if _, _, ok := mountAt(t, paths[1-won]); ok {
 		t.Errorf("the losing path %s is mounted", paths[1-won])
 	}
-	unstage(t, p, "vol-b", paths[won])
+	unstage(t, p, volB, paths[won])
 }
 
 // TestRefusalsNameTheUnknown checks that unknown StorageClass parameters and
@@ -362,16 +362,16 @@ func TestRefusalsNameTheUnknown(t *testing.T) {
 	if msg := status.Convert(err).Message(); !strings.Contains(msg, "sizeInGB") || !strings.Contains(msg, "backing") || strings.Contains(msg, "fstype") {
 		t.Errorf("message %q should name sizeInGB and backing, and not the csi.storage.k8s.io/ key", msg)
 	}
-	create(t, p, "vol-n")
+	volN := create(t, p, "vol-n")
 	staging := mkdir(t, filepath.Join(p.Root, "staging-n"))
-	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "vol-n", StagingTargetPath: staging, VolumeCapability: rwo,
+	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: volN, StagingTargetPath: staging, VolumeCapability: rwo,
 		VolumeContext: map[string]string{"storage.kubernetes.io/csiProvisionerIdentity": "x", "mountOptions": "bind"}})
 	wantCode(t, "stage with an unknown attribute", err, codes.InvalidArgument)
 	if msg := status.Convert(err).Message(); !strings.Contains(msg, "mountOptions") || strings.Contains(msg, "csiProvisionerIdentity") {
 		t.Errorf("message %q should name mountOptions only", msg)
 	}
-	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "vol-n", StagingTargetPath: staging, VolumeCapability: rwo,
+	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: volN, StagingTargetPath: staging, VolumeCapability: rwo,
 		VolumeContext: map[string]string{"storage.kubernetes.io/csiProvisionerIdentity": "x"}})
 	must(t, "stage with the provisioner's identity", err)
-	unstage(t, p, "vol-n", staging)
+	unstage(t, p, volN, staging)
 }

@@ -23,11 +23,11 @@ var rawBlock = &csi.VolumeCapability{
 func TestRawBlockVolume(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	createSized(t, p, "raw", 32<<20)
+	raw := createSized(t, p, "raw", 32<<20)
 	staging := mkdir(t, filepath.Join(p.Root, "staging-raw"))
 	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-raw")), "dev")
-	must(t, "stage", stage(t, p, "raw", staging, rawBlock))
-	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: "raw", StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
+	must(t, "stage", stage(t, p, raw, staging, rawBlock))
+	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
 	must(t, "publish", err)
 
 	payload := bytes.Repeat([]byte("converge"), 512)
@@ -38,7 +38,7 @@ func TestRawBlockVolume(t *testing.T) {
 	must(t, "sync", f.Sync())
 	f.Close()
 	got := make([]byte, len(payload))
-	img, err := os.Open(filepath.Join(p.DataDir, "raw.img"))
+	img, err := os.Open(filepath.Join(p.DataDir, raw+".img"))
 	must(t, "open image", err)
 	_, err = img.ReadAt(got, 1<<20)
 	img.Close()
@@ -47,7 +47,7 @@ func TestRawBlockVolume(t *testing.T) {
 		t.Fatal("what was written through the target is not in the volume's image")
 	}
 
-	st, err := p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "raw", VolumePath: target})
+	st, err := p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: raw, VolumePath: target})
 	must(t, "stats", err)
 	if u := st.GetUsage(); len(u) != 1 || u[0].GetUnit() != csi.VolumeUsage_BYTES || u[0].GetTotal() != 32<<20 {
 		t.Errorf("stats: got %v, want the device's 32 MiB", u)
@@ -57,18 +57,18 @@ func TestRawBlockVolume(t *testing.T) {
 	// directory and asks the stats at the device map path it made there.
 	volumeDevices := filepath.Join(p.Dir, "kubelet", "plugins", "kubernetes.io", "csi", "volumeDevices")
 	kubeletTarget := filepath.Join(mkdir(t, filepath.Join(volumeDevices, "publish", "pv-raw")), "uid-1")
-	_, err = p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: "raw", StagingTargetPath: staging, TargetPath: kubeletTarget, VolumeCapability: rawBlock})
+	_, err = p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: kubeletTarget, VolumeCapability: rawBlock})
 	must(t, "publish at the kubelet's path", err)
-	st, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "raw", VolumePath: filepath.Join(volumeDevices, "pv-raw", "dev", "uid-1")})
+	st, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: raw, VolumePath: filepath.Join(volumeDevices, "pv-raw", "dev", "uid-1")})
 	must(t, "stats at the kubelet's device map path", err)
 	if u := st.GetUsage(); len(u) != 1 || u[0].GetTotal() != 32<<20 {
 		t.Errorf("stats at the kubelet's device map path: got %v, want the device's 32 MiB", u)
 	}
-	_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "raw", VolumePath: filepath.Join(volumeDevices, "pv-raw", "dev", "uid-2")})
+	_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: raw, VolumePath: filepath.Join(volumeDevices, "pv-raw", "dev", "uid-2")})
 	wantCode(t, "stats at the map path of a pod it is not published to", err, codes.NotFound)
-	unpublish(t, p, "raw", kubeletTarget)
+	unpublish(t, p, raw, kubeletTarget)
 
-	_, err = p.Node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "raw", VolumePath: target, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
+	_, err = p.Node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: raw, VolumePath: target, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
 	must(t, "node expand", err)
 	f, err = os.Open(target)
 	must(t, "open the target", err)
@@ -78,11 +78,11 @@ func TestRawBlockVolume(t *testing.T) {
 		t.Errorf("device size through the target after growth: %d, %v; want %d", end, err, 64<<20)
 	}
 
-	unpublish(t, p, "raw", target)
+	unpublish(t, p, raw, target)
 	if _, err := os.Stat(target); !os.IsNotExist(err) {
 		t.Errorf("target file after unpublish: %v", err)
 	}
-	unstage(t, p, "raw", staging)
-	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "raw"})
+	unstage(t, p, raw, staging)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
 	must(t, "delete", err)
 }

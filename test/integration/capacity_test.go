@@ -147,11 +147,12 @@ func TestThickVolumesKeepTheirPromise(t *testing.T) {
 		err := createProvisioned(p, t, id, "thick", size)
 		if err != nil {
 			wantCode(t, "create past the capacity", err, codes.ResourceExhausted)
-			if _, err := os.Stat(filepath.Join(p.DataDir, id+".img")); !os.IsNotExist(err) {
+			if _, err := os.Stat(filepath.Join(p.DataDir, vid(id)+".img")); !os.IsNotExist(err) {
 				t.Errorf("the refused volume left an image: %v", err)
 			}
 			break
 		}
+		id = vid(id)
 		ids = append(ids, id)
 		now := capacityFor(t, p, "thick")
 		if fell := before - now; fell < size || fell > size+mib {
@@ -240,6 +241,7 @@ func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
 			wantCode(t, "thin create past the ratio", err, codes.ResourceExhausted)
 			break
 		}
+		id = vid(id)
 		ids = append(ids, id)
 		if got := allocated(t, p, id); got > mib {
 			t.Errorf("%s: %d bytes allocated at create, want a sparse image", id, got)
@@ -294,7 +296,7 @@ func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
 	for _, id := range ids[:3] {
 		downAndDelete(t, p, id)
 	}
-	for _, id := range []string{ids[3], "late"} {
+	for _, id := range []string{ids[3], vid("late")} {
 		_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
 		must(t, "delete "+id, err)
 	}
@@ -399,14 +401,15 @@ func TestThinPoolFullIsReported(t *testing.T) {
 	p.Start()
 
 	const size = 256 * mib
-	ids := []string{"thin-a", "thin-b"}
+	ids := []string{vid("thin-a"), vid("thin-b")}
 	stagings, targets := map[string]string{}, map[string]string{}
-	for _, id := range ids {
-		must(t, "create "+id, createProvisioned(p, t, id, "thin", size))
+	for _, name := range []string{"thin-a", "thin-b"} {
+		must(t, "create "+name, createProvisioned(p, t, name, "thin", size))
+		id := vid(name)
 		stagings[id], targets[id] = upPublishedExisting(t, p, id)
 	}
-	fill(t, targets["thin-a"], "big", 150*mib)
-	sum, n, err := fillUntilError(targets["thin-b"], "big", size)
+	fill(t, targets[ids[0]], "big", 150*mib)
+	sum, n, err := fillUntilError(targets[ids[1]], "big", size)
 	// The loop device fails the write with BLK_STS_NOSPC: the application
 	// sees ENOSPC at fsync.
 	if !errors.Is(err, syscall.ENOSPC) {
@@ -416,7 +419,7 @@ func TestThinPoolFullIsReported(t *testing.T) {
 	for _, id := range ids {
 		t.Logf("%s: %s", id, waitCondition(t, p, id, "PoolFull"))
 	}
-	must(t, "remove", os.Remove(filepath.Join(targets["thin-a"], "big")))
+	must(t, "remove", os.Remove(filepath.Join(targets[ids[0]], "big")))
 	exec.Command("sync").Run()
 	// ext4 may find its lost metadata writes first (at a journal commit)
 	// and go read-only, which says more.
@@ -433,7 +436,7 @@ func TestThinPoolFullIsReported(t *testing.T) {
 		must(t, "publish "+id+" again", publish(t, p, id, stagings[id], targets[id], false))
 		waitCondition(t, p, id, "")
 	}
-	f, err := os.Open(filepath.Join(targets["thin-b"], "big"))
+	f, err := os.Open(filepath.Join(targets[ids[1]], "big"))
 	must(t, "open what was written", err)
 	h := sha256.New()
 	_, err = io.CopyN(h, f, n)
@@ -441,7 +444,7 @@ func TestThinPoolFullIsReported(t *testing.T) {
 	if err != nil || !bytes.Equal(h.Sum(nil), sum) {
 		t.Errorf("thin-b: the %d bytes acknowledged before the data directory filled up read back differently (%v)", n, err)
 	}
-	if n, _, err := fillUntilError(targets["thin-b"], "after", 32*mib); err != nil {
+	if n, _, err := fillUntilError(targets[ids[1]], "after", 32*mib); err != nil {
 		t.Errorf("thin-b: staged again with room, writes fail after %d bytes: %v", n, err)
 	}
 

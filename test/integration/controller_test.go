@@ -32,7 +32,10 @@ func TestControllerVolumes(t *testing.T) {
 	if seg := resp.GetVolume().GetAccessibleTopology()[0].GetSegments(); seg["topology.converge.csi.dev/node"] != "test-node" {
 		t.Errorf("topology: got %v", seg)
 	}
-	fi, err := os.Stat(filepath.Join(p.DataDir, "sized.img"))
+	if id := resp.GetVolume().GetVolumeId(); id != vid("sized") {
+		t.Errorf("volume ID: got %s, want %s (the name and the node's)", id, vid("sized"))
+	}
+	fi, err := os.Stat(filepath.Join(p.DataDir, vid("sized")+".img"))
 	must(t, "stat image", err)
 	if fi.Size() != 100<<20+4096 {
 		t.Errorf("image size: got %d", fi.Size())
@@ -57,7 +60,7 @@ func TestControllerVolumes(t *testing.T) {
 	_, err = c.CreateVolume(ctx(t), elsewhere)
 	wantCode(t, "requisite topology of another node", err, codes.ResourceExhausted)
 	for _, name := range []string{"huge", "tight", "params", "elsewhere"} {
-		if _, err := os.Stat(filepath.Join(p.DataDir, name+".img")); err == nil {
+		if _, err := os.Stat(filepath.Join(p.DataDir, vid(name)+".img")); err == nil {
 			t.Errorf("a failed CreateVolume left %s.img", name)
 		}
 	}
@@ -82,7 +85,7 @@ func TestControllerVolumes(t *testing.T) {
 			break
 		}
 	}
-	want := []string{"page-0", "page-1", "page-2", "page-3", "page-4", "sized"}
+	want := []string{vid("page-0"), vid("page-1"), vid("page-2"), vid("page-3"), vid("page-4"), vid("sized")}
 	if fmt.Sprint(seen) != fmt.Sprint(want) {
 		t.Errorf("paged listing: got %v, want %v", seen, want)
 	}
@@ -94,11 +97,11 @@ func TestControllerVolumes(t *testing.T) {
 	if capResp.GetAvailableCapacity() <= 0 {
 		t.Errorf("available capacity: got %d", capResp.GetAvailableCapacity())
 	}
-	_, err = c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "sized"})
+	_, err = c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: vid("sized")})
 	must(t, "delete", err)
-	_, err = c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "sized"})
+	_, err = c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: vid("sized")})
 	must(t, "delete again", err)
-	_, err = c.ValidateVolumeCapabilities(ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: "sized", VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+	_, err = c.ValidateVolumeCapabilities(ctx(t), &csi.ValidateVolumeCapabilitiesRequest{VolumeId: vid("sized"), VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 	wantCode(t, "validate deleted", err, codes.NotFound)
 }
 
@@ -112,8 +115,7 @@ func TestManyVolumesAtOnce(t *testing.T) {
 	type vol struct{ id, staging, target string }
 	vols := make([]vol, n)
 	for i := range vols {
-		id := fmt.Sprintf("many-%d", i)
-		create(t, p, id)
+		id := create(t, p, fmt.Sprintf("many-%d", i))
 		vols[i] = vol{
 			id:      id,
 			staging: mkdir(t, filepath.Join(p.Root, "staging", id)),

@@ -41,7 +41,7 @@ func TestFullDataDirectory(t *testing.T) {
 
 	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: "vol-full", CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 	wantCode(t, "create on a full data directory", err, codes.ResourceExhausted)
-	if _, err := os.Stat(filepath.Join(p.DataDir, "vol-full.img")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(p.DataDir, vid("vol-full")+".img")); !os.IsNotExist(err) {
 		t.Errorf("the refused volume left an image: %v", err)
 	}
 	if entries, _ := os.ReadDir(p.DataDir); len(entries) > 0 {
@@ -53,8 +53,8 @@ func TestFullDataDirectory(t *testing.T) {
 		t.Errorf("capacity %d on a full directory, want less than the refused 16 MiB", capResp.GetAvailableCapacity())
 	}
 	must(t, "free", os.Remove(filler))
-	createSized(t, p, "vol-full", 16<<20)
-	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "vol-full"})
+	volFull := createSized(t, p, "vol-full", 16<<20)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: volFull})
 	must(t, "delete", err)
 }
 
@@ -89,7 +89,7 @@ func residentKiB(t *testing.T, pid int) int {
 func TestRequestFlood(t *testing.T) {
 	p := testenv.New(t, "--max-requests", "64")
 	p.Start()
-	create(t, p, "vol-flood")
+	volFlood := create(t, p, "vol-flood")
 	staging := mkdir(t, filepath.Join(p.Root, "staging-flood"))
 	fdsBefore := openFDs(t, p.PID())
 
@@ -101,9 +101,9 @@ func TestRequestFlood(t *testing.T) {
 		wg.Go(func() {
 			var err error
 			if i%2 == 0 {
-				err = stage(t, p, "vol-flood", staging, rwo)
+				err = stage(t, p, volFlood, staging, rwo)
 			} else {
-				_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-flood", VolumePath: staging})
+				_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: volFlood, VolumePath: staging})
 			}
 			mu.Lock()
 			codesSeen[status.Code(err)]++
@@ -129,5 +129,5 @@ func TestRequestFlood(t *testing.T) {
 	if rss := residentKiB(t, p.PID()); rss > 200<<10 {
 		t.Errorf("resident memory %d KiB after the flood", rss)
 	}
-	unstage(t, p, "vol-flood", staging)
+	unstage(t, p, volFlood, staging)
 }

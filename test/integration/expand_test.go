@@ -59,11 +59,11 @@ func TestExpansion(t *testing.T) {
 }
 
 func expandCase(t *testing.T, p *testenv.Plugin, tc growCase) {
-	id := "grow-" + tc.fs
+	name := "grow-" + tc.fs
 	if tc.offline {
-		id += "-offline"
+		name += "-offline"
 	}
-	createSized(t, p, id, tc.from)
+	id := createSized(t, p, name, tc.from)
 	staging := mkdir(t, filepath.Join(p.Root, "staging-"+id))
 	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+id)), "mount")
 	c := mountCap(tc.fs, csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
@@ -140,8 +140,8 @@ func expandCase(t *testing.T, p *testenv.Plugin, tc growCase) {
 func TestControllerExpansionGrowsAtStage(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	const id, from, to = "grow-offline", 64 << 20, 192 << 20
-	createSized(t, p, id, from)
+	const from, to = 64 << 20, 192 << 20
+	id := createSized(t, p, "grow-offline", from)
 	staging := mkdir(t, filepath.Join(p.Root, "staging-"+id))
 	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+id)), "mount")
 	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
@@ -211,16 +211,16 @@ func TestExpansionBeyondTheNode(t *testing.T) {
 	const from = 320 * mib // xfs needs 300 MiB
 	must(t, "create", createProvisioned(p, t, "big", "thick", from))
 	must(t, "create", createProvisioned(p, t, "other", "thick", 256*mib))
-	staging := mkdir(t, filepath.Join(p.Root, "staging-big"))
-	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-big")), "mount")
+	staging := mkdir(t, filepath.Join(p.Root, "staging-"+vid("big")))
+	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+vid("big"))), "mount")
 	xfs := mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
-	must(t, "stage", stage(t, p, "big", staging, xfs))
-	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: "big", StagingTargetPath: staging, TargetPath: target, VolumeCapability: xfs})
+	must(t, "stage", stage(t, p, vid("big"), staging, xfs))
+	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: vid("big"), StagingTargetPath: staging, TargetPath: target, VolumeCapability: xfs})
 	must(t, "publish", err)
 	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
 	free := capacityFor(t, p, "thick")
 	expand := func(required, limit int64) (*csi.NodeExpandVolumeResponse, error) {
-		return p.Node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: "big", VolumePath: target,
+		return p.Node().NodeExpandVolume(ctx(t), &csi.NodeExpandVolumeRequest{VolumeId: vid("big"), VolumePath: target,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit}})
 	}
 	for _, tc := range []struct {
@@ -234,14 +234,14 @@ func TestExpansionBeyondTheNode(t *testing.T) {
 	} {
 		_, err := expand(tc.required, tc.limit)
 		wantCode(t, tc.name, err, tc.want)
-		if size := imageSize(t, p, "big"); size != from {
+		if size := imageSize(t, p, vid("big")); size != from {
 			t.Errorf("%s: image is %d bytes, want %d as it was", tc.name, size, from)
 		}
 		if got := capacityFor(t, p, "thick"); got != free {
 			t.Errorf("%s: GetCapacity %d, want %d as before", tc.name, got, free)
 		}
 	}
-	if msg := waitCondition(t, p, "big", "GrowFailed"); !strings.Contains(msg, "asked for again") {
+	if msg := waitCondition(t, p, vid("big"), "GrowFailed"); !strings.Contains(msg, "asked for again") {
 		t.Errorf("GrowFailed message: %q, want it to say when it is tried again", msg)
 	}
 	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
@@ -255,19 +255,19 @@ func TestExpansionBeyondTheNode(t *testing.T) {
 
 	// Space freed, the same size asked again: tried again, and it fits.
 	want := from + free + 16*mib
-	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "other"})
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: vid("other")})
 	must(t, "delete other", err)
 	resp, err := expand(want, 0)
 	must(t, "expand after space was freed", err)
-	if resp.GetCapacityBytes() != want || imageSize(t, p, "big") != want {
-		t.Errorf("after space was freed: capacity %d, image %d; want %d", resp.GetCapacityBytes(), imageSize(t, p, "big"), want)
+	if resp.GetCapacityBytes() != want || imageSize(t, p, vid("big")) != want {
+		t.Errorf("after space was freed: capacity %d, image %d; want %d", resp.GetCapacityBytes(), imageSize(t, p, vid("big")), want)
 	}
-	if got := allocated(t, p, "big"); got < want {
+	if got := allocated(t, p, vid("big")); got < want {
 		t.Errorf("thick image after growth: %d bytes allocated, want %d", got, want)
 	}
-	waitCondition(t, p, "big", "")
+	waitCondition(t, p, vid("big"), "")
 	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
 		t.Errorf("data after the growth: %q, %v", b, err)
 	}
-	downAndDelete(t, p, "big")
+	downAndDelete(t, p, vid("big"))
 }

@@ -126,6 +126,7 @@ func flagRun(t *testing.T, p *testenv.Plugin, tc flagCase) {
 	resp, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 320 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{c}, Parameters: params})
 	must(t, "create", err)
+	id = resp.GetVolume().GetVolumeId()
 	defer p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
 	staging := mkdir(t, filepath.Join(p.Root, "staging-"+id))
 	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+id)), "mount")

@@ -38,11 +38,20 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-func create(t *testing.T, p *testenv.Plugin, name string) { createSized(t, p, name, volSize) }
+// vid is the ID of the volume that CreateVolume made under name on the test
+// plugin's node: the name and the node's.
+func vid(name string) string { return name + "_" + testenv.NodeID }
 
-func createSized(t *testing.T, p *testenv.Plugin, name string, size int64) {
+// create makes a volume named name and returns its ID.
+func create(t *testing.T, p *testenv.Plugin, name string) string {
 	t.Helper()
-	_, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+	return createSized(t, p, name, volSize)
+}
+
+// createSized makes a volume named name of size bytes and returns its ID.
+func createSized(t *testing.T, p *testenv.Plugin, name string, size int64) string {
+	t.Helper()
+	resp, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
 		Name:               name,
 		CapacityRange:      &csi.CapacityRange{RequiredBytes: size},
 		VolumeCapabilities: []*csi.VolumeCapability{rwo},
@@ -50,6 +59,7 @@ func createSized(t *testing.T, p *testenv.Plugin, name string, size int64) {
 	if err != nil {
 		t.Fatalf("CreateVolume %s: %v", name, err)
 	}
+	return resp.GetVolume().GetVolumeId()
 }
 
 func mkdir(t *testing.T, dir string) string {
@@ -86,16 +96,17 @@ func unstage(t *testing.T, p *testenv.Plugin, id, path string) {
 	}
 }
 
-// upPublished creates volume id, makes the kubelet's directories for it,
-// stages and publishes it read-write, and returns its paths.
-func upPublished(t *testing.T, p *testenv.Plugin, id string) (staging, target string) {
+// upPublished creates a volume named name, makes the kubelet's
+// directories for it, stages and publishes it read-write, and returns its
+// ID and paths.
+func upPublished(t *testing.T, p *testenv.Plugin, name string) (id, staging, target string) {
 	t.Helper()
-	create(t, p, id)
+	id = create(t, p, name)
 	staging = mkdir(t, filepath.Join(p.Root, "staging-"+id))
 	target = filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+id)), "mount")
 	must(t, "stage", stage(t, p, id, staging, rwo))
 	must(t, "publish", publish(t, p, id, staging, target, false))
-	return staging, target
+	return id, staging, target
 }
 
 func must(t *testing.T, what string, err error) {
@@ -149,50 +160,50 @@ func fsUUID(t *testing.T, dev string) string {
 func TestLifecycle(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	create(t, p, "vol-a")
-	staging := mkdir(t, filepath.Join(p.Root, "plugins", "vol-a", "globalmount"))
+	volA := create(t, p, "vol-a")
+	staging := mkdir(t, filepath.Join(p.Root, "plugins", volA, "globalmount"))
 	target1 := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod1")), "mount")
 
-	must(t, "stage", stage(t, p, "vol-a", staging, rwo))
+	must(t, "stage", stage(t, p, volA, staging, rwo))
 	dev, _, ok := mountAt(t, staging)
 	if !ok || !strings.HasPrefix(dev, "/dev/loop") {
 		t.Fatalf("staging path: got mount source %q (mounted %v), want a loop device", dev, ok)
 	}
 	uuid := fsUUID(t, dev)
-	must(t, "publish", publish(t, p, "vol-a", staging, target1, false))
+	must(t, "publish", publish(t, p, volA, staging, target1, false))
 	if src, _, ok := mountAt(t, target1); !ok || src != dev {
 		t.Fatalf("target: got mount of %q (mounted %v), want %s", src, ok, dev)
 	}
 	must(t, "write", os.WriteFile(filepath.Join(target1, "data"), []byte("hello converge"), 0o600))
 
 	// Idempotent repeats answer OK without changing anything.
-	must(t, "stage again", stage(t, p, "vol-a", staging, rwo))
-	must(t, "publish again", publish(t, p, "vol-a", staging, target1, false))
+	must(t, "stage again", stage(t, p, volA, staging, rwo))
+	must(t, "publish again", publish(t, p, volA, staging, target1, false))
 
-	unpublish(t, p, "vol-a", target1)
+	unpublish(t, p, volA, target1)
 	if _, _, ok := mountAt(t, target1); ok {
 		t.Fatal("target still mounted after unpublish")
 	}
 	if _, err := os.Stat(target1); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("target not removed after unpublish: %v", err)
 	}
-	unpublish(t, p, "vol-a", target1) // repeat: OK
-	unstage(t, p, "vol-a", staging)
+	unpublish(t, p, volA, target1) // repeat: OK
+	unstage(t, p, volA, staging)
 	if _, _, ok := mountAt(t, staging); ok {
 		t.Fatal("staging path still mounted after unstage")
 	}
 	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
 		t.Fatalf("after unstage: %v", left)
 	}
-	unstage(t, p, "vol-a", staging) // repeat: OK
+	unstage(t, p, volA, staging) // repeat: OK
 
-	must(t, "restage", stage(t, p, "vol-a", staging, rwo))
+	must(t, "restage", stage(t, p, volA, staging, rwo))
 	dev2, _, _ := mountAt(t, staging)
 	if got := fsUUID(t, dev2); got != uuid {
 		t.Fatalf("filesystem UUID after restage: got %s, want %s (device reformatted)", got, uuid)
 	}
 	target2 := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod2")), "mount")
-	must(t, "republish read-only", publish(t, p, "vol-a", staging, target2, true))
+	must(t, "republish read-only", publish(t, p, volA, staging, target2, true))
 	got, err := os.ReadFile(filepath.Join(target2, "data"))
 	if err != nil || string(got) != "hello converge" {
 		t.Fatalf("data after restage: got %q, %v; want %q", got, err, "hello converge")
@@ -202,9 +213,9 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("write to read-only publish: got %v, want EROFS", err)
 	}
 
-	unpublish(t, p, "vol-a", target2)
-	unstage(t, p, "vol-a", staging)
-	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "vol-a"})
+	unpublish(t, p, volA, target2)
+	unstage(t, p, volA, staging)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: volA})
 	must(t, "delete", err)
 	if _, err := os.Stat(filepath.Join(p.DataDir, "vol-a.img")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("image still there after DeleteVolume: %v", err)
@@ -228,7 +239,7 @@ func TestRestartKeepsMounts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := testenv.New(t)
 			p.Start()
-			staging, target := upPublished(t, p, "vol-b")
+			volB, staging, target := upPublished(t, p, "vol-b")
 			must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
 
 			tc.stop(p)
@@ -241,7 +252,7 @@ func TestRestartKeepsMounts(t *testing.T) {
 			logged := len(p.Log())
 			p.Start()
 			// A repeat is idempotent and the data is readable.
-			must(t, "publish after restart", publish(t, p, "vol-b", staging, target, false))
+			must(t, "publish after restart", publish(t, p, volB, staging, target, false))
 			if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
 				t.Fatalf("data after restart: got %q, %v", b, err)
 			}
@@ -257,8 +268,8 @@ func TestRestartKeepsMounts(t *testing.T) {
 					break
 				}
 			}
-			unpublish(t, p, "vol-b", target)
-			unstage(t, p, "vol-b", staging)
+			unpublish(t, p, volB, target)
+			unstage(t, p, volB, staging)
 		})
 	}
 }
@@ -269,7 +280,7 @@ func TestRestartKeepsMounts(t *testing.T) {
 func TestBadRequests(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	create(t, p, "vol-c")
+	volC := create(t, p, "vol-c")
 	staging := mkdir(t, filepath.Join(p.Root, "staging-c"))
 	outside := t.TempDir()
 	link := filepath.Join(p.Root, "link")
@@ -277,32 +288,32 @@ func TestBadRequests(t *testing.T) {
 	xfsCap := mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 
 	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-c")), "mount")
-	wantCode(t, "publish before stage", publish(t, p, "vol-c", staging, target, false), codes.FailedPrecondition)
+	wantCode(t, "publish before stage", publish(t, p, volC, staging, target, false), codes.FailedPrecondition)
 	if _, err := os.Stat(target); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("publish before stage created the target: %v", err)
 	}
 
-	must(t, "stage", stage(t, p, "vol-c", staging, rwo))
-	wantCode(t, "restage with another fs type", stage(t, p, "vol-c", staging, xfsCap), codes.AlreadyExists)
+	must(t, "stage", stage(t, p, volC, staging, rwo))
+	wantCode(t, "restage with another fs type", stage(t, p, volC, staging, xfsCap), codes.AlreadyExists)
 	other := mkdir(t, filepath.Join(p.Root, "staging-c2"))
-	wantCode(t, "restage at another path", stage(t, p, "vol-c", other, rwo), codes.AlreadyExists)
-	wantCode(t, "publish with wrong staging path", publish(t, p, "vol-c", other, target, false), codes.FailedPrecondition)
-	wantCode(t, "publish at a symlinked target", publish(t, p, "vol-c", staging, filepath.Join(link, "mount"), false), codes.InvalidArgument)
-	must(t, "publish", publish(t, p, "vol-c", staging, target, false))
-	wantCode(t, "republish read-only at the same target", publish(t, p, "vol-c", staging, target, true), codes.AlreadyExists)
-	_, err := p.Node().NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: "vol-c", StagingTargetPath: staging})
+	wantCode(t, "restage at another path", stage(t, p, volC, other, rwo), codes.AlreadyExists)
+	wantCode(t, "publish with wrong staging path", publish(t, p, volC, other, target, false), codes.FailedPrecondition)
+	wantCode(t, "publish at a symlinked target", publish(t, p, volC, staging, filepath.Join(link, "mount"), false), codes.InvalidArgument)
+	must(t, "publish", publish(t, p, volC, staging, target, false))
+	wantCode(t, "republish read-only at the same target", publish(t, p, volC, staging, target, true), codes.AlreadyExists)
+	_, err := p.Node().NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: volC, StagingTargetPath: staging})
 	wantCode(t, "unstage while published", err, codes.FailedPrecondition)
-	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "vol-c"})
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: volC})
 	wantCode(t, "delete while staged", err, codes.FailedPrecondition)
-	_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-c", VolumePath: other})
+	_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: volC, VolumePath: other})
 	wantCode(t, "stats at a path the volume is not at", err, codes.NotFound)
-	st, err := p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: "vol-c", VolumePath: target})
+	st, err := p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: volC, VolumePath: target})
 	must(t, "stats", err)
 	if u := st.GetUsage(); len(u) != 2 || u[0].GetTotal() <= 0 || u[1].GetTotal() <= 0 {
 		t.Errorf("stats: got %v, want bytes and inodes totals", u)
 	}
-	unpublish(t, p, "vol-c", target)
-	unstage(t, p, "vol-c", staging)
+	unpublish(t, p, volC, target)
+	unstage(t, p, volC, staging)
 	if entries, _ := os.ReadDir(outside); len(entries) > 0 {
 		t.Errorf("something was created outside the roots: %v", entries)
 	}
@@ -314,14 +325,14 @@ func TestBadRequests(t *testing.T) {
 func TestForeignFilesystemRefused(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	createSized(t, p, "vol-x", 320<<20) // xfs needs 300 MB
-	img := filepath.Join(p.DataDir, "vol-x.img")
+	volX := createSized(t, p, "vol-x", 320<<20) // xfs needs 300 MB
+	img := filepath.Join(p.DataDir, volX+".img")
 	if out, err := exec.Command("mkfs.xfs", "-q", img).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.xfs: %v %s", err, out)
 	}
 	before := fsUUID(t, img)
 	staging := mkdir(t, filepath.Join(p.Root, "staging-x"))
-	wantCode(t, "stage xfs image as ext4", stage(t, p, "vol-x", staging, rwo), codes.FailedPrecondition)
+	wantCode(t, "stage xfs image as ext4", stage(t, p, volX, staging, rwo), codes.FailedPrecondition)
 	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
 		t.Errorf("left behind after the refusal: %v", left)
 	}
@@ -329,9 +340,9 @@ func TestForeignFilesystemRefused(t *testing.T) {
 		t.Fatalf("xfs UUID changed from %s to %s: the image was reformatted", before, after)
 	}
 	// Asking for what is there works.
-	must(t, "stage as xfs", stage(t, p, "vol-x", staging, mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)))
+	must(t, "stage as xfs", stage(t, p, volX, staging, mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)))
 	if _, opts, ok := mountAt(t, staging); !ok || opts == "" {
 		t.Fatal("xfs staging mount missing")
 	}
-	unstage(t, p, "vol-x", staging)
+	unstage(t, p, volX, staging)
 }

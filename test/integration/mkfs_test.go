@@ -35,7 +35,7 @@ func TestMkfsOptionsFromStorageClass(t *testing.T) {
 		t.Fatalf("volume attributes: got %v, want the mkfs options", vc)
 	}
 	staging := mkdir(t, filepath.Join(p.Root, "staging-mkfs"))
-	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "mkfs-1k", StagingTargetPath: staging, VolumeCapability: rwo, VolumeContext: vc})
+	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: vid("mkfs-1k"), StagingTargetPath: staging, VolumeCapability: rwo, VolumeContext: vc})
 	must(t, "stage", err)
 	dev, _, _ := mountAt(t, staging)
 	out, err := exec.Command("tune2fs", "-l", dev).Output()
@@ -43,5 +43,5 @@ func TestMkfsOptionsFromStorageClass(t *testing.T) {
 	if !strings.Contains(string(out), "Block size:               1024") || !strings.Contains(string(out), "volume name:   converge") {
 		t.Errorf("the filesystem was not made with the options:\n%s", out)
 	}
-	unstage(t, p, "mkfs-1k", staging)
+	unstage(t, p, vid("mkfs-1k"), staging)
 }

@@ -42,9 +42,9 @@ func mountsUnder(t *testing.T, dir string) []string {
 func TestSymlinkRace(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	create(t, p, "race")
+	race := create(t, p, "race")
 	staging := mkdir(t, filepath.Join(p.Root, "staging-race"))
-	must(t, "stage", stage(t, p, "race", staging, rwo))
+	must(t, "stage", stage(t, p, race, staging, rwo))
 
 	outside := mkdir(t, filepath.Join(p.Dir, "outside"))
 	bait := mkdir(t, filepath.Join(outside, "mount")) // what the target would resolve to
@@ -73,8 +73,8 @@ func TestSymlinkRace(t *testing.T) {
 	codes := map[string]int{}
 	deadline := time.Now().Add(4 * time.Second)
 	for i := 0; time.Now().Before(deadline); i++ {
-		codes["publish "+status.Code(publish(t, p, "race", staging, target, i%2 == 1)).String()]++
-		_, err := p.Node().NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: "race", TargetPath: target})
+		codes["publish "+status.Code(publish(t, p, race, staging, target, i%2 == 1)).String()]++
+		_, err := p.Node().NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: race, TargetPath: target})
 		codes["unpublish "+status.Code(err).String()]++
 		if m := mountsUnder(t, outside); len(m) > 0 {
 			t.Fatalf("iteration %d: mounted outside the roots: %v", i, m)
@@ -88,8 +88,8 @@ func TestSymlinkRace(t *testing.T) {
 	if fi, err := os.Lstat(pod); err != nil || fi.Mode()&os.ModeSymlink != 0 {
 		must(t, "exchange back", unix.Renameat2(unix.AT_FDCWD, pod, unix.AT_FDCWD, alt, unix.RENAME_EXCHANGE))
 	}
-	unpublish(t, p, "race", target)
-	unstage(t, p, "race", staging)
+	unpublish(t, p, race, target)
+	unstage(t, p, race, staging)
 	entries, err := os.ReadDir(outside)
 	if err != nil || len(entries) != 1 || entries[0].Name() != "mount" {
 		t.Errorf("outside the roots: got %v, %v; want only the bait directory", entries, err)

@@ -51,23 +51,23 @@ func restoreFrom(t *testing.T, p *testenv.Plugin, id, snapID string, size int64)
 func TestSnapshotAndRestore(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	_, target := upPublished(t, p, "snap-src")
+	_, _, target := upPublished(t, p, "snap-src")
 	must(t, "write before", os.WriteFile(filepath.Join(target, "before"), []byte("before the snapshot"), 0o600))
 
-	s := snapshotOf(t, p, "snap-1", "snap-src")
-	if again := snapshotOf(t, p, "snap-1", "snap-src"); again.GetSnapshotId() != s.GetSnapshotId() {
+	s := snapshotOf(t, p, "snap-1", vid("snap-src"))
+	if again := snapshotOf(t, p, "snap-1", vid("snap-src")); again.GetSnapshotId() != s.GetSnapshotId() {
 		t.Errorf("the same request answered snapshot %s, then %s", s.GetSnapshotId(), again.GetSnapshotId())
 	}
 	must(t, "write after", os.WriteFile(filepath.Join(target, "after"), []byte("after the snapshot"), 0o600))
 	must(t, "write after, durably", syncFile(filepath.Join(target, "after")))
 
 	create(t, p, "snap-other")
-	_, err := p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-1", SourceVolumeId: "snap-other"})
+	_, err := p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-1", SourceVolumeId: vid("snap-other")})
 	wantCode(t, "the same name of another volume", err, codes.AlreadyExists)
 	_, err = p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-2", SourceVolumeId: "no-such-volume"})
 	wantCode(t, "a snapshot of no volume", err, codes.NotFound)
 
-	for _, req := range []*csi.ListSnapshotsRequest{{SnapshotId: s.GetSnapshotId()}, {SourceVolumeId: "snap-src"}, {}} {
+	for _, req := range []*csi.ListSnapshotsRequest{{SnapshotId: s.GetSnapshotId()}, {SourceVolumeId: vid("snap-src")}, {}} {
 		resp, err := p.Controller().ListSnapshots(ctx(t), req)
 		must(t, "ListSnapshots", err)
 		if len(resp.GetEntries()) != 1 || resp.GetEntries()[0].GetSnapshot().GetSnapshotId() != s.GetSnapshotId() {
@@ -79,10 +79,10 @@ func TestSnapshotAndRestore(t *testing.T) {
 	// snapshot the clone was made from is gone and never listed.
 	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
 		Name: "snap-clone", CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
-		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "snap-src"}}},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: vid("snap-src")}}},
 	})
 	must(t, "clone", err)
-	_, clone := upPublishedExisting(t, p, "snap-clone")
+	_, clone := upPublishedExisting(t, p, vid("snap-clone"))
 	for _, f := range []string{"before", "after"} {
 		if _, err := os.Stat(filepath.Join(clone, f)); err != nil {
 			t.Errorf("the clone lacks %s: %v", f, err)
@@ -91,15 +91,24 @@ func TestSnapshotAndRestore(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(p.DataDir, "snapshots")); len(entries) != 1 {
 		t.Errorf("snapshot directory after the clone: %v, want only %s", entries, s.GetSnapshotId())
 	}
-	downAndDelete(t, p, "snap-clone")
+	downAndDelete(t, p, vid("snap-clone"))
 	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
 		Name: "snap-clone-none", CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "no-such-volume"}}},
 	})
 	wantCode(t, "a clone of no volume", err, codes.NotFound)
+	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name: "snap-clone-far", CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{
+			VolumeId: strings.Replace(vid("snap-src"), "_"+testenv.NodeID, "_other-node", 1)}}},
+	})
+	wantCode(t, "a clone of another node's volume", err, codes.ResourceExhausted)
+	if err != nil && !strings.Contains(err.Error(), "other-node") {
+		t.Errorf("the refusal does not name the volume's node: %v", err)
+	}
 
 	// The source goes; its snapshot stays.
-	downAndDelete(t, p, "snap-src")
+	downAndDelete(t, p, vid("snap-src"))
 	wantCode(t, "a restore smaller than the snapshot", restoreFrom(t, p, "snap-small", s.GetSnapshotId(), volSize/2), codes.OutOfRange)
 	elsewhere := strings.Replace(s.GetSnapshotId(), "_test-node", "_other-node", 1)
 	err = restoreFrom(t, p, "snap-far", elsewhere, volSize)
@@ -115,7 +124,7 @@ func TestSnapshotAndRestore(t *testing.T) {
 	})
 	wantCode(t, "a restore of an ext4 snapshot as xfs", err, codes.InvalidArgument)
 	must(t, "restore", restoreFrom(t, p, "snap-restored", s.GetSnapshotId(), 2*volSize))
-	_, restored := upPublishedExisting(t, p, "snap-restored")
+	_, restored := upPublishedExisting(t, p, vid("snap-restored"))
 	if got, err := os.ReadFile(filepath.Join(restored, "before")); err != nil || string(got) != "before the snapshot" {
 		t.Errorf("restored file: got %q, %v; want what was written before the snapshot", got, err)
 	}
@@ -125,7 +134,7 @@ func TestSnapshotAndRestore(t *testing.T) {
 	if got := fsBytes(t, restored); got <= volSize {
 		t.Errorf("the restored filesystem holds %d bytes; want it grown past the snapshot's %d bytes to its %d-byte volume", got, volSize, 2*volSize)
 	}
-	downAndDelete(t, p, "snap-restored")
+	downAndDelete(t, p, vid("snap-restored"))
 
 	for range 2 {
 		_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshotId()})
@@ -136,7 +145,7 @@ func TestSnapshotAndRestore(t *testing.T) {
 	if len(resp.GetEntries()) != 0 {
 		t.Errorf("snapshots after the deletion: %v", resp.GetEntries())
 	}
-	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "snap-other"})
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: vid("snap-other")})
 	must(t, "delete snap-other", err)
 }
 
@@ -165,7 +174,7 @@ func TestReflinkSnapshotKeepsThickPromise(t *testing.T) {
 		t.Fatal("the plugin did not find that the data directory shares blocks")
 	}
 	must(t, "create", createProvisioned(p, t, "thick-src", "thick", 128*mib))
-	_, target := upPublishedExisting(t, p, "thick-src")
+	_, target := upPublishedExisting(t, p, vid("thick-src"))
 	f, err := os.Create(filepath.Join(target, "written"))
 	must(t, "create written", err)
 	for range 64 {
@@ -177,7 +186,7 @@ func TestReflinkSnapshotKeepsThickPromise(t *testing.T) {
 	f.Close()
 	before := capacityFor(t, p, "thick")
 
-	s := snapshotOf128(t, p, "snap-thick", "thick-src")
+	s := snapshotOf128(t, p, "snap-thick", vid("thick-src"))
 	after := capacityFor(t, p, "thick")
 	if drop := before - after; drop < 64*mib {
 		t.Errorf("thick capacity went from %d to %d MiB after the snapshot: want it lower by at least the 64 MiB written, which the volume's writes may now take anew", before/mib, after/mib)
@@ -209,7 +218,7 @@ func TestReflinkSnapshotKeepsThickPromise(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	downAndDelete(t, p, "thick-src")
+	downAndDelete(t, p, vid("thick-src"))
 }
 
 // snapshotOf128 takes snapshot name of a 128 MiB volume id.

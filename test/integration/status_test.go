@@ -18,8 +18,8 @@ import (
 func TestStatusAndMetrics(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	staging, target := upPublished(t, p, "vol-status")
-	snap := snapshotOf(t, p, "snap-status", "vol-status")
+	volStatus, staging, target := upPublished(t, p, "vol-status")
+	snap := snapshotOf(t, p, "snap-status", volStatus)
 
 	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
 	must(t, "csi-node status", err)
@@ -56,7 +56,7 @@ func TestStatusAndMetrics(t *testing.T) {
 	if st.Pool.Node != "test-node" || st.Pool.SizeBytes == 0 || st.Pool.ThickPromisedBytes != 64<<20 || st.Pool.Snapshots != 1 || st.Pool.CopyMode != "sparse" {
 		t.Errorf("status JSON pool: got %+v, want the node, the data directory's size, 64 MiB promised and one snapshot copied sparse", st.Pool)
 	}
-	if len(vols) != 1 || vols[0].ID != "vol-status" || vols[0].Phase != "Ready" || vols[0].StagingPath != staging || vols[0].PublishesActual != 1 {
+	if len(vols) != 1 || vols[0].ID != volStatus || vols[0].Phase != "Ready" || vols[0].StagingPath != staging || vols[0].PublishesActual != 1 {
 		t.Errorf("status JSON: got %+v", vols)
 	}
 
@@ -87,8 +87,8 @@ func TestStatusAndMetrics(t *testing.T) {
 	}
 	_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()})
 	must(t, "DeleteSnapshot", err)
-	unpublish(t, p, "vol-status", target)
-	unstage(t, p, "vol-status", staging)
+	unpublish(t, p, volStatus, target)
+	unstage(t, p, volStatus, staging)
 
 	p.Stop()
 	if out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput(); err == nil || !strings.Contains(string(out), "is it running") {

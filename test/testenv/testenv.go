@@ -75,6 +75,10 @@ func Binary(t testing.TB) string {
 // the csi-node binary the tests run instead of one built from this tree.
 const BinaryEnv = "CONVERGE_BINARY"
 
+// NodeID is the node name every test plugin runs with; the IDs of the
+// volumes and snapshots it makes end with it.
+const NodeID = "test-node"
+
 // removeStaleBinaries removes the converge-bin-<pid> directories whose
 // process is gone.
 func removeStaleBinaries() {
@@ -171,7 +175,7 @@ func (p *Plugin) Start() {
 	}
 	args := append([]string{
 		"--endpoint", "unix://" + p.Socket,
-		"--node-id", "test-node",
+		"--node-id", NodeID,
 		"--state-dir", p.StateDir,
 		"--kubelet-dir", filepath.Join(p.Dir, "kubelet"),
 		"--allowed-path-prefix", p.Root,
