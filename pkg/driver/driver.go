@@ -30,8 +30,10 @@ import (
 )
 
 const (
-	// maxFormats bounds concurrent mkfs runs; they are I/O bound.
-	maxFormats = 8
+	// maxFormats bounds concurrent mkfs runs; they are I/O bound. As many
+	// as the reconciler's slow operations (reconciler.DefaultSlowWorkers,
+	// which says what was measured).
+	maxFormats = 16
 	// stopGrace is how long in-flight RPCs may finish after SIGTERM.
 	stopGrace = 10 * time.Second
 	// maxConnections bounds open connections (file descriptors): the

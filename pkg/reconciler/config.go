@@ -131,9 +131,13 @@ type Static interface {
 
 // Defaults of Config.
 const (
-	DefaultResyncPeriod   = 10 * time.Second
-	DefaultFastWorkers    = 16
-	DefaultSlowWorkers    = 8
+	DefaultResyncPeriod = 10 * time.Second
+	DefaultFastWorkers  = 16
+	// DefaultSlowWorkers: a mkfs waits on the disk more than it runs, so
+	// more of them than cores keep both busy. 100 volumes staged at once
+	// on 2 cores took 886-978 ms with 8, 758-778 ms with 16, 664-763 ms
+	// with 32 (whose per-volume median was worse than 16's).
+	DefaultSlowWorkers    = 16
 	DefaultBackoffInitial = 500 * time.Millisecond
 	DefaultBackoffMax     = 2 * time.Minute
 )
