@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -327,7 +329,26 @@ func (c *cluster) startControllers(ctx context.Context) error {
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", c.ports["scheduler"]),
 		"--leader-elect=false",
 	)
-	return err
+	if err != nil {
+		return err
+	}
+	// Both serve once they run: a daemon that died at start (a port it
+	// could not bind) fails the set-up, rather than every pod after it.
+	for _, d := range []struct {
+		p    *proc
+		port int
+	}{{c.controllerManager, c.ports["controller-manager"]}, {c.scheduler, c.ports["scheduler"]}} {
+		if err := waitFor(ctx, 30*time.Second, d.p, func() error {
+			conn, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", d.port))
+			if err == nil {
+				conn.Close()
+			}
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // applyDriver applies deploy/'s CSIDriver and StorageClass, the manifests
@@ -379,13 +400,35 @@ func waitFor(ctx context.Context, timeout time.Duration, p *proc, check func() e
 	}
 }
 
+// freePort returns a port on 127.0.0.1 that nothing listens on, below the
+// kernel's range of ephemeral ports: a port the kernel hands out (port 0)
+// is in that range, and may be taken as the source port of an outgoing
+// connection (the apiserver's to etcd, say) before the daemon it was
+// picked for binds it, which then fails with "address already in use"
+// (a scheduler did so in a run here).
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	low := 32768 // Linux's default start of the ephemeral range
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	const base = 10000
+	if low <= base+100 {
+		return 0, fmt.Errorf("the ephemeral port range starts at %d: no room below it", low)
+	}
+	for range 1000 {
+		port := base + rand.IntN(low-base)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // taken
+		}
+		l.Close()
+		return port, nil
+	}
+	return 0, fmt.Errorf("no free port from %d to %d", base, low)
 }
 
 func tail(s string, n int) string {
