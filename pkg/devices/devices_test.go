@@ -115,32 +115,46 @@ func TestBtrfsMountsAreMatchedToTheirLoopDevice(t *testing.T) {
 	}
 }
 
-func TestAttachedLoopNames(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "partitions")
-	content := "major minor  #blocks  name\n\n 254        0  268435456 vda\n   7        0      65536 loop0\n 259        1      65024 loop0p1\n   7       12     131072 loop12\n"
-	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
+// TestFileReaders reads attributes and lists a directory through both
+// readers of the loop listing: each attribute read whole, through a buffer
+// smaller than it too; a kept descriptor reporting that it was open before
+// (same), the one-shot reader never; and at its bound, the kept reader
+// reading all the same but keeping nothing.
+func TestFileReaders(t *testing.T) {
+	dir := t.TempDir()
+	content := map[string]string{"size": "131072\n", "backing_file": "/var/lib/converge/volumes/pvc-1.img\n"}
+	for name, c := range content {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(c), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	want := []partition{{name: "loop0", dev: host.DevNum{Major: 7}, size: 64 << 20}, {name: "loop12", dev: host.DevNum{Major: 7, Minor: 12}, size: 128 << 20}}
-	// Read at once, and through a kept descriptor with a buffer smaller
-	// than the file, twice.
 	kept := newKeptFiles()
 	defer kept.close()
 	kept.buf = make([]byte, 7)
-	for _, r := range []fileReader{&oneShot{buf: make([]byte, 16)}, kept, kept} {
-		got, err := attachedLoops(p, r)
-		if err != nil || !slices.Equal(got, want) {
-			t.Errorf("%T: got %v, %v; want %v", r, got, err, want)
+	full := newKeptFiles()
+	defer full.close()
+	full.max = 0
+	for _, r := range []struct {
+		name string
+		r    fileReader
+		same bool // on the second round
+	}{{"one-shot", &oneShot{buf: make([]byte, 16)}, false}, {"kept", kept, true}, {"kept, at its bound", full, false}} {
+		for round := range 2 {
+			names, err := r.r.names(dir)
+			slices.Sort(names)
+			if err != nil || !slices.Equal(names, []string{"backing_file", "size"}) {
+				t.Errorf("%s, round %d: names %v, %v", r.name, round, names, err)
+			}
+			for name, c := range content {
+				got, same, err := r.r.read(filepath.Join(dir, name))
+				if err != nil || got != c || same != (round == 1 && r.same) {
+					t.Errorf("%s, round %d, %s: got %q, same %v, %v; want %q, same %v", r.name, round, name, got, same, err, c, round == 1 && r.same)
+				}
+			}
 		}
 	}
-	if len(kept.fds) != 1 {
-		t.Errorf("%d descriptors kept, want 1", len(kept.fds))
-	}
-	// At its bound it reads all the same, keeping nothing more.
-	full := newKeptFiles()
-	full.max = 0
-	if got, err := attachedLoops(p, full); err != nil || !slices.Equal(got, want) || len(full.fds) != 0 {
-		t.Errorf("with no descriptor allowed: got %v, %v, %d kept; want %v, none kept", got, err, len(full.fds), want)
+	if len(kept.fds) != 2 || len(full.fds) != 0 {
+		t.Errorf("%d and %d descriptors kept, want 2 and none", len(kept.fds), len(full.fds))
 	}
 }
 

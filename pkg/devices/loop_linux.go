@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -213,58 +214,69 @@ func KeepLoop(dev string) error {
 
 // ListLoops returns the attached loop devices, read from sysfs under
 // sysBlock (normally /sys/block).
-//
-// When partitions (normally /proc/partitions) is readable, only the loop
-// devices it lists are visited: it omits devices of zero size, which is
-// what an unattached loop device is, and those pile up by the thousand
-// (the kernel makes them on demand and keeps them). Otherwise every loop
-// device in sysBlock is visited.
-func ListLoops(sysBlock, partitions string) ([]host.Loop, error) {
-	return listLoops(sysBlock, partitions, &oneShot{buf: make([]byte, unix.PathMax+64)})
+func ListLoops(sysBlock string) ([]host.Loop, error) {
+	return listLoops(sysBlock, &oneShot{buf: make([]byte, attrBuf)}, nil)
 }
 
-// listLoops is ListLoops reading its files with r.
-func listLoops(sysBlock, partitions string, r fileReader) ([]host.Loop, error) {
-	// From /proc/partitions come each device's number and size at once;
-	// sysfs then gives only what it alone knows. Every syscall counts: a
-	// node may have a thousand devices, observed on every pass.
-	known, err := attachedLoops(partitions, r)
+// listLoops is ListLoops reading with r. devs caches each device's number
+// between listings (nil for none); an entry is used only while r reads the
+// device through a descriptor kept since it was made.
+//
+// Every loop device in sysBlock is visited, attached or not. The kernel's
+// list of the attached ones, /proc/partitions (the devices of non-zero
+// size), cannot be trusted whole: the kernel writes it a page at a time and
+// resumes each page by the index of the next device, so a device removed
+// meanwhile (a detached one's number given back, LOOP_CTL_REMOVE) makes the
+// next page skip an attached one, which would then read as detached
+// (TestListLoopsWhileOthersGo). A directory of sysfs resumes by the next
+// name's hash and skips nothing.
+func listLoops(sysBlock string, r fileReader, devs map[string]host.DevNum) ([]host.Loop, error) {
+	names, err := r.names(sysBlock)
 	if err != nil {
-		entries, err := os.ReadDir(sysBlock)
-		if err != nil {
-			return nil, err
-		}
-		known = known[:0]
-		for _, e := range entries {
-			known = append(known, partition{name: e.Name(), size: -1})
-		}
+		return nil, err
 	}
 	var out []host.Loop
-	for _, d := range known {
-		if !strings.HasPrefix(d.name, "loop") {
+	for _, name := range names {
+		if !strings.HasPrefix(name, "loop") {
 			continue
 		}
-		backing, err := r.read(filepath.Join(sysBlock, d.name, "loop", "backing_file"))
+		dir := sysBlock + "/" + name
+		// sysfs gives the size in 512-byte sectors; 0 is a device not
+		// attached (or attached to an empty file, which no image is).
+		sectors, same, err := r.read(dir + "/size")
+		if err != nil {
+			continue // removed meanwhile
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(sectors), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s/size: %w", dir, err)
+		}
+		if n == 0 {
+			continue
+		}
+		backing, _, err := r.read(dir + "/loop/backing_file")
 		if err != nil {
 			continue // not attached
 		}
+		// A device's number never changes while the device exists, and a
+		// kept descriptor of a removed device fails.
+		dev, ok := devs[name]
+		if !ok || !same {
+			devRaw, _, err := r.read(dir + "/dev")
+			if err != nil {
+				continue // removed meanwhile
+			}
+			if dev, err = parseDevNum(strings.TrimSpace(devRaw)); err != nil {
+				return nil, fmt.Errorf("%s/dev: %w", dir, err)
+			}
+			if devs != nil {
+				devs[name] = dev
+			}
+		}
 		// A deleted backing file reads "<path> (deleted)".
 		backingFile := strings.TrimSuffix(strings.TrimSuffix(backing, "\n"), " (deleted)")
-		autoclear, _ := r.read(filepath.Join(sysBlock, d.name, "loop", "autoclear"))
-		discard, _ := r.read(filepath.Join(sysBlock, d.name, "queue", "discard_max_bytes"))
-		if d.size < 0 {
-			devRaw, err := r.read(filepath.Join(sysBlock, d.name, "dev"))
-			if err != nil {
-				continue // detached meanwhile
-			}
-			if d.dev, err = parseDevNum(strings.TrimSpace(devRaw)); err != nil {
-				return nil, fmt.Errorf("%s/dev: %w", d.name, err)
-			}
-			// sysfs gives the size in 512-byte sectors.
-			sectors, _ := r.read(filepath.Join(sysBlock, d.name, "size"))
-			n, _ := strconv.ParseInt(strings.TrimSpace(sectors), 10, 64)
-			d.size = n * 512
-		}
+		autoclear, _, _ := r.read(dir + "/loop/autoclear")
+		discard, _, _ := r.read(dir + "/queue/discard_max_bytes")
 		var backingSize, allocated int64
 		var st unix.Stat_t
 		if err := unix.Stat(backingFile, &st); err == nil {
@@ -272,10 +284,10 @@ func listLoops(sysBlock, partitions string, r fileReader) ([]host.Loop, error) {
 		}
 		discards := strings.TrimSpace(discard)
 		out = append(out, host.Loop{
-			Device:           "/dev/" + d.name,
-			Dev:              d.dev,
+			Device:           "/dev/" + name,
+			Dev:              dev,
 			AutoClear:        strings.TrimSpace(autoclear) == "1",
-			Size:             d.size,
+			Size:             n * 512,
 			BackingSize:      backingSize,
 			BackingAllocated: allocated,
 			BackingFile:      backingFile,
@@ -285,22 +297,71 @@ func listLoops(sysBlock, partitions string, r fileReader) ([]host.Loop, error) {
 	return out, nil
 }
 
-// fileReader reads a small kernel-generated file (a sysfs attribute,
-// /proc/partitions) whole.
+// attrBuf is the buffer for a sysfs attribute: sysfs hands out at most a
+// page, so a read into a larger buffer gets the whole attribute at once.
+const attrBuf = 2 * 4096
+
+// fileReader reads sysfs: attributes, and the names in a directory.
 type fileReader interface {
-	read(path string) (string, error)
+	// read reads an attribute whole; same is true when it was read
+	// through a descriptor kept open since an earlier listing.
+	read(path string) (s string, same bool, err error)
+	// names lists a directory.
+	names(dir string) ([]string, error)
 }
 
-// oneShot opens, reads and closes each file: three syscalls.
+// oneShot opens, reads and closes each file.
 type oneShot struct{ buf []byte }
 
-func (o *oneShot) read(path string) (string, error) {
+func (o *oneShot) read(path string) (string, bool, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", false, err
+	}
+	defer unix.Close(fd)
+	s, err := preadAttr(fd, &o.buf)
+	return s, false, err
+}
+
+func (o *oneShot) names(dir string) ([]string, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	return readNames(fd, &o.buf)
+}
+
+// readNames lists the directory open at fd from its current offset.
+func readNames(fd int, buf *[]byte) ([]string, error) {
+	var names []string
+	for {
+		n, err := unix.Getdents(fd, *buf)
+		if errors.Is(err, unix.EINVAL) && len(*buf) < attrBuf {
+			*buf = make([]byte, attrBuf) // too small for the next entry
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return names, nil
+		}
+		_, _, names = unix.ParseDirent((*buf)[:n], -1, names)
+	}
+}
+
+// preadAttr reads a sysfs attribute open at fd: one read, unless it filled
+// the buffer (more than sysfs hands out for an attribute at once).
+func preadAttr(fd int, buf *[]byte) (string, error) {
+	n, err := unix.Pread(fd, *buf, 0)
 	if err != nil {
 		return "", err
 	}
-	defer unix.Close(fd)
-	return preadAll(fd, &o.buf)
+	if n < len(*buf) {
+		return string((*buf)[:n]), nil
+	}
+	return preadAll(fd, buf)
 }
 
 // preadAll reads the file open at fd from its start to its end, growing
@@ -325,17 +386,24 @@ func preadAll(fd int, buf *[]byte) (string, error) {
 	}
 }
 
-// keptFiles reads files through descriptors it keeps open between calls:
+// keptFiles reads sysfs through descriptors it keeps open between calls:
 // one pread each rather than an open, a read and a close. A descriptor is
 // never read stale: the kernel generates the file anew for each read, and a
-// loop device's attributes go away when it is detached, after which their
-// descriptors fail (ENODEV, even once the device is attached again); any
-// failure closes the descriptor and opens the file anew.
+// device's attributes go away when it is removed, and a loop device's loop
+// attributes when it is detached, after which their descriptors fail
+// (ENODEV, even once the device is attached again); any failure closes the
+// descriptor and opens the file anew.
 type keptFiles struct {
 	// mu guards everything below.
 	mu  sync.Mutex
 	buf []byte
 	fds map[string]*keptFile
+	// dir is the directory listed, kept open (-1 before the first
+	// listing), dirPath its path.
+	dir     int
+	dirPath string
+	// devs caches the devices' numbers for listLoops.
+	devs map[string]host.DevNum
 	// round counts listings; a descriptor not read in the latest is
 	// closed.
 	round int
@@ -352,48 +420,77 @@ type keptFile struct {
 
 func newKeptFiles() *keptFiles {
 	// A quarter of the process's descriptor limit (which Go raises to the
-	// hard limit at start): 3 per attached device.
+	// hard limit at start): up to 5 per attached device, 1 per other.
 	max := 256
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err == nil && rl.Cur/4 > uint64(max) {
 		max = int(min(rl.Cur/4, 1<<20))
 	}
-	return &keptFiles{buf: make([]byte, unix.PathMax+64), fds: map[string]*keptFile{}, max: max}
+	return &keptFiles{buf: make([]byte, attrBuf), fds: map[string]*keptFile{}, dir: -1, devs: map[string]host.DevNum{}, max: max}
 }
 
-func (k *keptFiles) read(path string) (string, error) {
+func (k *keptFiles) read(path string) (string, bool, error) {
 	if f := k.fds[path]; f != nil {
-		if s, err := preadAll(f.fd, &k.buf); err == nil {
+		if s, err := preadAttr(f.fd, &k.buf); err == nil {
 			f.round = k.round
-			return s, nil
+			return s, true, nil
 		}
 		unix.Close(f.fd)
 		delete(k.fds, path)
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	s, err := preadAll(fd, &k.buf)
+	s, err := preadAttr(fd, &k.buf)
 	if err != nil || len(k.fds) >= k.max {
 		unix.Close(fd)
-		return s, err
+		return s, false, err
 	}
 	k.fds[path] = &keptFile{fd: fd, round: k.round}
-	return s, nil
+	return s, false, nil
+}
+
+func (k *keptFiles) names(dir string) ([]string, error) {
+	if k.dir >= 0 && k.dirPath == dir {
+		if _, err := unix.Seek(k.dir, 0, io.SeekStart); err == nil {
+			return readNames(k.dir, &k.buf)
+		}
+	}
+	if k.dir >= 0 {
+		unix.Close(k.dir)
+		k.dir = -1
+	}
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	k.dir, k.dirPath = fd, dir
+	return readNames(fd, &k.buf)
 }
 
 // listLoops is ListLoops with k's descriptors; those of devices no longer
-// listed are closed.
-func (k *keptFiles) listLoops(sysBlock, partitions string) ([]host.Loop, error) {
+// listed, or no longer attached, are closed.
+func (k *keptFiles) listLoops(sysBlock string) ([]host.Loop, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.round++
-	loops, err := listLoops(sysBlock, partitions, k)
+	loops, err := listLoops(sysBlock, k, k.devs)
 	for path, f := range k.fds {
 		if f.round != k.round {
 			unix.Close(f.fd)
 			delete(k.fds, path)
+		}
+	}
+	if err == nil {
+		listed := make(map[string]bool, len(loops))
+		for _, l := range loops {
+			listed[strings.TrimPrefix(l.Device, "/dev/")] = true
+		}
+		for name := range k.devs {
+			if !listed[name] {
+				delete(k.devs, name)
+			}
 		}
 	}
 	return loops, err
@@ -407,42 +504,10 @@ func (k *keptFiles) close() {
 		unix.Close(f.fd)
 		delete(k.fds, path)
 	}
-}
-
-// partition is one loop device of /proc/partitions; size is -1 when only
-// the name is known.
-type partition struct {
-	name string
-	dev  host.DevNum
-	size int64
-}
-
-// attachedLoops returns the loop devices (not their partitions) that a
-// /proc/partitions file lists, with their numbers and sizes.
-func attachedLoops(partitions string, r fileReader) ([]partition, error) {
-	if partitions == "" {
-		return nil, errors.New("no partitions file")
+	if k.dir >= 0 {
+		unix.Close(k.dir)
+		k.dir = -1
 	}
-	raw, err := r.read(partitions)
-	if err != nil {
-		return nil, err
-	}
-	var out []partition
-	for _, line := range strings.Split(raw, "\n") {
-		f := strings.Fields(line)
-		if len(f) != 4 || !strings.HasPrefix(f[3], "loop") || strings.Contains(f[3][4:], "p") {
-			continue
-		}
-		major, err1 := strconv.ParseUint(f[0], 10, 32)
-		minor, err2 := strconv.ParseUint(f[1], 10, 32)
-		blocks, err3 := strconv.ParseInt(f[2], 10, 64)
-		if err1 != nil || err2 != nil || err3 != nil {
-			return nil, fmt.Errorf("%s: malformed line %q", partitions, line)
-		}
-		// #blocks counts 1 KiB blocks.
-		out = append(out, partition{name: f[3], dev: host.DevNum{Major: uint32(major), Minor: uint32(minor)}, size: blocks * 1024})
-	}
-	return out, nil
 }
 
 func parseDevNum(s string) (host.DevNum, error) {

@@ -18,9 +18,6 @@ type Observer struct {
 	MountInfo string
 	// SysBlock is the sysfs block directory, normally /sys/block.
 	SysBlock string
-	// Partitions lists the block devices of non-zero size, normally
-	// /proc/partitions; empty to visit every loop device in SysBlock.
-	Partitions string
 	// Paths resolves mount points beneath the plugin's roots without
 	// symlinks for CheckMount; nil resolves every path as it is.
 	Paths *Paths
@@ -41,7 +38,7 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
 	}
-	loops, err := o.files.listLoops(o.SysBlock, o.Partitions)
+	loops, err := o.files.listLoops(o.SysBlock)
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}

@@ -94,7 +94,7 @@ func Run(ctx context.Context, cfg Config) error {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
 	}
 	m := metrics.New()
-	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Partitions: "/proc/partitions",
+	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block",
 		Paths: devices.NewPaths(cfg.roots()), Images: images}
 	defer observer.Close()
 	topology := map[string]string{TopologyKey: cfg.NodeID}

@@ -526,7 +526,8 @@ func BenchmarkThousandVolumes(b *testing.B) {
 // removeNewLoopNodes removes, when b ends, the loop device nodes the kernel
 // made during it (it makes one on demand for every attach beyond those it
 // has, and keeps them): left behind, a thousand idle nodes make every later
-// read of /proc/partitions, and so every pass of every later run, slower.
+// loop listing (a read of each device's size), and so every pass of every
+// later run, slower.
 // Nodes that were there before, or are attached, are kept.
 func removeNewLoopNodes(b *testing.B) {
 	before := loopNodes()

@@ -348,7 +348,7 @@ func mountsIn(mountinfo, dir string) []string {
 // under dir to that file.
 func loopsBackedUnder(dir string) map[string]string {
 	out := map[string]string{}
-	loops, _ := devices.ListLoops("/sys/block", "/proc/partitions")
+	loops, _ := devices.ListLoops("/sys/block")
 	for _, l := range loops {
 		if strings.HasPrefix(l.BackingFile, dir+"/") {
 			out[l.Device] = l.BackingFile
