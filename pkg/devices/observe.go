@@ -29,11 +29,24 @@ type Observer struct {
 	filesOnce sync.Once
 	files     *keptFiles
 	mounts    *mountTable
+
+	// rootsMu guards roots: the descriptors of Paths' roots, opened anew
+	// by each observation for the mount checks that follow it (one open
+	// for a pass rather than one for each mount), so that the roots
+	// resolved are as new as the observation.
+	rootsMu sync.Mutex
+	roots   rootFds
 }
 
 // Observe parses the mount table once and lists the loop devices.
 func (o *Observer) Observe() (*host.Snapshot, error) {
 	o.filesOnce.Do(o.keepFiles)
+	if o.Paths != nil {
+		o.rootsMu.Lock()
+		o.roots.close()
+		o.roots = o.Paths.pin()
+		o.rootsMu.Unlock()
+	}
 	mounts, err := o.mounts.read()
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
@@ -57,6 +70,10 @@ func (o *Observer) Close() error {
 	o.filesOnce.Do(o.keepFiles)
 	o.files.close()
 	o.mounts.close()
+	o.rootsMu.Lock()
+	o.roots.close()
+	o.roots = nil
+	o.rootsMu.Unlock()
 	return nil
 }
 
@@ -88,12 +105,15 @@ func byDevice(mounts []host.Mount, loops []host.Loop) []host.Mount {
 // IsCorruptedMnt); any other failure is no error, as the mount table is the
 // authority on whether something is mounted there. A path beneath the roots
 // is resolved without following any symlink, so the ID is never another
-// mount's that a symlink led to.
+// mount's that a symlink led to, beneath the root as the latest Observe
+// found it.
 func (o *Observer) CheckMount(path string) (uint64, error) {
 	var id uint64
 	var err error
 	if _, _, berr := host.Beneath(path, o.rootsOf()); o.Paths != nil && berr == nil {
-		fd, oerr := o.Paths.open(path, 0)
+		o.rootsMu.Lock()
+		fd, oerr := o.Paths.openIn(o.roots, path, unix.O_PATH)
+		o.rootsMu.Unlock()
 		if oerr != nil {
 			if mount.IsCorruptedMnt(errors.Unwrap(oerr)) || mount.IsCorruptedMnt(oerr) {
 				return 0, oerr

@@ -420,3 +420,61 @@ func TestListLoopsWhileOthersGo(t *testing.T) {
 	}
 	t.Logf("%d listings while %d devices went", listings, len(going))
 }
+
+// TestCheckMountSeesTheRootOfItsObservation mounts a filesystem over a
+// root between two observations: the mount checks after the second resolve
+// beneath the new root, not the one the first observation opened, and
+// a check with no observation before it resolves all the same.
+func TestCheckMountSeesTheRootOfItsObservation(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	root := t.TempDir()
+	mnt := filepath.Join(root, "a", "mnt")
+	var mounted []string
+	t.Cleanup(func() {
+		for i := len(mounted) - 1; i >= 0; i-- {
+			syscall.Unmount(mounted[i], syscall.MNT_DETACH)
+		}
+	})
+	mountAt := func(path string) {
+		t.Helper()
+		if err := os.MkdirAll(path, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("tmpfs", path, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		mounted = append(mounted, path)
+	}
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: NewPaths([]string{root})}
+	defer o.Close()
+	check := func() uint64 {
+		t.Helper()
+		id, err := o.CheckMount(mnt)
+		if err != nil || id == 0 {
+			t.Fatalf("CheckMount(%s): %d, %v", mnt, id, err)
+		}
+		return id
+	}
+	mountAt(mnt)
+	unobserved := check()
+	if _, err := o.Observe(); err != nil {
+		t.Fatal(err)
+	}
+	if first := check(); first != unobserved {
+		t.Fatalf("the same mount checked with and without an observation: %d, then %d", unobserved, first)
+	}
+	// A new root over the old one, holding a mount at the same path.
+	mountAt(root)
+	mountAt(mnt)
+	if again := check(); again != unobserved {
+		t.Errorf("before the next observation: %d, want %d (the root the observation opened)", again, unobserved)
+	}
+	if _, err := o.Observe(); err != nil {
+		t.Fatal(err)
+	}
+	if second := check(); second == unobserved {
+		t.Errorf("after the root was mounted over and observed again, CheckMount still finds the mount beneath the old root (%d)", second)
+	}
+}

@@ -49,6 +49,35 @@ func (p *Paths) open(path string, flags uint64) (int, error) {
 // openAs is open with the open flags given (O_CLOEXEC added), for a
 // descriptor that ioctls act on, which O_PATH refuses.
 func (p *Paths) openAs(path string, flags uint64) (int, error) {
+	return p.openIn(nil, path, flags)
+}
+
+// rootFds are descriptors of the roots, opened once for many resolutions
+// (a pass's mount checks) rather than once for each: see pin.
+type rootFds map[string]int
+
+// pin opens every root there is now. A root that cannot be opened is left
+// out: resolutions beneath it open it themselves, as without pin.
+func (p *Paths) pin() rootFds {
+	fds := make(rootFds, len(p.roots))
+	for _, r := range p.roots {
+		if fd, err := unix.Open(r, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+			fds[r] = fd
+		}
+	}
+	return fds
+}
+
+// close closes the descriptors.
+func (fds rootFds) close() {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+// openIn is openAs resolving beneath the root's descriptor in pinned, when
+// it holds one.
+func (p *Paths) openIn(pinned rootFds, path string, flags uint64) (int, error) {
 	if slices.Contains(p.roots, path) {
 		fd, err := unix.Open(path, int(flags)|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -60,11 +89,13 @@ func (p *Paths) openAs(path string, flags uint64) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	rootFd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("opening root %s: %w", root, err)
+	rootFd, ok := pinned[root]
+	if !ok {
+		if rootFd, err = unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
+			return -1, fmt.Errorf("opening root %s: %w", root, err)
+		}
+		defer unix.Close(rootFd)
 	}
-	defer unix.Close(rootFd)
 	how := &unix.OpenHow{
 		Flags:   unix.O_CLOEXEC | flags,
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
