@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -182,11 +183,28 @@ func (p *Paths) Unmount(path string) error {
 	return unmountIn(parent, path)
 }
 
+// busyTries bounds the tries of an unmount that finds its mount busy; the
+// first retry comes after busyPause, each later one after twice the pause
+// before it (about 50 ms in all).
+const (
+	busyTries = 10
+	busyPause = 100 * time.Microsecond
+)
+
 // unmountIn unmounts the top mount at the last component of path in the
 // directory parent, without following a symlink there. Nothing mounted
-// there, or nothing there, is a no-op.
+// there, or nothing there, is a no-op. A mount found busy is tried again
+// a few times at once: whatever looks at a mount (a stat of it, by the
+// plugin's own passes, or a df, or udev) holds it for as long as that
+// call, and a busy mount failing the operation waits out a backoff of half
+// a second; a mount that stays busy (a process working in it) still fails.
 func unmountIn(parent int, path string) error {
-	err := unix.Unmount(fdPath(parent)+"/"+filepath.Base(path), unix.UMOUNT_NOFOLLOW)
+	name := fdPath(parent) + "/" + filepath.Base(path)
+	err := unix.Unmount(name, unix.UMOUNT_NOFOLLOW)
+	for try, pause := 1, busyPause; errors.Is(err, unix.EBUSY) && try < busyTries; try, pause = try+1, 2*pause {
+		time.Sleep(pause)
+		err = unix.Unmount(name, unix.UMOUNT_NOFOLLOW)
+	}
 	switch {
 	case err == nil, errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
 		return nil
