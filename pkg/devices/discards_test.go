@@ -12,9 +12,9 @@ import (
 // TestDiscardsAfterAThickUser checks that a device number whose discards a
 // thick volume turned off is never handed to a thin volume with them stuck
 // off: the kernel keeps a device's discard limit across detaches, so Detach
-// removes such a device (in the background) and an attach that finds one
-// anyway takes another. Each thin attach follows a thick detach at once,
-// racing the removal.
+// removes such a device (in the background, removeDelay later) and an
+// attach that finds one before that takes another. Every other thin attach
+// follows a thick detach at once, before the removal.
 func TestDiscardsAfterAThickUser(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices")
