@@ -132,7 +132,11 @@ type Static interface {
 // Defaults of Config.
 const (
 	DefaultResyncPeriod = 10 * time.Second
-	DefaultFastWorkers  = 16
+	// DefaultFastWorkers: the quick operations include the unstage, whose
+	// unmount writes the filesystem's journal out and waits for the disk.
+	// 100 volumes torn down at once on 2 cores took 111-173 ms with 16 and
+	// 98-151 ms with 64, faster in 7 of 8 pairs of runs.
+	DefaultFastWorkers = 64
 	// DefaultSlowWorkers: a mkfs waits on the disk more than it runs, so
 	// more of them than cores keep both busy. 100 volumes staged at once
 	// on 2 cores took 886-978 ms with 8, 758-778 ms with 16, 664-763 ms
