@@ -89,15 +89,39 @@ type Controller struct {
 
 	// mu serialises CreateVolume, DeleteVolume and GrowImage, so that a
 	// name is never created and deleted at once, and no two of them promise
-	// the same free space.
+	// the same free space. A restore is registered and ended under it.
 	mu sync.Mutex
+	// restoresMu guards restores, the volumes being copied from a
+	// snapshot, by ID; it is taken alone, or inside mu. A copy
+	// may take minutes (a sparse copy of many gigabytes), longer than a
+	// request waits (external-provisioner's --timeout is 10 s by default):
+	// it goes on without mu and past the request that started it, and the
+	// retries of the request wait for it.
+	restoresMu sync.Mutex
+	restores   map[string]*restore
+	// restoreImage copies a snapshot into a volume's image (restore; the
+	// tests hold it up).
+	restoreImage func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error
+}
+
+// restore is a volume being copied from a snapshot.
+type restore struct {
+	snapshot string
+	// size and thin are what the volume is promised while it is copied.
+	size int64
+	thin bool
+	// done is closed when the copy has ended, err set before.
+	done chan struct{}
+	err  error
 }
 
 // New returns the Controller service over the images of this node's data
 // directory; topology is this node's segment (TopologyKey: the node's
 // name).
 func New(images *devices.Images, store Store, topology map[string]string, opts Options) *Controller {
-	return &Controller{images: images, store: store, topology: topology, opts: opts}
+	c := &Controller{images: images, store: store, topology: topology, opts: opts, restores: map[string]*restore{}}
+	c.restoreImage = c.restore
+	return c
 }
 
 func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
@@ -174,7 +198,14 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, err
 	}
+	// A copy an earlier request began: wait for it (a clone would take
+	// its snapshot again).
+	if r := c.restoring(id); r != nil {
+		return c.awaitRestore(ctx, req, id, r)
+	}
 	var snap *devices.SnapshotInfo
+	release := func() {}
+	defer func() { release() }()
 	switch src := req.GetVolumeContentSource(); {
 	case src == nil:
 	case src.GetSnapshot() != nil:
@@ -194,7 +225,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		if err != nil {
 			return nil, err
 		}
-		defer done()
+		release = done
 		snap = &info
 	default:
 		return nil, state.Errorf(state.KindInvalidArgument, "unknown volume content source")
@@ -219,7 +250,17 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			c.mu.Unlock()
+		}
+	}()
+	if r := c.restoring(id); r != nil {
+		c.mu.Unlock()
+		locked = false
+		return c.awaitRestore(ctx, req, id, r)
+	}
 	v, err := c.store.Get(id)
 	if err == nil && v.Removing {
 		// A deletion of the name that a crash interrupted: its image is
@@ -264,8 +305,13 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, nodeserver.Status(err)
 	}
 	if snap != nil {
-		err = c.restore(ctx, id, *snap, size, prov == state.ProvisionThick)
-	} else if err = c.images.Create(id, size, prov == state.ProvisionThick); err != nil {
+		r := c.startRestore(id, name, *snap, size, prov, release)
+		release = func() {}
+		c.mu.Unlock()
+		locked = false
+		return c.awaitRestore(ctx, req, id, r)
+	}
+	if err = c.images.Create(id, size, prov == state.ProvisionThick); err != nil {
 		err = imageError(err, "creating volume %s", id)
 	}
 	if err != nil {
@@ -274,6 +320,60 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	klog.V(2).InfoS("Created volume", "volumeID", id, "name", name, "bytes", size, "provisioning", prov)
 	return c.response(id, size, volumeContext, req.GetVolumeContentSource()), nil
+}
+
+// startRestore starts copying snapshot snap into the image of volume id,
+// of size bytes, in the background, and registers the copy; c.mu is held.
+// The copy goes on whatever becomes of the request: it ends whole or
+// absent (devices.CopyFile), and on failure the record's provisioning is
+// cleared as for any volume not made. release runs when the copy has
+// ended.
+func (c *Controller) startRestore(id, name string, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
+	r := &restore{snapshot: snap.ID, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
+	c.restoresMu.Lock()
+	c.restores[id] = r
+	c.restoresMu.Unlock()
+	go func() {
+		defer release()
+		err := c.restoreImage(context.Background(), id, snap, size, prov == state.ProvisionThick)
+		c.mu.Lock()
+		c.restoresMu.Lock()
+		delete(c.restores, id)
+		c.restoresMu.Unlock()
+		if err != nil {
+			c.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name = "", ""; return nil })
+			klog.ErrorS(err, "Restore failed", "volumeID", id, "snapshotID", snap.ID)
+		} else {
+			klog.V(2).InfoS("Created volume", "volumeID", id, "name", name, "bytes", size, "provisioning", prov, "snapshotID", snap.ID)
+		}
+		r.err = err
+		c.mu.Unlock()
+		close(r.done)
+	}()
+	return r
+}
+
+// restoring returns the restore of volume id under way, or nil.
+func (c *Controller) restoring(id string) *restore {
+	c.restoresMu.Lock()
+	defer c.restoresMu.Unlock()
+	return c.restores[id]
+}
+
+// awaitRestore waits for the restore r of volume id to end, then answers
+// req as a request finding the volume made (or the restore's failure).
+// When ctx ends first the restore goes on, and the answer says so: the
+// retry of the request finds it.
+func (c *Controller) awaitRestore(ctx context.Context, req *csi.CreateVolumeRequest, id string, r *restore) (*csi.CreateVolumeResponse, error) {
+	select {
+	case <-r.done:
+		if r.err != nil {
+			return nil, r.err
+		}
+		return c.CreateVolume(ctx, req)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("volume %s is still being restored from snapshot %s; the restore goes on, and a retry of the request finds it: %w", id, r.snapshot, ctx.Err())
+	}
 }
 
 // legacy reports whether the volume named name was made before volume IDs
@@ -355,13 +455,28 @@ func (c *Controller) account() (capacity.Account, int64, error) {
 	if c.snapshots != nil {
 		mode = c.snapshots.snaps.Mode
 	}
-	return Account(c.images, c.store, c.opts.Ratio, mode)
+	// A volume being restored is promised its size already: its copy is
+	// not an image yet. What the copy wrote so far is counted twice, out
+	// of the free space and in the promise, until it is one.
+	var restoring []capacity.Image
+	c.restoresMu.Lock()
+	for _, r := range c.restores {
+		restoring = append(restoring, capacity.Image{Size: r.size, Thin: r.thin})
+	}
+	c.restoresMu.Unlock()
+	return account(c.images, c.store, c.opts.Ratio, mode, restoring)
 }
 
 // Account derives the state of the data directory from its images and
 // their records, for thin volumes at ratio and snapshots copied as mode
 // says, and returns it with the filesystem's size.
 func Account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode) (capacity.Account, int64, error) {
+	return account(images, store, ratio, mode, nil)
+}
+
+// account is Account with the images not made yet that are promised
+// their space (pending).
+func account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode, pending []capacity.Image) (capacity.Account, int64, error) {
 	total, free, err := images.Capacity()
 	if err != nil {
 		return capacity.Account{}, 0, err
@@ -378,7 +493,7 @@ func Account(images *devices.Images, store Store, ratio float64, mode devices.Co
 			ims[i].Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u, v.Thin())
 		}
 	}
-	return capacity.New(free, ratio, ims), total, nil
+	return capacity.New(free, ratio, append(ims, pending...)), total, nil
 }
 
 // promise checks that an image of have bytes may grow to size bytes (have
@@ -529,6 +644,9 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if r := c.restoring(id); r != nil {
+		return nil, state.Errorf(state.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
+	}
 	// The record is marked first, so that no stage intent can slip in
 	// while the image goes, and a crash in between leaves a mark the next
 	// DeleteVolume or CreateVolume of the name finishes.

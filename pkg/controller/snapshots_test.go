@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -169,5 +171,94 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	}
 	if after.Copying != 0 {
 		t.Errorf("no snapshot asked for: %d bytes copying, want 0", after.Copying)
+	}
+}
+
+// TestRestoreOutlivesItsRequest holds a restore's copy up: the request
+// that began it answers DEADLINE_EXCEEDED when its context ends while the
+// copy goes on; meanwhile other volumes are made without waiting for it,
+// the copy's size is promised, and the volume cannot be deleted. A retry
+// waits for the copy and answers with the volume, whole. A copy that
+// fails answers its retry with the failure, and the volume is not made.
+func TestRestoreOutlivesItsRequest(t *testing.T) {
+	c, store, images := newController(t)
+	serveSnapshots(t, c, images)
+	v1 := create(t, c, "v1")
+	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, gate := make(chan string, 1), make(chan error)
+	copyImage := c.restoreImage
+	c.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
+		started <- id
+		if err := <-gate; err != nil {
+			return err
+		}
+		return copyImage(ctx, id, snap, size, thick)
+	}
+	restore := func(ctx context.Context, name string) (*csi.CreateVolumeResponse, error) {
+		resp, err := c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}}})
+		return resp, nodeserver.Status(err)
+	}
+	available := func() int64 {
+		t.Helper()
+		resp, err := c.GetCapacity(t.Context(), &csi.GetCapacityRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetAvailableCapacity()
+	}
+	before := available()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err = restore(ctx, "r1")
+	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "still being restored") {
+		t.Fatalf("the request whose deadline ended during the copy: got %v, want DEADLINE_EXCEEDED saying the restore goes on", err)
+	}
+	r1 := <-started
+	if during := available(); during > before-MinVolumeSize {
+		t.Errorf("during the copy, GetCapacity says %d bytes, %d before: the copy's %d bytes are not promised", during, before, MinVolumeSize)
+	}
+	if v2 := create(t, c, "v2"); v2 == "" {
+		t.Error("no volume made during the copy")
+	}
+	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: r1}); status.Code(nodeserver.Status(err)) != codes.Aborted {
+		t.Errorf("deleting the volume during its copy: got %v, want ABORTED", err)
+	}
+	retried := make(chan error, 1)
+	var resp *csi.CreateVolumeResponse
+	go func() {
+		var err error
+		resp, err = restore(t.Context(), "r1")
+		retried <- err
+	}()
+	select {
+	case err := <-retried:
+		t.Fatalf("the retry answered before the copy ended: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	gate <- nil
+	if err := <-retried; err != nil || resp.GetVolume().GetVolumeId() != r1 {
+		t.Fatalf("the retry after the copy: got %v, %v; want volume %s", resp, err, r1)
+	}
+	if size, err := images.Size(r1); err != nil || size != MinVolumeSize {
+		t.Errorf("the restored image: %d bytes, %v; want %d", size, err, MinVolumeSize)
+	}
+
+	// A copy that fails.
+	go func() { <-started; gate <- errors.New("copy failed") }()
+	if _, err := restore(t.Context(), "r2"); err == nil || !strings.Contains(err.Error(), "copy failed") {
+		t.Errorf("a failed copy: got %v, want its failure", err)
+	}
+	r2 := c.localID("r2")
+	if _, err := images.Size(r2); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a failed copy left an image: %v", err)
+	}
+	if v, err := store.Get(r2); err == nil && v.Provisioning != "" {
+		t.Errorf("a failed copy left the record of a volume made %s", v.Provisioning)
 	}
 }
