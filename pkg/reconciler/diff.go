@@ -315,8 +315,7 @@ func diffMounts(v *state.Volume, a *actual) []action {
 		// mount namespace, the kubelet's own loop device on a block
 		// volume) goes away with its last user: wait for that, rather
 		// than detach it again and again.
-		waiting := a.loop != nil && a.loop.AutoClear && (a.block || !a.staged) && !a.static
-		if len(v.Publishes) == 0 && !waiting && !hold {
+		if len(v.Publishes) == 0 && !a.releasePending() && !hold {
 			acts = append(acts, action{kind: actUnstage, generation: st.Generation, reason: unstageReason(a)})
 		}
 		return acts
@@ -492,6 +491,13 @@ func stageReason(v *state.Volume, a *actual) string {
 		return "filesystem provenance not recorded"
 	}
 	return ""
+}
+
+// releasePending reports whether the volume's device was detached and
+// stays attached until its last user (another mount namespace, the
+// kubelet's own loop device over a block volume) closes it.
+func (a *actual) releasePending() bool {
+	return a.loop != nil && a.loop.AutoClear && (a.block || !a.staged) && !a.static
 }
 
 func unstageReason(a *actual) string {

@@ -25,15 +25,23 @@ const soonDelay = time.Millisecond
 // volume DEGRADED: one or two are the ordinary retries of a busy node.
 const repeatedFailures = 3
 
+// firstReleasePoll is how soon a pass looks again at a device that waits
+// for its last user to go (actual.releasePending); while one waits, the
+// wait doubles from pass to pass, up to the resync period.
+const firstReleasePoll = 100 * time.Millisecond
+
 // Reconciler converges the actual state to the desired state.
 type Reconciler struct {
 	cfg   Config
 	exec  *executor
 	kick  chan struct{}
 	ready atomic.Bool
-	// wake is the earliest backoff end seen by the last pass (zero for
-	// none); only the goroutine running passes uses it.
-	wake time.Time
+	// wake is when the next pass is due by itself: the earliest end of a
+	// backoff, or a look again at a device waiting for its last user (zero
+	// for none). releasePoll is the current wait for such a device (zero
+	// while none waits). Only the goroutine running passes uses them.
+	wake        time.Time
+	releasePoll time.Duration
 	// reported maps a volume to the reason of the abnormal condition last
 	// logged for it; only the goroutine running passes uses it.
 	reported map[string]string
@@ -196,6 +204,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	}
 	// Plan.
 	seen, plans := r.plan(vols, snap)
+	r.pollReleases(seen)
 	// Report.
 	statuses := make([]status.VolumeStatus, 0, len(seen))
 	for _, s := range seen {
@@ -288,9 +297,7 @@ func (r *Reconciler) startPlans(ctx context.Context, plans []plan, epoch uint64)
 			}
 			busy, retryAt := r.exec.blocked(p.v.ID, p.act, epoch)
 			if busy {
-				if !retryAt.IsZero() && (r.wake.IsZero() || retryAt.Before(r.wake)) {
-					r.wake = retryAt
-				}
+				r.wakeBy(retryAt)
 				continue
 			}
 			r.startOp(ctx, p.v, p.a, p.act)
@@ -298,6 +305,30 @@ func (r *Reconciler) startPlans(ctx context.Context, plans []plan, epoch uint64)
 		}
 	}
 	return started
+}
+
+// wakeBy makes the next pass come by t at the latest (a zero t: no
+// change).
+func (r *Reconciler) wakeBy(t time.Time) {
+	if !t.IsZero() && (r.wake.IsZero() || t.Before(r.wake)) {
+		r.wake = t
+	}
+}
+
+// pollReleases makes a pass come soon when a withdrawn stage's device
+// waits for its last user: the kernel clears it at the last close and
+// tells no one, and the unstage answers only once a pass sees it gone.
+// The wait doubles while a device waits, so that one held for good costs
+// a pass per resync period.
+func (r *Reconciler) pollReleases(seen []plan) {
+	for _, s := range seen {
+		if st := s.v.Stage; st != nil && st.Deleting && s.a.releasePending() {
+			r.releasePoll = min(max(firstReleasePoll, 2*r.releasePoll), r.cfg.ResyncPeriod)
+			r.wakeBy(r.cfg.Clock.Now().Add(r.releasePoll))
+			return
+		}
+	}
+	r.releasePoll = 0
 }
 
 // staticDevice resolves the device of a static volume; nil when v is not

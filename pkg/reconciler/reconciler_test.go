@@ -866,3 +866,60 @@ func TestUnstageIsOneOperation(t *testing.T) {
 		})
 	}
 }
+
+// TestReleasePendingIsPolled withdraws a stage whose device was detached
+// but is held by another user: nothing is planned for it, and the passes
+// come back by themselves, sooner at first (the kernel clears the device
+// at its last close and tells no one), then less often, up to the resync
+// period; once the device is gone the stage is forgotten and the polling
+// stops.
+func TestReleasePendingIsPolled(t *testing.T) {
+	h := newHarness(t)
+	_, target := h.stagedAndPublished("v1")
+	image := h.world.Path("v1")
+	if _, err := h.store.Update("v1", func(v *state.Volume) error {
+		v.Publishes[target].Deleting = true
+		v.Stage.Deleting = true
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Unpublished and unmounted, the device detached while someone else
+	// holds it.
+	h.world.mu.Lock()
+	h.world.unmountAllLocked()
+	l := h.world.loops[image]
+	l.AutoClear = true
+	h.world.loops[image] = l
+	h.world.mu.Unlock()
+	h.settle()
+	if v, err := h.store.Get("v1"); err != nil || v.Stage == nil || len(v.Publishes) != 0 {
+		t.Fatalf("with the device held: got %+v, %v; want the stage kept, the publish forgotten", v, err)
+	}
+	var waits []time.Duration
+	for range 10 {
+		if _, err := h.r.Pass(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		waits = append(waits, h.r.wake.Sub(h.clock.Now()))
+	}
+	if waits[0] <= 0 || waits[0] > time.Second || waits[9] != DefaultResyncPeriod {
+		t.Fatalf("waits between passes while the device is held: %v; want a short first one, growing to the resync period (%v)", waits, DefaultResyncPeriod)
+	}
+	for i := 1; i < len(waits); i++ {
+		if waits[i] < waits[i-1] {
+			t.Fatalf("waits between passes while the device is held: %v; want them growing", waits)
+		}
+	}
+	// The last user lets go.
+	h.world.mu.Lock()
+	delete(h.world.loops, image)
+	h.world.mu.Unlock()
+	h.settle()
+	if v, err := h.store.Get("v1"); err == nil && v.Stage != nil {
+		t.Errorf("once the device is gone: the stage is still recorded: %+v", v.Stage)
+	}
+	if !h.r.wake.IsZero() || h.r.releasePoll != 0 {
+		t.Errorf("once the device is gone: next pass due at %v, poll %v; want none", h.r.wake, h.r.releasePoll)
+	}
+}

@@ -258,3 +258,53 @@ func TestExternalUnmountHealsAtOnce(t *testing.T) {
 	readBack(t, v)
 	tearDown(t, p, v)
 }
+
+// TestUnstageSeesAHeldDeviceGo runs with a resync period of an hour. A
+// volume's loop device is held open by someone else (a process, the
+// kubelet's own loop device over a block volume) when it is unstaged: the
+// detach only marks it, and the kernel clears it at its last close. The
+// unstage must not answer while the device is attached, and must answer
+// once it is gone without waiting for the next resync.
+func TestUnstageSeesAHeldDeviceGo(t *testing.T) {
+	p := testenv.New(t, "--resync-period", "1h")
+	p.Start()
+	v := setUp(t, p, "held")
+	dev := sourceAt(t, v.staging)
+	if _, err := p.Node().NodeUnpublishVolume(t.Context(), &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target}); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	answered := make(chan error, 1)
+	go func() {
+		_, err := p.Node().NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+		answered <- err
+	}()
+	attached := func() bool {
+		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+		return err == nil && strings.Contains(string(b), v.id)
+	}
+	eventually(t, "the staging mount unmounted", func() bool { return !mounted(v.staging) })
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case err := <-answered:
+		t.Fatalf("NodeUnstageVolume answered (%v) while %s was held open, still attached: %v", err, dev, attached())
+	default:
+	}
+	if !attached() {
+		t.Fatalf("%s was detached while held open", dev)
+	}
+	holder.Close()
+	if err := <-answered; err != nil {
+		t.Fatalf("NodeUnstageVolume after the device's last user closed it: %v (the next resync is an hour away)", err)
+	}
+	if attached() {
+		t.Errorf("NodeUnstageVolume answered OK with %s still attached", dev)
+	}
+	tearDown(t, p, v)
+}
