@@ -333,6 +333,7 @@ func (c *Controller) startRestore(id, name string, snap devices.SnapshotInfo, si
 	c.restoresMu.Lock()
 	c.restores[id] = r
 	c.restoresMu.Unlock()
+	klog.InfoS("Restoring volume from snapshot; the copy goes on past the request", "volumeID", id, "snapshotID", snap.ID, "bytes", size, "snapshotAllocatedBytes", snap.Allocated)
 	go func() {
 		defer release()
 		err := c.restoreImage(context.Background(), id, snap, size, prov == state.ProvisionThick)
@@ -344,7 +345,7 @@ func (c *Controller) startRestore(id, name string, snap devices.SnapshotInfo, si
 			c.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name = "", ""; return nil })
 			klog.ErrorS(err, "Restore failed", "volumeID", id, "snapshotID", snap.ID)
 		} else {
-			klog.V(2).InfoS("Created volume", "volumeID", id, "name", name, "bytes", size, "provisioning", prov, "snapshotID", snap.ID)
+			klog.InfoS("Restored volume from snapshot", "volumeID", id, "name", name, "bytes", size, "provisioning", prov, "snapshotID", snap.ID)
 		}
 		r.err = err
 		c.mu.Unlock()
