@@ -2,6 +2,7 @@ package fault
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -289,8 +290,23 @@ func TestUnstageSeesAHeldDeviceGo(t *testing.T) {
 		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
 		return err == nil && strings.Contains(string(b), v.id)
 	}
-	eventually(t, "the staging mount unmounted", func() bool { return !mounted(v.staging) })
-	time.Sleep(500 * time.Millisecond)
+	autoclear := func() bool {
+		b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "autoclear"))
+		return err == nil && strings.TrimSpace(string(b)) == "1"
+	}
+	eventually(t, "the device detached, which only marks it", autoclear)
+	// Two passes that saw it held, after the detach, leave the request
+	// waiting.
+	passes := func() int {
+		_, raw := p.StatusGet("/metrics")
+		n := 0
+		for _, line := range strings.Split(raw, "\n") {
+			fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_count %d", &n)
+		}
+		return n
+	}
+	seen := passes()
+	eventually(t, "two passes after the detach", func() bool { return passes() >= seen+2 })
 	select {
 	case err := <-answered:
 		t.Fatalf("NodeUnstageVolume answered (%v) while %s was held open, still attached: %v", err, dev, attached())
