@@ -83,7 +83,11 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 	fmt.Fprintf(w, "PROMISED        thick %s (%s not yet allocated), thin %s (%s written, ratio %g)\n",
 		amount(p.ThickPromisedBytes), amount(p.ThickOwedBytes), amount(p.ThinPromisedBytes), amount(p.ThinAllocatedBytes), p.OverprovisioningRatio)
 	fmt.Fprintf(w, "AVAILABLE       thick %s, thin %s\n", amount(p.ThickAvailableBytes), amount(p.ThinAvailableBytes))
-	fmt.Fprintf(w, "SNAPSHOTS       %d, allocating %s (copied by %s), %s promised to those being taken\n\n", p.Snapshots, amount(p.SnapshotBytes), p.CopyMode, amount(p.CopyingBytes))
+	fmt.Fprintf(w, "SNAPSHOTS       %d, allocating %s (copied by %s), %s promised to those being taken\n", p.Snapshots, amount(p.SnapshotBytes), p.CopyMode, amount(p.CopyingBytes))
+	for _, r := range p.Restores {
+		fmt.Fprintf(w, "RESTORING       %s from snapshot %s, %s promised until it is made\n", r.VolumeID, r.SnapshotID, amount(r.SizeBytes))
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tPHASE\tPROV\tSTAGED AT\tPUBLISHES\tSIZE\tPROBLEM\tNEXT RETRY")
 	for _, v := range s.Volumes {

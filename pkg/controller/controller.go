@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -448,6 +449,29 @@ func sizeFor(required, limit int64) (int64, error) {
 		return 0, state.Errorf(state.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, limit)
 	}
 	return size, nil
+}
+
+// Account is the state of the data directory as CreateVolume and
+// GetCapacity see it, with the filesystem's size: the volumes being
+// restored are promised their size.
+func (c *Controller) Account() (capacity.Account, int64, error) { return c.account() }
+
+// Restoring is a volume being copied from a snapshot, promised Bytes.
+type Restoring struct {
+	VolumeID, SnapshotID string
+	Bytes                int64
+}
+
+// Restoring lists the volumes being copied from a snapshot, by ID.
+func (c *Controller) Restoring() []Restoring {
+	c.restoresMu.Lock()
+	defer c.restoresMu.Unlock()
+	out := make([]Restoring, 0, len(c.restores))
+	for id, r := range c.restores {
+		out = append(out, Restoring{VolumeID: id, SnapshotID: r.snapshot, Bytes: r.size})
+	}
+	slices.SortFunc(out, func(a, b Restoring) int { return strings.Compare(a.VolumeID, b.VolumeID) })
+	return out
 }
 
 // account derives the state of the data directory.

@@ -203,15 +203,17 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}}})
 		return resp, nodeserver.Status(err)
 	}
-	available := func() int64 {
+	// What is promised to thick volumes: a sum of sizes, unlike what is
+	// available, which follows the free space that other tests change.
+	promised := func() int64 {
 		t.Helper()
-		resp, err := c.GetCapacity(t.Context(), &csi.GetCapacityRequest{})
+		acc, _, err := c.Account()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return resp.GetAvailableCapacity()
+		return acc.ThickPromised
 	}
-	before := available()
+	before := promised()
 
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
@@ -220,8 +222,11 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Fatalf("the request whose deadline ended during the copy: got %v, want DEADLINE_EXCEEDED saying the restore goes on", err)
 	}
 	r1 := <-started
-	if during := available(); during > before-MinVolumeSize {
-		t.Errorf("during the copy, GetCapacity says %d bytes, %d before: the copy's %d bytes are not promised", during, before, MinVolumeSize)
+	if during := promised(); during != before+MinVolumeSize {
+		t.Errorf("during the copy, %d bytes are promised to thick volumes, %d before: want the copy's %d more", during, before, MinVolumeSize)
+	}
+	if got := c.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize {
+		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes", got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize)
 	}
 	if v2 := create(t, c, "v2"); v2 == "" {
 		t.Error("no volume made during the copy")
@@ -247,6 +252,9 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	}
 	if size, err := images.Size(r1); err != nil || size != MinVolumeSize {
 		t.Errorf("the restored image: %d bytes, %v; want %d", size, err, MinVolumeSize)
+	}
+	if got := c.Restoring(); len(got) != 0 {
+		t.Errorf("restores under way after the copy: %+v", got)
 	}
 
 	// A copy that fails.

@@ -164,7 +164,7 @@ func Run(ctx context.Context, cfg Config) error {
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
-	pool := func() (status.Pool, error) { return poolStatus(cfg, images, snapshots, store) }
+	pool := func() (status.Pool, error) { return poolStatus(cfg, ctrl, snapshots) }
 	m.WatchPool(pool)
 	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, pool))
 	if err != nil {
@@ -249,9 +249,10 @@ func listen(sock string) (net.Listener, error) {
 	return lis, nil
 }
 
-// poolStatus reports the data directory's space as GetCapacity sees it.
-func poolStatus(cfg Config, images *devices.Images, snapshots *devices.Snapshots, store controller.Store) (status.Pool, error) {
-	acc, total, err := controller.Account(images, store, cfg.OverprovisioningRatio, snapshots.Mode)
+// poolStatus reports the data directory's space as GetCapacity sees it,
+// and the restores under way.
+func poolStatus(cfg Config, ctrl *controller.Controller, snapshots *devices.Snapshots) (status.Pool, error) {
+	acc, total, err := ctrl.Account()
 	if err != nil {
 		return status.Pool{}, err
 	}
@@ -263,6 +264,9 @@ func poolStatus(cfg Config, images *devices.Images, snapshots *devices.Snapshots
 		ThickAvailableBytes: acc.ThickAvailable(), ThinAvailableBytes: acc.ThinAvailable(),
 		CopyingBytes:          acc.Copying,
 		OverprovisioningRatio: cfg.OverprovisioningRatio, GuardBytes: cfg.guard.Threshold(total),
+	}
+	for _, r := range ctrl.Restoring() {
+		p.Restores = append(p.Restores, status.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes})
 	}
 	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
 		p.ThinAvailableBytes = 0

@@ -84,4 +84,14 @@ type Pool struct {
 	// CopyingBytes is what the snapshots asked for and not yet taken are
 	// promised: their copies may still take it.
 	CopyingBytes int64 `json:"copyingBytes"`
+	// Restores are the volumes being copied from a snapshot, each
+	// promised its size (in the promised bytes above) until it is made.
+	Restores []Restore `json:"restores,omitempty"`
+}
+
+// Restore is a volume being copied from a snapshot.
+type Restore struct {
+	VolumeID   string `json:"volumeID"`
+	SnapshotID string `json:"snapshotID"`
+	SizeBytes  int64  `json:"sizeBytes"`
 }

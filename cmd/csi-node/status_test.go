@@ -1,0 +1,30 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/status"
+)
+
+// TestStatusNamesRestores prints a status with two volumes being restored:
+// each has a line after the snapshots, and the volume table follows after
+// a blank line as without them.
+func TestStatusNamesRestores(t *testing.T) {
+	s := Status{Pool: status.Pool{Node: "n", CopyMode: "sparse", Restores: []status.Restore{
+		{VolumeID: "r1_n", SnapshotID: "s1_n", SizeBytes: 1 << 30},
+		{VolumeID: "r2_n", SnapshotID: "s1_n", SizeBytes: 64 << 20},
+	}}}
+	var out bytes.Buffer
+	if err := PrintStatus(&out, s, false); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out.String(), "\n")
+	if len(lines) < 9 || !strings.HasPrefix(lines[4], "SNAPSHOTS ") ||
+		lines[5] != "RESTORING       r1_n from snapshot s1_n, 1.0Gi promised until it is made" ||
+		lines[6] != "RESTORING       r2_n from snapshot s1_n, 64Mi promised until it is made" ||
+		lines[7] != "" || !strings.HasPrefix(lines[8], "VOLUME") {
+		t.Errorf("status:\n%s", out.String())
+	}
+}
