@@ -16,16 +16,24 @@ type row struct {
 }
 
 var (
-	// rowsMu guards rows.
+	// rowsMu guards rows and notes.
 	rowsMu sync.Mutex
 	rows   []row
+	// notes are printed under the table.
+	notes []string
 )
 
 // compare records a figure measured against the raw floor (baseline) and
 // the mount-utils baseline (second; 0 for none) in the same run; goal is
 // the highest acceptable ratio converge/baseline, 0 for none.
 func compare(figure, unit string, converge, baseline, second, goal float64) {
-	ratio := converge / baseline
+	compareRatio(figure, unit, converge, baseline, second, converge/baseline, goal)
+}
+
+// compareRatio is compare with the ratio given: a figure measured in
+// several rounds reports the median of the rounds' own ratios, which need
+// not be the ratio of the medians.
+func compareRatio(figure, unit string, converge, baseline, second, ratio, goal float64) {
 	r := row{figure: figure, converge: num(converge, unit), baseline: num(baseline, unit), ratio: fmt.Sprintf("%.2f", ratio), second: secondCol(second, unit)}
 	if goal > 0 {
 		r.goal, r.verdict = fmt.Sprintf("<= %.2fx", goal), verdict(ratio <= goal)
@@ -57,6 +65,13 @@ func absolute(figure, unit string, v, goal float64) {
 		r.goal, r.verdict = "< "+num(goal, unit), verdict(v < goal)
 	}
 	add(r)
+}
+
+// note records a line printed under the table.
+func note(line string) {
+	rowsMu.Lock()
+	defer rowsMu.Unlock()
+	notes = append(notes, line)
 }
 
 func add(r row) {
@@ -99,6 +114,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s %s\t\n", r.figure, r.converge, r.baseline, r.ratio, r.second, r.goal, r.verdict)
 		}
 		w.Flush()
+		for _, n := range notes {
+			fmt.Println("- " + n)
+		}
 	}
 	os.Exit(code)
 }
