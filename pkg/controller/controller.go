@@ -480,15 +480,30 @@ func (c *Controller) account() (capacity.Account, int64, error) {
 	if c.snapshots != nil {
 		mode = c.snapshots.snaps.Mode
 	}
-	// A volume being restored is promised its size already: its copy is
-	// not an image yet. What the copy wrote so far is counted twice, out
-	// of the free space and in the promise, until it is one.
-	var restoring []capacity.Image
 	c.restoresMu.Lock()
-	for _, r := range c.restores {
-		restoring = append(restoring, capacity.Image{Size: r.size, Thin: r.thin})
+	restores := make(map[string]restore, len(c.restores))
+	for id, r := range c.restores {
+		restores[id] = *r
 	}
 	c.restoresMu.Unlock()
+	// A volume being restored is promised its size already: its copy is
+	// not an image yet. It is accounted as an image of that size holding
+	// what the copy wrote so far, which the free space no longer counts;
+	// once the copy is the image, the image counts itself.
+	var restoring []capacity.Image
+	for id, r := range restores {
+		if _, err := c.images.Size(id); err == nil {
+			continue
+		}
+		im := capacity.Image{Size: r.size, Thin: r.thin}
+		if u, err := c.images.Copying(id); err == nil {
+			im.Allocated, im.Shared = u.Allocated, u.Shared
+		} else {
+			// Unknown: the whole size stays owed.
+			klog.ErrorS(err, "Cannot tell what a restore copied so far; counting its whole size", "volumeID", id)
+		}
+		restoring = append(restoring, im)
+	}
 	return account(c.images, c.store, c.opts.Ratio, mode, restoring)
 }
 

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -190,11 +192,33 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	}
 	started, gate := make(chan string, 1), make(chan error)
 	copyImage := c.restoreImage
+	// The held copy has written 1 MiB so far, in the file a copy is made
+	// in; it goes when the copy is let go.
+	var copiedSoFar int64
 	c.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
+		tmp, err := devices.CopyTemp(images.Path(id))
+		if err != nil {
+			return err
+		}
+		defer os.Remove(tmp.Name())
+		_, err = tmp.Write(bytes.Repeat([]byte("x"), 1<<20))
+		if err == nil {
+			err = tmp.Sync()
+		}
+		var st unix.Stat_t
+		if err == nil {
+			err = unix.Fstat(int(tmp.Fd()), &st)
+		}
+		tmp.Close()
+		if err != nil {
+			return err
+		}
+		copiedSoFar = st.Blocks * 512
 		started <- id
 		if err := <-gate; err != nil {
 			return err
 		}
+		os.Remove(tmp.Name())
 		return copyImage(ctx, id, snap, size, thick)
 	}
 	restore := func(ctx context.Context, name string) (*csi.CreateVolumeResponse, error) {
@@ -205,15 +229,15 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	}
 	// What is promised to thick volumes: a sum of sizes, unlike what is
 	// available, which follows the free space that other tests change.
-	promised := func() int64 {
+	promised := func() (promised, owed int64) {
 		t.Helper()
 		acc, _, err := c.Account()
 		if err != nil {
 			t.Fatal(err)
 		}
-		return acc.ThickPromised
+		return acc.ThickPromised, acc.ThickOwed
 	}
-	before := promised()
+	before, owedBefore := promised()
 
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
@@ -222,8 +246,11 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Fatalf("the request whose deadline ended during the copy: got %v, want DEADLINE_EXCEEDED saying the restore goes on", err)
 	}
 	r1 := <-started
-	if during := promised(); during != before+MinVolumeSize {
-		t.Errorf("during the copy, %d bytes are promised to thick volumes, %d before: want the copy's %d more", during, before, MinVolumeSize)
+	// What the copy wrote so far is out of the free space already: it is
+	// owed no more.
+	if during, owed := promised(); during != before+MinVolumeSize || owed != owedBefore+MinVolumeSize-copiedSoFar || copiedSoFar < 1<<20 {
+		t.Errorf("during the copy, %d bytes are promised to thick volumes and %d owed, %d and %d before: want the copy's %d more promised and %d more owed (%d copied so far)",
+			during, owed, before, owedBefore, MinVolumeSize, MinVolumeSize-copiedSoFar, copiedSoFar)
 	}
 	if got := c.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize {
 		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes", got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize)

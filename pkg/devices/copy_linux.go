@@ -69,6 +69,15 @@ type CopyOptions struct {
 	Thick bool
 }
 
+// CopyTemp creates the temporary file that a copy to dst is made in,
+// beside dst (see CopyFile and Images.Copying).
+func CopyTemp(dst string) (*os.File, error) {
+	return os.CreateTemp(filepath.Dir(dst), copyTempPrefix(dst))
+}
+
+// copyTempPrefix begins the names of the temporary files of copies to dst.
+func copyTempPrefix(dst string) string { return tempPrefix + filepath.Base(dst) + "-" }
+
 // CopyFile copies the file src to dst, which must not exist, as mode says,
 // and gives the copy what opts says (attributes, a larger size, its
 // blocks). The copy is made under a temporary name in dst's directory and
@@ -88,8 +97,7 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(dst)
-	tmp, err := os.CreateTemp(dir, tempPrefix+filepath.Base(dst)+"-")
+	tmp, err := CopyTemp(dst)
 	if err != nil {
 		return err
 	}
@@ -137,7 +145,7 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 		return fmt.Errorf("renaming the copy of %s to %s: %w", src, dst, err)
 	}
 	done = true
-	return syncDir(dir)
+	return syncDir(filepath.Dir(dst))
 }
 
 // copySparse copies the data extents of in to out, leaving holes, and

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // copyDirs returns, for each copy mode, a directory on a filesystem that
@@ -335,6 +337,79 @@ func TestSharedBytes(t *testing.T) {
 			}
 			if n := shared(src); n != want {
 				t.Errorf("after 1 MiB of the source was overwritten: it shares %d bytes, want %d", n, want)
+			}
+		})
+	}
+}
+
+// TestImagesCopying finds what a copy to an image holds before it is the
+// image: its temporary file's size and blocks, and on xfs with reflinks
+// the blocks it shares with its source; nothing of another image's copy
+// (one whose ID begins alike), and nothing once the copy is the image.
+func TestImagesCopying(t *testing.T) {
+	for mode, dir := range copyDirs(t) {
+		t.Run(string(mode), func(t *testing.T) {
+			im := &Images{Dir: dir, Shares: mode == CopyReflink}
+			src := filepath.Join(dir, "src")
+			if err := os.WriteFile(src, bytes.Repeat([]byte("x"), 4<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			copying := func(id string) Usage {
+				t.Helper()
+				u, err := im.Copying(id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return u
+			}
+			if u := copying("v1"); u.Size != 0 || u.Allocated != 0 || u.Shared != 0 {
+				t.Errorf("no copy under way: got %+v, want nothing", u)
+			}
+			// Another image's copy, whose ID begins with v1's.
+			other, err := CopyTemp(im.Path("v10"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := other.Write(bytes.Repeat([]byte("z"), 1<<20)); err != nil {
+				t.Fatal(err)
+			}
+			other.Close()
+			tmp, err := CopyTemp(im.Path("v1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tmp.Close()
+			wantShared := int64(0)
+			if mode == CopyReflink {
+				in, err := os.Open(src)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer in.Close()
+				if err := unix.IoctlFileClone(int(tmp.Fd()), int(in.Fd())); err != nil {
+					t.Fatal(err)
+				}
+				wantShared = 4 << 20
+			} else if _, err := tmp.Write(bytes.Repeat([]byte("y"), 1<<20)); err != nil {
+				t.Fatal(err)
+			}
+			if err := tmp.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			var st unix.Stat_t
+			if err := unix.Fstat(int(tmp.Fd()), &st); err != nil {
+				t.Fatal(err)
+			}
+			u := copying("v1")
+			if u.Size != st.Size || u.Allocated != st.Blocks*512 || u.Shared != wantShared || u.Allocated < 1<<20 {
+				t.Errorf("a copy under way: got %+v, want size %d, %d bytes allocated (at least 1 MiB), %d shared",
+					u, st.Size, st.Blocks*512, wantShared)
+			}
+			if err := os.Rename(tmp.Name(), im.Path("v1")); err != nil {
+				t.Fatal(err)
+			}
+			if u := copying("v1"); u.Size != 0 || u.Allocated != 0 {
+				t.Errorf("the copy made the image: got %+v, want nothing under way", u)
 			}
 		})
 	}

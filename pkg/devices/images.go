@@ -246,6 +246,43 @@ func (im *Images) Usage(id string) (Usage, error) {
 	return u, nil
 }
 
+// Copying returns what the copies being made to id's image (CopyFile's
+// temporary files beside it, a restore's, say) hold so far: zero when
+// there are none.
+func (im *Images) Copying(id string) (Usage, error) {
+	u := Usage{ID: id}
+	entries, err := os.ReadDir(im.Dir)
+	if err != nil {
+		return u, err
+	}
+	prefix := copyTempPrefix(im.Path(id))
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		path := filepath.Join(im.Dir, e.Name())
+		var st unix.Stat_t
+		if err := unix.Stat(path, &st); errors.Is(err, unix.ENOENT) {
+			continue // done or failed meanwhile
+		} else if err != nil {
+			return u, &os.PathError{Op: "stat", Path: path, Err: err}
+		}
+		u.Size += st.Size
+		u.Allocated += st.Blocks * 512
+		if im.Shares {
+			shared, err := SharedBytes(path)
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return u, err
+			}
+			u.Shared += shared
+		}
+	}
+	return u, nil
+}
+
 // RemoveStaleTemps removes the temporary files of Create calls that a crash
 // interrupted. Call it before serving, when no Create runs.
 func (im *Images) RemoveStaleTemps() error { return RemoveStaleTemps(im.Dir) }
