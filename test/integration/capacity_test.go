@@ -349,9 +349,12 @@ func waitCondition(t *testing.T, p *testenv.Plugin, id string, reasons ...string
 // TestOldSparseVolumeIsMadeThick stages a volume made before provisioning
 // was recorded (a sparse image and no record): GetCapacity accounts for it
 // at its full size, it is staged as ever, and its image is then allocated
-// whole and its record says thick.
+// whole and its record says thick. The data directory is a filesystem of
+// its own: on the shared one, other packages' tests, run at once, moved its
+// free space between the two GetCapacity calls by megabytes.
 func TestOldSparseVolumeIsMadeThick(t *testing.T) {
 	p := testenv.New(t)
+	smallDataDir(t, p, 256*mib)
 	p.Start()
 	before := capacityFor(t, p, "thick")
 	const size = 64 * mib
