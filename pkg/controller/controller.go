@@ -481,29 +481,11 @@ func (c *Controller) account() (capacity.Account, int64, error) {
 		mode = c.snapshots.snaps.Mode
 	}
 	c.restoresMu.Lock()
-	restores := make(map[string]restore, len(c.restores))
+	restoring := make(map[string]capacity.Image, len(c.restores))
 	for id, r := range c.restores {
-		restores[id] = *r
+		restoring[id] = capacity.Image{Size: r.size, Thin: r.thin}
 	}
 	c.restoresMu.Unlock()
-	// A volume being restored is promised its size already: its copy is
-	// not an image yet. It is accounted as an image of that size holding
-	// what the copy wrote so far, which the free space no longer counts;
-	// once the copy is the image, the image counts itself.
-	var restoring []capacity.Image
-	for id, r := range restores {
-		if _, err := c.images.Size(id); err == nil {
-			continue
-		}
-		im := capacity.Image{Size: r.size, Thin: r.thin}
-		if u, err := c.images.Copying(id); err == nil {
-			im.Allocated, im.Shared = u.Allocated, u.Shared
-		} else {
-			// Unknown: the whole size stays owed.
-			klog.ErrorS(err, "Cannot tell what a restore copied so far; counting its whole size", "volumeID", id)
-		}
-		restoring = append(restoring, im)
-	}
 	return account(c.images, c.store, c.opts.Ratio, mode, restoring)
 }
 
@@ -514,9 +496,14 @@ func Account(images *devices.Images, store Store, ratio float64, mode devices.Co
 	return account(images, store, ratio, mode, nil)
 }
 
-// account is Account with the images not made yet that are promised
-// their space (pending).
-func account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode, pending []capacity.Image) (capacity.Account, int64, error) {
+// account is Account with the volumes being restored (by ID), which are
+// promised their size (and provisioning) already: a restore's copy is not
+// an image yet. Until it is, it is accounted as an image of that size
+// holding what the copy wrote so far, which the free space no longer
+// counts; once it is, the image counts itself. The images are listed
+// before the copies are looked at, so a copy renamed to its image in
+// between is counted once, whole, rather than twice.
+func account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode, restoring map[string]capacity.Image) (capacity.Account, int64, error) {
 	total, free, err := images.Capacity()
 	if err != nil {
 		return capacity.Account{}, 0, err
@@ -525,15 +512,30 @@ func account(images *devices.Images, store Store, ratio float64, mode devices.Co
 	if err != nil {
 		return capacity.Account{}, 0, fmt.Errorf("listing images: %w", err)
 	}
-	ims := make([]capacity.Image, len(usages))
-	for i, u := range usages {
-		ims[i] = capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
+	ims := make([]capacity.Image, 0, len(usages)+len(restoring))
+	made := make(map[string]bool, len(usages))
+	for _, u := range usages {
+		im := capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
 		if v, err := store.Get(u.ID); err == nil {
-			ims[i].Thin = v.Thin()
-			ims[i].Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u, v.Thin())
+			im.Thin = v.Thin()
+			im.Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u, v.Thin())
 		}
+		ims = append(ims, im)
+		made[u.ID] = true
 	}
-	return capacity.New(free, ratio, append(ims, pending...)), total, nil
+	for id, im := range restoring {
+		if made[id] {
+			continue
+		}
+		if u, err := images.Copying(id); err == nil {
+			im.Allocated, im.Shared = u.Allocated, u.Shared
+		} else {
+			// Unknown: the whole size stays owed.
+			klog.ErrorS(err, "Cannot tell what a restore copied so far; counting its whole size", "volumeID", id)
+		}
+		ims = append(ims, im)
+	}
+	return capacity.New(free, ratio, ims), total, nil
 }
 
 // promise checks that an image of have bytes may grow to size bytes (have

@@ -195,6 +195,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	// The held copy has written 1 MiB so far, in the file a copy is made
 	// in; it goes when the copy is let go.
 	var copiedSoFar int64
+	made, release := make(chan string, 1), make(chan struct{})
 	c.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
 		tmp, err := devices.CopyTemp(images.Path(id))
 		if err != nil {
@@ -219,7 +220,13 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 			return err
 		}
 		os.Remove(tmp.Name())
-		return copyImage(ctx, id, snap, size, thick)
+		if err := copyImage(ctx, id, snap, size, thick); err != nil {
+			return err
+		}
+		// The image is made and the restore not yet over.
+		made <- id
+		<-release
+		return nil
 	}
 	restore := func(ctx context.Context, name string) (*csi.CreateVolumeResponse, error) {
 		resp, err := c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
@@ -255,8 +262,10 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	if got := c.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize {
 		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes", got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize)
 	}
-	if v2 := create(t, c, "v2"); v2 == "" {
-		t.Error("no volume made during the copy")
+	v2 := create(t, c, "v2")
+	v2Size, err := images.Size(v2)
+	if err != nil {
+		t.Fatalf("no volume made during the copy: %v", err)
 	}
 	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: r1}); status.Code(nodeserver.Status(err)) != codes.Aborted {
 		t.Errorf("deleting the volume during its copy: got %v, want ABORTED", err)
@@ -274,6 +283,14 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	gate <- nil
+	<-made
+	// Between the copy becoming the image and the restore's end, the
+	// image counts, the restore no more: once, not twice.
+	if during, owed := promised(); during != before+MinVolumeSize+v2Size || owed != owedBefore {
+		t.Errorf("with the image made, %d bytes are promised to thick volumes and %d owed: want %d and %d",
+			during, owed, before+MinVolumeSize+v2Size, owedBefore)
+	}
+	close(release)
 	if err := <-retried; err != nil || resp.GetVolume().GetVolumeId() != r1 {
 		t.Fatalf("the retry after the copy: got %v, %v; want volume %s", resp, err, r1)
 	}
