@@ -85,7 +85,8 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 	fmt.Fprintf(w, "AVAILABLE       thick %s, thin %s\n", amount(p.ThickAvailableBytes), amount(p.ThinAvailableBytes))
 	fmt.Fprintf(w, "SNAPSHOTS       %d, allocating %s (copied by %s), %s promised to those being taken\n", p.Snapshots, amount(p.SnapshotBytes), p.CopyMode, amount(p.CopyingBytes))
 	for _, r := range p.Restores {
-		fmt.Fprintf(w, "RESTORING       %s from snapshot %s, %s promised until it is made\n", r.VolumeID, r.SnapshotID, amount(r.SizeBytes))
+		fmt.Fprintf(w, "RESTORING       %s from snapshot %s: %s of its %s copied, %s promised until it is made\n",
+			r.VolumeID, r.SnapshotID, amount(r.CopiedBytes), amount(r.SourceBytes), amount(r.SizeBytes))
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

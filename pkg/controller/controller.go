@@ -108,6 +108,9 @@ type Controller struct {
 // restore is a volume being copied from a snapshot.
 type restore struct {
 	snapshot string
+	// source is the data of the snapshot (its allocated bytes), which
+	// the copy reads.
+	source int64
 	// size and thin are what the volume is promised while it is copied.
 	size int64
 	thin bool
@@ -330,7 +333,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 // cleared as for any volume not made. release runs when the copy has
 // ended.
 func (c *Controller) startRestore(id, name string, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
-	r := &restore{snapshot: snap.ID, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
+	r := &restore{snapshot: snap.ID, source: snap.Allocated, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
 	c.restoresMu.Lock()
 	c.restores[id] = r
 	c.restoresMu.Unlock()
@@ -459,16 +462,27 @@ func (c *Controller) Account() (capacity.Account, int64, error) { return c.accou
 // Restoring is a volume being copied from a snapshot, promised Bytes.
 type Restoring struct {
 	VolumeID, SnapshotID string
-	Bytes                int64
+	// Bytes is the volume's size, promised to it until it is made.
+	Bytes int64
+	// Copied is what the copy holds so far, at most SourceBytes, the
+	// snapshot's data: Copied of SourceBytes tells how far it is (a thick
+	// copy then allocates the rest of its size).
+	Copied, SourceBytes int64
 }
 
-// Restoring lists the volumes being copied from a snapshot, by ID.
+// Restoring lists the volumes being copied from a snapshot, by ID, with
+// how far each copy is (Copied 0 when that cannot be read).
 func (c *Controller) Restoring() []Restoring {
 	c.restoresMu.Lock()
-	defer c.restoresMu.Unlock()
 	out := make([]Restoring, 0, len(c.restores))
 	for id, r := range c.restores {
-		out = append(out, Restoring{VolumeID: id, SnapshotID: r.snapshot, Bytes: r.size})
+		out = append(out, Restoring{VolumeID: id, SnapshotID: r.snapshot, Bytes: r.size, SourceBytes: r.source})
+	}
+	c.restoresMu.Unlock()
+	for i, r := range out {
+		if u, err := c.images.Copying(r.VolumeID); err == nil {
+			out[i].Copied = min(u.Allocated, r.SourceBytes)
+		}
 	}
 	slices.SortFunc(out, func(a, b Restoring) int { return strings.Compare(a.VolumeID, b.VolumeID) })
 	return out

@@ -186,6 +186,20 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	c, store, images := newController(t)
 	serveSnapshots(t, c, images)
 	v1 := create(t, c, "v1")
+	// 2 MiB of data in the volume, which its snapshot holds and a restore
+	// copies.
+	f, err := os.OpenFile(images.Path(v1), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Write(bytes.Repeat([]byte("d"), 2<<20))
+	if err == nil {
+		err = f.Sync()
+	}
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +208,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	copyImage := c.restoreImage
 	// The held copy has written 1 MiB so far, in the file a copy is made
 	// in; it goes when the copy is let go.
-	var copiedSoFar int64
+	var copiedSoFar, source int64
 	made, release := make(chan string, 1), make(chan struct{})
 	c.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
 		tmp, err := devices.CopyTemp(images.Path(id))
@@ -214,7 +228,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		copiedSoFar = st.Blocks * 512
+		copiedSoFar, source = st.Blocks*512, snap.Allocated
 		started <- id
 		if err := <-gate; err != nil {
 			return err
@@ -259,8 +273,10 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Errorf("during the copy, %d bytes are promised to thick volumes and %d owed, %d and %d before: want the copy's %d more promised and %d more owed (%d copied so far)",
 			during, owed, before, owedBefore, MinVolumeSize, MinVolumeSize-copiedSoFar, copiedSoFar)
 	}
-	if got := c.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize {
-		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes", got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize)
+	if got := c.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
+		got[0].SourceBytes != source || got[0].Copied != copiedSoFar || source < 2<<20 {
+		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes, %d of its %d (at least 2 MiB) copied",
+			got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize, copiedSoFar, source)
 	}
 	v2 := create(t, c, "v2")
 	v2Size, err := images.Size(v2)

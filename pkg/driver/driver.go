@@ -266,7 +266,8 @@ func poolStatus(cfg Config, ctrl *controller.Controller, snapshots *devices.Snap
 		OverprovisioningRatio: cfg.OverprovisioningRatio, GuardBytes: cfg.guard.Threshold(total),
 	}
 	for _, r := range ctrl.Restoring() {
-		p.Restores = append(p.Restores, status.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes})
+		p.Restores = append(p.Restores, status.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes,
+			CopiedBytes: r.Copied, SourceBytes: r.SourceBytes})
 	}
 	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
 		p.ThinAvailableBytes = 0

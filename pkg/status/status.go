@@ -94,4 +94,7 @@ type Restore struct {
 	VolumeID   string `json:"volumeID"`
 	SnapshotID string `json:"snapshotID"`
 	SizeBytes  int64  `json:"sizeBytes"`
+	// CopiedBytes of SourceBytes (the snapshot's data) are copied so far.
+	CopiedBytes int64 `json:"copiedBytes"`
+	SourceBytes int64 `json:"sourceBytes"`
 }
