@@ -47,6 +47,11 @@ func AttachLoop(file string, discards bool) (string, error) {
 	}
 	defer ctl.Close()
 
+	// The plugin's own attaches take turns: the kernel offers each caller
+	// the same lowest free number, so a burst of them at once would race
+	// for it, one winner a round, and run out of retries.
+	attachMu.Lock()
+	defer attachMu.Unlock()
 	for range attachRetries {
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
@@ -74,8 +79,13 @@ func AttachLoop(file string, discards bool) (string, error) {
 		}
 		return dev, nil
 	}
-	return "", fmt.Errorf("%w: every candidate was taken concurrently", ErrNoLoopDevice)
+	// Other processes took every free device offered: contention, not
+	// exhaustion, so a plain error that is retried.
+	return "", fmt.Errorf("no loop device could be claimed: another process took each of the %d free ones offered first", attachRetries)
 }
+
+// attachMu makes the attaches of this process take turns (AttachLoop).
+var attachMu sync.Mutex
 
 func configureLoop(dev string, backing *os.File) error {
 	f, err := os.OpenFile(dev, os.O_RDWR, 0)
