@@ -125,10 +125,7 @@ type writeLog struct {
 	// fdatasync nothing tells which of the written pages reached the disk.
 	broken error
 
-	// aio runs the fdatasyncs where the kernel can (nil: sync does, under
-	// syncMu, which serialises them); noAIO says why it cannot.
-	aio    *aioFlusher
-	noAIO  error
+	// syncMu serialises fdatasyncs.
 	syncMu sync.Mutex
 	// written is the number of the last record written to the file (under
 	// mu); synced that of the last known durable.
@@ -179,7 +176,6 @@ func recoverLog(path string, logSeq uint64, size int64, checkpoint func(map[stri
 		l.f.Close()
 		return nil, 0, err
 	}
-	l.aio, l.noAIO = newAIOFlusher(l.fd, l.written.Load, l.flushed)
 	return l, applied, nil
 }
 
@@ -286,22 +282,6 @@ func (l *writeLog) append(id string, value []byte) (uint64, error) {
 // sync returns once record seq is durable. One fdatasync covers every
 // record written before it, so writers that meet share it.
 func (l *writeLog) sync(seq uint64) error {
-	if l.synced.Load() >= seq {
-		return nil
-	}
-	if l.aio != nil {
-		f := l.aio.start(seq)
-		<-f.done
-		if f.err != nil {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			if l.broken != nil {
-				return l.broken
-			}
-			return f.err
-		}
-		return nil
-	}
 	l.syncMu.Lock()
 	defer l.syncMu.Unlock()
 	if l.synced.Load() >= seq {
@@ -309,30 +289,14 @@ func (l *writeLog) sync(seq uint64) error {
 	}
 	upto := l.written.Load()
 	if err := unix.Fdatasync(l.fd); err != nil {
-		return l.failedSync(err)
+		l.mu.Lock()
+		l.broken = fmt.Errorf("state log unusable after a failed fdatasync, restart the plugin: %w", err)
+		err = l.broken
+		l.mu.Unlock()
+		return err
 	}
 	raise(&l.synced, upto)
 	return nil
-}
-
-// flushed takes the end of an fdatasync run through AIO.
-func (l *writeLog) flushed(f *flush) {
-	if f.err != nil {
-		l.failedSync(f.err)
-		return
-	}
-	raise(&l.synced, f.upto)
-}
-
-// failedSync makes the log unusable after a failed fdatasync, and returns
-// why.
-func (l *writeLog) failedSync(err error) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.broken == nil {
-		l.broken = fmt.Errorf("state log unusable after a failed fdatasync, restart the plugin: %w", err)
-	}
-	return l.broken
 }
 
 // checkpointLocked commits the records written since the last checkpoint
@@ -361,12 +325,6 @@ func (l *writeLog) close() (clean bool, err error) {
 	}
 	clean = l.broken == nil && l.checkpointLocked() == nil
 	l.broken = os.ErrClosed
-	l.mu.Unlock()
-	// The flushes under way end first; their end takes mu.
-	if l.aio != nil {
-		l.aio.close()
-	}
-	l.mu.Lock()
 	return clean, l.f.Close()
 }
 

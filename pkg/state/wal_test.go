@@ -26,9 +26,6 @@ func openSized(t *testing.T, path string, size int64) *Store {
 // crash closes s as a killed process leaves it: no checkpoint, the log
 // file as written.
 func crash(s *Store) {
-	if s.log.aio != nil {
-		s.log.aio.close()
-	}
 	s.log.f.Close()
 	s.db.Close()
 }
