@@ -25,7 +25,7 @@ func BenchmarkListLoops(b *testing.B) {
 	var devs []string
 	b.Cleanup(func() {
 		for _, d := range devs {
-			DetachLoop(d)
+			releaseLoop(d)
 		}
 	})
 	for i := range 300 {
@@ -94,7 +94,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.Cleanup(func() { DetachLoop(dev) })
+			b.Cleanup(func() { releaseLoop(dev) })
 			root := b.TempDir()
 			vol := filepath.Join(root, "vol")
 			if err := os.Mkdir(vol, 0o700); err != nil {

@@ -24,11 +24,7 @@ func TestDiscardsAfterAThickUser(t *testing.T) {
 	var attached []string
 	t.Cleanup(func() {
 		for _, d := range attached {
-			// Only a device still backed by one of this test's images:
-			// its number may serve someone else by now.
-			if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(d), "loop", "backing_file")); err == nil && filepath.Dir(strings.TrimSpace(string(b))) == dir {
-				DetachLoop(d)
-			}
+			releaseLoopIn(d, dir)
 		}
 	})
 	discards := func(dev string) int64 {

@@ -77,10 +77,14 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 	}
 	dir := t.TempDir()
 	images := []string{sparseImage(t, filepath.Join(dir, "a.img")), sparseImage(t, filepath.Join(dir, "b.img"))}
-	var attached []string
+	var attached, detached []string
 	t.Cleanup(func() {
 		for _, d := range attached {
-			DetachLoop(d)
+			releaseLoop(d)
+		}
+		// Their nodes, unless someone attached them since.
+		for _, d := range detached {
+			removeLoop(d)
 		}
 	})
 	attach := func(img string) string {
@@ -98,6 +102,7 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 			t.Fatal(err)
 		}
 		attached = slices.DeleteFunc(attached, func(a string) bool { return a == d })
+		detached = append(detached, d)
 	}
 	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"}
 	defer o.Close()
@@ -219,7 +224,7 @@ func mountFreshSized(tb testing.TB, dir, fs string, size int64, mkfsArgs ...stri
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { DetachLoop(dev) })
+	tb.Cleanup(func() { releaseLoop(dev) })
 	force := map[string]string{FsExt4: "-F", FsXFS: "-f", FsBtrfs: "-f"}[fs]
 	args := append([]string{"-q", force}, mkfsArgs...)
 	if out, err := exec.Command("mkfs."+fs, append(args, dev)...).CombinedOutput(); err != nil {
@@ -331,7 +336,7 @@ func TestDetachReportsABusyDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { DetachLoop(dev) })
+	t.Cleanup(func() { releaseLoop(dev) })
 	holder, err := os.Open(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +367,7 @@ func TestListLoopsWhileOthersGo(t *testing.T) {
 	var devs []string
 	t.Cleanup(func() {
 		for _, d := range devs {
-			DetachLoop(d)
+			releaseLoopIn(d, dir)
 		}
 	})
 	for i := range n {
