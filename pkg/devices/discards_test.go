@@ -86,3 +86,60 @@ func TestDiscardsAfterAThickUser(t *testing.T) {
 		t.Errorf("losetup after the thick volumes got %s with discards off", other)
 	}
 }
+
+// TestSetDiscardsWritesOnlyAChange checks that a device that passes discards
+// on, or refuses them, as asked is left as it is: each write makes the kernel freeze the
+// device's queue for an RCU grace period. A fake sysfs tells a write by the
+// attribute's modification time.
+func TestSetDiscardsWritesOnlyAChange(t *testing.T) {
+	sys := t.TempDir()
+	queue := filepath.Join(sys, "loop9", "queue")
+	if err := os.MkdirAll(queue, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	attr := func(name, value string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(queue, name), []byte(value+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attr("discard_max_hw_bytes", "4294966784")
+	attr("discard_granularity", "4096")
+	limit := filepath.Join(queue, "discard_max_bytes")
+	old := time.Now().Add(-time.Hour).Truncate(time.Second)
+	for _, c := range []struct {
+		on          bool
+		before, now string
+		written     bool
+	}{
+		// A fresh device's limit, not in whole granules.
+		{on: true, before: "4294966784", now: "4294966784", written: false},
+		{on: true, before: "4096", now: "4096", written: false},
+		{on: false, before: "0", now: "0", written: false},
+		{on: false, before: "4294966784", now: "0", written: true},
+		// As far as the device can, in whole granules.
+		{on: true, before: "0", now: "4294963200", written: true},
+	} {
+		attr("discard_max_bytes", c.before)
+		if err := os.Chtimes(limit, old, old); err != nil {
+			t.Fatal(err)
+		}
+		if err := SetDiscards(sys, "/dev/loop9", c.on); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(b)); got != c.now {
+			t.Errorf("discards %v from %s: limit %s, want %s", c.on, c.before, got, c.now)
+		}
+		if written := !st.ModTime().Equal(old); written != c.written {
+			t.Errorf("discards %v from %s: written %v, want %v", c.on, c.before, written, c.written)
+		}
+	}
+}
