@@ -205,17 +205,76 @@ func TestCommandsEndWithTheirContext(t *testing.T) {
 
 // TestBlankProbeFormatsWithoutBlkid checks that a device whose image held
 // no data is formatted without blkid: mount-utils' own probe of the device
-// is answered "nothing found", and only mkfs runs before the mount.
+// is answered "nothing found", and only mkfs runs before the mount. An ext4
+// is made as on a device that reads zeros when mkfs.ext4 takes the option,
+// in the last -E the volume's own options give; a device blkid found empty
+// may hold stale blocks, and is formatted without it.
 func TestBlankProbeFormatsWithoutBlkid(t *testing.T) {
-	s := &script{answers: []answer{{"mkfs.ext4", "", 0}}}
-	fm := mount.NewFakeMounter(nil)
-	root := t.TempDir()
-	m := NewMounter(fm, s.exec(t), 1, NewPaths([]string{root}))
-	m.FormatAndMount(t.Context(), BlankProbe("/dev/loop7"), root+"/staging", "ext4", nil, nil)
-	if len(s.ran) != 1 || !strings.HasPrefix(s.ran[0], "mkfs.ext4 ") || !strings.HasSuffix(s.ran[0], " /dev/loop7") {
-		t.Errorf("ran %q, want mkfs.ext4 of /dev/loop7 alone", s.ran)
+	const v147, v146 = "mke2fs 1.47.0 (5-Feb-2023)\n\tUsing EXT2FS Library version 1.47.0\n", "mke2fs 1.46.5 (30-Dec-2021)\n"
+	for _, tc := range []struct {
+		name    string
+		blank   bool
+		fsType  string
+		mkfsOpt []string
+		answers []answer
+		want    []string // the commands run
+	}{
+		{"blank, mke2fs 1.47", true, FsExt4, nil,
+			[]answer{{"mkfs.ext4", v147, 0}, {"mkfs.ext4", "", 0}},
+			[]string{"mkfs.ext4 -V", "mkfs.ext4 -E assume_storage_prezeroed=1 -F -m0 /dev/loop7"}},
+		{"blank, the volume's own -E", true, FsExt4, []string{"-E", "nodiscard", "-b", "4096", "-E", "root_owner=0:0"},
+			[]answer{{"mkfs.ext4", v147, 0}, {"mkfs.ext4", "", 0}},
+			[]string{"mkfs.ext4 -V", "mkfs.ext4 -E nodiscard -b 4096 -E root_owner=0:0,assume_storage_prezeroed=1 -F -m0 /dev/loop7"}},
+		{"blank, mke2fs 1.46", true, FsExt4, nil,
+			[]answer{{"mkfs.ext4", v146, 0}, {"mkfs.ext4", "", 0}},
+			[]string{"mkfs.ext4 -V", "mkfs.ext4 -F -m0 /dev/loop7"}},
+		{"blank, mkfs.ext4 -V fails", true, FsExt4, nil,
+			[]answer{{"mkfs.ext4", "", 1}, {"mkfs.ext4", "", 0}},
+			[]string{"mkfs.ext4 -V", "mkfs.ext4 -F -m0 /dev/loop7"}},
+		{"blank xfs", true, FsXFS, nil,
+			[]answer{{"mkfs.xfs", "", 0}},
+			[]string{"mkfs.xfs -f /dev/loop7"}},
+		{"found empty by blkid", false, FsExt4, nil,
+			[]answer{{"blkid", "", 2}, {"mkfs.ext4", "", 0}},
+			[]string{"blkid -p -s TYPE -s PTTYPE -o export /dev/loop7", "mkfs.ext4 -F -m0 /dev/loop7"}},
+	} {
+		s := &script{answers: tc.answers}
+		fm := mount.NewFakeMounter(nil)
+		root := t.TempDir()
+		m := NewMounter(fm, s.exec(t), 1, NewPaths([]string{root}))
+		probe := BlankProbe("/dev/loop7")
+		if !tc.blank {
+			var err error
+			if probe, err = m.DiskFormat(t.Context(), "/dev/loop7"); err != nil {
+				t.Fatalf("%s: %v", tc.name, err)
+			}
+		}
+		m.FormatAndMount(t.Context(), probe, root+"/staging", tc.fsType, nil, tc.mkfsOpt)
+		if !slices.Equal(s.ran, tc.want) {
+			t.Errorf("%s: ran %q, want %q", tc.name, s.ran, tc.want)
+		}
+		if !slices.ContainsFunc(fm.GetLog(), func(a mount.FakeAction) bool { return a.Action == mount.FakeActionMount }) {
+			t.Errorf("%s: not mounted", tc.name)
+		}
 	}
-	if !slices.ContainsFunc(fm.GetLog(), func(a mount.FakeAction) bool { return a.Action == mount.FakeActionMount }) {
-		t.Error("not mounted")
+}
+
+// TestMke2fsVersions checks which versions of mke2fs are taken to know
+// the prezeroed option, and that an output not understood means no.
+func TestMke2fsVersions(t *testing.T) {
+	for out, want := range map[string]bool{
+		"mke2fs 1.47.0 (5-Feb-2023)":   true,
+		"mke2fs 1.47.2 (1-Jan-2025)\n": true,
+		"mke2fs 1.48-WIP (x)":          true,
+		"mke2fs 2.0.0":                 true,
+		"mke2fs 1.46.5 (30-Dec-2021)":  false,
+		"mke2fs 1.9":                   false,
+		"mke2fs one.47":                false,
+		"mkfs.ext4: invalid option":    false,
+		"":                             false,
+	} {
+		if got := mke2fsPrezeroes(out); got != want {
+			t.Errorf("%q: %v, want %v", out, got, want)
+		}
 	}
 }

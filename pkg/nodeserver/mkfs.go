@@ -2,6 +2,7 @@ package nodeserver
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -18,6 +19,11 @@ var mkfsPolicy = map[string]map[string]bool{
 	"xfs":   {"-b": true, "-i": true, "-m": true, "-n": true, "-d": true, "-L": true},
 	"btrfs": {"-n": true, "-s": true, "-m": true, "-d": true, "-O": true, "-L": true},
 }
+
+// prezeroedOption is mke2fs's extended option that says the device reads
+// only zeros, so that mke2fs skips zeroing the journal and inode tables.
+// The devices package sets it for an image that holds no data.
+const prezeroedOption = "assume_storage_prezeroed"
 
 // maxMkfsOptions bounds the options of one volume.
 const maxMkfsOptions = 32
@@ -52,6 +58,15 @@ func CheckMkfsOptions(fsType, value string) ([]string, error) {
 		}
 		if arg[0] == '-' {
 			return nil, fmt.Errorf("%s: value %q of %s looks like an option", MkfsOptionsKey, arg, flag)
+		}
+		if flag == "-E" && slices.ContainsFunc(strings.Split(arg, ","), func(o string) bool {
+			name, _, _ := strings.Cut(o, "=")
+			return name == prezeroedOption
+		}) {
+			// A claim about the device that only the plugin can check: a
+			// filesystem made on a device that does not read zeros where
+			// mke2fs trusts it to would be taken apart by a later fsck.
+			return nil, fmt.Errorf("%s: %s is set by the plugin, which knows whether a new volume's image holds only zeros", MkfsOptionsKey, prezeroedOption)
 		}
 	}
 	return fields, nil

@@ -15,6 +15,9 @@ func TestMkfsOptionsPolicy(t *testing.T) {
 		{fs: "ext4", value: "-b 4096 -i 8192", want: []string{"-b", "4096", "-i", "8192"}},
 		{fs: "ext4", value: "-E lazy_itable_init=0,lazy_journal_init=0", want: []string{"-E", "lazy_itable_init=0,lazy_journal_init=0"}},
 		{fs: "ext4", value: "-O ^has_journal", want: []string{"-O", "^has_journal"}},
+		{fs: "ext4", value: "-E assume_storage_prezeroed=1"},                 // the plugin's claim to make
+		{fs: "ext4", value: "-E nodiscard,assume_storage_prezeroed -b 4096"}, // the same, without a value
+		{fs: "ext4", value: "-E assume_storage_prezeroed=0"},                 // ... or saying no
 		{fs: "xfs", value: "-m reflink=1 -i size=512", want: []string{"-m", "reflink=1", "-i", "size=512"}},
 		{fs: "btrfs", value: "-n 16384", want: []string{"-n", "16384"}},
 		{fs: "ext4", value: "-J device=/dev/sda"}, // journal on another device
