@@ -96,8 +96,10 @@ func (bl *baseline) stage(v vol) (string, error) {
 }
 
 // rawFloor does the least a stage and a publish can do, by hand: attach
-// the image, mkfs.ext4 -F -m0 (what mount-utils runs), mount(2), a bind
-// mount(2); no probe, no check, no record. It shares the mount-utils
+// the image, mkfs.ext4 -F -m0 (what mount-utils runs) told that the device
+// reads only zeros (the images are new: nothing to zero, as converge
+// formats them since 2026-11-24), mount(2), a bind mount(2); no probe, no
+// check, no record. It shares the mount-utils
 // baseline's directories and images.
 type rawFloor struct{ *baseline }
 
@@ -106,7 +108,7 @@ func (r rawFloor) stage(v vol) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if out, err := exec.Command("mkfs.ext4", "-F", "-m0", dev).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mkfs.ext4", "-F", "-m0", "-E", devices.PrezeroedOption+"=1", dev).CombinedOutput(); err != nil {
 		return dev, fmt.Errorf("mkfs.ext4 %s: %v: %s", dev, err, out)
 	}
 	return dev, unix.Mount(dev, v.staging, "ext4", 0, "errors=remount-ro")
