@@ -4,10 +4,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -40,6 +42,7 @@ func TestStaticBlockDevice(t *testing.T) {
 		p.Stop()
 		for _, d := range disks {
 			devices.DetachLoop(d)
+			removeLoopNode(d)
 		}
 	})
 	link := filepath.Join(byID, "disk-1")
@@ -88,4 +91,20 @@ func TestStaticBlockDevice(t *testing.T) {
 	}
 	unpublish(t, p, "static-1", target)
 	unstage(t, p, "static-1", staging)
+}
+
+// removeLoopNode gives a detached loop device's number back to the kernel,
+// which otherwise keeps its node, and every loop listing on the machine
+// visits every node. A number someone attached meanwhile stays (EBUSY).
+func removeLoopNode(dev string) {
+	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
+	if err != nil {
+		return
+	}
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
+	if err != nil {
+		return
+	}
+	defer ctl.Close()
+	unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n)
 }
