@@ -177,6 +177,11 @@ func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check che
 			switch {
 			case m.Shutdown:
 				a.unusable = "the filesystem was shut down (every I/O fails)"
+			case v.Stage.Deleting:
+				// Nothing reads a withdrawn stage's mount ID or state
+				// (diff and condition stop at the withdrawal), and a
+				// check is three system calls a pass: a teardown of
+				// many volumes runs pass after pass.
 			default:
 				id, err := check(m.Path)
 				if err != nil {
@@ -190,7 +195,9 @@ func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check che
 	for target := range v.Publishes {
 		if m, ok := snap.MountAt(target); ok {
 			a.targets[target] = &m
-			if a.published(target) && !m.Shutdown {
+			// A withdrawn publish is not checked either: its unpublish
+			// unmounts whatever is there, and nothing reads its ID.
+			if a.published(target) && !m.Shutdown && !v.Publishes[target].Deleting {
 				id, err := check(target)
 				if err != nil {
 					if a.unusableTargets == nil {

@@ -57,6 +57,8 @@ type fakeWorld struct {
 	// corrupt maps a mount point to the error a stat of it returns, until
 	// it is unmounted.
 	corrupt map[string]error
+	// checks counts the CheckMounts of each path.
+	checks map[string]int
 	// deadSuper marks images whose superblock stays shut down across
 	// remounts, as when a container still holds the filesystem.
 	deadSuper map[string]bool
@@ -100,6 +102,7 @@ func newFakeWorld() *fakeWorld {
 		hold:      map[string]chan struct{}{},
 		started:   make(chan string, 100),
 		corrupt:   map[string]error{},
+		checks:    map[string]int{},
 		deadSuper: map[string]bool{},
 		sizes:     map[string]int64{},
 		holes:     map[string]int64{},
@@ -243,6 +246,7 @@ func (w *fakeWorld) Observe() (*host.Snapshot, error) {
 func (w *fakeWorld) CheckMount(path string) (uint64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.checks[path]++
 	var id uint64
 	if ids := w.at[path]; len(ids) > 0 {
 		id = ids[len(ids)-1]

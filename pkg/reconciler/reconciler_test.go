@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -185,6 +186,44 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 	want := "blank,attach,mount " + staging + ",mkfs " + dev + ",bind " + target + ",unmount " + target + ",unmount " + staging + ",detach"
 	if calls != want {
 		t.Errorf("calls:\n got %s\nwant %s", calls, want)
+	}
+}
+
+// TestWithdrawnMountsAreNotChecked checks that a pass stats the mount
+// points of live intents only: a withdrawn publish or stage is unmounted
+// whatever its mount's state, and under a teardown of many volumes the
+// passes run back to back. The mounts are corrupted, so that a check
+// would show.
+func TestWithdrawnMountsAreNotChecked(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.volume("v1")
+	h.update("v1", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.settle()
+	h.world.mu.Lock()
+	live := h.world.checks[staging] > 0 && h.world.checks[target] > 0
+	clear(h.world.checks)
+	h.world.corrupt[staging] = syscall.ENOTCONN
+	h.world.corrupt[target] = syscall.ENOTCONN
+	h.world.mu.Unlock()
+	if !live {
+		t.Fatal("the live stage and publish were never checked")
+	}
+
+	h.update("v1", func(v *state.Volume) {
+		v.Stage.Deleting = true
+		v.Publishes[target].Deleting = true
+	})
+	h.settle()
+	if m := mountPaths(h.world); len(m) != 0 {
+		t.Errorf("mounts after teardown: got %v, want none", m)
+	}
+	h.world.mu.Lock()
+	defer h.world.mu.Unlock()
+	if n := h.world.checks[staging] + h.world.checks[target]; n != 0 {
+		t.Errorf("the withdrawn mounts were checked %d times (%v), want none", n, h.world.checks)
 	}
 }
 
