@@ -28,6 +28,20 @@ func (h *harness) stagedAndPublished(id string) (staging, target string) {
 	return staging, target
 }
 
+// tornDown withdraws volume id's stage and its publish at target, settles,
+// and fails the test unless nothing is left mounted.
+func (h *harness) tornDown(id, target string) {
+	h.t.Helper()
+	h.update(id, func(v *state.Volume) {
+		v.Stage.Deleting = true
+		v.Publishes[target].Deleting = true
+	})
+	h.settle()
+	if m := mountPaths(h.world); len(m) != 0 {
+		h.t.Errorf("mounts after teardown: got %v, want none", m)
+	}
+}
+
 // staged makes a volume staged, with no publish, and settles.
 func (h *harness) staged(id string) (staging string) {
 	h.t.Helper()

@@ -165,14 +165,7 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 		t.Errorf("provenance: got %q, want ext4", got.Formatted)
 	}
 
-	h.update("v1", func(v *state.Volume) {
-		v.Stage.Deleting = true
-		v.Publishes[target].Deleting = true
-	})
-	h.settle()
-	if m := mountPaths(h.world); len(m) != 0 {
-		t.Errorf("mounts after teardown: got %v, want none", m)
-	}
+	h.tornDown("v1", target)
 	if len(h.world.loops) != 0 {
 		t.Errorf("loops after teardown: got %v, want none", h.world.loops)
 	}
@@ -196,12 +189,7 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 // would show.
 func TestWithdrawnMountsAreNotChecked(t *testing.T) {
 	h := newHarness(t)
-	staging, target := h.volume("v1")
-	h.update("v1", func(v *state.Volume) {
-		v.Stage = stageSpec(staging)
-		v.Publishes = map[string]*state.Publish{target: publishSpec()}
-	})
-	h.settle()
+	staging, target := h.stagedAndPublished("v1")
 	h.world.mu.Lock()
 	live := h.world.checks[staging] > 0 && h.world.checks[target] > 0
 	clear(h.world.checks)
@@ -212,14 +200,7 @@ func TestWithdrawnMountsAreNotChecked(t *testing.T) {
 		t.Fatal("the live stage and publish were never checked")
 	}
 
-	h.update("v1", func(v *state.Volume) {
-		v.Stage.Deleting = true
-		v.Publishes[target].Deleting = true
-	})
-	h.settle()
-	if m := mountPaths(h.world); len(m) != 0 {
-		t.Errorf("mounts after teardown: got %v, want none", m)
-	}
+	h.tornDown("v1", target)
 	h.world.mu.Lock()
 	defer h.world.mu.Unlock()
 	if n := h.world.checks[staging] + h.world.checks[target]; n != 0 {
