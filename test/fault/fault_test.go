@@ -59,6 +59,31 @@ type vol struct {
 	name, id, staging, target string
 	want                      level
 	files                     map[string]string
+	// fsType is the filesystem its capability asks for; "" for the
+	// plugin's default (ext4).
+	fsType string
+}
+
+// xfsSize is the size of an xfs volume: mkfs.xfs makes none under 300 MiB.
+const xfsSize = 300 << 20
+
+// capability is what v's requests ask for.
+func (v *vol) capability() *csi.VolumeCapability {
+	if v.fsType == "" {
+		return rwo
+	}
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: v.fsType}},
+		AccessMode: rwo.GetAccessMode(),
+	}
+}
+
+// size is the capacity v is created with.
+func (v *vol) size() int64 {
+	if v.fsType == "xfs" {
+		return xfsSize
+	}
+	return volumeSize
 }
 
 type env struct {
@@ -93,11 +118,11 @@ func (e *env) step(ctx context.Context, v *vol, from, to level) error {
 	var err error
 	switch {
 	case from == absent && to > absent:
-		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.name, CapacityRange: &csi.CapacityRange{RequiredBytes: volumeSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.name, CapacityRange: &csi.CapacityRange{RequiredBytes: v.size()}, VolumeCapabilities: []*csi.VolumeCapability{v.capability()}})
 	case from == created && to > created:
-		_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: rwo})
+		_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: v.capability()})
 	case from == staged && to > staged:
-		_, err = n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: rwo})
+		_, err = n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, TargetPath: v.target, VolumeCapability: v.capability()})
 	case from == published && to < published:
 		_, err = n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
 	case from == staged && to < staged:

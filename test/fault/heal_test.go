@@ -39,8 +39,14 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // file to it.
 func setUp(t *testing.T, p *testenv.Plugin, name string) *vol {
 	t.Helper()
+	return setUpAs(t, p, name, "")
+}
+
+// setUpAs is setUp of a volume of filesystem fsType ("" for the default).
+func setUpAs(t *testing.T, p *testenv.Plugin, name, fsType string) *vol {
+	t.Helper()
 	e := &env{t: t, p: p}
-	v := &vol{name: name, id: vid(name), staging: filepath.Join(p.Root, "staging", name), target: filepath.Join(p.Root, "pods", name, "mount"), want: published}
+	v := &vol{name: name, id: vid(name), staging: filepath.Join(p.Root, "staging", name), target: filepath.Join(p.Root, "pods", name, "mount"), want: published, fsType: fsType}
 	for _, d := range []string{v.staging, filepath.Dir(v.target)} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
