@@ -101,10 +101,7 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 		// Formatted just now: the filesystem fills the device.
 		grown = devSize
 	}
-	if err := r.recordFormatted(v.ID, want, grown); err != nil {
-		return err
-	}
-	return r.recordMount(v.ID, action{kind: actRecordMount, mountID: id, generation: st.Generation})
+	return r.recordFormatted(v.ID, want, grown, id, st.Generation)
 }
 
 // stageChecks refuses a stage that must not go on, and finishes one whose
@@ -121,7 +118,7 @@ func (r *Reconciler) stageChecks(v *state.Volume, a *actual) (done bool, err err
 			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
 	}
 	if a.staged && !a.block {
-		return true, r.recordFormatted(v.ID, a.stagingMount.FsType, 0)
+		return true, r.recordFormatted(v.ID, a.stagingMount.FsType, 0, 0, 0)
 	}
 	if a.stagingMount != nil {
 		return false, state.Errorf(state.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
@@ -213,14 +210,31 @@ func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, wan
 	return probe, nil
 }
 
-// recordFormatted sets the provenance of a volume once, and the device size
-// its filesystem is known to fill (0: not known).
-func (r *Reconciler) recordFormatted(id, fsType string, fsSize int64) error {
-	_, err := r.cfg.Store.Update(id, func(v *state.Volume) error {
+// recordFormatted sets the provenance of a volume once, the device size its
+// filesystem is known to fill (0: not known) and, for a staging mount just
+// made for the stage of generation gen, the mount's unique ID (0: none), in
+// one write that does not wait for the disk.
+//
+// The provenance guards data written onto the filesystem, and data reaches
+// it only through a publish, whose request answers only once its own intent,
+// appended to the same log after this record, is durable: the fdatasync that
+// makes it so makes this record durable too. A crash of the machine before
+// it loses a filesystem with nothing written to it through the plugin, and
+// with it at worst the record that it was made here: the next stage finds
+// the filesystem (mkfs syncs what it wrote) and records it again, or, had
+// the filesystem gone too, formats the device anew, which is what blkid
+// allows for a device that positively holds nothing. The size is a hint: a
+// lost one makes the next stage grow the filesystem, a no-op. So the stage
+// pays no fdatasync of its own after its mkfs and mount (0.5 ms here).
+func (r *Reconciler) recordFormatted(id, fsType string, fsSize int64, mountID uint64, gen int64) error {
+	_, _, err := r.cfg.Store.Write(id, func(v *state.Volume) error {
 		if v.Formatted == "" {
 			v.Formatted = fsType
 		}
 		v.FsSize = max(v.FsSize, fsSize)
+		if mountID != 0 {
+			v.RecordMountID("", gen, mountID)
+		}
 		return nil
 	})
 	return err

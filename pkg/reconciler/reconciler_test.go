@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -139,6 +140,44 @@ func TestDiffOrder(t *testing.T) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// syncCounter is the store with a count of the durable updates made
+// through it.
+type syncCounter struct {
+	*state.Store
+	// updates counts the calls of Update.
+	updates atomic.Int32
+}
+
+func (s *syncCounter) Update(id string, fn func(v *state.Volume) error) (*state.Volume, error) {
+	s.updates.Add(1)
+	return s.Store.Update(id, fn)
+}
+
+// TestStageRecordsWithoutASync checks that a stage records what it made
+// (the provenance, the size the filesystem fills, the staging mount's
+// unique ID) in one write that does not wait for the disk: the publish
+// that lets data onto the filesystem makes it durable (recordFormatted).
+func TestStageRecordsWithoutASync(t *testing.T) {
+	h := newHarness(t)
+	counter := &syncCounter{Store: h.store}
+	h.r.cfg.Store = counter
+	staging, _ := h.volume("v1")
+	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
+	h.settle()
+
+	if n := counter.updates.Load(); n != 0 {
+		t.Errorf("durable updates by the stage: got %d, want 0", n)
+	}
+	got, _ := h.store.Get("v1")
+	if got.Formatted != "ext4" || got.FsSize != 64<<20 || got.Stage.MountID == 0 {
+		t.Errorf("record after the stage: got provenance %q, fs size %d, mount ID %d; want ext4, %d and the mount's ID",
+			got.Formatted, got.FsSize, got.Stage.MountID, 64<<20)
+	}
+	if got.Generation != v.Generation+1 {
+		t.Errorf("record generation after the stage: got %d, want %d (one write)", got.Generation, v.Generation+1)
 	}
 }
 
