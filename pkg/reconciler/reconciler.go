@@ -18,8 +18,13 @@ import (
 	"github.com/converge-csi/converge/pkg/status"
 )
 
-// soonDelay is how long KickSoon waits for a pass to start by itself.
-const soonDelay = time.Millisecond
+// soonDelay is how long KickSoon waits for a pass to start by itself. A
+// client's next call on a volume (the kubelet's publish after its stage)
+// has its intent recorded about 1 ms after the answer before it; a
+// verifying pass that starts just before that intent makes the call wait
+// for a second pass (seen in every publish of a trace at 1 ms). At 3 ms
+// the call's own pass starts first and serves the verification too.
+const soonDelay = 3 * time.Millisecond
 
 // repeatedFailures is how many failures in a row of one operation make a
 // volume DEGRADED: one or two are the ordinary retries of a busy node.
