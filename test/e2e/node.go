@@ -249,6 +249,11 @@ authorization:
   mode: Webhook
 registerNode: true
 nodeStatusUpdateFrequency: 2s
+# The kubelet grows a mounted volume's filesystem (NodeExpandVolume) only
+# when it next syncs the pod, and nothing but this period brings that sync
+# after a claim grows: with the default of 1m, every online expansion test
+# waited 60-90 s for it.
+syncFrequency: 10s
 `, n.ports["kubelet"], n.ports["kubelet-healthz"], n.containerd,
 		filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "volume-plugins"), n.c.pki.path("ca.crt"))
 	if n.cgroupRoot != "" {
