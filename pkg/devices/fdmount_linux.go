@@ -96,17 +96,6 @@ func refused(err error) error {
 	return err
 }
 
-// mountIDAt returns the unique ID of the top mount at path, resolved
-// beneath the roots without symlinks.
-func (p *Paths) mountIDAt(path string) (uint64, error) {
-	fd, err := p.open(path, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	return mountID(fd, "")
-}
-
 // attached returns the unique mount ID of the mount the descriptor tree
 // holds, once attached: what the plugin records as its own. 0 when the
 // kernel does not tell it.
@@ -243,43 +232,54 @@ func (p *Paths) UnmountOwned(path string, id uint64) error {
 }
 
 // CheckMountedAt verifies that the directory path, resolved beneath the
-// roots without symlinks, is the root of a mount of the block device dev.
-// It is ErrMisplacedMount when it is not.
+// roots without symlinks, is the root of a mount of the block device dev,
+// and returns that mount's unique ID (0 when the kernel does not tell it),
+// read through the same descriptor: a mount stacked on the path after the
+// check cannot lend its ID. It is ErrMisplacedMount when the path holds
+// another mount.
 //
 // The mount is identified by its mount ID (statx), not by the device number
 // a stat shows: btrfs gives each subvolume, the top one included, its own
 // anonymous device number, which is neither dev's nor the one mountinfo
 // lists for the mount.
-func (p *Paths) CheckMountedAt(dev, path string) error {
+func (p *Paths) CheckMountedAt(dev, path string) (uint64, error) {
 	var devSt unix.Stat_t
 	if err := unix.Stat(dev, &devSt); err != nil {
-		return fmt.Errorf("stat %s: %w", dev, err)
+		return 0, fmt.Errorf("stat %s: %w", dev, err)
 	}
 	fd, err := p.open(path, unix.O_DIRECTORY)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer unix.Close(fd)
 	var stx unix.Statx_t
-	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
-		return fmt.Errorf("statx %s: %w", path, err)
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID_UNIQUE, &stx); err != nil {
+		return 0, fmt.Errorf("statx %s: %w", path, err)
+	}
+	var unique uint64
+	if stx.Mask&unix.STATX_MNT_ID_UNIQUE != 0 {
+		unique = stx.Mnt_id
 	}
 	if uint64(unix.Mkdev(stx.Dev_major, stx.Dev_minor)) == devSt.Rdev {
-		return nil
+		return unique, nil
+	}
+	// mountinfo lists the mounts by their old, reusable IDs.
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		return 0, fmt.Errorf("statx %s: %w", path, err)
 	}
 	mounts, err := ReadMounts("/proc/self/mountinfo")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	for _, m := range mounts {
 		if stx.Mask&unix.STATX_MNT_ID != 0 && uint64(m.ID) == stx.Mnt_id {
 			if m.Source == dev && m.Root == "/" {
-				return nil
+				return unique, nil
 			}
-			return fmt.Errorf("%w: %s holds %s (%s) at %s, not %s", ErrMisplacedMount, path, m.Source, m.FsType, m.Path, dev)
+			return 0, fmt.Errorf("%w: %s holds %s (%s) at %s, not %s", ErrMisplacedMount, path, m.Source, m.FsType, m.Path, dev)
 		}
 	}
-	return fmt.Errorf("%w: %s holds device %d:%d, not %s", ErrMisplacedMount, path, stx.Dev_major, stx.Dev_minor, dev)
+	return 0, fmt.Errorf("%w: %s holds device %d:%d, not %s", ErrMisplacedMount, path, stx.Dev_major, stx.Dev_minor, dev)
 }
 
 // unmountStray unmounts every mount of dev's filesystem that does not lie

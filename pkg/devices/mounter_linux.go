@@ -349,9 +349,9 @@ func (m *Mounter) FormatAndMount(ctx context.Context, probe Probe, target, fsTyp
 		}
 		return 0, err
 	}
-	err := m.paths.CheckMountedAt(dev, target)
+	id, err := m.paths.CheckMountedAt(dev, target)
 	if err == nil {
-		return m.paths.mountIDAt(target)
+		return id, nil
 	}
 	if uerr := unmountStray(dev, m.paths); uerr != nil {
 		return 0, fmt.Errorf("%w; removing it: %v", err, uerr)

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/converge-csi/converge/pkg/host"
 )
 
@@ -187,14 +189,18 @@ func TestCheckMountedAtEachFilesystem(t *testing.T) {
 			dir := t.TempDir()
 			mnt, dev := mountFresh(t, dir, fs)
 			paths := NewPaths([]string{dir})
-			if err := paths.CheckMountedAt(dev, mnt); err != nil {
-				t.Errorf("CheckMountedAt(%s, %s): %v, want the mount found", dev, mnt, err)
+			want, err := mountID(unix.AT_FDCWD, mnt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id, err := paths.CheckMountedAt(dev, mnt); err != nil || id != want {
+				t.Errorf("CheckMountedAt(%s, %s): %d, %v; want the mount found, with its ID %d", dev, mnt, id, err, want)
 			}
 			if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
-			if err := paths.CheckMountedAt(dev, mnt); !errors.Is(err, ErrMisplacedMount) {
+			if _, err := paths.CheckMountedAt(dev, mnt); !errors.Is(err, ErrMisplacedMount) {
 				t.Errorf("CheckMountedAt with tmpfs on top: got %v, want ErrMisplacedMount", err)
 			}
 		})
