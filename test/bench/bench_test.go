@@ -123,14 +123,22 @@ func (r rawFloor) publish(v vol) error {
 
 func (r rawFloor) teardown(v vol, dev string) error {
 	for _, p := range []string{v.target, v.staging} {
-		if err := unix.Unmount(p, 0); err != nil {
-			return fmt.Errorf("umount %s: %w", p, err)
+		if err := umount(p); err != nil {
+			return err
 		}
 	}
 	if err := os.Remove(v.target); err != nil {
 		return err
 	}
 	return devices.DetachLoop(dev)
+}
+
+// umount unmounts the mount at p by hand, with umount(2).
+func umount(p string) error {
+	if err := unix.Unmount(p, 0); err != nil {
+		return fmt.Errorf("umount %s: %w", p, err)
+	}
+	return nil
 }
 
 // calledFloor is the raw floor with the kubelet's calls around it: before
@@ -167,8 +175,8 @@ func (c calledFloor) teardown(v vol, dev string) error {
 	if err := c.call(); err != nil {
 		return err
 	}
-	if err := unix.Unmount(v.target, 0); err != nil {
-		return fmt.Errorf("umount %s: %w", v.target, err)
+	if err := umount(v.target); err != nil {
+		return err
 	}
 	if err := os.Remove(v.target); err != nil {
 		return err
@@ -176,8 +184,8 @@ func (c calledFloor) teardown(v vol, dev string) error {
 	if err := c.call(); err != nil {
 		return err
 	}
-	if err := unix.Unmount(v.staging, 0); err != nil {
-		return fmt.Errorf("umount %s: %w", v.staging, err)
+	if err := umount(v.staging); err != nil {
+		return err
 	}
 	return devices.DetachLoop(dev)
 }
@@ -410,8 +418,8 @@ func burst(b *testing.B, vols []vol, f func(vol) error) (time.Duration, []time.D
 }
 
 // handBurst stages and publishes vols at once by hand, then tears them
-// down at once and removes their images, and returns the set-up's wall time and per-volume latency
-// and the teardown's wall time.
+// down at once and removes their images, and returns the set-up's wall
+// time and per-volume latency and the teardown's wall time.
 func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Duration, time.Duration) {
 	devs := make([]string, len(vols))
 	index := map[string]int{}
