@@ -4,12 +4,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -30,8 +28,9 @@ func TestStaticBlockDevice(t *testing.T) {
 	// Two disks, made by the test: loop devices on files outside the
 	// plugin's data directory.
 	var disks []string
+	disksDir := mkdir(t, filepath.Join(p.Dir, "disks"))
 	for _, name := range []string{"a", "b"} {
-		img := filepath.Join(mkdir(t, filepath.Join(p.Dir, "disks")), name+".img")
+		img := filepath.Join(disksDir, name+".img")
 		must(t, "image", os.WriteFile(img, nil, 0o600))
 		must(t, "size", os.Truncate(img, 64<<20))
 		dev, err := devices.AttachLoop(img, true)
@@ -41,8 +40,7 @@ func TestStaticBlockDevice(t *testing.T) {
 	t.Cleanup(func() {
 		p.Stop()
 		for _, d := range disks {
-			devices.DetachLoop(d)
-			removeLoopNode(d)
+			testenv.ReleaseLoop(d, disksDir)
 		}
 	})
 	link := filepath.Join(byID, "disk-1")
@@ -91,20 +89,4 @@ func TestStaticBlockDevice(t *testing.T) {
 	}
 	unpublish(t, p, "static-1", target)
 	unstage(t, p, "static-1", staging)
-}
-
-// removeLoopNode gives a detached loop device's number back to the kernel,
-// which otherwise keeps its node, and every loop listing on the machine
-// visits every node. A number someone attached meanwhile stays (EBUSY).
-func removeLoopNode(dev string) {
-	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
-	if err != nil {
-		return
-	}
-	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR, 0)
-	if err != nil {
-		return
-	}
-	defer ctl.Close()
-	unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n)
 }
