@@ -12,6 +12,24 @@
 // mounts and unmounts through descriptors resolved beneath the plugin's
 // roots (Paths).
 //
+// Loop devices are the machine's, and other processes use them too
+// (losetup, snap, another node plugin): AttachLoop claims the free device
+// the kernel offers and, when another process takes or removes it first,
+// asks again after a short, growing, jittered wait, for up to attachBudget.
+//
+// A thick volume's device refuses discards (queue/discard_max_bytes 0), so
+// that nothing hands its space back. The kernel keeps that limit for the
+// device number across detaches, and once it is 0 nothing but removing the
+// number (LOOP_CTL_REMOVE) resets it: the next user of the number, converge
+// or not, would get a device that passes no discards. So the detach of a
+// thick device removes the number at once, when nothing holds the device
+// (LoopDevices.Detach). Another process can still be offered the number in
+// the microseconds between the two calls, and a device someone holds open
+// detaches at that user's last close, when converge is not there to remove
+// it: either is logged, and that number keeps discards off for whoever
+// takes it. converge's own thin attaches check every device they claim and
+// remove such a number rather than use it.
+//
 // It knows nothing of CSI or of the desired state; it does what it is told
 // and reports what it sees.
 package devices

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,18 +14,26 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/host"
 )
 
 const (
-	// removeDelay is how long after its detach a thick volume's device
-	// number is removed (see Detach).
-	removeDelay = 500 * time.Millisecond
 	loopControl = "/dev/loop-control"
-	// attachRetries bounds the race with other processes that take the same
-	// free loop device between LOOP_CTL_GET_FREE and LOOP_CONFIGURE.
-	attachRetries = 16
+	// attachBudget bounds how long AttachLoop keeps claiming free devices
+	// that other processes take or remove first (a node has other loop
+	// users: losetup, snap, another CSI driver, converge's own removals).
+	// Past it the attach fails, as a plain error the operation's backoff
+	// retries; each claim that lost took no device.
+	attachBudget = 10 * time.Second
+	// attachFirstWait and attachMaxWait bound the wait between two claims:
+	// it doubles from the first to the most. A claim lost to another
+	// process is lost in microseconds; waiting a little more each time
+	// lets a process that attaches and detaches as fast as it can get out
+	// of the way (TestAttachWhileOthersChurn).
+	attachFirstWait = 100 * time.Microsecond
+	attachMaxWait   = 50 * time.Millisecond
 )
 
 // ErrNoLoopDevice is returned when the kernel has no free loop device.
@@ -34,6 +43,13 @@ var ErrNoLoopDevice = errors.New("no free loop device")
 // discards on to the file or refusing them, and returns the device node.
 // The device is not auto-cleared: it stays attached until DetachLoop, so a
 // mount can outlive the plugin process.
+//
+// The kernel offers every caller the same lowest free device, so another
+// process can take it, or remove it, between the offer and the claim:
+// AttachLoop then waits a little (claimWait) and asks again, until
+// attachBudget has passed. A device it claimed but cannot use (its
+// discards stuck off, for a thin volume) is detached and removed before
+// the next try: no claim that lost leaves a device attached.
 func AttachLoop(file string, discards bool) (string, error) {
 	backing, err := os.OpenFile(file, os.O_RDWR, 0)
 	if err != nil {
@@ -47,32 +63,50 @@ func AttachLoop(file string, discards bool) (string, error) {
 	}
 	defer ctl.Close()
 
-	for range attachRetries {
+	deadline := time.Now().Add(attachBudget)
+	for lost := 0; ; lost++ {
 		dev, err := claimLoop(ctl, backing)
-		if errors.Is(err, errTaken) {
-			continue
-		}
-		if err != nil {
-			return "", err
-		}
-		// Outside attachMu: a queue limit written makes the kernel freeze
-		// the device's queue, which waits out an RCU grace period (14-22
-		// ms on an idle machine here), and the other attaches need not
-		// wait for it (BenchmarkAttachBurst).
-		if err := SetDiscards("/sys/block", dev, discards); err != nil {
-			DetachLoop(dev)
-			if errors.Is(err, ErrDiscardsStuck) {
-				// Another device number comes next time.
-				removeLoop(dev)
-				continue
+		if err == nil {
+			// Outside attachMu: a queue limit written makes the kernel
+			// freeze the device's queue, which waits out an RCU grace
+			// period (14-22 ms on an idle machine here), and the other
+			// attaches need not wait for it (BenchmarkAttachBurst).
+			err = SetDiscards("/sys/block", dev, discards)
+			if err == nil {
+				return dev, nil
 			}
+			// Another device number comes next time.
+			if derr := DetachLoop(dev); derr != nil {
+				return "", fmt.Errorf("%w; and then %w", err, derr)
+			}
+			if !errors.Is(err, ErrDiscardsStuck) {
+				return "", err
+			}
+			removeLoop(dev)
+		} else if !errors.Is(err, errTaken) {
 			return "", err
 		}
-		return dev, nil
+		if time.Now().After(deadline) {
+			// Other processes took every free device offered:
+			// contention, not exhaustion, so a plain error that is
+			// retried.
+			return "", fmt.Errorf("no loop device could be claimed in %v: other processes took or removed each of the %d free ones offered first", attachBudget, lost+1)
+		}
+		time.Sleep(claimWait(lost, rand.Float64()))
 	}
-	// Other processes took every free device offered: contention, not
-	// exhaustion, so a plain error that is retried.
-	return "", fmt.Errorf("no loop device could be claimed: another process took each of the %d free ones offered first", attachRetries)
+}
+
+// claimWait returns how long to wait after the lost-th claim in a row that
+// lost (0 for the first): twice as long each time, from attachFirstWait up
+// to attachMaxWait, of which r (in [0, 1)) draws a point in the upper half,
+// so that processes that lost the same device come back at different
+// moments.
+func claimWait(lost int, r float64) time.Duration {
+	d := attachMaxWait
+	if lost < 20 && attachFirstWait<<lost < attachMaxWait {
+		d = attachFirstWait << lost
+	}
+	return d/2 + time.Duration(r*float64(d/2))
 }
 
 // errTaken is claimLoop's answer when another process took the free
@@ -202,18 +236,21 @@ func SetDiscards(sysBlock, dev string, on bool) error {
 
 // removeLoop removes an unattached loop device, so that the kernel makes
 // the number afresh, with its default limits, for its next user. A device
-// someone uses meanwhile stays.
-func removeLoop(dev string) {
+// someone uses meanwhile stays (EBUSY); one removed already is ENODEV.
+func removeLoop(dev string) error {
 	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
 	if err != nil {
-		return
+		return fmt.Errorf("%s is not a loop device", dev)
 	}
 	ctl, err := os.OpenFile(loopControl, os.O_RDWR, 0)
 	if err != nil {
-		return
+		return err
 	}
 	defer ctl.Close()
-	unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n)
+	if err := unix.IoctlSetInt(int(ctl.Fd()), unix.LOOP_CTL_REMOVE, n); err != nil {
+		return fmt.Errorf("LOOP_CTL_REMOVE %s: %w", dev, err)
+	}
+	return nil
 }
 
 // readInt reads a sysfs attribute that holds a number.
@@ -584,29 +621,40 @@ func (LoopDevices) Grow(dev string) error { return GrowLoop(dev) }
 // Keep calls KeepLoop.
 func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }
 
-// Detach calls DetachLoop and reports whether the device is gone: it has
-// no backing file any more (a device someone else holds open is only
-// marked, and goes at its last close; a number attached again meanwhile
-// reads as not gone). It removes a device whose discards were turned off:
-// the kernel would keep them off for the number's next user. The removal
-// takes the kernel about 50 ms of work (it unregisters the disk), so it
-// runs in the background, removeDelay after the detach, out of the way of
-// the rest of a teardown of many volumes at once (one of 100 took 133-169
-// ms without the removals and 204-218 ms with them in the background at
-// once, alternating). An attach that takes the number meanwhile either
-// holds it open (the removal then fails), finds it gone and takes
-// another, or, for a thin volume, finds its discards stuck off and
-// removes it first (AttachLoop).
+// Detach calls DetachLoop and reports whether the device is gone: its
+// number has no backing file any more, or another one (a device someone
+// else holds open is only marked, and goes at its last close; another
+// process may attach the number as soon as it is free).
+//
+// A device whose discards were turned off (a thick volume's) is removed
+// right after a detach that left it unattached: the kernel keeps a device
+// number's discard limit across detaches, and once it is 0 nothing but a
+// removal resets it, so the number's next user, converge or not, would get
+// a device that passes no discards. Between the detach and the removal
+// another process can still be offered the number; and a device held open
+// goes at its last close, when converge is not there to remove it. Either
+// is logged (the number keeps discards off for whoever takes it; converge's
+// own thin attaches remove it and take another).
 func (LoopDevices) Detach(dev string) (gone bool, err error) {
 	sys := filepath.Join("/sys/block", filepath.Base(dev))
 	off, _ := readInt(filepath.Join(sys, "queue", "discard_max_bytes"))
+	backing := filepath.Join(sys, "loop", "backing_file")
+	before, _ := os.ReadFile(backing)
 	if err := DetachLoop(dev); err != nil {
 		return false, err
 	}
-	_, err = os.Stat(filepath.Join(sys, "loop", "backing_file"))
-	gone = errors.Is(err, os.ErrNotExist)
-	if off == 0 {
-		time.AfterFunc(removeDelay, func() { removeLoop(dev) })
+	after, err := os.ReadFile(backing)
+	gone = errors.Is(err, os.ErrNotExist) || (err == nil && !bytes.Equal(after, before))
+	if off != 0 {
+		return gone, nil
 	}
-	return gone, nil
+	logger := klog.Background().WithValues("device", dev)
+	if !gone {
+		logger.Info("Loop device held open by another user; it detaches at that user's last close and its number then keeps discards off until removed")
+		return false, nil
+	}
+	if err := removeLoop(dev); err != nil && !errors.Is(err, unix.ENODEV) {
+		logger.Info("Loop device number in use by another user before it could be removed; it keeps discards off for that user", "err", err)
+	}
+	return true, nil
 }

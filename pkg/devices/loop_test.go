@@ -1,12 +1,14 @@
 package devices
 
 import (
+	"github.com/converge-csi/converge/test/testenv"
+
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestAttachLoopBurst attaches 100 images at once, as a burst of stages
@@ -25,7 +27,7 @@ func TestAttachLoopBurst(t *testing.T) {
 	t.Cleanup(func() {
 		for _, d := range devs {
 			if d != "" {
-				releaseLoop(d)
+				testenv.ReleaseLoop(d, dir)
 			}
 		}
 	})
@@ -55,20 +57,27 @@ func TestAttachLoopBurst(t *testing.T) {
 	}
 }
 
-// releaseLoop detaches a test's loop device and removes its node. The
-// kernel keeps a detached node, and every loop listing visits every node:
-// 300 left behind made each observation on the machine about 1 ms slower,
-// in every later test and benchmark.
-func releaseLoop(dev string) {
-	DetachLoop(dev)
-	removeLoop(dev)
-}
-
-// releaseLoopIn is releaseLoop for a device only while an image in dir
-// backs it: a number the test detached may serve someone else by now.
-func releaseLoopIn(dev, dir string) {
-	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
-	if err == nil && filepath.Dir(strings.TrimSpace(string(b))) == dir {
-		releaseLoop(dev)
+// TestClaimWait checks the wait between two claims of a free loop device:
+// it doubles from attachFirstWait to attachMaxWait, never more however many
+// claims were lost, and is drawn from the upper half of that.
+func TestClaimWait(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		lost     int
+		r        float64
+		min, max time.Duration
+	}{
+		{name: "first, least", lost: 0, r: 0, min: attachFirstWait / 2, max: attachFirstWait / 2},
+		{name: "first, most", lost: 0, r: 0.999999, min: attachFirstWait / 2, max: attachFirstWait},
+		{name: "second", lost: 1, r: 0.5, min: attachFirstWait, max: 2 * attachFirstWait},
+		{name: "fifth", lost: 4, r: 0, min: 8 * attachFirstWait, max: 8 * attachFirstWait},
+		{name: "capped", lost: 15, r: 0.999999, min: attachMaxWait / 2, max: attachMaxWait},
+		{name: "very many", lost: 1 << 20, r: 0, min: attachMaxWait / 2, max: attachMaxWait / 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := claimWait(c.lost, c.r); got < c.min || got > c.max {
+				t.Errorf("claimWait(%d, %v): got %v, want %v to %v", c.lost, c.r, got, c.min, c.max)
+			}
+		})
 	}
 }

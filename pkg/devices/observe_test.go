@@ -1,6 +1,8 @@
 package devices
 
 import (
+	"github.com/converge-csi/converge/test/testenv"
+
 	"errors"
 	"fmt"
 	"os"
@@ -82,7 +84,7 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 	var attached, detached []string
 	t.Cleanup(func() {
 		for _, d := range attached {
-			releaseLoop(d)
+			testenv.ReleaseLoop(d, dir)
 		}
 		// Their nodes, unless someone attached them since.
 		for _, d := range detached {
@@ -163,9 +165,12 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 }
 
 // sparseImage creates a sparse 1 MiB file at path to attach, and returns
-// path.
+// path. Every loop device a test of this package attaches is backed by
+// one, so it shares the machine's loop devices for the test
+// (testenv.ShareLoops).
 func sparseImage(tb testing.TB, path string) string {
 	tb.Helper()
+	testenv.ShareLoops(tb)
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		tb.Fatal(err)
 	}
@@ -230,7 +235,7 @@ func mountFreshSized(tb testing.TB, dir, fs string, size int64, mkfsArgs ...stri
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { releaseLoop(dev) })
+	tb.Cleanup(func() { testenv.ReleaseLoop(dev, dir) })
 	force := map[string]string{FsExt4: "-F", FsXFS: "-f", FsBtrfs: "-f"}[fs]
 	args := append([]string{"-q", force}, mkfsArgs...)
 	if out, err := exec.Command("mkfs."+fs, append(args, dev)...).CombinedOutput(); err != nil {
@@ -342,7 +347,7 @@ func TestDetachReportsABusyDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { releaseLoop(dev) })
+	t.Cleanup(func() { testenv.ReleaseLoop(dev, filepath.Dir(img)) })
 	holder, err := os.Open(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -373,7 +378,7 @@ func TestListLoopsWhileOthersGo(t *testing.T) {
 	var devs []string
 	t.Cleanup(func() {
 		for _, d := range devs {
-			releaseLoopIn(d, dir)
+			testenv.ReleaseLoop(d, dir)
 		}
 	})
 	for i := range n {
