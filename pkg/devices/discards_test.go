@@ -109,20 +109,7 @@ func TestThickNumberHeldOpen(t *testing.T) {
 			testenv.ReleaseLoop(d, dir)
 		}
 	})
-	dev, err := AttachLoop(thick, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	attached = append(attached, dev)
-	holder, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if gone, err := (LoopDevices{}).Detach(dev); err != nil || gone {
-		holder.Close()
-		t.Fatalf("detaching %s while it is held open: gone %v, %v; want not gone", dev, gone, err)
-	}
-	holder.Close()
+	dev := detachWhileHeld(t, thick)
 	if !discardsStuck(t, dev) {
 		t.Fatalf("%s, detached at its holder's close, no longer keeps discards off: the kernel changed; revisit Detach", dev)
 	}

@@ -342,7 +342,14 @@ func TestDetachReportsABusyDevice(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to attach loop devices")
 	}
-	img := sparseImage(t, filepath.Join(t.TempDir(), "busy.img"))
+	detachWhileHeld(t, sparseImage(t, filepath.Join(t.TempDir(), "busy.img")))
+}
+
+// detachWhileHeld attaches img (discards refused, as for a thick volume),
+// detaches the device while it holds it open, checks that Detach reports it
+// not gone and that it goes at the holder's close, and returns it.
+func detachWhileHeld(t *testing.T, img string) string {
+	t.Helper()
 	dev, err := AttachLoop(img, false)
 	if err != nil {
 		t.Fatal(err)
@@ -360,6 +367,7 @@ func TestDetachReportsABusyDevice(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("%s still attached after its last close: %v", dev, err)
 	}
+	return dev
 }
 
 // TestListLoopsWhileOthersGo lists the loop devices again and again while

@@ -94,6 +94,7 @@ func unstage(t *testing.T, p *testenv.Plugin, id, path string) {
 	if _, err := p.Node().NodeUnstageVolume(ctx(t), &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: path}); err != nil {
 		t.Fatalf("NodeUnstageVolume: %v", err)
 	}
+	p.CheckDetached(t, id)
 }
 
 // upPublished creates a volume named name, makes the kubelet's

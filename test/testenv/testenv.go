@@ -259,6 +259,18 @@ func (p *Plugin) signal(sig syscall.Signal) {
 	p.log.Close()
 }
 
+// CheckDetached fails t unless no loop device is attached to volume id's
+// image: what an answered NodeUnstageVolume promises.
+func (p *Plugin) CheckDetached(t testing.TB, id string) {
+	t.Helper()
+	image := filepath.Join(p.DataDir, id+".img")
+	for dev, backing := range loopsIn(p.DataDir) {
+		if backing == image {
+			t.Errorf("volume %s unstaged, and its image is still attached to %s", id, dev)
+		}
+	}
+}
+
 // Leftovers lists the mounts under dir and the loop devices backed by files
 // in dataDir.
 func Leftovers(dir, dataDir string) []string {
