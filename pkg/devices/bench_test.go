@@ -1,7 +1,7 @@
 package devices
 
 import (
-	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/loops"
 
 	"bytes"
 	"context"
@@ -29,7 +29,7 @@ func BenchmarkListLoops(b *testing.B) {
 	var devs []string
 	b.Cleanup(func() {
 		for _, d := range devs {
-			testenv.ReleaseLoop(d, dir)
+			loops.Release(d, dir)
 		}
 	})
 	for i := range 300 {
@@ -98,7 +98,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.Cleanup(func() { testenv.ReleaseLoop(dev, filepath.Dir(img)) })
+			b.Cleanup(func() { loops.Release(dev, filepath.Dir(img)) })
 			root := b.TempDir()
 			vol := filepath.Join(root, "vol")
 			if err := os.Mkdir(vol, 0o700); err != nil {
@@ -181,7 +181,7 @@ func BenchmarkAttachBurst(b *testing.B) {
 			release := func() {
 				for i, d := range devs {
 					if d != "" {
-						testenv.ReleaseLoop(d, dir)
+						loops.Release(d, dir)
 						devs[i] = ""
 					}
 				}
@@ -229,7 +229,7 @@ func BenchmarkThickDetachBurst(b *testing.B) {
 	b.Cleanup(func() {
 		for _, d := range devs {
 			if d != "" {
-				testenv.ReleaseLoop(d, dir)
+				loops.Release(d, dir)
 			}
 		}
 	})

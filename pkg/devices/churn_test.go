@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/loops"
 )
 
 // churnEnv names the variable that makes this test binary another loop
@@ -77,7 +77,7 @@ func TestAttachWhileOthersChurn(t *testing.T) {
 		stop()
 		for _, d := range []string{dir, churnDir} {
 			for dev := range loopsBackedIn(d) {
-				testenv.ReleaseLoop(dev, d)
+				loops.Release(dev, d)
 			}
 		}
 	})
@@ -201,7 +201,7 @@ func TestThinAttachPastManyStuckNumbers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { testenv.ReleaseLoop(dev, dir) })
+	t.Cleanup(func() { loops.Release(dev, dir) })
 	if discardsStuck(t, dev) {
 		t.Errorf("the thin volume got %s with discards stuck off", dev)
 	}

@@ -73,6 +73,9 @@ func AttachLoop(file string, discards bool) (string, error) {
 			// attaches need not wait for it (BenchmarkAttachBurst).
 			err = SetDiscards("/sys/block", dev, discards)
 			if err == nil {
+				if lost > 0 {
+					klog.Background().V(2).Info("Loop device claimed after others were taken, removed or stuck first", "device", dev, "lost", lost)
+				}
 				return dev, nil
 			}
 			// Another device number comes next time.
@@ -638,12 +641,16 @@ func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }
 func (LoopDevices) Detach(dev string) (gone bool, err error) {
 	sys := filepath.Join("/sys/block", filepath.Base(dev))
 	off, _ := readInt(filepath.Join(sys, "queue", "discard_max_bytes"))
-	backing := filepath.Join(sys, "loop", "backing_file")
-	before, _ := os.ReadFile(backing)
+	backing := func() ([]byte, error) {
+		// A deleted backing file reads "<path> (deleted)".
+		b, err := os.ReadFile(filepath.Join(sys, "loop", "backing_file"))
+		return bytes.TrimSuffix(bytes.TrimSpace(b), []byte(" (deleted)")), err
+	}
+	before, _ := backing()
 	if err := DetachLoop(dev); err != nil {
 		return false, err
 	}
-	after, err := os.ReadFile(backing)
+	after, err := backing()
 	gone = errors.Is(err, os.ErrNotExist) || (err == nil && !bytes.Equal(after, before))
 	if off != 0 {
 		return gone, nil

@@ -1,7 +1,7 @@
 package devices
 
 import (
-	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/loops"
 
 	"fmt"
 	"os"
@@ -27,7 +27,7 @@ func TestAttachLoopBurst(t *testing.T) {
 	t.Cleanup(func() {
 		for _, d := range devs {
 			if d != "" {
-				testenv.ReleaseLoop(d, dir)
+				loops.Release(d, dir)
 			}
 		}
 	})

@@ -1,7 +1,7 @@
 package devices
 
 import (
-	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/loops"
 
 	"errors"
 	"fmt"
@@ -84,7 +84,7 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 	var attached, detached []string
 	t.Cleanup(func() {
 		for _, d := range attached {
-			testenv.ReleaseLoop(d, dir)
+			loops.Release(d, dir)
 		}
 		// Their nodes, unless someone attached them since.
 		for _, d := range detached {
@@ -165,12 +165,9 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 }
 
 // sparseImage creates a sparse 1 MiB file at path to attach, and returns
-// path. Every loop device a test of this package attaches is backed by
-// one, so it shares the machine's loop devices for the test
-// (testenv.ShareLoops).
+// path.
 func sparseImage(tb testing.TB, path string) string {
 	tb.Helper()
-	testenv.ShareLoops(tb)
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		tb.Fatal(err)
 	}
@@ -235,7 +232,7 @@ func mountFreshSized(tb testing.TB, dir, fs string, size int64, mkfsArgs ...stri
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { testenv.ReleaseLoop(dev, dir) })
+	tb.Cleanup(func() { loops.Release(dev, dir) })
 	force := map[string]string{FsExt4: "-F", FsXFS: "-f", FsBtrfs: "-f"}[fs]
 	args := append([]string{"-q", force}, mkfsArgs...)
 	if out, err := exec.Command("mkfs."+fs, append(args, dev)...).CombinedOutput(); err != nil {
@@ -354,7 +351,7 @@ func detachWhileHeld(t *testing.T, img string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { testenv.ReleaseLoop(dev, filepath.Dir(img)) })
+	t.Cleanup(func() { loops.Release(dev, filepath.Dir(img)) })
 	holder, err := os.Open(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +383,7 @@ func TestListLoopsWhileOthersGo(t *testing.T) {
 	var devs []string
 	t.Cleanup(func() {
 		for _, d := range devs {
-			testenv.ReleaseLoop(d, dir)
+			loops.Release(d, dir)
 		}
 	})
 	for i := range n {

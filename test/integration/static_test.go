@@ -13,6 +13,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/loops"
 )
 
 // TestStaticBlockDevice stages a static volume on an existing block device
@@ -40,7 +41,7 @@ func TestStaticBlockDevice(t *testing.T) {
 	t.Cleanup(func() {
 		p.Stop()
 		for _, d := range disks {
-			testenv.ReleaseLoop(d, disksDir)
+			loops.Release(d, disksDir)
 		}
 	})
 	link := filepath.Join(byID, "disk-1")

@@ -133,7 +133,6 @@ type Plugin struct {
 func New(t testing.TB, args ...string) *Plugin {
 	t.Helper()
 	RequireRoot(t)
-	ShareLoops(t)
 	dir, err := os.MkdirTemp("", "converge-test-")
 	if err != nil {
 		t.Fatal(err)
