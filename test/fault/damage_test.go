@@ -29,6 +29,13 @@ const goingDown = 0x8004587d
 // would, and checks that reading file, in it, fails with EIO.
 func shutDown(t *testing.T, path, file string) {
 	t.Helper()
+	// Opened before: the loop may unmount the shut-down filesystem at
+	// once, and a read by path would then find nothing there.
+	data, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Close()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +45,7 @@ func shutDown(t *testing.T, path, file string) {
 	if err != nil {
 		t.Fatalf("shutting down %s: %v", path, err)
 	}
-	if _, err := os.ReadFile(file); !errors.Is(err, syscall.EIO) {
+	if _, err := data.Read(make([]byte, 1)); !errors.Is(err, syscall.EIO) {
 		t.Fatalf("reading a shut-down filesystem: got %v, want EIO", err)
 	}
 }
