@@ -93,7 +93,7 @@ func AttachLoop(file string, discards bool) (string, error) {
 			// Other processes took every free device offered:
 			// contention, not exhaustion, so a plain error that is
 			// retried.
-			return "", fmt.Errorf("no loop device could be claimed in %v: other processes took or removed each of the %d free ones offered first", attachBudget, lost+1)
+			return "", fmt.Errorf("no loop device could be claimed in %v: each of the %d free ones offered was taken or removed by another process first, or kept its discards stuck off", attachBudget, lost+1)
 		}
 		time.Sleep(claimWait(lost, rand.Float64()))
 	}
