@@ -5,7 +5,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 RUN_DIR  ?= $(CURDIR)/.run
 SOCKET   := $(RUN_DIR)/csi.sock
 
-.PHONY: run test build deps unit vet sanity fuzz bench e2e conformance clean
+.PHONY: run test build deps unit vet sanity compat fuzz bench e2e conformance clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -29,6 +29,7 @@ run: deps build
 ## test: install OS packages, then vet, unit tests, integration tests, csi-sanity, a short fuzz of each target, the real-kubelet suite and the upstream External Storage tests that run in parallel
 test: deps vet
 	$(GO) test -count=1 -timeout 12m ./...
+	@$(MAKE) --no-print-directory compat
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory e2e
 
@@ -61,6 +62,12 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
 
+## compat: every RPC of csi-node with default flags through a client built as the oldest peers it
+## supports are (CSI spec v1.11.0, csi-lib-utils v0.20.0: csi-provisioner v5.2, csi-resizer v1.13);
+## test/compat is a module of its own
+compat:
+	cd test/compat && $(GO) test -count=1 -timeout 5m ./...
+
 ## fuzz: run every fuzz target for FUZZTIME; crashers land in the package's testdata/fuzz
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
@@ -78,6 +85,7 @@ deps:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	cd test/compat && $(GO) vet ./...
 	cd test/e2e && $(GO) vet ./...
 
 unit:

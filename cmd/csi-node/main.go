@@ -50,6 +50,7 @@ func main() {
 	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	fs.Float64Var(&cfg.OverprovisioningRatio, "thin-overprovisioning-ratio", 1, "how many times the space that backs them thin volumes may be promised (at least 1; 1 never promises more than exists)")
 	fs.StringVar(&cfg.PoolGuard, "pool-guard", driver.DefaultPoolGuard, "free space of the data directory below which thin volumes report PoolNearlyFull and none is created or grown: a percentage of its filesystem (5%) or a size (2Gi)")
+	fs.Var(&cfg.Features, "feature-gates", "alpha parts of CSI to turn on, Name=true pairs separated by commas; each is off by default. Known: "+driver.FeatureNames())
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)
 	flag.Parse()

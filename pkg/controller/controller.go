@@ -65,6 +65,10 @@ type Options struct {
 	// Guard is the free space of the data directory below which no thin
 	// volume is created or grown.
 	Guard capacity.Guard
+	// SnapshotTopology names this node in every Snapshot answered: the
+	// alpha field accessible_topology, which CSI allows only beside the
+	// SNAPSHOT_ACCESSIBILITY_CONSTRAINTS plugin capability.
+	SnapshotTopology bool
 }
 
 // Store is what the controller needs of the store.

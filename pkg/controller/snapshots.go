@@ -273,15 +273,18 @@ func checkSnapshotParameters(params map[string]string) error {
 }
 
 func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
-	return &csi.Snapshot{
+	snap := &csi.Snapshot{
 		SnapshotId:     info.ID,
 		SourceVolumeId: info.Source,
 		SizeBytes:      info.Size,
 		CreationTime:   timestamppb.New(info.Created),
 		ReadyToUse:     true,
-		// Restores are made on this node alone (see restoreSource).
-		AccessibleTopology: c.accessible(),
 	}
+	if c.opts.SnapshotTopology {
+		// Restores are made on this node alone (see restoreSource).
+		snap.AccessibleTopology = c.accessible()
+	}
+	return snap
 }
 
 // DeleteSnapshot removes a snapshot of this node. An unknown one is a

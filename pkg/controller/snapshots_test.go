@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,11 +95,20 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 }
 
 // TestSnapshotTopology checks that a snapshot says it is usable on this
-// node alone, in CreateSnapshot's answer and in ListSnapshots', and that a
-// requisite topology without this node is RESOURCE_EXHAUSTED before any
-// snapshot is taken.
+// node alone, in CreateSnapshot's answer and in ListSnapshots', when the
+// alpha SnapshotTopology is on and says nothing when it is off (CSI allows
+// the field only beside its alpha capability), and that a requisite
+// topology without this node is RESOURCE_EXHAUSTED before any snapshot is
+// taken either way.
 func TestSnapshotTopology(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		t.Run(fmt.Sprintf("SnapshotTopology=%t", on), func(t *testing.T) { testSnapshotTopology(t, on) })
+	}
+}
+
+func testSnapshotTopology(t *testing.T, on bool) {
 	c, _, images := newController(t)
+	c.opts.SnapshotTopology = on
 	taker := serveSnapshots(t, c, images)
 	v1 := create(t, c, "v1")
 	here := &csi.Topology{Segments: map[string]string{TopologyKey: "node"}}
@@ -124,8 +134,11 @@ func TestSnapshotTopology(t *testing.T) {
 	}
 	for name, snap := range map[string]*csi.Snapshot{"CreateSnapshot": resp.GetSnapshot(), "ListSnapshots": list.GetEntries()[0].GetSnapshot()} {
 		topo := snap.GetAccessibleTopology()
-		if len(topo) != 1 || !proto.Equal(topo[0], here) {
+		if on && (len(topo) != 1 || !proto.Equal(topo[0], here)) {
 			t.Errorf("%s: got accessible topology %v, want [%v]", name, topo, here)
+		}
+		if !on && topo != nil {
+			t.Errorf("%s: got accessible topology %v, want none", name, topo)
 		}
 	}
 }

@@ -72,6 +72,8 @@ type Config struct {
 	PoolGuard string
 	// guard is PoolGuard, parsed.
 	guard capacity.Guard
+	// Features are the alpha parts of CSI turned on; none by default.
+	Features FeatureGates
 }
 
 // StatusSocket is the unix socket, in the state directory, on which a

@@ -100,7 +100,8 @@ func Run(ctx context.Context, cfg Config) error {
 	topology := map[string]string{TopologyKey: cfg.NodeID}
 	// The controller grows images for NodeExpandVolume too: under its lock,
 	// with the promise CreateVolume keeps.
-	ctrl := controller.New(images, store, topology, controller.Options{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard})
+	ctrl := controller.New(images, store, topology, controller.Options{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard,
+		SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder: m,
 		Static:   static,
@@ -124,17 +125,19 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	node, err := nodeserver.New(nodeserver.Config{
-		Store:          store,
-		Kicker:         rec,
-		Stat:           devices.Statfs,
-		Capacity:       images.Size,
-		NodeID:         cfg.NodeID,
-		MaxVolumes:     cfg.MaxVolumes,
-		Topology:       topology,
-		Roots:          cfg.roots(),
-		DevicePrefixes: cfg.AllowedDevicePrefixes,
-		MaxWait:        cfg.MaxWait,
-		MaxRequests:    cfg.MaxRequests,
+		Store:           store,
+		Kicker:          rec,
+		Stat:            devices.Statfs,
+		Capacity:        images.Size,
+		NodeID:          cfg.NodeID,
+		MaxVolumes:      cfg.MaxVolumes,
+		Topology:        topology,
+		Roots:           cfg.roots(),
+		DevicePrefixes:  cfg.AllowedDevicePrefixes,
+		MaxWait:         cfg.MaxWait,
+		MaxRequests:     cfg.MaxRequests,
+		VolumeHealth:    cfg.Features.Enabled(VolumeHealth),
+		VolumeCondition: cfg.Features.Enabled(VolumeCondition),
 	})
 	if err != nil {
 		return err
@@ -160,7 +163,8 @@ func Run(ctx context.Context, cfg Config) error {
 	lis = netutil.LimitListener(lis, maxConnections)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, observeCalls(m), logCalls),
 		grpc.MaxConcurrentStreams(maxStreams), grpc.MaxRecvMsgSize(maxMessage))
-	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready})
+	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready,
+		snapshotAccessibility: cfg.Features.Enabled(SnapshotAccessibility)})
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 

@@ -12,6 +12,9 @@ type identity struct {
 	csi.UnimplementedIdentityServer
 	name, version string
 	ready         func() bool
+	// snapshotAccessibility advertises SNAPSHOT_ACCESSIBILITY_CONSTRAINTS
+	// (the SnapshotAccessibility feature).
+	snapshotAccessibility bool
 }
 
 func (i *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
@@ -20,13 +23,16 @@ func (i *identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*c
 
 func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	caps := []*csi.PluginCapability{}
-	for _, t := range []csi.PluginCapability_Service_Type{
+	services := []csi.PluginCapability_Service_Type{
 		csi.PluginCapability_Service_CONTROLLER_SERVICE,
 		csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
+	}
+	if i.snapshotAccessibility {
 		// A snapshot is a file on this node's disk: it restores here only,
 		// and every Snapshot answered names this node (KEP-5943).
-		csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS,
-	} {
+		services = append(services, csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS)
+	}
+	for _, t := range services {
 		caps = append(caps, &csi.PluginCapability{Type: &csi.PluginCapability_Service_{
 			Service: &csi.PluginCapability_Service{Type: t},
 		}})

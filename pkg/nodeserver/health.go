@@ -23,9 +23,13 @@ var healthTypes = map[state.Health]csi.VolumeHealthErrorType{
 // naming the problem otherwise. It reads memory only and never blocks. A
 // volume whose stage was just refused and rolled back for lost data is
 // reported DATA_LOSS (CSI lets a CO ask about a volume it failed to stage);
-// any other volume without a record on this node is NOT_FOUND. The paths,
+// any other volume without a record on this node is NOT_FOUND. Without the
+// VolumeHealth feature it is UNIMPLEMENTED. The paths,
 // optional in CSI, are not needed since the record names them.
 func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
+	if !s.cfg.VolumeHealth {
+		return nil, status.Error(codes.Unimplemented, "NodeGetVolumeHealth is alpha in CSI v1.13: csi-node serves it with --feature-gates=VolumeHealth=true")
+	}
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, invalid("volume ID is required")

@@ -13,6 +13,7 @@ import (
 
 func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 	s, store, _ := newServer(t)
+	s.cfg.VolumeHealth = true
 	ctx := t.Context()
 	staging, target := root+"/staging/v", root+"/pods/p/mount"
 	if _, err := store.Update("v", func(v *state.Volume) error {
@@ -110,6 +111,7 @@ func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 
 func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 	s, store, _ := newServer(t)
+	s.cfg.VolumeHealth = true
 	store.SetFinal("gone", state.StageKey, state.Final{Generation: 3, Err: state.Terminalf(state.KindDataLoss, "volume gone was formatted ext4 but no filesystem is found")})
 	resp, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "gone"})
 	if err != nil {

@@ -72,6 +72,12 @@ type Config struct {
 	StatsTimeout time.Duration
 	// MaxRequests bounds the requests waiting for the reconciler at once.
 	MaxRequests int
+	// VolumeHealth advertises GET_VOLUME_HEALTH (alpha in CSI v1.13) and
+	// serves NodeGetVolumeHealth; without it that RPC is UNIMPLEMENTED.
+	VolumeHealth bool
+	// VolumeCondition advertises VOLUME_CONDITION (alpha in CSI v1.3 to
+	// v1.12) and answers NodeGetVolumeStats with the volume's condition.
+	VolumeCondition bool
 }
 
 // Server implements csi.NodeServer.
@@ -110,13 +116,22 @@ func New(cfg Config) (*Server, error) {
 // NodeGetCapabilities implements csi.NodeServer.
 func (s *Server) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
 	var caps []*csi.NodeServiceCapability
-	for _, c := range []csi.NodeServiceCapability_RPC_Type{
+	types := []csi.NodeServiceCapability_RPC_Type{
 		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		// Marked alpha in the spec, yet known to every peer since CSI
+		// v1.5 and what Kubernetes' ReadWriteOncePod (GA in v1.29)
+		// relies on: not behind a feature.
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
-		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
 		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
-	} {
+	}
+	if s.cfg.VolumeCondition {
+		types = append(types, rpcVolumeCondition)
+	}
+	if s.cfg.VolumeHealth {
+		types = append(types, csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH)
+	}
+	for _, c := range types {
 		caps = append(caps, &csi.NodeServiceCapability{
 			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: c}},
 		})

@@ -14,12 +14,15 @@ import (
 )
 
 // NodeGetVolumeStats reports the usage of a staged or published volume from
-// a statfs bounded in time, and its condition as the reconciler last saw it.
+// a statfs bounded in time, and, with the VolumeCondition feature, its
+// condition as the reconciler last saw it.
 // It reads the store only, so it never waits behind an operation on the
 // volume. An unknown volume, or a path that is neither its staging path nor
 // one of its targets, is NOT_FOUND. While the volume is not mounted at the
 // path, or its mount there is broken, the answer is UNAVAILABLE with what is
-// wrong, since statfs there would measure another or a dead filesystem.
+// wrong, since statfs there would measure another or a dead filesystem;
+// with VolumeCondition, a broken one is answered with no usage and its
+// condition, which the kubelet reports on the pod.
 func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if id == "" {
@@ -54,6 +57,11 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	}
 	cond := s.cfg.Store.Condition(id)
 	if slices.Contains(cond.Unusable, path) {
+		if cond.Abnormal && s.cfg.VolumeCondition {
+			// No usage, and why: what a kubelet that reads volume
+			// conditions turns into an event on the pod.
+			return s.withCondition(&csi.NodeGetVolumeStatsResponse{}, cond), nil
+		}
 		return nil, status.Errorf(codes.Unavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
 	}
 	if v.Stage.Access == state.AccessBlock {
@@ -62,7 +70,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "reading the size of volume %s: %v", id, err)
 		}
-		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, nil
+		return s.withCondition(&csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, cond), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatsTimeout)
 	defer cancel()
@@ -70,10 +78,10 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if err != nil {
 		return nil, Status(err)
 	}
-	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+	return s.withCondition(&csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Available: u.AvailableBytes, Used: u.UsedBytes},
 		{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Available: u.FreeInodes, Used: u.UsedInodes},
-	}}, nil
+	}}, cond), nil
 }
 
 // blockStatsTarget returns the publish target that a raw block volume's

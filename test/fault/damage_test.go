@@ -112,7 +112,7 @@ func writable(dir string) bool {
 // operators do, and checks that the loop repairs (or, where repair is not
 // safe, reports) each within a few resync periods, with the data intact.
 func TestDamageIsRepaired(t *testing.T) {
-	p := testenv.New(t, "--resync-period", resync.String())
+	p := testenv.New(t, testenv.VolumeHealth, "--resync-period", resync.String())
 	p.Start()
 	v := setUp(t, p, "damage")
 
@@ -198,7 +198,7 @@ func TestDamageIsRepaired(t *testing.T) {
 // with EIO. The loop unmounts and mounts it again (the mount replays its
 // log), with the synced data intact.
 func TestShutDownXfsIsRepaired(t *testing.T) {
-	p := testenv.New(t, "--resync-period", resync.String())
+	p := testenv.New(t, testenv.VolumeHealth, "--resync-period", resync.String())
 	p.Start()
 	v := setUpAs(t, p, "damage-xfs", "xfs")
 	shutDown(t, v.staging, filepath.Join(v.target, "data"))

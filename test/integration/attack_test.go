@@ -66,7 +66,7 @@ func diffTrees(before, after []string) (added, removed []string) {
 // created or removed anywhere under the test's directory (roots, data
 // directory, and a directory outside the roots that symlinks point to).
 func TestAttackTable(t *testing.T) {
-	p := testenv.New(t)
+	p := testenv.New(t, testenv.VolumeHealth)
 	p.Start()
 	volA := create(t, p, "vol-a")
 	n, c := p.Node(), p.Controller()

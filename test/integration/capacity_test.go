@@ -225,7 +225,7 @@ func TestThickVolumesKeepTheirPromise(t *testing.T) {
 // before writes fail and refuses new ones, and space freed in a volume
 // returns to the data directory.
 func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
-	p := testenv.New(t, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
+	p := testenv.New(t, testenv.VolumeHealth, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
 	smallDataDir(t, p, 320*mib)
 	p.Start()
 
@@ -399,7 +399,7 @@ func TestOldSparseVolumeIsMadeThick(t *testing.T) {
 // staged again, checked: then they are healthy, take writes, and what was
 // acknowledged before reads back intact.
 func TestThinPoolFullIsReported(t *testing.T) {
-	p := testenv.New(t, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
+	p := testenv.New(t, testenv.VolumeHealth, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
 	smallDataDir(t, p, 320*mib)
 	p.Start()
 

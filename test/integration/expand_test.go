@@ -205,7 +205,7 @@ func imageSize(t *testing.T, p *testenv.Plugin, id string) int64 {
 // it. Asking for the refused size again tries again (once space is freed,
 // it succeeds).
 func TestExpansionBeyondTheNode(t *testing.T) {
-	p := testenv.New(t)
+	p := testenv.New(t, testenv.VolumeHealth)
 	smallDataDir(t, p, 1024*mib)
 	p.Start()
 	const from = 320 * mib // xfs needs 300 MiB

@@ -127,6 +127,10 @@ type Plugin struct {
 	conn   *grpc.ClientConn
 }
 
+// VolumeHealth is the flag that turns on NodeGetVolumeHealth, by which
+// tests read what the reconciler sees of a volume.
+const VolumeHealth = "--feature-gates=VolumeHealth=true"
+
 // New prepares a plugin in a fresh directory and registers the cleanup
 // that checks and clears every mount and loop device under it. It does not
 // start the plugin.
