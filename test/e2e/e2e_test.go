@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/converge-csi/converge/pkg/devices"
 )
 
 const (
@@ -262,6 +264,46 @@ func TestExternalUnmountRepaired(t *testing.T) {
 		t.Fatalf("the restarted container read %q", got)
 	}
 	release(t, v, "unmounted", pod.Name)
+}
+
+// TestVolumeConditionReachesThePod makes a published ext4 volume go
+// read-only after errors, as a failing disk does, and checks that the
+// kubelet (CSIVolumeHealth on) reads the condition that csi-node's
+// VolumeCondition feature puts in NodeGetVolumeStats and raises it as a
+// VolumeConditionAbnormal event on the pod, with the reconciler's reason.
+func TestVolumeConditionReachesThePod(t *testing.T) {
+	pod, v := podWithVolume(t, "condition")
+	mounts, err := devices.ReadMounts(c.ns.mountinfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := ""
+	for _, m := range mounts {
+		if m.Path == v.stagingPath() {
+			dev = m.Source
+		}
+	}
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		t.Fatalf("staging mount of %s: got source %q, want a loop device\n%s", v.handle, dev, mountLines(v.stagingPath()))
+	}
+	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(dev), "trigger_fs_error")
+	if err := os.WriteFile(trigger, []byte("converge e2e"), 0); err != nil {
+		t.Fatalf("triggering an ext4 error: %v", err)
+	}
+	poll(t, 2*time.Minute, "VolumeConditionAbnormal event on the pod", func() (bool, string) {
+		evs, err := c.client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod.Name})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "VolumeConditionAbnormal" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "FilesystemReadOnly") {
+				t.Logf("event: %s", e.Message)
+				return true, ""
+			}
+		}
+		return false, podEvents(pod.Name)
+	})
+	release(t, v, "condition", pod.Name)
 }
 
 // The whole of deploy/ (DaemonSet, RBAC, CSIDriver, StorageClass) is valid

@@ -254,6 +254,12 @@ nodeStatusUpdateFrequency: 2s
 # after a claim grows: with the default of 1m, every online expansion test
 # waited 60-90 s for it.
 syncFrequency: 10s
+# How today's kubelets learn a volume's health (csi-node's VolumeCondition
+# feature): NodeGetVolumeStats' condition, read every volumeStatsAggPeriod
+# (1m by default) and raised as an event on the pod when abnormal.
+featureGates:
+  CSIVolumeHealth: true
+volumeStatsAggPeriod: 10s
 `, n.ports["kubelet"], n.ports["kubelet-healthz"], n.containerd,
 		filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "volume-plugins"), n.c.pki.path("ca.crt"))
 	if n.cgroupRoot != "" {
@@ -351,6 +357,7 @@ func (n *kubeNode) runCSINode(ctx context.Context) error {
 		"--state-dir="+n.stateDir,
 		"--data-dir="+n.dataDir,
 		"--kubelet-dir="+nodeKubeletDir,
+		"--feature-gates=VolumeCondition=true",
 		// Every call is logged at -v 4: the suite reads the kubelet's calls
 		// from the log.
 		"-v=4",
