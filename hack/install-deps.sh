@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the OS tools converge executes and its tests need, on Debian.
 # With the argument "e2e", also what the real-kubelet suite (test/e2e) runs:
-# etcd, containerd, runc, the CNI plugins and busybox for the test image.
+# etcd, containerd, runc, the CNI plugins, busybox for the test images and
+# debootstrap for the csi-node image's Debian root.
 # Idempotent: does nothing when every tool is present.
 set -euo pipefail
 need=()
@@ -17,6 +18,7 @@ if [ "${1:-}" = e2e ]; then
   [ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins)
   # The static build: the test image holds nothing but it.
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
+  command -v debootstrap >/dev/null || need+=(debootstrap)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

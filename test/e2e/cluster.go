@@ -46,6 +46,8 @@ type cluster struct {
 	client    kubernetes.Interface
 	dynamic   dynamic.Interface
 	csiBinary string
+	// csiImage is the OCI archive of the csi-node image (csiimage.go).
+	csiImage string
 
 	etcd, apiserver, controllerManager, scheduler *proc
 	// snapshotController is the cluster's; snapshotBin holds the
@@ -112,6 +114,7 @@ func (c *cluster) up(ctx context.Context) error {
 	}{
 		{"kubernetes binaries", c.kubeBinaries},
 		{"csi-node binary", c.buildCSINode},
+		{"csi-node image", c.buildCSINodeImage},
 		{"certificates", c.makePKI},
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},

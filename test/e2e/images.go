@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"archive/tar"
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -99,7 +98,11 @@ func buildImages(dir, containerdSock, agnhost string) error {
 	}
 	for i, im := range images {
 		archive := filepath.Join(dir, fmt.Sprintf("image-%d.tar", i))
-		if err := writeOCIArchive(archive, im.ref, im.files, im.config); err != nil {
+		layer, err := layerTar(im.files)
+		if err != nil {
+			return err
+		}
+		if err := writeOCIArchive(archive, im.ref, [][]byte{layer}, im.config); err != nil {
 			return err
 		}
 		if err := ctr("import", archive); err != nil {
@@ -174,44 +177,32 @@ func busyboxFiles(extra map[string]string) ([]layerFile, error) {
 	return files, nil
 }
 
-// writeOCIArchive writes a one-layer image as an OCI image-layout tar that
-// "ctr images import" accepts, named by the io.containerd.image.name
-// annotation.
-func writeOCIArchive(path, ref string, files []layerFile, config map[string]any) error {
-	var layer bytes.Buffer
-	tw := tar.NewWriter(&layer)
+// writeOCIArchive writes an image of the given layers (uncompressed tars,
+// the lowest first) as an OCI image-layout tar that "ctr images import"
+// accepts, named by the io.containerd.image.name annotation.
+func writeOCIArchive(path, ref string, layers [][]byte, config map[string]any) error {
 	epoch := time.Unix(0, 0)
-	for _, f := range files {
-		h := &tar.Header{Name: f.name, Mode: f.mode, ModTime: epoch, Typeflag: tar.TypeReg, Size: int64(len(f.data))}
-		switch {
-		case f.dir:
-			h.Typeflag, h.Mode, h.Size, h.Name = tar.TypeDir, 0o755, 0, f.name+"/"
-		case f.symlink != "":
-			h.Typeflag, h.Linkname, h.Mode, h.Size = tar.TypeSymlink, f.symlink, 0o777, 0
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if _, err := tw.Write(f.data); err != nil {
-			return err
-		}
+	blobs := map[string][]byte{}
+	var layerDescs []any
+	var diffIDs []string
+	for _, layer := range layers {
+		desc := descriptor("application/vnd.oci.image.layer.v1.tar", layer)
+		layerDescs = append(layerDescs, desc)
+		diffIDs = append(diffIDs, desc["digest"].(string))
+		blobs[desc["digest"].(string)] = layer
 	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	layerDesc := descriptor("application/vnd.oci.image.layer.v1.tar", layer.Bytes())
 	cfg, _ := json.Marshal(map[string]any{
 		"architecture": "amd64",
 		"os":           "linux",
 		"config":       config,
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": []string{layerDesc["digest"].(string)}},
+		"rootfs":       map[string]any{"type": "layers", "diff_ids": diffIDs},
 	})
 	cfgDesc := descriptor("application/vnd.oci.image.config.v1+json", cfg)
 	manifest, _ := json.Marshal(map[string]any{
 		"schemaVersion": 2,
 		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
 		"config":        cfgDesc,
-		"layers":        []any{layerDesc},
+		"layers":        layerDescs,
 	})
 	manDesc := descriptor("application/vnd.oci.image.manifest.v1+json", manifest)
 	manDesc["platform"] = map[string]string{"architecture": "amd64", "os": "linux"}
@@ -234,11 +225,8 @@ func writeOCIArchive(path, ref string, files []layerFile, config map[string]any)
 		_, err := aw.Write(data)
 		return err
 	}
-	blobs := map[string][]byte{
-		layerDesc["digest"].(string): layer.Bytes(),
-		cfgDesc["digest"].(string):   cfg,
-		manDesc["digest"].(string):   manifest,
-	}
+	blobs[cfgDesc["digest"].(string)] = cfg
+	blobs[manDesc["digest"].(string)] = manifest
 	for digest, data := range blobs {
 		if err := add("blobs/sha256/"+strings.TrimPrefix(digest, "sha256:"), data); err != nil {
 			return err

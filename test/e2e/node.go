@@ -211,7 +211,13 @@ state = %q
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return err
 	}
-	return buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost"))
+	if err := buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost")); err != nil {
+		return err
+	}
+	if _, err := n.ctr("images", "import", n.c.csiImage); err != nil {
+		return fmt.Errorf("importing the csi-node image: %w", err)
+	}
+	return nil
 }
 
 func (n *kubeNode) startKubelet(ctx context.Context) error {

@@ -1,0 +1,56 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestDockerfileIsReadStrictly reads converge's Dockerfile as the harness
+// builds from it, then checks that each change the harness would not
+// reproduce makes reading it fail.
+func TestDockerfileIsReadStrictly(t *testing.T) {
+	path := filepath.Join(repoRoot(), "Dockerfile")
+	d, err := readDockerfile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.suite != "bookworm" || !slices.Contains(d.packages, "xfsprogs") || d.binary != "/usr/local/bin/csi-node" ||
+		!slices.Equal(d.entrypoint, []string{"/usr/local/bin/csi-node"}) || d.buildPkg != "./cmd/csi-node" ||
+		!slices.Equal(d.buildEnv, []string{"CGO_ENABLED=0"}) || expand(d.labels["org.opencontainers.image.version"], "v9") != "v9" {
+		t.Errorf("read %+v", *d)
+	}
+	if got := strings.Join(d.buildArgs, " "); got != "-trimpath -ldflags -s -w -X main.version=${VERSION}" {
+		t.Errorf("go build arguments: got %q", got)
+	}
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string]func(string) string{
+		"an ENV":                  func(s string) string { return s + "ENV A=b\n" },
+		"a USER in the final one": func(s string) string { return s + "USER nobody\n" },
+		"another RUN":             func(s string) string { return s + "RUN rm -rf /usr/share\n" },
+		"a CMD":                   func(s string) string { return s + `CMD ["--help"]` + "\n" },
+		"another base":            func(s string) string { return strings.Replace(s, "FROM debian:bookworm-slim", "FROM alpine:3", 1) },
+		"recommends":              func(s string) string { return strings.Replace(s, " --no-install-recommends", "", 1) },
+		"a shell ENTRYPOINT":      func(s string) string { return strings.Replace(s, `ENTRYPOINT ["/usr/local/bin/csi-node"]`, "ENTRYPOINT /usr/local/bin/csi-node", 1) },
+		"a copied binary moved":   func(s string) string { return strings.Replace(s, "COPY --from=build /home/builder/csi-node", "COPY --from=build /tmp/csi-node", 1) },
+		"a build flag in a RUN":   func(s string) string { return strings.Replace(s, "RUN go mod download", "RUN go mod download -x", 1) },
+	} {
+		changed := edit(string(orig))
+		if changed == string(orig) {
+			t.Errorf("%s: the edit changed nothing", name)
+			continue
+		}
+		p := filepath.Join(t.TempDir(), "Dockerfile")
+		if err := os.WriteFile(p, []byte(changed), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readDockerfile(p); err == nil {
+			t.Errorf("%s: read without error, want the harness to refuse it", name)
+		}
+	}
+}
