@@ -36,9 +36,13 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 		"a CMD":                   func(s string) string { return s + `CMD ["--help"]` + "\n" },
 		"another base":            func(s string) string { return strings.Replace(s, "FROM debian:bookworm-slim", "FROM alpine:3", 1) },
 		"recommends":              func(s string) string { return strings.Replace(s, " --no-install-recommends", "", 1) },
-		"a shell ENTRYPOINT":      func(s string) string { return strings.Replace(s, `ENTRYPOINT ["/usr/local/bin/csi-node"]`, "ENTRYPOINT /usr/local/bin/csi-node", 1) },
-		"a copied binary moved":   func(s string) string { return strings.Replace(s, "COPY --from=build /home/builder/csi-node", "COPY --from=build /tmp/csi-node", 1) },
-		"a build flag in a RUN":   func(s string) string { return strings.Replace(s, "RUN go mod download", "RUN go mod download -x", 1) },
+		"a shell ENTRYPOINT": func(s string) string {
+			return strings.Replace(s, `ENTRYPOINT ["/usr/local/bin/csi-node"]`, "ENTRYPOINT /usr/local/bin/csi-node", 1)
+		},
+		"a copied binary moved": func(s string) string {
+			return strings.Replace(s, "COPY --from=build /home/builder/csi-node", "COPY --from=build /tmp/csi-node", 1)
+		},
+		"a build flag in a RUN": func(s string) string { return strings.Replace(s, "RUN go mod download", "RUN go mod download -x", 1) },
 	} {
 		changed := edit(string(orig))
 		if changed == string(orig) {
