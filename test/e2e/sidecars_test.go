@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestDeploySidecarsTakeTheirArgs renders deploy/ with every component and
+// checks each sidecar of its DaemonSet against the release it names: the
+// releases of sidecars.go with exactly the flags each defines, and
+// csi-snapshotter, whose release the suite builds, by running it with the
+// DaemonSet's arguments and --version (it parses them all, then exits).
+func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "deploy")
+	if err := os.CopyFS(dir, os.DirFS(filepath.Join(c.repo, "deploy"))); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("components:\n  - components/snapshots\n  - components/selinux\n")
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	built, err := c.kubectl(context.Background(), "kustomize", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds *appsv1.DaemonSet
+	for _, doc := range strings.Split(built, "\n---\n") {
+		if strings.Contains(doc, "kind: DaemonSet") {
+			ds = &appsv1.DaemonSet{}
+			if err := yaml.Unmarshal([]byte(doc), ds); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if ds == nil {
+		t.Fatalf("no DaemonSet in deploy/:\n%s", built)
+	}
+	checked := 0
+	for _, ctr := range ds.Spec.Template.Spec.Containers {
+		switch {
+		case ctr.Name == "csi-node":
+			continue
+		case strings.HasPrefix(ctr.Image, "registry.k8s.io/sig-storage/csi-snapshotter:"):
+			if want := "registry.k8s.io/sig-storage/csi-snapshotter:" + snapshotterVersion; ctr.Image != want {
+				t.Errorf("%s: image %s, want %s, the release the suite builds", ctr.Name, ctr.Image, want)
+			}
+			out, err := exec.Command(filepath.Join(c.snapshotBin, "csi-snapshotter"), append(ctr.Args, "--version")...).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), snapshotterVersion) {
+				t.Errorf("%s: csi-snapshotter %s %v --version: %v\n%s", ctr.Name, snapshotterVersion, ctr.Args, err, out)
+			}
+		default:
+			s, ok := sidecarOf(ctr.Image)
+			if !ok {
+				t.Errorf("%s: image %s is none of the sidecar releases the suite knows", ctr.Name, ctr.Image)
+				continue
+			}
+			if ctr.Image != s.image+":"+s.version {
+				t.Errorf("%s: image %s, want %s:%s", ctr.Name, ctr.Image, s.image, s.version)
+			}
+			if bad := s.unknownArgs(ctr.Args); len(bad) > 0 {
+				t.Errorf("%s: %s %s does not define %v", ctr.Name, s.image, s.version, bad)
+			}
+		}
+		checked++
+	}
+	if checked != len(sidecars)+1 {
+		t.Errorf("checked %d sidecars, want %d and csi-snapshotter", checked, len(sidecars))
+	}
+
+	// Each check can fail.
+	for _, s := range sidecars {
+		if bad := s.unknownArgs([]string{"--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "-v=2", "stray"}); len(bad) == 0 {
+			t.Errorf("%s accepts every argument", s.image)
+		}
+	}
+	if out, err := exec.Command(filepath.Join(c.snapshotBin, "csi-snapshotter"), "--no-such-flag", "--version").CombinedOutput(); err == nil {
+		t.Errorf("csi-snapshotter took an unknown flag: %s", out)
+	}
+}
