@@ -48,6 +48,8 @@ type cluster struct {
 	csiBinary string
 	// csiImage is the OCI archive of the csi-node image (csiimage.go).
 	csiImage string
+	// serviceProxy carries the pods' connections to the API server.
+	serviceProxy *serviceProxy
 
 	etcd, apiserver, controllerManager, scheduler *proc
 	// snapshotController is the cluster's; snapshotBin holds the
@@ -118,6 +120,7 @@ func (c *cluster) up(ctx context.Context) error {
 		{"certificates", c.makePKI},
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
+		{"service proxy", c.startServiceProxy},
 		{"controller-manager and scheduler", c.startControllers},
 		{"snapshot CRDs and controller", c.startSnapshots},
 		{"kernel tunables", c.saveSysctls},
@@ -217,7 +220,7 @@ func (c *cluster) makePKI(context.Context) error {
 		orgs     []string
 		hosts    []string
 	}{
-		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", "localhost", c.node, "kubernetes", "kubernetes.default", "kubernetes.default.svc"}},
+		{"apiserver", "kube-apiserver", nil, []string{"127.0.0.1", kubernetesServiceIP, "localhost", c.node, "kubernetes", "kubernetes.default", "kubernetes.default.svc"}},
 		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, nil},
 		{"admin", "converge-e2e-admin", []string{"system:masters"}, nil},
 		{"controller-manager", "system:kube-controller-manager", nil, nil},
@@ -308,6 +311,13 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 		}
 		return nil
 	})
+}
+
+// startServiceProxy starts the pods' way to the API server (svcproxy.go).
+func (c *cluster) startServiceProxy(context.Context) error {
+	var err error
+	c.serviceProxy, err = startServiceProxy(filepath.Join(c.dir, "svcproxy.sock"), fmt.Sprintf("127.0.0.1:%d", c.ports["apiserver"]))
+	return err
 }
 
 func (c *cluster) startControllers(ctx context.Context) error {

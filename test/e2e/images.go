@@ -40,6 +40,11 @@ var upstreamTags = map[string][]string{
 	"converge.local/agnhost:e2e": {"registry.k8s.io/e2e-test-images/agnhost:2.63.0"},
 }
 
+// kubectlImage runs the release's kubectl in a pod: in-cluster, it finds
+// the API server and its credentials as the sidecars of deploy/ do.
+const kubectlImage = "converge.local/kubectl:e2e"
+
+
 // layerFile is one entry of an image layer.
 type layerFile struct {
 	name    string // path inside the image, without a leading slash
@@ -51,8 +56,8 @@ type layerFile struct {
 
 // buildImages writes OCI archives of the images into dir, imports them into
 // containerd's k8s.io namespace and tags them with their upstream names.
-// agnhost is the binary built from the Kubernetes release.
-func buildImages(dir, containerdSock, agnhost string) error {
+// agnhost and kubectl are the binaries built from the Kubernetes release.
+func buildImages(dir, containerdSock, agnhost, kubectl string) error {
 	pause := filepath.Join(dir, "pause")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pause, "./images/pause")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -78,6 +83,10 @@ func buildImages(dir, containerdSock, agnhost string) error {
 	if err != nil {
 		return err
 	}
+	kctl, err := busyboxFiles(map[string]string{"/bin/kubectl": kubectl})
+	if err != nil {
+		return err
+	}
 	images := []struct {
 		ref    string
 		files  []layerFile
@@ -88,6 +97,7 @@ func buildImages(dir, containerdSock, agnhost string) error {
 		{"converge.local/e2e-tools:e2e", tools, map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{"converge.local/agnhost:e2e", agn,
 			map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{"PATH=/bin"}}},
+		{kubectlImage, kctl, map[string]any{"Entrypoint": []string{"/bin/kubectl"}, "Env": []string{"PATH=/bin"}}},
 	}
 	ctr := func(args ...string) error {
 		out, err := exec.Command("ctr", append([]string{"--address", containerdSock, "-n", "k8s.io", "images"}, args...)...).CombinedOutput()

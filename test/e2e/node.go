@@ -154,7 +154,8 @@ func (n *kubeNode) startContainerd(ctx context.Context) error {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(cni, "10-e2e.conflist"),
-		[]byte(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{"type": "converge-e2e"}]}`+"\n"), 0o644); err != nil {
+		[]byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{"type": "converge-e2e", "serviceIP": %q, "serviceProxy": %q}]}`+"\n",
+			kubernetesServiceIP, n.c.serviceProxy.socket)), 0o644); err != nil {
 		return err
 	}
 	// containerd 1.6 takes a hosts.toml only with a [host] table; the
@@ -211,7 +212,7 @@ state = %q
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return err
 	}
-	if err := buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost")); err != nil {
+	if err := buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost"), filepath.Join(n.c.bin, "kubectl")); err != nil {
 		return err
 	}
 	if _, err := n.ctr("images", "import", n.c.csiImage); err != nil {

@@ -25,6 +25,9 @@ func (c *cluster) down() []string {
 	for i := len(c.nodes) - 1; i >= 0; i-- {
 		c.nodes[i].down()
 	}
+	if c.serviceProxy != nil {
+		c.serviceProxy.close()
+	}
 	for _, p := range []*proc{c.snapshotController, c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
 		if p != nil {
 			p.stop(20 * time.Second)
