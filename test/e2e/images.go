@@ -44,7 +44,6 @@ var upstreamTags = map[string][]string{
 // the API server and its credentials as the sidecars of deploy/ do.
 const kubectlImage = "converge.local/kubectl:e2e"
 
-
 // layerFile is one entry of an image layer.
 type layerFile struct {
 	name    string // path inside the image, without a leading slash
