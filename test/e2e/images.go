@@ -44,6 +44,10 @@ var upstreamTags = map[string][]string{
 // the API server and its credentials as the sidecars of deploy/ do.
 const kubectlImage = "converge.local/kubectl:e2e"
 
+// snapshotterImage is external-snapshotter's csi-snapshotter of the release
+// the suite builds, under a name of its own.
+const snapshotterImage = "converge.local/e2e-csi-snapshotter:" + snapshotterVersion
+
 // layerFile is one entry of an image layer.
 type layerFile struct {
 	name    string // path inside the image, without a leading slash
@@ -55,8 +59,10 @@ type layerFile struct {
 
 // buildImages writes OCI archives of the images into dir, imports them into
 // containerd's k8s.io namespace and tags them with their upstream names.
-// agnhost and kubectl are the binaries built from the Kubernetes release.
-func buildImages(dir, containerdSock, agnhost, kubectl string) error {
+// agnhost and kubectl are the binaries built from the Kubernetes release,
+// snapshotter external-snapshotter's csi-snapshotter; the sidecars' stand-ins
+// are this test binary (standin.go).
+func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) error {
 	pause := filepath.Join(dir, "pause")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pause, "./images/pause")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -86,17 +92,44 @@ func buildImages(dir, containerdSock, agnhost, kubectl string) error {
 	if err != nil {
 		return err
 	}
-	images := []struct {
+	snap, err := busyboxFiles(map[string]string{"/csi-snapshotter": snapshotter})
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	standInFiles, err := busyboxFiles(map[string]string{"/" + standInBinary: self})
+	if err != nil {
+		return err
+	}
+	standInBase, err := layerTar(standInFiles)
+	if err != nil {
+		return err
+	}
+	type image struct {
 		ref    string
+		lower  []byte // a layer below files', or nil
 		files  []layerFile
 		config map[string]any
-	}{
-		{pauseImage, []layerFile{{name: "pause", mode: 0o755, data: bin}}, map[string]any{"Entrypoint": []string{"/pause"}}},
-		{busyboxImage, shell, map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
-		{"converge.local/e2e-tools:e2e", tools, map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
-		{"converge.local/agnhost:e2e", agn,
-			map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{"PATH=/bin"}}},
-		{kubectlImage, kctl, map[string]any{"Entrypoint": []string{"/bin/kubectl"}, "Env": []string{"PATH=/bin"}}},
+	}
+	images := []image{
+		{ref: pauseImage, files: []layerFile{{name: "pause", mode: 0o755, data: bin}}, config: map[string]any{"Entrypoint": []string{"/pause"}}},
+		{ref: busyboxImage, files: shell, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
+		{ref: "converge.local/e2e-tools:e2e", files: tools, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
+		{ref: "converge.local/agnhost:e2e", files: agn,
+			config: map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{"PATH=/bin"}}},
+		{ref: kubectlImage, files: kctl, config: map[string]any{"Entrypoint": []string{"/bin/kubectl"}, "Env": []string{"PATH=/bin"}}},
+		{ref: snapshotterImage, files: snap, config: map[string]any{"Entrypoint": []string{"/csi-snapshotter"}, "Env": []string{"PATH=/bin"}}},
+	}
+	// One layer of the test binary for all stand-ins; each image adds the
+	// link, named after its sidecar, that it runs it by.
+	for _, sc := range sidecars {
+		name := filepath.Base(sc.image)
+		images = append(images, image{ref: standInImage(sc), lower: standInBase,
+			files:  []layerFile{{name: name, symlink: standInBinary}},
+			config: map[string]any{"Entrypoint": []string{"/" + name}, "Env": []string{"PATH=/bin"}}})
 	}
 	ctr := func(args ...string) error {
 		out, err := exec.Command("ctr", append([]string{"--address", containerdSock, "-n", "k8s.io", "images"}, args...)...).CombinedOutput()
@@ -111,7 +144,11 @@ func buildImages(dir, containerdSock, agnhost, kubectl string) error {
 		if err != nil {
 			return err
 		}
-		if err := writeOCIArchive(archive, im.ref, [][]byte{layer}, im.config); err != nil {
+		layers := [][]byte{layer}
+		if im.lower != nil {
+			layers = [][]byte{im.lower, layer}
+		}
+		if err := writeOCIArchive(archive, im.ref, layers, im.config); err != nil {
 			return err
 		}
 		if err := ctr("import", archive); err != nil {
@@ -148,9 +185,9 @@ func busyboxFiles(extra map[string]string) ([]layerFile, error) {
 	have := map[string]bool{}
 	for at, prog := range extra {
 		paths := map[string]string{at: prog}
-		out, err := exec.Command("ldd", prog).Output()
-		if err != nil {
-			return nil, fmt.Errorf("ldd %s: %w", prog, err)
+		out, err := exec.Command("ldd", prog).CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "not a dynamic executable") {
+			return nil, fmt.Errorf("ldd %s: %w: %s", prog, err, out)
 		}
 		for _, f := range strings.Fields(string(out)) {
 			if strings.HasPrefix(f, "/") {

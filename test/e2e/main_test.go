@@ -18,6 +18,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) == 2 && os.Args[0] == nodeInitName {
 		runNodeInit(os.Args[1])
 	}
+	if _, ok := standIns[filepath.Base(os.Args[0])]; ok {
+		os.Exit(runStandIn(filepath.Base(os.Args[0]), os.Args[1:]))
+	}
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Println("e2e: skipped: a kubelet, containerd and mounts need root")

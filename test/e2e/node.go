@@ -212,7 +212,8 @@ state = %q
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return err
 	}
-	if err := buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost"), filepath.Join(n.c.bin, "kubectl")); err != nil {
+	if err := buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost"), filepath.Join(n.c.bin, "kubectl"),
+		filepath.Join(n.c.snapshotBin, "csi-snapshotter")); err != nil {
 		return err
 	}
 	if _, err := n.ctr("images", "import", n.c.csiImage); err != nil {

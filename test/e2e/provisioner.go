@@ -52,6 +52,8 @@ type provisioner struct {
 	ctrl    csi.ControllerClient
 	// leads is true on the one node whose resizer works for the cluster.
 	leads atomic.Bool
+	// provisions is false for a resizer alone.
+	provisions bool
 
 	// mu guards errs.
 	mu   sync.Mutex
@@ -63,7 +65,7 @@ func newProvisioner(client kubernetes.Interface, dyn dynamic.Interface, node, cs
 	if err != nil {
 		return nil, err
 	}
-	return &provisioner{client: client, dynamic: dyn, node: node, conn: conn, ctrl: csi.NewControllerClient(conn)}, nil
+	return &provisioner{client: client, dynamic: dyn, node: node, conn: conn, ctrl: csi.NewControllerClient(conn), provisions: true}, nil
 }
 
 // run works every 200 ms until ctx ends. A step that fails (csi-node is
@@ -74,16 +76,20 @@ func (p *provisioner) run(ctx context.Context) {
 	defer t.Stop()
 	lastCapacity := time.Time{}
 	for {
-		if time.Since(lastCapacity) > time.Second {
+		if p.provisions && time.Since(lastCapacity) > time.Second {
 			if p.note(p.publishCapacity(ctx)) {
 				lastCapacity = time.Now()
 			}
 		}
-		p.note(p.provision(ctx))
+		if p.provisions {
+			p.note(p.provision(ctx))
+		}
 		if p.leads.Load() {
 			p.note(p.resize(ctx))
 		}
-		p.note(p.reclaim(ctx))
+		if p.provisions {
+			p.note(p.reclaim(ctx))
+		}
 		select {
 		case <-ctx.Done():
 			return

@@ -28,10 +28,16 @@ type registrar struct {
 }
 
 func startRegistrar(kubeletDir, driver, endpoint string) (*registrar, error) {
+	return serveRegistration(filepath.Join(kubeletDir, "plugins_registry"), driver, endpoint)
+}
+
+// serveRegistration serves <dir>/<driver>-reg.sock, the kubelet's plugin
+// registration directory as the registrar sees it.
+func serveRegistration(dir, driver, endpoint string) (*registrar, error) {
 	r := &registrar{
 		driver:   driver,
 		endpoint: endpoint,
-		socket:   filepath.Join(kubeletDir, "plugins_registry", driver+"-reg.sock"),
+		socket:   filepath.Join(dir, driver+"-reg.sock"),
 	}
 	os.Remove(r.socket)
 	l, err := net.Listen("unix", r.socket)
