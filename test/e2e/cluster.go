@@ -48,8 +48,6 @@ type cluster struct {
 	csiBinary string
 	// csiImage is the OCI archive of the csi-node image (csiimage.go).
 	csiImage string
-	// serviceProxy carries the pods' connections to the API server.
-	serviceProxy *serviceProxy
 
 	etcd, apiserver, controllerManager, scheduler *proc
 	// snapshotController is the cluster's; snapshotBin holds the
@@ -120,7 +118,6 @@ func (c *cluster) up(ctx context.Context) error {
 		{"certificates", c.makePKI},
 		{"etcd", c.startEtcd},
 		{"kube-apiserver", c.startAPIServer},
-		{"service proxy", c.startServiceProxy},
 		{"controller-manager and scheduler", c.startControllers},
 		{"snapshot CRDs and controller", c.startSnapshots},
 		{"kernel tunables", c.saveSysctls},
@@ -311,13 +308,6 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 		}
 		return nil
 	})
-}
-
-// startServiceProxy starts the pods' way to the API server (svcproxy.go).
-func (c *cluster) startServiceProxy(context.Context) error {
-	var err error
-	c.serviceProxy, err = startServiceProxy(filepath.Join(c.dir, "svcproxy.sock"), fmt.Sprintf("127.0.0.1:%d", c.ports["apiserver"]))
-	return err
 }
 
 func (c *cluster) startControllers(ctx context.Context) error {

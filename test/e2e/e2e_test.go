@@ -379,12 +379,18 @@ func readFile(path string) string {
 }
 
 // A pod on the pod network gets an eth0 with a link-local address of its
-// own, and the host gets no route for it.
+// own, its node a route to it, so that the kubelet's readiness probe
+// reaches the pod's server, and the host no route at all.
 func TestPodNetwork(t *testing.T) {
-	pod := startPod(t, podSpec{name: "netns", podNetwork: true})
+	pod := startPod(t, podSpec{name: "netns", podNetwork: true, readyPort: 8080,
+		command: `mkdir -p /tmp/www && echo ok >/tmp/www/index.html && httpd -p 8080 -h /tmp/www && trap "exit 0" TERM; while true; do sleep 0.2; done`})
 	addr := mustExec(t, pod.Name, "ip -o -4 addr show eth0")
 	if !strings.Contains(addr, "inet 169.254.") {
 		t.Errorf("the pod's eth0: got %q, want a 169.254.0.0/16 address", addr)
+	}
+	nodeRoutes, err := exec.Command("nsenter", "--net="+c.ns.netns(), "ip", "-o", "route").Output()
+	if err != nil || !strings.Contains(string(nodeRoutes), pod.Status.PodIP+" dev cv") {
+		t.Errorf("the node's routes: got %v %s, want one to %s", err, nodeRoutes, pod.Status.PodIP)
 	}
 	routes, err := exec.Command("ip", "-o", "route", "show", "table", "all").Output()
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/pkg/devices"
@@ -79,6 +80,9 @@ type podSpec struct {
 	podNetwork bool
 	// image replaces the busybox image; it is pulled if not present.
 	image string
+	// readyPort, when set, is where the kubelet's readiness probe asks
+	// GET / of the pod.
+	readyPort int
 	// node, when set, is the only node the pod may be scheduled to (a
 	// nodeSelector on kubernetes.io/hostname); prefer is a node the
 	// scheduler should prefer (a preferred node affinity of weight 100).
@@ -108,6 +112,10 @@ func createPod(t *testing.T, s podSpec) *corev1.Pod {
 	}
 	if s.image != "" {
 		ctr.Image, ctr.ImagePullPolicy = s.image, corev1.PullIfNotPresent
+	}
+	if s.readyPort != 0 {
+		ctr.ReadinessProbe = &corev1.Probe{PeriodSeconds: 1, ProbeHandler: corev1.ProbeHandler{
+			HTTPGet: &corev1.HTTPGetAction{Path: "/", Port: intstr.FromInt(s.readyPort)}}}
 	}
 	var vols []corev1.Volume
 	for i, cl := range s.claims {

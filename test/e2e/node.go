@@ -34,9 +34,11 @@ type kubeNode struct {
 	cgroupRoot string // the kubelet's cgroupRoot; "" for the default
 	ports      map[string]int
 
-	ns         *nodeNS // the node's mount and PID namespaces
-	containerd string  // containerd's socket
-	csiSock    string  // csi-node's CSI socket, as the test process sees it
+	ns         *nodeNS // the node's mount, PID and network namespaces
+	links      *nodeLinks
+	address    string // the node's own address in its network (svcproxy.go)
+	containerd string // containerd's socket
+	csiSock    string // csi-node's CSI socket, as the test process sees it
 
 	containerdProc, kubelet, csiNode, snapshotter *proc
 	registrar                                     *registrar
@@ -154,8 +156,7 @@ func (n *kubeNode) startContainerd(ctx context.Context) error {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(cni, "10-e2e.conflist"),
-		[]byte(fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{"type": "converge-e2e", "serviceIP": %q, "serviceProxy": %q}]}`+"\n",
-			kubernetesServiceIP, n.c.serviceProxy.socket)), 0o644); err != nil {
+		[]byte(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{"type": "converge-e2e"}]}`+"\n"), 0o644); err != nil {
 		return err
 	}
 	// containerd 1.6 takes a hosts.toml only with a [host] table; the
@@ -307,6 +308,7 @@ func (n *kubeNode) runKubelet() error {
 		"--root-dir="+nodeKubeletDir,
 		"--cert-dir="+filepath.Join(n.dir, "kubelet-pki"),
 		"--hostname-override="+n.node,
+		"--node-ip="+n.address,
 		"-v=2",
 	)
 	return err
@@ -352,7 +354,14 @@ func (n *kubeNode) nodeCSISock() string {
 // startNodeNS sets up the node's namespaces (see nodens.go).
 func (n *kubeNode) startNodeNS(context.Context) error {
 	var err error
-	n.ns, err = startNodeNS(n.logs, n.kubeletDir)
+	if n.ns, err = startNodeNS(n.logs, n.kubeletDir); err != nil {
+		return err
+	}
+	n.address = fmt.Sprintf(nodeAddressFormat, slices.Index(n.c.nodes, n)+1)
+	if out, err := n.ns.run("ip", "addr", "add", n.address+"/32", "dev", "lo"); err != nil {
+		return fmt.Errorf("the node's address: %v: %s", err, out)
+	}
+	n.links, err = link(n.ns.netns(), n.ports["kubelet"], fmt.Sprintf("127.0.0.1:%d", n.c.ports["apiserver"]))
 	return err
 }
 

@@ -16,8 +16,8 @@ import (
 )
 
 // The node's daemons (containerd with its containers, the kubelet,
-// csi-node) run in a mount and PID namespace of the node's own, as on a
-// machine of their own:
+// csi-node) run in a mount, PID and network namespace of the node's own, as
+// on a machine of their own:
 //   - its PID 1 is ours, so that what enters "the host" through
 //     /proc/1/ns/mnt, as the storage suite's HostExec pods do
 //     (nsenter --mount=/rootfs/proc/1/ns/mnt), enters the node's mount
@@ -26,7 +26,9 @@ import (
 //     suite's tests look in, bound from the run's directory;
 //   - every mount the node makes stays in it and goes with it: the test
 //     process sees them through /proc/<init>/root and /proc/<init>/mountinfo
-//     (nodePath, nodeMounts).
+//     (nodePath, nodeMounts);
+//   - its pods' network joins it, and it reaches the control plane through
+//     the test process (svcproxy.go).
 //
 // The namespaces' PID 1 is this test binary, started again as nodeInitName:
 // it mounts the namespace's /proc and the kubelet directory, then only reaps
@@ -59,6 +61,13 @@ func runNodeInit(kubeletDir string) {
 	}
 	if err := unix.Mount(kubeletDir, nodeKubeletDir, "", unix.MS_BIND, ""); err != nil {
 		fail(fmt.Errorf("bind %s at %s: %w", kubeletDir, nodeKubeletDir, err))
+	}
+	// The node's network (svcproxy.go): its loopback and the kubernetes
+	// Service's address; the harness adds the node's own.
+	for _, args := range [][]string{{"link", "set", "lo", "up"}, {"addr", "add", kubernetesServiceIP + "/32", "dev", "lo"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			fail(fmt.Errorf("ip %v: %v: %s", args, err, out))
+		}
 	}
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
@@ -101,7 +110,7 @@ func startNodeNS(logDir, kubeletDir string) (*nodeNS, error) {
 	defer r.Close()
 	cmd := &exec.Cmd{Path: self, Args: []string{nodeInitName, kubeletDir}, Stdout: w, Stderr: f}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID,
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET,
 		Setpgid:    true,
 		Pdeathsig:  syscall.SIGKILL,
 	}
@@ -129,14 +138,20 @@ func (n *nodeNS) path(path string) string {
 	return fmt.Sprintf("/proc/%d/root%s", n.pid(), path)
 }
 
+// netns is the path of the node's network namespace.
+func (n *nodeNS) netns() string {
+	return fmt.Sprintf("/proc/%d/ns/net", n.pid())
+}
+
 // mountinfo is the node's mount table.
 func (n *nodeNS) mountinfo() string {
 	return fmt.Sprintf("/proc/%d/mountinfo", n.pid())
 }
 
-// run runs a command in the node's mount namespace and returns its output.
+// run runs a command in the node's mount and network namespaces and
+// returns its output.
 func (n *nodeNS) run(bin string, args ...string) (string, error) {
-	out, err := exec.Command("nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--", bin}, args...)...).CombinedOutput()
+	out, err := exec.Command("nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--net", "--", bin}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
@@ -144,7 +159,7 @@ func (n *nodeNS) run(bin string, args ...string) (string, error) {
 // child and ends with it, but forwards no signal: the returned proc signals
 // the daemon itself.
 func (n *nodeNS) start(logDir, name, bin string, args ...string) (*proc, error) {
-	p, err := startProc(logDir, name, "nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--pid", "--", bin}, args...)...)
+	p, err := startProc(logDir, name, "nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--pid", "--net", "--", bin}, args...)...)
 	if err != nil {
 		return nil, err
 	}

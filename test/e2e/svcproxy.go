@@ -6,130 +6,105 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
-// The cluster's one Service that pods use, the API server's "kubernetes"
-// in "default": its ClusterIP is the first of --service-cluster-ip-range,
-// port 443, and the kubelet gives every container KUBERNETES_SERVICE_HOST
-// and _PORT for it, from which in-cluster clients (the sidecars of deploy/)
-// take the API server's address. On a real cluster kube-proxy makes the
-// ClusterIP reach the API server's endpoints. Here the API server listens
-// on 127.0.0.1 only and no packet may leave loopback or the test's own
-// network namespaces, so the pod network (./cni) puts the ClusterIP on
-// each pod's own interface, and serviceProxy listens on it inside the
-// pod's network namespace and carries each connection to the API server on
-// the host's 127.0.0.1: TLS, the service account token and RBAC are the
-// API server's own, end to end.
+// Each node's daemons run in a network namespace of the node's own
+// (nodens.go), as on a machine of its own, and the control plane on the
+// host's 127.0.0.1. What crosses between them is carried by nodeLinks, in
+// the test process, over loopback on both sides: no packet leaves
+// 127.0.0.0/8 or the test's own namespaces.
+//   - The kubelet's API server, https://127.0.0.1:<port> in its
+//     kubeconfig, is a listener on the node's 127.0.0.1 at that port.
+//   - The kubernetes Service, whose ClusterIP (the first address of
+//     --service-cluster-ip-range) and port 443 the kubelet gives every
+//     container as KUBERNETES_SERVICE_HOST and _PORT, is a listener on that
+//     address, which the node holds; the pods reach it by their default
+//     route to the node (./cni). On a real cluster kube-proxy routes the
+//     ClusterIP to the API server's endpoints; here one Service, no NAT, a
+//     copy in user space. TLS, service account tokens and RBAC are the API
+//     server's own, end to end (the API server's certificate names the
+//     ClusterIP).
+//   - The kubelet's own port, which the API server dials at the node's
+//     host name (127.0.0.1) for logs, exec and port-forward, is a listener
+//     on the host's 127.0.0.1 at the same port.
 const (
 	kubernetesServiceIP   = "10.96.0.1"
 	kubernetesServicePort = 443
+	// nodeAddressFormat makes each node's own address in its namespace
+	// (the first node's 10.97.0.1): its InternalIP, and the source of what
+	// it sends its pods. The kubelet refuses a loopback or link-local one.
+	nodeAddressFormat = "10.97.0.%d"
 )
 
-// serviceProxy serves the pod network's requests on a unix socket: "add
-// <id>" with the pod's network namespace as the message's descriptor
-// opens a listener on kubernetesServiceIP:kubernetesServicePort in it;
-// "del <id>" closes it. It answers "ok" or the error.
-type serviceProxy struct {
-	socket, target string
-	l              net.Listener
-
-	// mu guards pods, the listeners by pod sandbox ID.
-	mu   sync.Mutex
-	pods map[string]net.Listener
+// nodeLinks are the listeners that join a node's network namespace to the
+// control plane.
+type nodeLinks struct {
+	mu        sync.Mutex // guards listeners
+	listeners []net.Listener
 }
 
-func startServiceProxy(socket, target string) (*serviceProxy, error) {
-	os.Remove(socket)
-	l, err := net.Listen("unix", socket)
-	if err != nil {
-		return nil, err
+// link starts the listeners of a node whose network namespace is netns
+// (a path), its kubelet on kubeletPort, for the API server at apiserver
+// (host:port on the host's loopback).
+func link(netns string, kubeletPort int, apiserver string) (*nodeLinks, error) {
+	l := &nodeLinks{}
+	toAPIServer := func() (net.Conn, error) { return net.Dial("tcp", apiserver) }
+	_, apiPort, _ := net.SplitHostPort(apiserver)
+	for _, addr := range []string{"127.0.0.1:" + apiPort, fmt.Sprintf("%s:%d", kubernetesServiceIP, kubernetesServicePort)} {
+		ln, err := listenIn(netns, addr)
+		if err != nil {
+			l.close()
+			return nil, fmt.Errorf("listening on %s in the node's network: %w", addr, err)
+		}
+		l.serve(ln, toAPIServer)
 	}
-	p := &serviceProxy{socket: socket, target: target, l: l, pods: map[string]net.Listener{}}
+	kubelet := fmt.Sprintf("127.0.0.1:%d", kubeletPort)
+	ln, err := net.Listen("tcp", kubelet)
+	if err != nil {
+		l.close()
+		return nil, fmt.Errorf("listening on the host's %s for the kubelet: %w", kubelet, err)
+	}
+	l.serve(ln, func() (net.Conn, error) { return dialIn(netns, kubelet) })
+	return l, nil
+}
+
+func (l *nodeLinks) serve(ln net.Listener, dial func() (net.Conn, error)) {
+	l.mu.Lock()
+	l.listeners = append(l.listeners, ln)
+	l.mu.Unlock()
 	go func() {
 		for {
-			conn, err := l.Accept()
+			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go p.serve(conn.(*net.UnixConn))
+			go carry(c, dial)
 		}
 	}()
-	return p, nil
 }
 
-func (p *serviceProxy) serve(conn *net.UnixConn) {
-	defer conn.Close()
-	buf, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
-	if err != nil {
+// close closes every listener; connections under way end with their
+// peers.
+func (l *nodeLinks) close() {
+	if l == nil {
 		return
 	}
-	var fd = -1
-	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
-		if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil && len(fds) == 1 {
-			fd = fds[0]
-		}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ln := range l.listeners {
+		ln.Close()
 	}
-	if fd >= 0 {
-		defer unix.Close(fd)
-	}
-	verb, id, _ := strings.Cut(strings.TrimSpace(string(buf[:n])), " ")
-	err = nil
-	switch {
-	case verb == "add" && fd >= 0:
-		err = p.add(id, fd)
-	case verb == "del":
-		p.del(id)
-	default:
-		err = fmt.Errorf("unknown request %q", buf[:n])
-	}
-	reply := "ok"
-	if err != nil {
-		reply = err.Error()
-	}
-	io.WriteString(conn, reply+"\n")
+	l.listeners = nil
 }
 
-// add listens in the network namespace netns for the pod sandbox id.
-func (p *serviceProxy) add(id string, netns int) error {
-	p.del(id)
-	l, err := listenIn(netns, fmt.Sprintf("%s:%d", kubernetesServiceIP, kubernetesServicePort))
-	if err != nil {
-		return err
-	}
-	p.mu.Lock()
-	p.pods[id] = l
-	p.mu.Unlock()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go p.forward(c)
-		}
-	}()
-	return nil
-}
-
-// del closes the listener of the pod sandbox id, which lets its network
-// namespace go; a no-op for one without.
-func (p *serviceProxy) del(id string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if l := p.pods[id]; l != nil {
-		l.Close()
-		delete(p.pods, id)
-	}
-}
-
-func (p *serviceProxy) forward(c net.Conn) {
+// carry copies between c and a connection dial makes, both ways, until
+// both sides are done.
+func carry(c net.Conn, dial func() (net.Conn, error)) {
 	defer c.Close()
-	up, err := net.Dial("tcp", p.target)
+	up, err := dial()
 	if err != nil {
 		return
 	}
@@ -141,37 +116,53 @@ func (p *serviceProxy) forward(c net.Conn) {
 	<-done
 }
 
-// close stops serving and closes every listener.
-func (p *serviceProxy) close() {
-	p.l.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for id, l := range p.pods {
-		l.Close()
-		delete(p.pods, id)
-	}
-	os.Remove(p.socket)
+// listenIn opens a TCP listener on addr in the network namespace at netns.
+func listenIn(netns, addr string) (ln net.Listener, err error) {
+	err = inNetns(netns, func() error {
+		ln, err = net.Listen("tcp", addr)
+		return err
+	})
+	return ln, err
 }
 
-// listenIn opens a TCP listener on addr inside the network namespace
-// netns. It runs on an OS thread of its own that enters the namespace and
-// is never used again: the listener keeps the namespace, the thread ends.
-func listenIn(netns int, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
+// dialIn connects to addr from the network namespace at netns.
+func dialIn(netns, addr string) (c net.Conn, err error) {
+	err = inNetns(netns, func() error {
+		c, err = net.Dial("tcp", addr)
+		return err
+	})
+	return c, err
+}
+
+// inNetns runs fn on the calling goroutine's OS thread, moved into the
+// network namespace at netns and back; a socket fn makes stays in that
+// namespace. The thread outlives the call: a thread that ends sends the
+// Pdeathsig of every process it started (the node's init, the daemons,
+// proc.go) to them, so a goroutine that locks a thread must never end with
+// it. Only when the thread cannot go back does it stay locked to the
+// goroutine, in the wrong namespace, and the error says so.
+func inNetns(netns string, fn func() error) error {
+	runtime.LockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
 	}
-	ch := make(chan result, 1)
-	go func() {
-		// Never unlocked: the runtime ends the thread with the goroutine.
-		runtime.LockOSThread()
-		if err := unix.Setns(netns, unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("entering the pod's network namespace: %w", err)}
-			return
-		}
-		l, err := net.Listen("tcp", addr)
-		ch <- result{l, err}
-	}()
-	r := <-ch
-	return r.l, r.err
+	defer self.Close()
+	target, err := os.Open(netns)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return err
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("entering the network namespace %s: %w", netns, err)
+	}
+	fnErr := fn()
+	if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("leaving the network namespace %s (the thread stays in it): %w", netns, err)
+	}
+	runtime.UnlockOSThread()
+	return fnErr
 }

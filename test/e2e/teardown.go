@@ -25,9 +25,6 @@ func (c *cluster) down() []string {
 	for i := len(c.nodes) - 1; i >= 0; i-- {
 		c.nodes[i].down()
 	}
-	if c.serviceProxy != nil {
-		c.serviceProxy.close()
-	}
 	for _, p := range []*proc{c.snapshotController, c.scheduler, c.controllerManager, c.apiserver, c.etcd} {
 		if p != nil {
 			p.stop(20 * time.Second)
@@ -53,6 +50,7 @@ func (n *kubeNode) down() {
 	if n.kubelet != nil {
 		n.kubelet.stop(30 * time.Second)
 	}
+	defer n.links.close()
 	if n.containerdProc != nil && !n.containerdProc.exited() {
 		// Containers outlive containerd in their shims: end them first.
 		out, _ := n.ctr("tasks", "ls", "-q")

@@ -1,29 +1,22 @@
 // Command cni is the pod network of the end-to-end cluster: a CNI plugin
-// that gives each pod sandbox an eth0 of its own and nothing else. The
-// interface lives inside the pod's network namespace with one link-local
-// address (169.254.0.0/16, derived from the container ID), so
-// that containerd's CRI finds the eth0 it requires while nothing is added to
-// the host: no bridge, no host address, no route. The interface is one end
-// of a veth pair whose other end stays in the pod's namespace too (this
-// machine kind's kernel has no dummy device). Pods reach nothing through
-// it, which is all the storage tests need, but the API server: the
-// configuration's serviceIP (the "kubernetes" Service's ClusterIP) is
-// added to the interface too, and the harness's service proxy, asked over
-// the unix socket serviceProxy with the namespace's descriptor, listens
-// there and carries each connection to the API server (see svcproxy.go).
+// that joins each pod sandbox to its node as a machine's pods are. Each
+// node's daemons run in a network namespace of the node's own (nodens.go),
+// so this adds nothing to the host: the pod's eth0 is one end of a veth
+// pair whose other end is in the node's namespace, with one link-local
+// address (169.254.0.0/16, derived from the container ID), a default route
+// to the node, and the node's route back. The kubelet reaches a pod (its
+// probes) and a pod reaches what the node serves, the kubernetes Service
+// among it (svcproxy.go); no packet leaves the test's namespaces.
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"io"
-	"net"
 	"os"
 	"os/exec"
-	"strings"
-	"syscall"
+	"strconv"
 )
 
 const cniVersion = "1.0.0"
@@ -36,14 +29,10 @@ func main() {
 }
 
 func run() error {
-	var conf struct {
-		ServiceIP    string `json:"serviceIP"`
-		ServiceProxy string `json:"serviceProxy"`
-	}
-	if err := json.NewDecoder(os.Stdin).Decode(&conf); err != nil && err != io.EOF {
-		return fmt.Errorf("reading the network configuration: %w", err)
-	}
+	io.Copy(io.Discard, os.Stdin) // the network configuration: nothing to read
 	netns, ifname, id := os.Getenv("CNI_NETNS"), os.Getenv("CNI_IFNAME"), os.Getenv("CNI_CONTAINERID")
+	// The node's end, named after the sandbox (at most 15 bytes).
+	node := "cv" + id[:min(len(id), 12)]
 	switch os.Getenv("CNI_COMMAND") {
 	case "VERSION":
 		return json.NewEncoder(os.Stdout).Encode(map[string]any{"cniVersion": cniVersion, "supportedVersions": []string{"0.4.0", cniVersion}})
@@ -51,45 +40,36 @@ func run() error {
 		h := fnv.New32a()
 		h.Write([]byte(id))
 		n := h.Sum32()
-		addr := fmt.Sprintf("169.254.%d.%d/32", 1+n%253, 1+(n>>8)%253)
+		addr := fmt.Sprintf("169.254.%d.%d", 1+n%253, 1+(n>>8)%253)
+		// Made in the pod's namespace, the node's end moved to this
+		// plugin's, which is the node's (containerd's).
 		for _, args := range [][]string{
-			{"link", "add", ifname, "type", "veth", "peer", "name", "peer-" + ifname},
-			{"link", "set", "peer-" + ifname, "up"},
-			{"addr", "add", addr, "dev", ifname},
+			{"link", "add", ifname, "type", "veth", "peer", "name", node, "netns", strconv.Itoa(os.Getpid())},
+			{"addr", "add", addr + "/32", "dev", ifname},
 			{"link", "set", ifname, "up"},
+			{"route", "add", "default", "dev", ifname},
 		} {
 			if err := ip(netns, args...); err != nil {
 				return err
 			}
 		}
-		if conf.ServiceProxy != "" {
-			if err := ip(netns, "addr", "add", conf.ServiceIP+"/32", "dev", ifname); err != nil {
-				return err
-			}
-			ns, err := os.Open(netns)
-			if err != nil {
-				return err
-			}
-			err = askProxy(conf.ServiceProxy, "add "+id, int(ns.Fd()))
-			ns.Close()
-			if err != nil {
+		for _, args := range [][]string{
+			{"link", "set", node, "up"},
+			{"route", "add", addr + "/32", "dev", node},
+		} {
+			if err := ip("", args...); err != nil {
 				return err
 			}
 		}
 		return json.NewEncoder(os.Stdout).Encode(map[string]any{
 			"cniVersion": cniVersion,
 			"interfaces": []map[string]any{{"name": ifname, "sandbox": netns}},
-			"ips":        []map[string]any{{"address": addr, "interface": 0}},
+			"ips":        []map[string]any{{"address": addr + "/32", "interface": 0}},
 		})
 	case "DEL":
-		// The namespace may be gone already; then so is the interface.
-		if netns != "" {
-			ip(netns, "link", "del", ifname)
-		}
-		if conf.ServiceProxy != "" {
-			// Gone with the harness, the proxy has nothing left to close.
-			askProxy(conf.ServiceProxy, "del "+id, -1)
-		}
+		// Either end gone takes the other, and the route, with it; the
+		// pod's namespace may be gone already.
+		ip("", "link", "del", node)
 		return nil
 	case "CHECK", "GC", "STATUS":
 		return nil
@@ -97,36 +77,15 @@ func run() error {
 	return fmt.Errorf("unknown CNI_COMMAND %q", os.Getenv("CNI_COMMAND"))
 }
 
-// ip runs ip(8) inside the network namespace at netns.
+// ip runs ip(8) inside the network namespace at netns, or in this
+// process's when netns is "".
 func ip(netns string, args ...string) error {
-	out, err := exec.Command("nsenter", append([]string{"--net=" + netns, "ip"}, args...)...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ip %v in %s: %v: %s", args, netns, err, out)
+	cmd := exec.Command("ip", args...)
+	if netns != "" {
+		cmd = exec.Command("nsenter", append([]string{"--net=" + netns, "ip"}, args...)...)
 	}
-	return nil
-}
-
-// askProxy sends the harness's service proxy a request, with the
-// descriptor fd unless it is negative, and waits for its answer.
-func askProxy(socket, request string, fd int) error {
-	conn, err := net.Dial("unix", socket)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	var oob []byte
-	if fd >= 0 {
-		oob = syscall.UnixRights(fd)
-	}
-	if _, _, err := conn.(*net.UnixConn).WriteMsgUnix([]byte(request), oob, nil); err != nil {
-		return err
-	}
-	reply, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if reply = strings.TrimSpace(reply); reply != "ok" {
-		return fmt.Errorf("service proxy: %s", reply)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ip %v in %q: %v: %s", args, netns, err, out)
 	}
 	return nil
 }
