@@ -36,7 +36,7 @@ type kubeNode struct {
 
 	ns         *nodeNS // the node's mount, PID and network namespaces
 	links      *nodeLinks
-	address    string // the node's own address in its network (svcproxy.go)
+	address    string // the node's own address in its network (nodenet.go)
 	containerd string // containerd's socket
 	csiSock    string // csi-node's CSI socket, as the test process sees it
 

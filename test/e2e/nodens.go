@@ -28,7 +28,7 @@ import (
 //     process sees them through /proc/<init>/root and /proc/<init>/mountinfo
 //     (nodePath, nodeMounts);
 //   - its pods' network joins it, and it reaches the control plane through
-//     the test process (svcproxy.go).
+//     the test process (nodenet.go).
 //
 // The namespaces' PID 1 is this test binary, started again as nodeInitName:
 // it mounts the namespace's /proc and the kubelet directory, then only reaps
@@ -62,7 +62,7 @@ func runNodeInit(kubeletDir string) {
 	if err := unix.Mount(kubeletDir, nodeKubeletDir, "", unix.MS_BIND, ""); err != nil {
 		fail(fmt.Errorf("bind %s at %s: %w", kubeletDir, nodeKubeletDir, err))
 	}
-	// The node's network (svcproxy.go): its loopback and the kubernetes
+	// The node's network (nodenet.go): its loopback and the kubernetes
 	// Service's address; the harness adds the node's own.
 	for _, args := range [][]string{{"link", "set", "lo", "up"}, {"addr", "add", kubernetesServiceIP + "/32", "dev", "lo"}} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {

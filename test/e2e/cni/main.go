@@ -6,7 +6,7 @@
 // address (169.254.0.0/16, derived from the container ID), a default route
 // to the node, and the node's route back. The kubelet reaches a pod (its
 // probes) and a pod reaches what the node serves, the kubernetes Service
-// among it (svcproxy.go); no packet leaves the test's namespaces.
+// among it (nodenet.go); no packet leaves the test's namespaces.
 package main
 
 import (
