@@ -306,6 +306,26 @@ func TestVolumeConditionReachesThePod(t *testing.T) {
 	release(t, v, "condition", pod.Name)
 }
 
+// deployWith copies deploy/ into a directory of the test's, adds the
+// components to its kustomization, as a user would, and returns it.
+func deployWith(t *testing.T, components ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "deploy")
+	if err := os.CopyFS(dir, os.DirFS(filepath.Join(c.repo, "deploy"))); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("components:\n  - " + strings.Join(components, "\n  - ") + "\n")
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // The whole of deploy/ (DaemonSet, RBAC, CSIDriver, StorageClass) is valid
 // for this API server.
 func TestDeployDryRun(t *testing.T) {
@@ -322,19 +342,7 @@ func TestDeployDryRun(t *testing.T) {
 	t.Logf("kubectl apply --dry-run=server -k deploy/:\n%s", out)
 
 	// SELinux nodes add a component; the API server takes what it makes.
-	dir := filepath.Join(t.TempDir(), "deploy")
-	if err := os.CopyFS(dir, os.DirFS(filepath.Join(c.repo, "deploy"))); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.WriteString("components:\n  - components/selinux\n")
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := deployWith(t, "components/selinux")
 	built, err := c.kubectl(context.Background(), "kustomize", dir)
 	if err != nil {
 		t.Fatal(err)
@@ -349,19 +357,7 @@ func TestDeployDryRun(t *testing.T) {
 	}
 
 	// Snapshots add a component too; the cluster has the snapshot CRDs.
-	dir = filepath.Join(t.TempDir(), "deploy")
-	if err := os.CopyFS(dir, os.DirFS(filepath.Join(c.repo, "deploy"))); err != nil {
-		t.Fatal(err)
-	}
-	f, err = os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.WriteString("components:\n  - components/snapshots\n")
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir = deployWith(t, "components/snapshots")
 	out, err = c.kubectl(context.Background(), "apply", "--dry-run=server", "-k", dir)
 	for _, want := range []string{"daemonset.apps/converge-node", "volumesnapshotclass.snapshot.storage.k8s.io/converge", "clusterrole.rbac.authorization.k8s.io/converge-snapshotter"} {
 		if err != nil || !strings.Contains(out, want) {

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -18,20 +17,7 @@ import (
 // csi-snapshotter, whose release the suite builds, by running it with the
 // DaemonSet's arguments and --version (it parses them all, then exits).
 func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "deploy")
-	if err := os.CopyFS(dir, os.DirFS(filepath.Join(c.repo, "deploy"))); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.WriteString("components:\n  - components/snapshots\n  - components/selinux\n")
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	built, err := c.kubectl(context.Background(), "kustomize", dir)
+	built, err := c.kubectl(context.Background(), "kustomize", deployWith(t, "components/snapshots", "components/selinux"))
 	if err != nil {
 		t.Fatal(err)
 	}

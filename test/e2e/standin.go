@@ -175,18 +175,23 @@ func runLivenessStandIn(ctx context.Context, args map[string]string) error {
 	return nil
 }
 
-// inCluster makes the stand-in's clients from the pod's service account.
-func inCluster() (kubernetes.Interface, dynamic.Interface, error) {
+// standInProvisioner makes the provisioner of provisioner.go for the node
+// of NODE_NAME and the CSI socket of --csi-address, its clients from the
+// pod's service account.
+func standInProvisioner(args map[string]string) (*provisioner, error) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
-	return client, dyn, err
+	if err != nil {
+		return nil, err
+	}
+	return newProvisioner(client, dyn, os.Getenv("NODE_NAME"), strings.TrimPrefix(args["csi-address"], "unix://"))
 }
 
 // runProvisionerStandIn does what external-provisioner does in deploy/
@@ -196,11 +201,7 @@ func runProvisionerStandIn(ctx context.Context, args map[string]string) error {
 	if args["node-deployment"] != "true" {
 		return errors.New("the stand-in provisions only with --node-deployment=true")
 	}
-	client, dyn, err := inCluster()
-	if err != nil {
-		return err
-	}
-	p, err := newProvisioner(client, dyn, os.Getenv("NODE_NAME"), strings.TrimPrefix(args["csi-address"], "unix://"))
+	p, err := standInProvisioner(args)
 	if err != nil {
 		return err
 	}
@@ -215,11 +216,7 @@ func runProvisionerStandIn(ctx context.Context, args map[string]string) error {
 // name external-resizer gives it, which it keeps until it expires when the
 // holder stops (ReleaseLeaderElectionOnExit is off by default).
 func runResizerStandIn(ctx context.Context, args map[string]string) error {
-	client, dyn, err := inCluster()
-	if err != nil {
-		return err
-	}
-	p, err := newProvisioner(client, dyn, os.Getenv("NODE_NAME"), strings.TrimPrefix(args["csi-address"], "unix://"))
+	p, err := standInProvisioner(args)
 	if err != nil {
 		return err
 	}
@@ -233,7 +230,7 @@ func runResizerStandIn(ctx context.Context, args map[string]string) error {
 	id, _ := os.Hostname()
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: "external-resizer-" + strings.ReplaceAll(driverName, ".", "-"), Namespace: args["leader-election-namespace"]},
-		Client:     client.CoordinationV1(),
+		Client:     p.client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	}
 	go p.run(ctx)
