@@ -57,6 +57,9 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
+	if o.Images != nil {
+		o.Images.reroot(loops)
+	}
 	snap := host.NewSnapshot(byDevice(mounts, loops), loops)
 	if o.Images != nil {
 		if total, free, err := o.Images.Capacity(); err == nil {
