@@ -75,6 +75,7 @@ func TestDiskFormatDecisions(t *testing.T) {
 	} {
 		s := &script{answers: []answer{tc.blkid}}
 		m := NewMounter(mount.NewFakeMounter(nil), s.exec(t), 1, NewPaths([]string{t.TempDir()}))
+		m.unfinished = func(string) (bool, error) { return false, nil } // no device to read
 		got, err := m.DiskFormat(t.Context(), "/dev/loop7")
 		if (err != nil) != tc.fails || errors.Is(err, ErrPartitioned) != tc.partitioned {
 			t.Errorf("%s: error %v, want failure %v, partition table %v", tc.name, err, tc.fails, tc.partitioned)

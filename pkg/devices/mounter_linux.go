@@ -107,6 +107,9 @@ type Mounter struct {
 	// formats bounds the format-and-mounts (mkfs among them) at once.
 	formats chan struct{}
 	paths   *Paths
+	// unfinished reports whether a device holds an xfs whose mkfs never
+	// finished: xfsUnfinished, which reads the device.
+	unfinished func(dev string) (bool, error)
 	// prezero is whether mkfs.ext4 takes PrezeroedOption, asked once.
 	prezeroOnce sync.Once
 	prezero     bool
@@ -118,7 +121,7 @@ type Mounter struct {
 // maxFormats format-and-mounts (with their mkfs) run at once. Every mount point must lie beneath the roots
 // of paths.
 func NewMounter(mounter mount.Interface, exec utilexec.Interface, maxFormats int, paths *Paths) *Mounter {
-	return &Mounter{mounter: mounter, exec: exec, formats: make(chan struct{}, max(maxFormats, 1)), paths: paths}
+	return &Mounter{mounter: mounter, exec: exec, formats: make(chan struct{}, max(maxFormats, 1)), paths: paths, unfinished: xfsUnfinished}
 }
 
 // ctxExec runs every command under ctx.
@@ -142,6 +145,10 @@ type Probe struct {
 	// Type is the filesystem type found, "" when blkid positively found
 	// none and no partition table, or the device holds no data at all.
 	Type string
+	// Unfinished is true when Type's own header says its mkfs never
+	// finished (unfinished_linux.go): the device holds the start of a
+	// filesystem that no kernel mounts.
+	Unfinished bool
 	// blkid is the run, replayed to mount-utils; nil when the probe was
 	// not made by DiskFormat (FormatAndMount then probes again).
 	blkid *commandRun
@@ -233,7 +240,8 @@ func mke2fsPrezeroes(out string) bool {
 // DiskFormat probes dev with blkid and returns what it found: a filesystem
 // type, or "" when blkid positively finds no filesystem and no partition
 // table, and an error otherwise (a blkid failure is an error, never
-// "empty": callers fail closed).
+// "empty": callers fail closed). An xfs whose mkfs never finished is
+// reported with Unfinished.
 func (m *Mounter) DiskFormat(ctx context.Context, dev string) (Probe, error) {
 	rec := &recordingExec{Interface: ctxExec{m.exec, ctx}}
 	fs, err := (&mount.SafeFormatAndMount{Interface: m.mounter, Exec: rec}).GetDiskFormat(dev)
@@ -243,7 +251,13 @@ func (m *Mounter) DiskFormat(ctx context.Context, dev string) (Probe, error) {
 	if fs == unknownData {
 		return Probe{}, fmt.Errorf("%s: %w", dev, ErrPartitioned)
 	}
-	return Probe{Device: dev, Type: fs, blkid: rec.last}, nil
+	p := Probe{Device: dev, Type: fs, blkid: rec.last}
+	if fs == FsXFS {
+		if p.Unfinished, err = m.unfinished(dev); err != nil {
+			return Probe{}, fmt.Errorf("probing %s: %w", dev, err)
+		}
+	}
+	return p, nil
 }
 
 // commandRun is one command that ran: its command line, combined output

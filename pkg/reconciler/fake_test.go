@@ -567,6 +567,10 @@ func (w *fakeWorld) Keep(dev string) error {
 // partition table rather than a filesystem.
 const partitionTable = "<partition table>"
 
+// unfinishedXfs in fakeWorld.fs stands for the start of an xfs whose mkfs
+// never finished: blkid names it xfs, and no kernel mounts it.
+const unfinishedXfs = "<unfinished xfs>"
+
 func (w *fakeWorld) DiskFormat(_ context.Context, dev string) (devices.Probe, error) {
 	var fs string
 	err := w.do("blkid", func() string { return w.imageOf(dev) }, func() error {
@@ -577,6 +581,9 @@ func (w *fakeWorld) DiskFormat(_ context.Context, dev string) (devices.Probe, er
 		}
 		return nil
 	})
+	if fs == unfinishedXfs {
+		return devices.Probe{Device: dev, Type: "xfs", Unfinished: true}, err
+	}
 	return devices.Probe{Device: dev, Type: fs}, err
 }
 
@@ -615,7 +622,13 @@ func (w *fakeWorld) FormatAndMount(_ context.Context, probe devices.Probe, targe
 			// of the type asked for fails.
 			return fmt.Errorf("mount %s: wrong fs type", dev)
 		}
-		if w.fs[image] == "" {
+		if w.fs[image] == unfinishedXfs && probe.Type != "" {
+			// As the kernel: an xfs whose mkfs never finished.
+			return fmt.Errorf("mount %s: Offline file system operation in progress", dev)
+		}
+		if w.fs[image] == "" || w.fs[image] == unfinishedXfs {
+			// mount-utils formats what its blkid (the probe) finds
+			// empty, forcing mkfs.xfs over an unfinished one.
 			w.calls = append(w.calls, "mkfs "+dev)
 			w.fs[image] = fsType
 			w.mkfs[image]++

@@ -77,7 +77,7 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 		return err
 	}
 	want := fsTypeOf(st)
-	probe, err := r.filesystemOn(ctx, v, dev, want, blank)
+	probe, err := r.filesystemOn(ctx, v, dev, want, blank, !a.static)
 	if err != nil {
 		return err
 	}
@@ -180,16 +180,32 @@ func (r *Reconciler) blank(v *state.Volume, a *actual) bool {
 // filesystemOn probes dev, unless its image was blank, and returns the
 // probe (its Type: the filesystem on dev, "" for none), or why the stage
 // must not format nor mount it: a partition table, a filesystem the plugin
-// made that is gone, another filesystem than want, or an empty device
-// staged read-only. A probe that fails fails closed. The mount decides
-// from the same probe.
-func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, want string, blank bool) (devices.Probe, error) {
+// made that is gone, another filesystem than want, an empty device staged
+// read-only, or the start of a filesystem whose mkfs never finished where
+// it was not the plugin's own to finish. A probe that fails fails closed.
+// The mount decides from the same probe.
+//
+// A mkfs that never finished on the volume's own image (own: not a static
+// device), which the record says was never formatted, was the plugin's
+// own, cut short (unfinished_linux.go): it is done again. Taken for the
+// filesystem asked for, it would never mount.
+func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, want string, blank, own bool) (devices.Probe, error) {
 	var probe devices.Probe
 	var err error
 	if blank {
 		probe = devices.BlankProbe(dev)
 	} else {
 		probe, err = r.cfg.Filesystems.DiskFormat(ctx, dev)
+	}
+	if err == nil && probe.Unfinished {
+		switch {
+		case v.Formatted != "":
+			return devices.Probe{}, state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but %s now holds a %s whose mkfs never finished; refusing to format or mount it", v.ID, v.Formatted, dev, probe.Type)
+		case !own:
+			return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "device %s of volume %s holds a %s whose mkfs never finished; refusing to format or mount it", dev, v.ID, probe.Type)
+		}
+		klog.Background().Info("Formatting anew: the volume's image holds a filesystem whose mkfs never finished", "volumeID", v.ID, "device", dev, "fsType", probe.Type)
+		probe = probe.Redo()
 	}
 	have := probe.Type
 	switch {

@@ -415,6 +415,54 @@ func TestPartitionedDeviceIsRefused(t *testing.T) {
 	}
 }
 
+// A device that holds the start of an xfs whose mkfs never finished, as a
+// plugin stopped mid-mkfs leaves it: on the volume's own image, which the
+// record says was never formatted, the stage makes the filesystem anew and
+// records it; where the record says the volume was formatted, the stage is
+// refused DATA_LOSS, nothing formatted or mounted. Taken for the xfs asked
+// for, the volume would never mount.
+func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
+	xfs := func(path string) *state.Stage { s := stageSpec(path); s.FsType = "xfs"; return s }
+	t.Run("never formatted", func(t *testing.T) {
+		h := newHarness(t)
+		staging, _ := h.volume("v1")
+		h.world.fs[h.world.Path("v1")] = unfinishedXfs
+		v := h.update("v1", func(v *state.Volume) { v.Stage = xfs(staging) })
+		h.settle()
+		if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f != nil {
+			t.Fatalf("final: got %+v, want the stage done", f)
+		}
+		if !slices.Contains(mountPaths(h.world), staging) {
+			t.Errorf("mounts: got %v, want %s", mountPaths(h.world), staging)
+		}
+		if n := h.world.mkfs[h.world.Path("v1")]; n != 1 {
+			t.Errorf("mkfs ran %d times, want once", n)
+		}
+		got, err := h.store.Get("v1")
+		if err != nil || got.Formatted != "xfs" {
+			t.Errorf("record: %+v, %v; want formatted xfs", got, err)
+		}
+	})
+	t.Run("recorded formatted", func(t *testing.T) {
+		h := newHarness(t)
+		staging, _ := h.volume("v1")
+		h.world.fs[h.world.Path("v1")] = unfinishedXfs
+		v := h.update("v1", func(v *state.Volume) { v.Stage = xfs(staging); v.Formatted = "xfs" })
+		h.settle()
+		if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss || !strings.Contains(f.Message, "never finished") {
+			t.Fatalf("final: got %+v, want DataLoss naming the unfinished mkfs", f)
+		}
+		for _, c := range h.world.Calls() {
+			if strings.HasPrefix(c, "mkfs") || strings.HasPrefix(c, "mount") {
+				t.Errorf("called %s on a formatted volume's device that now holds an unfinished mkfs", c)
+			}
+		}
+		if h.world.fs[h.world.Path("v1")] != unfinishedXfs {
+			t.Error("the device's contents changed")
+		}
+	})
+}
+
 func TestProvenanceNeverReformats(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")

@@ -347,3 +347,34 @@ func TestForeignFilesystemRefused(t *testing.T) {
 	}
 	unstage(t, p, volX, staging)
 }
+
+// TestUnfinishedMkfsIsRedone stages a volume whose image holds the start of
+// an xfs whose mkfs never finished (sb_inprogress set, as a mkfs.xfs cut
+// short by the end of a pod's grace period leaves it), which blkid names
+// xfs and the kernel refuses to mount: the plugin formats it anew and the
+// stage succeeds, where it used to retry a mount that could never work.
+func TestUnfinishedMkfsIsRedone(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	vol := createSized(t, p, "vol-unfinished", 320<<20) // xfs needs 300 MB
+	img := filepath.Join(p.DataDir, vol+".img")
+	for _, args := range [][]string{{"mkfs.xfs", "-q", img}, {"xfs_db", "-x", "-c", "sb 0", "-c", "write inprogress 1", img}} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v %s", args, err, out)
+		}
+	}
+	before := fsUUID(t, img)
+	staging := mkdir(t, filepath.Join(p.Root, "staging-unfinished"))
+	must(t, "stage over an unfinished xfs", stage(t, p, vol, staging, mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)))
+	if _, _, ok := mountAt(t, staging); !ok {
+		t.Fatal("xfs staging mount missing")
+	}
+	unstage(t, p, vol, staging)
+	out, err := exec.Command("xfs_db", "-r", "-c", "sb 0", "-c", "print inprogress", img).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "inprogress = 0" {
+		t.Errorf("the image's superblock after the stage: %v %s, want inprogress = 0", err, out)
+	}
+	if after := fsUUID(t, img); after == before {
+		t.Errorf("xfs UUID still %s: the unfinished filesystem was not made anew", before)
+	}
+}
