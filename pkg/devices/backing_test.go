@@ -1,6 +1,7 @@
 package devices
 
 import (
+	"bufio"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -87,4 +88,75 @@ func detachIfBacking(t *testing.T, dev, file string) {
 		return
 	}
 	removeLoop(dev)
+}
+
+// TestObserveLeavesAnotherNodesDevicesAlone attaches, in a mount namespace
+// that lives while the test observes, another state directory's image
+// through a bind mount at this state directory's own path, as another
+// node's csi-node on the same kernel does through its hostPath: the kernel
+// names that device's backing file by the very path of this directory's
+// image. The observation must not take it for this directory's (it would
+// be released as an orphan under the other node's volume), and must still
+// find the device this directory's image is attached to.
+func TestObserveLeavesAnotherNodesDevicesAlone(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mount namespaces")
+	}
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("needs unshare (util-linux)")
+	}
+	state, other := t.TempDir(), t.TempDir()
+	for _, root := range []string{state, other} {
+		if err := os.Mkdir(filepath.Join(root, "volumes"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mine := sparseImage(t, filepath.Join(state, "volumes", "v.img"))
+	theirs := sparseImage(t, filepath.Join(other, "volumes", "v.img"))
+	myDev, err := AttachLoop(mine, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { detachIfBacking(t, myDev, mine) })
+
+	node := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" "$2" && losetup --find --show "$2/volumes/v.img" && exec sleep 60`, "sh", other, state)
+	out, err := node.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := node.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(out).ReadString('\n')
+	theirDev := strings.TrimSpace(line)
+	t.Cleanup(func() {
+		node.Process.Kill()
+		node.Wait()
+		if theirDev != "" {
+			detachIfBacking(t, theirDev, theirs)
+		}
+	})
+	if !strings.HasPrefix(theirDev, "/dev/loop") {
+		t.Fatalf("the other namespace's losetup printed %q", line)
+	}
+	if b, _ := os.ReadFile(filepath.Join("/sys/block", filepath.Base(theirDev), "loop", "backing_file")); strings.TrimSpace(string(b)) != mine {
+		t.Logf("the kernel names the backing file of %s %q here (this test expects %s)", theirDev, b, mine)
+	}
+
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Images: &Images{Dir: filepath.Join(state, "volumes")}}
+	defer o.Close()
+	for pass := range 2 { // the second from what the first learned
+		snap, err := o.Observe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, l := range snap.LoopsFor(mine) {
+			got = append(got, l.Device)
+		}
+		if len(got) != 1 || got[0] != myDev {
+			t.Errorf("pass %d: devices of %s: got %v, want %s alone (not %s, another namespace's)", pass, mine, got, myDev, theirDev)
+		}
+	}
 }

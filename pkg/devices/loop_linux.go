@@ -356,6 +356,7 @@ func listLoops(sysBlock string, r fileReader, devs map[string]host.DevNum) ([]ho
 		}
 		// A deleted backing file reads "<path> (deleted)".
 		backingFile := strings.TrimSuffix(strings.TrimSuffix(backing, "\n"), " (deleted)")
+		seq, _, _ := r.read(dir + "/diskseq")
 		autoclear, _, _ := r.read(dir + "/loop/autoclear")
 		discard, _, _ := r.read(dir + "/queue/discard_max_bytes")
 		var backingSize, allocated int64
@@ -372,6 +373,7 @@ func listLoops(sysBlock string, r fileReader, devs map[string]host.DevNum) ([]ho
 			BackingSize:      backingSize,
 			BackingAllocated: allocated,
 			BackingFile:      backingFile,
+			Seq:              strings.TrimSpace(seq),
 			Discards:         discards != "" && discards != "0",
 		})
 	}

@@ -32,6 +32,10 @@ type Observer struct {
 	files     *keptFiles
 	mounts    *mountTable
 
+	// loopFiles tells which loop devices are the data directory's
+	// (backing_linux.go).
+	loopFiles loopFiles
+
 	// rootsMu guards roots: the descriptors of Paths' roots, opened anew
 	// by each observation for the mount checks that follow it (one open
 	// for a pass rather than one for each mount), so that the roots
@@ -58,7 +62,7 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
 	if o.Images != nil {
-		o.Images.reroot(loops)
+		loops = o.loopFiles.own(loops, o.Images.Dir)
 	}
 	snap := host.NewSnapshot(byDevice(mounts, loops), loops)
 	if o.Images != nil {

@@ -44,8 +44,12 @@ type Loop struct {
 	Device string
 	// Dev is its device number.
 	Dev DevNum
-	// BackingFile is the file the device is attached to.
+	// BackingFile is the file the device is attached to, by the path the
+	// kernel gives it as seen from here (see devices' backing_linux.go).
 	BackingFile string
+	// Seq is the device's disk sequence number (sysfs diskseq), new with
+	// every attachment; "" where the kernel has none.
+	Seq string
 	// AutoClear is true when the device goes away with its last user, as
 	// after someone ran losetup -d on it while it was mounted.
 	AutoClear bool
