@@ -26,9 +26,22 @@ var (
 	msgAttr    = regexp.MustCompile(`message="((?:[^"\\]|\\.)*)"`)
 )
 
-// readCalls parses csi-node's log for the calls made about volume (all
-// volumes when it is empty), in order.
-func readCalls(log, volume string) ([]call, error) {
+// readCalls parses csi-node's logs, oldest first, for the calls made about
+// volume (all volumes when it is empty), in order. Each line may carry the
+// prefix of the kubelet's container logs (time, stream, tag).
+func readCalls(logs []string, volume string) ([]call, error) {
+	var out []call
+	for _, log := range logs {
+		calls, err := readCallsOf(log, volume)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, calls...)
+	}
+	return out, nil
+}
+
+func readCallsOf(log, volume string) ([]call, error) {
 	f, err := os.Open(log)
 	if err != nil {
 		return nil, err

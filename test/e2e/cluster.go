@@ -41,11 +41,10 @@ type cluster struct {
 	bin  string // directory of the Kubernetes binaries
 	logs string // directory of every daemon's log
 
-	pki       *pki
-	admin     string // the admin kubeconfig
-	client    kubernetes.Interface
-	dynamic   dynamic.Interface
-	csiBinary string
+	pki     *pki
+	admin   string // the admin kubeconfig
+	client  kubernetes.Interface
+	dynamic dynamic.Interface
 	// csiImage is the OCI archive of the csi-node image (csiimage.go).
 	csiImage string
 
@@ -113,7 +112,6 @@ func (c *cluster) up(ctx context.Context) error {
 		run  func(context.Context) error
 	}{
 		{"kubernetes binaries", c.kubeBinaries},
-		{"csi-node binary", c.buildCSINode},
 		{"csi-node image", c.buildCSINodeImage},
 		{"certificates", c.makePKI},
 		{"etcd", c.startEtcd},
@@ -127,7 +125,7 @@ func (c *cluster) up(ctx context.Context) error {
 		name string
 		run  func(context.Context) error
 	}{
-		{"CSIDriver and StorageClass", c.applyDriver},
+		{"converge DaemonSet", c.installDriver},
 		{"default service account", c.waitServiceAccount},
 	}...)
 	for _, s := range steps {
@@ -137,9 +135,6 @@ func (c *cluster) up(ctx context.Context) error {
 		}
 		c.upPhases = append(c.upPhases, fmt.Sprintf("%s %.1fs", s.name, time.Since(start).Seconds()))
 	}
-	// The first node's provisioner also resizes: the leader of the
-	// cluster's one external-resizer.
-	first.provisioner.lead(true)
 	return nil
 }
 
@@ -194,16 +189,6 @@ func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags st
 	}
 	os.RemoveAll(bin)
 	return bin, os.Rename(tmp, bin)
-}
-
-func (c *cluster) buildCSINode(ctx context.Context) error {
-	c.csiBinary = filepath.Join(c.dir, "csi-node")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", c.csiBinary, "./cmd/csi-node")
-	cmd.Dir = c.repo
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build csi-node: %v\n%s", err, out)
-	}
-	return nil
 }
 
 func (c *cluster) makePKI(context.Context) error {
@@ -352,14 +337,6 @@ func (c *cluster) startControllers(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// applyDriver applies deploy/'s CSIDriver and StorageClass, the manifests
-// users apply, with kubectl.
-func (c *cluster) applyDriver(ctx context.Context) error {
-	_, err := c.kubectl(ctx, "apply", "-f", filepath.Join(c.repo, "deploy", "csidriver.yaml"),
-		"-f", filepath.Join(c.repo, "deploy", "storageclass.yaml"))
-	return err
 }
 
 func (c *cluster) waitServiceAccount(ctx context.Context) error {

@@ -19,6 +19,9 @@ import (
 const (
 	csiNodeImageName = "converge.local/csi-node"
 	csiNodeImageTag  = "e2e"
+	// csiNodeUpdateTag names the same image again, for a rolling update
+	// of the DaemonSet (TestDriverRollingUpdate).
+	csiNodeUpdateTag = "e2e-update"
 	// debianMirror is where debootstrap and apt take Debian's packages,
 	// as the debian images' sources do.
 	debianMirror = "http://deb.debian.org/debian"

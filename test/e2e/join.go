@@ -42,7 +42,11 @@ func (c *cluster) addNode(ctx context.Context, name string, dataDirSize int64) (
 			return nil, err
 		}
 	}
-	for _, s := range n.upSteps() {
+	steps := append(n.upSteps(), struct {
+		name string
+		run  func(context.Context) error
+	}{"converge pod", n.waitDriver})
+	for _, s := range steps {
 		start := time.Now()
 		if err := s.run(ctx); err != nil {
 			return nil, fmt.Errorf("node %s: %s: %w", name, s.name, err)

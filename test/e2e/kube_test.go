@@ -331,7 +331,7 @@ func (v volume) calls(t *testing.T) []call {
 // far.
 func (n *kubeNode) callsFor(t *testing.T, handle string) []call {
 	t.Helper()
-	calls, err := readCalls(n.csiNode.log, handle)
+	calls, err := readCalls(n.containerLogs("csi-node"), handle)
 	if err != nil {
 		t.Fatalf("read csi-node's log on %s: %v", n.node, err)
 	}

@@ -15,8 +15,8 @@ import (
 var c *cluster
 
 func TestMain(m *testing.M) {
-	if len(os.Args) == 2 && os.Args[0] == nodeInitName {
-		runNodeInit(os.Args[1])
+	if len(os.Args) == 3 && os.Args[0] == nodeInitName {
+		runNodeInit(os.Args[1], os.Args[2])
 	}
 	if _, ok := standIns[filepath.Base(os.Args[0])]; ok {
 		os.Exit(runStandIn(filepath.Base(os.Args[0]), os.Args[1:]))
@@ -48,14 +48,6 @@ func TestMain(m *testing.M) {
 		if code != 0 {
 			dumpLogs()
 		}
-		for _, n := range c.nodes {
-			if n.provisioner == nil {
-				continue
-			}
-			if errs := n.provisioner.errors(); len(errs) > 0 && code != 0 {
-				fmt.Printf("e2e: provisioner errors on %s:\n  %s\n", n.node, strings.Join(errs, "\n  "))
-			}
-		}
 	}
 	if notes := c.down(); len(notes) > 0 {
 		fmt.Printf("e2e: taking the cluster down needed force or failed:\n  %s\n", strings.Join(notes, "\n  "))
@@ -74,11 +66,27 @@ func dumpLogs() {
 		return
 	}
 	for _, n := range c.nodes {
-		for _, name := range []string{"csi-node", "kubelet", "containerd"} {
+		for _, name := range []string{"csi-node", "csi-provisioner", "csi-resizer", "csi-snapshotter", "node-driver-registrar"} {
+			logs := n.containerLogs(name)
+			if len(logs) == 0 {
+				fmt.Printf("---- %s container %s: no log\n", n.node, name)
+				continue
+			}
+			// A container that exits at start says why first.
+			fmt.Printf("---- %s container %s, run %d (first 5 and last 40 lines)\n%s\n...\n%s\n", n.node, name, len(logs)-1,
+				firstLines(readFile(logs[len(logs)-1]), 5), tailFile(logs[len(logs)-1], 40))
+		}
+		for _, name := range []string{"kubelet", "containerd"} {
 			fmt.Printf("---- %s %s.log (last 40 lines)\n%s\n", n.node, name, tailFile(filepath.Join(n.logs, name+".log"), 40))
 		}
 	}
 	for _, name := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd"} {
 		fmt.Printf("---- %s.log (last 40 lines)\n%s\n", name, tailFile(c.logs+"/"+name+".log", 40))
 	}
+}
+
+// firstLines is the first n lines of s.
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }

@@ -14,22 +14,22 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// The node's side of the cluster: containerd, the kubelet, and csi-node
-// with its registration and its provisioner.
+// The node's side of the cluster: containerd and the kubelet, which runs
+// the node's pod of converge's DaemonSet (daemonset.go).
 
 // kubeNode is one node of the cluster, as a machine of its own would be:
-// its mount and PID namespaces, containerd, kubelet (with its own root
-// directory, ports, identity and, beside the first, cgroup root), and
-// csi-node with its own state and data directories, its registration and
-// the provisioner that runs beside it in deploy/.
+// its mount, PID and network namespaces, containerd, kubelet (with its own
+// root directory, ports, identity and, beside the first, cgroup root), and
+// csi-node's state and data directories, which its pod of the DaemonSet
+// mounts.
 type kubeNode struct {
 	c          *cluster
 	node       string // the node's name; resolves to 127.0.0.1
 	dir        string // the node's directory
 	logs       string // directory of its daemons' logs
 	kubeletDir string // the kubelet's root directory, as the test process sees it (nodeKubeletDir on the node)
-	stateDir   string // csi-node's --state-dir
-	dataDir    string // csi-node's --data-dir: <stateDir>/volumes unless set
+	stateDir   string // csi-node's state directory, as the test process sees it (nodeStateDir on the node)
+	dataDir    string // csi-node's data directory: <stateDir>/volumes
 	identity   string // the kubelet's name in the cluster's PKI
 	cgroupRoot string // the kubelet's cgroupRoot; "" for the default
 	ports      map[string]int
@@ -38,12 +38,8 @@ type kubeNode struct {
 	links      *nodeLinks
 	address    string // the node's own address in its network (nodenet.go)
 	containerd string // containerd's socket
-	csiSock    string // csi-node's CSI socket, as the test process sees it
 
-	containerdProc, kubelet, csiNode, snapshotter *proc
-	registrar                                     *registrar
-	provisioner                                   *provisioner
-	stopProvisioner                               context.CancelFunc
+	containerdProc, kubelet *proc
 }
 
 // newNode makes the directories of a node called name under dir, its
@@ -55,7 +51,7 @@ func (c *cluster) newNode(name, dir, logs, identity, cgroupRoot string) (*kubeNo
 	n := &kubeNode{c: c, node: name, dir: dir, logs: logs, identity: identity, cgroupRoot: cgroupRoot,
 		kubeletDir: filepath.Join(dir, "kubelet"), stateDir: filepath.Join(dir, "converge")}
 	n.dataDir = filepath.Join(n.stateDir, "volumes")
-	for _, d := range []string{logs, n.kubeletDir, filepath.Join(n.kubeletDir, "plugins_registry")} {
+	for _, d := range []string{logs, n.kubeletDir, filepath.Join(n.kubeletDir, "plugins_registry"), n.stateDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
@@ -91,7 +87,7 @@ func (c *cluster) portTaken(port int) bool {
 }
 
 // upSteps are the steps that bring the node up, in order, once the
-// control plane runs.
+// control plane runs; then the DaemonSet puts converge's pod on it.
 func (n *kubeNode) upSteps() []struct {
 	name string
 	run  func(context.Context) error
@@ -103,21 +99,7 @@ func (n *kubeNode) upSteps() []struct {
 		{"node namespaces", n.startNodeNS},
 		{"containerd and images", n.startContainerd},
 		{"kubelet", n.startKubelet},
-		{"csi-node, registration and csi-snapshotter", n.startCSINode},
-		{"provisioner", n.startProvisioner},
 	}
-}
-
-// startProvisioner starts the node's provisioner (see provisioner.go).
-func (n *kubeNode) startProvisioner(context.Context) error {
-	prov, err := newProvisioner(n.c.client, n.c.dynamic, n.node, n.csiSock)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n.provisioner, n.stopProvisioner = prov, cancel
-	go prov.run(ctx)
-	return nil
 }
 
 // refusedRegistry is where every registry resolves: a loopback port nothing
@@ -220,6 +202,9 @@ state = %q
 	if _, err := n.ctr("images", "import", n.c.csiImage); err != nil {
 		return fmt.Errorf("importing the csi-node image: %w", err)
 	}
+	if out, err := n.ctr("images", "tag", "--force", csiNodeImageName+":"+csiNodeImageTag, csiNodeImageName+":"+csiNodeUpdateTag); err != nil {
+		return fmt.Errorf("tagging the csi-node image: %v: %s", err, out)
+	}
 	return nil
 }
 
@@ -240,6 +225,9 @@ makeIPTablesUtilChains: false
 containerRuntimeEndpoint: unix://%s
 podLogsDir: %s
 volumePluginDir: %s
+# csi-node logs every call (-v=4), which the tests read from its container's
+# log: no rotation during a run.
+containerLogMaxSize: 1Gi
 # The images are built here and cannot be pulled again.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -314,47 +302,10 @@ func (n *kubeNode) runKubelet() error {
 	return err
 }
 
-// startCSINode runs csi-node as a host process on the socket the kubelet
-// expects and registers it, as node-driver-registrar does.
-func (n *kubeNode) startCSINode(ctx context.Context) error {
-	n.csiSock = filepath.Join(n.kubeletDir, "plugins", driverName, "csi.sock")
-	if err := os.MkdirAll(filepath.Dir(n.csiSock), 0o755); err != nil {
-		return err
-	}
-	before := 0
-	if n.registrar != nil {
-		before = n.registrar.registered()
-	}
-	if err := n.runCSINode(ctx); err != nil {
-		return err
-	}
-	if n.registrar == nil {
-		r, err := startRegistrar(n.kubeletDir, driverName, n.nodeCSISock())
-		if err != nil {
-			return err
-		}
-		n.registrar = r
-	}
-	if err := n.waitRegistered(ctx, before); err != nil {
-		return err
-	}
-	// The pod's third container: it exits when it loses csi-node, as
-	// csi-lib-utils' sidecars do, and comes back with the pod.
-	if n.snapshotter == nil || n.snapshotter.exited() {
-		return n.startSnapshotter(ctx)
-	}
-	return nil
-}
-
-// nodeCSISock is csi-node's CSI socket as the node sees it.
-func (n *kubeNode) nodeCSISock() string {
-	return filepath.Join(nodeKubeletDir, "plugins", driverName, "csi.sock")
-}
-
 // startNodeNS sets up the node's namespaces (see nodens.go).
 func (n *kubeNode) startNodeNS(context.Context) error {
 	var err error
-	if n.ns, err = startNodeNS(n.logs, n.kubeletDir); err != nil {
+	if n.ns, err = startNodeNS(n.logs, n.kubeletDir, n.stateDir); err != nil {
 		return err
 	}
 	n.address = fmt.Sprintf(nodeAddressFormat, slices.Index(n.c.nodes, n)+1)
@@ -363,46 +314,6 @@ func (n *kubeNode) startNodeNS(context.Context) error {
 	}
 	n.links, err = link(n.ns.netns(), n.ports["kubelet"], fmt.Sprintf("127.0.0.1:%d", n.c.ports["apiserver"]))
 	return err
-}
-
-// runCSINode starts csi-node and waits for its socket to answer.
-func (n *kubeNode) runCSINode(ctx context.Context) error {
-	var err error
-	n.csiNode, err = n.ns.start(n.logs, "csi-node", n.c.csiBinary,
-		"--endpoint=unix://"+n.nodeCSISock(),
-		"--node-id="+n.node,
-		"--state-dir="+n.stateDir,
-		"--data-dir="+n.dataDir,
-		"--kubelet-dir="+nodeKubeletDir,
-		"--feature-gates=VolumeCondition=true",
-		// Every call is logged at -v 4: the suite reads the kubelet's calls
-		// from the log.
-		"-v=4",
-	)
-	if err != nil {
-		return err
-	}
-	return waitFor(ctx, 30*time.Second, n.csiNode, func() error {
-		conn, err := net.DialTimeout("unix", n.csiSock, time.Second)
-		if err == nil {
-			conn.Close()
-		}
-		return err
-	})
-}
-
-// waitRegistered waits for the kubelet to register the driver once more
-// than before, and for the node's CSINode object to list it.
-func (n *kubeNode) waitRegistered(ctx context.Context, before int) error {
-	return waitFor(ctx, 60*time.Second, n.csiNode, func() error {
-		if n := n.registrar.registered(); n <= before {
-			return fmt.Errorf("registered %d times, want more than %d", n, before)
-		}
-		if !n.driverRegistered() {
-			return fmt.Errorf("CSINode %s does not list %s", n.node, driverName)
-		}
-		return nil
-	})
 }
 
 // driverRegistered reports whether the node's CSINode object lists the
@@ -433,15 +344,4 @@ func (n *kubeNode) restartKubelet(ctx context.Context) error {
 		return err
 	}
 	return n.runKubelet()
-}
-
-// killCSINode kills csi-node, its registration and csi-snapshotter with
-// SIGKILL, as when the DaemonSet's pod dies: the kubelet loses the driver
-// until it is back.
-func (n *kubeNode) killCSINode() {
-	n.csiNode.kill()
-	n.registrar.stop()
-	n.registrar = nil
-	n.snapshotter.kill()
-	n.snapshotter = nil
 }

@@ -23,7 +23,13 @@ import (
 //     (nsenter --mount=/rootfs/proc/1/ns/mnt), enters the node's mount
 //     namespace; on this machine kind nobody may open the real PID 1's;
 //   - the kubelet's root directory is /var/lib/kubelet there, the path the
-//     suite's tests look in, bound from the run's directory;
+//     suite's tests look in and deploy/'s DaemonSet mounts, bound from the
+//     run's directory and shared (rshared), as on a host whose init makes
+//     every mount shared: csi-node's mounts there (Bidirectional) reach the
+//     kubelet and the pods;
+//   - csi-node's state directory is /var/lib/converge there, deploy/'s
+//     hostPath, bound (with the filesystem of a node's data directory
+//     that is one) from the node's directory;
 //   - every mount the node makes stays in it and goes with it: the test
 //     process sees them through /proc/<init>/root and /proc/<init>/mountinfo
 //     (nodePath, nodeMounts);
@@ -36,15 +42,21 @@ import (
 // kills everything in the namespace.
 
 // nodeInitName is the name (argv[0]) under which the test binary runs as
-// the node's init; its argument is the run's kubelet directory.
+// the node's init; its arguments are the node's kubelet and state
+// directories.
 const nodeInitName = "converge-e2e-node-init"
 
-// nodeKubeletDir is the kubelet's root directory as the node sees it.
-const nodeKubeletDir = "/var/lib/kubelet"
+const (
+	// nodeKubeletDir is the kubelet's root directory as the node sees it.
+	nodeKubeletDir = "/var/lib/kubelet"
+	// nodeStateDir is csi-node's state directory as the node sees it:
+	// deploy/'s hostPath.
+	nodeStateDir = "/var/lib/converge"
+)
 
 // runNodeInit is the node's init: TestMain runs it instead of the tests when
 // the binary is started as nodeInitName. It never returns.
-func runNodeInit(kubeletDir string) {
+func runNodeInit(kubeletDir, stateDir string) {
 	fail := func(err error) {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", nodeInitName, err)
 		os.Exit(1)
@@ -56,11 +68,16 @@ func runNodeInit(kubeletDir string) {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		fail(fmt.Errorf("mount the namespace's /proc: %w", err))
 	}
-	if err := os.MkdirAll(nodeKubeletDir, 0o755); err != nil {
-		fail(err)
+	for _, b := range []struct{ from, at string }{{kubeletDir, nodeKubeletDir}, {stateDir, nodeStateDir}} {
+		if err := os.MkdirAll(b.at, 0o755); err != nil {
+			fail(err)
+		}
+		if err := unix.Mount(b.from, b.at, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			fail(fmt.Errorf("bind %s at %s: %w", b.from, b.at, err))
+		}
 	}
-	if err := unix.Mount(kubeletDir, nodeKubeletDir, "", unix.MS_BIND, ""); err != nil {
-		fail(fmt.Errorf("bind %s at %s: %w", kubeletDir, nodeKubeletDir, err))
+	if err := unix.Mount("", nodeKubeletDir, "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+		fail(fmt.Errorf("make %s shared: %w", nodeKubeletDir, err))
 	}
 	// The node's network (nodenet.go): its loopback and the kubernetes
 	// Service's address; the harness adds the node's own.
@@ -92,7 +109,7 @@ type nodeNS struct {
 
 // startNodeNS starts the node's init and waits until it has set the
 // namespaces up.
-func startNodeNS(logDir, kubeletDir string) (*nodeNS, error) {
+func startNodeNS(logDir, kubeletDir, stateDir string) (*nodeNS, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -108,7 +125,7 @@ func startNodeNS(logDir, kubeletDir string) (*nodeNS, error) {
 		return nil, err
 	}
 	defer r.Close()
-	cmd := &exec.Cmd{Path: self, Args: []string{nodeInitName, kubeletDir}, Stdout: w, Stderr: f}
+	cmd := &exec.Cmd{Path: self, Args: []string{nodeInitName, kubeletDir, stateDir}, Stdout: w, Stderr: f}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET,
 		Setpgid:    true,

@@ -54,6 +54,9 @@ type provisioner struct {
 	leads atomic.Bool
 	// provisions is false for a resizer alone.
 	provisions bool
+	// owner, when set, owns the CSIStorageCapacity objects it makes, so
+	// that they go with it (--capacity-ownerref-level).
+	owner *metav1.OwnerReference
 
 	// mu guards errs.
 	mu   sync.Mutex
@@ -159,7 +162,8 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 		if obj == nil {
 			_, err = caps.Create(ctx, &storagev1.CSIStorageCapacity{
 				ObjectMeta: metav1.ObjectMeta{GenerateName: "csisc-", Labels: map[string]string{
-					"csi.storage.k8s.io/drivername": driverName, "csi.storage.k8s.io/managed-by": p.managedBy()}},
+					"csi.storage.k8s.io/drivername": driverName, "csi.storage.k8s.io/managed-by": p.managedBy()},
+					OwnerReferences: ownedBy(p.owner)},
 				NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{topologyKey: p.node}},
 				StorageClassName: sc.Name,
 				Capacity:         capacity,
@@ -178,6 +182,14 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// ownedBy is the owner references of an object owned by owner, if any.
+func ownedBy(owner *metav1.OwnerReference) []metav1.OwnerReference {
+	if owner == nil {
+		return nil
+	}
+	return []metav1.OwnerReference{*owner}
 }
 
 // managedBy is the label value that marks this node's CSIStorageCapacity

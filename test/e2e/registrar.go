@@ -27,10 +27,6 @@ type registrar struct {
 	events []string
 }
 
-func startRegistrar(kubeletDir, driver, endpoint string) (*registrar, error) {
-	return serveRegistration(filepath.Join(kubeletDir, "plugins_registry"), driver, endpoint)
-}
-
 // serveRegistration serves <dir>/<driver>-reg.sock, the kubelet's plugin
 // registration directory as the registrar sees it.
 func serveRegistration(dir, driver, endpoint string) (*registrar, error) {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -12,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 )
 
 // resize does for the suite what external-resizer does in deploy/ (its
@@ -57,8 +60,18 @@ func (p *provisioner) resize(ctx context.Context) error {
 
 func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, want resource.Quantity) error {
 	claims := p.client.CoreV1().PersistentVolumeClaims(pvc.Namespace)
-	mark := func(c *corev1.PersistentVolumeClaim, st corev1.ClaimResourceStatus, cond corev1.PersistentVolumeClaimConditionType, msg string) (*corev1.PersistentVolumeClaim, error) {
-		c = c.DeepCopy()
+	// As external-resizer does, every change is a patch (deploy/'s RBAC
+	// grants patch, not update, on volumes and claims' status): the
+	// strategic merge patch from what was read to what is wanted.
+	patchStatus := func(old, c *corev1.PersistentVolumeClaim) (*corev1.PersistentVolumeClaim, error) {
+		data, err := twoWayPatch(old, c, corev1.PersistentVolumeClaim{})
+		if err != nil {
+			return nil, err
+		}
+		return claims.Patch(ctx, old.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}, "status")
+	}
+	mark := func(old *corev1.PersistentVolumeClaim, st corev1.ClaimResourceStatus, cond corev1.PersistentVolumeClaimConditionType, msg string) (*corev1.PersistentVolumeClaim, error) {
+		c := old.DeepCopy()
 		if c.Status.AllocatedResources == nil {
 			c.Status.AllocatedResources = corev1.ResourceList{}
 		}
@@ -68,7 +81,7 @@ func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolum
 		}
 		c.Status.AllocatedResourceStatuses[corev1.ResourceStorage] = st
 		c.Status.Conditions = []corev1.PersistentVolumeClaimCondition{{Type: cond, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(), Message: msg}}
-		return claims.UpdateStatus(ctx, c, metav1.UpdateOptions{})
+		return patchStatus(old, c)
 	}
 	pvc, err := mark(pvc, corev1.PersistentVolumeClaimControllerResizeInProgress, corev1.PersistentVolumeClaimResizing, "")
 	if err != nil {
@@ -97,8 +110,13 @@ func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolum
 		return fmt.Errorf("ControllerExpandVolume: %w", err)
 	}
 	got := *resource.NewQuantity(resp.CapacityBytes, resource.BinarySI)
-	pv.Spec.Capacity[corev1.ResourceStorage] = got
-	if _, err := p.client.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{}); err != nil {
+	grown := pv.DeepCopy()
+	grown.Spec.Capacity[corev1.ResourceStorage] = got
+	data, err := twoWayPatch(pv, grown, corev1.PersistentVolume{})
+	if err != nil {
+		return err
+	}
+	if _, err := p.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}); err != nil {
 		return err
 	}
 	if resp.NodeExpansionRequired {
@@ -106,10 +124,24 @@ func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolum
 			"Waiting for user to (re-)start a pod to finish file system resize of volume on node.")
 		return err
 	}
-	pvc = pvc.DeepCopy()
-	pvc.Status.Capacity[corev1.ResourceStorage] = got
-	delete(pvc.Status.AllocatedResourceStatuses, corev1.ResourceStorage)
-	pvc.Status.Conditions = nil
-	_, err = claims.UpdateStatus(ctx, pvc, metav1.UpdateOptions{})
+	done := pvc.DeepCopy()
+	done.Status.Capacity[corev1.ResourceStorage] = got
+	delete(done.Status.AllocatedResourceStatuses, corev1.ResourceStorage)
+	done.Status.Conditions = nil
+	_, err = patchStatus(pvc, done)
 	return err
+}
+
+// twoWayPatch is the strategic merge patch that makes old into new, objects
+// of the type of kind.
+func twoWayPatch(old, new, kind any) ([]byte, error) {
+	o, err := json.Marshal(old)
+	if err != nil {
+		return nil, err
+	}
+	n, err := json.Marshal(new)
+	if err != nil {
+		return nil, err
+	}
+	return strategicpatch.CreateTwoWayMergePatch(o, n, kind)
 }

@@ -16,7 +16,8 @@ const snapshotterVersion = "v8.7.0"
 // operator does (external-snapshotter's documentation): its CRDs, and
 // snapshot-controller with distributed snapshotting, which labels each
 // VolumeSnapshotContent with its volume's node. Each node runs its own
-// csi-snapshotter (startSnapshotter).
+// csi-snapshotter in its converge pod, as deploy/'s snapshots component
+// adds it (daemonset.go).
 func (c *cluster) startSnapshots(ctx context.Context) error {
 	bin, err := c.buildTools(ctx, "external-snapshotter-"+snapshotterVersion, "snapshotter", "snapshot-controller, csi-snapshotter", "-s -w")
 	if err != nil {
@@ -40,19 +41,5 @@ func (c *cluster) startSnapshots(ctx context.Context) error {
 	}
 	c.snapshotController, err = startProc(c.logs, "snapshot-controller", filepath.Join(bin, "snapshot-controller"),
 		"--kubeconfig="+c.admin, "--leader-election=false", "--enable-distributed-snapshotting")
-	if err != nil {
-		return err
-	}
-	_, err = c.kubectl(ctx, "apply", "-f", filepath.Join(c.repo, "deploy", "components", "snapshots", "volumesnapshotclass.yaml"))
-	return err
-}
-
-// startSnapshotter starts the node's csi-snapshotter, as deploy/'s snapshots
-// component runs it beside csi-node: --node-deployment, with the node's name.
-func (n *kubeNode) startSnapshotter(context.Context) error {
-	var err error
-	n.snapshotter, err = startProcEnv(n.logs, "csi-snapshotter", []string{"NODE_NAME=" + n.node},
-		filepath.Join(n.c.snapshotBin, "csi-snapshotter"),
-		"--kubeconfig="+n.c.admin, "--csi-address="+n.csiSock, "--node-deployment", "--timeout=5m")
 	return err
 }

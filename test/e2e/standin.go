@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/ptr"
 )
 
 // The stand-ins for the sidecars of deploy/ whose releases the suite cannot
@@ -175,6 +176,10 @@ func runLivenessStandIn(ctx context.Context, args map[string]string) error {
 	return nil
 }
 
+// resizerLease is the Lease external-resizer elects its leader on:
+// "external-resizer-" and the driver's name with dots made dashes.
+var resizerLease = "external-resizer-" + strings.ReplaceAll(driverName, ".", "-")
+
 // standInProvisioner makes the provisioner of provisioner.go for the node
 // of NODE_NAME and the CSI socket of --csi-address, its clients from the
 // pod's service account.
@@ -196,7 +201,8 @@ func standInProvisioner(args map[string]string) (*provisioner, error) {
 
 // runProvisionerStandIn does what external-provisioner does in deploy/
 // (provisioner.go), for the node of NODE_NAME. Only --node-deployment is
-// stood in for.
+// stood in for, and --capacity-ownerref-level 0: the CSIStorageCapacity
+// objects are owned by the pod POD_NAME of NAMESPACE, and go with it.
 func runProvisionerStandIn(ctx context.Context, args map[string]string) error {
 	if args["node-deployment"] != "true" {
 		return errors.New("the stand-in provisions only with --node-deployment=true")
@@ -205,6 +211,16 @@ func runProvisionerStandIn(ctx context.Context, args map[string]string) error {
 	if err != nil {
 		return err
 	}
+	if args["enable-capacity"] == "true" {
+		if level := args["capacity-ownerref-level"]; level != "0" {
+			return fmt.Errorf("the stand-in supports --capacity-ownerref-level=0 only, not %q", level)
+		}
+		pod, err := p.client.CoreV1().Pods(os.Getenv("NAMESPACE")).Get(ctx, os.Getenv("POD_NAME"), metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("the owner of the capacity objects: %w", err)
+		}
+		p.owner = &metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, Controller: ptr.To(true)}
+	}
 	go logErrors(ctx, p)
 	p.run(ctx)
 	return nil
@@ -212,7 +228,7 @@ func runProvisionerStandIn(ctx context.Context, args map[string]string) error {
 
 // runResizerStandIn does what external-resizer does (resizer.go): with
 // --leader-election, only while it holds the Lease
-// "external-resizer-converge-csi-dev" of --leader-election-namespace, the
+// resizerLease of --leader-election-namespace, the
 // name external-resizer gives it, which it keeps until it expires when the
 // holder stops (ReleaseLeaderElectionOnExit is off by default).
 func runResizerStandIn(ctx context.Context, args map[string]string) error {
@@ -229,7 +245,7 @@ func runResizerStandIn(ctx context.Context, args map[string]string) error {
 	}
 	id, _ := os.Hostname()
 	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: "external-resizer-" + strings.ReplaceAll(driverName, ".", "-"), Namespace: args["leader-election-namespace"]},
+		LeaseMeta:  metav1.ObjectMeta{Name: resizerLease, Namespace: args["leader-election-namespace"]},
 		Client:     p.client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	}
@@ -237,12 +253,24 @@ func runResizerStandIn(ctx context.Context, args map[string]string) error {
 	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
 		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 5 * time.Second,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) { p.lead(true) },
+			OnStartedLeading: func(context.Context) {
+				fmt.Fprintf(os.Stderr, "%s: leading\n", resizerLeading)
+				p.lead(true)
+			},
 			OnStoppedLeading: func() { p.lead(false) },
 		},
 	})
+	// As csi-lib-utils' leader election does: a lost lease ends the
+	// process, and the container starts again as a candidate.
+	if ctx.Err() == nil {
+		return errors.New("leader election lost")
+	}
 	return nil
 }
+
+// resizerLeading starts the line the resizer's stand-in logs when it
+// takes the Lease.
+const resizerLeading = "acquired lease"
 
 // logErrors prints the stand-in's errors to its container's log.
 func logErrors(ctx context.Context, p *provisioner) {

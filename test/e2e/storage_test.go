@@ -99,8 +99,8 @@ func TestExternalStorage(t *testing.T) {
 	}
 	t.Logf("External Storage tests per testsuite:\n%s", counts)
 	// The stand-ins retry what fails; a run that passed slowly may say why.
-	if errs := c.provisioner.errors(); len(errs) > 0 {
-		t.Logf("the provisioner's stand-in retried %d failures (the first 10 follow):\n  %s", len(errs), strings.Join(errs[:min(10, len(errs))], "\n  "))
+	for _, n := range c.nodes {
+		t.Logf("the end of the provisioner's stand-in's log on %s:\n%s", n.node, n.containerLogTail("csi-provisioner", 10))
 	}
 	for _, f := range failed {
 		t.Errorf("FAILED: %s", f)

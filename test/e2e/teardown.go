@@ -36,17 +36,10 @@ func (c *cluster) down() []string {
 	return notes
 }
 
-// down stops the node's daemons: its provisioner, its registration, the
-// kubelet, its containers and containerd, csi-node, and then everything
-// else in its namespaces, whose mounts go with them.
+// down stops the node's daemons: the kubelet, its containers (converge's
+// pod among them) and containerd, and then everything else in its
+// namespaces, whose mounts go with them.
 func (n *kubeNode) down() {
-	if n.stopProvisioner != nil {
-		n.stopProvisioner()
-	}
-	if n.snapshotter != nil {
-		n.snapshotter.stop(10 * time.Second)
-	}
-	n.registrar.stop()
 	if n.kubelet != nil {
 		n.kubelet.stop(30 * time.Second)
 	}
@@ -65,9 +58,6 @@ func (n *kubeNode) down() {
 		n.containerdProc.stop(20 * time.Second)
 	}
 	killShims(n.containerd)
-	if n.csiNode != nil {
-		n.csiNode.stop(10 * time.Second)
-	}
 	if n.ns != nil {
 		n.ns.init.kill()
 	}
@@ -238,8 +228,9 @@ func restoreSysctls(dir string, note func(string, ...any)) {
 // hostPaths are directories outside the run's own that the daemons make
 // at fixed paths whatever they are told: the kubelet's device-plugin socket
 // and container log links, containerd's shim sockets and runc state, and
-// the flex-volume directory of the controller-manager's probe.
-var hostPaths = []string{"/var/lib/kubelet", "/var/log/containers", "/run/containerd", "/opt/containerd", "/usr/libexec/kubernetes"}
+// the flex-volume directory of the controller-manager's probe; and the
+// mount points of the nodes' kubelet and state directories (nodens.go).
+var hostPaths = []string{"/var/lib/kubelet", "/var/lib/converge", "/var/log/containers", "/run/containerd", "/opt/containerd", "/usr/libexec/kubernetes"}
 
 // recordHostPaths notes which of hostPaths do not exist before the run, so
 // that cleanRun removes what the run made of them.
@@ -347,12 +338,27 @@ func mountsIn(mountinfo, dir string) []string {
 
 // loopsBackedUnder maps each attached loop device whose backing file lies
 // under dir to that file.
+//
+// csi-node attaches images in its container, through its hostPath of the
+// node's state directory: the kernel names such a file by its path in the
+// container (/var/lib/converge/volumes/...) or, once the container has
+// ended, beneath the hostPath (/volumes/...). Those are found in the
+// state directories of the run's nodes by their device and inode numbers.
 func loopsBackedUnder(dir string) map[string]string {
 	out := map[string]string{}
 	loops, _ := devices.ListLoops("/sys/block")
+	states, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "converge"))
+	states = append(states, filepath.Join(dir, "converge"))
 	for _, l := range loops {
 		if strings.HasPrefix(l.BackingFile, dir+"/") {
 			out[l.Device] = l.BackingFile
+			continue
+		}
+		for _, s := range states {
+			if path, ok := devices.ResolveBacking(l, s); ok {
+				out[l.Device] = path
+				break
+			}
 		}
 	}
 	return out

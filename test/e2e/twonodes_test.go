@@ -189,12 +189,7 @@ func TestTwoNodesExpansionWhereverTheResizerRuns(t *testing.T) {
 	before := size()
 
 	// The resizer's leader moves to the second node.
-	c.kubeNode.provisioner.lead(false)
-	b.provisioner.lead(true)
-	t.Cleanup(func() {
-		b.provisioner.lead(false)
-		c.kubeNode.provisioner.lead(true)
-	})
+	moveResizerLease(t, b)
 	const grown = "448Mi"
 	patch := fmt.Sprintf(`{"spec":{"resources":{"requests":{"storage":%q}}}}`, grown)
 	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Patch(context.Background(), "grow", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
@@ -236,9 +231,10 @@ func TestTwoNodesExpansionWhereverTheResizerRuns(t *testing.T) {
 }
 
 // Deleting a pod on the second node leaves the first node's volume, and
-// the pod that uses it, untouched; csi-node killed on the first node does
-// not disturb the second: a new pod there stages and publishes its volume
-// meanwhile, and the first node's pod keeps its mounts and data.
+// the pod that uses it, untouched; csi-node's container killed on the
+// first node does not disturb the second: a new pod there stages and
+// publishes its volume meanwhile, and the first node's pod keeps its
+// mounts and data.
 func TestTwoNodesNodesAreIndependent(t *testing.T) {
 	b := secondNode(t)
 	claim(t, "on-a", fs, rwo)
@@ -262,15 +258,10 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 		t.Errorf("deleting a pod on %s tore down a volume on %s:%s", b.node, c.node, describe(va.calls(t)))
 	}
 
-	c.killCSINode()
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted {
-			if err := c.startCSINode(context.Background()); err != nil {
-				t.Errorf("restart csi-node on %s: %v", c.node, err)
-			}
-		}
-	})
+	restarts, err := c.killContainer(context.Background(), "csi-node")
+	if err != nil {
+		t.Fatal(err)
+	}
 	podB2 := startPod(t, podSpec{name: "on-b-again", claims: []string{"on-b"}, node: b.node})
 	if got := mustExec(t, podB2.Name, "cat "+dataDir+"/f"); got != "b" {
 		t.Errorf("with %s's csi-node down, the new pod on %s read %q", c.node, b.node, got)
@@ -278,9 +269,8 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 	if got := mustExec(t, podA.Name, "cat "+dataDir+"/f"); got != "a" {
 		t.Errorf("with its csi-node down, the pod on %s read %q", c.node, got)
 	}
-	restarted = true
-	if err := c.startCSINode(context.Background()); err != nil {
-		t.Fatalf("restart csi-node on %s: %v", c.node, err)
+	if err := c.waitRestarted(context.Background(), "csi-node", restarts); err != nil {
+		t.Fatalf("csi-node on %s after its kill: %v", c.node, err)
 	}
 	if now := va.mounts(t, podA); now != mountsA {
 		t.Errorf("the restart on %s remounted its volume: %s, now %s", c.node, mountsA, now)
@@ -400,14 +390,72 @@ func refusedAndRescheduled(t *testing.T, claimName string, far *kubeNode) {
 	deletePod(t, pinned.Name)
 }
 
+// moveResizerLease makes the csi-resizer of node to's converge pod the
+// cluster's one, through their Lease, as an administrator can: the Lease
+// is given to it by name, the holder loses it at its next renewal (and its
+// container starts again, as csi-lib-utils' leader election ends the
+// process), and to's resizer, finding itself the holder, renews it. It
+// waits until to's resizer says it leads and the holder before has
+// stopped.
+func moveResizerLease(t *testing.T, to *kubeNode) {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := to.driverPod(ctx)
+	if err != nil || pod == nil {
+		t.Fatalf("the converge pod of %s: %v", to.node, err)
+	}
+	leases := c.client.CoordinationV1().Leases(daemonSetNamespace)
+	lease, err := leases.Get(ctx, resizerLease, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == pod.Name {
+		return
+	}
+	var from *kubeNode
+	var fromRestarts int32 = -1
+	for _, n := range c.nodes {
+		if p, _ := n.driverPod(ctx); p != nil && lease.Spec.HolderIdentity != nil && p.Name == *lease.Spec.HolderIdentity {
+			from = n
+			for _, s := range p.Status.ContainerStatuses {
+				if s.Name == "csi-resizer" {
+					fromRestarts = s.RestartCount
+				}
+			}
+		}
+	}
+	lease.Spec.HolderIdentity = ptr.To(pod.Name)
+	lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("give the resizer's Lease to %s: %v", pod.Name, err)
+	}
+	if from != nil {
+		if err := from.waitRestarted(ctx, "csi-resizer", fromRestarts); err != nil {
+			t.Fatalf("the resizer on %s after losing its Lease: %v", from.node, err)
+		}
+	}
+	poll(t, time.Minute, "the resizer on "+to.node+" leads", func() (bool, string) {
+		tail := to.containerLogTail("csi-resizer", 20)
+		return strings.Contains(tail, resizerLeading), tail
+	})
+}
+
 // xfsClass makes a StorageClass of converge volumes with xfs that may be
 // expanded, deleted when t ends, and returns its name.
 func xfsClass(t *testing.T) string {
 	t.Helper()
+	return storageClass(t, "converge-xfs", map[string]string{"csi.storage.k8s.io/fstype": "xfs"})
+}
+
+// storageClass makes a StorageClass called name of converge volumes with
+// parameters, WaitForFirstConsumer, that may be expanded, deleted when t
+// ends, and returns its name.
+func storageClass(t *testing.T, name string, parameters map[string]string) string {
+	t.Helper()
 	sc := &storagev1.StorageClass{
-		ObjectMeta:           metav1.ObjectMeta{Name: "converge-xfs"},
+		ObjectMeta:           metav1.ObjectMeta{Name: name},
 		Provisioner:          driverName,
-		Parameters:           map[string]string{"csi.storage.k8s.io/fstype": "xfs"},
+		Parameters:           parameters,
 		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
 		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
 		AllowVolumeExpansion: ptr.To(true),

@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// converge runs on every node as deploy/'s DaemonSet, installed as a user
+// installs it: kubectl apply -k of a kustomization of the run's own that
+// names deploy/ as shipped and its snapshots component, and changes only
+//   - the images (images:): csi-node's is the one built from the
+//     Dockerfile (csiimage.go); each kubernetes-csi sidecar's is its
+//     stand-in's (standin.go), or csi-snapshotter built from its release;
+//   - csi-node's arguments, three appended (installArgs).
+// The DaemonSet controller puts a pod on each node as it joins; the
+// kubelet runs its containers in the node's containerd, and registers
+// the driver through the registrar's socket.
+
+const (
+	daemonSetName      = "converge-node"
+	daemonSetNamespace = "kube-system"
+	daemonSetLabel     = "app.kubernetes.io/name=" + daemonSetName
+	// maxVolumesPerNode is csi-node's --max-volumes: the storage suite's
+	// volumeLimits tests read it from every CSINode. Far more than the
+	// suite's parallel tests use on a node at once.
+	maxVolumesPerNode = 32
+)
+
+// installArgs are the arguments the run adds to csi-node's in deploy/:
+// every call logged (-v=4: the suite reads the kubelet's calls from
+// csi-node's log, calls.go), volume conditions for the kubelet
+// (TestVolumeConditionReachesThePod), and a volume limit.
+var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode)}
+
+// installKustomizations are the run's kustomizations of deploy/, which
+// lies at fromBase relative to base and at fromTop relative to top: base
+// changes csi-node's arguments
+// (deploy/'s first container, which the patch checks by name), and top,
+// which names base, adds the snapshots component and sets the images, as
+// a user's overlay would.
+func installKustomizations(fromBase, fromTop string) (base, top string) {
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+patches:
+  - target:
+      kind: DaemonSet
+      name: %s
+    patch: |-
+      - op: test
+        path: /spec/template/spec/containers/0/name
+        value: csi-node
+`, fromBase, daemonSetName)
+	for _, a := range installArgs {
+		fmt.Fprintf(&b, "      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: %q\n", a)
+	}
+	base = b.String()
+	b.Reset()
+	fmt.Fprintf(&b, `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - base
+components:
+  - %s/components/snapshots
+images:
+  - name: ghcr.io/converge-csi/csi-node
+    newName: %s
+    newTag: %s
+`, fromTop, csiNodeImageName, csiNodeImageTag)
+	for _, s := range sidecars {
+		name, _, _ := strings.Cut(standInImage(s), ":")
+		fmt.Fprintf(&b, "  - name: %s\n    newName: %s\n", s.image, name)
+	}
+	name, _, _ := strings.Cut(snapshotterImage, ":")
+	fmt.Fprintf(&b, "  - name: registry.k8s.io/sig-storage/csi-snapshotter\n    newName: %s\n", name)
+	return base, b.String()
+}
+
+// installDriver applies the run's kustomizations of deploy/ and waits for
+// the first node's pod.
+func (c *cluster) installDriver(ctx context.Context) error {
+	dir := filepath.Join(c.dir, "install")
+	if err := os.MkdirAll(filepath.Join(dir, "base"), 0o755); err != nil {
+		return err
+	}
+	fromBase, err := filepath.Rel(filepath.Join(dir, "base"), filepath.Join(c.repo, "deploy"))
+	if err != nil {
+		return err
+	}
+	fromTop, err := filepath.Rel(dir, filepath.Join(c.repo, "deploy"))
+	if err != nil {
+		return err
+	}
+	base, top := installKustomizations(fromBase, fromTop)
+	if err := os.WriteFile(filepath.Join(dir, "base", "kustomization.yaml"), []byte(base), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(top), 0o644); err != nil {
+		return err
+	}
+	if _, err := c.kubectl(ctx, "apply", "-k", dir); err != nil {
+		return err
+	}
+	return c.kubeNode.waitDriver(ctx)
+}
+
+// driverPod is the node's converge pod that is not being deleted, or nil.
+func (n *kubeNode) driverPod(ctx context.Context) (*corev1.Pod, error) {
+	pods, err := n.c.client.CoreV1().Pods(daemonSetNamespace).List(ctx, metav1.ListOptions{
+		LabelSelector: daemonSetLabel, FieldSelector: "spec.nodeName=" + n.node})
+	if err != nil {
+		return nil, err
+	}
+	for i := range pods.Items {
+		if pods.Items[i].DeletionTimestamp == nil {
+			return &pods.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+// waitDriver waits for the node's converge pod to be Ready, with every
+// container, and for the node's CSINode to list the driver.
+func (n *kubeNode) waitDriver(ctx context.Context) error {
+	return waitFor(ctx, 2*time.Minute, n.kubelet, func() error {
+		pod, err := n.driverPod(ctx)
+		if err != nil {
+			return err
+		}
+		if pod == nil {
+			return fmt.Errorf("no %s pod on %s yet", daemonSetName, n.node)
+		}
+		if !podReady(pod) {
+			return fmt.Errorf("pod %s not Ready: %s", pod.Name, containerStates(pod))
+		}
+		if !n.driverRegistered() {
+			return fmt.Errorf("CSINode %s does not list %s", n.node, driverName)
+		}
+		return nil
+	})
+}
+
+// podReady reports whether the pod's Ready condition is true.
+func podReady(pod *corev1.Pod) bool {
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// containerStates describes each container of pod, to explain a wait.
+func containerStates(pod *corev1.Pod) string {
+	var out []string
+	for _, s := range pod.Status.ContainerStatuses {
+		state := "waiting"
+		switch {
+		case s.State.Running != nil:
+			state = "running"
+		case s.State.Terminated != nil:
+			state = fmt.Sprintf("terminated (%s, exit %d)", s.State.Terminated.Reason, s.State.Terminated.ExitCode)
+		case s.State.Waiting != nil:
+			state = fmt.Sprintf("waiting (%s: %s)", s.State.Waiting.Reason, s.State.Waiting.Message)
+		}
+		out = append(out, fmt.Sprintf("%s %s ready=%v restarts=%d", s.Name, state, s.Ready, s.RestartCount))
+	}
+	return strings.Join(out, "; ")
+}
+
+// containerLogs are the log files of the named container of the node's
+// converge pods, oldest first: the kubelet keeps one per run of the
+// container (<restarts>.log) while its pod exists.
+func (n *kubeNode) containerLogs(container string) []string {
+	dirs, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", daemonSetNamespace+"_"+daemonSetName+"-*", container))
+	type file struct {
+		path    string
+		created time.Time
+		run     int
+	}
+	var files []file
+	for _, d := range dirs {
+		fi, err := os.Stat(d)
+		if err != nil {
+			continue
+		}
+		logs, _ := filepath.Glob(filepath.Join(d, "*.log"))
+		for _, l := range logs {
+			run, err := strconv.Atoi(strings.TrimSuffix(filepath.Base(l), ".log"))
+			if err == nil {
+				files = append(files, file{l, fi.ModTime(), run})
+			}
+		}
+	}
+	slices.SortFunc(files, func(a, b file) int {
+		if c := a.created.Compare(b.created); c != 0 {
+			return c
+		}
+		return a.run - b.run
+	})
+	out := make([]string, len(files))
+	for i, f := range files {
+		out[i] = f.path
+	}
+	return out
+}
+
+// containerLogTail is the end of the named container's logs on the node.
+func (n *kubeNode) containerLogTail(container string, lines int) string {
+	logs := n.containerLogs(container)
+	if len(logs) == 0 {
+		return "(no log of " + container + ")"
+	}
+	return tailFile(logs[len(logs)-1], lines)
+}
+
+// killContainer kills the named container of the node's converge pod with
+// SIGKILL, as when it crashes, and returns its restart count before.
+func (n *kubeNode) killContainer(ctx context.Context, container string) (int32, error) {
+	pod, err := n.driverPod(ctx)
+	if err != nil || pod == nil {
+		return 0, fmt.Errorf("the converge pod of %s: %v", n.node, err)
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name != container {
+			continue
+		}
+		id := strings.TrimPrefix(s.ContainerID, "containerd://")
+		if out, err := n.ctr("tasks", "kill", "-s", "SIGKILL", id); err != nil {
+			return 0, fmt.Errorf("kill %s: %v: %s", container, err, out)
+		}
+		return s.RestartCount, nil
+	}
+	return 0, fmt.Errorf("pod %s has no container %s", pod.Name, container)
+}
+
+// waitRestarted waits for the named container of the node's converge pod
+// to have restarted more than before times, and for the pod to be Ready
+// and the driver registered again.
+func (n *kubeNode) waitRestarted(ctx context.Context, container string, before int32) error {
+	return waitFor(ctx, 2*time.Minute, nil, func() error {
+		pod, err := n.driverPod(ctx)
+		if err != nil || pod == nil {
+			return fmt.Errorf("the converge pod of %s: %v", n.node, err)
+		}
+		for _, s := range pod.Status.ContainerStatuses {
+			if s.Name == container && s.RestartCount <= before {
+				return fmt.Errorf("%s restarted %d times, want more than %d", container, s.RestartCount, before)
+			}
+		}
+		if !podReady(pod) || !n.driverRegistered() {
+			return fmt.Errorf("pod %s: ready %v, registered %v: %s", pod.Name, podReady(pod), n.driverRegistered(), containerStates(pod))
+		}
+		return nil
+	})
+}
