@@ -195,7 +195,9 @@ func TestDriverRollingUpdate(t *testing.T) {
 // finds its device, formats what holds no filesystem yet, and the
 // kubelet's retried NodeStageVolume succeeds: the pod runs, reads what it
 // writes, and the filesystem, once unmounted, checks clean. Nothing is left
-// half-done.
+// half-done. The new csi-node's own mkfs is held too, for a while: its
+// pod must not be Ready before its start-up reconstruction, which that
+// mkfs is part of, has ended.
 func TestDriverPodStoppedDuringMkfs(t *testing.T) {
 	ctx := context.Background()
 	// A large thin xfs: mkfs.xfs writes its log and every allocation
@@ -224,6 +226,33 @@ func TestDriverPodStoppedDuringMkfs(t *testing.T) {
 	t.Logf("mkfs (process %d) stopped; deleting %s", mkfs, old.Name)
 	if err := c.client.CoreV1().Pods(daemonSetNamespace).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	// The new csi-node's start-up formats the volume again: with its mkfs
+	// held too, start-up reconstruction cannot end, and the pod must stay
+	// not Ready through several of deploy/'s readiness probes (every 5 s).
+	var next *corev1.Pod
+	poll(t, 2*time.Minute, "the converge pod's successor", func() (bool, string) {
+		p, err := c.driverPod(ctx)
+		if err != nil || p == nil || p.UID == old.UID {
+			return false, fmt.Sprint(p, err)
+		}
+		next = p
+		return true, ""
+	})
+	if held := stopProcessOf(t, next, "mkfs", name); held == 0 {
+		t.Logf("the new csi-node's mkfs ended before the test saw it: its readiness during start-up is not checked")
+	} else {
+		deadline := time.Now().Add(12 * time.Second)
+		for time.Now().Before(deadline) {
+			if p, err := c.driverPod(ctx); err == nil && p != nil && podReady(p) {
+				t.Fatalf("pod %s is Ready while its csi-node's start-up mkfs is held", p.Name)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Logf("pod %s stayed not Ready for 12 s while its start-up mkfs (process %d) was held", next.Name, held)
+		if err := syscall.Kill(held, syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 	}
 	waitReplacedPod(t, c.kubeNode, old.UID)
 	if err := syscall.Kill(mkfs, 0); err == nil {
