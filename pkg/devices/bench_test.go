@@ -25,20 +25,7 @@ func BenchmarkListLoops(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root")
 	}
-	dir := b.TempDir()
-	var devs []string
-	b.Cleanup(func() {
-		for _, d := range devs {
-			loops.Release(d, dir)
-		}
-	})
-	for i := range 300 {
-		d, err := AttachLoop(sparseImage(b, filepath.Join(dir, fmt.Sprintf("%d.img", i))), true)
-		if err != nil {
-			b.Fatal(err)
-		}
-		devs = append(devs, d)
-	}
+	attachImages(b, b.TempDir(), 300)
 	// Opening every file for each listing (ListLoops, as the e2e suite
 	// does), and keeping them open between listings (the Observer), both
 	// in this run.
@@ -276,4 +263,24 @@ func BenchmarkThickDetachBurst(b *testing.B) {
 	b.ReportMetric(med(removing), "detach-and-remove-ms")
 	b.ReportMetric(med(keeping), "detach-only-ms")
 	b.ReportMetric(med(ratios), "ratio")
+}
+
+// attachImages attaches n sparse images v0.img ... in dir, each to a loop
+// device released when b ends, and returns the devices.
+func attachImages(b *testing.B, dir string, n int) []string {
+	b.Helper()
+	var devs []string
+	b.Cleanup(func() {
+		for _, d := range devs {
+			loops.Release(d, dir)
+		}
+	})
+	for i := range n {
+		d, err := AttachLoop(sparseImage(b, filepath.Join(dir, fmt.Sprintf("v%d.img", i))), true)
+		if err != nil {
+			b.Fatal(err)
+		}
+		devs = append(devs, d)
+	}
+	return devs
 }

@@ -5,8 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/converge-csi/converge/test/testenv/loops"
 )
 
 // BenchmarkObserve observes this machine as the plugin does every pass:
@@ -71,19 +69,7 @@ func BenchmarkObserveOwnDevices(b *testing.B) {
 		b.Skip("needs root for loop devices")
 	}
 	dir := b.TempDir()
-	var devs []string
-	b.Cleanup(func() {
-		for _, d := range devs {
-			loops.Release(d, dir)
-		}
-	})
-	for i := range 100 {
-		dev, err := AttachLoop(sparseImage(b, filepath.Join(dir, fmt.Sprintf("v%d.img", i))), true)
-		if err != nil {
-			b.Fatal(err)
-		}
-		devs = append(devs, dev)
-	}
+	attachImages(b, dir, 100)
 	var perPass [2]float64
 	for i, name := range []string{"identity", "path-only"} {
 		b.Run(name, func(b *testing.B) {
