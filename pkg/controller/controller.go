@@ -310,7 +310,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 		return nil
 	}); err != nil {
-		return nil, nodeserver.Status(err)
+		return nil, err
 	}
 	if snap != nil {
 		r := c.startRestore(id, name, *snap, size, prov, release)
@@ -711,7 +711,7 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	// while the image goes, and a crash in between leaves a mark the next
 	// DeleteVolume or CreateVolume of the name finishes.
 	if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
-		return nil, nodeserver.Status(err)
+		return nil, err
 	}
 	if err := c.finishRemoval(id); err != nil {
 		return nil, err

@@ -9,11 +9,10 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -63,7 +62,7 @@ func TestDeleteVolumeMarksBeforeItRemoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: id})
-	if code := status.Code(nodeserver.Status(err)); code != codes.FailedPrecondition {
+	if code := rpcerr.Code(err); code != codes.FailedPrecondition {
 		t.Errorf("deleting a staged volume: %v, want FailedPrecondition", err)
 	}
 	if _, err := images.Size(id); err != nil {
@@ -234,7 +233,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 	}
 	_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: capMount,
 		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}})
-	if status.Code(nodeserver.Status(err)) != codes.AlreadyExists {
+	if rpcerr.Code(err) != codes.AlreadyExists {
 		t.Errorf("a name whose ID an older volume holds: got %v, want ALREADY_EXISTS", err)
 	}
 	// A node whose name leaves no room for any name: IDs are names.
@@ -252,7 +251,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 	} {
 		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: capMount,
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: tc.source}}}})
-		if status.Code(nodeserver.Status(err)) != tc.want || tc.want == codes.ResourceExhausted && !strings.Contains(err.Error(), "node other") {
+		if rpcerr.Code(err) != tc.want || tc.want == codes.ResourceExhausted && !strings.Contains(err.Error(), "node other") {
 			t.Errorf("a clone of %s: got %v, want %s", tc.source, err, tc.want)
 		}
 	}

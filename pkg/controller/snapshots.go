@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/klog/v2"
 
@@ -442,4 +440,4 @@ func (c *Controller) restore(ctx context.Context, id string, snap devices.Snapsh
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not
 // serve snapshots.
-var errNoSnapshots = status.Error(codes.Unimplemented, "snapshots are not served")
+var errNoSnapshots = state.Errorf(state.KindUnimplemented, "snapshots are not served")

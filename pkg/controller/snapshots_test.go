@@ -14,11 +14,10 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -63,7 +62,7 @@ func TestSnapshotIDs(t *testing.T) {
 		t.Errorf("long names: got IDs %q and %q, want two valid, distinct IDs of node", id1, id2)
 	}
 	_, err := c.restoreSource("s1_elsewhere")
-	if status.Code(nodeserver.Status(err)) != codes.ResourceExhausted || !strings.Contains(err.Error(), "elsewhere") {
+	if rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "elsewhere") {
 		t.Errorf("restoring another node's snapshot: got %v, want RESOURCE_EXHAUSTED naming the node", err)
 	}
 }
@@ -82,7 +81,7 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	id := resp.GetSnapshot().GetSnapshotId()
 	release := c.snapshots.hold(id)
 	_, err = c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
-	if status.Code(nodeserver.Status(err)) != codes.Aborted {
+	if rpcerr.Code(err) != codes.Aborted {
 		t.Errorf("deleting a snapshot being restored: got %v, want ABORTED", err)
 	}
 	release()
@@ -116,7 +115,7 @@ func testSnapshotTopology(t *testing.T, on bool) {
 
 	_, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s0", SourceVolumeId: v1,
 		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{elsewhere}}})
-	if status.Code(nodeserver.Status(err)) != codes.ResourceExhausted || !strings.Contains(err.Error(), "node") {
+	if rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "node") {
 		t.Errorf("requisite of another node: got %v, want RESOURCE_EXHAUSTED naming this node", err)
 	}
 	if len(taker.asked) != 0 {
@@ -259,7 +258,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		resp, err := c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
 				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}}})
-		return resp, nodeserver.Status(err)
+		return resp, rpcerr.ToGRPC(err)
 	}
 	// What is promised to thick volumes: a sum of sizes, unlike what is
 	// available, which follows the free space that other tests change.
@@ -276,7 +275,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
 	_, err = restore(ctx, "r1")
-	if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "still being restored") {
+	if rpcerr.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "still being restored") {
 		t.Fatalf("the request whose deadline ended during the copy: got %v, want DEADLINE_EXCEEDED saying the restore goes on", err)
 	}
 	r1 := <-started
@@ -296,7 +295,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no volume made during the copy: %v", err)
 	}
-	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: r1}); status.Code(nodeserver.Status(err)) != codes.Aborted {
+	if _, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: r1}); rpcerr.Code(err) != codes.Aborted {
 		t.Errorf("deleting the volume during its copy: got %v, want ABORTED", err)
 	}
 	retried := make(chan error, 1)

@@ -8,12 +8,12 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/protosanitizer"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/metrics"
-	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/rpcerr"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // observeCalls records each RPC's duration and code in m.
@@ -44,7 +44,7 @@ func logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler 
 	ctx = klog.NewContext(ctx, logger)
 	start := time.Now()
 	resp, err := handler(ctx, req)
-	err = nodeserver.Status(err)
+	err = rpcerr.ToGRPC(err)
 	if err != nil {
 		logger.V(2).Info("Call failed", "code", status.Code(err).String(), "message", status.Convert(err).Message(), "duration", time.Since(start))
 	} else {
@@ -58,7 +58,7 @@ func recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, han
 	defer func() {
 		if p := recover(); p != nil {
 			klog.FromContext(ctx).Error(nil, "Panic in handler", "method", info.FullMethod, "panic", p, "stack", string(debug.Stack()))
-			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+			err = rpcerr.ToGRPC(state.Errorf(state.KindInternal, "internal error in %s", info.FullMethod))
 		}
 	}()
 	return handler(ctx, req)

@@ -6,10 +6,10 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -34,7 +34,7 @@ func TestAlphaFeaturesOffByDefault(t *testing.T) {
 			t.Errorf("default capabilities: got %v, want no %d", caps(), alpha)
 		}
 	}
-	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "v"}); status.Code(err) != codes.Unimplemented {
+	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "v"}); rpcerr.Code(err) != codes.Unimplemented {
 		t.Errorf("NodeGetVolumeHealth by default: got %v, want UNIMPLEMENTED", err)
 	}
 
@@ -85,7 +85,7 @@ func TestStatsCarryTheCondition(t *testing.T) {
 			s.cfg.VolumeCondition = tc.feature
 			store.SetCondition("v", tc.cond)
 			resp, err := s.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: staging})
-			if status.Code(err) != tc.wantCode {
+			if rpcerr.Code(err) != tc.wantCode {
 				t.Fatalf("got %v, want %v", err, tc.wantCode)
 			}
 			if err != nil {

@@ -4,5 +4,6 @@
 // reconciler reports the intent fulfilled, rolled back, or superseded, or
 // until the request's deadline. It never touches a device or a mount.
 //
-// This package also owns the one mapping from failures to gRPC codes.
+// Handlers return classified errors (state.Error); the driver's interceptor
+// turns them into gRPC codes (pkg/rpcerr), for every service alike.
 package nodeserver

@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -41,7 +41,7 @@ func TestWaitingRequestsAreBounded(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	_, err = s.NodeStageVolume(context.Background(), stageReq("c"))
-	if status.Code(err) != codes.ResourceExhausted {
+	if rpcerr.Code(err) != codes.ResourceExhausted {
 		t.Errorf("third request: got %v, want ResourceExhausted", err)
 	}
 	if _, err := store.Get("c"); err == nil {
@@ -49,7 +49,7 @@ func TestWaitingRequestsAreBounded(t *testing.T) {
 	}
 	cancel()
 	for range 2 {
-		if err := <-done; status.Code(err) != codes.Canceled {
+		if err := <-done; rpcerr.Code(err) != codes.Canceled {
 			t.Errorf("waiting request: got %v, want Canceled", err)
 		}
 	}
@@ -70,7 +70,7 @@ func TestResourceExhaustedIsAnsweredAtOnce(t *testing.T) {
 	}
 	// At the deadline the answer would be DeadlineExceeded.
 	_, err := s.NodeStageVolume(context.Background(), stageReq("v"))
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "no free loop device") {
+	if rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "no free loop device") {
 		t.Errorf("got %v, want ResourceExhausted naming the loop device", err)
 	}
 	if v, err := store.Get("v"); err != nil || v.Stage == nil {

@@ -6,8 +6,6 @@ import (
 	"os"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/state"
@@ -37,7 +35,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, invalid("capacity range must not be negative")
 	}
 	if limit > 0 && required > limit {
-		return nil, status.Errorf(codes.OutOfRange, "required bytes %d exceed limit bytes %d", required, limit)
+		return nil, state.Errorf(state.KindOutOfRange, "required bytes %d exceed limit bytes %d", required, limit)
 	}
 	// An unknown volume is NOT_FOUND whatever the path (CSI); the path is
 	// checked before it is used.
@@ -46,7 +44,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		return nil, notFound(id)
 	}
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	if err := s.checkPath("volume path", path); err != nil {
 		return nil, err
@@ -56,14 +54,14 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 		known = true
 	}
 	if !known {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
+		return nil, state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", id, path)
 	}
 	capacity, err := s.capacity(id)
 	if err != nil {
 		return nil, err
 	}
 	if limit > 0 && capacity > limit {
-		return nil, status.Errorf(codes.OutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, capacity, limit)
+		return nil, state.Errorf(state.KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, capacity, limit)
 	}
 	if required == 0 {
 		required = capacity
@@ -108,7 +106,7 @@ func (s *Server) capacity(id string) (int64, error) {
 		return 0, notFound(id)
 	}
 	if err != nil {
-		return 0, status.Errorf(codes.Internal, "reading the capacity of volume %s: %v", id, err)
+		return 0, state.Errorf(state.KindInternal, "reading the capacity of volume %s: %w", id, err)
 	}
 	return capacity, nil
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -28,7 +26,7 @@ var healthTypes = map[state.Health]csi.VolumeHealthErrorType{
 // optional in CSI, are not needed since the record names them.
 func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	if !s.cfg.VolumeHealth {
-		return nil, status.Error(codes.Unimplemented, "NodeGetVolumeHealth is alpha in CSI v1.13: csi-node serves it with --feature-gates=VolumeHealth=true")
+		return nil, state.Errorf(state.KindUnimplemented, "NodeGetVolumeHealth is alpha in CSI v1.13: csi-node serves it with --feature-gates=VolumeHealth=true")
 	}
 	id := req.GetVolumeId()
 	if id == "" {
@@ -43,9 +41,9 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: f.Err.Message,
 			}}}}, nil
 		}
-		return nil, status.Errorf(codes.NotFound, "volume %s not found on this node", id)
+		return nil, state.Errorf(state.KindNotFound, "volume %s not found on this node", id)
 	} else if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	h := &csi.VolumeHealth{VolumeId: id}
 	if c := s.cfg.Store.Condition(id); c.Abnormal {

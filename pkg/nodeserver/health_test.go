@@ -6,8 +6,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -78,11 +78,11 @@ func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			store.SetCondition("v", tc.cond)
-			if err := stats(staging); status.Code(err) != tc.stagingCode {
+			if err := stats(staging); rpcerr.Code(err) != tc.stagingCode {
 				t.Errorf("stats at staging: got %v, want %v", err, tc.stagingCode)
 			}
 			err := stats(target)
-			if status.Code(err) != tc.targetCode {
+			if rpcerr.Code(err) != tc.targetCode {
 				t.Errorf("stats at target: got %v, want %v", err, tc.targetCode)
 			}
 			if err != nil && !strings.Contains(err.Error(), tc.wantInMessage) {
@@ -101,10 +101,10 @@ func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 		})
 	}
 
-	if _, err := s.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: "unknown"}); status.Code(err) != codes.NotFound {
+	if _, err := s.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: "unknown"}); rpcerr.Code(err) != codes.NotFound {
 		t.Errorf("health of an unknown volume: got %v, want NotFound", err)
 	}
-	if _, err := s.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{}); status.Code(err) != codes.InvalidArgument {
+	if _, err := s.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{}); rpcerr.Code(err) != codes.InvalidArgument {
 		t.Errorf("health without an ID: got %v, want InvalidArgument", err)
 	}
 }
@@ -121,7 +121,7 @@ func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 		t.Errorf("got %v, want one DATA_LOSS entry", e)
 	}
 	store.SetFinal("other", state.StageKey, state.Final{Generation: 1, Err: state.Terminalf(state.KindFailedPrecondition, "holds xfs")})
-	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "other"}); status.Code(err) != codes.NotFound {
+	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "other"}); rpcerr.Code(err) != codes.NotFound {
 		t.Errorf("a volume refused for another reason: got %v, want NotFound", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -120,7 +121,7 @@ func TestSupersededRequestIsAborted(t *testing.T) {
 		})
 	}
 	_, err := s.NodeStageVolume(context.Background(), stageReq("v"))
-	if status.Code(err) != codes.Aborted {
+	if rpcerr.Code(err) != codes.Aborted {
 		t.Errorf("got %v, want Aborted", err)
 	}
 }
@@ -137,7 +138,7 @@ func TestTerminalFailureAnsweredAfterRollback(t *testing.T) {
 		}()
 	}
 	_, err := s.NodeStageVolume(context.Background(), stageReq("v"))
-	if status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "wrong filesystem" {
+	if rpcerr.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "wrong filesystem" {
 		t.Errorf("got %v, want FailedPrecondition: wrong filesystem", err)
 	}
 	if _, gerr := store.Get("v"); gerr == nil {
@@ -170,7 +171,7 @@ func TestChecks(t *testing.T) {
 			if done != tc.wantDone {
 				t.Fatalf("done: got %v, want %v", done, tc.wantDone)
 			}
-			if done && status.Code(Status(err)) != tc.wantCode {
+			if done && rpcerr.Code(err) != tc.wantCode {
 				t.Errorf("code: got %v, want %s", err, tc.wantCode)
 			}
 		})
@@ -183,7 +184,7 @@ func TestDeadlineKeepsTheIntent(t *testing.T) {
 	defer cancel()
 	store.SetResult("v", state.StageKey, state.Result{Generation: 1, Err: state.Errorf(state.KindInternal, "device busy"), Attempts: 2})
 	_, err := s.NodeStageVolume(ctx, stageReq("v"))
-	if status.Code(err) != codes.DeadlineExceeded {
+	if rpcerr.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("got %v, want DeadlineExceeded", err)
 	}
 	if v, gerr := store.Get("v"); gerr != nil || v.Stage == nil {
@@ -229,7 +230,7 @@ func TestIntentConflicts(t *testing.T) {
 		}(), codes.OK},
 	}
 	for _, tc := range tests {
-		if got := status.Code(tc.err); got != tc.want {
+		if got := rpcerr.Code(tc.err); got != tc.want {
 			t.Errorf("%s: got %v, want %s", tc.name, tc.err, tc.want)
 		}
 	}
@@ -288,7 +289,7 @@ func TestBadInputRecordsNothing(t *testing.T) {
 		}()},
 	}
 	for _, tc := range tests {
-		if got := status.Code(tc.err); got != codes.InvalidArgument {
+		if got := rpcerr.Code(tc.err); got != codes.InvalidArgument {
 			t.Errorf("%s: got %v, want InvalidArgument", tc.name, tc.err)
 		}
 	}
@@ -325,28 +326,6 @@ func TestBlockStatsTarget(t *testing.T) {
 	}
 }
 
-// TestEveryKindHasItsCode checks that every kind of classified error
-// answers with a code of its own, also through an error that wraps it.
-func TestEveryKindHasItsCode(t *testing.T) {
-	seen := map[codes.Code]state.Kind{}
-	for k := state.KindInternal; k <= state.KindOutOfRange; k++ {
-		if k.String() == "" {
-			t.Fatalf("kind %d has no name: the range of kinds in this test is stale", k)
-		}
-		c := status.Code(Status(fmt.Errorf("context: %w", state.Terminalf(k, "failed"))))
-		if c == codes.OK || c == codes.Unknown {
-			t.Errorf("%v answers %v", k, c)
-		}
-		if other, ok := seen[c]; ok {
-			t.Errorf("%v and %v both answer %v", k, other, c)
-		}
-		seen[c] = k
-	}
-	if len(seen) != len(kindCodes) {
-		t.Errorf("%d kinds tested, %d mapped", len(seen), len(kindCodes))
-	}
-}
-
 // TestStageOfAVolumeBeingDeleted checks that a volume whose image the
 // controller is removing takes no stage intent: NOT_FOUND, nothing
 // recorded.
@@ -356,7 +335,7 @@ func TestStageOfAVolumeBeingDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := s.NodeStageVolume(t.Context(), stageReq("v1"))
-	if status.Code(err) != codes.NotFound {
+	if rpcerr.Code(err) != codes.NotFound {
 		t.Errorf("stage of a volume being deleted: %v, want NotFound", err)
 	}
 	if v, _ := store.Get("v1"); v == nil || v.Stage != nil || !v.Removing {
@@ -430,7 +409,7 @@ func TestIntentWorkOverlapsItsSync(t *testing.T) {
 			default:
 			}
 			close(g.release)
-			if got := status.Code(<-answered); got != tc.want {
+			if got := rpcerr.Code(<-answered); got != tc.want {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -156,7 +154,7 @@ func (s *Server) admit() (release func(), err error) {
 	case s.slots <- struct{}{}:
 		return func() { <-s.slots }, nil
 	default:
-		return nil, status.Errorf(codes.ResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
+		return nil, state.Errorf(state.KindResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
 	}
 }
 
@@ -169,7 +167,7 @@ func (s *Server) admit() (release func(), err error) {
 func (s *Server) record(id string, fn func(v *state.Volume) error) (*state.Volume, error) {
 	v, durable, err := s.cfg.Store.Write(id, fn)
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	s.cfg.Kicker.Kick()
 	// The kicked pass gets this CPU now: the fdatasync below blocks this
@@ -177,7 +175,7 @@ func (s *Server) record(id string, fn func(v *state.Volume) error) (*state.Volum
 	// for another thread to wake and take it (50-100 µs here).
 	runtime.Gosched()
 	if err := durable(); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "the request for volume %s could not be made durable; restart the plugin: %v", id, err)
+		return nil, state.Errorf(state.KindUnavailable, "the request for volume %s could not be made durable; restart the plugin: %w", id, err)
 	}
 	return v, nil
 }

@@ -7,8 +7,6 @@ import (
 	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -39,7 +37,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		return nil, notFound(id)
 	}
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	if v.Stage != nil && v.Stage.Access == state.AccessBlock {
 		// The kubelet asks a raw block volume's stats at its own map
@@ -53,7 +51,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		known = true
 	}
 	if !known {
-		return nil, status.Errorf(codes.NotFound, "volume %s is not staged or published at %s", id, path)
+		return nil, state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", id, path)
 	}
 	cond := s.cfg.Store.Condition(id)
 	if slices.Contains(cond.Unusable, path) {
@@ -62,13 +60,13 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 			// conditions turns into an event on the pod.
 			return s.withCondition(&csi.NodeGetVolumeStatsResponse{}, cond), nil
 		}
-		return nil, status.Errorf(codes.Unavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
+		return nil, state.Errorf(state.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
 	}
 	if v.Stage.Access == state.AccessBlock {
 		// A raw device has a size and nothing else to report.
 		size, err := s.cfg.Capacity(id)
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "reading the size of volume %s: %v", id, err)
+			return nil, state.Errorf(state.KindInternal, "reading the size of volume %s: %w", id, err)
 		}
 		return s.withCondition(&csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, cond), nil
 	}
@@ -76,7 +74,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	defer cancel()
 	u, err := s.cfg.Stat(ctx, path)
 	if err != nil {
-		return nil, Status(err)
+		return nil, err
 	}
 	return s.withCondition(&csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Available: u.AvailableBytes, Used: u.UsedBytes},

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -32,11 +29,11 @@ func (s *Server) wait(ctx context.Context, id string, c check) error {
 			v, err = &state.Volume{ID: id}, nil
 		}
 		if err != nil {
-			return Status(err)
+			return err
 		}
 		done, err, p := c(v)
 		if done {
-			return Status(err)
+			return err
 		}
 		if p != "" {
 			pending = p
@@ -44,11 +41,11 @@ func (s *Server) wait(ctx context.Context, id string, c check) error {
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			code := codes.DeadlineExceeded
+			kind := state.KindDeadlineExceeded
 			if errors.Is(ctx.Err(), context.Canceled) {
-				code = codes.Canceled
+				kind = state.KindCanceled
 			}
-			return status.Errorf(code, "volume %s not converged yet, still in progress: %s", id, pending)
+			return state.Errorf(kind, "volume %s not converged yet, still in progress: %s", id, pending)
 		}
 	}
 }

@@ -15,7 +15,7 @@ func NotFound(id string) *Error {
 }
 
 // Kind classifies a failure the way the CSI answer must classify it;
-// pkg/nodeserver maps each kind to a gRPC code.
+// pkg/rpcerr maps each kind to the gRPC code of the same name.
 type Kind int
 
 const (
@@ -37,7 +37,31 @@ const (
 	KindDataLoss
 	// KindOutOfRange is a size beyond what is possible.
 	KindOutOfRange
+	// KindUnavailable is a volume or request that cannot be served now
+	// and may be retried as it is (an unusable mount, an intent that
+	// could not be made durable).
+	KindUnavailable
+	// KindDeadlineExceeded is a request whose wait ended before the
+	// volume converged; the work goes on.
+	KindDeadlineExceeded
+	// KindCanceled is a request its caller gave up; the work goes on.
+	KindCanceled
+	// KindUnimplemented is a call this plugin does not serve as
+	// configured.
+	KindUnimplemented
+
+	// numKinds counts the kinds: every kind is declared above it.
+	numKinds
 )
+
+// Kinds returns every kind, in order: what a table of kinds must cover.
+func Kinds() []Kind {
+	all := make([]Kind, numKinds)
+	for k := range all {
+		all[k] = Kind(k)
+	}
+	return all
+}
 
 var kindNames = map[Kind]string{
 	KindInternal:           "Internal",
@@ -49,10 +73,19 @@ var kindNames = map[Kind]string{
 	KindAborted:            "Aborted",
 	KindDataLoss:           "DataLoss",
 	KindOutOfRange:         "OutOfRange",
+	KindUnavailable:        "Unavailable",
+	KindDeadlineExceeded:   "DeadlineExceeded",
+	KindCanceled:           "Canceled",
+	KindUnimplemented:      "Unimplemented",
 }
 
-// String returns the kind's name.
-func (k Kind) String() string { return kindNames[k] }
+// String returns the kind's name, "Kind(N)" for a kind without one.
+func (k Kind) String() string {
+	if n, ok := kindNames[k]; ok {
+		return n
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
 
 // Error is a classified failure. A Terminal error is final: the reconciler
 // withdraws the intent instead of retrying it. It wraps its causes, the

@@ -20,12 +20,14 @@ const module = "github.com/converge-csi/converge/"
 // nodeserver -> state <- reconciler -> devices; host and status are leaves
 // every layer may read, and capacity (pure accounting) a leaf the
 // controller, the reconciler and the driver use; driver wires everything;
-// the command sees only the driver and the status it prints.
+// the command sees only the driver and the status it prints; rpcerr, the
+// table from a failure's kind to its gRPC code, only the driver applies.
 var allowed = map[string][]string{
 	"cmd/csi-node":   {"pkg/driver", "pkg/status"},
-	"pkg/driver":     {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/state", "pkg/status"},
+	"pkg/driver":     {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/status"},
 	"pkg/controller": {"pkg/capacity", "pkg/devices", "pkg/nodeserver", "pkg/state"},
 	"pkg/nodeserver": {"pkg/host", "pkg/state"},
+	"pkg/rpcerr":     {"pkg/state"},
 	"pkg/reconciler": {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/state", "pkg/status"},
 	"pkg/devices":    {"pkg/host"},
 	"pkg/metrics":    {"pkg/status"},
