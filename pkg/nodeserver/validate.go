@@ -142,30 +142,34 @@ func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
 	return out, nil
 }
 
-// Prefixes of volume context keys that Kubernetes adds on its own: the
-// kubelet's pod information and service account tokens, and the
-// external-provisioner's identity. converge reads none of them.
-var ignoredContextPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
+// kubernetesPrefixes are the prefixes of the keys that Kubernetes adds on
+// its own to parameters and volume attributes: the kubelet's pod
+// information and service account tokens, and the external-provisioner's
+// and external-snapshotter's names of what they make. converge reads none
+// of them.
+var kubernetesPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
 
-// DeviceAttribute is the volume attribute of a static PV that names its
-// existing block device by a stable path under an allowed device prefix.
-const DeviceAttribute = "converge.csi.dev/device"
-
-// checkVolumeContext refuses volume attributes converge does not know, and
-// names them, so that a typo in a PV is not silently ignored.
-func checkVolumeContext(vc map[string]string) error {
+// CheckKeys refuses, naming them in order, the keys of m (what: "parameters"
+// or "volume attributes") that are neither known nor added by Kubernetes
+// itself, so that a typo in a StorageClass, a VolumeSnapshotClass or a PV
+// is never silently ignored.
+func CheckKeys(what string, m map[string]string, known ...string) error {
 	var unknown []string
-	for k := range vc {
-		if k != DeviceAttribute && k != MkfsOptionsKey && !slices.ContainsFunc(ignoredContextPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
+	for k := range m {
+		if !slices.Contains(known, k) && !slices.ContainsFunc(kubernetesPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
 			unknown = append(unknown, fmt.Sprintf("%q", k))
 		}
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
-		return invalid("unknown volume attributes: %s", strings.Join(unknown, ", "))
+		return invalid("unknown %s: %s", what, strings.Join(unknown, ", "))
 	}
 	return nil
 }
+
+// DeviceAttribute is the volume attribute of a static PV that names its
+// existing block device by a stable path under an allowed device prefix.
+const DeviceAttribute = "converge.csi.dev/device"
 
 // checkDevice validates the device path of a static volume: absolute, clean
 // and inside an allowed device prefix. Symlinks below the prefix are what

@@ -26,3 +26,18 @@ func ValidID(id string) error {
 	}
 	return nil
 }
+
+// LookupID checks the ID of a volume or snapshot a request looks up
+// (what names which): INVALID_ARGUMENT when there is none, NOT_FOUND when
+// it is not one ValidID accepts, since nothing was ever made under it. A
+// request that makes or changes something under an ID refuses an invalid
+// one instead (ValidID, INVALID_ARGUMENT).
+func LookupID(what, id string) error {
+	if id == "" {
+		return Errorf(KindInvalidArgument, "%s ID is required", what)
+	}
+	if ValidID(id) != nil {
+		return Errorf(KindNotFound, "%s %s not found", what, id)
+	}
+	return nil
+}

@@ -1,0 +1,37 @@
+package state
+
+import "testing"
+
+func TestRange(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		r     Range
+		have  int64
+		check Kind
+		grows Kind
+	}{
+		{name: "empty", r: Range{}, have: 10, check: -1, grows: -1},
+		{name: "negative required", r: Range{Required: -1}, check: KindInvalidArgument, grows: -1},
+		{name: "negative limit", r: Range{Limit: -1}, check: KindInvalidArgument, grows: -1},
+		{name: "required over limit", r: Range{Required: 11, Limit: 10}, check: KindOutOfRange, grows: -1},
+		{name: "at the limit", r: Range{Required: 10, Limit: 10}, have: 10, check: -1, grows: -1},
+		{name: "would shrink", r: Range{Limit: 10}, have: 11, check: -1, grows: KindOutOfRange},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := kindOf(tc.r.Check()); got != tc.check {
+				t.Errorf("Check: got %v, want %v", got, tc.check)
+			}
+			if got := kindOf(tc.r.Grows("v", tc.have)); got != tc.grows {
+				t.Errorf("Grows(%d): got %v, want %v", tc.have, got, tc.grows)
+			}
+		})
+	}
+}
+
+// kindOf is err's kind, -1 for no error.
+func kindOf(err error) Kind {
+	if err == nil {
+		return -1
+	}
+	return AsError(err).Kind
+}
