@@ -28,7 +28,10 @@ func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
 	if err := os.MkdirAll(images.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return New(images, store, map[string]string{TopologyKey: "node"}, Options{Ratio: 1, Guard: capacity.Guard{Percent: 5}}), store, images
+	snaps := &devices.Snapshots{Dir: filepath.Join(images.Dir, "snapshots"), Mode: devices.CopySparse}
+	space := NewSpace(images, store, SpaceOptions{Ratio: 1, Guard: capacity.Guard{Percent: 5}, Snapshots: snaps})
+	t.Cleanup(space.Close)
+	return New(space, store, map[string]string{TopologyKey: "node"}, Options{}), store, images
 }
 
 var capMount = []*csi.VolumeCapability{{
@@ -126,7 +129,7 @@ func TestGrowImage(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			before, _ := images.Size(tc.id)
-			got, err := c.GrowImage(tc.id, tc.size)
+			got, err := c.space.GrowImage(tc.id, tc.size)
 			if tc.wantKind != state.KindInternal {
 				if e := state.AsError(err); err == nil || e.Kind != tc.wantKind {
 					t.Fatalf("got %d, %v; want a %s error", got, err, tc.wantKind)
@@ -159,7 +162,7 @@ func TestGrowImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	thin := resp.GetVolume().GetVolumeId()
-	if _, err := c.GrowImage(thin, 4*MinVolumeSize); err != nil {
+	if _, err := c.space.GrowImage(thin, 4*MinVolumeSize); err != nil {
 		t.Fatal(err)
 	}
 	usages, _ = images.Usages()
@@ -237,7 +240,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 		t.Errorf("a name whose ID an older volume holds: got %v, want ALREADY_EXISTS", err)
 	}
 	// A node whose name leaves no room for any name: IDs are names.
-	long := New(images, c.store, map[string]string{TopologyKey: strings.Repeat("n", 127)}, c.opts)
+	long := New(c.space, c.store, map[string]string{TopologyKey: strings.Repeat("n", 127)}, c.opts)
 	if id := create(t, long, "w"); id != "w" {
 		t.Errorf("ID on a node of a 127-byte name: got %s, want w", id)
 	}

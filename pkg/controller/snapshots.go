@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"sort"
-	"strings"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -13,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -30,45 +29,18 @@ type snapshotService struct {
 
 	// mu serialises the decisions about snapshot IDs (CreateSnapshot's
 	// check and intent, DeleteSnapshot). A CreateSnapshot waits for its
-	// copy without it. Lock order: mu, then the controller's mu.
+	// copy without it. Lock order: mu, then the space's.
 	mu sync.Mutex
-
-	// restoringMu guards restoring, the number of restores copying from
-	// each snapshot, which DeleteSnapshot refuses to delete meanwhile. It
-	// is taken alone.
-	restoringMu sync.Mutex
-	restoring   map[string]int
-}
-
-// restores reports how many restores copy from snapshot id now.
-func (s *snapshotService) restores(id string) int {
-	s.restoringMu.Lock()
-	defer s.restoringMu.Unlock()
-	return s.restoring[id]
-}
-
-// hold counts a restore from snapshot id until the returned release.
-func (s *snapshotService) hold(id string) (release func()) {
-	s.restoringMu.Lock()
-	defer s.restoringMu.Unlock()
-	if s.restoring == nil {
-		s.restoring = map[string]int{}
-	}
-	s.restoring[id]++
-	return func() {
-		s.restoringMu.Lock()
-		defer s.restoringMu.Unlock()
-		if s.restoring[id]--; s.restoring[id] <= 0 {
-			delete(s.restoring, id)
-		}
-	}
 }
 
 // ServeSnapshots makes the controller serve snapshots of this node's
-// volumes, kept in snaps and taken by taker. Without it the controller
+// volumes, kept where the space's options say and taken by taker. Without
+// it, or without snapshots in the space's options, the controller
 // advertises no snapshot capability.
-func (c *Controller) ServeSnapshots(snaps *devices.Snapshots, taker Snapshotter) {
-	c.snapshots = &snapshotService{snaps: snaps, taker: taker}
+func (c *Controller) ServeSnapshots(taker Snapshotter) {
+	if c.space.opts.Snapshots != nil {
+		c.snapshots = &snapshotService{snaps: c.space.opts.Snapshots, taker: taker}
+	}
 }
 
 // CreateSnapshot takes a snapshot of a volume of this node, idempotent by
@@ -88,7 +60,7 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if source == "" {
 		return nil, state.Errorf(state.KindInvalidArgument, "source volume ID is required")
 	}
-	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
+	if err := nodeserver.CheckKeys("parameters", req.GetParameters()); err != nil {
 		return nil, err
 	}
 	// A snapshot is usable where its file is: on this node only.
@@ -99,8 +71,8 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err := state.ValidID(id); err != nil {
 		return nil, state.Errorf(state.KindInvalidArgument, "snapshot name %q: as the ID %q: %v", name, id, err)
 	}
-	if state.ValidID(source) != nil {
-		return nil, state.NotFound(source)
+	if err := state.LookupID("volume", source); err != nil {
+		return nil, err
 	}
 
 	s.mu.Lock()
@@ -135,7 +107,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, state.Errorf(state.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
 	}
-	if err := c.promiseSnapshot(source); err != nil {
+	if err := c.space.within(func(p promise) error { return p.snapshot(source) }); err != nil {
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, err
 	}
@@ -164,13 +136,10 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
 	}
-	if source == "" {
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "the volume to clone has no ID")
+	if err := state.LookupID("source volume", source); err != nil {
+		return devices.SnapshotInfo{}, nil, err
 	}
-	if state.ValidID(source) != nil {
-		return devices.SnapshotInfo{}, nil, state.NotFound(source)
-	}
-	if _, err := c.images.Size(source); errors.Is(err, os.ErrNotExist) {
+	if _, err := c.space.images.Size(source); errors.Is(err, os.ErrNotExist) {
 		if node := nodeOf(source); node != "" && node != c.topology[TopologyKey] {
 			// The scheduler may try another node.
 			return devices.SnapshotInfo{}, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[TopologyKey])
@@ -199,50 +168,6 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	}, nil
 }
 
-// promiseSnapshot checks that the data directory can hold a snapshot of
-// volume id without breaking a promise (snapshotNeed says what it takes):
-// NOT_FOUND when the volume has no image here, RESOURCE_EXHAUSTED when the
-// space is not there. The snapshots asked for and not yet taken are
-// promised theirs already (capacity.Account.Copying), and the check and the
-// ask happen under the snapshot lock, so two snapshots asked for at once
-// never count the same free space.
-func (c *Controller) promiseSnapshot(id string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	u, err := c.images.Usage(id)
-	if errors.Is(err, os.ErrNotExist) {
-		return state.NotFound(id)
-	}
-	if err != nil {
-		return state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
-	}
-	v, err := c.store.Get(id)
-	need := snapshotNeed(c.snapshots.snaps.Mode, u, err == nil && v.Thin())
-	acc, _, err := c.account()
-	if err != nil {
-		return state.Errorf(state.KindInternal, "%w", err)
-	}
-	if avail := acc.ThickAvailable(); need > avail {
-		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of the data directory (copied by %s), %d can still be promised", id, need, c.snapshots.snaps.Mode, avail)
-	}
-	return nil
-}
-
-// snapshotNeed is the space a snapshot of an image whose usage is u takes
-// from the data directory, copied as mode says: by a copy, its allocated
-// blocks at once; by a reflink nothing at once, but a thick image then owes
-// the blocks it did not share yet (its writes will copy them), and a thin
-// image's writes take space as any thin write does.
-func snapshotNeed(mode devices.CopyMode, u devices.Usage, thin bool) int64 {
-	switch {
-	case mode != devices.CopyReflink:
-		return u.Allocated
-	case thin:
-		return 0
-	}
-	return max(0, u.Allocated-u.Shared)
-}
-
 // takingSnapshot returns the volume whose record asks for snapshot id, ""
 // when none does.
 func (c *Controller) takingSnapshot(id string) string {
@@ -252,22 +177,6 @@ func (c *Controller) takingSnapshot(id string) string {
 		}
 	}
 	return ""
-}
-
-// checkSnapshotParameters refuses any parameter but those the sidecars add
-// themselves.
-func checkSnapshotParameters(params map[string]string) error {
-	var unknown []string
-	for k := range params {
-		if !strings.HasPrefix(k, k8sParamPrefix) {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return state.Errorf(state.KindInvalidArgument, "unknown parameters: %s", strings.Join(unknown, ", "))
-	}
-	return nil
 }
 
 func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
@@ -294,18 +203,18 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 		return nil, errNoSnapshots
 	}
 	id := req.GetSnapshotId()
-	if id == "" {
-		return nil, state.Errorf(state.KindInvalidArgument, "snapshot ID is required")
-	}
-	if state.ValidID(id) != nil {
-		return &csi.DeleteSnapshotResponse{}, nil // no such snapshot can exist
+	if err := state.LookupID("snapshot", id); err != nil {
+		if state.AsError(err).Kind == state.KindNotFound {
+			return &csi.DeleteSnapshotResponse{}, nil
+		}
+		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if source := c.takingSnapshot(id); source != "" {
 		return nil, state.Errorf(state.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
 	}
-	if n := s.restores(id); n > 0 {
+	if n := c.space.restores.from(id); n > 0 {
 		return nil, state.Errorf(state.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
 	}
 	if err := s.snaps.Delete(id); err != nil {
@@ -371,11 +280,8 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, error) {
 	if s == nil {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
 	}
-	if id == "" {
-		return devices.SnapshotInfo{}, state.Errorf(state.KindInvalidArgument, "the snapshot to restore has no ID")
-	}
-	if state.ValidID(id) != nil {
-		return devices.SnapshotInfo{}, state.Errorf(state.KindNotFound, "snapshot %s not found", id)
+	if err := state.LookupID("source snapshot", id); err != nil {
+		return devices.SnapshotInfo{}, err
 	}
 	if node := nodeOf(id); node != "" && node != c.topology[TopologyKey] {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[TopologyKey])
@@ -388,54 +294,6 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, error) {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
 	return info, nil
-}
-
-// checkRestoreFs refuses, with INVALID_ARGUMENT, a volume made from snapshot
-// snap that asks to be mounted with another filesystem than the snapshot
-// holds (the stage would refuse it, after the volume was made). A raw
-// block volume takes any snapshot.
-func checkRestoreFs(snap devices.SnapshotInfo, params map[string]string, caps []*csi.VolumeCapability) error {
-	if snap.FsType == "" {
-		return nil
-	}
-	for _, vc := range caps {
-		m := vc.GetMount()
-		if m == nil {
-			continue
-		}
-		want := m.GetFsType()
-		if want == "" {
-			want = params[k8sParamPrefix+"fstype"]
-		}
-		if want == "" {
-			want = devices.FsExt4 // the node's default (reconciler.DefaultFsType)
-		}
-		if want != snap.FsType {
-			return state.Errorf(state.KindInvalidArgument, "snapshot %s holds a %s filesystem; a volume made from it cannot be mounted as %s", snap.ID, snap.FsType, want)
-		}
-	}
-	return nil
-}
-
-// restore makes the image of volume id, size bytes, from snapshot snap:
-// the copy, grown to size, every block allocated for a thick volume, which
-// appears whole or not at all (a crash in between leaves no image, and the
-// retried CreateVolume makes it anew). The snapshot is held against
-// deletion meanwhile. The controller's mu is held.
-func (c *Controller) restore(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
-	s := c.snapshots
-	defer s.hold(snap.ID)()
-	if _, err := s.snaps.Get(snap.ID); err != nil {
-		// Deleted between the check and the hold.
-		return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
-	}
-	if err := s.snaps.Restore(ctx, snap.ID, c.images.Path(id), size, thick); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
-		}
-		return imageError(err, "restoring volume %s from snapshot %s", id, snap.ID)
-	}
-	return nil
 }
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -40,9 +39,8 @@ func (f *instantTaker) AwaitSnapshot(context.Context, string, string, int64) err
 
 func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instantTaker {
 	t.Helper()
-	snaps := &devices.Snapshots{Dir: filepath.Join(images.Dir, "snapshots"), Mode: devices.CopySparse}
-	taker := &instantTaker{t: t, snaps: snaps, images: images}
-	c.ServeSnapshots(snaps, taker)
+	taker := &instantTaker{t: t, snaps: c.space.opts.Snapshots, images: images}
+	c.ServeSnapshots(taker)
 	return taker
 }
 
@@ -79,12 +77,28 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.GetSnapshot().GetSnapshotId()
-	release := c.snapshots.hold(id)
+	copyImage, started, gate := c.space.restoreImage, make(chan struct{}), make(chan struct{})
+	c.space.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
+		close(started)
+		<-gate
+		return copyImage(ctx, id, snap, size, thick)
+	}
+	restored := make(chan error, 1)
+	go func() {
+		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: capMount,
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}})
+		restored <- err
+	}()
+	<-started
 	_, err = c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
 	if rpcerr.Code(err) != codes.Aborted {
 		t.Errorf("deleting a snapshot being restored: got %v, want ABORTED", err)
 	}
-	release()
+	close(gate)
+	if err := <-restored; err != nil {
+		t.Fatalf("the restore: %v", err)
+	}
 	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
 		t.Errorf("deleting it once the restore ended: %v", err)
 	}
@@ -154,7 +168,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, _, err := c.account()
+	before, _, err := c.space.Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +178,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	during, _, err := c.account()
+	during, _, err := c.space.Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +193,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if _, err := store.Update(v1, func(v *state.Volume) error { v.Snapshots = nil; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	after, _, err := c.account()
+	after, _, err := c.space.Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,12 +231,12 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	started, gate := make(chan string, 1), make(chan error)
-	copyImage := c.restoreImage
+	copyImage := c.space.restoreImage
 	// The held copy has written 1 MiB so far, in the file a copy is made
 	// in; it goes when the copy is let go.
 	var copiedSoFar, source int64
 	made, release := make(chan string, 1), make(chan struct{})
-	c.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
+	c.space.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
 		tmp, err := devices.CopyTemp(images.Path(id))
 		if err != nil {
 			return err
@@ -264,7 +278,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	// available, which follows the free space that other tests change.
 	promised := func() (promised, owed int64) {
 		t.Helper()
-		acc, _, err := c.Account()
+		acc, _, err := c.space.Account()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -285,7 +299,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Errorf("during the copy, %d bytes are promised to thick volumes and %d owed, %d and %d before: want the copy's %d more promised and %d more owed (%d copied so far)",
 			during, owed, before, owedBefore, MinVolumeSize, MinVolumeSize-copiedSoFar, copiedSoFar)
 	}
-	if got := c.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
+	if got := c.space.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
 		got[0].SourceBytes != source || got[0].Copied != copiedSoFar || source < 2<<20 {
 		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes, %d of its %d (at least 2 MiB) copied",
 			got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize, copiedSoFar, source)
@@ -325,7 +339,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	if size, err := images.Size(r1); err != nil || size != MinVolumeSize {
 		t.Errorf("the restored image: %d bytes, %v; want %d", size, err, MinVolumeSize)
 	}
-	if got := c.Restoring(); len(got) != 0 {
+	if got := c.space.Restoring(); len(got) != 0 {
 		t.Errorf("restores under way after the copy: %+v", got)
 	}
 

@@ -98,10 +98,11 @@ func Run(ctx context.Context, cfg Config) error {
 		Paths: devices.NewPaths(cfg.roots()), Images: images}
 	defer observer.Close()
 	topology := map[string]string{TopologyKey: cfg.NodeID}
-	// The controller grows images for NodeExpandVolume too: under its lock,
-	// with the promise CreateVolume keeps.
-	ctrl := controller.New(images, store, topology, controller.Options{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard,
-		SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
+	// The space promises what CreateVolume, snapshots, restores and the
+	// reconciler's growth of images for NodeExpandVolume take, under one
+	// lock.
+	space := controller.NewSpace(images, store, controller.SpaceOptions{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard, Snapshots: snapshots})
+	ctrl := controller.New(space, store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder: m,
 		Static:   static,
@@ -114,7 +115,7 @@ func Run(ctx context.Context, cfg Config) error {
 			utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
 		Images:       images,
-		Grower:       ctrl,
+		ImagePromise: space,
 		Snapshots:    snapshots,
 		Roots:        cfg.roots(),
 		Clock:        clock.RealClock{},
@@ -145,7 +146,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	// Snapshots are intents of the node's records: the node server asks
 	// the reconciler for them and waits, on the controller's behalf.
-	ctrl.ServeSnapshots(snapshots, node)
+	ctrl.ServeSnapshots(node)
 
 	sock, err := socketPath(cfg.Endpoint)
 	if err != nil {
@@ -168,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
-	pool := func() (status.Pool, error) { return poolStatus(cfg, ctrl, snapshots) }
+	pool := func() (status.Pool, error) { return poolStatus(cfg, space, snapshots) }
 	m.WatchPool(pool)
 	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, pool))
 	if err != nil {
@@ -214,6 +215,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	stopRec()
 	wg.Wait()
+	// The restores' copies end too, leaving no image: the provisioner's
+	// retry makes each anew.
+	space.Close()
 	return err
 }
 
@@ -255,8 +259,8 @@ func listen(sock string) (net.Listener, error) {
 
 // poolStatus reports the data directory's space as GetCapacity sees it,
 // and the restores under way.
-func poolStatus(cfg Config, ctrl *controller.Controller, snapshots *devices.Snapshots) (status.Pool, error) {
-	acc, total, err := ctrl.Account()
+func poolStatus(cfg Config, space *controller.Space, snapshots *devices.Snapshots) (status.Pool, error) {
+	acc, total, err := space.Account()
 	if err != nil {
 		return status.Pool{}, err
 	}
@@ -269,7 +273,7 @@ func poolStatus(cfg Config, ctrl *controller.Controller, snapshots *devices.Snap
 		CopyingBytes:          acc.Copying,
 		OverprovisioningRatio: cfg.OverprovisioningRatio, GuardBytes: cfg.guard.Threshold(total),
 	}
-	for _, r := range ctrl.Restoring() {
+	for _, r := range space.Restoring() {
 		p.Restores = append(p.Restores, status.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes,
 			CopiedBytes: r.Copied, SourceBytes: r.SourceBytes})
 	}

@@ -112,8 +112,9 @@ type Images interface {
 	Blank(id string) (bool, error)
 }
 
-// Grower grows the images of volumes, within what the node can promise.
-type Grower interface {
+// ImagePromise grows the images of volumes within the node's capacity
+// promise (controller.Space), the one that CreateVolume keeps too.
+type ImagePromise interface {
 	// GrowImage grows id's image to at least size bytes and returns its
 	// size; an image already that large is left as it is. A size the node
 	// cannot hold is a *state.Error of KindResourceExhausted (not now) or
@@ -148,15 +149,15 @@ const (
 
 // Config configures a Reconciler. Zero durations and counts take defaults.
 type Config struct {
-	Store       Store
-	Observer    Observer
-	Loops       Loops
-	Filesystems Filesystems
-	Paths       Paths
-	Images      Images
-	Grower      Grower
-	Snapshots   Snapshots
-	Clock       clock.WithTickerAndDelayedExecution
+	Store        Store
+	Observer     Observer
+	Loops        Loops
+	Filesystems  Filesystems
+	Paths        Paths
+	Images       Images
+	ImagePromise ImagePromise
+	Snapshots    Snapshots
+	Clock        clock.WithTickerAndDelayedExecution
 	// Static resolves static volumes' devices; nil when they are off.
 	Static Static
 	// Recorder receives operations and passes, for metrics; nil for none.

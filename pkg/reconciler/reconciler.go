@@ -68,7 +68,7 @@ type Reconciler struct {
 // New validates cfg, fills defaults and returns a Reconciler.
 func New(cfg Config) (*Reconciler, error) {
 	if cfg.Store == nil || cfg.Observer == nil || cfg.Loops == nil || cfg.Filesystems == nil ||
-		cfg.Paths == nil || cfg.Images == nil || cfg.Grower == nil || cfg.Snapshots == nil {
+		cfg.Paths == nil || cfg.Images == nil || cfg.ImagePromise == nil || cfg.Snapshots == nil {
 		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths, images, grower and snapshots are required")
 	}
 	if cfg.Clock == nil {

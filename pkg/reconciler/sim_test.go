@@ -203,7 +203,7 @@ func (s *sim) start() {
 		s.t.Fatal(err)
 	}
 	r, err := New(Config{
-		Store: store, Observer: s.world, Loops: s.world, Filesystems: s.world, Paths: s.world, Images: s.world, Grower: s.world, Snapshots: s.world,
+		Store: store, Observer: s.world, Loops: s.world, Filesystems: s.world, Paths: s.world, Images: s.world, ImagePromise: s.world, Snapshots: s.world,
 		Clock: s.clock, Roots: []string{"/k"},
 	})
 	if err != nil {

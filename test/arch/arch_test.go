@@ -25,7 +25,7 @@ const module = "github.com/converge-csi/converge/"
 var allowed = map[string][]string{
 	"cmd/csi-node":   {"pkg/driver", "pkg/status"},
 	"pkg/driver":     {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/status"},
-	"pkg/controller": {"pkg/capacity", "pkg/devices", "pkg/nodeserver", "pkg/state"},
+	"pkg/controller": {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/nodeserver", "pkg/state"},
 	"pkg/nodeserver": {"pkg/host", "pkg/state"},
 	"pkg/rpcerr":     {"pkg/state"},
 	"pkg/reconciler": {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/state", "pkg/status"},

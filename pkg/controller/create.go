@@ -1,0 +1,276 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// CreateVolume creates an image for the volume, thick (every block
+// allocated) unless the parameters ask for a thin one, once the data
+// directory can promise its size; from a snapshot or another volume, by a
+// copy that goes on past the request. The volume's ID is its name and this
+// node's (localID), the image named after it. It is idempotent by name: an
+// existing volume of that name within the capacity range and of the same
+// provisioning is returned; another is ALREADY_EXISTS. A volume made
+// before volume IDs named their node keeps its name as its ID.
+func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	r, err := c.parseCreate(req)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		resp, job, err := c.find(r)
+		if job == nil && (resp != nil || err != nil) {
+			return resp, err
+		}
+		if job == nil {
+			resp, job, err = c.make(ctx, r)
+			if job == nil {
+				return resp, err
+			}
+		}
+		// A copy made it, or an earlier request's still does: once it
+		// has ended, the volume is found as any volume is.
+		if err := job.wait(ctx); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// createRequest is a CreateVolume request, checked.
+type createRequest struct {
+	name, id string
+	prov     state.Provisioning
+	rng      state.Range
+	// size is what the volume is made with.
+	size int64
+	// fsType is the filesystem the volume will carry, "" for a raw block
+	// volume.
+	fsType        string
+	volumeContext map[string]string
+	source        *csi.VolumeContentSource
+}
+
+// parseCreate checks a CreateVolume request and reads what it asks for.
+func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, error) {
+	name, params := req.GetName(), req.GetParameters()
+	if name == "" {
+		return createRequest{}, state.Errorf(state.KindInvalidArgument, "name is required")
+	}
+	if err := state.ValidID(name); err != nil {
+		return createRequest{}, state.Errorf(state.KindInvalidArgument, "name: %w", err)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return createRequest{}, err
+	}
+	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey); err != nil {
+		return createRequest{}, err
+	}
+	r := createRequest{name: name, id: c.volumeID(name), fsType: fsTypeOf(params, req.GetVolumeCapabilities()),
+		rng: rangeOf(req.GetCapacityRange()), source: req.GetVolumeContentSource()}
+	// mkfs options are checked now, for the filesystem the volume will
+	// carry, and handed to the node in the volume's attributes.
+	if opts, ok := params[nodeserver.MkfsOptionsKey]; ok {
+		if _, err := nodeserver.CheckMkfsOptions(r.fsType, opts); err != nil {
+			return createRequest{}, state.Errorf(state.KindInvalidArgument, "%w", err)
+		}
+		r.volumeContext = map[string]string{nodeserver.MkfsOptionsKey: opts}
+	}
+	var err error
+	if r.prov, err = parseProvisioning(params); err != nil {
+		return createRequest{}, err
+	}
+	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
+		return createRequest{}, err
+	}
+	if r.size, err = sizeFor(r.rng); err != nil {
+		return createRequest{}, err
+	}
+	return r, nil
+}
+
+// volumeID is the ID of the volume named name: the name and the node's
+// (localID), or the name itself for an ID that cannot hold the node's
+// name beside it (a node name over about 110 bytes), or for a volume made
+// before IDs named their node.
+func (c *Controller) volumeID(name string) string {
+	id := c.localID(name)
+	if state.ValidID(id) != nil || c.legacy(name, id) {
+		return name
+	}
+	return id
+}
+
+// legacy reports whether the volume named name was made before volume IDs
+// named their node: it has no image under id, the ID it would have now,
+// and an image under its name.
+func (c *Controller) legacy(name, id string) bool {
+	if _, err := c.space.images.Size(id); !errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	_, err := c.space.images.Size(name)
+	return err == nil
+}
+
+// find answers r from what exists: the volume made already, the restore
+// that makes it, or nothing (all nil).
+func (c *Controller) find(r createRequest) (resp *csi.CreateVolumeResponse, job *restore, err error) {
+	err = c.space.within(func(p promise) error {
+		resp, job, err = c.findWithin(p, r)
+		return err
+	})
+	return resp, job, err
+}
+
+// findWithin is find within the promise. A deletion of the name that a
+// crash interrupted is finished first: its image is not this volume's.
+func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeResponse, *restore, error) {
+	if job := c.space.restores.get(r.id); job != nil {
+		return nil, job, nil
+	}
+	v, err := c.store.Get(r.id)
+	if err == nil && v.Removing {
+		if err := p.remove(r.id); err != nil {
+			return nil, nil, err
+		}
+		v = nil
+	}
+	cur, err := c.space.images.Size(r.id)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return nil, nil, nil
+	case err != nil:
+		return nil, nil, state.Errorf(state.KindInternal, "checking volume %s: %w", r.name, err)
+	case r.id != r.name && (v == nil || v.Name != r.name):
+		// The image of another volume: one made before volume IDs
+		// named their node, under a name that is this one's ID.
+		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume ID %s of the name %s is taken by another volume", r.id, r.name)
+	case cur < r.rng.Required || r.rng.Limit > 0 && cur > r.rng.Limit:
+		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", r.name, cur, r.rng.Required, r.rng.Limit)
+	case v != nil && v.Provisioning != "" && v.Provisioning != r.prov:
+		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists as a %s volume, %s was asked for", r.name, v.Provisioning, r.prov)
+	}
+	return c.created(r, cur), nil, nil
+}
+
+// make makes the volume r asks for: new, or copied from its content
+// source, which is read first, without the promise held (a clone waits for
+// its snapshot). Within the promise, a volume found made meanwhile is
+// answered as find does; else its space is promised and its record written
+// before its image is made or its copy started.
+func (c *Controller) make(ctx context.Context, r createRequest) (resp *csi.CreateVolumeResponse, job *restore, err error) {
+	src, err := c.contentSource(ctx, r)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer src.release()
+	if src != nil {
+		if r.size, err = src.fit(r.rng, r.size); err != nil {
+			return nil, nil, err
+		}
+	}
+	err = c.space.within(func(p promise) error {
+		if resp, job, err = c.findWithin(p, r); resp != nil || job != nil || err != nil {
+			return err
+		}
+		if err := p.volume(r.prov == state.ProvisionThin, r.size, 0); err != nil {
+			return err
+		}
+		if err := p.record(r.id, r.name, r.prov); err != nil {
+			return err
+		}
+		if src != nil {
+			job = p.startRestore(r.id, r.name, src.snap, r.size, r.prov, src.handOver())
+			return nil
+		}
+		if err := p.makeImage(r.id, r.size, r.prov); err != nil {
+			return err
+		}
+		klog.V(2).InfoS("Created volume", "volumeID", r.id, "name", r.name, "bytes", r.size, "provisioning", r.prov)
+		resp = c.created(r, r.size)
+		return nil
+	})
+	return resp, job, err
+}
+
+// created is the answer for the volume r asked for, of size bytes.
+func (c *Controller) created(r createRequest, size int64) *csi.CreateVolumeResponse {
+	v := c.volume(r.id, size)
+	if len(r.volumeContext) > 0 {
+		v.VolumeContext = r.volumeContext
+	}
+	v.ContentSource = r.source
+	return &csi.CreateVolumeResponse{Volume: v}
+}
+
+// source is the snapshot a volume is copied from, and what ends its use
+// (a clone's snapshot is deleted once the copy has ended).
+type source struct {
+	snap devices.SnapshotInfo
+	done func()
+}
+
+// handOver returns what ends the source's use, for the copy to run once it
+// has ended; release then does nothing.
+func (s *source) handOver() func() {
+	done := s.done
+	s.done = func() {}
+	return done
+}
+
+// release ends the source's use unless it was handed over. A nil source
+// has nothing to end.
+func (s *source) release() {
+	if s != nil {
+		s.done()
+	}
+}
+
+// fit is the size of a volume made from the source, of size bytes for
+// the range rng: the snapshot's image unless more is asked for, never
+// less (OUT_OF_RANGE).
+func (s *source) fit(rng state.Range, size int64) (int64, error) {
+	if rng.Required == 0 && (rng.Limit == 0 || rng.Limit >= s.snap.Size) {
+		size = s.snap.Size
+	}
+	if size < s.snap.Size {
+		return 0, state.Errorf(state.KindOutOfRange, "a volume of %d bytes cannot hold snapshot %s of %d bytes", size, s.snap.ID, s.snap.Size)
+	}
+	return size, nil
+}
+
+// contentSource reads the snapshot r is to be copied from: nil for a new
+// volume, the snapshot named, or one taken of the volume named for a
+// clone.
+func (c *Controller) contentSource(ctx context.Context, r createRequest) (*source, error) {
+	switch src := r.source; {
+	case src == nil:
+		return nil, nil
+	case src.GetSnapshot() != nil:
+		info, err := c.restoreSource(src.GetSnapshot().GetSnapshotId())
+		if err != nil {
+			return nil, err
+		}
+		if r.fsType != "" && info.FsType != "" && info.FsType != r.fsType {
+			// The stage would refuse it, after the volume was made. A
+			// raw block volume takes any snapshot.
+			return nil, state.Errorf(state.KindInvalidArgument, "snapshot %s holds a %s filesystem; a volume made from it cannot be mounted as %s", info.ID, info.FsType, r.fsType)
+		}
+		return &source{snap: info, done: func() {}}, nil
+	case src.GetVolume() != nil:
+		info, done, err := c.cloneSource(ctx, src.GetVolume().GetVolumeId(), r.name)
+		if err != nil {
+			return nil, err
+		}
+		return &source{snap: info, done: done}, nil
+	}
+	return nil, state.Errorf(state.KindInvalidArgument, "unknown volume content source")
+}

@@ -1,0 +1,107 @@
+package controller
+
+import (
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+const (
+	// ProvisioningKey is the StorageClass parameter that chooses how a
+	// volume's image holds its space: "thick" (the default) or "thin".
+	ProvisioningKey = "converge.csi.dev/provisioning"
+	// fsTypeKey is the parameter in which the external-provisioner passes
+	// a StorageClass's csi.storage.k8s.io/fstype.
+	fsTypeKey = "csi.storage.k8s.io/fstype"
+
+	// DefaultVolumeSize is the size of a volume created without a
+	// capacity range.
+	DefaultVolumeSize = 1 << 30
+	// MinVolumeSize is the smallest volume: room for an ext4 journal.
+	MinVolumeSize = 16 << 20
+	// sizeAlign keeps images a whole number of 4 KiB blocks, so the loop
+	// device and every filesystem block size divide them.
+	sizeAlign = 4096
+)
+
+// parseProvisioning reads the provisioning a request's parameters ask for.
+func parseProvisioning(params map[string]string) (state.Provisioning, error) {
+	switch p, ok := params[ProvisioningKey]; {
+	case !ok || p == string(state.ProvisionThick):
+		return state.ProvisionThick, nil
+	case p == string(state.ProvisionThin):
+		return state.ProvisionThin, nil
+	default:
+		return "", state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want %q or %q", ProvisioningKey, p, state.ProvisionThick, state.ProvisionThin)
+	}
+}
+
+// fsTypeOf is the filesystem a volume asked for with these parameters and
+// capabilities will carry: the mount capability's, else the StorageClass's,
+// else the default. "" for a raw block volume.
+func fsTypeOf(params map[string]string, caps []*csi.VolumeCapability) string {
+	fsType, mounted := "", false
+	for _, vc := range caps {
+		if m := vc.GetMount(); m != nil {
+			mounted = true
+			if m.GetFsType() != "" {
+				fsType = m.GetFsType()
+			}
+		}
+	}
+	switch {
+	case !mounted:
+		return ""
+	case fsType == "":
+		fsType = params[fsTypeKey]
+	}
+	if fsType == "" {
+		fsType = host.DefaultFsType
+	}
+	return fsType
+}
+
+// checkCapabilities refuses a request without capabilities or with one
+// this plugin does not serve.
+func checkCapabilities(caps []*csi.VolumeCapability) error {
+	if len(caps) == 0 {
+		return state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
+	}
+	for _, vc := range caps {
+		if _, err := nodeserver.ParseCapability(vc); err != nil {
+			return state.Errorf(state.KindInvalidArgument, "%w", err)
+		}
+	}
+	return nil
+}
+
+// sizeFor picks the image size for a capacity range: what it requires
+// (at least MinVolumeSize), else DefaultVolumeSize within its limit, in
+// whole 4 KiB blocks.
+func sizeFor(r state.Range) (int64, error) {
+	if err := r.Check(); err != nil {
+		return 0, err
+	}
+	size := max(r.Required, MinVolumeSize)
+	if r.Required == 0 {
+		size = DefaultVolumeSize
+		if r.Limit > 0 {
+			size = min(size, r.Limit)
+		}
+	}
+	if size > (1 << 62) {
+		return 0, state.Errorf(state.KindOutOfRange, "%d bytes is more than this node can hold", size)
+	}
+	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
+	if r.Limit > 0 && size > r.Limit {
+		return 0, state.Errorf(state.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, r.Limit)
+	}
+	return size, nil
+}
+
+// rangeOf is a request's capacity range.
+func rangeOf(r *csi.CapacityRange) state.Range {
+	return state.Range{Required: r.GetRequiredBytes(), Limit: r.GetLimitBytes()}
+}

@@ -1,0 +1,91 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/rpcerr"
+)
+
+// restoreFrom asks for volume name made from snapshot id.
+func restoreFrom(ctx context.Context, c *Controller, name, id string) error {
+	_, err := c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+			Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}})
+	return err
+}
+
+// TestRestorePanicIsContained checks that a copy that panics fails its
+// restore, as INTERNAL naming the panic, leaves no image or record of a
+// volume made, and that the plugin goes on: the next restore works.
+func TestRestorePanicIsContained(t *testing.T) {
+	c, store, images := newController(t)
+	serveSnapshots(t, c, images)
+	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: create(t, c, "v")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyImage := c.space.restoreImage
+	c.space.restoreImage = func(context.Context, string, devices.SnapshotInfo, int64, bool) error { panic("copy went wrong") }
+	err = restoreFrom(t.Context(), c, "r", snap.GetSnapshot().GetSnapshotId())
+	if rpcerr.Code(err) != codes.Internal || !strings.Contains(err.Error(), "copy went wrong") {
+		t.Fatalf("a restore whose copy panics: got %v, want INTERNAL naming the panic", err)
+	}
+	id := c.localID("r")
+	if _, err := images.Size(id); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the failed restore left an image: %v", err)
+	}
+	if v, err := store.Get(id); err == nil && v.Provisioning != "" {
+		t.Errorf("the failed restore left the record of a volume made %s", v.Provisioning)
+	}
+	if got := c.space.Restoring(); len(got) != 0 {
+		t.Errorf("restores under way after the panic: %+v", got)
+	}
+	c.space.restoreImage = copyImage
+	if err := restoreFrom(t.Context(), c, "r", snap.GetSnapshot().GetSnapshotId()); err != nil {
+		t.Errorf("the restore after the panic: %v", err)
+	}
+}
+
+// TestCloseEndsRestores checks that Close ends a copy under way (through
+// its context) and returns only once the copy has ended, leaving no image.
+func TestCloseEndsRestores(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: create(t, c, "v")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, ended := make(chan struct{}), make(chan struct{})
+	c.space.restoreImage = func(ctx context.Context, _ string, _ devices.SnapshotInfo, _ int64, _ bool) error {
+		close(started)
+		<-ctx.Done()
+		// Slow to end, so that a Close that does not wait returns first.
+		time.Sleep(20 * time.Millisecond)
+		close(ended)
+		return ctx.Err()
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+	defer cancel()
+	if err := restoreFrom(ctx, c, "r", snap.GetSnapshot().GetSnapshotId()); rpcerr.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("the request: got %v, want DEADLINE_EXCEEDED while the copy goes on", err)
+	}
+	<-started
+	c.space.Close()
+	select {
+	case <-ended:
+	default:
+		t.Fatal("Close returned before the copy ended")
+	}
+	if _, err := images.Size(c.localID("r")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the ended copy left an image: %v", err)
+	}
+}

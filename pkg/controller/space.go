@@ -1,0 +1,333 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// SpaceOptions are the capacity policy of a data directory.
+type SpaceOptions struct {
+	// Ratio is the overprovisioning ratio of thin volumes (at least 1).
+	Ratio float64
+	// Guard is the free space below which no thin volume is created or
+	// grown.
+	Guard capacity.Guard
+	// Snapshots are the data directory's snapshots, which restores copy
+	// from; their copy mode says what a snapshot asked for takes
+	// (snapshotNeed). Nil when none are served.
+	Snapshots *devices.Snapshots
+}
+
+// Space is the capacity promise of this node's data directory: what its
+// images, the snapshots asked for and the restores under way were
+// promised, and what can still be. Every change of an image's space (made,
+// grown, restored, removed) and every snapshot asked for is decided within
+// one lock (within), so no two of them promise the same free space. The
+// node's reconciler grows images through it (GrowImage) and the CSI
+// controller makes, restores and removes them.
+type Space struct {
+	images   *devices.Images
+	store    Store
+	opts     SpaceOptions
+	restores restores
+	// copies is the context of the restores' copies; Close ends it.
+	copies context.Context
+	cancel context.CancelFunc
+
+	// mu is held for each promise and the change it allows (within).
+	// Lock order: the snapshot service's mu, then mu, then restores.mu.
+	mu sync.Mutex
+	// restoreImage copies a snapshot into a volume's image (copySnapshot;
+	// tests hold it up).
+	restoreImage func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error
+}
+
+// NewSpace returns the capacity promise of the data directory holding
+// images, whose records are in store.
+func NewSpace(images *devices.Images, store Store, opts SpaceOptions) *Space {
+	s := &Space{images: images, store: store, opts: opts}
+	s.copies, s.cancel = context.WithCancel(context.Background())
+	s.restoreImage = s.copySnapshot
+	return s
+}
+
+// Close ends the restores' copies, which leave no image (the retried
+// CreateVolume makes it anew), and waits for them.
+func (s *Space) Close() {
+	s.cancel()
+	s.restores.stop()
+}
+
+// within runs fn holding the promise still: no image is made, grown,
+// restored or removed and no snapshot is asked for until fn returns. Every
+// check of the promise is a method of promise, so it is made within.
+func (s *Space) within(fn func(p promise) error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return fn(promise{s})
+}
+
+// promise is the space held still by within.
+type promise struct{ s *Space }
+
+// Account is the state of the data directory as CreateVolume and
+// GetCapacity see it, with its filesystem's size: the volumes being
+// restored are promised their size.
+func (s *Space) Account() (capacity.Account, int64, error) {
+	return account(s.images, s.store, s.opts.Ratio, s.mode(), s.restores.promised())
+}
+
+// mode is how snapshots are copied here ("" when none are served: copies).
+func (s *Space) mode() devices.CopyMode {
+	if s.opts.Snapshots == nil {
+		return ""
+	}
+	return s.opts.Snapshots.Mode
+}
+
+// account derives the state of the data directory from its images and
+// their records, for thin volumes at ratio and snapshots copied as mode
+// says. The volumes being restored (by ID) are promised their size (and
+// provisioning) already: until a copy is an image, it is accounted as an
+// image of that size holding what the copy wrote so far, which the free
+// space no longer counts; once it is, the image counts itself. The images
+// are listed before the copies are looked at, so a copy renamed to its
+// image in between is counted once, whole, rather than twice.
+func account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode, restoring map[string]capacity.Image) (capacity.Account, int64, error) {
+	total, free, err := images.Capacity()
+	if err != nil {
+		return capacity.Account{}, 0, err
+	}
+	usages, err := images.Usages()
+	if err != nil {
+		return capacity.Account{}, 0, fmt.Errorf("listing images: %w", err)
+	}
+	ims := make([]capacity.Image, 0, len(usages)+len(restoring))
+	made := make(map[string]bool, len(usages))
+	for _, u := range usages {
+		im := capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
+		if v, err := store.Get(u.ID); err == nil {
+			im.Thin = v.Thin()
+			im.Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u, v.Thin())
+		}
+		ims = append(ims, im)
+		made[u.ID] = true
+	}
+	for id, im := range restoring {
+		if made[id] {
+			continue
+		}
+		if u, err := images.Copying(id); err == nil {
+			im.Allocated, im.Shared = u.Allocated, u.Shared
+		} else {
+			// Unknown: the whole size stays owed.
+			klog.ErrorS(err, "Cannot tell what a restore copied so far; counting its whole size", "volumeID", id)
+		}
+		ims = append(ims, im)
+	}
+	return capacity.New(free, ratio, ims), total, nil
+}
+
+// Available is what can still be promised to a volume, thin or thick (0
+// for a thin one while the data directory is nearly full), and the largest
+// volume that could be: exactly what a CreateVolume would be promised now.
+func (s *Space) Available(thin bool) (avail, largest int64, err error) {
+	acc, total, err := s.Account()
+	if err != nil {
+		return 0, 0, state.Errorf(state.KindInternal, "%w", err)
+	}
+	if thin && acc.Free < s.opts.Guard.Threshold(total) {
+		return 0, 0, nil
+	}
+	// Thin volumes may be promised more than the filesystem holds, but no
+	// one of them can be larger than it.
+	avail = acc.Available(thin)
+	return avail, min(avail, total), nil
+}
+
+// volume checks that an image of have bytes may grow to size bytes (have
+// 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the data directory
+// cannot hold it, or for a thin volume when it is nearly full;
+// OUT_OF_RANGE when it never could.
+func (p promise) volume(thin bool, size, have int64) error {
+	s := p.s
+	acc, total, err := s.Account()
+	if err != nil {
+		return state.Errorf(state.KindInternal, "%w", err)
+	}
+	if size > total {
+		return state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
+	}
+	kind := state.ProvisionThick
+	if thin {
+		kind = state.ProvisionThin
+		if guard := s.opts.Guard.Threshold(total); acc.Free < guard {
+			return state.Errorf(state.KindResourceExhausted, "the data directory is nearly full (%d bytes free, below the guard of %d bytes): no thin volume is created or grown", acc.Free, guard)
+		}
+	}
+	if avail := acc.Available(thin); size-have > avail {
+		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes can still be promised to a %s volume (%d bytes free, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
+			size-have, avail, kind, acc.Free, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
+	}
+	return nil
+}
+
+// snapshot checks that the data directory can hold a snapshot of volume id
+// without breaking a promise (snapshotNeed says what it takes): NOT_FOUND
+// when the volume has no image here, RESOURCE_EXHAUSTED when the space is
+// not there. The snapshots asked for and not yet taken are promised theirs
+// already (capacity.Account.Copying).
+func (p promise) snapshot(id string) error {
+	s := p.s
+	u, err := s.images.Usage(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return state.NotFound(id)
+	}
+	if err != nil {
+		return state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+	}
+	v, err := s.store.Get(id)
+	need := snapshotNeed(s.mode(), u, err == nil && v.Thin())
+	acc, _, err := s.Account()
+	if err != nil {
+		return state.Errorf(state.KindInternal, "%w", err)
+	}
+	if avail := acc.ThickAvailable(); need > avail {
+		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of the data directory (copied by %s), %d can still be promised", id, need, s.mode(), avail)
+	}
+	return nil
+}
+
+// snapshotNeed is the space a snapshot of an image whose usage is u takes
+// from the data directory, copied as mode says: by a copy, its allocated
+// blocks at once; by a reflink nothing at once, but a thick image then owes
+// the blocks it did not share yet (its writes will copy them), and a thin
+// image's writes take space as any thin write does.
+func snapshotNeed(mode devices.CopyMode, u devices.Usage, thin bool) int64 {
+	switch {
+	case mode != devices.CopyReflink:
+		return u.Allocated
+	case thin:
+		return 0
+	}
+	return max(0, u.Allocated-u.Shared)
+}
+
+// GrowImage grows id's image to at least size bytes (in whole 4 KiB
+// blocks), allocating the new space of a thick volume, once the data
+// directory can promise it, and returns the image's size. An image already
+// that large is left as it is: images never shrink. The node's reconciler
+// calls it for NodeExpandVolume, while the volume is staged: the device and
+// the filesystem grow after it. A missing image is NOT_FOUND; a size the
+// data directory cannot hold now is RESOURCE_EXHAUSTED, one it never could
+// OUT_OF_RANGE.
+func (s *Space) GrowImage(id string, size int64) (grown int64, err error) {
+	err = s.within(func(p promise) error {
+		grown, err = p.grow(id, size)
+		return err
+	})
+	return grown, err
+}
+
+func (p promise) grow(id string, size int64) (int64, error) {
+	s := p.s
+	cur, err := s.images.Size(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, state.NotFound(id)
+	}
+	if err != nil {
+		return 0, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+	}
+	if size <= cur {
+		return cur, nil
+	}
+	if size, err = sizeFor(state.Range{Required: size}); err != nil {
+		return 0, err
+	}
+	thin := false
+	if v, err := s.store.Get(id); err == nil {
+		thin = v.Thin()
+	}
+	if err := p.volume(thin, size, cur); err != nil {
+		return 0, err
+	}
+	size, err = s.images.Grow(id, size, !thin)
+	if err != nil {
+		return 0, imageError(err, "growing volume %s", id)
+	}
+	klog.V(2).InfoS("Grew volume image", "volumeID", id, "from", cur, "bytes", size, "thin", thin)
+	return size, nil
+}
+
+// record notes that volume id (named name) is made as prov, before its
+// image is: an image is then never accounted as another provisioning than
+// it was made with, and a crash before the image leaves a record that
+// accounts for nothing, which the retry of the request makes the image of.
+// The name tells this volume's image from one that a volume made before
+// IDs named their node left under this ID.
+func (p promise) record(id, name string, prov state.Provisioning) error {
+	_, err := p.s.store.Update(id, func(v *state.Volume) error {
+		v.Provisioning = prov
+		if id != name {
+			v.Name = name
+		}
+		return nil
+	})
+	return err
+}
+
+// unrecord undoes record for a volume whose image was not made. Should
+// that fail, the record accounts for nothing (accounting goes by images)
+// and the next CreateVolume of the name writes it again.
+func (p promise) unrecord(id string) {
+	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name = "", ""; return nil }); err != nil {
+		klog.ErrorS(err, "Cannot clear the record of a volume that was not made", "volumeID", id)
+	}
+}
+
+// makeImage makes the image of a new volume id of size bytes, promised
+// already; on failure the record is cleared as for any volume not made.
+func (p promise) makeImage(id string, size int64, prov state.Provisioning) error {
+	if err := p.s.images.Create(id, size, prov == state.ProvisionThick); err != nil {
+		p.unrecord(id)
+		return imageError(err, "creating volume %s", id)
+	}
+	return nil
+}
+
+// remove removes the image of volume id, whose record is marked as being
+// removed, then forgets the volume.
+func (p promise) remove(id string) error {
+	s := p.s
+	if err := s.images.Delete(id); err != nil {
+		return state.Errorf(state.KindInternal, "deleting image of %s: %w", id, err)
+	}
+	if _, err := s.store.Update(id, func(v *state.Volume) error { v.FinishRemoval(); return nil }); err != nil {
+		return err
+	}
+	s.store.DropFinals(id)
+	return nil
+}
+
+// imageError classifies a failure to size an image: no space is
+// RESOURCE_EXHAUSTED, a filesystem that cannot allocate ahead of writes is
+// FAILED_PRECONDITION, and anything else INTERNAL.
+func imageError(err error, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	switch {
+	case state.NoSpace(err):
+		return state.Errorf(state.KindResourceExhausted, "%s: %w", msg, err)
+	case errors.Is(err, devices.ErrCannotAllocate):
+		return state.Errorf(state.KindFailedPrecondition, "%s: %w; thick volumes cannot be kept here, ask for %s: %s", msg, err, ProvisioningKey, state.ProvisionThin)
+	}
+	return state.Errorf(state.KindInternal, "%s: %w", msg, err)
+}

@@ -1,0 +1,188 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// ControllerExpandVolume grows a volume whose image is on this node, as
+// Space.GrowImage does (the new space of a thick volume allocated, never
+// shrinking, within the promise), and leaves the filesystem to the node.
+// A cluster runs one resizer, beside one node's plugin: for a volume whose
+// image is not here, which this node cannot tell from one of another node,
+// it answers with the capacity asked for and node expansion required, and
+// that node's NodeExpandVolume grows the image there (and refuses, with
+// RESOURCE_EXHAUSTED or OUT_OF_RANGE, a size it cannot hold). Growing here
+// when it can matters for offline expansion: the kubelet calls
+// NodeExpandVolume only once the volume is published again, when a mounted
+// ext4 grows only with CAP_SYS_RESOURCE, while an image grown before the
+// stage has its filesystem grown at the stage, unmounted.
+func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, state.Errorf(state.KindInvalidArgument, "capacity range is required")
+	}
+	if err := state.LookupID("volume", id); err != nil {
+		return nil, err
+	}
+	rng := rangeOf(req.GetCapacityRange())
+	size, err := sizeFor(rng)
+	if err != nil {
+		return nil, err
+	}
+	cur, err := c.space.images.Size(id)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		klog.V(2).InfoS("Volume is not on this node; its node grows it in NodeExpandVolume", "volumeID", id, "bytes", size)
+		return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
+	case err != nil:
+		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+	}
+	if err := rng.Grows(id, cur); err != nil {
+		return nil, err
+	}
+	if size, err = c.space.GrowImage(id, size); err != nil {
+		return nil, err
+	}
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
+}
+
+// DeleteVolume removes a volume's image and record. It refuses while the
+// volume is staged or published, or being restored; an unknown volume is a
+// no-op. The record is marked first, so that no stage intent can slip in
+// while the image goes, and a crash in between leaves a mark the next
+// DeleteVolume or CreateVolume of the name finishes.
+func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := state.LookupID("volume", id); err != nil {
+		if state.AsError(err).Kind == state.KindNotFound {
+			return &csi.DeleteVolumeResponse{}, nil
+		}
+		return nil, err
+	}
+	err := c.space.within(func(p promise) error {
+		if r := c.space.restores.get(id); r != nil {
+			return state.Errorf(state.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
+		}
+		if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
+			return err
+		}
+		return p.remove(id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
+	}
+	if err := state.LookupID("volume", id); err != nil {
+		return nil, err
+	}
+	if _, err := c.space.images.Size(id); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, state.NotFound(id)
+		}
+		return nil, state.Errorf(state.KindInternal, "%w", err)
+	}
+	for _, vc := range req.GetVolumeCapabilities() {
+		if _, err := nodeserver.ParseCapability(vc); err != nil {
+			return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+		}
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// pageStart checks a List call's paging and returns the ID its page starts
+// after ("" for the first page): the token is listTokenPrefix and the last
+// ID of the page before.
+func pageStart(maxEntries int32, token string) (after string, err error) {
+	if maxEntries < 0 {
+		return "", state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
+	}
+	if token == "" {
+		return "", nil
+	}
+	id, ok := strings.CutPrefix(token, listTokenPrefix)
+	if !ok || state.ValidID(id) != nil {
+		return "", state.Errorf(state.KindAborted, "invalid starting token %q", token)
+	}
+	return id, nil
+}
+
+// ListVolumes pages through the images in ID order.
+func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	after, err := pageStart(req.GetMaxEntries(), req.GetStartingToken())
+	if err != nil {
+		return nil, err
+	}
+	ids, err := c.space.images.List()
+	if err != nil {
+		return nil, state.Errorf(state.KindInternal, "listing volumes: %w", err)
+	}
+	start := sort.SearchStrings(ids, after)
+	if start < len(ids) && ids[start] == after {
+		start++
+	}
+	resp := &csi.ListVolumesResponse{}
+	for _, id := range ids[start:] {
+		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {
+			resp.NextToken = listTokenPrefix + resp.Entries[len(resp.Entries)-1].Volume.VolumeId
+			break
+		}
+		size, err := c.space.images.Size(id)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: c.volume(id, size)})
+	}
+	return resp, nil
+}
+
+// GetCapacity reports what the data directory can still promise to a
+// volume of the provisioning the parameters ask for (thick unless they say
+// thin): exactly what CreateVolume would accept now. Capabilities this
+// plugin does not serve, or another node's topology, have none.
+func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	prov, err := parseProvisioning(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	for _, vc := range req.GetVolumeCapabilities() {
+		if _, err := nodeserver.ParseCapability(vc); err != nil {
+			return &csi.GetCapacityResponse{}, nil
+		}
+	}
+	if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && seg[TopologyKey] != c.topology[TopologyKey] {
+		return &csi.GetCapacityResponse{}, nil
+	}
+	avail, largest, err := c.space.Available(prov == state.ProvisionThin)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.GetCapacityResponse{AvailableCapacity: avail, MaximumVolumeSize: wrapperspb.Int64(largest)}, nil
+}
