@@ -89,3 +89,26 @@ func TestCloseEndsRestores(t *testing.T) {
 		t.Errorf("the ended copy left an image: %v", err)
 	}
 }
+
+// TestRetryAfterSnapshotDeleted checks that a CreateVolume retried after
+// its restore has ended finds the volume, though the snapshot it was made
+// from is deleted meanwhile: what exists is found before the content
+// source is read.
+func TestRetryAfterSnapshotDeleted(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: create(t, c, "v")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.GetSnapshot().GetSnapshotId()
+	if err := restoreFrom(t.Context(), c, "r", id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if err := restoreFrom(t.Context(), c, "r", id); err != nil {
+		t.Errorf("the retry, its snapshot deleted: got %v, want the volume made", err)
+	}
+}
