@@ -68,7 +68,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 		mode    CopyMode
 		fs      string
 		mkfsArg []string
-	}{{CopyReflink, FsXFS, []string{"-m", "reflink=1"}}, {CopySparse, FsExt4, nil}} {
+	}{{CopyReflink, host.FsXFS, []string{"-m", "reflink=1"}}, {CopySparse, host.FsExt4, nil}} {
 		b.Run(string(way.mode), func(b *testing.B) {
 			data, _ := mountFreshSized(b, b.TempDir(), way.fs, 4<<30, way.mkfsArg...)
 			if got, err := ProbeCopyMode(data); err != nil || got != way.mode {
@@ -94,7 +94,7 @@ func BenchmarkSnapshotCopy(b *testing.B) {
 			if out, err := exec.Command("mkfs.ext4", "-q", "-F", dev).CombinedOutput(); err != nil {
 				b.Fatalf("mkfs.ext4: %v: %s", err, out)
 			}
-			if err := syscall.Mount(dev, vol, FsExt4, 0, ""); err != nil {
+			if err := syscall.Mount(dev, vol, host.FsExt4, 0, ""); err != nil {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { syscall.Unmount(vol, syscall.MNT_DETACH) })

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // copyDirs returns, for each copy mode, a directory on a filesystem that
@@ -23,8 +25,8 @@ func copyDirs(t *testing.T) map[CopyMode]string {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices and mounts")
 	}
-	ext4, _ := mountFresh(t, t.TempDir(), FsExt4)
-	xfs, _ := mountFresh(t, t.TempDir(), FsXFS, "-m", "reflink=1")
+	ext4, _ := mountFresh(t, t.TempDir(), host.FsExt4)
+	xfs, _ := mountFresh(t, t.TempDir(), host.FsXFS, "-m", "reflink=1")
 	return map[CopyMode]string{CopySparse: ext4, CopyReflink: xfs}
 }
 
@@ -168,7 +170,7 @@ func TestFreezeThaw(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices and mounts")
 	}
-	for _, fs := range []string{FsExt4, FsXFS, FsBtrfs} {
+	for _, fs := range []string{host.FsExt4, host.FsXFS, host.FsBtrfs} {
 		t.Run(fs, func(t *testing.T) {
 			dir := t.TempDir()
 			mnt, _ := mountFresh(t, dir, fs)
@@ -217,11 +219,11 @@ func TestSnapshots(t *testing.T) {
 			}
 			snaps := &Snapshots{Dir: filepath.Join(dir, "snapshots"), Mode: mode}
 			now := time.Date(2026, 11, 23, 16, 0, 0, 123, time.UTC)
-			info, err := snaps.Take(context.Background(), "s1", "v1", image, FsExt4, now)
+			info, err := snaps.Take(context.Background(), "s1", "v1", image, host.FsExt4, now)
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := SnapshotInfo{ID: "s1", Source: "v1", Size: int64(len(before)), Allocated: info.Allocated, Created: now, FsType: FsExt4}
+			want := SnapshotInfo{ID: "s1", Source: "v1", Size: int64(len(before)), Allocated: info.Allocated, Created: now, FsType: host.FsExt4}
 			if info != want || info.Allocated <= 0 {
 				t.Errorf("Take: got %+v, want %+v with blocks allocated", info, want)
 			}
@@ -231,7 +233,7 @@ func TestSnapshots(t *testing.T) {
 			if err := os.Remove(image); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := snaps.Take(context.Background(), "s1", "v1", filepath.Join(dir, "missing.img"), FsExt4, now); !errors.Is(err, os.ErrNotExist) {
+			if _, err := snaps.Take(context.Background(), "s1", "v1", filepath.Join(dir, "missing.img"), host.FsExt4, now); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("taking a snapshot of a missing image: got %v, want os.ErrNotExist", err)
 			}
 			other := filepath.Join(dir, "other.img")

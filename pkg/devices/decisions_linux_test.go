@@ -11,6 +11,8 @@ import (
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 	testingexec "k8s.io/utils/exec/testing"
+
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // script is a fake exec that answers each command by its name, in order,
@@ -171,7 +173,7 @@ func TestGrowUnmountedCommands(t *testing.T) {
 	} {
 		s := &script{answers: tc.answers}
 		m := NewMounter(mount.NewFakeMounter(nil), s.exec(t), 1, NewPaths([]string{t.TempDir()}))
-		err := m.GrowUnmounted(t.Context(), "/dev/loop7", FsExt4)
+		err := m.GrowUnmounted(t.Context(), "/dev/loop7", host.FsExt4)
 		var ce *CommandError
 		switch {
 		case tc.failed == "" && err != nil:
@@ -185,7 +187,7 @@ func TestGrowUnmountedCommands(t *testing.T) {
 			t.Errorf("%s: ran %q", tc.name, s.ran)
 		}
 	}
-	if err := NewMounter(mount.NewFakeMounter(nil), &testingexec.FakeExec{}, 1, NewPaths([]string{t.TempDir()})).GrowUnmounted(t.Context(), "/dev/loop7", FsXFS); err == nil {
+	if err := NewMounter(mount.NewFakeMounter(nil), &testingexec.FakeExec{}, 1, NewPaths([]string{t.TempDir()})).GrowUnmounted(t.Context(), "/dev/loop7", host.FsXFS); err == nil {
 		t.Error("xfs grown offline")
 	}
 }
@@ -220,22 +222,22 @@ func TestBlankProbeFormatsWithoutBlkid(t *testing.T) {
 		answers []answer
 		want    []string // the commands run
 	}{
-		{"blank, mke2fs 1.47", true, FsExt4, nil,
+		{"blank, mke2fs 1.47", true, host.FsExt4, nil,
 			[]answer{{"mkfs.ext4", v147, 0}, {"mkfs.ext4", "", 0}},
 			[]string{"mkfs.ext4 -V", "mkfs.ext4 -E assume_storage_prezeroed=1 -F -m0 /dev/loop7"}},
-		{"blank, the volume's own -E", true, FsExt4, []string{"-E", "nodiscard", "-b", "4096", "-E", "root_owner=0:0"},
+		{"blank, the volume's own -E", true, host.FsExt4, []string{"-E", "nodiscard", "-b", "4096", "-E", "root_owner=0:0"},
 			[]answer{{"mkfs.ext4", v147, 0}, {"mkfs.ext4", "", 0}},
 			[]string{"mkfs.ext4 -V", "mkfs.ext4 -E nodiscard -b 4096 -E root_owner=0:0,assume_storage_prezeroed=1 -F -m0 /dev/loop7"}},
-		{"blank, mke2fs 1.46", true, FsExt4, nil,
+		{"blank, mke2fs 1.46", true, host.FsExt4, nil,
 			[]answer{{"mkfs.ext4", v146, 0}, {"mkfs.ext4", "", 0}},
 			[]string{"mkfs.ext4 -V", "mkfs.ext4 -F -m0 /dev/loop7"}},
-		{"blank, mkfs.ext4 -V fails", true, FsExt4, nil,
+		{"blank, mkfs.ext4 -V fails", true, host.FsExt4, nil,
 			[]answer{{"mkfs.ext4", "", 1}, {"mkfs.ext4", "", 0}},
 			[]string{"mkfs.ext4 -V", "mkfs.ext4 -F -m0 /dev/loop7"}},
-		{"blank xfs", true, FsXFS, nil,
+		{"blank xfs", true, host.FsXFS, nil,
 			[]answer{{"mkfs.xfs", "", 0}},
 			[]string{"mkfs.xfs -f /dev/loop7"}},
-		{"found empty by blkid", false, FsExt4, nil,
+		{"found empty by blkid", false, host.FsExt4, nil,
 			[]answer{{"blkid", "", 2}, {"mkfs.ext4", "", 0}},
 			[]string{"blkid -p -s TYPE -s PTTYPE -o export /dev/loop7", "mkfs.ext4 -F -m0 /dev/loop7"}},
 	} {

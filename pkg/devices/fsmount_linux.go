@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/mount-utils"
+
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // fsMounter is a mount.Interface whose filesystem mounts of ext4, xfs and
@@ -41,7 +43,7 @@ func SELinuxEnabled() bool {
 }
 
 // syscallMounted are the filesystems mounted through the mount API.
-var syscallMounted = []string{FsExt4, FsXFS, FsBtrfs}
+var syscallMounted = []string{host.FsExt4, host.FsXFS, host.FsBtrfs}
 
 // Mount mounts source at target (see MountSensitive).
 func (m *fsMounter) Mount(source, target, fstype string, options []string) error {

@@ -12,13 +12,8 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
-)
 
-// Filesystem types converge creates and mounts.
-const (
-	FsExt4  = "ext4"
-	FsXFS   = "xfs"
-	FsBtrfs = "btrfs"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // unknownData is what mount-utils' GetDiskFormat reports for a device with
@@ -110,7 +105,7 @@ type Mounter struct {
 	// unfinished reports whether a device holds an xfs whose mkfs never
 	// finished: xfsUnfinished, which reads the device.
 	unfinished func(dev string) (bool, error)
-	// prezero is whether mkfs.ext4 takes PrezeroedOption, asked once.
+	// prezero is whether mkfs.ext4 takes host.Mke2fsPrezeroed, asked once.
 	prezeroOnce sync.Once
 	prezero     bool
 }
@@ -169,7 +164,7 @@ const blkidNothingFound = 2
 // device (nothing found).
 //
 // An ext4 is then made without zeroing its journal and inode tables, which
-// the device already reads as zeros (PrezeroedOption).
+// the device already reads as zeros (host.Mke2fsPrezeroed).
 func BlankProbe(dev string) Probe {
 	return Probe{Device: dev, zeroed: true, blkid: &commandRun{
 		device: dev,
@@ -177,44 +172,34 @@ func BlankProbe(dev string) Probe {
 	}}
 }
 
-// PrezeroedOption is mke2fs's extended option (e2fsprogs 1.47 and later)
-// that says the device reads only zeros: mke2fs then neither zeroes the
-// journal nor leaves the inode tables for the kernel to zero after the
-// mount, and flags them zeroed. On a 64 MiB volume that is 4-8 MiB of
-// writes fewer, and mkfs took 27-42 ms rather than 60-177; on 1 GiB, 32
-// MiB fewer and 25-38 ms rather than 97-113. A thin volume's image holds
-// 1 MiB afterwards rather than 5-33. Given for a device that does not read
-// zeros, it would let a later fsck take stale blocks for inodes.
-const PrezeroedOption = "assume_storage_prezeroed"
-
-// withPrezeroed returns mke2fs options that add PrezeroedOption=1: to the
+// withPrezeroed returns mke2fs options that add host.Mke2fsPrezeroed=1: to the
 // last -E given, as mke2fs reads only the last, or as a new -E.
 func withPrezeroed(opts []string) []string {
 	out := slices.Clone(opts)
 	for i := len(out) - 2; i >= 0; i-- {
 		if out[i] == "-E" {
-			out[i+1] += "," + PrezeroedOption + "=1"
+			out[i+1] += "," + host.Mke2fsPrezeroed + "=1"
 			return out
 		}
 	}
-	return append(out, "-E", PrezeroedOption+"=1")
+	return append(out, "-E", host.Mke2fsPrezeroed+"=1")
 }
 
 // prezeroes reports whether this machine's mkfs.ext4 takes
-// PrezeroedOption, asked once: `mkfs.ext4 -V` names the e2fsprogs
+// host.Mke2fsPrezeroed, asked once: `mkfs.ext4 -V` names the e2fsprogs
 // version, and 1.47 brought the option.
 func (m *Mounter) prezeroes() bool {
 	m.prezeroOnce.Do(func() {
-		out, err := m.exec.Command("mkfs."+FsExt4, "-V").CombinedOutput()
+		out, err := m.exec.Command("mkfs."+host.FsExt4, "-V").CombinedOutput()
 		m.prezero = err == nil && mke2fsPrezeroes(string(out))
-		klog.Background().V(2).Info("mkfs.ext4 asked whether it takes "+PrezeroedOption, "takes", m.prezero, "output", strings.TrimSpace(string(out)), "err", err)
+		klog.Background().V(2).Info("mkfs.ext4 asked whether it takes "+host.Mke2fsPrezeroed, "takes", m.prezero, "output", strings.TrimSpace(string(out)), "err", err)
 	})
 	return m.prezero
 }
 
 // mke2fsPrezeroes reads the output of `mke2fs -V` ("mke2fs 1.47.0
 // (5-Feb-2023)" first) and reports whether that version takes
-// PrezeroedOption.
+// host.Mke2fsPrezeroed.
 func mke2fsPrezeroes(out string) bool {
 	fields := strings.Fields(out)
 	if len(fields) < 2 || fields[0] != "mke2fs" {
@@ -252,7 +237,7 @@ func (m *Mounter) DiskFormat(ctx context.Context, dev string) (Probe, error) {
 		return Probe{}, fmt.Errorf("%s: %w", dev, ErrPartitioned)
 	}
 	p := Probe{Device: dev, Type: fs, blkid: rec.last}
-	if fs == FsXFS {
+	if fs == host.FsXFS {
 		if p.Unfinished, err = m.unfinished(dev); err != nil {
 			return Probe{}, fmt.Errorf("probing %s: %w", dev, err)
 		}
@@ -344,7 +329,7 @@ func (m *Mounter) FormatAndMount(ctx context.Context, probe Probe, target, fsTyp
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
-	if probe.zeroed && fsType == FsExt4 && m.prezeroes() {
+	if probe.zeroed && fsType == host.FsExt4 && m.prezeroes() {
 		mkfsOptions = withPrezeroed(mkfsOptions)
 	}
 	sfm := &mount.SafeFormatAndMount{Interface: m.mounter, Exec: &replayExec{Interface: ctxExec{m.exec, ctx}, run: probe.blkid}}
@@ -390,7 +375,7 @@ func (m *Mounter) Resize(ctx context.Context, dev, mountPath string) error {
 // device: a forced e2fsck first (resize2fs demands it), then resize2fs.
 // Other filesystems grow only online; for them it is an error.
 func (m *Mounter) GrowUnmounted(ctx context.Context, dev, fsType string) error {
-	if fsType != FsExt4 {
+	if fsType != host.FsExt4 {
 		return fmt.Errorf("%s grows only while mounted", fsType)
 	}
 	// e2fsck exits 1 when it fixed something, which is fine here.

@@ -99,7 +99,7 @@ func byDevice(mounts []host.Mount, loops []host.Loop) []host.Mount {
 		dev[l.Device] = l.Dev
 	}
 	for i, m := range mounts {
-		if d, ok := dev[m.Source]; ok && m.Dev.Major == 0 && m.FsType == FsBtrfs {
+		if d, ok := dev[m.Source]; ok && m.Dev.Major == 0 && m.FsType == host.FsBtrfs {
 			mounts[i].Dev = d
 		}
 	}

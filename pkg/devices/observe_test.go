@@ -186,7 +186,7 @@ func TestCheckMountedAtEachFilesystem(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices and mounts")
 	}
-	for _, fs := range []string{FsExt4, FsXFS, FsBtrfs} {
+	for _, fs := range []string{host.FsExt4, host.FsXFS, host.FsBtrfs} {
 		t.Run(fs, func(t *testing.T) {
 			dir := t.TempDir()
 			mnt, dev := mountFresh(t, dir, fs)
@@ -233,7 +233,7 @@ func mountFreshSized(tb testing.TB, dir, fs string, size int64, mkfsArgs ...stri
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { loops.Release(dev, dir) })
-	force := map[string]string{FsExt4: "-F", FsXFS: "-f", FsBtrfs: "-f"}[fs]
+	force := map[string]string{host.FsExt4: "-F", host.FsXFS: "-f", host.FsBtrfs: "-f"}[fs]
 	args := append([]string{"-q", force}, mkfsArgs...)
 	if out, err := exec.Command("mkfs."+fs, append(args, dev)...).CombinedOutput(); err != nil {
 		tb.Fatalf("mkfs.%s: %v: %s", fs, err, out)

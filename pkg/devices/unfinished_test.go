@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
+
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // unfinishedXfs makes an xfs in a new file of size bytes in dir and, when
@@ -50,7 +52,7 @@ func TestProbeTellsAnUnfinishedXfs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if p.Type != FsXFS || p.Unfinished != unfinished {
+		if p.Type != host.FsXFS || p.Unfinished != unfinished {
 			t.Errorf("unfinished %v: probe says %q, unfinished %v", unfinished, p.Type, p.Unfinished)
 		}
 		if r := p.Redo(); r.Type != "" || r.Unfinished || r.Device != img {

@@ -30,12 +30,9 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if path == "" {
 		return nil, invalid("volume path is required")
 	}
-	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
-	if required < 0 || limit < 0 {
-		return nil, invalid("capacity range must not be negative")
-	}
-	if limit > 0 && required > limit {
-		return nil, state.Errorf(state.KindOutOfRange, "required bytes %d exceed limit bytes %d", required, limit)
+	rng := state.Range{Required: req.GetCapacityRange().GetRequiredBytes(), Limit: req.GetCapacityRange().GetLimitBytes()}
+	if err := rng.Check(); err != nil {
+		return nil, err
 	}
 	// An unknown volume is NOT_FOUND whatever the path (CSI); the path is
 	// checked before it is used.
@@ -49,20 +46,17 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	if err := s.checkPath("volume path", path); err != nil {
 		return nil, err
 	}
-	known := v.Stage != nil && !v.Stage.Deleting && v.Stage.Path == path
-	if p := v.Publishes[path]; p != nil && !p.Deleting {
-		known = true
-	}
-	if !known {
-		return nil, state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", id, path)
+	if err := liveAt(v, path); err != nil {
+		return nil, err
 	}
 	capacity, err := s.capacity(id)
 	if err != nil {
 		return nil, err
 	}
-	if limit > 0 && capacity > limit {
-		return nil, state.Errorf(state.KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, capacity, limit)
+	if err := rng.Grows(id, capacity); err != nil {
+		return nil, err
 	}
+	required := rng.Required
 	if required == 0 {
 		required = capacity
 	}

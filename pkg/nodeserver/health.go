@@ -29,11 +29,8 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 		return nil, state.Errorf(state.KindUnimplemented, "NodeGetVolumeHealth is alpha in CSI v1.13: csi-node serves it with --feature-gates=VolumeHealth=true")
 	}
 	id := req.GetVolumeId()
-	if id == "" {
-		return nil, invalid("volume ID is required")
-	}
-	if state.ValidID(id) != nil {
-		return nil, notFound(id)
+	if err := state.LookupID("volume", id); err != nil {
+		return nil, err
 	}
 	if v, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) || err == nil && !v.Staged() {
 		if f, ok := s.cfg.Store.LastFinal(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // MkfsOptionsKey is the StorageClass parameter (and volume attribute) that
@@ -15,15 +17,10 @@ const MkfsOptionsKey = "converge.csi.dev/mkfsOptions"
 // Each takes one value. Nothing that names a device, a file or a journal
 // elsewhere is allowed, and nothing that forces anything.
 var mkfsPolicy = map[string]map[string]bool{
-	"ext4":  {"-b": true, "-i": true, "-I": true, "-m": true, "-N": true, "-E": true, "-O": true, "-L": true},
-	"xfs":   {"-b": true, "-i": true, "-m": true, "-n": true, "-d": true, "-L": true},
-	"btrfs": {"-n": true, "-s": true, "-m": true, "-d": true, "-O": true, "-L": true},
+	host.FsExt4:  {"-b": true, "-i": true, "-I": true, "-m": true, "-N": true, "-E": true, "-O": true, "-L": true},
+	host.FsXFS:   {"-b": true, "-i": true, "-m": true, "-n": true, "-d": true, "-L": true},
+	host.FsBtrfs: {"-n": true, "-s": true, "-m": true, "-d": true, "-O": true, "-L": true},
 }
-
-// prezeroedOption is mke2fs's extended option that says the device reads
-// only zeros, so that mke2fs skips zeroing the journal and inode tables.
-// The devices package sets it for an image that holds no data.
-const prezeroedOption = "assume_storage_prezeroed"
 
 // maxMkfsOptions bounds the options of one volume.
 const maxMkfsOptions = 32
@@ -33,7 +30,7 @@ const maxMkfsOptions = 32
 // hold letters, digits and "_^=,.:-" only.
 func CheckMkfsOptions(fsType, value string) ([]string, error) {
 	if fsType == "" {
-		fsType = "ext4"
+		fsType = host.DefaultFsType
 	}
 	allowed, ok := mkfsPolicy[fsType]
 	if !ok {
@@ -61,12 +58,12 @@ func CheckMkfsOptions(fsType, value string) ([]string, error) {
 		}
 		if flag == "-E" && slices.ContainsFunc(strings.Split(arg, ","), func(o string) bool {
 			name, _, _ := strings.Cut(o, "=")
-			return name == prezeroedOption
+			return name == host.Mke2fsPrezeroed
 		}) {
 			// A claim about the device that only the plugin can check: a
 			// filesystem made on a device that does not read zeros where
 			// mke2fs trusts it to would be taken apart by a later fsck.
-			return nil, fmt.Errorf("%s: %s is set by the plugin, which knows whether a new volume's image holds only zeros", MkfsOptionsKey, prezeroedOption)
+			return nil, fmt.Errorf("%s: %s is set by the plugin, which knows whether a new volume's image holds only zeros", MkfsOptionsKey, host.Mke2fsPrezeroed)
 		}
 	}
 	return fields, nil

@@ -23,14 +23,11 @@ import (
 // condition, which the kubelet reports on the pod.
 func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if id == "" {
-		return nil, invalid("volume ID is required")
+	if err := state.LookupID("volume", id); err != nil {
+		return nil, err
 	}
 	if path == "" {
 		return nil, invalid("volume path is required")
-	}
-	if state.ValidID(id) != nil {
-		return nil, notFound(id)
 	}
 	v, err := s.cfg.Store.Get(id)
 	if errors.Is(err, state.ErrNotFound) {
@@ -46,12 +43,8 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 			path = t
 		}
 	}
-	known := v.Stage != nil && !v.Stage.Deleting && v.Stage.Path == path
-	if p := v.Publishes[path]; p != nil && !p.Deleting {
-		known = true
-	}
-	if !known {
-		return nil, state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", id, path)
+	if err := liveAt(v, path); err != nil {
+		return nil, err
 	}
 	cond := s.cfg.Store.Condition(id)
 	if slices.Contains(cond.Unusable, path) {
@@ -99,6 +92,18 @@ func blockStatsTarget(path string) (string, bool) {
 		return "", false
 	}
 	return filepath.Join(base, "publish", pv, uid), true
+}
+
+// liveAt refuses, as NOT_FOUND, a path that is neither the volume's
+// staging path nor one of its targets, or whose intent is being withdrawn.
+func liveAt(v *state.Volume, path string) error {
+	if st := v.Stage; st != nil && !st.Deleting && st.Path == path {
+		return nil
+	}
+	if p := v.Publishes[path]; p != nil && !p.Deleting {
+		return nil
+	}
+	return state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", v.ID, path)
 }
 
 // describe renders a condition for an error message.

@@ -11,9 +11,6 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// FsTypes are the filesystems a volume may ask for.
-var FsTypes = []string{"ext4", "xfs", "btrfs"}
-
 // mountFlagPolicy lists the mount options a request may carry. Options with
 // a value name it "key=". Everything else is refused: in particular bind,
 // rbind, remount, move, loop and helper options, and anything that names
@@ -126,8 +123,8 @@ func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
 		m := c.GetMount()
 		out.Access = state.AccessMount
 		out.FsType = m.GetFsType()
-		if out.FsType != "" && !slices.Contains(FsTypes, out.FsType) {
-			return Capability{}, fmt.Errorf("fs type %q is not supported; use one of %v", out.FsType, FsTypes)
+		if out.FsType != "" && !slices.Contains(host.FsTypes, out.FsType) {
+			return Capability{}, fmt.Errorf("fs type %q is not supported; use one of %v", out.FsType, host.FsTypes)
 		}
 		if err := CheckMountFlags(m.GetMountFlags()); err != nil {
 			return Capability{}, err

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -433,7 +432,7 @@ func grow(v *state.Volume, a *actual) []action {
 		return []action{{kind: actGrowDevice, generation: gen, reason: fmt.Sprintf("image is %d bytes, device %d", l.BackingSize, l.Size)}}
 	case v.Stage.Access == state.AccessMount && !v.Stage.MountsReadOnly() && !a.errorsRO && v.FsSize < l.Size:
 		reason := fmt.Sprintf("device is %d bytes, filesystem last grown to %d", l.Size, v.FsSize)
-		if unused(v, a) && a.stagingMount.FsType == devices.FsExt4 {
+		if unused(v, a) && a.stagingMount.FsType == host.FsExt4 {
 			return []action{{kind: actGrowFsOffline, generation: gen, reason: reason + "; ext4 that nothing uses grows unmounted"}}
 		}
 		return []action{{kind: actGrowFs, generation: gen, reason: reason}}

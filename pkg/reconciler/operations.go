@@ -17,13 +17,10 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// DefaultFsType is the filesystem made when a stage names none.
-const DefaultFsType = devices.FsExt4
-
 // fsTypeOf returns the filesystem a stage asks for.
 func fsTypeOf(st *state.Stage) string {
 	if st.FsType == "" {
-		return DefaultFsType
+		return host.DefaultFsType
 	}
 	return st.FsType
 }
@@ -83,7 +80,7 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 	}
 	have := probe.Type
 	grown := int64(0)
-	if have == devices.FsExt4 && !st.MountsReadOnly() && v.FsSize < devSize {
+	if have == host.FsExt4 && !st.MountsReadOnly() && v.FsSize < devSize {
 		// ext4 grows best before it is mounted: an online resize needs
 		// CAP_SYS_RESOURCE and locks out writers for a while. A failure
 		// here is left to the online grow after the mount.
@@ -267,19 +264,19 @@ func stageOptions(st *state.Stage, fsType string, thin bool) []string {
 		// A thin volume hands the space its files free back to the data
 		// directory as they are deleted: the loop device turns each
 		// discard into a hole in the image. btrfs batches them.
-		if fsType == devices.FsBtrfs {
+		if fsType == host.FsBtrfs {
 			opts = append(opts, "discard=async")
 		} else {
 			opts = append(opts, "discard")
 		}
 	}
-	if fsType == devices.FsExt4 && !slices.ContainsFunc(opts, func(o string) bool { return strings.HasPrefix(o, "errors=") }) {
+	if fsType == host.FsExt4 && !slices.ContainsFunc(opts, func(o string) bool { return strings.HasPrefix(o, "errors=") }) {
 		// Stop writing at the first error instead of piling more writes on
 		// a damaged filesystem; the reconciler reports it and remounts
 		// after fsck once no pod uses it.
 		opts = append(opts, "errors=remount-ro")
 	}
-	if fsType == devices.FsXFS && !slices.Contains(opts, "nouuid") {
+	if fsType == host.FsXFS && !slices.Contains(opts, "nouuid") {
 		// Clones of one image share a UUID; xfs refuses the second mount.
 		opts = append(opts, "nouuid")
 	}

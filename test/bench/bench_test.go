@@ -32,6 +32,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
@@ -108,7 +109,7 @@ func (r rawFloor) stage(v vol) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if out, err := exec.Command("mkfs.ext4", "-F", "-m0", "-E", devices.PrezeroedOption+"=1", dev).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mkfs.ext4", "-F", "-m0", "-E", host.Mke2fsPrezeroed+"=1", dev).CombinedOutput(); err != nil {
 		return dev, fmt.Errorf("mkfs.ext4 %s: %v: %s", dev, err, out)
 	}
 	return dev, unix.Mount(dev, v.staging, "ext4", 0, "errors=remount-ro")

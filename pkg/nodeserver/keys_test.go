@@ -1,0 +1,51 @@
+package nodeserver
+
+import (
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// TestCheckKeys owns the refusal of keys converge does not know, for
+// StorageClass and VolumeSnapshotClass parameters and volume attributes
+// alike: Kubernetes' own keys pass, every other unknown key is named.
+func TestCheckKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		m    map[string]string
+		want string
+	}{
+		{name: "none", m: nil},
+		{name: "known", m: map[string]string{MkfsOptionsKey: "-b 4096"}},
+		{name: "kubernetes' own", m: map[string]string{"csi.storage.k8s.io/pvc/name": "c", "storage.kubernetes.io/csiProvisionerIdentity": "x"}},
+		{name: "unknown, named in order", m: map[string]string{"b": "", "a": "", MkfsOptionsKey: ""}, want: `unknown parameters: "a", "b"`},
+		{name: "a prefix alike is not kubernetes'", m: map[string]string{"csi.storage.k8s.io": ""}, want: `unknown parameters: "csi.storage.k8s.io"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckKeys("parameters", tc.m, MkfsOptionsKey)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("got %v, want none", err)
+			case tc.want != "" && (err == nil || err.Error() != tc.want || state.AsError(err).Kind != state.KindInvalidArgument):
+				t.Errorf("got %v, want InvalidArgument %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestLiveAt owns "the live stage or a live publish, else NOT_FOUND" that
+// NodeGetVolumeStats and NodeExpandVolume ask of a volume path.
+func TestLiveAt(t *testing.T) {
+	v := &state.Volume{ID: "v", Stage: &state.Stage{Path: "/k/s"}, Publishes: map[string]*state.Publish{
+		"/k/t1": {}, "/k/t2": {Deleting: true}}}
+	for path, live := range map[string]bool{"/k/s": true, "/k/t1": true, "/k/t2": false, "/k/other": false} {
+		err := liveAt(v, path)
+		if live != (err == nil) || err != nil && state.AsError(err).Kind != state.KindNotFound {
+			t.Errorf("%s: got %v, want live %t (else NotFound)", path, err, live)
+		}
+	}
+	v.Stage.Deleting = true
+	if err := liveAt(v, "/k/s"); err == nil {
+		t.Error("a stage being withdrawn: got live, want NotFound")
+	}
+}
