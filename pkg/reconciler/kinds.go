@@ -55,28 +55,6 @@ const (
 	forSnapshot
 )
 
-// onFinal says what a terminal failure of a kind does to its intent. (Any
-// failure that is not terminal is retried with backoff.)
-type onFinal int
-
-const (
-	// finalHolds: the intent stays, and the action is not tried again
-	// until the intent's generation changes: it would fail the same way.
-	finalHolds onFinal = iota + 1
-	// finalWithdraws: the intent is withdrawn and rolled back, a failed
-	// stage taking its publishes along. The action is tried again only
-	// while the withdrawal cannot be recorded, and for a stage that lost
-	// its data (kept, retried with backoff and reported).
-	finalWithdraws
-	// finalKeepsStaged: the withdrawal of the stage is cancelled, and the
-	// volume stays staged.
-	finalKeepsStaged
-	// finalRecorded: the final is recorded for the intent's request, the
-	// intent stays, and the action is not tried again until the intent's
-	// generation changes.
-	finalRecorded
-)
-
 // kindSpec is everything the reconciler knows of one kind of action.
 type kindSpec struct {
 	name string
@@ -100,8 +78,10 @@ type kindSpec struct {
 	slow bool
 	// serves is the intent the action serves.
 	serves intent
-	// final is what a terminal failure does to that intent.
-	final onFinal
+	// final is what a terminal failure does to that intent: held,
+	// heldAndAnswered, withdrawn or keptStaged. (Any failure that is not
+	// terminal is retried with backoff.)
+	final effect
 	// run performs the action on the volume whose record (v) and actual
 	// state (a) the pass saw; the commands it runs end with ctx.
 	run func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error
@@ -115,78 +95,78 @@ func init() { kinds = kindTable() }
 
 func kindTable() [kindCount]kindSpec {
 	return [kindCount]kindSpec{
-		actUnpublish: {name: "unpublish", teardown: true, serves: forPublish, final: finalHolds,
+		actUnpublish: {name: "unpublish", teardown: true, serves: forPublish, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.unpublish(v, a, act.target)
 			}},
-		actUnstage: {name: "unstage", teardown: true, serves: forStage, final: finalKeepsStaged,
+		actUnstage: {name: "unstage", teardown: true, serves: forStage, final: keptStaged,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.unstage(v, a)
 			}},
-		actStage: {name: "stage", fulfils: true, slow: true, serves: forStage, final: finalWithdraws,
+		actStage: {name: "stage", fulfils: true, slow: true, serves: forStage, final: withdrawn,
 			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.stage(ctx, v, a)
 			}},
-		actPublish: {name: "publish", fulfils: true, serves: forPublish, final: finalWithdraws,
+		actPublish: {name: "publish", fulfils: true, serves: forPublish, final: withdrawn,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.publish(v, a, act.target)
 			}},
 		// Unmounts and detaches a loop device of the data directory that no
 		// stage references.
-		actRelease: {name: "release orphan", teardown: true, counted: true, serves: forStage, final: finalHolds,
+		actRelease: {name: "release orphan", teardown: true, counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, _ action) error {
 				return r.release(a)
 			}},
 		// Unmounts an unusable publish mount and keeps the publish, so that a
 		// later pass mounts it again.
-		actUnmountTarget: {name: "unmount unusable target", teardown: true, repair: true, counted: true, serves: forPublish, final: finalHolds,
+		actUnmountTarget: {name: "unmount unusable target", teardown: true, repair: true, counted: true, serves: forPublish, final: held,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
 				return r.unmountTarget(act.target)
 			}},
 		// Unmounts an unusable staging mount and keeps the stage, so that a
 		// later pass mounts it again (after fsck).
-		actUnmountStaging: {name: "unmount unusable staging", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
+		actUnmountStaging: {name: "unmount unusable staging", teardown: true, repair: true, counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, _ action) error {
 				return r.unmountStaging(v)
 			}},
 		// Clears the auto-clear flag that a losetup -d from outside set on the
 		// volume's loop device.
-		actKeepDevice: {name: "keep device", counted: true, serves: forStage, final: finalHolds,
+		actKeepDevice: {name: "keep device", counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, _ action) error {
 				return r.keepDevice(a)
 			}},
 		// Unmounts the plugin's own mount of the volume's filesystem found at a
 		// path no record names (target is that path, mountID the mount).
-		actUnmountStray: {name: "unmount stray", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
+		actUnmountStray: {name: "unmount stray", teardown: true, repair: true, counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
 				return r.unmountStray(act.target, act.mountID)
 			}},
 		// Grows the image to the size the expansion asks for, within what
 		// the data directory can promise.
-		actGrowImage: {name: "grow image", slow: true, serves: forExpand, final: finalRecorded,
+		actGrowImage: {name: "grow image", slow: true, serves: forExpand, final: heldAndAnswered,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.growImage(v, a)
 			}},
 		// Grows an ext4 that nothing uses while it is unmounted: unmounts
 		// the staging mount, checks and grows the filesystem, and mounts it
 		// again.
-		actGrowFsOffline: {name: "grow filesystem offline", slow: true, serves: forExpand, final: finalRecorded,
+		actGrowFsOffline: {name: "grow filesystem offline", slow: true, serves: forExpand, final: heldAndAnswered,
 			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.growFsOffline(ctx, v, a)
 			}},
 		// Makes the loop device take its grown image's size.
-		actGrowDevice: {name: "grow device", serves: forExpand, final: finalRecorded,
+		actGrowDevice: {name: "grow device", serves: forExpand, final: heldAndAnswered,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, _ action) error {
 				return r.growDevice(a)
 			}},
 		// Grows the staged filesystem to fill its device.
-		actGrowFs: {name: "grow filesystem", slow: true, serves: forExpand, final: finalRecorded,
+		actGrowFs: {name: "grow filesystem", slow: true, serves: forExpand, final: heldAndAnswered,
 			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.growFs(ctx, v, a)
 			}},
 		// Detaches a second, unmounted loop device of the volume's image
 		// (target is the device).
-		actDetachExtra: {name: "detach extra device", teardown: true, repair: true, counted: true, serves: forStage, final: finalHolds,
+		actDetachExtra: {name: "detach extra device", teardown: true, repair: true, counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
 				_, err := r.cfg.Loops.Detach(act.target)
 				return err
@@ -194,31 +174,31 @@ func kindTable() [kindCount]kindSpec {
 		// Records the unique ID of the mount at the staging path (target "")
 		// or at a target, so that the plugin knows it as its own wherever it
 		// goes later.
-		actRecordMount: {name: "record mount", serves: forStageOrPublish, final: finalHolds,
+		actRecordMount: {name: "record mount", serves: forStageOrPublish, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
 				return r.recordMount(v.ID, act)
 			}},
 		// Allocates the holes of the image of a volume that is not thin.
-		actReserve: {name: "reserve space", repair: true, counted: true, serves: forStage, final: finalHolds,
+		actReserve: {name: "reserve space", repair: true, counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.reserve(v, a)
 			}},
 		// Makes the device of a thin volume pass discards, and that of any
 		// other refuse them.
-		actSetDiscards: {name: "set discards", repair: true, counted: true, serves: forStage, final: finalHolds,
+		actSetDiscards: {name: "set discards", repair: true, counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, _ action) error {
 				return r.cfg.Loops.SetDiscards(a.loop.Device, v.Thin())
 			}},
 		// Copies the volume's image to the snapshot whose ID is the
 		// target, its filesystem frozen meanwhile when it is staged, and
 		// forgets the intent.
-		actTakeSnapshot: {name: "take snapshot", fulfils: true, slow: true, serves: forSnapshot, final: finalWithdraws,
+		actTakeSnapshot: {name: "take snapshot", fulfils: true, slow: true, serves: forSnapshot, final: withdrawn,
 			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.takeSnapshot(ctx, v, a, act)
 			}},
 		// Forgets the intent of a snapshot that exists (taken before a
 		// crash let the intent be forgotten).
-		actForgetSnapshot: {name: "forget snapshot intent", serves: forSnapshot, final: finalHolds,
+		actForgetSnapshot: {name: "forget snapshot intent", serves: forSnapshot, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
 				return r.recordKernelState(v.ID, func(cur *state.Volume) error {
 					cur.ForgetSnapshot(act.target, act.generation)
@@ -227,14 +207,14 @@ func kindTable() [kindCount]kindSpec {
 			}},
 		// Thaws the filesystem a snapshot froze (target: its staging
 		// path), which a crash left frozen.
-		actThaw: {name: "thaw", repair: true, counted: true, serves: forStage, final: finalHolds,
+		actThaw: {name: "thaw", repair: true, counted: true, serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.thaw(v, a, act.target)
 			}},
 		// Records that the data directory ran out of space under the
 		// staging mount, which the volume then reports until it is
 		// mounted again.
-		actRecordSpaceRanOut: {name: "record space ran out", serves: forStage, final: finalHolds,
+		actRecordSpaceRanOut: {name: "record space ran out", serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
 				_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
 					cur.RecordSpaceRanOut(act.generation, act.mountID, r.cfg.Clock.Now())

@@ -75,15 +75,7 @@ func outcomeOf(act action, err error, repairing bool) outcome {
 	case repairing && act.key() == state.StageKey && e.Kind == state.KindDataLoss:
 		return outcome{keptLost, e}
 	}
-	switch act.kind.spec().final {
-	case finalWithdraws:
-		return outcome{withdrawn, e}
-	case finalKeepsStaged:
-		return outcome{keptStaged, e}
-	case finalRecorded:
-		return outcome{heldAndAnswered, e}
-	}
-	return outcome{held, e}
+	return outcome{act.kind.spec().final, e}
 }
 
 // carryOut does what the outcome of an operation of v calls for: the one
