@@ -11,4 +11,15 @@
 //
 // The reconciler never answers RPCs: it reports through the store, where
 // pkg/nodeserver waits.
+//
+// One idea per file: reconciler.go is the loop (Run, kicks); pass.go one
+// pass (observe, plan, report, start); observe.go what a volume's actual
+// state is, from the machine's snapshot; diff.go the rules that compare it
+// with the record and choose actions; kinds.go the table of action kinds;
+// dispatch.go hands an action to the executor (executor.go), and
+// outcome.go does what its end calls for; report.go publishes each
+// intent's result and the volume's condition. The operations are in
+// stage.go, publish.go, unstage.go, expand.go, snapshot.go and health.go,
+// with record.go (store writes that follow the kernel) and errors.go (how
+// their failures are classified).
 package reconciler

@@ -1,0 +1,31 @@
+package reconciler
+
+import (
+	"context"
+
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// startOp runs the operation for act in the executor.
+func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, act action) {
+	spec := act.kind.spec()
+	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "action", spec.name)
+	if act.target != "" {
+		logger = logger.WithValues("targetPath", act.target)
+	}
+	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
+	// A stage or publish of an intent already seen fulfilled makes again
+	// what was lost.
+	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
+	begin := r.cfg.Clock.Now()
+	op := func() outcome { return outcomeOf(act, spec.run(ctx, r, v, a, act), repairing) }
+	r.exec.start(ctx, v.ID, act, op, func(out outcome, f *failure) {
+		if out.err == nil && (repairing || spec.counted) {
+			r.cfg.Recorder.Repaired(spec.name)
+		}
+		r.cfg.Recorder.OperationDone(spec.name, out.result(), r.cfg.Clock.Since(begin))
+		r.carryOut(logger, v, act, out, f)
+	})
+}

@@ -1,0 +1,182 @@
+package reconciler
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/status"
+)
+
+// firstReleasePoll is how soon a pass looks again at a device that waits
+// for its last user to go (actual.releasePending); while one waits, the
+// wait doubles from pass to pass, up to the resync period.
+const firstReleasePoll = 100 * time.Millisecond
+
+// Pass observes the machine once, publishes the result of every intent,
+// and starts the first action of each volume that needs one and is not
+// busy or backing off. It returns the number of operations started, or the
+// error that kept it from observing. Teardowns are started before set-ups.
+func (r *Reconciler) Pass(ctx context.Context) (int, error) {
+	r.wake = time.Time{}
+	// This pass serves any KickSoon made before it.
+	r.soonMu.Lock()
+	r.soon = false
+	r.soonMu.Unlock()
+	start := r.cfg.Clock.Now()
+	epoch := r.exec.epoch()
+
+	// Observe. Intents first, then the machine: the observation must be at
+	// least as new as the intents it is compared with. The other way round,
+	// an intent written during the observation would be judged against a
+	// machine as it was before, say, a mount was removed, and could be
+	// refused for good.
+	vols := r.cfg.Store.List()
+	snap, err := r.cfg.Observer.Observe()
+	if err != nil {
+		return 0, err
+	}
+	// Plan.
+	seen, plans := r.plan(vols, snap)
+	r.pollReleases(seen)
+	// Report.
+	statuses := make([]status.VolumeStatus, 0, len(seen))
+	for _, s := range seen {
+		stale := r.exec.stale(s.v.ID, epoch)
+		if !stale {
+			// A failure counts while its action is planned: not once its
+			// intent changed, was withdrawn or was fulfilled otherwise.
+			r.exec.prune(s.v.ID, s.acts)
+		}
+		statuses = append(statuses, r.report(ctx, s.v, s.a, stale))
+	}
+	r.forgetGone(vols, plans)
+	// Start.
+	started := r.startPlans(ctx, plans, epoch)
+
+	slices.SortFunc(statuses, func(a, b status.VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
+	r.statusMu.Lock()
+	r.status = statuses
+	r.statusMu.Unlock()
+	r.cfg.Recorder.PassDone(r.cfg.Clock.Since(start), statuses, r.exec.inBackoff())
+	return started, nil
+}
+
+// plan is the next action of one volume, with the record and the actual
+// state it was decided on.
+type plan struct {
+	v   *state.Volume
+	a   *actual
+	act action
+	// acts are all the actions the volume needs, act first (seen only).
+	acts []action
+}
+
+// plan derives the actual state of every recorded volume from snap (seen,
+// with the actions each needs) and returns, for each volume and each
+// orphaned device that needs one, its next action.
+func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plans []plan) {
+	staged := make(map[string]bool, len(vols))
+	for _, v := range vols {
+		staged[v.ID] = v.Stage != nil
+	}
+	for id, a := range orphans(snap, r.cfg.Images, staged) {
+		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
+	}
+	for _, v := range vols {
+		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
+		a.pool = snap.Pool()
+		a.poolGuard = r.cfg.PoolGuard.Threshold(a.pool.Total)
+		a.snapshotsTaken = r.takenSnapshots(v)
+		acts := diff(v, a)
+		seen = append(seen, plan{v: v, a: a, acts: acts})
+		if len(acts) > 0 {
+			plans = append(plans, plan{v: v, a: a, act: acts[0]})
+		}
+	}
+	return seen, plans
+}
+
+// forgetGone drops what the reconciler keeps of volumes that are neither
+// recorded nor planned for any more.
+func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
+	ids := make(map[string]bool, len(vols)+len(plans))
+	for _, v := range vols {
+		ids[v.ID] = true
+	}
+	for _, p := range plans {
+		ids[p.v.ID] = true
+	}
+	r.exec.forget(func(id string) bool { return ids[id] })
+	for id := range r.reported {
+		if !ids[id] {
+			delete(r.reported, id)
+		}
+	}
+	for id := range r.fulfilled {
+		if !ids[id] {
+			delete(r.fulfilled, id)
+		}
+	}
+}
+
+// startPlans starts the planned actions that are not blocked, teardowns
+// first, and notes in r.wake the earliest end of a backoff in the way.
+func (r *Reconciler) startPlans(ctx context.Context, plans []plan, epoch uint64) int {
+	started := 0
+	for _, teardown := range []bool{true, false} {
+		for _, p := range plans {
+			if p.act.kind.spec().teardown != teardown {
+				continue
+			}
+			busy, retryAt := r.exec.blocked(p.v.ID, p.act, epoch)
+			if busy {
+				r.wakeBy(retryAt)
+				continue
+			}
+			r.startOp(ctx, p.v, p.a, p.act)
+			started++
+		}
+	}
+	return started
+}
+
+// wakeBy makes the next pass come by t at the latest (a zero t: no
+// change).
+func (r *Reconciler) wakeBy(t time.Time) {
+	if !t.IsZero() && (r.wake.IsZero() || t.Before(r.wake)) {
+		r.wake = t
+	}
+}
+
+// pollReleases makes a pass come soon when a withdrawn stage's device
+// waits for its last user: the kernel clears it at the last close and
+// tells no one, and the unstage answers only once a pass sees it gone.
+// The wait doubles while a device waits, so that one held for good costs
+// a pass per resync period.
+func (r *Reconciler) pollReleases(seen []plan) {
+	for _, s := range seen {
+		if st := s.v.Stage; st != nil && st.Deleting && s.a.releasePending() {
+			r.releasePoll = min(max(firstReleasePoll, 2*r.releasePoll), r.cfg.ResyncPeriod)
+			r.wakeBy(r.cfg.Clock.Now().Add(r.releasePoll))
+			return
+		}
+	}
+	r.releasePoll = 0
+}
+
+// staticDevice resolves the device of a static volume; nil when v is not
+// one, or its device is not there now (the stage then says why).
+func (r *Reconciler) staticDevice(v *state.Volume) *host.Loop {
+	if v.Stage == nil || v.Stage.Device == "" || r.cfg.Static == nil {
+		return nil
+	}
+	l, err := r.cfg.Static.Resolve(v.Stage.Device)
+	if err != nil {
+		return nil
+	}
+	return &l
+}

@@ -1,0 +1,88 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// publish bind mounts the staging mount at target, creating the target
+// directory (the kubelet creates its parent), and records the new mount's
+// unique ID.
+func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
+	p := v.Publishes[target]
+	if err := r.cfg.Paths.CheckDir(filepath.Dir(target)); err != nil {
+		return pathError("parent of target path", filepath.Dir(target), err)
+	}
+	if m := a.targets[target]; m != nil {
+		return state.Errorf(state.KindFailedPrecondition, "target %s holds another mount (%s)", target, m.Source)
+	}
+	if a.block {
+		// The target is a file, created by the plugin, on which the
+		// device node is bind mounted.
+		id, err := r.cfg.Filesystems.BindDevice(a.loop.Device, target, p.ReadOnly)
+		if err != nil {
+			if errors.Is(err, devices.ErrSymlink) || errors.Is(err, devices.ErrOutsideRoots) {
+				return pathError("target path", target, err)
+			}
+			return deviceError(err, "bind mounting %s at %s", a.loop.Device, target)
+		}
+		return r.recordMount(v.ID, action{kind: actRecordMount, target: target, mountID: id, generation: p.Generation})
+	}
+	if err := r.cfg.Paths.Mkdir(target); err != nil {
+		if errors.Is(err, devices.ErrSymlink) {
+			return pathError("target path", target, err)
+		}
+		return fmt.Errorf("creating target: %w", err)
+	}
+	opts := slices.Clone(p.MountFlags)
+	if p.ReadOnly {
+		opts = append(opts, "ro")
+	}
+	id, err := r.cfg.Filesystems.BindMount(v.Stage.Path, target, opts)
+	if err != nil {
+		return deviceError(err, "bind mounting %s at %s", v.Stage.Path, target)
+	}
+	// Recorded at once, wherever a rename may carry the mount meanwhile:
+	// it is the plugin's own only while the record says so.
+	return r.recordMount(v.ID, action{kind: actRecordMount, target: target, mountID: id, generation: p.Generation})
+}
+
+// unpublish unmounts target and removes it; once the target is verified
+// gone it forgets the publish.
+func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error {
+	if err := a.mayHoldOwnMount(); err != nil {
+		return err
+	}
+	if a.targets[target] != nil {
+		if err := r.cfg.Filesystems.Unmount(target); err != nil {
+			return fmt.Errorf("unmounting %s: %w", target, err)
+		}
+	}
+	err := r.cfg.Paths.Remove(target)
+	switch {
+	case errors.Is(err, devices.ErrSymlink), errors.Is(err, devices.ErrOutsideRoots):
+		// The plugin never creates a target through a symlink, so
+		// nothing of ours can be there; leave the foreign path alone.
+	case err != nil:
+		return fmt.Errorf("removing target: %w", err)
+	}
+	gen := v.Publishes[target].Generation
+	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
+		cur.ForgetPublish(target, gen)
+		return nil
+	})
+}
+
+// unmountTarget unmounts the top mount at path and leaves the directory: an
+// unusable publish mount (the next pass mounts the target again).
+func (r *Reconciler) unmountTarget(path string) error {
+	if err := r.cfg.Filesystems.Unmount(path); err != nil {
+		return fmt.Errorf("unmounting %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,119 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/status"
+)
+
+// repeatedFailures is how many failures in a row of one operation make a
+// volume DEGRADED: one or two are the ordinary retries of a busy node.
+const repeatedFailures = 3
+
+// report reports, for each live intent of v, whether it is
+// fulfilled and, if not, its latest failure or what it waits for; and the
+// volume's condition, logged at each change. It returns v's status. An
+// observation older than v's last finished operation (stale) reports
+// nothing: that operation reported what it did, which such an observation
+// may not show.
+func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, stale bool) status.VolumeStatus {
+	seen := r.fulfilled[v.ID]
+	if seen == nil {
+		seen = map[state.IntentKey]int64{}
+		r.fulfilled[v.ID] = seen
+	}
+	lost := func(key state.IntentKey, gen int64) bool { return seen[key] == gen }
+	cond := r.withFailures(v, condition(v, a, lost))
+	if stale {
+		return r.volumeStatus(v, a, cond)
+	}
+	result := func(key state.IntentKey, gen int64, ready bool) {
+		if ready {
+			seen[key] = gen
+		} else if seen[key] != gen {
+			delete(seen, key)
+		}
+		res := state.Result{Generation: gen, Ready: ready}
+		if !ready {
+			if f := r.exec.lastFailure(v.ID, key, gen); f != nil {
+				res.Err, res.Attempts, res.NextRetry = f.err, f.attempts, f.next
+			} else if cond.Abnormal {
+				res.Waiting = cond.Message
+			}
+		}
+		r.cfg.Store.SetResult(v.ID, key, res)
+	}
+	if st := v.Stage; st != nil {
+		result(state.StageKey, st.Generation, !st.Deleting && stageReady(v, a))
+	}
+	healthy := stageReady(v, a) && !cond.Abnormal
+	for t, p := range v.Publishes {
+		ready := publishReady(v, a, t)
+		result(state.PublishKey(t), p.Generation, ready)
+		healthy = healthy && ready
+	}
+	if e := v.Expand; e != nil {
+		result(state.ExpandKey, e.Generation, expandReady(v, a))
+	}
+	for id, s := range v.Snapshots {
+		// Fulfilled when it is forgotten: only its failures are reported.
+		result(state.SnapshotKey(id), s.Generation, false)
+	}
+	if healthy {
+		r.exec.healthy(v.ID)
+	}
+	r.cfg.Store.SetCondition(v.ID, cond)
+	r.logCondition(klog.FromContext(ctx), v.ID, cond)
+	return r.volumeStatus(v, a, cond)
+}
+
+// withFailures adds to the condition of a live stage what its operations'
+// failures say: a lost filesystem (DATA_LOSS), a growth that keeps failing,
+// or any operation failing repeatedly (DEGRADED).
+func (r *Reconciler) withFailures(v *state.Volume, cond state.Condition) state.Condition {
+	st := v.Stage
+	if st == nil || st.Deleting {
+		return cond
+	}
+	if f := r.exec.lastFailure(v.ID, state.StageKey, st.Generation); f != nil && f.err.Kind == state.KindDataLoss {
+		cond.Abnormal, cond.Health, cond.Reason, cond.Message = true, state.DataLost, "FilesystemMissing", f.err.Message
+		return cond
+	}
+	f := r.exec.latestFailure(v.ID)
+	if f == nil || cond.Abnormal {
+		return cond
+	}
+	switch {
+	case f.act.key() == state.ExpandKey && f.final:
+		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
+		cond.Message = fmt.Sprintf("%s of volume %s failed (%s); tried again when the expansion is asked for again; its mounts and data are untouched",
+			f.act, v.ID, f.err.Message)
+	case f.act.key() == state.ExpandKey:
+		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
+		cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
+			v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
+	case f.attempts >= repeatedFailures:
+		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "OperationFailing"
+		cond.Message = fmt.Sprintf("%s of volume %s failed %d times in a row (%s); retrying at %s",
+			f.act, v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
+	}
+	return cond
+}
+
+// logCondition logs when a volume's reason changes; the failures behind it
+// log each retry.
+func (r *Reconciler) logCondition(logger klog.Logger, id string, cond state.Condition) {
+	switch prev := r.reported[id]; {
+	case cond.Abnormal && prev != cond.Reason:
+		logger.Info("Volume is abnormal", "volumeID", id, "reason", cond.Reason, "message", cond.Message)
+		r.reported[id] = cond.Reason
+	case !cond.Abnormal && prev != "":
+		logger.Info("Volume is back to normal", "volumeID", id, "was", prev)
+		delete(r.reported, id)
+	}
+}
