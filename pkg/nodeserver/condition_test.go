@@ -56,12 +56,7 @@ func TestAlphaFeaturesOffByDefault(t *testing.T) {
 func TestStatsCarryTheCondition(t *testing.T) {
 	s, store, _ := newServer(t)
 	staging := root + "/staging/v"
-	if _, err := store.Update("v", func(v *state.Volume) error {
-		v.Stage = &state.Stage{Path: staging, Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	recordFulfilled(t, store, staging, root+"/pods/p/mount")
 	lost := state.Condition{Abnormal: true, Health: state.Inaccessible, Reason: "StagingMountMissing", Message: "nothing is mounted", Unusable: []string{staging}}
 	readOnly := state.Condition{Abnormal: true, Health: state.Degraded, Reason: "FilesystemReadOnly", Message: "went read-only"}
 	tests := []struct {

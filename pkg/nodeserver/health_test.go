@@ -11,18 +11,49 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
+// recordFulfilled records volume v staged at staging and published at
+// target, both fulfilled by the reconciler.
+func recordFulfilled(t *testing.T, store *state.Store, staging, target string) {
+	t.Helper()
+	v, err := store.Update("v", func(v *state.Volume) error {
+		v.Stage = &state.Stage{Path: staging, Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
+		v.Publishes = map[string]*state.Publish{target: {Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.SetResult("v", state.StageKey, state.Result{Generation: v.Stage.Generation, Ready: true})
+	store.SetResult("v", state.PublishKey(target), state.Result{Generation: v.Publishes[target].Generation, Ready: true})
+}
+
+// TestStatsBeforeTheFirstPass checks that a path whose intent is recorded
+// and not yet fulfilled has no stats (UNAVAILABLE) though no pass has
+// spoken of it yet: statfs there would measure the filesystem beneath.
+func TestStatsBeforeTheFirstPass(t *testing.T) {
+	s, store, _ := newServer(t)
+	staging, target := root+"/staging/v", root+"/pods/p/mount"
+	recordFulfilled(t, store, staging, target)
+	if _, err := store.Update("v", func(v *state.Volume) error {
+		v.Publishes[target+"2"] = &state.Publish{Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]codes.Code{staging: codes.OK, target: codes.OK, target + "2": codes.Unavailable} {
+		_, err := s.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: path})
+		if rpcerr.Code(err) != want {
+			t.Errorf("stats at %s: got %v, want %v", path, err, want)
+		}
+	}
+}
+
 func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 	s, store, _ := newServer(t)
 	s.cfg.VolumeHealth = true
 	ctx := t.Context()
 	staging, target := root+"/staging/v", root+"/pods/p/mount"
-	if _, err := store.Update("v", func(v *state.Volume) error {
-		v.Stage = &state.Stage{Path: staging, Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
-		v.Publishes = map[string]*state.Publish{target: {Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	recordFulfilled(t, store, staging, target)
 	stats := func(path string) error {
 		_, err := s.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: path})
 		return err
