@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -8,11 +9,13 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
@@ -84,44 +87,60 @@ func residentKiB(t *testing.T, pid int) int {
 }
 
 // TestRequestFlood sends 3000 concurrent requests over one connection, as
-// a kubelet gone wild would: each is answered OK or RESOURCE_EXHAUSTED (past
-// --max-requests), and the plugin's descriptors and memory stay bounded.
+// a kubelet gone wild would. Half are stages of a static volume whose disk
+// is not there yet, which wait for it until their deadline: each holds one
+// of the --max-requests slots meanwhile, so at most 64 wait and every other
+// stage is refused at once with RESOURCE_EXHAUSTED. The other half ask for
+// the volume's stats, which take no slot. The plugin's descriptors and
+// memory stay bounded, and once the flood has ended its slots are free.
 func TestRequestFlood(t *testing.T) {
-	p := testenv.New(t, "--max-requests", "64")
+	const maxRequests, n = 64, 3000
+	p := testenv.New(t)
+	byID := mkdir(t, filepath.Join(p.Dir, "by-id"))
+	p.Args = append(p.Args, "--max-requests", strconv.Itoa(maxRequests), "--allowed-device-prefix", byID)
 	p.Start()
-	volFlood := create(t, p, "vol-flood")
 	staging := mkdir(t, filepath.Join(p.Root, "staging-flood"))
+	req := &csi.NodeStageVolumeRequest{VolumeId: "vol-flood", StagingTargetPath: staging, VolumeCapability: rwo,
+		VolumeContext: map[string]string{nodeserver.DeviceAttribute: filepath.Join(byID, "not-attached-yet")}}
+	stageFor := func(d time.Duration) error {
+		c, cancel := context.WithTimeout(ctx(t), d)
+		defer cancel()
+		_, err := p.Node().NodeStageVolume(c, req)
+		return err
+	}
 	fdsBefore := openFDs(t, p.PID())
 
-	const n = 3000
-	codesSeen := map[codes.Code]int{}
+	flood, cancel := context.WithTimeout(ctx(t), 3*time.Second)
+	defer cancel()
+	stages, stats := map[codes.Code]int{}, map[codes.Code]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
+			seen := stages
 			var err error
 			if i%2 == 0 {
-				err = stage(t, p, volFlood, staging, rwo)
+				_, err = p.Node().NodeStageVolume(flood, req)
 			} else {
-				_, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: volFlood, VolumePath: staging})
+				seen = stats
+				_, err = p.Node().NodeGetVolumeStats(flood, &csi.NodeGetVolumeStatsRequest{VolumeId: req.VolumeId, VolumePath: staging})
 			}
 			mu.Lock()
-			codesSeen[status.Code(err)]++
+			seen[status.Code(err)]++
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	t.Logf("answers: %v", codesSeen)
-	for c := range codesSeen {
-		switch c {
-		case codes.OK, codes.ResourceExhausted, codes.NotFound, codes.Unavailable:
-			// NotFound/Unavailable: stats before the stage is recorded or mounted.
-		default:
-			t.Errorf("unexpected answer %s", c)
-		}
+	t.Logf("stages: %v; stats: %v", stages, stats)
+	if waited := stages[codes.DeadlineExceeded]; waited == 0 || waited > maxRequests || stages[codes.ResourceExhausted] != n/2-waited {
+		t.Errorf("stages: got %v; want at most %d waiting until their deadline and every other one RESOURCE_EXHAUSTED", stages, maxRequests)
 	}
-	if codesSeen[codes.OK] == 0 {
-		t.Error("no request succeeded")
+	for c := range stats {
+		if c != codes.NotFound && c != codes.Unavailable {
+			// NotFound before the stage is recorded, Unavailable after:
+			// the volume is never mounted.
+			t.Errorf("stats: got %s, want NOT_FOUND or UNAVAILABLE", c)
+		}
 	}
 	if fds := openFDs(t, p.PID()); fds > fdsBefore+16 {
 		t.Errorf("descriptors: %d after the flood, %d before", fds, fdsBefore)
@@ -129,5 +148,8 @@ func TestRequestFlood(t *testing.T) {
 	if rss := residentKiB(t, p.PID()); rss > 200<<10 {
 		t.Errorf("resident memory %d KiB after the flood", rss)
 	}
-	unstage(t, p, volFlood, staging)
+	if err := stageFor(100 * time.Millisecond); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("a stage after the flood: got %v, want it to wait for the disk (DEADLINE_EXCEEDED): the slots are free", err)
+	}
+	unstage(t, p, req.VolumeId, staging)
 }
