@@ -12,7 +12,7 @@ import (
 )
 
 // recordFulfilled records volume v staged at staging and published at
-// target, both fulfilled by the reconciler.
+// target, both fulfilled by the reconciler, whose pass reported them.
 func recordFulfilled(t *testing.T, store *state.Store, staging, target string) {
 	t.Helper()
 	v, err := store.Update("v", func(v *state.Volume) error {
@@ -28,8 +28,9 @@ func recordFulfilled(t *testing.T, store *state.Store, staging, target string) {
 }
 
 // TestStatsBeforeTheFirstPass checks that a path whose intent is recorded
-// and not yet fulfilled has no stats (UNAVAILABLE) though no pass has
-// spoken of it yet: statfs there would measure the filesystem beneath.
+// and not yet seen by a pass has no stats (UNAVAILABLE), though the
+// condition does not speak of it yet: statfs there would measure the
+// filesystem beneath.
 func TestStatsBeforeTheFirstPass(t *testing.T) {
 	s, store, _ := newServer(t)
 	staging, target := root+"/staging/v", root+"/pods/p/mount"

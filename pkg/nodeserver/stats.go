@@ -55,10 +55,10 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		}
 		return nil, state.Errorf(state.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
 	}
-	if !s.fulfilledAt(v, path) {
-		// Recorded, and not yet mounted by the reconciler, whose
-		// condition does not speak of it yet: statfs there would measure
-		// the filesystem beneath the empty directory.
+	if !s.reportedAt(v, path) {
+		// Recorded, and not yet seen by a pass, so the condition does not
+		// speak of it yet: statfs there would measure the filesystem
+		// beneath the empty directory.
 		return nil, state.Errorf(state.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(state.Condition{}))
 	}
 	if v.Stage.Access == state.AccessBlock {
@@ -100,15 +100,17 @@ func blockStatsTarget(path string) (string, bool) {
 	return filepath.Join(base, "publish", pv, uid), true
 }
 
-// fulfilledAt reports whether the reconciler has fulfilled v's intent at
-// path (live, as liveAt checked) in its current generation.
-func (s *Server) fulfilledAt(v *state.Volume, path string) bool {
+// reportedAt reports whether a pass has reported on v's intent at path
+// (live, as liveAt checked) in its current generation: the volume's
+// condition, which a pass sets before its results, then speaks of the
+// path.
+func (s *Server) reportedAt(v *state.Volume, path string) bool {
 	key, gen := state.StageKey, v.Stage.Generation
 	if p := v.Publishes[path]; p != nil {
 		key, gen = state.PublishKey(path), p.Generation
 	}
-	ready, _ := s.progress(v.ID, key, gen)
-	return ready
+	r, ok := s.cfg.Store.Result(v.ID, key)
+	return ok && r.Generation == gen
 }
 
 // liveAt refuses, as NOT_FOUND, a path that is neither the volume's

@@ -32,6 +32,11 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 	if stale {
 		return r.volumeStatus(v, a, cond)
 	}
+	// The condition comes before the results: a result of an intent's
+	// generation tells NodeGetVolumeStats that the condition speaks of
+	// its path.
+	r.cfg.Store.SetCondition(v.ID, cond)
+	r.logCondition(klog.FromContext(ctx), v.ID, cond)
 	result := func(key state.IntentKey, gen int64, ready bool) {
 		if ready {
 			seen[key] = gen
@@ -67,8 +72,6 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 	if healthy {
 		r.exec.healthy(v.ID)
 	}
-	r.cfg.Store.SetCondition(v.ID, cond)
-	r.logCondition(klog.FromContext(ctx), v.ID, cond)
 	return r.volumeStatus(v, a, cond)
 }
 

@@ -137,8 +137,8 @@ func TestDamageIsRepaired(t *testing.T) {
 			t.Errorf("stats of a read-only filesystem: got %v, want usage", err)
 		}
 		readBack(t, v)
-		// Not remounted while the pod uses it...
-		time.Sleep(5 * resync)
+		// Not remounted while the pod uses it, for five passes...
+		afterPasses(t, p, 5)
 		if !mounted(v.target) || writable(v.target) {
 			t.Fatal("the filesystem was remounted under a live publish")
 		}

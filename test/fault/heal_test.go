@@ -35,6 +35,28 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// passes is how many passes p has made (its metrics say).
+func passes(t *testing.T, p *testenv.Plugin) int {
+	t.Helper()
+	_, raw := p.StatusGet("/metrics")
+	n := -1
+	for _, line := range strings.Split(raw, "\n") {
+		fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_count %d", &n)
+	}
+	if n < 0 {
+		t.Fatal("the metrics do not count passes")
+	}
+	return n
+}
+
+// afterPasses returns once p has made n passes more than now: for a check
+// that something does not happen, as many chances as it needs to.
+func afterPasses(t *testing.T, p *testenv.Plugin, n int) {
+	t.Helper()
+	seen := passes(t, p)
+	eventually(t, fmt.Sprintf("%d passes", n), func() bool { return passes(t, p) >= seen+n })
+}
+
 // setUp creates a volume named name, stages and publishes it and writes a
 // file to it.
 func setUp(t *testing.T, p *testenv.Plugin, name string) *vol {
@@ -141,8 +163,8 @@ func TestSelfHealing(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer syscall.Unmount(whole, syscall.MNT_DETACH)
-		// Nothing to wait for: the plugin must do nothing for five resyncs.
-		time.Sleep(5 * resync)
+		// Nothing to wait for: the plugin must do nothing for five passes.
+		afterPasses(t, p, 5)
 		for _, m := range []string{subPath, whole} {
 			if !mounted(m) {
 				t.Errorf("%s was unmounted; only the plugin's own mounts are its to remove", m)
@@ -303,16 +325,7 @@ func TestUnstageSeesAHeldDeviceGo(t *testing.T) {
 	eventually(t, "the device detached, which only marks it", autoclear)
 	// Two passes that saw it held, after the detach, leave the request
 	// waiting.
-	passes := func() int {
-		_, raw := p.StatusGet("/metrics")
-		n := 0
-		for _, line := range strings.Split(raw, "\n") {
-			fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_count %d", &n)
-		}
-		return n
-	}
-	seen := passes()
-	eventually(t, "two passes after the detach", func() bool { return passes() >= seen+2 })
+	afterPasses(t, p, 2)
 	select {
 	case err := <-answered:
 		t.Fatalf("NodeUnstageVolume answered (%v) while %s was held open, still attached: %v", err, dev, attached())
