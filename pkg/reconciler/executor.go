@@ -2,10 +2,12 @@ package reconciler
 
 import (
 	"context"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
 
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
 	"github.com/converge-csi/converge/pkg/state"
@@ -183,7 +185,7 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() o
 		var out outcome
 		select {
 		case slots <- struct{}{}:
-			out = op()
+			out = contained(id, act, op)
 			<-slots
 		case <-ctx.Done():
 			out = outcome{retried, state.AsError(ctx.Err())}
@@ -191,6 +193,21 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() o
 		f := e.finish(id, act, out)
 		done(out, f)
 	})
+}
+
+// contained runs op and turns its panic into a failure of act, retried
+// with backoff as any failure that may pass: the volume reports it, the
+// log holds its stack, and the loop and every other volume go on.
+// Crashing the plugin instead would replay the same operation at the start
+// and crash again, taking every volume's repairs and answers down with it.
+func contained(id string, act action, op func() outcome) (out outcome) {
+	defer func() {
+		if p := recover(); p != nil {
+			klog.Background().Error(nil, "Operation panicked; will retry", "volumeID", id, "action", act.String(), "panic", p, "stack", string(debug.Stack()))
+			out = outcome{retried, state.Errorf(state.KindInternal, "%s panicked: %v (the plugin's log holds the stack)", act, p)}
+		}
+	}()
+	return op()
 }
 
 // finish records the outcome of act and releases the volume.

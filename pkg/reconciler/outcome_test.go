@@ -3,7 +3,9 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
@@ -70,5 +72,37 @@ func TestDeviceErrorKinds(t *testing.T) {
 		if e.Kind != tc.kind || e.Terminal != tc.terminal || !errors.Is(err, tc.cause) {
 			t.Errorf("%v: got %+v (wraps it: %v), want %v terminal %v", tc.cause, e, errors.Is(err, tc.cause), tc.kind, tc.terminal)
 		}
+	}
+}
+
+// TestOperationPanicIsContained checks that an operation that panics is
+// that volume's failure, naming the panic, retried with backoff, while the
+// loop goes on and serves another volume; once the cause is gone, the
+// retry succeeds.
+func TestOperationPanicIsContained(t *testing.T) {
+	h := newHarness(t)
+	sa, _ := h.volume("a")
+	sb, _ := h.volume("b")
+	h.world.before = func(name, image string) error {
+		if name == "mount "+sa {
+			panic("mount went wrong")
+		}
+		return nil
+	}
+	h.update("a", func(v *state.Volume) { v.Stage = stageSpec(sa) })
+	h.update("b", func(v *state.Volume) { v.Stage = stageSpec(sb) })
+	h.settle()
+	r, _ := h.store.Result("a", state.StageKey)
+	if r.Ready || r.Err == nil || !strings.Contains(r.Err.Message, "mount went wrong") {
+		t.Fatalf("a: got result %+v, want the panic as its failure", r)
+	}
+	if r, _ := h.store.Result("b", state.StageKey); !r.Ready {
+		t.Errorf("b: got result %+v, want it staged beside a's panic", r)
+	}
+	h.world.before = nil
+	h.clock.Step(time.Hour) // past the backoff
+	h.settle()
+	if r, _ := h.store.Result("a", state.StageKey); !r.Ready {
+		t.Errorf("a after the cause is gone: got %+v, want staged", r)
 	}
 }
