@@ -12,13 +12,13 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/driver"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // Status is what csi-node status prints.
 type Status struct {
-	Pool    status.Pool           `json:"pool"`
-	Volumes []status.VolumeStatus `json:"volumes"`
+	Pool    volstatus.Pool           `json:"pool"`
+	Volumes []volstatus.VolumeStatus `json:"volumes"`
 }
 
 // FetchStatus asks a running plugin for the data directory's space and the

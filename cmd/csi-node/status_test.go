@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // TestStatusNamesRestores prints a status with two volumes being restored:
 // each has a line after the snapshots, and the volume table follows after
 // a blank line as without them.
 func TestStatusNamesRestores(t *testing.T) {
-	s := Status{Pool: status.Pool{Node: "n", CopyMode: "sparse", Restores: []status.Restore{
+	s := Status{Pool: volstatus.Pool{Node: "n", CopyMode: "sparse", Restores: []volstatus.Restore{
 		{VolumeID: "r1_n", SnapshotID: "s1_n", SizeBytes: 1 << 30, CopiedBytes: 256 << 20, SourceBytes: 512 << 20},
 		{VolumeID: "r2_n", SnapshotID: "s1_n", SizeBytes: 64 << 20, SourceBytes: 512 << 20},
 	}}}

@@ -26,7 +26,7 @@ import (
 	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/reconciler"
 	"github.com/converge-csi/converge/pkg/state"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 const (
@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
-	pool := func() (status.Pool, error) { return poolStatus(cfg, space, snapshots) }
+	pool := func() (volstatus.Pool, error) { return poolStatus(cfg, space, snapshots) }
 	m.WatchPool(pool)
 	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, pool))
 	if err != nil {
@@ -259,12 +259,12 @@ func listen(sock string) (net.Listener, error) {
 
 // poolStatus reports the data directory's space as GetCapacity sees it,
 // and the restores under way.
-func poolStatus(cfg Config, space *controller.Space, snapshots *devices.Snapshots) (status.Pool, error) {
+func poolStatus(cfg Config, space *controller.Space, snapshots *devices.Snapshots) (volstatus.Pool, error) {
 	acc, total, err := space.Account()
 	if err != nil {
-		return status.Pool{}, err
+		return volstatus.Pool{}, err
 	}
-	p := status.Pool{
+	p := volstatus.Pool{
 		Node:      cfg.NodeID,
 		SizeBytes: total, FreeBytes: acc.Free,
 		ThickPromisedBytes: acc.ThickPromised, ThickOwedBytes: acc.ThickOwed,
@@ -274,7 +274,7 @@ func poolStatus(cfg Config, space *controller.Space, snapshots *devices.Snapshot
 		OverprovisioningRatio: cfg.OverprovisioningRatio, GuardBytes: cfg.guard.Threshold(total),
 	}
 	for _, r := range space.Restoring() {
-		p.Restores = append(p.Restores, status.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes,
+		p.Restores = append(p.Restores, volstatus.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes,
 			CopiedBytes: r.Copied, SourceBytes: r.SourceBytes})
 	}
 	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
@@ -282,7 +282,7 @@ func poolStatus(cfg Config, space *controller.Space, snapshots *devices.Snapshot
 	}
 	snaps, err := snapshots.List()
 	if err != nil {
-		return status.Pool{}, fmt.Errorf("listing snapshots: %w", err)
+		return volstatus.Pool{}, fmt.Errorf("listing snapshots: %w", err)
 	}
 	p.Snapshots, p.CopyMode = len(snaps), string(snapshots.Mode)
 	for _, s := range snaps {

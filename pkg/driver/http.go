@@ -15,13 +15,13 @@ import (
 
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/reconciler"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // newHTTPHandler serves /metrics, /healthz (the process serves), /readyz
 // (start-up reconstruction is done), /status (the volumes as of the last
 // pass, as JSON) and /status/pool (the data directory's space). None of them waits for an operation.
-func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pool func() (status.Pool, error)) http.Handler {
+func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pool func() (volstatus.Pool, error)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // namespace prefixes every metric name.
@@ -80,7 +80,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, p := range status.Phases {
+	for _, p := range volstatus.Phases {
 		m.volumes.WithLabelValues(p)
 	}
 	return m
@@ -98,9 +98,9 @@ func (m *Metrics) Frozen(d time.Duration) { m.frozen.Observe(d.Seconds()) }
 func (m *Metrics) Repaired(action string) { m.repairs.WithLabelValues(action).Inc() }
 
 // PassDone implements reconciler.Recorder.
-func (m *Metrics) PassDone(d time.Duration, volumes []status.VolumeStatus, inBackoff int) {
+func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, inBackoff int) {
 	m.passes.Observe(d.Seconds())
-	phases := make(map[string]int, len(status.Phases))
+	phases := make(map[string]int, len(volstatus.Phases))
 	var stages, staged, publishes, published, uncertain int
 	for _, v := range volumes {
 		phases[v.Phase]++
@@ -116,7 +116,7 @@ func (m *Metrics) PassDone(d time.Duration, volumes []status.VolumeStatus, inBac
 			uncertain++
 		}
 	}
-	for _, p := range status.Phases {
+	for _, p := range volstatus.Phases {
 		m.volumes.WithLabelValues(p).Set(float64(phases[p]))
 	}
 	m.intents.WithLabelValues("stage", "desired").Set(float64(stages))
@@ -130,7 +130,7 @@ func (m *Metrics) PassDone(d time.Duration, volumes []status.VolumeStatus, inBac
 // WatchPool reports the data directory's space, read from pool at each
 // scrape: converge_data_directory_bytes by kind, and
 // converge_data_directory_nearly_full.
-func (m *Metrics) WatchPool(pool func() (status.Pool, error)) {
+func (m *Metrics) WatchPool(pool func() (volstatus.Pool, error)) {
 	m.Registry.MustRegister(poolCollector(pool))
 }
 
@@ -144,7 +144,7 @@ var (
 		"1 while the data directory's free space is below the pool guard: thin volumes are reported and none is created or grown.", nil, nil)
 )
 
-type poolCollector func() (status.Pool, error)
+type poolCollector func() (volstatus.Pool, error)
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolBytes

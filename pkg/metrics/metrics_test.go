@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 func TestMetricsFollowTheReconciler(t *testing.T) {
@@ -15,10 +15,10 @@ func TestMetricsFollowTheReconciler(t *testing.T) {
 	m.OperationDone("stage", "ok", 30*time.Millisecond)
 	m.OperationDone("stage", "error", time.Millisecond)
 	m.Repaired("keep device")
-	m.PassDone(2*time.Millisecond, []status.VolumeStatus{
-		{ID: "a", Phase: status.PhaseReady, StagingPath: "/s/a", Staged: true, PublishesDesired: 2, PublishesActual: 2},
-		{ID: "b", Phase: status.PhaseFailing, StagingPath: "/s/b", PublishesDesired: 1, LastError: "busy"},
-		{ID: "c", Phase: status.PhaseIdle},
+	m.PassDone(2*time.Millisecond, []volstatus.VolumeStatus{
+		{ID: "a", Phase: volstatus.PhaseReady, StagingPath: "/s/a", Staged: true, PublishesDesired: 2, PublishesActual: 2},
+		{ID: "b", Phase: volstatus.PhaseFailing, StagingPath: "/s/b", PublishesDesired: 1, LastError: "busy"},
+		{ID: "c", Phase: volstatus.PhaseIdle},
 	}, 1)
 	m.RPCDone("/csi.v1.Node/NodeStageVolume", "OK", time.Millisecond)
 
@@ -27,9 +27,9 @@ func TestMetricsFollowTheReconciler(t *testing.T) {
 		got  float64
 		want float64
 	}{
-		{"ready volumes", testutil.ToFloat64(m.volumes.WithLabelValues(status.PhaseReady)), 1},
-		{"failing volumes", testutil.ToFloat64(m.volumes.WithLabelValues(status.PhaseFailing)), 1},
-		{"tearing-down volumes", testutil.ToFloat64(m.volumes.WithLabelValues(status.PhaseTearingDown)), 0},
+		{"ready volumes", testutil.ToFloat64(m.volumes.WithLabelValues(volstatus.PhaseReady)), 1},
+		{"failing volumes", testutil.ToFloat64(m.volumes.WithLabelValues(volstatus.PhaseFailing)), 1},
+		{"tearing-down volumes", testutil.ToFloat64(m.volumes.WithLabelValues(volstatus.PhaseTearingDown)), 0},
 		{"desired stages", testutil.ToFloat64(m.intents.WithLabelValues("stage", "desired")), 2},
 		{"actual stages", testutil.ToFloat64(m.intents.WithLabelValues("stage", "actual")), 1},
 		{"desired publishes", testutil.ToFloat64(m.intents.WithLabelValues("publish", "desired")), 3},

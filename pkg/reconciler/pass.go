@@ -8,7 +8,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // firstReleasePoll is how soon a pass looks again at a device that waits
@@ -43,7 +43,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	seen, plans := r.plan(vols, snap)
 	r.pollReleases(seen)
 	// Report.
-	statuses := make([]status.VolumeStatus, 0, len(seen))
+	statuses := make([]volstatus.VolumeStatus, 0, len(seen))
 	for _, s := range seen {
 		stale := r.exec.stale(s.v.ID, epoch)
 		if !stale {
@@ -57,7 +57,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	// Start.
 	started := r.startPlans(ctx, plans, epoch)
 
-	slices.SortFunc(statuses, func(a, b status.VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(statuses, func(a, b volstatus.VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
 	r.statusMu.Lock()
 	r.status = statuses
 	r.statusMu.Unlock()

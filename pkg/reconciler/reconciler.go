@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/converge-csi/converge/pkg/state"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // soonDelay is how long KickSoon waits for a pass to start by itself. A
@@ -44,7 +44,7 @@ type Reconciler struct {
 	soonDelay time.Duration
 	// statusMu guards status, the volumes as of the last pass.
 	statusMu sync.Mutex
-	status   []status.VolumeStatus
+	status   []volstatus.VolumeStatus
 
 	// fulfilled maps a volume and intent to the generation at which the
 	// intent was last seen fulfilled, so that a mount lost later is told

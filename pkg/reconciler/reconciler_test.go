@@ -19,7 +19,7 @@ import (
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 func TestMain(m *testing.M) {
@@ -784,7 +784,7 @@ type countingRecorder struct {
 	mu     sync.Mutex
 	ops    map[string]int
 	passes int
-	last   []status.VolumeStatus
+	last   []volstatus.VolumeStatus
 }
 
 func (c *countingRecorder) OperationDone(action, result string, _ time.Duration) {
@@ -794,7 +794,7 @@ func (c *countingRecorder) OperationDone(action, result string, _ time.Duration)
 }
 func (c *countingRecorder) Repaired(string)      {}
 func (c *countingRecorder) Frozen(time.Duration) {}
-func (c *countingRecorder) PassDone(_ time.Duration, v []status.VolumeStatus, _ int) {
+func (c *countingRecorder) PassDone(_ time.Duration, v []volstatus.VolumeStatus, _ int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.passes++
@@ -812,12 +812,12 @@ func TestStatusAndRecorder(t *testing.T) {
 	})
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
-	if s := h.r.Status(); len(s) != 1 || s[0].Phase != status.PhaseSettingUp || s[0].PublishesDesired != 1 || s[0].PublishesActual != 0 {
+	if s := h.r.Status(); len(s) != 1 || s[0].Phase != volstatus.PhaseSettingUp || s[0].PublishesDesired != 1 || s[0].PublishesActual != 0 {
 		t.Errorf("status while setting up: got %+v", s)
 	}
 	h.settle()
 	s := h.r.Status()
-	if len(s) != 1 || s[0].Phase != status.PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
+	if len(s) != 1 || s[0].Phase != volstatus.PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
 		t.Errorf("status when converged: got %+v", s)
 	}
 	if rec.ops["stage ok"] != 1 || rec.ops["publish ok"] != 1 || rec.passes < 3 || len(rec.last) != 1 {
@@ -828,7 +828,7 @@ func TestStatusAndRecorder(t *testing.T) {
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
 	h.r.Pass(t.Context())
-	if s := h.r.Status(); s[0].Phase != status.PhaseFailing || s[0].LastError == "" || s[0].NextRetry.IsZero() {
+	if s := h.r.Status(); s[0].Phase != volstatus.PhaseFailing || s[0].LastError == "" || s[0].NextRetry.IsZero() {
 		t.Errorf("status of a failing teardown: got %+v", s)
 	}
 	if rec.ops["unpublish error"] != 1 {

@@ -8,7 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/state"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // repeatedFailures is how many failures in a row of one operation make a
@@ -17,11 +17,11 @@ const repeatedFailures = 3
 
 // report reports, for each live intent of v, whether it is
 // fulfilled and, if not, its latest failure or what it waits for; and the
-// volume's condition, logged at each change. It returns v's status. An
+// volume's condition, logged at each change. It returns v's volstatus. An
 // observation older than v's last finished operation (stale) reports
 // nothing: that operation reported what it did, which such an observation
 // may not show.
-func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, stale bool) status.VolumeStatus {
+func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, stale bool) volstatus.VolumeStatus {
 	seen := r.fulfilled[v.ID]
 	if seen == nil {
 		seen = map[state.IntentKey]int64{}

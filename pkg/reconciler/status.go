@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/state"
-	"github.com/converge-csi/converge/pkg/status"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // Recorder receives what the reconciler does, for metrics. Its methods
@@ -18,7 +18,7 @@ type Recorder interface {
 	Repaired(action string)
 	// PassDone reports one pass, its duration, the volumes as it saw them
 	// and how many operations wait out a backoff.
-	PassDone(d time.Duration, volumes []status.VolumeStatus, inBackoff int)
+	PassDone(d time.Duration, volumes []volstatus.VolumeStatus, inBackoff int)
 	// Frozen reports how long a snapshot held a volume's filesystem
 	// frozen.
 	Frozen(d time.Duration)
@@ -26,22 +26,22 @@ type Recorder interface {
 
 type noRecorder struct{}
 
-func (noRecorder) OperationDone(string, string, time.Duration)        {}
-func (noRecorder) Repaired(string)                                    {}
-func (noRecorder) PassDone(time.Duration, []status.VolumeStatus, int) {}
-func (noRecorder) Frozen(time.Duration)                               {}
+func (noRecorder) OperationDone(string, string, time.Duration)           {}
+func (noRecorder) Repaired(string)                                       {}
+func (noRecorder) PassDone(time.Duration, []volstatus.VolumeStatus, int) {}
+func (noRecorder) Frozen(time.Duration)                                  {}
 
 // Status returns the volumes as of the last pass, sorted by ID. It never
 // waits for an operation.
-func (r *Reconciler) Status() []status.VolumeStatus {
+func (r *Reconciler) Status() []volstatus.VolumeStatus {
 	r.statusMu.Lock()
 	defer r.statusMu.Unlock()
 	return slices.Clone(r.status)
 }
 
 // volumeStatus summarises v as observed, with its condition.
-func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Condition) status.VolumeStatus {
-	s := status.VolumeStatus{ID: v.ID, Provisioning: string(v.Provisioning)}
+func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Condition) volstatus.VolumeStatus {
+	s := volstatus.VolumeStatus{ID: v.ID, Provisioning: string(v.Provisioning)}
 	if a.loop != nil {
 		s.SizeBytes = a.loop.Size
 	}
@@ -70,21 +70,21 @@ func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Conditi
 	s.Reason, s.Message = cond.Reason, cond.Message
 	switch {
 	case cond.Health == state.DataLost:
-		s.Phase = status.PhaseDataLoss
+		s.Phase = volstatus.PhaseDataLoss
 	case cond.Health == state.Inaccessible:
-		s.Phase = status.PhaseInaccessible
+		s.Phase = volstatus.PhaseInaccessible
 	case cond.Health == state.Degraded:
-		s.Phase = status.PhaseDegraded
+		s.Phase = volstatus.PhaseDegraded
 	case s.LastError != "":
-		s.Phase = status.PhaseFailing
+		s.Phase = volstatus.PhaseFailing
 	case deleting:
-		s.Phase = status.PhaseTearingDown
+		s.Phase = volstatus.PhaseTearingDown
 	case v.Stage == nil && len(v.Publishes) == 0:
-		s.Phase = status.PhaseIdle
+		s.Phase = volstatus.PhaseIdle
 	case allReady:
-		s.Phase = status.PhaseReady
+		s.Phase = volstatus.PhaseReady
 	default:
-		s.Phase = status.PhaseSettingUp
+		s.Phase = volstatus.PhaseSettingUp
 	}
 	return s
 }

@@ -23,17 +23,17 @@ const module = "github.com/converge-csi/converge/"
 // the command sees only the driver and the status it prints; rpcerr, the
 // table from a failure's kind to its gRPC code, only the driver applies.
 var allowed = map[string][]string{
-	"cmd/csi-node":   {"pkg/driver", "pkg/status"},
-	"pkg/driver":     {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/status"},
+	"cmd/csi-node":   {"pkg/driver", "pkg/volstatus"},
+	"pkg/driver":     {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
 	"pkg/controller": {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/nodeserver", "pkg/state"},
 	"pkg/nodeserver": {"pkg/host", "pkg/state"},
 	"pkg/rpcerr":     {"pkg/state"},
-	"pkg/reconciler": {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/state", "pkg/status"},
+	"pkg/reconciler": {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/devices":    {"pkg/host"},
-	"pkg/metrics":    {"pkg/status"},
+	"pkg/metrics":    {"pkg/volstatus"},
 	"pkg/state":      nil,
 	"pkg/host":       nil,
-	"pkg/status":     nil,
+	"pkg/volstatus":  nil,
 	"pkg/capacity":   nil,
 }
 
@@ -51,7 +51,7 @@ var never = map[string][]string{
 	"pkg/reconciler": {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/devices":    {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/host":       {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os/exec"},
-	"pkg/status":     {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
+	"pkg/volstatus":  {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/capacity":   {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os", "golang.org/x/sys/unix"},
 }
 

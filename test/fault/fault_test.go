@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	report "github.com/converge-csi/converge/pkg/status"
+	report "github.com/converge-csi/converge/pkg/volstatus"
 	"github.com/converge-csi/converge/test/testenv"
 )
 

@@ -1,7 +1,7 @@
-// Package status holds what the plugin reports of each volume: the
+// Package volstatus holds what the plugin reports of each volume: the
 // reconciler fills it at every pass; the metrics, the HTTP status view and
 // the status command read it. It imports nothing of the plugin.
-package status
+package volstatus
 
 import "time"
 
