@@ -35,7 +35,7 @@ type Store interface {
 	Get(id string) (*state.Volume, error)
 	List() []*state.Volume
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
-	DropFinals(id string)
+	DropTerminalFailures(id string)
 }
 
 // Controller implements the node-local csi.ControllerServer: volumes are

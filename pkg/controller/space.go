@@ -314,7 +314,7 @@ func (p promise) remove(id string) error {
 	if _, err := s.store.Update(id, func(v *state.Volume) error { v.FinishRemoval(); return nil }); err != nil {
 		return err
 	}
-	s.store.DropFinals(id)
+	s.store.DropTerminalFailures(id)
 	return nil
 }
 

@@ -50,7 +50,7 @@ type seenFile struct {
 
 // of returns the file l is attached to; an error when the device is no
 // longer attached, or cannot be asked.
-func (c *loopFiles) of(l host.Loop) (fileID, error) {
+func (c *loopFiles) of(l host.Device) (fileID, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s, ok := c.seen[l.Device]; ok && l.Seq != "" && s.seq == l.Seq {
@@ -71,7 +71,7 @@ func (c *loopFiles) of(l host.Loop) (fileID, error) {
 }
 
 // forget drops the devices not in loops: detached, or removed.
-func (c *loopFiles) forget(loops []host.Loop) {
+func (c *loopFiles) forget(loops []host.Device) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	live := make(map[string]bool, len(loops))
@@ -90,7 +90,7 @@ func (c *loopFiles) forget(loops []host.Loop) {
 // without the devices whose path in dir is not the file they are attached
 // to: another mount namespace's file under the same path. Devices of files
 // outside dir are left as they are.
-func (c *loopFiles) own(loops []host.Loop, dir string) []host.Loop {
+func (c *loopFiles) own(loops []host.Device, dir string) []host.Device {
 	dir = filepath.Clean(dir)
 	c.forget(loops)
 	out := loops[:0]
@@ -136,19 +136,19 @@ func sameFilesystem(dir string, dev uint64) bool {
 // and inode numbers l reports. A path already beneath dir, or a device
 // that is no longer attached, is returned as it is, with false; so is a
 // file that is not in dir.
-func ResolveBacking(l host.Loop, dir string) (string, bool) {
+func ResolveBacking(l host.Device, dir string) (string, bool) {
 	dir = filepath.Clean(dir)
 	if l.BackingFile == "" || strings.HasPrefix(l.BackingFile, dir+"/") {
 		return l.BackingFile, false
 	}
-	return resolve(l, dir, func(l host.Loop) (fileID, error) {
+	return resolve(l, dir, func(l host.Device) (fileID, error) {
 		dev, ino, err := loopBacking(l.Device)
 		return fileID{dev, ino}, err
 	})
 }
 
 // resolve is ResolveBacking, asking of what l is attached to.
-func resolve(l host.Loop, dir string, of func(host.Loop) (fileID, error)) (string, bool) {
+func resolve(l host.Device, dir string, of func(host.Device) (fileID, error)) (string, bool) {
 	parts := strings.Split(strings.TrimPrefix(l.BackingFile, "/"), "/")
 	var id fileID
 	asked := false

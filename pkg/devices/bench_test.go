@@ -32,9 +32,9 @@ func BenchmarkListLoops(b *testing.B) {
 	kept := newKeptFiles()
 	defer kept.close()
 	var perCall [2]float64
-	for i, list := range []func() ([]host.Loop, error){
-		func() ([]host.Loop, error) { return ListLoops("/sys/block") },
-		func() ([]host.Loop, error) { return kept.listLoops("/sys/block") },
+	for i, list := range []func() ([]host.Device, error){
+		func() ([]host.Device, error) { return ListLoops("/sys/block") },
+		func() ([]host.Device, error) { return kept.listLoops("/sys/block") },
 	} {
 		b.Run([]string{"open", "kept"}[i], func(b *testing.B) {
 			for b.Loop() {

@@ -100,7 +100,7 @@ func TestImagesCreateIsIdempotent(t *testing.T) {
 }
 
 func TestBtrfsMountsAreMatchedToTheirLoopDevice(t *testing.T) {
-	loops := []host.Loop{{Device: "/dev/loop3", Dev: host.DevNum{Major: 7, Minor: 3}}}
+	loops := []host.Device{{Device: "/dev/loop3", Dev: host.DevNum{Major: 7, Minor: 3}}}
 	mounts := []host.Mount{
 		{Path: "/s", Dev: host.DevNum{Major: 0, Minor: 40}, Source: "/dev/loop3", FsType: "btrfs"},
 		{Path: "/t", Dev: host.DevNum{Major: 0, Minor: 41}, Source: "tmpfs", FsType: "tmpfs"},

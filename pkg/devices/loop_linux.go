@@ -295,7 +295,7 @@ func KeepLoop(dev string) error {
 
 // ListLoops returns the attached loop devices, read from sysfs under
 // sysBlock (normally /sys/block).
-func ListLoops(sysBlock string) ([]host.Loop, error) {
+func ListLoops(sysBlock string) ([]host.Device, error) {
 	return listLoops(sysBlock, &oneShot{buf: make([]byte, attrBuf)}, nil)
 }
 
@@ -311,12 +311,12 @@ func ListLoops(sysBlock string) ([]host.Loop, error) {
 // next page skip an attached one, which would then read as detached
 // (TestListLoopsWhileOthersGo). A directory of sysfs resumes by the next
 // name's hash and skips nothing.
-func listLoops(sysBlock string, r fileReader, devs map[string]host.DevNum) ([]host.Loop, error) {
+func listLoops(sysBlock string, r fileReader, devs map[string]host.DevNum) ([]host.Device, error) {
 	names, err := r.names(sysBlock)
 	if err != nil {
 		return nil, err
 	}
-	var out []host.Loop
+	var out []host.Device
 	for _, name := range names {
 		if !strings.HasPrefix(name, "loop") {
 			continue
@@ -365,7 +365,7 @@ func listLoops(sysBlock string, r fileReader, devs map[string]host.DevNum) ([]ho
 			backingSize, allocated = st.Size, st.Blocks*512
 		}
 		discards := strings.TrimSpace(discard)
-		out = append(out, host.Loop{
+		out = append(out, host.Device{
 			Device:           "/dev/" + name,
 			Dev:              dev,
 			AutoClear:        strings.TrimSpace(autoclear) == "1",
@@ -554,7 +554,7 @@ func (k *keptFiles) names(dir string) ([]string, error) {
 
 // listLoops is ListLoops with k's descriptors; those of devices no longer
 // listed, or no longer attached, are closed.
-func (k *keptFiles) listLoops(sysBlock string) ([]host.Loop, error) {
+func (k *keptFiles) listLoops(sysBlock string) ([]host.Device, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.round++

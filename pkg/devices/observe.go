@@ -93,7 +93,7 @@ func (o *Observer) keepFiles() {
 // byDevice gives the mounts of a filesystem that reports an anonymous
 // device number (btrfs: 0:N) the number of the loop device it is on, named
 // by the mount source, so that every mount is matched to its device alike.
-func byDevice(mounts []host.Mount, loops []host.Loop) []host.Mount {
+func byDevice(mounts []host.Mount, loops []host.Device) []host.Mount {
 	dev := make(map[string]host.DevNum, len(loops))
 	for _, l := range loops {
 		dev[l.Device] = l.Dev

@@ -424,13 +424,13 @@ func TestListLoopsWhileOthersGo(t *testing.T) {
 		kept := snap.Loops()
 		// Opening each file anew too, less often: it is slower, and the
 		// kept listing is the one that must keep up with the removals.
-		var once []host.Loop
+		var once []host.Device
 		if listings%8 == 0 {
 			if once, err = ListLoops("/sys/block"); err != nil {
 				t.Fatal(err)
 			}
 		}
-		for i, ls := range [][]host.Loop{kept, once} {
+		for i, ls := range [][]host.Device{kept, once} {
 			if ls == nil {
 				continue
 			}

@@ -26,36 +26,36 @@ type StaticDevices struct {
 // of) to a block device node under /dev. A missing path is an error matching
 // os.ErrNotExist; a path outside the prefixes is ErrOutsideRoots; anything
 // but a block device node at the end is an error. The device is returned
-// as a host.Loop whose BackingFile is empty and whose size does not change
+// as a host.Device whose BackingFile is empty and whose size does not change
 // on its own.
-func (s StaticDevices) Resolve(path string) (host.Loop, error) {
+func (s StaticDevices) Resolve(path string) (host.Device, error) {
 	if _, _, err := host.Beneath(path, s.Prefixes); err != nil {
-		return host.Loop{}, fmt.Errorf("%w: %v", ErrOutsideRoots, err)
+		return host.Device{}, fmt.Errorf("%w: %v", ErrOutsideRoots, err)
 	}
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return host.Loop{}, fmt.Errorf("resolving %s: %w", path, err)
+		return host.Device{}, fmt.Errorf("resolving %s: %w", path, err)
 	}
 	if !strings.HasPrefix(real, "/dev/") {
-		return host.Loop{}, fmt.Errorf("%s resolves to %s, which is not under /dev", path, real)
+		return host.Device{}, fmt.Errorf("%s resolves to %s, which is not under /dev", path, real)
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(real, &st); err != nil {
-		return host.Loop{}, fmt.Errorf("stat %s: %w", real, err)
+		return host.Device{}, fmt.Errorf("stat %s: %w", real, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
-		return host.Loop{}, fmt.Errorf("%s resolves to %s, which is not a block device", path, real)
+		return host.Device{}, fmt.Errorf("%s resolves to %s, which is not a block device", path, real)
 	}
 	dev := host.DevNum{Major: unix.Major(st.Rdev), Minor: unix.Minor(st.Rdev)}
 	sectors, err := os.ReadFile(filepath.Join(s.sysDir(dev), "size"))
 	if err != nil {
-		return host.Loop{}, fmt.Errorf("reading the size of %s: %w", real, err)
+		return host.Device{}, fmt.Errorf("reading the size of %s: %w", real, err)
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(string(sectors)), 10, 64)
 	if err != nil {
-		return host.Loop{}, fmt.Errorf("reading the size of %s: %w", real, err)
+		return host.Device{}, fmt.Errorf("reading the size of %s: %w", real, err)
 	}
-	return host.Loop{Device: real, Dev: dev, Size: n * 512, BackingSize: n * 512}, nil
+	return host.Device{Device: real, Dev: dev, Size: n * 512, BackingSize: n * 512}, nil
 }
 
 func (s StaticDevices) sysDir(dev host.DevNum) string {
@@ -65,7 +65,7 @@ func (s StaticDevices) sysDir(dev host.DevNum) string {
 // Identity returns what identifies the device whatever path it appears
 // under: its WWID or serial number, or for a loop device its backing file.
 // It is "" when the device offers none.
-func (s StaticDevices) Identity(l host.Loop) (string, error) {
+func (s StaticDevices) Identity(l host.Device) (string, error) {
 	dir := s.sysDir(l.Dev)
 	for _, c := range []struct{ file, kind string }{
 		{"wwid", "wwid"}, {"device/wwid", "wwid"}, {"device/serial", "serial"}, {"serial", "serial"}, {"loop/backing_file", "loop"},

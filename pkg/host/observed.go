@@ -38,8 +38,9 @@ type Mount struct {
 	Shutdown bool
 }
 
-// Loop is an attached loop device.
-type Loop struct {
+// Device is a block device the plugin uses: a loop device attached to a
+// volume's image, or a static volume's disk.
+type Device struct {
 	// Device is the device node, e.g. /dev/loop3.
 	Device string
 	// Dev is its device number.
@@ -77,7 +78,7 @@ type Snapshot struct {
 	mountsOf map[DevNum][]Mount
 	// loops maps a backing file to its loop devices: normally one, more
 	// when someone attached the file again behind the plugin's back.
-	loops map[string][]Loop
+	loops map[string][]Device
 	// pool is the space of the data directory.
 	pool Pool
 }
@@ -101,11 +102,11 @@ func (s *Snapshot) WithPool(p Pool) *Snapshot {
 func (s *Snapshot) Pool() Pool { return s.pool }
 
 // NewSnapshot indexes mounts and loop devices.
-func NewSnapshot(mounts []Mount, loops []Loop) *Snapshot {
+func NewSnapshot(mounts []Mount, loops []Device) *Snapshot {
 	s := &Snapshot{
 		mountsAt: make(map[string][]Mount, len(mounts)),
 		mountsOf: make(map[DevNum][]Mount, len(mounts)),
-		loops:    make(map[string][]Loop, len(loops)),
+		loops:    make(map[string][]Device, len(loops)),
 	}
 	for _, m := range mounts {
 		s.mountsAt[m.Path] = append(s.mountsAt[m.Path], m)
@@ -142,11 +143,11 @@ func (s *Snapshot) MountsOf(dev DevNum) []Mount { return s.mountsOf[dev] }
 
 // LoopsFor returns the loop devices attached to backingFile, the one in
 // use first.
-func (s *Snapshot) LoopsFor(backingFile string) []Loop { return s.loops[backingFile] }
+func (s *Snapshot) LoopsFor(backingFile string) []Device { return s.loops[backingFile] }
 
 // Loops returns every loop device in the snapshot.
-func (s *Snapshot) Loops() []Loop {
-	out := make([]Loop, 0, len(s.loops))
+func (s *Snapshot) Loops() []Device {
+	out := make([]Device, 0, len(s.loops))
 	for _, ls := range s.loops {
 		out = append(out, ls...)
 	}

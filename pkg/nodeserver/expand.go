@@ -37,7 +37,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	// An unknown volume is NOT_FOUND whatever the path (CSI); the path is
 	// checked before it is used.
 	v, err := s.cfg.Store.Get(id)
-	if errors.Is(err, state.ErrNotFound) || err == nil && !v.Staged() {
+	if errors.Is(err, state.ErrNotFound) || err == nil && !v.HasNodeIntent() {
 		return nil, notFound(id)
 	}
 	if err != nil {
@@ -63,7 +63,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 	// The same size asked for again after it failed for good (no space,
 	// say) is tried again: the kubelet retries, and space may have been
 	// freed since.
-	retry := v.Expand != nil && v.Expand.Bytes == required && s.cfg.Store.FinalFor(id, state.ExpandKey, v.Expand.Generation) != nil
+	retry := v.Expand != nil && v.Expand.Bytes == required && s.cfg.Store.TerminalFailureFor(id, state.ExpandKey, v.Expand.Generation) != nil
 	release, err := s.admit()
 	if err != nil {
 		return nil, err
@@ -116,7 +116,7 @@ func (s *Server) expandCheck(id string, gen int64) check {
 		if done || v.Expand == nil || v.Expand.Generation != gen {
 			return done, err, pending
 		}
-		if final := s.cfg.Store.FinalFor(id, state.ExpandKey, gen); final != nil {
+		if final := s.cfg.Store.TerminalFailureFor(id, state.ExpandKey, gen); final != nil {
 			return true, final, ""
 		}
 		return false, nil, pending

@@ -32,8 +32,8 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 	if err := state.LookupID("volume", id); err != nil {
 		return nil, err
 	}
-	if v, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) || err == nil && !v.Staged() {
-		if f, ok := s.cfg.Store.LastFinal(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {
+	if v, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) || err == nil && !v.HasNodeIntent() {
+		if f, ok := s.cfg.Store.LastTerminalFailure(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {
 			return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: id, HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{
 				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: f.Err.Message,
 			}}}}, nil

@@ -144,7 +144,7 @@ func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 	s, store, _ := newServer(t)
 	s.cfg.VolumeHealth = true
-	store.SetFinal("gone", state.StageKey, state.Final{Generation: 3, Err: state.Terminalf(state.KindDataLoss, "volume gone was formatted ext4 but no filesystem is found")})
+	store.SetTerminalFailure("gone", state.StageKey, state.TerminalFailure{Generation: 3, Err: state.Terminalf(state.KindDataLoss, "volume gone was formatted ext4 but no filesystem is found")})
 	resp, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "gone"})
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +152,7 @@ func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 	if e := resp.GetVolumeHealth().GetHealthStatuses(); len(e) != 1 || e[0].GetStatus() != csi.VolumeHealthErrorType_DATA_LOSS {
 		t.Errorf("got %v, want one DATA_LOSS entry", e)
 	}
-	store.SetFinal("other", state.StageKey, state.Final{Generation: 1, Err: state.Terminalf(state.KindFailedPrecondition, "holds xfs")})
+	store.SetTerminalFailure("other", state.StageKey, state.TerminalFailure{Generation: 1, Err: state.Terminalf(state.KindFailedPrecondition, "holds xfs")})
 	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "other"}); rpcerr.Code(err) != codes.NotFound {
 		t.Errorf("a volume refused for another reason: got %v, want NotFound", err)
 	}

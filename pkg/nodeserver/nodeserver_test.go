@@ -132,7 +132,7 @@ func TestTerminalFailureAnsweredAfterRollback(t *testing.T) {
 		go func() {
 			v, _ := store.Get("v")
 			gen := v.Stage.Generation
-			store.SetFinal("v", state.StageKey, state.Final{Generation: gen, Err: state.Terminalf(state.KindFailedPrecondition, "wrong filesystem")})
+			store.SetTerminalFailure("v", state.StageKey, state.TerminalFailure{Generation: gen, Err: state.Terminalf(state.KindFailedPrecondition, "wrong filesystem")})
 			store.Update("v", func(v *state.Volume) error { v.Stage.Deleting = true; return nil })
 			store.Update("v", func(v *state.Volume) error { v.Stage = nil; return nil })
 		}()
@@ -149,7 +149,7 @@ func TestTerminalFailureAnsweredAfterRollback(t *testing.T) {
 func TestChecks(t *testing.T) {
 	s, store, _ := newServer(t)
 	fail := state.Terminalf(state.KindNotFound, "gone")
-	store.SetFinal("v", state.StageKey, state.Final{Generation: 3, Err: fail})
+	store.SetTerminalFailure("v", state.StageKey, state.TerminalFailure{Generation: 3, Err: fail})
 	store.SetResult("v", state.StageKey, state.Result{Generation: 4, Ready: true})
 	tests := []struct {
 		name     string
@@ -352,8 +352,8 @@ type syncGate struct {
 	err     error
 }
 
-func (g *syncGate) Write(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error) {
-	v, durable, err := g.Store.Write(id, fn)
+func (g *syncGate) UpdateUnsynced(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error) {
+	v, durable, err := g.Store.UpdateUnsynced(id, fn)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -15,12 +15,12 @@ import (
 // Store is the subset of the desired-state store the node server needs.
 type Store interface {
 	Get(id string) (*state.Volume, error)
-	Write(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error)
+	UpdateUnsynced(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error)
 	Result(id string, key state.IntentKey) (state.Result, bool)
-	FinalFor(id string, key state.IntentKey, gen int64) *state.Error
+	TerminalFailureFor(id string, key state.IntentKey, gen int64) *state.Error
 	Watch(id string) <-chan struct{}
 	Condition(id string) state.Condition
-	LastFinal(id string, key state.IntentKey) (state.Final, bool)
+	LastTerminalFailure(id string, key state.IntentKey) (state.TerminalFailure, bool)
 }
 
 // Kicker asks the reconciler for a pass.
@@ -165,7 +165,7 @@ func (s *Server) admit() (release func(), err error) {
 // is UNAVAILABLE, which the kubelet treats as uncertain: it retries, or
 // later calls the reverse.
 func (s *Server) record(id string, fn func(v *state.Volume) error) (*state.Volume, error) {
-	v, durable, err := s.cfg.Store.Write(id, fn)
+	v, durable, err := s.cfg.Store.UpdateUnsynced(id, fn)
 	if err != nil {
 		return nil, err
 	}

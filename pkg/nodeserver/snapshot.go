@@ -45,7 +45,7 @@ func (s *Server) AwaitSnapshot(ctx context.Context, source, id string, gen int64
 			_, pending := s.progress(source, key, gen)
 			return false, nil, pending
 		}
-		if final := s.cfg.Store.FinalFor(source, key, gen); final != nil {
+		if final := s.cfg.Store.TerminalFailureFor(source, key, gen); final != nil {
 			return true, final, ""
 		}
 		return true, nil, ""

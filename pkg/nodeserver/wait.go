@@ -82,7 +82,7 @@ func (s *Server) setupCheck(id string, key state.IntentKey, gen int64, live func
 			ready, pending := s.progress(id, key, gen)
 			return ready, nil, pending
 		}
-		if final := s.cfg.Store.FinalFor(id, key, gen); final != nil {
+		if final := s.cfg.Store.TerminalFailureFor(id, key, gen); final != nil {
 			if present && deleting {
 				return false, nil, "rolling back after: " + final.Message
 			}
@@ -105,7 +105,7 @@ func (s *Server) teardownCheck(id string, key state.IntentKey, gen int64, live f
 			_, pending := s.progress(id, key, g)
 			return false, nil, pending
 		}
-		if final := s.cfg.Store.FinalFor(id, key, gen); final != nil {
+		if final := s.cfg.Store.TerminalFailureFor(id, key, gen); final != nil {
 			return true, final, ""
 		}
 		return true, state.Errorf(state.KindAborted, "volume %s: request superseded by a later one", id), ""

@@ -20,10 +20,10 @@ type Store interface {
 	List() []*state.Volume
 	Get(id string) (*state.Volume, error)
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
-	Write(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error)
+	UpdateUnsynced(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error)
 	SetResult(id string, key state.IntentKey, r state.Result)
 	Fulfilled(id string, key state.IntentKey, gen int64, path string)
-	SetFinal(id string, key state.IntentKey, f state.Final)
+	SetTerminalFailure(id string, key state.IntentKey, f state.TerminalFailure)
 	SetCondition(id string, c state.Condition)
 }
 
@@ -125,9 +125,9 @@ type ImagePromise interface {
 // Static resolves the existing block devices of static volumes.
 type Static interface {
 	// Resolve returns the device at a stable path.
-	Resolve(path string) (host.Loop, error)
+	Resolve(path string) (host.Device, error)
 	// Identity returns what identifies the device, "" when nothing does.
-	Identity(l host.Loop) (string, error)
+	Identity(l host.Device) (string, error)
 }
 
 // Defaults of Config.

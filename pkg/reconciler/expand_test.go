@@ -20,7 +20,7 @@ func TestExpansionGrowsDeviceThenFilesystem(t *testing.T) {
 	n := len(h.world.Calls())
 	h.world.growImage(image, 128<<20) // ControllerExpandVolume
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
-	h.settle()
+	h.runUntilIdle()
 
 	dev := fmt.Sprintf("/dev/loop%d", minorOf(image))
 	if got, want := h.callsSince(n), "grow "+dev+",resize "+staging; got != want {
@@ -44,7 +44,7 @@ func TestExpansionGrowsImageFirst(t *testing.T) {
 	staging, _ := h.stagedAndPublished("v1")
 	n := len(h.world.Calls())
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
-	h.settle()
+	h.runUntilIdle()
 
 	dev := fmt.Sprintf("/dev/loop%d", minorOf(h.world.Path("v1")))
 	if got, want := h.callsSince(n), "grow image v1,grow "+dev+",resize "+staging; got != want {
@@ -69,7 +69,7 @@ func TestUnusedExt4GrowsUnmounted(t *testing.T) {
 	_, target := h.volume("v1")
 	n := len(h.world.Calls())
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
-	h.settle()
+	h.runUntilIdle()
 
 	dev := fmt.Sprintf("/dev/loop%d", minorOf(h.world.Path("v1")))
 	want := "grow image v1,grow " + dev + ",unmount " + staging + ",blkid,grow unmounted ext4,mount " + staging
@@ -82,10 +82,10 @@ func TestUnusedExt4GrowsUnmounted(t *testing.T) {
 	h.wantNormal("v1", "after growing unmounted")
 
 	h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
-	h.settle()
+	h.runUntilIdle()
 	n = len(h.world.Calls())
 	h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 192 << 20} })
-	h.settle()
+	h.runUntilIdle()
 	if got, want := h.callsSince(n), "grow image v1,grow "+dev+",resize "+staging; got != want {
 		t.Errorf("calls once published:\n got %s\nwant %s", got, want)
 	}
@@ -99,8 +99,8 @@ func TestFailedUnmountedGrowthMountsAgainAndBacksOff(t *testing.T) {
 	staging := h.staged("v1")
 	h.world.fail["grow unmounted ext4"] = errors.New("e2fsck: exit status 4")
 	h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
-	h.settle()
-	h.settle()
+	h.runUntilIdle()
+	h.runUntilIdle()
 	if got := strings.Count(strings.Join(h.world.Calls(), ","), "unmount "+staging); got != 1 {
 		t.Errorf("unmounts of the staging path: got %d, want 1 before the backoff ends", got)
 	}
@@ -112,7 +112,7 @@ func TestFailedUnmountedGrowthMountsAgainAndBacksOff(t *testing.T) {
 	}
 	delete(h.world.fail, "grow unmounted ext4")
 	h.clock.Step(DefaultBackoffMax)
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready {
 		t.Errorf("expand after the retry: got %+v, want ready", r)
 	}
@@ -128,9 +128,9 @@ func TestImageGrowthRefusedIsFinalUntilAskedAgain(t *testing.T) {
 	staging, target := h.stagedAndPublished("v1")
 	h.world.fail["grow image v1"] = state.Errorf(state.KindResourceExhausted, "no room")
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
-	h.settle()
+	h.runUntilIdle()
 
-	final := h.store.FinalFor("v1", state.ExpandKey, v.Expand.Generation)
+	final := h.store.TerminalFailureFor("v1", state.ExpandKey, v.Expand.Generation)
 	if final == nil || final.Kind != state.KindResourceExhausted || !final.Terminal {
 		t.Fatalf("final: got %+v, want a terminal ResourceExhausted", final)
 	}
@@ -148,7 +148,7 @@ func TestImageGrowthRefusedIsFinalUntilAskedAgain(t *testing.T) {
 	}
 	n := len(h.world.Calls())
 	h.clock.Step(DefaultBackoffMax)
-	h.settle()
+	h.runUntilIdle()
 	if got := h.callsSince(n); got != "" {
 		t.Errorf("calls after the backoff: got %s, want none (final until asked again)", got)
 	}
@@ -158,7 +158,7 @@ func TestImageGrowthRefusedIsFinalUntilAskedAgain(t *testing.T) {
 	if again.Expand.Generation == v.Expand.Generation {
 		t.Fatalf("the same size asked again kept generation %d; want a new one", v.Expand.Generation)
 	}
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready || r.Generation != again.Expand.Generation {
 		t.Errorf("expand result when asked again: got %+v, want ready at generation %d", r, again.Expand.Generation)
 	}
@@ -174,7 +174,7 @@ func TestFailedGrowIsRetriedAndReportedNotUndone(t *testing.T) {
 	h.world.growImage(h.world.Path("v1"), 128<<20)
 	h.world.fail["resize "+staging] = errors.New("resize2fs: Device or resource busy")
 	h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
-	h.settle()
+	h.runUntilIdle()
 
 	c := h.store.Condition("v1")
 	if c.Health != state.Degraded || c.Reason != "GrowFailed" {
@@ -188,7 +188,7 @@ func TestFailedGrowIsRetriedAndReportedNotUndone(t *testing.T) {
 	}
 	delete(h.world.fail, "resize "+staging)
 	h.clock.Step(DefaultBackoffMax)
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready {
 		t.Errorf("expand after the retry: got %+v, want ready", r)
 	}
@@ -202,7 +202,7 @@ func TestFoundXFSIsGrownOnlineAfterStage(t *testing.T) {
 	st := stageSpec(staging)
 	st.FsType = "xfs"
 	h.update("v1", func(v *state.Volume) { v.Stage = st })
-	h.settle()
+	h.runUntilIdle()
 	if got, want := h.callsSince(0), "blank,attach,blkid,mount "+staging+",resize "+staging; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
@@ -213,7 +213,7 @@ func TestFoundFilesystemIsGrownAtStage(t *testing.T) {
 	staging, _ := h.volume("v1")
 	h.world.fs[h.world.Path("v1")] = "ext4" // made elsewhere, on a smaller image maybe
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 	if got, want := h.callsSince(0), "blank,attach,blkid,grow unmounted ext4,mount "+staging; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
@@ -228,14 +228,14 @@ func TestGrowThatCannotSucceedIsFinal(t *testing.T) {
 	h.world.growImage(h.world.Path("v1"), 128<<20)
 	h.world.fail["resize "+staging] = fmt.Errorf("resize2fs: Permission denied to resize filesystem: %w", devices.ErrNotPermitted)
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
-	h.settle()
+	h.runUntilIdle()
 	resizes := func() int { return strings.Count(strings.Join(h.world.Calls(), ","), "resize "+staging) }
 	h.clock.Step(10 * DefaultBackoffMax)
-	h.settle()
+	h.runUntilIdle()
 	if n := resizes(); n != 1 {
 		t.Errorf("resize attempts: got %d, want 1", n)
 	}
-	err := h.store.FinalFor("v1", state.ExpandKey, v.Expand.Generation)
+	err := h.store.TerminalFailureFor("v1", state.ExpandKey, v.Expand.Generation)
 	if err == nil || err.Kind != state.KindFailedPrecondition {
 		t.Fatalf("final of the expansion: got %+v, want FailedPrecondition", err)
 	}
@@ -245,7 +245,7 @@ func TestGrowThatCannotSucceedIsFinal(t *testing.T) {
 	delete(h.world.fail, "resize "+staging)
 	h.world.growImage(h.world.Path("v1"), 192<<20)
 	v = h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 192 << 20} })
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready || r.Generation != v.Expand.Generation {
 		t.Errorf("a new expansion: got %+v, want ready", r)
 	}

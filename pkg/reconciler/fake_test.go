@@ -28,9 +28,9 @@ type fakeWorld struct {
 	mu      sync.Mutex
 	dataDir string
 	images  map[string]bool
-	loops   map[string]host.Loop // by backing file
-	fs      map[string]string    // image -> filesystem type, as on disk
-	mkfs    map[string]int       // image -> times formatted
+	loops   map[string]host.Device // by backing file
+	fs      map[string]string      // image -> filesystem type, as on disk
+	mkfs    map[string]int         // image -> times formatted
 	mounts  []host.Mount
 	// unique maps a mount's mountinfo ID to its unique ID (see mount).
 	unique  map[int]uint64
@@ -91,7 +91,7 @@ func newFakeWorld() *fakeWorld {
 	return &fakeWorld{
 		dataDir:   "/data",
 		images:    map[string]bool{},
-		loops:     map[string]host.Loop{},
+		loops:     map[string]host.Device{},
 		fs:        map[string]string{},
 		mkfs:      map[string]int{},
 		dirs:      map[string]bool{},
@@ -227,7 +227,7 @@ func (w *fakeWorld) Calls() []string {
 
 func (w *fakeWorld) Observe() (*host.Snapshot, error) {
 	w.mu.Lock()
-	loops := make([]host.Loop, 0, len(w.loops))
+	loops := make([]host.Device, 0, len(w.loops))
 	for _, l := range w.loops {
 		loops = append(loops, l)
 	}
@@ -520,7 +520,7 @@ func (w *fakeWorld) Attach(image string, discards bool) (string, error) {
 	err := w.do("attach", func() string { return image }, func() error {
 		n := minorOf(image)
 		size := w.sizeLocked(image)
-		l := host.Loop{Device: fmt.Sprintf("/dev/loop%d", n), Dev: host.DevNum{Major: 7, Minor: n}, BackingFile: image, Size: size, BackingSize: size,
+		l := host.Device{Device: fmt.Sprintf("/dev/loop%d", n), Dev: host.DevNum{Major: 7, Minor: n}, BackingFile: image, Size: size, BackingSize: size,
 			BackingAllocated: w.allocatedLocked(image), Discards: discards}
 		w.loops[image] = l
 		dev = l.Device

@@ -21,7 +21,7 @@ func (h *harness) stagedAndPublished(id string) (staging, target string) {
 		v.Stage = stageSpec(staging)
 		v.Publishes = map[string]*state.Publish{target: publishSpec()}
 	})
-	h.settle()
+	h.runUntilIdle()
 	if got, want := mountPaths(h.world), []string{staging, target}; !slices.Equal(got, want) {
 		h.t.Fatalf("mounts after set-up: got %v, want %v", got, want)
 	}
@@ -36,7 +36,7 @@ func (h *harness) tornDown(id, target string) {
 		v.Stage.Deleting = true
 		v.Publishes[target].Deleting = true
 	})
-	h.settle()
+	h.runUntilIdle()
 	if m := mountPaths(h.world); len(m) != 0 {
 		h.t.Errorf("mounts after teardown: got %v, want none", m)
 	}
@@ -47,7 +47,7 @@ func (h *harness) staged(id string) (staging string) {
 	h.t.Helper()
 	staging, _ = h.volume(id)
 	h.update(id, func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 	return staging
 }
 
@@ -70,7 +70,7 @@ func TestShutDownFilesystemIsRemounted(t *testing.T) {
 	n := len(h.world.Calls())
 	h.world.damage(h.world.Path("v1"), true, false)
 
-	h.settle()
+	h.runUntilIdle()
 	want := "unmount " + target + ",unmount " + staging + ",blkid,mount " + staging + ",bind " + target
 	if got := h.callsSince(n); got != want {
 		t.Errorf("calls:\n got %s\nwant %s", got, want)
@@ -122,7 +122,7 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 	// and resets the backoff.
 	delete(h.world.deadSuper, image)
 	h.clock.Step(DefaultBackoffMax)
-	h.settle()
+	h.runUntilIdle()
 	h.wantNormal("v1", "after the superblock is released")
 	if _, retry := h.r.exec.blocked("v1", action{kind: actUnmountStaging}, h.r.exec.epoch()); !retry.IsZero() {
 		t.Errorf("repair backoff after healing: got retry at %v, want none", retry)
@@ -135,7 +135,7 @@ func TestReadOnlyAfterErrorsWaitsForPublishesToGo(t *testing.T) {
 	n := len(h.world.Calls())
 	h.world.damage(h.world.Path("v1"), false, true)
 
-	h.settle()
+	h.runUntilIdle()
 	if got := h.callsSince(n); got != "" {
 		t.Errorf("calls while a pod uses the filesystem: got %s, want none", got)
 	}
@@ -150,7 +150,7 @@ func TestReadOnlyAfterErrorsWaitsForPublishesToGo(t *testing.T) {
 	// A new publish is not made on the damaged filesystem, and says why.
 	second := "/k/pod-v1/second"
 	h.update("v1", func(v *state.Volume) { v.Publishes[second] = publishSpec() })
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.PublishKey(second)); r.Ready || !strings.Contains(r.Waiting, "read-only after errors") {
 		t.Errorf("new publish: got %+v, want not ready, waiting on the read-only filesystem", r)
 	}
@@ -158,7 +158,7 @@ func TestReadOnlyAfterErrorsWaitsForPublishesToGo(t *testing.T) {
 	// Once the pods are gone, the filesystem is remounted (fsck runs in
 	// FormatAndMount) and the waiting publish is made.
 	h.update("v1", func(v *state.Volume) { v.Publishes[target].Deleting = true })
-	h.settle()
+	h.runUntilIdle()
 	want := "unmount " + target + ",unmount " + staging + ",blkid,mount " + staging + ",bind " + second
 	if got := h.callsSince(n); got != want {
 		t.Errorf("calls:\n got %s\nwant %s", got, want)
@@ -177,7 +177,7 @@ func TestCorruptedTargetIsRemounted(t *testing.T) {
 		t.Errorf("condition: got %+v, want PublishMountUnusable", c)
 	}
 	delete(h.world.corrupt, target)
-	h.settle()
+	h.runUntilIdle()
 	if got, want := h.callsSince(n), "unmount "+target+",bind "+target; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
@@ -199,7 +199,7 @@ func TestDetachedFromOutsideIsKept(t *testing.T) {
 	if c := h.store.Condition("v1"); c.Reason != "DeviceDetachPending" {
 		t.Errorf("condition: got %+v, want DeviceDetachPending", c)
 	}
-	h.settle()
+	h.runUntilIdle()
 	if got, want := h.callsSince(n), "keep "+l.Device; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
@@ -225,7 +225,7 @@ func TestConditionNamesUnusablePaths(t *testing.T) {
 	}
 	delete(h.world.fail, "mount "+staging)
 	h.clock.Step(time.Minute)
-	h.settle()
+	h.runUntilIdle()
 	if c := h.store.Condition("v1"); c.Abnormal || len(c.Unusable) > 0 {
 		t.Errorf("condition after healing: got %+v, want normal", c)
 	}
@@ -239,7 +239,7 @@ func TestDataLossOfAStagedVolumeIsReportedNotRolledBack(t *testing.T) {
 	h.world.unmountAllLocked() // both mounts gone...
 	delete(h.world.fs, image)  // ...and the filesystem with them
 	h.world.mu.Unlock()
-	h.settle()
+	h.runUntilIdle()
 
 	if n := h.world.mkfs[image]; n != 1 {
 		t.Fatalf("formatted %d times, want once", n)
@@ -262,8 +262,8 @@ func TestTerminalStageFailureWithdrawsItsPublishes(t *testing.T) {
 		v.Stage = stageSpec(staging)
 		v.Publishes = map[string]*state.Publish{target: publishSpec()}
 	})
-	h.settle()
-	if f := h.store.FinalFor("v1", state.PublishKey(target), v.Publishes[target].Generation); f == nil || f.Kind != state.KindFailedPrecondition || !strings.Contains(f.Message, "staging failed") {
+	h.runUntilIdle()
+	if f := h.store.TerminalFailureFor("v1", state.PublishKey(target), v.Publishes[target].Generation); f == nil || f.Kind != state.KindFailedPrecondition || !strings.Contains(f.Message, "staging failed") {
 		t.Errorf("publish final: got %+v, want FailedPrecondition naming the staging failure", f)
 	}
 	if got, err := h.store.Get("v1"); err == nil {
@@ -276,7 +276,7 @@ func TestNoFreeLoopDeviceIsResourceExhausted(t *testing.T) {
 	staging, _ := h.volume("v1")
 	h.world.fail["attach"] = devices.ErrNoLoopDevice
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 	r, _ := h.store.Result("v1", state.StageKey)
 	if r.Ready || r.Err == nil || r.Err.Kind != state.KindResourceExhausted || r.Generation != v.Stage.Generation {
 		t.Fatalf("result: got %+v, want a ResourceExhausted failure", r)
@@ -308,7 +308,7 @@ func TestRepeatedFailuresAreDegraded(t *testing.T) {
 	}
 	delete(h.world.fail, "bind "+target)
 	h.clock.Step(DefaultBackoffMax)
-	h.settle()
+	h.runUntilIdle()
 	h.wantNormal("v1", "after the publish was made")
 }
 
@@ -320,7 +320,7 @@ func TestRepeatedFailuresAreDegraded(t *testing.T) {
 func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	h := newHarness(t)
 	_, target := h.stagedAndPublished("v1")
-	h.settle()
+	h.runUntilIdle()
 	v, _ := h.store.Get("v1")
 	if v.Stage.MountID == 0 || v.Publishes[target].MountID == 0 {
 		t.Fatalf("mount IDs after publish: stage %d, publish %d; want both recorded", v.Stage.MountID, v.Publishes[target].MountID)
@@ -341,7 +341,7 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	m.Path, m.Root = subPath, "/data"
 	h.world.mountLocked(m)
 	h.world.mu.Unlock()
-	h.settle()
+	h.runUntilIdle()
 	if !slices.Contains(mountPaths(h.world), subPath) {
 		t.Errorf("the kubelet's subPath mount at %s was unmounted", subPath)
 	}
@@ -357,7 +357,7 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 		}
 	}
 	h.world.mu.Unlock()
-	h.settle()
+	h.runUntilIdle()
 	paths := mountPaths(h.world)
 	if slices.Contains(paths, moved) {
 		t.Errorf("the plugin's own mount moved to %s was not unmounted: %v", moved, paths)
@@ -370,7 +370,7 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	reused.Path = "/k/pods/v1/volume-subpaths/pv/c/1"
 	h.world.mountLocked(reused)
 	h.world.mu.Unlock()
-	h.settle()
+	h.runUntilIdle()
 	if !slices.Contains(mountPaths(h.world), reused.Path) {
 		t.Errorf("a second subPath mount at %s was unmounted", reused.Path)
 	}

@@ -11,7 +11,7 @@ import (
 // actual is the observed state of one volume, derived from a snapshot.
 type actual struct {
 	// loop is the loop device attached to the volume's image, if any.
-	loop *host.Loop
+	loop *host.Device
 	// extraLoops names further devices attached to the same image.
 	extraLoops []string
 	// idleExtraLoops are the extra devices that nothing mounts: harmless
@@ -129,7 +129,7 @@ type checkMount func(path string) (uint64, error)
 // a path the record does not name is a stray only if the record holds its
 // unique ID: only a mount the plugin made is its own.
 // A static volume's device, resolved by the caller, is staticDev.
-func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check checkMount, roots []string, staticDev *host.Loop) *actual {
+func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check checkMount, roots []string, staticDev *host.Device) *actual {
 	a := &actual{targets: make(map[string]*host.Mount, len(v.Publishes)), mountIDs: map[string]uint64{}}
 	if v.Stage != nil && v.Stage.Device != "" {
 		a.static, a.loop = true, staticDev

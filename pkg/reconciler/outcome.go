@@ -106,7 +106,7 @@ func (r *Reconciler) carryOut(logger klog.Logger, v *state.Volume, act action, o
 	case heldAndAnswered:
 		// The expansion stays recorded (the device may have grown).
 		logger.Error(e, "Operation failed for good; not retrying it until its intent changes", "kind", e.Kind.String())
-		r.cfg.Store.SetFinal(v.ID, act.key(), state.Final{Generation: act.generation, Err: e})
+		r.cfg.Store.SetTerminalFailure(v.ID, act.key(), state.TerminalFailure{Generation: act.generation, Err: e})
 	case withdrawn, keptStaged:
 		if out.effect == withdrawn {
 			logger.Error(e, "Operation failed for good; withdrawing the intent", "kind", e.Kind.String())
@@ -115,9 +115,9 @@ func (r *Reconciler) carryOut(logger klog.Logger, v *state.Volume, act action, o
 		}
 		// The final is recorded first, so that a waiter never sees its
 		// intent change without knowing why.
-		r.cfg.Store.SetFinal(v.ID, act.key(), state.Final{Generation: act.generation, Err: e})
+		r.cfg.Store.SetTerminalFailure(v.ID, act.key(), state.TerminalFailure{Generation: act.generation, Err: e})
 		if _, err := r.cfg.Store.Update(v.ID, func(v *state.Volume) error {
-			r.settle(v, act, out)
+			r.applyTerminal(v, act, out)
 			return nil
 		}); err != nil {
 			logger.Error(err, "Cannot record the outcome; will retry the operation")
@@ -127,9 +127,9 @@ func (r *Reconciler) carryOut(logger klog.Logger, v *state.Volume, act action, o
 	r.Kick()
 }
 
-// settle changes v's intents as a final failure of act calls for (withdrawn
+// applyTerminal changes v's intents as a final failure of act calls for (withdrawn
 // or keptStaged), if they are still those act served.
-func (r *Reconciler) settle(v *state.Volume, act action, out outcome) {
+func (r *Reconciler) applyTerminal(v *state.Volume, act action, out outcome) {
 	switch {
 	case out.effect == keptStaged:
 		v.KeepStaged(act.generation)
@@ -140,7 +140,7 @@ func (r *Reconciler) settle(v *state.Volume, act action, out outcome) {
 		for t, gen := range publishes {
 			// Recorded before the commit, so that no waiter sees its
 			// intent withdrawn without knowing why.
-			r.cfg.Store.SetFinal(v.ID, state.PublishKey(t), state.Final{Generation: gen,
+			r.cfg.Store.SetTerminalFailure(v.ID, state.PublishKey(t), state.TerminalFailure{Generation: gen,
 				Err: state.Terminalf(out.err.Kind, "staging failed: %s", out.err.Message)})
 		}
 	default:

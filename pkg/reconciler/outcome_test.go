@@ -91,7 +91,7 @@ func TestOperationPanicIsContained(t *testing.T) {
 	}
 	h.update("a", func(v *state.Volume) { v.Stage = stageSpec(sa) })
 	h.update("b", func(v *state.Volume) { v.Stage = stageSpec(sb) })
-	h.settle()
+	h.runUntilIdle()
 	r, _ := h.store.Result("a", state.StageKey)
 	if r.Ready || r.Err == nil || !strings.Contains(r.Err.Message, "mount went wrong") {
 		t.Fatalf("a: got result %+v, want the panic as its failure", r)
@@ -101,7 +101,7 @@ func TestOperationPanicIsContained(t *testing.T) {
 	}
 	h.world.before = nil
 	h.clock.Step(time.Hour) // past the backoff
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result("a", state.StageKey); !r.Ready {
 		t.Errorf("a after the cause is gone: got %+v, want staged", r)
 	}

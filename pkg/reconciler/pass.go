@@ -170,7 +170,7 @@ func (r *Reconciler) pollReleases(seen []plan) {
 
 // staticDevice resolves the device of a static volume; nil when v is not
 // one, or its device is not there now (the stage then says why).
-func (r *Reconciler) staticDevice(v *state.Volume) *host.Loop {
+func (r *Reconciler) staticDevice(v *state.Volume) *host.Device {
 	if v.Stage == nil || v.Stage.Device == "" || r.cfg.Static == nil {
 		return nil
 	}

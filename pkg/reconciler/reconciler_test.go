@@ -53,9 +53,9 @@ func newHarness(t *testing.T) *harness {
 	return &harness{t: t, world: w, store: store, clock: clk, r: r}
 }
 
-// settle runs passes, each after waiting for running operations, until a
+// runUntilIdle runs passes, each after waiting for running operations, until a
 // pass starts nothing.
-func (h *harness) settle() {
+func (h *harness) runUntilIdle() {
 	h.t.Helper()
 	for range 50 {
 		h.r.exec.wait()
@@ -108,7 +108,7 @@ func mountPaths(w *fakeWorld) []string {
 }
 
 func TestDiffOrder(t *testing.T) {
-	loop := &host.Loop{Device: "/dev/loop0", Dev: host.DevNum{Major: 7}}
+	loop := &host.Device{Device: "/dev/loop0", Dev: host.DevNum{Major: 7}}
 	staged := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}}
 	bare := &actual{targets: map[string]*host.Mount{}}
 	unknown := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}, unknownMounts: []string{"/a.moved"}}
@@ -166,7 +166,7 @@ func TestStageRecordsWithoutASync(t *testing.T) {
 	h.r.cfg.Store = counter
 	staging, _ := h.volume("v1")
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 
 	if n := counter.updates.Load(); n != 0 {
 		t.Errorf("durable updates by the stage: got %d, want 0", n)
@@ -188,7 +188,7 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 		v.Stage = stageSpec(staging)
 		v.Publishes = map[string]*state.Publish{target: publishSpec()}
 	})
-	h.settle()
+	h.runUntilIdle()
 
 	if got, want := mountPaths(h.world), []string{staging, target}; !slices.Equal(got, want) {
 		t.Fatalf("mounts: got %v, want %v", got, want)
@@ -338,7 +338,7 @@ func TestTransientFailureBacksOff(t *testing.T) {
 	}
 	delete(h.world.fail, "mount "+staging)
 	h.clock.Step(DefaultBackoffMax)
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready || r.Err != nil {
 		t.Errorf("after the fault cleared: got %+v, want ready", r)
 	}
@@ -366,9 +366,9 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 	// Someone else's filesystem is on the device: refuse, release the device.
 	h.world.fs[h.world.Path("v1")] = "xfs"
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 
-	if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindFailedPrecondition {
+	if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindFailedPrecondition {
 		t.Fatalf("final: got %+v, want FailedPrecondition", f)
 	}
 	if _, err := h.store.Get("v1"); !errors.Is(err, state.ErrNotFound) {
@@ -395,9 +395,9 @@ func TestPartitionedDeviceIsRefused(t *testing.T) {
 		staging, _ := h.volume("v1")
 		h.world.fs[h.world.Path("v1")] = partitionTable
 		v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging); v.Formatted = formatted })
-		h.settle()
+		h.runUntilIdle()
 
-		f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation)
+		f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation)
 		if f == nil || f.Kind != want || !strings.Contains(f.Message, "partition table") {
 			t.Fatalf("formatted %q: final %+v, want %v naming the partition table", formatted, f, want)
 		}
@@ -428,8 +428,8 @@ func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
 		staging, _ := h.volume("v1")
 		h.world.fs[h.world.Path("v1")] = unfinishedXfs
 		v := h.update("v1", func(v *state.Volume) { v.Stage = xfs(staging) })
-		h.settle()
-		if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f != nil {
+		h.runUntilIdle()
+		if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f != nil {
 			t.Fatalf("final: got %+v, want the stage done", f)
 		}
 		if !slices.Contains(mountPaths(h.world), staging) {
@@ -448,8 +448,8 @@ func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
 		staging, _ := h.volume("v1")
 		h.world.fs[h.world.Path("v1")] = unfinishedXfs
 		v := h.update("v1", func(v *state.Volume) { v.Stage = xfs(staging); v.Formatted = "xfs" })
-		h.settle()
-		if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss || !strings.Contains(f.Message, "never finished") {
+		h.runUntilIdle()
+		if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss || !strings.Contains(f.Message, "never finished") {
 			t.Fatalf("final: got %+v, want DataLoss naming the unfinished mkfs", f)
 		}
 		for _, c := range h.world.Calls() {
@@ -468,8 +468,8 @@ func TestProvenanceNeverReformats(t *testing.T) {
 	staging, _ := h.volume("v1")
 	// The record says formatted, but blkid finds nothing: data loss, never mkfs.
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging); v.Formatted = "ext4" })
-	h.settle()
-	if f := h.store.FinalFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss {
+	h.runUntilIdle()
+	if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss {
 		t.Fatalf("final: got %+v, want DataLoss", f)
 	}
 	for _, c := range h.world.Calls() {
@@ -517,7 +517,7 @@ func TestAttachedDeviceIsProbed(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 	calls := h.world.Calls()
 	if slices.Contains(calls, "blank") || !slices.Contains(calls, "blkid") {
 		t.Errorf("calls %v: want blkid, and no blank check of an attached image", calls)
@@ -548,7 +548,7 @@ func TestOneOperationPerVolumeParallelAcross(t *testing.T) {
 		t.Fatalf("pass while a is busy started %d operations, want 0", n)
 	}
 	close(release)
-	h.settle()
+	h.runUntilIdle()
 	if got := mountPaths(h.world); len(got) != 3 {
 		t.Errorf("mounts: got %v, want a's staging and target and b's staging", got)
 	}
@@ -692,7 +692,7 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	// A volume staged normally is left alone.
 	staging, _ := h.volume("live")
 	h.update("live", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 
 	h.world.mu.Lock()
 	defer h.world.mu.Unlock()
@@ -725,7 +725,7 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 			h.world.mu.Lock()
 			// The fake keys loops by backing file; a second key holds the
 			// second device of the same image.
-			second := host.Loop{Device: "/dev/loop9", Dev: host.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
+			second := host.Device{Device: "/dev/loop9", Dev: host.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
 			h.world.loops[h.world.Path("v1")+"#2"] = second
 			if inUse {
 				// Both devices are mounted by someone: neither may go.
@@ -735,7 +735,7 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 			}
 			h.world.mu.Unlock()
 			h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-			h.settle()
+			h.runUntilIdle()
 			mounted := slices.Contains(mountPaths(h.world), staging)
 			r, _ := h.store.Result("v1", state.StageKey)
 			if inUse {
@@ -815,7 +815,7 @@ func TestStatusAndRecorder(t *testing.T) {
 	if s := h.r.Status(); len(s) != 1 || s[0].Phase != volstatus.PhaseSettingUp || s[0].PublishesDesired != 1 || s[0].PublishesActual != 0 {
 		t.Errorf("status while setting up: got %+v", s)
 	}
-	h.settle()
+	h.runUntilIdle()
 	s := h.r.Status()
 	if len(s) != 1 || s[0].Phase != volstatus.PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
 		t.Errorf("status when converged: got %+v", s)
@@ -873,7 +873,7 @@ func TestStaleObservationReportsNothing(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.volume("v1")
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
-	h.settle()
+	h.runUntilIdle()
 	release := make(chan struct{})
 	h.world.hold["bind "+target] = release
 	v := h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
@@ -917,13 +917,13 @@ func TestIntentNewerThanObservationIsNotJudged(t *testing.T) {
 		h.world.mu.Unlock()
 		h.update("v1", func(v *state.Volume) { v.Stage.Deleting = true })
 	}
-	h.settle()
-	h.settle() // the kick that the request's write gives in production
+	h.runUntilIdle()
+	h.runUntilIdle() // the kick that the request's write gives in production
 	v, _ := h.store.Get("v1")
 	if v.Stage != nil {
 		t.Errorf("stage after the unstage: got %+v, want it torn down", v.Stage)
 	}
-	if f, ok := h.store.LastFinal("v1", state.StageKey); ok {
+	if f, ok := h.store.LastTerminalFailure("v1", state.StageKey); ok {
 		t.Errorf("the unstage was refused: %+v", f.Err)
 	}
 }
@@ -966,7 +966,7 @@ func TestUnstageIsOneOperation(t *testing.T) {
 			if forgotten := err == nil && v.Stage == nil; forgotten == tc.stacked {
 				t.Errorf("stage forgotten after one pass: got %v, want %v (record %+v)", forgotten, !tc.stacked, v)
 			}
-			h.settle()
+			h.runUntilIdle()
 			if m, v := mountPaths(h.world), func() *state.Volume { v, _ := h.store.Get("v1"); return v }(); len(m) != 0 || len(h.world.loops) != 0 || v.Stage != nil {
 				t.Errorf("after settling: mounts %v, loops %v, record %+v; want none and no stage", m, h.world.loops, v)
 			}
@@ -999,7 +999,7 @@ func TestReleasePendingIsPolled(t *testing.T) {
 	l.AutoClear = true
 	h.world.loops[image] = l
 	h.world.mu.Unlock()
-	h.settle()
+	h.runUntilIdle()
 	if v, err := h.store.Get("v1"); err != nil || v.Stage == nil || len(v.Publishes) != 0 {
 		t.Fatalf("with the device held: got %+v, %v; want the stage kept, the publish forgotten", v, err)
 	}
@@ -1022,7 +1022,7 @@ func TestReleasePendingIsPolled(t *testing.T) {
 	h.world.mu.Lock()
 	delete(h.world.loops, image)
 	h.world.mu.Unlock()
-	h.settle()
+	h.runUntilIdle()
 	if v, err := h.store.Get("v1"); err == nil && v.Stage != nil {
 		t.Errorf("once the device is gone: the stage is still recorded: %+v", v.Stage)
 	}

@@ -18,6 +18,6 @@ func (r *Reconciler) recordMount(id string, act action) error {
 // speaks of too, so that what the record says after either still holds.
 // The next durable write, or a clean stop, makes it durable.
 func (r *Reconciler) recordKernelState(id string, fn func(v *state.Volume) error) error {
-	_, _, err := r.cfg.Store.Write(id, fn)
+	_, _, err := r.cfg.Store.UpdateUnsynced(id, fn)
 	return err
 }

@@ -54,7 +54,7 @@ func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 		staging, _ := h.stagedAndPublished("v1")
 		n := len(h.world.Calls())
 		h.askSnapshot("v1", "s1")
-		h.settle()
+		h.runUntilIdle()
 		if got, want := h.callsSince(n), fmt.Sprintf("sync %[1]s,flush v1.img,freeze %[1]s,snapshot s1,thaw %[1]s", staging); got != want {
 			t.Errorf("calls: got %s, want %s", got, want)
 		}
@@ -64,7 +64,7 @@ func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 		h := newHarness(t)
 		h.volume("v1")
 		h.askSnapshot("v1", "s1")
-		h.settle()
+		h.runUntilIdle()
 		if got := h.callsSince(0); got != "snapshot s1" {
 			t.Errorf("calls: got %s, want snapshot s1", got)
 		}
@@ -77,10 +77,10 @@ func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 			v.Stage = stageSpec(staging)
 			v.Stage.Access = state.AccessBlock
 		})
-		h.settle()
+		h.runUntilIdle()
 		n := len(h.world.Calls())
 		h.askSnapshot("v1", "s1")
-		h.settle()
+		h.runUntilIdle()
 		if got := h.callsSince(n); got != "snapshot s1" {
 			t.Errorf("calls: got %s, want snapshot s1", got)
 		}
@@ -99,7 +99,7 @@ func TestSnapshotFailures(t *testing.T) {
 		h.staged("v1")
 		h.world.fail["snapshot s1"] = errors.New("EIO")
 		h.askSnapshot("v1", "s1")
-		h.settle()
+		h.runUntilIdle()
 		if len(h.world.frozen) != 0 {
 			t.Errorf("frozen after a failed copy: %v", h.world.frozen)
 		}
@@ -108,14 +108,14 @@ func TestSnapshotFailures(t *testing.T) {
 		}
 		delete(h.world.fail, "snapshot s1")
 		h.clock.Step(DefaultBackoffInitial)
-		h.settle()
+		h.runUntilIdle()
 		h.wantSnapshotDone("v1", "s1", true)
 	})
 	t.Run("no image", func(t *testing.T) {
 		h := newHarness(t)
 		gen := h.askSnapshot("v1", "s1")
-		h.settle()
-		if f := h.store.FinalFor("v1", state.SnapshotKey("s1"), gen); f == nil || f.Kind != state.KindNotFound {
+		h.runUntilIdle()
+		if f := h.store.TerminalFailureFor("v1", state.SnapshotKey("s1"), gen); f == nil || f.Kind != state.KindNotFound {
 			t.Errorf("final: got %v, want NOT_FOUND", f)
 		}
 		if v, err := h.store.Get("v1"); err == nil && v.Snapshots != nil {
@@ -130,7 +130,7 @@ func TestSnapshotFailures(t *testing.T) {
 		}
 		n := len(h.world.Calls())
 		h.askSnapshot("v1", "s1")
-		h.settle()
+		h.runUntilIdle()
 		if got, want := h.callsSince(n), "sync "+staging+",flush v1.img,freeze "+staging; got != want {
 			t.Errorf("calls under someone else's freeze: got %s, want %s (nothing thawed, nothing copied)", got, want)
 		}
@@ -144,7 +144,7 @@ func TestSnapshotFailures(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.clock.Step(DefaultBackoffInitial)
-		h.settle()
+		h.runUntilIdle()
 		h.wantSnapshotDone("v1", "s1", true)
 	})
 	t.Run("taken before a crash", func(t *testing.T) {
@@ -152,7 +152,7 @@ func TestSnapshotFailures(t *testing.T) {
 		h.volume("v1")
 		h.world.snapshots["s1"] = fakeSnapshot{image: h.world.Path("v1")}
 		h.askSnapshot("v1", "s1")
-		h.settle()
+		h.runUntilIdle()
 		if got := h.callsSince(0); got != "" {
 			t.Errorf("calls: got %s, want none", got)
 		}
@@ -171,7 +171,7 @@ func TestFrozenByACrashIsThawed(t *testing.T) {
 	}
 	h.update("v1", func(v *state.Volume) { v.Frozen = staging })
 	n := len(h.world.Calls())
-	h.settle()
+	h.runUntilIdle()
 	if got, want := h.callsSince(n), "thaw "+staging; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}

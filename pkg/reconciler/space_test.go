@@ -33,7 +33,7 @@ func TestThickVolumeRefusesDiscards(t *testing.T) {
 	flip("thick", false)
 	flip("thin", true)
 	n := len(h.world.Calls())
-	h.settle()
+	h.runUntilIdle()
 	if got := h.callsSince(n); got != "discards off,discards on" && got != "discards on,discards off" {
 		t.Errorf("calls after someone flipped the discards: got %q, want them set back", got)
 	}
@@ -65,7 +65,7 @@ func TestOldSparseVolumeIsMadeThickWhenThereIsRoom(t *testing.T) {
 	h.world.free = 100 << 20
 	h.world.mu.Unlock()
 	n := len(h.world.Calls())
-	h.settle()
+	h.runUntilIdle()
 	if got := h.callsSince(n); got != "reserve" {
 		t.Errorf("calls once there is room: got %q, want reserve", got)
 	}
@@ -97,7 +97,7 @@ func TestThinVolumesReportAFillingPool(t *testing.T) {
 		h.world.mu.Lock()
 		h.world.free = tc.free
 		h.world.mu.Unlock()
-		h.settle()
+		h.runUntilIdle()
 		if c := h.store.Condition("thin"); c.Reason != tc.reason || tc.reason != "" && c.Health != state.Degraded {
 			t.Errorf("thin volume with %d bytes free: got %+v, want reason %q", tc.free, c, tc.reason)
 		}
@@ -116,7 +116,7 @@ func TestThinVolumesReportAFillingPool(t *testing.T) {
 			p.Deleting = true
 		}
 	})
-	h.settle()
+	h.runUntilIdle()
 	h.alsoStaged("thin")
 	h.wantNormal("thin", "staged anew with room")
 }
@@ -129,7 +129,7 @@ func (h *harness) alsoStaged(id string) {
 		v.Stage = stageSpec(staging)
 		v.Publishes = map[string]*state.Publish{target: publishSpec()}
 	})
-	h.settle()
+	h.runUntilIdle()
 	if r, _ := h.store.Result(id, state.PublishKey(target)); !r.Ready {
 		h.t.Fatalf("publish of %s: %+v, want ready", id, r)
 	}

@@ -204,7 +204,7 @@ func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, wan
 // lost one makes the next stage grow the filesystem, a no-op. So the stage
 // pays no fdatasync of its own after its mkfs and mount (0.5 ms here).
 func (r *Reconciler) recordFormatted(id, fsType string, fsSize int64, mountID uint64, gen int64) error {
-	_, _, err := r.cfg.Store.Write(id, func(v *state.Volume) error {
+	_, _, err := r.cfg.Store.UpdateUnsynced(id, func(v *state.Volume) error {
 		if v.Formatted == "" {
 			v.Formatted = fsType
 		}

@@ -8,17 +8,17 @@ import (
 )
 
 // reports are what the store answers from memory, never durable: the
-// result of the latest attempt on each intent, the finals (terminal
+// result of the latest attempt on each intent, the terminalFailures (terminal
 // failures), each volume's condition, and the channels of those waiting
 // for a change. After a restart the kubelet's retries find them again. Its
 // lock is a leaf: nothing else is locked while it is held.
 type reports struct {
 	// mu guards everything below.
-	mu         sync.Mutex
-	results    map[string]map[IntentKey]Result
-	finals     map[string]map[IntentKey]Final
-	conditions map[string]Condition
-	watchers   map[string]chan struct{}
+	mu               sync.Mutex
+	results          map[string]map[IntentKey]Result
+	terminalFailures map[string]map[IntentKey]TerminalFailure
+	conditions       map[string]Condition
+	watchers         map[string]chan struct{}
 	// live holds the IDs that have a record: a volume without one has no
 	// condition.
 	live map[string]bool
@@ -26,11 +26,11 @@ type reports struct {
 
 func newReports() reports {
 	return reports{
-		results:    map[string]map[IntentKey]Result{},
-		finals:     map[string]map[IntentKey]Final{},
-		conditions: map[string]Condition{},
-		watchers:   map[string]chan struct{}{},
-		live:       map[string]bool{},
+		results:          map[string]map[IntentKey]Result{},
+		terminalFailures: map[string]map[IntentKey]TerminalFailure{},
+		conditions:       map[string]Condition{},
+		watchers:         map[string]chan struct{}{},
+		live:             map[string]bool{},
 	}
 }
 
@@ -104,46 +104,46 @@ func (s *reports) recorded(v *Volume) {
 	s.notifyLocked(v.ID)
 }
 
-// SetFinal records a terminal failure of one intent generation and wakes the
+// SetTerminalFailure records a terminal failure of one intent generation and wakes the
 // volume's waiters. Only the latest final of each intent is kept.
-func (s *reports) SetFinal(id string, key IntentKey, f Final) {
+func (s *reports) SetTerminalFailure(id string, key IntentKey, f TerminalFailure) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := s.finals[id]
+	m := s.terminalFailures[id]
 	if m == nil {
-		m = map[IntentKey]Final{}
-		s.finals[id] = m
+		m = map[IntentKey]TerminalFailure{}
+		s.terminalFailures[id] = m
 	}
 	m[key] = f
 	s.notifyLocked(id)
 }
 
-// FinalFor returns the terminal failure of generation gen of one intent, or
+// TerminalFailureFor returns the terminal failure of generation gen of one intent, or
 // nil when that generation did not fail terminally.
-func (s *reports) FinalFor(id string, key IntentKey, gen int64) *Error {
+func (s *reports) TerminalFailureFor(id string, key IntentKey, gen int64) *Error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if f, ok := s.finals[id][key]; ok && f.Generation == gen {
+	if f, ok := s.terminalFailures[id][key]; ok && f.Generation == gen {
 		return f.Err
 	}
 	return nil
 }
 
-// LastFinal returns the latest terminal failure of one intent of id,
+// LastTerminalFailure returns the latest terminal failure of one intent of id,
 // whatever its generation; ok is false when there is none.
-func (s *reports) LastFinal(id string, key IntentKey) (f Final, ok bool) {
+func (s *reports) LastTerminalFailure(id string, key IntentKey) (f TerminalFailure, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	f, ok = s.finals[id][key]
+	f, ok = s.terminalFailures[id][key]
 	return f, ok
 }
 
-// DropFinals forgets the terminal failures of id, e.g. when the volume is
+// DropTerminalFailures forgets the terminal failures of id, e.g. when the volume is
 // deleted.
-func (s *reports) DropFinals(id string) {
+func (s *reports) DropTerminalFailures(id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.finals, id)
+	delete(s.terminalFailures, id)
 }
 
 // Watch returns a channel that is closed at the next change of the record

@@ -66,7 +66,7 @@ type Store struct {
 	mu      sync.Mutex
 	volumes map[string]*Volume
 
-	// reports are what the plugin answers from memory: results, finals,
+	// reports are what the plugin answers from memory: results, terminalFailures,
 	// conditions and the watchers waiting for them. Lock order: a
 	// record's recordMu, then the log's locks (its syncMu before its mu;
 	// a checkpoint under the log's mu takes no lock of the store), then
@@ -78,10 +78,10 @@ type Store struct {
 	replayed int
 }
 
-// Final is a terminal failure of one intent generation. It outlives the
+// TerminalFailure is a terminal failure of one intent generation. It outlives the
 // intent it refers to, so the request that made the intent can answer with
 // it once the reconciler has rolled the intent back.
-type Final struct {
+type TerminalFailure struct {
 	// Generation is the intent generation that failed.
 	Generation int64
 	// Err is the failure.
@@ -260,7 +260,7 @@ func (s *Store) List() []*Volume {
 // spec or deletion changed takes the new generation, and a record left empty
 // is deleted.
 func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
-	v, durable, err := s.Write(id, fn)
+	v, durable, err := s.UpdateUnsynced(id, fn)
 	if err != nil {
 		return nil, err
 	}
@@ -270,7 +270,7 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 	return v, nil
 }
 
-// Write is Update that does not wait for the disk: it returns once the
+// UpdateUnsynced is Update that does not wait for the disk: it returns once the
 // record is in the log file and in memory, where the reconciler acts on it
 // and where the next Open finds it however this process ends (the kernel
 // holds the written pages). durable returns once the record also survives
@@ -282,7 +282,7 @@ func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 // answers only once durable returned nil. When durable fails, the log
 // refuses every later write and the plugin must be restarted; the record
 // stays in memory meanwhile.
-func (s *Store) Write(id string, fn func(v *Volume) error) (v *Volume, durable func() error, err error) {
+func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, durable func() error, err error) {
 	mu := &s.recordMu[shard(id)]
 	mu.Lock()
 	defer mu.Unlock()

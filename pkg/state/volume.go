@@ -171,10 +171,10 @@ func (v *Volume) Empty() bool {
 		v.Name == "" && len(v.Snapshots) == 0 && v.Frozen == ""
 }
 
-// Staged reports whether the node holds an intent for the volume: a stage
+// HasNodeIntent reports whether the node holds an intent for the volume: a stage
 // or a publish, live or being withdrawn. A record without one only keeps
 // what the controller made (its provisioning) or a provenance.
-func (v *Volume) Staged() bool { return v.Stage != nil || len(v.Publishes) > 0 }
+func (v *Volume) HasNodeIntent() bool { return v.Stage != nil || len(v.Publishes) > 0 }
 
 // DeepCopy returns a copy that shares no memory with v.
 func (v *Volume) DeepCopy() *Volume {

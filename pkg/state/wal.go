@@ -103,7 +103,7 @@ func scanLog(data []byte) ([]logRecord, int64) {
 }
 
 // writeLog is the store's log file. Writers append under mu and then make
-// what they wrote durable with sync (Store.Write lets the work on a record
+// what they wrote durable with sync (Store.UpdateUnsynced lets the work on a record
 // run meanwhile).
 type writeLog struct {
 	f  *os.File

@@ -326,7 +326,7 @@ func TestUncleanStoreRefusedByOlderBinaries(t *testing.T) {
 	}
 }
 
-// TestWriteBeforeSync checks Store.Write: its record is in memory and in
+// TestWriteBeforeSync checks Store.UpdateUnsynced: its record is in memory and in
 // the log file before it is durable, so a killed process leaves it for the
 // next Open; durable makes it (and any earlier write) durable, also for a
 // write that changed nothing and so would otherwise answer on a record
@@ -334,7 +334,7 @@ func TestUncleanStoreRefusedByOlderBinaries(t *testing.T) {
 func TestWriteBeforeSync(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.db")
 	s := openStore(t, path)
-	v, durable, err := s.Write("a", func(v *Volume) error { v.Formatted = "ext4"; return nil })
+	v, durable, err := s.UpdateUnsynced("a", func(v *Volume) error { v.Formatted = "ext4"; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestWriteBeforeSync(t *testing.T) {
 	if synced >= written {
 		t.Fatalf("synced %d of %d records before durable was called; want the write unsynced", synced, written)
 	}
-	_, unchanged, err := s.Write("a", func(v *Volume) error { v.Formatted = "ext4"; return nil })
+	_, unchanged, err := s.UpdateUnsynced("a", func(v *Volume) error { v.Formatted = "ext4"; return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func TestWriteBeforeSync(t *testing.T) {
 	}
 
 	// A write never synced is found by the next Open of a killed process.
-	if _, _, err := s.Write("b", func(v *Volume) error { v.FsSize = 7; return nil }); err != nil {
+	if _, _, err := s.UpdateUnsynced("b", func(v *Volume) error { v.FsSize = 7; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	want := records(s)
