@@ -24,7 +24,7 @@ func BenchmarkPass(b *testing.B) {
 			defer store.Close()
 			w := newFakeWorld()
 			w.started = nil
-			w.dirs["/k"], w.dirs["/k/staging"] = true, true
+			w.makeDirs("/k", "/k/staging")
 			r, err := New(Config{Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Images: w, ImagePromise: w, Snapshots: w,
 				Clock: clocktesting.NewFakeClock(time.Unix(1_000_000, 0)), Roots: []string{"/k"}, FastWorkers: 64})
 			if err != nil {
@@ -33,9 +33,9 @@ func BenchmarkPass(b *testing.B) {
 			r.exec.spawn = func(f func()) { f() }
 			for i := range n {
 				id := fmt.Sprintf("v%05d", i)
-				w.images[id] = true
+				w.makeImages(id)
 				staging, pod := "/k/staging/"+id, "/k/pod-"+id
-				w.dirs[staging], w.dirs[pod] = true, true
+				w.makeDirs(staging, pod)
 				if _, err := store.Update(id, func(v *state.Volume) error {
 					v.Stage = &state.Stage{Path: staging, Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}
 					v.Publishes = map[string]*state.Publish{pod + "/mount": {Access: state.AccessMount, AccessMode: "SINGLE_NODE_WRITER"}}

@@ -97,7 +97,7 @@ func TestUnusedExt4GrowsUnmounted(t *testing.T) {
 func TestFailedUnmountedGrowthMountsAgainAndBacksOff(t *testing.T) {
 	h := newHarness(t)
 	staging := h.staged("v1")
-	h.world.fail["grow unmounted ext4"] = errors.New("e2fsck: exit status 4")
+	h.world.failOn("grow unmounted ext4", errors.New("e2fsck: exit status 4"))
 	h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	h.runUntilIdle()
 	h.runUntilIdle()
@@ -110,7 +110,7 @@ func TestFailedUnmountedGrowthMountsAgainAndBacksOff(t *testing.T) {
 	if c := h.store.Condition("v1"); c.Reason != "GrowFailed" {
 		t.Errorf("condition: got %+v, want GrowFailed", c)
 	}
-	delete(h.world.fail, "grow unmounted ext4")
+	h.world.failOn("grow unmounted ext4", nil)
 	h.clock.Step(DefaultBackoffMax)
 	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready {
@@ -126,7 +126,7 @@ func TestFailedUnmountedGrowthMountsAgainAndBacksOff(t *testing.T) {
 func TestImageGrowthRefusedIsFinalUntilAskedAgain(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.stagedAndPublished("v1")
-	h.world.fail["grow image v1"] = state.Errorf(state.KindResourceExhausted, "no room")
+	h.world.failOn("grow image v1", state.Errorf(state.KindResourceExhausted, "no room"))
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	h.runUntilIdle()
 
@@ -153,7 +153,7 @@ func TestImageGrowthRefusedIsFinalUntilAskedAgain(t *testing.T) {
 		t.Errorf("calls after the backoff: got %s, want none (final until asked again)", got)
 	}
 
-	delete(h.world.fail, "grow image v1")
+	h.world.failOn("grow image v1", nil)
 	again := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	if again.Expand.Generation == v.Expand.Generation {
 		t.Fatalf("the same size asked again kept generation %d; want a new one", v.Expand.Generation)
@@ -172,7 +172,7 @@ func TestFailedGrowIsRetriedAndReportedNotUndone(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.stagedAndPublished("v1")
 	h.world.growImage(h.world.Path("v1"), 128<<20)
-	h.world.fail["resize "+staging] = errors.New("resize2fs: Device or resource busy")
+	h.world.failOn("resize "+staging, errors.New("resize2fs: Device or resource busy"))
 	h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	h.runUntilIdle()
 
@@ -186,7 +186,7 @@ func TestFailedGrowIsRetriedAndReportedNotUndone(t *testing.T) {
 	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
 		t.Errorf("publish after a failed grow: got %+v, want still ready", r)
 	}
-	delete(h.world.fail, "resize "+staging)
+	h.world.failOn("resize "+staging, nil)
 	h.clock.Step(DefaultBackoffMax)
 	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.ExpandKey); !r.Ready {
@@ -198,7 +198,7 @@ func TestFailedGrowIsRetriedAndReportedNotUndone(t *testing.T) {
 func TestFoundXFSIsGrownOnlineAfterStage(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
-	h.world.fs[h.world.Path("v1")] = "xfs"
+	h.world.setFs(h.world.Path("v1"), "xfs")
 	st := stageSpec(staging)
 	st.FsType = "xfs"
 	h.update("v1", func(v *state.Volume) { v.Stage = st })
@@ -211,7 +211,7 @@ func TestFoundXFSIsGrownOnlineAfterStage(t *testing.T) {
 func TestFoundFilesystemIsGrownAtStage(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
-	h.world.fs[h.world.Path("v1")] = "ext4" // made elsewhere, on a smaller image maybe
+	h.world.setFs(h.world.Path("v1"), "ext4") // made elsewhere, on a smaller image maybe
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.runUntilIdle()
 	if got, want := h.callsSince(0), "blank,attach,blkid,grow unmounted ext4,mount "+staging; got != want {
@@ -226,7 +226,7 @@ func TestGrowThatCannotSucceedIsFinal(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.stagedAndPublished("v1")
 	h.world.growImage(h.world.Path("v1"), 128<<20)
-	h.world.fail["resize "+staging] = fmt.Errorf("resize2fs: Permission denied to resize filesystem: %w", devices.ErrNotPermitted)
+	h.world.failOn("resize "+staging, fmt.Errorf("resize2fs: Permission denied to resize filesystem: %w", devices.ErrNotPermitted))
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	h.runUntilIdle()
 	resizes := func() int { return strings.Count(strings.Join(h.world.Calls(), ","), "resize "+staging) }
@@ -242,7 +242,7 @@ func TestGrowThatCannotSucceedIsFinal(t *testing.T) {
 	if got, _ := h.store.Get("v1"); got.Expand == nil {
 		t.Errorf("the expansion was withdrawn; want it kept")
 	}
-	delete(h.world.fail, "resize "+staging)
+	h.world.failOn("resize "+staging, nil)
 	h.world.growImage(h.world.Path("v1"), 192<<20)
 	v = h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 192 << 20} })
 	h.runUntilIdle()

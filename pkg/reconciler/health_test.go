@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -85,7 +84,7 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.stagedAndPublished("v1")
 	image := h.world.Path("v1")
-	h.world.deadSuper[image] = true // every remount gets the dead superblock again
+	h.world.killSuperblock(image, true) // every remount gets the dead superblock again
 	h.world.damage(image, true, false)
 
 	unmounts := func() int {
@@ -120,7 +119,7 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 
 	// Once the superblock is released, the next repair heals the volume
 	// and resets the backoff.
-	delete(h.world.deadSuper, image)
+	h.world.killSuperblock(image, false)
 	h.clock.Step(DefaultBackoffMax)
 	h.runUntilIdle()
 	h.wantNormal("v1", "after the superblock is released")
@@ -170,13 +169,13 @@ func TestCorruptedTargetIsRemounted(t *testing.T) {
 	h := newHarness(t)
 	_, target := h.stagedAndPublished("v1")
 	n := len(h.world.Calls())
-	h.world.corrupt[target] = syscall.ESTALE
+	h.world.corruptMount(target, syscall.ESTALE)
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
 	if c := h.store.Condition("v1"); c.Reason != "PublishMountUnusable" {
 		t.Errorf("condition: got %+v, want PublishMountUnusable", c)
 	}
-	delete(h.world.corrupt, target)
+	h.world.corruptMount(target, nil)
 	h.runUntilIdle()
 	if got, want := h.callsSince(n), "unmount "+target+",bind "+target; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
@@ -187,11 +186,8 @@ func TestDetachedFromOutsideIsKept(t *testing.T) {
 	h := newHarness(t)
 	h.stagedAndPublished("v1")
 	image := h.world.Path("v1")
-	h.world.mu.Lock()
-	l := h.world.loops[image]
-	l.AutoClear = true
-	h.world.loops[image] = l
-	h.world.mu.Unlock()
+	h.world.autoClear(image)
+	l, _ := h.world.loop(image)
 	n := len(h.world.Calls())
 
 	h.r.Pass(t.Context())
@@ -209,10 +205,8 @@ func TestDetachedFromOutsideIsKept(t *testing.T) {
 func TestConditionNamesUnusablePaths(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.stagedAndPublished("v1")
-	h.world.fail["mount "+staging] = errors.New("busy")
-	h.world.mu.Lock()
-	h.world.unmountAllLocked() // someone unmounted both
-	h.world.mu.Unlock()
+	h.world.failOn("mount "+staging, errors.New("busy"))
+	h.world.unmountAll() // someone unmounted both
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
 	h.r.Pass(t.Context())
@@ -223,7 +217,7 @@ func TestConditionNamesUnusablePaths(t *testing.T) {
 	if !slices.Equal(c.Unusable, []string{staging, target}) {
 		t.Errorf("unmounted: got %v, want %v", c.Unusable, []string{staging, target})
 	}
-	delete(h.world.fail, "mount "+staging)
+	h.world.failOn("mount "+staging, nil)
 	h.clock.Step(time.Minute)
 	h.runUntilIdle()
 	if c := h.store.Condition("v1"); c.Abnormal || len(c.Unusable) > 0 {
@@ -235,13 +229,11 @@ func TestDataLossOfAStagedVolumeIsReportedNotRolledBack(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.stagedAndPublished("v1")
 	image := h.world.Path("v1")
-	h.world.mu.Lock()
-	h.world.unmountAllLocked() // both mounts gone...
-	delete(h.world.fs, image)  // ...and the filesystem with them
-	h.world.mu.Unlock()
+	h.world.unmountAll()     // both mounts gone...
+	h.world.setFs(image, "") // ...and the filesystem with them
 	h.runUntilIdle()
 
-	if n := h.world.mkfs[image]; n != 1 {
+	if n := h.world.mkfsCount(image); n != 1 {
 		t.Fatalf("formatted %d times, want once", n)
 	}
 	v, err := h.store.Get("v1")
@@ -257,7 +249,7 @@ func TestDataLossOfAStagedVolumeIsReportedNotRolledBack(t *testing.T) {
 func TestTerminalStageFailureWithdrawsItsPublishes(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.volume("v1")
-	h.world.fs[h.world.Path("v1")] = "xfs" // not what the stage asks for
+	h.world.setFs(h.world.Path("v1"), "xfs") // not what the stage asks for
 	v := h.update("v1", func(v *state.Volume) {
 		v.Stage = stageSpec(staging)
 		v.Publishes = map[string]*state.Publish{target: publishSpec()}
@@ -274,7 +266,7 @@ func TestTerminalStageFailureWithdrawsItsPublishes(t *testing.T) {
 func TestNoFreeLoopDeviceIsResourceExhausted(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
-	h.world.fail["attach"] = devices.ErrNoLoopDevice
+	h.world.failOn("attach", devices.ErrNoLoopDevice)
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.runUntilIdle()
 	r, _ := h.store.Result("v1", state.StageKey)
@@ -291,7 +283,7 @@ func TestRepeatedFailuresAreDegraded(t *testing.T) {
 	h.stagedAndPublished("v1")
 	// A second pod's publish keeps failing.
 	target := "/k/pod-v1/second"
-	h.world.fail["bind "+target] = errors.New("EBUSY")
+	h.world.failOn("bind "+target, errors.New("EBUSY"))
 	h.update("v1", func(v *state.Volume) { v.Publishes[target] = publishSpec() })
 	for i := range repeatedFailures {
 		h.r.Pass(t.Context())
@@ -306,7 +298,7 @@ func TestRepeatedFailuresAreDegraded(t *testing.T) {
 	if c := h.store.Condition("v1"); c.Health != state.Degraded || c.Reason != "OperationFailing" || !strings.Contains(c.Message, "publish "+target) {
 		t.Errorf("condition: got %+v, want DEGRADED OperationFailing naming the publish", c)
 	}
-	delete(h.world.fail, "bind "+target)
+	h.world.failOn("bind "+target, nil)
 	h.clock.Step(DefaultBackoffMax)
 	h.runUntilIdle()
 	h.wantNormal("v1", "after the publish was made")
@@ -325,22 +317,11 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	if v.Stage.MountID == 0 || v.Publishes[target].MountID == 0 {
 		t.Fatalf("mount IDs after publish: stage %d, publish %d; want both recorded", v.Stage.MountID, v.Publishes[target].MountID)
 	}
-	top := func(path string) (host.Mount, bool) {
-		for i := len(h.world.mounts) - 1; i >= 0; i-- {
-			if h.world.mounts[i].Path == path {
-				return h.world.mounts[i], true
-			}
-		}
-		return host.Mount{}, false
-	}
-
 	// The kubelet bind mounts a directory of the volume for a container.
 	subPath := "/k/pods/v1/volume-subpaths/pv/c/0"
-	h.world.mu.Lock()
-	m, _ := top(target)
+	m, _ := h.world.topMount(target)
 	m.Path, m.Root = subPath, "/data"
-	h.world.mountLocked(m)
-	h.world.mu.Unlock()
+	h.world.mountOutside(m, false)
 	h.runUntilIdle()
 	if !slices.Contains(mountPaths(h.world), subPath) {
 		t.Errorf("the kubelet's subPath mount at %s was unmounted", subPath)
@@ -350,13 +331,7 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	// kubelet's subPath mount is made again; the kernel may give it the
 	// mountinfo ID the moved mount had once that one is gone.
 	moved := "/k/moved/mount"
-	h.world.mu.Lock()
-	for i := range h.world.mounts {
-		if h.world.mounts[i].Path == target {
-			h.world.moveLocked(i, moved)
-		}
-	}
-	h.world.mu.Unlock()
+	h.world.moveMounts(target, moved)
 	h.runUntilIdle()
 	paths := mountPaths(h.world)
 	if slices.Contains(paths, moved) {
@@ -365,11 +340,9 @@ func TestOnlyOwnMountsAreStrays(t *testing.T) {
 	if !slices.Contains(paths, target) || !slices.Contains(paths, subPath) {
 		t.Errorf("mounts after healing: got %v, want %s published again and %s kept", paths, target, subPath)
 	}
-	h.world.mu.Lock()
-	reused, _ := top(target)
+	reused, _ := h.world.topMount(target)
 	reused.Path = "/k/pods/v1/volume-subpaths/pv/c/1"
-	h.world.mountLocked(reused)
-	h.world.mu.Unlock()
+	h.world.mountOutside(reused, false)
 	h.runUntilIdle()
 	if !slices.Contains(mountPaths(h.world), reused.Path) {
 		t.Errorf("a second subPath mount at %s was unmounted", reused.Path)

@@ -82,10 +82,9 @@ func (h *harness) update(id string, fn func(v *state.Volume)) *state.Volume {
 
 // volume makes an image and the kubelet's directories for id.
 func (h *harness) volume(id string) (staging, target string) {
-	h.world.images[id] = true
+	h.world.makeImages(id)
 	staging = "/k/staging/" + id
-	h.world.dirs[staging] = true
-	h.world.dirs["/k/pod-"+id] = true
+	h.world.makeDirs(staging, "/k/pod-"+id)
 	return staging, "/k/pod-" + id + "/mount"
 }
 
@@ -98,10 +97,8 @@ func publishSpec() *state.Publish {
 }
 
 func mountPaths(w *fakeWorld) []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	var out []string
-	for _, m := range w.mounts {
+	for _, m := range w.mountTable() {
 		out = append(out, m.Path)
 	}
 	return out
@@ -205,8 +202,8 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 	}
 
 	h.tornDown("v1", target)
-	if len(h.world.loops) != 0 {
-		t.Errorf("loops after teardown: got %v, want none", h.world.loops)
+	if loops := h.world.loopKeys(); len(loops) != 0 {
+		t.Errorf("loops after teardown: got %v, want none", loops)
 	}
 	got, _ = h.store.Get("v1")
 	if got.Stage != nil || len(got.Publishes) != 0 || got.Formatted != "ext4" {
@@ -229,21 +226,16 @@ func TestStageThenPublishThenTeardown(t *testing.T) {
 func TestWithdrawnMountsAreNotChecked(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.stagedAndPublished("v1")
-	h.world.mu.Lock()
-	live := h.world.checks[staging] > 0 && h.world.checks[target] > 0
-	clear(h.world.checks)
-	h.world.corrupt[staging] = syscall.ENOTCONN
-	h.world.corrupt[target] = syscall.ENOTCONN
-	h.world.mu.Unlock()
-	if !live {
+	checks := h.world.takeChecks(staging, target)
+	h.world.corruptMount(staging, syscall.ENOTCONN)
+	h.world.corruptMount(target, syscall.ENOTCONN)
+	if checks[0] == 0 || checks[1] == 0 {
 		t.Fatal("the live stage and publish were never checked")
 	}
 
 	h.tornDown("v1", target)
-	h.world.mu.Lock()
-	defer h.world.mu.Unlock()
-	if n := h.world.checks[staging] + h.world.checks[target]; n != 0 {
-		t.Errorf("the withdrawn mounts were checked %d times (%v), want none", n, h.world.checks)
+	if checks := h.world.takeChecks(staging, target); checks[0]+checks[1] != 0 {
+		t.Errorf("the withdrawn mounts were checked %v times, want none", checks)
 	}
 }
 
@@ -279,8 +271,8 @@ func TestOperationAnswersItsRequest(t *testing.T) {
 	}
 
 	target2 := "/k/pod-v1b/mount"
-	h.world.dirs["/k/pod-v1b"] = true
-	h.world.fail["bind "+target2] = errors.New("EBUSY")
+	h.world.makeDirs("/k/pod-v1b")
+	h.world.failOn("bind "+target2, errors.New("EBUSY"))
 	h.update("v1", func(v *state.Volume) { v.Publishes[target2] = publishSpec() })
 	pass()
 	if r, _ := h.store.Result("v1", state.PublishKey(target2)); r.Ready {
@@ -295,7 +287,7 @@ func TestOperationAnswersItsRequest(t *testing.T) {
 func TestTransientFailureBacksOff(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
-	h.world.fail["mount "+staging] = errors.New("device busy")
+	h.world.failOn("mount "+staging, errors.New("device busy"))
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 
 	attempts := func() int {
@@ -336,7 +328,7 @@ func TestTransientFailureBacksOff(t *testing.T) {
 			t.Fatalf("after %v: got %d attempts, want %d", wait, got, i+2)
 		}
 	}
-	delete(h.world.fail, "mount "+staging)
+	h.world.failOn("mount "+staging, nil)
 	h.clock.Step(DefaultBackoffMax)
 	h.runUntilIdle()
 	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready || r.Err != nil {
@@ -364,7 +356,7 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
 	// Someone else's filesystem is on the device: refuse, release the device.
-	h.world.fs[h.world.Path("v1")] = "xfs"
+	h.world.setFs(h.world.Path("v1"), "xfs")
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.runUntilIdle()
 
@@ -374,13 +366,13 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 	if _, err := h.store.Get("v1"); !errors.Is(err, state.ErrNotFound) {
 		t.Errorf("record after rollback: got %v, want it gone", err)
 	}
-	if len(h.world.loops) != 0 || len(h.world.mounts) != 0 {
-		t.Errorf("left after rollback: loops %v, mounts %v", h.world.loops, h.world.mounts)
+	if loops, mounts := h.world.loopKeys(), mountPaths(h.world); len(loops) != 0 || len(mounts) != 0 {
+		t.Errorf("left after rollback: loops %v, mounts %v", loops, mounts)
 	}
-	if n := h.world.mkfs[h.world.Path("v1")]; n != 0 {
+	if n := h.world.mkfsCount(h.world.Path("v1")); n != 0 {
 		t.Error("formatted a device holding another filesystem")
 	}
-	if h.world.fs[h.world.Path("v1")] != "xfs" {
+	if h.world.fsOf(h.world.Path("v1")) != "xfs" {
 		t.Error("the foreign filesystem changed")
 	}
 }
@@ -393,7 +385,7 @@ func TestPartitionedDeviceIsRefused(t *testing.T) {
 	for formatted, want := range map[string]state.Kind{"": state.KindFailedPrecondition, "ext4": state.KindDataLoss} {
 		h := newHarness(t)
 		staging, _ := h.volume("v1")
-		h.world.fs[h.world.Path("v1")] = partitionTable
+		h.world.setFs(h.world.Path("v1"), partitionTable)
 		v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging); v.Formatted = formatted })
 		h.runUntilIdle()
 
@@ -406,10 +398,10 @@ func TestPartitionedDeviceIsRefused(t *testing.T) {
 				t.Errorf("formatted %q: called %s on a device with a partition table", formatted, c)
 			}
 		}
-		if len(h.world.loops) != 0 || len(h.world.mounts) != 0 {
-			t.Errorf("formatted %q: left after the refusal: loops %v, mounts %v", formatted, h.world.loops, h.world.mounts)
+		if loops, mounts := h.world.loopKeys(), mountPaths(h.world); len(loops) != 0 || len(mounts) != 0 {
+			t.Errorf("formatted %q: left after the refusal: loops %v, mounts %v", formatted, loops, mounts)
 		}
-		if h.world.fs[h.world.Path("v1")] != partitionTable {
+		if h.world.fsOf(h.world.Path("v1")) != partitionTable {
 			t.Errorf("formatted %q: the partition table changed", formatted)
 		}
 	}
@@ -426,7 +418,7 @@ func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
 	t.Run("never formatted", func(t *testing.T) {
 		h := newHarness(t)
 		staging, _ := h.volume("v1")
-		h.world.fs[h.world.Path("v1")] = unfinishedXfs
+		h.world.setFs(h.world.Path("v1"), unfinishedXfs)
 		v := h.update("v1", func(v *state.Volume) { v.Stage = xfs(staging) })
 		h.runUntilIdle()
 		if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f != nil {
@@ -435,7 +427,7 @@ func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
 		if !slices.Contains(mountPaths(h.world), staging) {
 			t.Errorf("mounts: got %v, want %s", mountPaths(h.world), staging)
 		}
-		if n := h.world.mkfs[h.world.Path("v1")]; n != 1 {
+		if n := h.world.mkfsCount(h.world.Path("v1")); n != 1 {
 			t.Errorf("mkfs ran %d times, want once", n)
 		}
 		got, err := h.store.Get("v1")
@@ -446,7 +438,7 @@ func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
 	t.Run("recorded formatted", func(t *testing.T) {
 		h := newHarness(t)
 		staging, _ := h.volume("v1")
-		h.world.fs[h.world.Path("v1")] = unfinishedXfs
+		h.world.setFs(h.world.Path("v1"), unfinishedXfs)
 		v := h.update("v1", func(v *state.Volume) { v.Stage = xfs(staging); v.Formatted = "xfs" })
 		h.runUntilIdle()
 		if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss || !strings.Contains(f.Message, "never finished") {
@@ -457,7 +449,7 @@ func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
 				t.Errorf("called %s on a formatted volume's device that now holds an unfinished mkfs", c)
 			}
 		}
-		if h.world.fs[h.world.Path("v1")] != unfinishedXfs {
+		if h.world.fsOf(h.world.Path("v1")) != unfinishedXfs {
 			t.Error("the device's contents changed")
 		}
 	})
@@ -489,8 +481,8 @@ func TestProvenanceNeverReformats(t *testing.T) {
 func TestBlkidErrorFailsClosed(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
-	h.world.fail["blank"] = errors.New("I/O error")
-	h.world.fail["blkid"] = errors.New("I/O error")
+	h.world.failOn("blank", errors.New("I/O error"))
+	h.world.failOn("blkid", errors.New("I/O error"))
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.r.Pass(context.Background())
 	h.r.exec.wait()
@@ -532,7 +524,7 @@ func TestOneOperationPerVolumeParallelAcross(t *testing.T) {
 	sa, ta := h.volume("a")
 	sb, _ := h.volume("b")
 	release := make(chan struct{})
-	h.world.hold["mount "+sa] = release
+	h.world.holdOn("mount "+sa, release)
 	h.update("a", func(v *state.Volume) {
 		v.Stage = stageSpec(sa)
 		v.Publishes = map[string]*state.Publish{ta: publishSpec()}
@@ -679,13 +671,13 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.world.fs[h.world.Path("ghost")] = "ext4"
-	h.world.dirs["/k/old"] = true
+	h.world.setFs(h.world.Path("ghost"), "ext4")
+	h.world.makeDirs("/k/old")
 	if _, err := h.world.FormatAndMount(t.Context(), devices.Probe{Device: ghost}, "/k/old", "ext4", nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	foreign, _ := h.world.Attach(h.world.Path("foreign"), false)
-	h.world.fs[h.world.Path("foreign")] = "ext4"
+	h.world.setFs(h.world.Path("foreign"), "ext4")
 	h.world.FormatAndMount(t.Context(), devices.Probe{Device: foreign}, "/mnt/admin", "ext4", nil, nil)
 	// A device of another directory is never ours.
 	h.world.Attach("/elsewhere/disk.img", false)
@@ -694,21 +686,11 @@ func TestOrphanedDevicesAreReleased(t *testing.T) {
 	h.update("live", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.runUntilIdle()
 
-	h.world.mu.Lock()
-	defer h.world.mu.Unlock()
-	var loops []string
-	for backing := range h.world.loops {
-		loops = append(loops, backing)
-	}
-	slices.Sort(loops)
+	loops := h.world.loopKeys()
 	if want := []string{"/data/foreign.img", "/data/live.img", "/elsewhere/disk.img"}; !slices.Equal(loops, want) {
 		t.Errorf("attached after release: got %v, want %v", loops, want)
 	}
-	var mounts []string
-	for _, m := range h.world.mounts {
-		mounts = append(mounts, m.Path)
-	}
-	if want := []string{"/mnt/admin", staging}; !slices.Equal(mounts, want) {
+	if mounts, want := mountPaths(h.world), []string{"/mnt/admin", staging}; !slices.Equal(mounts, want) {
 		t.Errorf("mounts after release: got %v, want %v", mounts, want)
 	}
 }
@@ -718,22 +700,20 @@ func TestImageAttachedTwiceIsNeverMounted(t *testing.T) {
 		t.Run(fmt.Sprintf("both devices mounted=%v", inUse), func(t *testing.T) {
 			h := newHarness(t)
 			staging, _ := h.volume("v1")
-			h.world.fs[h.world.Path("v1")] = "ext4"
+			h.world.setFs(h.world.Path("v1"), "ext4")
 			// The image is attached twice; the plugin must not pick one and
 			// mount the filesystem that the other device may also carry.
 			h.world.Attach(h.world.Path("v1"), false)
-			h.world.mu.Lock()
 			// The fake keys loops by backing file; a second key holds the
 			// second device of the same image.
 			second := host.Device{Device: "/dev/loop9", Dev: host.DevNum{Major: 7, Minor: 9}, BackingFile: h.world.Path("v1")}
-			h.world.loops[h.world.Path("v1")+"#2"] = second
+			h.world.addLoop(h.world.Path("v1")+"#2", second)
 			if inUse {
 				// Both devices are mounted by someone: neither may go.
-				first := h.world.loops[h.world.Path("v1")]
-				h.world.mountLocked(host.Mount{Path: "/mnt/one", Dev: first.Dev, Root: "/", Source: first.Device, FsType: "ext4"})
-				h.world.mountLocked(host.Mount{Path: "/mnt/two", Dev: second.Dev, Root: "/", Source: second.Device, FsType: "ext4"})
+				first, _ := h.world.loop(h.world.Path("v1"))
+				h.world.mountOutside(host.Mount{Path: "/mnt/one", Dev: first.Dev, Root: "/", Source: first.Device, FsType: "ext4"}, false)
+				h.world.mountOutside(host.Mount{Path: "/mnt/two", Dev: second.Dev, Root: "/", Source: second.Device, FsType: "ext4"}, false)
 			}
-			h.world.mu.Unlock()
 			h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 			h.runUntilIdle()
 			mounted := slices.Contains(mountPaths(h.world), staging)
@@ -823,7 +803,7 @@ func TestStatusAndRecorder(t *testing.T) {
 	if rec.ops["stage ok"] != 1 || rec.ops["publish ok"] != 1 || rec.passes < 3 || len(rec.last) != 1 {
 		t.Errorf("recorded: ops %v, %d passes, last %v", rec.ops, rec.passes, rec.last)
 	}
-	h.world.fail["unmount "+target] = errors.New("EBUSY")
+	h.world.failOn("unmount "+target, errors.New("EBUSY"))
 	h.update("v1", func(v *state.Volume) { v.Publishes[target].Deleting = true })
 	h.r.Pass(t.Context())
 	h.r.exec.wait()
@@ -843,7 +823,7 @@ func TestStaleObservationStartsNothing(t *testing.T) {
 	h := newHarness(t)
 	staging, _ := h.volume("v1")
 	release := make(chan struct{})
-	h.world.hold["attach"] = release
+	h.world.holdOn("attach", release)
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	if n, _ := h.r.Pass(t.Context()); n != 1 {
 		t.Fatalf("first pass started %d operations, want 1", n)
@@ -875,7 +855,7 @@ func TestStaleObservationReportsNothing(t *testing.T) {
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.runUntilIdle()
 	release := make(chan struct{})
-	h.world.hold["bind "+target] = release
+	h.world.holdOn("bind "+target, release)
 	v := h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
 	if n, _ := h.r.Pass(t.Context()); n != 1 {
 		t.Fatalf("first pass started %d operations, want 1", n)
@@ -905,16 +885,12 @@ func TestStaleObservationReportsNothing(t *testing.T) {
 func TestIntentNewerThanObservationIsNotJudged(t *testing.T) {
 	h := newHarness(t)
 	h.staged("v1")
-	h.world.mu.Lock()
-	l := h.world.loops[h.world.Path("v1")]
-	h.world.mountLocked(host.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"})
-	h.world.mu.Unlock()
+	l, _ := h.world.loop(h.world.Path("v1"))
+	h.world.mountOutside(host.Mount{Path: "/mnt/someone", Dev: l.Dev, Root: "/", Source: l.Device, FsType: "ext4"}, false)
 	h.world.afterObserve = func() {
 		// Someone unmounts their bind mount, then the kubelet unstages.
 		h.world.afterObserve = nil
-		h.world.mu.Lock()
-		h.world.unmountLocked(len(h.world.mounts) - 1)
-		h.world.mu.Unlock()
+		h.world.unmountLast()
 		h.update("v1", func(v *state.Volume) { v.Stage.Deleting = true })
 	}
 	h.runUntilIdle()
@@ -967,8 +943,8 @@ func TestUnstageIsOneOperation(t *testing.T) {
 				t.Errorf("stage forgotten after one pass: got %v, want %v (record %+v)", forgotten, !tc.stacked, v)
 			}
 			h.runUntilIdle()
-			if m, v := mountPaths(h.world), func() *state.Volume { v, _ := h.store.Get("v1"); return v }(); len(m) != 0 || len(h.world.loops) != 0 || v.Stage != nil {
-				t.Errorf("after settling: mounts %v, loops %v, record %+v; want none and no stage", m, h.world.loops, v)
+			if m, v := mountPaths(h.world), func() *state.Volume { v, _ := h.store.Get("v1"); return v }(); len(m) != 0 || len(h.world.loopKeys()) != 0 || v.Stage != nil {
+				t.Errorf("after settling: mounts %v, loops %v, record %+v; want none and no stage", m, h.world.loopKeys(), v)
 			}
 		})
 	}
@@ -993,12 +969,8 @@ func TestReleasePendingIsPolled(t *testing.T) {
 	}
 	// Unpublished and unmounted, the device detached while someone else
 	// holds it.
-	h.world.mu.Lock()
-	h.world.unmountAllLocked()
-	l := h.world.loops[image]
-	l.AutoClear = true
-	h.world.loops[image] = l
-	h.world.mu.Unlock()
+	h.world.unmountAll()
+	h.world.autoClear(image)
 	h.runUntilIdle()
 	if v, err := h.store.Get("v1"); err != nil || v.Stage == nil || len(v.Publishes) != 0 {
 		t.Fatalf("with the device held: got %+v, %v; want the stage kept, the publish forgotten", v, err)
@@ -1019,9 +991,7 @@ func TestReleasePendingIsPolled(t *testing.T) {
 		}
 	}
 	// The last user lets go.
-	h.world.mu.Lock()
-	delete(h.world.loops, image)
-	h.world.mu.Unlock()
+	h.world.detachOutside(image)
 	h.runUntilIdle()
 	if v, err := h.store.Get("v1"); err == nil && v.Stage != nil {
 		t.Errorf("once the device is gone: the stage is still recorded: %+v", v.Stage)

@@ -27,7 +27,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -121,9 +120,9 @@ func runSim(t *testing.T, seed uint64, steps int) {
 	s.world.started = nil
 	s.world.before = s.before
 	s.world.after = s.after
-	s.world.dirs["/k"], s.world.dirs["/k/staging"], s.world.dirs["/k/pods"] = true, true, true
+	s.world.makeDirs("/k", "/k/staging", "/k/pods")
 	for i := range simVolumes {
-		s.world.images[volID(i)] = true
+		s.world.makeImages(volID(i))
 	}
 	s.start()
 	t.Cleanup(func() {
@@ -155,13 +154,11 @@ func runSim(t *testing.T, seed uint64, steps int) {
 	// one holds a shut-down filesystem, nothing can mount that filesystem
 	// afresh: the plugin leaves it alone and reports why, which the steps
 	// check. Convergence is checked for what the plugin can converge.
-	s.world.mu.Lock()
 	for i := range simVolumes {
 		for k := range simTargets {
-			s.world.removeSubPathsLocked(podOf(volID(i), k))
+			s.world.removeSubPaths(podOf(volID(i), k))
 		}
 	}
-	s.world.mu.Unlock()
 	s.converge()
 	s.checkConverged()
 	if t.Failed() {
@@ -276,9 +273,7 @@ func (s *sim) update(id string, fn func(v *state.Volume)) {
 // Kubelet requests, as the node server records them.
 
 func (s *sim) stage(id string) {
-	s.world.mu.Lock()
-	s.world.dirs[stagingOf(id)] = true // the kubelet creates the staging directory
-	s.world.mu.Unlock()
+	s.world.makeDirs(stagingOf(id)) // the kubelet creates the staging directory
 	s.update(id, func(v *state.Volume) {
 		if v.Stage == nil || v.Stage.Deleting {
 			v.Stage = stageSpec(stagingOf(id))
@@ -293,9 +288,7 @@ func (s *sim) stage(id string) {
 var blockVolume = volID(simVolumes - 1)
 
 func (s *sim) publish(id string, k int) {
-	s.world.mu.Lock()
-	s.world.dirs[podOf(id, k)] = true // the kubelet creates the target's parent
-	s.world.mu.Unlock()
+	s.world.makeDirs(podOf(id, k)) // the kubelet creates the target's parent
 	s.update(id, func(v *state.Volume) {
 		if v.Stage == nil || v.Stage.Deleting {
 			return // the node server answers FAILED_PRECONDITION
@@ -312,9 +305,7 @@ func (s *sim) publish(id string, k int) {
 
 func (s *sim) unpublish(id string, k int) {
 	// The kubelet removes a pod's subPath mounts before it unpublishes.
-	s.world.mu.Lock()
-	s.world.removeSubPathsLocked(podOf(id, k))
-	s.world.mu.Unlock()
+	s.world.removeSubPaths(podOf(id, k))
 	s.update(id, func(v *state.Volume) {
 		if p := v.Publishes[targetOf(id, k)]; p != nil {
 			p.Deleting = true
@@ -367,28 +358,14 @@ func (s *sim) randomStep() {
 		// The kubelet bind mounts a subPath of a published volume for a
 		// container: its own mount of our filesystem inside our roots,
 		// which the plugin must never touch.
-		w.mu.Lock()
-		for i := len(w.mounts) - 1; i >= 0; i-- {
-			if m := w.mounts[i]; m.Path == targetOf(id, k) && id != blockVolume {
-				m.Path, m.Root = fmt.Sprintf("%s/volume-subpaths/pv/c/%d", podOf(id, k), s.step), "/data"
-				w.mountLocked(m)
-				w.foreign[w.unique[w.mounts[len(w.mounts)-1].ID]] = true
-				s.note("kubelet: subPath bind mount at %s", m.Path)
-				break
-			}
+		if path := fmt.Sprintf("%s/volume-subpaths/pv/c/%d", podOf(id, k), s.step); id != blockVolume && w.bindSubPath(targetOf(id, k), path) {
+			s.note("kubelet: subPath bind mount at %s", path)
 		}
-		w.mu.Unlock()
 	case x < 66:
 		// Someone unmounts one of the plugin's mounts.
-		w.mu.Lock()
-		if len(w.mounts) > 0 {
-			i := s.rng.IntN(len(w.mounts))
-			s.note("outside: unmount %s", w.mounts[i].Path)
-			delete(w.corrupt, w.mounts[i].Path)
-			w.unmountLocked(i)
-			w.autoclearLocked()
+		if path := w.unmountOne(s.rng.IntN); path != "" {
+			s.note("outside: unmount %s", path)
 		}
-		w.mu.Unlock()
 	case x < 70:
 		s.note("outside: shut down the filesystem of %s", id)
 		w.damage(w.Path(id), true, false)
@@ -397,45 +374,25 @@ func (s *sim) randomStep() {
 		w.damage(w.Path(id), false, true)
 	case x < 78:
 		s.note("outside: losetup -d the device of %s", id)
-		w.mu.Lock()
-		if l, ok := w.loops[w.Path(id)]; ok {
-			l.AutoClear = true
-			w.loops[w.Path(id)] = l
-			w.autoclearLocked()
-		}
-		w.mu.Unlock()
+		w.detachInUse(w.Path(id))
 	case x < 80:
 		// The kubelet's directory is renamed under a mount: the mount
 		// moves with it, to a path no record names. (Not for the block
 		// volume: binds of a device node outside the records are the
 		// kubelet's own block mappings, which the plugin leaves alone.)
-		w.mu.Lock()
-		for i := range w.mounts {
-			if w.mounts[i].Path == targetOf(id, k) && id != blockVolume {
-				s.note("outside: rename %s, moving its mount", podOf(id, k))
-				w.moveLocked(i, "/k/moved/"+id+"-"+strconv.Itoa(s.step)+"/mount")
-				delete(w.corrupt, targetOf(id, k))
-			}
+		if id != blockVolume && w.moveMounts(targetOf(id, k), "/k/moved/"+id+"-"+strconv.Itoa(s.step)+"/mount") {
+			s.note("outside: rename %s, moving its mount", podOf(id, k))
 		}
-		w.mu.Unlock()
 	case x < 82:
-		w.mu.Lock()
-		if w.imageAt(targetOf(id, k)) != "" {
+		if w.goStale(targetOf(id, k)) {
 			s.note("outside: the mount at %s goes stale", targetOf(id, k))
-			w.corrupt[targetOf(id, k)] = syscall.ESTALE
 		}
-		w.mu.Unlock()
 	case x < 88:
 		// The kubelet removes a pod directory it is done with, or that
 		// it forgot to unpublish.
-		w.mu.Lock()
-		if w.imageAt(targetOf(id, k)) == "" && w.dirs[podOf(id, k)] {
-			w.removeSubPathsLocked(podOf(id, k))
+		if w.removePodDir(podOf(id, k), targetOf(id, k)) {
 			s.note("kubelet: remove %s", podOf(id, k))
-			delete(w.dirs, targetOf(id, k))
-			delete(w.dirs, podOf(id, k))
 		}
-		w.mu.Unlock()
 	case x < 89:
 		// The device loses its filesystem behind the plugin's back, wiped
 		// or overwritten by a partition table; the plugin must report
@@ -446,24 +403,16 @@ func (s *sim) randomStep() {
 		} else {
 			s.note("outside: wipe the filesystem of %s", id)
 		}
-		w.mu.Lock()
-		if w.fs[w.Path(id)] != "" && w.fs[w.Path(id)] != partitionTable {
-			delete(w.fs, w.Path(id))
-			if partition {
-				w.fs[w.Path(id)] = partitionTable
-			}
+		if w.wipe(w.Path(id), partition) {
 			s.wiped[w.Path(id)]++
 		}
-		w.mu.Unlock()
 	case x < 92:
 		s.note("crash and restart")
 		s.count("crash between operations")
 		s.restart()
 	case x < 95:
 		// The controller grows the image, the kubelet asks the node.
-		w.mu.Lock()
-		size := w.sizeLocked(w.Path(id)) + 16<<20
-		w.mu.Unlock()
+		size := w.sizeOf(w.Path(id)) + 16<<20
 		w.growImage(w.Path(id), size)
 		s.note("expand %s to %d", id, size)
 		s.update(id, func(v *state.Volume) {

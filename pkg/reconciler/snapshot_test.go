@@ -3,6 +3,7 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/state"
@@ -26,7 +27,7 @@ func (h *harness) askSnapshot(vol, id string) int64 {
 // marked frozen.
 func (h *harness) wantSnapshotDone(vol, id string, wantFrozen bool) {
 	h.t.Helper()
-	got, ok := h.world.snapshots[id]
+	got, ok := h.world.snapshotOf(id)
 	if !ok || got.image != h.world.Path(vol) || got.frozen != wantFrozen {
 		h.t.Errorf("snapshot %s: got %+v (taken %v), want a copy of %s taken frozen %v", id, got, ok, h.world.Path(vol), wantFrozen)
 	}
@@ -40,8 +41,8 @@ func (h *harness) wantSnapshotDone(vol, id string, wantFrozen bool) {
 	if v.Snapshots != nil || v.Frozen != "" {
 		h.t.Errorf("record after the snapshot: intents %v, frozen %q; want neither", v.Snapshots, v.Frozen)
 	}
-	if len(h.world.frozen) != 0 {
-		h.t.Errorf("frozen after the snapshot: %v", h.world.frozen)
+	if frozen := h.world.frozenImages(); len(frozen) != 0 {
+		h.t.Errorf("frozen after the snapshot: %v", frozen)
 	}
 }
 
@@ -97,16 +98,16 @@ func TestSnapshotFailures(t *testing.T) {
 	t.Run("copy fails, then succeeds", func(t *testing.T) {
 		h := newHarness(t)
 		h.staged("v1")
-		h.world.fail["snapshot s1"] = errors.New("EIO")
+		h.world.failOn("snapshot s1", errors.New("EIO"))
 		h.askSnapshot("v1", "s1")
 		h.runUntilIdle()
-		if len(h.world.frozen) != 0 {
-			t.Errorf("frozen after a failed copy: %v", h.world.frozen)
+		if frozen := h.world.frozenImages(); len(frozen) != 0 {
+			t.Errorf("frozen after a failed copy: %v", frozen)
 		}
 		if r, _ := h.store.Result("v1", state.SnapshotKey("s1")); r.Err == nil || r.Attempts != 1 {
 			t.Errorf("result after a failed copy: got %+v, want the failure reported", r)
 		}
-		delete(h.world.fail, "snapshot s1")
+		h.world.failOn("snapshot s1", nil)
 		h.clock.Step(DefaultBackoffInitial)
 		h.runUntilIdle()
 		h.wantSnapshotDone("v1", "s1", true)
@@ -134,7 +135,7 @@ func TestSnapshotFailures(t *testing.T) {
 		if got, want := h.callsSince(n), "sync "+staging+",flush v1.img,freeze "+staging; got != want {
 			t.Errorf("calls under someone else's freeze: got %s, want %s (nothing thawed, nothing copied)", got, want)
 		}
-		if !h.world.frozen[h.world.Path("v1")] {
+		if !slices.Contains(h.world.frozenImages(), h.world.Path("v1")) {
 			t.Error("the plugin thawed someone else's freeze")
 		}
 		if v, _ := h.store.Get("v1"); v.Frozen != "" {
@@ -150,7 +151,7 @@ func TestSnapshotFailures(t *testing.T) {
 	t.Run("taken before a crash", func(t *testing.T) {
 		h := newHarness(t)
 		h.volume("v1")
-		h.world.snapshots["s1"] = fakeSnapshot{image: h.world.Path("v1")}
+		h.world.addSnapshot("s1", h.world.Path("v1"))
 		h.askSnapshot("v1", "s1")
 		h.runUntilIdle()
 		if got := h.callsSince(0); got != "" {
@@ -175,7 +176,7 @@ func TestFrozenByACrashIsThawed(t *testing.T) {
 	if got, want := h.callsSince(n), "thaw "+staging; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
-	if v, _ := h.store.Get("v1"); v.Frozen != "" || len(h.world.frozen) != 0 {
-		t.Errorf("after the pass: record frozen %q, world frozen %v; want neither", v.Frozen, h.world.frozen)
+	if v, _ := h.store.Get("v1"); v.Frozen != "" || len(h.world.frozenImages()) != 0 {
+		t.Errorf("after the pass: record frozen %q, world frozen %v; want neither", v.Frozen, h.world.frozenImages())
 	}
 }

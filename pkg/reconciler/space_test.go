@@ -20,12 +20,7 @@ func TestThickVolumeRefusesDiscards(t *testing.T) {
 	flip := func(id string, want bool) {
 		t.Helper()
 		image := h.world.Path(id)
-		h.world.mu.Lock()
-		l := h.world.loops[image]
-		got := l.Discards
-		l.Discards = !l.Discards
-		h.world.loops[image] = l
-		h.world.mu.Unlock()
+		got := h.world.flipDiscards(image)
 		if got != want {
 			t.Errorf("%s: discards %v after the stage, want %v", id, got, want)
 		}
@@ -47,8 +42,8 @@ func TestThickVolumeRefusesDiscards(t *testing.T) {
 func TestOldSparseVolumeIsMadeThickWhenThereIsRoom(t *testing.T) {
 	h := newHarness(t)
 	image := h.world.Path("old")
-	h.world.holes[image] = 60 << 20
-	h.world.pool, h.world.free = true, 10<<20
+	h.world.setHoles(image, 60<<20)
+	h.world.setFree(10 << 20)
 	h.stagedAndPublished("old")
 	c := h.store.Condition("old")
 	if c.Reason != "SpaceNotReserved" || c.Health != state.Degraded || !strings.Contains(c.Message, "62914560 bytes") {
@@ -61,9 +56,7 @@ func TestOldSparseVolumeIsMadeThickWhenThereIsRoom(t *testing.T) {
 		t.Errorf("calls %v: reserved without room", h.world.Calls())
 	}
 
-	h.world.mu.Lock()
-	h.world.free = 100 << 20
-	h.world.mu.Unlock()
+	h.world.setFree(100 << 20)
 	n := len(h.world.Calls())
 	h.runUntilIdle()
 	if got := h.callsSince(n); got != "reserve" {
@@ -83,9 +76,9 @@ func TestOldSparseVolumeIsMadeThickWhenThereIsRoom(t *testing.T) {
 func TestThinVolumesReportAFillingPool(t *testing.T) {
 	h := newHarness(t)
 	h.r.cfg.PoolGuard = capacity.Guard{Bytes: 50 << 20}
-	h.world.pool, h.world.free = true, 500<<20
+	h.world.setFree(500 << 20)
 	h.update("thin", func(v *state.Volume) { v.Provisioning = state.ProvisionThin })
-	h.world.holes[h.world.Path("thin")] = 30 << 20
+	h.world.setHoles(h.world.Path("thin"), 30<<20)
 	h.stagedAndPublished("thin")
 	h.alsoStaged("thick")
 	h.wantNormal("thin", "with room")
@@ -94,9 +87,7 @@ func TestThinVolumesReportAFillingPool(t *testing.T) {
 		free   int64
 		reason string
 	}{{40 << 20, "PoolNearlyFull"}, {4096, "PoolFull"}, {40 << 20, "SpaceRanOut"}, {500 << 20, "SpaceRanOut"}} {
-		h.world.mu.Lock()
-		h.world.free = tc.free
-		h.world.mu.Unlock()
+		h.world.setFree(tc.free)
 		h.runUntilIdle()
 		if c := h.store.Condition("thin"); c.Reason != tc.reason || tc.reason != "" && c.Health != state.Degraded {
 			t.Errorf("thin volume with %d bytes free: got %+v, want reason %q", tc.free, c, tc.reason)
