@@ -23,34 +23,42 @@ func restoreFrom(ctx context.Context, c *Controller, name, id string) error {
 	return err
 }
 
-// TestRestorePanicIsContained checks that a copy that panics fails its
-// restore, as INTERNAL naming the panic, leaves no image or record of a
-// volume made, and that the plugin goes on: the next restore works.
-func TestRestorePanicIsContained(t *testing.T) {
-	c, store, images := newController(t)
+// snapshotted serves snapshots from c and returns the ID of snapshot "s"
+// of a new volume "v".
+func snapshotted(t *testing.T, c *Controller, images *devices.Images) string {
+	t.Helper()
 	serveSnapshots(t, c, images)
 	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: create(t, c, "v")})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return snap.GetSnapshot().GetSnapshotId()
+}
+
+// TestRestorePanicIsContained checks that a copy that panics fails its
+// restore, as INTERNAL naming the panic, leaves no image or record of a
+// volume made, and that the plugin goes on: the next restore works.
+func TestRestorePanicIsContained(t *testing.T) {
+	c, store, images := newController(t)
+	id := snapshotted(t, c, images)
 	copyImage := c.space.restoreImage
 	c.space.restoreImage = func(context.Context, string, devices.SnapshotInfo, int64, bool) error { panic("copy went wrong") }
-	err = restoreFrom(t.Context(), c, "r", snap.GetSnapshot().GetSnapshotId())
+	err := restoreFrom(t.Context(), c, "r", id)
 	if rpcerr.Code(err) != codes.Internal || !strings.Contains(err.Error(), "copy went wrong") {
 		t.Fatalf("a restore whose copy panics: got %v, want INTERNAL naming the panic", err)
 	}
-	id := c.localID("r")
-	if _, err := images.Size(id); !errors.Is(err, os.ErrNotExist) {
+	vol := c.localID("r")
+	if _, err := images.Size(vol); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the failed restore left an image: %v", err)
 	}
-	if v, err := store.Get(id); err == nil && v.Provisioning != "" {
+	if v, err := store.Get(vol); err == nil && v.Provisioning != "" {
 		t.Errorf("the failed restore left the record of a volume made %s", v.Provisioning)
 	}
 	if got := c.space.Restoring(); len(got) != 0 {
 		t.Errorf("restores under way after the panic: %+v", got)
 	}
 	c.space.restoreImage = copyImage
-	if err := restoreFrom(t.Context(), c, "r", snap.GetSnapshot().GetSnapshotId()); err != nil {
+	if err := restoreFrom(t.Context(), c, "r", id); err != nil {
 		t.Errorf("the restore after the panic: %v", err)
 	}
 }
@@ -59,11 +67,7 @@ func TestRestorePanicIsContained(t *testing.T) {
 // its context) and returns only once the copy has ended, leaving no image.
 func TestCloseEndsRestores(t *testing.T) {
 	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
-	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: create(t, c, "v")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := snapshotted(t, c, images)
 	started, ended := make(chan struct{}), make(chan struct{})
 	c.space.restoreImage = func(ctx context.Context, _ string, _ devices.SnapshotInfo, _ int64, _ bool) error {
 		close(started)
@@ -75,7 +79,7 @@ func TestCloseEndsRestores(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
 	defer cancel()
-	if err := restoreFrom(ctx, c, "r", snap.GetSnapshot().GetSnapshotId()); rpcerr.Code(err) != codes.DeadlineExceeded {
+	if err := restoreFrom(ctx, c, "r", id); rpcerr.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("the request: got %v, want DEADLINE_EXCEEDED while the copy goes on", err)
 	}
 	<-started
@@ -96,12 +100,7 @@ func TestCloseEndsRestores(t *testing.T) {
 // source is read.
 func TestRetryAfterSnapshotDeleted(t *testing.T) {
 	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
-	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: create(t, c, "v")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := snap.GetSnapshot().GetSnapshotId()
+	id := snapshotted(t, c, images)
 	if err := restoreFrom(t.Context(), c, "r", id); err != nil {
 		t.Fatal(err)
 	}
