@@ -32,7 +32,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 			return resp, err
 		}
 		if job == nil {
-			resp, job, err = c.make(ctx, r)
+			resp, job, err = c.makeVolume(ctx, r)
 			if job == nil {
 				return resp, err
 			}
@@ -161,12 +161,12 @@ func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeRe
 	return c.created(r, cur), nil, nil
 }
 
-// make makes the volume r asks for: new, or copied from its content
+// makeVolume makes the volume r asks for: new, or copied from its content
 // source, which is read first, without the promise held (a clone waits for
 // its snapshot). Within the promise, a volume found made meanwhile is
 // answered as find does; else its space is promised and its record written
 // before its image is made or its copy started.
-func (c *Controller) make(ctx context.Context, r createRequest) (resp *csi.CreateVolumeResponse, job *restore, err error) {
+func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi.CreateVolumeResponse, job *restore, err error) {
 	src, err := c.contentSource(ctx, r)
 	if err != nil {
 		return nil, nil, err
