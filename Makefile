@@ -5,7 +5,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 RUN_DIR  ?= $(CURDIR)/.run
 SOCKET   := $(RUN_DIR)/csi.sock
 
-.PHONY: run test build deps unit vet sanity compat fuzz bench e2e conformance clean
+.PHONY: run test build deps unit vet sanity compat chart fuzz bench e2e conformance clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -30,6 +30,7 @@ run: deps build
 test: deps vet
 	$(GO) test -count=1 -timeout 12m ./...
 	@$(MAKE) --no-print-directory compat
+	@$(MAKE) --no-print-directory chart
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory e2e
 
@@ -68,6 +69,12 @@ bench: deps
 ## test/compat is a module of its own
 compat:
 	cd test/compat && $(GO) test -count=1 -timeout 5m ./...
+
+## chart: the Helm chart (charts/converge) without a cluster, through the Helm SDK (in the e2e module,
+## the only one that may import it): its lint, its schema, the values it honours, and the same objects
+## as deploy/'s kustomization in every variant (test/e2e/chart)
+chart:
+	cd test/e2e && $(GO) test -count=1 -timeout 5m ./chart
 
 ## fuzz: run every fuzz target for FUZZTIME; crashers land in the package's testdata/fuzz
 fuzz:

@@ -1,0 +1,364 @@
+package chart
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/common"
+	chart "helm.sh/helm/v4/pkg/chart/v2"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	release "helm.sh/helm/v4/pkg/release/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+var (
+	repo     = filepath.Join("..", "..", "..")
+	chartDir = filepath.Join(repo, "charts", "converge")
+	deploy   = filepath.Join(repo, "deploy")
+)
+
+// Both install into kube-system, the chart as release "converge" (README:
+// helm install converge charts/converge -n kube-system), into a cluster of
+// the e2e suite's Kubernetes.
+const (
+	releaseName = "converge"
+	namespace   = "kube-system"
+	kubeVersion = "v1.36.3"
+)
+
+func loadChart(t *testing.T) *chart.Chart {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// render renders the chart as helm template does, with vals over its
+// defaults; the error is the SDK's, schema violations included.
+func render(t *testing.T, vals map[string]any) (string, error) {
+	t.Helper()
+	install := action.NewInstall(&action.Configuration{})
+	install.DryRunStrategy = action.DryRunClient
+	install.ReleaseName, install.Namespace, install.Replace = releaseName, namespace, true
+	v, err := common.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	install.KubeVersion = v
+	rel, err := install.Run(loadChart(t), vals)
+	if err != nil {
+		return "", err
+	}
+	return rel.(*release.Release).Manifest, nil
+}
+
+// TestLint runs the Helm SDK's linter over the chart, strict (warnings
+// fail too), with its defaults and with every choice turned on.
+func TestLint(t *testing.T) {
+	for name, vals := range map[string]map[string]any{
+		"defaults": nil,
+		"all on":   {"snapshots": map[string]any{"enabled": true}, "selinux": map[string]any{"enabled": true}, "storageClass": map[string]any{"isDefault": true, "mkfsOptions": "-m 0"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			lint := action.NewLint()
+			lint.Strict, lint.Namespace = true, namespace
+			v, err := common.ParseKubeVersion(kubeVersion)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lint.KubeVersion = v
+			res := lint.Run([]string{chartDir}, vals)
+			for _, m := range res.Messages {
+				t.Logf("%s", m)
+			}
+			if len(res.Errors) > 0 {
+				t.Errorf("lint: %v", res.Errors)
+			}
+		})
+	}
+}
+
+// TestSchemaRefusesWrongValues checks that values.schema.json refuses a
+// wrong type, an unknown key (a typo) and a value outside its choices,
+// naming the offending value, and accepts what the README shows.
+func TestSchemaRefusesWrongValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vals map[string]any
+		want string // "" for accepted
+	}{
+		{name: "README's values", vals: map[string]any{
+			"csiNode":   map[string]any{"image": map[string]any{"repository": "registry.example/csi-node", "tag": "v0.1.0"}, "logLevel": 4, "thinOverprovisioningRatio": 2, "poolGuard": "10%"},
+			"snapshots": map[string]any{"enabled": true}}},
+		{name: "wrong type", vals: map[string]any{"csiNode": map[string]any{"logLevel": "4"}}, want: "logLevel"},
+		{name: "unknown key", vals: map[string]any{"csiNode": map[string]any{"loglevel": 4}}, want: "loglevel"},
+		{name: "unknown top-level key", vals: map[string]any{"snapshot": map[string]any{"enabled": true}}, want: "snapshot"},
+		{name: "not a choice", vals: map[string]any{"storageClass": map[string]any{"provisioning": "lazy"}}, want: "provisioning"},
+		{name: "relative directory", vals: map[string]any{"csiNode": map[string]any{"kubeletDir": "var/lib/kubelet"}}, want: "kubeletDir"},
+		{name: "pool guard", vals: map[string]any{"csiNode": map[string]any{"poolGuard": "lots"}}, want: "poolGuard"},
+		{name: "ratio below 1", vals: map[string]any{"csiNode": map[string]any{"thinOverprovisioningRatio": 0.5}}, want: "thinOverprovisioningRatio"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := render(t, tc.vals)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("got %v, want the values accepted", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("got %v, want a schema error naming %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// variants are the choices deploy/ offers as kustomize components, and
+// the chart's values that make the same choice.
+var variants = []struct {
+	name       string
+	components []string
+	vals       map[string]any
+}{
+	{name: "default"},
+	{name: "snapshots", components: []string{"snapshots"}, vals: map[string]any{"snapshots": map[string]any{"enabled": true}}},
+	{name: "selinux", components: []string{"selinux"}, vals: map[string]any{"selinux": map[string]any{"enabled": true}}},
+	{name: "snapshots and selinux", components: []string{"snapshots", "selinux"},
+		vals: map[string]any{"snapshots": map[string]any{"enabled": true}, "selinux": map[string]any{"enabled": true}}},
+}
+
+// TestSameObjectsAsDeploy is the chart's and deploy/'s one source of
+// truth: both are written by hand, deploy/ for kubectl apply -k with its
+// comments and components, and this test renders both (kustomize's and
+// Helm's own libraries) and compares every object, field by field, in
+// each variant. A hand edit of either side fails it until the other
+// follows. The only differences allowed are Helm's own bookkeeping: the
+// labels Helm's conventions add (helm.sh/chart, app.kubernetes.io/
+// managed-by, instance and version; instance also in the DaemonSet's
+// selector, so that two releases never select each other's pods) and
+// helm.sh/ annotations (the CSIDriver is kept at uninstall).
+func TestSameObjectsAsDeploy(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			manifest, err := render(t, v.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fromChart := objects(t, manifest, true)
+			fromDeploy := objects(t, kustomize(t, v.components), false)
+			for _, k := range union(fromChart, fromDeploy) {
+				c, d := fromChart[k], fromDeploy[k]
+				switch {
+				case c == nil:
+					t.Errorf("%s: in deploy/, not in the chart", k)
+				case d == nil:
+					t.Errorf("%s: in the chart, not in deploy/", k)
+				default:
+					if diff := cmp.Diff(d, c); diff != "" {
+						t.Errorf("%s differs (-deploy/ +chart):\n%s", k, diff)
+					}
+				}
+			}
+		})
+	}
+}
+
+// kustomize builds deploy/ with components, as kubectl apply -k of an
+// overlay naming them would.
+func kustomize(t *testing.T, components []string) string {
+	t.Helper()
+	dir := t.TempDir()
+	abs, err := filepath.Abs(deploy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(dir, abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n", rel)
+	if len(components) > 0 {
+		b.WriteString("components:\n")
+		for _, c := range components {
+			fmt.Fprintf(&b, "  - %s/components/%s\n", rel, c)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := res.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// helmLabels are the labels Helm's conventions add that a kustomization
+// does not carry.
+var helmLabels = []string{"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"}
+
+// objects parses a multi-document manifest into its objects by
+// kind/namespace/name; fromChart drops Helm's bookkeeping (helmLabels,
+// helm.sh/ annotations) first.
+func objects(t *testing.T, manifest string, fromChart bool) map[string]map[string]any {
+	t.Helper()
+	out := map[string]map[string]any{}
+	for _, doc := range strings.Split(manifest, "\n---") {
+		var o map[string]any
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatalf("%v in:\n%s", err, doc)
+		}
+		if o == nil {
+			continue
+		}
+		meta, _ := o["metadata"].(map[string]any)
+		if fromChart {
+			dropHelm(meta)
+			if o["kind"] == "DaemonSet" {
+				spec := o["spec"].(map[string]any)
+				delete(spec["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
+				dropHelm(spec["template"].(map[string]any)["metadata"].(map[string]any))
+			}
+		}
+		sortNamed(o)
+		ns, _ := meta["namespace"].(string)
+		k := fmt.Sprintf("%s %s/%s", o["kind"], ns, meta["name"])
+		if out[k] != nil {
+			t.Fatalf("%s twice", k)
+		}
+		out[k] = o
+	}
+	return out
+}
+
+// sortNamed sorts, everywhere in v, the lists whose items are all objects
+// with a name (containers, volumes, mounts, ports, env): Kubernetes merges
+// them by name, and a kustomize patch puts what it adds at the start.
+func sortNamed(v any) {
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			sortNamed(e)
+		}
+	case []any:
+		named := len(v) > 0
+		for _, e := range v {
+			sortNamed(e)
+			if m, ok := e.(map[string]any); !ok || m["name"] == nil {
+				named = false
+			}
+		}
+		if named {
+			sort.SliceStable(v, func(i, j int) bool {
+				return fmt.Sprint(v[i].(map[string]any)["name"]) < fmt.Sprint(v[j].(map[string]any)["name"])
+			})
+		}
+	}
+}
+
+// dropHelm removes Helm's labels and annotations from meta, and the maps
+// that it leaves empty.
+func dropHelm(meta map[string]any) {
+	if labels, ok := meta["labels"].(map[string]any); ok {
+		for _, l := range helmLabels {
+			delete(labels, l)
+		}
+		if len(labels) == 0 {
+			delete(meta, "labels")
+		}
+	}
+	if ann, ok := meta["annotations"].(map[string]any); ok {
+		for a := range ann {
+			if strings.HasPrefix(a, "helm.sh/") || strings.HasPrefix(a, "meta.helm.sh/") {
+				delete(ann, a)
+			}
+		}
+		if len(ann) == 0 {
+			delete(meta, "annotations")
+		}
+	}
+}
+
+// union lists the keys of both maps, sorted.
+func union(a, b map[string]map[string]any) []string {
+	seen := map[string]bool{}
+	for k := range a {
+		seen[k] = true
+	}
+	for k := range b {
+		seen[k] = true
+	}
+	keys := make([]string, 0, len(seen))
+	for k := range seen {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// TestValuesReachTheObjects checks that each value an operator sets lands
+// where csi-node and the kubelet read it.
+func TestValuesReachTheObjects(t *testing.T) {
+	manifest, err := render(t, map[string]any{
+		"csiNode": map[string]any{
+			"image":    map[string]any{"repository": "registry.example/csi-node", "tag": "v9"},
+			"logLevel": 5, "kubeletDir": "/data/kubelet", "stateDir": "/data/converge", "httpPort": 9900,
+			"thinOverprovisioningRatio": 2.5, "poolGuard": "2Gi", "maxVolumes": 40,
+			"featureGates": map[string]any{"VolumeHealth": true, "VolumeCondition": true},
+			"extraArgs":    []any{"--max-requests=100"},
+		},
+		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1"},
+		"nodeSelector": map[string]any{"storage": "local"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := objects(t, manifest, false)
+	ds := objs["DaemonSet kube-system/converge-node"]
+	pod := ds["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	node := pod["containers"].([]any)[0].(map[string]any)
+	args := fmt.Sprint(node["args"])
+	for _, want := range []string{"--endpoint=unix:///data/kubelet/plugins/converge.csi.dev/csi.sock", "--state-dir=/data/converge",
+		"--kubelet-dir=/data/kubelet", "--http-address=:9900", "-v=5", "--thin-overprovisioning-ratio=2.5", "--pool-guard=2Gi",
+		"--max-volumes=40", "--feature-gates=VolumeCondition=true,VolumeHealth=true", "--max-requests=100"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("csi-node's args %s lack %s", args, want)
+		}
+	}
+	if node["image"] != "registry.example/csi-node:v9" {
+		t.Errorf("csi-node's image: got %v", node["image"])
+	}
+	for _, want := range []string{"/data/kubelet/plugins/converge.csi.dev", "/data/kubelet/plugins_registry", "/data/converge"} {
+		if !strings.Contains(fmt.Sprint(pod["volumes"]), want) {
+			t.Errorf("volumes %v lack %s", pod["volumes"], want)
+		}
+	}
+	if !strings.Contains(fmt.Sprint(pod["containers"]), "--kubelet-registration-path=/data/kubelet/plugins/converge.csi.dev/csi.sock") {
+		t.Error("the registrar registers the socket at the default kubelet directory")
+	}
+	if fmt.Sprint(pod["nodeSelector"]) != "map[storage:local]" {
+		t.Errorf("nodeSelector: got %v", pod["nodeSelector"])
+	}
+	sc := objs["StorageClass /fast"]
+	if sc == nil {
+		t.Fatalf("no StorageClass fast among %v", union(objs, nil))
+	}
+	if got := fmt.Sprint(sc["parameters"]); got != "map[converge.csi.dev/mkfsOptions:-m reflink=1 converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" {
+		t.Errorf("StorageClass parameters: got %s", got)
+	}
+	if ann := sc["metadata"].(map[string]any)["annotations"]; fmt.Sprint(ann) != "map[storageclass.kubernetes.io/is-default-class:true]" {
+		t.Errorf("StorageClass annotations: got %v, want it the default", ann)
+	}
+}
