@@ -1,0 +1,231 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	"helm.sh/helm/v4/pkg/kube"
+	helmrelease "helm.sh/helm/v4/pkg/release/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+)
+
+// helmRelease is the chart's release, named as the README's helm install
+// names it, so that its objects are named as deploy/'s.
+const helmRelease = "converge"
+
+// helmValues are the run's values of the chart: the same choices as its
+// kustomization of deploy/ (installKustomizations), the images built here
+// and csi-node's arguments (installArgs) among them, at csi-node's log
+// level logLevel.
+func helmValues(logLevel int) map[string]any {
+	image := map[string]any{}
+	for _, s := range sidecars {
+		image[filepath.Base(s.image)] = map[string]any{"image": standInImage(s)}
+	}
+	return map[string]any{
+		"csiNode": map[string]any{
+			"image":        map[string]any{"repository": csiNodeImageName, "tag": csiNodeImageTag},
+			"logLevel":     logLevel,
+			"featureGates": map[string]any{"VolumeCondition": true},
+			"maxVolumes":   maxVolumesPerNode,
+		},
+		"sidecars": map[string]any{
+			"registrar":     image["csi-node-driver-registrar"],
+			"livenessProbe": image["livenessprobe"],
+			"provisioner":   image["csi-provisioner"],
+			"resizer":       image["csi-resizer"],
+			"snapshotter":   map[string]any{"image": snapshotterImage},
+		},
+		"snapshots": map[string]any{"enabled": true},
+	}
+}
+
+// helmConfig is the Helm SDK's view of the cluster, as helm
+// --kubeconfig <admin> -n kube-system has it, releases kept in Secrets.
+func helmConfig(t *testing.T) *action.Configuration {
+	t.Helper()
+	flags := genericclioptions.NewConfigFlags(false)
+	ns := daemonSetNamespace
+	flags.KubeConfig, flags.Namespace = &c.admin, &ns
+	cfg := new(action.Configuration)
+	if err := cfg.Init(flags, daemonSetNamespace, "secret"); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// The Helm SDK's actions as the helm command runs them without --wait:
+// they wait for hooks only (the chart has none); the test waits for the
+// pods itself.
+func helmInstall(cfg *action.Configuration) *action.Install {
+	a := action.NewInstall(cfg)
+	a.ReleaseName, a.Namespace, a.WaitStrategy = helmRelease, daemonSetNamespace, kube.HookOnlyStrategy
+	return a
+}
+
+func helmUpgrade(cfg *action.Configuration) *action.Upgrade {
+	a := action.NewUpgrade(cfg)
+	a.Namespace, a.WaitStrategy = daemonSetNamespace, kube.HookOnlyStrategy
+	return a
+}
+
+func helmUninstall(cfg *action.Configuration) *action.Uninstall {
+	a := action.NewUninstall(cfg)
+	a.WaitStrategy = kube.HookOnlyStrategy
+	return a
+}
+
+// driverPods returns the UID of every node's converge pod.
+func driverPods(t *testing.T) map[string]types.UID {
+	t.Helper()
+	out := map[string]types.UID{}
+	for _, n := range c.nodes {
+		p, err := n.driverPod(context.Background())
+		if err != nil || p == nil {
+			t.Fatalf("the converge pod of %s: %v", n.node, err)
+		}
+		out[n.node] = p.UID
+	}
+	return out
+}
+
+// withoutDriver waits until no converge pod is left on any node.
+func withoutDriver(t *testing.T) {
+	t.Helper()
+	poll(t, 2*time.Minute, "converge's pods gone", func() (bool, string) {
+		pods, err := c.client.CoreV1().Pods(daemonSetNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: daemonSetLabel})
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(pods.Items) == 0, strconv.Itoa(len(pods.Items)) + " pods"
+	})
+}
+
+// reinstallDeploy puts the run's kustomization of deploy/ back, as the
+// tests after this one use it, and waits for every node's pod.
+func reinstallDeploy(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.installDriver(ctx); err != nil {
+		t.Fatalf("installing deploy/ again: %v", err)
+	}
+	for _, n := range c.nodes {
+		if err := n.waitDriver(ctx); err != nil {
+			t.Fatalf("deploy/'s pod on %s: %v", n.node, err)
+		}
+	}
+}
+
+// The chart installed for real, through the Helm SDK as helm install
+// does, in place of the run's kustomization of deploy/ (taken out, put
+// back at the end): every node's pod Ready and the driver registered; a
+// pod writes to a claim; an upgrade that changes csi-node's log level
+// replaces every node's pod under the published volume, which the writer
+// goes on writing to; the uninstall says the CSIDriver is kept, which the
+// volumes' PVs need, and leaves the data: the image stays on its node and
+// the writer writes on through its mounts. deploy/ installed again takes
+// the volume over, and it is released through it.
+func TestHelmChart(t *testing.T) {
+	ctx := context.Background()
+	cfg := helmConfig(t)
+	ch, err := loader.Load(filepath.Join(c.repo, "charts", "converge"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.kubectl(ctx, "delete", "-k", filepath.Join(c.dir, "install"), "--wait=true"); err != nil {
+		t.Fatal(err)
+	}
+	installed := false
+	t.Cleanup(func() {
+		if installed {
+			if _, err := helmUninstall(cfg).Run(helmRelease); err != nil {
+				t.Errorf("uninstalling the release: %v", err)
+			}
+			withoutDriver(t)
+		}
+		if _, err := c.client.AppsV1().DaemonSets(daemonSetNamespace).Get(ctx, daemonSetName, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			reinstallDeploy(t)
+		}
+	})
+	withoutDriver(t)
+
+	rel, err := helmInstall(cfg).RunWithContext(ctx, ch, helmValues(4))
+	if err != nil {
+		t.Fatalf("helm install: %v", err)
+	}
+	installed = true
+	notes := rel.(*helmrelease.Release).Info.Notes
+	if !strings.Contains(notes, "leaves every volume's data on its node's disk") {
+		t.Errorf("the install's notes do not say what an uninstall leaves:\n%s", notes)
+	}
+	t.Logf("helm install: release %s, notes:\n%s", helmRelease, notes)
+	for _, n := range c.nodes {
+		if err := n.waitDriver(ctx); err != nil {
+			t.Fatalf("the chart's pod on %s: %v", n.node, err)
+		}
+	}
+
+	pod, v := writerPod(t, "helm-writer")
+	mounts := v.mounts(t, pod)
+	before := counted(t, pod.Name)
+
+	olds := driverPods(t)
+	if _, err := helmUpgrade(cfg).RunWithContext(ctx, helmRelease, ch, helmValues(5)); err != nil {
+		t.Fatalf("helm upgrade: %v", err)
+	}
+	for _, n := range c.nodes {
+		p := waitReplacedPod(t, n, olds[n.node])
+		if args := containerArgs(p, "csi-node"); !strings.Contains(args, "-v=5") || strings.Contains(args, "-v=4") {
+			t.Errorf("after the upgrade, csi-node on %s runs with %s, want -v=5", n.node, args)
+		}
+	}
+	upgraded := counted(t, pod.Name)
+	if upgraded <= before {
+		t.Errorf("the writer wrote nothing across the upgrade: %d values before, %d after", before, upgraded)
+	}
+
+	res, err := helmUninstall(cfg).Run(helmRelease)
+	if err != nil {
+		t.Fatalf("helm uninstall: %v", err)
+	}
+	installed = false
+	t.Logf("helm uninstall: %s", res.Info)
+	if !strings.Contains(res.Info, "kept due to the resource policy") || !strings.Contains(res.Info, driverName) {
+		t.Errorf("the uninstall does not say the CSIDriver is kept: %q", res.Info)
+	}
+	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, driverName, metav1.GetOptions{}); err != nil {
+		t.Errorf("the CSIDriver after the uninstall: %v", err)
+	}
+	withoutDriver(t)
+	if _, err := os.Stat(v.image()); err != nil {
+		t.Errorf("the volume's image after the uninstall: %v", err)
+	}
+	poll(t, 30*time.Second, "the writer writing on without converge", func() (bool, string) {
+		n := counted(t, pod.Name)
+		return n > upgraded, strconv.Itoa(n) + " values"
+	})
+
+	reinstallDeploy(t)
+	afterReplacement(t, pod, v, upgraded, mounts, "after-helm")
+}
+
+// containerArgs are the arguments of the pod's container called name.
+func containerArgs(pod *corev1.Pod, name string) string {
+	for _, ctr := range pod.Spec.Containers {
+		if ctr.Name == name {
+			return strings.Join(ctr.Args, " ")
+		}
+	}
+	return ""
+}
