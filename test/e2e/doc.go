@@ -6,6 +6,8 @@
 // stand-ins of their own names that take deploy/'s arguments
 // (daemonset.go). Real pods with PersistentVolumeClaims use it. The
 // two-node tests join a second node (join.go), on which the DaemonSet
-// puts a pod of its own. The cluster lives in one temporary directory and
-// is taken down afterwards, leaving the machine as it was.
+// puts a pod of its own. TestHelmChart installs the Helm chart in place
+// of the kustomization, through the Helm SDK, and puts the kustomization
+// back. The cluster lives in one temporary directory and is taken down
+// afterwards, leaving the machine as it was.
 package e2e
