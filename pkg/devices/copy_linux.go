@@ -148,6 +148,34 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 	return syncDir(filepath.Dir(dst))
 }
 
+// copyRange copies n bytes at off of in to the same offset of out, and
+// returns how many it copied: by copy_file_range, or, between filesystems
+// of different types (a restore into another storage pool), where the
+// kernel refuses it (EXDEV since Linux 5.19), by pread and pwrite.
+func copyRange(in, out int, off int64, n int) (int, error) {
+	rOff, wOff := off, off
+	copied, err := unix.CopyFileRange(in, &rOff, out, &wOff, n, 0)
+	if err == nil {
+		return copied, nil
+	}
+	if !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) {
+		return 0, fmt.Errorf("copy_file_range: %w", err)
+	}
+	buf := make([]byte, min(n, 1<<20))
+	got, err := unix.Pread(in, buf, off)
+	if err != nil {
+		return 0, fmt.Errorf("reading at %d: %w", off, err)
+	}
+	for done := 0; done < got; {
+		w, err := unix.Pwrite(out, buf[done:got], off+int64(done))
+		if err != nil {
+			return 0, fmt.Errorf("writing at %d: %w", off+int64(done), err)
+		}
+		done += w
+	}
+	return got, nil
+}
+
 // copySparse copies the data extents of in to out, leaving holes, and
 // gives out in's size.
 func copySparse(ctx context.Context, in, out *os.File, size int64) error {
@@ -169,10 +197,9 @@ func copySparse(ctx context.Context, in, out *os.File, size int64) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			rOff, wOff := start, start
-			n, err := unix.CopyFileRange(inFd, &rOff, outFd, &wOff, int(min(end-start, copyChunk)), 0)
+			n, err := copyRange(inFd, outFd, start, int(min(end-start, copyChunk)))
 			if err != nil {
-				return fmt.Errorf("copy_file_range: %w", err)
+				return err
 			}
 			if n == 0 {
 				return io.ErrUnexpectedEOF // the source shrank

@@ -462,3 +462,55 @@ func TestImagesBlank(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyAcrossFilesystemTypes copies an image from an xfs to an ext4,
+// as a restore into another storage pool does, where the kernel refuses
+// copy_file_range between them: the copy holds the data, at its offsets,
+// and leaves the holes.
+func TestCopyAcrossFilesystemTypes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mounts")
+	}
+	from, _ := mountFresh(t, mkdirIn(t, "xfs"), host.FsXFS)
+	to, _ := mountFresh(t, mkdirIn(t, "ext4"), host.FsExt4)
+	src := filepath.Join(from, "image")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("converge"), 3<<17) // 3 MiB
+	if _, err := f.WriteAt(data, 8<<20); err == nil {
+		err = f.Truncate(32 << 20)
+	}
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(to, "copy")
+	if err := CopyFile(t.Context(), src, dst, CopySparse, CopyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 32<<20 || !bytes.Equal(got[8<<20:8<<20+len(data)], data) || bytes.ContainsFunc(got[:8<<20], func(r rune) bool { return r != 0 }) {
+		t.Fatalf("the copy: %d bytes, data at 8 MiB %t; want 32 MiB with the data at 8 MiB and zeros before", len(got), bytes.Equal(got[8<<20:8<<20+len(data)], data))
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dst, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 > 8<<20 {
+		t.Errorf("the copy allocates %d bytes for 3 MiB of data: the holes were written", st.Blocks*512)
+	}
+}
+
+// mkdirIn makes a directory called name in the test's directory.
+func mkdirIn(t *testing.T, name string) string {
+	dir := filepath.Join(t.TempDir(), name)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
