@@ -26,6 +26,26 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
 
+// poolFlag collects --pool flags, each parsed as it is given.
+type poolFlag []driver.PoolSpec
+
+func (p *poolFlag) String() string {
+	names := make([]string, len(*p))
+	for i, s := range *p {
+		names[i] = s.Name + "=" + s.Dir
+	}
+	return strings.Join(names, ",")
+}
+
+func (p *poolFlag) Set(v string) error {
+	s, err := driver.ParsePoolSpec(v)
+	if err != nil {
+		return err
+	}
+	*p = append(*p, s)
+	return nil
+}
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "status" {
 		os.Exit(statusCommand(os.Args[2:]))
@@ -38,7 +58,9 @@ func main() {
 	fs.StringVar(&cfg.NodeID, "node-id", host, "node name reported to Kubernetes")
 	fs.StringVar(&cfg.DriverName, "driver-name", driver.DefaultDriverName, "CSI driver name")
 	fs.StringVar(&cfg.StateDir, "state-dir", driver.DefaultStateDir, "directory of the state store (state.db and its log state.db-wal)")
-	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory of the volume images (default <state-dir>/volumes)")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "directory of the volume images of the default storage pool (default <state-dir>/volumes)")
+	var pools poolFlag
+	fs.Var(&pools, "pool", "a storage pool besides the default one, NAME=DIR[,guard=G][,ratio=R]: DIR on a filesystem of its own, guard and ratio overriding --pool-guard and --thin-overprovisioning-ratio for it (repeatable); a StorageClass chooses it with converge.csi.dev/pool: NAME")
 	fs.StringVar(&cfg.KubeletDir, "kubelet-dir", driver.DefaultKubeletDir, "kubelet root; staging and target paths must lie inside it")
 	fs.Var(&prefixes, "allowed-path-prefix", "extra directory staging and target paths may lie in (repeatable)")
 	var devicePrefixes listFlag
@@ -62,6 +84,7 @@ func main() {
 	}
 	cfg.AllowedPathPrefixes = prefixes
 	cfg.AllowedDevicePrefixes = devicePrefixes
+	cfg.Pools = pools
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -39,11 +39,11 @@ type Store interface {
 }
 
 // Controller implements the node-local csi.ControllerServer: volumes are
-// image files in the data directory of this node, thick or thin, whose
-// space space promises.
+// image files in the data directories of this node's storage pools, thick
+// or thin, whose space each pool's Space promises.
 type Controller struct {
 	csi.UnimplementedControllerServer
-	space    *Space
+	pools    *Pools
 	store    Store
 	topology map[string]string
 	opts     Options
@@ -51,10 +51,10 @@ type Controller struct {
 	snapshots *snapshotService
 }
 
-// New returns the Controller service over the images of space; topology
-// is this node's segment (TopologyKey: the node's name).
-func New(space *Space, store Store, topology map[string]string, opts Options) *Controller {
-	return &Controller{space: space, store: store, topology: topology, opts: opts}
+// New returns the Controller service over the images of the pools;
+// topology is this node's segment (TopologyKey: the node's name).
+func New(pools *Pools, store Store, topology map[string]string, opts Options) *Controller {
+	return &Controller{pools: pools, store: store, topology: topology, opts: opts}
 }
 
 func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {

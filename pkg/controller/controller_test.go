@@ -31,7 +31,7 @@ func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
 	snaps := &devices.Snapshots{Dir: filepath.Join(images.Dir, "snapshots"), Mode: devices.CopySparse}
 	space := NewSpace(images, store, SpaceOptions{Ratio: 1, Guard: capacity.Guard{Percent: 5}, Snapshots: snaps})
 	t.Cleanup(space.Close)
-	return New(space, store, map[string]string{TopologyKey: "node"}, Options{}), store, images
+	return New(NewPools(store, space), store, map[string]string{TopologyKey: "node"}, Options{}), store, images
 }
 
 var capMount = []*csi.VolumeCapability{{
@@ -129,7 +129,7 @@ func TestGrowImage(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			before, _ := images.Size(tc.id)
-			got, err := c.space.GrowImage(tc.id, tc.size)
+			got, err := defaultSpace(c).GrowImage(tc.id, tc.size)
 			if tc.wantKind != state.KindInternal {
 				if e := state.AsError(err); err == nil || e.Kind != tc.wantKind {
 					t.Fatalf("got %d, %v; want a %s error", got, err, tc.wantKind)
@@ -162,7 +162,7 @@ func TestGrowImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	thin := resp.GetVolume().GetVolumeId()
-	if _, err := c.space.GrowImage(thin, 4*MinVolumeSize); err != nil {
+	if _, err := defaultSpace(c).GrowImage(thin, 4*MinVolumeSize); err != nil {
 		t.Fatal(err)
 	}
 	usages, _ = images.Usages()
@@ -240,7 +240,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 		t.Errorf("a name whose ID an older volume holds: got %v, want ALREADY_EXISTS", err)
 	}
 	// A node whose name leaves no room for any name: IDs are names.
-	long := New(c.space, c.store, map[string]string{TopologyKey: strings.Repeat("n", 127)}, c.opts)
+	long := New(c.pools, c.store, map[string]string{TopologyKey: strings.Repeat("n", 127)}, c.opts)
 	if id := create(t, long, "w"); id != "w" {
 		t.Errorf("ID on a node of a 127-byte name: got %s, want w", id)
 	}
@@ -259,3 +259,6 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 		}
 	}
 }
+
+// defaultSpace is the default pool's space of c.
+func defaultSpace(c *Controller) *Space { return c.pools.Get(state.DefaultPool) }

@@ -48,8 +48,11 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 // createRequest is a CreateVolume request, checked.
 type createRequest struct {
 	name, id string
-	prov     state.Provisioning
-	rng      state.Range
+	// pool is the storage pool the volume is made in, space its promise.
+	pool  string
+	space *Space
+	prov  state.Provisioning
+	rng   state.Range
 	// size is what the volume is made with.
 	size int64
 	// fsType is the filesystem the volume will carry, "" for a raw block
@@ -71,7 +74,7 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return createRequest{}, err
 	}
-	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey); err != nil {
+	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey, PoolKey); err != nil {
 		return createRequest{}, err
 	}
 	r := createRequest{name: name, id: c.volumeID(name), fsType: fsTypeOf(params, req.GetVolumeCapabilities()),
@@ -86,6 +89,9 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	}
 	var err error
 	if r.prov, err = parseProvisioning(params); err != nil {
+		return createRequest{}, err
+	}
+	if r.pool, r.space, err = c.pools.parsePool(params); err != nil {
 		return createRequest{}, err
 	}
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
@@ -111,19 +117,21 @@ func (c *Controller) volumeID(name string) string {
 
 // legacy reports whether the volume named name was made before volume IDs
 // named their node: it has no image under id, the ID it would have now,
-// and an image under its name.
+// and an image under its name, in the default pool (there were no others
+// then).
 func (c *Controller) legacy(name, id string) bool {
-	if _, err := c.space.images.Size(id); !errors.Is(err, os.ErrNotExist) {
+	images := c.pools.Get(state.DefaultPool).images
+	if _, err := images.Size(id); !errors.Is(err, os.ErrNotExist) {
 		return false
 	}
-	_, err := c.space.images.Size(name)
+	_, err := images.Size(name)
 	return err == nil
 }
 
 // find answers r from what exists: the volume made already, the restore
 // that makes it, or nothing (all nil).
 func (c *Controller) find(r createRequest) (resp *csi.CreateVolumeResponse, job *restore, err error) {
-	err = c.space.within(func(p promise) error {
+	err = r.space.within(func(p promise) error {
 		resp, job, err = c.findWithin(p, r)
 		return err
 	})
@@ -133,17 +141,20 @@ func (c *Controller) find(r createRequest) (resp *csi.CreateVolumeResponse, job 
 // findWithin is find within the promise. A deletion of the name that a
 // crash interrupted is finished first: its image is not this volume's.
 func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeResponse, *restore, error) {
-	if job := c.space.restores.get(r.id); job != nil {
+	if job := r.space.restores.get(r.id); job != nil {
 		return nil, job, nil
 	}
 	v, err := c.store.Get(r.id)
-	if err == nil && v.Removing {
+	if err == nil && v.Removing && state.PoolOf(v) == r.pool {
 		if err := p.remove(r.id); err != nil {
 			return nil, nil, err
 		}
 		v = nil
 	}
-	cur, err := c.space.images.Size(r.id)
+	if v != nil && (v.Provisioning != "" || v.Removing) && state.PoolOf(v) != r.pool {
+		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists in pool %s, pool %s was asked for", r.name, state.PoolOf(v), r.pool)
+	}
+	cur, err := r.space.images.Size(r.id)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return nil, nil, nil
@@ -177,7 +188,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 			return nil, nil, err
 		}
 	}
-	err = c.space.within(func(p promise) error {
+	err = r.space.within(func(p promise) error {
 		if resp, job, err = c.findWithin(p, r); resp != nil || job != nil || err != nil {
 			return err
 		}
@@ -188,7 +199,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 			return err
 		}
 		if src != nil {
-			job = p.startRestore(r.id, r.name, src.snap, r.size, r.prov, src.handOver())
+			job = p.startRestore(r.id, r.name, src.from, src.snap, r.size, r.prov, src.handOver())
 			return nil
 		}
 		if err := p.makeImage(r.id, r.size, r.prov); err != nil {
@@ -211,10 +222,12 @@ func (c *Controller) created(r createRequest, size int64) *csi.CreateVolumeRespo
 	return &csi.CreateVolumeResponse{Volume: v}
 }
 
-// source is the snapshot a volume is copied from, and what ends its use
-// (a clone's snapshot is deleted once the copy has ended).
+// source is the snapshot a volume is copied from, the snapshots of the
+// pool that holds it, and what ends its use (a clone's snapshot is deleted
+// once the copy has ended).
 type source struct {
 	snap devices.SnapshotInfo
+	from *devices.Snapshots
 	done func()
 }
 
@@ -255,7 +268,7 @@ func (c *Controller) contentSource(ctx context.Context, r createRequest) (*sourc
 	case src == nil:
 		return nil, nil
 	case src.GetSnapshot() != nil:
-		info, err := c.restoreSource(src.GetSnapshot().GetSnapshotId())
+		info, from, err := c.restoreSource(src.GetSnapshot().GetSnapshotId())
 		if err != nil {
 			return nil, err
 		}
@@ -264,13 +277,13 @@ func (c *Controller) contentSource(ctx context.Context, r createRequest) (*sourc
 			// raw block volume takes any snapshot.
 			return nil, state.Errorf(state.KindInvalidArgument, "snapshot %s holds a %s filesystem; a volume made from it cannot be mounted as %s", info.ID, info.FsType, r.fsType)
 		}
-		return &source{snap: info, done: func() {}}, nil
+		return &source{snap: info, from: from, done: func() {}}, nil
 	case src.GetVolume() != nil:
-		info, done, err := c.cloneSource(ctx, src.GetVolume().GetVolumeId(), r.name)
+		info, from, done, err := c.cloneSource(ctx, src.GetVolume().GetVolumeId(), r.name)
 		if err != nil {
 			return nil, err
 		}
-		return &source{snap: info, done: done}, nil
+		return &source{snap: info, from: from, done: done}, nil
 	}
 	return nil, state.Errorf(state.KindInvalidArgument, "unknown volume content source")
 }

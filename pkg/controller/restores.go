@@ -146,14 +146,15 @@ func (rs *restores) stop() { rs.running.Wait() }
 // of size bytes, promised already, in the background, and registers the
 // copy. The copy goes on whatever becomes of the request: it ends whole or
 // absent (devices.CopyFile), and on failure the record's provisioning is
-// cleared as for any volume not made. release runs when the copy has
+// cleared as for any volume not made. The snapshot is in from, this
+// pool's snapshots or another pool's. release runs when the copy has
 // ended.
-func (p promise) startRestore(id, name string, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
+func (p promise) startRestore(id, name string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
 	s := p.s
 	r := &restore{volume: id, snapshot: snap.ID, source: snap.Allocated, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
 	s.restores.add(r)
 	klog.InfoS("Restoring volume from snapshot; the copy goes on past the request", "volumeID", id, "snapshotID", snap.ID, "bytes", size, "snapshotAllocatedBytes", snap.Allocated)
-	copy := func() error { return s.restoreImage(s.copies, id, snap, size, prov == state.ProvisionThick) }
+	copy := func() error { return s.restoreImage(s.copies, id, from, snap, size, prov == state.ProvisionThick) }
 	s.restores.run(r, copy, func(err error) {
 		defer release()
 		s.within(func(p promise) error {
@@ -173,13 +174,21 @@ func (p promise) startRestore(id, name string, snap devices.SnapshotInfo, size i
 }
 
 // copySnapshot makes the image of volume id, size bytes, from snapshot
-// snap: the copy, grown to size, every block allocated for a thick volume,
-// which appears whole or not at all (a crash in between leaves no image,
-// and the retried CreateVolume makes it anew). DeleteSnapshot refuses the
-// snapshot while its restore is registered; one deleted before is
-// NOT_FOUND.
-func (s *Space) copySnapshot(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
-	if err := s.opts.Snapshots.Restore(ctx, snap.ID, s.images.Path(id), size, thick); err != nil {
+// snap, which from holds: the copy, grown to size, every block allocated
+// for a thick volume, which appears whole or not at all (a crash in
+// between leaves no image, and the retried CreateVolume makes it anew).
+// A snapshot of this pool is copied as the pool copies (a reflink where it
+// can); one of another pool, on another filesystem, by a sparse copy.
+// DeleteSnapshot refuses the snapshot while its restore is registered;
+// one deleted before is NOT_FOUND.
+func (s *Space) copySnapshot(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
+	var err error
+	if from == s.opts.Snapshots {
+		err = from.Restore(ctx, snap.ID, s.images.Path(id), size, thick)
+	} else {
+		err = devices.CopyFile(ctx, from.Path(snap.ID), s.images.Path(id), devices.CopySparse, devices.CopyOptions{Size: size, Thick: thick})
+	}
+	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
 		}

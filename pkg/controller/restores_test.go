@@ -41,8 +41,10 @@ func snapshotted(t *testing.T, c *Controller, images *devices.Images) string {
 func TestRestorePanicIsContained(t *testing.T) {
 	c, store, images := newController(t)
 	id := snapshotted(t, c, images)
-	copyImage := c.space.restoreImage
-	c.space.restoreImage = func(context.Context, string, devices.SnapshotInfo, int64, bool) error { panic("copy went wrong") }
+	copyImage := defaultSpace(c).restoreImage
+	defaultSpace(c).restoreImage = func(context.Context, string, *devices.Snapshots, devices.SnapshotInfo, int64, bool) error {
+		panic("copy went wrong")
+	}
 	err := restoreFrom(t.Context(), c, "r", id)
 	if rpcerr.Code(err) != codes.Internal || !strings.Contains(err.Error(), "copy went wrong") {
 		t.Fatalf("a restore whose copy panics: got %v, want INTERNAL naming the panic", err)
@@ -54,10 +56,10 @@ func TestRestorePanicIsContained(t *testing.T) {
 	if v, err := store.Get(vol); err == nil && v.Provisioning != "" {
 		t.Errorf("the failed restore left the record of a volume made %s", v.Provisioning)
 	}
-	if got := c.space.Restoring(); len(got) != 0 {
+	if got := defaultSpace(c).Restoring(); len(got) != 0 {
 		t.Errorf("restores under way after the panic: %+v", got)
 	}
-	c.space.restoreImage = copyImage
+	defaultSpace(c).restoreImage = copyImage
 	if err := restoreFrom(t.Context(), c, "r", id); err != nil {
 		t.Errorf("the restore after the panic: %v", err)
 	}
@@ -69,7 +71,7 @@ func TestCloseEndsRestores(t *testing.T) {
 	c, _, images := newController(t)
 	id := snapshotted(t, c, images)
 	started, ended := make(chan struct{}), make(chan struct{})
-	c.space.restoreImage = func(ctx context.Context, _ string, _ devices.SnapshotInfo, _ int64, _ bool) error {
+	defaultSpace(c).restoreImage = func(ctx context.Context, _ string, _ *devices.Snapshots, _ devices.SnapshotInfo, _ int64, _ bool) error {
 		close(started)
 		<-ctx.Done()
 		// Slow to end, so that a Close that does not wait returns first.
@@ -83,7 +85,7 @@ func TestCloseEndsRestores(t *testing.T) {
 		t.Fatalf("the request: got %v, want DEADLINE_EXCEEDED while the copy goes on", err)
 	}
 	<-started
-	c.space.Close()
+	defaultSpace(c).Close()
 	select {
 	case <-ended:
 	default:

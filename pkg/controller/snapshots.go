@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -22,9 +24,9 @@ type Snapshotter interface {
 	AwaitSnapshot(ctx context.Context, source, id string, gen int64) error
 }
 
-// snapshotService is the controller's part in snapshots.
+// snapshotService is the controller's part in snapshots, which live in
+// their volume's storage pool.
 type snapshotService struct {
-	snaps *devices.Snapshots
 	taker Snapshotter
 
 	// mu serialises the decisions about snapshot IDs (CreateSnapshot's
@@ -34,13 +36,16 @@ type snapshotService struct {
 }
 
 // ServeSnapshots makes the controller serve snapshots of this node's
-// volumes, kept where the space's options say and taken by taker. Without
-// it, or without snapshots in the space's options, the controller
+// volumes, kept in each pool where its space's options say and taken by
+// taker. Without it, or when no pool keeps snapshots, the controller
 // advertises no snapshot capability.
 func (c *Controller) ServeSnapshots(taker Snapshotter) {
-	if c.space.opts.Snapshots != nil {
-		c.snapshots = &snapshotService{snaps: c.space.opts.Snapshots, taker: taker}
+	for _, s := range c.pools.All() {
+		if s.opts.Snapshots == nil {
+			return
+		}
 	}
+	c.snapshots = &snapshotService{taker: taker}
 }
 
 // CreateSnapshot takes a snapshot of a volume of this node, idempotent by
@@ -76,7 +81,7 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 
 	s.mu.Lock()
-	info, err := s.snaps.Get(id)
+	info, _, err := c.pools.snapshot(id)
 	switch {
 	case err == nil:
 		s.mu.Unlock()
@@ -99,15 +104,21 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 // takeLocked asks the reconciler for snapshot id of volume source, which
 // does not exist yet, and waits for it: ALREADY_EXISTS while another
 // volume's snapshot of that ID is being taken, RESOURCE_EXHAUSTED when the
-// data directory cannot hold it. It is called with the snapshot lock held,
-// and releases it before the wait.
+// volume's pool cannot hold it. The snapshot is taken in the volume's
+// pool (a reflink needs the same filesystem). It is called with the
+// snapshot lock held, and releases it before the wait.
 func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices.SnapshotInfo, error) {
 	s := c.snapshots
 	if other := c.takingSnapshot(id); other != "" && other != source {
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, state.Errorf(state.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
 	}
-	if err := c.space.within(func(p promise) error { return p.snapshot(source) }); err != nil {
+	pool, space := c.pools.Of(source)
+	if space == nil {
+		s.mu.Unlock()
+		return devices.SnapshotInfo{}, c.pools.noPool(pool)
+	}
+	if err := space.within(func(p promise) error { return p.snapshot(source) }); err != nil {
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, err
 	}
@@ -119,7 +130,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
 		return devices.SnapshotInfo{}, err
 	}
-	info, err := s.snaps.Get(id)
+	info, err := space.opts.Snapshots.Get(id)
 	if err != nil {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
@@ -129,40 +140,46 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 // cloneSource takes a snapshot of volume source to make volume name from
 // (a clone is a restore of a snapshot taken for it), under an ID that is
 // never listed and that a start-up removes should a crash leave it; done
-// deletes it. A volume whose image is not here is RESOURCE_EXHAUSTED
-// naming its node when its ID names another, NOT_FOUND otherwise.
-func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, done func(), err error) {
+// deletes it. The snapshot is in the source volume's pool, from. A volume
+// whose image is not here is RESOURCE_EXHAUSTED naming its node when its
+// ID names another, NOT_FOUND otherwise.
+func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *devices.Snapshots, done func(), err error) {
 	s := c.snapshots
 	if s == nil {
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
+		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
 	}
 	if err := state.LookupID("source volume", source); err != nil {
-		return devices.SnapshotInfo{}, nil, err
+		return devices.SnapshotInfo{}, nil, nil, err
 	}
-	if _, err := c.space.images.Size(source); errors.Is(err, os.ErrNotExist) {
+	pool, space := c.pools.Of(source)
+	if space == nil {
+		return devices.SnapshotInfo{}, nil, nil, c.pools.noPool(pool)
+	}
+	if _, err := space.images.Size(source); errors.Is(err, os.ErrNotExist) {
 		if node := nodeOf(source); node != "" && node != c.topology[TopologyKey] {
 			// The scheduler may try another node.
-			return devices.SnapshotInfo{}, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[TopologyKey])
+			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[TopologyKey])
 		}
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[TopologyKey])
+		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[TopologyKey])
 	}
-	id := s.snaps.TempID("clone-" + name)
+	from = space.opts.Snapshots
+	id := from.TempID("clone-" + name)
 	s.mu.Lock()
 	if c.takingSnapshot(id) == "" {
 		// What an interrupted clone of the same name left.
-		if err := s.snaps.Delete(id); err != nil {
+		if err := from.Delete(id); err != nil {
 			s.mu.Unlock()
-			return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInternal, "%w", err)
+			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInternal, "%w", err)
 		}
 	}
 	info, err = c.takeLocked(ctx, id, source)
 	if err != nil {
-		return devices.SnapshotInfo{}, nil, err
+		return devices.SnapshotInfo{}, nil, nil, err
 	}
-	return info, func() {
+	return info, from, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if err := s.snaps.Delete(id); err != nil {
+		if err := from.Delete(id); err != nil {
 			klog.ErrorS(err, "Cannot delete the snapshot a clone was made from; a restart removes it", "snapshotID", id)
 		}
 	}, nil
@@ -214,10 +231,17 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	if source := c.takingSnapshot(id); source != "" {
 		return nil, state.Errorf(state.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
 	}
-	if n := c.space.restores.from(id); n > 0 {
+	if n := c.pools.restoresFrom(id); n > 0 {
 		return nil, state.Errorf(state.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
 	}
-	if err := s.snaps.Delete(id); err != nil {
+	_, space, err := c.pools.snapshot(id)
+	if errors.Is(err, os.ErrNotExist) {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	if err != nil {
+		return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+	}
+	if err := space.opts.Snapshots.Delete(id); err != nil {
 		return nil, state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
 	}
 	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
@@ -242,7 +266,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		if state.ValidID(id) != nil {
 			return &csi.ListSnapshotsResponse{}, nil
 		}
-		info, err := s.snaps.Get(id)
+		info, _, err := c.pools.snapshot(id)
 		if errors.Is(err, os.ErrNotExist) {
 			return &csi.ListSnapshotsResponse{}, nil
 		}
@@ -251,11 +275,14 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		}
 		infos = []devices.SnapshotInfo{info}
 	default:
-		all, err := s.snaps.List()
-		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "listing snapshots: %w", err)
+		for _, space := range c.pools.All() {
+			all, err := space.opts.Snapshots.List()
+			if err != nil {
+				return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+			}
+			infos = append(infos, all...)
 		}
-		infos = all
+		slices.SortFunc(infos, func(a, b devices.SnapshotInfo) int { return strings.Compare(a.ID, b.ID) })
 	}
 	resp := &csi.ListSnapshotsResponse{}
 	for _, info := range infos {
@@ -272,28 +299,28 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 }
 
 // restoreSource checks the snapshot a volume is to be made from and
-// returns it: NOT_FOUND when it does not exist here, RESOURCE_EXHAUSTED
-// naming the node it is on when that is another node (the scheduler then
-// tries another node).
-func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, error) {
+// returns it with the snapshots of the pool that holds it: NOT_FOUND when
+// it does not exist here, RESOURCE_EXHAUSTED naming the node it is on when
+// that is another node (the scheduler then tries another node).
+func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *devices.Snapshots, error) {
 	s := c.snapshots
 	if s == nil {
-		return devices.SnapshotInfo{}, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
 	}
 	if err := state.LookupID("source snapshot", id); err != nil {
-		return devices.SnapshotInfo{}, err
+		return devices.SnapshotInfo{}, nil, err
 	}
 	if node := nodeOf(id); node != "" && node != c.topology[TopologyKey] {
-		return devices.SnapshotInfo{}, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[TopologyKey])
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[TopologyKey])
 	}
-	info, err := s.snaps.Get(id)
+	info, space, err := c.pools.snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {
-		return devices.SnapshotInfo{}, state.Errorf(state.KindNotFound, "snapshot %s not found", id)
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindNotFound, "snapshot %s not found", id)
 	}
 	if err != nil {
-		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	return info, nil
+	return info, space.opts.Snapshots, nil
 }
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not

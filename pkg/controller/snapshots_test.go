@@ -39,7 +39,7 @@ func (f *instantTaker) AwaitSnapshot(context.Context, string, string, int64) err
 
 func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instantTaker {
 	t.Helper()
-	taker := &instantTaker{t: t, snaps: c.space.opts.Snapshots, images: images}
+	taker := &instantTaker{t: t, snaps: defaultSpace(c).opts.Snapshots, images: images}
 	c.ServeSnapshots(taker)
 	return taker
 }
@@ -59,7 +59,7 @@ func TestSnapshotIDs(t *testing.T) {
 	if state.ValidID(id1) != nil || state.ValidID(id2) != nil || id1 == id2 || nodeOf(id1) != "node" {
 		t.Errorf("long names: got IDs %q and %q, want two valid, distinct IDs of node", id1, id2)
 	}
-	_, err := c.restoreSource("s1_elsewhere")
+	_, _, err := c.restoreSource("s1_elsewhere")
 	if rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "elsewhere") {
 		t.Errorf("restoring another node's snapshot: got %v, want RESOURCE_EXHAUSTED naming the node", err)
 	}
@@ -77,11 +77,11 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.GetSnapshot().GetSnapshotId()
-	copyImage, started, gate := c.space.restoreImage, make(chan struct{}), make(chan struct{})
-	c.space.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
+	copyImage, started, gate := defaultSpace(c).restoreImage, make(chan struct{}), make(chan struct{})
+	defaultSpace(c).restoreImage = func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
 		close(started)
 		<-gate
-		return copyImage(ctx, id, snap, size, thick)
+		return copyImage(ctx, id, from, snap, size, thick)
 	}
 	restored := make(chan error, 1)
 	go func() {
@@ -102,7 +102,7 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
 		t.Errorf("deleting it once the restore ended: %v", err)
 	}
-	if taken, _ := c.snapshots.snaps.Taken(id); taken {
+	if taken, _ := defaultSpace(c).opts.Snapshots.Taken(id); taken {
 		t.Error("the snapshot is still there")
 	}
 }
@@ -168,7 +168,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, _, err := c.space.Account()
+	before, _, err := defaultSpace(c).Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	during, _, err := c.space.Account()
+	during, _, err := defaultSpace(c).Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if _, err := store.Update(v1, func(v *state.Volume) error { v.Snapshots = nil; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	after, _, err := c.space.Account()
+	after, _, err := defaultSpace(c).Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,12 +231,12 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	started, gate := make(chan string, 1), make(chan error)
-	copyImage := c.space.restoreImage
+	copyImage := defaultSpace(c).restoreImage
 	// The held copy has written 1 MiB so far, in the file a copy is made
 	// in; it goes when the copy is let go.
 	var copiedSoFar, source int64
 	made, release := make(chan string, 1), make(chan struct{})
-	c.space.restoreImage = func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error {
+	defaultSpace(c).restoreImage = func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
 		tmp, err := devices.CopyTemp(images.Path(id))
 		if err != nil {
 			return err
@@ -260,7 +260,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 			return err
 		}
 		os.Remove(tmp.Name())
-		if err := copyImage(ctx, id, snap, size, thick); err != nil {
+		if err := copyImage(ctx, id, from, snap, size, thick); err != nil {
 			return err
 		}
 		// The image is made and the restore not yet over.
@@ -278,7 +278,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	// available, which follows the free space that other tests change.
 	promised := func() (promised, owed int64) {
 		t.Helper()
-		acc, _, err := c.space.Account()
+		acc, _, err := defaultSpace(c).Account()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +299,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Errorf("during the copy, %d bytes are promised to thick volumes and %d owed, %d and %d before: want the copy's %d more promised and %d more owed (%d copied so far)",
 			during, owed, before, owedBefore, MinVolumeSize, MinVolumeSize-copiedSoFar, copiedSoFar)
 	}
-	if got := c.space.Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
+	if got := defaultSpace(c).Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
 		got[0].SourceBytes != source || got[0].Copied != copiedSoFar || source < 2<<20 {
 		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes, %d of its %d (at least 2 MiB) copied",
 			got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize, copiedSoFar, source)
@@ -339,7 +339,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	if size, err := images.Size(r1); err != nil || size != MinVolumeSize {
 		t.Errorf("the restored image: %d bytes, %v; want %d", size, err, MinVolumeSize)
 	}
-	if got := c.space.Restoring(); len(got) != 0 {
+	if got := defaultSpace(c).Restoring(); len(got) != 0 {
 		t.Errorf("restores under way after the copy: %+v", got)
 	}
 

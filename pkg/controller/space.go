@@ -16,6 +16,8 @@ import (
 
 // SpaceOptions are the capacity policy of a data directory.
 type SpaceOptions struct {
+	// Name is the storage pool's name; empty for the default pool.
+	Name string
 	// Ratio is the overprovisioning ratio of thin volumes (at least 1).
 	Ratio float64
 	// Guard is the free space below which no thin volume is created or
@@ -48,17 +50,23 @@ type Space struct {
 	mu sync.Mutex
 	// restoreImage copies a snapshot into a volume's image (copySnapshot;
 	// tests hold it up).
-	restoreImage func(ctx context.Context, id string, snap devices.SnapshotInfo, size int64, thick bool) error
+	restoreImage func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error
 }
 
 // NewSpace returns the capacity promise of the data directory holding
 // images, whose records are in store.
 func NewSpace(images *devices.Images, store Store, opts SpaceOptions) *Space {
+	if opts.Name == "" {
+		opts.Name = state.DefaultPool
+	}
 	s := &Space{images: images, store: store, opts: opts}
 	s.copies, s.cancel = context.WithCancel(context.Background())
 	s.restoreImage = s.copySnapshot
 	return s
 }
+
+// Name is the name of the space's storage pool.
+func (s *Space) Name() string { return s.opts.Name }
 
 // Close ends the restores' copies, which leave no image (the retried
 // CreateVolume makes it anew), and waits for them.
@@ -165,18 +173,18 @@ func (p promise) volume(thin bool, size, have int64) error {
 		return state.Errorf(state.KindInternal, "%w", err)
 	}
 	if size > total {
-		return state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of the data directory's filesystem", size, total)
+		return state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of pool %s's filesystem", size, total, s.opts.Name)
 	}
 	kind := state.ProvisionThick
 	if thin {
 		kind = state.ProvisionThin
 		if guard := s.opts.Guard.Threshold(total); acc.Free < guard {
-			return state.Errorf(state.KindResourceExhausted, "the data directory is nearly full (%d bytes free, below the guard of %d bytes): no thin volume is created or grown", acc.Free, guard)
+			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below the guard of %d bytes): no thin volume is created or grown", s.opts.Name, acc.Free, guard)
 		}
 	}
 	if avail := acc.Available(thin); size-have > avail {
-		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes can still be promised to a %s volume (%d bytes free, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
-			size-have, avail, kind, acc.Free, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
+		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
+			size-have, avail, s.opts.Name, kind, acc.Free, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
 	}
 	return nil
 }
@@ -202,7 +210,7 @@ func (p promise) snapshot(id string) error {
 		return state.Errorf(state.KindInternal, "%w", err)
 	}
 	if avail := acc.ThickAvailable(); need > avail {
-		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of the data directory (copied by %s), %d can still be promised", id, need, s.mode(), avail)
+		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised", id, need, s.opts.Name, s.mode(), avail)
 	}
 	return nil
 }
@@ -268,17 +276,21 @@ func (p promise) grow(id string, size int64) (int64, error) {
 	return size, nil
 }
 
-// record notes that volume id (named name) is made as prov, before its
-// image is: an image is then never accounted as another provisioning than
+// record notes that volume id (named name) is made as prov in this pool
+// (the default pool recorded as none, as before pools), before its image
+// is: an image is then never accounted as another provisioning than
 // it was made with, and a crash before the image leaves a record that
 // accounts for nothing, which the retry of the request makes the image of.
 // The name tells this volume's image from one that a volume made before
 // IDs named their node left under this ID.
 func (p promise) record(id, name string, prov state.Provisioning) error {
 	_, err := p.s.store.Update(id, func(v *state.Volume) error {
-		v.Provisioning = prov
+		v.Provisioning, v.Pool = prov, ""
 		if id != name {
 			v.Name = name
+		}
+		if p.s.opts.Name != state.DefaultPool {
+			v.Pool = p.s.opts.Name
 		}
 		return nil
 	})
@@ -289,7 +301,7 @@ func (p promise) record(id, name string, prov state.Provisioning) error {
 // that fail, the record accounts for nothing (accounting goes by images)
 // and the next CreateVolume of the name writes it again.
 func (p promise) unrecord(id string) {
-	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name = "", ""; return nil }); err != nil {
+	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name, v.Pool = "", "", ""; return nil }); err != nil {
 		klog.ErrorS(err, "Cannot clear the record of a volume that was not made", "volumeID", id)
 	}
 }

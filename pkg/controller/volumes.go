@@ -43,7 +43,11 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if err != nil {
 		return nil, err
 	}
-	cur, err := c.space.images.Size(id)
+	pool, space := c.pools.Of(id)
+	if space == nil {
+		return nil, c.pools.noPool(pool)
+	}
+	cur, err := space.images.Size(id)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		klog.V(2).InfoS("Volume is not on this node; its node grows it in NodeExpandVolume", "volumeID", id, "bytes", size)
@@ -54,7 +58,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if err := rng.Grows(id, cur); err != nil {
 		return nil, err
 	}
-	if size, err = c.space.GrowImage(id, size); err != nil {
+	if size, err = space.GrowImage(id, size); err != nil {
 		return nil, err
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
@@ -73,8 +77,12 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		}
 		return nil, err
 	}
-	err := c.space.within(func(p promise) error {
-		if r := c.space.restores.get(id); r != nil {
+	pool, space := c.pools.Of(id)
+	if space == nil {
+		return nil, state.Errorf(state.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, pool)
+	}
+	err := space.within(func(p promise) error {
+		if r := space.restores.get(id); r != nil {
 			return state.Errorf(state.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
 		}
 		if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
@@ -99,7 +107,11 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if err := state.LookupID("volume", id); err != nil {
 		return nil, err
 	}
-	if _, err := c.space.images.Size(id); err != nil {
+	_, space := c.pools.Of(id)
+	if space == nil {
+		return nil, state.NotFound(id)
+	}
+	if _, err := space.images.Size(id); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, state.NotFound(id)
 		}
@@ -134,16 +146,25 @@ func pageStart(maxEntries int32, token string) (after string, err error) {
 	return id, nil
 }
 
-// ListVolumes pages through the images in ID order.
+// ListVolumes pages through the images of every pool in ID order.
 func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	after, err := pageStart(req.GetMaxEntries(), req.GetStartingToken())
 	if err != nil {
 		return nil, err
 	}
-	ids, err := c.space.images.List()
-	if err != nil {
-		return nil, state.Errorf(state.KindInternal, "listing volumes: %w", err)
+	var ids []string
+	where := map[string]*Space{}
+	for _, space := range c.pools.All() {
+		in, err := space.images.List()
+		if err != nil {
+			return nil, state.Errorf(state.KindInternal, "listing the volumes of pool %s: %w", space.Name(), err)
+		}
+		for _, id := range in {
+			where[id] = space
+		}
+		ids = append(ids, in...)
 	}
+	sort.Strings(ids)
 	start := sort.SearchStrings(ids, after)
 	if start < len(ids) && ids[start] == after {
 		start++
@@ -154,7 +175,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 			resp.NextToken = listTokenPrefix + resp.Entries[len(resp.Entries)-1].Volume.VolumeId
 			break
 		}
-		size, err := c.space.images.Size(id)
+		size, err := where[id].images.Size(id)
 		if err != nil {
 			continue // deleted meanwhile
 		}
@@ -163,13 +184,21 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	return resp, nil
 }
 
-// GetCapacity reports what the data directory can still promise to a
-// volume of the provisioning the parameters ask for (thick unless they say
-// thin): exactly what CreateVolume would accept now. Capabilities this
-// plugin does not serve, or another node's topology, have none.
+// GetCapacity reports what the pool the parameters name (the default
+// pool unless they name one) can still promise to a volume of the
+// provisioning they ask for (thick unless they say thin): exactly what
+// CreateVolume would accept now. Capabilities this plugin does not serve,
+// another node's topology, or a pool this node does not have, have none.
 func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	prov, err := parseProvisioning(req.GetParameters())
 	if err != nil {
+		return nil, err
+	}
+	_, space, err := c.pools.parsePool(req.GetParameters())
+	if err != nil {
+		if state.AsError(err).Kind == state.KindResourceExhausted {
+			return &csi.GetCapacityResponse{}, nil // no such pool here
+		}
 		return nil, err
 	}
 	for _, vc := range req.GetVolumeCapabilities() {
@@ -180,7 +209,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && seg[TopologyKey] != c.topology[TopologyKey] {
 		return &csi.GetCapacityResponse{}, nil
 	}
-	avail, largest, err := c.space.Available(prov == state.ProvisionThin)
+	avail, largest, err := space.Available(prov == state.ProvisionThin)
 	if err != nil {
 		return nil, err
 	}

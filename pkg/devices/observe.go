@@ -23,8 +23,9 @@ type Observer struct {
 	// Paths resolves mount points beneath the plugin's roots without
 	// symlinks for CheckMount; nil resolves every path as it is.
 	Paths *Paths
-	// Images is the data directory whose space is observed; nil for none.
-	Images *Images
+	// Pools are the storage pools whose data directories' loop devices
+	// and space are observed; nil for none.
+	Pools *Pools
 
 	// files keeps the files of the loop listing open between passes, and
 	// mounts the mount table's; made on first use.
@@ -61,13 +62,17 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
-	if o.Images != nil {
-		loops = o.loopFiles.own(loops, o.Images.Dir)
+	var pools []*Pool
+	if o.Pools != nil {
+		pools = o.Pools.All()
+	}
+	for _, p := range pools {
+		loops = o.loopFiles.own(loops, p.Images.Dir)
 	}
 	snap := host.NewSnapshot(byDevice(mounts, loops), loops)
-	if o.Images != nil {
-		if total, free, err := o.Images.Capacity(); err == nil {
-			snap.WithPool(host.Pool{Known: true, Total: total, Free: free})
+	for _, p := range pools {
+		if total, free, err := p.Images.Capacity(); err == nil {
+			snap.WithPool(p.Name, host.Pool{Known: true, Total: total, Free: free})
 		}
 	}
 	return snap, nil

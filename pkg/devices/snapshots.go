@@ -80,8 +80,11 @@ func (s *Snapshots) Take(ctx context.Context, id, source, image, fsType string, 
 // Flush writes out what is dirty of image, so that a copy of it that
 // follows (a reflink writes the source out first) has little left to
 // write while the volume's filesystem is frozen.
-func (s *Snapshots) Flush(image string) error {
-	f, err := os.Open(image)
+func (s *Snapshots) Flush(image string) error { return flushFile(image) }
+
+// flushFile writes out what is dirty of the file at path.
+func flushFile(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}

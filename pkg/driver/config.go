@@ -42,8 +42,13 @@ type Config struct {
 	Version string
 	// StateDir holds the store (state.db).
 	StateDir string
-	// DataDir holds the volume images; defaults to <StateDir>/volumes.
+	// DataDir holds the volume images of the default storage pool;
+	// defaults to <StateDir>/volumes.
 	DataDir string
+	// Pools are the storage pools besides the default one.
+	Pools []PoolSpec
+	// pools are all the pools, the default first, resolved.
+	pools []pool
 	// KubeletDir is the kubelet's root; staging and target paths lie in it.
 	KubeletDir string
 	// AllowedPathPrefixes are extra roots for staging and target paths.
@@ -115,6 +120,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	c.guard = g
 	dirs := append([]string{c.StateDir, c.DataDir, c.KubeletDir}, c.AllowedPathPrefixes...)
+	if c.pools, err = c.resolvePools(); err != nil {
+		return c, err
+	}
 	for _, d := range append(dirs, c.AllowedDevicePrefixes...) {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
 			return c, fmt.Errorf("directory %q must be an absolute, clean path other than /", d)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/metrics"
@@ -59,10 +60,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	logger := klog.FromContext(ctx)
-	for _, d := range []string{cfg.StateDir, cfg.DataDir} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return fmt.Errorf("creating %s: %w", d, err)
-		}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", cfg.StateDir, err)
 	}
 	store, err := state.Open(filepath.Join(cfg.StateDir, "state.db"))
 	if err != nil {
@@ -74,35 +73,29 @@ func Run(ctx context.Context, cfg Config) error {
 		logger.Info("Replayed the state log", "records", n)
 	}
 
-	images := &devices.Images{Dir: cfg.DataDir}
-	if err := images.RemoveStaleTemps(); err != nil {
-		return fmt.Errorf("removing interrupted image creations: %w", err)
-	}
-	snapshots, err := openSnapshots(cfg.DataDir)
+	opened, err := openPools(cfg.pools, store)
 	if err != nil {
 		return err
 	}
-	if err := dropTempSnapshotIntents(store, snapshots); err != nil {
-		return err
-	}
-	logger.Info("Snapshots", "dir", snapshots.Dir, "copy", snapshots.Mode)
-	// Where images share blocks with their snapshots, a thick image owes
-	// what it shares: its writes there take new blocks.
-	images.Shares = snapshots.Mode == devices.CopyReflink
+	pools := devices.NewPools(opened...)
 	var static reconciler.Static
 	if len(cfg.AllowedDevicePrefixes) > 0 {
 		static = devices.StaticDevices{Prefixes: cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
 	}
 	m := metrics.New()
 	observer := &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block",
-		Paths: devices.NewPaths(cfg.roots()), Images: images}
+		Paths: devices.NewPaths(cfg.roots()), Pools: pools}
 	defer observer.Close()
 	topology := map[string]string{TopologyKey: cfg.NodeID}
-	// The space promises what CreateVolume, snapshots, restores and the
-	// reconciler's growth of images for NodeExpandVolume take, under one
-	// lock.
-	space := controller.NewSpace(images, store, controller.SpaceOptions{Ratio: cfg.OverprovisioningRatio, Guard: cfg.guard, Snapshots: snapshots})
-	ctrl := controller.New(space, store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
+	// Each pool's space promises what CreateVolume, snapshots, restores
+	// and the reconciler's growth of images for NodeExpandVolume take of
+	// it, under its own lock.
+	promises := controller.NewPools(store, spaces(cfg.pools, opened, store)...)
+	ctrl := controller.New(promises, store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
+	guards := map[string]capacity.Guard{}
+	for _, p := range cfg.pools {
+		guards[p.name] = p.guard
+	}
 	rec, err := reconciler.New(reconciler.Config{
 		Recorder: m,
 		Static:   static,
@@ -114,22 +107,26 @@ func Run(ctx context.Context, cfg Config) error {
 		Filesystems: devices.NewMounter(devices.NewFsMounter(mount.NewWithoutSystemd(""), devices.NewPaths(cfg.roots()), devices.SELinuxEnabled()),
 			utilexec.New(), maxFormats, devices.NewPaths(cfg.roots())),
 		Paths:        devices.NewPaths(cfg.roots()),
-		Images:       images,
-		ImagePromise: space,
-		Snapshots:    snapshots,
+		Images:       pools,
+		ImagePromise: promises,
+		Snapshots:    pools,
 		Roots:        cfg.roots(),
 		Clock:        clock.RealClock{},
 		ResyncPeriod: cfg.ResyncPeriod,
 		PoolGuard:    cfg.guard,
+		PoolGuards:   guards,
 	})
 	if err != nil {
 		return err
 	}
 	node, err := nodeserver.New(nodeserver.Config{
-		Store:           store,
-		Kicker:          rec,
-		Stat:            devices.Statfs,
-		Capacity:        images.Size,
+		Store:  store,
+		Kicker: rec,
+		Stat:   devices.Statfs,
+		Capacity: func(id string) (int64, error) {
+			v, _ := store.Get(id)
+			return pools.Size(state.PoolOf(v), id)
+		},
 		NodeID:          cfg.NodeID,
 		MaxVolumes:      cfg.MaxVolumes,
 		Topology:        topology,
@@ -169,7 +166,9 @@ func Run(ctx context.Context, cfg Config) error {
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
-	pool := func() (volstatus.Pool, error) { return poolStatus(cfg, space, snapshots) }
+	pool := func() (volstatus.Pool, error) {
+		return poolStatus(cfg, promises.Get(state.DefaultPool), pools.Get(state.DefaultPool).Snapshots)
+	}
 	m.WatchPool(pool)
 	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, pool))
 	if err != nil {
@@ -217,7 +216,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Wait()
 	// The restores' copies end too, leaving no image: the provisioner's
 	// retry makes each anew.
-	space.Close()
+	promises.Close()
 	return err
 }
 

@@ -79,11 +79,13 @@ type Snapshot struct {
 	// loops maps a backing file to its loop devices: normally one, more
 	// when someone attached the file again behind the plugin's back.
 	loops map[string][]Device
-	// pool is the space of the data directory.
-	pool Pool
+	// pools maps a storage pool's name to the space of its data
+	// directory.
+	pools map[string]Pool
 }
 
-// Pool is the space of the filesystem that holds the volume images.
+// Pool is the space of the filesystem of a storage pool, which holds its
+// volumes' images.
 type Pool struct {
 	// Known is false when it was not observed.
 	Known bool
@@ -92,14 +94,18 @@ type Pool struct {
 	Total, Free int64
 }
 
-// WithPool returns s with the data directory's space.
-func (s *Snapshot) WithPool(p Pool) *Snapshot {
-	s.pool = p
+// WithPool returns s with the space of pool name's data directory.
+func (s *Snapshot) WithPool(name string, p Pool) *Snapshot {
+	if s.pools == nil {
+		s.pools = map[string]Pool{}
+	}
+	s.pools[name] = p
 	return s
 }
 
-// Pool returns the data directory's space.
-func (s *Snapshot) Pool() Pool { return s.pool }
+// Pool returns the space of pool name's data directory; not Known when it
+// was not observed.
+func (s *Snapshot) Pool(name string) Pool { return s.pools[name] }
 
 // NewSnapshot indexes mounts and loop devices.
 func NewSnapshot(mounts []Mount, loops []Device) *Snapshot {

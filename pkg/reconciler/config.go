@@ -89,37 +89,41 @@ type Paths interface {
 }
 
 // Snapshots takes the snapshots of volumes: a snapshot is a file of its
-// own, whole or absent, never half made.
+// own, whole or absent, never half made, in its volume's storage pool.
 type Snapshots interface {
-	// Taken reports whether snapshot id exists.
-	Taken(id string) (bool, error)
+	// Taken reports whether snapshot id exists in pool.
+	Taken(pool, id string) (bool, error)
 	// Flush writes out what is dirty of an image.
 	Flush(image string) error
 	// Take copies image, the image of volume source carrying fsType ("":
-	// none known), to snapshot id, stamped with now; an error matching
-	// os.ErrExist when id exists.
-	Take(ctx context.Context, id, source, image, fsType string, now time.Time) (devices.SnapshotInfo, error)
+	// none known), to snapshot id of pool, stamped with now; an error
+	// matching os.ErrExist when id exists.
+	Take(ctx context.Context, pool, id, source, image, fsType string, now time.Time) (devices.SnapshotInfo, error)
 }
 
-// Images locates and checks the backing files of volumes.
+// Images locates and checks the backing files of volumes, each in the data
+// directory of its storage pool (state.PoolOf).
 type Images interface {
-	Path(id string) string
+	// Path is the image of volume id in pool; "" when this node has no
+	// such pool.
+	Path(pool, id string) string
+	// IDOf returns the volume whose image path is, in any pool.
 	IDOf(path string) (string, bool)
-	Size(id string) (int64, error)
+	Size(pool, id string) (int64, error)
 	// Reserve allocates the holes of id's image.
-	Reserve(id string) error
+	Reserve(pool, id string) error
 	// Blank reports whether id's image holds no data at all.
-	Blank(id string) (bool, error)
+	Blank(pool, id string) (bool, error)
 }
 
 // ImagePromise grows the images of volumes within the node's capacity
 // promise (controller.Space), the one that CreateVolume keeps too.
 type ImagePromise interface {
-	// GrowImage grows id's image to at least size bytes and returns its
-	// size; an image already that large is left as it is. A size the node
-	// cannot hold is a *state.Error of KindResourceExhausted (not now) or
-	// KindOutOfRange (never).
-	GrowImage(id string, size int64) (int64, error)
+	// GrowImage grows the image of volume id in pool to at least size
+	// bytes and returns its size; an image already that large is left as
+	// it is. A size the pool cannot hold is a *state.Error of
+	// KindResourceExhausted (not now) or KindOutOfRange (never).
+	GrowImage(pool, id string, size int64) (int64, error)
 }
 
 // Static resolves the existing block devices of static volumes.
@@ -163,9 +167,11 @@ type Config struct {
 	// Recorder receives operations and passes, for metrics; nil for none.
 	Recorder Recorder
 
-	// PoolGuard is the free space of the data directory below which thin
-	// volumes are reported as at risk.
-	PoolGuard capacity.Guard
+	// PoolGuard is the free space of a pool's data directory below which
+	// its thin volumes are reported as at risk; PoolGuards overrides it by
+	// pool.
+	PoolGuard  capacity.Guard
+	PoolGuards map[string]capacity.Guard
 
 	// Roots are the directories the plugin may unmount orphaned mounts in;
 	// mounts elsewhere are never touched.

@@ -1,11 +1,17 @@
 package reconciler
 
 import (
+	"context"
 	"maps"
+	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
+	"time"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // What someone other than the plugin does to the fake world (a fault, the
@@ -383,4 +389,34 @@ func (w *fakeWorld) flipDiscards(image string) bool {
 	l.Discards = !was
 	w.loops[image] = l
 	return was
+}
+
+// fakePools is the fake world as the reconciler sees a node's storage
+// pools: the default pool's data directory is the world's, another
+// pool's is beside it (/data-<pool>); images, sizes and snapshots are the
+// world's, by volume ID.
+type fakePools struct{ w *fakeWorld }
+
+func (p fakePools) Path(pool, id string) string {
+	if pool == state.DefaultPool {
+		return p.w.Path(id)
+	}
+	return filepath.Join(p.w.dataDir+"-"+pool, id+".img")
+}
+
+func (p fakePools) IDOf(path string) (string, bool) {
+	if strings.HasPrefix(filepath.Dir(path), p.w.dataDir+"-") {
+		return strings.CutSuffix(filepath.Base(path), ".img")
+	}
+	return p.w.IDOf(path)
+}
+
+func (p fakePools) Size(_, id string) (int64, error)                  { return p.w.Size(id) }
+func (p fakePools) Reserve(_, id string) error                        { return p.w.Reserve(id) }
+func (p fakePools) Blank(_, id string) (bool, error)                  { return p.w.Blank(id) }
+func (p fakePools) Taken(_, id string) (bool, error)                  { return p.w.Taken(id) }
+func (p fakePools) Flush(image string) error                          { return p.w.Flush(image) }
+func (p fakePools) GrowImage(_, id string, size int64) (int64, error) { return p.w.GrowImage(id, size) }
+func (p fakePools) Take(ctx context.Context, _, id, source, image, fsType string, now time.Time) (devices.SnapshotInfo, error) {
+	return p.w.Take(ctx, id, source, image, fsType, now)
 }

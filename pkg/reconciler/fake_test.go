@@ -233,7 +233,7 @@ func (w *fakeWorld) Observe() (*host.Snapshot, error) {
 	}
 	snap := host.NewSnapshot(append([]host.Mount(nil), w.mounts...), loops)
 	if w.pool {
-		snap.WithPool(host.Pool{Known: true, Total: 1 << 30, Free: w.free})
+		snap.WithPool(state.DefaultPool, host.Pool{Known: true, Total: 1 << 30, Free: w.free})
 	}
 	after := w.afterObserve
 	w.mu.Unlock()
@@ -731,16 +731,17 @@ func (w *fakeWorld) Remove(path string) error {
 }
 
 var (
-	_ Observer    = (*fakeWorld)(nil)
-	_ Loops       = (*fakeWorld)(nil)
-	_ Filesystems = (*fakeWorld)(nil)
-	_ Paths       = (*fakeWorld)(nil)
-	_ Images      = (*fakeWorld)(nil)
-	_ Snapshots   = (*fakeWorld)(nil)
-	_ Loops       = devices.LoopDevices{}
-	_ Filesystems = (*devices.Mounter)(nil)
-	_ Paths       = (*devices.Paths)(nil)
-	_ Snapshots   = (*devices.Snapshots)(nil)
-	_ Images      = (*devices.Images)(nil)
-	_ Observer    = (*devices.Observer)(nil)
+	_ Observer     = (*fakeWorld)(nil)
+	_ Loops        = (*fakeWorld)(nil)
+	_ Filesystems  = (*fakeWorld)(nil)
+	_ Paths        = (*fakeWorld)(nil)
+	_ Images       = fakePools{}
+	_ Snapshots    = fakePools{}
+	_ ImagePromise = fakePools{}
+	_ Loops        = devices.LoopDevices{}
+	_ Filesystems  = (*devices.Mounter)(nil)
+	_ Paths        = (*devices.Paths)(nil)
+	_ Snapshots    = (*devices.Pools)(nil)
+	_ Images       = (*devices.Pools)(nil)
+	_ Observer     = (*devices.Observer)(nil)
 )

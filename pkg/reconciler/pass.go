@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -87,9 +88,10 @@ func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plan
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
 	for _, v := range vols {
-		a := observeVolume(v, r.cfg.Images.Path(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		a.pool = snap.Pool()
-		a.poolGuard = r.cfg.PoolGuard.Threshold(a.pool.Total)
+		pool := state.PoolOf(v)
+		a := observeVolume(v, r.cfg.Images.Path(pool, v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
+		a.pool = snap.Pool(pool)
+		a.poolGuard = r.guardOf(pool).Threshold(a.pool.Total)
 		a.snapshotsTaken = r.takenSnapshots(v)
 		acts := diff(v, a)
 		seen = append(seen, plan{v: v, a: a, acts: acts})
@@ -179,4 +181,12 @@ func (r *Reconciler) staticDevice(v *state.Volume) *host.Device {
 		return nil
 	}
 	return &l
+}
+
+// guardOf is the guard of pool's free space.
+func (r *Reconciler) guardOf(pool string) capacity.Guard {
+	if g, ok := r.cfg.PoolGuards[pool]; ok {
+		return g
+	}
+	return r.cfg.PoolGuard
 }

@@ -34,7 +34,7 @@ func (r *Reconciler) takenSnapshots(v *state.Volume) map[string]bool {
 	}
 	taken := make(map[string]bool, len(v.Snapshots))
 	for id := range v.Snapshots {
-		taken[id], _ = r.cfg.Snapshots.Taken(id)
+		taken[id], _ = r.cfg.Snapshots.Taken(state.PoolOf(v), id)
 	}
 	return taken
 }
@@ -49,7 +49,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	if a.static {
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
 	}
-	image := r.cfg.Images.Path(v.ID)
+	image := r.cfg.Images.Path(state.PoolOf(v), v.ID)
 	var frozen string
 	if st := v.Stage; st != nil && !st.Deleting && a.staged && !a.block && !st.MountsReadOnly() {
 		frozen = st.Path
@@ -78,7 +78,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 			return err
 		}
 	}
-	_, err := r.cfg.Snapshots.Take(ctx, act.target, v.ID, image, v.Formatted, r.cfg.Clock.Now())
+	_, err := r.cfg.Snapshots.Take(ctx, state.PoolOf(v), act.target, v.ID, image, v.Formatted, r.cfg.Clock.Now())
 	if frozen != "" {
 		if terr := r.cfg.Paths.Thaw(frozen); terr != nil {
 			// The record keeps v.Frozen: the next pass thaws it.

@@ -45,3 +45,12 @@ func TestLookupID(t *testing.T) {
 		}
 	}
 }
+
+func TestValidPoolName(t *testing.T) {
+	for name, ok := range map[string]bool{"default": true, "nvme-0": true, "a": true, "9": true, "": false, "-a": false, "a-": false,
+		"Fast": false, "a_b": false, "a.b": false, string(make([]byte, 64)): false, "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk": true} {
+		if err := ValidPoolName(name); (err == nil) != ok {
+			t.Errorf("%q: got %v, want valid %t", name, err, ok)
+		}
+	}
+}

@@ -137,6 +137,10 @@ type Volume struct {
 	// holds with the node's name; empty for a volume made before volume
 	// IDs named their node (its ID is its name) and for a static volume.
 	Name string `json:"name,omitempty"`
+	// Pool is the storage pool whose data directory holds the volume's
+	// image; empty for the default pool (and for every volume made before
+	// pools existed) and for a static volume.
+	Pool string `json:"pool,omitempty"`
 	// Snapshots maps the ID of each snapshot asked of the volume and not
 	// yet taken to its intent. A snapshot once taken is a file of its own,
 	// which outlives the volume, and its intent is forgotten.
@@ -168,7 +172,7 @@ type Expand struct {
 // Empty reports whether the record holds nothing worth keeping.
 func (v *Volume) Empty() bool {
 	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing && v.Provisioning == "" &&
-		v.Name == "" && len(v.Snapshots) == 0 && v.Frozen == ""
+		v.Name == "" && v.Pool == "" && len(v.Snapshots) == 0 && v.Frozen == ""
 }
 
 // HasNodeIntent reports whether the node holds an intent for the volume: a stage

@@ -1,0 +1,134 @@
+package devices
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Pool is one storage pool of the node: a data directory on a filesystem
+// of its own, holding its volumes' images and their snapshots.
+type Pool struct {
+	// Name is the pool's name (state.ValidPoolName).
+	Name      string
+	Images    *Images
+	Snapshots *Snapshots
+}
+
+// Pools are the node's storage pools, by name. They locate a volume's
+// image and snapshots in the pool its record names, for the reconciler.
+type Pools struct {
+	byName map[string]*Pool
+	names  []string
+}
+
+// NewPools returns the pools ps, which must have distinct names.
+func NewPools(ps ...*Pool) *Pools {
+	out := &Pools{byName: make(map[string]*Pool, len(ps))}
+	for _, p := range ps {
+		out.byName[p.Name] = p
+		out.names = append(out.names, p.Name)
+	}
+	sort.Strings(out.names)
+	return out
+}
+
+// Get returns pool name, nil when the node has none of that name.
+func (ps *Pools) Get(name string) *Pool { return ps.byName[name] }
+
+// All returns the pools in name order.
+func (ps *Pools) All() []*Pool {
+	out := make([]*Pool, 0, len(ps.names))
+	for _, n := range ps.names {
+		out = append(out, ps.byName[n])
+	}
+	return out
+}
+
+// Names returns the pools' names, in order.
+func (ps *Pools) Names() []string { return append([]string(nil), ps.names...) }
+
+// errNoPool is the failure of a call about a pool the node does not have
+// (a volume made in a pool that was configured then).
+func errNoPool(name string) error {
+	return fmt.Errorf("this node has no storage pool %q (--pool)", name)
+}
+
+// Path is the image of volume id in pool; "" when there is no such pool.
+func (ps *Pools) Path(pool, id string) string {
+	if p := ps.byName[pool]; p != nil {
+		return p.Images.Path(id)
+	}
+	return ""
+}
+
+// IDOf returns the volume whose image path is, in any pool.
+func (ps *Pools) IDOf(path string) (string, bool) {
+	for _, p := range ps.byName {
+		if id, ok := p.Images.IDOf(path); ok {
+			return id, true
+		}
+	}
+	return "", false
+}
+
+// Size returns the size of volume id's image in pool.
+func (ps *Pools) Size(pool, id string) (int64, error) {
+	p := ps.byName[pool]
+	if p == nil {
+		return 0, errNoPool(pool)
+	}
+	return p.Images.Size(id)
+}
+
+// Reserve allocates the holes of volume id's image in pool.
+func (ps *Pools) Reserve(pool, id string) error {
+	p := ps.byName[pool]
+	if p == nil {
+		return errNoPool(pool)
+	}
+	return p.Images.Reserve(id)
+}
+
+// Blank reports whether volume id's image in pool holds no data at all.
+func (ps *Pools) Blank(pool, id string) (bool, error) {
+	p := ps.byName[pool]
+	if p == nil {
+		return false, errNoPool(pool)
+	}
+	return p.Images.Blank(id)
+}
+
+// Taken reports whether snapshot id exists in pool.
+func (ps *Pools) Taken(pool, id string) (bool, error) {
+	p := ps.byName[pool]
+	if p == nil {
+		return false, errNoPool(pool)
+	}
+	return p.Snapshots.Taken(id)
+}
+
+// Flush writes out what is dirty of an image.
+func (ps *Pools) Flush(image string) error { return flushFile(image) }
+
+// Take copies image, volume source's in pool, to snapshot id of that pool.
+func (ps *Pools) Take(ctx context.Context, pool, id, source, image, fsType string, now time.Time) (SnapshotInfo, error) {
+	p := ps.byName[pool]
+	if p == nil {
+		return SnapshotInfo{}, errNoPool(pool)
+	}
+	return p.Snapshots.Take(ctx, id, source, image, fsType, now)
+}
+
+// FilesystemOf returns the number of the device whose filesystem holds
+// dir: two directories of one filesystem have the same.
+func FilesystemOf(dir string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Dev, nil
+}

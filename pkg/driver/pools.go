@@ -1,0 +1,153 @@
+package driver
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/controller"
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// PoolSpec is a storage pool as --pool declares it:
+// NAME=DIR[,guard=G][,ratio=R].
+type PoolSpec struct {
+	// Name is the pool's name (state.ValidPoolName).
+	Name string
+	// Dir is its data directory, on a filesystem of its own.
+	Dir string
+	// Guard and Ratio override --pool-guard and
+	// --thin-overprovisioning-ratio for this pool; empty and 0 take them.
+	Guard string
+	Ratio float64
+}
+
+// ParsePoolSpec parses the value of a --pool flag.
+func ParsePoolSpec(s string) (PoolSpec, error) {
+	first, opts, _ := strings.Cut(s, ",")
+	name, dir, ok := strings.Cut(first, "=")
+	if !ok {
+		return PoolSpec{}, fmt.Errorf("--pool %q: want NAME=DIR[,guard=G][,ratio=R]", s)
+	}
+	p := PoolSpec{Name: name, Dir: dir}
+	if err := state.ValidPoolName(name); err != nil {
+		return PoolSpec{}, fmt.Errorf("--pool %q: %w", s, err)
+	}
+	for opts != "" {
+		var opt string
+		opt, opts, _ = strings.Cut(opts, ",")
+		k, v, _ := strings.Cut(opt, "=")
+		switch k {
+		case "guard":
+			if _, err := capacity.ParseGuard(v); err != nil {
+				return PoolSpec{}, fmt.Errorf("--pool %q: guard %w", s, err)
+			}
+			p.Guard = v
+		case "ratio":
+			r, err := strconv.ParseFloat(v, 64)
+			if err == nil {
+				err = capacity.CheckRatio(r)
+			}
+			if err != nil {
+				return PoolSpec{}, fmt.Errorf("--pool %q: ratio %q: %v", s, v, err)
+			}
+			p.Ratio = r
+		default:
+			return PoolSpec{}, fmt.Errorf("--pool %q: unknown option %q; want guard= or ratio=", s, opt)
+		}
+	}
+	return p, nil
+}
+
+// pool is a storage pool as configured: its spec with the defaults filled.
+type pool struct {
+	name, dir string
+	guard     capacity.Guard
+	ratio     float64
+}
+
+// resolvePools returns the configured pools, the default pool (DataDir)
+// first: a pool named like another, or a directory twice, is refused.
+func (c Config) resolvePools() ([]pool, error) {
+	out := []pool{{name: state.DefaultPool, dir: c.DataDir, guard: c.guard, ratio: c.OverprovisioningRatio}}
+	names, dirs := map[string]bool{state.DefaultPool: true}, map[string]string{c.DataDir: state.DefaultPool}
+	for _, s := range c.Pools {
+		if names[s.Name] {
+			if s.Name == state.DefaultPool {
+				return nil, fmt.Errorf("--pool %s: the default pool is --data-dir's", s.Name)
+			}
+			return nil, fmt.Errorf("--pool %s is declared twice", s.Name)
+		}
+		if !filepath.IsAbs(s.Dir) || filepath.Clean(s.Dir) != s.Dir || s.Dir == "/" {
+			return nil, fmt.Errorf("--pool %s: directory %q must be an absolute, clean path other than /", s.Name, s.Dir)
+		}
+		if other, ok := dirs[s.Dir]; ok {
+			return nil, fmt.Errorf("--pool %s: directory %s is pool %s's too", s.Name, s.Dir, other)
+		}
+		names[s.Name], dirs[s.Dir] = true, s.Name
+		p := pool{name: s.Name, dir: s.Dir, guard: c.guard, ratio: c.OverprovisioningRatio}
+		if s.Guard != "" {
+			p.guard, _ = capacity.ParseGuard(s.Guard)
+		}
+		if s.Ratio != 0 {
+			p.ratio = s.Ratio
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// openPools creates the pools' directories, refuses two on one
+// filesystem (both would promise the same space), and opens each: its
+// interrupted image creations and snapshot copies removed, the way its
+// filesystem copies found out.
+func openPools(specs []pool, store *state.Store) ([]*devices.Pool, error) {
+	byDev := map[uint64]string{}
+	var out []*devices.Pool
+	for _, p := range specs {
+		if err := os.MkdirAll(p.dir, 0o700); err != nil {
+			return nil, fmt.Errorf("creating pool %s's directory %s: %w", p.name, p.dir, err)
+		}
+		dev, err := devices.FilesystemOf(p.dir)
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+		}
+		if other, ok := byDev[dev]; ok {
+			return nil, fmt.Errorf("pools %s and %s are on one filesystem: each pool needs a filesystem of its own, or both would promise the same space", other, p.name)
+		}
+		byDev[dev] = p.name
+		images := &devices.Images{Dir: p.dir}
+		if err := images.RemoveStaleTemps(); err != nil {
+			return nil, fmt.Errorf("pool %s: removing interrupted image creations: %w", p.name, err)
+		}
+		snapshots, err := openSnapshots(p.dir)
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+		}
+		// Where images share blocks with their snapshots, a thick image
+		// owes what it shares: its writes there take new blocks.
+		images.Shares = snapshots.Mode == devices.CopyReflink
+		out = append(out, &devices.Pool{Name: p.name, Images: images, Snapshots: snapshots})
+		klog.InfoS("Storage pool", "pool", p.name, "dir", p.dir, "copy", snapshots.Mode, "guard", p.guard, "ratio", p.ratio)
+	}
+	if err := dropTempSnapshotIntents(store, out[0].Snapshots); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// spaces returns the capacity promise of each pool.
+func spaces(specs []pool, pools []*devices.Pool, store *state.Store) []*controller.Space {
+	out := make([]*controller.Space, len(pools))
+	for i, p := range pools {
+		out[i] = controller.NewSpace(p.Images, store, controller.SpaceOptions{Name: p.Name, Ratio: specs[i].ratio,
+			Guard: specs[i].guard, Snapshots: p.Snapshots})
+	}
+	return out
+}

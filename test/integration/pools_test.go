@@ -1,0 +1,187 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+const poolKey = "converge.csi.dev/pool"
+
+// poolFilesystem makes a filesystem of type fs (mkfs.<fs> mkfsArgs) of
+// size bytes on a loop device of the test's own and mounts it as the
+// directory of pool name, which it returns. When the test ends the plugin
+// stops, nothing of it may be left on the filesystem, and the filesystem
+// goes.
+func poolFilesystem(t *testing.T, p *testenv.Plugin, name string, size int64, fs string, mkfsArgs ...string) string {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), name+".img")
+	must(t, "pool image", os.WriteFile(img, nil, 0o600))
+	must(t, "size", os.Truncate(img, size))
+	out, err := exec.Command("losetup", "--find", "--show", img).Output()
+	must(t, "losetup", err)
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	if out, err := exec.Command("mkfs."+fs, append(mkfsArgs, dev)...).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.%s: %v: %s", fs, err, out)
+	}
+	dir := filepath.Join(p.Dir, "pool-"+name)
+	must(t, "mkdir", os.MkdirAll(dir, 0o700))
+	must(t, "mount", syscall.Mount(dev, dir, fs, 0, ""))
+	t.Cleanup(func() {
+		p.Stop()
+		var left []string
+		for _, l := range testenv.Leftovers(p.Dir, dir) {
+			if !strings.HasPrefix(l, "mount "+filepath.Join(p.Dir, "pool-")) {
+				left = append(left, l)
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("left behind in pool %s: %s", name, strings.Join(left, "; "))
+		}
+		testenv.ForceClean(p.Dir, dir)
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+	})
+	return dir
+}
+
+// createIn makes a volume named name of size bytes in pool ("" for none
+// named) and returns its ID, or the error.
+func createIn(t *testing.T, p *testenv.Plugin, name, pool string, size int64, source *csi.VolumeContentSource) (string, error) {
+	t.Helper()
+	params := map[string]string{}
+	if pool != "" {
+		params[poolKey] = pool
+	}
+	resp, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{Name: name, Parameters: params,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{rwo}, VolumeContentSource: source})
+	return resp.GetVolume().GetVolumeId(), err
+}
+
+// capacityOf is what GetCapacity answers for thick volumes of pool.
+func capacityOf(t *testing.T, p *testenv.Plugin, pool string) (available, largest int64, err error) {
+	t.Helper()
+	resp, err := p.Controller().GetCapacity(ctx(t), &csi.GetCapacityRequest{Parameters: map[string]string{poolKey: pool}})
+	return resp.GetAvailableCapacity(), resp.GetMaximumVolumeSize().GetValue(), err
+}
+
+// TestPools runs csi-node with two pools besides the default one, an xfs
+// that clones by reflink and an ext4, each a filesystem of its own. A
+// StorageClass's pool places the image in that pool's directory, and
+// GetCapacity answers for the pool named; an invalid name is refused, one
+// this node lacks has no capacity and is RESOURCE_EXHAUSTED. A snapshot
+// lives in its volume's pool; a restore into another pool copies it. An
+// expansion grows the image in its pool. Across a restart every pool's
+// volumes are found as they were.
+func TestPools(t *testing.T) {
+	p := testenv.New(t)
+	fast := poolFilesystem(t, p, "fast", 512*mib, "xfs", "-q", "-f", "-m", "reflink=1")
+	plain := poolFilesystem(t, p, "plain", 256*mib, "ext4", "-q", "-F", "-m0")
+	p.Args = append(p.Args, "--pool", "fast="+fast, "--pool", "plain="+plain+",ratio=2")
+	p.Start()
+
+	// Placement and capacity.
+	id, err := createIn(t, p, "in-fast", "fast", volSize, nil)
+	must(t, "create in fast", err)
+	if _, err := os.Stat(filepath.Join(fast, id+".img")); err != nil {
+		t.Errorf("the image of a volume of pool fast: %v", err)
+	}
+	for _, dir := range []string{p.DataDir, plain} {
+		if _, err := os.Stat(filepath.Join(dir, id+".img")); !os.IsNotExist(err) {
+			t.Errorf("an image of %s in %s: %v", id, dir, err)
+		}
+	}
+	_, err = createIn(t, p, "in-fast", "plain", volSize, nil)
+	wantCode(t, "the same name in another pool", err, codes.AlreadyExists)
+	_, err = createIn(t, p, "bad-name", "Fast_1", volSize, nil)
+	wantCode(t, "an invalid pool name", err, codes.InvalidArgument)
+	_, err = createIn(t, p, "elsewhere", "nvme", volSize, nil)
+	wantCode(t, "a pool this node lacks", err, codes.ResourceExhausted)
+	if err != nil && !strings.Contains(err.Error(), "nvme") {
+		t.Errorf("the refusal does not name the pool: %v", err)
+	}
+	fastAvail, _, err := capacityOf(t, p, "fast")
+	must(t, "capacity of fast", err)
+	plainAvail, _, err := capacityOf(t, p, "plain")
+	must(t, "capacity of plain", err)
+	if fastAvail > 512*mib-volSize || fastAvail < 256*mib || plainAvail > 256*mib || plainAvail < 128*mib {
+		t.Errorf("capacity: fast %d, plain %d; want each its own filesystem's free space, fast's less the volume made in it", fastAvail, plainAvail)
+	}
+	if avail, _, err := capacityOf(t, p, "nvme"); err != nil || avail != 0 {
+		t.Errorf("capacity of a pool this node lacks: got %d, %v; want 0", avail, err)
+	}
+	_, err = createIn(t, p, "too-big", "plain", 300*mib, nil)
+	wantCode(t, "more than the pool's filesystem", err, codes.OutOfRange)
+
+	// A snapshot in the volume's pool, restored into another pool.
+	_, target := upPublishedExisting(t, p, id)
+	must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("in pool fast"), 0o600))
+	must(t, "sync", syncFile(filepath.Join(target, "data")))
+	snap := snapshotOf(t, p, "fast-snap", id)
+	if _, err := os.Stat(filepath.Join(fast, "snapshots", snap.GetSnapshotId()+".snap")); err != nil {
+		entries, _ := os.ReadDir(filepath.Join(fast, "snapshots"))
+		t.Errorf("the snapshot is not in its volume's pool: %v (%v)", err, entries)
+	}
+	restored, err := createIn(t, p, "restored-plain", "plain", volSize, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshotId()}}})
+	must(t, "restore into plain", err)
+	if _, err := os.Stat(filepath.Join(plain, restored+".img")); err != nil {
+		t.Errorf("the restored image is not in pool plain: %v", err)
+	}
+	_, restoredAt := upPublishedExisting(t, p, restored)
+	if got, err := os.ReadFile(filepath.Join(restoredAt, "data")); err != nil || string(got) != "in pool fast" {
+		t.Errorf("the restored volume: got %q, %v", got, err)
+	}
+
+	// Expansion in the volume's own pool (the image: an ext4 grows
+	// online only with CAP_SYS_RESOURCE, which root lacks here), within
+	// that pool's space.
+	_, err = p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: id,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 2 * volSize}})
+	must(t, "expand in fast", err)
+	_, err = p.Controller().ControllerExpandVolume(ctx(t), &csi.ControllerExpandVolumeRequest{VolumeId: restored,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 300 * mib}})
+	wantCode(t, "an expansion past pool plain's filesystem", err, codes.OutOfRange)
+	if st, err := os.Stat(filepath.Join(fast, id+".img")); err != nil || st.Size() != 2*volSize {
+		t.Errorf("the grown image in pool fast: %v, %v; want %d bytes", st, err, 2*volSize)
+	}
+
+	// A restart finds every pool's volumes as they were.
+	p.Stop()
+	p.Start()
+	for _, path := range []string{target, restoredAt} {
+		if _, err := p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: map[string]string{target: id, restoredAt: restored}[path], VolumePath: path}); err != nil {
+			t.Errorf("stats at %s after the restart: %v", path, err)
+		}
+	}
+	downAndDelete(t, p, restored)
+	downAndDelete(t, p, id)
+	_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()})
+	must(t, "delete the snapshot", err)
+	for _, dir := range []string{fast, plain} {
+		if entries, _ := os.ReadDir(dir); len(entries) > 2 {
+			t.Errorf("pool directory %s after the deletions: %v", dir, entries)
+		}
+	}
+}
+
+// TestPoolsShareNoFilesystem checks that csi-node refuses to start with
+// two pools on one filesystem, which would promise the same space twice:
+// here the default pool's and pool a's.
+func TestPoolsShareNoFilesystem(t *testing.T) {
+	p := testenv.New(t)
+	a, b := mkdir(t, filepath.Join(p.Dir, "a")), mkdir(t, filepath.Join(p.Dir, "b"))
+	out, err := exec.Command(testenv.Binary(t), "--endpoint", "unix://"+p.Socket, "--node-id", testenv.NodeID, "--state-dir", p.StateDir,
+		"--kubelet-dir", filepath.Join(p.Dir, "kubelet"), "--pool", "a="+a, "--pool", "b="+b).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "pools default and a are on one filesystem") {
+		t.Errorf("csi-node with two pools on one filesystem: %v\n%s", err, out)
+	}
+}
