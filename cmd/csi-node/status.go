@@ -17,15 +17,15 @@ import (
 
 // Status is what csi-node status prints.
 type Status struct {
-	Pool    volstatus.Pool           `json:"pool"`
+	Pools   []volstatus.Pool         `json:"pools"`
 	Volumes []volstatus.VolumeStatus `json:"volumes"`
 }
 
-// FetchStatus asks a running plugin for the data directory's space and the
+// FetchStatus asks a running plugin for its storage pools' space and the
 // volumes as of its last pass.
 func FetchStatus(ctx context.Context, stateDir, httpAddress string) (Status, error) {
 	var s Status
-	if err := fetch(ctx, stateDir, httpAddress, "/status/pool", &s.Pool); err != nil {
+	if err := fetch(ctx, stateDir, httpAddress, "/status/pools", &s.Pools); err != nil {
 		return s, err
 	}
 	return s, fetch(ctx, stateDir, httpAddress, "/status", &s.Volumes)
@@ -63,8 +63,8 @@ func fetch(ctx context.Context, stateDir, httpAddress, path string, out any) err
 	return nil
 }
 
-// PrintStatus writes the data directory's space, then the volumes as a
-// table (volume, phase, provisioning, staged at, publishes
+// PrintStatus writes each storage pool's space, then the volumes as a
+// table (volume, pool, phase, provisioning, staged at, publishes
 // fulfilled/desired, size, condition or last error, next retry), or all
 // of it as JSON.
 func PrintStatus(w io.Writer, s Status, asJSON bool) error {
@@ -73,24 +73,15 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(s)
 	}
-	p := s.Pool
-	guard := ""
-	if p.NearlyFull {
-		guard = " NEARLY FULL: no thin volume is created or grown"
+	if len(s.Pools) > 0 {
+		fmt.Fprintf(w, "NODE            %s: every volume below lives on this node's disk\n", s.Pools[0].Node)
 	}
-	fmt.Fprintf(w, "NODE            %s: every volume below lives on this node's disk\n", p.Node)
-	fmt.Fprintf(w, "DATA DIRECTORY  size %s, free %s (guard %s)%s\n", amount(p.SizeBytes), amount(p.FreeBytes), amount(p.GuardBytes), guard)
-	fmt.Fprintf(w, "PROMISED        thick %s (%s not yet allocated), thin %s (%s written, ratio %g)\n",
-		amount(p.ThickPromisedBytes), amount(p.ThickOwedBytes), amount(p.ThinPromisedBytes), amount(p.ThinAllocatedBytes), p.OverprovisioningRatio)
-	fmt.Fprintf(w, "AVAILABLE       thick %s, thin %s\n", amount(p.ThickAvailableBytes), amount(p.ThinAvailableBytes))
-	fmt.Fprintf(w, "SNAPSHOTS       %d, allocating %s (copied by %s), %s promised to those being taken\n", p.Snapshots, amount(p.SnapshotBytes), p.CopyMode, amount(p.CopyingBytes))
-	for _, r := range p.Restores {
-		fmt.Fprintf(w, "RESTORING       %s from snapshot %s: %s of its %s copied, %s promised until it is made\n",
-			r.VolumeID, r.SnapshotID, amount(r.CopiedBytes), amount(r.SourceBytes), amount(r.SizeBytes))
+	for _, p := range s.Pools {
+		printPool(w, p)
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tPHASE\tPROV\tSTAGED AT\tPUBLISHES\tSIZE\tPROBLEM\tNEXT RETRY")
+	fmt.Fprintln(tw, "VOLUME\tPOOL\tPHASE\tPROV\tSTAGED AT\tPUBLISHES\tSIZE\tPROBLEM\tNEXT RETRY")
 	for _, v := range s.Volumes {
 		staged := v.StagingPath
 		if staged == "" {
@@ -113,10 +104,32 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 		if prov == "" {
 			prov = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", v.ID, v.Phase, prov, staged, v.PublishesActual, v.PublishesDesired,
+		pool := v.Pool
+		if pool == "" {
+			pool = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", v.ID, pool, v.Phase, prov, staged, v.PublishesActual, v.PublishesDesired,
 			size(v.SizeBytes), strings.ReplaceAll(problem, "\n", " "), retry)
 	}
 	return tw.Flush()
+}
+
+// printPool writes one storage pool's space: a POOL line, then what it
+// promised, can still promise, its snapshots and its restores, indented.
+func printPool(w io.Writer, p volstatus.Pool) {
+	guard := ""
+	if p.NearlyFull {
+		guard = " NEARLY FULL: no thin volume is created or grown"
+	}
+	fmt.Fprintf(w, "%-16s%s: size %s, free %s (guard %s)%s\n", "POOL "+p.Name, p.Dir, amount(p.SizeBytes), amount(p.FreeBytes), amount(p.GuardBytes), guard)
+	fmt.Fprintf(w, "  PROMISED      thick %s (%s not yet allocated), thin %s (%s written, ratio %g)\n",
+		amount(p.ThickPromisedBytes), amount(p.ThickOwedBytes), amount(p.ThinPromisedBytes), amount(p.ThinAllocatedBytes), p.OverprovisioningRatio)
+	fmt.Fprintf(w, "  AVAILABLE     thick %s, thin %s\n", amount(p.ThickAvailableBytes), amount(p.ThinAvailableBytes))
+	fmt.Fprintf(w, "  SNAPSHOTS     %d, allocating %s (copied by %s), %s promised to those being taken\n", p.Snapshots, amount(p.SnapshotBytes), p.CopyMode, amount(p.CopyingBytes))
+	for _, r := range p.Restores {
+		fmt.Fprintf(w, "  RESTORING     %s from snapshot %s: %s of its %s copied, %s promised until it is made\n",
+			r.VolumeID, r.SnapshotID, amount(r.CopiedBytes), amount(r.SourceBytes), amount(r.SizeBytes))
+	}
 }
 
 func size(b int64) string {

@@ -8,23 +8,27 @@ import (
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
-// TestStatusNamesRestores prints a status with two volumes being restored:
-// each has a line after the snapshots, and the volume table follows after
-// a blank line as without them.
+// TestStatusNamesRestores prints a status with two pools, two volumes
+// being restored in the second: each has a line after that pool's
+// snapshots, and the volume table, with each volume's pool, follows after
+// a blank line.
 func TestStatusNamesRestores(t *testing.T) {
-	s := Status{Pool: volstatus.Pool{Node: "n", CopyMode: "sparse", Restores: []volstatus.Restore{
-		{VolumeID: "r1_n", SnapshotID: "s1_n", SizeBytes: 1 << 30, CopiedBytes: 256 << 20, SourceBytes: 512 << 20},
-		{VolumeID: "r2_n", SnapshotID: "s1_n", SizeBytes: 64 << 20, SourceBytes: 512 << 20},
-	}}}
+	s := Status{Pools: []volstatus.Pool{{Name: "default", Dir: "/var/lib/converge/volumes", Node: "n", CopyMode: "sparse"},
+		{Name: "fast", Dir: "/mnt/nvme", Node: "n", CopyMode: "reflink", Restores: []volstatus.Restore{
+			{VolumeID: "r1_n", SnapshotID: "s1_n", SizeBytes: 1 << 30, CopiedBytes: 256 << 20, SourceBytes: 512 << 20},
+			{VolumeID: "r2_n", SnapshotID: "s1_n", SizeBytes: 64 << 20, SourceBytes: 512 << 20},
+		}}},
+		Volumes: []volstatus.VolumeStatus{{ID: "r1_n", Pool: "fast", Phase: volstatus.PhaseSettingUp}}}
 	var out bytes.Buffer
 	if err := PrintStatus(&out, s, false); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(out.String(), "\n")
-	if len(lines) < 9 || !strings.HasPrefix(lines[4], "SNAPSHOTS ") ||
-		lines[5] != "RESTORING       r1_n from snapshot s1_n: 256Mi of its 512Mi copied, 1.0Gi promised until it is made" ||
-		lines[6] != "RESTORING       r2_n from snapshot s1_n: 0 of its 512Mi copied, 64Mi promised until it is made" ||
-		lines[7] != "" || !strings.HasPrefix(lines[8], "VOLUME") {
+	if len(lines) < 14 || !strings.HasPrefix(lines[1], "POOL default    /var/lib/converge/volumes: size") ||
+		!strings.HasPrefix(lines[5], "POOL fast       /mnt/nvme: size") || !strings.HasPrefix(lines[8], "  SNAPSHOTS ") ||
+		lines[9] != "  RESTORING     r1_n from snapshot s1_n: 256Mi of its 512Mi copied, 1.0Gi promised until it is made" ||
+		lines[10] != "  RESTORING     r2_n from snapshot s1_n: 0 of its 512Mi copied, 64Mi promised until it is made" ||
+		lines[11] != "" || !strings.HasPrefix(lines[12], "VOLUME  POOL") || !strings.HasPrefix(lines[13], "r1_n    fast") {
 		t.Errorf("status:\n%s", out.String())
 	}
 }

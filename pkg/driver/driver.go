@@ -166,11 +166,9 @@ func Run(ctx context.Context, cfg Config) error {
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
-	pool := func() (volstatus.Pool, error) {
-		return poolStatus(cfg, promises.Get(state.DefaultPool), pools.Get(state.DefaultPool).Snapshots)
-	}
-	m.WatchPool(pool)
-	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, pool))
+	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, cfg.pools, promises, pools) }
+	m.WatchPools(statuses)
+	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, statuses))
 	if err != nil {
 		return err
 	}
@@ -254,40 +252,6 @@ func listen(sock string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: %w", sock, err)
 	}
 	return lis, nil
-}
-
-// poolStatus reports the data directory's space as GetCapacity sees it,
-// and the restores under way.
-func poolStatus(cfg Config, space *controller.Space, snapshots *devices.Snapshots) (volstatus.Pool, error) {
-	acc, total, err := space.Account()
-	if err != nil {
-		return volstatus.Pool{}, err
-	}
-	p := volstatus.Pool{
-		Node:      cfg.NodeID,
-		SizeBytes: total, FreeBytes: acc.Free,
-		ThickPromisedBytes: acc.ThickPromised, ThickOwedBytes: acc.ThickOwed,
-		ThinPromisedBytes: acc.ThinPromised, ThinAllocatedBytes: acc.ThinAllocated,
-		ThickAvailableBytes: acc.ThickAvailable(), ThinAvailableBytes: acc.ThinAvailable(),
-		CopyingBytes:          acc.Copying,
-		OverprovisioningRatio: cfg.OverprovisioningRatio, GuardBytes: cfg.guard.Threshold(total),
-	}
-	for _, r := range space.Restoring() {
-		p.Restores = append(p.Restores, volstatus.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes,
-			CopiedBytes: r.Copied, SourceBytes: r.SourceBytes})
-	}
-	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
-		p.ThinAvailableBytes = 0
-	}
-	snaps, err := snapshots.List()
-	if err != nil {
-		return volstatus.Pool{}, fmt.Errorf("listing snapshots: %w", err)
-	}
-	p.Snapshots, p.CopyMode = len(snaps), string(snapshots.Mode)
-	for _, s := range snaps {
-		p.SnapshotBytes += s.Allocated
-	}
-	return p, nil
 }
 
 // openSnapshots prepares the snapshot directory of the data directory

@@ -20,8 +20,9 @@ import (
 
 // newHTTPHandler serves /metrics, /healthz (the process serves), /readyz
 // (start-up reconstruction is done), /status (the volumes as of the last
-// pass, as JSON) and /status/pool (the data directory's space). None of them waits for an operation.
-func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pool func() (volstatus.Pool, error)) http.Handler {
+// pass, as JSON), /status/pools (every storage pool's space) and
+// /status/pool (the default pool's). None of them waits for an operation.
+func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pools func() ([]volstatus.Pool, error)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -36,14 +37,23 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pool func() 
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(rec.Status())
 	})
-	mux.HandleFunc("GET /status/pool", func(w http.ResponseWriter, _ *http.Request) {
-		p, err := pool()
+	mux.HandleFunc("GET /status/pools", func(w http.ResponseWriter, _ *http.Request) {
+		ps, err := pools()
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(p)
+		json.NewEncoder(w).Encode(ps)
+	})
+	mux.HandleFunc("GET /status/pool", func(w http.ResponseWriter, _ *http.Request) {
+		ps, err := pools()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(ps[0]) // the default pool comes first
 	})
 	return mux
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // PoolSpec is a storage pool as --pool declares it:
@@ -150,4 +151,52 @@ func spaces(specs []pool, pools []*devices.Pool, store *state.Store) []*controll
 			Guard: specs[i].guard, Snapshots: p.Snapshots})
 	}
 	return out
+}
+
+// poolStatuses reports every pool's space as GetCapacity sees it, and the
+// restores under way in it, in the order of specs.
+func poolStatuses(node string, specs []pool, promises *controller.Pools, pools *devices.Pools) ([]volstatus.Pool, error) {
+	out := make([]volstatus.Pool, 0, len(specs))
+	for _, spec := range specs {
+		p, err := poolStatus(node, spec, promises.Get(spec.name), pools.Get(spec.name).Snapshots)
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", spec.name, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// poolStatus reports one pool's space as GetCapacity sees it, and the
+// restores under way in it.
+func poolStatus(node string, spec pool, space *controller.Space, snapshots *devices.Snapshots) (volstatus.Pool, error) {
+	acc, total, err := space.Account()
+	if err != nil {
+		return volstatus.Pool{}, err
+	}
+	p := volstatus.Pool{
+		Name: spec.name, Dir: spec.dir, Node: node,
+		SizeBytes: total, FreeBytes: acc.Free,
+		ThickPromisedBytes: acc.ThickPromised, ThickOwedBytes: acc.ThickOwed,
+		ThinPromisedBytes: acc.ThinPromised, ThinAllocatedBytes: acc.ThinAllocated,
+		ThickAvailableBytes: acc.ThickAvailable(), ThinAvailableBytes: acc.ThinAvailable(),
+		CopyingBytes:          acc.Copying,
+		OverprovisioningRatio: spec.ratio, GuardBytes: spec.guard.Threshold(total),
+	}
+	for _, r := range space.Restoring() {
+		p.Restores = append(p.Restores, volstatus.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes,
+			CopiedBytes: r.Copied, SourceBytes: r.SourceBytes})
+	}
+	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
+		p.ThinAvailableBytes = 0
+	}
+	snaps, err := snapshots.List()
+	if err != nil {
+		return volstatus.Pool{}, fmt.Errorf("listing snapshots: %w", err)
+	}
+	p.Snapshots, p.CopyMode = len(snaps), string(snapshots.Mode)
+	for _, s := range snaps {
+		p.SnapshotBytes += s.Allocated
+	}
+	return p, nil
 }

@@ -127,24 +127,24 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 	m.uncertain.Set(float64(uncertain))
 }
 
-// WatchPool reports the data directory's space, read from pool at each
-// scrape: converge_data_directory_bytes by kind, and
-// converge_data_directory_nearly_full.
-func (m *Metrics) WatchPool(pool func() (volstatus.Pool, error)) {
-	m.Registry.MustRegister(poolCollector(pool))
+// WatchPools reports every storage pool's space, read from pools at each
+// scrape: converge_data_directory_bytes by pool and kind,
+// converge_data_directory_nearly_full and converge_snapshots by pool.
+func (m *Metrics) WatchPools(pools func() ([]volstatus.Pool, error)) {
+	m.Registry.MustRegister(poolCollector(pools))
 }
 
 var (
 	poolBytes = prometheus.NewDesc(namespace+"_data_directory_bytes",
-		"Space of the data directory by kind: size, free, promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
-		[]string{"kind"}, nil)
+		"Space of a storage pool's data directory by kind: size, free, promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
+		[]string{"pool", "kind"}, nil)
 	snapshotCount = prometheus.NewDesc(namespace+"_snapshots",
-		"Snapshots kept in the data directory.", nil, nil)
+		"Snapshots kept in a storage pool.", []string{"pool"}, nil)
 	poolNearlyFull = prometheus.NewDesc(namespace+"_data_directory_nearly_full",
-		"1 while the data directory's free space is below the pool guard: thin volumes are reported and none is created or grown.", nil, nil)
+		"1 while a storage pool's free space is below its guard: its thin volumes are reported and none is created or grown in it.", []string{"pool"}, nil)
 )
 
-type poolCollector func() (volstatus.Pool, error)
+type poolCollector func() ([]volstatus.Pool, error)
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolBytes
@@ -153,11 +153,18 @@ func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
-	p, err := c()
+	ps, err := c()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(poolBytes, err)
 		return
 	}
+	for _, p := range ps {
+		collectPool(ch, p)
+	}
+}
+
+// collectPool sends the metrics of one pool.
+func collectPool(ch chan<- prometheus.Metric, p volstatus.Pool) {
 	for kind, v := range map[string]int64{
 		"size": p.SizeBytes, "free": p.FreeBytes,
 		"promised_thick": p.ThickPromisedBytes, "owed_thick": p.ThickOwedBytes,
@@ -165,14 +172,14 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 		"available_thick": p.ThickAvailableBytes, "available_thin": p.ThinAvailableBytes,
 		"snapshots": p.SnapshotBytes, "copying_snapshots": p.CopyingBytes,
 	} {
-		ch <- prometheus.MustNewConstMetric(poolBytes, prometheus.GaugeValue, float64(v), kind)
+		ch <- prometheus.MustNewConstMetric(poolBytes, prometheus.GaugeValue, float64(v), p.Name, kind)
 	}
 	full := 0.0
 	if p.NearlyFull {
 		full = 1
 	}
-	ch <- prometheus.MustNewConstMetric(poolNearlyFull, prometheus.GaugeValue, full)
-	ch <- prometheus.MustNewConstMetric(snapshotCount, prometheus.GaugeValue, float64(p.Snapshots))
+	ch <- prometheus.MustNewConstMetric(poolNearlyFull, prometheus.GaugeValue, full, p.Name)
+	ch <- prometheus.MustNewConstMetric(snapshotCount, prometheus.GaugeValue, float64(p.Snapshots), p.Name)
 }
 
 // RPCDone records one CSI call.

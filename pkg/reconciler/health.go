@@ -116,17 +116,17 @@ func spaceProblem(v *state.Volume, a *actual) (reason, message string) {
 	h := a.holes()
 	switch {
 	case v.Thin() && a.poolFull() && h > 0:
-		return "PoolFull", fmt.Sprintf("the data directory is full (%d bytes free): writes to the %d bytes of thin volume %s that hold no data yet fail; free space in the data directory or move volumes to another node",
-			a.pool.Free, h, v.ID)
+		return "PoolFull", fmt.Sprintf("pool %s is full (%d bytes free): writes to the %d bytes of thin volume %s that hold no data yet fail; free space in the pool or move volumes to another node",
+			a.poolName, a.pool.Free, h, v.ID)
 	case ranOutUnder(v, a):
-		return "SpaceRanOut", fmt.Sprintf("the data directory ran out of space at %s under volume %s: any write to its unallocated blocks failed (ENOSPC at fsync) and its filesystem may have lost metadata writes; it is checked when it is next mounted: stop the pods using it, so that it is unstaged, checked and staged again",
-			v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339), v.ID)
+		return "SpaceRanOut", fmt.Sprintf("pool %s ran out of space at %s under volume %s: any write to its unallocated blocks failed (ENOSPC at fsync) and its filesystem may have lost metadata writes; it is checked when it is next mounted: stop the pods using it, so that it is unstaged, checked and staged again",
+			a.poolName, v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339), v.ID)
 	case v.Thin() && a.poolLow():
-		return "PoolNearlyFull", fmt.Sprintf("the data directory has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no thin volume is created or grown until it has room",
-			a.pool.Free, a.poolGuard, v.ID, h)
+		return "PoolNearlyFull", fmt.Sprintf("pool %s has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no thin volume is created or grown in it until it has room",
+			a.poolName, a.pool.Free, a.poolGuard, v.ID, h)
 	case !v.Thin() && h > 0 && (!a.pool.Known || h > a.pool.Free):
-		return "SpaceNotReserved", fmt.Sprintf("%d bytes of the image of volume %s are not allocated and the data directory has %d bytes free: writes to them fail once it is full; they are allocated when it has room",
-			h, v.ID, a.pool.Free)
+		return "SpaceNotReserved", fmt.Sprintf("%d bytes of the image of volume %s are not allocated and pool %s has %d bytes free: writes to them fail once it is full; they are allocated when it has room",
+			h, v.ID, a.poolName, a.pool.Free)
 	}
 	return "", ""
 }

@@ -65,6 +65,8 @@ type actual struct {
 	// space below which it is nearly full.
 	pool      host.Pool
 	poolGuard int64
+	// poolName names the pool, for the conditions.
+	poolName string
 }
 
 // poolFullBelow is the free space of the data directory below which the

@@ -90,7 +90,7 @@ func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plan
 	for _, v := range vols {
 		pool := state.PoolOf(v)
 		a := observeVolume(v, r.cfg.Images.Path(pool, v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		a.pool = snap.Pool(pool)
+		a.pool, a.poolName = snap.Pool(pool), pool
 		a.poolGuard = r.guardOf(pool).Threshold(a.pool.Total)
 		a.snapshotsTaken = r.takenSnapshots(v)
 		acts := diff(v, a)

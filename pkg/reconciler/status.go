@@ -42,6 +42,9 @@ func (r *Reconciler) Status() []volstatus.VolumeStatus {
 // volumeStatus summarises v as observed, with its condition.
 func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Condition) volstatus.VolumeStatus {
 	s := volstatus.VolumeStatus{ID: v.ID, Provisioning: string(v.Provisioning)}
+	if !a.static {
+		s.Pool = state.PoolOf(v)
+	}
 	if a.loop != nil {
 		s.SizeBytes = a.loop.Size
 	}

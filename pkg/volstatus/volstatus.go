@@ -33,6 +33,9 @@ type VolumeStatus struct {
 	// Provisioning is thick or thin; empty for a volume made before it
 	// was recorded, and for a static volume.
 	Provisioning string `json:"provisioning,omitempty"`
+	// Pool is the storage pool of the volume's image; empty for a static
+	// volume.
+	Pool string `json:"pool,omitempty"`
 	// Staged is true when the stage is fulfilled.
 	Staged           bool `json:"staged"`
 	PublishesDesired int  `json:"publishesDesired"`
@@ -48,11 +51,15 @@ type VolumeStatus struct {
 	NextRetry time.Time `json:"nextRetry,omitzero"`
 }
 
-// Pool is the space of the data directory: its filesystem, what the
-// volumes were promised of it, and what can still be promised.
+// Pool is the space of a storage pool's data directory: its filesystem,
+// what the volumes were promised of it, and what can still be promised.
 type Pool struct {
-	// Node is the node whose data directory this is: the only node its
-	// volumes can be staged on.
+	// Name is the pool's name.
+	Name string `json:"name"`
+	// Dir is its data directory.
+	Dir string `json:"dir"`
+	// Node is the node whose pool this is: the only node its volumes can
+	// be staged on.
 	Node      string `json:"node"`
 	SizeBytes int64  `json:"sizeBytes"`
 	FreeBytes int64  `json:"freeBytes"`
@@ -69,7 +76,7 @@ type Pool struct {
 	// answers for each provisioning.
 	ThickAvailableBytes int64 `json:"thickAvailableBytes"`
 	ThinAvailableBytes  int64 `json:"thinAvailableBytes"`
-	// OverprovisioningRatio is the node's ratio for thin volumes.
+	// OverprovisioningRatio is the pool's ratio for thin volumes.
 	OverprovisioningRatio float64 `json:"overprovisioningRatio"`
 	// GuardBytes is the free space below which the pool is nearly full.
 	GuardBytes int64 `json:"guardBytes"`

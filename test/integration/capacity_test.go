@@ -379,7 +379,7 @@ func TestOldSparseVolumeIsMadeThick(t *testing.T) {
 	thick := false
 	for _, line := range strings.Split(string(out), "\n") {
 		if f := strings.Fields(line); len(f) > 2 && f[0] == "old" {
-			thick = f[2] == "thick"
+			thick = f[3] == "thick" // volume, pool, phase, provisioning
 		}
 	}
 	if !thick {

@@ -162,6 +162,25 @@ func TestPools(t *testing.T) {
 			t.Errorf("stats at %s after the restart: %v", path, err)
 		}
 	}
+	// Status and metrics speak of each pool.
+	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
+	must(t, "csi-node status", err)
+	t.Logf("csi-node status with three pools:\n%s", out)
+	for _, want := range []string{"POOL default    " + p.DataDir + ": size", "POOL fast       " + fast + ": size", "POOL plain      " + plain + ": size",
+		"ratio 2)", "(copied by reflink)", "(copied by sparse)"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("csi-node status lacks %q", want)
+		}
+	}
+	_, metrics := p.StatusGet("/metrics")
+	for _, want := range []string{`converge_data_directory_bytes{kind="promised_thick",pool="fast"} 1.34217728e+08`,
+		`converge_data_directory_bytes{kind="promised_thick",pool="plain"} 6.7108864e+07`,
+		`converge_data_directory_nearly_full{pool="plain"} 0`, `converge_snapshots{pool="fast"} 1`, `converge_snapshots{pool="default"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
 	downAndDelete(t, p, restored)
 	downAndDelete(t, p, id)
 	_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshotId()})

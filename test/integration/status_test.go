@@ -24,25 +24,26 @@ func TestStatusAndMetrics(t *testing.T) {
 	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
 	must(t, "csi-node status", err)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(lines) != 8 || !strings.HasPrefix(lines[0], "NODE            test-node: ") || !strings.HasPrefix(lines[1], "DATA DIRECTORY  size ") ||
-		!strings.HasPrefix(lines[2], "PROMISED        thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
-		!strings.HasPrefix(lines[3], "AVAILABLE       thick ") ||
-		!strings.HasPrefix(lines[4], "SNAPSHOTS       1, allocating ") || !strings.HasSuffix(lines[4], "(copied by sparse), 0 promised to those being taken") ||
+	if len(lines) != 8 || !strings.HasPrefix(lines[0], "NODE            test-node: ") || !strings.HasPrefix(lines[1], "POOL default    "+p.DataDir+": size ") ||
+		!strings.HasPrefix(lines[2], "  PROMISED      thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
+		!strings.HasPrefix(lines[3], "  AVAILABLE     thick ") ||
+		!strings.HasPrefix(lines[4], "  SNAPSHOTS     1, allocating ") || !strings.HasSuffix(lines[4], "(copied by sparse), 0 promised to those being taken") ||
 		!strings.HasPrefix(lines[6], "VOLUME") ||
-		!strings.Contains(lines[7], "vol-status") || !strings.Contains(lines[7], "Ready") || !strings.Contains(lines[7], "thick") ||
+		!strings.Contains(lines[7], "vol-status") || !strings.Contains(lines[7], "default") || !strings.Contains(lines[7], "Ready") || !strings.Contains(lines[7], "thick") ||
 		!strings.Contains(lines[7], "1/1") || !strings.Contains(lines[7], "64Mi") {
 		t.Errorf("status table:\n%s", out)
 	}
 	out, err = exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir, "-o", "json").CombinedOutput()
 	must(t, "csi-node status -o json", err)
 	var st struct {
-		Pool struct {
+		Pools []struct {
+			Name               string `json:"name"`
 			Node               string `json:"node"`
 			SizeBytes          int64  `json:"sizeBytes"`
 			ThickPromisedBytes int64  `json:"thickPromisedBytes"`
 			Snapshots          int    `json:"snapshots"`
 			CopyMode           string `json:"copyMode"`
-		} `json:"pool"`
+		} `json:"pools"`
 		Volumes []struct {
 			ID               string `json:"id"`
 			Phase            string `json:"phase"`
@@ -53,8 +54,9 @@ func TestStatusAndMetrics(t *testing.T) {
 	}
 	must(t, "decode", json.Unmarshal(out, &st))
 	vols := st.Volumes
-	if st.Pool.Node != "test-node" || st.Pool.SizeBytes == 0 || st.Pool.ThickPromisedBytes != 64<<20 || st.Pool.Snapshots != 1 || st.Pool.CopyMode != "sparse" {
-		t.Errorf("status JSON pool: got %+v, want the node, the data directory's size, 64 MiB promised and one snapshot copied sparse", st.Pool)
+	if len(st.Pools) != 1 || st.Pools[0].Name != "default" || st.Pools[0].Node != "test-node" || st.Pools[0].SizeBytes == 0 ||
+		st.Pools[0].ThickPromisedBytes != 64<<20 || st.Pools[0].Snapshots != 1 || st.Pools[0].CopyMode != "sparse" {
+		t.Errorf("status JSON pools: got %+v, want the default pool of the node, its size, 64 MiB promised and one snapshot copied sparse", st.Pools)
 	}
 	if len(vols) != 1 || vols[0].ID != volStatus || vols[0].Phase != "Ready" || vols[0].StagingPath != staging || vols[0].PublishesActual != 1 {
 		t.Errorf("status JSON: got %+v", vols)
@@ -74,12 +76,12 @@ func TestStatusAndMetrics(t *testing.T) {
 		`converge_volumes{phase="Ready"} 1`,
 		`converge_rpc_duration_seconds_count{code="OK",method="/csi.v1.Node/NodeStageVolume"}`,
 		`converge_reconcile_pass_duration_seconds_count`,
-		`converge_data_directory_bytes{kind="promised_thick"} 6.7108864e+07`,
-		`converge_data_directory_bytes{kind="promised_thin"} 0`,
-		`converge_data_directory_nearly_full 0`,
+		`converge_data_directory_bytes{kind="promised_thick",pool="default"} 6.7108864e+07`,
+		`converge_data_directory_bytes{kind="promised_thin",pool="default"} 0`,
+		`converge_data_directory_nearly_full{pool="default"} 0`,
 		`converge_operation_duration_seconds_count{operation="take snapshot",result="ok"} 1`,
 		`converge_snapshot_freeze_duration_seconds_count 1`,
-		`converge_snapshots 1`,
+		`converge_snapshots{pool="default"} 1`,
 	} {
 		if code != http.StatusOK || !strings.Contains(metrics, want) {
 			t.Errorf("/metrics (%d) lacks %s", code, want)
