@@ -107,6 +107,9 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{name: "relative directory", vals: map[string]any{"csiNode": map[string]any{"kubeletDir": "var/lib/kubelet"}}, want: "kubeletDir"},
 		{name: "pool guard", vals: map[string]any{"csiNode": map[string]any{"poolGuard": "lots"}}, want: "poolGuard"},
 		{name: "ratio below 1", vals: map[string]any{"csiNode": map[string]any{"thinOverprovisioningRatio": 0.5}}, want: "thinOverprovisioningRatio"},
+		{name: "a pool called default", vals: map[string]any{"pools": []any{map[string]any{"name": "default", "dir": "/mnt/a"}}}, want: "pools"},
+		{name: "a pool's bad name", vals: map[string]any{"pools": []any{map[string]any{"name": "Fast", "dir": "/mnt/a"}}}, want: "pools"},
+		{name: "a pool without a directory", vals: map[string]any{"pools": []any{map[string]any{"name": "fast"}}}, want: "dir"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, tc.vals)
@@ -319,8 +322,9 @@ func TestValuesReachTheObjects(t *testing.T) {
 			"featureGates": map[string]any{"VolumeHealth": true, "VolumeCondition": true},
 			"extraArgs":    []any{"--max-requests=100"},
 		},
-		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1"},
+		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme"},
 		"nodeSelector": map[string]any{"storage": "local"},
+		"pools": []any{map[string]any{"name": "nvme", "dir": "/mnt/nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd", "dir": "/mnt/hdd"}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -332,7 +336,8 @@ func TestValuesReachTheObjects(t *testing.T) {
 	args := fmt.Sprint(node["args"])
 	for _, want := range []string{"--endpoint=unix:///data/kubelet/plugins/converge.csi.dev/csi.sock", "--state-dir=/data/converge",
 		"--kubelet-dir=/data/kubelet", "--http-address=:9900", "-v=5", "--thin-overprovisioning-ratio=2.5", "--pool-guard=2Gi",
-		"--max-volumes=40", "--feature-gates=VolumeCondition=true,VolumeHealth=true", "--max-requests=100"} {
+		"--max-volumes=40", "--feature-gates=VolumeCondition=true,VolumeHealth=true", "--max-requests=100",
+		"--pool=nvme=/mnt/nvme,guard=10%,ratio=2", "--pool=hdd=/mnt/hdd"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("csi-node's args %s lack %s", args, want)
 		}
@@ -340,10 +345,14 @@ func TestValuesReachTheObjects(t *testing.T) {
 	if node["image"] != "registry.example/csi-node:v9" {
 		t.Errorf("csi-node's image: got %v", node["image"])
 	}
-	for _, want := range []string{"/data/kubelet/plugins/converge.csi.dev", "/data/kubelet/plugins_registry", "/data/converge"} {
+	for _, want := range []string{"/data/kubelet/plugins/converge.csi.dev", "/data/kubelet/plugins_registry", "/data/converge",
+		"map[hostPath:map[path:/mnt/nvme type:Directory] name:pool-nvme]", "map[hostPath:map[path:/mnt/hdd type:Directory] name:pool-hdd]"} {
 		if !strings.Contains(fmt.Sprint(pod["volumes"]), want) {
 			t.Errorf("volumes %v lack %s", pod["volumes"], want)
 		}
+	}
+	if mounts := fmt.Sprint(node["volumeMounts"]); !strings.Contains(mounts, "map[mountPath:/mnt/nvme mountPropagation:HostToContainer name:pool-nvme]") {
+		t.Errorf("csi-node's mounts %s lack pool nvme's directory", mounts)
 	}
 	if !strings.Contains(fmt.Sprint(pod["containers"]), "--kubelet-registration-path=/data/kubelet/plugins/converge.csi.dev/csi.sock") {
 		t.Error("the registrar registers the socket at the default kubelet directory")
@@ -355,7 +364,7 @@ func TestValuesReachTheObjects(t *testing.T) {
 	if sc == nil {
 		t.Fatalf("no StorageClass fast among %v", union(objs, nil))
 	}
-	if got := fmt.Sprint(sc["parameters"]); got != "map[converge.csi.dev/mkfsOptions:-m reflink=1 converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" {
+	if got := fmt.Sprint(sc["parameters"]); got != "map[converge.csi.dev/mkfsOptions:-m reflink=1 converge.csi.dev/pool:nvme converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" {
 		t.Errorf("StorageClass parameters: got %s", got)
 	}
 	if ann := sc["metadata"].(map[string]any)["annotations"]; fmt.Sprint(ann) != "map[storageclass.kubernetes.io/is-default-class:true]" {
