@@ -121,7 +121,12 @@ func printPool(w io.Writer, p volstatus.Pool) {
 	if p.NearlyFull {
 		guard = " NEARLY FULL: no thin volume is created or grown"
 	}
-	fmt.Fprintf(w, "%-16s%s: size %s, free %s (guard %s)%s\n", "POOL "+p.Name, p.Dir, amount(p.SizeBytes), amount(p.FreeBytes), amount(p.GuardBytes), guard)
+	holes := "punches holes"
+	if !p.PunchesHoles {
+		holes = "punches no holes: thin volumes never give space back"
+	}
+	fmt.Fprintf(w, "%-16s%s: size %s, free %s (guard %s), %s, %s%s\n", "POOL "+p.Name, p.Dir, amount(p.SizeBytes), amount(p.FreeBytes), amount(p.GuardBytes),
+		p.FsType, holes, guard)
 	fmt.Fprintf(w, "  PROMISED      thick %s (%s not yet allocated), thin %s (%s written, ratio %g)\n",
 		amount(p.ThickPromisedBytes), amount(p.ThickOwedBytes), amount(p.ThinPromisedBytes), amount(p.ThinAllocatedBytes), p.OverprovisioningRatio)
 	fmt.Fprintf(w, "  AVAILABLE     thick %s, thin %s\n", amount(p.ThickAvailableBytes), amount(p.ThinAvailableBytes))

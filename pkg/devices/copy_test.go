@@ -514,3 +514,23 @@ func mkdirIn(t *testing.T, name string) string {
 	}
 	return dir
 }
+
+// TestProbeFilesystem finds the type of real filesystems and that each
+// punches holes.
+func TestProbeFilesystem(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mounts")
+	}
+	for _, fs := range []string{host.FsExt4, host.FsXFS, host.FsBtrfs} {
+		t.Run(fs, func(t *testing.T) {
+			mnt, _ := mountFresh(t, t.TempDir(), fs)
+			got, holes, err := ProbeFilesystem(mnt)
+			if err != nil || got != fs || !holes {
+				t.Errorf("got %q, punches holes %t, %v; want %s punching holes", got, holes, err, fs)
+			}
+			if entries, _ := os.ReadDir(mnt); len(entries) > 1 { // lost+found
+				t.Errorf("the probe left %v", entries)
+			}
+		})
+	}
+}

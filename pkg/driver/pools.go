@@ -134,8 +134,16 @@ func openPools(specs []pool, store *state.Store) ([]*devices.Pool, error) {
 		// Where images share blocks with their snapshots, a thick image
 		// owes what it shares: its writes there take new blocks.
 		images.Shares = snapshots.Mode == devices.CopyReflink
-		out = append(out, &devices.Pool{Name: p.name, Images: images, Snapshots: snapshots})
-		klog.InfoS("Storage pool", "pool", p.name, "dir", p.dir, "copy", snapshots.Mode, "guard", p.guard, "ratio", p.ratio)
+		fsType, holes, err := devices.ProbeFilesystem(p.dir)
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+		}
+		out = append(out, &devices.Pool{Name: p.name, Images: images, Snapshots: snapshots, FsType: fsType, PunchesHoles: holes})
+		klog.InfoS("Storage pool", "pool", p.name, "dir", p.dir, "fsType", fsType, "copy", snapshots.Mode, "punchesHoles", holes,
+			"guard", p.guard, "ratio", p.ratio)
+		if !holes {
+			klog.InfoS("Storage pool cannot punch holes: its thin volumes never give back what they freed", "pool", p.name)
+		}
 	}
 	if err := dropTempSnapshotIntents(store, out[0].Snapshots); err != nil {
 		return nil, err
@@ -158,10 +166,12 @@ func spaces(specs []pool, pools []*devices.Pool, store *state.Store) []*controll
 func poolStatuses(node string, specs []pool, promises *controller.Pools, pools *devices.Pools) ([]volstatus.Pool, error) {
 	out := make([]volstatus.Pool, 0, len(specs))
 	for _, spec := range specs {
-		p, err := poolStatus(node, spec, promises.Get(spec.name), pools.Get(spec.name).Snapshots)
+		dp := pools.Get(spec.name)
+		p, err := poolStatus(node, spec, promises.Get(spec.name), dp.Snapshots)
 		if err != nil {
 			return nil, fmt.Errorf("pool %s: %w", spec.name, err)
 		}
+		p.FsType, p.PunchesHoles = dp.FsType, dp.PunchesHoles
 		out = append(out, p)
 	}
 	return out, nil

@@ -56,8 +56,11 @@ type VolumeStatus struct {
 type Pool struct {
 	// Name is the pool's name.
 	Name string `json:"name"`
-	// Dir is its data directory.
-	Dir string `json:"dir"`
+	// Dir is its data directory, FsType its filesystem's type, and
+	// PunchesHoles whether that gives back what thin volumes free.
+	Dir          string `json:"dir"`
+	FsType       string `json:"fsType"`
+	PunchesHoles bool   `json:"punchesHoles"`
 	// Node is the node whose pool this is: the only node its volumes can
 	// be staged on.
 	Node      string `json:"node"`

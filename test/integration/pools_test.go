@@ -167,7 +167,7 @@ func TestPools(t *testing.T) {
 	must(t, "csi-node status", err)
 	t.Logf("csi-node status with three pools:\n%s", out)
 	for _, want := range []string{"POOL default    " + p.DataDir + ": size", "POOL fast       " + fast + ": size", "POOL plain      " + plain + ": size",
-		"ratio 2)", "(copied by reflink)", "(copied by sparse)"} {
+		"), xfs, punches holes", "), ext4, punches holes", "ratio 2)", "(copied by reflink)", "(copied by sparse)"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("csi-node status lacks %q", want)
 		}
