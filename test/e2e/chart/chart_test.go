@@ -324,7 +324,7 @@ func TestValuesReachTheObjects(t *testing.T) {
 		},
 		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme"},
 		"nodeSelector": map[string]any{"storage": "local"},
-		"pools": []any{map[string]any{"name": "nvme", "dir": "/mnt/nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd", "dir": "/mnt/hdd"}},
+		"pools":        []any{map[string]any{"name": "nvme", "dir": "/mnt/nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd", "dir": "/mnt/hdd"}},
 	})
 	if err != nil {
 		t.Fatal(err)
