@@ -205,7 +205,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 		if err := p.makeImage(r.id, r.size, r.prov); err != nil {
 			return err
 		}
-		klog.V(2).InfoS("Created volume", "volumeID", r.id, "name", r.name, "bytes", r.size, "provisioning", r.prov)
+		klog.V(2).InfoS("Created volume", "volumeID", r.id, "name", r.name, "pool", r.pool, "bytes", r.size, "provisioning", r.prov)
 		resp = c.created(r, r.size)
 		return nil
 	})

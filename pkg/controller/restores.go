@@ -153,7 +153,7 @@ func (p promise) startRestore(id, name string, from *devices.Snapshots, snap dev
 	s := p.s
 	r := &restore{volume: id, snapshot: snap.ID, source: snap.Allocated, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
 	s.restores.add(r)
-	klog.InfoS("Restoring volume from snapshot; the copy goes on past the request", "volumeID", id, "snapshotID", snap.ID, "bytes", size, "snapshotAllocatedBytes", snap.Allocated)
+	klog.InfoS("Restoring volume from snapshot; the copy goes on past the request", "volumeID", id, "pool", s.Name(), "snapshotID", snap.ID, "bytes", size, "snapshotAllocatedBytes", snap.Allocated)
 	copy := func() error { return s.restoreImage(s.copies, id, from, snap, size, prov == state.ProvisionThick) }
 	s.restores.run(r, copy, func(err error) {
 		defer release()
@@ -163,7 +163,7 @@ func (p promise) startRestore(id, name string, from *devices.Snapshots, snap dev
 				p.unrecord(id)
 				klog.ErrorS(err, "Restore failed", "volumeID", id, "snapshotID", snap.ID)
 			} else {
-				klog.InfoS("Restored volume from snapshot", "volumeID", id, "name", name, "bytes", size, "provisioning", prov, "snapshotID", snap.ID)
+				klog.InfoS("Restored volume from snapshot", "volumeID", id, "name", name, "pool", s.Name(), "bytes", size, "provisioning", prov, "snapshotID", snap.ID)
 			}
 			return nil
 		})

@@ -272,7 +272,7 @@ func (p promise) grow(id string, size int64) (int64, error) {
 	if err != nil {
 		return 0, imageError(err, "growing volume %s", id)
 	}
-	klog.V(2).InfoS("Grew volume image", "volumeID", id, "from", cur, "bytes", size, "thin", thin)
+	klog.V(2).InfoS("Grew volume image", "volumeID", id, "pool", s.opts.Name, "from", cur, "bytes", size, "thin", thin)
 	return size, nil
 }
 

@@ -5,7 +5,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -15,43 +14,6 @@ import (
 )
 
 const poolKey = "converge.csi.dev/pool"
-
-// poolFilesystem makes a filesystem of type fs (mkfs.<fs> mkfsArgs) of
-// size bytes on a loop device of the test's own and mounts it as the
-// directory of pool name, which it returns. When the test ends the plugin
-// stops, nothing of it may be left on the filesystem, and the filesystem
-// goes.
-func poolFilesystem(t *testing.T, p *testenv.Plugin, name string, size int64, fs string, mkfsArgs ...string) string {
-	t.Helper()
-	img := filepath.Join(t.TempDir(), name+".img")
-	must(t, "pool image", os.WriteFile(img, nil, 0o600))
-	must(t, "size", os.Truncate(img, size))
-	out, err := exec.Command("losetup", "--find", "--show", img).Output()
-	must(t, "losetup", err)
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	if out, err := exec.Command("mkfs."+fs, append(mkfsArgs, dev)...).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.%s: %v: %s", fs, err, out)
-	}
-	dir := filepath.Join(p.Dir, "pool-"+name)
-	must(t, "mkdir", os.MkdirAll(dir, 0o700))
-	must(t, "mount", syscall.Mount(dev, dir, fs, 0, ""))
-	t.Cleanup(func() {
-		p.Stop()
-		var left []string
-		for _, l := range testenv.Leftovers(p.Dir, dir) {
-			if !strings.HasPrefix(l, "mount "+filepath.Join(p.Dir, "pool-")) {
-				left = append(left, l)
-			}
-		}
-		if len(left) > 0 {
-			t.Errorf("left behind in pool %s: %s", name, strings.Join(left, "; "))
-		}
-		testenv.ForceClean(p.Dir, dir)
-		syscall.Unmount(dir, syscall.MNT_DETACH)
-	})
-	return dir
-}
 
 // createIn makes a volume named name of size bytes in pool ("" for none
 // named) and returns its ID, or the error.
@@ -83,8 +45,8 @@ func capacityOf(t *testing.T, p *testenv.Plugin, pool string) (available, larges
 // volumes are found as they were.
 func TestPools(t *testing.T) {
 	p := testenv.New(t)
-	fast := poolFilesystem(t, p, "fast", 512*mib, "xfs", "-q", "-f", "-m", "reflink=1")
-	plain := poolFilesystem(t, p, "plain", 256*mib, "ext4", "-q", "-F", "-m0")
+	fast := testenv.PoolFilesystem(t, p, "fast", 512*mib, "xfs", "-q", "-f", "-m", "reflink=1")
+	plain := testenv.PoolFilesystem(t, p, "plain", 256*mib, "ext4", "-q", "-F", "-m0")
 	p.Args = append(p.Args, "--pool", "fast="+fast, "--pool", "plain="+plain+",ratio=2")
 	p.Start()
 
