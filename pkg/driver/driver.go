@@ -73,7 +73,7 @@ func Run(ctx context.Context, cfg Config) error {
 		logger.Info("Replayed the state log", "records", n)
 	}
 
-	opened, err := openPools(cfg.pools, store)
+	here, opened, err := openPools(cfg.pools, store)
 	if err != nil {
 		return err
 	}
@@ -90,10 +90,10 @@ func Run(ctx context.Context, cfg Config) error {
 	// Each pool's space promises what CreateVolume, snapshots, restores
 	// and the reconciler's growth of images for NodeExpandVolume take of
 	// it, under its own lock.
-	promises := controller.NewPools(store, spaces(cfg.pools, opened, store)...)
+	promises := controller.NewPools(store, spaces(here, opened, store)...)
 	ctrl := controller.New(promises, store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
 	guards := map[string]capacity.Guard{}
-	for _, p := range cfg.pools {
+	for _, p := range here {
 		guards[p.name] = p.guard
 	}
 	rec, err := reconciler.New(reconciler.Config{
@@ -166,7 +166,7 @@ func Run(ctx context.Context, cfg Config) error {
 	csi.RegisterControllerServer(srv, ctrl)
 	csi.RegisterNodeServer(srv, node)
 
-	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, cfg.pools, promises, pools) }
+	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, here, promises, pools) }
 	m.WatchPools(statuses)
 	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, statuses))
 	if err != nil {

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -107,37 +108,48 @@ func (c Config) resolvePools() ([]pool, error) {
 // openPools creates the pools' directories, refuses two on one
 // filesystem (both would promise the same space), and opens each: its
 // interrupted image creations and snapshot copies removed, the way its
-// filesystem copies found out.
-func openPools(specs []pool, store *state.Store) ([]*devices.Pool, error) {
+// filesystem copies found out. The default pool's directory is made when
+// missing; another pool's is the operator's (a filesystem mounted there),
+// and a node where it does not exist has no such pool: one DaemonSet
+// serves nodes with and without it. It returns the pools this node has,
+// with their specs.
+func openPools(specs []pool, store *state.Store) ([]pool, []*devices.Pool, error) {
 	byDev := map[uint64]string{}
+	var here []pool
 	var out []*devices.Pool
 	for _, p := range specs {
-		if err := os.MkdirAll(p.dir, 0o700); err != nil {
-			return nil, fmt.Errorf("creating pool %s's directory %s: %w", p.name, p.dir, err)
+		if p.name == state.DefaultPool {
+			if err := os.MkdirAll(p.dir, 0o700); err != nil {
+				return nil, nil, fmt.Errorf("creating pool %s's directory %s: %w", p.name, p.dir, err)
+			}
+		} else if _, err := os.Stat(p.dir); errors.Is(err, os.ErrNotExist) {
+			klog.InfoS("Storage pool is not on this node: its directory does not exist", "pool", p.name, "dir", p.dir)
+			continue
 		}
 		dev, err := devices.FilesystemOf(p.dir)
 		if err != nil {
-			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+			return nil, nil, fmt.Errorf("pool %s: %w", p.name, err)
 		}
 		if other, ok := byDev[dev]; ok {
-			return nil, fmt.Errorf("pools %s and %s are on one filesystem: each pool needs a filesystem of its own, or both would promise the same space", other, p.name)
+			return nil, nil, fmt.Errorf("pools %s and %s are on one filesystem: each pool needs a filesystem of its own, or both would promise the same space", other, p.name)
 		}
 		byDev[dev] = p.name
 		images := &devices.Images{Dir: p.dir}
 		if err := images.RemoveStaleTemps(); err != nil {
-			return nil, fmt.Errorf("pool %s: removing interrupted image creations: %w", p.name, err)
+			return nil, nil, fmt.Errorf("pool %s: removing interrupted image creations: %w", p.name, err)
 		}
 		snapshots, err := openSnapshots(p.dir)
 		if err != nil {
-			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+			return nil, nil, fmt.Errorf("pool %s: %w", p.name, err)
 		}
 		// Where images share blocks with their snapshots, a thick image
 		// owes what it shares: its writes there take new blocks.
 		images.Shares = snapshots.Mode == devices.CopyReflink
 		fsType, holes, err := devices.ProbeFilesystem(p.dir)
 		if err != nil {
-			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+			return nil, nil, fmt.Errorf("pool %s: %w", p.name, err)
 		}
+		here = append(here, p)
 		out = append(out, &devices.Pool{Name: p.name, Images: images, Snapshots: snapshots, FsType: fsType, PunchesHoles: holes})
 		klog.InfoS("Storage pool", "pool", p.name, "dir", p.dir, "fsType", fsType, "copy", snapshots.Mode, "punchesHoles", holes,
 			"guard", p.guard, "ratio", p.ratio)
@@ -146,9 +158,9 @@ func openPools(specs []pool, store *state.Store) ([]*devices.Pool, error) {
 		}
 	}
 	if err := dropTempSnapshotIntents(store, out[0].Snapshots); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return out, nil
+	return here, out, nil
 }
 
 // spaces returns the capacity promise of each pool.

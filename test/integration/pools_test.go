@@ -166,3 +166,30 @@ func TestPoolsShareNoFilesystem(t *testing.T) {
 		t.Errorf("csi-node with two pools on one filesystem: %v\n%s", err, out)
 	}
 }
+
+// TestPoolNotOnThisNode starts csi-node with a pool whose directory this
+// node does not have (one DaemonSet serves nodes with and without the
+// pool's disk): it starts without the pool and never makes its directory,
+// a volume asked of it is RESOURCE_EXHAUSTED (the provisioner tries
+// another node), GetCapacity answers 0 for it, and the default pool works.
+func TestPoolNotOnThisNode(t *testing.T) {
+	p := testenv.New(t)
+	absent := filepath.Join(p.Dir, "mnt", "nvme")
+	p.Args = append(p.Args, "--pool", "fast="+absent)
+	p.Start()
+	if _, err := os.Stat(absent); !os.IsNotExist(err) {
+		t.Errorf("csi-node made the directory of a pool this node lacks: %v", err)
+	}
+	_, err := createIn(t, p, "wants-fast", "fast", volSize, nil)
+	wantCode(t, "a volume of a pool this node lacks", err, codes.ResourceExhausted)
+	if avail, _, err := capacityOf(t, p, "fast"); err != nil || avail != 0 {
+		t.Errorf("capacity of a pool this node lacks: %d, %v; want 0", avail, err)
+	}
+	id, err := createIn(t, p, "in-default", "", volSize, nil)
+	must(t, "a volume of the default pool", err)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	must(t, "delete", err)
+	if !strings.Contains(p.Log(), `"Storage pool is not on this node: its directory does not exist" pool="fast"`) {
+		t.Error("csi-node did not log that the pool is not on this node")
+	}
+}

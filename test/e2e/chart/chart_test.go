@@ -107,9 +107,9 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{name: "relative directory", vals: map[string]any{"csiNode": map[string]any{"kubeletDir": "var/lib/kubelet"}}, want: "kubeletDir"},
 		{name: "pool guard", vals: map[string]any{"csiNode": map[string]any{"poolGuard": "lots"}}, want: "poolGuard"},
 		{name: "ratio below 1", vals: map[string]any{"csiNode": map[string]any{"thinOverprovisioningRatio": 0.5}}, want: "thinOverprovisioningRatio"},
-		{name: "a pool called default", vals: map[string]any{"pools": []any{map[string]any{"name": "default", "dir": "/mnt/a"}}}, want: "pools"},
-		{name: "a pool's bad name", vals: map[string]any{"pools": []any{map[string]any{"name": "Fast", "dir": "/mnt/a"}}}, want: "pools"},
-		{name: "a pool without a directory", vals: map[string]any{"pools": []any{map[string]any{"name": "fast"}}}, want: "dir"},
+		{name: "a pool called default", vals: map[string]any{"pools": []any{map[string]any{"name": "default"}}}, want: "pools"},
+		{name: "a pool's bad name", vals: map[string]any{"pools": []any{map[string]any{"name": "Fast"}}}, want: "pools"},
+		{name: "a pool with a directory of its own", vals: map[string]any{"pools": []any{map[string]any{"name": "fast", "dir": "/mnt/a"}}}, want: "dir"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, tc.vals)
@@ -324,7 +324,8 @@ func TestValuesReachTheObjects(t *testing.T) {
 		},
 		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme"},
 		"nodeSelector": map[string]any{"storage": "local"},
-		"pools":        []any{map[string]any{"name": "nvme", "dir": "/mnt/nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd", "dir": "/mnt/hdd"}},
+		"pools":        []any{map[string]any{"name": "nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd"}},
+		"poolsRoot":    "/mnt/pools",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -337,7 +338,7 @@ func TestValuesReachTheObjects(t *testing.T) {
 	for _, want := range []string{"--endpoint=unix:///data/kubelet/plugins/converge.csi.dev/csi.sock", "--state-dir=/data/converge",
 		"--kubelet-dir=/data/kubelet", "--http-address=:9900", "-v=5", "--thin-overprovisioning-ratio=2.5", "--pool-guard=2Gi",
 		"--max-volumes=40", "--feature-gates=VolumeCondition=true,VolumeHealth=true", "--max-requests=100",
-		"--pool=nvme=/mnt/nvme,guard=10%,ratio=2", "--pool=hdd=/mnt/hdd"} {
+		"--pool=nvme=/mnt/pools/nvme,guard=10%,ratio=2", "--pool=hdd=/mnt/pools/hdd"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("csi-node's args %s lack %s", args, want)
 		}
@@ -346,13 +347,13 @@ func TestValuesReachTheObjects(t *testing.T) {
 		t.Errorf("csi-node's image: got %v", node["image"])
 	}
 	for _, want := range []string{"/data/kubelet/plugins/converge.csi.dev", "/data/kubelet/plugins_registry", "/data/converge",
-		"map[hostPath:map[path:/mnt/nvme type:Directory] name:pool-nvme]", "map[hostPath:map[path:/mnt/hdd type:Directory] name:pool-hdd]"} {
+		"map[hostPath:map[path:/mnt/pools type:DirectoryOrCreate] name:pools]"} {
 		if !strings.Contains(fmt.Sprint(pod["volumes"]), want) {
 			t.Errorf("volumes %v lack %s", pod["volumes"], want)
 		}
 	}
-	if mounts := fmt.Sprint(node["volumeMounts"]); !strings.Contains(mounts, "map[mountPath:/mnt/nvme mountPropagation:HostToContainer name:pool-nvme]") {
-		t.Errorf("csi-node's mounts %s lack pool nvme's directory", mounts)
+	if mounts := fmt.Sprint(node["volumeMounts"]); !strings.Contains(mounts, "map[mountPath:/mnt/pools mountPropagation:HostToContainer name:pools]") {
+		t.Errorf("csi-node's mounts %s lack the pools' root", mounts)
 	}
 	if !strings.Contains(fmt.Sprint(pod["containers"]), "--kubelet-registration-path=/data/kubelet/plugins/converge.csi.dev/csi.sock") {
 		t.Error("the registrar registers the socket at the default kubelet directory")
