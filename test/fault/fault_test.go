@@ -10,6 +10,7 @@ package fault
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,6 +64,16 @@ type vol struct {
 	// fsType is the filesystem its capability asks for; "" for the
 	// plugin's default (ext4).
 	fsType string
+	// pool is the storage pool it is made in; "" for the default.
+	pool string
+}
+
+// params are the parameters of v's CreateVolume.
+func (v *vol) params() map[string]string {
+	if v.pool == "" {
+		return nil
+	}
+	return map[string]string{"converge.csi.dev/pool": v.pool}
 }
 
 // xfsSize is the size of an xfs volume: mkfs.xfs makes none under 300 MiB.
@@ -89,6 +101,9 @@ func (v *vol) size() int64 {
 type env struct {
 	t *testing.T
 	p *testenv.Plugin
+	// pools maps the plugin's storage pools besides the default one to
+	// their directories.
+	pools map[string]string
 }
 
 // vid is the ID of the volume that CreateVolume made under name on the test
@@ -118,7 +133,8 @@ func (e *env) step(ctx context.Context, v *vol, from, to level) error {
 	var err error
 	switch {
 	case from == absent && to > absent:
-		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.name, CapacityRange: &csi.CapacityRange{RequiredBytes: v.size()}, VolumeCapabilities: []*csi.VolumeCapability{v.capability()}})
+		_, err = c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: v.name, Parameters: v.params(), CapacityRange: &csi.CapacityRange{RequiredBytes: v.size()},
+			VolumeCapabilities: []*csi.VolumeCapability{v.capability()}})
 	case from == created && to > created:
 		_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging, VolumeCapability: v.capability()})
 	case from == staged && to > staged:
@@ -238,46 +254,60 @@ func (e *env) check(trial int, v *vol) {
 	}
 }
 
-// checkSpace checks that a kill left no partial reservation: the data
-// directory holds exactly the images of the volumes that exist, each
-// allocated whole (thick, the default), no temporary file of a create that
-// was cut short, and the plugin's account owes nothing and promises exactly
-// those volumes.
+// checkSpace checks that a kill left no partial reservation, in every
+// storage pool: each pool's directory holds exactly the images of its
+// volumes that exist, each allocated whole (thick, the default), no
+// temporary file of a create that was cut short, and the plugin's account
+// of each pool owes nothing and promises exactly those volumes.
 func (e *env) checkSpace(trial int, vols []*vol) {
 	e.t.Helper()
-	want := map[string]bool{}
+	want := map[string]map[string]bool{"default": {}}
+	for name := range e.pools {
+		want[name] = map[string]bool{}
+	}
 	for _, v := range vols {
 		if v.want >= created {
-			want[v.id+".img"] = true
+			want[cmp.Or(v.pool, "default")][v.id+".img"] = true
 		}
 	}
-	entries, err := os.ReadDir(e.p.DataDir)
-	if err != nil {
-		e.t.Fatal(err)
+	code, body := e.p.StatusGet("/status/pools")
+	var pools []report.Pool
+	if err := json.Unmarshal([]byte(body), &pools); code != 200 || err != nil {
+		e.t.Fatalf("trial %d: /status/pools answered %d %q: %v", trial, code, body, err)
 	}
-	for _, en := range entries {
-		if !want[en.Name()] {
-			e.t.Fatalf("trial %d: the data directory holds %s, which no volume owns", trial, en.Name())
+	for _, pool := range pools {
+		images := want[pool.Name]
+		n := int64(len(images))
+		dir := e.p.DataDir
+		if pool.Name != "default" {
+			dir = e.pools[pool.Name]
 		}
-		var st unix.Stat_t
-		if err := unix.Stat(filepath.Join(e.p.DataDir, en.Name()), &st); err != nil {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
 			e.t.Fatal(err)
 		}
-		if st.Blocks*512 < volumeSize {
-			e.t.Fatalf("trial %d: %s has %d of its %d bytes allocated", trial, en.Name(), st.Blocks*512, volumeSize)
+		for _, en := range entries {
+			if !images[en.Name()] {
+				e.t.Fatalf("trial %d: pool %s holds %s, which no volume of it owns", trial, pool.Name, en.Name())
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(filepath.Join(dir, en.Name()), &st); err != nil {
+				e.t.Fatal(err)
+			}
+			if st.Blocks*512 < volumeSize {
+				e.t.Fatalf("trial %d: %s has %d of its %d bytes allocated", trial, en.Name(), st.Blocks*512, volumeSize)
+			}
+			delete(images, en.Name())
 		}
-		delete(want, en.Name())
+		if len(images) > 0 {
+			e.t.Fatalf("trial %d: images missing from pool %s: %v", trial, pool.Name, images)
+		}
+		if pool.ThickOwedBytes != 0 || pool.ThickPromisedBytes != n*volumeSize || pool.ThinPromisedBytes != 0 {
+			e.t.Fatalf("trial %d: pool %+v, want %d volumes of %d bytes promised thick and nothing owed", trial, pool, n, volumeSize)
+		}
 	}
-	if len(want) > 0 {
-		e.t.Fatalf("trial %d: images missing: %v", trial, want)
-	}
-	code, body := e.p.StatusGet("/status/pool")
-	var pool report.Pool
-	if err := json.Unmarshal([]byte(body), &pool); code != 200 || err != nil {
-		e.t.Fatalf("trial %d: /status/pool answered %d %q: %v", trial, code, body, err)
-	}
-	if n := int64(len(entries)); pool.ThickOwedBytes != 0 || pool.ThickPromisedBytes != n*volumeSize || pool.ThinPromisedBytes != 0 {
-		e.t.Fatalf("trial %d: pool %+v, want %d volumes of %d bytes promised thick and nothing owed", trial, pool, n, volumeSize)
+	if len(pools) != len(want) {
+		e.t.Fatalf("trial %d: /status/pools reports %d pools, want %d", trial, len(pools), len(want))
 	}
 }
 
@@ -287,7 +317,11 @@ func TestKillAnywhere(t *testing.T) {
 	t.Logf("fault injection: %d trials, seed %d (rerun with CONVERGE_FAULT_SEED=%d)", trials, seed, seed)
 
 	p := testenv.New(t)
-	e := &env{t: t, p: p}
+	// One volume lives in a pool of its own filesystem: a kill leaves
+	// every pool's images accounted for.
+	fast := testenv.PoolFilesystem(t, p, "fast", 512<<20, "xfs", "-q", "-f")
+	p.Args = append(p.Args, "--pool", "fast="+fast)
+	e := &env{t: t, p: p, pools: map[string]string{"fast": fast}}
 	vols := make([]*vol, volumes)
 	for i := range vols {
 		name := fmt.Sprintf("fault-%d", i)
@@ -298,6 +332,9 @@ func TestKillAnywhere(t *testing.T) {
 			staging: filepath.Join(p.Root, "staging", id),
 			target:  filepath.Join(p.Root, "pods", id, "mount"),
 			files:   map[string]string{},
+		}
+		if i == 1 {
+			vols[i].pool = "fast"
 		}
 		for _, d := range []string{vols[i].staging, filepath.Dir(vols[i].target)} {
 			if err := os.MkdirAll(d, 0o750); err != nil {
@@ -367,15 +404,19 @@ func TestKillAnywhere(t *testing.T) {
 		v.want = absent
 		e.replay(v)
 	}
-	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
+	left := slices.DeleteFunc(append(testenv.Leftovers(p.Dir, p.DataDir), testenv.Leftovers(p.Dir, fast)...),
+		func(l string) bool { return l == "mount "+fast }) // the pool's own filesystem
+	if len(left) > 0 {
 		t.Fatalf("after full teardown: %v", left)
 	}
-	if entries, _ := os.ReadDir(p.DataDir); len(entries) > 0 {
-		var names []string
-		for _, en := range entries {
-			names = append(names, en.Name())
+	for _, dir := range []string{p.DataDir, fast} {
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			var names []string
+			for _, en := range entries {
+				names = append(names, en.Name())
+			}
+			t.Fatalf("pool directory %s after full teardown holds %v", dir, names)
 		}
-		t.Fatalf("data directory after full teardown holds %v", names)
 	}
 }
 
