@@ -39,35 +39,7 @@ func smallDataDir(t *testing.T, p *testenv.Plugin, size int64) {
 // mkfs.<fs> mkfsArgs.
 func smallDataDirOf(t *testing.T, p *testenv.Plugin, size int64, fs string, mkfsArgs ...string) {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), "datadir.img")
-	f, err := os.Create(img)
-	must(t, "data directory image", err)
-	must(t, "size", f.Truncate(size))
-	f.Close()
-	out, err := exec.Command("losetup", "--find", "--show", img).Output()
-	must(t, "losetup", err)
-	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
-	if out, err := exec.Command("mkfs."+fs, append(mkfsArgs, dev)...).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs: %v: %s", err, out)
-	}
-	must(t, "mkdir", os.MkdirAll(p.DataDir, 0o700))
-	must(t, "mount", syscall.Mount(dev, p.DataDir, fs, 0, ""))
-	t.Cleanup(func() {
-		// The volumes' devices and mounts go while their images are
-		// still reachable.
-		p.Stop()
-		var left []string
-		for _, l := range testenv.Leftovers(p.Dir, p.DataDir) {
-			if l != "mount "+p.DataDir {
-				left = append(left, l)
-			}
-		}
-		if len(left) > 0 {
-			t.Errorf("left behind after the test: %s", strings.Join(left, "; "))
-		}
-		testenv.ForceClean(p.Dir, p.DataDir)
-	})
+	testenv.FilesystemAt(t, p, p.DataDir, size, fs, mkfsArgs...)
 }
 
 // allocated returns the space allocated to a volume's image (st_blocks).

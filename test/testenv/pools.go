@@ -11,12 +11,22 @@ import (
 
 // PoolFilesystem makes a filesystem of type fs (mkfs.<fs> mkfsArgs) of
 // size bytes on a loop device of the test's own and mounts it as the
-// directory of pool name, which it returns. When the test ends the plugin
-// stops, nothing of it may be left on the filesystem, and the filesystem
-// goes.
+// directory of pool name, which it returns (see FilesystemAt).
 func PoolFilesystem(t testing.TB, p *Plugin, name string, size int64, fs string, mkfsArgs ...string) string {
 	t.Helper()
-	img := filepath.Join(t.TempDir(), name+".img")
+	dir := filepath.Join(p.Dir, "pool-"+name)
+	FilesystemAt(t, p, dir, size, fs, mkfsArgs...)
+	return dir
+}
+
+// FilesystemAt makes a filesystem of type fs (mkfs.<fs> mkfsArgs) of size
+// bytes on a loop device of the test's own and mounts it at dir (a data
+// directory or a pool's). When the test ends the plugin stops, nothing of
+// it may be left on the filesystem (but the mounts of the test's own
+// filesystems), and the filesystem goes.
+func FilesystemAt(t testing.TB, p *Plugin, dir string, size int64, fs string, mkfsArgs ...string) {
+	t.Helper()
+	img := filepath.Join(t.TempDir(), filepath.Base(dir)+".img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -32,26 +42,26 @@ func PoolFilesystem(t testing.TB, p *Plugin, name string, size int64, fs string,
 	if out, err := exec.Command("mkfs."+fs, append(mkfsArgs, dev)...).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.%s: %v: %s", fs, err, out)
 	}
-	dir := filepath.Join(p.Dir, "pool-"+name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Mount(dev, dir, fs, 0, ""); err != nil {
-		t.Fatalf("mounting pool %s: %v", name, err)
+		t.Fatalf("mounting %s: %v", dir, err)
 	}
 	t.Cleanup(func() {
+		// The volumes' devices and mounts go while their images are
+		// still reachable.
 		p.Stop()
 		var left []string
 		for _, l := range Leftovers(p.Dir, dir) {
-			if !strings.HasPrefix(l, "mount "+filepath.Join(p.Dir, "pool-")) {
+			if l != "mount "+dir && !strings.HasPrefix(l, "mount "+filepath.Join(p.Dir, "pool-")) && l != "mount "+p.DataDir {
 				left = append(left, l)
 			}
 		}
 		if len(left) > 0 {
-			t.Errorf("left behind in pool %s: %s", name, strings.Join(left, "; "))
+			t.Errorf("left behind in %s: %s", dir, strings.Join(left, "; "))
 		}
 		ForceClean(p.Dir, dir)
 		syscall.Unmount(dir, syscall.MNT_DETACH)
 	})
-	return dir
 }
