@@ -62,6 +62,11 @@ func FilesystemAt(t testing.TB, p *Plugin, dir string, size int64, fs string, mk
 			t.Errorf("left behind in %s: %s", dir, strings.Join(left, "; "))
 		}
 		ForceClean(p.Dir, dir)
-		syscall.Unmount(dir, syscall.MNT_DETACH)
+		if err := syscall.Unmount(dir, 0); err != nil {
+			// Something still holds it (a volume's loop device): say so,
+			// rather than leave it behind unseen.
+			t.Errorf("unmounting the test's filesystem at %s: %v", dir, err)
+			syscall.Unmount(dir, syscall.MNT_DETACH)
+		}
 	})
 }
