@@ -100,6 +100,13 @@ func (c *cluster) up(ctx context.Context) error {
 	}
 	c.kubeNode = first
 	c.nodes = []*kubeNode{first}
+	// The first node alone has storage pool fast, an xfs that clones by
+	// reflink: mounted before its namespaces exist, so that they start
+	// with it; the run's clean-up unmounts it and detaches its device.
+	if err := smallFilesystemOf(filepath.Join(dir, "pool-fast.img"), filepath.Join(first.poolsDir, fastPool), fastPoolSize,
+		"xfs", "-q", "-f", "-m", "reflink=1"); err != nil {
+		return err
+	}
 	c.ports = map[string]int{}
 	for _, name := range []string{"etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler"} {
 		if c.ports[name], err = freePort(); err != nil {

@@ -33,13 +33,27 @@ const (
 	// volumeLimits tests read it from every CSINode. Far more than the
 	// suite's parallel tests use on a node at once.
 	maxVolumesPerNode = 32
+	// fastPool is the storage pool that only the first node has (an xfs
+	// that clones by reflink, cluster.go), of fastPoolSize bytes.
+	fastPool     = "fast"
+	fastPoolSize = 1 << 30
 )
 
 // installArgs are the arguments the run adds to csi-node's in deploy/:
 // every call logged (-v=4: the suite reads the kubelet's calls from
 // csi-node's log, calls.go), volume conditions for the kubelet
-// (TestVolumeConditionReachesThePod), and a volume limit.
-var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode)}
+// (TestVolumeConditionReachesThePod), a volume limit, and the pool fast,
+// which only the first node has (TestTwoNodesPoolSteersScheduling).
+var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
+	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool}
+
+// installPoolsRoot is what the run adds to deploy/'s DaemonSet for its
+// pools, as deploy/'s commented example says: the pools' root mounted into
+// csi-node's container.
+var installPoolsRoot = []struct{ path, value string }{
+	{"/spec/template/spec/containers/0/volumeMounts/-", `{"name": "pools", "mountPath": "` + nodePoolsDir + `", "mountPropagation": "HostToContainer"}`},
+	{"/spec/template/spec/volumes/-", `{"name": "pools", "hostPath": {"path": "` + nodePoolsDir + `", "type": "DirectoryOrCreate"}}`},
+}
 
 // installKustomizations are the run's kustomizations of deploy/, which
 // lies at fromBase relative to base and at fromTop relative to top: base
@@ -64,6 +78,9 @@ patches:
 `, fromBase, daemonSetName)
 	for _, a := range installArgs {
 		fmt.Fprintf(&b, "      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: %q\n", a)
+	}
+	for _, op := range installPoolsRoot {
+		fmt.Fprintf(&b, "      - op: add\n        path: %s\n        value: %s\n", op.path, op.value)
 	}
 	base = b.String()
 	b.Reset()

@@ -90,6 +90,12 @@ func makeCgroupRoot(root string) error {
 // smallFilesystem makes an ext4 of size bytes in the sparse file image,
 // attached to a loop device, and mounts it at dir.
 func smallFilesystem(image, dir string, size int64) error {
+	return smallFilesystemOf(image, dir, size, "ext4", "-q", "-F", "-m0")
+}
+
+// smallFilesystemOf is smallFilesystem of type fs, made by mkfs.<fs>
+// mkfsArgs.
+func smallFilesystemOf(image, dir string, size int64, fs string, mkfsArgs ...string) error {
 	f, err := os.Create(image)
 	if err != nil {
 		return err
@@ -104,13 +110,13 @@ func smallFilesystem(image, dir string, size int64) error {
 		return fmt.Errorf("losetup %s: %w", image, err)
 	}
 	dev := strings.TrimSpace(string(out))
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m0", dev).CombinedOutput(); err != nil {
+	if out, err := exec.Command("mkfs."+fs, append(mkfsArgs, dev)...).CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs %s: %v: %s", dev, err, out)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	return syscall.Mount(dev, dir, "ext4", 0, "")
+	return syscall.Mount(dev, dir, fs, 0, "")
 }
 
 // nodeNamed is the cluster's node called name, or nil.

@@ -15,8 +15,8 @@ import (
 var c *cluster
 
 func TestMain(m *testing.M) {
-	if len(os.Args) == 3 && os.Args[0] == nodeInitName {
-		runNodeInit(os.Args[1], os.Args[2])
+	if len(os.Args) == 4 && os.Args[0] == nodeInitName {
+		runNodeInit(os.Args[1], os.Args[2], os.Args[3])
 	}
 	if _, ok := standIns[filepath.Base(os.Args[0])]; ok {
 		os.Exit(runStandIn(filepath.Base(os.Args[0]), os.Args[1:]))

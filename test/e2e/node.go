@@ -30,6 +30,10 @@ type kubeNode struct {
 	kubeletDir string // the kubelet's root directory, as the test process sees it (nodeKubeletDir on the node)
 	stateDir   string // csi-node's state directory, as the test process sees it (nodeStateDir on the node)
 	dataDir    string // csi-node's data directory: <stateDir>/volumes
+	// poolsDir holds the node's storage pools, a filesystem mounted at
+	// <poolsDir>/<name> for each pool the node has (nodePoolsDir on the
+	// node).
+	poolsDir   string
 	identity   string // the kubelet's name in the cluster's PKI
 	cgroupRoot string // the kubelet's cgroupRoot; "" for the default
 	ports      map[string]int
@@ -49,9 +53,9 @@ func (c *cluster) newNode(name, dir, logs, identity, cgroupRoot string) (*kubeNo
 		return nil, fmt.Errorf("node name %q must resolve to 127.0.0.1 (the apiserver reaches the kubelet by it), got %v %v", name, addrs, err)
 	}
 	n := &kubeNode{c: c, node: name, dir: dir, logs: logs, identity: identity, cgroupRoot: cgroupRoot,
-		kubeletDir: filepath.Join(dir, "kubelet"), stateDir: filepath.Join(dir, "converge")}
+		kubeletDir: filepath.Join(dir, "kubelet"), stateDir: filepath.Join(dir, "converge"), poolsDir: filepath.Join(dir, "pools")}
 	n.dataDir = filepath.Join(n.stateDir, "volumes")
-	for _, d := range []string{logs, n.kubeletDir, filepath.Join(n.kubeletDir, "plugins_registry"), n.stateDir} {
+	for _, d := range []string{logs, n.kubeletDir, filepath.Join(n.kubeletDir, "plugins_registry"), n.stateDir, n.poolsDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
@@ -305,7 +309,7 @@ func (n *kubeNode) runKubelet() error {
 // startNodeNS sets up the node's namespaces (see nodens.go).
 func (n *kubeNode) startNodeNS(context.Context) error {
 	var err error
-	if n.ns, err = startNodeNS(n.logs, n.kubeletDir, n.stateDir); err != nil {
+	if n.ns, err = startNodeNS(n.logs, n.kubeletDir, n.stateDir, n.poolsDir); err != nil {
 		return err
 	}
 	n.address = fmt.Sprintf(nodeAddressFormat, slices.Index(n.c.nodes, n)+1)

@@ -29,7 +29,9 @@ import (
 //     kubelet and the pods;
 //   - csi-node's state directory is /var/lib/converge there, deploy/'s
 //     hostPath, bound (with the filesystem of a node's data directory
-//     that is one) from the node's directory;
+//     that is one) from the node's directory; its storage pools' root is
+//     /var/lib/converge-pools, bound with the pools' filesystems the node
+//     has (the first node's pool fast, cluster.go);
 //   - every mount the node makes stays in it and goes with it: the test
 //     process sees them through /proc/<init>/root and /proc/<init>/mountinfo
 //     (nodePath, nodeMounts);
@@ -42,7 +44,7 @@ import (
 // kills everything in the namespace.
 
 // nodeInitName is the name (argv[0]) under which the test binary runs as
-// the node's init; its arguments are the node's kubelet and state
+// the node's init; its arguments are the node's kubelet, state and pools
 // directories.
 const nodeInitName = "converge-e2e-node-init"
 
@@ -52,11 +54,14 @@ const (
 	// nodeStateDir is csi-node's state directory as the node sees it:
 	// deploy/'s hostPath.
 	nodeStateDir = "/var/lib/converge"
+	// nodePoolsDir is the root of csi-node's storage pools as the node
+	// sees it: the chart's poolsRoot.
+	nodePoolsDir = "/var/lib/converge-pools"
 )
 
 // runNodeInit is the node's init: TestMain runs it instead of the tests when
 // the binary is started as nodeInitName. It never returns.
-func runNodeInit(kubeletDir, stateDir string) {
+func runNodeInit(kubeletDir, stateDir, poolsDir string) {
 	fail := func(err error) {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", nodeInitName, err)
 		os.Exit(1)
@@ -68,7 +73,7 @@ func runNodeInit(kubeletDir, stateDir string) {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		fail(fmt.Errorf("mount the namespace's /proc: %w", err))
 	}
-	for _, b := range []struct{ from, at string }{{kubeletDir, nodeKubeletDir}, {stateDir, nodeStateDir}} {
+	for _, b := range []struct{ from, at string }{{kubeletDir, nodeKubeletDir}, {stateDir, nodeStateDir}, {poolsDir, nodePoolsDir}} {
 		if err := os.MkdirAll(b.at, 0o755); err != nil {
 			fail(err)
 		}
@@ -76,8 +81,13 @@ func runNodeInit(kubeletDir, stateDir string) {
 			fail(fmt.Errorf("bind %s at %s: %w", b.from, b.at, err))
 		}
 	}
-	if err := unix.Mount("", nodeKubeletDir, "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
-		fail(fmt.Errorf("make %s shared: %w", nodeKubeletDir, err))
+	// Shared, as on a host whose init makes every mount shared: csi-node's
+	// mounts under the kubelet's directory reach the pods (Bidirectional),
+	// and the pools' root may be mounted HostToContainer.
+	for _, d := range []string{nodeKubeletDir, nodePoolsDir} {
+		if err := unix.Mount("", d, "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
+			fail(fmt.Errorf("make %s shared: %w", d, err))
+		}
 	}
 	// The node's network (nodenet.go): its loopback and the kubernetes
 	// Service's address; the harness adds the node's own.
@@ -109,7 +119,7 @@ type nodeNS struct {
 
 // startNodeNS starts the node's init and waits until it has set the
 // namespaces up.
-func startNodeNS(logDir, kubeletDir, stateDir string) (*nodeNS, error) {
+func startNodeNS(logDir, kubeletDir, stateDir, poolsDir string) (*nodeNS, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -125,7 +135,7 @@ func startNodeNS(logDir, kubeletDir, stateDir string) (*nodeNS, error) {
 		return nil, err
 	}
 	defer r.Close()
-	cmd := &exec.Cmd{Path: self, Args: []string{nodeInitName, kubeletDir, stateDir}, Stdout: w, Stderr: f}
+	cmd := &exec.Cmd{Path: self, Args: []string{nodeInitName, kubeletDir, stateDir, poolsDir}, Stdout: w, Stderr: f}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET,
 		Setpgid:    true,

@@ -472,3 +472,68 @@ func storageClass(t *testing.T, name string, parameters map[string]string) strin
 	})
 	return sc.Name
 }
+
+// Pool fast is on the first node alone (an xfs that clones by reflink;
+// the second node has no such directory, so its csi-node has no such
+// pool). A StorageClass that names the pool has capacity on the first node
+// and none on the second, as each node's provisioner publishes it; a pod
+// that prefers the second node is scheduled to the first, and its volume
+// is made in the pool there. A claim larger than the pool can hold finds
+// no node: its pod stays Pending, the scheduler saying why.
+func TestTwoNodesPoolSteersScheduling(t *testing.T) {
+	b := secondNode(t)
+	class := storageClass(t, "converge-fast", map[string]string{"converge.csi.dev/pool": fastPool})
+	poll(t, time.Minute, "CSIStorageCapacity of both nodes for "+class, func() (bool, string) {
+		caps, err := c.client.StorageV1().CSIStorageCapacities("kube-system").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		seen := map[string]*resource.Quantity{}
+		var all []string
+		for _, o := range caps.Items {
+			if o.StorageClassName != class || o.NodeTopology == nil {
+				continue
+			}
+			node := o.NodeTopology.MatchLabels[topologyKey]
+			seen[node] = o.Capacity
+			all = append(all, fmt.Sprintf("%s: %v", node, o.Capacity))
+		}
+		a, bb := seen[c.node], seen[b.node]
+		if a == nil || bb == nil {
+			return false, strings.Join(all, ", ")
+		}
+		if !bb.IsZero() || a.Cmp(resource.MustParse("512Mi")) < 0 || a.Cmp(resource.MustParse("1Gi")) > 0 {
+			return false, strings.Join(all, ", ")
+		}
+		t.Logf("CSIStorageCapacity for class %s: %s", class, strings.Join(all, ", "))
+		return true, ""
+	})
+	claimOf(t, "in-fast", fs, rwo, "64Mi", class)
+	pod := startPod(t, podSpec{name: "in-fast", claims: []string{"in-fast"}, prefer: b.node})
+	if pod.Spec.NodeName != c.node {
+		t.Errorf("a pod of pool %s that prefers %s, which lacks the pool, went to %s", fastPool, b.node, pod.Spec.NodeName)
+	}
+	v := boundVolume(t, "in-fast")
+	if _, err := os.Stat(filepath.Join(c.kubeNode.poolsDir, fastPool, v.handle+".img")); err != nil {
+		t.Errorf("the volume's image is not in pool %s of %s: %v", fastPool, c.node, err)
+	}
+	mustExec(t, pod.Name, "echo fast > "+dataDir+"/f && sync")
+
+	claimOf(t, "too-big", fs, rwo, "2Gi", class)
+	createPod(t, podSpec{name: "too-big", claims: []string{"too-big"}})
+	poll(t, time.Minute, "the pod of a claim no pool can hold unschedulable", func() (bool, string) {
+		events := podEvents("too-big")
+		return strings.Contains(events, "FailedScheduling") && strings.Contains(events, "storage"), events
+	})
+	if p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), "too-big", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Errorf("the pod of a claim larger than pool %s: %v on node %q, want it unscheduled", fastPool, err, p.Spec.NodeName)
+	}
+	deletePod(t, "too-big")
+	if err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(context.Background(), "too-big", metav1.DeleteOptions{}); err != nil {
+		t.Errorf("delete claim too-big: %v", err)
+	}
+	release(t, v, "in-fast", pod.Name)
+	if _, err := os.Stat(filepath.Join(c.kubeNode.poolsDir, fastPool, v.handle+".img")); !os.IsNotExist(err) {
+		t.Errorf("the released volume's image in pool %s: %v", fastPool, err)
+	}
+}
