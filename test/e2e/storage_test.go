@@ -105,6 +105,11 @@ func TestExternalStorage(t *testing.T) {
 	for _, f := range failed {
 		t.Errorf("FAILED: %s", f)
 	}
+	if len(failed) > 0 {
+		// The log goes with the run's directory: what failed must be
+		// read here.
+		t.Logf("the end of the suite's log:\n%s", tailFile(log.Name(), 150))
+	}
 	if runErr != nil && len(failed) == 0 {
 		t.Errorf("the suite failed: %v\n%s", runErr, tailFile(log.Name(), 60))
 	}
