@@ -74,7 +74,12 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return createRequest{}, err
 	}
-	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey, PoolKey); err != nil {
+	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey, PoolKey, state.OnNodeLossKey); err != nil {
+		return createRequest{}, err
+	}
+	// What the cluster does when this node is gone is converge-controller's
+	// to carry out; a class that names no such choice provisions nothing.
+	if _, err := state.ParseOnNodeLoss(params[state.OnNodeLossKey]); err != nil {
 		return createRequest{}, err
 	}
 	r := createRequest{name: name, id: c.volumeID(name), fsType: fsTypeOf(params, req.GetVolumeCapabilities()),

@@ -1,9 +1,16 @@
 package controller
 
 import (
+	"errors"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converge-csi/converge/pkg/rpcerr"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // TestFsTypeOf owns the filesystem a CreateVolume's volume will carry: the
@@ -31,5 +38,27 @@ func TestFsTypeOf(t *testing.T) {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestOnNodeLossParameter checks that CreateVolume takes the class's
+// on-node-loss choice, which converge-controller carries out, and refuses
+// a value it does not know, making nothing.
+func TestOnNodeLossParameter(t *testing.T) {
+	c, _, images := newController(t)
+	for _, v := range []string{"retain", "release"} {
+		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: v, VolumeCapabilities: capMount,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{state.OnNodeLossKey: v}})
+		if err != nil {
+			t.Errorf("%s=%s: %v", state.OnNodeLossKey, v, err)
+		}
+	}
+	_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "odd", VolumeCapabilities: capMount,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{state.OnNodeLossKey: "delete"}})
+	if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), state.OnNodeLossKey) {
+		t.Errorf("%s=delete: got %v, want INVALID_ARGUMENT naming the parameter", state.OnNodeLossKey, err)
+	}
+	if _, err := images.Size("odd_node"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused volume's image: %v", err)
 	}
 }

@@ -1,0 +1,26 @@
+package state
+
+import "testing"
+
+func TestParseOnNodeLoss(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want OnNodeLoss
+		ok   bool
+	}{
+		{"", OnNodeLossRetain, true},
+		{"retain", OnNodeLossRetain, true},
+		{"release", OnNodeLossRelease, true},
+		{"Release", "", false},
+		{"delete", "", false},
+		{" retain", "", false},
+	} {
+		got, err := ParseOnNodeLoss(tc.in)
+		if got != tc.want || (err == nil) != tc.ok {
+			t.Errorf("ParseOnNodeLoss(%q) = %q, %v; want %q, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
+		if err != nil && AsError(err).Kind != KindInvalidArgument {
+			t.Errorf("ParseOnNodeLoss(%q): kind %v, want InvalidArgument", tc.in, AsError(err).Kind)
+		}
+	}
+}
