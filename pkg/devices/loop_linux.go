@@ -141,6 +141,9 @@ func claimLoop(ctl, backing *os.File) (string, error) {
 	return dev, nil
 }
 
+// sectorSize is the logical block size of every volume's loop device.
+const sectorSize = 512
+
 // attachMu makes the attaches of this process take turns (AttachLoop).
 var attachMu sync.Mutex
 
@@ -150,7 +153,14 @@ func configureLoop(dev string, backing *os.File) error {
 		return fmt.Errorf("opening %s: %w", dev, err)
 	}
 	defer f.Close()
-	cfg := unix.LoopConfig{Fd: uint32(backing.Fd())}
+	// 512 byte sectors, always: a filesystem made on the device was made
+	// for them, and mounts on them wherever the image lives. Left to the
+	// kernel, the sector size follows the backing file's direct I/O
+	// alignment, which xfs raises to its block size once the file shares
+	// blocks (a snapshot, a clone): an ext4 of 1 KiB blocks would no
+	// longer mount. Where the backing wants more than 512, the device
+	// runs without direct I/O instead.
+	cfg := unix.LoopConfig{Fd: uint32(backing.Fd()), Size: sectorSize}
 	cfg.Info.Flags = unix.LO_FLAGS_DIRECT_IO
 	name := backing.Name()
 	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], name)

@@ -1,6 +1,10 @@
 package devices
 
 import (
+	"bytes"
+	"os/exec"
+	"syscall"
+
 	"github.com/converge-csi/converge/test/testenv/loops"
 
 	"fmt"
@@ -79,5 +83,57 @@ func TestClaimWait(t *testing.T) {
 				t.Errorf("claimWait(%d, %v): got %v, want %v to %v", c.lost, c.r, got, c.min, c.max)
 			}
 		})
+	}
+}
+
+// TestCloneMountsWhereItsSourceDid makes an ext4 on a small volume in an
+// xfs with reflinks (mke2fs picks 1 KiB blocks for it, on a device of 512
+// byte sectors), clones the image and mounts the clone. xfs asks direct
+// I/O to a file that shares blocks for whole filesystem blocks (4 KiB):
+// a loop device that took its sector size from that refused the clone's
+// 1 KiB filesystem ("bad block size"), and so the source's own once it
+// was snapshotted. A volume's device keeps 512 byte sectors on every
+// backing, which every filesystem mounts on.
+func TestCloneMountsWhereItsSourceDid(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mounts")
+	}
+	dir, _ := mountFresh(t, t.TempDir(), "xfs", "-m", "reflink=1")
+	src, clone := filepath.Join(dir, "src.img"), filepath.Join(dir, "clone.img")
+	mnt := t.TempDir()
+	attach := func(img string) string {
+		dev, err := AttachLoop(img, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { loops.Release(dev, dir) })
+		return dev
+	}
+	if err := os.WriteFile(src, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(src, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	dev := attach(src)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", dev).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	if err := DetachLoop(dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := CopyFile(t.Context(), src, clone, CopyReflink, CopyOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, img := range []string{clone, src} {
+		dev := attach(img)
+		if err := syscall.Mount(dev, mnt, "ext4", 0, ""); err != nil {
+			sectors, _ := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "queue", "logical_block_size"))
+			t.Errorf("mounting the ext4 of %s, which shares its blocks: %v (the device's sectors: %s bytes)", filepath.Base(img), err, bytes.TrimSpace(sectors))
+			continue
+		}
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
