@@ -34,9 +34,13 @@ const (
 	// suite's parallel tests use on a node at once.
 	maxVolumesPerNode = 32
 	// fastPool is the storage pool that only the first node has (an xfs
-	// that clones by reflink, cluster.go), of fastPoolSize bytes.
-	fastPool     = "fast"
-	fastPoolSize = 1 << 30
+	// that clones by reflink, cluster.go), of fastPoolSize bytes, of
+	// which it promises thin volumes fastPoolRatio times over (the storage
+	// suite's snapshot tests in the pool make many volumes at once, and
+	// write little to them).
+	fastPool      = "fast"
+	fastPoolSize  = 4 << 30
+	fastPoolRatio = 4
 )
 
 // installArgs are the arguments the run adds to csi-node's in deploy/:
@@ -45,7 +49,7 @@ const (
 // (TestVolumeConditionReachesThePod), a volume limit, and the pool fast,
 // which only the first node has (TestTwoNodesPoolSteersScheduling).
 var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
-	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool}
+	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
 
 // installPoolsRoot is what the run adds to deploy/'s DaemonSet for its
 // pools, as deploy/'s commented example says: the pools' root mounted into

@@ -48,7 +48,7 @@ func helmValues(logLevel int) map[string]any {
 			"snapshotter":   map[string]any{"image": snapshotterImage},
 		},
 		"snapshots": map[string]any{"enabled": true},
-		"pools":     []any{map[string]any{"name": fastPool}},
+		"pools":     []any{map[string]any{"name": fastPool, "ratio": fastPoolRatio}},
 	}
 }
 

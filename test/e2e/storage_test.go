@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/xml"
@@ -15,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -35,6 +37,46 @@ func TestExternalStorage(t *testing.T) {
 	if *storageSuite == "" {
 		t.Skip("the External Storage tests run with -storage-suite=parallel or all (make conformance)")
 	}
+	runStorageSuite(t, filepath.Join(c.repo, "test", "e2e", "storage", "converge.yaml"), *storageFocus, "storage")
+}
+
+// TestExternalStorageSnapshotsInPool runs the suite's snapshot and clone
+// tests again with converge.yaml's capabilities and the StorageClass
+// storage/storageclass-fast.yaml of pool fast: an xfs that clones by
+// reflink, on the first node alone. Each snapshot lives in its volume's
+// pool and each restore and clone is made there by a reflink; the
+// scheduler finds the node through the class's capacity.
+func TestExternalStorageSnapshotsInPool(t *testing.T) {
+	if *storageSuite == "" {
+		t.Skip("the External Storage tests run with -storage-suite=parallel or all (make conformance)")
+	}
+	b, err := os.ReadFile(filepath.Join(c.repo, "test", "e2e", "storage", "converge.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const class = "FromFile: deploy/storageclass.yaml"
+	if bytes.Count(b, []byte(class)) != 1 {
+		t.Fatalf("storage/converge.yaml has no line %q to replace", class)
+	}
+	driver := filepath.Join(c.dir, "converge-fast.yaml")
+	b = bytes.Replace(b, []byte(class), []byte("FromFile: test/e2e/storage/storageclass-fast.yaml"), 1)
+	if err := os.WriteFile(driver, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	focus := `snapshottable|provisioning should provision storage with (snapshot|pvc) data source`
+	if *storageFocus != "" {
+		focus = *storageFocus
+	}
+	runStorageSuite(t, driver, focus, "storage-fast")
+}
+
+// runStorageSuite runs the External Storage tests of the driver definition
+// in the file driver (those whose names match focus, if not empty),
+// less the skip list. Its JUnit report is <name>-junit.xml in the run's
+// directory (the main run's at -storage-report, if given), its log
+// <name>-suite.log in the run's logs. A run in which
+// no test ran fails: a focus that matched nothing proves nothing.
+func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 	skips, err := readSkips(filepath.Join(c.repo, "test", "e2e", "storage", "skip.txt"))
 	if err != nil {
 		t.Fatal(err)
@@ -48,19 +90,17 @@ func TestExternalStorage(t *testing.T) {
 	for i, s := range skips {
 		patterns[i] = "(" + s.pattern + ")"
 	}
-	bin := filepath.Join(c.dir, "e2e.test")
-	build := exec.Command("go", "test", "-c", "-o", bin, "./storagesuite")
-	build.Dir = filepath.Join(c.repo, "test", "e2e", "k8s")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building the suite: %v\n%s", err, out)
+	bin, err := storageSuiteBinary()
+	if err != nil {
+		t.Fatal(err)
 	}
-	report := filepath.Join(c.dir, "storage-junit.xml")
-	if *storageReport != "" {
+	report := filepath.Join(c.dir, name+"-junit.xml")
+	if *storageReport != "" && name == "storage" {
 		report, _ = filepath.Abs(*storageReport)
 	}
 	focus := `External Storage \[Driver: converge\.csi\.dev\]`
-	if *storageFocus != "" {
-		focus += ".*(" + *storageFocus + ")"
+	if focusOn != "" {
+		focus += ".*(" + focusOn + ")"
 	}
 	// The suite's own flags; ginkgo's go to the runner, which starts
 	// storageProcs processes of the suite: most of a test's time is spent
@@ -76,7 +116,7 @@ func TestExternalStorage(t *testing.T) {
 		bin, "--",
 		"--kubeconfig=" + c.admin,
 		"--repo-root=" + c.repo,
-		"--storage.testdriver=" + filepath.Join(c.repo, "test", "e2e", "storage", "converge.yaml"),
+		"--storage.testdriver=" + driver,
 		"--report-dir=" + filepath.Join(c.dir, "storage-report"),
 		"--node-os-distro=debian",
 		"--allowed-not-ready-nodes=0",
@@ -84,7 +124,7 @@ func TestExternalStorage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 160*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, "ginkgo"), args...)
-	log, err := os.Create(filepath.Join(c.logs, "storage-suite.log"))
+	log, err := os.Create(filepath.Join(c.logs, name+"-suite.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +133,7 @@ func TestExternalStorage(t *testing.T) {
 	start := time.Now()
 	runErr := cmd.Run()
 	t.Logf("the suite ran %.0fs; its log is %s", time.Since(start).Seconds(), log.Name())
-	counts, failed, err := readJUnit(report, skips)
+	counts, ran, failed, err := readJUnit(report, skips)
 	if err != nil {
 		t.Fatalf("reading the suite's report: %v (the suite: %v)\n%s", err, runErr, tailFile(log.Name(), 60))
 	}
@@ -101,6 +141,9 @@ func TestExternalStorage(t *testing.T) {
 	// The stand-ins retry what fails; a run that passed slowly may say why.
 	for _, n := range c.nodes {
 		t.Logf("the end of the provisioner's stand-in's log on %s:\n%s", n.node, n.containerLogTail("csi-provisioner", 10))
+	}
+	if ran == 0 {
+		t.Errorf("no External Storage test ran (focus %q)", focus)
 	}
 	for _, f := range failed {
 		t.Errorf("FAILED: %s", f)
@@ -114,6 +157,17 @@ func TestExternalStorage(t *testing.T) {
 		t.Errorf("the suite failed: %v\n%s", runErr, tailFile(log.Name(), 60))
 	}
 }
+
+// storageSuiteBinary builds the suite once per run, in the run's directory.
+var storageSuiteBinary = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(c.dir, "e2e.test")
+	build := exec.Command("go", "test", "-c", "-o", bin, "./storagesuite")
+	build.Dir = filepath.Join(c.repo, "test", "e2e", "k8s")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the suite: %v\n%s", err, out)
+	}
+	return bin, nil
+})
 
 // storageProcs is how many processes of the suite run its tests at once.
 const storageProcs = 6
@@ -177,15 +231,15 @@ var testsuiteOf = regexp.MustCompile(`^(?:\[\w+\] )?External Storage \[Driver: [
 // readJUnit counts the tests of each testsuite that ran, passed, were
 // skipped by the suite itself (it says why) and were left out by the skip
 // list, and lists the failed ones. Below the table it gives each reason
-// with how many tests it skipped.
-func readJUnit(path string, skips []skip) (string, []string, error) {
+// with how many tests it skipped. It also answers how many tests ran.
+func readJUnit(path string, skips []skip) (string, int, []string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	var r junitSuite
 	if err := xml.Unmarshal(b, &r); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	type count struct{ ran, passed, skipped, listed int }
 	counts := map[string]*count{}
@@ -255,7 +309,7 @@ func readJUnit(path string, skips []skip) (string, []string, error) {
 	for _, t := range ran[:min(5, len(ran))] {
 		fmt.Fprintf(&sb, "%6.0fs  %s\n", t.secs, t.name)
 	}
-	return sb.String(), failed, nil
+	return sb.String(), len(ran), failed, nil
 }
 
 // firstSentence is a reason's first sentence, for the summary.

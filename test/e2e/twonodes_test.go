@@ -460,10 +460,23 @@ func TestTwoNodesPoolSteersScheduling(t *testing.T) {
 	b := secondNode(t)
 	class := storageClass(t, "converge-fast", map[string]string{"converge.csi.dev/pool": fastPool})
 	waitCapacities(t, class, b, func(a, bb *resource.Quantity) bool {
-		return bb.IsZero() && a.Cmp(resource.MustParse("512Mi")) >= 0 && a.Cmp(resource.MustParse("1Gi")) <= 0
+		return bb.IsZero() && a.Value() >= fastPoolSize/2 && a.Value() <= fastPoolSize
 	})
+	// The first node's two pools, as its csi-node reports them, and what
+	// its provisioner published for the class of each.
+	waitCapacities(t, "converge", b, func(a, bb *resource.Quantity) bool { return !a.IsZero() && !bb.IsZero() })
+	pod, err := c.kubeNode.driverPod(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := c.kubectl(t.Context(), "-n", daemonSetNamespace, "exec", pod.Name, "-c", "csi-node", "--", "csi-node", "status")
+	if err != nil || !strings.Contains(status, "POOL default") || !strings.Contains(status, "POOL "+fastPool) {
+		t.Errorf("csi-node status on %s: %v; want both pools:\n%s", c.node, err, status)
+	}
+	t.Logf("csi-node status on %s:\n%s", c.node, status)
+
 	claimOf(t, "in-fast", fs, rwo, "64Mi", class)
-	pod := startPod(t, podSpec{name: "in-fast", claims: []string{"in-fast"}, prefer: b.node})
+	pod = startPod(t, podSpec{name: "in-fast", claims: []string{"in-fast"}, prefer: b.node})
 	if pod.Spec.NodeName != c.node {
 		t.Errorf("a pod of pool %s that prefers %s, which lacks the pool, went to %s", fastPool, b.node, pod.Spec.NodeName)
 	}
@@ -473,7 +486,7 @@ func TestTwoNodesPoolSteersScheduling(t *testing.T) {
 	}
 	mustExec(t, pod.Name, "echo fast > "+dataDir+"/f && sync")
 
-	claimOf(t, "too-big", fs, rwo, "2Gi", class)
+	claimOf(t, "too-big", fs, rwo, strconv.Itoa(2*fastPoolSize), class)
 	createPod(t, podSpec{name: "too-big", claims: []string{"too-big"}})
 	poll(t, time.Minute, "the pod of a claim no pool can hold unschedulable", func() (bool, string) {
 		events := podEvents("too-big")
