@@ -1,0 +1,201 @@
+// Command converge-controller is converge's cluster-side controller: the
+// only converge component that talks to the API server. It runs as a small
+// Deployment; its replicas elect a leader on a Lease, and the leader looks
+// after the driver's volumes whose node is gone (pkg/nodeloss).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/nodeloss"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = ""
+
+const (
+	// defaultDriverName and topologyKey are csi-node's (main_test.go
+	// holds them to it): the driver whose volumes are looked after, and
+	// the topology segment that pins each to its node.
+	defaultDriverName = "converge.csi.dev"
+	topologyKey       = "topology.converge.csi.dev/node"
+	// leaseName is the Lease the replicas elect their leader on.
+	leaseName = "converge-controller"
+)
+
+type options struct {
+	kubeconfig, driverName, namespace, identity, httpAddress string
+	grace, resync                                            time.Duration
+	leaseDuration, renewDeadline, retryPeriod                time.Duration
+}
+
+func main() {
+	host, _ := os.Hostname()
+	ns := os.Getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = "kube-system"
+	}
+	var o options
+	fs := flag.CommandLine
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: the pod's service account)")
+	fs.StringVar(&o.driverName, "driver-name", defaultDriverName, "CSI driver whose volumes to look after")
+	fs.StringVar(&o.namespace, "leader-election-namespace", ns, "namespace of the Lease the replicas elect their leader on (default $POD_NAMESPACE, else kube-system)")
+	fs.StringVar(&o.identity, "identity", host, "this replica's name in the Lease")
+	fs.StringVar(&o.httpAddress, "http-address", ":9812", "host:port serving /metrics and /healthz (empty: none)")
+	fs.DurationVar(&o.grace, "deleted-node-grace", time.Minute, "how long a node's object must be absent before its volumes are taken for lost (a kubelet registers a Node deleted by mistake again within seconds); a node with the node.kubernetes.io/out-of-service taint is lost at once")
+	fs.DurationVar(&o.resync, "resync-period", 5*time.Minute, "longest time between two passes over the volumes")
+	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long the other replicas wait before they take a Lease that is not renewed")
+	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew its Lease before it stops")
+	fs.DurationVar(&o.retryPeriod, "leader-election-retry-period", 2*time.Second, "how often the replicas try to take or renew the Lease")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	klog.InitFlags(fs)
+	flag.Parse()
+	if *showVersion {
+		fmt.Println(buildVersion())
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		klog.ErrorS(err, "converge-controller failed")
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+// run elects and, while this replica leads, runs the controller, until ctx
+// ends. A replica that loses the lead returns an error, so that it starts
+// over with nothing of its term (its pod restarts).
+func run(ctx context.Context, o options) error {
+	if o.grace < 0 || o.resync <= 0 {
+		return fmt.Errorf("--deleted-node-grace must not be negative and --resync-period must be positive")
+	}
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.UserAgent = "converge-controller/" + buildVersion()
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := nodeloss.NewMetrics(reg)
+	health := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	if o.httpAddress != "" {
+		if err := serve(ctx, o.httpAddress, reg, health); err != nil {
+			return err
+		}
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-controller"})
+
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: o.namespace},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: o.identity},
+	}
+	var lost error
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock: lock, LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod,
+		ReleaseOnCancel: true, WatchDog: health, Name: leaseName,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(ctx context.Context) {
+				metrics.Leader.Set(1)
+				klog.InfoS("Leading", "lease", klog.KRef(o.namespace, leaseName), "identity", o.identity)
+				c := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: topologyKey,
+					Grace: o.grace, Resync: o.resync, Events: events, Metrics: metrics})
+				if err := c.Run(ctx); err != nil {
+					klog.ErrorS(err, "The controller stopped")
+				}
+			},
+			OnStoppedLeading: func() {
+				metrics.Leader.Set(0)
+				if ctx.Err() == nil {
+					lost = errors.New("lost the lead; starting over")
+				}
+			},
+			OnNewLeader: func(id string) {
+				if id != o.identity {
+					klog.InfoS("Another replica leads", "lease", klog.KRef(o.namespace, leaseName), "leader", id)
+				}
+			},
+		},
+	})
+	return lost
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		return rest.InClusterConfig()
+	}
+	return clientcmd.BuildConfigFromFlags("", kubeconfig)
+}
+
+// serve serves /metrics and /healthz (which fails when this replica leads
+// but has not renewed its Lease in time) at addr until ctx ends.
+func serve(ctx context.Context, addr string, reg *prometheus.Registry, health *leaderelection.HealthzAdaptor) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := health.Check(r); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			klog.ErrorS(err, "Serving /metrics and /healthz stopped", "address", addr)
+		}
+	}()
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	return nil
+}
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "devel"
+}

@@ -1,0 +1,39 @@
+// Package nodeloss is converge-controller's work: what the cluster does
+// with converge's volumes when their node is gone for good. A converge
+// volume is an image on one node's disk; its PersistentVolume is pinned to
+// that node by the topology key, so when the node is gone its claims stay
+// bound to it and the pods that use them stay Pending.
+//
+// A node is gone when its Node object has been absent for a grace period
+// (a kubelet whose Node was deleted by mistake registers it again within
+// seconds), or at once when it carries the node.kubernetes.io/out-of-service
+// taint, as Kubernetes' own non-graceful node shutdown has it. A node that
+// exists without the taint is never gone: nothing is ever released while it
+// is there.
+//
+// For each of the driver's volumes on a gone node, the StorageClass
+// parameter converge.csi.dev/on-node-loss decides (state.OnNodeLoss):
+//
+//   - retain (the default, and what a class that is gone or names no valid
+//     choice means): nothing is deleted. A Warning event on the claim and
+//     the volume says where the data is and what the operator can do; if
+//     the node comes back, so do the pods, with their data.
+//   - release: the claim is deleted, and the pods that use it (Pending, or
+//     left on the gone node), so that the StatefulSet makes both again and
+//     the new claim is provisioned on another node, empty. Only a
+//     StatefulSet's claims are released: a claim made by hand is nobody's
+//     to make again, so it is kept, with an event that says why (TopoLVM
+//     deletes every claim; converge will not delete what nothing re-creates).
+//     Once the claim is gone the volume is released: its PersistentVolume
+//     is deleted and the provisioner's finalizer taken off, as the
+//     provisioner of the gone node cannot run DeleteVolume. A volume whose
+//     reclaim policy is Retain keeps its PersistentVolume, Released.
+//
+// A node that comes back under its name finds its retained volumes where
+// they were. What was released is not given back: its images stay on the
+// node's disk, referenced by nothing, and csi-node gc lists them.
+//
+// Every pass is level-triggered: decide reads one consistent view (World)
+// and returns every action with its reason; act carries them out, each
+// idempotent, so a pass cut short is finished by the next.
+package nodeloss
