@@ -1,7 +1,8 @@
-# converge csi-node image.
+# converge csi-node image: the node plugin, and converge-controller (the
+# cluster-side controller, run by deploy/controller.yaml with this image).
 #   docker build -t <registry>/csi-node:<tag> --build-arg VERSION=<tag> .
 
-# Build stage: a static binary, built as an unprivileged user.
+# Build stage: static binaries, built as an unprivileged user.
 FROM golang:1.26-bookworm AS build
 RUN useradd --create-home --uid 10001 builder
 USER builder
@@ -12,6 +13,7 @@ COPY --chown=builder cmd ./cmd
 COPY --chown=builder pkg ./pkg
 ARG VERSION=devel
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/csi-node ./cmd/csi-node
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/converge-controller ./cmd/converge-controller
 
 # Final stage: the binary and exactly the OS tools it executes (mount-utils
 # runs mount, umount, blkid, blockdev, fsck, mkfs.* and the resize tools;
@@ -27,6 +29,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends e2fsprogs xfsprogs btrfs-progs util-linux mount \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /home/builder/csi-node /usr/local/bin/csi-node
+COPY --from=build /home/builder/converge-controller /usr/local/bin/converge-controller
 # csi-node needs root (privileged in the DaemonSet): it attaches loop
 # devices and mounts.
 ENTRYPOINT ["/usr/local/bin/csi-node"]

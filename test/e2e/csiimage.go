@@ -32,8 +32,8 @@ const (
 
 // buildCSINodeImage writes the csi-node image of the Dockerfile to an OCI
 // archive in the run's directory: the final stage's Debian root (cached,
-// see imageRoot) as one layer, the binary built as the build stage builds
-// it as the other, the Dockerfile's entry point and labels, version
+// see imageRoot) as one layer, the binaries (csi-node, converge-controller)
+// built as the build stage builds them as the other, the Dockerfile's entry point and labels, version
 // csiNodeImageTag.
 func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	d, err := readDockerfile(filepath.Join(c.repo, "Dockerfile"))
@@ -44,26 +44,30 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	bin := filepath.Join(c.dir, "image-csi-node")
 	args := []string{"build"}
 	for _, a := range d.buildArgs {
 		args = append(args, expand(a, csiNodeImageTag))
 	}
-	cmd := exec.CommandContext(ctx, "go", append(args, "-o", bin, d.buildPkg)...)
-	cmd.Dir, cmd.Env = c.repo, append(os.Environ(), d.buildEnv...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, out)
-	}
-	data, err := os.ReadFile(bin)
-	if err != nil {
-		return err
-	}
 	var files []layerFile
-	dir := strings.TrimPrefix(filepath.Dir(d.binary), "/")
-	for p := dir; p != "."; p = filepath.Dir(p) {
-		files = append([]layerFile{{name: p, dir: true}}, files...)
+	dirs := map[string]bool{}
+	for _, b := range d.binaries {
+		bin := filepath.Join(c.dir, "image-"+filepath.Base(b.pkg))
+		cmd := exec.CommandContext(ctx, "go", append(args, "-o", bin, b.pkg)...)
+		cmd.Dir, cmd.Env = c.repo, append(os.Environ(), d.buildEnv...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, out)
+		}
+		data, err := os.ReadFile(bin)
+		if err != nil {
+			return err
+		}
+		var parents []layerFile
+		for p := strings.TrimPrefix(filepath.Dir(b.path), "/"); p != "." && !dirs[p]; p = filepath.Dir(p) {
+			dirs[p] = true
+			parents = append([]layerFile{{name: p, dir: true}}, parents...)
+		}
+		files = append(append(files, parents...), layerFile{name: strings.TrimPrefix(b.path, "/"), mode: 0o755, data: data})
 	}
-	files = append(files, layerFile{name: strings.TrimPrefix(d.binary, "/"), mode: 0o755, data: data})
 	binLayer, err := layerTar(files)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -12,8 +13,8 @@ import (
 // dockerfile is what the harness reads of converge's Dockerfile to build
 // the csi-node image as "docker build" would, without a Docker engine: the
 // Debian suite of the final stage's base image, the packages it installs,
-// how the build stage builds the binary and where the final stage puts it,
-// and the image's entry point and labels. Reading is strict: an
+// how the build stage builds the binaries and where the final stage puts
+// them, and the image's entry point and labels. Reading is strict: an
 // instruction or a form the harness would not reproduce is an error, so
 // the Dockerfile cannot grow a step the tested image lacks.
 type dockerfile struct {
@@ -21,10 +22,16 @@ type dockerfile struct {
 	packages   []string          // installed without recommends by the final stage
 	buildEnv   []string          // the build stage's go build environment (CGO_ENABLED=0)
 	buildArgs  []string          // its go build arguments, ${VERSION} not yet replaced, -o and package removed
-	buildPkg   string            // the package it builds, ./cmd/csi-node
-	binary     string            // where the final stage puts the binary
+	binaries   []imageBinary     // in the order the final stage copies them
 	entrypoint []string          // the exec form of ENTRYPOINT
 	labels     map[string]string // ${VERSION} not yet replaced
+}
+
+// imageBinary is a command the build stage builds and the final stage
+// copies into the image.
+type imageBinary struct {
+	pkg  string // ./cmd/<name>
+	path string // in the image
 }
 
 // buildStage lists the instructions of the build stage that shape the
@@ -47,7 +54,7 @@ var buildStage = []string{
 var (
 	finalFrom   = regexp.MustCompile(`^FROM debian:([a-z]+)-slim$`)
 	aptInstall  = regexp.MustCompile(`^RUN apt-get update && apt-get install -y --no-install-recommends ([a-z0-9. +-]+) && rm -rf /var/lib/apt/lists/\*$`)
-	goBuild     = regexp.MustCompile(`^RUN ((?:[A-Z_]+=\S+ )*)go build (.*) -o (\S+) (\./cmd/csi-node)$`)
+	goBuild     = regexp.MustCompile(`^RUN ((?:[A-Z_]+=\S+ )*)go build (.*) -o (\S+) (\./cmd/[a-z-]+)$`)
 	copyBinary  = regexp.MustCompile(`^COPY --from=build (\S+) (\S+)$`)
 	labelPair   = regexp.MustCompile(`^([a-z0-9.]+)="([^"]*)"\s*`)
 	versionArg  = "ARG VERSION=devel"
@@ -65,24 +72,28 @@ func readDockerfile(path string) (*dockerfile, error) {
 	if final < 0 {
 		return nil, fmt.Errorf("%s: no final stage", path)
 	}
-	built := ""
+	built := map[string]string{} // where the build stage puts each package's binary
 	for _, l := range lines[:final] {
 		if m := goBuild.FindStringSubmatch(l); m != nil {
-			if built != "" {
-				return nil, fmt.Errorf("%s: the build stage builds twice", path)
-			}
-			d.buildEnv = strings.Fields(m[1])
-			if d.buildArgs, err = shellWords(m[2]); err != nil {
+			env := strings.Fields(m[1])
+			args, err := shellWords(m[2])
+			if err != nil {
 				return nil, fmt.Errorf("%s: %q: %v", path, l, err)
 			}
-			built, d.buildPkg = m[3], m[4]
+			if len(built) > 0 && (!slices.Equal(env, d.buildEnv) || !slices.Equal(args, d.buildArgs)) {
+				return nil, fmt.Errorf("%s: %q: every go build must have the same environment and arguments", path, l)
+			}
+			if _, ok := built[m[3]]; ok {
+				return nil, fmt.Errorf("%s: two builds write %s", path, m[3])
+			}
+			d.buildEnv, d.buildArgs, built[m[3]] = env, args, m[4]
 			continue
 		}
 		if !slices.Contains(buildStage, l) {
 			return nil, fmt.Errorf("%s: the harness does not reproduce the build stage's %q", path, l)
 		}
 	}
-	if built == "" {
+	if !slices.Contains(slices.Collect(maps.Values(built)), "./cmd/csi-node") {
 		return nil, fmt.Errorf("%s: the build stage has no go build of ./cmd/csi-node", path)
 	}
 	for _, l := range lines[final:] {
@@ -104,10 +115,12 @@ func readDockerfile(path string) (*dockerfile, error) {
 			d.packages = strings.Fields(aptInstall.FindStringSubmatch(l)[1])
 		case copyBinary.MatchString(l):
 			m := copyBinary.FindStringSubmatch(l)
-			if m[1] != built {
-				return nil, fmt.Errorf("%s: the final stage copies %s, the build stage builds %s", path, m[1], built)
+			pkg, ok := built[m[1]]
+			if !ok {
+				return nil, fmt.Errorf("%s: the final stage copies %s, which the build stage does not build", path, m[1])
 			}
-			d.binary = m[2]
+			delete(built, m[1])
+			d.binaries = append(d.binaries, imageBinary{pkg: pkg, path: m[2]})
 		case strings.HasPrefix(l, "ENTRYPOINT "):
 			if d.entrypoint, err = execForm(strings.TrimPrefix(l, "ENTRYPOINT ")); err != nil {
 				return nil, fmt.Errorf("%s: %v", path, err)
@@ -116,8 +129,11 @@ func readDockerfile(path string) (*dockerfile, error) {
 			return nil, fmt.Errorf("%s: the harness does not reproduce the final stage's %q", path, l)
 		}
 	}
-	if d.suite == "" || len(d.packages) == 0 || d.binary == "" || len(d.entrypoint) == 0 {
-		return nil, fmt.Errorf("%s: the final stage lacks its base, its packages, the binary or the entry point: %+v", path, *d)
+	if len(built) > 0 {
+		return nil, fmt.Errorf("%s: the build stage builds %v, which the final stage does not copy", path, slices.Sorted(maps.Values(built)))
+	}
+	if d.suite == "" || len(d.packages) == 0 || len(d.entrypoint) == 0 {
+		return nil, fmt.Errorf("%s: the final stage lacks its base, its packages or the entry point: %+v", path, *d)
 	}
 	return d, nil
 }

@@ -17,8 +17,9 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.suite != "bookworm" || !slices.Contains(d.packages, "xfsprogs") || d.binary != "/usr/local/bin/csi-node" ||
-		!slices.Equal(d.entrypoint, []string{"/usr/local/bin/csi-node"}) || d.buildPkg != "./cmd/csi-node" ||
+	want := []imageBinary{{"./cmd/csi-node", "/usr/local/bin/csi-node"}, {"./cmd/converge-controller", "/usr/local/bin/converge-controller"}}
+	if d.suite != "bookworm" || !slices.Contains(d.packages, "xfsprogs") || !slices.Equal(d.binaries, want) ||
+		!slices.Equal(d.entrypoint, []string{"/usr/local/bin/csi-node"}) ||
 		!slices.Equal(d.buildEnv, []string{"CGO_ENABLED=0"}) || expand(d.labels["org.opencontainers.image.version"], "v9") != "v9" {
 		t.Errorf("read %+v", *d)
 	}
@@ -43,6 +44,12 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 			return strings.Replace(s, "COPY --from=build /home/builder/csi-node", "COPY --from=build /tmp/csi-node", 1)
 		},
 		"a build flag in a RUN": func(s string) string { return strings.Replace(s, "RUN go mod download", "RUN go mod download -x", 1) },
+		"a binary built and not copied": func(s string) string {
+			return strings.Replace(s, "COPY --from=build /home/builder/converge-controller /usr/local/bin/converge-controller\n", "", 1)
+		},
+		"two binaries built differently": func(s string) string {
+			return strings.Replace(s, `-X main.version=${VERSION}" -o /home/builder/converge-controller`, `" -o /home/builder/converge-controller`, 1)
+		},
 	} {
 		changed := edit(string(orig))
 		if changed == string(orig) {
