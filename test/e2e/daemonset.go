@@ -51,6 +51,14 @@ const (
 var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
 	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
 
+// controllerName is deploy/'s converge-controller Deployment, whose
+// --deleted-node-grace the run shortens to deletedNodeGrace (the node loss
+// tests wait it out).
+const (
+	controllerName   = "converge-controller"
+	deletedNodeGrace = "10s"
+)
+
 // installPoolsRoot is what the run adds to deploy/'s DaemonSet for its
 // pools, as deploy/'s commented example says: the pools' root mounted into
 // csi-node's container.
@@ -61,8 +69,8 @@ var installPoolsRoot = []struct{ path, value string }{
 
 // installKustomizations are the run's kustomizations of deploy/, which
 // lies at fromBase relative to base and at fromTop relative to top: base
-// changes csi-node's arguments
-// (deploy/'s first container, which the patch checks by name), and top,
+// changes csi-node's arguments (deploy/'s first container, which the
+// patch checks by name) and converge-controller's, and top,
 // which names base, adds the snapshots component and sets the images, as
 // a user's overlay would.
 func installKustomizations(fromBase, fromTop string) (base, top string) {
@@ -86,6 +94,17 @@ patches:
 	for _, op := range installPoolsRoot {
 		fmt.Fprintf(&b, "      - op: add\n        path: %s\n        value: %s\n", op.path, op.value)
 	}
+	fmt.Fprintf(&b, `  - target:
+      kind: Deployment
+      name: %s
+    patch: |-
+      - op: test
+        path: /spec/template/spec/containers/0/name
+        value: converge-controller
+      - op: add
+        path: /spec/template/spec/containers/0/args/-
+        value: --deleted-node-grace=%s
+`, controllerName, deletedNodeGrace)
 	base = b.String()
 	b.Reset()
 	fmt.Fprintf(&b, `apiVersion: kustomize.config.k8s.io/v1beta1

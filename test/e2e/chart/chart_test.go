@@ -110,6 +110,9 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{name: "a pool called default", vals: map[string]any{"pools": []any{map[string]any{"name": "default"}}}, want: "pools"},
 		{name: "a pool's bad name", vals: map[string]any{"pools": []any{map[string]any{"name": "Fast"}}}, want: "pools"},
 		{name: "a pool with a directory of its own", vals: map[string]any{"pools": []any{map[string]any{"name": "fast", "dir": "/mnt/a"}}}, want: "dir"},
+		{name: "an on-node-loss converge does not know", vals: map[string]any{"storageClass": map[string]any{"onNodeLoss": "delete"}}, want: "onNodeLoss"},
+		{name: "a grace that is no duration", vals: map[string]any{"controller": map[string]any{"deletedNodeGrace": "60"}}, want: "deletedNodeGrace"},
+		{name: "no replica", vals: map[string]any{"controller": map[string]any{"replicas": 0}}, want: "replicas"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, tc.vals)
@@ -144,9 +147,10 @@ var variants = []struct {
 // each variant. A hand edit of either side fails it until the other
 // follows. The only differences allowed are Helm's own bookkeeping: the
 // labels Helm's conventions add (helm.sh/chart, app.kubernetes.io/
-// managed-by, instance and version; instance also in the DaemonSet's
-// selector, so that two releases never select each other's pods) and
-// helm.sh/ annotations (the CSIDriver is kept at uninstall).
+// managed-by, instance and version; instance also in the selectors of
+// the DaemonSet and the Deployment, so that two releases never select
+// each other's pods) and helm.sh/ annotations (the CSIDriver is kept at
+// uninstall).
 func TestSameObjectsAsDeploy(t *testing.T) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
@@ -229,7 +233,7 @@ func objects(t *testing.T, manifest string, fromChart bool) map[string]map[strin
 		meta, _ := o["metadata"].(map[string]any)
 		if fromChart {
 			dropHelm(meta)
-			if o["kind"] == "DaemonSet" {
+			if o["kind"] == "DaemonSet" || o["kind"] == "Deployment" {
 				spec := o["spec"].(map[string]any)
 				delete(spec["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
 				dropHelm(spec["template"].(map[string]any)["metadata"].(map[string]any))
@@ -322,7 +326,8 @@ func TestValuesReachTheObjects(t *testing.T) {
 			"featureGates": map[string]any{"VolumeHealth": true, "VolumeCondition": true},
 			"extraArgs":    []any{"--max-requests=100"},
 		},
-		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme"},
+		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme", "onNodeLoss": "release"},
+		"controller":   map[string]any{"replicas": 3, "logLevel": 4, "httpPort": 9901, "deletedNodeGrace": "5m", "extraArgs": []any{"--resync-period=1m"}},
 		"nodeSelector": map[string]any{"storage": "local"},
 		"pools":        []any{map[string]any{"name": "nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd"}},
 		"poolsRoot":    "/mnt/pools",
@@ -365,10 +370,29 @@ func TestValuesReachTheObjects(t *testing.T) {
 	if sc == nil {
 		t.Fatalf("no StorageClass fast among %v", union(objs, nil))
 	}
-	if got := fmt.Sprint(sc["parameters"]); got != "map[converge.csi.dev/mkfsOptions:-m reflink=1 converge.csi.dev/pool:nvme converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" {
+	if got := fmt.Sprint(sc["parameters"]); got != "map[converge.csi.dev/mkfsOptions:-m reflink=1 converge.csi.dev/on-node-loss:release converge.csi.dev/pool:nvme converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" {
 		t.Errorf("StorageClass parameters: got %s", got)
 	}
 	if ann := sc["metadata"].(map[string]any)["annotations"]; fmt.Sprint(ann) != "map[storageclass.kubernetes.io/is-default-class:true]" {
 		t.Errorf("StorageClass annotations: got %v, want it the default", ann)
+	}
+	ctrl := objs["Deployment kube-system/converge-controller"]
+	if ctrl == nil {
+		t.Fatalf("no converge-controller among %v", union(objs, nil))
+	}
+	cspec := ctrl["spec"].(map[string]any)
+	c := cspec["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	if got := fmt.Sprint(cspec["replicas"], " ", c["image"], " ", c["args"]); got != "3 registry.example/csi-node:v9 [--v=4 --identity=$(POD_NAME) --http-address=:9901 --deleted-node-grace=5m --resync-period=1m]" {
+		t.Errorf("converge-controller: replicas, image and args %s", got)
+	}
+	// Without the controller, none of its objects.
+	manifest, err = render(t, map[string]any{"controller": map[string]any{"enabled": false}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range objects(t, manifest, false) {
+		if strings.Contains(k, "controller") {
+			t.Errorf("controller.enabled false renders %s", k)
+		}
 	}
 }
