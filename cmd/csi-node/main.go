@@ -1,6 +1,7 @@
 // Command csi-node is the converge CSI node plugin. It parses flags into a
 // driver.Config and runs the driver until SIGTERM or SIGINT; mounts stay in
-// place when it stops.
+// place when it stops. "csi-node status" and "csi-node gc" ask a running
+// plugin, over its status socket, what it holds and what is left over.
 package main
 
 import (
@@ -49,6 +50,9 @@ func (p *poolFlag) Set(v string) error {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "status" {
 		os.Exit(statusCommand(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "gc" {
+		os.Exit(gcCommand(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	host, _ := os.Hostname()
 	var cfg driver.Config

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -35,8 +36,14 @@ func FetchStatus(ctx context.Context, stateDir, httpAddress string) (Status, err
 // in stateDir, or over httpAddress when it is set. It never opens the
 // store, so it works while the plugin runs and is busy.
 func fetch(ctx context.Context, stateDir, httpAddress, path string, out any) error {
+	return ask(ctx, stateDir, httpAddress, http.MethodGet, path, nil, out, 10*time.Second)
+}
+
+// ask sends a request with the JSON of in (nil: none) to a running plugin
+// and reads its JSON answer into out, within timeout.
+func ask(ctx context.Context, stateDir, httpAddress, method, path string, in, out any, timeout time.Duration) error {
 	url := "http://" + httpAddress + path
-	client := &http.Client{Timeout: 10 * time.Second}
+	client := &http.Client{Timeout: timeout}
 	if httpAddress == "" {
 		sock := driver.StatusSocket(stateDir)
 		url = "http://converge" + path
@@ -45,7 +52,15 @@ func fetch(ctx context.Context, stateDir, httpAddress, path string, out any) err
 			return d.DialContext(ctx, "unix", sock)
 		}}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
 		return err
 	}
@@ -55,7 +70,8 @@ func fetch(ctx context.Context, stateDir, httpAddress, path string, out any) err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("the plugin answered %s for %s", resp.Status, path)
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("the plugin answered %s for %s: %s", resp.Status, path, strings.TrimSpace(string(msg)))
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("reading %s: %w", path, err)

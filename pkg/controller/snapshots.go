@@ -228,24 +228,33 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := c.deleteSnapshotLocked(id); err != nil {
+		return nil, err
+	}
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// deleteSnapshotLocked deletes snapshot id, under the snapshots' lock,
+// unless it is being taken or restored; one that is not there is done.
+func (c *Controller) deleteSnapshotLocked(id string) error {
 	if source := c.takingSnapshot(id); source != "" {
-		return nil, state.Errorf(state.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
+		return state.Errorf(state.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
 	}
 	if n := c.pools.restoresFrom(id); n > 0 {
-		return nil, state.Errorf(state.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
+		return state.Errorf(state.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
 	}
 	_, space, err := c.pools.snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {
-		return &csi.DeleteSnapshotResponse{}, nil
+		return nil
 	}
 	if err != nil {
-		return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+		return state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
 	if err := space.opts.Snapshots.Delete(id); err != nil {
-		return nil, state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
+		return state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
 	}
 	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
-	return &csi.DeleteSnapshotResponse{}, nil
+	return nil
 }
 
 // ListSnapshots pages through this node's snapshots in ID order, all of

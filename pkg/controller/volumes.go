@@ -81,19 +81,22 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if space == nil {
 		return nil, state.Errorf(state.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, pool)
 	}
-	err := space.within(func(p promise) error {
-		if r := space.restores.get(id); r != nil {
-			return state.Errorf(state.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
-		}
-		if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
-			return err
-		}
-		return p.remove(id)
-	})
-	if err != nil {
+	if err := space.within(func(p promise) error { return c.deleteWithin(p, id) }); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// deleteWithin deletes volume id within the promise of its pool, unless it
+// is being restored, staged or published.
+func (c *Controller) deleteWithin(p promise, id string) error {
+	if r := p.s.restores.get(id); r != nil {
+		return state.Errorf(state.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
+	}
+	if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
+		return err
+	}
+	return p.remove(id)
 }
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {

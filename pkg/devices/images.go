@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -85,6 +86,16 @@ func (im *Images) Size(id string) (int64, error) {
 		return 0, err
 	}
 	return fi.Size(), nil
+}
+
+// Changed returns when id's image last changed, and its size; an error
+// matching os.ErrNotExist when there is none.
+func (im *Images) Changed(id string) (time.Time, int64, error) {
+	fi, err := os.Stat(im.Path(id))
+	if err != nil {
+		return time.Time{}, 0, err
+	}
+	return fi.ModTime(), fi.Size(), nil
 }
 
 // Grow makes id's image at least size bytes and returns its size; the new

@@ -168,7 +168,8 @@ func Run(ctx context.Context, cfg Config) error {
 
 	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, here, promises, pools) }
 	m.WatchPools(statuses)
-	stopHTTP, err := serveHTTP(cfg, newHTTPHandler(m, rec, statuses))
+	public := newHTTPHandler(m, rec, statuses)
+	stopHTTP, err := serveHTTP(cfg, public, newLocalHandler(public, rec, ctrl.Collect))
 	if err != nil {
 		return err
 	}

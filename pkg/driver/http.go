@@ -58,10 +58,49 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pools func()
 	return mux
 }
 
-// serveHTTP serves h on the status socket in the state directory (0600)
-// and, when configured, on cfg.HTTPAddress. The returned function stops
-// both.
-func serveHTTP(cfg Config, h http.Handler) (stop func(), err error) {
+// collector finds, and may delete, what nothing in the cluster references
+// (controller.Collect).
+type collector func(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error)
+
+// newLocalHandler serves, besides what public serves, POST /gc (csi-node
+// gc): only on the status socket, which root alone may open, as it
+// deletes. It answers once start-up reconstruction is done.
+func newLocalHandler(public http.Handler, rec *reconciler.Reconciler, collect collector) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", public)
+	mux.HandleFunc("POST /gc", func(w http.ResponseWriter, r *http.Request) {
+		if !rec.Ready() {
+			http.Error(w, "start-up reconstruction is not finished", http.StatusServiceUnavailable)
+			return
+		}
+		var req volstatus.GCRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<20)).Decode(&req); err != nil {
+			http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if req.MinAge < 0 {
+			http.Error(w, "minAge must not be negative", http.StatusBadRequest)
+			return
+		}
+		referenced := map[string]bool{}
+		for _, id := range req.Referenced {
+			referenced[id] = true
+		}
+		orphans, err := collect(r.Context(), referenced, req.MinAge, req.Delete)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(orphans)
+	})
+	return mux
+}
+
+// serveHTTP serves local on the status socket in the state directory
+// (0600) and, when configured, public on cfg.HTTPAddress. The returned
+// function stops both.
+func serveHTTP(cfg Config, public, local http.Handler) (stop func(), err error) {
 	sock := StatusSocket(cfg.StateDir)
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale status socket: %w", err)
@@ -72,6 +111,7 @@ func serveHTTP(cfg Config, h http.Handler) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", sock, err)
 	}
+	servers := []*http.Server{{Handler: local, ReadHeaderTimeout: 5 * time.Second}}
 	listeners := []net.Listener{unixLis}
 	if cfg.HTTPAddress != "" {
 		tcp, err := net.Listen("tcp", cfg.HTTPAddress)
@@ -79,12 +119,12 @@ func serveHTTP(cfg Config, h http.Handler) (stop func(), err error) {
 			unixLis.Close()
 			return nil, fmt.Errorf("listening on %s: %w", cfg.HTTPAddress, err)
 		}
+		servers = append(servers, &http.Server{Handler: public, ReadHeaderTimeout: 5 * time.Second})
 		listeners = append(listeners, tcp)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	for _, l := range listeners {
+	for i, l := range listeners {
 		go func() {
-			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := servers[i].Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				klog.Background().Error(err, "HTTP server failed", "address", l.Addr().String())
 			}
 		}()
@@ -92,7 +132,9 @@ func serveHTTP(cfg Config, h http.Handler) (stop func(), err error) {
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		srv.Shutdown(ctx)
+		for _, srv := range servers {
+			srv.Shutdown(ctx)
+		}
 		os.Remove(sock)
 	}, nil
 }

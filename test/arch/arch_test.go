@@ -31,7 +31,7 @@ var allowed = map[string][]string{
 	"cmd/converge-controller": {"pkg/nodeloss"},
 	"pkg/nodeloss":            {"pkg/state"},
 	"pkg/driver":              {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
-	"pkg/controller":          {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/nodeserver", "pkg/state"},
+	"pkg/controller":          {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/nodeserver", "pkg/state", "pkg/volstatus"},
 	"pkg/nodeserver":          {"pkg/host", "pkg/state"},
 	"pkg/rpcerr":              {"pkg/state"},
 	"pkg/reconciler":          {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},

@@ -1,0 +1,145 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/volstatus"
+)
+
+// Collect finds the volumes (images, and records without one) and the
+// snapshots of this node whose IDs referenced lacks, and with remove deletes
+// them through DeleteVolume's and DeleteSnapshot's own paths. It never
+// deletes one that changed within minAge (a volume just made may not have
+// its PersistentVolume yet), nor a volume staged, published or being
+// restored, nor a snapshot being taken or restored: each is checked again
+// under the lock its deletion takes, and reported kept with the reason.
+func (c *Controller) Collect(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error) {
+	now := time.Now()
+	ids := map[string]bool{}
+	for _, space := range c.pools.All() {
+		in, err := space.images.List()
+		if err != nil {
+			return nil, state.Errorf(state.KindInternal, "listing the volumes of pool %s: %w", space.Name(), err)
+		}
+		for _, id := range in {
+			ids[id] = true
+		}
+	}
+	for _, v := range c.store.List() {
+		ids[v.ID] = true
+	}
+	var out []volstatus.Orphan
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		if referenced[id] || ctx.Err() != nil {
+			continue
+		}
+		if o, ok := c.collectVolume(id, now, minAge, remove); ok {
+			out = append(out, o)
+		}
+	}
+	if c.snapshots == nil {
+		return out, ctx.Err()
+	}
+	for _, space := range c.pools.All() {
+		if space.opts.Snapshots == nil {
+			continue
+		}
+		all, err := space.opts.Snapshots.List()
+		if err != nil {
+			return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+		}
+		for _, info := range all {
+			if referenced[info.ID] || ctx.Err() != nil {
+				continue
+			}
+			out = append(out, c.collectSnapshot(space.Name(), info, now, minAge, remove))
+		}
+	}
+	return out, ctx.Err()
+}
+
+// collectVolume decides on volume id under its pool's lock; ok is false
+// when it is gone meanwhile.
+func (c *Controller) collectVolume(id string, now time.Time, minAge time.Duration, remove bool) (o volstatus.Orphan, ok bool) {
+	pool, space := c.pools.Of(id)
+	o = volstatus.Orphan{Kind: "volume", ID: id, Pool: pool}
+	if space == nil {
+		o.Kept = fmt.Sprintf("its pool %s is not on this node", pool)
+		return o, true
+	}
+	err := space.within(func(p promise) error {
+		changed, size, err := space.images.Changed(id)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			if v, _ := c.store.Get(id); v == nil {
+				return errGone
+			}
+		case err != nil:
+			return err
+		default:
+			o.Bytes, o.Changed = size, changed
+			if age := now.Sub(changed); age < minAge {
+				o.Kept = fmt.Sprintf("changed %s ago, within the least age %s", age.Round(time.Second), minAge)
+				return nil
+			}
+		}
+		if v, _ := c.store.Get(id); v != nil && v.HasNodeIntent() {
+			o.Kept = "staged or published on this node"
+			return nil
+		}
+		if r := space.restores.get(id); r != nil {
+			o.Kept = "being restored from snapshot " + r.snapshot
+			return nil
+		}
+		if !remove {
+			return nil
+		}
+		if err := c.deleteWithin(p, id); err != nil {
+			return err
+		}
+		o.Deleted = true
+		klog.InfoS("Deleted a volume nothing references (csi-node gc)", "volumeID", id, "pool", pool, "bytes", o.Bytes)
+		return nil
+	})
+	switch {
+	case errors.Is(err, errGone):
+		return o, false
+	case err != nil:
+		o.Kept = err.Error()
+	}
+	return o, true
+}
+
+// errGone says a volume went while it was being collected.
+var errGone = errors.New("gone")
+
+// collectSnapshot decides on the snapshot under the snapshots' lock.
+func (c *Controller) collectSnapshot(pool string, info devices.SnapshotInfo, now time.Time, minAge time.Duration, remove bool) volstatus.Orphan {
+	o := volstatus.Orphan{Kind: "snapshot", ID: info.ID, Pool: pool, Bytes: info.Size, Changed: info.Created}
+	if age := now.Sub(info.Created); age < minAge {
+		o.Kept = fmt.Sprintf("taken %s ago, within the least age %s", age.Round(time.Second), minAge)
+		return o
+	}
+	if !remove {
+		return o
+	}
+	c.snapshots.mu.Lock()
+	defer c.snapshots.mu.Unlock()
+	if err := c.deleteSnapshotLocked(info.ID); err != nil {
+		o.Kept = err.Error()
+		return o
+	}
+	o.Deleted = true
+	klog.InfoS("Deleted a snapshot nothing references (csi-node gc)", "snapshotID", info.ID, "pool", pool)
+	return o
+}

@@ -1,0 +1,151 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+// TestGC runs "csi-node gc" against the running plugin with a listing of
+// the cluster's PersistentVolumes, as the README's kubectl pipeline feeds
+// it: a dry run lists what nothing references and deletes nothing;
+// --delete deletes it through DeleteVolume's and DeleteSnapshot's own
+// paths; what is referenced, staged, or changed within --min-age stays,
+// each with the reason. Input that is not one whole List deletes nothing.
+func TestGC(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, "a free port", err)
+	addr := l.Addr().String()
+	l.Close()
+	p := testenv.New(t, "--http-address="+addr)
+	p.Start()
+	ref := create(t, p, "gc-ref")
+	old := create(t, p, "gc-old")
+	young := create(t, p, "gc-young")
+	staged, staging, target := upPublished(t, p, "gc-staged")
+	snap := snapshotOf(t, p, "gc-snap", ref).GetSnapshotId()
+	twoHoursAgo := time.Now().Add(-2 * time.Hour)
+	for _, id := range []string{ref, old, staged} {
+		must(t, "aging "+id, os.Chtimes(filepath.Join(p.DataDir, id+".img"), twoHoursAgo, twoHoursAgo))
+	}
+	// The listing references ref; a volume of another driver with old's
+	// handle references nothing of converge's.
+	listing := `{"apiVersion": "v1", "kind": "List", "items": [
+		{"kind": "PersistentVolume", "spec": {"csi": {"driver": "converge.csi.dev", "volumeHandle": "` + ref + `"}}},
+		{"kind": "PersistentVolume", "spec": {"csi": {"driver": "other.csi.dev", "volumeHandle": "` + old + `"}}},
+		{"kind": "PersistentVolume", "spec": {"hostPath": {"path": "/x"}}}]}`
+	gc := func(input string, args ...string) (string, error) {
+		cmd := exec.Command(testenv.Binary(t), append([]string{"gc", "--state-dir", p.StateDir}, args...)...)
+		cmd.Stdin = strings.NewReader(input)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		return out.String(), err
+	}
+	exists := func(id string) bool {
+		_, err := os.Stat(filepath.Join(p.DataDir, id+".img"))
+		return err == nil
+	}
+	line := func(out, id string) string {
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, " "+id+" ") {
+				return l
+			}
+		}
+		return ""
+	}
+
+	// gc deletes: it is served on the status socket alone, which root
+	// alone may open, never on the TCP address of /metrics.
+	resp, err := http.Post("http://"+addr+"/gc", "application/json", strings.NewReader(`{"referenced": [], "minAge": 0, "delete": true}`))
+	must(t, "POST /gc over TCP", err)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK || !exists(old) {
+		t.Fatalf("POST /gc over TCP: %s; old there: %v", resp.Status, exists(old))
+	}
+
+	out, err := gc(listing, "--min-age=1h")
+	must(t, "csi-node gc (dry run)", err)
+	t.Logf("csi-node gc --min-age=1h:\n%s", out)
+	for id, want := range map[string]string{old: "left over: csi-node gc --delete", young: "kept: changed ", staged: "kept: staged or published", snap: "kept: taken "} {
+		if l := line(out, id); !strings.Contains(l, want) {
+			t.Errorf("dry run, %s: %q, want %q", id, l, want)
+		}
+	}
+	if l := line(out, ref); l != "" || !strings.Contains(out, "references 1 volumes and 0 snapshots") {
+		t.Errorf("dry run: the referenced volume is listed (%q), or the count is wrong:\n%s", l, out)
+	}
+	if !exists(old) || !exists(young) {
+		t.Fatal("a dry run deleted an image")
+	}
+
+	out, err = gc(listing, "--min-age=1h", "--delete")
+	must(t, "csi-node gc --delete", err)
+	t.Logf("csi-node gc --min-age=1h --delete:\n%s", out)
+	if l := line(out, old); !strings.Contains(l, "deleted") || exists(old) {
+		t.Errorf("--delete, %s: %q; image there: %v", old, l, exists(old))
+	}
+	for _, id := range []string{ref, young, staged} {
+		if !exists(id) {
+			t.Errorf("--delete --min-age=1h deleted %s", id)
+		}
+	}
+
+	out, err = gc(listing, "--min-age=0", "--delete", "-o", "json")
+	must(t, "csi-node gc --min-age=0 --delete -o json", err)
+	var orphans []struct {
+		Kind, ID, Kept string
+		Deleted        bool
+	}
+	must(t, "decode", json.Unmarshal([]byte(out[strings.Index(out, "["):]), &orphans))
+	got := map[string]string{}
+	for _, o := range orphans {
+		got[o.Kind+" "+o.ID] = map[bool]string{true: "deleted", false: "kept: " + o.Kept}[o.Deleted]
+	}
+	want := map[string]string{"volume " + young: "deleted", "snapshot " + snap: "deleted", "volume " + staged: "kept: staged or published on this node"}
+	if len(got) != len(want) {
+		t.Errorf("--min-age=0 --delete: %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("--min-age=0 --delete, %s: %q, want %q", k, got[k], v)
+		}
+	}
+	if !exists(ref) || !exists(staged) || exists(young) {
+		t.Errorf("after --min-age=0 --delete: ref %v, staged %v (want both), young %v (want gone)", exists(ref), exists(staged), exists(young))
+	}
+
+	// Anything but one whole List is refused, and nothing goes.
+	for name, input := range map[string]string{
+		"nothing":           "",
+		"a listing cut off": listing[:len(listing)/2],
+		"not a List":        `{"kind": "PersistentVolume", "spec": {}}`,
+		"a List of nothing": `{"kind": "List"}`,
+		"two documents":     listing + listing,
+	} {
+		if out, err := gc(input, "--min-age=0", "--delete"); err == nil {
+			t.Errorf("%s: accepted:\n%s", name, out)
+		}
+	}
+	if !exists(ref) || !exists(staged) {
+		t.Error("a refused input deleted a volume")
+	}
+
+	// Unstaged, the volume nothing references goes too.
+	unpublish(t, p, staged, target)
+	unstage(t, p, staged, staging)
+	out, err = gc(listing, "--min-age=0", "--delete")
+	must(t, "csi-node gc --delete after the unstage", err)
+	if l := line(out, staged); !strings.Contains(l, "deleted") || exists(staged) || !exists(ref) {
+		t.Errorf("after the unstage, %s: %q; ref there: %v\n%s", staged, l, exists(ref), out)
+	}
+}
