@@ -97,9 +97,9 @@ func startPod(t *testing.T, s podSpec) *corev1.Pod {
 	return waitRunning(t, pod.Name)
 }
 
-// createPod creates the pod without waiting for it.
-func createPod(t *testing.T, s podSpec) *corev1.Pod {
-	t.Helper()
+// podSpecOf is the pod s describes (its claims mounted as volumes v0,
+// v1...).
+func podSpecOf(s podSpec) corev1.PodSpec {
 	if s.command == "" {
 		// PID 1 ignores SIGTERM unless it traps it.
 		s.command = `trap "exit 0" TERM; while true; do sleep 0.2; done`
@@ -129,21 +129,18 @@ func createPod(t *testing.T, s podSpec) *corev1.Pod {
 			ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: vname, MountPath: dataDir})
 		}
 	}
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: s.name},
-		Spec: corev1.PodSpec{
-			HostNetwork:                   !s.podNetwork,
-			AutomountServiceAccountToken:  ptr.To(false),
-			TerminationGracePeriodSeconds: ptr.To[int64](5),
-			Containers:                    []corev1.Container{ctr},
-			Volumes:                       vols,
-		},
+	pod := corev1.PodSpec{
+		HostNetwork:                   !s.podNetwork,
+		AutomountServiceAccountToken:  ptr.To(false),
+		TerminationGracePeriodSeconds: ptr.To[int64](5),
+		Containers:                    []corev1.Container{ctr},
+		Volumes:                       vols,
 	}
 	if s.node != "" {
-		pod.Spec.NodeSelector = map[string]string{hostnameLabel: s.node}
+		pod.NodeSelector = map[string]string{hostnameLabel: s.node}
 	}
 	if s.prefer != "" {
-		pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		pod.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 			PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{Weight: 100,
 				Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
 					Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: []string{s.prefer},
@@ -151,6 +148,13 @@ func createPod(t *testing.T, s podSpec) *corev1.Pod {
 			}},
 		}}
 	}
+	return pod
+}
+
+// createPod creates the pod without waiting for it.
+func createPod(t *testing.T, s podSpec) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: s.name}, Spec: podSpecOf(s)}
 	ctx := context.Background()
 	out, err := c.client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {

@@ -1,0 +1,294 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// statefulSet makes a StatefulSet called name of one pod that prefers node
+// prefer, with a claim template "data" of class, mounted at /data; it goes,
+// with its claim, when t ends.
+func statefulSet(t *testing.T, name, class, prefer string) {
+	t.Helper()
+	spec := podSpecOf(podSpec{prefer: prefer})
+	spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: dataDir}}
+	labels := map[string]string{"app": name}
+	set := &appsv1.StatefulSet{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: appsv1.StatefulSetSpec{
+			Replicas:    ptr.To[int32](1),
+			ServiceName: name,
+			Selector:    &metav1.LabelSelector{MatchLabels: labels},
+			Template:    corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: spec},
+			VolumeClaimTemplates: []corev1.PersistentVolumeClaim{{
+				ObjectMeta: metav1.ObjectMeta{Name: "data"},
+				Spec: corev1.PersistentVolumeClaimSpec{
+					AccessModes:      []corev1.PersistentVolumeAccessMode{rwo},
+					StorageClassName: &class,
+					Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("64Mi")}},
+				},
+			}},
+		},
+	}
+	ctx := context.Background()
+	if _, err := c.client.AppsV1().StatefulSets(ns).Create(ctx, set, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create StatefulSet %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := c.client.AppsV1().StatefulSets(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete StatefulSet %s: %v", name, err)
+		}
+		deletePod(t, name+"-0")
+		claim := "data-" + name + "-0"
+		if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{}); err == nil {
+			release(t, boundVolume(t, claim), claim)
+		}
+	})
+}
+
+// loseNode takes node n out of the cluster as a dead machine leaves it: its
+// containers frozen, its kubelet stopped, its Node object deleted. It
+// comes back (back) when t ends, if the test has not brought it back.
+func loseNode(t *testing.T, n *kubeNode) (back func()) {
+	t.Helper()
+	out, err := n.ctr("tasks", "ls", "-q")
+	if err != nil {
+		t.Fatalf("listing %s's containers: %v: %s", n.node, err, out)
+	}
+	tasks := strings.Fields(out)
+	for _, id := range tasks {
+		if out, err := n.ctr("tasks", "pause", id); err != nil {
+			t.Fatalf("freezing container %s of %s: %v: %s", id, n.node, err, out)
+		}
+	}
+	if err := n.kubelet.stop(30 * time.Second); err != nil {
+		t.Fatalf("stopping %s's kubelet: %v", n.node, err)
+	}
+	if err := c.client.CoreV1().Nodes().Delete(context.Background(), n.node, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("deleting node %s: %v", n.node, err)
+	}
+	t.Logf("node %s is gone: %d containers frozen, its kubelet stopped, its Node deleted", n.node, len(tasks))
+	returned := false
+	back = func() {
+		if returned {
+			return
+		}
+		returned = true
+		for _, id := range tasks {
+			n.ctr("tasks", "resume", id)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := n.runKubelet(); err != nil {
+			t.Fatalf("starting %s's kubelet again: %v", n.node, err)
+		}
+		if err := n.waitDriver(ctx); err != nil {
+			t.Fatalf("node %s back: %v", n.node, err)
+		}
+		t.Logf("node %s is back: its kubelet registered it again and runs its converge pod", n.node)
+	}
+	t.Cleanup(back)
+	return back
+}
+
+// eventsOf lists the events of reason on the object called name.
+func eventsOf(name, reason string) []string {
+	evs, err := c.client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + name + ",reason=" + reason})
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range evs.Items {
+		out = append(out, e.Message)
+	}
+	return out
+}
+
+// TestTwoNodesNodeLoss loses the second node with a StatefulSet's pod on it
+// in each of two classes, one that retains (the default) and one that
+// releases (converge.csi.dev/on-node-loss: release), and brings it back.
+// Retained, the pod stays Pending (it can only run there) and the claim
+// says why; released, converge-controller deletes the claim and the pod and
+// the StatefulSet runs a new pod on the first node with a new, empty
+// volume, the old volume's PersistentVolume gone. Back, the node runs the
+// retained pod with its data, and csi-node gc there (the README's
+// pipeline) finds exactly the released volume's image left over.
+func TestTwoNodesNodeLoss(t *testing.T) {
+	b := secondNode(t)
+	keep := storageClass(t, "converge-retain", nil)
+	drop := storageClass(t, "converge-release", map[string]string{"converge.csi.dev/on-node-loss": "release"})
+	statefulSet(t, "kept", keep, b.node)
+	statefulSet(t, "released", drop, b.node)
+	for _, name := range []string{"kept", "released"} {
+		pod := waitRunning(t, name+"-0")
+		if pod.Spec.NodeName != b.node {
+			t.Fatalf("pod %s-0 runs on %s, want %s", name, pod.Spec.NodeName, b.node)
+		}
+		mustExec(t, pod.Name, "echo "+name+" > "+dataDir+"/f && sync")
+	}
+	keptVol, droppedVol := boundVolume(t, "data-kept-0"), boundVolume(t, "data-released-0")
+
+	back := loseNode(t, b)
+	// Released: the StatefulSet's pod runs on the first node, with a new
+	// volume there, empty; the old PersistentVolume is gone.
+	poll(t, 3*time.Minute, "the released StatefulSet's pod running on "+c.node, func() (bool, string) {
+		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), "released-0", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return p.Spec.NodeName == c.node && p.Status.Phase == corev1.PodRunning, fmt.Sprintf("%s on %q%s", p.Status.Phase, p.Spec.NodeName, podEvents("released-0"))
+	})
+	if v := boundVolume(t, "data-released-0"); v.n != c.kubeNode || v.pv == droppedVol.pv {
+		t.Errorf("the released claim's new volume: %s on %s, want a new one on %s", v.pv, v.n.node, c.node)
+	}
+	if out, err := execIn(t, "released-0", "cat "+dataDir+"/f"); err == nil {
+		t.Errorf("the new volume holds the lost one's data: %s", out)
+	}
+	if _, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), droppedVol.pv, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the released volume's PersistentVolume %s: %v, want it gone", droppedVol.pv, err)
+	}
+	if evs := eventsOf(droppedVol.pv, "VolumeReleased"); len(evs) == 0 {
+		t.Errorf("no VolumeReleased event on %s", droppedVol.pv)
+	}
+	// Retained: the pod, made again, stays Pending, the scheduler saying
+	// why; the claim's event says what happened and what to do.
+	poll(t, 3*time.Minute, "the retained StatefulSet's pod Pending for the volume's node", func() (bool, string) {
+		events := podEvents("kept-0")
+		return strings.Contains(events, "volume node affinity conflict"), events
+	})
+	if p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), "kept-0", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
+		t.Errorf("the retained pod: %v, on %q; want it Pending", err, p.Spec.NodeName)
+	}
+	evs := eventsOf("data-kept-0", "NodeLost")
+	if len(evs) == 0 || !strings.Contains(evs[0], "node "+b.node+" was deleted") || !strings.Contains(evs[0], "delete the claim") {
+		t.Errorf("the retained claim's NodeLost events: %q", evs)
+	}
+	t.Logf("the retained claim's event: %s", strings.Join(evs, "; "))
+	if _, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), keptVol.pv, metav1.GetOptions{}); err != nil {
+		t.Errorf("the retained volume: %v", err)
+	}
+
+	back()
+	pod := waitRunning(t, "kept-0")
+	if pod.Spec.NodeName != b.node {
+		t.Errorf("the retained pod runs on %s, want %s", pod.Spec.NodeName, b.node)
+	}
+	if out := mustExec(t, "kept-0", "cat "+dataDir+"/f"); strings.TrimSpace(out) != "kept" {
+		t.Errorf("the retained volume's data back: %q", out)
+	}
+	// The released volume's image is left on the node: the kubelet that
+	// came back unmounts it (its pod is gone), and gc finds it alone.
+	var out string
+	poll(t, 2*time.Minute, "csi-node gc on "+b.node+" finding the released volume", func() (bool, string) {
+		var err error
+		out, err = readmeGC(t, b.node, "--min-age=0")
+		return err == nil && strings.Contains(out, droppedVol.handle+" ") && !strings.Contains(out, "kept: staged"), fmt.Sprint(out, err)
+	})
+	t.Logf("csi-node gc on %s:\n%s", b.node, out)
+	if n := strings.Count(out, "left over"); n != 1 {
+		t.Errorf("csi-node gc on %s lists %d left over, want the released volume alone", b.node, n)
+	}
+	out, err := readmeGC(t, b.node, "--min-age=0", "--delete")
+	if err != nil || !strings.Contains(out, "deleted") {
+		t.Errorf("csi-node gc --delete: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(droppedVol.image()); !os.IsNotExist(err) {
+		t.Errorf("the released volume's image after gc --delete: %v", err)
+	}
+	if _, err := os.Stat(keptVol.image()); err != nil {
+		t.Errorf("the retained volume's image after gc --delete: %v", err)
+	}
+}
+
+// readmeGC runs the README's csi-node gc pipeline for node, with extra
+// arguments to csi-node gc.
+func readmeGC(t *testing.T, node string, args ...string) (string, error) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(c.repo, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pipeline string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "| kubectl exec") && strings.Contains(l, "csi-node gc") {
+			pipeline = l
+		}
+	}
+	if pipeline == "" {
+		t.Fatal("the README has no csi-node gc pipeline (a line with | kubectl exec ... csi-node gc)")
+	}
+	cmd := exec.Command("sh", "-c", pipeline+" "+strings.Join(args, " "))
+	cmd.Env = append(os.Environ(), "PATH="+c.bin+":"+os.Getenv("PATH"), "KUBECONFIG="+c.admin, "NODE="+node)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// TestTwoNodesDrain drains the node of a StatefulSet's pod: the pod is
+// evicted, its volume unpublished and unstaged there (the image kept), the
+// pod made again stays Pending, the scheduler saying it can only run on the
+// cordoned node; uncordoned, the node runs it again with its data.
+func TestTwoNodesDrain(t *testing.T) {
+	b := secondNode(t)
+	statefulSet(t, "drained", "converge", b.node)
+	pod := waitRunning(t, "drained-0")
+	if pod.Spec.NodeName != b.node {
+		t.Fatalf("pod drained-0 runs on %s, want %s", pod.Spec.NodeName, b.node)
+	}
+	mustExec(t, pod.Name, "echo drained > "+dataDir+"/f && sync")
+	v := boundVolume(t, "data-drained-0")
+	ctx := context.Background()
+	uncordon := func() {
+		if out, err := c.kubectl(ctx, "uncordon", b.node); err != nil {
+			t.Errorf("uncordon: %v: %s", err, out)
+		}
+	}
+	t.Cleanup(uncordon)
+	out, err := c.kubectl(ctx, "drain", b.node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m")
+	if err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	t.Logf("kubectl drain %s:\n%s", b.node, out)
+	poll(t, 2*time.Minute, "the pod made again Pending for the cordoned node", func() (bool, string) {
+		p, err := c.client.CoreV1().Pods(ns).Get(ctx, "drained-0", metav1.GetOptions{})
+		if err != nil || p.UID == pod.UID || p.Spec.NodeName != "" {
+			return false, fmt.Sprint(err)
+		}
+		events := podEvents("drained-0")
+		return strings.Contains(events, "volume node affinity conflict") && strings.Contains(events, "unschedulable"), events
+	})
+	t.Logf("why the pod is Pending:%s", podEvents("drained-0"))
+	for _, m := range mountsIn(b.ns.mountinfo(), nodeKubeletDir) {
+		if strings.Contains(m, v.pv) {
+			t.Errorf("after the drain, still mounted on %s: %s", b.node, m)
+		}
+	}
+	for dev, file := range loopsBackedUnder(c.dir) {
+		if file == v.image() {
+			t.Errorf("after the drain, loop device %s still attached to %s", dev, file)
+		}
+	}
+	if _, err := os.Stat(v.image()); err != nil {
+		t.Errorf("after the drain, the image: %v", err)
+	}
+	uncordon()
+	pod = waitRunning(t, "drained-0")
+	if pod.Spec.NodeName != b.node {
+		t.Errorf("after the uncordon the pod runs on %s, want %s", pod.Spec.NodeName, b.node)
+	}
+	if out := mustExec(t, "drained-0", "cat "+dataDir+"/f"); strings.TrimSpace(out) != "drained" {
+		t.Errorf("the data after the drain: %q", out)
+	}
+}
