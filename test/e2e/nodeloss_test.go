@@ -167,7 +167,7 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	// why; the claim's event says what happened and what to do.
 	poll(t, 3*time.Minute, "the retained StatefulSet's pod Pending for the volume's node", func() (bool, string) {
 		events := podEvents("kept-0")
-		return strings.Contains(events, "volume node affinity conflict"), events
+		return strings.Contains(events, "didn't match PersistentVolume's node affinity"), events
 	})
 	if p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), "kept-0", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" {
 		t.Errorf("the retained pod: %v, on %q; want it Pending", err, p.Spec.NodeName)
@@ -267,7 +267,7 @@ func TestTwoNodesDrain(t *testing.T) {
 			return false, fmt.Sprint(err)
 		}
 		events := podEvents("drained-0")
-		return strings.Contains(events, "volume node affinity conflict") && strings.Contains(events, "unschedulable"), events
+		return strings.Contains(events, "didn't match PersistentVolume's node affinity") && strings.Contains(events, "unschedulable"), events
 	})
 	t.Logf("why the pod is Pending:%s", podEvents("drained-0"))
 	for _, m := range mountsIn(b.ns.mountinfo(), nodeKubeletDir) {
