@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -32,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/buildinfo"
 	"github.com/converge-csi/converge/pkg/nodeloss"
 )
 
@@ -76,7 +76,7 @@ func main() {
 	klog.InitFlags(fs)
 	flag.Parse()
 	if *showVersion {
-		fmt.Println(buildVersion())
+		fmt.Println(buildinfo.Version(version))
 		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -100,7 +100,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	cfg.UserAgent = "converge-controller/" + buildVersion()
+	cfg.UserAgent = "converge-controller/" + buildinfo.Version(version)
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return err
@@ -188,14 +188,4 @@ func serve(ctx context.Context, addr string, reg *prometheus.Registry, health *l
 		srv.Close()
 	}()
 	return nil
-}
-
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "devel"
 }

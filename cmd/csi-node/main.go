@@ -10,12 +10,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/buildinfo"
 	"github.com/converge-csi/converge/pkg/driver"
 )
 
@@ -81,7 +81,7 @@ func main() {
 	klog.InitFlags(fs)
 	flag.Parse()
 
-	cfg.Version = buildVersion()
+	cfg.Version = buildinfo.Version(version)
 	if *showVersion {
 		fmt.Println(cfg.Version)
 		return
@@ -98,16 +98,6 @@ func main() {
 		os.Exit(1)
 	}
 	klog.Flush()
-}
-
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "devel"
 }
 
 // statusCommand runs "csi-node status": it asks the running plugin for its

@@ -25,15 +25,13 @@ import (
 // under the lock its deletion takes, and reported kept with the reason.
 func (c *Controller) Collect(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error) {
 	now := time.Now()
+	images, err := c.pools.images()
+	if err != nil {
+		return nil, err
+	}
 	ids := map[string]bool{}
-	for _, space := range c.pools.All() {
-		in, err := space.images.List()
-		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "listing the volumes of pool %s: %w", space.Name(), err)
-		}
-		for _, id := range in {
-			ids[id] = true
-		}
+	for id := range images {
+		ids[id] = true
 	}
 	for _, v := range c.store.List() {
 		ids[v.ID] = true

@@ -48,6 +48,22 @@ func (ps *Pools) All() []*Space {
 	return out
 }
 
+// images returns the ID of every volume image of every pool, with the
+// space of its pool.
+func (ps *Pools) images() (map[string]*Space, error) {
+	where := map[string]*Space{}
+	for _, space := range ps.All() {
+		in, err := space.images.List()
+		if err != nil {
+			return nil, state.Errorf(state.KindInternal, "listing the volumes of pool %s: %w", space.Name(), err)
+		}
+		for _, id := range in {
+			where[id] = space
+		}
+	}
+	return where, nil
+}
+
 // Of returns the name of the pool of volume id, as its record says (the
 // default pool without one), and its space: nil when this node has no
 // such pool.

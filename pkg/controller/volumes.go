@@ -3,7 +3,9 @@ package controller
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -155,19 +157,11 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	if err != nil {
 		return nil, err
 	}
-	var ids []string
-	where := map[string]*Space{}
-	for _, space := range c.pools.All() {
-		in, err := space.images.List()
-		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "listing the volumes of pool %s: %w", space.Name(), err)
-		}
-		for _, id := range in {
-			where[id] = space
-		}
-		ids = append(ids, in...)
+	where, err := c.pools.images()
+	if err != nil {
+		return nil, err
 	}
-	sort.Strings(ids)
+	ids := slices.Sorted(maps.Keys(where))
 	start := sort.SearchStrings(ids, after)
 	if start < len(ids) && ids[start] == after {
 		start++

@@ -27,8 +27,9 @@ const module = "github.com/converge-csi/converge/"
 // part of the node plugin reaches it, and it reaches none but the state's
 // names.
 var allowed = map[string][]string{
-	"cmd/csi-node":            {"pkg/driver", "pkg/volstatus"},
-	"cmd/converge-controller": {"pkg/nodeloss"},
+	"cmd/csi-node":            {"pkg/buildinfo", "pkg/driver", "pkg/volstatus"},
+	"cmd/converge-controller": {"pkg/buildinfo", "pkg/nodeloss"},
+	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/state"},
 	"pkg/driver":              {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
 	"pkg/controller":          {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/nodeserver", "pkg/state", "pkg/volstatus"},
