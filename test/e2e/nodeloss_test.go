@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -140,6 +141,13 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 		mustExec(t, pod.Name, "echo "+name+" > "+dataDir+"/f && sync")
 	}
 	keptVol, droppedVol := boundVolume(t, "data-kept-0"), boundVolume(t, "data-released-0")
+	pv, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), droppedVol.pv, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(pv.Finalizers, provisionerFinalizer) {
+		t.Fatalf("the volume to release has finalizers %v; want the provisioner's", pv.Finalizers)
+	}
 
 	back := loseNode(t, b)
 	// Released: the StatefulSet's pod runs on the first node, with a new
@@ -160,6 +168,8 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	if _, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), droppedVol.pv, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the released volume's PersistentVolume %s: %v, want it gone", droppedVol.pv, err)
 	}
+	// The PV's finalizer, which the gone node's provisioner would have
+	// taken off after DeleteVolume, was taken off by converge-controller.
 	if evs := eventsOf(droppedVol.pv, "VolumeReleased"); len(evs) == 0 {
 		t.Errorf("no VolumeReleased event on %s", droppedVol.pv)
 	}
@@ -201,7 +211,7 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	if n := strings.Count(out, "left over"); n != 1 {
 		t.Errorf("csi-node gc on %s lists %d left over, want the released volume alone", b.node, n)
 	}
-	out, err := readmeGC(t, b.node, "--min-age=0", "--delete")
+	out, err = readmeGC(t, b.node, "--min-age=0", "--delete")
 	if err != nil || !strings.Contains(out, "deleted") {
 		t.Errorf("csi-node gc --delete: %v\n%s", err, out)
 	}

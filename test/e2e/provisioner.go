@@ -349,10 +349,17 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	if sc.ReclaimPolicy != nil {
 		reclaim = *sc.ReclaimPolicy
 	}
+	var finalizers []string
+	if reclaim == corev1.PersistentVolumeReclaimDelete {
+		// HonorPVReclaimPolicy, on by default since external-provisioner
+		// v5: the volume's object stays until DeleteVolume has run.
+		finalizers = []string{provisionerFinalizer}
+	}
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
 			Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": driverName},
+			Finalizers:  finalizers,
 		},
 		Spec: corev1.PersistentVolumeSpec{
 			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: *resource.NewQuantity(v.CapacityBytes, resource.BinarySI)},
@@ -427,7 +434,8 @@ var (
 	volumeSnapshotContents = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotcontents"}
 )
 
-// reclaim deletes the volumes of this node whose claims are gone. As in
+// reclaim deletes the volumes of this node whose claims are gone, and then
+// their objects, their finalizer taken off. As in
 // external-provisioner's node deployment, a volume whose topology names
 // another node is that node's to delete; each volume is retried on its
 // own: one that cannot be deleted yet (still staged, say) holds no other
@@ -451,12 +459,24 @@ func (p *provisioner) reclaim(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err))
 			continue
 		}
+		if i := slices.Index(pv.Finalizers, provisionerFinalizer); i >= 0 {
+			pv.Finalizers = slices.Delete(pv.Finalizers, i, i+1)
+			if _, err := p.client.CoreV1().PersistentVolumes().Update(ctx, &pv, metav1.UpdateOptions{}); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
 		if err := p.client.CoreV1().PersistentVolumes().Delete(ctx, pv.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// provisionerFinalizer is the finalizer external-provisioner puts on the
+// volumes it provisions with reclaim policy Delete and takes off once
+// DeleteVolume has run.
+const provisionerFinalizer = "external-provisioner.volume.kubernetes.io/finalizer"
 
 // nodeOf is the node a converge volume's node affinity names, "" for none.
 func nodeOf(pv *corev1.PersistentVolume) string {
