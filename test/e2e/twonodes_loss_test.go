@@ -131,6 +131,11 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	b := secondNode(t)
 	keep := storageClass(t, "converge-retain", nil)
 	drop := storageClass(t, "converge-release", map[string]string{"converge.csi.dev/on-node-loss": "release"})
+	// Both nodes' capacity for both classes first: without it the
+	// scheduler passes over a node, whatever the pod prefers.
+	for _, class := range []string{keep, drop} {
+		waitCapacities(t, class, b, func(a, bb *resource.Quantity) bool { return !a.IsZero() && !bb.IsZero() })
+	}
 	statefulSet(t, "kept", keep, b.node)
 	statefulSet(t, "released", drop, b.node)
 	for _, name := range []string{"kept", "released"} {
@@ -252,6 +257,7 @@ func readmeGC(t *testing.T, node string, args ...string) (string, error) {
 // cordoned node; uncordoned, the node runs it again with its data.
 func TestTwoNodesDrain(t *testing.T) {
 	b := secondNode(t)
+	waitCapacities(t, "converge", b, func(a, bb *resource.Quantity) bool { return !a.IsZero() && !bb.IsZero() })
 	statefulSet(t, "drained", "converge", b.node)
 	pod := waitRunning(t, "drained-0")
 	if pod.Spec.NodeName != b.node {
