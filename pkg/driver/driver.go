@@ -168,6 +168,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, here, promises, pools) }
 	m.WatchPools(statuses)
+	m.WatchReady(rec.Ready)
 	public := newHTTPHandler(m, rec, statuses)
 	stopHTTP, err := serveHTTP(cfg, public, newLocalHandler(public, rec, ctrl.Collect))
 	if err != nil {

@@ -28,6 +28,7 @@ type Metrics struct {
 	uncertain  prometheus.Gauge
 	rpcs       *prometheus.HistogramVec
 	frozen     prometheus.Histogram
+	conditions *prometheus.GaugeVec
 }
 
 // New makes the collectors and registers them.
@@ -77,8 +78,12 @@ func New() *Metrics {
 			Help:    "Duration of CSI calls, by method and gRPC code.",
 			Buckets: opBuckets,
 		}, []string{"method", "code"}),
+		conditions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "volume_conditions",
+			Help: "Volumes whose condition is abnormal, by reason (PoolNearlyFull, SpaceRanOut, FilesystemReadOnly...), as of the last pass.",
+		}, []string{"reason"}),
 	}
-	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen,
+	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen, m.conditions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, p := range volstatus.Phases {
 		m.volumes.WithLabelValues(p)
@@ -102,8 +107,12 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 	m.passes.Observe(d.Seconds())
 	phases := make(map[string]int, len(volstatus.Phases))
 	var stages, staged, publishes, published, uncertain int
+	reasons := map[string]int{}
 	for _, v := range volumes {
 		phases[v.Phase]++
+		if v.Reason != "" {
+			reasons[v.Reason]++
+		}
 		if v.StagingPath != "" {
 			stages++
 		}
@@ -125,11 +134,32 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 	m.intents.WithLabelValues("publish", "actual").Set(float64(published))
 	m.backoff.Set(float64(inBackoff))
 	m.uncertain.Set(float64(uncertain))
+	// A reason no volume has any more leaves the metric.
+	m.conditions.Reset()
+	for r, n := range reasons {
+		m.conditions.WithLabelValues(r).Set(float64(n))
+	}
+}
+
+// WatchReady reports, at each scrape, whether start-up reconstruction is
+// done (converge_ready): the plugin answers Probe ready, and the kubelet's
+// calls, only then.
+func (m *Metrics) WatchReady(ready func() bool) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "ready",
+		Help: "1 once start-up reconstruction is done and the plugin serves, 0 before.",
+	}, func() float64 {
+		if ready() {
+			return 1
+		}
+		return 0
+	}))
 }
 
 // WatchPools reports every storage pool's space, read from pools at each
 // scrape: converge_data_directory_bytes by pool and kind,
-// converge_data_directory_nearly_full and converge_snapshots by pool.
+// converge_data_directory_nearly_full, converge_snapshots and
+// converge_restores by pool, and converge_restore_copied_bytes by restore.
 func (m *Metrics) WatchPools(pools func() ([]volstatus.Pool, error)) {
 	m.Registry.MustRegister(poolCollector(pools))
 }
@@ -142,6 +172,10 @@ var (
 		"Snapshots kept in a storage pool.", []string{"pool"}, nil)
 	poolNearlyFull = prometheus.NewDesc(namespace+"_data_directory_nearly_full",
 		"1 while a storage pool's free space is below its guard: its thin volumes are reported and none is created or grown in it.", []string{"pool"}, nil)
+	restoreCount = prometheus.NewDesc(namespace+"_restores",
+		"Volumes being copied from a snapshot in a storage pool.", []string{"pool"}, nil)
+	restoreCopied = prometheus.NewDesc(namespace+"_restore_copied_bytes",
+		"What a restore's copy holds so far of its snapshot's data; one that stops growing is stuck.", []string{"pool", "volume", "snapshot"}, nil)
 )
 
 type poolCollector func() ([]volstatus.Pool, error)
@@ -150,6 +184,8 @@ func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolBytes
 	ch <- poolNearlyFull
 	ch <- snapshotCount
+	ch <- restoreCount
+	ch <- restoreCopied
 }
 
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
@@ -180,6 +216,10 @@ func collectPool(ch chan<- prometheus.Metric, p volstatus.Pool) {
 	}
 	ch <- prometheus.MustNewConstMetric(poolNearlyFull, prometheus.GaugeValue, full, p.Name)
 	ch <- prometheus.MustNewConstMetric(snapshotCount, prometheus.GaugeValue, float64(p.Snapshots), p.Name)
+	ch <- prometheus.MustNewConstMetric(restoreCount, prometheus.GaugeValue, float64(len(p.Restores)), p.Name)
+	for _, r := range p.Restores {
+		ch <- prometheus.MustNewConstMetric(restoreCopied, prometheus.GaugeValue, float64(r.CopiedBytes), p.Name, r.VolumeID, r.SnapshotID)
+	}
 }
 
 // RPCDone records one CSI call.

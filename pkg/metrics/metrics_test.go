@@ -72,3 +72,54 @@ func TestMetricNamesFollowConventions(t *testing.T) {
 		}
 	}
 }
+
+// TestWhatAlertsRead checks the metrics the alerts read: abnormal volumes
+// by reason (a reason gone leaves), readiness, and each pool's restores
+// with what each has copied.
+func TestWhatAlertsRead(t *testing.T) {
+	m := New()
+	ready := false
+	m.WatchReady(func() bool { return ready })
+	m.WatchPools(func() ([]volstatus.Pool, error) {
+		return []volstatus.Pool{{Name: "default"}, {Name: "fast", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s", CopiedBytes: 4096}}}}, nil
+	})
+	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{
+		{ID: "a", Phase: volstatus.PhaseDegraded, Reason: "PoolNearlyFull"},
+		{ID: "b", Phase: volstatus.PhaseDegraded, Reason: "PoolNearlyFull"},
+		{ID: "c", Phase: volstatus.PhaseDegraded, Reason: "SpaceRanOut"},
+		{ID: "d", Phase: volstatus.PhaseReady},
+	}, 0)
+	want := `
+# HELP converge_volume_conditions Volumes whose condition is abnormal, by reason (PoolNearlyFull, SpaceRanOut, FilesystemReadOnly...), as of the last pass.
+# TYPE converge_volume_conditions gauge
+converge_volume_conditions{reason="PoolNearlyFull"} 2
+converge_volume_conditions{reason="SpaceRanOut"} 1
+# HELP converge_ready 1 once start-up reconstruction is done and the plugin serves, 0 before.
+# TYPE converge_ready gauge
+converge_ready 0
+# HELP converge_restores Volumes being copied from a snapshot in a storage pool.
+# TYPE converge_restores gauge
+converge_restores{pool="default"} 0
+converge_restores{pool="fast"} 1
+# HELP converge_restore_copied_bytes What a restore's copy holds so far of its snapshot's data; one that stops growing is stuck.
+# TYPE converge_restore_copied_bytes gauge
+converge_restore_copied_bytes{pool="fast",snapshot="s",volume="v"} 4096
+`
+	names := []string{"converge_volume_conditions", "converge_ready", "converge_restores", "converge_restore_copied_bytes"}
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	ready = true
+	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{{ID: "c", Phase: volstatus.PhaseDegraded, Reason: "SpaceRanOut"}}, 0)
+	want = `
+# HELP converge_volume_conditions Volumes whose condition is abnormal, by reason (PoolNearlyFull, SpaceRanOut, FilesystemReadOnly...), as of the last pass.
+# TYPE converge_volume_conditions gauge
+converge_volume_conditions{reason="SpaceRanOut"} 1
+# HELP converge_ready 1 once start-up reconstruction is done and the plugin serves, 0 before.
+# TYPE converge_ready gauge
+converge_ready 1
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "converge_volume_conditions", "converge_ready"); err != nil {
+		t.Error(err)
+	}
+}
