@@ -17,7 +17,7 @@ import (
 // gcCommand runs "csi-node gc": it reads what the cluster references from
 // standard input, asks the running plugin which of this node's volumes and
 // snapshots are left over, and prints them; with --delete the plugin
-// deletes them. csi-node never calls the API server: the README's kubectl
+// deletes them. csi-node never calls the API server: docs/operations.md's kubectl
 // pipeline feeds it.
 func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gc", flag.ContinueOnError)

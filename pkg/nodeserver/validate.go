@@ -14,7 +14,7 @@ import (
 // mountFlagPolicy lists the mount options a request may carry. Options with
 // a value name it "key=". Everything else is refused: in particular bind,
 // rbind, remount, move, loop and helper options, and anything that names
-// another device or path. See the README's "Mount flags" section.
+// another device or path. See SECURITY.md and docs/architecture.md's "Input policy".
 var mountFlagPolicy = map[string]struct{}{
 	"ro": {}, "rw": {}, "sync": {}, "async": {}, "dirsync": {},
 	"noexec": {}, "exec": {}, "nosuid": {}, "suid": {}, "nodev": {}, "dev": {},

@@ -125,7 +125,7 @@ func eventsOf(name, reason string) []string {
 // says why; released, converge-controller deletes the claim and the pod and
 // the StatefulSet runs a new pod on the first node with a new, empty
 // volume, the old volume's PersistentVolume gone. Back, the node runs the
-// retained pod with its data, and csi-node gc there (the README's
+// retained pod with its data, and csi-node gc there (docs/operations.md's
 // pipeline) finds exactly the released volume's image left over.
 func TestTwoNodesNodeLoss(t *testing.T) {
 	b := secondNode(t)
@@ -209,14 +209,14 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	var out string
 	poll(t, 2*time.Minute, "csi-node gc on "+b.node+" finding the released volume", func() (bool, string) {
 		var err error
-		out, err = readmeGC(t, b.node, "--min-age=0")
+		out, err = docsGC(t, b.node, "--min-age=0")
 		return err == nil && strings.Contains(out, droppedVol.handle+" ") && !strings.Contains(out, "kept: staged"), fmt.Sprint(out, err)
 	})
 	t.Logf("csi-node gc on %s:\n%s", b.node, out)
 	if n := strings.Count(out, "left over"); n != 1 {
 		t.Errorf("csi-node gc on %s lists %d left over, want the released volume alone", b.node, n)
 	}
-	out, err = readmeGC(t, b.node, "--min-age=0", "--delete")
+	out, err = docsGC(t, b.node, "--min-age=0", "--delete")
 	if err != nil || !strings.Contains(out, "deleted") {
 		t.Errorf("csi-node gc --delete: %v\n%s", err, out)
 	}
@@ -228,11 +228,11 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	}
 }
 
-// readmeGC runs the README's csi-node gc pipeline for node, with extra
-// arguments to csi-node gc.
-func readmeGC(t *testing.T, node string, args ...string) (string, error) {
+// docsGC runs the csi-node gc pipeline of docs/operations.md for node,
+// with extra arguments to csi-node gc.
+func docsGC(t *testing.T, node string, args ...string) (string, error) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(c.repo, "README.md"))
+	b, err := os.ReadFile(filepath.Join(c.repo, "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func readmeGC(t *testing.T, node string, args ...string) (string, error) {
 		}
 	}
 	if pipeline == "" {
-		t.Fatal("the README has no csi-node gc pipeline (a line with | kubectl exec ... csi-node gc)")
+		t.Fatal("docs/operations.md has no csi-node gc pipeline (a line with | kubectl exec ... csi-node gc)")
 	}
 	cmd := exec.Command("sh", "-c", pipeline+" "+strings.Join(args, " "))
 	cmd.Env = append(os.Environ(), "PATH="+c.bin+":"+os.Getenv("PATH"), "KUBECONFIG="+c.admin, "NODE="+node)

@@ -261,7 +261,7 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 // answers RESOURCE_EXHAUSTED naming the source's node (the snapshot's or
 // the volume's ID names it), the claim's selected node is dropped (as
 // external-provisioner does), and nothing is made on the wrong node. A pod
-// given the source's node, as the README says to, runs there and reads
+// given the source's node, as docs/operations.md says to, runs there and reads
 // what was written before. (A pod free to go anywhere is not enough on
 // Kubernetes v1.36: its scheduler, which does not know where a snapshot
 // is, picked the other node again at every retry in a run here.)

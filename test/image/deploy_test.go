@@ -7,13 +7,13 @@ import (
 	"testing"
 )
 
-// TestReadmeMatchesDeploy checks the README's "Run on Kubernetes" section
-// against deploy/: every image with its tag, every csi-node argument, and
-// the CSIDriver and StorageClass settings it describes must be the ones the
-// manifests hold, so the section cannot drift from what kubectl apply -k
-// deploy/ installs.
-func TestReadmeMatchesDeploy(t *testing.T) {
-	section := readmeSection(t, "## Run on Kubernetes")
+// TestOperationsMatchesDeploy checks the "Install" section of
+// docs/operations.md against deploy/: every image with its tag, every
+// csi-node argument, and the CSIDriver and StorageClass settings it
+// describes must be the ones the manifests hold, so the section cannot
+// drift from what kubectl apply -k deploy/ installs.
+func TestOperationsMatchesDeploy(t *testing.T) {
+	section := docSection(t, "../../docs/operations.md", "## Install")
 	daemonset := readFile(t, "../../deploy/daemonset.yaml")
 	var want []string
 	for _, m := range regexp.MustCompile(`(?m)^\s+image: (\S+:\S+)$`).FindAllStringSubmatch(daemonset, -1) {
@@ -39,22 +39,22 @@ func TestReadmeMatchesDeploy(t *testing.T) {
 	}
 	for _, w := range want {
 		if !strings.Contains(section, w) {
-			t.Errorf("deploy/ has %q; the README's Run on Kubernetes section does not say it", w)
+			t.Errorf("deploy/ has %q; the Install section of docs/operations.md does not say it", w)
 		}
 	}
 	t.Logf("%d settings of deploy/ checked: %s", len(want), strings.Join(want, ", "))
 }
 
-// readmeSection returns the README's section under heading, up to the next
-// heading of the same level.
-func readmeSection(t *testing.T, heading string) string {
+// docSection returns the section of the document at path under heading,
+// up to the next heading of the same level.
+func docSection(t *testing.T, path, heading string) string {
 	t.Helper()
-	readme := readFile(t, "../../README.md")
-	i := strings.Index(readme, heading+"\n")
+	doc := readFile(t, path)
+	i := strings.Index(doc, heading+"\n")
 	if i < 0 {
-		t.Fatalf("README.md has no %q section", heading)
+		t.Fatalf("%s has no %q section", path, heading)
 	}
-	rest := readme[i+len(heading):]
+	rest := doc[i+len(heading):]
 	if j := strings.Index(rest, "\n## "); j >= 0 {
 		rest = rest[:j]
 	}
