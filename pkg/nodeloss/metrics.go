@@ -31,6 +31,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while this replica leads (holds the Lease), 0 otherwise."}),
 	}
 	reg.MustRegister(m.passes, m.lost, m.actions, m.failed, m.Leader)
+	for _, c := range []state.OnNodeLoss{state.OnNodeLossRetain, state.OnNodeLossRelease} {
+		m.lost.WithLabelValues(string(c))
+	}
 	for k := Retained; k <= Release; k++ {
 		m.actions.WithLabelValues(k.String())
 		m.failed.WithLabelValues(k.String())

@@ -138,6 +138,7 @@ var variants = []struct {
 	{name: "selinux", components: []string{"selinux"}, vals: map[string]any{"selinux": map[string]any{"enabled": true}}},
 	{name: "snapshots and selinux", components: []string{"snapshots", "selinux"},
 		vals: map[string]any{"snapshots": map[string]any{"enabled": true}, "selinux": map[string]any{"enabled": true}}},
+	{name: "monitoring", components: []string{"monitoring"}, vals: map[string]any{"monitoring": map[string]any{"enabled": true}}},
 }
 
 // TestSameObjectsAsDeploy is the chart's and deploy/'s one source of
@@ -148,8 +149,8 @@ var variants = []struct {
 // follows. The only differences allowed are Helm's own bookkeeping: the
 // labels Helm's conventions add (helm.sh/chart, app.kubernetes.io/
 // managed-by, instance and version; instance also in the selectors of
-// the DaemonSet and the Deployment, so that two releases never select
-// each other's pods) and helm.sh/ annotations (the CSIDriver is kept at
+// the DaemonSet, the Deployment and the PodMonitors, so that two releases
+// never select each other's pods) and helm.sh/ annotations (the CSIDriver is kept at
 // uninstall).
 func TestSameObjectsAsDeploy(t *testing.T) {
 	for _, v := range variants {
@@ -233,10 +234,13 @@ func objects(t *testing.T, manifest string, fromChart bool) map[string]map[strin
 		meta, _ := o["metadata"].(map[string]any)
 		if fromChart {
 			dropHelm(meta)
-			if o["kind"] == "DaemonSet" || o["kind"] == "Deployment" {
+			switch o["kind"] {
+			case "DaemonSet", "Deployment":
 				spec := o["spec"].(map[string]any)
 				delete(spec["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
 				dropHelm(spec["template"].(map[string]any)["metadata"].(map[string]any))
+			case "PodMonitor":
+				delete(o["spec"].(map[string]any)["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
 			}
 		}
 		sortNamed(o)
