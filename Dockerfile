@@ -11,7 +11,7 @@ COPY --chown=builder go.mod go.sum ./
 RUN go mod download
 COPY --chown=builder cmd ./cmd
 COPY --chown=builder pkg ./pkg
-ARG VERSION=devel
+ARG VERSION=v0.1.0
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/csi-node ./cmd/csi-node
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/converge-controller ./cmd/converge-controller
 
@@ -20,7 +20,7 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}"
 # converge runs e2fsck and resize2fs). test/image checks this list against
 # the code.
 FROM debian:bookworm-slim
-ARG VERSION=devel
+ARG VERSION=v0.1.0
 LABEL org.opencontainers.image.title="converge csi-node" \
       org.opencontainers.image.description="CSI node plugin with a kubelet-style reconciler: loop-device volumes, node-local" \
       org.opencontainers.image.source="https://github.com/converge-csi/converge" \

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -91,5 +92,41 @@ func TestReadmeKubectlInstall(t *testing.T) {
 	}
 	if _, tag, _ := strings.Cut(to, ":"); tag != loadChart(t).Metadata.AppVersion {
 		t.Errorf("the README's tag %s is not the chart's appVersion %s", tag, loadChart(t).Metadata.AppVersion)
+	}
+}
+
+// TestVersionsAgree checks that one release version is said everywhere:
+// the Dockerfile's default VERSION (its image's version label), the
+// chart's appVersion and version, the image the README builds and the
+// build argument it passes; and that the image's source label is the
+// chart's home.
+func TestVersionsAgree(t *testing.T) {
+	ch := loadChart(t).Metadata
+	b, err := os.ReadFile(filepath.Join(repo, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dockerfile := string(b)
+	args := regexp.MustCompile(`(?m)^ARG VERSION=(\S+)$`).FindAllStringSubmatch(dockerfile, -1)
+	if len(args) == 0 {
+		t.Fatal("the Dockerfile declares no VERSION")
+	}
+	for _, a := range args {
+		if a[1] != ch.AppVersion {
+			t.Errorf("the Dockerfile's VERSION defaults to %s, the chart's appVersion is %s", a[1], ch.AppVersion)
+		}
+	}
+	if !strings.Contains(dockerfile, `org.opencontainers.image.version="${VERSION}"`) {
+		t.Error("the image's version label is not its VERSION")
+	}
+	if !strings.Contains(dockerfile, `org.opencontainers.image.source="`+ch.Home+`"`) {
+		t.Errorf("the image's source label is not the chart's home, %s", ch.Home)
+	}
+	if "v"+ch.Version != ch.AppVersion {
+		t.Errorf("the chart's version %s and appVersion %s differ", ch.Version, ch.AppVersion)
+	}
+	built := readmeCommand(t, "docker build")
+	if _, tag, _ := strings.Cut(built[3], ":"); tag != ch.AppVersion || !slices.Contains(built, "VERSION="+ch.AppVersion) {
+		t.Errorf("the README builds %v; want the tag and VERSION %s", built, ch.AppVersion)
 	}
 }
