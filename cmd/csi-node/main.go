@@ -72,7 +72,8 @@ func main() {
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", driver.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", driver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
-	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz, /readyz and /status (empty: only on <state-dir>/status.sock)")
+	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz and /readyz (empty: only on <state-dir>/status.sock, which serves /status too)")
+	fs.BoolVar(&cfg.HTTPStatus, "http-status", false, "serve /status, /status/pools and /status/pool on --http-address too (they name volumes, paths and errors: anyone who reaches the address reads them)")
 	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	fs.Float64Var(&cfg.OverprovisioningRatio, "thin-overprovisioning-ratio", 1, "how many times the space that backs them thin volumes may be promised (at least 1; 1 never promises more than exists)")
 	fs.StringVar(&cfg.PoolGuard, "pool-guard", driver.DefaultPoolGuard, "free space of the data directory below which thin volumes report PoolNearlyFull and none is created or grown: a percentage of its filesystem (5%) or a size (2Gi)")
@@ -105,7 +106,7 @@ func main() {
 func statusCommand(args []string) int {
 	fs := flag.NewFlagSet("status", flag.ExitOnError)
 	stateDir := fs.String("state-dir", driver.DefaultStateDir, "state directory of the running plugin (its status socket is there)")
-	addr := fs.String("http-address", "", "ask this host:port instead of the status socket")
+	addr := fs.String("http-address", "", "ask this host:port instead of the status socket (the plugin serves its status there only with --http-status)")
 	output := fs.String("o", "table", "output format: table or json")
 	fs.Parse(args)
 	if *output != "table" && *output != "json" {

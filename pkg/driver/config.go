@@ -65,9 +65,14 @@ type Config struct {
 	// MaxRequests bounds the node requests waiting for the reconciler at
 	// once; more are refused with RESOURCE_EXHAUSTED. 0 takes the default.
 	MaxRequests int
-	// HTTPAddress serves /metrics, /healthz, /readyz and /status over TCP
-	// (host:port); empty for none. They are always served on StatusSocket.
+	// HTTPAddress serves /metrics, /healthz and /readyz over TCP
+	// (host:port); empty for none. They are always served on StatusSocket,
+	// with /status.
 	HTTPAddress string
+	// HTTPStatus serves /status, /status/pools and /status/pool on
+	// HTTPAddress too. Off by default: they name volume IDs, paths and
+	// errors, and HTTPAddress is usually open to every pod of the cluster.
+	HTTPStatus bool
 	// OverprovisioningRatio is how many times the space that backs them
 	// thin volumes may be promised; 1 (the default) never promises more
 	// than exists.
@@ -104,6 +109,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxVolumes < 0 {
 		return c, errors.New("max volumes must not be negative")
+	}
+	if c.HTTPStatus && c.HTTPAddress == "" {
+		return c, errors.New("--http-status serves the status on --http-address, which is not set")
 	}
 	if c.OverprovisioningRatio == 0 {
 		c.OverprovisioningRatio = 1

@@ -30,6 +30,8 @@ func TestConfigValidation(t *testing.T) {
 		{name: "root as prefix", mutate: func(c *Config) { c.AllowedPathPrefixes = []string{"/"} }},
 		{name: "symlinked kubelet dir", mutate: func(c *Config) { c.KubeletDir = link }},
 		{name: "negative max volumes", mutate: func(c *Config) { c.MaxVolumes = -1 }},
+		{name: "status over tcp", mutate: func(c *Config) { c.HTTPAddress, c.HTTPStatus = "127.0.0.1:9810", true }, ok: true},
+		{name: "status without tcp", mutate: func(c *Config) { c.HTTPStatus = true }, flag: "--http-status"},
 		{name: "ratio 3", mutate: func(c *Config) { c.OverprovisioningRatio = 3 }, ok: true},
 		{name: "ratio below 1", mutate: func(c *Config) { c.OverprovisioningRatio = 0.5 }, flag: "--thin-overprovisioning-ratio"},
 		{name: "guard in bytes", mutate: func(c *Config) { c.PoolGuard = "2Gi" }, ok: true},

@@ -169,8 +169,13 @@ func Run(ctx context.Context, cfg Config) error {
 	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, here, promises, pools) }
 	m.WatchPools(statuses)
 	m.WatchReady(rec.Ready)
-	public := newHTTPHandler(m, rec, statuses)
-	stopHTTP, err := serveHTTP(cfg, public, newLocalHandler(public, rec, ctrl.Collect))
+	public := newHTTPHandler(m, rec)
+	status := newStatusHandler(public, rec, statuses)
+	tcp := public
+	if cfg.HTTPStatus {
+		tcp = status
+	}
+	stopHTTP, err := serveHTTP(cfg, tcp, newLocalHandler(status, rec, ctrl.Collect))
 	if err != nil {
 		return err
 	}

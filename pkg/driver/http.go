@@ -18,11 +18,10 @@ import (
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
-// newHTTPHandler serves /metrics, /healthz (the process serves), /readyz
-// (start-up reconstruction is done), /status (the volumes as of the last
-// pass, as JSON), /status/pools (every storage pool's space) and
-// /status/pool (the default pool's). None of them waits for an operation.
-func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pools func() ([]volstatus.Pool, error)) http.Handler {
+// newHTTPHandler serves /metrics, /healthz (the process serves) and
+// /readyz (start-up reconstruction is done): what a probe or a scraper on
+// the pod network needs, and nothing about the volumes.
+func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -33,6 +32,18 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pools func()
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	return mux
+}
+
+// newStatusHandler serves, besides what public serves, /status (the
+// volumes as of the last pass, as JSON), /status/pools (every storage
+// pool's space) and /status/pool (the default pool's). They name volume
+// IDs, paths and error text, so they are served on the status socket and
+// on the TCP address only when the operator asks (Config.HTTPStatus).
+// None of them waits for an operation.
+func newStatusHandler(public http.Handler, rec *reconciler.Reconciler, pools func() ([]volstatus.Pool, error)) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", public)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(rec.Status())
@@ -62,12 +73,12 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, pools func()
 // (controller.Collect).
 type collector func(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error)
 
-// newLocalHandler serves, besides what public serves, POST /gc (csi-node
+// newLocalHandler serves, besides what status serves, POST /gc (csi-node
 // gc): only on the status socket, which root alone may open, as it
 // deletes. It answers once start-up reconstruction is done.
-func newLocalHandler(public http.Handler, rec *reconciler.Reconciler, collect collector) http.Handler {
+func newLocalHandler(status http.Handler, rec *reconciler.Reconciler, collect collector) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/", public)
+	mux.Handle("/", status)
 	mux.HandleFunc("POST /gc", func(w http.ResponseWriter, r *http.Request) {
 		if !rec.Ready() {
 			http.Error(w, "start-up reconstruction is not finished", http.StatusServiceUnavailable)
@@ -98,9 +109,9 @@ func newLocalHandler(public http.Handler, rec *reconciler.Reconciler, collect co
 }
 
 // serveHTTP serves local on the status socket in the state directory
-// (0600) and, when configured, public on cfg.HTTPAddress. The returned
+// (0600) and, when configured, tcp on cfg.HTTPAddress. The returned
 // function stops both.
-func serveHTTP(cfg Config, public, local http.Handler) (stop func(), err error) {
+func serveHTTP(cfg Config, tcp, local http.Handler) (stop func(), err error) {
 	sock := StatusSocket(cfg.StateDir)
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale status socket: %w", err)
@@ -114,13 +125,13 @@ func serveHTTP(cfg Config, public, local http.Handler) (stop func(), err error) 
 	servers := []*http.Server{{Handler: local, ReadHeaderTimeout: 5 * time.Second}}
 	listeners := []net.Listener{unixLis}
 	if cfg.HTTPAddress != "" {
-		tcp, err := net.Listen("tcp", cfg.HTTPAddress)
+		tcpLis, err := net.Listen("tcp", cfg.HTTPAddress)
 		if err != nil {
 			unixLis.Close()
 			return nil, fmt.Errorf("listening on %s: %w", cfg.HTTPAddress, err)
 		}
-		servers = append(servers, &http.Server{Handler: public, ReadHeaderTimeout: 5 * time.Second})
-		listeners = append(listeners, tcp)
+		servers = append(servers, &http.Server{Handler: tcp, ReadHeaderTimeout: 5 * time.Second})
+		listeners = append(listeners, tcpLis)
 	}
 	for i, l := range listeners {
 		go func() {

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -95,5 +97,65 @@ func TestStatusAndMetrics(t *testing.T) {
 	p.Stop()
 	if out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput(); err == nil || !strings.Contains(string(out), "is it running") {
 		t.Errorf("status of a stopped plugin: %v, %s", err, out)
+	}
+}
+
+// TestStatusStaysOnTheNode checks that the TCP address, which deploy/ opens
+// on the pod network for the scraper and the probes, serves /metrics,
+// /healthz and /readyz but not /status (volume IDs, paths, error text):
+// those stay on the root-only status socket unless --http-status opens
+// them there too.
+func TestStatusStaysOnTheNode(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		flags  []string
+		status int // what /status answers over TCP
+	}{
+		{name: "default", status: http.StatusNotFound},
+		{name: "http-status", flags: []string{"--http-status"}, status: http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			must(t, "a free port", err)
+			addr := l.Addr().String()
+			l.Close()
+			p := testenv.New(t, append([]string{"--http-address=" + addr}, tc.flags...)...)
+			p.Start()
+			vol, staging, target := upPublished(t, p, "vol-tcp-"+tc.name)
+			defer unstage(t, p, vol, staging)
+			defer unpublish(t, p, vol, target)
+
+			get := func(path string) (int, string) {
+				resp, err := http.Get("http://" + addr + path)
+				must(t, "GET "+path+" over TCP", err)
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				must(t, "reading "+path, err)
+				return resp.StatusCode, string(b)
+			}
+			for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+				if code, _ := get(path); code != http.StatusOK {
+					t.Errorf("GET %s over TCP: got %d, want 200", path, code)
+				}
+			}
+			for _, path := range []string{"/status", "/status/pools", "/status/pool"} {
+				code, body := get(path)
+				if code != tc.status {
+					t.Errorf("GET %s over TCP: got %d, want %d", path, code, tc.status)
+				}
+				if tc.status != http.StatusOK && (strings.Contains(body, vol) || strings.Contains(body, p.DataDir)) {
+					t.Errorf("GET %s over TCP names the volume or the pool: %s", path, body)
+				}
+			}
+			// The socket serves the status whatever the flag, and the
+			// client reads it there.
+			if code, body := p.StatusGet("/status"); code != http.StatusOK || !strings.Contains(body, vol) {
+				t.Errorf("GET /status on the socket: %d %s", code, body)
+			}
+			out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), vol) {
+				t.Errorf("csi-node status: %v\n%s", err, out)
+			}
+		})
 	}
 }
