@@ -1,0 +1,127 @@
+package chart
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
+)
+
+// TestProbesNameTheirOwnPorts checks every probe of every container that
+// deploy/ and the chart install, in each variant: the kubelet resolves a
+// probe's port (pkg/probe's ResolveContainerPort) among the ports of the
+// container it probes alone. A name another container declares makes the
+// probe error, and an errored liveness probe never counts as a failure, so
+// a hung container would never be restarted. A number must be declared by
+// the probed container too, so that the manifest says which port each
+// probe reaches.
+func TestProbesNameTheirOwnPorts(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			manifest, err := render(t, v.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for source, m := range map[string]string{"deploy/": kustomize(t, v.components), "the chart": manifest} {
+				probed := 0
+				for _, p := range podSpecs(t, m) {
+					for _, c := range append(p.spec.InitContainers, p.spec.Containers...) {
+						for kind, pr := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+							if pr == nil {
+								continue
+							}
+							probed++
+							if err := probePortResolves(pr, c); err != nil {
+								t.Errorf("%s: %s container %s: %s probe: %v", source, p.name, c.Name, kind, err)
+							}
+						}
+					}
+				}
+				if probed == 0 {
+					t.Errorf("%s: no probe found: the test reads nothing", source)
+				}
+			}
+		})
+	}
+}
+
+// TestProbePortRule shows the rule refusing what the kubelet cannot
+// resolve, and accepting what it can.
+func TestProbePortRule(t *testing.T) {
+	c := corev1.Container{Name: "csi-node", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9810}}}
+	for _, tc := range []struct {
+		name string
+		port intstr.IntOrString
+		ok   bool
+	}{
+		{name: "own name", port: intstr.FromString("metrics"), ok: true},
+		{name: "own number", port: intstr.FromInt32(9810), ok: true},
+		{name: "another container's name", port: intstr.FromString("healthz")},
+		{name: "an undeclared number", port: intstr.FromInt32(9808)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pr := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: tc.port}}}
+			if err := probePortResolves(pr, c); (err == nil) != tc.ok {
+				t.Errorf("got %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
+
+// probePortResolves says whether pr's port is one c declares.
+func probePortResolves(pr *corev1.Probe, c corev1.Container) error {
+	var port intstr.IntOrString
+	switch {
+	case pr.HTTPGet != nil:
+		port = pr.HTTPGet.Port
+	case pr.TCPSocket != nil:
+		port = pr.TCPSocket.Port
+	case pr.GRPC != nil:
+		port = intstr.FromInt32(pr.GRPC.Port)
+	default:
+		return nil // an exec probe has no port
+	}
+	for _, p := range c.Ports {
+		if (port.Type == intstr.String && p.Name == port.StrVal) || (port.Type == intstr.Int && p.ContainerPort == port.IntVal) {
+			return nil
+		}
+	}
+	return fmt.Errorf("port %s is not among the container's own ports %v", port.String(), c.Ports)
+}
+
+type namedPodSpec struct {
+	name string
+	spec corev1.PodSpec
+}
+
+// podSpecs returns the pod templates of the DaemonSets and Deployments of
+// a multi-document manifest.
+func podSpecs(t *testing.T, manifest string) []namedPodSpec {
+	t.Helper()
+	var out []namedPodSpec
+	for _, doc := range strings.Split(manifest, "\n---") {
+		var head struct{ Kind string }
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			t.Fatalf("%v in:\n%s", err, doc)
+		}
+		switch head.Kind {
+		case "DaemonSet":
+			var ds appsv1.DaemonSet
+			if err := yaml.UnmarshalStrict([]byte(doc), &ds); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, namedPodSpec{"DaemonSet " + ds.Name, ds.Spec.Template.Spec})
+		case "Deployment":
+			var d appsv1.Deployment
+			if err := yaml.UnmarshalStrict([]byte(doc), &d); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, namedPodSpec{"Deployment " + d.Name, d.Spec.Template.Spec})
+		}
+	}
+	return out
+}
