@@ -169,6 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, here, promises, pools) }
 	m.WatchPools(statuses)
 	m.WatchReady(rec.Ready)
+	m.WatchRequests(node.Waiting, node.MaxRequests())
 	public := newHTTPHandler(m, rec)
 	status := newStatusHandler(public, rec, statuses)
 	tcp := public

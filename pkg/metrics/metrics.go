@@ -156,6 +156,21 @@ func (m *Metrics) WatchReady(ready func() bool) {
 	}))
 }
 
+// WatchRequests reports, at each scrape, the node requests waiting for the
+// reconciler (converge_node_requests_waiting) and how many may wait at once
+// (converge_node_requests_limit, --max-requests): at the limit, more are
+// refused RESOURCE_EXHAUSTED.
+func (m *Metrics) WatchRequests(waiting func() int, limit int) {
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "node_requests_waiting",
+		Help: "Node requests waiting for the reconciler, each holding one of --max-requests slots.",
+	}, func() float64 { return float64(waiting()) }))
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "node_requests_limit",
+		Help: "Node requests that may wait for the reconciler at once (--max-requests); more are refused RESOURCE_EXHAUSTED.",
+	}, func() float64 { return float64(limit) }))
+}
+
 // WatchPools reports every storage pool's space, read from pools at each
 // scrape: converge_data_directory_bytes by pool and kind,
 // converge_data_directory_nearly_full, converge_snapshots and

@@ -146,6 +146,13 @@ func (s *Server) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.Nod
 	}, nil
 }
 
+// Waiting returns how many requests hold a slot (wait for the
+// reconciler) now.
+func (s *Server) Waiting() int { return len(s.slots) }
+
+// MaxRequests returns how many requests may wait at once.
+func (s *Server) MaxRequests() int { return cap(s.slots) }
+
 // admit takes a slot for a request that will wait for the reconciler, or
 // refuses it with RESOURCE_EXHAUSTED when MaxRequests already wait (the
 // kubelet retries). The caller must call release once done.

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -86,15 +87,33 @@ func residentKiB(t *testing.T, pid int) int {
 	return 0
 }
 
+// gauge reads a gauge without labels from the plugin's /metrics.
+func gauge(t *testing.T, p *testenv.Plugin, name string) float64 {
+	t.Helper()
+	code, text := p.StatusGet("/metrics")
+	for _, line := range strings.Split(text, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok && code == http.StatusOK {
+			f, err := strconv.ParseFloat(v, 64)
+			must(t, "parsing "+line, err)
+			return f
+		}
+	}
+	t.Fatalf("/metrics (%d) has no %s", code, name)
+	return 0
+}
+
 // TestRequestFlood sends 3000 concurrent requests over one connection, as
 // a kubelet gone wild would. Half are stages of a static volume whose disk
 // is not there yet, which wait for it: each holds one of the
 // --max-requests slots meanwhile, so exactly 64 wait and every other stage
-// is refused at once with RESOURCE_EXHAUSTED; once the refusals are in,
-// the waiting stages are cancelled. The other half ask for the volume's
-// stats, which take no slot. The plugin's descriptors and memory stay
-// bounded, and once the flood has ended its slots are free. However slow
-// the machine, no answer depends on a deadline.
+// is refused at once with RESOURCE_EXHAUSTED; once every stage is either
+// waiting (the plugin's converge_node_requests_waiting) or refused, the
+// waiting stages are cancelled. The other half ask for the volume's stats,
+// which take no slot. The plugin's descriptors and memory stay bounded,
+// and once the flood has ended its slots are free. However slow or busy
+// the machine, no answer and no count depends on a deadline: the test
+// waits for the plugin's own count, and gives up only when nothing has
+// moved for a minute.
 func TestRequestFlood(t *testing.T) {
 	const maxRequests, n = 64, 3000
 	p := testenv.New(t)
@@ -106,7 +125,9 @@ func TestRequestFlood(t *testing.T) {
 		VolumeContext: map[string]string{nodeserver.DeviceAttribute: filepath.Join(byID, "not-attached-yet")}}
 	fdsBefore := openFDs(t, p.PID())
 
-	flood, cancel := context.WithCancel(ctx(t))
+	// No deadline on the flood: on a busy machine 3000 calls may take
+	// longer than ctx's minute, and a deadline would change their codes.
+	flood, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stages, stats := map[codes.Code]int{}, map[codes.Code]int{}
 	var mu sync.Mutex
@@ -126,22 +147,47 @@ func TestRequestFlood(t *testing.T) {
 			mu.Unlock()
 		})
 	}
-	// The refusals come at once; the stages that got a slot wait until
-	// cancelled. Without the limit no refusal would come, and the wait
-	// ends after 30 s with every stage cancelled.
+	// Every stage ends up either holding a slot until cancelled or
+	// refused; wait until the plugin's count of the one and ours of the
+	// other cover every stage. Without the limit, all of them wait and
+	// none is refused.
 	refused := func() int {
 		mu.Lock()
 		defer mu.Unlock()
 		return stages[codes.ResourceExhausted]
 	}
-	for deadline := time.Now().Add(30 * time.Second); refused() < n/2-maxRequests && time.Now().Before(deadline); {
+	waiting := func() int { return int(gauge(t, p, "converge_node_requests_waiting")) }
+	last, moved := -1, time.Now()
+	for {
+		r, w := refused(), waiting()
+		if r+w == n/2 {
+			break
+		}
+		if r+w != last {
+			last, moved = r+w, time.Now()
+		} else if time.Since(moved) > time.Minute {
+			t.Fatalf("the flood stalled: %d stages refused and %d waiting for a minute, of %d", r, w, n/2)
+		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if w := waiting(); w != maxRequests {
+		t.Errorf("stages waiting: got %d, want %d (--max-requests)", w, maxRequests)
 	}
 	cancel()
 	wg.Wait()
 	t.Logf("stages: %v; stats: %v", stages, stats)
 	if stages[codes.Canceled] != maxRequests || stages[codes.ResourceExhausted] != n/2-maxRequests {
 		t.Errorf("stages: got %v; want %d waiting until cancelled and every other one RESOURCE_EXHAUSTED", stages, maxRequests)
+	}
+	// A call's client sees its cancellation before the plugin's handler
+	// does: the slots are free once the plugin says so.
+	for last, moved = waiting(), time.Now(); last > 0; {
+		time.Sleep(10 * time.Millisecond)
+		if w := waiting(); w != last {
+			last, moved = w, time.Now()
+		} else if time.Since(moved) > time.Minute {
+			t.Fatalf("%d stages still hold a slot a minute after they were cancelled", w)
+		}
 	}
 	for c := range stats {
 		if c != codes.NotFound && c != codes.Unavailable && c != codes.Canceled {
