@@ -1,0 +1,147 @@
+package invariants
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// ProbeErrors returns the kubelet log lines of a probe that errored (as
+// opposed to failed) for a pod whose name starts with one of podPrefixes,
+// in any namespace. The kubelet logs "Probe errored" when it cannot even
+// run a probe, a named port it cannot resolve among them
+// (pkg/kubelet/prober), and never counts such a probe as a failure: a
+// liveness probe that errors can never restart its container.
+func ProbeErrors(kubeletLog string, podPrefixes []string) []string {
+	var out []string
+	for _, line := range strings.Split(kubeletLog, "\n") {
+		if !strings.Contains(line, `"Probe errored"`) {
+			continue
+		}
+		_, pod, _ := strings.Cut(line, ` pod="`)
+		pod, _, _ = strings.Cut(pod, `"`)
+		_, name, _ := strings.Cut(pod, "/")
+		if hasPrefix(name, podPrefixes) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+func hasPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Container names one container of one pod; UID tells apart the pods a
+// controller makes under new names.
+type Container struct {
+	Pod, UID, Name string
+}
+
+func (c Container) String() string { return c.Pod + "/" + c.Name }
+
+// UnexpectedRestarts compares the restarts seen of each container with
+// those a test caused on purpose and said so, and describes each
+// container that restarted more.
+func UnexpectedRestarts(seen, intended map[Container]int32) []string {
+	var out []string
+	for c, n := range seen {
+		if n > intended[c] {
+			out = append(out, fmt.Sprintf("container %s restarted %d times, %d of them on purpose", c, n, intended[c]))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Event is a Kubernetes event, flattened.
+type Event struct {
+	Type    string // Normal or Warning
+	Reason  string
+	Object  string // kind/namespace/name of the involved object
+	Source  string // the reporting component (source.component or reportingController)
+	Message string
+	Count   int32
+}
+
+func (e Event) String() string {
+	return fmt.Sprintf("%s %s on %s from %s (x%d): %s", e.Type, e.Reason, e.Object, e.Source, max(e.Count, 1), e.Message)
+}
+
+// Expected is a Warning event a test causes on purpose, named by its
+// reason and a part of its involved object's kind/namespace/name.
+type Expected struct {
+	Reason string
+	Object string
+	// Test is the test that causes it, for the report.
+	Test string
+}
+
+// Matches says whether e is the warning x expects.
+func (x Expected) Matches(e Event) bool {
+	return e.Reason == x.Reason && strings.Contains(e.Object, x.Object)
+}
+
+// Ours says whether a converge component reported e, or e concerns one of
+// converge's own pods (the kubelet's warnings about csi-node's probes or
+// restarts): sources are parts of the reporting components' names
+// (converge-controller; the sidecars name the driver), pods the prefixes
+// of converge's pods' names.
+func Ours(e Event, sources, pods []string) bool {
+	for _, s := range sources {
+		if strings.Contains(e.Source, s) {
+			return true
+		}
+	}
+	kind, rest, _ := strings.Cut(e.Object, "/")
+	_, name, _ := strings.Cut(rest, "/")
+	return kind == "Pod" && hasPrefix(name, pods)
+}
+
+// UnexpectedWarnings describes each Warning event of converge's (Ours) that
+// no test expected.
+func UnexpectedWarnings(events []Event, sources, pods []string, expected []Expected) []string {
+	var out []string
+	for _, e := range events {
+		if e.Type != "Warning" || !Ours(e, sources, pods) {
+			continue
+		}
+		found := false
+		for _, x := range expected {
+			if x.Matches(e) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, e.String())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// VolumeMounts returns the mount points, in a mount table's list of mount
+// points, of a CSI volume under kubeletDir: a staging mount
+// (plugins/kubernetes.io/csi/...) or a pod's volume (pods/<uid>/volumes/
+// kubernetes.io~csi/...). Once every test has released its claims, none
+// may remain.
+func VolumeMounts(mountPoints []string, kubeletDir string) []string {
+	var out []string
+	for _, m := range mountPoints {
+		rest, ok := strings.CutPrefix(m, kubeletDir+"/")
+		if !ok {
+			continue
+		}
+		if strings.HasPrefix(rest, "plugins/kubernetes.io/csi/") ||
+			(strings.HasPrefix(rest, "pods/") && strings.Contains(rest, "/volumes/kubernetes.io~csi/")) {
+			out = append(out, m)
+		}
+	}
+	return out
+}

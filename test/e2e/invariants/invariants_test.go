@@ -1,0 +1,79 @@
+package invariants
+
+import (
+	"reflect"
+	"testing"
+)
+
+// Each check is shown catching a planted violation and passing what is
+// allowed.
+
+func TestProbeErrors(t *testing.T) {
+	log := `I1126 00:01:02.000000    1234 prober.go:106] "Probe errored" probeType="Liveness" pod="kube-system/converge-node-abcde" podUID="u1" containerName="csi-node" probeResult="unknown" err="strconv.Atoi: parsing \"healthz\": invalid syntax"
+I1126 00:01:03.000000    1234 prober.go:122] "Probe failed" probeType="Liveness" pod="kube-system/converge-node-abcde" podUID="u1" containerName="csi-node" probeResult="failure" output="HTTP probe failed with statuscode: 500"
+I1126 00:01:04.000000    1234 prober.go:106] "Probe errored" probeType="Readiness" pod="default/someone-else" podUID="u2" containerName="app" probeResult="unknown" err="boom"`
+	got := ProbeErrors(log, []string{"converge-node-", "converge-controller-"})
+	if len(got) != 1 || got[0][len(got[0])-len(`invalid syntax"`):] != `invalid syntax"` {
+		t.Errorf("got %q, want the one errored probe of converge's pod", got)
+	}
+	if got := ProbeErrors(log, []string{"converge-controller-"}); len(got) != 0 {
+		t.Errorf("got %q for another pod's prefix, want none", got)
+	}
+}
+
+func TestUnexpectedRestarts(t *testing.T) {
+	node := Container{Pod: "converge-node-a", UID: "1", Name: "csi-node"}
+	reg := Container{Pod: "converge-node-a", UID: "1", Name: "node-driver-registrar"}
+	seen := map[Container]int32{node: 2, reg: 1}
+	if got := UnexpectedRestarts(seen, map[Container]int32{node: 2, reg: 1}); len(got) != 0 {
+		t.Errorf("every restart intended: got %q", got)
+	}
+	got := UnexpectedRestarts(seen, map[Container]int32{node: 1})
+	want := []string{"container converge-node-a/csi-node restarted 2 times, 1 of them on purpose",
+		"container converge-node-a/node-driver-registrar restarted 1 times, 0 of them on purpose"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestUnexpectedWarnings(t *testing.T) {
+	sources := []string{"converge-controller", "converge.csi.dev"}
+	pods := []string{"converge-node-"}
+	events := []Event{
+		{Type: "Warning", Reason: "NodeLost", Object: "PersistentVolumeClaim/default/data-web-0", Source: "converge-controller"},
+		{Type: "Warning", Reason: "ProvisioningFailed", Object: "PersistentVolumeClaim/default/bad", Source: "converge.csi.dev_node-a_1234"},
+		{Type: "Warning", Reason: "Unhealthy", Object: "Pod/kube-system/converge-node-abcde", Source: "kubelet"},
+		{Type: "Normal", Reason: "Provisioning", Object: "PersistentVolumeClaim/default/bad", Source: "converge.csi.dev_node-a_1234"},
+		{Type: "Warning", Reason: "FailedScheduling", Object: "Pod/default/app", Source: "default-scheduler"},
+	}
+	expected := []Expected{{Reason: "NodeLost", Object: "/data-web-0", Test: "TestTwoNodesNodeLoss"}}
+	got := UnexpectedWarnings(events, sources, pods, expected)
+	want := []string{
+		"Warning ProvisioningFailed on PersistentVolumeClaim/default/bad from converge.csi.dev_node-a_1234 (x1): ",
+		"Warning Unhealthy on Pod/kube-system/converge-node-abcde from kubelet (x1): ",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	expected = append(expected, Expected{Reason: "ProvisioningFailed", Object: "/bad"}, Expected{Reason: "Unhealthy", Object: "converge-node-"})
+	if got := UnexpectedWarnings(events, sources, pods, expected); len(got) != 0 {
+		t.Errorf("every warning expected: got %q", got)
+	}
+}
+
+func TestVolumeMounts(t *testing.T) {
+	k := "/var/lib/kubelet"
+	points := []string{
+		k,
+		k + "/pods/u1/volumes/kubernetes.io~projected/kube-api-access-x",
+		k + "/pods/u1/volumes/kubernetes.io~csi/pvc-1/mount",
+		k + "/plugins/kubernetes.io/csi/converge.csi.dev/0123/globalmount",
+		k + "/plugins/converge.csi.dev",
+		"/var/lib/kubelet-other/plugins/kubernetes.io/csi/x/globalmount",
+	}
+	got := VolumeMounts(points, k)
+	want := []string{points[2], points[3]}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
