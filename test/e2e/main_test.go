@@ -44,7 +44,16 @@ func TestMain(m *testing.M) {
 	} else {
 		fmt.Printf("e2e: cluster up in %.1fs (%s); kubelet %s, node %s, run directory %s\n",
 			time.Since(start).Seconds(), strings.Join(c.upPhases, ", "), kubernetesVersion, c.node, c.dir)
+		restarts := c.watchRestarts()
 		code = m.Run()
+		// Only a whole run gives every invariant its meaning: a run of a
+		// few tests (-run) may stop before what another test cleans up.
+		if code == 0 && runsEveryTest() {
+			if broken := c.checkInvariants(restarts); len(broken) > 0 {
+				fmt.Printf("e2e: the run broke an invariant:\n  %s\n", strings.Join(broken, "\n  "))
+				code = 1
+			}
+		}
 		if code != 0 {
 			dumpLogs()
 		}
@@ -58,6 +67,17 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// runsEveryTest says whether this run runs the whole suite: no -run or
+// -skip narrows it.
+func runsEveryTest() bool {
+	for _, name := range []string{"test.run", "test.skip"} {
+		if f := flag.Lookup(name); f != nil && f.Value.String() != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // dumpLogs prints the end of every daemon's log, for a failed run.

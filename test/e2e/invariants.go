@@ -1,0 +1,199 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/test/e2e/invariants"
+)
+
+// What must hold of the whole run, whatever its tests did (package
+// invariants has the checks): TestMain records restarts from the start and
+// checks everything once the tests have run, with the cluster still up.
+
+// convergePods are the name prefixes of converge's own pods, as deploy/ and
+// the chart name them.
+var convergePods = []string{daemonSetName + "-", controllerName + "-"}
+
+// convergeSources are parts of the names converge's components report
+// events under: converge-controller, and the sidecars, which name the
+// driver (the provisioner "converge.csi.dev_<node>_...", the resizer and
+// the snapshotter "... converge.csi.dev").
+var convergeSources = []string{controllerName, driverName}
+
+// intent is what the tests did on purpose: the restarts they caused and the
+// warnings they expect.
+var intent struct {
+	mu sync.Mutex
+	// restarts and warnings are guarded by mu.
+	restarts map[invariants.Container]int32
+	warnings []invariants.Expected
+}
+
+// intendRestart records that the test restarts the named container of pod
+// once more.
+func intendRestart(pod *corev1.Pod, container string) {
+	intent.mu.Lock()
+	defer intent.mu.Unlock()
+	if intent.restarts == nil {
+		intent.restarts = map[invariants.Container]int32{}
+	}
+	intent.restarts[invariants.Container{Pod: pod.Name, UID: string(pod.UID), Name: container}]++
+}
+
+// expectWarning records that the test causes Warning events of reason on
+// an object whose kind/namespace/name contains object.
+func expectWarning(t interface{ Name() string }, reason, object string) {
+	intent.mu.Lock()
+	defer intent.mu.Unlock()
+	intent.warnings = append(intent.warnings, invariants.Expected{Reason: reason, Object: object, Test: t.Name()})
+}
+
+// restartWatch records the highest restart count seen of each container of
+// converge's pods, in every namespace, deleted pods included.
+type restartWatch struct {
+	mu sync.Mutex
+	// seen is guarded by mu.
+	seen map[invariants.Container]int32
+	stop context.CancelFunc
+}
+
+// watchRestarts starts recording the restarts of converge's containers.
+func (c *cluster) watchRestarts() *restartWatch {
+	w := &restartWatch{seen: map[invariants.Container]int32{}}
+	ctx, stop := context.WithCancel(context.Background())
+	w.stop = stop
+	f := informers.NewSharedInformerFactory(c.client, 0)
+	record := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || !hasPrefix(pod.Name, convergePods) {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, s := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+			k := invariants.Container{Pod: pod.Name, UID: string(pod.UID), Name: s.Name}
+			w.seen[k] = max(w.seen[k], s.RestartCount)
+		}
+	}
+	f.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    record,
+		UpdateFunc: func(_, obj any) { record(obj) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			record(obj)
+		},
+	})
+	f.Start(ctx.Done())
+	f.WaitForCacheSync(ctx.Done())
+	return w
+}
+
+func hasPrefix(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// checkInvariants checks, once every test has run: no probe of converge's
+// pods errored on any node; no container of theirs restarted that a test
+// did not restart on purpose; no Warning event of converge's that no test
+// expected; no volume mount or loop device left. It returns what broke.
+func (c *cluster) checkInvariants(w *restartWatch) []string {
+	var out []string
+	for _, n := range c.nodes {
+		log, err := os.ReadFile(filepath.Join(n.logs, "kubelet.log"))
+		if err != nil {
+			out = append(out, fmt.Sprintf("node %s: reading the kubelet's log: %v", n.node, err))
+		}
+		for _, l := range invariants.ProbeErrors(string(log), convergePods) {
+			out = append(out, fmt.Sprintf("node %s: a probe errored: %s", n.node, l))
+		}
+	}
+
+	// The last look at pods that still exist.
+	pods, err := c.client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		out = append(out, "listing pods: "+err.Error())
+	}
+	w.stop()
+	w.mu.Lock()
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if !hasPrefix(pod.Name, convergePods) {
+			continue
+		}
+		for _, s := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+			k := invariants.Container{Pod: pod.Name, UID: string(pod.UID), Name: s.Name}
+			w.seen[k] = max(w.seen[k], s.RestartCount)
+		}
+	}
+	intent.mu.Lock()
+	out = append(out, invariants.UnexpectedRestarts(w.seen, intent.restarts)...)
+	w.mu.Unlock()
+	expected := intent.warnings
+	intent.mu.Unlock()
+
+	events, err := c.client.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		out = append(out, "listing events: "+err.Error())
+	} else {
+		var flat []invariants.Event
+		for _, e := range events.Items {
+			src := e.Source.Component
+			if src == "" {
+				src = e.ReportingController
+			}
+			o := e.InvolvedObject
+			flat = append(flat, invariants.Event{Type: e.Type, Reason: e.Reason, Source: src, Message: e.Message, Count: e.Count,
+				Object: o.Kind + "/" + o.Namespace + "/" + o.Name})
+		}
+		for _, s := range invariants.UnexpectedWarnings(flat, convergeSources, convergePods, expected) {
+			out = append(out, "an unexpected warning: "+s)
+		}
+	}
+
+	// Volumes of pods deleted at a test's end are unmounted shortly after.
+	var left []string
+	waitFor(context.Background(), 2*time.Minute, nil, func() error {
+		left = nil
+		for _, n := range c.nodes {
+			mounts, err := devices.ReadMounts(n.ns.mountinfo())
+			if err != nil {
+				left = append(left, fmt.Sprintf("node %s: reading its mount table: %v", n.node, err))
+				continue
+			}
+			var points []string
+			for _, m := range mounts {
+				points = append(points, m.Path)
+			}
+			for _, m := range invariants.VolumeMounts(points, nodeKubeletDir) {
+				left = append(left, fmt.Sprintf("node %s: a volume's mount is left: %s", n.node, m))
+			}
+		}
+		for dev, file := range loopsBackedUnder(c.dir) {
+			left = append(left, fmt.Sprintf("loop device %s is left attached to %s", dev, file))
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("%s", strings.Join(left, "; "))
+		}
+		return nil
+	})
+	return append(out, left...)
+}
