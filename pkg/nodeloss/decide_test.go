@@ -197,6 +197,10 @@ func TestDecide(t *testing.T) {
 				return deletedNode(world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), c, statefulSet("ns", "db", "data")))
 			}(),
 			"release v"},
+		{"a volume naming a claim bound to another volume: not that claim's, which is left with its pods",
+			deletedNode(world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "theirs"), statefulSet("ns", "db", "data"),
+				pod("ns", "db-0", "a", "data-db-0"))),
+			"release v"},
 		{"a volume being deleted without the provisioner's finalizer: done",
 			func() *World {
 				v := volume("v", "b", "rel", "ns", "")
