@@ -78,21 +78,26 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 		return createRequest{}, err
 	}
 	// What the cluster does when this node is gone is converge-controller's
-	// to carry out; a class that names no such choice provisions nothing.
-	if _, err := state.ParseOnNodeLoss(params[state.OnNodeLossKey]); err != nil {
+	// to carry out, and the volume's own: the class's choice (retain when
+	// it names none) is recorded in the volume's attributes, which the
+	// provisioner writes into its PV, so that a class made again under the
+	// same name with another choice changes no volume made before it. A
+	// class that names no valid choice provisions nothing.
+	onLoss, err := state.ParseOnNodeLoss(params[state.OnNodeLossKey])
+	if err != nil {
 		return createRequest{}, err
 	}
 	r := createRequest{name: name, id: c.volumeID(name), fsType: fsTypeOf(params, req.GetVolumeCapabilities()),
-		rng: rangeOf(req.GetCapacityRange()), source: req.GetVolumeContentSource()}
+		rng: rangeOf(req.GetCapacityRange()), source: req.GetVolumeContentSource(),
+		volumeContext: map[string]string{state.OnNodeLossKey: string(onLoss)}}
 	// mkfs options are checked now, for the filesystem the volume will
 	// carry, and handed to the node in the volume's attributes.
 	if opts, ok := params[nodeserver.MkfsOptionsKey]; ok {
 		if _, err := nodeserver.CheckMkfsOptions(r.fsType, opts); err != nil {
 			return createRequest{}, state.Errorf(state.KindInvalidArgument, "%w", err)
 		}
-		r.volumeContext = map[string]string{nodeserver.MkfsOptionsKey: opts}
+		r.volumeContext[nodeserver.MkfsOptionsKey] = opts
 	}
-	var err error
 	if r.prov, err = parseProvisioning(params); err != nil {
 		return createRequest{}, err
 	}
@@ -220,9 +225,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 // created is the answer for the volume r asked for, of size bytes.
 func (c *Controller) created(r createRequest, size int64) *csi.CreateVolumeResponse {
 	v := c.volume(r.id, size)
-	if len(r.volumeContext) > 0 {
-		v.VolumeContext = r.volumeContext
-	}
+	v.VolumeContext = r.volumeContext
 	v.ContentSource = r.source
 	return &csi.CreateVolumeResponse{Volume: v}
 }

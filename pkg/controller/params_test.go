@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -42,16 +44,35 @@ func TestFsTypeOf(t *testing.T) {
 }
 
 // TestOnNodeLossParameter checks that CreateVolume takes the class's
-// on-node-loss choice, which converge-controller carries out, and refuses
-// a value it does not know, making nothing.
+// on-node-loss choice, which converge-controller carries out, and records
+// it in the volume's attributes (the PV's), retain for a class that names
+// none, beside the mkfs options and again when the volume is found made;
+// a value it does not know is refused, making nothing.
 func TestOnNodeLossParameter(t *testing.T) {
 	c, _, images := newController(t)
-	for _, v := range []string{"retain", "release"} {
-		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: v, VolumeCapabilities: capMount,
-			CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{state.OnNodeLossKey: v}})
-		if err != nil {
-			t.Errorf("%s=%s: %v", state.OnNodeLossKey, v, err)
-		}
+	for _, tc := range []struct {
+		name   string
+		params map[string]string
+		want   map[string]string
+	}{
+		{name: "retain", params: map[string]string{state.OnNodeLossKey: "retain"}, want: map[string]string{state.OnNodeLossKey: "retain"}},
+		{name: "release", params: map[string]string{state.OnNodeLossKey: "release"}, want: map[string]string{state.OnNodeLossKey: "release"}},
+		{name: "none", params: nil, want: map[string]string{state.OnNodeLossKey: "retain"}},
+		{name: "with-mkfs", params: map[string]string{state.OnNodeLossKey: "release", nodeserver.MkfsOptionsKey: "-b 4096"},
+			want: map[string]string{state.OnNodeLossKey: "release", nodeserver.MkfsOptionsKey: "-b 4096"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, call := range []string{"made", "found"} {
+				resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: tc.name, VolumeCapabilities: capMount,
+					CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: tc.params})
+				if err != nil {
+					t.Fatalf("%s: %v", call, err)
+				}
+				if got := resp.GetVolume().GetVolumeContext(); !maps.Equal(got, tc.want) {
+					t.Errorf("%s: volume context %v, want %v", call, got, tc.want)
+				}
+			}
+		})
 	}
 	_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "odd", VolumeCapabilities: capMount,
 		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{state.OnNodeLossKey: "delete"}})

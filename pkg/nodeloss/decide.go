@@ -111,19 +111,47 @@ func Decide(w *World, topologyKey string) Decision {
 	return d
 }
 
-// choiceOf is the on-node-loss choice of pv's StorageClass, and why.
+// choiceOf is pv's on-node-loss choice, and why: the one recorded in its
+// attributes when it was provisioned (CreateVolume writes it there, and a
+// PV's source cannot be changed once it exists), whatever its class says
+// now. A volume that records none (provisioned before converge recorded
+// the choice, or a static PV that names none) takes its StorageClass's, but
+// only from a class at least as old as the volume: a class made since
+// under the same name is not the one it was provisioned with. Anything
+// else is retain: deleting a claim cannot be undone, keeping it can.
 func (w *World) choiceOf(pv *corev1.PersistentVolume) (state.OnNodeLoss, string) {
+	if v, ok := recordedChoice(pv); ok {
+		choice, err := state.ParseOnNodeLoss(v)
+		if err != nil {
+			return state.OnNodeLossRetain, fmt.Sprintf("volume %s: %v (retain)", pv.Name, err)
+		}
+		return choice, fmt.Sprintf("volume %s was provisioned with %s: %s", pv.Name, state.OnNodeLossKey, choice)
+	}
+	none := fmt.Sprintf("volume %s records no %s", pv.Name, state.OnNodeLossKey)
 	class, ok := w.Classes[pv.Spec.StorageClassName]
-	if !ok {
-		return state.OnNodeLossRetain, fmt.Sprintf("StorageClass %q is gone (%s: retain)", pv.Spec.StorageClassName, state.OnNodeLossKey)
+	switch {
+	case !ok:
+		return state.OnNodeLossRetain, fmt.Sprintf("%s and its StorageClass %q is gone (retain)", none, pv.Spec.StorageClassName)
+	case class.CreationTimestamp.After(pv.CreationTimestamp.Time):
+		return state.OnNodeLossRetain, fmt.Sprintf("%s and StorageClass %s was made after it, so is not the class it was provisioned with (retain)", none, class.Name)
 	}
 	v := class.Parameters[state.OnNodeLossKey]
 	choice, err := state.ParseOnNodeLoss(v)
 	if err != nil {
-		return state.OnNodeLossRetain, fmt.Sprintf("StorageClass %s: %v (retain)", class.Name, err)
+		return state.OnNodeLossRetain, fmt.Sprintf("%s; StorageClass %s: %v (retain)", none, class.Name, err)
 	}
 	if v == "" {
-		return choice, fmt.Sprintf("StorageClass %s names no %s (retain)", class.Name, state.OnNodeLossKey)
+		return choice, fmt.Sprintf("%s and StorageClass %s names none (retain)", none, class.Name)
 	}
-	return choice, fmt.Sprintf("StorageClass %s says %s: %s", class.Name, state.OnNodeLossKey, choice)
+	return choice, fmt.Sprintf("%s; StorageClass %s says %s: %s", none, class.Name, state.OnNodeLossKey, choice)
+}
+
+// recordedChoice is the on-node-loss choice recorded in pv's attributes,
+// and whether it records one.
+func recordedChoice(pv *corev1.PersistentVolume) (string, bool) {
+	if pv.Spec.CSI == nil {
+		return "", false
+	}
+	v, ok := pv.Spec.CSI.VolumeAttributes[state.OnNodeLossKey]
+	return v, ok
 }

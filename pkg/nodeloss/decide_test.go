@@ -123,7 +123,8 @@ func actions(d Decision) string {
 }
 
 // TestDecide owns what happens to a volume by its node's state and its
-// class's choice.
+// choice (here its class's: the PVs record none; TestDecideChoice owns
+// where the choice comes from).
 func TestDecide(t *testing.T) {
 	deleted := func(o metav1.Object) { ts := metav1.NewTime(t0); o.SetDeletionTimestamp(&ts) }
 	for _, tc := range []struct {
@@ -196,6 +197,10 @@ func TestDecide(t *testing.T) {
 				return deletedNode(world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), c, statefulSet("ns", "db", "data")))
 			}(),
 			"release v"},
+		{"a volume naming a claim bound to another volume: not that claim's, which is left with its pods",
+			deletedNode(world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "theirs"), statefulSet("ns", "db", "data"),
+				pod("ns", "db-0", "a", "data-db-0"))),
+			"release v"},
 		{"a volume being deleted without the provisioner's finalizer: done",
 			func() *World {
 				v := volume("v", "b", "rel", "ns", "")
@@ -234,6 +239,72 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// TestDecideChoice owns where a volume's on-node-loss choice comes from:
+// the one its PV recorded when it was provisioned, whatever its class says
+// now; for a PV that records none, its class's, unless the class was made
+// after it; else retain.
+func TestDecideChoice(t *testing.T) {
+	// recorded is a StatefulSet's volume on the gone node b, of class
+	// "c", made at t0-1h, its PV recording choice (none if "-").
+	recorded := func(choice string) *corev1.PersistentVolume {
+		v := volume("v", "b", "c", "ns", "data-db-0")
+		v.CreationTimestamp = metav1.NewTime(t0.Add(-time.Hour))
+		if choice != "-" {
+			v.Spec.CSI.VolumeAttributes = map[string]string{state.OnNodeLossKey: choice}
+		}
+		return v
+	}
+	// classMade is class "c" saying onLoss, made at t0+ago.
+	classMade := func(onLoss string, ago time.Duration) *storagev1.StorageClass {
+		sc := class("c", onLoss)
+		sc.CreationTimestamp = metav1.NewTime(t0.Add(ago))
+		return sc
+	}
+	const released, retained = "delete_claim ns/data-db-0", "retained v"
+	for _, tc := range []struct {
+		name  string
+		pv    *corev1.PersistentVolume
+		class *storagev1.StorageClass // nil: gone
+		want  string
+		why   string
+	}{
+		{"recorded release, the class made again since as retain: the volume's",
+			recorded("release"), classMade("retain", 0), released, "volume v was provisioned with " + state.OnNodeLossKey + ": release"},
+		{"recorded retain, the class made again since as release: the volume's",
+			recorded("retain"), classMade("release", 0), retained, "volume v was provisioned with " + state.OnNodeLossKey + ": retain"},
+		{"recorded release, the class gone: the volume's",
+			recorded("release"), nil, released, "volume v was provisioned with"},
+		{"recorded release, the class as old as the volume saying none: the volume's",
+			recorded("release"), classMade("", -2*time.Hour), released, "volume v was provisioned with"},
+		{"recorded a value converge does not know: retain",
+			recorded("delete"), classMade("release", -2*time.Hour), retained, `volume v: ` + state.OnNodeLossKey + `: unknown value "delete"`},
+		{"none recorded, the class older than the volume says release: the class's",
+			recorded("-"), classMade("release", -2*time.Hour), released, "volume v records no " + state.OnNodeLossKey + "; StorageClass c says " + state.OnNodeLossKey + ": release"},
+		{"none recorded, the class made in the volume's second says release: the class's",
+			recorded("-"), classMade("release", -time.Hour), released, "StorageClass c says"},
+		{"none recorded, the class made again after the volume says release: retain",
+			recorded("-"), classMade("release", -time.Hour+time.Second), retained, "StorageClass c was made after it"},
+		{"none recorded, the class gone: retain",
+			recorded("-"), nil, retained, `its StorageClass "c" is gone`},
+		{"none recorded, the class names none: retain",
+			recorded("-"), classMade("", -2*time.Hour), retained, "StorageClass c names none"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := []any{tc.pv, pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")}
+			if tc.class != nil {
+				objs = append(objs, tc.class)
+			}
+			d := Decide(deletedNode(world(objs...)), testTopology)
+			if got := actions(d); got != tc.want {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+			if why := d.Actions[0].Why; !strings.Contains(why, tc.why) {
+				t.Errorf("why %q does not say %q", why, tc.why)
+			}
+		})
+	}
+}
+
 // deletedNode makes node b of w absent for the grace and more.
 func deletedNode(w *World) *World {
 	w.AbsentSince["b"] = t0.Add(-w.Grace)
@@ -258,7 +329,7 @@ func TestDecideWaitsForTheGrace(t *testing.T) {
 }
 
 // TestActionsSayWhy checks that every action names the node, why it is
-// gone and the class's choice.
+// gone and the choice.
 func TestActionsSayWhy(t *testing.T) {
 	w := deletedNode(world(class("rel", "release"), volume("v", "b", "rel", "ns", "mine"), pvc("ns", "mine", "v")))
 	d := Decide(w, testTopology)

@@ -11,11 +11,17 @@
 // exists without the taint is never gone: nothing is ever released while it
 // is there.
 //
-// For each of the driver's volumes on a gone node, the StorageClass
-// parameter converge.csi.dev/on-node-loss decides (state.OnNodeLoss):
+// For each of the driver's volumes on a gone node, its on-node-loss choice
+// decides (state.OnNodeLoss): the StorageClass parameter
+// converge.csi.dev/on-node-loss as CreateVolume recorded it in the volume's
+// attributes, so that a class made again under the same name with another
+// choice changes no volume made before it. A PV that records none
+// (provisioned before converge recorded it, or static) takes its class's,
+// from a class no newer than the PV only.
 //
-//   - retain (the default, and what a class that is gone or names no valid
-//     choice means): nothing is deleted. A Warning event on the claim and
+//   - retain (the default, and what a PV or class with a value converge
+//     does not know, or a PV without a record whose class is gone or newer,
+//     means): nothing is deleted. A Warning event on the claim and
 //     the volume says where the data is and what the operator can do; if
 //     the node comes back, so do the pods, with their data.
 //   - release: the claim is deleted, and the pods that use it (Pending, or

@@ -22,7 +22,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_controller_passes_total",
 			Help: "Passes over the driver's volumes."}),
 		lost: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "converge_controller_volumes_on_lost_nodes",
-			Help: "The driver's volumes whose node is gone, by the on-node-loss choice of their class, at the last pass."}, []string{"on_node_loss"}),
+			Help: "The driver's volumes whose node is gone, by their on-node-loss choice, at the last pass."}, []string{"on_node_loss"}),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_controller_actions_total",
 			Help: "Actions carried out on volumes whose node is gone (warnings are counted once per volume and node)."}, []string{"action"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_controller_action_failures_total",

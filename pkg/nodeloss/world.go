@@ -70,15 +70,19 @@ func (w *World) gone(node string) (why string, wait time.Duration) {
 	return "was deleted", 0
 }
 
-// claimOf is the claim bound to pv, nil when it has none or the claim of
-// its name is another (made again since, another UID).
+// claimOf is the claim bound to pv, nil when it has none, when the claim
+// of its name is another (made again since, another UID), or when the
+// claim is bound to another volume. A PV's claim reference is written by
+// whoever creates the PV (every node's provisioner may), so the claim must
+// name the PV back: a PV made to name someone else's claim, and a node
+// that is gone, must not get that claim and its pods deleted.
 func (w *World) claimOf(pv *corev1.PersistentVolume) *corev1.PersistentVolumeClaim {
 	ref := pv.Spec.ClaimRef
 	if ref == nil {
 		return nil
 	}
 	c := w.Claims[types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}]
-	if c == nil || (ref.UID != "" && c.UID != ref.UID) {
+	if c == nil || (ref.UID != "" && c.UID != ref.UID) || c.Spec.VolumeName != pv.Name {
 		return nil
 	}
 	return c

@@ -49,3 +49,33 @@ func TestLiveAt(t *testing.T) {
 		t.Error("a stage being withdrawn: got live, want NotFound")
 	}
 }
+
+// TestCheckAttributes owns what the node accepts of a PV's volume
+// attributes: the keys CreateVolume and static PVs write, the on-node-loss
+// choice only with a value converge-controller knows.
+func TestCheckAttributes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		vc   map[string]string
+		want string
+	}{
+		{name: "none", vc: nil},
+		{name: "what CreateVolume writes", vc: map[string]string{MkfsOptionsKey: "-b 4096", state.OnNodeLossKey: "release", "storage.kubernetes.io/csiProvisionerIdentity": "x"}},
+		{name: "retain", vc: map[string]string{state.OnNodeLossKey: "retain"}},
+		{name: "a static PV's device", vc: map[string]string{DeviceAttribute: "/dev/disk/by-id/x"}},
+		{name: "an on-node-loss choice converge does not know", vc: map[string]string{state.OnNodeLossKey: "delete"},
+			want: `volume attribute converge.csi.dev/on-node-loss: unknown value "delete": want "retain" or "release"`},
+		{name: "an unknown key", vc: map[string]string{"converge.csi.dev/on-node-los": "release"},
+			want: `unknown volume attributes: "converge.csi.dev/on-node-los"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkAttributes(tc.vc)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("got %v, want none", err)
+			case tc.want != "" && (err == nil || err.Error() != tc.want || state.AsError(err).Kind != state.KindInvalidArgument):
+				t.Errorf("got %v, want InvalidArgument %q", err, tc.want)
+			}
+		})
+	}
+}

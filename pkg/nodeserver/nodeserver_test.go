@@ -275,6 +275,16 @@ func TestBadInputRecordsNothing(t *testing.T) {
 		{"publish: no staging", pub("v", "", root+"/pods/a")},
 		{"publish: target equals staging", pub("v", good, good)},
 		{"publish: target outside", pub("v", good, "/root/x")},
+		{"stage: on-node-loss choice unknown", func() error {
+			_, err := s.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: good, VolumeCapability: rwo,
+				VolumeContext: map[string]string{state.OnNodeLossKey: "delete"}})
+			return err
+		}()},
+		{"publish: on-node-loss choice unknown", func() error {
+			_, err := s.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v", StagingTargetPath: good, TargetPath: root + "/pods/a", VolumeCapability: rwo,
+				VolumeContext: map[string]string{state.OnNodeLossKey: "delete"}})
+			return err
+		}()},
 		{"unpublish: no target", func() error {
 			_, err := s.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "v"})
 			return err
@@ -299,6 +309,24 @@ func TestBadInputRecordsNothing(t *testing.T) {
 	// A quoted SELinux label with categories is allowed.
 	if err := CheckMountFlags([]string{`context="system_u:object_r:container_file_t:s0:c1,c2"`, "noatime"}); err != nil {
 		t.Errorf("quoted label: %v", err)
+	}
+}
+
+// TestOnNodeLossAttributeAccepted stages and publishes a volume whose PV
+// carries the on-node-loss choice CreateVolume recorded: the kubelet passes
+// it in the volume context of both.
+func TestOnNodeLossAttributeAccepted(t *testing.T) {
+	s, store, rec := newServer(t)
+	rec.onKick = func() { readyAll(store, "v") }
+	ctx := context.Background()
+	vc := map[string]string{state.OnNodeLossKey: "release"}
+	if _, err := s.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: root + "/staging/v",
+		VolumeCapability: rwo, VolumeContext: vc}); err != nil {
+		t.Fatalf("stage: got %v, want OK", err)
+	}
+	if _, err := s.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v", StagingTargetPath: root + "/staging/v",
+		TargetPath: root + "/pods/a", VolumeCapability: rwo, VolumeContext: vc}); err != nil {
+		t.Fatalf("publish: got %v, want OK", err)
 	}
 }
 

@@ -30,7 +30,7 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
-	if err := CheckKeys("volume attributes", req.GetVolumeContext(), DeviceAttribute, MkfsOptionsKey); err != nil {
+	if err := checkAttributes(req.GetVolumeContext()); err != nil {
 		return nil, err
 	}
 	if target == staging {

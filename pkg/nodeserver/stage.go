@@ -24,7 +24,7 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
-	if err := CheckKeys("volume attributes", req.GetVolumeContext(), DeviceAttribute, MkfsOptionsKey); err != nil {
+	if err := checkAttributes(req.GetVolumeContext()); err != nil {
 		return nil, err
 	}
 	device, static := req.GetVolumeContext()[DeviceAttribute]

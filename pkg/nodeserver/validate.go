@@ -164,6 +164,22 @@ func CheckKeys(what string, m map[string]string, known ...string) error {
 	return nil
 }
 
+// checkAttributes refuses volume attributes (a PV's, which the kubelet
+// passes to NodeStageVolume and NodePublishVolume) that converge does not
+// define, and an on-node-loss choice it does not know. The node does not
+// act on that choice (converge-controller does, from the PV); it refuses a
+// wrong one so that a PV written by hand with a typo fails at its first
+// use, not silently on the day its node is lost.
+func checkAttributes(vc map[string]string) error {
+	if err := CheckKeys("volume attributes", vc, DeviceAttribute, MkfsOptionsKey, state.OnNodeLossKey); err != nil {
+		return err
+	}
+	if _, err := state.ParseOnNodeLoss(vc[state.OnNodeLossKey]); err != nil {
+		return invalid("volume attribute %v", err)
+	}
+	return nil
+}
+
 // DeviceAttribute is the volume attribute of a static PV that names its
 // existing block device by a stable path under an allowed device prefix.
 const DeviceAttribute = "converge.csi.dev/device"

@@ -1,9 +1,11 @@
 package state
 
-// OnNodeLossKey is the StorageClass parameter that says what the cluster
-// does with a volume whose node is gone for good (converge-controller,
-// pkg/nodeloss): the node plugin checks it at CreateVolume, so that a
-// class with a wrong value provisions nothing.
+// OnNodeLossKey is the StorageClass parameter, and the volume attribute,
+// that says what the cluster does with a volume whose node is gone for
+// good (converge-controller, pkg/nodeloss). The node plugin checks the
+// parameter at CreateVolume, so that a class with a wrong value provisions
+// nothing, and records the choice in the volume's attributes (its PV's),
+// where converge-controller reads it.
 const OnNodeLossKey = "converge.csi.dev/on-node-loss"
 
 // OnNodeLoss is what happens to a volume when its node is gone.
@@ -18,8 +20,8 @@ const (
 	OnNodeLossRelease OnNodeLoss = "release"
 )
 
-// ParseOnNodeLoss reads a class's OnNodeLossKey parameter; an absent one
-// ("") is OnNodeLossRetain.
+// ParseOnNodeLoss reads an OnNodeLossKey parameter or attribute; an absent
+// one ("") is OnNodeLossRetain.
 func ParseOnNodeLoss(v string) (OnNodeLoss, error) {
 	switch OnNodeLoss(v) {
 	case "", OnNodeLossRetain:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -30,6 +32,9 @@ import (
 const (
 	driverName  = "converge.csi.dev"
 	topologyKey = "topology.converge.csi.dev/node"
+	// provisionerIdentityKey is the volume attribute in which
+	// external-provisioner names itself.
+	provisionerIdentityKey = "storage.kubernetes.io/csiProvisionerIdentity"
 )
 
 // provisioner does for the suite what external-provisioner does in deploy/
@@ -58,6 +63,10 @@ type provisioner struct {
 	// owner, when set, owns the CSIStorageCapacity objects it makes, so
 	// that they go with it (--capacity-ownerref-level).
 	owner *metav1.OwnerReference
+	// identity is what external-provisioner writes beside the volume
+	// context into every PV's attributes, under provisionerIdentityKey:
+	// its start in milliseconds, a random number and the driver's name.
+	identity string
 
 	// mu guards errs.
 	mu   sync.Mutex
@@ -69,7 +78,8 @@ func newProvisioner(client kubernetes.Interface, dyn dynamic.Interface, node, cs
 	if err != nil {
 		return nil, err
 	}
-	return &provisioner{client: client, dynamic: dyn, node: node, conn: conn, ctrl: csi.NewControllerClient(conn), provisions: true}, nil
+	return &provisioner{client: client, dynamic: dyn, node: node, conn: conn, ctrl: csi.NewControllerClient(conn), provisions: true,
+		identity: fmt.Sprintf("%d-%d-%s", time.Now().UnixMilli(), rand.IntN(10000), driverName)}, nil
 }
 
 // run works every 200 ms until ctx ends. A step that fails (csi-node is
@@ -342,7 +352,13 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 		return fmt.Errorf("CreateVolume: %w", err)
 	}
 	v := resp.GetVolume()
-	csiSource := &corev1.CSIPersistentVolumeSource{Driver: driverName, VolumeHandle: v.VolumeId, VolumeAttributes: v.VolumeContext}
+	// external-provisioner writes the volume context into the PV's
+	// attributes, which the kubelet passes back to NodeStageVolume and
+	// NodePublishVolume and converge-controller reads (the on-node-loss
+	// choice), beside its own identity.
+	attrs := map[string]string{provisionerIdentityKey: p.identity}
+	maps.Copy(attrs, v.VolumeContext)
+	csiSource := &corev1.CSIPersistentVolumeSource{Driver: driverName, VolumeHandle: v.VolumeId, VolumeAttributes: attrs}
 	if !block {
 		csiSource.FSType = fsType
 	}

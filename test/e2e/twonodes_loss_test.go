@@ -120,7 +120,8 @@ func eventsOf(name, reason string) []string {
 
 // TestTwoNodesNodeLoss loses the second node with a StatefulSet's pod on it
 // in each of two classes, one that retains (the default) and one that
-// releases (converge.csi.dev/on-node-loss: release), and brings it back.
+// releases (converge.csi.dev/on-node-loss: release, which each PV records),
+// and brings it back.
 // Retained, the pod stays Pending (it can only run there) and the claim
 // says why; released, converge-controller deletes the claim and the pod and
 // the StatefulSet runs a new pod on the first node with a new, empty
@@ -152,6 +153,17 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	}
 	if !slices.Contains(pv.Finalizers, provisionerFinalizer) {
 		t.Fatalf("the volume to release has finalizers %v; want the provisioner's", pv.Finalizers)
+	}
+	// Each volume's choice is its own, recorded in its PV when it was
+	// provisioned (retain when its class names none).
+	for _, want := range []struct{ pv, choice string }{{droppedVol.pv, "release"}, {keptVol.pv, "retain"}} {
+		v, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), want.pv, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := v.Spec.CSI.VolumeAttributes["converge.csi.dev/on-node-loss"]; got != want.choice {
+			t.Errorf("PV %s records on-node-loss %q, want %q", want.pv, got, want.choice)
+		}
 	}
 
 	back := loseNode(t, b)
