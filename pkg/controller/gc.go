@@ -20,7 +20,8 @@ import (
 // snapshots of this node whose IDs referenced lacks, and with remove deletes
 // them through DeleteVolume's and DeleteSnapshot's own paths. It never
 // deletes one that changed within minAge (a volume just made may not have
-// its PersistentVolume yet), nor a volume staged, published or being
+// its PersistentVolume yet; a record without an image counts from the
+// record's last change), nor a volume staged, published or being
 // restored, nor a snapshot being taken or restored: each is checked again
 // under the lock its deletion takes, and reported kept with the reason.
 func (c *Controller) Collect(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error) {
@@ -76,22 +77,24 @@ func (c *Controller) collectVolume(id string, now time.Time, minAge time.Duratio
 		return o, true
 	}
 	err := space.within(func(p promise) error {
+		v, _ := c.store.Get(id)
 		changed, size, err := space.images.Changed(id)
 		switch {
+		case errors.Is(err, os.ErrNotExist) && v == nil:
+			return errGone
 		case errors.Is(err, os.ErrNotExist):
-			if v, _ := c.store.Get(id); v == nil {
-				return errGone
-			}
+			// A record without an image: a static volume's pinned
+			// identity and provenance, or what is left of a removal.
+			changed = v.Changed
 		case err != nil:
 			return err
-		default:
-			o.Bytes, o.Changed = size, changed
-			if age := now.Sub(changed); age < minAge {
-				o.Kept = fmt.Sprintf("changed %s ago, within the least age %s", age.Round(time.Second), minAge)
-				return nil
-			}
 		}
-		if v, _ := c.store.Get(id); v != nil && v.HasNodeIntent() {
+		o.Bytes, o.Changed = size, changed
+		if age := now.Sub(changed); age < minAge {
+			o.Kept = fmt.Sprintf("changed %s ago, within the least age %s", age.Round(time.Second), minAge)
+			return nil
+		}
+		if v != nil && v.HasNodeIntent() {
 			o.Kept = "staged or published on this node"
 			return nil
 		}

@@ -12,7 +12,7 @@ type Orphan struct {
 	// Bytes is the image's size; 0 for a volume's record without one.
 	Bytes int64 `json:"bytes"`
 	// Changed is when the image last changed or the snapshot was taken;
-	// zero for a record without an image.
+	// for a record without an image, when the record last changed.
 	Changed time.Time `json:"changed,omitzero"`
 	// Kept, when not empty, says why it stays; otherwise Deleted says
 	// whether it went (false: a dry run).

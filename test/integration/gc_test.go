@@ -12,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/loops"
 )
 
 // TestGC runs "csi-node gc" against the running plugin with a listing of
@@ -147,5 +151,56 @@ func TestGC(t *testing.T) {
 	must(t, "csi-node gc --delete after the unstage", err)
 	if l := line(out, staged); !strings.Contains(l, "deleted") || exists(staged) || !exists(ref) {
 		t.Errorf("after the unstage, %s: %q; ref there: %v\n%s", staged, l, exists(ref), out)
+	}
+}
+
+// TestGCStaticRecordMinAge unstages a static volume, whose record, without
+// an image, keeps the device's identity and the format's provenance:
+// csi-node gc counts its age from the record's last change, so a listing
+// without its PersistentVolume deletes it only past --min-age.
+func TestGCStaticRecordMinAge(t *testing.T) {
+	p := testenv.New(t)
+	byID := mkdir(t, filepath.Join(p.Dir, "by-id"))
+	p.Args = append(p.Args, "--allowed-device-prefix", byID)
+	p.Start()
+	disksDir := mkdir(t, filepath.Join(p.Dir, "disks"))
+	img := filepath.Join(disksDir, "a.img")
+	must(t, "image", os.WriteFile(img, nil, 0o600))
+	must(t, "size", os.Truncate(img, 64<<20))
+	disk, err := devices.AttachLoop(img, true)
+	must(t, "attach", err)
+	t.Cleanup(func() {
+		p.Stop()
+		loops.Release(disk, disksDir)
+	})
+	link := filepath.Join(byID, "disk-1")
+	must(t, "symlink", os.Symlink(disk, link))
+	staging := mkdir(t, filepath.Join(p.Root, "staging-static"))
+	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: "static-gc", StagingTargetPath: staging, VolumeCapability: rwo,
+		VolumeContext: map[string]string{"converge.csi.dev/device": link}})
+	must(t, "stage", err)
+	unstage(t, p, "static-gc", staging)
+
+	// The cluster's one PersistentVolume of the driver is another's.
+	listed := `{"kind": "List", "items": [{"kind": "PersistentVolume", "spec": {"csi": {"driver": "converge.csi.dev", "volumeHandle": "elsewhere"}}}]}`
+	gc := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(testenv.Binary(t), append([]string{"gc", "--state-dir", p.StateDir, "--delete"}, args...)...)
+		cmd.Stdin = strings.NewReader(listed)
+		out, err := cmd.CombinedOutput()
+		must(t, "csi-node gc "+strings.Join(args, " ")+": "+string(out), err)
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, "volume ") && strings.Contains(l, " static-gc ") {
+				return l
+			}
+		}
+		t.Fatalf("csi-node gc %s does not list static-gc:\n%s", strings.Join(args, " "), out)
+		return ""
+	}
+	if l := gc("--min-age=1h"); !strings.Contains(l, "kept: changed ") {
+		t.Errorf("--min-age=1h: %q, want the record kept as changed within the least age", l)
+	}
+	if l := gc("--min-age=0"); !strings.HasSuffix(l, "deleted") {
+		t.Errorf("--min-age=0: %q, want the record deleted", l)
 	}
 }
