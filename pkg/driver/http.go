@@ -71,7 +71,7 @@ func newStatusHandler(public http.Handler, rec *reconciler.Reconciler, pools fun
 
 // collector finds, and may delete, what nothing in the cluster references
 // (controller.Collect).
-type collector func(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error)
+type collector func(ctx context.Context, req volstatus.GCRequest) ([]volstatus.Orphan, error)
 
 // newLocalHandler serves, besides what status serves, POST /gc (csi-node
 // gc): only on the status socket, which root alone may open, as it
@@ -93,11 +93,7 @@ func newLocalHandler(status http.Handler, rec *reconciler.Reconciler, collect co
 			http.Error(w, "minAge must not be negative", http.StatusBadRequest)
 			return
 		}
-		referenced := map[string]bool{}
-		for _, id := range req.Referenced {
-			referenced[id] = true
-		}
-		orphans, err := collect(r.Context(), referenced, req.MinAge, req.Delete)
+		orphans, err := collect(r.Context(), req)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return

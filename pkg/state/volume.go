@@ -150,6 +150,11 @@ type Volume struct {
 	// a crash in between leaves it, and the next pass thaws the filesystem
 	// (a frozen filesystem hangs every pod on it). Empty when none.
 	Frozen string `json:"frozen,omitempty"`
+	// Changed is when the store last wrote the record. A record written
+	// before the store kept it gets, in memory, the time the store was
+	// opened: it changed then at the latest, so its age is never
+	// overstated (csi-node gc keeps what changed within --min-age).
+	Changed time.Time `json:"changed,omitzero"`
 }
 
 // SnapshotIntent is the desire for a snapshot of the volume.
