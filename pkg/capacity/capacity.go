@@ -9,6 +9,7 @@ package capacity
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -178,30 +179,36 @@ func (g Guard) BelowKubeletEviction(total int64) bool {
 	return g.Threshold(total) < int64(float64(total)*KubeletEvictionPercent/100)
 }
 
-// ParseGuard reads a guard: a percentage of the data directory's filesystem
-// ("5%") or a size in bytes with an optional binary suffix ("512Mi",
-// "2Gi").
+// GuardPattern is what a guard may be: a percentage of the filesystem's
+// size from 0 to below 100 ("5%", "12.5%"), or a size in bytes, plain or
+// with a binary suffix ("2Gi"), below 2^63 bytes (at most 18 digits, or 15,
+// 12, 9 and 6 with Ki, Mi, Gi and Ti). The chart's values.schema.json
+// holds the same pattern for csiNode.poolGuard and pools[].guard, so that
+// the chart accepts exactly what csi-node does.
+const GuardPattern = `^([0-9]{1,2}(\.[0-9]+)?%|[0-9]{1,18}|[0-9]{1,15}Ki|[0-9]{1,12}Mi|[0-9]{1,9}Gi|[0-9]{1,6}Ti)$`
+
+var guardRE = regexp.MustCompile(GuardPattern)
+
+// binarySuffixes are the multipliers of GuardPattern's suffixes.
+var binarySuffixes = map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+
+// ParseGuard reads a guard (GuardPattern): a percentage of the pool's
+// filesystem ("5%") or a size in bytes with an optional binary suffix
+// ("512Mi", "2Gi"). Anything else is an error that says what is wanted.
 func ParseGuard(s string) (Guard, error) {
-	s = strings.TrimSpace(s)
+	if !guardRE.MatchString(s) {
+		return Guard{}, fmt.Errorf("%q: want a percentage from 0 to below 100 (5%%, 12.5%%) or a size in bytes with an optional Ki, Mi, Gi or Ti suffix (2Gi)", s)
+	}
 	if p, ok := strings.CutSuffix(s, "%"); ok {
 		f, err := strconv.ParseFloat(p, 64)
-		if err != nil || math.IsNaN(f) || f < 0 || f >= 100 {
-			return Guard{}, fmt.Errorf("%q: want a percentage from 0 to below 100, such as 5%%", s)
-		}
-		return Guard{Percent: f}, nil
+		return Guard{Percent: f}, err
 	}
 	mult := int64(1)
-	for suffix, m := range map[string]int64{"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40} {
-		if n, ok := strings.CutSuffix(s, suffix); ok {
-			s, mult = n, m
-			break
-		}
+	if m, ok := binarySuffixes[s[max(0, len(s)-2):]]; ok {
+		s, mult = s[:len(s)-2], m
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 0 || n > math.MaxInt64/mult {
-		return Guard{}, fmt.Errorf("%q: want a percentage (5%%) or a size in bytes with an optional Ki, Mi, Gi or Ti suffix", s)
-	}
-	return Guard{Bytes: n * mult}, nil
+	return Guard{Bytes: n * mult}, err
 }
 
 // MustParseGuard is ParseGuard for a guard known to be valid (a constant);

@@ -101,20 +101,25 @@ func TestRatioOneNeverOverpromises(t *testing.T) {
 
 func TestParseGuard(t *testing.T) {
 	for in, want := range map[string]Guard{
-		KubeletGuard: {Percent: 20},
-		"5%":         {Percent: 5},
-		"0.5%":       {Percent: 0.5},
-		"0%":         {},
-		"512Mi":      {Bytes: 512 * mi},
-		"2Gi":        {Bytes: 2 << 30},
-		"4096":       {Bytes: 4096},
+		"0.5%":               {Percent: 0.5},
+		"99.99%":             {Percent: 99.99},
+		"0%":                 {},
+		"512Mi":              {Bytes: 512 * mi},
+		"2Gi":                {Bytes: 2 << 30},
+		"4096":               {Bytes: 4096},
+		"999999Ti":           {Bytes: 999999 << 40},
+		"999999999999999999": {Bytes: 999999999999999999},
+		"999999999999999Ki":  {Bytes: 999999999999999 << 10},
+		KubeletGuard:         {Percent: 20},
+		DefaultGuard:         {Percent: 5},
 	} {
 		got, err := ParseGuard(in)
 		if err != nil || got != want {
 			t.Errorf("ParseGuard(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "%", "-1%", "100%", "NaN%", "5 %x", "5MB", "-3", "1.5Gi", "99999999999Ti"} {
+	for _, in := range []string{"", "%", "-1%", "100%", "150%", "NaN%", "Inf%", "5 %x", " 5%", "5%\n", "5.%", ".5%", "1e1%", "+5%",
+		"5MB", "5M", "5k", "5G", "-3", "+3", "1.5Gi", "0x10", "99999999999Ti", "1000000Ti", "00000000000000000001", "9223372036854775807"} {
 		if g, err := ParseGuard(in); err == nil {
 			t.Errorf("ParseGuard(%q) = %+v, want an error", in, g)
 		}
