@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/driver"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
@@ -134,8 +135,14 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 // promised, can still promise, its snapshots and its restores, indented.
 func printPool(w io.Writer, p volstatus.Pool) {
 	guard := ""
+	if p.KubeletFilesystem {
+		guard = ", on the kubelet's filesystem"
+	}
+	if p.GuardBelowKubeletEviction {
+		guard += fmt.Sprintf(" GUARD BELOW THE KUBELET'S EVICTION THRESHOLD (%d%%): its volumes may make the kubelet evict pods", capacity.KubeletEvictionPercent)
+	}
 	if p.NearlyFull {
-		guard = " NEARLY FULL: no thin volume is created or grown"
+		guard += " NEARLY FULL: no volume is created or grown"
 	}
 	holes := "punches holes"
 	if !p.PunchesHoles {

@@ -20,8 +20,9 @@ type SpaceOptions struct {
 	Name string
 	// Ratio is the overprovisioning ratio of thin volumes (at least 1).
 	Ratio float64
-	// Guard is the free space below which no thin volume is created or
-	// grown.
+	// Guard is the free space that no promise takes: no volume, thick or
+	// thin, is created or grown into it, nor a snapshot that takes space
+	// taken; below it, no thin volume is created or grown at all.
 	Guard capacity.Guard
 	// Snapshots are the data directory's snapshots, which restores copy
 	// from; their copy mode says what a snapshot asked for takes
@@ -89,9 +90,9 @@ type promise struct{ s *Space }
 
 // Account is the state of the data directory as CreateVolume and
 // GetCapacity see it, with its filesystem's size: the volumes being
-// restored are promised their size.
+// restored are promised their size, and the guard nothing.
 func (s *Space) Account() (capacity.Account, int64, error) {
-	return account(s.images, s.store, s.opts.Ratio, s.mode(), s.restores.promised())
+	return account(s.images, s.store, s.opts.Ratio, s.opts.Guard, s.mode(), s.restores.promised())
 }
 
 // mode is how snapshots are copied here ("" when none are served: copies).
@@ -103,14 +104,14 @@ func (s *Space) mode() devices.CopyMode {
 }
 
 // account derives the state of the data directory from its images and
-// their records, for thin volumes at ratio and snapshots copied as mode
-// says. The volumes being restored (by ID) are promised their size (and
+// their records, for thin volumes at ratio, the guard kept free, and
+// snapshots copied as mode says. The volumes being restored (by ID) are promised their size (and
 // provisioning) already: until a copy is an image, it is accounted as an
 // image of that size holding what the copy wrote so far, which the free
 // space no longer counts; once it is, the image counts itself. The images
 // are listed before the copies are looked at, so a copy renamed to its
 // image in between is counted once, whole, rather than twice.
-func account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode, restoring map[string]capacity.Image) (capacity.Account, int64, error) {
+func account(images *devices.Images, store Store, ratio float64, guard capacity.Guard, mode devices.CopyMode, restoring map[string]capacity.Image) (capacity.Account, int64, error) {
 	total, free, err := images.Capacity()
 	if err != nil {
 		return capacity.Account{}, 0, err
@@ -142,19 +143,17 @@ func account(images *devices.Images, store Store, ratio float64, mode devices.Co
 		}
 		ims = append(ims, im)
 	}
-	return capacity.New(free, ratio, ims), total, nil
+	return capacity.New(free, guard.Threshold(total), ratio, ims), total, nil
 }
 
-// Available is what can still be promised to a volume, thin or thick (0
-// for a thin one while the data directory is nearly full), and the largest
-// volume that could be: exactly what a CreateVolume would be promised now.
+// Available is what can still be promised to a volume, thin or thick,
+// above the guard (0 for a thin one while the data directory is nearly
+// full), and the largest volume that could be: exactly what a
+// CreateVolume would be promised now.
 func (s *Space) Available(thin bool) (avail, largest int64, err error) {
 	acc, total, err := s.Account()
 	if err != nil {
 		return 0, 0, state.Errorf(state.KindInternal, "%w", err)
-	}
-	if thin && acc.Free < s.opts.Guard.Threshold(total) {
-		return 0, 0, nil
 	}
 	// Thin volumes may be promised more than the filesystem holds, but no
 	// one of them can be larger than it.
@@ -164,8 +163,10 @@ func (s *Space) Available(thin bool) (avail, largest int64, err error) {
 
 // volume checks that an image of have bytes may grow to size bytes (have
 // 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the data directory
-// cannot hold it, or for a thin volume when it is nearly full;
-// OUT_OF_RANGE when it never could.
+// cannot hold it above its guard, or for a thin volume when it is nearly
+// full; OUT_OF_RANGE when it never could. Volumes made already are never
+// checked: one promised before the guard was (the pool past its guard)
+// keeps its space, and only what more is asked is refused.
 func (p promise) volume(thin bool, size, have int64) error {
 	s := p.s
 	acc, total, err := s.Account()
@@ -178,13 +179,13 @@ func (p promise) volume(thin bool, size, have int64) error {
 	kind := state.ProvisionThick
 	if thin {
 		kind = state.ProvisionThin
-		if guard := s.opts.Guard.Threshold(total); acc.Free < guard {
-			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below the guard of %d bytes): no thin volume is created or grown", s.opts.Name, acc.Free, guard)
+		if acc.NearlyFull() {
+			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", s.opts.Name, acc.Free, acc.Guard)
 		}
 	}
 	if avail := acc.Available(thin); size-have > avail {
-		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
-			size-have, avail, s.opts.Name, kind, acc.Free, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
+		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d of them kept free by its guard, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
+			size-have, avail, s.opts.Name, kind, acc.Free, acc.Guard, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
 	}
 	return nil
 }
@@ -210,7 +211,8 @@ func (p promise) snapshot(id string) error {
 		return state.Errorf(state.KindInternal, "%w", err)
 	}
 	if avail := acc.ThickAvailable(); need > avail {
-		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised", id, need, s.opts.Name, s.mode(), avail)
+		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
+			id, need, s.opts.Name, s.mode(), avail, acc.Free, acc.Guard)
 	}
 	return nil
 }

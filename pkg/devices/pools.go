@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"time"
 
@@ -137,6 +138,22 @@ func FilesystemOf(dir string) (uint64, error) {
 		return 0, err
 	}
 	return st.Dev, nil
+}
+
+// FilesystemHolding is FilesystemOf for a path that may not exist yet:
+// the filesystem of its nearest existing ancestor, on which it would be
+// made (a kubelet directory that the kubelet has not made yet).
+func FilesystemHolding(path string) (uint64, error) {
+	for {
+		dev, err := FilesystemOf(path)
+		if !errors.Is(err, os.ErrNotExist) || path == filepath.Dir(path) {
+			if err != nil {
+				return 0, fmt.Errorf("stat %s: %w", path, err)
+			}
+			return dev, nil
+		}
+		path = filepath.Dir(path)
+	}
 }
 
 // Filesystem magic numbers (statfs f_type) of what a pool is likely on.
