@@ -17,7 +17,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/buildinfo"
-	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/driver"
 )
 
@@ -78,7 +77,7 @@ func main() {
 	fs.BoolVar(&cfg.HTTPStatus, "http-status", false, "serve /status, /status/pools and /status/pool on --http-address too (they name volumes, paths and errors: anyone who reaches the address reads them)")
 	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	fs.Float64Var(&cfg.OverprovisioningRatio, "thin-overprovisioning-ratio", 1, "how many times the space that backs them thin volumes may be promised (at least 1; 1 never promises more than exists)")
-	fs.StringVar(&cfg.PoolGuard, "pool-guard", "", "free space of each pool's filesystem that no volume is promised, below which thin volumes report PoolNearlyFull: a percentage of the filesystem (5%) or a size (2Gi) (default "+capacity.KubeletGuard+" on the filesystem of --kubelet-dir, where the kubelet evicts pods below "+strconv.Itoa(capacity.KubeletEvictionPercent)+"%, and "+capacity.DefaultGuard+" elsewhere)")
+	fs.StringVar(&cfg.PoolGuard, "pool-guard", "", "free space of each pool's filesystem that no volume is promised, below which thin volumes report PoolNearlyFull: a percentage of the filesystem (5%) or a size (2Gi) (default "+driver.KubeletPoolGuard+" on the filesystem of --kubelet-dir, where the kubelet evicts pods below "+strconv.Itoa(driver.KubeletEvictionPercent)+"%, and "+driver.DefaultPoolGuard+" elsewhere)")
 	fs.Var(&cfg.Features, "feature-gates", "alpha parts of CSI to turn on, Name=true pairs separated by commas; each is off by default. Known: "+driver.FeatureNames())
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)

@@ -12,7 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/driver"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
@@ -139,7 +138,7 @@ func printPool(w io.Writer, p volstatus.Pool) {
 		guard = ", on the kubelet's filesystem"
 	}
 	if p.GuardBelowKubeletEviction {
-		guard += fmt.Sprintf(" GUARD BELOW THE KUBELET'S EVICTION THRESHOLD (%d%%): its volumes may make the kubelet evict pods", capacity.KubeletEvictionPercent)
+		guard += fmt.Sprintf(" GUARD BELOW THE KUBELET'S EVICTION THRESHOLD (%d%%): its volumes may make the kubelet evict pods", driver.KubeletEvictionPercent)
 	}
 	if p.NearlyFull {
 		guard += " NEARLY FULL: no volume is created or grown"

@@ -26,6 +26,12 @@ const (
 	DefaultResyncPeriod = reconciler.DefaultResyncPeriod
 	DefaultMaxWait      = nodeserver.DefaultMaxWait
 	DefaultMaxRequests  = nodeserver.DefaultMaxRequests
+	// DefaultPoolGuard and KubeletPoolGuard are a pool's guard elsewhere
+	// and on the kubelet's filesystem, where the kubelet evicts pods below
+	// KubeletEvictionPercent free.
+	DefaultPoolGuard       = capacity.DefaultGuard
+	KubeletPoolGuard       = capacity.KubeletGuard
+	KubeletEvictionPercent = capacity.KubeletEvictionPercent
 )
 
 // Config is everything the plugin is configured with; cmd/csi-node fills it
