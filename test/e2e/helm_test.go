@@ -38,6 +38,7 @@ func helmValues(logLevel int) map[string]any {
 			"image":        map[string]any{"repository": csiNodeImageName, "tag": csiNodeImageTag},
 			"logLevel":     logLevel,
 			"featureGates": map[string]any{"VolumeCondition": true},
+			"poolGuard":    testPoolGuard,
 			"maxVolumes":   maxVolumesPerNode,
 		},
 		"sidecars": map[string]any{
