@@ -15,8 +15,9 @@ import (
 // Filesystem volume's never becomes a Block volume. It is what upstream's
 // admin-only annotation snapshot.storage.kubernetes.io/allow-volume-mode-change
 // on a VolumeSnapshotContent does, held by the StorageClass, which only an
-// administrator writes, and checked by the plugin itself, whatever the
-// snapshot-controller recorded.
+// administrator writes (though a claim of any namespace may name it:
+// docs/operations.md says how to keep others out), and checked by the
+// plugin itself, whatever the snapshot-controller recorded.
 const AllowModeChangeKey = "converge.csi.dev/allow-volume-mode-change"
 
 // parseAllowModeChange reads AllowModeChangeKey from a request's
