@@ -279,15 +279,19 @@ func (p promise) grow(id string, size int64) (int64, error) {
 }
 
 // record notes that volume id (named name) is made as prov in this pool
-// (the default pool recorded as none, as before pools), before its image
-// is: an image is then never accounted as another provisioning than
-// it was made with, and a crash before the image leaves a record that
-// accounts for nothing, which the retry of the request makes the image of.
-// The name tells this volume's image from one that a volume made before
-// IDs named their node left under this ID.
-func (p promise) record(id, name string, prov state.Provisioning) error {
+// (the default pool recorded as none, as before pools), for access (see
+// state.Volume.Access: a record that says block already stays so), before
+// its image is: an image is then never accounted as another provisioning
+// than it was made with, and a crash before the image leaves a record
+// that accounts for nothing, which the retry of the request makes the
+// image of. The name tells this volume's image from one that a volume made
+// before IDs named their node left under this ID.
+func (p promise) record(id, name string, prov state.Provisioning, access state.AccessType) error {
 	_, err := p.s.store.Update(id, func(v *state.Volume) error {
 		v.Provisioning, v.Pool = prov, ""
+		if v.Access != state.AccessBlock {
+			v.Access = access
+		}
 		if id != name {
 			v.Name = name
 		}
@@ -303,7 +307,7 @@ func (p promise) record(id, name string, prov state.Provisioning) error {
 // that fail, the record accounts for nothing (accounting goes by images)
 // and the next CreateVolume of the name writes it again.
 func (p promise) unrecord(id string) {
-	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name, v.Pool = "", "", ""; return nil }); err != nil {
+	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name, v.Pool, v.Access = "", "", "", ""; return nil }); err != nil {
 		klog.ErrorS(err, "Cannot clear the record of a volume that was not made", "volumeID", id)
 	}
 }

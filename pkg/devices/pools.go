@@ -121,13 +121,13 @@ func (ps *Pools) Taken(pool, id string) (bool, error) {
 // Flush writes out what is dirty of an image.
 func (ps *Pools) Flush(image string) error { return flushFile(image) }
 
-// Take copies image, volume source's in pool, to snapshot id of that pool.
-func (ps *Pools) Take(ctx context.Context, pool, id, source, image, fsType string, now time.Time) (SnapshotInfo, error) {
+// Take copies image, of the volume of in pool, to snapshot id of that pool.
+func (ps *Pools) Take(ctx context.Context, pool, id, image string, of SnapshotOf, now time.Time) (SnapshotInfo, error) {
 	p := ps.byName[pool]
 	if p == nil {
 		return SnapshotInfo{}, errNoPool(pool)
 	}
-	return p.Snapshots.Take(ctx, id, source, image, fsType, now)
+	return p.Snapshots.Take(ctx, id, image, of, now)
 }
 
 // FilesystemOf returns the number of the device whose filesystem holds

@@ -371,6 +371,52 @@ func TestStageOfAVolumeBeingDeleted(t *testing.T) {
 	}
 }
 
+// TestBlockStageMarksTheVolumeRaw checks that a stage as a raw block
+// device records, for good, that the volume may have been written raw
+// (what its snapshots then say), whatever it was made for, while a stage
+// as a filesystem records nothing of the kind: it proves nothing of what
+// was written before it.
+func TestBlockStageMarksTheVolumeRaw(t *testing.T) {
+	block := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	for _, tc := range []struct {
+		name       string
+		made       state.AccessType
+		staged     *csi.VolumeCapability
+		wantAccess state.AccessType
+	}{
+		{name: "made for a filesystem, staged raw", made: state.AccessMount, staged: block, wantAccess: state.AccessBlock},
+		{name: "made before access was recorded, staged raw", staged: block, wantAccess: state.AccessBlock},
+		{name: "made for a filesystem, staged so", made: state.AccessMount, staged: rwo, wantAccess: state.AccessMount},
+		{name: "made before access was recorded, staged as a filesystem", staged: rwo, wantAccess: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, store, rec := newServer(t)
+			if _, err := store.Update("v1", func(v *state.Volume) error {
+				v.Provisioning, v.Access = state.ProvisionThick, tc.made
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			rec.onKick = func() { readyAll(store, "v1") }
+			req := stageReq("v1")
+			req.VolumeCapability = tc.staged
+			if _, err := s.NodeStageVolume(t.Context(), req); err != nil {
+				t.Fatal(err)
+			}
+			v, err := store.Get("v1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Access != tc.wantAccess {
+				t.Errorf("record after the stage: access %q, want %q", v.Access, tc.wantAccess)
+			}
+		})
+	}
+}
+
 // syncGate is a store whose writes become durable only when the test says,
 // and then fail with err.
 type syncGate struct {

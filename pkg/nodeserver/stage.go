@@ -71,6 +71,11 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		default:
 			return state.Errorf(state.KindAlreadyExists, "volume %s is already staged at %s with another capability, fs type or mount flags", id, st.Path)
 		}
+		if spec.Access == state.AccessBlock {
+			// From now on a workload may write anything on the device: the
+			// volume's snapshots say so for good (Volume.WrittenAs).
+			v.Access = state.AccessBlock
+		}
 		return nil
 	})
 	if err != nil {
