@@ -73,7 +73,7 @@ func main() {
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", driver.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", driver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
-	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz and /readyz (empty: only on <state-dir>/status.sock, which serves /status too)")
+	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz, /livez and /readyz (empty: only on <state-dir>/status.sock, which serves /status too)")
 	fs.BoolVar(&cfg.HTTPStatus, "http-status", false, "serve /status, /status/pools and /status/pool on --http-address too (they name volumes, paths and errors: anyone who reaches the address reads them)")
 	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	fs.Float64Var(&cfg.OverprovisioningRatio, "thin-overprovisioning-ratio", 1, "how many times the space that backs them thin volumes may be promised (at least 1; 1 never promises more than exists)")

@@ -170,7 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 	m.WatchPools(statuses)
 	m.WatchReady(rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())
-	public := newHTTPHandler(m, rec)
+	public := newHTTPHandler(m, rec, probeSelf(sock))
 	status := newStatusHandler(public, rec, statuses)
 	tcp := public
 	if cfg.HTTPStatus {

@@ -18,13 +18,21 @@ import (
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
-// newHTTPHandler serves /metrics, /healthz (the process serves) and
-// /readyz (start-up reconstruction is done): what a probe or a scraper on
-// the pod network needs, and nothing about the volumes.
-func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler {
+// newHTTPHandler serves /metrics, /healthz (the process serves), /livez
+// (the plugin answers Identity.Probe on its CSI socket: live) and /readyz
+// (start-up reconstruction is done): what a probe or a scraper on the pod
+// network needs, and nothing about the volumes.
+func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, live func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
+		if err := live(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !rec.Ready() {
 			http.Error(w, "start-up reconstruction is not finished", http.StatusServiceUnavailable)
@@ -32,6 +40,13 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	// Where the status is not served (newStatusHandler overrides these),
+	// say where it is.
+	notHere := func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "the status is served on the status socket in the state directory (csi-node status reads it there); csi-node --http-status serves it on this address too", http.StatusNotFound)
+	}
+	mux.HandleFunc("GET /status", notHere)
+	mux.HandleFunc("GET /status/", notHere)
 	return mux
 }
 

@@ -133,7 +133,7 @@ func TestStatusStaysOnTheNode(t *testing.T) {
 				must(t, "reading "+path, err)
 				return resp.StatusCode, string(b)
 			}
-			for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			for _, path := range []string{"/metrics", "/healthz", "/livez", "/readyz"} {
 				if code, _ := get(path); code != http.StatusOK {
 					t.Errorf("GET %s over TCP: got %d, want 200", path, code)
 				}
@@ -143,8 +143,8 @@ func TestStatusStaysOnTheNode(t *testing.T) {
 				if code != tc.status {
 					t.Errorf("GET %s over TCP: got %d, want %d", path, code, tc.status)
 				}
-				if tc.status != http.StatusOK && (strings.Contains(body, vol) || strings.Contains(body, p.DataDir)) {
-					t.Errorf("GET %s over TCP names the volume or the pool: %s", path, body)
+				if tc.status != http.StatusOK && (strings.Contains(body, vol) || strings.Contains(body, p.DataDir) || !strings.Contains(body, "--http-status")) {
+					t.Errorf("GET %s over TCP names the volume or the pool, or not where the status is: %s", path, body)
 				}
 			}
 			// The socket serves the status whatever the flag, and the
