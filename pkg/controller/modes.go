@@ -18,7 +18,7 @@ import (
 // administrator writes (though a claim of any namespace may name it:
 // docs/operations.md says how to keep others out), and checked by the
 // plugin itself, whatever the snapshot-controller recorded.
-const AllowModeChangeKey = "converge.csi.dev/allow-volume-mode-change"
+const AllowModeChangeKey = state.AllowModeChangeKey
 
 // parseAllowModeChange reads AllowModeChangeKey from a request's
 // parameters: absent is false; anything but "true" or "false" is

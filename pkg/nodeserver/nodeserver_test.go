@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -412,6 +413,57 @@ func TestBlockStageMarksTheVolumeRaw(t *testing.T) {
 			}
 			if v.Access != tc.wantAccess {
 				t.Errorf("record after the stage: access %q, want %q", v.Access, tc.wantAccess)
+			}
+		})
+	}
+}
+
+// TestBlockVolumeNeverMounted checks that a volume recorded as Block (made
+// for a raw block device, or ever staged as one) is refused a filesystem
+// stage with FAILED_PRECONDITION and records nothing, while a Block stage
+// of it and a filesystem stage of a Filesystem volume go on.
+func TestBlockVolumeNeverMounted(t *testing.T) {
+	block := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	for _, tc := range []struct {
+		name      string
+		made      state.AccessType
+		formatted bool
+		staged    *csi.VolumeCapability
+		want      codes.Code
+	}{
+		{name: "Block, staged as a filesystem", made: state.AccessBlock, staged: rwo, want: codes.FailedPrecondition},
+		{name: "Block once formatted, staged as a filesystem", made: state.AccessBlock, formatted: true, staged: rwo, want: codes.FailedPrecondition},
+		{name: "Block, staged raw", made: state.AccessBlock, staged: block, want: codes.OK},
+		{name: "Filesystem, staged as a filesystem", made: state.AccessMount, staged: rwo, want: codes.OK},
+		{name: "made before access was recorded, staged as a filesystem", staged: rwo, want: codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, store, rec := newServer(t)
+			if _, err := store.Update("v1", func(v *state.Volume) error {
+				v.Provisioning, v.Access = state.ProvisionThick, tc.made
+				if tc.formatted {
+					v.Formatted = "ext4"
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			rec.onKick = func() { readyAll(store, "v1") }
+			req := stageReq("v1")
+			req.VolumeCapability = tc.staged
+			_, staged := s.NodeStageVolume(t.Context(), req)
+			if got := rpcerr.Code(staged); got != tc.want {
+				t.Fatalf("got %v, want %s", staged, tc.want)
+			}
+			v, err := store.Get("v1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want != codes.OK && (v.Stage != nil || !strings.Contains(staged.Error(), state.AllowModeChangeKey)) {
+				t.Errorf("refused: stage recorded %+v, message %q", v.Stage, staged)
 			}
 		})
 	}

@@ -60,6 +60,11 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		switch {
 		case v.Removing:
 			return state.Errorf(state.KindNotFound, "volume %s is being deleted", id)
+		case st == nil && spec.Access == state.AccessMount && v.Access == state.AccessBlock:
+			// What a workload wrote on a raw block device is never fscked
+			// nor mounted by root: a Filesystem PV made for the volume of
+			// a Block one (by whoever may create PVs) is refused.
+			return state.Errorf(state.KindFailedPrecondition, "volume %s was made for or staged as a raw block device, so a workload may have written anything on it: it is not mounted as a filesystem; restore or clone it into a Filesystem volume through a StorageClass with %s: \"true\" instead", id, state.AllowModeChangeKey)
 		case st == nil:
 			v.Stage = spec
 		case st.SameSpec(spec):
