@@ -213,8 +213,8 @@ func guardFor(p pool, kubeletFS bool, images *devices.Images, kubeletDir string)
 			"kubeletEvictionPercent", capacity.KubeletEvictionPercent, "defaultGuard", capacity.KubeletGuard)
 	}
 	if free < guard {
-		klog.InfoS("Storage pool is below its guard: no volume is created or grown in it until space is freed; its volumes keep working",
-			"pool", p.name, "freeBytes", free, "guardBytes", guard)
+		klog.ErrorS(nil, "Storage pool is below its guard: no volume is created or grown in it until space is freed; its volumes keep working",
+			"pool", p.name, "dir", p.dir, "freeBytes", free, "guardBytes", guard, "guard", p.guard)
 	}
 	return p, nil
 }
