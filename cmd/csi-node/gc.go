@@ -27,6 +27,7 @@ func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	minAge := fs.Duration("min-age", 10*time.Minute, "keep what changed more recently than this (a volume just made may not have its PersistentVolume yet)")
 	remove := fs.Bool("delete", false, "delete what nothing references (default: only list it)")
 	noPVs := fs.Bool("cluster-has-no-pvs", false, "the cluster has no PersistentVolume of the driver: an input that names none covers the volumes (without it, such an input is refused)")
+	noNode := fs.Bool("node-has-no-pvs", false, "no PersistentVolume or VolumeSnapshotContent of the cluster names a volume or snapshot this node holds (its volumes were all released or deleted): an input that names none of them covers this node (without it, such an input is refused while the node holds any: it may list another cluster)")
 	noContents := fs.Bool("cluster-has-no-snapshots", false, "the cluster has no VolumeSnapshotContent of the driver (or no snapshot CRDs): an input that names none covers the snapshots (without it, every snapshot is kept)")
 	output := fs.String("o", "table", "output format: table or json")
 	fs.Usage = func() {
@@ -34,7 +35,8 @@ func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			"Lists the volumes and snapshots of this node that no PersistentVolume or\n"+
 			"VolumeSnapshotContent of the input references; --delete deletes them.\n"+
 			"Never one that is staged, published, being restored or being taken, nor\n"+
-			"anything when kubectl's exit status after the listing is not 0.\n\n", gcPipeline)
+			"anything when kubectl's exit status after the listing is not 0, nor when\n"+
+			"the listing names nothing this node holds (another cluster's).\n\n", gcPipeline)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -56,7 +58,7 @@ func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	var orphans []volstatus.Orphan
-	req := volstatus.GCRequest{Referenced: l.ids, Volumes: volumes, Snapshots: snapshots, MinAge: *minAge, Delete: *remove}
+	req := volstatus.GCRequest{Referenced: l.ids, Volumes: volumes, Snapshots: snapshots, NodeUnlisted: *noNode, MinAge: *minAge, Delete: *remove}
 	if err := ask(context.Background(), *stateDir, "", "POST", "/gc", req, &orphans, 10*time.Minute); err != nil {
 		fmt.Fprintf(stderr, "csi-node gc: %v\n", err)
 		return 1

@@ -33,6 +33,18 @@ type Image struct {
 	Copying int64
 }
 
+// Own is the space the image holds for itself: its allocated blocks,
+// within its size, that it shares with no other file. Every write
+// elsewhere in it takes a new block, into a hole or as a copy of a block
+// it shares (with a snapshot, or with another volume restored from the
+// same one). This is the one rule of what an image holds: a thick image
+// owes its size less Own, a thin one holds Own of what it was promised,
+// and a snapshot by reflink takes Own from it (its blocks are all shared
+// then).
+func (im Image) Own() int64 {
+	return max(0, min(im.Allocated, im.Size)-im.Shared)
+}
+
 // Account is the state of the data directory.
 type Account struct {
 	// Free is what the filesystem can still allocate (statfs f_bavail).
@@ -43,12 +55,16 @@ type Account struct {
 	// ThickPromised and ThinPromised sum the sizes of the thick and of
 	// the thin images.
 	ThickPromised, ThinPromised int64
-	// ThickOwed is the space the thick images may still claim: the holes
-	// of images not (yet) fully allocated, such as those made before
+	// ThickOwed is the space the thick images may still claim: their
+	// sizes less what they hold of their own (Image.Own), that is the
+	// holes of images not (yet) fully allocated, such as those made before
 	// provisioning was recorded, and the blocks they share with their
 	// snapshots, which a write copies.
 	ThickOwed int64
-	// ThinAllocated is the space the thin images hold.
+	// ThinAllocated is the space the thin images hold of their own
+	// (Image.Own). A block a thin image shares is not counted: a write
+	// there takes a new one, so a volume restored by reflink holds nothing
+	// yet and is backed for its whole promise.
 	ThinAllocated int64
 	// Copying is the space the snapshots being taken may still claim:
 	// promised to them from the moment they are asked for, so that two
@@ -68,11 +84,11 @@ func New(free, guard int64, ratio float64, images []Image) Account {
 		a.Copying += im.Copying
 		if im.Thin {
 			a.ThinPromised += im.Size
-			a.ThinAllocated += min(im.Allocated, im.Size)
+			a.ThinAllocated += im.Own()
 			continue
 		}
 		a.ThickPromised += im.Size
-		a.ThickOwed += max(0, im.Size-im.Allocated) + min(im.Shared, im.Allocated)
+		a.ThickOwed += im.Size - im.Own()
 	}
 	return a
 }

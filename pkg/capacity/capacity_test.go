@@ -40,9 +40,17 @@ func TestAvailable(t *testing.T) {
 		{name: "a thick image owes the blocks it shares with a snapshot, which a write copies",
 			free: 172 * mi, ratio: 1, images: []Image{{Size: 128 * mi, Allocated: 128 * mi, Shared: 100 * mi}},
 			thick: 72 * mi, thin: 72 * mi},
-		{name: "a thin image owes nothing for what it shares",
+		{name: "a thin image holds nothing of what it shares, which a write copies",
 			free: 290 * mi, ratio: 2, images: []Image{{Size: 128 * mi, Allocated: 10 * mi, Shared: 10 * mi, Thin: true}},
-			thick: 236 * mi, thin: 2*300*mi - 128*mi},
+			thick: 226 * mi, thin: 2*290*mi - 128*mi},
+		{name: "thin volumes restored by reflink from one snapshot are each backed for their whole size",
+			free: 358 * mi, guard: 100 * mi, ratio: 1, images: []Image{
+				{Size: 128 * mi, Allocated: 110 * mi, Shared: 110 * mi, Thin: true},
+				{Size: 128 * mi, Allocated: 110 * mi, Shared: 110 * mi, Thin: true}},
+			thick: 2 * mi, thin: 2 * mi},
+		{name: "a thin image's blocks of its own count, its shared ones not",
+			free: 200 * mi, ratio: 1, images: []Image{{Size: 100 * mi, Allocated: 80 * mi, Shared: 30 * mi, Thin: true}},
+			thick: 150 * mi, thin: 150 * mi},
 		{name: "a snapshot being taken is promised what it may copy, thick or thin",
 			free: 200 * mi, ratio: 2, images: []Image{{Size: 128 * mi, Allocated: 128 * mi, Copying: 128 * mi}, {Size: 64 * mi, Allocated: 20 * mi, Thin: true, Copying: 20 * mi}},
 			thick: 200*mi - 148*mi - 12*mi, thin: 2*(20*mi+200*mi-148*mi) - 64*mi},
@@ -85,13 +93,19 @@ func TestRatioOneNeverOverpromises(t *testing.T) {
 		for free := int64(0); free <= 64*mi; free += 8 * mi {
 			for thickAlloc := int64(0); thickAlloc <= 16*mi; thickAlloc += 4 * mi {
 				for thinAlloc := int64(0); thinAlloc <= 16*mi; thinAlloc += 4 * mi {
-					a := New(free, guard, 1, []Image{{Size: 16 * mi, Allocated: thickAlloc}, {Size: 16 * mi, Allocated: thinAlloc, Thin: true}})
-					if a.ThickAvailable() != a.ThinAvailable() {
-						t.Fatalf("free %d, guard %d, allocated %d/%d: thick %d, thin %d", free, guard, thickAlloc, thinAlloc, a.ThickAvailable(), a.ThinAvailable())
-					}
-					owed := (16*mi - thickAlloc) + (16*mi - thinAlloc)
-					if avail := a.ThickAvailable(); avail > 0 && owed+avail > free-guard {
-						t.Fatalf("free %d, guard %d: %d owed and %d available", free, guard, owed, avail)
+					for shared := int64(0); shared <= 16*mi; shared += 8 * mi {
+						thick := Image{Size: 16 * mi, Allocated: thickAlloc, Shared: min(shared, thickAlloc)}
+						thin := Image{Size: 16 * mi, Allocated: thinAlloc, Shared: min(shared, thinAlloc), Thin: true}
+						a := New(free, guard, 1, []Image{thick, thin})
+						if a.ThickAvailable() != a.ThinAvailable() {
+							t.Fatalf("free %d, guard %d, %+v, %+v: thick %d, thin %d", free, guard, thick, thin, a.ThickAvailable(), a.ThinAvailable())
+						}
+						// Each image may still write anew its holes and
+						// the blocks it shares (a write copies them).
+						owed := (16*mi - thickAlloc + thick.Shared) + (16*mi - thinAlloc + thin.Shared)
+						if avail := a.ThickAvailable(); avail > 0 && owed+avail > free-guard {
+							t.Fatalf("free %d, guard %d, %+v, %+v: %d owed and %d available", free, guard, thick, thin, owed, avail)
+						}
 					}
 				}
 			}

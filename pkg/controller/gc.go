@@ -25,6 +25,8 @@ import (
 // record's last change), nor a volume staged, published or being
 // restored, nor a snapshot being taken or restored: each is checked again
 // under the lock its deletion takes, and reported kept with the reason.
+// A listing that names nothing this node holds is refused whole
+// (checkListed).
 func (c *Controller) Collect(ctx context.Context, req volstatus.GCRequest) ([]volstatus.Orphan, error) {
 	now := time.Now()
 	referenced := map[string]bool{}
@@ -42,6 +44,13 @@ func (c *Controller) Collect(ctx context.Context, req volstatus.GCRequest) ([]vo
 	for _, v := range c.store.List() {
 		ids[v.ID] = true
 	}
+	snapshots, err := c.snapshotsHeld()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkListed(req, referenced, ids, snapshots); err != nil {
+		return nil, err
+	}
 	var out []volstatus.Orphan
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		if referenced[id] || ctx.Err() != nil {
@@ -51,9 +60,28 @@ func (c *Controller) Collect(ctx context.Context, req volstatus.GCRequest) ([]vo
 			out = append(out, o)
 		}
 	}
-	if c.snapshots == nil {
-		return out, ctx.Err()
+	for _, s := range snapshots {
+		if referenced[s.ID] || ctx.Err() != nil {
+			continue
+		}
+		out = append(out, c.collectSnapshot(s.pool, s.SnapshotInfo, now, req))
 	}
+	return out, ctx.Err()
+}
+
+// heldSnapshot is a snapshot of this node and its pool.
+type heldSnapshot struct {
+	devices.SnapshotInfo
+	pool string
+}
+
+// snapshotsHeld lists the snapshots of every pool, none when snapshots are
+// not served.
+func (c *Controller) snapshotsHeld() ([]heldSnapshot, error) {
+	if c.snapshots == nil {
+		return nil, nil
+	}
+	var out []heldSnapshot
 	for _, space := range c.pools.All() {
 		if space.opts.Snapshots == nil {
 			continue
@@ -63,13 +91,49 @@ func (c *Controller) Collect(ctx context.Context, req volstatus.GCRequest) ([]vo
 			return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 		}
 		for _, info := range all {
-			if referenced[info.ID] || ctx.Err() != nil {
-				continue
-			}
-			out = append(out, c.collectSnapshot(space.Name(), info, now, req))
+			out = append(out, heldSnapshot{SnapshotInfo: info, pool: space.Name()})
 		}
 	}
-	return out, ctx.Err()
+	return out, nil
+}
+
+// checkListed refuses (FAILED_PRECONDITION) a listing that names none of
+// the volumes and snapshots this node holds while it would leave them
+// over: a listing of another cluster (kubectl's context; the driver's name
+// and the node's may well be the same there) or one narrowed by a
+// selector names other volumes of the driver, and would have every volume
+// here deleted. Only the IDs this node holds count, not a PV's node
+// affinity nor the node named in a handle: another cluster may have a node
+// of this name. The operator's word that the cluster names nothing of this
+// node (req.NodeUnlisted) lets such a listing through; a listing that
+// names something here while the word says otherwise is refused too.
+func (c *Controller) checkListed(req volstatus.GCRequest, referenced, volumes map[string]bool, snapshots []heldSnapshot) error {
+	node := c.topology[TopologyKey]
+	named := ""
+	for _, id := range slices.Sorted(maps.Keys(volumes)) {
+		if referenced[id] {
+			named = "volume " + id
+			break
+		}
+	}
+	for _, s := range snapshots {
+		if named == "" && referenced[s.ID] {
+			named = "snapshot " + s.ID
+		}
+	}
+	switch {
+	case req.NodeUnlisted && named != "":
+		return state.Errorf(state.KindFailedPrecondition, "--node-has-no-pvs, but the input names %s, which node %s holds: nothing is deleted; drop the flag", named, node)
+	case req.NodeUnlisted || named != "":
+		return nil
+	case !(req.Volumes && len(volumes) > 0) && !(req.Snapshots && len(snapshots) > 0):
+		return nil // nothing here would be left over
+	}
+	return state.Errorf(state.KindFailedPrecondition, "the input names none of the %d volumes and %d snapshots that node %s holds, so every one would be left over: "+
+		"it may list another cluster (kubectl's current context) or fewer PersistentVolumes than the cluster has (a selector). Nothing is deleted. "+
+		"Check that kubectl lists the cluster of node %s (kubectl config current-context; kubectl get pv lists the volumes csi-node status shows here); "+
+		"if no PersistentVolume or VolumeSnapshotContent of that cluster names a volume or snapshot of this node, add --node-has-no-pvs",
+		len(volumes), len(snapshots), node, node)
 }
 
 const (

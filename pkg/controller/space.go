@@ -22,7 +22,8 @@ type SpaceOptions struct {
 	Ratio float64
 	// Guard is the free space that no promise takes: no volume, thick or
 	// thin, is created or grown into it, nor a snapshot that takes space
-	// taken; below it, no thin volume is created or grown at all.
+	// taken; below it, no volume is created or grown and no snapshot
+	// taken at all.
 	Guard capacity.Guard
 	// Snapshots are the data directory's snapshots, which restores copy
 	// from; their copy mode says what a snapshot asked for takes
@@ -123,10 +124,10 @@ func account(images *devices.Images, store Store, ratio float64, guard capacity.
 	ims := make([]capacity.Image, 0, len(usages)+len(restoring))
 	made := make(map[string]bool, len(usages))
 	for _, u := range usages {
-		im := capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
+		im := imageOf(u)
 		if v, err := store.Get(u.ID); err == nil {
 			im.Thin = v.Thin()
-			im.Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u, v.Thin())
+			im.Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u)
 		}
 		ims = append(ims, im)
 		made[u.ID] = true
@@ -193,8 +194,10 @@ func (p promise) volume(thin bool, size, have int64) error {
 // snapshot checks that the data directory can hold a snapshot of volume id
 // without breaking a promise (snapshotNeed says what it takes): NOT_FOUND
 // when the volume has no image here, RESOURCE_EXHAUSTED when the space is
-// not there. The snapshots asked for and not yet taken are promised theirs
-// already (capacity.Account.Copying).
+// not there or the pool is below its guard, where a snapshot that takes
+// nothing at once still keeps blocks that a deletion would free. The
+// snapshots asked for and not yet taken are promised theirs already
+// (capacity.Account.Copying).
 func (p promise) snapshot(id string) error {
 	s := p.s
 	u, err := s.images.Usage(id)
@@ -204,11 +207,13 @@ func (p promise) snapshot(id string) error {
 	if err != nil {
 		return state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
 	}
-	v, err := s.store.Get(id)
-	need := snapshotNeed(s.mode(), u, err == nil && v.Thin())
+	need := snapshotNeed(s.mode(), u)
 	acc, _, err := s.Account()
 	if err != nil {
 		return state.Errorf(state.KindInternal, "%w", err)
+	}
+	if acc.NearlyFull() {
+		return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.opts.Name, acc.Free, acc.Guard)
 	}
 	if avail := acc.ThickAvailable(); need > avail {
 		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
@@ -218,18 +223,23 @@ func (p promise) snapshot(id string) error {
 }
 
 // snapshotNeed is the space a snapshot of an image whose usage is u takes
-// from the data directory, copied as mode says: by a copy, its allocated
-// blocks at once; by a reflink nothing at once, but a thick image then owes
-// the blocks it did not share yet (its writes will copy them), and a thin
-// image's writes take space as any thin write does.
-func snapshotNeed(mode devices.CopyMode, u devices.Usage, thin bool) int64 {
-	switch {
-	case mode != devices.CopyReflink:
+// from the promises of the data directory, copied as mode says: by a copy,
+// its allocated blocks at once; by a reflink nothing at once, but every
+// block the image held of its own (capacity.Image.Own) is shared then and
+// a write there takes a new one: a thick image owes them, and a thin one
+// no longer holds them, so its promise needs them backed anew. Thick or
+// thin, the promise grows by at most that.
+func snapshotNeed(mode devices.CopyMode, u devices.Usage) int64 {
+	if mode != devices.CopyReflink {
 		return u.Allocated
-	case thin:
-		return 0
 	}
-	return max(0, u.Allocated-u.Shared)
+	return imageOf(u).Own()
+}
+
+// imageOf is what the accounting knows of an image whose usage is u,
+// before its record says how it was provisioned.
+func imageOf(u devices.Usage) capacity.Image {
+	return capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
 }
 
 // GrowImage grows id's image to at least size bytes (in whole 4 KiB

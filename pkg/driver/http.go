@@ -15,6 +15,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/reconciler"
+	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
@@ -110,7 +111,13 @@ func newLocalHandler(status http.Handler, rec *reconciler.Reconciler, collect co
 		}
 		orphans, err := collect(r.Context(), req)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			// A listing refused for what it says (FAILED_PRECONDITION)
+			// is the caller's to fix, not the plugin's failure.
+			code := http.StatusInternalServerError
+			if state.AsError(err).Kind == state.KindFailedPrecondition {
+				code = http.StatusConflict
+			}
+			http.Error(w, err.Error(), code)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")

@@ -181,7 +181,7 @@ func (m *Metrics) WatchPools(pools func() ([]volstatus.Pool, error)) {
 
 var (
 	poolBytes = prometheus.NewDesc(namespace+"_data_directory_bytes",
-		"Space of a storage pool's data directory by kind: size, free, guard (kept free: promised to no volume), promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers: what is left above the guard), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
+		"Space of a storage pool's data directory by kind: size, free, guard (kept free: promised to no volume), promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin (written and not shared), available_thick and available_thin (what GetCapacity answers: what is left above the guard), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
 		[]string{"pool", "kind"}, nil)
 	snapshotCount = prometheus.NewDesc(namespace+"_snapshots",
 		"Snapshots kept in a storage pool.", []string{"pool"}, nil)

@@ -36,7 +36,12 @@ type GCRequest struct {
 	// Snapshots says Referenced holds the handle of every
 	// VolumeSnapshotContent of the driver; when false, no snapshot is
 	// left over.
-	Snapshots bool          `json:"snapshots"`
-	MinAge    time.Duration `json:"minAge"`
-	Delete    bool          `json:"delete"`
+	Snapshots bool `json:"snapshots"`
+	// NodeUnlisted is the operator's word that no PersistentVolume or
+	// VolumeSnapshotContent of the cluster names a volume or snapshot of
+	// this node; without it, a listing that names none of them is refused
+	// while this node holds any (it may be another cluster's).
+	NodeUnlisted bool          `json:"nodeUnlisted"`
+	MinAge       time.Duration `json:"minAge"`
+	Delete       bool          `json:"delete"`
 }

@@ -72,7 +72,9 @@ type Pool struct {
 	ThickPromisedBytes int64 `json:"thickPromisedBytes"`
 	ThickOwedBytes     int64 `json:"thickOwedBytes"`
 	// ThinPromisedBytes sums the sizes of the thin volumes, of which
-	// ThinAllocatedBytes is written.
+	// ThinAllocatedBytes is written and shared with no other file (a
+	// snapshot, a volume restored from one): a write to a shared block
+	// takes a new one (capacity.Image.Own).
 	ThinPromisedBytes  int64 `json:"thinPromisedBytes"`
 	ThinAllocatedBytes int64 `json:"thinAllocatedBytes"`
 	// ThickAvailableBytes and ThinAvailableBytes are what GetCapacity

@@ -68,8 +68,8 @@ func docsGCPipeline(t *testing.T) string {
 
 // TestGCPipeline runs docs/operations.md's csi-node gc line, as written,
 // with --delete --min-age=0, against what kubectl prints when it fails in
-// part or lists less than the cluster holds: each such listing deletes
-// nothing, and gc says why. The line deletes exactly the volume and the
+// part or lists less than the cluster holds, or another cluster's: each
+// such listing deletes nothing, and gc says why. The line deletes exactly the volume and the
 // snapshot nothing references with the snapshot CRDs installed, and the
 // volume alone without them (a default install), keeping the snapshots.
 func TestGCPipeline(t *testing.T) {
@@ -143,6 +143,7 @@ func TestGCPipeline(t *testing.T) {
 		{name: "an empty listing", output: list(), wantRefusal: "names no PersistentVolume of converge.csi.dev"},
 		{name: "a listing of the contents alone", output: list(content), wantRefusal: "add --cluster-has-no-pvs"},
 		{name: "a listing of another driver's PersistentVolume alone", output: list(pv("other.csi.dev", orphan), content), wantRefusal: "names no PersistentVolume of converge.csi.dev"},
+		{name: "a listing of another cluster, with a node of this name", output: list(pv("converge.csi.dev", "pvc-other_"+testenv.NodeID)), wantRefusal: "add --node-has-no-pvs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := run(true, "pv,volumesnapshotcontents", tc.output, tc.exit, "--delete", "--min-age=0")

@@ -157,18 +157,42 @@ func TestGC(t *testing.T) {
 	if !exists(ref) || !exists(staged) {
 		t.Error("a refused input deleted a volume")
 	}
+	// A listing of another cluster, whose PersistentVolumes of the driver
+	// name none of this node's volumes (one names a node of this name),
+	// is refused whole, dry run or not, saying what to do. The operator's
+	// word that the cluster has nothing of this node is refused where the
+	// listing names something here.
+	other := `{"kind": "List", "items": [{"kind": "PersistentVolume", "spec": {"csi": {"driver": "converge.csi.dev", "volumeHandle": "pvc-other_` + testenv.NodeID + `"}}}]}` + "\n0\n"
+	for _, args := range [][]string{{"--min-age=0", "--delete"}, {"--min-age=0"}} {
+		out, err := gc(other, args...)
+		if err == nil || !strings.Contains(out, "names none of the 2 volumes and 0 snapshots that node "+testenv.NodeID+" holds") || !strings.Contains(out, "add --node-has-no-pvs") {
+			t.Errorf("another cluster's listing, %v: %v, want it refused, saying to add --node-has-no-pvs if the cluster has nothing of this node:\n%s", args, err, out)
+		}
+	}
+	if out, err := gc(listed, "--min-age=0", "--delete", "--node-has-no-pvs"); err == nil || !strings.Contains(out, "names volume "+ref+", which node "+testenv.NodeID+" holds") || !strings.Contains(out, "drop the flag") {
+		t.Errorf("--node-has-no-pvs with a listing that names %s: %v, want it refused:\n%s", ref, err, out)
+	}
+	if !exists(ref) || !exists(staged) {
+		t.Error("a refused listing deleted a volume")
+	}
+
 	// The plugin itself deletes no kind the request does not say the
 	// listing covers: the zero request covers none.
-	for _, body := range []string{`{"referenced": [], "minAge": 0, "delete": true}`, `{"referenced": [], "minAge": 0, "delete": true, "snapshots": true}`} {
+	for _, body := range []string{`{"referenced": [], "minAge": 0, "delete": true}`, `{"referenced": ["` + ref + `"], "minAge": 0, "delete": true, "snapshots": true}`} {
 		var orphans []struct{ ID, Kept string }
 		must(t, "POST /gc "+body, postGC(p, body, &orphans))
-		i := slices.IndexFunc(orphans, func(o struct{ ID, Kept string }) bool { return o.ID == ref })
+		i := slices.IndexFunc(orphans, func(o struct{ ID, Kept string }) bool { return o.ID == staged })
 		if i < 0 || !strings.Contains(orphans[i].Kept, "names no PersistentVolume") {
-			t.Errorf("POST /gc %s: %+v, want %s kept as the input names no PersistentVolume", body, orphans, ref)
+			t.Errorf("POST /gc %s: %+v, want %s kept as the input names no PersistentVolume", body, orphans, staged)
 		}
 	}
 	if !exists(ref) || !exists(staged) {
 		t.Error("a request that covers no volume deleted one")
+	}
+	// The plugin refuses a request that covers volumes and names none of
+	// this node's, as csi-node gc says.
+	if err := postGC(p, `{"referenced": ["elsewhere"], "volumes": true, "minAge": 0, "delete": true}`, &[]struct{}{}); err == nil || !strings.Contains(err.Error(), "409") {
+		t.Errorf("POST /gc naming nothing of this node: %v, want 409 Conflict", err)
 	}
 
 	// Unstaged, the volume nothing references goes too.
@@ -178,6 +202,14 @@ func TestGC(t *testing.T) {
 	must(t, "csi-node gc --delete after the unstage", err)
 	if l := line(out, staged); !strings.Contains(l, "deleted") || exists(staged) || !exists(ref) {
 		t.Errorf("after the unstage, %s: %q; ref there: %v\n%s", staged, l, exists(ref), out)
+	}
+
+	// With the operator's word that the cluster names nothing of this
+	// node, a listing without its volumes deletes them.
+	out, err = gc(other, "--min-age=0", "--delete", "--node-has-no-pvs")
+	must(t, "csi-node gc --delete --node-has-no-pvs", err)
+	if l := line(out, ref); !strings.Contains(l, "deleted") || exists(ref) {
+		t.Errorf("--node-has-no-pvs, %s: %q; image there: %v\n%s", ref, l, exists(ref), out)
 	}
 }
 
@@ -226,11 +258,12 @@ func TestGCStaticRecordMinAge(t *testing.T) {
 	must(t, "stage", err)
 	unstage(t, p, "static-gc", staging)
 
-	// The cluster's one PersistentVolume of the driver is another's.
+	// The cluster's one PersistentVolume of the driver is another node's,
+	// as the operator says (--node-has-no-pvs).
 	listed := `{"kind": "List", "items": [{"kind": "PersistentVolume", "spec": {"csi": {"driver": "converge.csi.dev", "volumeHandle": "elsewhere"}}}]}` + "\n0\n"
 	gc := func(args ...string) string {
 		t.Helper()
-		cmd := exec.Command(testenv.Binary(t), append([]string{"gc", "--state-dir", p.StateDir, "--delete"}, args...)...)
+		cmd := exec.Command(testenv.Binary(t), append([]string{"gc", "--state-dir", p.StateDir, "--delete", "--node-has-no-pvs"}, args...)...)
 		cmd.Stdin = strings.NewReader(listed)
 		out, err := cmd.CombinedOutput()
 		must(t, "csi-node gc "+strings.Join(args, " ")+": "+string(out), err)

@@ -92,8 +92,9 @@ func checkGuardFree(t *testing.T, dir string, guard, size int64, made int) {
 // it. Started again with a guard above what is free, as after an upgrade
 // that brought the guard to a pool filled before, the pool is nearly full:
 // its volumes stage, publish and take writes as before, while a new
-// volume, thick or thin, an expansion and a snapshot that takes space are
-// refused RESOURCE_EXHAUSTED, and GetCapacity answers 0.
+// volume, thick or thin, an expansion and a snapshot, even one that takes
+// no space at once, are refused RESOURCE_EXHAUSTED, and GetCapacity
+// answers 0.
 func TestGuardStaysFreeOfThickVolumes(t *testing.T) {
 	p := testenv.New(t, "--pool-guard", "25%")
 	smallDataDir(t, p, 320*mib)
@@ -102,6 +103,8 @@ func TestGuardStaysFreeOfThickVolumes(t *testing.T) {
 	const size = 48 * mib
 	total, _ := spaceOf(t, p.DataDir)
 	guard := guardOf(total, 25)
+	// A thin volume never written: its snapshot takes no space at once.
+	must(t, "create empty thin", createProvisioned(p, t, "empty-thin", "thin", 4*mib))
 	ids := fillWithThick(t, p, "thick", size)
 	checkGuardFree(t, p.DataDir, guard, size, len(ids))
 
@@ -139,9 +142,14 @@ func TestGuardStaysFreeOfThickVolumes(t *testing.T) {
 	wantCode(t, "expansion past the guard", err, codes.ResourceExhausted)
 	_, err = p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: ids[0]})
 	wantCode(t, "snapshot past the guard", err, codes.ResourceExhausted)
+	_, err = p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-empty", SourceVolumeId: vid("empty-thin")})
+	wantCode(t, "snapshot of an empty volume past the guard", err, codes.ResourceExhausted)
+	if err != nil && !strings.Contains(status.Convert(err).Message(), "guard") {
+		t.Errorf("refusal %q does not name the guard", status.Convert(err).Message())
+	}
 
 	downAndDelete(t, p, ids[0])
-	for _, id := range ids[1:] {
+	for _, id := range append(ids[1:], vid("empty-thin")) {
 		_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
 		must(t, "delete "+id, err)
 	}

@@ -27,7 +27,7 @@ func TestStatusAndMetrics(t *testing.T) {
 	must(t, "csi-node status", err)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(lines) != 8 || !strings.HasPrefix(lines[0], "NODE            test-node: ") || !strings.HasPrefix(lines[1], "POOL default    "+p.DataDir+": size ") ||
-		!strings.HasPrefix(lines[2], "  PROMISED      thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
+		!strings.HasPrefix(lines[2], "  PROMISED      thick 64Mi (0 not yet allocated), thin 0 (0 written and not shared, ratio 1)") ||
 		!strings.HasPrefix(lines[3], "  AVAILABLE     thick ") ||
 		!strings.HasPrefix(lines[4], "  SNAPSHOTS     1, allocating ") || !strings.HasSuffix(lines[4], "(copied by sparse), 0 promised to those being taken") ||
 		!strings.HasPrefix(lines[6], "VOLUME") ||
