@@ -14,7 +14,8 @@ import (
 // whatever it could list and fails for the rest (a forbidden kind, a 5xx,
 // an expired token), and nothing after the pipe sees its exit status:
 // csi-node gc reads it from its input.
-const gcPipeline = `{ kubectl get pv,volumesnapshotcontents -o json; echo $?; } | kubectl exec -i ... -- csi-node gc`
+// It lists VolumeSnapshotContents only where their CRD is installed.
+const gcPipeline = `{ kubectl get pv$(kubectl get crd volumesnapshotcontents.snapshot.storage.k8s.io >/dev/null 2>&1 && echo ,volumesnapshotcontents) -o json; echo $?; } | kubectl exec -i ... -- csi-node gc`
 
 // listing is what the input says the cluster references: the IDs of the
 // driver's volumes and snapshots, and how many PersistentVolumes and

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -84,5 +85,18 @@ func TestListingCovers(t *testing.T) {
 				t.Errorf("got volumes %v, snapshots %v, %v; want %v, %v", volumes, snaps, err, tc.wantVolumes, tc.wantSnaps)
 			}
 		})
+	}
+}
+
+// TestPipelineIsTheDocumentedOne checks that the listing the refusals name
+// is the one docs/operations.md gives whole.
+func TestPipelineIsTheDocumentedOne(t *testing.T) {
+	docs, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listing, _, ok := strings.Cut(gcPipeline, " | kubectl exec -i ... -- csi-node gc")
+	if !ok || !strings.Contains(string(docs), listing+" | kubectl exec -i ") {
+		t.Errorf("docs/operations.md does not feed csi-node gc %q", listing)
 	}
 }
