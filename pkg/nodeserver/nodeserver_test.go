@@ -377,19 +377,21 @@ func TestStageOfAVolumeBeingDeleted(t *testing.T) {
 // (what its snapshots then say), whatever it was made for, while a stage
 // as a filesystem records nothing of the kind: it proves nothing of what
 // was written before it.
+// rawBlock is a raw block device's capability, read-write on one node.
+var rawBlock = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
 func TestBlockStageMarksTheVolumeRaw(t *testing.T) {
-	block := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 	for _, tc := range []struct {
 		name       string
 		made       state.AccessType
 		staged     *csi.VolumeCapability
 		wantAccess state.AccessType
 	}{
-		{name: "made for a filesystem, staged raw", made: state.AccessMount, staged: block, wantAccess: state.AccessBlock},
-		{name: "made before access was recorded, staged raw", staged: block, wantAccess: state.AccessBlock},
+		{name: "made for a filesystem, staged raw", made: state.AccessMount, staged: rawBlock, wantAccess: state.AccessBlock},
+		{name: "made before access was recorded, staged raw", staged: rawBlock, wantAccess: state.AccessBlock},
 		{name: "made for a filesystem, staged so", made: state.AccessMount, staged: rwo, wantAccess: state.AccessMount},
 		{name: "made before access was recorded, staged as a filesystem", staged: rwo, wantAccess: ""},
 	} {
@@ -423,10 +425,6 @@ func TestBlockStageMarksTheVolumeRaw(t *testing.T) {
 // stage with FAILED_PRECONDITION and records nothing, while a Block stage
 // of it and a filesystem stage of a Filesystem volume go on.
 func TestBlockVolumeNeverMounted(t *testing.T) {
-	block := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
 	for _, tc := range []struct {
 		name      string
 		made      state.AccessType
@@ -436,7 +434,7 @@ func TestBlockVolumeNeverMounted(t *testing.T) {
 	}{
 		{name: "Block, staged as a filesystem", made: state.AccessBlock, staged: rwo, want: codes.FailedPrecondition},
 		{name: "Block once formatted, staged as a filesystem", made: state.AccessBlock, formatted: true, staged: rwo, want: codes.FailedPrecondition},
-		{name: "Block, staged raw", made: state.AccessBlock, staged: block, want: codes.OK},
+		{name: "Block, staged raw", made: state.AccessBlock, staged: rawBlock, want: codes.OK},
 		{name: "Filesystem, staged as a filesystem", made: state.AccessMount, staged: rwo, want: codes.OK},
 		{name: "made before access was recorded, staged as a filesystem", staged: rwo, want: codes.OK},
 	} {
