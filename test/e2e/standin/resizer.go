@@ -1,4 +1,4 @@
-package e2e
+package standin
 
 import (
 	"context"
@@ -48,7 +48,7 @@ func (p *provisioner) resize(ctx context.Context) error {
 			}
 		}
 		pv, err := p.client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
-		if err != nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != driverName {
+		if err != nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != DriverName {
 			continue
 		}
 		if err := p.resizeOne(ctx, pvc, pv, want); err != nil {

@@ -1,4 +1,4 @@
-package e2e
+package standin
 
 import (
 	"context"
@@ -25,9 +25,10 @@ import (
 )
 
 // The stand-ins for the sidecars of deploy/ whose releases the suite cannot
-// build (sidecars.go). Each runs as a container of deploy/'s DaemonSet, in
-// an image of its own (standInImage): the test binary itself, started
-// under the sidecar's name, as TestMain dispatches on os.Args[0]. Each
+// build (releases.go). Each runs as a container of deploy/'s DaemonSet, in
+// an image of its own (the e2e suite's standInImage): the test binary
+// itself, started under the sidecar's name, as its TestMain dispatches on
+// os.Args[0] (Run). Each
 // takes the arguments of the release deploy/ names and refuses any other,
 // reads what it needs of them, and talks to the API server in-cluster,
 // with the pod's service account, so that deploy/'s RBAC is what it gets.
@@ -38,28 +39,25 @@ var standIns = map[string]func(ctx context.Context, args map[string]string) erro
 	"csi-resizer":               runResizerStandIn,
 }
 
-// standInBinary is where the stand-ins' images hold the test binary.
-const standInBinary = "e2e-sidecar"
-
-// standInImage is the image of the stand-in for a sidecar release, under a
-// name of its own: converge.local/e2e-<name>:<version>.
-func standInImage(s sidecar) string {
-	return "converge.local/e2e-" + filepath.Base(s.image) + ":" + s.version
+// Is says whether name is the name of a stand-in, which Run runs.
+func Is(name string) bool {
+	_, ok := standIns[name]
+	return ok
 }
 
-// runStandIn runs the stand-in called name with args until SIGTERM and
+// Run runs the stand-in called name with args until SIGTERM and
 // returns the process's exit code: 2 for arguments its release would
 // refuse, as the flag package exits.
-func runStandIn(name string, args []string) int {
-	var release sidecar
-	for _, s := range sidecars {
-		if filepath.Base(s.image) == name {
+func Run(name string, args []string) int {
+	var release Release
+	for _, s := range Releases {
+		if filepath.Base(s.Image) == name {
 			release = s
 		}
 	}
 	parsed, err := release.parseArgs(args)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s %s (stand-in): %v\n", name, release.version, err)
+		fmt.Fprintf(os.Stderr, "%s %s (stand-in): %v\n", name, release.Version, err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -73,9 +71,9 @@ func runStandIn(name string, args []string) int {
 
 // parseArgs reads args as --name=value or --name (true) of the release's
 // flags. Another form or an unknown name is an error naming it.
-func (s sidecar) parseArgs(args []string) (map[string]string, error) {
-	if bad := s.unknownArgs(args); len(bad) > 0 {
-		return nil, fmt.Errorf("flags not defined by %s %s: %v", s.image, s.version, bad)
+func (s Release) parseArgs(args []string) (map[string]string, error) {
+	if bad := s.UnknownArgs(args); len(bad) > 0 {
+		return nil, fmt.Errorf("flags not defined by %s %s: %v", s.Image, s.Version, bad)
 	}
 	out := map[string]string{}
 	for _, a := range args {
@@ -176,9 +174,9 @@ func runLivenessStandIn(ctx context.Context, args map[string]string) error {
 	return nil
 }
 
-// resizerLease is the Lease external-resizer elects its leader on:
+// ResizerLease is the Lease external-resizer elects its leader on:
 // "external-resizer-" and the driver's name with dots made dashes.
-var resizerLease = "external-resizer-" + strings.ReplaceAll(driverName, ".", "-")
+var ResizerLease = "external-resizer-" + strings.ReplaceAll(DriverName, ".", "-")
 
 // standInProvisioner makes the provisioner of provisioner.go for the node
 // of NODE_NAME and the CSI socket of --csi-address, its clients from the
@@ -228,7 +226,7 @@ func runProvisionerStandIn(ctx context.Context, args map[string]string) error {
 
 // runResizerStandIn does what external-resizer does (resizer.go): with
 // --leader-election, only while it holds the Lease
-// resizerLease of --leader-election-namespace, the
+// ResizerLease of --leader-election-namespace, the
 // name external-resizer gives it, which it keeps until it expires when the
 // holder stops (ReleaseLeaderElectionOnExit is off by default).
 func runResizerStandIn(ctx context.Context, args map[string]string) error {
@@ -245,7 +243,7 @@ func runResizerStandIn(ctx context.Context, args map[string]string) error {
 	}
 	id, _ := os.Hostname()
 	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: resizerLease, Namespace: args["leader-election-namespace"]},
+		LeaseMeta:  metav1.ObjectMeta{Name: ResizerLease, Namespace: args["leader-election-namespace"]},
 		Client:     p.client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	}
@@ -254,7 +252,7 @@ func runResizerStandIn(ctx context.Context, args map[string]string) error {
 		Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 5 * time.Second,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(context.Context) {
-				fmt.Fprintf(os.Stderr, "%s: leading\n", resizerLeading)
+				fmt.Fprintf(os.Stderr, "%s: leading\n", ResizerLeading)
 				p.lead(true)
 			},
 			OnStoppedLeading: func() { p.lead(false) },
@@ -268,9 +266,9 @@ func runResizerStandIn(ctx context.Context, args map[string]string) error {
 	return nil
 }
 
-// resizerLeading starts the line the resizer's stand-in logs when it
+// ResizerLeading starts the line the resizer's stand-in logs when it
 // takes the Lease.
-const resizerLeading = "acquired lease"
+const ResizerLeading = "acquired lease"
 
 // logErrors prints the stand-in's errors to its container's log.
 func logErrors(ctx context.Context, p *provisioner) {

@@ -1,4 +1,4 @@
-package e2e
+package standin
 
 import (
 	"context"
@@ -30,8 +30,8 @@ import (
 )
 
 const (
-	driverName  = "converge.csi.dev"
-	topologyKey = "topology.converge.csi.dev/node"
+	DriverName  = "converge.csi.dev"
+	TopologyKey = "topology.converge.csi.dev/node"
 	// provisionerIdentityKey is the volume attribute in which
 	// external-provisioner names itself.
 	provisionerIdentityKey = "storage.kubernetes.io/csiProvisionerIdentity"
@@ -79,7 +79,7 @@ func newProvisioner(client kubernetes.Interface, dyn dynamic.Interface, node, cs
 		return nil, err
 	}
 	return &provisioner{client: client, dynamic: dyn, node: node, conn: conn, ctrl: csi.NewControllerClient(conn), provisions: true,
-		identity: fmt.Sprintf("%d-%d-%s", time.Now().UnixMilli(), rand.IntN(10000), driverName)}, nil
+		identity: fmt.Sprintf("%d-%d-%s", time.Now().UnixMilli(), rand.IntN(10000), DriverName)}, nil
 }
 
 // run works every 200 ms until ctx ends. A step that fails (csi-node is
@@ -145,7 +145,7 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 	}
 	caps := p.client.StorageV1().CSIStorageCapacities("kube-system")
 	// Only this node's: each node's provisioner owns its own.
-	have, err := caps.List(ctx, metav1.ListOptions{LabelSelector: "csi.storage.k8s.io/drivername=" + driverName +
+	have, err := caps.List(ctx, metav1.ListOptions{LabelSelector: "csi.storage.k8s.io/drivername=" + DriverName +
 		",csi.storage.k8s.io/managed-by=" + p.managedBy()})
 	if err != nil {
 		return err
@@ -155,13 +155,13 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 		byClass[have.Items[i].StorageClassName] = &have.Items[i]
 	}
 	for _, sc := range classes.Items {
-		if sc.Provisioner != driverName {
+		if sc.Provisioner != DriverName {
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		resp, err := p.ctrl.GetCapacity(cctx, &csi.GetCapacityRequest{
 			Parameters:         sc.Parameters,
-			AccessibleTopology: &csi.Topology{Segments: map[string]string{topologyKey: p.node}},
+			AccessibleTopology: &csi.Topology{Segments: map[string]string{TopologyKey: p.node}},
 		})
 		cancel()
 		if err != nil {
@@ -173,9 +173,9 @@ func (p *provisioner) publishCapacity(ctx context.Context) error {
 		if obj == nil {
 			_, err = caps.Create(ctx, &storagev1.CSIStorageCapacity{
 				ObjectMeta: metav1.ObjectMeta{GenerateName: "csisc-", Labels: map[string]string{
-					"csi.storage.k8s.io/drivername": driverName, "csi.storage.k8s.io/managed-by": p.managedBy()},
+					"csi.storage.k8s.io/drivername": DriverName, "csi.storage.k8s.io/managed-by": p.managedBy()},
 					OwnerReferences: ownedBy(p.owner)},
-				NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{topologyKey: p.node}},
+				NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{TopologyKey: p.node}},
 				StorageClassName: sc.Name,
 				Capacity:         capacity,
 			}, metav1.CreateOptions{})
@@ -234,7 +234,7 @@ func (p *provisioner) provision(ctx context.Context) error {
 			}
 		}
 		sc, err := p.client.StorageV1().StorageClasses().Get(ctx, *pvc.Spec.StorageClassName, metav1.GetOptions{})
-		if err != nil || sc.Provisioner != driverName {
+		if err != nil || sc.Provisioner != DriverName {
 			continue
 		}
 		if selected == "" {
@@ -292,7 +292,7 @@ func (p *provisioner) allowed(sc *storagev1.StorageClass) bool {
 	for _, term := range sc.AllowedTopologies {
 		ok := true
 		for _, e := range term.MatchLabelExpressions {
-			ok = ok && e.Key == topologyKey && slices.Contains(e.Values, p.node)
+			ok = ok && e.Key == TopologyKey && slices.Contains(e.Values, p.node)
 		}
 		if ok {
 			return true
@@ -332,7 +332,7 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 		// capability's mount flags.
 		vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: sc.MountOptions}}
 	}
-	here := []*csi.Topology{{Segments: map[string]string{topologyKey: p.node}}}
+	here := []*csi.Topology{{Segments: map[string]string{TopologyKey: p.node}}}
 	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
 	source, err := p.contentSource(ctx, pvc)
 	if err != nil {
@@ -358,7 +358,7 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	// choice), beside its own identity.
 	attrs := map[string]string{provisionerIdentityKey: p.identity}
 	maps.Copy(attrs, v.VolumeContext)
-	csiSource := &corev1.CSIPersistentVolumeSource{Driver: driverName, VolumeHandle: v.VolumeId, VolumeAttributes: attrs}
+	csiSource := &corev1.CSIPersistentVolumeSource{Driver: DriverName, VolumeHandle: v.VolumeId, VolumeAttributes: attrs}
 	if !block {
 		csiSource.FSType = fsType
 	}
@@ -370,12 +370,12 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 	if reclaim == corev1.PersistentVolumeReclaimDelete {
 		// HonorPVReclaimPolicy, on by default since external-provisioner
 		// v5: the volume's object stays until DeleteVolume has run.
-		finalizers = []string{provisionerFinalizer}
+		finalizers = []string{ProvisionerFinalizer}
 	}
 	pv := &corev1.PersistentVolume{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
-			Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": driverName},
+			Annotations: map[string]string{"pv.kubernetes.io/provisioned-by": DriverName},
 			Finalizers:  finalizers,
 		},
 		Spec: corev1.PersistentVolumeSpec{
@@ -392,7 +392,7 @@ func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVo
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: csiSource},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
 				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
-					Key: topologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{p.node},
+					Key: TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{p.node},
 				}}}},
 			}},
 		},
@@ -426,7 +426,7 @@ func (p *provisioner) contentSource(ctx context.Context, pvc *corev1.PersistentV
 		}
 		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: pv.Spec.CSI.VolumeHandle}}}, nil
 	}
-	snap, err := p.dynamic.Resource(volumeSnapshots).Namespace(pvc.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	snap, err := p.dynamic.Resource(VolumeSnapshots).Namespace(pvc.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -447,7 +447,7 @@ func (p *provisioner) contentSource(ctx context.Context, pvc *corev1.PersistentV
 }
 
 var (
-	volumeSnapshots        = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
+	VolumeSnapshots        = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
 	volumeSnapshotContents = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotcontents"}
 )
 
@@ -464,9 +464,9 @@ func (p *provisioner) reclaim(ctx context.Context) error {
 	}
 	var errs []error
 	for _, pv := range pvs.Items {
-		if pv.Annotations["pv.kubernetes.io/provisioned-by"] != driverName || pv.Status.Phase != corev1.VolumeReleased ||
+		if pv.Annotations["pv.kubernetes.io/provisioned-by"] != DriverName || pv.Status.Phase != corev1.VolumeReleased ||
 			pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimDelete || pv.Spec.CSI == nil ||
-			nodeOf(&pv) != p.node {
+			NodeOf(&pv) != p.node {
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -476,9 +476,9 @@ func (p *provisioner) reclaim(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("DeleteVolume %s: %w", pv.Spec.CSI.VolumeHandle, err))
 			continue
 		}
-		if i := slices.Index(pv.Finalizers, provisionerFinalizer); i >= 0 {
+		if i := slices.Index(pv.Finalizers, ProvisionerFinalizer); i >= 0 {
 			// A patch, as external-provisioner's RBAC (deploy/) allows.
-			patch := fmt.Sprintf(`[{"op": "test", "path": "/metadata/finalizers/%d", "value": %q}, {"op": "remove", "path": "/metadata/finalizers/%d"}]`, i, provisionerFinalizer, i)
+			patch := fmt.Sprintf(`[{"op": "test", "path": "/metadata/finalizers/%d", "value": %q}, {"op": "remove", "path": "/metadata/finalizers/%d"}]`, i, ProvisionerFinalizer, i)
 			if _, err := p.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 				errs = append(errs, err)
 				continue
@@ -491,19 +491,19 @@ func (p *provisioner) reclaim(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// provisionerFinalizer is the finalizer external-provisioner puts on the
+// ProvisionerFinalizer is the finalizer external-provisioner puts on the
 // volumes it provisions with reclaim policy Delete and takes off once
 // DeleteVolume has run.
-const provisionerFinalizer = "external-provisioner.volume.kubernetes.io/finalizer"
+const ProvisionerFinalizer = "external-provisioner.volume.kubernetes.io/finalizer"
 
-// nodeOf is the node a converge volume's node affinity names, "" for none.
-func nodeOf(pv *corev1.PersistentVolume) string {
+// NodeOf is the node a converge volume's node affinity names, "" for none.
+func NodeOf(pv *corev1.PersistentVolume) string {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
 		return ""
 	}
 	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
 		for _, e := range term.MatchExpressions {
-			if e.Key == topologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
+			if e.Key == TopologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
 				return e.Values[0]
 			}
 		}
