@@ -8,12 +8,12 @@ import (
 // Release is a kubernetes-csi sidecar release that deploy/ runs, and the
 // command-line flags that release defines. Their modules are not served
 // here, so the suite cannot build them; what deploy/ passes them is checked
-// against these sets instead, which were read from each release's source
+// against these sets instead (and a stand-in refuses any other flag), which were read from each release's source
 // at its tag: the flags of its main package, of csi-lib-utils v0.24.0's
 // standardflags where it registers them (RegisterCommonFlags,
 // AddAutomaxprocs), and of component-base v0.36.1's logging options
 // (logsapi.AddGoFlags, JSON format registered). csi-snapshotter is not
-// here: the suite builds its release and runs it (snapshots.go).
+// here: the suite builds its release and runs it (../snapshots.go).
 type Release struct {
 	Image   string // registry.k8s.io/sig-storage/<name>
 	Version string

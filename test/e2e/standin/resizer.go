@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -15,7 +19,165 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
+
+// resizerFlags are the flags of csi-resizer v2.2.1 (cmd/csi-resizer, and
+// csi-lib-utils v0.24.0's standard flags) its stand-in reads, with the
+// release's defaults. newResizerConfig refuses the values it does not
+// implement.
+var resizerFlags = map[string]flagSpec{
+	"csi-address":               csiFlag,
+	"leader-election":           {boolFlag, "false"},
+	"leader-election-namespace": {stringFlag, ""},
+	"timeout":                   {durationFlag, "10s"},
+}
+
+// resizerConfig is what the resizer's stand-in does, from its flags.
+type resizerConfig struct {
+	csiAddress string
+	// elect makes the instance work only while it holds the Lease
+	// ResizerLease in namespace (--leader-election,
+	// --leader-election-namespace).
+	elect     bool
+	namespace string
+	// timeout bounds each ControllerExpandVolume (--timeout).
+	timeout time.Duration
+}
+
+// newResizerConfig reads a as csi-resizer v2.2.1 does, and refuses what
+// the stand-in does not implement.
+func newResizerConfig(a args) (resizerConfig, error) {
+	cfg := resizerConfig{
+		csiAddress: a.string("csi-address"),
+		elect:      a.bool("leader-election"),
+		namespace:  a.string("leader-election-namespace"),
+		timeout:    a.duration("timeout"),
+	}
+	if cfg.elect && cfg.namespace == "" {
+		// The release then elects in the namespace of its service
+		// account, which the stand-in does not look up.
+		return cfg, errors.New("the stand-in implements --leader-election=true only with --leader-election-namespace")
+	}
+	return cfg, nil
+}
+
+// Leader election as csi-lib-utils v0.24.0 runs it with its standard
+// flags' defaults (--leader-election-lease-duration, -renew-deadline,
+// -retry-period), which the stand-in does not read.
+const (
+	leaseDuration = 15 * time.Second
+	renewDeadline = 10 * time.Second
+	retryPeriod   = 5 * time.Second
+)
+
+// ResizerLease is the Lease external-resizer elects its leader on:
+// "external-resizer-" and the driver's name with dots made dashes.
+var ResizerLease = "external-resizer-" + strings.ReplaceAll(DriverName, ".", "-")
+
+// ResizerLeading starts the line the resizer's stand-in logs when it
+// takes the Lease.
+const ResizerLeading = "acquired lease"
+
+// resizer expands volumes as external-resizer does (resize), while it
+// leads.
+type resizer struct {
+	client kubernetes.Interface
+	ctrl   csi.ControllerClient
+	// timeout bounds each ControllerExpandVolume.
+	timeout time.Duration
+	// leads is true while this instance works for the cluster: at once
+	// without leader election, while it holds the Lease with it.
+	leads atomic.Bool
+	log   io.Writer
+}
+
+// newResizer makes the resizer of cfg, which calls the driver through
+// ctrl: leading at once unless it is to be elected.
+func newResizer(cfg resizerConfig, client kubernetes.Interface, ctrl csi.ControllerClient, log io.Writer) *resizer {
+	r := &resizer{client: client, ctrl: ctrl, timeout: cfg.timeout, log: log}
+	r.leads.Store(!cfg.elect)
+	return r
+}
+
+// lease is the lock the instance of cfg is elected on, under identity.
+func (cfg resizerConfig) lease(client kubernetes.Interface, identity string) *resourcelock.LeaseLock {
+	return &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: ResizerLease, Namespace: cfg.namespace},
+		Client:     client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: identity},
+	}
+}
+
+// run resizes every 200 ms while the resizer leads, until ctx ends. A
+// resize that fails is retried at the next pass.
+func (r *resizer) run(ctx context.Context) {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if r.leads.Load() {
+			if err := r.resize(ctx); err != nil {
+				fmt.Fprintln(r.log, time.Now().Format("15:04:05.000"), err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// runResizer does what external-resizer does in deploy/, with the pod's
+// service account: with --leader-election, only while it holds the Lease
+// ResizerLease of --leader-election-namespace, which it keeps until it
+// expires when the holder stops (ReleaseLeaderElectionOnExit is off by
+// default).
+func runResizer(ctx context.Context, a args) error {
+	cfg, err := newResizerConfig(a)
+	if err != nil {
+		return err
+	}
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	conn, err := csiConn(cfg.csiAddress)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	r := newResizer(cfg, client, csi.NewControllerClient(conn), os.Stderr)
+	if !cfg.elect {
+		r.run(ctx)
+		return nil
+	}
+	id, _ := os.Hostname()
+	go r.run(ctx)
+	leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+		Lock: cfg.lease(client, id), LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) {
+				fmt.Fprintf(os.Stderr, "%s: leading\n", ResizerLeading)
+				r.leads.Store(true)
+			},
+			OnStoppedLeading: func() { r.leads.Store(false) },
+		},
+	})
+	// As csi-lib-utils' leader election does: a lost lease ends the
+	// process, and the container starts again as a candidate.
+	if ctx.Err() == nil {
+		return errors.New("leader election lost")
+	}
+	return nil
+}
 
 // resize does for the suite what external-resizer does in deploy/ (its
 // image cannot be fetched here), with Kubernetes' recovery from expansion
@@ -28,8 +190,8 @@ import (
 // recorded with the ControllerResizeError condition, as
 // ControllerResizeInfeasible for a final code (the user must change the
 // request) and still ControllerResizeInProgress otherwise, and retried.
-func (p *provisioner) resize(ctx context.Context) error {
-	claims, err := p.client.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
+func (r *resizer) resize(ctx context.Context) error {
+	claims, err := r.client.CoreV1().PersistentVolumeClaims("").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
@@ -47,19 +209,19 @@ func (p *provisioner) resize(ctx context.Context) error {
 				continue // the kubelet's turn
 			}
 		}
-		pv, err := p.client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+		pv, err := r.client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
 		if err != nil || pv.Spec.CSI == nil || pv.Spec.CSI.Driver != DriverName {
 			continue
 		}
-		if err := p.resizeOne(ctx, pvc, pv, want); err != nil {
+		if err := r.resizeOne(ctx, pvc, pv, want); err != nil {
 			errs = append(errs, fmt.Errorf("resize %s/%s: %w", pvc.Namespace, pvc.Name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, want resource.Quantity) error {
-	claims := p.client.CoreV1().PersistentVolumeClaims(pvc.Namespace)
+func (r *resizer) resizeOne(ctx context.Context, pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume, want resource.Quantity) error {
+	claims := r.client.CoreV1().PersistentVolumeClaims(pvc.Namespace)
 	// As external-resizer does, every change is a patch (deploy/'s RBAC
 	// grants patch, not update, on volumes and claims' status): the
 	// strategic merge patch from what was read to what is wanted.
@@ -93,9 +255,9 @@ func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolum
 	} else {
 		vc.AccessType = &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: pv.Spec.CSI.FSType, MountFlags: pv.Spec.MountOptions}}
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	resp, err := p.ctrl.ControllerExpandVolume(cctx, &csi.ControllerExpandVolumeRequest{
+	resp, err := r.ctrl.ControllerExpandVolume(cctx, &csi.ControllerExpandVolumeRequest{
 		VolumeId: pv.Spec.CSI.VolumeHandle, CapacityRange: &csi.CapacityRange{RequiredBytes: want.Value()}, VolumeCapability: vc,
 	})
 	if err != nil {
@@ -116,7 +278,7 @@ func (p *provisioner) resizeOne(ctx context.Context, pvc *corev1.PersistentVolum
 	if err != nil {
 		return err
 	}
-	if _, err := p.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}); err != nil {
+	if _, err := r.client.CoreV1().PersistentVolumes().Patch(ctx, pv.Name, types.StrategicMergePatchType, data, metav1.PatchOptions{}); err != nil {
 		return err
 	}
 	if resp.NodeExpansionRequired {
