@@ -2,6 +2,7 @@ package standin
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"sync"
@@ -81,6 +82,10 @@ func (d *fakeDriver) setReady(ready bool) {
 	defer d.mu.Unlock()
 	d.ready = ready
 }
+
+// String is the call's method and the time it was given, for a test's
+// failure.
+func (c driverCall) String() string { return fmt.Sprintf("%s given %v", c.method, c.left) }
 
 // called returns the calls of method so far.
 func (d *fakeDriver) called(method string) []driverCall {

@@ -382,7 +382,7 @@ func TestProvisionerTimeout(t *testing.T) {
 			for _, method := range []string{"CreateVolume", "GetCapacity", "DeleteVolume"} {
 				calls := tp.driver.called(method)
 				if len(calls) != 1 || !within(calls[0].left, tc.want) {
-					t.Errorf("%s: %+v; want one call given %v", method, calls, tc.want)
+					t.Errorf("%s: %v; want one call given %v", method, calls, tc.want)
 				}
 			}
 			if _, err := tp.client.CoreV1().PersistentVolumes().Get(context.Background(), released.Name, metav1.GetOptions{}); err == nil {

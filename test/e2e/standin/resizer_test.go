@@ -79,6 +79,6 @@ func TestResizerTimeout(t *testing.T) {
 	}
 	calls := d.called("ControllerExpandVolume")
 	if want := 10 * time.Second; len(calls) != 1 || !within(calls[0].left, want) {
-		t.Errorf("ControllerExpandVolume: %+v; want one call given %v", calls, want)
+		t.Errorf("ControllerExpandVolume: %v; want one call given %v", calls, want)
 	}
 }
