@@ -81,7 +81,10 @@ func TestRegistrarNeedsKubeletRegistrationPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := runRegistrar(context.Background(), a); err == nil || !strings.Contains(err.Error(), "kubelet-registration-path") {
+	// Ended already: a registrar that went on would wait for nothing.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := runRegistrar(ctx, a); err == nil || !strings.Contains(err.Error(), "kubelet-registration-path") {
 		t.Errorf("got %v, want the flag required", err)
 	}
 }
