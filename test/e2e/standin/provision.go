@@ -110,6 +110,9 @@ func (p *provisioner) accessibility(sc *storagev1.StorageClass) (*csi.TopologyRe
 	return nil, fmt.Errorf("selected node %q is not in the allowed topologies of class %s", p.node, sc.Name)
 }
 
+// provisionOne makes the volume of pvc, a claim of sc selected for this
+// node, and its PersistentVolume, bound to the claim. A volume whose
+// object is made already is left to the PV controller to bind.
 func (p *provisioner) provisionOne(ctx context.Context, pvc *corev1.PersistentVolumeClaim, sc *storagev1.StorageClass) error {
 	name := "pvc-" + string(pvc.UID)
 	if _, err := p.client.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{}); err == nil {
