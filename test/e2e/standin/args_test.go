@@ -1,6 +1,7 @@
 package standin
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -187,5 +188,24 @@ func envOf(ctr corev1.Container) func(string) string {
 			}
 		}
 		return ""
+	}
+}
+
+// TestRunExitCodes: a stand-in started with a flag its release lacks
+// exits 2, as the release's flag package does; with a flag of its release
+// it does not implement, 1, before doing anything, saying why.
+func TestRunExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		argv []string
+		want int
+		says string
+	}{
+		{[]string{"--no-such-flag=1"}, 2, "flag provided but not defined by registry.k8s.io/sig-storage/csi-provisioner v6.3.0: --no-such-flag=1"},
+		{[]string{"--worker-threads=5"}, 1, "--worker-threads=5: the stand-in does not implement this flag"},
+	} {
+		var stderr bytes.Buffer
+		if got := run("csi-provisioner", append(deployArgs(t, "csi-provisioner"), tc.argv...), &stderr); got != tc.want || !strings.Contains(stderr.String(), tc.says) {
+			t.Errorf("csi-provisioner %v: exit %d, %q; want %d, %q", tc.argv, got, stderr.String(), tc.want, tc.says)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -46,13 +47,17 @@ func Is(name string) bool {
 // Run runs the stand-in called name with argv until SIGTERM and returns
 // the process's exit code: 2 for arguments its release refuses, as the
 // flag package exits; 1 for those the stand-in does not implement, and
-// for an error.
+// for an error, which it writes to stderr.
 func Run(name string, argv []string) int {
+	return run(name, argv, os.Stderr)
+}
+
+func run(name string, argv []string, stderr io.Writer) int {
 	release, _ := releaseNamed(name)
 	s := standIns[name]
 	a, err := parseArgs(release, s.reads, argv)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s %s (stand-in): %v\n", name, release.Version, err)
+		fmt.Fprintf(stderr, "%s %s (stand-in): %v\n", name, release.Version, err)
 		if errors.Is(err, errRelease) {
 			return 2
 		}
@@ -61,7 +66,7 @@ func Run(name string, argv []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := s.run(ctx, a); err != nil && ctx.Err() == nil {
-		fmt.Fprintf(os.Stderr, "%s (stand-in): %v\n", name, err)
+		fmt.Fprintf(stderr, "%s (stand-in): %v\n", name, err)
 		return 1
 	}
 	return 0
