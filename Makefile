@@ -44,13 +44,13 @@ STORAGE_SUITE ?= parallel
 e2e:
 	@./hack/install-deps.sh e2e
 	@mkdir -p $(RUN_DIR)
-	cd test/e2e && $(GO) test -count=1 ./invariants
+	cd test/e2e && $(GO) test -count=1 ./invariants ./standin
 	cd test/e2e && $(GO) test -count=1 -v -timeout 75m . \
 		-args -storage-suite=$(STORAGE_SUITE) -storage-report=$(RUN_DIR)/storage-junit.xml
 
 ## conformance: every applicable External Storage test of the Kubernetes v1.36.3 storage suite
-## (test/e2e/storage: converge.yaml says what converge claims, skip.txt what cannot run here and
-## why), [Serial] and [Disruptive] ones included, on the e2e cluster; the JUnit report is
+## (test/e2e/storage: converge.yaml says what converge claims, skip.txt what cannot run here or
+## what converge does not support, and why), [Serial] and [Disruptive] ones included, on the e2e cluster; the JUnit report is
 ## $(RUN_DIR)/storage-junit.xml.
 conformance: deps
 	@./hack/install-deps.sh e2e

@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // converge runs on every node as deploy/'s DaemonSet, installed as a user
@@ -19,7 +21,7 @@ import (
 // names deploy/ as shipped and its snapshots component, and changes only
 //   - the images (images:): csi-node's is the one built from the
 //     Dockerfile (csiimage.go); each kubernetes-csi sidecar's is its
-//     stand-in's (standin.go), or csi-snapshotter built from its release;
+//     stand-in's (package standin), or csi-snapshotter built from its release;
 //   - csi-node's arguments, three appended (installArgs).
 // The DaemonSet controller puts a pod on each node as it joins; the
 // kubelet runs its containers in the node's containerd, and registers
@@ -128,9 +130,9 @@ images:
     newName: %s
     newTag: %s
 `, fromTop, csiNodeImageName, csiNodeImageTag)
-	for _, s := range sidecars {
+	for _, s := range standin.Releases {
 		name, _, _ := strings.Cut(standInImage(s), ":")
-		fmt.Fprintf(&b, "  - name: %s\n    newName: %s\n", s.image, name)
+		fmt.Fprintf(&b, "  - name: %s\n    newName: %s\n", s.Image, name)
 	}
 	name, _, _ := strings.Cut(snapshotterImage, ":")
 	fmt.Fprintf(&b, "  - name: registry.k8s.io/sig-storage/csi-snapshotter\n    newName: %s\n", name)
@@ -195,7 +197,7 @@ func (n *kubeNode) waitDriver(ctx context.Context) error {
 			return fmt.Errorf("pod %s not Ready: %s", pod.Name, containerStates(pod))
 		}
 		if !n.driverRegistered() {
-			return fmt.Errorf("CSINode %s does not list %s", n.node, driverName)
+			return fmt.Errorf("CSINode %s does not list %s", n.node, standin.DriverName)
 		}
 		return nil
 	})

@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // What only a DaemonSet-deployed driver goes through: its pod deleted and
@@ -84,7 +86,7 @@ func waitReplacedPod(t *testing.T, n *kubeNode, old types.UID) *corev1.Pod {
 			t.Fatalf("pod %s is Ready, but its csi-node has not logged %q:\n%s", p.Name, reconstructed, tail(log, 20))
 		}
 		if !n.driverRegistered() {
-			return false, "CSINode does not list " + driverName
+			return false, "CSINode does not list " + standin.DriverName
 		}
 		pod = p
 		return true, ""

@@ -18,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // helmRelease is the chart's release, named as the README's helm install
@@ -30,8 +32,8 @@ const helmRelease = "converge"
 // level logLevel.
 func helmValues(logLevel int) map[string]any {
 	image := map[string]any{}
-	for _, s := range sidecars {
-		image[filepath.Base(s.image)] = map[string]any{"image": standInImage(s)}
+	for _, s := range standin.Releases {
+		image[filepath.Base(s.Image)] = map[string]any{"image": standInImage(s)}
 	}
 	return map[string]any{
 		"csiNode": map[string]any{
@@ -203,10 +205,10 @@ func TestHelmChart(t *testing.T) {
 	}
 	installed = false
 	t.Logf("helm uninstall: %s", res.Info)
-	if !strings.Contains(res.Info, "kept due to the resource policy") || !strings.Contains(res.Info, driverName) {
+	if !strings.Contains(res.Info, "kept due to the resource policy") || !strings.Contains(res.Info, standin.DriverName) {
 		t.Errorf("the uninstall does not say the CSIDriver is kept: %q", res.Info)
 	}
-	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, driverName, metav1.GetOptions{}); err != nil {
+	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, standin.DriverName, metav1.GetOptions{}); err != nil {
 		t.Errorf("the CSIDriver after the uninstall: %v", err)
 	}
 	withoutDriver(t)

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // The images the cluster runs. No registry is reachable, so they are built
@@ -21,6 +23,16 @@ const (
 	pauseImage   = "converge.local/pause:e2e"
 	busyboxImage = "converge.local/busybox:e2e"
 )
+
+// standInBinary is where the stand-ins' images hold the test binary.
+const standInBinary = "e2e-sidecar"
+
+// standInImage is the image of the stand-in for a sidecar release
+// (package standin), under a name of its own:
+// converge.local/e2e-<name>:<version>.
+func standInImage(s standin.Release) string {
+	return "converge.local/e2e-" + filepath.Base(s.Image) + ":" + s.Version
+}
 
 // upstreamTags are the names under which the Kubernetes storage suite
 // (test/utils/image/manifest.go of the release) asks for each of our images.
@@ -61,7 +73,7 @@ type layerFile struct {
 // containerd's k8s.io namespace and tags them with their upstream names.
 // agnhost and kubectl are the binaries built from the Kubernetes release,
 // snapshotter external-snapshotter's csi-snapshotter; the sidecars' stand-ins
-// are this test binary (standin.go).
+// are this test binary (package standin).
 func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) error {
 	pause := filepath.Join(dir, "pause")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pause, "./images/pause")
@@ -125,8 +137,8 @@ func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) erro
 	}
 	// One layer of the test binary for all stand-ins; each image adds the
 	// link, named after its sidecar, that it runs it by.
-	for _, sc := range sidecars {
-		name := filepath.Base(sc.image)
+	for _, sc := range standin.Releases {
+		name := filepath.Base(sc.Image)
 		images = append(images, image{ref: standInImage(sc), lower: standInBase,
 			files:  []layerFile{{name: name, symlink: standInBinary}},
 			config: map[string]any{"Entrypoint": []string{"/" + name}, "Env": []string{"PATH=/bin"}}})

@@ -21,6 +21,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/pkg/devices"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 const (
@@ -294,9 +296,9 @@ func boundVolume(t *testing.T, claimName string) volume {
 		if err != nil {
 			return false, err.Error()
 		}
-		n := c.nodeNamed(nodeOf(pv))
+		n := c.nodeNamed(standin.NodeOf(pv))
 		if n == nil {
-			return false, fmt.Sprintf("PV %s names node %q, not one of the cluster's", pv.Name, nodeOf(pv))
+			return false, fmt.Sprintf("PV %s names node %q, not one of the cluster's", pv.Name, standin.NodeOf(pv))
 		}
 		v = volume{pv: pv.Name, handle: pv.Spec.CSI.VolumeHandle, n: n}
 		return true, ""
@@ -307,7 +309,7 @@ func boundVolume(t *testing.T, claimName string) volume {
 // stagingPath is where the kubelet stages the volume, on the node.
 func (v volume) stagingPath() string {
 	sum := sha256.Sum256([]byte(v.handle))
-	return filepath.Join(nodeKubeletDir, "plugins", "kubernetes.io", "csi", driverName, hex.EncodeToString(sum[:]), "globalmount")
+	return filepath.Join(nodeKubeletDir, "plugins", "kubernetes.io", "csi", standin.DriverName, hex.EncodeToString(sum[:]), "globalmount")
 }
 
 // targetPath is where the kubelet publishes a filesystem volume for a pod,

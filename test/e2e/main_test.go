@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // c is the cluster every test runs on; TestMain brings it up once.
@@ -18,8 +20,8 @@ func TestMain(m *testing.M) {
 	if len(os.Args) == 4 && os.Args[0] == nodeInitName {
 		runNodeInit(os.Args[1], os.Args[2], os.Args[3])
 	}
-	if _, ok := standIns[filepath.Base(os.Args[0])]; ok {
-		os.Exit(runStandIn(filepath.Base(os.Args[0]), os.Args[1:]))
+	if standin.Is(filepath.Base(os.Args[0])) {
+		os.Exit(standin.Run(filepath.Base(os.Args[0]), os.Args[1:]))
 	}
 	flag.Parse()
 	if os.Geteuid() != 0 {

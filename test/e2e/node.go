@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // The node's side of the cluster: containerd and the kubelet, which runs
@@ -328,7 +330,7 @@ func (n *kubeNode) driverRegistered() bool {
 		return false
 	}
 	for _, d := range cn.Spec.Drivers {
-		if d.Name == driverName {
+		if d.Name == standin.DriverName {
 			return true
 		}
 	}

@@ -9,11 +9,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // TestDeploySidecarsTakeTheirArgs renders deploy/ with every component and
 // checks each sidecar of its DaemonSet against the release it names: the
-// releases of sidecars.go with exactly the flags each defines, and
+// releases of package standin with exactly the flags each defines, and
 // csi-snapshotter, whose release the suite builds, by running it with the
 // DaemonSet's arguments and --version (it parses them all, then exits).
 func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
@@ -47,28 +49,28 @@ func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
 				t.Errorf("%s: csi-snapshotter %s %v --version: %v\n%s", ctr.Name, snapshotterVersion, ctr.Args, err, out)
 			}
 		default:
-			s, ok := sidecarOf(ctr.Image)
+			s, ok := standin.ReleaseOf(ctr.Image)
 			if !ok {
 				t.Errorf("%s: image %s is none of the sidecar releases the suite knows", ctr.Name, ctr.Image)
 				continue
 			}
-			if ctr.Image != s.image+":"+s.version {
-				t.Errorf("%s: image %s, want %s:%s", ctr.Name, ctr.Image, s.image, s.version)
+			if ctr.Image != s.Image+":"+s.Version {
+				t.Errorf("%s: image %s, want %s:%s", ctr.Name, ctr.Image, s.Image, s.Version)
 			}
-			if bad := s.unknownArgs(ctr.Args); len(bad) > 0 {
-				t.Errorf("%s: %s %s does not define %v", ctr.Name, s.image, s.version, bad)
+			if bad := s.UnknownArgs(ctr.Args); len(bad) > 0 {
+				t.Errorf("%s: %s %s does not define %v", ctr.Name, s.Image, s.Version, bad)
 			}
 		}
 		checked++
 	}
-	if checked != len(sidecars)+1 {
-		t.Errorf("checked %d sidecars, want %d and csi-snapshotter", checked, len(sidecars))
+	if checked != len(standin.Releases)+1 {
+		t.Errorf("checked %d sidecars, want %d and csi-snapshotter", checked, len(standin.Releases))
 	}
 
 	// Each check can fail.
-	for _, s := range sidecars {
-		if bad := s.unknownArgs([]string{"--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "-v=2", "stray"}); len(bad) == 0 {
-			t.Errorf("%s accepts every argument", s.image)
+	for _, s := range standin.Releases {
+		if bad := s.UnknownArgs([]string{"--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "-v=2", "stray"}); len(bad) == 0 {
+			t.Errorf("%s accepts every argument", s.Image)
 		}
 	}
 	if out, err := exec.Command(filepath.Join(c.snapshotBin, "csi-snapshotter"), "--no-such-flag", "--version").CombinedOutput(); err == nil {

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // TestStandInImagesRefuseUnknownFlags runs each stand-in's image, and
@@ -18,7 +20,7 @@ import (
 // a flag deploy/ passes that its release lacks fails the deployment.
 func TestStandInImagesRefuseUnknownFlags(t *testing.T) {
 	images := []string{snapshotterImage}
-	for _, s := range sidecars {
+	for _, s := range standin.Releases {
 		images = append(images, standInImage(s))
 	}
 	var ctrs []corev1.Container

@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // statefulSet makes a StatefulSet called name of one pod that prefers node
@@ -151,7 +153,7 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(pv.Finalizers, provisionerFinalizer) {
+	if !slices.Contains(pv.Finalizers, standin.ProvisionerFinalizer) {
 		t.Fatalf("the volume to release has finalizers %v; want the provisioner's", pv.Finalizers)
 	}
 	// Each volume's choice is its own, recorded in its PV when it was

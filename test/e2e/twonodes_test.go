@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // The two-node tests join a second node to the cluster (the first time one
@@ -281,7 +283,7 @@ func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 			// The second node's small data directory holds the source,
 			// the clone and the clone's own snapshot, not the snapshot
 			// taken before too.
-			if err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), "far-snap", metav1.DeleteOptions{}); err != nil {
+			if err := c.dynamic.Resource(standin.VolumeSnapshots).Namespace(ns).Delete(context.Background(), "far-snap", metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			poll(t, time.Minute, "the snapshot deleted on "+b.node, func() (bool, string) {
@@ -381,7 +383,7 @@ func moveResizerLease(t *testing.T, to *kubeNode) {
 		t.Fatalf("the converge pod of %s: %v", to.node, err)
 	}
 	leases := c.client.CoordinationV1().Leases(daemonSetNamespace)
-	lease, err := leases.Get(ctx, resizerLease, metav1.GetOptions{})
+	lease, err := leases.Get(ctx, standin.ResizerLease, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -412,7 +414,7 @@ func moveResizerLease(t *testing.T, to *kubeNode) {
 	}
 	poll(t, time.Minute, "the resizer on "+to.node+" leads", func() (bool, string) {
 		tail := to.containerLogTail("csi-resizer", 20)
-		return strings.Contains(tail, resizerLeading), tail
+		return strings.Contains(tail, standin.ResizerLeading), tail
 	})
 }
 
@@ -430,7 +432,7 @@ func storageClass(t *testing.T, name string, parameters map[string]string) strin
 	t.Helper()
 	sc := &storagev1.StorageClass{
 		ObjectMeta:           metav1.ObjectMeta{Name: name},
-		Provisioner:          driverName,
+		Provisioner:          standin.DriverName,
 		Parameters:           parameters,
 		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
 		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
@@ -522,7 +524,7 @@ func waitCapacities(t *testing.T, class string, b *kubeNode, ok func(a, b *resou
 			if o.StorageClassName != class || o.NodeTopology == nil {
 				continue
 			}
-			node := o.NodeTopology.MatchLabels[topologyKey]
+			node := o.NodeTopology.MatchLabels[standin.TopologyKey]
 			seen[node] = o.Capacity
 			all = append(all, fmt.Sprintf("%s: %v", node, o.Capacity))
 		}

@@ -1,23 +1,23 @@
-package e2e
+package standin
 
 import (
 	"slices"
 	"strings"
 )
 
-// sidecar is a kubernetes-csi sidecar release that deploy/ runs, and the
+// Release is a kubernetes-csi sidecar release that deploy/ runs, and the
 // command-line flags that release defines. Their modules are not served
 // here, so the suite cannot build them; what deploy/ passes them is checked
-// against these sets instead, which were read from each release's source
+// against these sets instead (and a stand-in refuses any other flag), which were read from each release's source
 // at its tag: the flags of its main package, of csi-lib-utils v0.24.0's
 // standardflags where it registers them (RegisterCommonFlags,
 // AddAutomaxprocs), and of component-base v0.36.1's logging options
 // (logsapi.AddGoFlags, JSON format registered). csi-snapshotter is not
-// here: the suite builds its release and runs it (snapshots.go).
-type sidecar struct {
-	image   string // registry.k8s.io/sig-storage/<name>
-	version string
-	flags   []string
+// here: the suite builds its release and runs it (../snapshots.go).
+type Release struct {
+	Image   string // registry.k8s.io/sig-storage/<name>
+	Version string
+	Flags   []string
 }
 
 // standardFlags are csi-lib-utils v0.24.0's RegisterCommonFlags.
@@ -30,14 +30,14 @@ var standardFlags = []string{"csi-address", "http-endpoint", "kube-api-burst", "
 var loggingFlags = []string{"logging-format", "log-flush-frequency", "v", "vmodule", "log-text-split-stream",
 	"log-text-info-buffer-size", "log-json-split-stream", "log-json-info-buffer-size"}
 
-// sidecars are the releases deploy/ names.
-var sidecars = []sidecar{
-	{image: "registry.k8s.io/sig-storage/csi-node-driver-registrar", version: "v2.17.0", flags: concat(loggingFlags,
+// Releases are the releases deploy/ names.
+var Releases = []Release{
+	{Image: "registry.k8s.io/sig-storage/csi-node-driver-registrar", Version: "v2.17.0", Flags: concat(loggingFlags,
 		[]string{"automaxprocs", "connection-timeout", "csi-address", "enable-pprof", "health-port", "http-endpoint",
 			"kubelet-registration-path", "mode", "plugin-registration-path", "timeout", "version"})},
-	{image: "registry.k8s.io/sig-storage/livenessprobe", version: "v2.19.0", flags: concat(loggingFlags,
+	{Image: "registry.k8s.io/sig-storage/livenessprobe", Version: "v2.19.0", Flags: concat(loggingFlags,
 		[]string{"automaxprocs", "csi-address", "health-port", "http-endpoint", "metrics-address", "metrics-path", "probe-timeout"})},
-	{image: "registry.k8s.io/sig-storage/csi-provisioner", version: "v6.3.0", flags: concat(loggingFlags, standardFlags,
+	{Image: "registry.k8s.io/sig-storage/csi-provisioner", Version: "v6.3.0", Flags: concat(loggingFlags, standardFlags,
 		[]string{"automaxprocs", "capacity-for-immediate-binding", "capacity-ownerref-level", "capacity-poll-interval",
 			"capacity-threads", "cloning-protection-threads", "controller-publish-readonly", "default-fstype", "enable-capacity",
 			"enable-pprof", "extra-create-metadata", "feature-gates", "immediate-topology", "kube-api-capacity-burst",
@@ -45,28 +45,28 @@ var sidecars = []sidecar{
 			"node-deployment-max-delay", "prevent-volume-mode-conversion", "retry-interval-max", "retry-interval-start",
 			"snapshot-orphan-sweep-interval", "strict-topology", "timeout", "volume-name-prefix", "volume-name-uuid-length",
 			"worker-threads"})},
-	{image: "registry.k8s.io/sig-storage/csi-resizer", version: "v2.2.1", flags: concat(loggingFlags, standardFlags,
+	{Image: "registry.k8s.io/sig-storage/csi-resizer", Version: "v2.2.1", Flags: concat(loggingFlags, standardFlags,
 		[]string{"automaxprocs", "extra-modify-metadata", "feature-gates", "handle-volume-inuse-error", "master",
 			"resync-period", "retry-interval-max", "retry-interval-start", "timeout", "workers"})},
 }
 
 func concat(lists ...[]string) []string { return slices.Concat(lists...) }
 
-// sidecarOf returns the release of an image reference that names one of
-// sidecars' images, and whether it does.
-func sidecarOf(ref string) (sidecar, bool) {
+// ReleaseOf returns the release of an image reference that names one of
+// Releases' images, and whether it does.
+func ReleaseOf(ref string) (Release, bool) {
 	name, _, _ := strings.Cut(ref, ":")
-	for _, s := range sidecars {
-		if s.image == name {
+	for _, s := range Releases {
+		if s.Image == name {
 			return s, true
 		}
 	}
-	return sidecar{}, false
+	return Release{}, false
 }
 
-// unknownArgs returns the arguments of args whose flag the release does
+// UnknownArgs returns the arguments of args whose flag the release does
 // not define, and those that are not flags at all.
-func (s sidecar) unknownArgs(args []string) []string {
+func (s Release) UnknownArgs(args []string) []string {
 	var out []string
 	for _, a := range args {
 		name, ok := strings.CutPrefix(a, "--")
@@ -74,7 +74,7 @@ func (s sidecar) unknownArgs(args []string) []string {
 			name, ok = strings.CutPrefix(a, "-")
 		}
 		name, _, _ = strings.Cut(name, "=")
-		if !ok || !slices.Contains(s.flags, name) {
+		if !ok || !slices.Contains(s.Flags, name) {
 			out = append(out, a)
 		}
 	}

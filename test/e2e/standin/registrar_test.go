@@ -1,0 +1,90 @@
+package standin
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+)
+
+// TestRegistrar: the registration socket answers the kubelet's GetInfo
+// with deploy/'s --kubelet-registration-path as the driver's endpoint;
+// /healthz (deploy/'s --http-endpoint) answers as node-driver-registrar
+// v2.17.0 does: 200 while its socket answers GetInfo with the driver's
+// name, before the kubelet has registered anything, and 404 once the
+// socket is gone; the kubelet's refusal ends the registrar, as it ends
+// the release.
+func TestRegistrar(t *testing.T) {
+	release, _ := releaseNamed("csi-node-driver-registrar")
+	a, err := parseArgs(release, registrarFlags, deployArgs(t, "node-driver-registrar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := serveRegistration(t.TempDir(), DriverName, a.string("kubelet-registration-path"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.stop)
+
+	conn, err := grpc.NewClient("unix://"+r.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	kubelet := registerapi.NewRegistrationClient(conn)
+	info, err := kubelet.GetInfo(context.Background(), &registerapi.InfoRequest{})
+	if want := "/var/lib/kubelet/plugins/converge.csi.dev/csi.sock"; err != nil || info.Name != DriverName || info.Endpoint != want {
+		t.Errorf("GetInfo: %+v, %v; want %s at %s", info, err, DriverName, want)
+	}
+
+	healthz := func() (int, string) {
+		w := httptest.NewRecorder()
+		r.healthz(w, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		return w.Code, w.Body.String()
+	}
+	if code, body := healthz(); code != http.StatusOK || body != "ok" {
+		t.Errorf("/healthz with the socket serving: %d %q, want 200 ok", code, body)
+	}
+
+	if _, err := kubelet.NotifyRegistrationStatus(context.Background(), &registerapi.RegistrationStatus{PluginRegistered: false, Error: "no"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-r.refused:
+		if !strings.Contains(err.Error(), "no") {
+			t.Errorf("the refusal: %v; want the kubelet's error", err)
+		}
+	default:
+		t.Error("the kubelet's refusal did not end the registrar")
+	}
+
+	if err := os.Remove(r.socket); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := healthz(); code != http.StatusNotFound {
+		t.Errorf("/healthz without the socket: %d, want 404", code)
+	}
+}
+
+// TestRegistrarNeedsKubeletRegistrationPath: without
+// --kubelet-registration-path the registrar ends at once, as the release
+// does.
+func TestRegistrarNeedsKubeletRegistrationPath(t *testing.T) {
+	release, _ := releaseNamed("csi-node-driver-registrar")
+	a, err := parseArgs(release, registrarFlags, without(deployArgs(t, "node-driver-registrar"), "--kubelet-registration-path"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ended already: a registrar that went on would wait for nothing.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := runRegistrar(ctx, a); err == nil || !strings.Contains(err.Error(), "kubelet-registration-path") {
+		t.Errorf("got %v, want the flag required", err)
+	}
+}
