@@ -38,7 +38,7 @@ const (
 	// stopGrace is how long in-flight RPCs may finish after SIGTERM.
 	stopGrace = 10 * time.Second
 	// maxConnections bounds open connections (file descriptors): the
-	// kubelet, node-driver-registrar, the livenessprobe and provisioner
+	// kubelet, node-driver-registrar, the provisioner, resizer and snapshotter
 	// sidecars need a handful.
 	maxConnections = 64
 	// maxStreams bounds concurrent calls on one connection; above the node

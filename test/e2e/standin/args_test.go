@@ -127,10 +127,6 @@ func TestDeployArgsTakenByStandIns(t *testing.T) {
 			if got, want := a.string("kubelet-registration-path"), "/var/lib/kubelet/plugins/converge.csi.dev/csi.sock"; got != want {
 				t.Errorf("%s: --kubelet-registration-path %q, want %q", ctr.Name, got, want)
 			}
-		case "livenessprobe":
-			if got, want := a.string("http-endpoint"), ":9808"; got != want {
-				t.Errorf("%s: --http-endpoint %q, want %q", ctr.Name, got, want)
-			}
 		}
 	}
 	if seen != len(standIns) {

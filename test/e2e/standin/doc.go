@@ -1,7 +1,7 @@
 // Package standin holds the e2e suite's stand-ins for the kubernetes-csi
 // sidecars deploy/ runs whose releases the suite cannot build (their Go
 // modules are refused by this machine's module proxy): csi-provisioner,
-// csi-resizer, node-driver-registrar and livenessprobe. The suite runs
+// csi-resizer and node-driver-registrar. The suite runs
 // each under its release's image name, in place of the release.
 //
 // A stand-in behaves as its release does with the flags deploy/ and the

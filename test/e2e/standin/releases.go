@@ -35,8 +35,6 @@ var Releases = []Release{
 	{Image: "registry.k8s.io/sig-storage/csi-node-driver-registrar", Version: "v2.17.0", Flags: concat(loggingFlags,
 		[]string{"automaxprocs", "connection-timeout", "csi-address", "enable-pprof", "health-port", "http-endpoint",
 			"kubelet-registration-path", "mode", "plugin-registration-path", "timeout", "version"})},
-	{Image: "registry.k8s.io/sig-storage/livenessprobe", Version: "v2.19.0", Flags: concat(loggingFlags,
-		[]string{"automaxprocs", "csi-address", "health-port", "http-endpoint", "metrics-address", "metrics-path", "probe-timeout"})},
 	{Image: "registry.k8s.io/sig-storage/csi-provisioner", Version: "v6.3.0", Flags: concat(loggingFlags, standardFlags,
 		[]string{"automaxprocs", "capacity-for-immediate-binding", "capacity-ownerref-level", "capacity-poll-interval",
 			"capacity-threads", "cloning-protection-threads", "controller-publish-readonly", "default-fstype", "enable-capacity",

@@ -33,7 +33,6 @@ type standIn struct {
 // account, so that deploy/'s RBAC is what it gets.
 var standIns = map[string]standIn{
 	"csi-node-driver-registrar": {reads: registrarFlags, run: runRegistrar},
-	"livenessprobe":             {reads: livenessFlags, run: runLiveness},
 	"csi-provisioner":           {reads: provisionerFlags, run: runProvisioner},
 	"csi-resizer":               {reads: resizerFlags, run: runResizer},
 }
