@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -18,7 +17,8 @@ import (
 // standard input, asks the running plugin which of this node's volumes and
 // snapshots are left over, and prints them; with --delete the plugin
 // deletes them. csi-node never calls the API server: docs/operations.md's kubectl
-// pipeline feeds it.
+// pipeline feeds it (gcPipeline). An input that may not cover every
+// volume is refused; one that may not cover every snapshot keeps them all.
 func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("gc", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -26,12 +26,17 @@ func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	driverName := fs.String("driver-name", driver.DefaultDriverName, "CSI driver whose PersistentVolumes and VolumeSnapshotContents the input lists")
 	minAge := fs.Duration("min-age", 10*time.Minute, "keep what changed more recently than this (a volume just made may not have its PersistentVolume yet)")
 	remove := fs.Bool("delete", false, "delete what nothing references (default: only list it)")
+	noPVs := fs.Bool("cluster-has-no-pvs", false, "the cluster has no PersistentVolume of the driver: an input that names none covers the volumes (without it, such an input is refused)")
+	noNode := fs.Bool("node-has-no-pvs", false, "no PersistentVolume or VolumeSnapshotContent of the cluster names a volume or snapshot this node holds (its volumes were all released or deleted): an input that names none of them covers this node (without it, such an input is refused while the node holds any: it may list another cluster)")
+	noContents := fs.Bool("cluster-has-no-snapshots", false, "the cluster has no VolumeSnapshotContent of the driver (or no snapshot CRDs): an input that names none covers the snapshots (without it, every snapshot is kept)")
 	output := fs.String("o", "table", "output format: table or json")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: kubectl get pv,volumesnapshotcontents -o json | csi-node gc [flags]\n\n"+
+		fmt.Fprintf(stderr, "usage: %s [flags]\n\n"+
 			"Lists the volumes and snapshots of this node that no PersistentVolume or\n"+
 			"VolumeSnapshotContent of the input references; --delete deletes them.\n"+
-			"Never one that is staged, published, being restored or being taken.\n\n")
+			"Never one that is staged, published, being restored or being taken, nor\n"+
+			"anything when kubectl's exit status after the listing is not 0, nor when\n"+
+			"the listing names nothing this node holds (another cluster's).\n\n", gcPipeline)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -41,14 +46,19 @@ func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	refs, err := readReferences(stdin, *driverName)
+	l, err := readListing(stdin, *driverName)
 	if err != nil {
 		fmt.Fprintf(stderr, "csi-node gc: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stderr, "csi-node gc: the input references %d volumes and %d snapshots of %s\n", refs.volumes, refs.snapshots, *driverName)
+	fmt.Fprintf(stderr, "csi-node gc: the input references %d volumes and %d snapshots of %s\n", l.volumes, l.snapshots, *driverName)
+	volumes, snapshots, err := l.covers(*driverName, *noPVs, *noContents)
+	if err != nil {
+		fmt.Fprintf(stderr, "csi-node gc: %v\n", err)
+		return 1
+	}
 	var orphans []volstatus.Orphan
-	req := volstatus.GCRequest{Referenced: refs.ids, MinAge: *minAge, Delete: *remove}
+	req := volstatus.GCRequest{Referenced: l.ids, Volumes: volumes, Snapshots: snapshots, NodeUnlisted: *noNode, MinAge: *minAge, Delete: *remove}
 	if err := ask(context.Background(), *stateDir, "", "POST", "/gc", req, &orphans, 10*time.Minute); err != nil {
 		fmt.Fprintf(stderr, "csi-node gc: %v\n", err)
 		return 1
@@ -61,71 +71,6 @@ func gcCommand(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	printOrphans(stdout, orphans, *remove)
 	return 0
-}
-
-// references are the IDs of the driver's volumes and snapshots the input
-// lists.
-type references struct {
-	ids                []string
-	volumes, snapshots int
-}
-
-// readReferences reads a Kubernetes List (kubectl get -o json) and keeps
-// the volume handles of the driver's PersistentVolumes and the snapshot
-// handles of its VolumeSnapshotContents. Anything but one whole List is
-// refused: a listing cut short would make referenced volumes look left
-// over.
-func readReferences(r io.Reader, driverName string) (references, error) {
-	var list struct {
-		Kind  string `json:"kind"`
-		Items *[]struct {
-			Kind string `json:"kind"`
-			Spec struct {
-				CSI *struct {
-					Driver       string `json:"driver"`
-					VolumeHandle string `json:"volumeHandle"`
-				} `json:"csi"`
-				Driver string `json:"driver"`
-				Source struct {
-					SnapshotHandle string `json:"snapshotHandle"`
-				} `json:"source"`
-			} `json:"spec"`
-			Status struct {
-				SnapshotHandle string `json:"snapshotHandle"`
-			} `json:"status"`
-		} `json:"items"`
-	}
-	dec := json.NewDecoder(r)
-	if err := dec.Decode(&list); err != nil {
-		return references{}, fmt.Errorf("reading the input as JSON (kubectl get pv,volumesnapshotcontents -o json): %w", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return references{}, errors.New("the input holds more than one JSON document: give one List")
-	}
-	if list.Kind != "List" || list.Items == nil {
-		return references{}, fmt.Errorf("the input is a %q, not a List with items (kubectl get pv,volumesnapshotcontents -o json)", list.Kind)
-	}
-	var refs references
-	for _, it := range *list.Items {
-		switch it.Kind {
-		case "PersistentVolume":
-			if it.Spec.CSI != nil && it.Spec.CSI.Driver == driverName && it.Spec.CSI.VolumeHandle != "" {
-				refs.ids = append(refs.ids, it.Spec.CSI.VolumeHandle)
-				refs.volumes++
-			}
-		case "VolumeSnapshotContent":
-			if it.Spec.Driver != driverName {
-				continue
-			}
-			for _, h := range []string{it.Status.SnapshotHandle, it.Spec.Source.SnapshotHandle} {
-				if h != "" {
-					refs.ids = append(refs.ids, h)
-				}
-			}
-			refs.snapshots++
-		}
-	}
-	return refs, nil
 }
 
 // printOrphans writes one line per volume or snapshot nothing references.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -72,11 +73,11 @@ func main() {
 	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", driver.DefaultResyncPeriod, "time between reconcile passes when nothing changes")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", driver.DefaultMaxWait, "longest an RPC waits when its context has no deadline")
 	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", 0, "volumes per node reported by NodeGetInfo (0: no limit)")
-	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz and /readyz (empty: only on <state-dir>/status.sock, which serves /status too)")
+	fs.StringVar(&cfg.HTTPAddress, "http-address", "", "host:port serving /metrics, /healthz, /livez and /readyz (empty: only on <state-dir>/status.sock, which serves /status too)")
 	fs.BoolVar(&cfg.HTTPStatus, "http-status", false, "serve /status, /status/pools and /status/pool on --http-address too (they name volumes, paths and errors: anyone who reaches the address reads them)")
 	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	fs.Float64Var(&cfg.OverprovisioningRatio, "thin-overprovisioning-ratio", 1, "how many times the space that backs them thin volumes may be promised (at least 1; 1 never promises more than exists)")
-	fs.StringVar(&cfg.PoolGuard, "pool-guard", driver.DefaultPoolGuard, "free space of the data directory below which thin volumes report PoolNearlyFull and none is created or grown: a percentage of its filesystem (5%) or a size (2Gi)")
+	fs.StringVar(&cfg.PoolGuard, "pool-guard", "", "free space of each pool's filesystem that no volume is promised, below which thin volumes report PoolNearlyFull: a percentage of the filesystem (5%) or a size (2Gi) (default "+driver.KubeletPoolGuard+" on the filesystem of --kubelet-dir, where the kubelet evicts pods below "+strconv.Itoa(driver.KubeletEvictionPercent)+"%, and "+driver.DefaultPoolGuard+" elsewhere)")
 	fs.Var(&cfg.Features, "feature-gates", "alpha parts of CSI to turn on, Name=true pairs separated by commas; each is off by default. Known: "+driver.FeatureNames())
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)

@@ -134,8 +134,14 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 // promised, can still promise, its snapshots and its restores, indented.
 func printPool(w io.Writer, p volstatus.Pool) {
 	guard := ""
+	if p.KubeletFilesystem {
+		guard = ", on the kubelet's filesystem"
+	}
+	if p.GuardBelowKubeletEviction {
+		guard += fmt.Sprintf(" GUARD BELOW THE KUBELET'S EVICTION THRESHOLD (%d%%): its volumes may make the kubelet evict pods", driver.KubeletEvictionPercent)
+	}
 	if p.NearlyFull {
-		guard = " NEARLY FULL: no thin volume is created or grown"
+		guard += " NEARLY FULL: no volume is created or grown"
 	}
 	holes := "punches holes"
 	if !p.PunchesHoles {
@@ -143,7 +149,7 @@ func printPool(w io.Writer, p volstatus.Pool) {
 	}
 	fmt.Fprintf(w, "%-16s%s: size %s, free %s (guard %s), %s, %s%s\n", "POOL "+p.Name, p.Dir, amount(p.SizeBytes), amount(p.FreeBytes), amount(p.GuardBytes),
 		p.FsType, holes, guard)
-	fmt.Fprintf(w, "  PROMISED      thick %s (%s not yet allocated), thin %s (%s written, ratio %g)\n",
+	fmt.Fprintf(w, "  PROMISED      thick %s (%s not yet allocated), thin %s (%s written and not shared, ratio %g)\n",
 		amount(p.ThickPromisedBytes), amount(p.ThickOwedBytes), amount(p.ThinPromisedBytes), amount(p.ThinAllocatedBytes), p.OverprovisioningRatio)
 	fmt.Fprintf(w, "  AVAILABLE     thick %s, thin %s\n", amount(p.ThickAvailableBytes), amount(p.ThinAvailableBytes))
 	fmt.Fprintf(w, "  SNAPSHOTS     %d, allocating %s (copied by %s), %s promised to those being taken\n", p.Snapshots, amount(p.SnapshotBytes), p.CopyMode, amount(p.CopyingBytes))

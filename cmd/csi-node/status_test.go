@@ -32,3 +32,41 @@ func TestStatusNamesRestores(t *testing.T) {
 		t.Errorf("status:\n%s", out.String())
 	}
 }
+
+// TestStatusWarnsOfALowGuard prints pools on the kubelet's filesystem: one
+// whose guard keeps it above the kubelet's eviction threshold says where it
+// is, one whose guard does not says so in capitals, and one past its guard
+// says that no volume is made or grown in it.
+func TestStatusWarnsOfALowGuard(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pool volstatus.Pool
+		want []string
+		not  []string
+	}{
+		{name: "elsewhere", pool: volstatus.Pool{Name: "fast", GuardBytes: 5 << 20},
+			want: []string{"(guard 5Mi), "}, not: []string{"kubelet", "NEARLY FULL"}},
+		{name: "kubelet's, default guard", pool: volstatus.Pool{Name: "default", GuardBytes: 20 << 30, KubeletFilesystem: true},
+			want: []string{"(guard 20.0Gi), ", ", on the kubelet's filesystem"}, not: []string{"GUARD BELOW"}},
+		{name: "kubelet's, low guard", pool: volstatus.Pool{Name: "default", GuardBytes: 5 << 30, KubeletFilesystem: true, GuardBelowKubeletEviction: true},
+			want: []string{"on the kubelet's filesystem GUARD BELOW THE KUBELET'S EVICTION THRESHOLD (15%)"}},
+		{name: "past its guard", pool: volstatus.Pool{Name: "default", FreeBytes: 1 << 30, GuardBytes: 5 << 30, NearlyFull: true},
+			want: []string{"NEARLY FULL: no volume is created or grown"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			printPool(&out, tc.pool)
+			line, _, _ := strings.Cut(out.String(), "\n")
+			for _, w := range tc.want {
+				if !strings.Contains(line, w) {
+					t.Errorf("got %q, want it to say %q", line, w)
+				}
+			}
+			for _, n := range tc.not {
+				if strings.Contains(line, n) {
+					t.Errorf("got %q, want no %q", line, n)
+				}
+			}
+		})
+	}
+}

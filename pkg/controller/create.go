@@ -57,9 +57,16 @@ type createRequest struct {
 	size int64
 	// fsType is the filesystem the volume will carry, "" for a raw block
 	// volume.
-	fsType        string
-	volumeContext map[string]string
-	source        *csi.VolumeContentSource
+	fsType string
+	// caps are the capabilities asked for, access how they let the
+	// volume be written (accessOf).
+	caps   []*csi.VolumeCapability
+	access state.AccessType
+	// allowModeChange lets the volume be made from a source of the other
+	// access type (AllowModeChangeKey).
+	allowModeChange bool
+	volumeContext   map[string]string
+	source          *csi.VolumeContentSource
 }
 
 // parseCreate checks a CreateVolume request and reads what it asks for.
@@ -74,7 +81,7 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return createRequest{}, err
 	}
-	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey, PoolKey, state.OnNodeLossKey); err != nil {
+	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey, PoolKey, state.OnNodeLossKey, AllowModeChangeKey); err != nil {
 		return createRequest{}, err
 	}
 	// What the cluster does when this node is gone is converge-controller's
@@ -87,7 +94,8 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if err != nil {
 		return createRequest{}, err
 	}
-	r := createRequest{name: name, id: c.volumeID(name), fsType: fsTypeOf(params, req.GetVolumeCapabilities()),
+	caps := req.GetVolumeCapabilities()
+	r := createRequest{name: name, id: c.volumeID(name), fsType: fsTypeOf(params, caps), caps: caps, access: accessOf(caps),
 		rng: rangeOf(req.GetCapacityRange()), source: req.GetVolumeContentSource(),
 		volumeContext: map[string]string{state.OnNodeLossKey: string(onLoss)}}
 	// mkfs options are checked now, for the filesystem the volume will
@@ -99,6 +107,9 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 		r.volumeContext[nodeserver.MkfsOptionsKey] = opts
 	}
 	if r.prov, err = parseProvisioning(params); err != nil {
+		return createRequest{}, err
+	}
+	if r.allowModeChange, err = parseAllowModeChange(params); err != nil {
 		return createRequest{}, err
 	}
 	if r.pool, r.space, err = c.pools.parsePool(params); err != nil {
@@ -178,6 +189,10 @@ func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeRe
 		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", r.name, cur, r.rng.Required, r.rng.Limit)
 	case v != nil && v.Provisioning != "" && v.Provisioning != r.prov:
 		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists as a %s volume, %s was asked for", r.name, v.Provisioning, r.prov)
+	case v != nil && v.Access != "" && v.Access != r.access:
+		// What was checked when it was made (checkModeChange) held for
+		// its own capabilities, not these.
+		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists in volume mode %s, volume mode %s was asked for", r.name, modeName(v.Access), modeName(r.access))
 	}
 	return c.created(r, cur), nil, nil
 }
@@ -205,7 +220,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 		if err := p.volume(r.prov == state.ProvisionThin, r.size, 0); err != nil {
 			return err
 		}
-		if err := p.record(r.id, r.name, r.prov); err != nil {
+		if err := p.record(r.id, r.name, r.prov, r.access); err != nil {
 			return err
 		}
 		if src != nil {
@@ -280,6 +295,9 @@ func (c *Controller) contentSource(ctx context.Context, r createRequest) (*sourc
 		if err != nil {
 			return nil, err
 		}
+		if err := r.checkModeChange("snapshot "+info.ID, snapshotAccess(info)); err != nil {
+			return nil, err
+		}
 		if r.fsType != "" && info.FsType != "" && info.FsType != r.fsType {
 			// The stage would refuse it, after the volume was made. A
 			// raw block volume takes any snapshot.
@@ -287,8 +305,21 @@ func (c *Controller) contentSource(ctx context.Context, r createRequest) (*sourc
 		}
 		return &source{snap: info, from: from, done: func() {}}, nil
 	case src.GetVolume() != nil:
-		info, from, done, err := c.cloneSource(ctx, src.GetVolume().GetVolumeId(), r.name)
+		id := src.GetVolume().GetVolumeId()
+		// The volume's record refuses a clone before its copy is taken;
+		// the snapshot taken for it has the last word (the volume may be
+		// staged raw meanwhile).
+		if v, err := c.store.Get(id); err == nil {
+			if err := r.checkModeChange("volume "+id, v.WrittenAs()); err != nil {
+				return nil, err
+			}
+		}
+		info, from, done, err := c.cloneSource(ctx, id, r.name)
 		if err != nil {
+			return nil, err
+		}
+		if err := r.checkModeChange("volume "+id, snapshotAccess(info)); err != nil {
+			done()
 			return nil, err
 		}
 		return &source{snap: info, from: from, done: done}, nil

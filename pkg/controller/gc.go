@@ -17,14 +17,22 @@ import (
 )
 
 // Collect finds the volumes (images, and records without one) and the
-// snapshots of this node whose IDs referenced lacks, and with remove deletes
-// them through DeleteVolume's and DeleteSnapshot's own paths. It never
-// deletes one that changed within minAge (a volume just made may not have
-// its PersistentVolume yet), nor a volume staged, published or being
+// snapshots of this node whose IDs req.Referenced lacks, and with
+// req.Delete deletes them through DeleteVolume's and DeleteSnapshot's own
+// paths. It never deletes a kind that req does not say the listing covers,
+// nor one that changed within req.MinAge (a volume just made may not have
+// its PersistentVolume yet; a record without an image counts from the
+// record's last change), nor a volume staged, published or being
 // restored, nor a snapshot being taken or restored: each is checked again
 // under the lock its deletion takes, and reported kept with the reason.
-func (c *Controller) Collect(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error) {
+// A listing that names nothing this node holds is refused whole
+// (checkListed).
+func (c *Controller) Collect(ctx context.Context, req volstatus.GCRequest) ([]volstatus.Orphan, error) {
 	now := time.Now()
+	referenced := map[string]bool{}
+	for _, id := range req.Referenced {
+		referenced[id] = true
+	}
 	images, err := c.pools.images()
 	if err != nil {
 		return nil, err
@@ -36,18 +44,44 @@ func (c *Controller) Collect(ctx context.Context, referenced map[string]bool, mi
 	for _, v := range c.store.List() {
 		ids[v.ID] = true
 	}
+	snapshots, err := c.snapshotsHeld()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkListed(req, referenced, ids, snapshots); err != nil {
+		return nil, err
+	}
 	var out []volstatus.Orphan
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		if referenced[id] || ctx.Err() != nil {
 			continue
 		}
-		if o, ok := c.collectVolume(id, now, minAge, remove); ok {
+		if o, ok := c.collectVolume(id, now, req); ok {
 			out = append(out, o)
 		}
 	}
-	if c.snapshots == nil {
-		return out, ctx.Err()
+	for _, s := range snapshots {
+		if referenced[s.ID] || ctx.Err() != nil {
+			continue
+		}
+		out = append(out, c.collectSnapshot(s.pool, s.SnapshotInfo, now, req))
 	}
+	return out, ctx.Err()
+}
+
+// heldSnapshot is a snapshot of this node and its pool.
+type heldSnapshot struct {
+	devices.SnapshotInfo
+	pool string
+}
+
+// snapshotsHeld lists the snapshots of every pool, none when snapshots are
+// not served.
+func (c *Controller) snapshotsHeld() ([]heldSnapshot, error) {
+	if c.snapshots == nil {
+		return nil, nil
+	}
+	var out []heldSnapshot
 	for _, space := range c.pools.All() {
 		if space.opts.Snapshots == nil {
 			continue
@@ -57,18 +91,61 @@ func (c *Controller) Collect(ctx context.Context, referenced map[string]bool, mi
 			return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 		}
 		for _, info := range all {
-			if referenced[info.ID] || ctx.Err() != nil {
-				continue
-			}
-			out = append(out, c.collectSnapshot(space.Name(), info, now, minAge, remove))
+			out = append(out, heldSnapshot{SnapshotInfo: info, pool: space.Name()})
 		}
 	}
-	return out, ctx.Err()
+	return out, nil
 }
+
+// checkListed refuses (FAILED_PRECONDITION) a listing that names none of
+// the volumes and snapshots this node holds while it would leave them
+// over: a listing of another cluster (kubectl's context; the driver's name
+// and the node's may well be the same there) or one narrowed by a
+// selector names other volumes of the driver, and would have every volume
+// here deleted. Only the IDs this node holds count, not a PV's node
+// affinity nor the node named in a handle: another cluster may have a node
+// of this name. The operator's word that the cluster names nothing of this
+// node (req.NodeUnlisted) lets such a listing through; a listing that
+// names something here while the word says otherwise is refused too.
+func (c *Controller) checkListed(req volstatus.GCRequest, referenced, volumes map[string]bool, snapshots []heldSnapshot) error {
+	node := c.topology[TopologyKey]
+	named := ""
+	for _, id := range slices.Sorted(maps.Keys(volumes)) {
+		if referenced[id] {
+			named = "volume " + id
+			break
+		}
+	}
+	for _, s := range snapshots {
+		if named == "" && referenced[s.ID] {
+			named = "snapshot " + s.ID
+		}
+	}
+	switch {
+	case req.NodeUnlisted && named != "":
+		return state.Errorf(state.KindFailedPrecondition, "--node-has-no-pvs, but the input names %s, which node %s holds: nothing is deleted; drop the flag", named, node)
+	case req.NodeUnlisted || named != "":
+		return nil
+	case !(req.Volumes && len(volumes) > 0) && !(req.Snapshots && len(snapshots) > 0):
+		return nil // nothing here would be left over
+	}
+	return state.Errorf(state.KindFailedPrecondition, "the input names none of the %d volumes and %d snapshots that node %s holds, so every one would be left over: "+
+		"it may list another cluster (kubectl's current context) or fewer PersistentVolumes than the cluster has (a selector). Nothing is deleted. "+
+		"Check that kubectl lists the cluster of node %s (kubectl config current-context; kubectl get pv lists the volumes csi-node status shows here); "+
+		"if no PersistentVolume or VolumeSnapshotContent of that cluster names a volume or snapshot of this node, add --node-has-no-pvs",
+		len(volumes), len(snapshots), node, node)
+}
+
+const (
+	// notCoveredVolumes and notCoveredSnapshots say why a kind the
+	// listing does not cover stays, and what the operator can do.
+	notCoveredVolumes   = "the input names no PersistentVolume of the driver; if the cluster has none, add --cluster-has-no-pvs"
+	notCoveredSnapshots = "the input names no VolumeSnapshotContent of the driver; if the cluster has none, add --cluster-has-no-snapshots"
+)
 
 // collectVolume decides on volume id under its pool's lock; ok is false
 // when it is gone meanwhile.
-func (c *Controller) collectVolume(id string, now time.Time, minAge time.Duration, remove bool) (o volstatus.Orphan, ok bool) {
+func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCRequest) (o volstatus.Orphan, ok bool) {
 	pool, space := c.pools.Of(id)
 	o = volstatus.Orphan{Kind: "volume", ID: id, Pool: pool}
 	if space == nil {
@@ -76,22 +153,28 @@ func (c *Controller) collectVolume(id string, now time.Time, minAge time.Duratio
 		return o, true
 	}
 	err := space.within(func(p promise) error {
+		v, _ := c.store.Get(id)
 		changed, size, err := space.images.Changed(id)
 		switch {
+		case errors.Is(err, os.ErrNotExist) && v == nil:
+			return errGone
 		case errors.Is(err, os.ErrNotExist):
-			if v, _ := c.store.Get(id); v == nil {
-				return errGone
-			}
+			// A record without an image: a static volume's pinned
+			// identity and provenance, or what is left of a removal.
+			changed = v.Changed
 		case err != nil:
 			return err
-		default:
-			o.Bytes, o.Changed = size, changed
-			if age := now.Sub(changed); age < minAge {
-				o.Kept = fmt.Sprintf("changed %s ago, within the least age %s", age.Round(time.Second), minAge)
-				return nil
-			}
 		}
-		if v, _ := c.store.Get(id); v != nil && v.HasNodeIntent() {
+		o.Bytes, o.Changed = size, changed
+		if !req.Volumes {
+			o.Kept = notCoveredVolumes
+			return nil
+		}
+		if age := now.Sub(changed); age < req.MinAge {
+			o.Kept = fmt.Sprintf("changed %s ago, within the least age %s", age.Round(time.Second), req.MinAge)
+			return nil
+		}
+		if v != nil && v.HasNodeIntent() {
 			o.Kept = "staged or published on this node"
 			return nil
 		}
@@ -99,7 +182,7 @@ func (c *Controller) collectVolume(id string, now time.Time, minAge time.Duratio
 			o.Kept = "being restored from snapshot " + r.snapshot
 			return nil
 		}
-		if !remove {
+		if !req.Delete {
 			return nil
 		}
 		if err := c.deleteWithin(p, id); err != nil {
@@ -122,13 +205,17 @@ func (c *Controller) collectVolume(id string, now time.Time, minAge time.Duratio
 var errGone = errors.New("gone")
 
 // collectSnapshot decides on the snapshot under the snapshots' lock.
-func (c *Controller) collectSnapshot(pool string, info devices.SnapshotInfo, now time.Time, minAge time.Duration, remove bool) volstatus.Orphan {
+func (c *Controller) collectSnapshot(pool string, info devices.SnapshotInfo, now time.Time, req volstatus.GCRequest) volstatus.Orphan {
 	o := volstatus.Orphan{Kind: "snapshot", ID: info.ID, Pool: pool, Bytes: info.Size, Changed: info.Created}
-	if age := now.Sub(info.Created); age < minAge {
-		o.Kept = fmt.Sprintf("taken %s ago, within the least age %s", age.Round(time.Second), minAge)
+	if !req.Snapshots {
+		o.Kept = notCoveredSnapshots
 		return o
 	}
-	if !remove {
+	if age := now.Sub(info.Created); age < req.MinAge {
+		o.Kept = fmt.Sprintf("taken %s ago, within the least age %s", age.Round(time.Second), req.MinAge)
+		return o
+	}
+	if !req.Delete {
 		return o
 	}
 	c.snapshots.mu.Lock()

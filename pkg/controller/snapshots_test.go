@@ -20,18 +20,24 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// instantTaker takes a snapshot at once when asked, as the reconciler
-// would, and records what it was asked.
+// instantTaker takes a snapshot at once when asked, recording what the
+// reconciler would of the volume's record, and records what it was asked.
 type instantTaker struct {
 	t      *testing.T
 	snaps  *devices.Snapshots
 	images *devices.Images
+	store  Store
 	asked  []string
 }
 
 func (f *instantTaker) AskSnapshot(source, id string) (int64, error) {
 	f.asked = append(f.asked, source+"/"+id)
-	_, err := f.snaps.Take(context.Background(), id, source, f.images.Path(source), "ext4", time.Unix(0, 0))
+	v, err := f.store.Get(source)
+	if err != nil {
+		v = &state.Volume{ID: source}
+	}
+	of := devices.SnapshotOf{Source: source, FsType: v.Formatted, Access: string(v.WrittenAs())}
+	_, err = f.snaps.Take(context.Background(), id, f.images.Path(source), of, time.Unix(0, 0))
 	return 1, err
 }
 
@@ -39,7 +45,7 @@ func (f *instantTaker) AwaitSnapshot(context.Context, string, string, int64) err
 
 func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instantTaker {
 	t.Helper()
-	taker := &instantTaker{t: t, snaps: defaultSpace(c).opts.Snapshots, images: images}
+	taker := &instantTaker{t: t, snaps: defaultSpace(c).opts.Snapshots, images: images, store: c.store}
 	c.ServeSnapshots(taker)
 	return taker
 }

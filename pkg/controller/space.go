@@ -20,8 +20,10 @@ type SpaceOptions struct {
 	Name string
 	// Ratio is the overprovisioning ratio of thin volumes (at least 1).
 	Ratio float64
-	// Guard is the free space below which no thin volume is created or
-	// grown.
+	// Guard is the free space that no promise takes: no volume, thick or
+	// thin, is created or grown into it, nor a snapshot that takes space
+	// taken; below it, no volume is created or grown and no snapshot
+	// taken at all.
 	Guard capacity.Guard
 	// Snapshots are the data directory's snapshots, which restores copy
 	// from; their copy mode says what a snapshot asked for takes
@@ -89,9 +91,9 @@ type promise struct{ s *Space }
 
 // Account is the state of the data directory as CreateVolume and
 // GetCapacity see it, with its filesystem's size: the volumes being
-// restored are promised their size.
+// restored are promised their size, and the guard nothing.
 func (s *Space) Account() (capacity.Account, int64, error) {
-	return account(s.images, s.store, s.opts.Ratio, s.mode(), s.restores.promised())
+	return account(s.images, s.store, s.opts.Ratio, s.opts.Guard, s.mode(), s.restores.promised())
 }
 
 // mode is how snapshots are copied here ("" when none are served: copies).
@@ -103,14 +105,14 @@ func (s *Space) mode() devices.CopyMode {
 }
 
 // account derives the state of the data directory from its images and
-// their records, for thin volumes at ratio and snapshots copied as mode
-// says. The volumes being restored (by ID) are promised their size (and
+// their records, for thin volumes at ratio, the guard kept free, and
+// snapshots copied as mode says. The volumes being restored (by ID) are promised their size (and
 // provisioning) already: until a copy is an image, it is accounted as an
 // image of that size holding what the copy wrote so far, which the free
 // space no longer counts; once it is, the image counts itself. The images
 // are listed before the copies are looked at, so a copy renamed to its
 // image in between is counted once, whole, rather than twice.
-func account(images *devices.Images, store Store, ratio float64, mode devices.CopyMode, restoring map[string]capacity.Image) (capacity.Account, int64, error) {
+func account(images *devices.Images, store Store, ratio float64, guard capacity.Guard, mode devices.CopyMode, restoring map[string]capacity.Image) (capacity.Account, int64, error) {
 	total, free, err := images.Capacity()
 	if err != nil {
 		return capacity.Account{}, 0, err
@@ -122,10 +124,10 @@ func account(images *devices.Images, store Store, ratio float64, mode devices.Co
 	ims := make([]capacity.Image, 0, len(usages)+len(restoring))
 	made := make(map[string]bool, len(usages))
 	for _, u := range usages {
-		im := capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
+		im := imageOf(u)
 		if v, err := store.Get(u.ID); err == nil {
 			im.Thin = v.Thin()
-			im.Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u, v.Thin())
+			im.Copying = int64(len(v.Snapshots)) * snapshotNeed(mode, u)
 		}
 		ims = append(ims, im)
 		made[u.ID] = true
@@ -142,19 +144,17 @@ func account(images *devices.Images, store Store, ratio float64, mode devices.Co
 		}
 		ims = append(ims, im)
 	}
-	return capacity.New(free, ratio, ims), total, nil
+	return capacity.New(free, guard.Threshold(total), ratio, ims), total, nil
 }
 
-// Available is what can still be promised to a volume, thin or thick (0
-// for a thin one while the data directory is nearly full), and the largest
-// volume that could be: exactly what a CreateVolume would be promised now.
+// Available is what can still be promised to a volume, thin or thick,
+// above the guard (0 for a thin one while the data directory is nearly
+// full), and the largest volume that could be: exactly what a
+// CreateVolume would be promised now.
 func (s *Space) Available(thin bool) (avail, largest int64, err error) {
 	acc, total, err := s.Account()
 	if err != nil {
 		return 0, 0, state.Errorf(state.KindInternal, "%w", err)
-	}
-	if thin && acc.Free < s.opts.Guard.Threshold(total) {
-		return 0, 0, nil
 	}
 	// Thin volumes may be promised more than the filesystem holds, but no
 	// one of them can be larger than it.
@@ -164,8 +164,10 @@ func (s *Space) Available(thin bool) (avail, largest int64, err error) {
 
 // volume checks that an image of have bytes may grow to size bytes (have
 // 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the data directory
-// cannot hold it, or for a thin volume when it is nearly full;
-// OUT_OF_RANGE when it never could.
+// cannot hold it above its guard, or for a thin volume when it is nearly
+// full; OUT_OF_RANGE when it never could. Volumes made already are never
+// checked: one promised before the guard was (the pool past its guard)
+// keeps its space, and only what more is asked is refused.
 func (p promise) volume(thin bool, size, have int64) error {
 	s := p.s
 	acc, total, err := s.Account()
@@ -178,13 +180,13 @@ func (p promise) volume(thin bool, size, have int64) error {
 	kind := state.ProvisionThick
 	if thin {
 		kind = state.ProvisionThin
-		if guard := s.opts.Guard.Threshold(total); acc.Free < guard {
-			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below the guard of %d bytes): no thin volume is created or grown", s.opts.Name, acc.Free, guard)
+		if acc.NearlyFull() {
+			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", s.opts.Name, acc.Free, acc.Guard)
 		}
 	}
 	if avail := acc.Available(thin); size-have > avail {
-		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
-			size-have, avail, s.opts.Name, kind, acc.Free, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
+		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d of them kept free by its guard, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
+			size-have, avail, s.opts.Name, kind, acc.Free, acc.Guard, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
 	}
 	return nil
 }
@@ -192,8 +194,10 @@ func (p promise) volume(thin bool, size, have int64) error {
 // snapshot checks that the data directory can hold a snapshot of volume id
 // without breaking a promise (snapshotNeed says what it takes): NOT_FOUND
 // when the volume has no image here, RESOURCE_EXHAUSTED when the space is
-// not there. The snapshots asked for and not yet taken are promised theirs
-// already (capacity.Account.Copying).
+// not there or the pool is below its guard, where a snapshot that takes
+// nothing at once still keeps blocks that a deletion would free. The
+// snapshots asked for and not yet taken are promised theirs already
+// (capacity.Account.Copying).
 func (p promise) snapshot(id string) error {
 	s := p.s
 	u, err := s.images.Usage(id)
@@ -203,31 +207,39 @@ func (p promise) snapshot(id string) error {
 	if err != nil {
 		return state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
 	}
-	v, err := s.store.Get(id)
-	need := snapshotNeed(s.mode(), u, err == nil && v.Thin())
+	need := snapshotNeed(s.mode(), u)
 	acc, _, err := s.Account()
 	if err != nil {
 		return state.Errorf(state.KindInternal, "%w", err)
 	}
+	if acc.NearlyFull() {
+		return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.opts.Name, acc.Free, acc.Guard)
+	}
 	if avail := acc.ThickAvailable(); need > avail {
-		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised", id, need, s.opts.Name, s.mode(), avail)
+		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
+			id, need, s.opts.Name, s.mode(), avail, acc.Free, acc.Guard)
 	}
 	return nil
 }
 
 // snapshotNeed is the space a snapshot of an image whose usage is u takes
-// from the data directory, copied as mode says: by a copy, its allocated
-// blocks at once; by a reflink nothing at once, but a thick image then owes
-// the blocks it did not share yet (its writes will copy them), and a thin
-// image's writes take space as any thin write does.
-func snapshotNeed(mode devices.CopyMode, u devices.Usage, thin bool) int64 {
-	switch {
-	case mode != devices.CopyReflink:
+// from the promises of the data directory, copied as mode says: by a copy,
+// its allocated blocks at once; by a reflink nothing at once, but every
+// block the image held of its own (capacity.Image.Own) is shared then and
+// a write there takes a new one: a thick image owes them, and a thin one
+// no longer holds them, so its promise needs them backed anew. Thick or
+// thin, the promise grows by at most that.
+func snapshotNeed(mode devices.CopyMode, u devices.Usage) int64 {
+	if mode != devices.CopyReflink {
 		return u.Allocated
-	case thin:
-		return 0
 	}
-	return max(0, u.Allocated-u.Shared)
+	return imageOf(u).Own()
+}
+
+// imageOf is what the accounting knows of an image whose usage is u,
+// before its record says how it was provisioned.
+func imageOf(u devices.Usage) capacity.Image {
+	return capacity.Image{Size: u.Size, Allocated: u.Allocated, Shared: u.Shared}
 }
 
 // GrowImage grows id's image to at least size bytes (in whole 4 KiB
@@ -277,15 +289,19 @@ func (p promise) grow(id string, size int64) (int64, error) {
 }
 
 // record notes that volume id (named name) is made as prov in this pool
-// (the default pool recorded as none, as before pools), before its image
-// is: an image is then never accounted as another provisioning than
-// it was made with, and a crash before the image leaves a record that
-// accounts for nothing, which the retry of the request makes the image of.
-// The name tells this volume's image from one that a volume made before
-// IDs named their node left under this ID.
-func (p promise) record(id, name string, prov state.Provisioning) error {
+// (the default pool recorded as none, as before pools), for access (see
+// state.Volume.Access: a record that says block already stays so), before
+// its image is: an image is then never accounted as another provisioning
+// than it was made with, and a crash before the image leaves a record
+// that accounts for nothing, which the retry of the request makes the
+// image of. The name tells this volume's image from one that a volume made
+// before IDs named their node left under this ID.
+func (p promise) record(id, name string, prov state.Provisioning, access state.AccessType) error {
 	_, err := p.s.store.Update(id, func(v *state.Volume) error {
 		v.Provisioning, v.Pool = prov, ""
+		if v.Access != state.AccessBlock {
+			v.Access = access
+		}
 		if id != name {
 			v.Name = name
 		}
@@ -301,7 +317,7 @@ func (p promise) record(id, name string, prov state.Provisioning) error {
 // that fail, the record accounts for nothing (accounting goes by images)
 // and the next CreateVolume of the name writes it again.
 func (p promise) unrecord(id string) {
-	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name, v.Pool = "", "", ""; return nil }); err != nil {
+	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name, v.Pool, v.Access = "", "", "", ""; return nil }); err != nil {
 		klog.ErrorS(err, "Cannot clear the record of a volume that was not made", "volumeID", id)
 	}
 }

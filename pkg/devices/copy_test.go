@@ -219,11 +219,12 @@ func TestSnapshots(t *testing.T) {
 			}
 			snaps := &Snapshots{Dir: filepath.Join(dir, "snapshots"), Mode: mode}
 			now := time.Date(2026, 11, 23, 16, 0, 0, 123, time.UTC)
-			info, err := snaps.Take(context.Background(), "s1", "v1", image, host.FsExt4, now)
+			of := SnapshotOf{Source: "v1", FsType: host.FsExt4, Access: "mount"}
+			info, err := snaps.Take(context.Background(), "s1", image, of, now)
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := SnapshotInfo{ID: "s1", Source: "v1", Size: int64(len(before)), Allocated: info.Allocated, Created: now, FsType: host.FsExt4}
+			want := SnapshotInfo{ID: "s1", SnapshotOf: of, Size: int64(len(before)), Allocated: info.Allocated, Created: now}
 			if info != want || info.Allocated <= 0 {
 				t.Errorf("Take: got %+v, want %+v with blocks allocated", info, want)
 			}
@@ -233,14 +234,14 @@ func TestSnapshots(t *testing.T) {
 			if err := os.Remove(image); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := snaps.Take(context.Background(), "s1", "v1", filepath.Join(dir, "missing.img"), host.FsExt4, now); !errors.Is(err, os.ErrNotExist) {
+			if _, err := snaps.Take(context.Background(), "s1", filepath.Join(dir, "missing.img"), of, now); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("taking a snapshot of a missing image: got %v, want os.ErrNotExist", err)
 			}
 			other := filepath.Join(dir, "other.img")
 			if err := os.WriteFile(other, []byte("other"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := snaps.Take(context.Background(), "s1", "other", other, "", now); !errors.Is(err, os.ErrExist) {
+			if _, err := snaps.Take(context.Background(), "s1", other, SnapshotOf{Source: "other"}, now); !errors.Is(err, os.ErrExist) {
 				t.Errorf("taking s1 again: got %v, want os.ErrExist", err)
 			}
 			// What a crash in the middle of a copy leaves.

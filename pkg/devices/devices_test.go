@@ -239,3 +239,22 @@ func TestImagesThickAndThin(t *testing.T) {
 		t.Errorf("reserve changed the size to %d", size)
 	}
 }
+
+// TestFilesystemHolding checks that a path not made yet is on the
+// filesystem of its nearest existing ancestor, one that exists on its own,
+// and that another filesystem (procfs) tells apart.
+func TestFilesystemHolding(t *testing.T) {
+	dir := t.TempDir()
+	want, err := FilesystemOf(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "kubelet"), filepath.Join(dir, "a", "b", "c")} {
+		if got, err := FilesystemHolding(p); err != nil || got != want {
+			t.Errorf("FilesystemHolding(%s) = %d, %v; want %d", p, got, err, want)
+		}
+	}
+	if got, err := FilesystemHolding("/proc/no/such/dir"); err != nil || got == want {
+		t.Errorf("FilesystemHolding in procfs = %d, %v; want another filesystem than %d", got, err, want)
+	}
+}

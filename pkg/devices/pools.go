@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"time"
 
@@ -120,13 +121,13 @@ func (ps *Pools) Taken(pool, id string) (bool, error) {
 // Flush writes out what is dirty of an image.
 func (ps *Pools) Flush(image string) error { return flushFile(image) }
 
-// Take copies image, volume source's in pool, to snapshot id of that pool.
-func (ps *Pools) Take(ctx context.Context, pool, id, source, image, fsType string, now time.Time) (SnapshotInfo, error) {
+// Take copies image, of the volume of in pool, to snapshot id of that pool.
+func (ps *Pools) Take(ctx context.Context, pool, id, image string, of SnapshotOf, now time.Time) (SnapshotInfo, error) {
 	p := ps.byName[pool]
 	if p == nil {
 		return SnapshotInfo{}, errNoPool(pool)
 	}
-	return p.Snapshots.Take(ctx, id, source, image, fsType, now)
+	return p.Snapshots.Take(ctx, id, image, of, now)
 }
 
 // FilesystemOf returns the number of the device whose filesystem holds
@@ -137,6 +138,22 @@ func FilesystemOf(dir string) (uint64, error) {
 		return 0, err
 	}
 	return st.Dev, nil
+}
+
+// FilesystemHolding is FilesystemOf for a path that may not exist yet:
+// the filesystem of its nearest existing ancestor, on which it would be
+// made (a kubelet directory that the kubelet has not made yet).
+func FilesystemHolding(path string) (uint64, error) {
+	for {
+		dev, err := FilesystemOf(path)
+		if !errors.Is(err, os.ErrNotExist) || path == filepath.Dir(path) {
+			if err != nil {
+				return 0, fmt.Errorf("stat %s: %w", path, err)
+			}
+			return dev, nil
+		}
+		path = filepath.Dir(path)
+	}
 }
 
 // Filesystem magic numbers (statfs f_type) of what a pool is likely on.

@@ -21,6 +21,9 @@ const (
 	xattrCreated = "user.converge.created"
 	// xattrFsType is the filesystem the volume carried, when it had one.
 	xattrFsType = "user.converge.fstype"
+	// xattrAccess is how the volume's data may have been written (see
+	// SnapshotOf.Access); snapshots taken before it was recorded lack it.
+	xattrAccess = "user.converge.access"
 )
 
 // Snapshots keeps the snapshots of this node's volumes: one file each in
@@ -36,11 +39,24 @@ type Snapshots struct {
 	Mode CopyMode
 }
 
+// SnapshotOf is what a snapshot records of the volume it was taken of.
+type SnapshotOf struct {
+	// Source is the ID of the volume.
+	Source string
+	// FsType is the filesystem the volume carried when it was taken; ""
+	// when it had none the plugin knew of (a raw block volume).
+	FsType string
+	// Access is how the volume's data may have been written when it was
+	// taken, as the caller names it ("block": raw, "mount": only through
+	// its filesystem); "" for a snapshot taken before snapshots recorded
+	// it.
+	Access string
+}
+
 // SnapshotInfo describes a snapshot.
 type SnapshotInfo struct {
 	ID string
-	// Source is the ID of the volume it was taken of.
-	Source string
+	SnapshotOf
 	// Size is the size of the image it holds: the least a volume
 	// restored from it can be.
 	Size int64
@@ -49,9 +65,6 @@ type SnapshotInfo struct {
 	Allocated int64
 	// Created is when it was taken.
 	Created time.Time
-	// FsType is the filesystem the volume carried when it was taken; ""
-	// when it had none the plugin knew of (a raw block volume).
-	FsType string
 }
 
 // Path returns the file of snapshot id.
@@ -59,17 +72,19 @@ func (s *Snapshots) Path(id string) string {
 	return filepath.Join(s.Dir, id+snapshotSuffix)
 }
 
-// Take copies image, the image of volume source carrying a filesystem of
-// type fsType ("" for none), to snapshot id, as CopyFile does (whole or
-// absent after a crash), stamped with source, fsType and now. An existing
-// snapshot id is an error matching os.ErrExist.
-func (s *Snapshots) Take(ctx context.Context, id, source, image, fsType string, now time.Time) (SnapshotInfo, error) {
+// Take copies image, the image of the volume of, to snapshot id, as
+// CopyFile does (whole or absent after a crash), stamped with of and now.
+// An existing snapshot id is an error matching os.ErrExist.
+func (s *Snapshots) Take(ctx context.Context, id, image string, of SnapshotOf, now time.Time) (SnapshotInfo, error) {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return SnapshotInfo{}, err
 	}
-	attrs := map[string]string{xattrSource: source, xattrCreated: now.UTC().Format(time.RFC3339Nano)}
-	if fsType != "" {
-		attrs[xattrFsType] = fsType
+	attrs := map[string]string{xattrSource: of.Source, xattrCreated: now.UTC().Format(time.RFC3339Nano)}
+	if of.FsType != "" {
+		attrs[xattrFsType] = of.FsType
+	}
+	if of.Access != "" {
+		attrs[xattrAccess] = of.Access
 	}
 	if err := CopyFile(ctx, image, s.Path(id), s.Mode, CopyOptions{Attrs: attrs}); err != nil {
 		return SnapshotInfo{}, err
@@ -140,7 +155,12 @@ func (s *Snapshots) Get(id string) (SnapshotInfo, error) {
 	if err != nil && !errors.Is(err, unix.ENODATA) {
 		return SnapshotInfo{}, err
 	}
-	return SnapshotInfo{ID: id, Source: source, Size: st.Size, Allocated: st.Blocks * 512, Created: created, FsType: fsType}, nil
+	access, err := getXattr(path, xattrAccess)
+	if err != nil && !errors.Is(err, unix.ENODATA) {
+		return SnapshotInfo{}, err
+	}
+	return SnapshotInfo{ID: id, SnapshotOf: SnapshotOf{Source: source, FsType: fsType, Access: access},
+		Size: st.Size, Allocated: st.Blocks * 512, Created: created}, nil
 }
 
 // List describes every snapshot, sorted by ID. A snapshot deleted while

@@ -26,7 +26,12 @@ const (
 	DefaultResyncPeriod = reconciler.DefaultResyncPeriod
 	DefaultMaxWait      = nodeserver.DefaultMaxWait
 	DefaultMaxRequests  = nodeserver.DefaultMaxRequests
-	DefaultPoolGuard    = capacity.DefaultGuard
+	// DefaultPoolGuard and KubeletPoolGuard are a pool's guard elsewhere
+	// and on the kubelet's filesystem, where the kubelet evicts pods below
+	// KubeletEvictionPercent free.
+	DefaultPoolGuard       = capacity.DefaultGuard
+	KubeletPoolGuard       = capacity.KubeletGuard
+	KubeletEvictionPercent = capacity.KubeletEvictionPercent
 )
 
 // Config is everything the plugin is configured with; cmd/csi-node fills it
@@ -77,11 +82,14 @@ type Config struct {
 	// thin volumes may be promised; 1 (the default) never promises more
 	// than exists.
 	OverprovisioningRatio float64
-	// PoolGuard is the free space of the data directory below which thin
-	// volumes are reported and none is created or grown ("5%", "2Gi").
+	// PoolGuard is the free space of a pool's filesystem that no volume
+	// is promised, and below which thin volumes are reported ("5%",
+	// "2Gi"); a pool's own guard overrides it. Empty: each pool's default
+	// for its filesystem (capacity.DefaultGuardFor), which keeps the
+	// kubelet's filesystem above its eviction threshold.
 	PoolGuard string
-	// guard is PoolGuard, parsed.
-	guard capacity.Guard
+	// guard is PoolGuard, parsed; nil when it is empty.
+	guard *capacity.Guard
 	// Features are the alpha parts of CSI turned on; none by default.
 	Features FeatureGates
 }
@@ -119,14 +127,14 @@ func (c Config) withDefaults() (Config, error) {
 	if err := capacity.CheckRatio(c.OverprovisioningRatio); err != nil {
 		return c, fmt.Errorf("--thin-overprovisioning-ratio %w", err)
 	}
-	if c.PoolGuard == "" {
-		c.PoolGuard = capacity.DefaultGuard
+	if c.PoolGuard != "" {
+		g, err := capacity.ParseGuard(c.PoolGuard)
+		if err != nil {
+			return c, fmt.Errorf("--pool-guard %w", err)
+		}
+		c.guard = &g
 	}
-	g, err := capacity.ParseGuard(c.PoolGuard)
-	if err != nil {
-		return c, fmt.Errorf("--pool-guard %w", err)
-	}
-	c.guard = g
+	var err error
 	dirs := append([]string{c.StateDir, c.DataDir, c.KubeletDir}, c.AllowedPathPrefixes...)
 	if c.pools, err = c.resolvePools(); err != nil {
 		return c, err

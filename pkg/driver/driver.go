@@ -73,7 +73,7 @@ func Run(ctx context.Context, cfg Config) error {
 		logger.Info("Replayed the state log", "records", n)
 	}
 
-	here, opened, err := openPools(cfg.pools, store)
+	here, opened, err := openPools(cfg.pools, cfg.KubeletDir, store)
 	if err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Roots:        cfg.roots(),
 		Clock:        clock.RealClock{},
 		ResyncPeriod: cfg.ResyncPeriod,
-		PoolGuard:    cfg.guard,
+		PoolGuard:    here[0].guard,
 		PoolGuards:   guards,
 	})
 	if err != nil {
@@ -170,7 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 	m.WatchPools(statuses)
 	m.WatchReady(rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())
-	public := newHTTPHandler(m, rec)
+	public := newHTTPHandler(m, rec, probeSelf(sock))
 	status := newStatusHandler(public, rec, statuses)
 	tcp := public
 	if cfg.HTTPStatus {

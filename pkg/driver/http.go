@@ -15,16 +15,25 @@ import (
 
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/reconciler"
+	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
-// newHTTPHandler serves /metrics, /healthz (the process serves) and
-// /readyz (start-up reconstruction is done): what a probe or a scraper on
-// the pod network needs, and nothing about the volumes.
-func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler {
+// newHTTPHandler serves /metrics, /healthz (the process serves), /livez
+// (the plugin answers Identity.Probe on its CSI socket: live) and /readyz
+// (start-up reconstruction is done): what a probe or a scraper on the pod
+// network needs, and nothing about the volumes.
+func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, live func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) {
+		if err := live(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !rec.Ready() {
 			http.Error(w, "start-up reconstruction is not finished", http.StatusServiceUnavailable)
@@ -32,6 +41,13 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler) http.Handler
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	// Where the status is not served (newStatusHandler overrides these),
+	// say where it is.
+	notHere := func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "the status is served on the status socket in the state directory (csi-node status reads it there); csi-node --http-status serves it on this address too", http.StatusNotFound)
+	}
+	mux.HandleFunc("GET /status", notHere)
+	mux.HandleFunc("GET /status/", notHere)
 	return mux
 }
 
@@ -71,7 +87,7 @@ func newStatusHandler(public http.Handler, rec *reconciler.Reconciler, pools fun
 
 // collector finds, and may delete, what nothing in the cluster references
 // (controller.Collect).
-type collector func(ctx context.Context, referenced map[string]bool, minAge time.Duration, remove bool) ([]volstatus.Orphan, error)
+type collector func(ctx context.Context, req volstatus.GCRequest) ([]volstatus.Orphan, error)
 
 // newLocalHandler serves, besides what status serves, POST /gc (csi-node
 // gc): only on the status socket, which root alone may open, as it
@@ -93,13 +109,15 @@ func newLocalHandler(status http.Handler, rec *reconciler.Reconciler, collect co
 			http.Error(w, "minAge must not be negative", http.StatusBadRequest)
 			return
 		}
-		referenced := map[string]bool{}
-		for _, id := range req.Referenced {
-			referenced[id] = true
-		}
-		orphans, err := collect(r.Context(), referenced, req.MinAge, req.Delete)
+		orphans, err := collect(r.Context(), req)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+			// A listing refused for what it says (FAILED_PRECONDITION)
+			// is the caller's to fix, not the plugin's failure.
+			code := http.StatusInternalServerError
+			if state.AsError(err).Kind == state.KindFailedPrecondition {
+				code = http.StatusConflict
+			}
+			http.Error(w, err.Error(), code)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")

@@ -70,14 +70,22 @@ func ParsePoolSpec(s string) (PoolSpec, error) {
 // pool is a storage pool as configured: its spec with the defaults filled.
 type pool struct {
 	name, dir string
-	guard     capacity.Guard
+	// guard is the pool's guard, and guardSet whether it was configured
+	// (its guard=, or --pool-guard). One not configured is the default
+	// for the pool's filesystem, which openPools finds out
+	// (capacity.DefaultGuardFor).
+	guard    capacity.Guard
+	guardSet bool
+	// kubeletFS is true when the pool's filesystem holds the kubelet's
+	// directory, whose free space the kubelet evicts pods to keep.
+	kubeletFS bool
 	ratio     float64
 }
 
 // resolvePools returns the configured pools, the default pool (DataDir)
 // first: a pool named like another, or a directory twice, is refused.
 func (c Config) resolvePools() ([]pool, error) {
-	out := []pool{{name: state.DefaultPool, dir: c.DataDir, guard: c.guard, ratio: c.OverprovisioningRatio}}
+	out := []pool{c.poolOf(state.DefaultPool, c.DataDir, "")}
 	names, dirs := map[string]bool{state.DefaultPool: true}, map[string]string{c.DataDir: state.DefaultPool}
 	for _, s := range c.Pools {
 		if names[s.Name] {
@@ -93,10 +101,7 @@ func (c Config) resolvePools() ([]pool, error) {
 			return nil, fmt.Errorf("--pool %s: directory %s is pool %s's too", s.Name, s.Dir, other)
 		}
 		names[s.Name], dirs[s.Dir] = true, s.Name
-		p := pool{name: s.Name, dir: s.Dir, guard: c.guard, ratio: c.OverprovisioningRatio}
-		if s.Guard != "" {
-			p.guard, _ = capacity.ParseGuard(s.Guard)
-		}
+		p := c.poolOf(s.Name, s.Dir, s.Guard)
 		if s.Ratio != 0 {
 			p.ratio = s.Ratio
 		}
@@ -105,15 +110,33 @@ func (c Config) resolvePools() ([]pool, error) {
 	return out, nil
 }
 
+// poolOf is pool name at dir with the configuration's ratio and guard, or
+// the guard given (checked by ParsePoolSpec) when it is not empty.
+func (c Config) poolOf(name, dir, guard string) pool {
+	p := pool{name: name, dir: dir, ratio: c.OverprovisioningRatio}
+	switch {
+	case guard != "":
+		p.guard, p.guardSet = capacity.MustParseGuard(guard), true
+	case c.guard != nil:
+		p.guard, p.guardSet = *c.guard, true
+	}
+	return p
+}
+
 // openPools creates the pools' directories, refuses two on one
 // filesystem (both would promise the same space), and opens each: its
 // interrupted image creations and snapshot copies removed, the way its
 // filesystem copies found out. The default pool's directory is made when
 // missing; another pool's is the operator's (a filesystem mounted there),
 // and a node where it does not exist has no such pool: one DaemonSet
-// serves nodes with and without it. It returns the pools this node has,
-// with their specs.
-func openPools(specs []pool, store *state.Store) ([]pool, []*devices.Pool, error) {
+// serves nodes with and without it. A pool on the filesystem of the
+// kubelet's directory kubeletDir guards it from the kubelet's evictions
+// (guardFor). It returns the pools this node has, with their specs.
+func openPools(specs []pool, kubeletDir string, store *state.Store) ([]pool, []*devices.Pool, error) {
+	kubeletDev, err := devices.FilesystemHolding(kubeletDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("finding the filesystem of the kubelet's directory: %w", err)
+	}
 	byDev := map[uint64]string{}
 	var here []pool
 	var out []*devices.Pool
@@ -135,6 +158,9 @@ func openPools(specs []pool, store *state.Store) ([]pool, []*devices.Pool, error
 		}
 		byDev[dev] = p.name
 		images := &devices.Images{Dir: p.dir}
+		if p, err = guardFor(p, dev == kubeletDev, images, kubeletDir); err != nil {
+			return nil, nil, err
+		}
 		if err := images.RemoveStaleTemps(); err != nil {
 			return nil, nil, fmt.Errorf("pool %s: removing interrupted image creations: %w", p.name, err)
 		}
@@ -152,7 +178,7 @@ func openPools(specs []pool, store *state.Store) ([]pool, []*devices.Pool, error
 		here = append(here, p)
 		out = append(out, &devices.Pool{Name: p.name, Images: images, Snapshots: snapshots, FsType: fsType, PunchesHoles: holes})
 		klog.InfoS("Storage pool", "pool", p.name, "dir", p.dir, "fsType", fsType, "copy", snapshots.Mode, "punchesHoles", holes,
-			"guard", p.guard, "ratio", p.ratio)
+			"guard", p.guard, "kubeletFilesystem", p.kubeletFS, "ratio", p.ratio)
 		if !holes {
 			klog.InfoS("Storage pool cannot punch holes: its thin volumes never give back what they freed", "pool", p.name)
 		}
@@ -161,6 +187,36 @@ func openPools(specs []pool, store *state.Store) ([]pool, []*devices.Pool, error
 		return nil, nil, err
 	}
 	return here, out, nil
+}
+
+// guardFor returns pool p, on the kubelet's filesystem or not, with its
+// guard: the one configured, else the default for its filesystem. It
+// says so loudly when the guard keeps the kubelet's filesystem below the
+// kubelet's eviction threshold, and when the pool is past its guard
+// already (volumes promised before it keep their space; only new promises
+// are refused). A guard below the threshold is not refused: the kubelet's
+// thresholds can be configured, which csi-node cannot see, and a plugin
+// that does not start serves none of the node's volumes.
+func guardFor(p pool, kubeletFS bool, images *devices.Images, kubeletDir string) (pool, error) {
+	p.kubeletFS = kubeletFS
+	if !p.guardSet {
+		p.guard = capacity.DefaultGuardFor(kubeletFS)
+	}
+	total, free, err := images.Capacity()
+	if err != nil {
+		return p, fmt.Errorf("pool %s: %w", p.name, err)
+	}
+	guard := p.guard.Threshold(total)
+	if kubeletFS && p.guard.BelowKubeletEviction(total) {
+		klog.ErrorS(nil, "Storage pool's guard is below the kubelet's eviction threshold: its volumes may fill the kubelet's filesystem until the kubelet evicts the node's pods; raise the guard unless the kubelet's own threshold is lower",
+			"pool", p.name, "dir", p.dir, "kubeletDir", kubeletDir, "guard", p.guard, "guardBytes", guard, "sizeBytes", total,
+			"kubeletEvictionPercent", capacity.KubeletEvictionPercent, "defaultGuard", capacity.KubeletGuard)
+	}
+	if free < guard {
+		klog.ErrorS(nil, "Storage pool is below its guard: no volume is created or grown in it until space is freed; its volumes keep working",
+			"pool", p.name, "dir", p.dir, "freeBytes", free, "guardBytes", guard, "guard", p.guard)
+	}
+	return p, nil
 }
 
 // spaces returns the capacity promise of each pool.
@@ -203,14 +259,13 @@ func poolStatus(node string, spec pool, space *controller.Space, snapshots *devi
 		ThinPromisedBytes: acc.ThinPromised, ThinAllocatedBytes: acc.ThinAllocated,
 		ThickAvailableBytes: acc.ThickAvailable(), ThinAvailableBytes: acc.ThinAvailable(),
 		CopyingBytes:          acc.Copying,
-		OverprovisioningRatio: spec.ratio, GuardBytes: spec.guard.Threshold(total),
+		OverprovisioningRatio: spec.ratio, GuardBytes: acc.Guard, NearlyFull: acc.NearlyFull(),
+		KubeletFilesystem:         spec.kubeletFS,
+		GuardBelowKubeletEviction: spec.kubeletFS && spec.guard.BelowKubeletEviction(total),
 	}
 	for _, r := range space.Restoring() {
 		p.Restores = append(p.Restores, volstatus.Restore{VolumeID: r.VolumeID, SnapshotID: r.SnapshotID, SizeBytes: r.Bytes,
 			CopiedBytes: r.Copied, SourceBytes: r.SourceBytes})
-	}
-	if p.NearlyFull = acc.Free < p.GuardBytes; p.NearlyFull {
-		p.ThinAvailableBytes = 0
 	}
 	snaps, err := snapshots.List()
 	if err != nil {

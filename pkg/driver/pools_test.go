@@ -1,8 +1,12 @@
 package driver
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 func TestParsePoolSpec(t *testing.T) {
@@ -71,6 +75,90 @@ func TestResolvePools(t *testing.T) {
 			}
 			if len(got.pools) == 3 && (got.pools[2].ratio != 3 || got.pools[2].guard.Bytes != 1<<30 || got.pools[1].ratio != 1) {
 				t.Errorf("pool options: got %+v", got.pools)
+			}
+		})
+	}
+}
+
+// TestPoolGuardFollowsTheKubeletsFilesystem opens the default pool of a
+// temporary directory: with the kubelet's directory on the same filesystem
+// (not made yet, as before the kubelet's first start) it keeps the
+// kubelet's guard, 20%, and its promise keeps that free; with the
+// kubelet's directory elsewhere (procfs) it keeps the default 5%; and a
+// guard configured, by --pool-guard or a pool's guard=, is kept as it is
+// on either.
+func TestPoolGuardFollowsTheKubeletsFilesystem(t *testing.T) {
+	for _, tc := range []struct {
+		name, kubeletDir, poolGuard string
+		kubeletFS                   bool
+		want                        capacity.Guard
+	}{
+		{name: "on the kubelet's filesystem", kubeletDir: "kubelet", kubeletFS: true, want: capacity.Guard{Percent: 20}},
+		{name: "elsewhere", kubeletDir: "/proc/kubelet", want: capacity.Guard{Percent: 5}},
+		{name: "configured, on the kubelet's filesystem", kubeletDir: "kubelet", poolGuard: "2Gi", kubeletFS: true, want: capacity.Guard{Bytes: 2 << 30}},
+		{name: "configured, elsewhere", kubeletDir: "/proc/kubelet", poolGuard: "30%", want: capacity.Guard{Percent: 30}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			kubeletDir := tc.kubeletDir
+			if !filepath.IsAbs(kubeletDir) {
+				kubeletDir = filepath.Join(dir, kubeletDir)
+			}
+			cfg, err := Config{NodeID: "n", Endpoint: "unix://" + dir + "/csi.sock", StateDir: dir, KubeletDir: kubeletDir, PoolGuard: tc.poolGuard}.withDefaults()
+			if err != nil {
+				t.Fatal(err)
+			}
+			store, err := state.Open(filepath.Join(dir, "state.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			here, opened, err := openPools(cfg.pools, cfg.KubeletDir, store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := here[0]; got.kubeletFS != tc.kubeletFS || got.guard != tc.want {
+				t.Errorf("pool on the kubelet's filesystem %v with guard %v, want %v with %v", got.kubeletFS, got.guard, tc.kubeletFS, tc.want)
+			}
+			acc, total, err := spaces(here, opened, store)[0].Account()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.want.Threshold(total); acc.Guard != want {
+				t.Errorf("the promise keeps %d bytes free, want %d", acc.Guard, want)
+			}
+		})
+	}
+}
+
+// TestPoolOwnGuardWins checks that a pool's guard= overrides --pool-guard,
+// and that a pool without one takes --pool-guard when it is given, and the
+// default of its filesystem (left to openPools) when it is not.
+func TestPoolOwnGuardWins(t *testing.T) {
+	base := Config{NodeID: "n", Endpoint: "unix:///tmp/x.sock", StateDir: "/var/lib/converge",
+		Pools: []PoolSpec{{Name: "fast", Dir: "/mnt/a", Guard: "1Gi"}, {Name: "slow", Dir: "/mnt/b"}}}
+	for _, tc := range []struct {
+		name, poolGuard string
+		// set and guards are, by pool in order, whether the guard was
+		// configured and which.
+		set    []bool
+		guards []capacity.Guard
+	}{
+		{name: "no --pool-guard", set: []bool{false, true, false}, guards: []capacity.Guard{{}, {Bytes: 1 << 30}, {}}},
+		{name: "--pool-guard 10%", poolGuard: "10%", set: []bool{true, true, true},
+			guards: []capacity.Guard{{Percent: 10}, {Bytes: 1 << 30}, {Percent: 10}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := base
+			cfg.PoolGuard = tc.poolGuard
+			got, err := cfg.withDefaults()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, p := range got.pools {
+				if p.guardSet != tc.set[i] || p.guard != tc.guards[i] {
+					t.Errorf("pool %s: guard %v (configured %v), want %v (%v)", p.name, p.guard, p.guardSet, tc.guards[i], tc.set[i])
+				}
 			}
 		})
 	}

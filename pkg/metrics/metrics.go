@@ -181,12 +181,12 @@ func (m *Metrics) WatchPools(pools func() ([]volstatus.Pool, error)) {
 
 var (
 	poolBytes = prometheus.NewDesc(namespace+"_data_directory_bytes",
-		"Space of a storage pool's data directory by kind: size, free, promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin, available_thick and available_thin (what GetCapacity answers), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
+		"Space of a storage pool's data directory by kind: size, free, guard (kept free: promised to no volume), promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin (written and not shared), available_thick and available_thin (what GetCapacity answers: what is left above the guard), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
 		[]string{"pool", "kind"}, nil)
 	snapshotCount = prometheus.NewDesc(namespace+"_snapshots",
 		"Snapshots kept in a storage pool.", []string{"pool"}, nil)
 	poolNearlyFull = prometheus.NewDesc(namespace+"_data_directory_nearly_full",
-		"1 while a storage pool's free space is below its guard: its thin volumes are reported and none is created or grown in it.", []string{"pool"}, nil)
+		"1 while a storage pool's free space is below its guard: its thin volumes are reported and no volume is created or grown in it.", []string{"pool"}, nil)
 	restoreCount = prometheus.NewDesc(namespace+"_restores",
 		"Volumes being copied from a snapshot in a storage pool.", []string{"pool"}, nil)
 	restoreCopied = prometheus.NewDesc(namespace+"_restore_copied_bytes",
@@ -217,7 +217,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 // collectPool sends the metrics of one pool.
 func collectPool(ch chan<- prometheus.Metric, p volstatus.Pool) {
 	for kind, v := range map[string]int64{
-		"size": p.SizeBytes, "free": p.FreeBytes,
+		"size": p.SizeBytes, "free": p.FreeBytes, "guard": p.GuardBytes,
 		"promised_thick": p.ThickPromisedBytes, "owed_thick": p.ThickOwedBytes,
 		"promised_thin": p.ThinPromisedBytes, "allocated_thin": p.ThinAllocatedBytes,
 		"available_thick": p.ThickAvailableBytes, "available_thin": p.ThinAvailableBytes,

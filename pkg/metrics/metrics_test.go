@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +122,23 @@ converge_ready 1
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "converge_volume_conditions", "converge_ready"); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestPoolGuardIsExported checks that each pool's guard, the space kept
+// free that no volume is promised, is a kind of its data directory's
+// bytes, beside what is still available above it.
+func TestPoolGuardIsExported(t *testing.T) {
+	m := New()
+	m.WatchPools(func() ([]volstatus.Pool, error) {
+		return []volstatus.Pool{{Name: "default", SizeBytes: 100 << 20, FreeBytes: 30 << 20, GuardBytes: 20 << 20, ThickAvailableBytes: 10 << 20}}, nil
+	})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{`converge_data_directory_bytes{kind="guard",pool="default"} 2.097152e+07`,
+		`converge_data_directory_bytes{kind="available_thick",pool="default"} 1.048576e+07`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }

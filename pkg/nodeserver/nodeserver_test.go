@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -368,6 +369,101 @@ func TestStageOfAVolumeBeingDeleted(t *testing.T) {
 	}
 	if v, _ := store.Get("v1"); v == nil || v.Stage != nil || !v.Removing {
 		t.Errorf("record after the refused stage: %+v", v)
+	}
+}
+
+// TestBlockStageMarksTheVolumeRaw checks that a stage as a raw block
+// device records, for good, that the volume may have been written raw
+// (what its snapshots then say), whatever it was made for, while a stage
+// as a filesystem records nothing of the kind: it proves nothing of what
+// was written before it.
+// rawBlock is a raw block device's capability, read-write on one node.
+var rawBlock = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
+func TestBlockStageMarksTheVolumeRaw(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		made       state.AccessType
+		staged     *csi.VolumeCapability
+		wantAccess state.AccessType
+	}{
+		{name: "made for a filesystem, staged raw", made: state.AccessMount, staged: rawBlock, wantAccess: state.AccessBlock},
+		{name: "made before access was recorded, staged raw", staged: rawBlock, wantAccess: state.AccessBlock},
+		{name: "made for a filesystem, staged so", made: state.AccessMount, staged: rwo, wantAccess: state.AccessMount},
+		{name: "made before access was recorded, staged as a filesystem", staged: rwo, wantAccess: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, store, rec := newServer(t)
+			if _, err := store.Update("v1", func(v *state.Volume) error {
+				v.Provisioning, v.Access = state.ProvisionThick, tc.made
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			rec.onKick = func() { readyAll(store, "v1") }
+			req := stageReq("v1")
+			req.VolumeCapability = tc.staged
+			if _, err := s.NodeStageVolume(t.Context(), req); err != nil {
+				t.Fatal(err)
+			}
+			v, err := store.Get("v1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v.Access != tc.wantAccess {
+				t.Errorf("record after the stage: access %q, want %q", v.Access, tc.wantAccess)
+			}
+		})
+	}
+}
+
+// TestBlockVolumeNeverMounted checks that a volume recorded as Block (made
+// for a raw block device, or ever staged as one) is refused a filesystem
+// stage with FAILED_PRECONDITION and records nothing, while a Block stage
+// of it and a filesystem stage of a Filesystem volume go on.
+func TestBlockVolumeNeverMounted(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		made      state.AccessType
+		formatted bool
+		staged    *csi.VolumeCapability
+		want      codes.Code
+	}{
+		{name: "Block, staged as a filesystem", made: state.AccessBlock, staged: rwo, want: codes.FailedPrecondition},
+		{name: "Block once formatted, staged as a filesystem", made: state.AccessBlock, formatted: true, staged: rwo, want: codes.FailedPrecondition},
+		{name: "Block, staged raw", made: state.AccessBlock, staged: rawBlock, want: codes.OK},
+		{name: "Filesystem, staged as a filesystem", made: state.AccessMount, staged: rwo, want: codes.OK},
+		{name: "made before access was recorded, staged as a filesystem", staged: rwo, want: codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, store, rec := newServer(t)
+			if _, err := store.Update("v1", func(v *state.Volume) error {
+				v.Provisioning, v.Access = state.ProvisionThick, tc.made
+				if tc.formatted {
+					v.Formatted = "ext4"
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			rec.onKick = func() { readyAll(store, "v1") }
+			req := stageReq("v1")
+			req.VolumeCapability = tc.staged
+			_, staged := s.NodeStageVolume(t.Context(), req)
+			if got := rpcerr.Code(staged); got != tc.want {
+				t.Fatalf("got %v, want %s", staged, tc.want)
+			}
+			v, err := store.Get("v1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want != codes.OK && (v.Stage != nil || !strings.Contains(staged.Error(), state.AllowModeChangeKey)) {
+				t.Errorf("refused: stage recorded %+v, message %q", v.Stage, staged)
+			}
+		})
 	}
 }
 

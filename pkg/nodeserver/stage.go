@@ -60,6 +60,11 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 		switch {
 		case v.Removing:
 			return state.Errorf(state.KindNotFound, "volume %s is being deleted", id)
+		case st == nil && spec.Access == state.AccessMount && v.Access == state.AccessBlock:
+			// What a workload wrote on a raw block device is never fscked
+			// nor mounted by root: a Filesystem PV made for the volume of
+			// a Block one (by whoever may create PVs) is refused.
+			return state.Errorf(state.KindFailedPrecondition, "volume %s was made for or staged as a raw block device, so a workload may have written anything on it: it is not mounted as a filesystem; restore or clone it into a Filesystem volume through a StorageClass with %s: \"true\" instead", id, state.AllowModeChangeKey)
 		case st == nil:
 			v.Stage = spec
 		case st.SameSpec(spec):
@@ -70,6 +75,11 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 			return state.Errorf(state.KindAlreadyExists, "volume %s is already staged at %s", id, st.Path)
 		default:
 			return state.Errorf(state.KindAlreadyExists, "volume %s is already staged at %s with another capability, fs type or mount flags", id, st.Path)
+		}
+		if spec.Access == state.AccessBlock {
+			// From now on a workload may write anything on the device: the
+			// volume's snapshots say so for good (Volume.WrittenAs).
+			v.Access = state.AccessBlock
 		}
 		return nil
 	})

@@ -95,10 +95,10 @@ type Snapshots interface {
 	Taken(pool, id string) (bool, error)
 	// Flush writes out what is dirty of an image.
 	Flush(image string) error
-	// Take copies image, the image of volume source carrying fsType ("":
-	// none known), to snapshot id of pool, stamped with now; an error
-	// matching os.ErrExist when id exists.
-	Take(ctx context.Context, pool, id, source, image, fsType string, now time.Time) (devices.SnapshotInfo, error)
+	// Take copies image, the image of the volume of, to snapshot id of
+	// pool, stamped with of and now; an error matching os.ErrExist when id
+	// exists.
+	Take(ctx context.Context, pool, id, image string, of devices.SnapshotOf, now time.Time) (devices.SnapshotInfo, error)
 }
 
 // Images locates and checks the backing files of volumes, each in the data

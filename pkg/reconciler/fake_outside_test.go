@@ -417,6 +417,6 @@ func (p fakePools) Blank(_, id string) (bool, error)                  { return p
 func (p fakePools) Taken(_, id string) (bool, error)                  { return p.w.Taken(id) }
 func (p fakePools) Flush(image string) error                          { return p.w.Flush(image) }
 func (p fakePools) GrowImage(_, id string, size int64) (int64, error) { return p.w.GrowImage(id, size) }
-func (p fakePools) Take(ctx context.Context, _, id, source, image, fsType string, now time.Time) (devices.SnapshotInfo, error) {
-	return p.w.Take(ctx, id, source, image, fsType, now)
+func (p fakePools) Take(ctx context.Context, _, id, image string, of devices.SnapshotOf, now time.Time) (devices.SnapshotInfo, error) {
+	return p.w.Take(ctx, id, image, of, now)
 }

@@ -117,6 +117,8 @@ type fakeSnapshot struct {
 	image string
 	// frozen says whether the image's filesystem was frozen meanwhile.
 	frozen bool
+	// of is what it records of its volume.
+	of devices.SnapshotOf
 }
 
 // Freeze freezes the filesystem mounted at path.
@@ -159,15 +161,15 @@ func (w *fakeWorld) Taken(id string) (bool, error) {
 	return ok, nil
 }
 
-func (w *fakeWorld) Take(_ context.Context, id, source, image, _ string, _ time.Time) (devices.SnapshotInfo, error) {
-	return devices.SnapshotInfo{ID: id, Source: source}, w.do("snapshot "+id, func() string { return image }, func() error {
+func (w *fakeWorld) Take(_ context.Context, id, image string, of devices.SnapshotOf, _ time.Time) (devices.SnapshotInfo, error) {
+	return devices.SnapshotInfo{ID: id, SnapshotOf: of}, w.do("snapshot "+id, func() string { return image }, func() error {
 		switch {
-		case !w.images[source] || image != w.Path(source):
+		case !w.images[of.Source] || image != w.Path(of.Source):
 			return fmt.Errorf("%s: %w", image, os.ErrNotExist)
 		case w.snapshots[id] != fakeSnapshot{}:
 			return fmt.Errorf("snapshot %s: %w", id, os.ErrExist)
 		}
-		w.snapshots[id] = fakeSnapshot{image: image, frozen: w.frozen[image]}
+		w.snapshots[id] = fakeSnapshot{image: image, frozen: w.frozen[image], of: of}
 		return nil
 	})
 }

@@ -122,7 +122,7 @@ func spaceProblem(v *state.Volume, a *actual) (reason, message string) {
 		return "SpaceRanOut", fmt.Sprintf("pool %s ran out of space at %s under volume %s: any write to its unallocated blocks failed (ENOSPC at fsync) and its filesystem may have lost metadata writes; it is checked when it is next mounted: stop the pods using it, so that it is unstaged, checked and staged again",
 			a.poolName, v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339), v.ID)
 	case v.Thin() && a.poolLow():
-		return "PoolNearlyFull", fmt.Sprintf("pool %s has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no thin volume is created or grown in it until it has room",
+		return "PoolNearlyFull", fmt.Sprintf("pool %s has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no volume is created or grown in it until it has room",
 			a.poolName, a.pool.Free, a.poolGuard, v.ID, h)
 	case !v.Thin() && h > 0 && (!a.pool.Known || h > a.pool.Free):
 		return "SpaceNotReserved", fmt.Sprintf("%d bytes of the image of volume %s are not allocated and pool %s has %d bytes free: writes to them fail once it is full; they are allocated when it has room",

@@ -39,8 +39,9 @@ func (r *Reconciler) takenSnapshots(v *state.Volume) map[string]bool {
 	return taken
 }
 
-// takeSnapshot copies v's image to the snapshot act.target and forgets the
-// intent. A staged, writable filesystem is frozen for the copy, so that
+// takeSnapshot copies v's image to the snapshot act.target, stamped with
+// the filesystem v carries and how its data may have been written
+// (Volume.WrittenAs), and forgets the intent. A staged, writable filesystem is frozen for the copy, so that
 // the snapshot holds it clean: recorded first (v.Frozen), so that a crash
 // before the thaw is undone by the next pass, and always thawed, whether
 // the copy succeeded, failed or was cancelled. A raw block volume and a
@@ -78,7 +79,8 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 			return err
 		}
 	}
-	_, err := r.cfg.Snapshots.Take(ctx, state.PoolOf(v), act.target, v.ID, image, v.Formatted, r.cfg.Clock.Now())
+	of := devices.SnapshotOf{Source: v.ID, FsType: v.Formatted, Access: string(v.WrittenAs())}
+	_, err := r.cfg.Snapshots.Take(ctx, state.PoolOf(v), act.target, image, of, r.cfg.Clock.Now())
 	if frozen != "" {
 		if terr := r.cfg.Paths.Thaw(frozen); terr != nil {
 			// The record keeps v.Frozen: the next pass thaws it.

@@ -46,9 +46,22 @@ func (h *harness) wantSnapshotDone(vol, id string, wantFrozen bool) {
 	}
 }
 
+// wantSnapshotAccess fails unless snapshot id records that its volume's
+// data was written as want.
+func (h *harness) wantSnapshotAccess(id string, want state.AccessType) {
+	h.t.Helper()
+	if got, _ := h.world.snapshotOf(id); got.of.Access != string(want) {
+		h.t.Errorf("snapshot %s records its volume written as %q, want %q", id, got.of.Access, want)
+	}
+}
+
 // TestSnapshotFreezesAStagedFilesystem takes snapshots of a volume that is
 // staged and published, of one only created, and of a raw block volume:
-// only the staged filesystem is frozen, for the copy alone.
+// only the staged filesystem is frozen, for the copy alone. Each snapshot
+// records how its volume was written (Volume.WrittenAs): the filesystem
+// the plugin formatted as mount; the volume the plugin never formatted,
+// whose record predates the access it was made for, and the raw block
+// volume as block.
 func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 	t.Run("staged", func(t *testing.T) {
 		h := newHarness(t)
@@ -60,6 +73,7 @@ func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 			t.Errorf("calls: got %s, want %s", got, want)
 		}
 		h.wantSnapshotDone("v1", "s1", true)
+		h.wantSnapshotAccess("s1", state.AccessMount)
 	})
 	t.Run("not staged", func(t *testing.T) {
 		h := newHarness(t)
@@ -70,6 +84,7 @@ func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 			t.Errorf("calls: got %s, want snapshot s1", got)
 		}
 		h.wantSnapshotDone("v1", "s1", false)
+		h.wantSnapshotAccess("s1", state.AccessBlock)
 	})
 	t.Run("raw block", func(t *testing.T) {
 		h := newHarness(t)
@@ -86,6 +101,7 @@ func TestSnapshotFreezesAStagedFilesystem(t *testing.T) {
 			t.Errorf("calls: got %s, want snapshot s1", got)
 		}
 		h.wantSnapshotDone("v1", "s1", false)
+		h.wantSnapshotAccess("s1", state.AccessBlock)
 	})
 }
 

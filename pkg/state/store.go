@@ -14,6 +14,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	"k8s.io/utils/clock"
 )
 
 const (
@@ -76,6 +77,9 @@ type Store struct {
 
 	// replayed counts the log records Open applied.
 	replayed int
+
+	// clock stamps each record's Changed.
+	clock clock.PassiveClock
 }
 
 // TerminalFailure is a terminal failure of one intent generation. It outlives the
@@ -123,7 +127,7 @@ func open(path string, logSize int64) (*Store, error) {
 		}
 		return nil, fmt.Errorf("opening state store %s: %w", path, err)
 	}
-	s := &Store{db: db, volumes: map[string]*Volume{}, reports: newReports()}
+	s := &Store{db: db, volumes: map[string]*Volume{}, reports: newReports(), clock: clock.RealClock{}}
 	logSeq, err := s.load()
 	if err != nil {
 		db.Close()
@@ -133,8 +137,12 @@ func open(path string, logSize int64) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	for id := range s.volumes {
+	opened := s.now()
+	for id, v := range s.volumes {
 		s.live[id] = true
+		if v.Changed.IsZero() {
+			v.Changed = opened
+		}
 	}
 	return s, nil
 }
@@ -256,9 +264,9 @@ func (s *Store) List() []*Volume {
 // Update applies fn to the record of id (a fresh record when there is none)
 // in one durable transaction and returns the record as stored. If fn returns
 // an error nothing changes. If fn changes nothing, nothing is written and the
-// generation stays. Otherwise the generation is bumped, every intent whose
-// spec or deletion changed takes the new generation, and a record left empty
-// is deleted.
+// generation stays. Otherwise the generation is bumped, Changed is set to
+// now, every intent whose spec or deletion changed takes the new
+// generation, and a record left empty is deleted.
 func (s *Store) Update(id string, fn func(v *Volume) error) (*Volume, error) {
 	v, durable, err := s.UpdateUnsynced(id, fn)
 	if err != nil {
@@ -315,6 +323,7 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 		prevGen = old.Generation
 	}
 	cur.Generation = prevGen + 1
+	cur.Changed = s.now()
 	stampGenerations(old, cur)
 
 	var raw []byte
@@ -348,6 +357,11 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 		return nil
 	}, nil
 }
+
+// now is the time a record is stamped with: without the monotonic
+// reading and in UTC, so a record read back from the disk equals the one
+// written.
+func (s *Store) now() time.Time { return s.clock.Now().UTC().Round(0) }
 
 // shard picks the lock of a record.
 func shard(id string) int {

@@ -6,8 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func openStore(t *testing.T, path string) *Store {
@@ -119,6 +121,58 @@ func TestDurableAcrossReopen(t *testing.T) {
 	got, err := s2.Get("v")
 	if err != nil || got.Stage.Path != "/s" || got.Formatted != "ext4" || got.Generation != 1 {
 		t.Fatalf("after reopen: got %+v, %v", got, err)
+	}
+}
+
+// TestChangedStamped checks that every write of a record stamps when it
+// changed, a write of nothing does not, the stamp survives a reopen, and
+// a record written before records were stamped gets the time of the Open
+// that found it (its age is never overstated).
+func TestChangedStamped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2030, 1, 2, 3, 4, 5, 6, time.UTC)
+	fake := clocktesting.NewFakePassiveClock(t0)
+	s.clock = fake
+	v, _ := s.Update("v", func(v *Volume) error { v.Formatted = "ext4"; return nil })
+	if !v.Changed.Equal(t0) {
+		t.Errorf("first write: Changed %v, want %v", v.Changed, t0)
+	}
+	fake.SetTime(t0.Add(time.Hour))
+	if v, _ = s.Update("v", func(v *Volume) error { v.Formatted = "ext4"; return nil }); !v.Changed.Equal(t0) {
+		t.Errorf("a write of nothing: Changed %v, want %v", v.Changed, t0)
+	}
+	if v, _ = s.Update("v", func(v *Volume) error { v.DeviceID = "uuid"; return nil }); !v.Changed.Equal(t0.Add(time.Hour)) {
+		t.Errorf("a change: Changed %v, want %v", v.Changed, t0.Add(time.Hour))
+	}
+	s.Close()
+
+	s = openStore(t, path)
+	if got, _ := s.Get("v"); !got.Changed.Equal(t0.Add(time.Hour)) {
+		t.Errorf("after reopen: Changed %v, want %v", got.Changed, t0.Add(time.Hour))
+	}
+	s.Close()
+
+	// A record as an older binary wrote it: without Changed.
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVolumes).Put([]byte("old"), []byte(`{"id": "old", "generation": 3, "formatted": "xfs"}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	before := time.Now()
+	s = openStore(t, path)
+	after := time.Now()
+	got, err := s.Get("old")
+	if err != nil || got.Changed.Before(before) || got.Changed.After(after) {
+		t.Errorf("a record without Changed, opened between %v and %v: %+v, %v", before, after, got, err)
 	}
 }
 

@@ -6,6 +6,12 @@ import (
 	"time"
 )
 
+// AllowModeChangeKey is the StorageClass parameter that lets a restore or
+// clone change a volume's mode (Volume.WrittenAs): pkg/controller reads
+// it, and the node server names it where it refuses to mount a Block
+// volume's data.
+const AllowModeChangeKey = "converge.csi.dev/allow-volume-mode-change"
+
 // AccessType says how a volume is presented to a workload.
 type AccessType string
 
@@ -150,6 +156,38 @@ type Volume struct {
 	// a crash in between leaves it, and the next pass thaws the filesystem
 	// (a frozen filesystem hangs every pod on it). Empty when none.
 	Frozen string `json:"frozen,omitempty"`
+	// Changed is when the store last wrote the record. A record written
+	// before the store kept it gets, in memory, the time the store was
+	// opened: it changed then at the latest, so its age is never
+	// overstated (csi-node gc keeps what changed within --min-age).
+	Changed time.Time `json:"changed,omitzero"`
+	// Access is how the volume's data may have been written: AccessMount
+	// when CreateVolume made it for a filesystem alone; AccessBlock when
+	// CreateVolume made it for a raw block device (any of its capabilities)
+	// or it was ever staged as one, for a workload may then have written
+	// anything on it. Once AccessBlock it stays so until the volume is
+	// removed. Empty for a volume made before the plugin recorded it (see
+	// WrittenAs). It is no reason to keep a record (Empty): a record that
+	// holds nothing else is of a volume the plugin never formatted nor
+	// provisioned with a record, which counts as AccessBlock without one.
+	Access AccessType `json:"access,omitempty"`
+}
+
+// WrittenAs returns how the volume's data may have been written, which a
+// snapshot of it records and a volume made from it must match: AccessBlock
+// when its record says so or it is staged as a raw block device now,
+// AccessMount when CreateVolume made it for a filesystem alone. A volume
+// whose record predates Access counts as AccessMount when the plugin
+// formatted it or mounted the filesystem it found (Formatted), else as
+// AccessBlock: what the plugin cannot vouch for was possibly written raw.
+func (v *Volume) WrittenAs() AccessType {
+	switch {
+	case v.Access == AccessBlock || v.Stage != nil && v.Stage.Access == AccessBlock:
+		return AccessBlock
+	case v.Access == AccessMount || v.Access == "" && v.Formatted != "":
+		return AccessMount
+	}
+	return AccessBlock
 }
 
 // SnapshotIntent is the desire for a snapshot of the volume.

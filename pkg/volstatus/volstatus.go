@@ -72,7 +72,9 @@ type Pool struct {
 	ThickPromisedBytes int64 `json:"thickPromisedBytes"`
 	ThickOwedBytes     int64 `json:"thickOwedBytes"`
 	// ThinPromisedBytes sums the sizes of the thin volumes, of which
-	// ThinAllocatedBytes is written.
+	// ThinAllocatedBytes is written and shared with no other file (a
+	// snapshot, a volume restored from one): a write to a shared block
+	// takes a new one (capacity.Image.Own).
 	ThinPromisedBytes  int64 `json:"thinPromisedBytes"`
 	ThinAllocatedBytes int64 `json:"thinAllocatedBytes"`
 	// ThickAvailableBytes and ThinAvailableBytes are what GetCapacity
@@ -81,9 +83,16 @@ type Pool struct {
 	ThinAvailableBytes  int64 `json:"thinAvailableBytes"`
 	// OverprovisioningRatio is the pool's ratio for thin volumes.
 	OverprovisioningRatio float64 `json:"overprovisioningRatio"`
-	// GuardBytes is the free space below which the pool is nearly full.
+	// GuardBytes is the free space that no volume is promised, below
+	// which the pool is nearly full (NearlyFull).
 	GuardBytes int64 `json:"guardBytes"`
 	NearlyFull bool  `json:"nearlyFull"`
+	// KubeletFilesystem is true when the pool's filesystem holds the
+	// kubelet's directory; GuardBelowKubeletEviction when its guard keeps
+	// less of it free than the kubelet's default eviction threshold, so
+	// that the pool's volumes may make the kubelet evict pods.
+	KubeletFilesystem         bool `json:"kubeletFilesystem"`
+	GuardBelowKubeletEviction bool `json:"guardBelowKubeletEviction,omitempty"`
 	// Snapshots counts the snapshots kept in the data directory, which
 	// SnapshotBytes they allocate (blocks shared with their volumes
 	// counted in full); CopyMode is how the data directory copies them

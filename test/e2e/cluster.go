@@ -70,6 +70,12 @@ func repoRoot() string {
 // up brings the cluster up. On error the caller must still call down.
 func (c *cluster) up(ctx context.Context) error {
 	c.repo = repoRoot()
+	// Two runs on one machine share its mount table, loop devices, host
+	// paths and kernel tunables, and each one's clean-up undoes the
+	// other's: a second run waits its turn instead of breaking the first.
+	if others := liveRuns(); len(others) > 0 {
+		return fmt.Errorf("another e2e run is in progress on this machine (%s); wait for it to end: runs share the host's mounts, loop devices and paths", strings.Join(others, ", "))
+	}
 	for _, note := range cleanStaleRuns() {
 		fmt.Printf("e2e: cleaned after an earlier run that did not take itself down: %s\n", note)
 	}

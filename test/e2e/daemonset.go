@@ -43,12 +43,22 @@ const (
 	fastPoolRatio = 4
 )
 
+// testPoolGuard is the guard of the run's default pool. Its nodes' kubelet
+// and state directories lie on the test machine's own disk, where the
+// default guard there (20%, to keep a real kubelet from evicting pods)
+// would refuse the suite's volumes whenever the machine's disk is more
+// than four-fifths full with things of its own; the run's kubelets never
+// evict (their thresholds are off).
+const testPoolGuard = "5%"
+
 // installArgs are the arguments the run adds to csi-node's in deploy/:
 // every call logged (-v=4: the suite reads the kubelet's calls from
 // csi-node's log, calls.go), volume conditions for the kubelet
-// (TestVolumeConditionReachesThePod), a volume limit, and the pool fast,
-// which only the first node has (TestTwoNodesPoolSteersScheduling).
+// (TestVolumeConditionReachesThePod), a volume limit, the pool fast,
+// which only the first node has (TestTwoNodesPoolSteersScheduling), and
+// the default pool's guard (testPoolGuard).
 var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
+	"--pool-guard=" + testPoolGuard,
 	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
 
 // controllerName is deploy/'s converge-controller Deployment. The run

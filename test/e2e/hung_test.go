@@ -14,7 +14,8 @@ import (
 // A hung driver is restarted by its liveness probe, as deploy/ installs
 // it: csi-node is stopped (SIGSTOP, as a deadlock or a stuck mount would
 // leave it) while a pod writes to a published volume. The kubelet's
-// liveness probe, asked through the livenessprobe sidecar, fails; the
+// liveness probe (csi-node's /livez: Identity.Probe on its own socket)
+// fails; the
 // kubelet restarts the container within the probe's budget; the
 // application goes on writing with its mounts in place; the new csi-node
 // reconstructs, and a new claim mounts.
@@ -34,8 +35,8 @@ func TestDriverHungRestarted(t *testing.T) {
 	if pid := stopProcessOf(t, driver, "csi-node", pod.Name); pid == 0 {
 		t.Fatal("no csi-node process found in the converge pod")
 	}
-	// deploy/'s budget: 5 failed probes 10 s apart, then the termination
-	// grace (30 s) that a stopped process cannot use.
+	// deploy/'s budget: 5 failed probes 10 s apart, then the probe's
+	// termination grace (1 s).
 	waitContainerRestarted(t, driver, "csi-node", before, 3*time.Minute)
 	t.Logf("csi-node restarted %.0f s after it was stopped", time.Since(stopped).Seconds())
 	if ev := podEventsOf(t, driver); !strings.Contains(ev, "failed liveness probe") {

@@ -137,6 +137,19 @@ func cleanStaleRuns() []string {
 	return notes
 }
 
+// liveRuns lists the run directories whose owner still runs.
+func liveRuns() []string {
+	var out []string
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), runPrefix+"*"))
+	for _, dir := range dirs {
+		if ownerAlive(dir) {
+			b, _ := os.ReadFile(filepath.Join(dir, "owner"))
+			out = append(out, fmt.Sprintf("%s, process %s", dir, strings.Fields(string(b))[0]))
+		}
+	}
+	return out
+}
+
 // writeOwner records in the run's directory which process runs it: its
 // PID and the start time that makes the PID unambiguous.
 func writeOwner(dir string) error {

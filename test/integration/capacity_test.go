@@ -192,10 +192,10 @@ func TestThickVolumesKeepTheirPromise(t *testing.T) {
 }
 
 // TestThinVolumesOvercommitAndGiveSpaceBack runs the plugin on a 320 MiB
-// data directory with an overprovisioning ratio of 2: thin volumes are
-// promised up to twice the space and no more, the pool guard reports them
-// before writes fail and refuses new ones, and space freed in a volume
-// returns to the data directory.
+// data directory with an overprovisioning ratio of 2 and a guard of 80 MiB:
+// thin volumes are promised up to twice the space above the guard and no
+// more, the pool guard reports them before writes fail and refuses new
+// ones, and space freed in a volume returns to the data directory.
 func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
 	p := testenv.New(t, testenv.VolumeHealth, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
 	smallDataDir(t, p, 320*mib)
@@ -222,9 +222,10 @@ func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
 			t.Fatal("no refusal after 10 thin volumes of 128 MiB on 320 MiB")
 		}
 	}
-	// 4 x 128 MiB = 512 MiB fits twice the ~300 MiB; a fifth does not.
-	if len(ids) != 4 {
-		t.Fatalf("accepted %d thin volumes of 128 MiB at ratio 2 on 320 MiB, want 4", len(ids))
+	// 3 x 128 MiB = 384 MiB fits twice the ~205 MiB above the guard of
+	// the ~285 MiB free; a fourth does not.
+	if len(ids) != 3 {
+		t.Fatalf("accepted %d thin volumes of 128 MiB at ratio 2 on 320 MiB with a guard of 80 MiB, want 3", len(ids))
 	}
 	err := createProvisioned(p, t, "odd", "sometimes", size)
 	wantCode(t, "unknown provisioning", err, codes.InvalidArgument)
@@ -265,13 +266,11 @@ func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
 	waitCondition(t, p, ids[2], "")
 	must(t, "create once there is room", createProvisioned(p, t, "late", "thin", 16*mib))
 
-	for _, id := range ids[:3] {
+	for _, id := range ids {
 		downAndDelete(t, p, id)
 	}
-	for _, id := range []string{ids[3], vid("late")} {
-		_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
-		must(t, "delete "+id, err)
-	}
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: vid("late")})
+	must(t, "delete late", err)
 }
 
 // upPublishedExisting stages and publishes an existing volume read-write.
@@ -371,7 +370,9 @@ func TestOldSparseVolumeIsMadeThick(t *testing.T) {
 // staged again, checked: then they are healthy, take writes, and what was
 // acknowledged before reads back intact.
 func TestThinPoolFullIsReported(t *testing.T) {
-	p := testenv.New(t, testenv.VolumeHealth, "--thin-overprovisioning-ratio", "2", "--pool-guard", "80Mi", "--resync-period", "1s")
+	// Two volumes of 256 MiB fit twice the ~285 MiB free less a guard of
+	// 16 MiB.
+	p := testenv.New(t, testenv.VolumeHealth, "--thin-overprovisioning-ratio", "2", "--pool-guard", "16Mi", "--resync-period", "1s")
 	smallDataDir(t, p, 320*mib)
 	p.Start()
 

@@ -2,9 +2,13 @@ package integration
 
 import (
 	"bytes"
+	"crypto/rand"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -230,4 +234,113 @@ func snapshotOf128(t *testing.T, p *testenv.Plugin, name, id string) *csi.Snapsh
 		t.Fatalf("snapshot %s: got %+v, want ready, 128 MiB", name, s)
 	}
 	return resp.GetSnapshot()
+}
+
+// TestReflinkThinVolumesKeepTheGuard writes a thin volume where the data
+// directory shares blocks (xfs with reflinks, guard 20%), snapshots it and
+// restores the snapshot into thin volumes until one is refused. A restore
+// shares every block with the snapshot at first, yet each of its writes
+// takes a new block: each thin volume is promised its whole size (ratio
+// 1), so the volumes promised fit above the guard, and when every one of
+// them is written anew in full, the guard is still free. A snapshot of a
+// volume whose blocks are its own then is refused unless the space its
+// writes would copy is there.
+func TestReflinkThinVolumesKeepTheGuard(t *testing.T) {
+	p := testenv.New(t, "--pool-guard", "20%")
+	smallDataDirOf(t, p, 512*mib, "xfs", "-q", "-f", "-m", "reflink=1")
+	p.Start()
+	if !strings.Contains(p.Log(), `copy="reflink"`) {
+		t.Fatal("the plugin did not find that the data directory shares blocks")
+	}
+	total, _ := spaceOf(t, p.DataDir)
+	guard := guardOf(total, 20)
+	thin := map[string]string{provisioningKey: "thin"}
+	src, err := createAs(t, p, "thin-src", rwo, thin, nil)
+	must(t, "create thin-src", err)
+	_, target := upPublishedExisting(t, p, src)
+	fill(t, target, "data", 48*mib)
+	snap := snapshotOf(t, p, "thin-snap", src).GetSnapshotId()
+
+	ids := []string{src}
+	for i := 0; ; i++ {
+		id, err := createAs(t, p, fmt.Sprintf("thin-restore-%d", i), rwo, thin, snapshotSource(snap))
+		if err != nil {
+			wantCode(t, "a thin restore past the guard", err, codes.ResourceExhausted)
+			break
+		}
+		ids = append(ids, id)
+		if i > 8 {
+			t.Fatalf("no refusal after %d thin restores of %d MiB on a %d MiB data directory", i+1, volSize/mib, total/mib)
+		}
+	}
+	_, free := spaceOf(t, p.DataDir)
+	t.Logf("%d thin restores of %d MiB made; %d MiB free, guard %d MiB", len(ids)-1, volSize/mib, free/mib, guard/mib)
+	if promised := int64(len(ids)) * volSize; promised > free-guard {
+		t.Errorf("%d thin volumes of %d MiB promised at a ratio of 1, %d MiB free above the guard: each may write its whole size anew", len(ids), volSize/mib, (free-guard)/mib)
+	}
+
+	// Every volume writes every block anew: the files it holds in place,
+	// then the rest of its filesystem.
+	for _, id := range ids {
+		target := filepath.Join(p.Root, "pod-"+id, "mount")
+		if id != src {
+			_, target = upPublishedExisting(t, p, id)
+		}
+		rewriteAll(t, id, target)
+		_, free := spaceOf(t, p.DataDir)
+		t.Logf("%s written anew: %d MiB free", id, free/mib)
+		if free < guard {
+			t.Fatalf("after %s was written anew: %d MiB free, below the guard of %d MiB", id, free/mib, guard/mib)
+		}
+	}
+
+	// A snapshot shares a written volume's blocks again: it is promised
+	// what the volume's writes would copy, or refused.
+	_, err = p.Controller().CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "thin-snap-2", SourceVolumeId: ids[1]})
+	t.Logf("a snapshot of %s written anew: %v", ids[1], err)
+	if err != nil {
+		wantCode(t, "a snapshot whose sharing does not fit above the guard", err, codes.ResourceExhausted)
+	} else {
+		rewriteAll(t, ids[1], filepath.Join(p.Root, "pod-"+ids[1], "mount"))
+		if _, free := spaceOf(t, p.DataDir); free < guard {
+			t.Errorf("after a snapshot of %s and its writes: %d MiB free, below the guard of %d MiB", ids[1], free/mib, guard/mib)
+		}
+	}
+	for _, id := range ids {
+		downAndDelete(t, p, id)
+	}
+}
+
+// rewriteAll writes volume id, published at target, anew: every file in
+// place, each MiB fsynced, then a new file up to its filesystem's ENOSPC.
+// A pool that runs out under it fails the test.
+func rewriteAll(t *testing.T, id, target string) {
+	t.Helper()
+	entries, err := os.ReadDir(target)
+	must(t, "listing "+target, err)
+	buf := make([]byte, mib)
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(target, e.Name()), os.O_WRONLY, 0)
+		must(t, "open "+e.Name(), err)
+		info, err := f.Stat()
+		must(t, "stat "+e.Name(), err)
+		for off := int64(0); off < info.Size(); off += mib {
+			rand.Read(buf)
+			if _, err = f.WriteAt(buf[:min(mib, info.Size()-off)], off); err == nil {
+				err = f.Sync()
+			}
+			if err != nil {
+				f.Close()
+				t.Fatalf("%s: writing %s anew at %d MiB: %v", id, e.Name(), off/mib, err)
+			}
+		}
+		must(t, "close "+e.Name(), f.Close())
+	}
+	_, n, err := fillUntilError(target, fmt.Sprintf("more-%d", len(entries)), volSize)
+	if err != nil && !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("%s: writing its free space at %d MiB: %v", id, n/mib, err)
+	}
 }

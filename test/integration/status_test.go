@@ -27,7 +27,7 @@ func TestStatusAndMetrics(t *testing.T) {
 	must(t, "csi-node status", err)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(lines) != 8 || !strings.HasPrefix(lines[0], "NODE            test-node: ") || !strings.HasPrefix(lines[1], "POOL default    "+p.DataDir+": size ") ||
-		!strings.HasPrefix(lines[2], "  PROMISED      thick 64Mi (0 not yet allocated), thin 0 (0 written, ratio 1)") ||
+		!strings.HasPrefix(lines[2], "  PROMISED      thick 64Mi (0 not yet allocated), thin 0 (0 written and not shared, ratio 1)") ||
 		!strings.HasPrefix(lines[3], "  AVAILABLE     thick ") ||
 		!strings.HasPrefix(lines[4], "  SNAPSHOTS     1, allocating ") || !strings.HasSuffix(lines[4], "(copied by sparse), 0 promised to those being taken") ||
 		!strings.HasPrefix(lines[6], "VOLUME") ||
@@ -133,7 +133,7 @@ func TestStatusStaysOnTheNode(t *testing.T) {
 				must(t, "reading "+path, err)
 				return resp.StatusCode, string(b)
 			}
-			for _, path := range []string{"/metrics", "/healthz", "/readyz"} {
+			for _, path := range []string{"/metrics", "/healthz", "/livez", "/readyz"} {
 				if code, _ := get(path); code != http.StatusOK {
 					t.Errorf("GET %s over TCP: got %d, want 200", path, code)
 				}
@@ -143,8 +143,8 @@ func TestStatusStaysOnTheNode(t *testing.T) {
 				if code != tc.status {
 					t.Errorf("GET %s over TCP: got %d, want %d", path, code, tc.status)
 				}
-				if tc.status != http.StatusOK && (strings.Contains(body, vol) || strings.Contains(body, p.DataDir)) {
-					t.Errorf("GET %s over TCP names the volume or the pool: %s", path, body)
+				if tc.status != http.StatusOK && (strings.Contains(body, vol) || strings.Contains(body, p.DataDir) || !strings.Contains(body, "--http-status")) {
+					t.Errorf("GET %s over TCP names the volume or the pool, or not where the status is: %s", path, body)
 				}
 			}
 			// The socket serves the status whatever the flag, and the

@@ -1,0 +1,96 @@
+package controller
+
+import (
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// AllowModeChangeKey is the StorageClass parameter that lets a volume be
+// made from a snapshot, or cloned, in the other volume mode than its
+// source's: "true", or "false" (the default). Without it a Block volume's
+// data never becomes a Filesystem volume, whose stage fscks and the
+// kernel mounts whatever a workload wrote on the raw device, and a
+// Filesystem volume's never becomes a Block volume. It is what upstream's
+// admin-only annotation snapshot.storage.kubernetes.io/allow-volume-mode-change
+// on a VolumeSnapshotContent does, held by the StorageClass, which only an
+// administrator writes (though a claim of any namespace may name it:
+// docs/operations.md says how to keep others out), and checked by the
+// plugin itself, whatever the snapshot-controller recorded.
+const AllowModeChangeKey = state.AllowModeChangeKey
+
+// parseAllowModeChange reads AllowModeChangeKey from a request's
+// parameters: absent is false; anything but "true" or "false" is
+// INVALID_ARGUMENT.
+func parseAllowModeChange(params map[string]string) (bool, error) {
+	switch v, ok := params[AllowModeChangeKey]; {
+	case !ok || v == "false":
+		return false, nil
+	case v == "true":
+		return true, nil
+	default:
+		return false, state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want \"true\" or \"false\"", AllowModeChangeKey, v)
+	}
+}
+
+// accessOf is how a volume asked for with caps may be written: block when
+// any capability asks for a raw block device, mount otherwise.
+func accessOf(caps []*csi.VolumeCapability) state.AccessType {
+	for _, vc := range caps {
+		if capAccess(vc) == state.AccessBlock {
+			return state.AccessBlock
+		}
+	}
+	return state.AccessMount
+}
+
+// capAccess is the access type of a capability, checked already.
+func capAccess(vc *csi.VolumeCapability) state.AccessType {
+	if vc.GetBlock() != nil {
+		return state.AccessBlock
+	}
+	return state.AccessMount
+}
+
+// snapshotAccess is how the volume of a snapshot was written, as the
+// snapshot records it. A snapshot taken before snapshots recorded it (by
+// an earlier release) tells by its filesystem: one recorded means the
+// plugin formatted the volume or mounted the filesystem it found (mount);
+// none means the plugin never did, and what was written is unknown
+// (block). An access this plugin does not know is block.
+func snapshotAccess(info devices.SnapshotInfo) state.AccessType {
+	switch {
+	case info.Access == string(state.AccessMount):
+		return state.AccessMount
+	case info.Access == "" && info.FsType != "":
+		return state.AccessMount
+	}
+	return state.AccessBlock
+}
+
+// modeName is the Kubernetes volume mode of an access type, which the user
+// wrote in the claim.
+func modeName(a state.AccessType) string {
+	if a == state.AccessBlock {
+		return "Block"
+	}
+	return "Filesystem"
+}
+
+// checkModeChange refuses, with INVALID_ARGUMENT, to make the volume r asks
+// for from source (a snapshot or a volume, named in the message), whose
+// data was written as from, when any of r's capabilities asks for the
+// other access type, unless the StorageClass allows it.
+func (r createRequest) checkModeChange(source string, from state.AccessType) error {
+	if r.allowModeChange {
+		return nil
+	}
+	for _, vc := range r.caps {
+		if to := capAccess(vc); to != from {
+			return state.Errorf(state.KindInvalidArgument, "%s holds the data of a volume in volume mode %s; a volume in volume mode %s is made from it only where the StorageClass sets %s: \"true\"",
+				source, modeName(from), modeName(to), AllowModeChangeKey)
+		}
+	}
+	return nil
+}
