@@ -46,6 +46,19 @@ const (
 	topologyKey       = "topology.converge.csi.dev/node"
 	// leaseName is the Lease the replicas elect their leader on.
 	leaseName = "converge-controller"
+	// defaultDeletedNodeGrace is how long a deleted Node stays absent
+	// before its volumes are taken for lost. A Node is deleted for real by
+	// a cloud's node lifecycle controller when its instance is gone, and
+	// by mistake with kubectl delete node; a running kubelet does not
+	// register its Node again (only a kubelet that starts does), so a live
+	// node deleted by mistake stays deleted until someone restarts its
+	// kubelet. Its pods are deleted by the pod GC within a minute either
+	// way; what the grace decides is when a release, which cannot be
+	// undone, happens: ten minutes leave an operator the time to read the
+	// NodeLossPending event and restart the kubelet, and delay a
+	// StatefulSet's replica on a dead node by as much. An operator who
+	// knows the node is dead says so at once with the out-of-service taint.
+	defaultDeletedNodeGrace = 10 * time.Minute
 )
 
 type options struct {
@@ -67,7 +80,7 @@ func main() {
 	fs.StringVar(&o.namespace, "leader-election-namespace", ns, "namespace of the Lease the replicas elect their leader on (default $POD_NAMESPACE, else kube-system)")
 	fs.StringVar(&o.identity, "identity", host, "this replica's name in the Lease")
 	fs.StringVar(&o.httpAddress, "http-address", ":9812", "host:port serving /metrics and /healthz (empty: none)")
-	fs.DurationVar(&o.grace, "deleted-node-grace", time.Minute, "how long a node's object must be absent before its volumes are taken for lost (a kubelet registers a Node deleted by mistake again within seconds); a node with the node.kubernetes.io/out-of-service taint is lost at once")
+	fs.DurationVar(&o.grace, "deleted-node-grace", defaultDeletedNodeGrace, "how long a node's object must be absent before its volumes are taken for lost (a running kubelet does not register its deleted Node again: only a restarted one does); a node with the node.kubernetes.io/out-of-service taint is lost as soon as it is not Ready")
 	fs.DurationVar(&o.resync, "resync-period", 5*time.Minute, "longest time between two passes over the volumes")
 	fs.DurationVar(&o.leaseDuration, "leader-election-lease-duration", 15*time.Second, "how long the other replicas wait before they take a Lease that is not renewed")
 	fs.DurationVar(&o.renewDeadline, "leader-election-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew its Lease before it stops")

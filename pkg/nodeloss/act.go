@@ -15,11 +15,12 @@ import (
 
 // Event reasons.
 const (
-	ReasonNodeLost       = "NodeLost"
-	ReasonReleaseRefused = "ReleaseRefused"
-	ReasonClaimReleased  = "ClaimReleased"
-	ReasonPodDeleted     = "PodDeleted"
-	ReasonVolumeReleased = "VolumeReleased"
+	ReasonNodeLossPending = "NodeLossPending"
+	ReasonNodeLost        = "NodeLost"
+	ReasonReleaseRefused  = "ReleaseRefused"
+	ReasonClaimReleased   = "ClaimReleased"
+	ReasonPodDeleted      = "PodDeleted"
+	ReasonVolumeReleased  = "VolumeReleased"
 )
 
 // act carries out a: each action is idempotent and made against the object
@@ -37,6 +38,8 @@ func act(ctx context.Context, client kubernetes.Interface, events record.EventRe
 	}
 	var err error
 	switch a.Kind {
+	case Pending:
+		warn(ReasonNodeLossPending, both...)
 	case Retained:
 		warn(ReasonNodeLost, both...)
 	case Kept:

@@ -163,8 +163,12 @@ func (c *Controller) Pass(ctx context.Context) (Decision, error) {
 	}
 	log := klog.FromContext(ctx)
 	var first error
+	// A warning is given once while it says the same; a volume that no
+	// longer warns (its node came back) is warned again when it next does.
+	warning := map[types.UID]bool{}
 	for _, a := range d.Actions {
-		if a.Kind == Retained || a.Kind == Kept {
+		if a.Kind.warns() {
+			warning[a.Volume.UID] = true
 			key := a.Kind.String() + " " + a.Why
 			if c.warned[a.Volume.UID] == key {
 				continue
@@ -190,6 +194,11 @@ func (c *Controller) Pass(ctx context.Context) (Decision, error) {
 			continue
 		}
 		log.Info("Acted on a volume whose node is gone", kv...)
+	}
+	for uid := range c.warned {
+		if !warning[uid] {
+			delete(c.warned, uid)
+		}
 	}
 	return d, first
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -99,19 +100,25 @@ func (f *fixture) drained() []string {
 func always() bool { return true }
 
 // TestReleaseAStatefulSetsVolume follows a release from the node's
-// deletion to the volume's: nothing within the grace, then the claim and
-// its pod (at once: its node is gone), then, once the claim is gone, the
-// volume; events on each, and the metrics.
+// deletion to the volume's: within the grace a warning, once, of what
+// comes and nothing else; then the claim and its pod (at once: its node is
+// gone), then, once the claim is gone, the volume; events on each, and the
+// metrics.
 func TestReleaseAStatefulSetsVolume(t *testing.T) {
 	ctx := context.Background()
 	f := newFixture(t, node("a"), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"),
 		statefulSet("ns", "db", "data"), pod("ns", "db-0", "b", "data-db-0"), pod("ns", "web", "a"))
-	if d := f.pass(always); len(d.Actions) != 0 || d.Next != 30*time.Second {
-		t.Fatalf("first pass after the node is seen absent: %s, next in %v; want nothing for 30s", actions(d), d.Next)
+	if d := f.pass(always); actions(d) != "pending v" || d.Next != 30*time.Second {
+		t.Fatalf("first pass after the node is seen absent: %s, next in %v; want the warning alone, and a pass in 30s", actions(d), d.Next)
 	}
 	f.advance(29 * time.Second)
-	if d := f.pass(always); len(d.Actions) != 0 {
+	if d := f.pass(always); actions(d) != "pending v" {
 		t.Fatalf("within the grace: %s", actions(d))
+	}
+	events := f.drained()
+	want := "Warning NodeLossPending node b was deleted; unless it registers again by 2026-11-25T12:00:30Z, converge deletes claim ns/data-db-0"
+	if len(events) != 2 || !strings.HasPrefix(events[0], want) || events[0] != events[1] {
+		t.Fatalf("events within the grace: %q, want one %q on the volume and one on the claim", events, want)
 	}
 	f.advance(time.Second)
 	d := f.pass(always)
@@ -139,10 +146,10 @@ func TestReleaseAStatefulSetsVolume(t *testing.T) {
 	if _, err := pvs.Get(ctx, "v", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the volume: %v, want it deleted", err)
 	}
-	events := strings.Join(f.drained(), "\n")
+	released := strings.Join(f.drained(), "\n")
 	for _, want := range []string{"Warning ClaimReleased node b was deleted", "Warning PodDeleted", "Warning VolumeReleased"} {
-		if !strings.Contains(events, want) {
-			t.Errorf("events do not say %q:\n%s", want, events)
+		if !strings.Contains(released, want) {
+			t.Errorf("events do not say %q:\n%s", want, released)
 		}
 	}
 	if got := testutil.ToFloat64(f.metrics.actions.WithLabelValues("release")); got != 1 {
@@ -176,18 +183,26 @@ func TestReleaseTakesOffTheFinalizer(t *testing.T) {
 	}
 }
 
-// TestRetainWarnsOnce checks that a retained volume's warning is given once
-// (not at every pass), on the volume and its claim, and that a node that
-// comes back ends it; a node that is there is never acted on.
+// TestRetainWarnsOnce checks that a retained volume's warnings are given
+// once each (not at every pass), on the volume and its claim: what comes
+// while the node is within its grace, then that it is lost; that a node
+// that comes back ends them; and that a node deleted again is warned of
+// again. A node that is there is never acted on.
 func TestRetainWarnsOnce(t *testing.T) {
 	f := newFixture(t, class("ret", ""), volume("v", "b", "ret", "ns", "c"), pvc("ns", "c", "v"), pod("ns", "p", "b", "c"))
 	f.pass(always)
+	f.pass(always)
+	pending := "Warning NodeLossPending node b was deleted; unless it registers again by 2026-11-25T12:00:30Z, converge keeps claim ns/c"
+	events := f.drained()
+	if len(events) != 2 || !strings.HasPrefix(events[0], pending) || !strings.HasPrefix(events[1], pending) {
+		t.Errorf("events within the grace: %q, want one %q on the volume and one on the claim", events, pending)
+	}
 	f.advance(time.Minute)
 	if got := actions(f.pass(always)); got != "retained v" {
 		t.Fatalf("got %s", got)
 	}
 	f.pass(always)
-	events := f.drained()
+	events = f.drained()
 	if len(events) != 2 || !strings.HasPrefix(events[0], "Warning NodeLost node b was deleted") {
 		t.Errorf("events: %q, want one NodeLost on the volume and one on the claim", events)
 	}
@@ -195,7 +210,8 @@ func TestRetainWarnsOnce(t *testing.T) {
 		t.Errorf("volumes on lost nodes, retain: %v, want 1", got)
 	}
 	// The node comes back.
-	if _, err := f.client.CoreV1().Nodes().Create(context.Background(), node("b"), metav1.CreateOptions{}); err != nil {
+	nodes := f.client.CoreV1().Nodes()
+	if _, err := nodes.Create(context.Background(), node("b"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	d := f.pass(func() bool { _, err := f.c.nodes.Get("b"); return err == nil })
@@ -207,6 +223,54 @@ func TestRetainWarnsOnce(t *testing.T) {
 	}
 	if _, err := f.client.CoreV1().PersistentVolumeClaims("ns").Get(context.Background(), "c", metav1.GetOptions{}); err != nil {
 		t.Errorf("the retained claim: %v", err)
+	}
+	// Deleted again: warned again, of a grace that starts now.
+	if err := nodes.Delete(context.Background(), "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.pass(func() bool { _, err := f.c.nodes.Get("b"); return apierrors.IsNotFound(err) })
+	pending = "Warning NodeLossPending node b was deleted; unless it registers again by 2026-11-25T12:01:30Z, converge keeps claim ns/c"
+	if events := f.drained(); len(events) != 2 || !strings.HasPrefix(events[0], pending) {
+		t.Errorf("events, the node deleted again: %q, want one %q on the volume and one on the claim", events, pending)
+	}
+}
+
+// TestOutOfServiceWaitsForNotReady checks that a node tainted out of
+// service while it reports Ready is warned of, once, and released from
+// only when it is no longer Ready.
+func TestOutOfServiceWaitsForNotReady(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, withReady(node("b", OutOfServiceTaint), corev1.ConditionTrue), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"),
+		pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data"), pod("ns", "db-0", "b", "data-db-0"))
+	for range 2 {
+		if d := f.pass(always); actions(d) != "pending v" || d.Next != 0 {
+			t.Fatalf("tainted and Ready: %s, next in %v; want the warning alone, and no timer", actions(d), d.Next)
+		}
+	}
+	want := "Warning NodeLossPending node b carries the " + OutOfServiceTaint + " taint but reports Ready; once it is not Ready, converge deletes claim ns/data-db-0"
+	if events := f.drained(); len(events) != 2 || !strings.HasPrefix(events[0], want) {
+		t.Errorf("events: %q, want one %q on the volume and one on the claim", events, want)
+	}
+	// The node lifecycle controller marks it Unknown: its kubelet stopped
+	// reporting.
+	n, err := f.client.CoreV1().Nodes().Get(ctx, "b", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Conditions[len(n.Status.Conditions)-1].Status = corev1.ConditionUnknown
+	n.ResourceVersion = "2"
+	if _, err := f.client.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := f.pass(func() bool {
+		n, err := f.c.nodes.Get("b")
+		return err == nil && n.Status.Conditions[len(n.Status.Conditions)-1].Status == corev1.ConditionUnknown
+	})
+	if got := actions(d); got != "delete_claim ns/data-db-0; delete_pod ns/db-0" {
+		t.Fatalf("tainted and not Ready: %s", got)
+	}
+	if events := strings.Join(f.drained(), "\n"); !strings.Contains(events, "Warning ClaimReleased node b carries the "+OutOfServiceTaint+" taint and is not Ready") {
+		t.Errorf("events do not say why the claim was released:\n%s", events)
 	}
 }
 

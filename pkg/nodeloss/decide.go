@@ -18,9 +18,13 @@ const ProvisionerFinalizer = "external-provisioner.volume.kubernetes.io/finalize
 type Kind int
 
 const (
+	// Pending warns, on the volume and its claim, that its node will be
+	// taken for gone unless it comes back, what converge then does, and
+	// what the operator can do meanwhile.
+	Pending Kind = iota
 	// Retained warns, on the volume and its claim, that the volume's
 	// node is gone and its data kept there.
-	Retained Kind = iota
+	Retained
 	// Kept warns that a release was asked for a claim no StatefulSet
 	// makes again, so it is kept.
 	Kept
@@ -34,8 +38,17 @@ const (
 	Release
 )
 
+// kinds are every Kind, in order.
+var kinds = []Kind{Pending, Retained, Kept, DeleteClaim, DeletePod, Release}
+
 func (k Kind) String() string {
-	return [...]string{"retained", "kept", "delete_claim", "delete_pod", "release"}[k]
+	return [...]string{"pending", "retained", "kept", "delete_claim", "delete_pod", "release"}[k]
+}
+
+// warns says whether k only warns, and so is given once while it says the
+// same.
+func (k Kind) warns() bool {
+	return k == Pending || k == Retained || k == Kept
 }
 
 // Action is one thing a pass does, with what it acts on and why.
@@ -59,7 +72,9 @@ type Decision struct {
 }
 
 // Decide decides, for every volume of the driver pinned to a node by
-// topologyKey, what to do (see the package doc).
+// topologyKey, what to do (see the package doc): on a gone node, what the
+// volume's choice says; on a node that would be gone unless it comes back,
+// a warning that says what converge would do then.
 func Decide(w *World, topologyKey string) Decision {
 	d := Decision{OnLost: map[state.OnNodeLoss]int{}}
 	for _, pv := range w.Volumes {
@@ -67,48 +82,90 @@ func Decide(w *World, topologyKey string) Decision {
 		if node == "" {
 			continue
 		}
-		gone, wait := w.gone(node)
-		if gone == "" {
-			if wait > 0 && (d.Next == 0 || wait < d.Next) {
-				d.Next = wait
+		s := w.stateOf(node)
+		if s.wait > 0 && (d.Next == 0 || s.wait < d.Next) {
+			d.Next = s.wait
+		}
+		switch {
+		case s.gone != "":
+			choice, why := w.choiceOf(pv)
+			d.OnLost[choice]++
+			d.Actions = append(d.Actions, w.onGone(pv, node, s.gone, choice, why)...)
+		case s.pending != "":
+			if a, ok := w.pending(pv, node, s); ok {
+				d.Actions = append(d.Actions, a)
 			}
-			continue
-		}
-		choice, why := w.choiceOf(pv)
-		d.OnLost[choice]++
-		claim := w.claimOf(pv)
-		act := func(k Kind, pod *corev1.Pod, format string, args ...any) {
-			d.Actions = append(d.Actions, Action{Kind: k, Volume: pv, Claim: claim, Pod: pod, Node: node,
-				Why: fmt.Sprintf("node %s %s; ", node, gone) + fmt.Sprintf(format, args...)})
-		}
-		if choice == state.OnNodeLossRetain {
-			act(Retained, nil, "%s, so converge keeps the claim and the data on the node: if the node comes back, so do its pods. To start over on another node with an empty volume, delete the claim (and its pod)", why)
-			continue
-		}
-		if claim != nil {
-			if claim.DeletionTimestamp == nil {
-				if w.setOf(claim) == nil {
-					act(Kept, nil, "%s, but no StatefulSet makes claim %s/%s again, so converge keeps it: delete it yourself to start over on another node", why, claim.Namespace, claim.Name)
-					continue
-				}
-				act(DeleteClaim, nil, "%s: its StatefulSet makes claim %s/%s again, on another node, empty", why, claim.Namespace, claim.Name)
-			}
-			for _, p := range w.podsUsing(claim) {
-				if p.DeletionTimestamp != nil && p.Spec.NodeName != node {
-					continue // on its way out
-				}
-				act(DeletePod, p, "%s: pod %s/%s uses the released claim %s", why, p.Namespace, p.Name, claim.Name)
-			}
-			continue
-		}
-		if pv.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimRetain {
-			continue // kept as the class asks, Released
-		}
-		if pv.DeletionTimestamp == nil || slices.Contains(pv.Finalizers, ProvisionerFinalizer) {
-			act(Release, nil, "%s: the volume's claim is gone and its node's provisioner cannot delete it", why)
 		}
 	}
 	return d
+}
+
+// onGone is what to do with pv, whose node is gone (why says how), as its
+// choice says (choiceWhy says where the choice came from).
+func (w *World) onGone(pv *corev1.PersistentVolume, node, gone string, choice state.OnNodeLoss, choiceWhy string) []Action {
+	var out []Action
+	claim := w.claimOf(pv)
+	act := func(k Kind, pod *corev1.Pod, format string, args ...any) {
+		out = append(out, Action{Kind: k, Volume: pv, Claim: claim, Pod: pod, Node: node,
+			Why: fmt.Sprintf("node %s %s; ", node, gone) + fmt.Sprintf(format, args...)})
+	}
+	if choice == state.OnNodeLossRetain {
+		act(Retained, nil, "%s, so converge keeps the claim and the data on the node: if the node comes back, so do its pods. To start over on another node with an empty volume, delete the claim (and its pod)", choiceWhy)
+		return out
+	}
+	if claim != nil {
+		if claim.DeletionTimestamp == nil {
+			if w.setOf(claim) == nil {
+				act(Kept, nil, "%s, but no StatefulSet makes claim %s/%s again, so converge keeps it: delete it yourself to start over on another node", choiceWhy, claim.Namespace, claim.Name)
+				return out
+			}
+			act(DeleteClaim, nil, "%s: its StatefulSet makes claim %s/%s again, on another node, empty", choiceWhy, claim.Namespace, claim.Name)
+		}
+		for _, p := range w.podsUsing(claim) {
+			if p.DeletionTimestamp != nil && p.Spec.NodeName != node {
+				continue // on its way out
+			}
+			act(DeletePod, p, "%s: pod %s/%s uses the released claim %s", choiceWhy, p.Namespace, p.Name, claim.Name)
+		}
+		return out
+	}
+	if pv.Spec.PersistentVolumeReclaimPolicy == corev1.PersistentVolumeReclaimRetain {
+		return out // kept as the class asks, Released
+	}
+	if pv.DeletionTimestamp == nil || slices.Contains(pv.Finalizers, ProvisionerFinalizer) {
+		act(Release, nil, "%s: the volume's claim is gone and its node's provisioner cannot delete it", choiceWhy)
+	}
+	return out
+}
+
+// pending is the warning for pv, whose node would be gone unless it comes
+// back (s says when), and whether there is one: it says what converge
+// would then do, as onGone decides it, and what the operator can do. There
+// is none when converge would do nothing.
+func (w *World) pending(pv *corev1.PersistentVolume, node string, s nodeState) (Action, bool) {
+	choice, choiceWhy := w.choiceOf(pv)
+	would := w.onGone(pv, node, "", choice, choiceWhy)
+	if len(would) == 0 {
+		return Action{}, false
+	}
+	first := would[0]
+	var what string
+	switch {
+	case first.Kind == Retained && first.Claim != nil:
+		what = fmt.Sprintf("converge keeps claim %s/%s and the data on the node", first.Claim.Namespace, first.Claim.Name)
+	case first.Kind == Retained:
+		what = fmt.Sprintf("converge keeps volume %s and its data on the node", pv.Name)
+	case first.Kind == Kept:
+		what = fmt.Sprintf("converge keeps claim %s/%s, which no StatefulSet makes again", first.Claim.Namespace, first.Claim.Name)
+	case first.Kind == DeleteClaim:
+		what = fmt.Sprintf("converge deletes claim %s/%s and its pods, and its StatefulSet makes them again on another node, with an empty volume", first.Claim.Namespace, first.Claim.Name)
+	case first.Kind == DeletePod:
+		what = fmt.Sprintf("converge deletes the pods of claim %s/%s, which is being deleted", first.Claim.Namespace, first.Claim.Name)
+	default:
+		what = fmt.Sprintf("converge deletes volume %s, whose claim is gone", pv.Name)
+	}
+	return Action{Kind: Pending, Volume: pv, Claim: first.Claim, Node: node,
+		Why: fmt.Sprintf("node %s %s, %s: %s. %s", node, s.pending, what, choiceWhy, s.advice)}, true
 }
 
 // choiceOf is pv's on-node-loss choice, and why: the one recorded in its

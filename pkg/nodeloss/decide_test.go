@@ -22,11 +22,19 @@ const (
 
 var t0 = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 
+// node is a Node that reports no Ready condition (not Ready), with taints.
 func node(name string, taints ...string) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID("node-" + name)}}
 	for _, k := range taints {
 		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: k, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
 	}
+	return n
+}
+
+// withReady is n with its Ready condition set to status.
+func withReady(n *corev1.Node, status corev1.ConditionStatus) *corev1.Node {
+	n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse},
+		corev1.NodeCondition{Type: corev1.NodeReady, Status: status})
 	return n
 }
 
@@ -135,15 +143,29 @@ func TestDecide(t *testing.T) {
 		{"a node that is there: nothing, whatever its class says",
 			world(node("b"), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
 			""},
-		{"a node absent for less than the grace: nothing yet",
+		{"a Ready node: nothing",
+			world(withReady(node("b"), corev1.ConditionTrue), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
+			""},
+		{"a node absent for less than the grace: a warning of what comes, nothing released yet",
 			func() *World {
-				w := world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data"))
+				w := world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data"),
+					pod("ns", "db-0", "b", "data-db-0"))
 				w.AbsentSince["b"] = t0.Add(-29 * time.Second)
 				return w
 			}(),
-			""},
-		{"a node first seen absent now: nothing yet",
+			"pending v"},
+		{"a node first seen absent now: a warning of what comes, nothing released yet",
 			world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
+			"pending v"},
+		{"retain, the node absent within the grace: a warning of what comes",
+			world(class("ret", "retain"), volume("v", "b", "ret", "ns", "c"), pvc("ns", "c", "v")),
+			"pending v"},
+		{"the node absent within the grace, nothing to do when it is gone: no warning",
+			func() *World {
+				v := volume("v", "b", "rel", "ns", "data-db-0")
+				v.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimRetain
+				return world(class("rel", "release"), v, statefulSet("ns", "db", "data"))
+			}(),
 			""},
 		{"retain, the default: a warning",
 			deletedNode(world(class("plain", ""), volume("v", "b", "plain", "ns", "c"), pvc("ns", "c", "v"))),
@@ -161,9 +183,19 @@ func TestDecide(t *testing.T) {
 			deletedNode(world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data"),
 				pod("ns", "db-0", "b", "data-db-0"), pod("ns", "db-0-again", "", "data-db-0"), pod("ns", "other", "a", "other-claim"), pod("elsewhere", "db-0", "a", "data-db-0"))),
 			"delete_claim ns/data-db-0; delete_pod ns/db-0; delete_pod ns/db-0-again"},
-		{"release on an out-of-service node that is still there",
+		{"release on an out-of-service node that is still there and reports no Ready condition",
 			world(node("b", OutOfServiceTaint), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
 			"delete_claim ns/data-db-0"},
+		{"release on an out-of-service node whose Ready is Unknown (its kubelet stopped reporting)",
+			world(withReady(node("b", OutOfServiceTaint), corev1.ConditionUnknown), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
+			"delete_claim ns/data-db-0"},
+		{"release on an out-of-service node whose Ready is False",
+			world(withReady(node("b", OutOfServiceTaint), corev1.ConditionFalse), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
+			"delete_claim ns/data-db-0"},
+		{"an out-of-service node that reports Ready: a warning, nothing released",
+			world(withReady(node("b", OutOfServiceTaint), corev1.ConditionTrue), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data"),
+				pod("ns", "db-0", "b", "data-db-0")),
+			"pending v"},
 		{"another taint is not out of service",
 			world(node("b", "node.kubernetes.io/unreachable"), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
 			""},
@@ -341,5 +373,54 @@ func TestActionsSayWhy(t *testing.T) {
 		if !strings.Contains(why, want) {
 			t.Errorf("why %q does not say %q", why, want)
 		}
+	}
+}
+
+// TestPendingSaysWhatComes checks that the warning of a node that would be
+// gone unless it comes back says why, when or on what converge would act,
+// what it would then do to the volume, where that choice comes from, and
+// what the operator can do.
+func TestPendingSaysWhatComes(t *testing.T) {
+	deleted := "node b was deleted; unless it registers again by 2026-11-25T12:00:20Z, "
+	restart := "If the machine is alive, restart its kubelet: a kubelet registers its Node only when it starts"
+	tainted := "node b carries the " + OutOfServiceTaint + " taint but reports Ready; once it is not Ready, "
+	untaint := "if node b is alive, take the taint off"
+	for _, tc := range []struct {
+		name string
+		w    *World
+		want []string
+	}{
+		{"deleted, release of a StatefulSet's claim",
+			world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
+			[]string{deleted + "converge deletes claim ns/data-db-0 and its pods, and its StatefulSet makes them again on another node, with an empty volume: ",
+				"StorageClass rel says " + state.OnNodeLossKey + ": release", restart, "the pod GC deletes the node's pods"}},
+		{"deleted, retain",
+			world(class("ret", "retain"), volume("v", "b", "ret", "ns", "c"), pvc("ns", "c", "v")),
+			[]string{deleted + "converge keeps claim ns/c and the data on the node: ", "StorageClass ret says " + state.OnNodeLossKey + ": retain", restart}},
+		{"deleted, retain, no claim",
+			world(class("ret", "retain"), volume("v", "b", "ret", "ns", "")),
+			[]string{deleted + "converge keeps volume v and its data on the node: ", restart}},
+		{"deleted, release of a claim no StatefulSet makes",
+			world(class("rel", "release"), volume("v", "b", "rel", "ns", "mine"), pvc("ns", "mine", "v")),
+			[]string{deleted + "converge keeps claim ns/mine, which no StatefulSet makes again: ", restart}},
+		{"deleted, release, the claim gone",
+			world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0")),
+			[]string{deleted + "converge deletes volume v, whose claim is gone: ", restart}},
+		{"out of service and Ready, release",
+			world(withReady(node("b", OutOfServiceTaint), corev1.ConditionTrue), class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
+			[]string{tainted + "converge deletes claim ns/data-db-0 and its pods", untaint}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.w.AbsentSince["b"] = t0.Add(-10 * time.Second)
+			d := Decide(tc.w, testTopology)
+			if got := actions(d); got != "pending v" {
+				t.Fatalf("got %q, want %q", got, "pending v")
+			}
+			for _, want := range tc.want {
+				if why := d.Actions[0].Why; !strings.Contains(why, want) {
+					t.Errorf("why %q does not say %q", why, want)
+				}
+			}
+		})
 	}
 }

@@ -4,12 +4,19 @@
 // that node by the topology key, so when the node is gone its claims stay
 // bound to it and the pods that use them stay Pending.
 //
-// A node is gone when its Node object has been absent for a grace period
-// (a kubelet whose Node was deleted by mistake registers it again within
-// seconds), or at once when it carries the node.kubernetes.io/out-of-service
-// taint, as Kubernetes' own non-graceful node shutdown has it. A node that
-// exists without the taint is never gone: nothing is ever released while it
-// is there.
+// A node is gone when its Node object has been absent for a grace period,
+// or when it carries the node.kubernetes.io/out-of-service taint and is not
+// Ready (Kubernetes' non-graceful node shutdown, whose pod GC force-deletes
+// a tainted node's pods only then too). A node that exists without the
+// taint, or reports Ready, is never gone: nothing is ever released while
+// it is there. The grace exists because a deleted Node is not always a
+// dead machine: a running kubelet whose Node was deleted does not register
+// it again (it registers only when it starts), so a live node deleted by
+// mistake stays absent until its kubelet is restarted, and from the API it
+// looks like a dead one. While a node would be gone unless it comes back
+// (absent within the grace, or tainted and Ready), a Warning event
+// NodeLossPending on each of its volumes and their claims says, once, what
+// converge will do and when, and what the operator can do.
 //
 // For each of the driver's volumes on a gone node, its on-node-loss choice
 // decides (state.OnNodeLoss): the StorageClass parameter

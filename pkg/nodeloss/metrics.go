@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		lost: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "converge_controller_volumes_on_lost_nodes",
 			Help: "The driver's volumes whose node is gone, by their on-node-loss choice, at the last pass."}, []string{"on_node_loss"}),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_controller_actions_total",
-			Help: "Actions carried out on volumes whose node is gone (warnings are counted once per volume and node)."}, []string{"action"}),
+			Help: "Actions carried out on volumes whose node is gone, or will be unless it comes back (warnings are counted once per volume and what they say)."}, []string{"action"}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "converge_controller_action_failures_total",
 			Help: "Actions that failed and are retried at the next pass."}, []string{"action"}),
 		Leader: prometheus.NewGauge(prometheus.GaugeOpts{Name: "converge_controller_leader",
@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, c := range []state.OnNodeLoss{state.OnNodeLossRetain, state.OnNodeLossRelease} {
 		m.lost.WithLabelValues(string(c))
 	}
-	for k := Retained; k <= Release; k++ {
+	for _, k := range kinds {
 		m.actions.WithLabelValues(k.String())
 		m.failed.WithLabelValues(k.String())
 	}

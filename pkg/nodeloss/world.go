@@ -49,25 +49,76 @@ func nodeOf(pv *corev1.PersistentVolume, topologyKey string) string {
 	return ""
 }
 
-// gone says whether node is gone for good and why; when it is not gone
-// yet but will be unless it comes back, wait says in how long.
-func (w *World) gone(node string) (why string, wait time.Duration) {
+// nodeState is what a pass makes of a volume's node.
+type nodeState struct {
+	// gone says why the node is taken for gone for good ("was deleted");
+	// "" while it is not.
+	gone string
+	// pending, for a node not gone, says why it would be taken for gone
+	// and when ("was deleted; unless it registers again by ..."); "" when
+	// nothing is to happen while the node stays as it is.
+	pending string
+	// advice, for a pending node, is what the operator can do to keep it.
+	advice string
+	// wait is how long until a deleted node's grace ends (0: none is
+	// counted).
+	wait time.Duration
+}
+
+// stateOf is what a pass makes of node. A node whose object exists is gone
+// only when it carries the out-of-service taint and is not Ready, as
+// Kubernetes' pod GC has it before it force-deletes the node's pods: the
+// non-graceful node shutdown procedure taints a node that is shut down, and
+// a node whose kubelet still reports Ready is alive, whatever its taints.
+// A node whose object is absent is gone once it has been absent for the
+// grace: a running kubelet whose Node was deleted does not register it
+// again (only a kubelet that starts does), so from the API a live node
+// deleted by mistake looks like a dead one, and the grace is the time an
+// operator has to restart its kubelet.
+func (w *World) stateOf(node string) nodeState {
 	if n, ok := w.Nodes[node]; ok {
-		for _, t := range n.Spec.Taints {
-			if t.Key == OutOfServiceTaint {
-				return "carries the " + OutOfServiceTaint + " taint", 0
-			}
+		switch {
+		case !outOfService(n):
+			return nodeState{}
+		case ready(n):
+			return nodeState{pending: "carries the " + OutOfServiceTaint + " taint but reports Ready; once it is not Ready",
+				advice: "The taint marks a node that is shut down: if node " + node + " is alive, take the taint off"}
 		}
-		return "", 0
+		return nodeState{gone: "carries the " + OutOfServiceTaint + " taint and is not Ready"}
 	}
 	since, ok := w.AbsentSince[node]
 	if !ok {
 		since = w.Now
 	}
-	if left := since.Add(w.Grace).Sub(w.Now); left > 0 {
-		return "", left
+	end := since.Add(w.Grace)
+	if left := end.Sub(w.Now); left > 0 {
+		return nodeState{pending: "was deleted; unless it registers again by " + end.UTC().Format(time.RFC3339), wait: left,
+			advice: "If the machine is alive, restart its kubelet: a kubelet registers its Node only when it starts. " +
+				"Meanwhile the pod GC deletes the node's pods, and those made again wait, Pending, for their volumes' node"}
 	}
-	return "was deleted", 0
+	return nodeState{gone: "was deleted"}
+}
+
+// outOfService says whether n carries the out-of-service taint, whatever
+// its value and effect.
+func outOfService(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == OutOfServiceTaint {
+			return true
+		}
+	}
+	return false
+}
+
+// ready says whether n's Ready condition is True; a node that reports no
+// Ready condition is not Ready.
+func ready(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // claimOf is the claim bound to pv, nil when it has none, when the claim

@@ -63,13 +63,12 @@ var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true", "--ma
 	"--pool-guard=" + testPoolGuard,
 	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
 
-// controllerName is deploy/'s converge-controller Deployment, whose
-// --deleted-node-grace the run shortens to deletedNodeGrace (the node loss
-// tests wait it out).
-const (
-	controllerName   = "converge-controller"
-	deletedNodeGrace = "10s"
-)
+// controllerName is deploy/'s converge-controller Deployment. The run
+// keeps its arguments as deploy/ gives them: TestTwoNodesNodeDeletedByMistake
+// brings a deleted node back within deploy/'s --deleted-node-grace, and
+// TestTwoNodesNodeLoss releases through the out-of-service taint, which
+// waits for no grace.
+const controllerName = "converge-controller"
 
 // installPoolsRoot is what the run adds to deploy/'s DaemonSet for its
 // pools, as deploy/'s commented example says: the pools' root mounted into
@@ -82,7 +81,7 @@ var installPoolsRoot = []struct{ path, value string }{
 // installKustomizations are the run's kustomizations of deploy/, which
 // lies at fromBase relative to base and at fromTop relative to top: base
 // changes csi-node's arguments (deploy/'s first container, which the
-// patch checks by name) and converge-controller's, and top,
+// patch checks by name), and top,
 // which names base, adds the snapshots component and sets the images, as
 // a user's overlay would.
 func installKustomizations(fromBase, fromTop string) (base, top string) {
@@ -106,17 +105,6 @@ patches:
 	for _, op := range installPoolsRoot {
 		fmt.Fprintf(&b, "      - op: add\n        path: %s\n        value: %s\n", op.path, op.value)
 	}
-	fmt.Fprintf(&b, `  - target:
-      kind: Deployment
-      name: %s
-    patch: |-
-      - op: test
-        path: /spec/template/spec/containers/0/name
-        value: converge-controller
-      - op: add
-        path: /spec/template/spec/containers/0/args/-
-        value: --deleted-node-grace=%s
-`, controllerName, deletedNodeGrace)
 	base = b.String()
 	b.Reset()
 	fmt.Fprintf(&b, `apiVersion: kustomize.config.k8s.io/v1beta1

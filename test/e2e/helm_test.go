@@ -49,9 +49,8 @@ func helmValues(logLevel int) map[string]any {
 			"resizer":     image["csi-resizer"],
 			"snapshotter": map[string]any{"image": snapshotterImage},
 		},
-		"snapshots":  map[string]any{"enabled": true},
-		"pools":      []any{map[string]any{"name": fastPool, "ratio": fastPoolRatio}},
-		"controller": map[string]any{"deletedNodeGrace": deletedNodeGrace},
+		"snapshots": map[string]any{"enabled": true},
+		"pools":     []any{map[string]any{"name": fastPool, "ratio": fastPoolRatio}},
 	}
 }
 

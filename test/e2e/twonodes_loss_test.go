@@ -62,11 +62,20 @@ func statefulSet(t *testing.T, name, class, prefer string) {
 	})
 }
 
-// loseNode takes node n out of the cluster as a dead machine leaves it: its
-// containers frozen, its kubelet stopped, its Node object deleted. It
-// comes back (back) when t ends, if the test has not brought it back.
-func loseNode(t *testing.T, n *kubeNode) (back func()) {
+// outOfService is the taint with which an operator says a node is shut
+// down, as Kubernetes' non-graceful node shutdown procedure writes it.
+const outOfService = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+
+// shutDownNode takes node n out of the cluster as a dead machine leaves it,
+// its containers frozen and its kubelet stopped, and taints its Node out
+// of service as the non-graceful node shutdown procedure has an operator
+// do; the Node is kept, and turns NotReady once the node lifecycle
+// controller misses the kubelet. It comes back (back) when t ends, if the
+// test has not brought it back: its kubelet started, then, Ready again,
+// the taint taken off, as the procedure has it.
+func shutDownNode(t *testing.T, n *kubeNode) (back func()) {
 	t.Helper()
+	ctx := context.Background()
 	out, err := n.ctr("tasks", "ls", "-q")
 	if err != nil {
 		t.Fatalf("listing %s's containers: %v: %s", n.node, err, out)
@@ -80,10 +89,10 @@ func loseNode(t *testing.T, n *kubeNode) (back func()) {
 	if err := n.kubelet.stop(30 * time.Second); err != nil {
 		t.Fatalf("stopping %s's kubelet: %v", n.node, err)
 	}
-	if err := c.client.CoreV1().Nodes().Delete(context.Background(), n.node, metav1.DeleteOptions{}); err != nil {
-		t.Fatalf("deleting node %s: %v", n.node, err)
+	if out, err := c.kubectl(ctx, "taint", "node", n.node, outOfService); err != nil {
+		t.Fatalf("tainting node %s out of service: %v: %s", n.node, err, out)
 	}
-	t.Logf("node %s is gone: %d containers frozen, its kubelet stopped, its Node deleted", n.node, len(tasks))
+	t.Logf("node %s is shut down: %d containers frozen, its kubelet stopped, its Node tainted %s", n.node, len(tasks), outOfService)
 	returned := false
 	back = func() {
 		if returned {
@@ -93,18 +102,35 @@ func loseNode(t *testing.T, n *kubeNode) (back func()) {
 		for _, id := range tasks {
 			n.ctr("tasks", "resume", id)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 		defer cancel()
 		if err := n.runKubelet(); err != nil {
 			t.Fatalf("starting %s's kubelet again: %v", n.node, err)
 		}
+		poll(t, 2*time.Minute, "node "+n.node+" Ready", func() (bool, string) {
+			node, err := c.client.CoreV1().Nodes().Get(ctx, n.node, metav1.GetOptions{})
+			return err == nil && nodeReady(node), fmt.Sprint(err)
+		})
+		if out, err := c.kubectl(ctx, "taint", "node", n.node, outOfService+"-"); err != nil {
+			t.Fatalf("taking the out-of-service taint off node %s: %v: %s", n.node, err, out)
+		}
 		if err := n.waitDriver(ctx); err != nil {
 			t.Fatalf("node %s back: %v", n.node, err)
 		}
-		t.Logf("node %s is back: its kubelet registered it again and runs its converge pod", n.node)
+		t.Logf("node %s is back: its kubelet runs, its taint is off and it runs its converge pod", n.node)
 	}
 	t.Cleanup(back)
 	return back
+}
+
+// nodeReady reports whether the node's Ready condition is true.
+func nodeReady(n *corev1.Node) bool {
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // eventsOf lists the events of reason on the object called name.
@@ -120,16 +146,18 @@ func eventsOf(name, reason string) []string {
 	return out
 }
 
-// TestTwoNodesNodeLoss loses the second node with a StatefulSet's pod on it
-// in each of two classes, one that retains (the default) and one that
-// releases (converge.csi.dev/on-node-loss: release, which each PV records),
-// and brings it back.
-// Retained, the pod stays Pending (it can only run there) and the claim
-// says why; released, converge-controller deletes the claim and the pod and
-// the StatefulSet runs a new pod on the first node with a new, empty
-// volume, the old volume's PersistentVolume gone. Back, the node runs the
-// retained pod with its data, and csi-node gc there (docs/operations.md's
-// pipeline) finds exactly the released volume's image left over.
+// TestTwoNodesNodeLoss shuts the second node down, with a StatefulSet's pod
+// on it in each of two classes, one that retains (the default) and one
+// that releases (converge.csi.dev/on-node-loss: release, which each PV
+// records), and says so with the out-of-service taint, as Kubernetes'
+// non-graceful node shutdown has an operator do; then brings it back.
+// Once the node is NotReady, converge-controller acts. Retained, the pod
+// stays Pending (it can only run there) and the claim says why; released,
+// converge-controller deletes the claim and the pod and the StatefulSet
+// runs a new pod on the first node with a new, empty volume, the old
+// volume's PersistentVolume gone. Back, the node runs the retained pod with
+// its data, and csi-node gc there (docs/operations.md's pipeline) finds
+// exactly the released volume's image left over.
 func TestTwoNodesNodeLoss(t *testing.T) {
 	b := secondNode(t)
 	keep := storageClass(t, "converge-retain", nil)
@@ -168,7 +196,29 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 		}
 	}
 
-	back := loseNode(t, b)
+	// What the loss causes on purpose: converge-controller's warnings (the
+	// pending one while the tainted node still reports Ready) and
+	// releases, and the node lifecycle controller's NodeNotReady on the
+	// node's converge pod.
+	for _, v := range []volume{keptVol, droppedVol} {
+		expectWarning(t, "NodeLossPending", "PersistentVolume//"+v.pv)
+	}
+	for _, claim := range []string{"data-kept-0", "data-released-0"} {
+		expectWarning(t, "NodeLossPending", "PersistentVolumeClaim/"+ns+"/"+claim)
+	}
+	expectWarning(t, "NodeLost", "PersistentVolume//"+keptVol.pv)
+	expectWarning(t, "NodeLost", "PersistentVolumeClaim/"+ns+"/data-kept-0")
+	expectWarning(t, "ClaimReleased", "PersistentVolume//"+droppedVol.pv)
+	expectWarning(t, "ClaimReleased", "PersistentVolumeClaim/"+ns+"/data-released-0")
+	expectWarning(t, "PodDeleted", "Pod/"+ns+"/released-0")
+	expectWarning(t, "VolumeReleased", "PersistentVolume//"+droppedVol.pv)
+	driver, err := b.driverPod(context.Background())
+	if err != nil || driver == nil {
+		t.Fatalf("the converge pod of %s: %v", b.node, err)
+	}
+	expectWarning(t, "NodeNotReady", "Pod/"+daemonSetNamespace+"/"+driver.Name)
+
+	back := shutDownNode(t, b)
 	// Released: the StatefulSet's pod runs on the first node, with a new
 	// volume there, empty; the old PersistentVolume is gone.
 	poll(t, 3*time.Minute, "the released StatefulSet's pod running on "+c.node, func() (bool, string) {
@@ -202,7 +252,7 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 		t.Errorf("the retained pod: %v, on %q; want it Pending", err, p.Spec.NodeName)
 	}
 	evs := eventsOf("data-kept-0", "NodeLost")
-	if len(evs) == 0 || !strings.Contains(evs[0], "node "+b.node+" was deleted") || !strings.Contains(evs[0], "delete the claim") {
+	if len(evs) == 0 || !strings.Contains(evs[0], "node "+b.node+" carries the node.kubernetes.io/out-of-service taint and is not Ready") || !strings.Contains(evs[0], "delete the claim") {
 		t.Errorf("the retained claim's NodeLost events: %q", evs)
 	}
 	t.Logf("the retained claim's event: %s", strings.Join(evs, "; "))
