@@ -21,6 +21,9 @@ const (
 	ReasonClaimReleased   = "ClaimReleased"
 	ReasonPodDeleted      = "PodDeleted"
 	ReasonVolumeReleased  = "VolumeReleased"
+	// ReasonNodeBack (Normal) follows a warning of a node loss once the
+	// node is back.
+	ReasonNodeBack = "NodeBack"
 )
 
 // act carries out a: each action is idempotent and made against the object

@@ -198,9 +198,32 @@ func (c *Controller) Pass(ctx context.Context) (Decision, error) {
 	for uid := range c.warned {
 		if !warning[uid] {
 			delete(c.warned, uid)
+			c.sayBack(w, uid)
 		}
 	}
 	return d, first
+}
+
+// sayBack tells, on a volume warned of before and on its claim, that its
+// node is back: the last word an operator reads there must not be a
+// warning that no longer holds. A volume that is gone, or whose node is
+// still not there (a warning that changed into an action), gets nothing.
+func (c *Controller) sayBack(w *World, uid types.UID) {
+	for _, pv := range w.Volumes {
+		if pv.UID != uid {
+			continue
+		}
+		n := nodeOf(pv, c.cfg.TopologyKey)
+		if node, ok := w.Nodes[n]; !ok || (outOfService(node) && !ready(node)) {
+			return
+		}
+		msg := "node " + n + " is back: converge releases nothing of this volume, and the warning before no longer holds"
+		c.cfg.Events.Event(pv, corev1.EventTypeNormal, ReasonNodeBack, msg)
+		if claim := w.claimOf(pv); claim != nil {
+			c.cfg.Events.Event(claim, corev1.EventTypeNormal, ReasonNodeBack, msg)
+		}
+		return
+	}
 }
 
 // world is the caches' view of the cluster, and the absent nodes' times.

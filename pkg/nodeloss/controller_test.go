@@ -215,8 +215,13 @@ func TestRetainWarnsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := f.pass(func() bool { _, err := f.c.nodes.Get("b"); return err == nil })
-	if len(d.Actions) != 0 || len(f.drained()) != 0 {
-		t.Errorf("the node back: %s", actions(d))
+	back := "Normal NodeBack node b is back: converge releases nothing of this volume"
+	if events := f.drained(); len(d.Actions) != 0 || len(events) != 2 || !strings.HasPrefix(events[0], back) || !strings.HasPrefix(events[1], back) {
+		t.Errorf("the node back: %s, events %q; want no action and one %q on the volume and one on the claim", actions(d), events, back)
+	}
+	f.pass(always)
+	if events := f.drained(); len(events) != 0 {
+		t.Errorf("a second pass with the node back: events %q, want none", events)
 	}
 	if got := testutil.ToFloat64(f.metrics.lost.WithLabelValues("retain")); got != 0 {
 		t.Errorf("volumes on lost nodes, retain, the node back: %v, want 0", got)
