@@ -277,7 +277,11 @@ func (n *kubeNode) killContainer(ctx context.Context, container string) (int32, 
 			continue
 		}
 		id := strings.TrimPrefix(s.ContainerID, "containerd://")
-		intendRestart(pod, container)
+		if container == "csi-node" {
+			intendDriverRestart(pod)
+		} else {
+			intendRestart(pod, container)
+		}
 		if out, err := n.ctr("tasks", "kill", "-s", "SIGKILL", id); err != nil {
 			return 0, fmt.Errorf("kill %s: %v: %s", container, err, out)
 		}

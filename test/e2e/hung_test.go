@@ -29,7 +29,7 @@ func TestDriverHungRestarted(t *testing.T) {
 	}
 	before := restartsOf(driver, "csi-node")
 	written := counted(t, pod.Name)
-	intendRestart(driver, "csi-node")
+	intendDriverRestart(driver)
 	expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+driver.Name)
 	stopped := time.Now()
 	if pid := stopProcessOf(t, driver, "csi-node", pod.Name); pid == 0 {

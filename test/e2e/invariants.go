@@ -55,6 +55,16 @@ func intendRestart(pod *corev1.Pod, container string) {
 	intent.restarts[invariants.Container{Pod: pod.Name, UID: string(pod.UID), Name: container}]++
 }
 
+// intendDriverRestart records that the test ends csi-node in pod once
+// more, and so its sidecars' connection to it: the kubernetes-csi sidecars
+// exit when they lose the CSI connection (csi-lib-utils' connection
+// loss handler), and the kubelet restarts each once.
+func intendDriverRestart(pod *corev1.Pod) {
+	for _, s := range pod.Spec.Containers {
+		intendRestart(pod, s.Name)
+	}
+}
+
 // expectWarning records that the test causes Warning events of reason on
 // an object whose kind/namespace/name contains object.
 func expectWarning(t interface{ Name() string }, reason, object string) {
@@ -132,7 +142,16 @@ func (c *cluster) volumeImage(file string) bool {
 // converge's included, for what it lacks on purpose: no cluster DNS (the
 // kubelets run without one, and the pods use the host's network or reach
 // the API server by address).
-var environmentWarnings = []invariants.Expected{{Reason: "MissingClusterDNS", Object: "Pod/", Test: "the run's cluster"}}
+//
+// And what a pod says of itself while it starts: a csi-node is not ready
+// until its start-up reconstruction is done, which is what its readiness
+// probe tells, and the probe may come before it even listens. A liveness
+// or startup probe that fails is converge's, and fails the run unless a
+// test says it caused it.
+var environmentWarnings = []invariants.Expected{
+	{Reason: "MissingClusterDNS", Object: "Pod/", Test: "the run's cluster"},
+	{Reason: "Unhealthy", Object: "Pod/", Message: "Readiness probe failed", Test: "a pod starting"},
+}
 
 // checkInvariants checks, once every test has run: no probe of converge's
 // pods errored on any node; no container of theirs restarted that a test

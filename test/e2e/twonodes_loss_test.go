@@ -217,6 +217,9 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 		t.Fatalf("the converge pod of %s: %v", b.node, err)
 	}
 	expectWarning(t, "NodeNotReady", "Pod/"+daemonSetNamespace+"/"+driver.Name)
+	// Frozen, its containers' connections and leases lapse; once thawed,
+	// a sidecar may exit and be restarted.
+	intendDriverRestart(driver)
 
 	back := shutDownNode(t, b)
 	// Released: the StatefulSet's pod runs on the first node, with a new

@@ -78,13 +78,15 @@ func (e Event) String() string {
 type Expected struct {
 	Reason string
 	Object string
+	// Message, when set, is a part of the event's message.
+	Message string
 	// Test is the test that causes it, for the report.
 	Test string
 }
 
 // Matches says whether e is the warning x expects.
 func (x Expected) Matches(e Event) bool {
-	return e.Reason == x.Reason && strings.Contains(e.Object, x.Object)
+	return e.Reason == x.Reason && strings.Contains(e.Object, x.Object) && strings.Contains(e.Message, x.Message)
 }
 
 // Ours says whether a converge component reported e, or e concerns one of

@@ -42,7 +42,7 @@ func TestUnexpectedWarnings(t *testing.T) {
 	events := []Event{
 		{Type: "Warning", Reason: "NodeLost", Object: "PersistentVolumeClaim/default/data-web-0", Source: "converge-controller"},
 		{Type: "Warning", Reason: "ProvisioningFailed", Object: "PersistentVolumeClaim/default/bad", Source: "converge.csi.dev_node-a_1234"},
-		{Type: "Warning", Reason: "Unhealthy", Object: "Pod/kube-system/converge-node-abcde", Source: "kubelet"},
+		{Type: "Warning", Reason: "Unhealthy", Object: "Pod/kube-system/converge-node-abcde", Source: "kubelet", Message: "Liveness probe failed: HTTP probe failed with statuscode: 503"},
 		{Type: "Normal", Reason: "Provisioning", Object: "PersistentVolumeClaim/default/bad", Source: "converge.csi.dev_node-a_1234"},
 		{Type: "Warning", Reason: "FailedScheduling", Object: "Pod/default/app", Source: "default-scheduler"},
 	}
@@ -50,12 +50,15 @@ func TestUnexpectedWarnings(t *testing.T) {
 	got := UnexpectedWarnings(events, sources, pods, expected)
 	want := []string{
 		"Warning ProvisioningFailed on PersistentVolumeClaim/default/bad from converge.csi.dev_node-a_1234 (x1): ",
-		"Warning Unhealthy on Pod/kube-system/converge-node-abcde from kubelet (x1): ",
+		"Warning Unhealthy on Pod/kube-system/converge-node-abcde from kubelet (x1): Liveness probe failed: HTTP probe failed with statuscode: 503",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	expected = append(expected, Expected{Reason: "ProvisioningFailed", Object: "/bad"}, Expected{Reason: "Unhealthy", Object: "converge-node-"})
+	if got := UnexpectedWarnings(events, sources, pods, append(expected, Expected{Reason: "Unhealthy", Object: "converge-node-", Message: "Readiness probe failed"})); len(got) != 2 {
+		t.Errorf("a liveness failure expected as a readiness one: got %q, want both warnings still unexpected", got)
+	}
+	expected = append(expected, Expected{Reason: "ProvisioningFailed", Object: "/bad"}, Expected{Reason: "Unhealthy", Object: "converge-node-", Message: "Liveness probe failed"})
 	if got := UnexpectedWarnings(events, sources, pods, expected); len(got) != 0 {
 		t.Errorf("every warning expected: got %q", got)
 	}
