@@ -19,8 +19,8 @@ func TestOperationsMatchesDeploy(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^\s+image: (\S+:\S+)$`).FindAllStringSubmatch(daemonset, -1) {
 		want = append(want, m[1])
 	}
-	if len(want) < 4 {
-		t.Fatalf("found %d pinned images in daemonset.yaml, want the four sidecars", len(want))
+	if len(want) < 3 {
+		t.Fatalf("found %d pinned images in daemonset.yaml, want the three sidecars", len(want))
 	}
 	// The csi-node container's arguments, up to the next container.
 	csiNode := daemonset[strings.Index(daemonset, "- name: csi-node"):strings.Index(daemonset, "- name: node-driver-registrar")]
