@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/test/e2e/standin"
@@ -383,29 +384,41 @@ func moveResizerLease(t *testing.T, to *kubeNode) {
 		t.Fatalf("the converge pod of %s: %v", to.node, err)
 	}
 	leases := c.client.CoordinationV1().Leases(daemonSetNamespace)
-	lease, err := leases.Get(ctx, standin.ResizerLease, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == pod.Name {
-		return
-	}
 	var from *kubeNode
 	var fromRestarts int32 = -1
-	for _, n := range c.nodes {
-		if p, _ := n.driverPod(ctx); p != nil && lease.Spec.HolderIdentity != nil && p.Name == *lease.Spec.HolderIdentity {
-			from = n
-			for _, s := range p.Status.ContainerStatuses {
-				if s.Name == "csi-resizer" {
-					fromRestarts = s.RestartCount
+	already := false
+	// The holder renews its Lease every few seconds, so an update made on
+	// a copy read before a renewal conflicts: read it again and retry.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		lease, err := leases.Get(ctx, standin.ResizerLease, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		from, fromRestarts = nil, -1
+		already = lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity == pod.Name
+		if already {
+			return nil
+		}
+		for _, n := range c.nodes {
+			if p, _ := n.driverPod(ctx); p != nil && lease.Spec.HolderIdentity != nil && p.Name == *lease.Spec.HolderIdentity {
+				from = n
+				for _, s := range p.Status.ContainerStatuses {
+					if s.Name == "csi-resizer" {
+						fromRestarts = s.RestartCount
+					}
 				}
 			}
 		}
-	}
-	lease.Spec.HolderIdentity = ptr.To(pod.Name)
-	lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
-	if _, err := leases.Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		lease.Spec.HolderIdentity = ptr.To(pod.Name)
+		lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now()}
+		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatalf("give the resizer's Lease to %s: %v", pod.Name, err)
+	}
+	if already {
+		return
 	}
 	if from != nil {
 		if err := from.waitRestarted(ctx, "csi-resizer", fromRestarts); err != nil {
