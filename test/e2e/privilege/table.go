@@ -39,8 +39,8 @@ type Question struct {
 	Why       string
 }
 
-// Group, Resource and Subresource split q.Resource as a
-// SubjectAccessReview wants them.
+// Parts splits q.Resource into the group, resource and subresource a
+// SubjectAccessReview asks for.
 func (q Question) Parts() (group, resource, subresource string) {
 	r, sub, _ := strings.Cut(q.Resource, "/")
 	if sub != "" {
