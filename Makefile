@@ -44,7 +44,7 @@ STORAGE_SUITE ?= parallel
 e2e:
 	@./hack/install-deps.sh e2e
 	@mkdir -p $(RUN_DIR)
-	cd test/e2e && $(GO) test -count=1 ./invariants ./standin
+	cd test/e2e && $(GO) test -count=1 ./invariants ./standin ./privilege
 	cd test/e2e && $(GO) test -count=1 -v -timeout 75m . \
 		-args -storage-suite=$(STORAGE_SUITE) -storage-report=$(RUN_DIR)/storage-junit.xml
 

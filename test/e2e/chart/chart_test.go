@@ -47,9 +47,15 @@ func loadChart(t *testing.T) *chart.Chart {
 // defaults; the error is the SDK's, schema violations included.
 func render(t *testing.T, vals map[string]any) (string, error) {
 	t.Helper()
+	return renderIn(t, namespace, vals)
+}
+
+// renderIn is render into namespace ns (helm install -n ns).
+func renderIn(t *testing.T, ns string, vals map[string]any) (string, error) {
+	t.Helper()
 	install := action.NewInstall(&action.Configuration{})
 	install.DryRunStrategy = action.DryRunClient
-	install.ReleaseName, install.Namespace, install.Replace = releaseName, namespace, true
+	install.ReleaseName, install.Namespace, install.Replace = releaseName, ns, true
 	v, err := common.ParseKubeVersion(kubeVersion)
 	if err != nil {
 		t.Fatal(err)

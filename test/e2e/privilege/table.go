@@ -1,0 +1,203 @@
+package privilege
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Namespace tokens of a Question: the namespace converge is installed in,
+// whatever its name, and every namespace at once (a SubjectAccessReview
+// without a namespace, which cluster-scoped objects are asked with too).
+const (
+	Install = "converge's"
+	Any     = "any"
+)
+
+// ResizerLease is the Lease csi-resizer elects its leader on:
+// "external-resizer-" and the driver's name with every character but
+// letters, digits and '-' made '-' (csi-resizer v2.2.1, cmd/csi-resizer,
+// util.SanitizeName of the CSI driver's name).
+const ResizerLease = "external-resizer-converge-csi-dev"
+
+// ControllerLease is the Lease converge-controller's replicas elect their
+// leader on (cmd/converge-controller).
+const ControllerLease = "converge-controller"
+
+// Question is one row of the table: may Account do Verb to Resource
+// (resource[/subresource][.group], as kubectl names it) named Name ("" for
+// any) in Namespace (Install, Any, or a namespace's name)? Allowed is the
+// documented answer, Why the reason for it.
+type Question struct {
+	Account   string
+	Verb      string
+	Resource  string
+	Namespace string
+	Name      string
+	Allowed   bool
+	Why       string
+}
+
+// Parts splits q.Resource into the group, resource and subresource a
+// SubjectAccessReview asks for.
+func (q Question) Parts() (group, resource, subresource string) {
+	r, sub, _ := strings.Cut(q.Resource, "/")
+	if sub != "" {
+		// persistentvolumeclaims/status, volumesnapshotcontents/status.snapshot.storage.k8s.io
+		sub, group, _ = strings.Cut(sub, ".")
+		return group, r, sub
+	}
+	r, group, _ = strings.Cut(r, ".")
+	return group, r, ""
+}
+
+// The service accounts deploy/ and the chart install.
+const (
+	Node       = "converge-node"
+	Controller = "converge-controller"
+)
+
+const lease = "leases.coordination.k8s.io"
+
+// Table is the documented privilege of each service account: what each
+// sidecar and converge-controller need (yes), and what a node's or the
+// controller's stolen token must not reach (no). The snapshot rows hold
+// with deploy/'s snapshots component (or the chart's snapshots.enabled),
+// which the e2e run installs.
+var Table = []Question{
+	// converge-node: the Leases.
+	{Node, "get", lease, Install, ResizerLease, true, "csi-resizer's leader election"},
+	{Node, "update", lease, Install, ResizerLease, true, "csi-resizer's leader election"},
+	{Node, "create", lease, Install, "", true, "csi-resizer's first election (RBAC cannot name what is created)"},
+	{Node, "delete", lease, Install, ResizerLease, false, "a leader elector never deletes its Lease"},
+	{Node, "list", lease, Install, "", false, "a leader elector reads only its own Lease"},
+	{Node, "update", lease, Install, "kube-scheduler", false, "another component's leader election"},
+	{Node, "get", lease, Install, "kube-controller-manager", false, "another component's leader election"},
+	{Node, "update", lease, Install, "kube-controller-manager", false, "another component's leader election"},
+	{Node, "update", lease, Install, ControllerLease, false, "converge-controller's leader election"},
+	{Node, "get", lease, "default", ResizerLease, false, "another namespace"},
+	{Node, "create", lease, "default", "", false, "another namespace"},
+	{Node, "get", "secrets", Install, "", false, "no sidecar reads a secret"},
+	{Node, "list", "secrets", Any, "", false, "no sidecar reads a secret"},
+	// converge-node: csi-provisioner (--node-deployment, --enable-capacity).
+	{Node, "watch", "persistentvolumes", Any, "", true, "csi-provisioner: the volumes it made"},
+	{Node, "create", "persistentvolumes", Any, "", true, "csi-provisioner: a volume for a claim"},
+	{Node, "delete", "persistentvolumes", Any, "", true, "csi-provisioner: a released volume"},
+	{Node, "watch", "persistentvolumeclaims", Any, "", true, "csi-provisioner: claims to provision"},
+	{Node, "update", "persistentvolumeclaims", Any, "", true, "csi-provisioner: the claim's node annotation"},
+	{Node, "watch", "storageclasses.storage.k8s.io", Any, "", true, "csi-provisioner: a claim's class"},
+	{Node, "watch", "csinodes.storage.k8s.io", Any, "", true, "csi-provisioner: the node's topology"},
+	{Node, "get", "nodes", Any, "", true, "csi-provisioner: its own node"},
+	{Node, "get", "volumeattributesclasses.storage.k8s.io", Any, "", true, "csi-provisioner: a claim's attributes class"},
+	{Node, "create", "csistoragecapacities.storage.k8s.io", Install, "", true, "csi-provisioner: the node's capacity"},
+	{Node, "delete", "csistoragecapacities.storage.k8s.io", Install, "", true, "csi-provisioner: capacity of a class gone"},
+	{Node, "create", "csistoragecapacities.storage.k8s.io", "default", "", false, "capacity lives in converge's namespace alone"},
+	{Node, "get", "pods", Install, "", true, "csi-provisioner: its pod, the capacity objects' owner"},
+	{Node, "get", "daemonsets.apps", Install, "", false, "the capacity objects' owner is the pod (--capacity-ownerref-level=0)"},
+	{Node, "list", "volumeattachments.storage.k8s.io", Any, "", false, "converge has no ControllerPublishVolume"},
+	{Node, "create", "events", Any, "", true, "every sidecar: events about its objects"},
+	{Node, "patch", "events", Any, "", true, "every sidecar: a repeated event"},
+	{Node, "list", "events", Any, "", false, "no sidecar reads events"},
+	// converge-node: csi-resizer.
+	{Node, "patch", "persistentvolumes", Any, "", true, "csi-resizer: the volume's new size"},
+	{Node, "patch", "persistentvolumeclaims/status", Any, "", true, "csi-resizer: the claim's resize status"},
+	{Node, "watch", "pods", Any, "", true, "csi-resizer: whether a claim is in use"},
+	{Node, "watch", "volumeattributesclasses.storage.k8s.io", Any, "", false, "converge has no ControllerModifyVolume"},
+	// converge-node: csi-snapshotter (--node-deployment) and restores.
+	{Node, "watch", "volumesnapshotclasses.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the snapshot's class"},
+	{Node, "update", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the content it takes"},
+	{Node, "patch", "volumesnapshotcontents/status.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the content's status"},
+	{Node, "update", "volumesnapshots.snapshot.storage.k8s.io", Any, "", true, "csi-provisioner: its finalizer on a snapshot being restored"},
+	// converge-controller.
+	{Controller, "get", lease, Install, ControllerLease, true, "its leader election"},
+	{Controller, "update", lease, Install, ControllerLease, true, "its leader election"},
+	{Controller, "create", lease, Install, "", true, "its first election (RBAC cannot name what is created)"},
+	{Controller, "delete", lease, Install, ControllerLease, false, "a leader elector never deletes its Lease"},
+	{Controller, "update", lease, Install, ResizerLease, false, "csi-resizer's leader election"},
+	{Controller, "update", lease, Install, "kube-scheduler", false, "another component's leader election"},
+	{Controller, "get", lease, Install, "kube-controller-manager", false, "another component's leader election"},
+	{Controller, "get", lease, "default", ControllerLease, false, "another namespace"},
+	{Controller, "get", "secrets", Install, "", false, "it reads no secret"},
+	{Controller, "list", "secrets", Any, "", false, "it reads no secret"},
+	{Controller, "watch", "nodes", Any, "", true, "which nodes are gone"},
+	{Controller, "watch", "persistentvolumes", Any, "", true, "the volumes of a node that is gone"},
+	{Controller, "delete", "persistentvolumes", Any, "", true, "release: the volume"},
+	{Controller, "update", "persistentvolumes", Any, "", true, "release: the provisioner's finalizer"},
+	{Controller, "create", "persistentvolumes", Any, "", false, "it makes no volume"},
+	{Controller, "delete", "persistentvolumeclaims", Any, "", true, "release: the claim"},
+	{Controller, "update", "persistentvolumeclaims", Any, "", false, "it changes no claim"},
+	{Controller, "delete", "pods", Any, "", true, "release: the pods that use the claim"},
+	{Controller, "watch", "statefulsets.apps", Any, "", true, "whether a StatefulSet makes the claim again"},
+	{Controller, "watch", "storageclasses.storage.k8s.io", Any, "", true, "the class's on-node-loss"},
+	{Controller, "create", "events", Any, "", true, "NodeLossPending and what it did"},
+	{Controller, "create", "csistoragecapacities.storage.k8s.io", Install, "", false, "capacity is csi-provisioner's"},
+}
+
+// Header is the table's heading row in SECURITY.md.
+const Header = "| Account | Verb | Resource | Namespace | Name | Allowed | Why |"
+
+// Markdown renders rows as SECURITY.md shows them, heading included.
+func Markdown(rows []Question) string {
+	var b strings.Builder
+	b.WriteString(Header + "\n|---|---|---|---|---|---|---|\n")
+	for _, q := range rows {
+		name, allowed := q.Name, "no"
+		if name == "" {
+			name = "any"
+		}
+		if q.Allowed {
+			allowed = "**yes**"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", q.Account, q.Verb, q.Resource, q.Namespace, name, allowed, q.Why)
+	}
+	return b.String()
+}
+
+// Parse reads the table that follows Header in a Markdown document, up to
+// its first line that is not a table row. If the document has no such
+// table, Parse returns an error.
+func Parse(r io.Reader) ([]Question, error) {
+	sc := bufio.NewScanner(r)
+	found := false
+	var rows []Question
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if !found {
+			found = line == Header
+			continue
+		}
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		if strings.HasPrefix(line, "|---") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if len(cells) != 7 {
+			return nil, fmt.Errorf("row %q: got %d cells, want 7", line, len(cells))
+		}
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		q := Question{Account: cells[0], Verb: cells[1], Resource: cells[2], Namespace: cells[3], Name: cells[4], Why: cells[6]}
+		if q.Name == "any" {
+			q.Name = ""
+		}
+		switch cells[5] {
+		case "**yes**":
+			q.Allowed = true
+		case "no":
+		default:
+			return nil, fmt.Errorf("row %q: allowed %q, want **yes** or no", line, cells[5])
+		}
+		rows = append(rows, q)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("no table headed %q", Header)
+	}
+	return rows, nil
+}
