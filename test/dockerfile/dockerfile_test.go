@@ -1,4 +1,4 @@
-package e2e
+package dockerfile
 
 import (
 	"os"
@@ -12,18 +12,18 @@ import (
 // builds from it, then checks that each change the harness would not
 // reproduce makes reading it fail.
 func TestDockerfileIsReadStrictly(t *testing.T) {
-	path := filepath.Join(repoRoot(), "Dockerfile")
-	d, err := readDockerfile(path)
+	path := filepath.Join("..", "..", "Dockerfile")
+	d, err := Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []imageBinary{{"./cmd/csi-node", "/usr/local/bin/csi-node"}, {"./cmd/converge-controller", "/usr/local/bin/converge-controller"}}
-	if d.suite != "bookworm" || !slices.Contains(d.packages, "xfsprogs") || !slices.Equal(d.binaries, want) ||
-		!slices.Equal(d.entrypoint, []string{"/usr/local/bin/csi-node"}) ||
-		!slices.Equal(d.buildEnv, []string{"CGO_ENABLED=0"}) || expand(d.labels["org.opencontainers.image.version"], "v9") != "v9" {
+	want := []Binary{{"./cmd/csi-node", "/usr/local/bin/csi-node"}, {"./cmd/converge-controller", "/usr/local/bin/converge-controller"}}
+	if d.Suite != "bookworm" || !slices.Contains(d.Packages, "xfsprogs") || !slices.Equal(d.Binaries, want) ||
+		!slices.Equal(d.Entrypoint, []string{"/usr/local/bin/csi-node"}) ||
+		!slices.Equal(d.BuildEnv, []string{"CGO_ENABLED=0"}) || Expand(d.Labels["org.opencontainers.image.version"], "v9") != "v9" {
 		t.Errorf("read %+v", *d)
 	}
-	if got := strings.Join(d.buildArgs, " "); got != "-trimpath -ldflags -s -w -X main.version=${VERSION}" {
+	if got := strings.Join(d.BuildArgs, " "); got != "-trimpath -ldflags -s -w -X main.version=${VERSION}" {
 		t.Errorf("go build arguments: got %q", got)
 	}
 	orig, err := os.ReadFile(path)
@@ -60,7 +60,7 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 		if err := os.WriteFile(p, []byte(changed), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := readDockerfile(p); err == nil {
+		if _, err := Read(p); err == nil {
 			t.Errorf("%s: read without error, want the harness to refuse it", name)
 		}
 	}

@@ -1,4 +1,8 @@
-package e2e
+// Package dockerfile reads converge's Dockerfile as what builds the csi-node
+// image, for the tests that must follow it: the e2e harness builds the image
+// from it without a Docker engine (test/e2e/csiimage.go), and test/image
+// checks the final stage's packages against the tools the code runs.
+package dockerfile
 
 import (
 	"bufio"
@@ -10,28 +14,28 @@ import (
 	"strings"
 )
 
-// dockerfile is what the harness reads of converge's Dockerfile to build
+// Dockerfile is what the harness reads of converge's Dockerfile to build
 // the csi-node image as "docker build" would, without a Docker engine: the
 // Debian suite of the final stage's base image, the packages it installs,
 // how the build stage builds the binaries and where the final stage puts
 // them, and the image's entry point and labels. Reading is strict: an
 // instruction or a form the harness would not reproduce is an error, so
 // the Dockerfile cannot grow a step the tested image lacks.
-type dockerfile struct {
-	suite      string            // the final stage's base, debian:<suite>-slim
-	packages   []string          // installed without recommends by the final stage
-	buildEnv   []string          // the build stage's go build environment (CGO_ENABLED=0)
-	buildArgs  []string          // its go build arguments, ${VERSION} not yet replaced, -o and package removed
-	binaries   []imageBinary     // in the order the final stage copies them
-	entrypoint []string          // the exec form of ENTRYPOINT
-	labels     map[string]string // ${VERSION} not yet replaced
+type Dockerfile struct {
+	Suite      string            // the final stage's base, debian:<suite>-slim
+	Packages   []string          // installed without recommends by the final stage
+	BuildEnv   []string          // the build stage's go build environment (CGO_ENABLED=0)
+	BuildArgs  []string          // its go build arguments, ${VERSION} not yet replaced, -o and package removed
+	Binaries   []Binary          // in the order the final stage copies them
+	Entrypoint []string          // the exec form of ENTRYPOINT
+	Labels     map[string]string // ${VERSION} not yet replaced
 }
 
-// imageBinary is a command the build stage builds and the final stage
-// copies into the image.
-type imageBinary struct {
-	pkg  string // ./cmd/<name>
-	path string // in the image
+// Binary is a command the build stage builds and the final stage copies
+// into the image.
+type Binary struct {
+	Pkg  string // ./cmd/<name>
+	Path string // in the image
 }
 
 // buildStage lists the instructions of the build stage that shape the
@@ -62,13 +66,14 @@ var (
 	instruction = regexp.MustCompile(`^[A-Z]+\b`)
 )
 
-// readDockerfile reads path as described at dockerfile.
-func readDockerfile(path string) (*dockerfile, error) {
+// Read reads the Dockerfile at path as described at Dockerfile. It fails
+// on anything the harness would not reproduce.
+func Read(path string) (*Dockerfile, error) {
 	lines, err := instructions(path)
 	if err != nil {
 		return nil, err
 	}
-	d := &dockerfile{labels: map[string]string{}}
+	d := &Dockerfile{Labels: map[string]string{}}
 	final := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "FROM ") && !strings.HasSuffix(l, " AS build") })
 	if final < 0 {
 		return nil, fmt.Errorf("%s: no final stage", path)
@@ -81,13 +86,13 @@ func readDockerfile(path string) (*dockerfile, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%s: %q: %v", path, l, err)
 			}
-			if len(built) > 0 && (!slices.Equal(env, d.buildEnv) || !slices.Equal(args, d.buildArgs)) {
+			if len(built) > 0 && (!slices.Equal(env, d.BuildEnv) || !slices.Equal(args, d.BuildArgs)) {
 				return nil, fmt.Errorf("%s: %q: every go build must have the same environment and arguments", path, l)
 			}
 			if _, ok := built[m[3]]; ok {
 				return nil, fmt.Errorf("%s: two builds write %s", path, m[3])
 			}
-			d.buildEnv, d.buildArgs, built[m[3]] = env, args, m[4]
+			d.BuildEnv, d.BuildArgs, built[m[3]] = env, args, m[4]
 			continue
 		}
 		if !slices.Contains(buildStage, l) && !versionArg.MatchString(l) {
@@ -100,7 +105,7 @@ func readDockerfile(path string) (*dockerfile, error) {
 	for _, l := range lines[final:] {
 		switch {
 		case finalFrom.MatchString(l):
-			d.suite = finalFrom.FindStringSubmatch(l)[1]
+			d.Suite = finalFrom.FindStringSubmatch(l)[1]
 		case versionArg.MatchString(l):
 		case strings.HasPrefix(l, "LABEL "):
 			rest := strings.TrimSpace(strings.TrimPrefix(l, "LABEL "))
@@ -109,11 +114,11 @@ func readDockerfile(path string) (*dockerfile, error) {
 				if p == nil {
 					return nil, fmt.Errorf("%s: label %q is not key=\"value\"", path, rest)
 				}
-				d.labels[p[1]] = p[2]
+				d.Labels[p[1]] = p[2]
 				rest = rest[len(p[0]):]
 			}
 		case aptInstall.MatchString(l):
-			d.packages = strings.Fields(aptInstall.FindStringSubmatch(l)[1])
+			d.Packages = strings.Fields(aptInstall.FindStringSubmatch(l)[1])
 		case copyBinary.MatchString(l):
 			m := copyBinary.FindStringSubmatch(l)
 			pkg, ok := built[m[1]]
@@ -121,9 +126,9 @@ func readDockerfile(path string) (*dockerfile, error) {
 				return nil, fmt.Errorf("%s: the final stage copies %s, which the build stage does not build", path, m[1])
 			}
 			delete(built, m[1])
-			d.binaries = append(d.binaries, imageBinary{pkg: pkg, path: m[2]})
+			d.Binaries = append(d.Binaries, Binary{Pkg: pkg, Path: m[2]})
 		case strings.HasPrefix(l, "ENTRYPOINT "):
-			if d.entrypoint, err = execForm(strings.TrimPrefix(l, "ENTRYPOINT ")); err != nil {
+			if d.Entrypoint, err = execForm(strings.TrimPrefix(l, "ENTRYPOINT ")); err != nil {
 				return nil, fmt.Errorf("%s: %v", path, err)
 			}
 		default:
@@ -133,7 +138,7 @@ func readDockerfile(path string) (*dockerfile, error) {
 	if len(built) > 0 {
 		return nil, fmt.Errorf("%s: the build stage builds %v, which the final stage does not copy", path, slices.Sorted(maps.Values(built)))
 	}
-	if d.suite == "" || len(d.packages) == 0 || len(d.entrypoint) == 0 {
+	if d.Suite == "" || len(d.Packages) == 0 || len(d.Entrypoint) == 0 {
 		return nil, fmt.Errorf("%s: the final stage lacks its base, its packages or the entry point: %+v", path, *d)
 	}
 	return d, nil
@@ -220,5 +225,5 @@ func execForm(s string) ([]string, error) {
 	return out, nil
 }
 
-// expand replaces ${VERSION} with version.
-func expand(s, version string) string { return strings.ReplaceAll(s, "${VERSION}", version) }
+// Expand replaces ${VERSION} with version.
+func Expand(s, version string) string { return strings.ReplaceAll(s, "${VERSION}", version) }
