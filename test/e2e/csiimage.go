@@ -32,10 +32,11 @@ const (
 	imagePath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
-// buildCSINodeImage writes the csi-node image of the Dockerfile to an OCI
-// archive in the run's directory: the final stage's Debian root (cached,
-// see imageRoot) as one layer, the binaries (csi-node, converge-controller)
-// built as the build stage builds them as the other, the Dockerfile's entry point and labels, version
+// buildCSINodeImage writes the csi-node image of the Dockerfile, for this
+// machine's platform, to an OCI archive in the run's directory: the final
+// stage's Debian root (cached, see imageRoot) as one layer, the binaries
+// (csi-node, converge-controller) built as the build stage builds them as
+// the other, the Dockerfile's entry point and labels, version
 // csiNodeImageTag.
 func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	d, err := dockerfile.Read(filepath.Join(c.repo, "Dockerfile"))
@@ -46,16 +47,14 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	args := []string{"build"}
-	for _, a := range d.BuildArgs {
-		args = append(args, dockerfile.Expand(a, csiNodeImageTag))
-	}
 	var files []layerFile
 	dirs := map[string]bool{}
 	for _, b := range d.Binaries {
 		bin := filepath.Join(c.dir, "image-"+filepath.Base(b.Pkg))
-		cmd := exec.CommandContext(ctx, "go", append(args, "-o", bin, b.Pkg)...)
-		cmd.Dir, cmd.Env = c.repo, append(os.Environ(), d.BuildEnv...)
+		cmd, err := d.GoBuild(ctx, c.repo, dockerfile.Host(), csiNodeImageTag, b, bin)
+		if err != nil {
+			return err
+		}
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, out)
 		}
@@ -78,9 +77,9 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	labels := map[string]string{}
-	for k, v := range d.Labels {
-		labels[k] = dockerfile.Expand(v, csiNodeImageTag)
+	labels, err := d.ImageLabels(dockerfile.Host(), csiNodeImageTag)
+	if err != nil {
+		return err
 	}
 	c.csiImage = filepath.Join(c.dir, "csi-node-image.tar")
 	return writeOCIArchive(c.csiImage, csiNodeImageName+":"+csiNodeImageTag, [][]byte{rootLayer, binLayer},
@@ -89,8 +88,9 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 
 // imageRoot returns a tar of the final stage's root, made from Debian's
 // packages as "FROM debian:<suite>-slim" and its apt-get line make it:
-// debootstrap --variant=minbase, then exactly the Dockerfile's packages
-// without recommends, the package lists removed. It is cached in the
+// debootstrap --variant=minbase (of this machine's architecture, the
+// image's), then exactly the Dockerfile's packages without recommends, the
+// package lists removed. It is cached in the
 // user's cache directory under a name made of the suite and the packages;
 // a cold build takes a minute or two, a warm one nothing.
 func (c *cluster) imageRoot(ctx context.Context, d *dockerfile.Dockerfile) (string, error) {
