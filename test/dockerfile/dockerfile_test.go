@@ -20,7 +20,7 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 	want := []Binary{{"./cmd/csi-node", "/usr/local/bin/csi-node"}, {"./cmd/converge-controller", "/usr/local/bin/converge-controller"}}
 	if d.Suite != "bookworm" || !slices.Contains(d.Packages, "xfsprogs") || !slices.Equal(d.Binaries, want) ||
 		!slices.Equal(d.Entrypoint, []string{"/usr/local/bin/csi-node"}) ||
-		!slices.Equal(d.BuildEnv, []string{"CGO_ENABLED=0"}) {
+		!d.OnBuildPlatform || !slices.Equal(d.BuildEnv, []string{"GOOS=${TARGETOS}", "GOARCH=${TARGETARCH}", "CGO_ENABLED=0"}) {
 		t.Errorf("read %+v", *d)
 	}
 	if labels, err := d.ImageLabels(Host(), "v9"); err != nil || labels["org.opencontainers.image.version"] != "v9" {
@@ -66,6 +66,10 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 		"a label of a variable its stage does not declare": func(s string) string {
 			return strings.Replace(s, `version="${VERSION}"`, `version="${TARGETARCH}"`, 1)
 		},
+		"the build stage on a fixed platform": func(s string) string {
+			return strings.Replace(s, "FROM --platform=$BUILDPLATFORM golang", "FROM --platform=linux/amd64 golang", 1)
+		},
+		"the target's platform not declared": func(s string) string { return strings.Replace(s, "ARG TARGETOS TARGETARCH\n", "", 1) },
 	} {
 		changed := edit(string(orig))
 		if changed == string(orig) {
