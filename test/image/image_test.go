@@ -106,11 +106,25 @@ func executedTools(t *testing.T) map[string]bool {
 	return tools
 }
 
-// scanDir adds the commands of the Linux, non-test Go files of one package.
+// imageArchs are the architectures the image is built for (the
+// Dockerfile's multi-arch build): a file built for any of them may run a
+// tool.
+var imageArchs = []string{"amd64", "arm64"}
+
+// scanDir adds the commands of the non-test Go files of one package that
+// the image's builds compile: Linux, each of imageArchs, CGO_ENABLED=0.
 func scanDir(t *testing.T, dir string, tools map[string]bool) {
 	t.Helper()
-	ctx := build.Default
-	ctx.GOOS, ctx.GOARCH = "linux", "amd64"
+	built := func(name string) bool {
+		for _, arch := range imageArchs {
+			ctx := build.Default
+			ctx.GOOS, ctx.GOARCH, ctx.CgoEnabled = "linux", arch, false
+			if ok, err := ctx.MatchFile(dir, name); err == nil && ok {
+				return true
+			}
+		}
+		return false
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +137,7 @@ func scanDir(t *testing.T, dir string, tools map[string]bool) {
 		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 			continue
 		}
-		if ok, err := ctx.MatchFile(dir, name); err != nil || !ok {
+		if !built(name) {
 			continue
 		}
 		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, 0)
