@@ -1,9 +1,16 @@
 # converge csi-node image: the node plugin, and converge-controller (the
-# cluster-side controller, run by deploy/controller.yaml with this image).
+# cluster-side controller, run by deploy/controller.yaml with this image),
+# for linux/amd64 and linux/arm64. For this machine's platform:
 #   docker build -t <registry>/csi-node:<tag> --build-arg VERSION=<tag> .
+# For both, as one multi-arch image pushed to the registry (a buildx builder
+# of the docker-container driver, or Docker's containerd image store):
+#   docker buildx build --platform linux/amd64,linux/arm64 -t <registry>/csi-node:<tag> --build-arg VERSION=<tag> --push .
+# test/dockerfile builds the binaries for both platforms as the build stage
+# does and checks them.
 
-# Build stage: static binaries, built as an unprivileged user.
-FROM golang:1.26-bookworm AS build
+# Build stage: static binaries, built as an unprivileged user on the
+# builder's own platform and cross-compiled for the target's (no emulation).
+FROM --platform=$BUILDPLATFORM golang:1.26-bookworm AS build
 RUN useradd --create-home --uid 10001 builder
 USER builder
 WORKDIR /home/builder/src
@@ -11,14 +18,16 @@ COPY --chown=builder go.mod go.sum ./
 RUN go mod download
 COPY --chown=builder cmd ./cmd
 COPY --chown=builder pkg ./pkg
+# Declared after the module download, which is the same for every target.
+ARG TARGETOS TARGETARCH
 ARG VERSION=v0.1.0
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/csi-node ./cmd/csi-node
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/converge-controller ./cmd/converge-controller
+RUN GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/csi-node ./cmd/csi-node
+RUN GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/converge-controller ./cmd/converge-controller
 
 # Final stage: the binary and exactly the OS tools it executes (mount-utils
 # runs mount, umount, blkid, blockdev, fsck, mkfs.* and the resize tools;
 # converge runs e2fsck and resize2fs). test/image checks this list against
-# the code.
+# the code. Its base is the target platform's.
 FROM debian:bookworm-slim
 ARG VERSION=v0.1.0
 LABEL org.opencontainers.image.title="converge csi-node" \

@@ -12,9 +12,11 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/converge-csi/converge/test/dockerfile"
 )
 
-// The csi-node image, built as the Dockerfile builds it (see dockerfile.go)
+// The csi-node image, built as the Dockerfile builds it (see test/dockerfile)
 // and imported into every node's containerd under a name of its own.
 const (
 	csiNodeImageName = "converge.local/csi-node"
@@ -30,13 +32,14 @@ const (
 	imagePath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
 
-// buildCSINodeImage writes the csi-node image of the Dockerfile to an OCI
-// archive in the run's directory: the final stage's Debian root (cached,
-// see imageRoot) as one layer, the binaries (csi-node, converge-controller)
-// built as the build stage builds them as the other, the Dockerfile's entry point and labels, version
+// buildCSINodeImage writes the csi-node image of the Dockerfile, for this
+// machine's platform, to an OCI archive in the run's directory: the final
+// stage's Debian root (cached, see imageRoot) as one layer, the binaries
+// (csi-node, converge-controller) built as the build stage builds them as
+// the other, the Dockerfile's entry point and labels, version
 // csiNodeImageTag.
 func (c *cluster) buildCSINodeImage(ctx context.Context) error {
-	d, err := readDockerfile(filepath.Join(c.repo, "Dockerfile"))
+	d, err := dockerfile.Read(filepath.Join(c.repo, "Dockerfile"))
 	if err != nil {
 		return err
 	}
@@ -44,16 +47,14 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	args := []string{"build"}
-	for _, a := range d.buildArgs {
-		args = append(args, expand(a, csiNodeImageTag))
-	}
 	var files []layerFile
 	dirs := map[string]bool{}
-	for _, b := range d.binaries {
-		bin := filepath.Join(c.dir, "image-"+filepath.Base(b.pkg))
-		cmd := exec.CommandContext(ctx, "go", append(args, "-o", bin, b.pkg)...)
-		cmd.Dir, cmd.Env = c.repo, append(os.Environ(), d.buildEnv...)
+	for _, b := range d.Binaries {
+		bin := filepath.Join(c.dir, "image-"+filepath.Base(b.Pkg))
+		cmd, err := d.GoBuild(ctx, c.repo, dockerfile.Host(), csiNodeImageTag, b, bin)
+		if err != nil {
+			return err
+		}
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, out)
 		}
@@ -62,11 +63,11 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 			return err
 		}
 		var parents []layerFile
-		for p := strings.TrimPrefix(filepath.Dir(b.path), "/"); p != "." && !dirs[p]; p = filepath.Dir(p) {
+		for p := strings.TrimPrefix(filepath.Dir(b.Path), "/"); p != "." && !dirs[p]; p = filepath.Dir(p) {
 			dirs[p] = true
 			parents = append([]layerFile{{name: p, dir: true}}, parents...)
 		}
-		files = append(append(files, parents...), layerFile{name: strings.TrimPrefix(b.path, "/"), mode: 0o755, data: data})
+		files = append(append(files, parents...), layerFile{name: strings.TrimPrefix(b.Path, "/"), mode: 0o755, data: data})
 	}
 	binLayer, err := layerTar(files)
 	if err != nil {
@@ -76,30 +77,31 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	labels := map[string]string{}
-	for k, v := range d.labels {
-		labels[k] = expand(v, csiNodeImageTag)
+	labels, err := d.ImageLabels(dockerfile.Host(), csiNodeImageTag)
+	if err != nil {
+		return err
 	}
 	c.csiImage = filepath.Join(c.dir, "csi-node-image.tar")
 	return writeOCIArchive(c.csiImage, csiNodeImageName+":"+csiNodeImageTag, [][]byte{rootLayer, binLayer},
-		map[string]any{"Entrypoint": d.entrypoint, "Env": []string{imagePath}, "Labels": labels})
+		map[string]any{"Entrypoint": d.Entrypoint, "Env": []string{imagePath}, "Labels": labels})
 }
 
 // imageRoot returns a tar of the final stage's root, made from Debian's
 // packages as "FROM debian:<suite>-slim" and its apt-get line make it:
-// debootstrap --variant=minbase, then exactly the Dockerfile's packages
-// without recommends, the package lists removed. It is cached in the
+// debootstrap --variant=minbase (of this machine's architecture, the
+// image's), then exactly the Dockerfile's packages without recommends, the
+// package lists removed. It is cached in the
 // user's cache directory under a name made of the suite and the packages;
 // a cold build takes a minute or two, a warm one nothing.
-func (c *cluster) imageRoot(ctx context.Context, d *dockerfile) (string, error) {
+func (c *cluster) imageRoot(ctx context.Context, d *dockerfile.Dockerfile) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", err
 	}
 	recipe := fmt.Sprintf("debootstrap --variant=minbase %s %s; apt-get install -y --no-install-recommends %s",
-		d.suite, debianMirror, strings.Join(d.packages, " "))
+		d.Suite, debianMirror, strings.Join(d.Packages, " "))
 	sum := sha256.Sum256([]byte(recipe))
-	path := filepath.Join(cache, "converge-e2e", "csi-node-root-"+d.suite+"-"+hex.EncodeToString(sum[:6])+".tar")
+	path := filepath.Join(cache, "converge-e2e", "csi-node-root-"+d.Suite+"-"+hex.EncodeToString(sum[:6])+".tar")
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
@@ -123,17 +125,17 @@ func (c *cluster) imageRoot(ctx context.Context, d *dockerfile) (string, error) 
 		}
 		return nil
 	}
-	if err := private(`debootstrap --variant=minbase "$1" "$2" "$3"`, d.suite, root, debianMirror); err != nil {
+	if err := private(`debootstrap --variant=minbase "$1" "$2" "$3"`, d.Suite, root, debianMirror); err != nil {
 		return "", err
 	}
 	// The sources of the debian images: the suite, its updates and its
 	// security fixes.
-	sources := fmt.Sprintf("deb %[1]s %[2]s main\ndeb %[1]s %[2]s-updates main\ndeb http://deb.debian.org/debian-security %[2]s-security main\n", debianMirror, d.suite)
+	sources := fmt.Sprintf("deb %[1]s %[2]s main\ndeb %[1]s %[2]s-updates main\ndeb http://deb.debian.org/debian-security %[2]s-security main\n", debianMirror, d.Suite)
 	if err := os.WriteFile(filepath.Join(root, "etc/apt/sources.list"), []byte(sources), 0o644); err != nil {
 		return "", err
 	}
 	install := `mount -t proc proc "$1/proc"; chroot "$1" sh -ec 'apt-get update; shift; apt-get install -y --no-install-recommends "$@"; apt-get clean; rm -rf /var/lib/apt/lists/*' sh "$@"`
-	if err := private(install, append([]string{root}, d.packages...)...); err != nil {
+	if err := private(install, append([]string{root}, d.Packages...)...); err != nil {
 		return "", err
 	}
 	partial := path + ".partial"

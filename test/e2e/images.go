@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -237,7 +238,8 @@ func busyboxFiles(extra map[string]string) ([]layerFile, error) {
 
 // writeOCIArchive writes an image of the given layers (uncompressed tars,
 // the lowest first) as an OCI image-layout tar that "ctr images import"
-// accepts, named by the io.containerd.image.name annotation.
+// accepts, named by the io.containerd.image.name annotation. Every image
+// here holds this machine's binaries, so its platform is this machine's.
 func writeOCIArchive(path, ref string, layers [][]byte, config map[string]any) error {
 	epoch := time.Unix(0, 0)
 	blobs := map[string][]byte{}
@@ -250,8 +252,8 @@ func writeOCIArchive(path, ref string, layers [][]byte, config map[string]any) e
 		blobs[desc["digest"].(string)] = layer
 	}
 	cfg, _ := json.Marshal(map[string]any{
-		"architecture": "amd64",
-		"os":           "linux",
+		"architecture": runtime.GOARCH,
+		"os":           runtime.GOOS,
 		"config":       config,
 		"rootfs":       map[string]any{"type": "layers", "diff_ids": diffIDs},
 	})
@@ -263,7 +265,7 @@ func writeOCIArchive(path, ref string, layers [][]byte, config map[string]any) e
 		"layers":        layerDescs,
 	})
 	manDesc := descriptor("application/vnd.oci.image.manifest.v1+json", manifest)
-	manDesc["platform"] = map[string]string{"architecture": "amd64", "os": "linux"}
+	manDesc["platform"] = map[string]string{"architecture": runtime.GOARCH, "os": runtime.GOOS}
 	manDesc["annotations"] = map[string]string{
 		"io.containerd.image.name":          ref,
 		"org.opencontainers.image.ref.name": ref[strings.LastIndex(ref, ":")+1:],

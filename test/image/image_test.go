@@ -1,10 +1,9 @@
 // Package image checks the container image against the code: every OS tool
 // that csi-node or mount-utils executes must be installed by the final stage
-// of the Dockerfile.
+// of the Dockerfile (as test/dockerfile reads it, the e2e harness's reader).
 package image
 
 import (
-	"bufio"
 	"fmt"
 	"go/ast"
 	"go/build"
@@ -20,6 +19,7 @@ import (
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/test/dockerfile"
 )
 
 // parameters are command names that arrive as a function parameter, mapped
@@ -39,7 +39,11 @@ func TestImageInstallsEveryExecutedTool(t *testing.T) {
 			t.Fatalf("the scan missed %s; it found %v", want, sorted(tools))
 		}
 	}
-	installed := dockerfilePackages(t, "../../Dockerfile")
+	d, err := dockerfile.Read("../../Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	installed := d.Packages
 	owners := toolPackages(t, tools)
 	if miss := missing(owners, installed); len(miss) > 0 {
 		t.Fatalf("Dockerfile's final stage installs %v but not:\n%s", installed, strings.Join(miss, "\n"))
@@ -102,11 +106,25 @@ func executedTools(t *testing.T) map[string]bool {
 	return tools
 }
 
-// scanDir adds the commands of the Linux, non-test Go files of one package.
+// imageArchs are the architectures the image is built for (the
+// Dockerfile's multi-arch build): a file built for any of them may run a
+// tool.
+var imageArchs = []string{"amd64", "arm64"}
+
+// scanDir adds the commands of the non-test Go files of one package that
+// the image's builds compile: Linux, each of imageArchs, CGO_ENABLED=0.
 func scanDir(t *testing.T, dir string, tools map[string]bool) {
 	t.Helper()
-	ctx := build.Default
-	ctx.GOOS, ctx.GOARCH = "linux", "amd64"
+	built := func(name string) bool {
+		for _, arch := range imageArchs {
+			ctx := build.Default
+			ctx.GOOS, ctx.GOARCH, ctx.CgoEnabled = "linux", arch, false
+			if ok, err := ctx.MatchFile(dir, name); err == nil && ok {
+				return true
+			}
+		}
+		return false
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +137,7 @@ func scanDir(t *testing.T, dir string, tools map[string]bool) {
 		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 			continue
 		}
-		if ok, err := ctx.MatchFile(dir, name); err != nil || !ok {
+		if !built(name) {
 			continue
 		}
 		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, 0)
@@ -262,60 +280,6 @@ func dpkgOwner(path string) (string, error) {
 		return pkg, nil
 	}
 	return "", fmt.Errorf("no package ships %s (tried %v)", path, tries)
-}
-
-// dockerfilePackages returns the packages that apt-get install names in the
-// final stage of the Dockerfile.
-func dockerfilePackages(t *testing.T, path string) []string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	// Join continuation lines, then keep the last stage's instructions.
-	var lines []string
-	var cur strings.Builder
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		if s, ok := strings.CutSuffix(line, "\\"); ok {
-			cur.WriteString(s + " ")
-			continue
-		}
-		cur.WriteString(line)
-		lines = append(lines, cur.String())
-		cur.Reset()
-	}
-	var final []string
-	for _, l := range lines {
-		if strings.HasPrefix(strings.ToUpper(l), "FROM ") {
-			final = nil
-		}
-		final = append(final, l)
-	}
-	var pkgs []string
-	for _, l := range final {
-		for _, cmd := range strings.Split(l, "&&") {
-			fields := strings.Fields(cmd)
-			i := slices.Index(fields, "install")
-			if i < 1 || fields[i-1] != "apt-get" {
-				continue
-			}
-			for _, w := range fields[i+1:] {
-				if !strings.HasPrefix(w, "-") {
-					pkgs = append(pkgs, w)
-				}
-			}
-		}
-	}
-	if len(pkgs) == 0 {
-		t.Fatalf("%s: the final stage installs no packages", path)
-	}
-	return pkgs
 }
 
 func sorted(m map[string]bool) []string {

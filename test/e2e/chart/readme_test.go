@@ -12,8 +12,8 @@ import (
 )
 
 // readmeCommand returns the README's shell command that starts with
-// prefix, its continuation lines joined, its placeholder registry made a
-// real name.
+// prefix as whole words (docker build, not docker buildx build), its
+// continuation lines joined, its placeholder registry made a real name.
 func readmeCommand(t *testing.T, prefix string) []string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
@@ -23,7 +23,7 @@ func readmeCommand(t *testing.T, prefix string) []string {
 	text := strings.ReplaceAll(string(b), "\\\n", " ")
 	var found []string
 	for _, line := range strings.Split(text, "\n") {
-		if strings.HasPrefix(strings.TrimSpace(line), prefix) {
+		if strings.HasPrefix(strings.TrimSpace(line)+" ", prefix+" ") {
 			found = append(found, strings.ReplaceAll(line, "<registry>", "registry.example"))
 		}
 	}

@@ -1,4 +1,4 @@
-package e2e
+package dockerfile
 
 import (
 	"os"
@@ -12,18 +12,21 @@ import (
 // builds from it, then checks that each change the harness would not
 // reproduce makes reading it fail.
 func TestDockerfileIsReadStrictly(t *testing.T) {
-	path := filepath.Join(repoRoot(), "Dockerfile")
-	d, err := readDockerfile(path)
+	path := filepath.Join("..", "..", "Dockerfile")
+	d, err := Read(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []imageBinary{{"./cmd/csi-node", "/usr/local/bin/csi-node"}, {"./cmd/converge-controller", "/usr/local/bin/converge-controller"}}
-	if d.suite != "bookworm" || !slices.Contains(d.packages, "xfsprogs") || !slices.Equal(d.binaries, want) ||
-		!slices.Equal(d.entrypoint, []string{"/usr/local/bin/csi-node"}) ||
-		!slices.Equal(d.buildEnv, []string{"CGO_ENABLED=0"}) || expand(d.labels["org.opencontainers.image.version"], "v9") != "v9" {
+	want := []Binary{{"./cmd/csi-node", "/usr/local/bin/csi-node"}, {"./cmd/converge-controller", "/usr/local/bin/converge-controller"}}
+	if d.Suite != "bookworm" || !slices.Contains(d.Packages, "xfsprogs") || !slices.Equal(d.Binaries, want) ||
+		!slices.Equal(d.Entrypoint, []string{"/usr/local/bin/csi-node"}) ||
+		!d.OnBuildPlatform || !slices.Equal(d.BuildEnv, []string{"GOOS=${TARGETOS}", "GOARCH=${TARGETARCH}", "CGO_ENABLED=0"}) {
 		t.Errorf("read %+v", *d)
 	}
-	if got := strings.Join(d.buildArgs, " "); got != "-trimpath -ldflags -s -w -X main.version=${VERSION}" {
+	if labels, err := d.ImageLabels(Host(), "v9"); err != nil || labels["org.opencontainers.image.version"] != "v9" {
+		t.Errorf("labels %v, %v: want the version v9", labels, err)
+	}
+	if got := strings.Join(d.BuildArgs, " "); got != "-trimpath -ldflags -s -w -X main.version=${VERSION}" {
 		t.Errorf("go build arguments: got %q", got)
 	}
 	orig, err := os.ReadFile(path)
@@ -50,6 +53,23 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 		"two binaries built differently": func(s string) string {
 			return strings.Replace(s, `-X main.version=${VERSION}" -o /home/builder/converge-controller`, `" -o /home/builder/converge-controller`, 1)
 		},
+		"an ARG the harness does not set": func(s string) string { return strings.Replace(s, "ARG VERSION=", "ARG GOFLAGS\nARG VERSION=", 1) },
+		"a default for a platform argument": func(s string) string {
+			return strings.Replace(s, "ARG VERSION=", "ARG TARGETARCH=amd64\nARG VERSION=", 1)
+		},
+		"a variable no ARG declares": func(s string) string {
+			return strings.ReplaceAll(s, "CGO_ENABLED=0 go build", "GOAMD64=${GOAMD64} CGO_ENABLED=0 go build")
+		},
+		"a shell default": func(s string) string {
+			return strings.ReplaceAll(s, "main.version=${VERSION}", "main.version=${VERSION:-devel}")
+		},
+		"a label of a variable its stage does not declare": func(s string) string {
+			return strings.Replace(s, `version="${VERSION}"`, `version="${TARGETARCH}"`, 1)
+		},
+		"the build stage on a fixed platform": func(s string) string {
+			return strings.Replace(s, "FROM --platform=$BUILDPLATFORM golang", "FROM --platform=linux/amd64 golang", 1)
+		},
+		"the target's platform not declared": func(s string) string { return strings.Replace(s, "ARG TARGETOS TARGETARCH\n", "", 1) },
 	} {
 		changed := edit(string(orig))
 		if changed == string(orig) {
@@ -60,7 +80,7 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 		if err := os.WriteFile(p, []byte(changed), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := readDockerfile(p); err == nil {
+		if _, err := Read(p); err == nil {
 			t.Errorf("%s: read without error, want the harness to refuse it", name)
 		}
 	}
