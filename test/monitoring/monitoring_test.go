@@ -31,36 +31,51 @@ import (
 
 const component = "../../deploy/components/monitoring"
 
-// ruleFile is the PrometheusRule's groups, as promtool reads a rule file.
+// ruleFile is the groups of the PrometheusRules (csi-node's and
+// converge-controller's), as promtool reads a rule file.
 func ruleFile(t *testing.T) (groups []byte, alerts []alert) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(component, "prometheusrule.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rule struct {
-		Kind string `json:"kind"`
-		Spec struct {
-			Groups []struct {
-				Name  string  `json:"name"`
-				Rules []alert `json:"rules"`
-			} `json:"groups"`
-		} `json:"spec"`
-	}
-	if err := yaml.Unmarshal(b, &rule); err != nil || rule.Kind != "PrometheusRule" {
-		t.Fatalf("prometheusrule.yaml: %v (kind %q)", err, rule.Kind)
-	}
-	for _, g := range rule.Spec.Groups {
-		alerts = append(alerts, g.Rules...)
-	}
 	// The groups as they are, every field kept (not through the struct).
-	var whole struct {
-		Spec map[string]any `json:"spec"`
+	var all []any
+	names := map[string]bool{}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var rule struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+			Spec struct {
+				Groups []struct {
+					Name  string  `json:"name"`
+					Rules []alert `json:"rules"`
+				} `json:"groups"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &rule); err != nil || rule.Kind != "PrometheusRule" {
+			t.Fatalf("prometheusrule.yaml: %v (kind %q)", err, rule.Kind)
+		}
+		names[rule.Metadata.Name] = true
+		for _, g := range rule.Spec.Groups {
+			alerts = append(alerts, g.Rules...)
+		}
+		var whole struct {
+			Spec struct {
+				Groups []any `json:"groups"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &whole); err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, whole.Spec.Groups...)
 	}
-	if err := yaml.Unmarshal(b, &whole); err != nil {
-		t.Fatal(err)
+	if !names["converge"] || !names["converge-controller"] || len(names) != 2 {
+		t.Fatalf("prometheusrule.yaml holds the PrometheusRules %v, want converge and converge-controller", names)
 	}
-	if groups, err = yaml.Marshal(whole.Spec); err != nil {
+	if groups, err = yaml.Marshal(map[string]any{"groups": all}); err != nil {
 		t.Fatal(err)
 	}
 	return groups, alerts

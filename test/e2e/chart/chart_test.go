@@ -155,7 +155,8 @@ var variants = []struct {
 // follows. The only differences allowed are Helm's own bookkeeping: the
 // labels Helm's conventions add (helm.sh/chart, app.kubernetes.io/
 // managed-by, instance and version; instance also in the selectors of
-// the DaemonSet, the Deployment and the PodMonitors, so that two releases
+// the DaemonSet, the Deployment, the PodDisruptionBudget and the
+// PodMonitors, so that two releases
 // never select each other's pods) and helm.sh/ annotations (the CSIDriver is kept at
 // uninstall).
 func TestSameObjectsAsDeploy(t *testing.T) {
@@ -245,7 +246,7 @@ func objects(t *testing.T, manifest string, fromChart bool) map[string]map[strin
 				spec := o["spec"].(map[string]any)
 				delete(spec["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
 				dropHelm(spec["template"].(map[string]any)["metadata"].(map[string]any))
-			case "PodMonitor":
+			case "PodMonitor", "PodDisruptionBudget":
 				delete(o["spec"].(map[string]any)["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
 			}
 		}
@@ -404,5 +405,54 @@ func TestValuesReachTheObjects(t *testing.T) {
 		if strings.Contains(k, "controller") {
 			t.Errorf("controller.enabled false renders %s", k)
 		}
+	}
+}
+
+// TestControllerDisruptionBudget checks that, in the chart (with one
+// replica or several) and in deploy/, a PodDisruptionBudget lets one
+// converge-controller replica at a time be evicted, counted from the
+// Deployment's replicas (maxUnavailable: a one-replica controller on a
+// one-node cluster can still be drained, which minAvailable 1 would
+// refuse), selecting exactly the Deployment's pods.
+func TestControllerDisruptionBudget(t *testing.T) {
+	for name, manifest := range map[string]func() string{
+		"deploy/": func() string { return kustomize(t, nil) },
+		"chart": func() string {
+			m, err := render(t, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		},
+		"chart, one replica": func() string {
+			m, err := render(t, map[string]any{"controller": map[string]any{"replicas": 1}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			objs := objects(t, manifest(), false)
+			pdb := objs["PodDisruptionBudget kube-system/converge-controller"]
+			dep := objs["Deployment kube-system/converge-controller"]
+			if pdb == nil || dep == nil {
+				t.Fatalf("PodDisruptionBudget %v, Deployment %v among %v", pdb != nil, dep != nil, union(objs, nil))
+			}
+			spec := pdb["spec"].(map[string]any)
+			if fmt.Sprint(spec["maxUnavailable"], " ", spec["minAvailable"], " ", spec["unhealthyPodEvictionPolicy"]) != "1 <nil> AlwaysAllow" {
+				t.Errorf("the budget: got %v, want maxUnavailable 1, no minAvailable, unhealthy pods always evictable", spec)
+			}
+			dspec := dep["spec"].(map[string]any)
+			if got, want := fmt.Sprint(spec["selector"]), fmt.Sprint(dspec["selector"]); got != want {
+				t.Errorf("the budget selects %s, the Deployment %s", got, want)
+			}
+			podLabels := dspec["template"].(map[string]any)["metadata"].(map[string]any)["labels"].(map[string]any)
+			for k, v := range spec["selector"].(map[string]any)["matchLabels"].(map[string]any) {
+				if podLabels[k] != v {
+					t.Errorf("the budget selects %s=%v, the controller's pods have %v", k, v, podLabels)
+				}
+			}
+		})
 	}
 }

@@ -1,10 +1,12 @@
 package chart
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -129,4 +131,140 @@ func TestVersionsAgree(t *testing.T) {
 	if _, tag, _ := strings.Cut(built[3], ":"); tag != ch.AppVersion || !slices.Contains(built, "VERSION="+ch.AppVersion) {
 		t.Errorf("the README builds %v; want the tag and VERSION %s", built, ch.AppVersion)
 	}
+}
+
+// sidecarNeeds is the oldest Kubernetes minor each release line of the
+// kubernetes-csi sidecars that deploy/ and the chart name runs on, as its
+// upstream says: the README's Compatibility table where it is right, the
+// release notes' "Urgent Upgrade Notes" where a release raised it. A new
+// major version of a sidecar fails TestKubeVersionFitsTheSidecars until
+// its line is added here.
+var sidecarNeeds = map[string]struct {
+	doc  string // the sidecar's name in docs/operations.md
+	kube string // the oldest Kubernetes minor it runs on
+}{
+	// README: Min K8s Version 1.13.
+	"csi-node-driver-registrar:v2": {"node-driver-registrar", "1.13"},
+	// CHANGELOG-6.0: "needs Kubernetes 1.34.0+", storage/v1
+	// VolumeAttributesClass.
+	"csi-provisioner:v6": {"csi-provisioner", "1.34"},
+	// CHANGELOG-2.0: "needs Kubernetes 1.34.0+", storage/v1
+	// VolumeAttributesClass.
+	"csi-resizer:v2": {"csi-resizer", "1.34"},
+	// README: Min K8s Version 1.20 (the v1 snapshot CRDs).
+	"csi-snapshotter:v8": {"csi-snapshotter", "1.20"},
+}
+
+// apiNeeds is the Kubernetes minor in which each kind the chart or
+// deploy/ installs became GA in the version they use; kinds of CRDs the
+// cluster brings (VolumeSnapshotClass, PodMonitor, PrometheusRule) need
+// none. A kind not listed fails the test.
+var apiNeeds = map[string]string{
+	"v1 ConfigMap":                                    "",
+	"v1 ServiceAccount":                               "",
+	"apps/v1 DaemonSet":                               "1.9",
+	"apps/v1 Deployment":                              "1.9",
+	"rbac.authorization.k8s.io/v1 ClusterRole":        "1.8",
+	"rbac.authorization.k8s.io/v1 ClusterRoleBinding": "1.8",
+	"rbac.authorization.k8s.io/v1 Role":               "1.8",
+	"rbac.authorization.k8s.io/v1 RoleBinding":        "1.8",
+	"storage.k8s.io/v1 CSIDriver":                     "1.18",
+	"storage.k8s.io/v1 StorageClass":                  "1.6",
+	// The PodDisruptionBudget's unhealthyPodEvictionPolicy: GA in 1.31.
+	"policy/v1 PodDisruptionBudget":                                    "1.31",
+	"admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":        "1.30",
+	"admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding": "1.30",
+	"snapshot.storage.k8s.io/v1 VolumeSnapshotClass":                   "",
+	"monitoring.coreos.com/v1 PodMonitor":                              "",
+	"monitoring.coreos.com/v1 PrometheusRule":                          "",
+}
+
+// TestKubeVersionFitsTheSidecars checks that the chart's kubeVersion is
+// the oldest Kubernetes that every sidecar image and every kind the chart
+// and deploy/ install (every choice turned on) runs on, and that the
+// README, docs/operations.md's Compatibility and deploy/README.md say that
+// same version and name the sidecars' versions. A kubeVersion lower than
+// the sidecars' installs on a cluster where the provisioner and resizer
+// cannot work.
+func TestKubeVersionFitsTheSidecars(t *testing.T) {
+	all := map[string]any{"snapshots": map[string]any{"enabled": true}, "monitoring": map[string]any{"enabled": true}}
+	manifest, err := render(t, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := objects(t, manifest, false)
+	for k, o := range objects(t, kustomize(t, []string{"snapshots", "monitoring"}), false) {
+		objs["deploy/ "+k] = o
+	}
+	need, why := "1.0", "nothing"
+	raise := func(v, what string) {
+		if v != "" && minorOf(t, v) > minorOf(t, need) {
+			need, why = v, what
+		}
+	}
+	ops, err := os.ReadFile(filepath.Join(repo, "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, compat, _ := strings.Cut(string(ops), "\n### Compatibility\n")
+	compat, _, _ = strings.Cut(compat, "\n#")
+	compat = strings.Join(strings.Fields(compat), " ")
+	images := 0
+	for k, o := range objs {
+		gvk := fmt.Sprint(o["apiVersion"], " ", o["kind"])
+		v, ok := apiNeeds[gvk]
+		if !ok {
+			t.Errorf("%s: no Kubernetes version known for %s; add it to apiNeeds", k, gvk)
+		}
+		raise(v, gvk)
+		for _, img := range regexp.MustCompile(`registry\.k8s\.io/sig-storage/([a-z-]+):(v[0-9]+)([0-9.]*)`).FindAllStringSubmatch(fmt.Sprint(o), -1) {
+			images++
+			s, ok := sidecarNeeds[img[1]+":"+img[2]]
+			if !ok {
+				t.Errorf("%s runs %s:%s%s, whose Kubernetes needs are not in sidecarNeeds", k, img[1], img[2], img[3])
+				continue
+			}
+			raise(s.kube, img[1]+":"+img[2])
+			if !strings.Contains(compat, s.doc+" "+img[2]+img[3]) {
+				t.Errorf("docs/operations.md's Compatibility does not name %s %s%s", s.doc, img[2], img[3])
+			}
+		}
+	}
+	if images < 8 {
+		t.Fatalf("found %d sidecar images in the chart and deploy/, want at least 8 (four each)", images)
+	}
+	t.Logf("the oldest Kubernetes everything runs on: %s (%s)", need, why)
+	if got, want := loadChart(t).Metadata.KubeVersion, ">="+need+".0-0"; got != want {
+		t.Errorf("the chart's kubeVersion is %q; %s needs %q", got, why, want)
+	}
+	said := "Kubernetes " + need + " or later"
+	for file, text := range map[string]string{"README.md": "", "docs/operations.md Compatibility": compat, "deploy/README.md": ""} {
+		if text == "" {
+			b, err := os.ReadFile(filepath.Join(repo, file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			text = string(b)
+		}
+		text = strings.Join(strings.Fields(text), " ")
+		if !strings.Contains(text, said) {
+			t.Errorf("%s does not say %q", file, said)
+		}
+		for _, m := range regexp.MustCompile(`Kubernetes 1\.[0-9]+ or later`).FindAllString(text, -1) {
+			if m != said {
+				t.Errorf("%s says %q, want %q", file, m, said)
+			}
+		}
+	}
+}
+
+// minorOf is the minor of a Kubernetes version 1.N.
+func minorOf(t *testing.T, v string) int {
+	t.Helper()
+	major, minor, ok := strings.Cut(v, ".")
+	n, err := strconv.Atoi(minor)
+	if !ok || major != "1" || err != nil {
+		t.Fatalf("Kubernetes version %q: want 1.N", v)
+	}
+	return n
 }

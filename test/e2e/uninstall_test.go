@@ -1,0 +1,161 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
+)
+
+// The uninstall of docs/operations.md (Uninstall), run on the kustomize
+// path: a claim's volume is made, then taken away as the docs say. Its
+// claim deleted first, so that its volume is released while converge
+// still runs (its image goes with it); then kubectl delete -k of the
+// run's kustomization, which deletes every object it applied, the
+// CSIDriver among them; what the docs say stays does: each node's state
+// directory, with csi-node's store in it, and csi-node's image in the
+// node's container runtime (the test keeps the images, which cannot be
+// pulled again here); the node directories removed as the docs say are
+// gone. deploy/ installed again on the emptied nodes makes and mounts a
+// new claim.
+func TestKustomizeUninstall(t *testing.T) {
+	ctx := context.Background()
+	b, err := os.ReadFile(filepath.Join(c.repo, "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, docs, _ := strings.Cut(string(b), "\n## Uninstall\n")
+	docs, _, _ = strings.Cut(docs, "\n## ")
+	docs = strings.Join(strings.Fields(docs), " ")
+	for _, step := range []string{"wait until no PersistentVolume of `converge.csi.dev` is left", "`kubectl delete -k deploy/`",
+		"`kubectl delete csidriver converge.csi.dev`", "`rm -rf /var/lib/converge`", "(`<poolsRoot>/<name>`",
+		"`rm -rf /var/lib/kubelet/plugins/converge.csi.dev`", "`crictl rmi"} {
+		if !strings.Contains(docs, step) {
+			t.Errorf("docs/operations.md's Uninstall does not say %q, which this test runs", step)
+		}
+	}
+	t.Cleanup(func() {
+		if _, err := c.client.AppsV1().DaemonSets(daemonSetNamespace).Get(ctx, daemonSetName, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			reinstallDeploy(t)
+		}
+	})
+	pod, v := writerPod(t, "uninstall")
+	mustExec(t, pod.Name, "sync")
+
+	// 1. The claims first: their volumes are deleted by the converge that
+	// made them, images included.
+	release(t, v, "uninstall", pod.Name)
+	pvs, err := c.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pv := range pvs.Items {
+		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == standin.DriverName {
+			t.Fatalf("PV %s of %s is left (claim %v): the uninstall deletes every claim first", pv.Name, standin.DriverName, pv.Spec.ClaimRef)
+		}
+	}
+
+	// 2. The install, with the kustomization it was applied with.
+	install := filepath.Join(c.dir, "install")
+	applied, err := c.kubectl(ctx, "kustomize", install)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.kubectl(ctx, "delete", "-k", install, "--wait=true"); err != nil {
+		t.Fatalf("kubectl delete -k: %v\n%s", err, out)
+	} else {
+		t.Logf("kubectl delete -k:\n%s", out)
+	}
+	withoutDriver(t)
+	left, err := c.kubectl(ctx, "get", "-k", install, "-o", "name", "--ignore-not-found")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(left) != "" {
+		t.Errorf("after kubectl delete -k, these objects it applied are left:\n%s", left)
+	}
+	if !strings.Contains(applied, "kind: CSIDriver") {
+		t.Errorf("the kustomization applies no CSIDriver:\n%s", applied)
+	}
+	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, standin.DriverName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the CSIDriver after kubectl delete -k: got %v, want it deleted", err)
+	}
+
+	// What stays: on each node, the state directory with csi-node's store,
+	// and the images.
+	for _, n := range c.nodes {
+		entries, err := os.ReadDir(n.stateDir)
+		if err != nil || len(entries) == 0 {
+			t.Errorf("%s: the state directory after the uninstall: %v, %d entries; the docs say it stays", n.node, err, len(entries))
+		}
+		t.Logf("%s: the state directory holds %v", n.node, names(entries))
+		images, err := n.ctr("images", "ls", "-q")
+		if err != nil {
+			t.Fatalf("%s: ctr images ls: %v\n%s", n.node, err, images)
+		}
+		if !strings.Contains(images, csiNodeImageName+":"+csiNodeImageTag) {
+			t.Errorf("%s: csi-node's image %s:%s is gone; the docs say it stays:\n%s", n.node, csiNodeImageName, csiNodeImageTag, images)
+		}
+	}
+
+	// 4. On each node: the state directory, the pools' contents and the
+	// plugin's socket directory (as rm -rf on the node does; the state and
+	// pools directories are the node's mounts here, so their contents).
+	for _, n := range c.nodes {
+		pools, err := os.ReadDir(n.poolsDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirs := []string{n.stateDir}
+		for _, p := range pools {
+			dirs = append(dirs, filepath.Join(n.poolsDir, p.Name()))
+		}
+		for _, d := range dirs {
+			emptyDir(t, d)
+		}
+		plugin := filepath.Join(n.kubeletDir, "plugins", standin.DriverName)
+		if err := os.RemoveAll(plugin); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range dirs {
+			if entries, err := os.ReadDir(d); err != nil || len(entries) != 0 {
+				t.Errorf("%s: %s after removing converge's files: %v, %v", n.node, d, err, names(entries))
+			}
+		}
+	}
+
+	// deploy/ again, on nodes without converge's state: a new claim works.
+	reinstallDeploy(t)
+	next, nv := podWithVolume(t, "after-uninstall")
+	mustExec(t, next.Name, "echo new > "+dataDir+"/f && sync")
+	release(t, nv, "after-uninstall", next.Name)
+}
+
+// emptyDir removes everything in dir, keeping dir.
+func emptyDir(t *testing.T, dir string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// names are the entries' names.
+func names(entries []os.DirEntry) []string {
+	out := make([]string, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
