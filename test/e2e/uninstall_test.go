@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,15 +53,21 @@ func TestKustomizeUninstall(t *testing.T) {
 	// 1. The claims first: their volumes are deleted by the converge that
 	// made them, images included.
 	release(t, v, "uninstall", pod.Name)
-	pvs, err := c.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, pv := range pvs.Items {
-		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == standin.DriverName {
-			t.Fatalf("PV %s of %s is left (claim %v): the uninstall deletes every claim first", pv.Name, standin.DriverName, pv.Spec.ClaimRef)
+	// Every other test's claims are gone too, their volumes deleted by
+	// their converge, if not yet: wait for them.
+	poll(t, 3*time.Minute, "no "+standin.DriverName+" PV left", func() (bool, string) {
+		pvs, err := c.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
 		}
-	}
+		var left []string
+		for _, pv := range pvs.Items {
+			if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == standin.DriverName {
+				left = append(left, fmt.Sprintf("%s (%s, claim %v)", pv.Name, pv.Status.Phase, pv.Spec.ClaimRef))
+			}
+		}
+		return len(left) == 0, "left, where the uninstall deletes every claim first: " + strings.Join(left, ", ")
+	})
 
 	// 2. The install, with the kustomization it was applied with.
 	install := filepath.Join(c.dir, "install")
