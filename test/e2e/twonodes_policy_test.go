@@ -35,9 +35,10 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // token of the first node's converge pod (a TokenRequest bound to the pod,
 // as the kubelet makes it), for what root on that node could do with the
 // token: each write of another node's volume, of a volume of another kind
-// or driver, and of another node's CSIStorageCapacity is refused by the
-// policy, not by RBAC (which allows every one of them); the first node's
-// own volume and capacity, and a growth of the second node's volume as the
+// or driver, of another node's claim or CSIStorageCapacity, and of the
+// status of a claim converge does not resize is refused by the policy, not
+// by RBAC (which allows every one of them); the first node's own volume,
+// claim and capacity, and a growth of the second node's volume as the
 // cluster's one csi-resizer makes it wherever it runs, are accepted.
 func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	b := secondNode(t)
@@ -64,6 +65,10 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	other := convergePV(prefix+"other", c.node)
 	other.Spec.CSI.Driver = "other.csi.example.com"
 	adminPV(t, other)
+
+	// Claims of a class nothing provisions, selected for each node, as the
+	// scheduler selects them.
+	claimA, claimB := adminClaim(t, prefix+"claima", c.node), adminClaim(t, prefix+"claimb", b.node)
 
 	for _, tc := range []struct {
 		name string
@@ -96,6 +101,14 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		{"a shrink of the second node's volume", func() error {
 			_, err := pvs.Patch(ctx, onB.Name, types.StrategicMergePatchType,
 				[]byte(`{"spec":{"capacity":{"storage":"512Mi"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"an update of a claim selected for the second node", func() error {
+			return labelClaim(ctx, asA, claimB)
+		}},
+		{"a status patch of a claim converge does not resize", func() error {
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
+				[]byte(`{"status":{"allocatedResources":{"storage":"100Gi"}}}`), metav1.PatchOptions{}, "status")
 			return err
 		}},
 		{"the second node's CSIStorageCapacity", func() error {
@@ -138,6 +151,11 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		}
 		if q := got.Spec.Capacity[corev1.ResourceStorage]; q.Cmp(resource.MustParse("2Gi")) != 0 {
 			t.Errorf("capacity after the growth: got %s, want 2Gi", q.String())
+		}
+	})
+	t.Run("accepted: an update of a claim selected for the first node", func(t *testing.T) {
+		if err := labelClaim(ctx, asA, claimA); err != nil {
+			t.Errorf("updating a claim selected for %s: %v", c.node, err)
 		}
 	})
 	t.Run("accepted: the first node's own CSIStorageCapacity", func(t *testing.T) {
@@ -244,4 +262,45 @@ func nodeCapacity(name, node string) *storagev1.CSIStorageCapacity {
 		StorageClassName: "policy-test",
 		Capacity:         ptr.To(resource.MustParse("1Gi")),
 	}
+}
+
+// adminClaim creates, as the admin, a claim called name of a class nothing
+// provisions, selected for node, to be deleted when the test ends, and
+// returns its name.
+func adminClaim(t *testing.T, name, node string) string {
+	t.Helper()
+	ctx := context.Background()
+	_, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{"volume.kubernetes.io/selected-node": node}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: ptr.To("policy-test"),
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating claim %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting claim %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// labelClaim updates the claim called name with a label, as client: an
+// update, the verb external-provisioner's role has on claims.
+func labelClaim(ctx context.Context, client kubernetes.Interface, name string) error {
+	pvc, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if pvc.Labels == nil {
+		pvc.Labels = map[string]string{}
+	}
+	pvc.Labels["converge.csi.dev/test"] = "policy"
+	_, err = client.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
+	return err
 }
