@@ -36,7 +36,7 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // as the kubelet makes it), for what root on that node could do with the
 // token: each write of another node's volume, of a volume of another kind
 // or driver, of another node's claim or CSIStorageCapacity, and of the
-// status of a claim converge does not resize is refused by the policy, not
+// status of a claim converge did not provision is refused by the policy, not
 // by RBAC (which allows every one of them); the first node's own volume,
 // claim and capacity, and a growth of the second node's volume as the
 // cluster's one csi-resizer makes it wherever it runs, are accepted.
@@ -106,7 +106,7 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		{"an update of a claim selected for the second node", func() error {
 			return labelClaim(ctx, asA, claimB)
 		}},
-		{"a status patch of a claim converge does not resize", func() error {
+		{"a status patch of a claim converge did not provision", func() error {
 			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
 				[]byte(`{"status":{"allocatedResources":{"storage":"100Gi"}}}`), metav1.PatchOptions{}, "status")
 			return err
