@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/test/e2e/standin"
@@ -291,16 +292,20 @@ func adminClaim(t *testing.T, name, node string) string {
 }
 
 // labelClaim updates the claim called name with a label, as client: an
-// update, the verb external-provisioner's role has on claims.
+// update, the verb external-provisioner's role has on claims, read again
+// when kube-controller-manager changed the claim meanwhile (a conflict is
+// found before admission).
 func labelClaim(ctx context.Context, client kubernetes.Interface, name string) error {
-	pvc, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pvc, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if pvc.Labels == nil {
+			pvc.Labels = map[string]string{}
+		}
+		pvc.Labels["converge.csi.dev/test"] = "policy"
+		_, err = client.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
 		return err
-	}
-	if pvc.Labels == nil {
-		pvc.Labels = map[string]string{}
-	}
-	pvc.Labels["converge.csi.dev/test"] = "policy"
-	_, err = client.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
-	return err
+	})
 }
