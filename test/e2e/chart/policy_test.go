@@ -1,0 +1,70 @@
+package chart
+
+import (
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/common"
+	release "helm.sh/helm/v4/pkg/release/v1"
+)
+
+// renderAs renders the chart as helm template does for release name in
+// namespace ns, with vals over its defaults.
+func renderAs(t *testing.T, name, ns string, vals map[string]any) string {
+	t.Helper()
+	install := action.NewInstall(&action.Configuration{})
+	install.DryRunStrategy = action.DryRunClient
+	install.ReleaseName, install.Namespace, install.Replace = name, ns, true
+	v, err := common.ParseKubeVersion(kubeVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	install.KubeVersion = v
+	rel, err := install.Run(loadChart(t), vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rel.(*release.Release).Manifest
+}
+
+// TestNodeVolumesPolicyHoldsTheReleasesAccount renders the chart as a
+// release not called converge, in a namespace not kube-system: the
+// admission policy must hold the DaemonSet's own service account (its
+// name is the release's), its binding must name it, and
+// nodeVolumesPolicy.enabled=false must leave both out.
+func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
+	objs := objects(t, renderAs(t, "other", "storage", nil), false)
+	var sa, condition, policy, bound string
+	for _, o := range objs {
+		spec, _ := o["spec"].(map[string]any)
+		name, _ := o["metadata"].(map[string]any)["name"].(string)
+		switch o["kind"] {
+		case "DaemonSet":
+			sa, _ = spec["template"].(map[string]any)["spec"].(map[string]any)["serviceAccountName"].(string)
+		case "ValidatingAdmissionPolicy":
+			policy = name
+			for _, c := range spec["matchConditions"].([]any) {
+				condition += c.(map[string]any)["expression"].(string)
+			}
+		case "ValidatingAdmissionPolicyBinding":
+			bound, _ = spec["policyName"].(string)
+		}
+	}
+	if sa == "" || policy == "" {
+		t.Fatalf("got service account %q and policy %q, want both rendered", sa, policy)
+	}
+	if !strings.Contains(condition, "endsWith(':"+sa+"')") || !strings.Contains(condition, "startsWith('system:serviceaccount:')") {
+		t.Errorf("the policy's match conditions %q do not hold the DaemonSet's service account %s", condition, sa)
+	}
+	if bound != policy {
+		t.Errorf("the binding names policy %q, want %q", bound, policy)
+	}
+
+	off := renderAs(t, "other", "storage", map[string]any{"nodeVolumesPolicy": map[string]any{"enabled": false}})
+	for k := range objects(t, off, false) {
+		if strings.HasPrefix(k, "ValidatingAdmissionPolicy") {
+			t.Errorf("nodeVolumesPolicy.enabled=false rendered %s", k)
+		}
+	}
+}

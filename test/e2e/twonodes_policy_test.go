@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/test/e2e/standin"
+)
+
+// nodeVolumesPolicy is deploy/components/node-volumes' ValidatingAdmissionPolicy,
+// which deploy/kustomization.yaml lists and so the run installs; its
+// refusals name it.
+const nodeVolumesPolicy = "converge-node-own-volumes"
+
+// nodeNameExtra is the user extra in which the API server gives the node
+// of the pod a service account token is bound to.
+const nodeNameExtra = "authentication.kubernetes.io/node-name"
+
+// TestTwoNodesNodeTouchesOnlyItsOwnVolumes asks the API server, with the
+// token of the first node's converge pod (a TokenRequest bound to the pod,
+// as the kubelet makes it), for what root on that node could do with the
+// token: each write of another node's volume, of a volume of another kind
+// or driver, of another node's claim or CSIStorageCapacity, and of the
+// status of a claim converge did not provision is refused by the policy, not
+// by RBAC (which allows every one of them); the first node's own volume,
+// claim and capacity, and a growth of the second node's volume as the
+// cluster's one csi-resizer makes it wherever it runs, are accepted.
+func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
+	b := secondNode(t)
+	ctx := context.Background()
+	asA := driverPodClient(t, c.kubeNode)
+	pvs, caps := asA.CoreV1().PersistentVolumes(), asA.StorageV1().CSIStorageCapacities(daemonSetNamespace)
+
+	// Fixtures, made as the admin: a converge volume of the second node
+	// and a volume of another CSI driver on the first node.
+	prefix := fmt.Sprintf("policy-%d-", time.Now().UnixNano()%100000)
+	// What a refusal that failed, or an acceptance, left.
+	t.Cleanup(func() {
+		for _, name := range []string{"forged", "hostpath", "own"} {
+			deleteAdmin(t, prefix+name)
+		}
+		for _, name := range []string{"capa", "capb"} {
+			err := c.client.StorageV1().CSIStorageCapacities(daemonSetNamespace).Delete(ctx, prefix+name, metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("deleting %s: %v", prefix+name, err)
+			}
+		}
+	})
+	onB := adminPV(t, convergePV(prefix+"b", b.node))
+	other := convergePV(prefix+"other", c.node)
+	other.Spec.CSI.Driver = "other.csi.example.com"
+	adminPV(t, other)
+
+	// Claims of a class nothing provisions, selected for each node, as the
+	// scheduler selects them.
+	claimA, claimB := adminClaim(t, prefix+"claima", c.node), adminClaim(t, prefix+"claimb", b.node)
+
+	for _, tc := range []struct {
+		name string
+		do   func() error
+	}{
+		{"a converge volume pinned to the second node", func() error {
+			_, err := pvs.Create(ctx, convergePV(prefix+"forged", b.node), metav1.CreateOptions{})
+			return err
+		}},
+		{"a hostPath volume of /", func() error {
+			pv := convergePV(prefix+"hostpath", c.node)
+			pv.Spec.CSI = nil
+			pv.Spec.HostPath = &corev1.HostPathVolumeSource{Path: "/"}
+			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
+			return err
+		}},
+		{"a patch of another driver's volume", func() error {
+			_, err := pvs.Patch(ctx, other.Name, types.StrategicMergePatchType,
+				[]byte(`{"spec":{"persistentVolumeReclaimPolicy":"Delete"}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"a delete of the second node's volume", func() error {
+			return pvs.Delete(ctx, onB.Name, metav1.DeleteOptions{})
+		}},
+		{"a growth of the second node's volume that also binds it to a claim", func() error {
+			_, err := pvs.Patch(ctx, onB.Name, types.StrategicMergePatchType,
+				[]byte(`{"spec":{"capacity":{"storage":"2Gi"},"claimRef":{"namespace":"default","name":"stolen"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"a shrink of the second node's volume", func() error {
+			_, err := pvs.Patch(ctx, onB.Name, types.StrategicMergePatchType,
+				[]byte(`{"spec":{"capacity":{"storage":"512Mi"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"an update of a claim selected for the second node", func() error {
+			return labelClaim(ctx, asA, claimB)
+		}},
+		{"a status patch of a claim converge did not provision", func() error {
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
+				[]byte(`{"status":{"allocatedResources":{"storage":"100Gi"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}},
+		{"the second node's CSIStorageCapacity", func() error {
+			_, err := caps.Create(ctx, nodeCapacity(prefix+"capb", b.node), metav1.CreateOptions{})
+			return err
+		}},
+	} {
+		t.Run("refused: "+tc.name, func(t *testing.T) {
+			err := tc.do()
+			if err == nil {
+				t.Fatalf("%s: accepted, want the policy %s to refuse it", tc.name, nodeVolumesPolicy)
+			}
+			if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+nodeVolumesPolicy+"'") {
+				t.Fatalf("%s: got %v, want the policy %s's refusal", tc.name, err, nodeVolumesPolicy)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+
+	t.Run("accepted: the first node's own volume", func(t *testing.T) {
+		pv, err := pvs.Create(ctx, convergePV(prefix+"own", c.node), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("creating a converge volume pinned to %s: %v", c.node, err)
+		}
+		if _, err := pvs.Patch(ctx, pv.Name, types.StrategicMergePatchType,
+			[]byte(`{"metadata":{"labels":{"converge.csi.dev/test":"own"}}}`), metav1.PatchOptions{}); err != nil {
+			t.Errorf("patching its own volume: %v", err)
+		}
+		if err := pvs.Delete(ctx, pv.Name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting its own volume: %v", err)
+		}
+	})
+	t.Run("accepted: a growth of the second node's volume, as csi-resizer makes it", func(t *testing.T) {
+		// external-resizer's patch: spec.capacity grown and, with its
+		// AnnotateFsResize gate (beta, on), the capacity before.
+		patch := `{"metadata":{"annotations":{"volume.alpha.kubernetes.io/pre-resize-capacity":"1Gi"}},"spec":{"capacity":{"storage":"2Gi"}}}`
+		got, err := pvs.Patch(ctx, onB.Name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err != nil {
+			t.Fatalf("growing %s's volume: %v", b.node, err)
+		}
+		if q := got.Spec.Capacity[corev1.ResourceStorage]; q.Cmp(resource.MustParse("2Gi")) != 0 {
+			t.Errorf("capacity after the growth: got %s, want 2Gi", q.String())
+		}
+	})
+	t.Run("accepted: an update of a claim selected for the first node", func(t *testing.T) {
+		if err := labelClaim(ctx, asA, claimA); err != nil {
+			t.Errorf("updating a claim selected for %s: %v", c.node, err)
+		}
+	})
+	t.Run("accepted: the first node's own CSIStorageCapacity", func(t *testing.T) {
+		obj, err := caps.Create(ctx, nodeCapacity(prefix+"capa", c.node), metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("creating %s's CSIStorageCapacity: %v", c.node, err)
+		}
+		if err := caps.Delete(ctx, obj.Name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting %s's CSIStorageCapacity: %v", c.node, err)
+		}
+	})
+}
+
+// driverPodClient is a client that authenticates as node n's converge pod:
+// with a token of the DaemonSet's service account bound to the pod, which
+// the API server gives the pod's node name, as it gives the kubelet's.
+func driverPodClient(t *testing.T, n *kubeNode) kubernetes.Interface {
+	t.Helper()
+	ctx := context.Background()
+	pod, err := n.driverPod(ctx)
+	if err != nil || pod == nil {
+		t.Fatalf("%s's converge pod: %v, %v", n.node, pod, err)
+	}
+	tok, err := c.client.CoreV1().ServiceAccounts(daemonSetNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a token bound to %s: %v", pod.Name, err)
+	}
+	admin, err := clientcmd.BuildConfigFromFlags("", c.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(admin)
+	cfg.BearerToken = tok.Status.Token
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The token's user, as the policy sees it.
+	review, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("who the pod's token is: %v", err)
+	}
+	u := review.Status.UserInfo
+	if want := "system:serviceaccount:" + daemonSetNamespace + ":" + pod.Spec.ServiceAccountName; u.Username != want {
+		t.Fatalf("the pod's token is %s, want %s", u.Username, want)
+	}
+	if got := u.Extra[nodeNameExtra]; len(got) != 1 || got[0] != n.node {
+		t.Fatalf("the pod's token's %s: got %v, want [%s]", nodeNameExtra, got, n.node)
+	}
+	return client
+}
+
+// convergePV is a converge volume called name pinned to node, bound to no
+// claim and retained, so that nothing in the cluster acts on it.
+func convergePV(name, node string) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              "policy-test",
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: standin.DriverName, VolumeHandle: name}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+					Key: standin.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{node},
+				}}}},
+			}},
+		},
+	}
+}
+
+// adminPV creates pv as the admin, to be deleted when the test ends.
+func adminPV(t *testing.T, pv *corev1.PersistentVolume) *corev1.PersistentVolume {
+	t.Helper()
+	got, err := c.client.CoreV1().PersistentVolumes().Create(context.Background(), pv, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating %s: %v", pv.Name, err)
+	}
+	t.Cleanup(func() { deleteAdmin(t, pv.Name) })
+	return got
+}
+
+// deleteAdmin deletes the PV called name as the admin, if it is there.
+func deleteAdmin(t *testing.T, name string) {
+	err := c.client.CoreV1().PersistentVolumes().Delete(context.Background(), name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Errorf("deleting %s: %v", name, err)
+	}
+}
+
+// nodeCapacity is a CSIStorageCapacity of node, as external-provisioner
+// publishes it, for a class no claim uses.
+func nodeCapacity(name, node string) *storagev1.CSIStorageCapacity {
+	return &storagev1.CSIStorageCapacity{
+		ObjectMeta:       metav1.ObjectMeta{Name: name},
+		NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{standin.TopologyKey: node}},
+		StorageClassName: "policy-test",
+		Capacity:         ptr.To(resource.MustParse("1Gi")),
+	}
+}
+
+// adminClaim creates, as the admin, a claim called name of a class nothing
+// provisions, selected for node, to be deleted when the test ends, and
+// returns its name.
+func adminClaim(t *testing.T, name, node string) string {
+	t.Helper()
+	ctx := context.Background()
+	_, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{"volume.kubernetes.io/selected-node": node}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: ptr.To("policy-test"),
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("creating claim %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting claim %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// labelClaim updates the claim called name with a label, as client: an
+// update, the verb external-provisioner's role has on claims, read again
+// when kube-controller-manager changed the claim meanwhile (a conflict is
+// found before admission).
+func labelClaim(ctx context.Context, client kubernetes.Interface, name string) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		pvc, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if pvc.Labels == nil {
+			pvc.Labels = map[string]string{}
+		}
+		pvc.Labels["converge.csi.dev/test"] = "policy"
+		_, err = client.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
+		return err
+	})
+}
