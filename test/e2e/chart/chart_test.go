@@ -53,9 +53,16 @@ func render(t *testing.T, vals map[string]any) (string, error) {
 // renderIn is render into namespace ns (helm install -n ns).
 func renderIn(t *testing.T, ns string, vals map[string]any) (string, error) {
 	t.Helper()
+	return renderRelease(t, releaseName, ns, vals)
+}
+
+// renderRelease renders the chart as helm template does for release name
+// in namespace ns, with vals over its defaults.
+func renderRelease(t *testing.T, name, ns string, vals map[string]any) (string, error) {
+	t.Helper()
 	install := action.NewInstall(&action.Configuration{})
 	install.DryRunStrategy = action.DryRunClient
-	install.ReleaseName, install.Namespace, install.Replace = releaseName, ns, true
+	install.ReleaseName, install.Namespace, install.Replace = name, ns, true
 	v, err := common.ParseKubeVersion(kubeVersion)
 	if err != nil {
 		t.Fatal(err)
@@ -189,29 +196,17 @@ func TestSameObjectsAsDeploy(t *testing.T) {
 // overlay naming them would.
 func kustomize(t *testing.T, components []string) string {
 	t.Helper()
-	dir := t.TempDir()
-	abs, err := filepath.Abs(deploy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rel, err := filepath.Rel(dir, abs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\n", rel)
-	if len(components) > 0 {
-		b.WriteString("components:\n")
-		for _, c := range components {
-			fmt.Fprintf(&b, "  - %s/components/%s\n", rel, c)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	return kustomizeInto(t, "", components)
+}
+
+// buildKustomization builds the kustomization in dir as kubectl apply -k
+// would.
+func buildKustomization(t *testing.T, dir string) string {
+	t.Helper()
 	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
-		t.Fatal(err)
+		b, _ := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+		t.Fatalf("%v in:\n%s", err, b)
 	}
 	out, err := res.AsYaml()
 	if err != nil {

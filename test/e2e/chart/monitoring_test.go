@@ -7,9 +7,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
 
 // monitoringKinds are the kinds of the monitoring objects: a Prometheus
@@ -208,13 +205,5 @@ func buildOverlay(t *testing.T, kustomization string) string {
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
-	if err != nil {
-		t.Fatalf("%v in:\n%s", err, kustomization)
-	}
-	out, err := res.AsYaml()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
+	return buildKustomization(t, dir)
 }

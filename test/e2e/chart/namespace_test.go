@@ -7,9 +7,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-
-	"sigs.k8s.io/kustomize/api/krusty"
-	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
 
 // otherNamespace is where the tests below install converge instead of
@@ -24,7 +21,8 @@ var clusterScoped = map[string]bool{
 }
 
 // kustomizeInto builds deploy/ with components as a user's overlay that
-// installs it into ns does: namespace: ns, resources: [deploy/].
+// installs it into ns does: namespace: ns (none when ns is ""),
+// resources: [deploy/].
 func kustomizeInto(t *testing.T, ns string, components []string) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -37,7 +35,11 @@ func kustomizeInto(t *testing.T, ns string, components []string) string {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: %s\nresources:\n  - %s\n", ns, rel)
+	b.WriteString("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n")
+	if ns != "" {
+		fmt.Fprintf(&b, "namespace: %s\n", ns)
+	}
+	fmt.Fprintf(&b, "resources:\n  - %s\n", rel)
 	if len(components) > 0 {
 		b.WriteString("components:\n")
 		for _, c := range components {
@@ -47,15 +49,7 @@ func kustomizeInto(t *testing.T, ns string, components []string) string {
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := res.AsYaml()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
+	return buildKustomization(t, dir)
 }
 
 // misplaced lists what in objs is not in ns: a namespaced object

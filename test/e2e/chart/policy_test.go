@@ -3,29 +3,17 @@ package chart
 import (
 	"strings"
 	"testing"
-
-	"helm.sh/helm/v4/pkg/action"
-	"helm.sh/helm/v4/pkg/chart/common"
-	release "helm.sh/helm/v4/pkg/release/v1"
 )
 
 // renderAs renders the chart as helm template does for release name in
 // namespace ns, with vals over its defaults.
 func renderAs(t *testing.T, name, ns string, vals map[string]any) string {
 	t.Helper()
-	install := action.NewInstall(&action.Configuration{})
-	install.DryRunStrategy = action.DryRunClient
-	install.ReleaseName, install.Namespace, install.Replace = name, ns, true
-	v, err := common.ParseKubeVersion(kubeVersion)
+	out, err := renderRelease(t, name, ns, vals)
 	if err != nil {
 		t.Fatal(err)
 	}
-	install.KubeVersion = v
-	rel, err := install.Run(loadChart(t), vals)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rel.(*release.Release).Manifest
+	return out
 }
 
 // TestNodeVolumesPolicyHoldsTheReleasesAccount renders the chart as a
