@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -152,8 +154,24 @@ func emptyDir(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var parent unix.Stat_t
+	if err := unix.Stat(dir, &parent); err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+		path := filepath.Join(dir, e.Name())
+		// A filesystem of its own mounted there (the second node's data
+		// directory) cannot be removed, as rm -rf finds too: its
+		// contents are.
+		var st unix.Stat_t
+		if err := unix.Lstat(path, &st); err != nil {
+			t.Fatal(err)
+		}
+		if e.IsDir() && st.Dev != parent.Dev {
+			emptyDir(t, path)
+			continue
+		}
+		if err := os.RemoveAll(path); err != nil {
 			t.Fatal(err)
 		}
 	}
