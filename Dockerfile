@@ -5,11 +5,18 @@
 # For both, as one multi-arch image pushed to the registry (a buildx builder
 # of the docker-container driver, or Docker's containerd image store):
 #   docker buildx build --platform linux/amd64,linux/arm64 -t <registry>/csi-node:<tag> --build-arg VERSION=<tag> --push .
+# The binaries are cross-compiled, but the final stage's RUN apt-get runs
+# as the target platform: for the one that is not the builder's own,
+# BuildKit runs it under QEMU, which needs the kernel's binfmt handlers
+# ("exec format error" without them). Install them once per boot:
+#   docker run --privileged --rm tonistiigi/binfmt --install arm64
+# (--install amd64 on an arm64 machine; docker/setup-qemu-action in CI).
 # test/dockerfile builds the binaries for both platforms as the build stage
 # does and checks them.
 
 # Build stage: static binaries, built as an unprivileged user on the
-# builder's own platform and cross-compiled for the target's (no emulation).
+# builder's own platform and cross-compiled for the target's (no emulation
+# here; the final stage's RUN is emulated, see above).
 FROM --platform=$BUILDPLATFORM golang:1.26-bookworm AS build
 RUN useradd --create-home --uid 10001 builder
 USER builder
@@ -27,7 +34,8 @@ RUN GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldfl
 # Final stage: the binary and exactly the OS tools it executes (mount-utils
 # runs mount, umount, blkid, blockdev, fsck, mkfs.* and the resize tools;
 # converge runs e2fsck and resize2fs). test/image checks this list against
-# the code. Its base is the target platform's.
+# the code. Its base is the target platform's, and its RUN runs as that
+# platform (under QEMU when it is not the builder's).
 FROM debian:bookworm-slim
 ARG VERSION=v0.1.0
 LABEL org.opencontainers.image.title="converge csi-node" \

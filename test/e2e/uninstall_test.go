@@ -22,12 +22,15 @@ import (
 // claim deleted first, so that its volume is released while converge
 // still runs (its image goes with it); then kubectl delete -k of the
 // run's kustomization, which deletes every object it applied, the
-// CSIDriver among them; what the docs say stays does: each node's state
+// CSIDriver among them; the topology label on every Node, which the
+// kubelet's deregistration of the driver leaves, taken off as the docs
+// say; what the docs say stays does: each node's state
 // directory, with csi-node's store in it, and csi-node's image in the
 // node's container runtime (the test keeps the images, which cannot be
 // pulled again here); the node directories removed as the docs say are
-// gone. deploy/ installed again on the emptied nodes makes and mounts a
-// new claim.
+// gone. deploy/ installed again on the emptied nodes labels every Node
+// again (the scheduler places converge's volumes by the label) and makes
+// and mounts a new claim.
 func TestKustomizeUninstall(t *testing.T) {
 	ctx := context.Background()
 	b, err := os.ReadFile(filepath.Join(c.repo, "docs", "operations.md"))
@@ -38,7 +41,7 @@ func TestKustomizeUninstall(t *testing.T) {
 	docs, _, _ = strings.Cut(docs, "\n## ")
 	docs = strings.Join(strings.Fields(docs), " ")
 	for _, step := range []string{"wait until no PersistentVolume of `converge.csi.dev` is left", "`kubectl delete -k deploy/`",
-		"`kubectl delete csidriver converge.csi.dev`", "`rm -rf /var/lib/converge`", "(`<poolsRoot>/<name>`",
+		"`kubectl delete csidriver converge.csi.dev`", "`kubectl label node --all " + standin.TopologyKey + "-`", "`rm -rf /var/lib/converge`", "(`<poolsRoot>/<name>`",
 		"`rm -rf /var/lib/kubelet/plugins/converge.csi.dev`", "`crictl rmi"} {
 		if !strings.Contains(docs, step) {
 			t.Errorf("docs/operations.md's Uninstall does not say %q, which this test runs", step)
@@ -97,6 +100,25 @@ func TestKustomizeUninstall(t *testing.T) {
 		t.Errorf("the CSIDriver after kubectl delete -k: got %v, want it deleted", err)
 	}
 
+	// 3. The Nodes' label: the kubelet's deregistration of the driver
+	// (its registration socket gone with the pod) takes the driver out of
+	// each CSINode and its node-id annotation off the Node, and leaves the
+	// topology label its registration put on.
+	for _, n := range c.nodes {
+		poll(t, 2*time.Minute, n.node+"'s CSINode without "+standin.DriverName, func() (bool, string) {
+			return !n.driverRegistered(), "the kubelet has not deregistered the driver yet"
+		})
+	}
+	if labelled := topologyLabels(t); len(labelled) != len(c.nodes) {
+		t.Errorf("after the driver's deregistration, the label %s on %v, want it still on all %d nodes (what the docs' step takes off)", standin.TopologyKey, labelled, len(c.nodes))
+	}
+	if out, err := c.kubectl(ctx, "label", "node", "--all", standin.TopologyKey+"-"); err != nil {
+		t.Fatalf("kubectl label node --all %s-: %v\n%s", standin.TopologyKey, err, out)
+	}
+	if labelled := topologyLabels(t); len(labelled) != 0 {
+		t.Errorf("after the uninstall, the label %s is left on %v", standin.TopologyKey, labelled)
+	}
+
 	// What stays: on each node, the state directory with csi-node's store,
 	// and the images.
 	for _, n := range c.nodes {
@@ -142,9 +164,32 @@ func TestKustomizeUninstall(t *testing.T) {
 
 	// deploy/ again, on nodes without converge's state: a new claim works.
 	reinstallDeploy(t)
+	labelled := topologyLabels(t)
+	for _, n := range c.nodes {
+		if got := labelled[n.node]; got != n.node {
+			t.Errorf("%s: the label %s is %q after deploy/ again, want its node id %q", n.node, standin.TopologyKey, got, n.node)
+		}
+	}
 	next, nv := podWithVolume(t, "after-uninstall")
 	mustExec(t, next.Name, "echo new > "+dataDir+"/f && sync")
 	release(t, nv, "after-uninstall", next.Name)
+}
+
+// topologyLabels are the values of converge's topology label, by the name
+// of each Node that carries it.
+func topologyLabels(t *testing.T) map[string]string {
+	t.Helper()
+	nodes, err := c.client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, n := range nodes.Items {
+		if v, ok := n.Labels[standin.TopologyKey]; ok {
+			out[n.Name] = v
+		}
+	}
+	return out
 }
 
 // emptyDir removes everything in dir, keeping dir.

@@ -414,36 +414,55 @@ func TestValuesReachTheObjects(t *testing.T) {
 	}
 }
 
-// TestControllerDisruptionBudget checks that, in the chart (with one
-// replica or several) and in deploy/, a PodDisruptionBudget lets one
+// TestControllerDisruptionBudget checks that, in the chart with several
+// replicas and in deploy/, a PodDisruptionBudget lets one
 // converge-controller replica at a time be evicted, counted from the
-// Deployment's replicas (maxUnavailable: a one-replica controller on a
-// one-node cluster can still be drained, which minAvailable 1 would
-// refuse), selecting exactly the Deployment's pods.
+// Deployment's replicas (maxUnavailable rather than minAvailable 1, which
+// would refuse every eviction of a lone replica), selecting exactly the
+// Deployment's pods; and that the chart with one replica installs no
+// budget: one replica has no other to hand the Lease to, and it is what a
+// one-node cluster sets so that kubectl drain is never held.
 func TestControllerDisruptionBudget(t *testing.T) {
-	for name, manifest := range map[string]func() string{
-		"deploy/": func() string { return kustomize(t, nil) },
-		"chart": func() string {
+	chart := func(replicas int) func() string {
+		return func() string {
+			m, err := render(t, map[string]any{"controller": map[string]any{"replicas": replicas}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return m
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		manifest func() string
+		budget   bool
+	}{
+		{"deploy/", func() string { return kustomize(t, nil) }, true},
+		{"chart", func() string {
 			m, err := render(t, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return m
-		},
-		"chart, one replica": func() string {
-			m, err := render(t, map[string]any{"controller": map[string]any{"replicas": 1}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return m
-		},
+		}, true},
+		{"chart, three replicas", chart(3), true},
+		{"chart, one replica", chart(1), false},
 	} {
-		t.Run(name, func(t *testing.T) {
-			objs := objects(t, manifest(), false)
+		t.Run(tc.name, func(t *testing.T) {
+			objs := objects(t, tc.manifest(), false)
 			pdb := objs["PodDisruptionBudget kube-system/converge-controller"]
 			dep := objs["Deployment kube-system/converge-controller"]
-			if pdb == nil || dep == nil {
-				t.Fatalf("PodDisruptionBudget %v, Deployment %v among %v", pdb != nil, dep != nil, union(objs, nil))
+			if dep == nil {
+				t.Fatalf("no Deployment among %v", union(objs, nil))
+			}
+			if !tc.budget {
+				if pdb != nil {
+					t.Errorf("one replica: a PodDisruptionBudget %v, want none", pdb["spec"])
+				}
+				return
+			}
+			if pdb == nil {
+				t.Fatalf("no PodDisruptionBudget among %v", union(objs, nil))
 			}
 			spec := pdb["spec"].(map[string]any)
 			if fmt.Sprint(spec["maxUnavailable"], " ", spec["minAvailable"], " ", spec["unhealthyPodEvictionPolicy"]) != "1 <nil> AlwaysAllow" {
