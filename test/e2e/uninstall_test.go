@@ -156,8 +156,8 @@ func TestKustomizeUninstall(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, d := range dirs {
-			if entries, err := os.ReadDir(d); err != nil || len(entries) != 0 {
-				t.Errorf("%s: %s after removing converge's files: %v, %v", n.node, d, err, names(entries))
+			if left := filesIn(t, d); len(left) != 0 {
+				t.Errorf("%s: %s after removing converge's files: %v", n.node, d, left)
 			}
 		}
 	}
@@ -220,6 +220,27 @@ func emptyDir(t *testing.T, dir string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// filesIn lists everything under dir but directories: what is left of
+// converge's files once emptyDir emptied it, which keeps only the mount
+// points it found, empty.
+func filesIn(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			out = append(out, path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // names are the entries' names.
