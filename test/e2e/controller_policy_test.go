@@ -86,38 +86,42 @@ func TestControllerWritesOnlyWhatItReleases(t *testing.T) {
 			}
 		})
 	}
-	patch := func(name, p string) func() error {
-		return func() error {
-			_, err := pvs.Patch(ctx, name, types.StrategicMergePatchType, []byte(p), metav1.PatchOptions{})
-			return err
-		}
-	}
-	// unfinalizeAs takes the provisioner's finalizer off the volume called
-	// name as release() does (an update of the volume read), with change
-	// made to it too.
-	unfinalizeAs := func(name string, change func(*corev1.PersistentVolume)) func() error {
+	// updateAs updates the volume called name as the controller's token
+	// may (its ClusterRole has update, not patch: an update of the volume
+	// read), with change made to it.
+	updateAs := func(name string, change func(*corev1.PersistentVolume)) func() error {
 		return func() error {
 			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 				pv, err := pvs.Get(ctx, name, metav1.GetOptions{})
 				if err != nil {
 					return err
 				}
-				pv.Finalizers = slices.DeleteFunc(pv.Finalizers, func(f string) bool { return f == provisionerFinalizer })
 				change(pv)
 				_, err = pvs.Update(ctx, pv, metav1.UpdateOptions{})
 				return err
 			})
 		}
 	}
-	claimRef := `{"spec":{"claimRef":{"namespace":"` + ns + `","name":"stolen"}}}`
-	deleteReclaim := `{"spec":{"persistentVolumeReclaimPolicy":"Delete"}}`
+	// unfinalizeAs takes the provisioner's finalizer off the volume called
+	// name as release() does, with change made to it too.
+	unfinalizeAs := func(name string, change func(*corev1.PersistentVolume)) func() error {
+		return updateAs(name, func(pv *corev1.PersistentVolume) {
+			pv.Finalizers = slices.DeleteFunc(pv.Finalizers, func(f string) bool { return f == provisionerFinalizer })
+			change(pv)
+		})
+	}
+	reclaimDelete := func(pv *corev1.PersistentVolume) {
+		pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimDelete
+	}
 
-	refused("a patch of another driver's volume", patch(other.Name, deleteReclaim))
+	refused("an update of another driver's volume", updateAs(other.Name, reclaimDelete))
 	refused("a delete of another driver's volume", func() error {
 		return pvs.Delete(ctx, other.Name, metav1.DeleteOptions{})
 	})
-	refused("a converge volume bound to another claim", patch(conv.Name, claimRef))
-	refused("a converge volume's reclaim policy", patch(conv.Name, deleteReclaim))
+	refused("a converge volume bound to another claim", updateAs(conv.Name, func(pv *corev1.PersistentVolume) {
+		pv.Spec.ClaimRef = &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: ns, Name: "stolen"}
+	}))
+	refused("a converge volume's reclaim policy", updateAs(conv.Name, reclaimDelete))
 	refused("the finalizer of a converge volume not being deleted", unfinalizeAs(conv.Name, func(*corev1.PersistentVolume) {}))
 	refused("a delete of another driver's claim", func() error {
 		return claims.Delete(ctx, otherClaim, metav1.DeleteOptions{})
@@ -133,9 +137,7 @@ func TestControllerWritesOnlyWhatItReleases(t *testing.T) {
 	accepted("a delete of a converge volume", func() error {
 		return pvs.Delete(ctx, conv.Name, metav1.DeleteOptions{})
 	})
-	refused("the finalizer taken off a converge volume being deleted, and its reclaim policy changed", unfinalizeAs(conv.Name, func(pv *corev1.PersistentVolume) {
-		pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimDelete
-	}))
+	refused("the finalizer taken off a converge volume being deleted, and its reclaim policy changed", unfinalizeAs(conv.Name, reclaimDelete))
 	refused("the finalizer taken off a converge volume being deleted, and a label added", unfinalizeAs(conv.Name, func(pv *corev1.PersistentVolume) {
 		pv.Labels = map[string]string{"converge.csi.dev/test": "stolen"}
 	}))
