@@ -18,35 +18,47 @@ func renderAs(t *testing.T, name, ns string, vals map[string]any) string {
 
 // TestNodeVolumesPolicyHoldsTheReleasesAccount renders the chart as a
 // release not called converge, in a namespace not kube-system: the
-// admission policy must hold the DaemonSet's own service account (its
-// name is the release's), its binding must name it, and
-// nodeVolumesPolicy.enabled=false must leave both out.
+// admission policies must hold the DaemonSet's and the Deployment's own
+// service accounts (their names are the release's), each binding must
+// name its policy, and nodeVolumesPolicy.enabled=false must leave them
+// out.
 func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 	objs := objects(t, renderAs(t, "other", "storage", nil), false)
-	var sa, condition, policy, bound string
+	var accounts []string
+	conditions := map[string]string{} // policy: its match conditions
+	bound := map[string]bool{}
 	for _, o := range objs {
 		spec, _ := o["spec"].(map[string]any)
 		name, _ := o["metadata"].(map[string]any)["name"].(string)
 		switch o["kind"] {
-		case "DaemonSet":
-			sa, _ = spec["template"].(map[string]any)["spec"].(map[string]any)["serviceAccountName"].(string)
+		case "DaemonSet", "Deployment":
+			sa, _ := spec["template"].(map[string]any)["spec"].(map[string]any)["serviceAccountName"].(string)
+			accounts = append(accounts, sa)
 		case "ValidatingAdmissionPolicy":
-			policy = name
 			for _, c := range spec["matchConditions"].([]any) {
-				condition += c.(map[string]any)["expression"].(string)
+				conditions[name] += c.(map[string]any)["expression"].(string)
 			}
 		case "ValidatingAdmissionPolicyBinding":
-			bound, _ = spec["policyName"].(string)
+			policy, _ := spec["policyName"].(string)
+			bound[policy] = true
 		}
 	}
-	if sa == "" || policy == "" {
-		t.Fatalf("got service account %q and policy %q, want both rendered", sa, policy)
+	if len(accounts) != 2 || len(conditions) != 2 {
+		t.Fatalf("got service accounts %q and policies %v, want two of each rendered", accounts, conditions)
 	}
-	if !strings.Contains(condition, "endsWith(':"+sa+"')") || !strings.Contains(condition, "startsWith('system:serviceaccount:')") {
-		t.Errorf("the policy's match conditions %q do not hold the DaemonSet's service account %s", condition, sa)
-	}
-	if bound != policy {
-		t.Errorf("the binding names policy %q, want %q", bound, policy)
+	for _, sa := range accounts {
+		held := false
+		for policy, condition := range conditions {
+			if strings.Contains(condition, "endsWith(':"+sa+"')") && strings.Contains(condition, "startsWith('system:serviceaccount:')") {
+				held = true
+				if !bound[policy] {
+					t.Errorf("no binding names policy %q, which holds %s", policy, sa)
+				}
+			}
+		}
+		if !held {
+			t.Errorf("no policy's match conditions (%v) hold the service account %s", conditions, sa)
+		}
 	}
 
 	off := renderAs(t, "other", "storage", map[string]any{"nodeVolumesPolicy": map[string]any{"enabled": false}})
