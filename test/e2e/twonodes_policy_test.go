@@ -121,9 +121,17 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		}},
 		{"an owner for another driver's claim selected for the first node", func() error {
 			// The garbage collector deletes a claim whose owner is not there.
-			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
-				[]byte(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000050"}]}}`), metav1.PatchOptions{})
-			return err
+			// An update: the verb the account has on claims.
+			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				pvc, err := asA.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claimA, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				pvc.OwnerReferences = append(pvc.OwnerReferences, metav1.OwnerReference{
+					APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "00000000-0000-0000-0000-000000000050"})
+				_, err = asA.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
+				return err
+			})
 		}},
 		{"a change of its own claim other than dropping the selected node", func() error {
 			return labelClaim(ctx, asA, ownClaim)
