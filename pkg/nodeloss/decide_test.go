@@ -424,3 +424,42 @@ func TestPendingSaysWhatComes(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeOfOnlyWhenTheAffinityAgrees: a volume is on a node only when
+// every term and every expression of the topology key name that one node;
+// a volume whose affinity names two nodes (a forged expression for a node
+// that is gone beside its real one) is on none, so nothing acts on it.
+func TestNodeOfOnlyWhenTheAffinityAgrees(t *testing.T) {
+	in := func(values ...string) corev1.NodeSelectorRequirement {
+		return corev1.NodeSelectorRequirement{Key: testTopology, Operator: corev1.NodeSelectorOpIn, Values: values}
+	}
+	other := corev1.NodeSelectorRequirement{Key: "zone", Operator: corev1.NodeSelectorOpIn, Values: []string{"z1"}}
+	for _, tc := range []struct {
+		name  string
+		terms []corev1.NodeSelectorTerm
+		want  string
+	}{
+		{"one term, one expression", []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{in("a")}}}, "a"},
+		{"two terms of the same node", []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{in("a")}},
+			{MatchExpressions: []corev1.NodeSelectorRequirement{in("a")}}}, "a"},
+		{"another key beside the node", []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{other, in("a")}}}, "a"},
+		{"a ghost node first, then the node", []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{in("ghost"), in("a")}}}, ""},
+		{"terms of two nodes", []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{in("ghost")}},
+			{MatchExpressions: []corev1.NodeSelectorRequirement{in("a")}}}, ""},
+		{"a term open to any node", []corev1.NodeSelectorTerm{
+			{MatchExpressions: []corev1.NodeSelectorRequirement{in("a")}},
+			{MatchExpressions: []corev1.NodeSelectorRequirement{other}}}, ""},
+		{"two values", []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{in("ghost", "a")}}}, ""},
+		{"NotIn", []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+			{Key: testTopology, Operator: corev1.NodeSelectorOpNotIn, Values: []string{"a"}}}}}, ""},
+		{"no terms", nil, ""},
+	} {
+		pv := volume("v", "a", "c", "", "")
+		pv.Spec.NodeAffinity.Required.NodeSelectorTerms = tc.terms
+		if got := nodeOf(pv, testTopology); got != tc.want {
+			t.Errorf("%s: nodeOf = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

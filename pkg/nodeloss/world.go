@@ -35,18 +35,36 @@ type World struct {
 }
 
 // nodeOf is the node a volume is pinned to by topologyKey, "" for none.
+// A volume is pinned to a node only when every term of its required node
+// affinity (the terms are ORed) names that one node, each by one or more
+// expressions topologyKey In [node]: a volume whose terms or expressions
+// disagree, or that a term leaves open to any node, is on no one node,
+// and the controller acts on nothing of it (a forged second expression
+// naming a node that is gone must not have its claim taken away).
 func nodeOf(pv *corev1.PersistentVolume, topologyKey string) string {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
 		return ""
 	}
+	node := ""
 	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		named := false
 		for _, e := range term.MatchExpressions {
-			if e.Key == topologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
-				return e.Values[0]
+			if e.Key != topologyKey {
+				continue
 			}
+			if e.Operator != corev1.NodeSelectorOpIn || len(e.Values) != 1 {
+				return ""
+			}
+			if node != "" && e.Values[0] != node {
+				return ""
+			}
+			node, named = e.Values[0], true
+		}
+		if !named {
+			return ""
 		}
 	}
-	return ""
+	return node
 }
 
 // nodeState is what a pass makes of a volume's node.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,11 +37,14 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // token of the first node's converge pod (a TokenRequest bound to the pod,
 // as the kubelet makes it), for what root on that node could do with the
 // token: each write of another node's volume, of a volume of another kind
-// or driver, of another node's claim or CSIStorageCapacity, and of the
-// status of a claim converge did not provision is refused by the policy, not
-// by RBAC (which allows every one of them); the first node's own volume,
-// claim and capacity, and a growth of the second node's volume as the
-// cluster's one csi-resizer makes it wherever it runs, are accepted.
+// or driver, of a volume that names a Secret or a second node, of another
+// node's claim or CSIStorageCapacity, of another driver's claim, of more of
+// its own claim than external-provisioner changes, of the status of a claim
+// converge did not provision or beyond what csi-resizer writes, and of a
+// Lease not the resizer's is refused by the policy, not by RBAC (which
+// allows every one of them); the first node's own volume, claim and
+// capacity, a growth of the second node's volume and a claim's status as
+// the cluster's one csi-resizer makes them wherever it runs, are accepted.
 func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	b := secondNode(t)
 	ctx := context.Background()
@@ -52,7 +56,7 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	prefix := fmt.Sprintf("policy-%d-", time.Now().UnixNano()%100000)
 	// What a refusal that failed, or an acceptance, left.
 	t.Cleanup(func() {
-		for _, name := range []string{"forged", "hostpath", "own"} {
+		for _, name := range []string{"forged", "hostpath", "own", "secret", "ghost"} {
 			deleteAdmin(t, prefix+name)
 		}
 		for _, name := range []string{"capa", "capb"} {
@@ -61,6 +65,10 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 				t.Errorf("deleting %s: %v", prefix+name, err)
 			}
 		}
+		err := c.client.CoordinationV1().Leases(daemonSetNamespace).Delete(ctx, "cloud-controller-manager", metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting the forged Lease: %v", err)
+		}
 	})
 	onB := adminPV(t, convergePV(prefix+"b", b.node))
 	other := convergePV(prefix+"other", c.node)
@@ -68,8 +76,12 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	adminPV(t, other)
 
 	// Claims of a class nothing provisions, selected for each node, as the
-	// scheduler selects them.
-	claimA, claimB := adminClaim(t, prefix+"claima", c.node), adminClaim(t, prefix+"claimb", b.node)
+	// scheduler selects them: converge's, and, on the first node, another
+	// driver's (whose WaitForFirstConsumer claims the scheduler selects
+	// nodes for too).
+	claimA := adminClaim(t, prefix+"claima", c.node, "other.csi.example.com")
+	claimB := adminClaim(t, prefix+"claimb", b.node, standin.DriverName)
+	ownClaim := adminClaim(t, prefix+"claimown", c.node, standin.DriverName)
 
 	for _, tc := range []struct {
 		name string
@@ -106,6 +118,58 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		}},
 		{"an update of a claim selected for the second node", func() error {
 			return labelClaim(ctx, asA, claimB)
+		}},
+		{"an owner for another driver's claim selected for the first node", func() error {
+			// The garbage collector deletes a claim whose owner is not there.
+			// An update: the verb the account has on claims.
+			return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				pvc, err := asA.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claimA, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				pvc.OwnerReferences = append(pvc.OwnerReferences, metav1.OwnerReference{
+					APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "00000000-0000-0000-0000-000000000050"})
+				_, err = asA.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
+				return err
+			})
+		}},
+		{"a change of its own claim other than dropping the selected node", func() error {
+			return labelClaim(ctx, asA, ownClaim)
+		}},
+		{"a claim's allocated storage beyond its request", func() error {
+			// ResourceQuota counts it: the namespace's quota would be full.
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, ownClaim, types.MergePatchType,
+				[]byte(`{"status":{"allocatedResources":{"storage":"1Ei"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}},
+		{"a converge volume pinned to the first node that names a Secret", func() error {
+			// Bound to a claim a pod on the node uses, the Node authorizer
+			// would let the node's kubelet read the Secret.
+			pv := convergePV(prefix+"secret", c.node)
+			pv.Spec.CSI.NodePublishSecretRef = &corev1.SecretReference{Namespace: "kube-system", Name: "bootstrap-token-abcdef"}
+			pv.Spec.ClaimRef = &corev1.ObjectReference{Namespace: ns, Name: ownClaim}
+			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
+			return err
+		}},
+		{"a converge volume whose affinity names a second node", func() error {
+			// A term holds when all its expressions do: this volume is on
+			// the first node, but read for its first expression it is on a
+			// node that is not there, and converge-controller would release
+			// its claim.
+			pv := convergePV(prefix+"ghost", c.node)
+			term := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0]
+			term.MatchExpressions = append([]corev1.NodeSelectorRequirement{{
+				Key: standin.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"ghost"},
+			}}, term.MatchExpressions...)
+			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
+			return err
+		}},
+		{"a Lease other than the resizer's", func() error {
+			_, err := asA.CoordinationV1().Leases(daemonSetNamespace).Create(ctx, &coordinationv1.Lease{
+				ObjectMeta: metav1.ObjectMeta{Name: "cloud-controller-manager"},
+				Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To("forged"), LeaseDurationSeconds: ptr.To[int32](1 << 30)},
+			}, metav1.CreateOptions{})
+			return err
 		}},
 		{"a status patch of a claim converge did not provision", func() error {
 			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
@@ -154,9 +218,25 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			t.Errorf("capacity after the growth: got %s, want 2Gi", q.String())
 		}
 	})
-	t.Run("accepted: an update of a claim selected for the first node", func(t *testing.T) {
-		if err := labelClaim(ctx, asA, claimA); err != nil {
-			t.Errorf("updating a claim selected for %s: %v", c.node, err)
+	t.Run("accepted: the selected node dropped from its own claim, as external-provisioner reschedules", func(t *testing.T) {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			pvc, err := asA.CoreV1().PersistentVolumeClaims(ns).Get(ctx, ownClaim, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			delete(pvc.Annotations, "volume.kubernetes.io/selected-node")
+			_, err = asA.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
+			return err
+		})
+		if err != nil {
+			t.Errorf("dropping the node selected for a claim of %s: %v", c.node, err)
+		}
+	})
+	t.Run("accepted: a claim's status, as csi-resizer marks it", func(t *testing.T) {
+		patch := `{"status":{"allocatedResources":{"storage":"1Gi"},"allocatedResourceStatuses":{"storage":"ControllerResizeInProgress"},` +
+			`"conditions":[{"type":"Resizing","status":"True"}]}}`
+		if _, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+			t.Errorf("marking the status of a claim of %s: %v", b.node, err)
 		}
 	})
 	t.Run("accepted: the first node's own CSIStorageCapacity", func(t *testing.T) {
@@ -266,13 +346,17 @@ func nodeCapacity(name, node string) *storagev1.CSIStorageCapacity {
 }
 
 // adminClaim creates, as the admin, a claim called name of a class nothing
-// provisions, selected for node, to be deleted when the test ends, and
+// provisions, selected for node and named for provisioner as
+// kube-controller-manager names it, to be deleted when the test ends, and
 // returns its name.
-func adminClaim(t *testing.T, name, node string) string {
+func adminClaim(t *testing.T, name, node, provisioner string) string {
 	t.Helper()
 	ctx := context.Background()
 	_, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{"volume.kubernetes.io/selected-node": node}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
+			"volume.kubernetes.io/selected-node":       node,
+			"volume.kubernetes.io/storage-provisioner": provisioner,
+		}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: ptr.To("policy-test"),
