@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,8 +40,11 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // or driver, of another node's claim or CSIStorageCapacity, and of the
 // status of a claim converge did not provision is refused by the policy, not
 // by RBAC (which allows every one of them); the first node's own volume,
-// claim and capacity, and a growth of the second node's volume as the
-// cluster's one csi-resizer makes it wherever it runs, are accepted.
+// claim and capacity, a growth of the second node's volume as the
+// cluster's one csi-resizer makes it wherever it runs, and the clone
+// finalizer that csi-provisioner adds to and takes off a converge claim
+// of the second node (a clone's source) are accepted; with the finalizer,
+// nothing else of that claim may change.
 func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	b := secondNode(t)
 	ctx := context.Background()
@@ -70,6 +74,28 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	// Claims of a class nothing provisions, selected for each node, as the
 	// scheduler selects them.
 	claimA, claimB := adminClaim(t, prefix+"claima", c.node), adminClaim(t, prefix+"claimb", b.node)
+	// A claim converge provisions, selected for the second node: a clone's
+	// source, whose clone's pod may land on the first node, whose
+	// provisioner then holds the source with its finalizer.
+	source := adminClaim(t, prefix+"sourceb", b.node)
+	if err := updateClaim(ctx, c.client, source, func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Annotations["volume.kubernetes.io/storage-provisioner"] = standin.DriverName
+	}); err != nil {
+		t.Fatalf("marking %s as converge's: %v", source, err)
+	}
+	if got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, source, metav1.GetOptions{}); err != nil ||
+		!slices.Contains(got.Finalizers, "kubernetes.io/pvc-protection") {
+		t.Fatalf("%s, as the API server's claim protection makes it, has no finalizer kubernetes.io/pvc-protection: %v", source, err)
+	}
+	// What a refusal that failed, or an acceptance that was not undone,
+	// left: a finalizer that would hold the claim's deletion.
+	t.Cleanup(func() {
+		if err := updateClaim(ctx, c.client, source, func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Finalizers = slices.DeleteFunc(pvc.Finalizers, func(f string) bool { return f != "kubernetes.io/pvc-protection" })
+		}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("taking the finalizers off %s: %v", source, err)
+		}
+	})
 
 	for _, tc := range []struct {
 		name string
@@ -106,6 +132,32 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		}},
 		{"an update of a claim selected for the second node", func() error {
 			return labelClaim(ctx, asA, claimB)
+		}},
+		{"the clone finalizer on a claim converge does not provision, selected for the second node", func() error {
+			return updateClaim(ctx, asA, claimB, addFinalizer(cloneFinalizer))
+		}},
+		{"the clone finalizer and another finalizer on a converge claim selected for the second node", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				addFinalizer(cloneFinalizer)(pvc)
+				addFinalizer("converge.csi.dev/test")(pvc)
+			})
+		}},
+		{"the clone finalizer and a label on a converge claim selected for the second node", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				addFinalizer(cloneFinalizer)(pvc)
+				pvc.Labels = map[string]string{"converge.csi.dev/test": "policy"}
+			})
+		}},
+		{"the clone finalizer and a changed request on a converge claim selected for the second node", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				addFinalizer(cloneFinalizer)(pvc)
+				pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("2Gi")
+			})
+		}},
+		{"the claim protection finalizer taken off a converge claim selected for the second node", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				pvc.Finalizers = slices.DeleteFunc(pvc.Finalizers, func(f string) bool { return f == "kubernetes.io/pvc-protection" })
+			})
 		}},
 		{"a status patch of a claim converge did not provision", func() error {
 			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
@@ -157,6 +209,26 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	t.Run("accepted: an update of a claim selected for the first node", func(t *testing.T) {
 		if err := labelClaim(ctx, asA, claimA); err != nil {
 			t.Errorf("updating a claim selected for %s: %v", c.node, err)
+		}
+	})
+	t.Run("accepted: the clone finalizer added to and taken off a converge claim selected for the second node, as csi-provisioner does", func(t *testing.T) {
+		// external-provisioner's setCloneFinalizer, on the clone's node,
+		// appends it with an update; its cloning-protection controller, on
+		// any node, takes it off with an update.
+		if err := updateClaim(ctx, asA, source, addFinalizer(cloneFinalizer)); err != nil {
+			t.Fatalf("adding %s to %s: %v", cloneFinalizer, source, err)
+		}
+		if err := updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Finalizers = slices.DeleteFunc(pvc.Finalizers, func(f string) bool { return f == cloneFinalizer })
+		}); err != nil {
+			t.Fatalf("taking %s off %s: %v", cloneFinalizer, source, err)
+		}
+		got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, source, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(got.Finalizers, cloneFinalizer) {
+			t.Errorf("%s's finalizers after the removal: %v", source, got.Finalizers)
 		}
 	})
 	t.Run("accepted: the first node's own CSIStorageCapacity", func(t *testing.T) {
@@ -291,20 +363,37 @@ func adminClaim(t *testing.T, name, node string) string {
 	return name
 }
 
-// labelClaim updates the claim called name with a label, as client: an
-// update, the verb external-provisioner's role has on claims, read again
-// when kube-controller-manager changed the claim meanwhile (a conflict is
-// found before admission).
+// labelClaim updates the claim called name with a label, as client.
 func labelClaim(ctx context.Context, client kubernetes.Interface, name string) error {
+	return updateClaim(ctx, client, name, func(pvc *corev1.PersistentVolumeClaim) {
+		if pvc.Labels == nil {
+			pvc.Labels = map[string]string{}
+		}
+		pvc.Labels["converge.csi.dev/test"] = "policy"
+	})
+}
+
+// cloneFinalizer is the finalizer with which external-provisioner holds a
+// clone's source claim until no clone of it is Pending.
+const cloneFinalizer = "provisioner.storage.kubernetes.io/cloning-protection"
+
+// addFinalizer appends f to a claim's finalizers, as external-provisioner's
+// setCloneFinalizer does.
+func addFinalizer(f string) func(*corev1.PersistentVolumeClaim) {
+	return func(pvc *corev1.PersistentVolumeClaim) { pvc.Finalizers = append(pvc.Finalizers, f) }
+}
+
+// updateClaim updates the claim called name, changed by change, as client:
+// an update, the verb external-provisioner's role has on claims and the one
+// it uses, read again when kube-controller-manager changed the claim
+// meanwhile (a conflict is found before admission).
+func updateClaim(ctx context.Context, client kubernetes.Interface, name string, change func(*corev1.PersistentVolumeClaim)) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		pvc, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if pvc.Labels == nil {
-			pvc.Labels = map[string]string{}
-		}
-		pvc.Labels["converge.csi.dev/test"] = "policy"
+		change(pvc)
 		_, err = client.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
 		return err
 	})
