@@ -20,7 +20,8 @@ func renderAs(t *testing.T, name, ns string, vals map[string]any) string {
 // release not called converge, in a namespace not kube-system: the
 // admission policy must hold the DaemonSet's own service account (its
 // name is the release's), its binding must name it, and
-// nodeVolumesPolicy.enabled=false must leave both out.
+// nodeVolumesPolicy.enabled=false must leave both out; the alert on its
+// refusals must name it.
 func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 	objs := objects(t, renderAs(t, "other", "storage", nil), false)
 	var sa, condition, policy, bound string
@@ -47,6 +48,19 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 	}
 	if bound != policy {
 		t.Errorf("the binding names policy %q, want %q", bound, policy)
+	}
+	// The alert on the policy's refusals counts this release's policy.
+	monitored := objects(t, renderAs(t, "other", "storage", map[string]any{"monitoring": map[string]any{"enabled": true}}), false)
+	var expr string
+	for _, o := range monitored {
+		if o["kind"] == "PrometheusRule" {
+			if e, ok := alertsOf(o)["ConvergeNodeWriteRefused"]; ok {
+				expr = e
+			}
+		}
+	}
+	if want := `policy="` + policy + `"`; !strings.Contains(expr, want) || strings.Contains(expr, `policy="converge-node-own-volumes"`) {
+		t.Errorf("ConvergeNodeWriteRefused's expression %q, want it on %s only", expr, want)
 	}
 
 	off := renderAs(t, "other", "storage", map[string]any{"nodeVolumesPolicy": map[string]any{"enabled": false}})
