@@ -148,10 +148,10 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 				pvc.Labels = map[string]string{"converge.csi.dev/test": "policy"}
 			})
 		}},
-		{"the clone finalizer and a changed request on a converge claim selected for the second node", func() error {
+		{"the clone finalizer on a converge claim selected for the second node, selecting it for the first", func() error {
 			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
 				addFinalizer(cloneFinalizer)(pvc)
-				pvc.Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("2Gi")
+				pvc.Annotations["volume.kubernetes.io/selected-node"] = c.node
 			})
 		}},
 		{"the claim protection finalizer taken off a converge claim selected for the second node", func() error {
