@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,7 +45,10 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // Lease not the resizer's is refused by the policy, not by RBAC (which
 // allows every one of them); the first node's own volume, claim and
 // capacity, a growth of the second node's volume and a claim's status as
-// the cluster's one csi-resizer makes them wherever it runs, are accepted.
+// the cluster's one csi-resizer makes them wherever it runs, and the
+// clone finalizer that csi-provisioner adds to and takes off a converge
+// claim of the second node (a clone's source) are accepted; with the
+// finalizer, nothing else of that claim may change.
 func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	b := secondNode(t)
 	ctx := context.Background()
@@ -82,6 +86,23 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	claimA := adminClaim(t, prefix+"claima", c.node, "other.csi.example.com")
 	claimB := adminClaim(t, prefix+"claimb", b.node, standin.DriverName)
 	ownClaim := adminClaim(t, prefix+"claimown", c.node, standin.DriverName)
+	// A claim converge provisions, selected for the second node: a clone's
+	// source, whose clone's pod may land on the first node, whose
+	// provisioner then holds the source with its finalizer.
+	source := adminClaim(t, prefix+"sourceb", b.node, standin.DriverName)
+	if got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, source, metav1.GetOptions{}); err != nil ||
+		!slices.Contains(got.Finalizers, "kubernetes.io/pvc-protection") {
+		t.Fatalf("%s, as the API server's claim protection makes it, has no finalizer kubernetes.io/pvc-protection: %v", source, err)
+	}
+	// What a refusal that failed, or an acceptance that was not undone,
+	// left: a finalizer that would hold the claim's deletion.
+	t.Cleanup(func() {
+		if err := updateClaim(ctx, c.client, source, func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Finalizers = slices.DeleteFunc(pvc.Finalizers, func(f string) bool { return f != "kubernetes.io/pvc-protection" })
+		}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("taking the finalizers off %s: %v", source, err)
+		}
+	})
 
 	for _, tc := range []struct {
 		name string
@@ -171,6 +192,32 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			}, metav1.CreateOptions{})
 			return err
 		}},
+		{"the clone finalizer on another driver's claim", func() error {
+			return updateClaim(ctx, asA, claimA, addFinalizer(cloneFinalizer))
+		}},
+		{"the clone finalizer and another finalizer on a converge claim selected for the second node", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				addFinalizer(cloneFinalizer)(pvc)
+				addFinalizer("converge.csi.dev/test")(pvc)
+			})
+		}},
+		{"the clone finalizer and a label on a converge claim selected for the second node", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				addFinalizer(cloneFinalizer)(pvc)
+				pvc.Labels = map[string]string{"converge.csi.dev/test": "policy"}
+			})
+		}},
+		{"the clone finalizer on a converge claim selected for the second node, selecting it for the first", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				addFinalizer(cloneFinalizer)(pvc)
+				pvc.Annotations["volume.kubernetes.io/selected-node"] = c.node
+			})
+		}},
+		{"the claim protection finalizer taken off a converge claim selected for the second node", func() error {
+			return updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+				pvc.Finalizers = slices.DeleteFunc(pvc.Finalizers, func(f string) bool { return f == "kubernetes.io/pvc-protection" })
+			})
+		}},
 		{"a status patch of a claim converge did not provision", func() error {
 			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
 				[]byte(`{"status":{"allocatedResources":{"storage":"100Gi"}}}`), metav1.PatchOptions{}, "status")
@@ -237,6 +284,26 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			`"conditions":[{"type":"Resizing","status":"True"}]}}`
 		if _, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
 			t.Errorf("marking the status of a claim of %s: %v", b.node, err)
+		}
+	})
+	t.Run("accepted: the clone finalizer added to and taken off a converge claim selected for the second node, as csi-provisioner does", func(t *testing.T) {
+		// external-provisioner's setCloneFinalizer, on the clone's node,
+		// appends it with an update; its cloning-protection controller, on
+		// any node, takes it off with an update.
+		if err := updateClaim(ctx, asA, source, addFinalizer(cloneFinalizer)); err != nil {
+			t.Fatalf("adding %s to %s: %v", cloneFinalizer, source, err)
+		}
+		if err := updateClaim(ctx, asA, source, func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Finalizers = slices.DeleteFunc(pvc.Finalizers, func(f string) bool { return f == cloneFinalizer })
+		}); err != nil {
+			t.Fatalf("taking %s off %s: %v", cloneFinalizer, source, err)
+		}
+		got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, source, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(got.Finalizers, cloneFinalizer) {
+			t.Errorf("%s's finalizers after the removal: %v", source, got.Finalizers)
 		}
 	})
 	t.Run("accepted: the first node's own CSIStorageCapacity", func(t *testing.T) {
@@ -375,20 +442,37 @@ func adminClaim(t *testing.T, name, node, provisioner string) string {
 	return name
 }
 
-// labelClaim updates the claim called name with a label, as client: an
-// update, the verb external-provisioner's role has on claims, read again
-// when kube-controller-manager changed the claim meanwhile (a conflict is
-// found before admission).
+// labelClaim updates the claim called name with a label, as client.
 func labelClaim(ctx context.Context, client kubernetes.Interface, name string) error {
+	return updateClaim(ctx, client, name, func(pvc *corev1.PersistentVolumeClaim) {
+		if pvc.Labels == nil {
+			pvc.Labels = map[string]string{}
+		}
+		pvc.Labels["converge.csi.dev/test"] = "policy"
+	})
+}
+
+// cloneFinalizer is the finalizer with which external-provisioner holds a
+// clone's source claim until no clone of it is Pending.
+const cloneFinalizer = "provisioner.storage.kubernetes.io/cloning-protection"
+
+// addFinalizer appends f to a claim's finalizers, as external-provisioner's
+// setCloneFinalizer does.
+func addFinalizer(f string) func(*corev1.PersistentVolumeClaim) {
+	return func(pvc *corev1.PersistentVolumeClaim) { pvc.Finalizers = append(pvc.Finalizers, f) }
+}
+
+// updateClaim updates the claim called name, changed by change, as client:
+// an update, the verb external-provisioner's role has on claims and the one
+// it uses, read again when kube-controller-manager changed the claim
+// meanwhile (a conflict is found before admission).
+func updateClaim(ctx context.Context, client kubernetes.Interface, name string, change func(*corev1.PersistentVolumeClaim)) error {
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		pvc, err := client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if pvc.Labels == nil {
-			pvc.Labels = map[string]string{}
-		}
-		pvc.Labels["converge.csi.dev/test"] = "policy"
+		change(pvc)
 		_, err = client.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
 		return err
 	})

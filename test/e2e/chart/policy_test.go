@@ -21,7 +21,7 @@ func renderAs(t *testing.T, name, ns string, vals map[string]any) string {
 // admission policies must hold the DaemonSet's and the Deployment's own
 // service accounts (their names are the release's), each binding must
 // name its policy, and nodeVolumesPolicy.enabled=false must leave them
-// out.
+// out; the alert on the node policy's refusals must name it.
 func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 	objs := objects(t, renderAs(t, "other", "storage", nil), false)
 	var accounts []string
@@ -59,6 +59,25 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 		if !held {
 			t.Errorf("no policy's match conditions (%v) hold the service account %s", conditions, sa)
 		}
+	}
+	// The alert on the node policy's refusals counts this release's policy.
+	var policy string
+	for p := range conditions {
+		if strings.HasSuffix(p, "-node-own-volumes") {
+			policy = p
+		}
+	}
+	monitored := objects(t, renderAs(t, "other", "storage", map[string]any{"monitoring": map[string]any{"enabled": true}}), false)
+	var expr string
+	for _, o := range monitored {
+		if o["kind"] == "PrometheusRule" {
+			if e, ok := alertsOf(o)["ConvergeNodeWriteRefused"]; ok {
+				expr = e
+			}
+		}
+	}
+	if want := `policy="` + policy + `"`; !strings.Contains(expr, want) || strings.Contains(expr, `policy="converge-node-own-volumes"`) {
+		t.Errorf("ConvergeNodeWriteRefused's expression %q, want it on %s only", expr, want)
 	}
 
 	off := renderAs(t, "other", "storage", map[string]any{"nodeVolumesPolicy": map[string]any{"enabled": false}})
