@@ -75,6 +75,18 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		}
 	})
 	onB := adminPV(t, convergePV(prefix+"b", b.node))
+	// The second node's volumes as external-provisioner makes them, with
+	// its finalizer: one kept (Retain), one deleted with its claim.
+	retainedB := adminPV(t, withProvisionerFinalizer(t, convergePV(prefix+"retb", b.node)))
+	deletedB := convergePV(prefix+"delb", b.node)
+	deletedB.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimDelete
+	deletedB = adminPV(t, withProvisionerFinalizer(t, deletedB))
+	// external-provisioner's patch that takes its finalizer off (first in
+	// the list here), and with it, a label.
+	dropFinalizer := []byte(`[{"op":"test","path":"/metadata/finalizers/0","value":"` + provisionerFinalizer + `"},` +
+		`{"op":"remove","path":"/metadata/finalizers/0"}]`)
+	dropFinalizerAndLabel := []byte(`[{"op":"test","path":"/metadata/finalizers/0","value":"` + provisionerFinalizer + `"},` +
+		`{"op":"remove","path":"/metadata/finalizers/0"},{"op":"add","path":"/metadata/labels","value":{"converge.csi.dev/test":"policy"}}]`)
 	other := convergePV(prefix+"other", c.node)
 	other.Spec.CSI.Driver = "other.csi.example.com"
 	adminPV(t, other)
@@ -192,6 +204,14 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			}, metav1.CreateOptions{})
 			return err
 		}},
+		{"csi-provisioner's finalizer taken off the second node's volume that is not Retain", func() error {
+			_, err := pvs.Patch(ctx, deletedB.Name, types.JSONPatchType, dropFinalizer, metav1.PatchOptions{})
+			return err
+		}},
+		{"csi-provisioner's finalizer taken off the second node's Retain volume, with a label", func() error {
+			_, err := pvs.Patch(ctx, retainedB.Name, types.JSONPatchType, dropFinalizerAndLabel, metav1.PatchOptions{})
+			return err
+		}},
 		{"the clone finalizer on another driver's claim", func() error {
 			return updateClaim(ctx, asA, claimA, addFinalizer(cloneFinalizer))
 		}},
@@ -263,6 +283,15 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		}
 		if q := got.Spec.Capacity[corev1.ResourceStorage]; q.Cmp(resource.MustParse("2Gi")) != 0 {
 			t.Errorf("capacity after the growth: got %s, want 2Gi", q.String())
+		}
+	})
+	t.Run("accepted: csi-provisioner's finalizer taken off the second node's Retain volume, as every node's provisioner does", func(t *testing.T) {
+		got, err := pvs.Patch(ctx, retainedB.Name, types.JSONPatchType, dropFinalizer, metav1.PatchOptions{})
+		if err != nil {
+			t.Fatalf("taking %s off %s's Retain volume: %v", provisionerFinalizer, b.node, err)
+		}
+		if slices.Contains(got.Finalizers, provisionerFinalizer) {
+			t.Errorf("%s's finalizers after the removal: %v", got.Name, got.Finalizers)
 		}
 	})
 	t.Run("accepted: the selected node dropped from its own claim, as external-provisioner reschedules", func(t *testing.T) {
@@ -391,6 +420,22 @@ func adminPV(t *testing.T, pv *corev1.PersistentVolume) *corev1.PersistentVolume
 	}
 	t.Cleanup(func() { deleteAdmin(t, pv.Name) })
 	return got
+}
+
+// withProvisionerFinalizer is pv with external-provisioner's finalizer, as
+// the provisioner makes it; the finalizer is taken off as the admin before
+// pv is deleted when t ends, so that the volume goes.
+func withProvisionerFinalizer(t *testing.T, pv *corev1.PersistentVolume) *corev1.PersistentVolume {
+	t.Helper()
+	pv.Finalizers = append(pv.Finalizers, provisionerFinalizer)
+	t.Cleanup(func() {
+		_, err := c.client.CoreV1().PersistentVolumes().Patch(context.Background(), pv.Name, types.MergePatchType,
+			[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("taking the finalizers off %s: %v", pv.Name, err)
+		}
+	})
+	return pv
 }
 
 // deleteAdmin deletes the PV called name as the admin, if it is there.
