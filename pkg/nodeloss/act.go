@@ -96,11 +96,11 @@ func release(ctx context.Context, client kubernetes.Interface, pv *corev1.Persis
 	if err != nil {
 		return err
 	}
-	i := slices.Index(cur.Finalizers, ProvisionerFinalizer)
-	if i < 0 {
+	if !slices.Contains(cur.Finalizers, ProvisionerFinalizer) {
 		return nil
 	}
-	cur.Finalizers = slices.Delete(cur.Finalizers, i, i+1)
+	// Every copy, as converge-controller's admission policy allows.
+	cur.Finalizers = slices.DeleteFunc(cur.Finalizers, func(f string) bool { return f == ProvisionerFinalizer })
 	_, err = pvs.Update(ctx, cur, metav1.UpdateOptions{})
 	return err
 }

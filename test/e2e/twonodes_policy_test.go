@@ -238,6 +238,19 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 				pvc.Finalizers = slices.DeleteFunc(pvc.Finalizers, func(f string) bool { return f == "kubernetes.io/pvc-protection" })
 			})
 		}},
+		{"a status write of a converge claim of the second node that puts an owner on it", func() error {
+			// The claim's status strategy keeps metadata: the garbage
+			// collector would delete a claim whose owner is not there.
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType,
+				[]byte(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"ConfigMap","name":"gone","uid":"00000000-0000-0000-0000-000000000051"}]}}`),
+				metav1.PatchOptions{}, "status")
+			return err
+		}},
+		{"a status write of a converge claim of the second node that selects it for the first", func() error {
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType,
+				[]byte(`{"metadata":{"annotations":{"volume.kubernetes.io/selected-node":"`+c.node+`"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}},
 		{"a status patch of a claim converge did not provision", func() error {
 			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
 				[]byte(`{"status":{"allocatedResources":{"storage":"100Gi"}}}`), metav1.PatchOptions{}, "status")

@@ -69,7 +69,7 @@ var Table = []Question{
 	// converge-node: the Leases.
 	{Node, "get", lease, Install, ResizerLease, true, "csi-resizer's leader election"},
 	{Node, "update", lease, Install, ResizerLease, true, "csi-resizer's leader election"},
-	{Node, "create", lease, Install, "", true, "csi-resizer's first election (RBAC cannot name what is created)"},
+	{Node, "create", lease, Install, "", true, "csi-resizer's first election (RBAC cannot name what is created; the admission policy refuses any other name)"},
 	{Node, "delete", lease, Install, ResizerLease, false, "a leader elector never deletes its Lease"},
 	{Node, "list", lease, Install, "", false, "a leader elector reads only its own Lease"},
 	{Node, "update", lease, Install, "kube-scheduler", false, "another component's leader election"},
@@ -112,7 +112,7 @@ var Table = []Question{
 	// converge-controller.
 	{Controller, "get", lease, Install, ControllerLease, true, "its leader election"},
 	{Controller, "update", lease, Install, ControllerLease, true, "its leader election"},
-	{Controller, "create", lease, Install, "", true, "its first election (RBAC cannot name what is created)"},
+	{Controller, "create", lease, Install, "", true, "its first election (RBAC cannot name what is created; the admission policy refuses any other name)"},
 	{Controller, "delete", lease, Install, ControllerLease, false, "a leader elector never deletes its Lease"},
 	{Controller, "update", lease, Install, ResizerLease, false, "csi-resizer's leader election"},
 	{Controller, "update", lease, Install, "kube-scheduler", false, "another component's leader election"},
