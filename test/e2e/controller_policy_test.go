@@ -8,16 +8,12 @@ import (
 	"testing"
 	"time"
 
-	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
@@ -186,37 +182,13 @@ func TestControllerWritesOnlyWhatItReleases(t *testing.T) {
 // pod: a TokenRequest bound to the pod, as the kubelet makes it.
 func controllerPodClient(t *testing.T) kubernetes.Interface {
 	t.Helper()
-	ctx := context.Background()
 	running := controllerPods(t)
 	if len(running) == 0 {
 		t.Fatal("no converge-controller pod")
 	}
-	pod := running[0]
-	tok, err := c.client.CoreV1().ServiceAccounts(daemonSetNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{
-			ExpirationSeconds: ptr.To[int64](600),
-			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("a token bound to %s: %v", pod.Name, err)
-	}
-	admin, err := clientcmd.BuildConfigFromFlags("", c.admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := rest.AnonymousClientConfig(admin)
-	cfg.BearerToken = tok.Status.Token
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	review, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("who the pod's token is: %v", err)
-	}
-	if want := "system:serviceaccount:" + daemonSetNamespace + ":" + controllerName; review.Status.UserInfo.Username != want {
-		t.Fatalf("the pod's token is %s, want %s", review.Status.UserInfo.Username, want)
+	client, u := podTokenClient(t, &running[0])
+	if want := "system:serviceaccount:" + daemonSetNamespace + ":" + controllerName; u.Username != want {
+		t.Fatalf("the pod's token is %s, want %s", u.Username, want)
 	}
 	return client
 }
@@ -227,28 +199,10 @@ func controllerPodClient(t *testing.T) kubernetes.Interface {
 // returns its name.
 func adminProvisionedClaim(t *testing.T, name, driver string) string {
 	t.Helper()
-	ctx := context.Background()
-	_, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
-			"volume.kubernetes.io/storage-provisioner":      driver,
-			"volume.beta.kubernetes.io/storage-provisioner": driver,
-		}},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			StorageClassName: ptr.To("policy-test"),
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating claim %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting claim %s: %v", name, err)
-		}
+	return adminClaimAnnotated(t, name, map[string]string{
+		"volume.kubernetes.io/storage-provisioner":      driver,
+		"volume.beta.kubernetes.io/storage-provisioner": driver,
 	})
-	return name
 }
 
 // adminPod creates, as the admin, a pause pod called name on the node,

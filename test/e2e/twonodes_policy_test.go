@@ -364,12 +364,25 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 // the API server gives the pod's node name, as it gives the kubelet's.
 func driverPodClient(t *testing.T, n *kubeNode) kubernetes.Interface {
 	t.Helper()
-	ctx := context.Background()
-	pod, err := n.driverPod(ctx)
+	pod, err := n.driverPod(context.Background())
 	if err != nil || pod == nil {
 		t.Fatalf("%s's converge pod: %v, %v", n.node, pod, err)
 	}
-	tok, err := c.client.CoreV1().ServiceAccounts(daemonSetNamespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+	client, u := podTokenClient(t, pod)
+	if got := u.Extra[nodeNameExtra]; len(got) != 1 || got[0] != n.node {
+		t.Fatalf("the pod's token's %s: got %v, want [%s]", nodeNameExtra, got, n.node)
+	}
+	return client
+}
+
+// podTokenClient is a client with a token of pod's service account bound
+// to pod (a TokenRequest, as the kubelet makes it), and the user the API
+// server makes of the token, as a policy sees it; the user must be the
+// pod's service account.
+func podTokenClient(t *testing.T, pod *corev1.Pod) (kubernetes.Interface, authenticationv1.UserInfo) {
+	t.Helper()
+	ctx := context.Background()
+	tok, err := c.client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{
 			ExpirationSeconds: ptr.To[int64](600),
 			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
@@ -388,19 +401,15 @@ func driverPodClient(t *testing.T, n *kubeNode) kubernetes.Interface {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The token's user, as the policy sees it.
 	review, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("who the pod's token is: %v", err)
 	}
 	u := review.Status.UserInfo
-	if want := "system:serviceaccount:" + daemonSetNamespace + ":" + pod.Spec.ServiceAccountName; u.Username != want {
+	if want := "system:serviceaccount:" + pod.Namespace + ":" + pod.Spec.ServiceAccountName; u.Username != want {
 		t.Fatalf("the pod's token is %s, want %s", u.Username, want)
 	}
-	if got := u.Extra[nodeNameExtra]; len(got) != 1 || got[0] != n.node {
-		t.Fatalf("the pod's token's %s: got %v, want [%s]", nodeNameExtra, got, n.node)
-	}
-	return client
+	return client, u
 }
 
 // convergePV is a converge volume called name pinned to node, bound to no
@@ -476,12 +485,20 @@ func nodeCapacity(name, node string) *storagev1.CSIStorageCapacity {
 // returns its name.
 func adminClaim(t *testing.T, name, node, provisioner string) string {
 	t.Helper()
+	return adminClaimAnnotated(t, name, map[string]string{
+		"volume.kubernetes.io/selected-node":       node,
+		"volume.kubernetes.io/storage-provisioner": provisioner,
+	})
+}
+
+// adminClaimAnnotated creates, as the admin, a claim called name of a
+// class nothing provisions, with annotations, to be deleted when the test
+// ends, and returns its name.
+func adminClaimAnnotated(t *testing.T, name string, annotations map[string]string) string {
+	t.Helper()
 	ctx := context.Background()
 	_, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{
-			"volume.kubernetes.io/selected-node":       node,
-			"volume.kubernetes.io/storage-provisioner": provisioner,
-		}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: ptr.To("policy-test"),
