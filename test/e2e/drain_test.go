@@ -21,6 +21,9 @@ import (
 // and the drain proceeds (minAvailable 1 would refuse it for ever).
 func TestControllerDrainOneNode(t *testing.T) {
 	ctx := context.Background()
+	// The evicted replicas' replacements cannot be scheduled while every
+	// node is cordoned: the scheduler says so, as it should.
+	expectWarning(t, "FailedScheduling", "Pod/"+daemonSetNamespace+"/"+controllerName+"-")
 	t.Cleanup(func() {
 		for _, n := range c.nodes {
 			if _, err := c.kubectl(ctx, "uncordon", n.node); err != nil {
