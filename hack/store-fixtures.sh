@@ -3,7 +3,8 @@
 # csi-node from its commit, runs it on real loop devices (as root) to make
 # volumes of every kind (test/releases), and writes the store it left into
 # pkg/state/testdata/releases/<tag>/, which pkg/state's tests read with the
-# current code. docs/releasing.md runs it for every release.
+# current code (and the snapshot files' attributes, which pkg/devices'
+# tests read). docs/releasing.md runs it for every release.
 #
 #   hack/store-fixtures.sh [<tag> [<commit>]]
 #
@@ -27,18 +28,28 @@ git -C "$root" archive "$commit" | tar -x -C "$work"
 (cd "$work" && go build -trimpath -ldflags "-X main.version=$tag" -o "$work/csi-node" ./cmd/csi-node)
 "$work/csi-node" --version
 out=$root/pkg/state/testdata/releases/$tag
-rm -rf "$out"
-mkdir -p "$out"
-(cd "$root" && CONVERGE_BINARY="$work/csi-node" CONVERGE_FIXTURES_OUT="$out" CONVERGE_FIXTURES_RELEASE="$tag" \
+# A release's fixtures are what it wrote: made once, never replaced by
+# accident (FORCE=1 replaces them, e.g. when the generator asks for more).
+if [ -e "$out" ] && [ "${FORCE:-}" != 1 ]; then
+  echo "store-fixtures: $out exists; FORCE=1 replaces it" >&2; exit 2
+fi
+new=$work/fixtures
+mkdir -p "$new"
+(cd "$root" && CONVERGE_BINARY="$work/csi-node" CONVERGE_FIXTURES_OUT="$new" CONVERGE_FIXTURES_RELEASE="$tag" \
   go test -count=1 -v -run '^TestWriteStoreFixtures$' ./test/releases)
-cat >"$out/README.md" <<README
+cat >"$new/README.md" <<README
 # Store fixtures of $tag
 
 The state store (state.db and its log state.db-wal, gzipped) that csi-node
 $tag, built from commit $commit, left in each directory named in
-manifest.json, which also lists what it was asked to hold. Made by
+manifest.json, which also lists what it was asked to hold and the size and
+extended attributes of each snapshot file it made. Made by
 \`hack/store-fixtures.sh $tag $commit\` (as root: it uses loop devices and
 mounts); test/releases says what it asks for. Do not edit: pkg/state's
-TestReleaseFixtures reads them with the current code.
+TestReleaseFixtures and pkg/devices' TestReleaseSnapshotFixtures read them
+with the current code.
 README
+rm -rf "$out"
+mkdir -p "$(dirname "$out")"
+cp -r "$new" "$out"
 echo "store-fixtures: wrote $out"

@@ -14,10 +14,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 
 	"github.com/converge-csi/converge/test/testenv"
 )
@@ -41,8 +43,9 @@ type Manifest struct {
 	States []State `json:"states"`
 	// Volumes are every volume the store must hold, sorted by ID.
 	Volumes []Volume `json:"volumes"`
-	// Snapshots are taken and live outside the store (files of their
-	// own); listed for the record.
+	// Snapshots are taken: files of their own beside the images, outside
+	// the store, their provenance in extended attributes (Xattrs), which
+	// pkg/devices' tests read with the current code.
 	Snapshots []Snapshot `json:"snapshots"`
 }
 
@@ -83,10 +86,19 @@ type Stage struct {
 	AccessMode string `json:"accessMode"`
 }
 
-// Snapshot is a snapshot taken.
+// Snapshot is a snapshot taken: what it was asked of, and what its file
+// holds.
 type Snapshot struct {
 	ID     string `json:"id"`
 	Source string `json:"source"`
+	// FsType and Access are the source's filesystem ("" for none) and how
+	// it was made (mount or block).
+	FsType string `json:"fsType,omitempty"`
+	Access string `json:"access"`
+	// Size is the size of its file; Xattrs are the user.* extended
+	// attributes the release set on it.
+	Size   int64             `json:"size"`
+	Xattrs map[string]string `json:"xattrs"`
 }
 
 const size = 32 << 20
@@ -120,7 +132,7 @@ func ctx(t *testing.T) context.Context {
 // a pool "fast": a thick volume staged and published with a file
 // written; a thin one only created; a thick raw block volume staged,
 // published twice and grown; a thin one in pool fast staged; a snapshot
-// of the first and a volume restored from it. It copies the store after
+// of the first and of the raw one, and a volume restored from the first. It copies the store after
 // a SIGKILL (the log not yet checkpointed into bbolt) and again after a
 // restart and a SIGTERM (checkpointed), writes the manifest of what it
 // asked for, and tears everything down.
@@ -130,6 +142,9 @@ func TestWriteStoreFixtures(t *testing.T) {
 		t.Skipf("generator of release fixtures: run by hack/store-fixtures.sh (needs $%s and $%s)", OutEnv, testenv.BinaryEnv)
 	}
 	p := testenv.New(t)
+	// Each pool on a filesystem of its own: what the volumes may take
+	// does not depend on the machine's free space.
+	testenv.FilesystemAt(t, p, p.DataDir, 512<<20, "ext4", "-q", "-F", "-m0")
 	fast := testenv.PoolFilesystem(t, p, "fast", 128<<20, "ext4", "-q", "-F", "-m0")
 	p.Args = append(p.Args, "--pool", "fast="+fast)
 	p.Start()
@@ -183,9 +198,11 @@ func TestWriteStoreFixtures(t *testing.T) {
 	raw.ExpandBytes = 2 * size
 	inFast := create("in-fast", "fast", "thin", mountRWO, nil)
 	stage(inFast, mountRWO)
-	snap, err := c.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: thick.ID})
-	must(t, "snapshot", err)
-	m.Snapshots = []Snapshot{{ID: snap.GetSnapshot().GetSnapshotId(), Source: thick.ID}}
+	for _, of := range []*Volume{thick, raw} {
+		snap, err := c.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-" + of.Name, SourceVolumeId: of.ID})
+		must(t, "snapshot of "+of.Name, err)
+		m.Snapshots = append(m.Snapshots, snapshotFile(t, filepath.Join(p.DataDir, "snapshots"), snap.GetSnapshot().GetSnapshotId(), of))
+	}
 	restored := create("restored", "", "thick", mountRWO,
 		&csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: m.Snapshots[0].ID}}})
 	restored.FromSnapshot = m.Snapshots[0].ID
@@ -223,8 +240,32 @@ func TestWriteStoreFixtures(t *testing.T) {
 		_, err := c.DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: v.ID})
 		must(t, "delete "+v.Name, err)
 	}
-	_, err = c.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: m.Snapshots[0].ID})
-	must(t, "delete the snapshot", err)
+	for _, snap := range m.Snapshots {
+		_, err = c.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: snap.ID})
+		must(t, "delete snapshot "+snap.ID, err)
+	}
+}
+
+// snapshotFile describes the file of snapshot id, taken of v, in dir.
+func snapshotFile(t *testing.T, dir, id string, v *Volume) Snapshot {
+	t.Helper()
+	path := filepath.Join(dir, id+".snap")
+	st, err := os.Stat(path)
+	must(t, "the snapshot's file", err)
+	s := Snapshot{ID: id, Source: v.ID, FsType: v.Formatted, Access: v.Access, Size: st.Size(), Xattrs: map[string]string{}}
+	buf := make([]byte, 4096)
+	n, err := unix.Listxattr(path, buf)
+	must(t, "listing the snapshot's xattrs", err)
+	for _, name := range strings.Split(strings.TrimRight(string(buf[:n]), "\x00"), "\x00") {
+		if !strings.HasPrefix(name, "user.") {
+			continue
+		}
+		val := make([]byte, 4096)
+		n, err := unix.Getxattr(path, name, val)
+		must(t, "reading xattr "+name, err)
+		s.Xattrs[name] = string(val[:n])
+	}
+	return s
 }
 
 // saveStore copies the store's files of stateDir (state.db and its log
