@@ -38,8 +38,9 @@ type fixtureManifest struct {
 			Access     string `json:"access"`
 			AccessMode string `json:"accessMode"`
 		} `json:"stage"`
-		Targets     []string `json:"targets"`
-		ExpandBytes int64    `json:"expandBytes"`
+		Targets          []string `json:"targets"`
+		PendingSnapshots []string `json:"pendingSnapshots"`
+		ExpandBytes      int64    `json:"expandBytes"`
 	} `json:"volumes"`
 }
 
@@ -87,7 +88,8 @@ func unpackStore(t *testing.T, dir string) string {
 // stop) with the current code, and checks that it reads every volume as
 // it was asked for: its name, pool, provisioning and access, its
 // filesystem and size, its staging with the mount the plugin made, every
-// target it is published at, and its expansion. It then closes the store
+// target it is published at, the snapshots asked of it and not yet
+// taken, and its expansion. It then closes the store
 // and opens it again, as an upgraded node's next restart does, and checks
 // the same. The release hack/previous-release names must have fixtures.
 func TestReleaseFixtures(t *testing.T) {
@@ -183,6 +185,14 @@ func checkFixture(t *testing.T, m fixtureManifest, got []*Volume) {
 		for target, p := range v.Publishes {
 			if w.Stage == nil || string(p.Access) != w.Stage.Access || p.AccessMode != w.Stage.AccessMode || p.MountID == 0 || p.Deleting || p.Generation <= 0 {
 				t.Errorf("%s: publish at %s %+v; want its stage's access, a mount ID, live", w.ID, target, *p)
+			}
+		}
+		if ids := v.SnapshotIDs(); !slices.Equal(ids, w.PendingSnapshots) && len(ids)+len(w.PendingSnapshots) > 0 {
+			t.Errorf("%s: snapshots asked for %v, want %v", w.ID, ids, w.PendingSnapshots)
+		}
+		for id, intent := range v.Snapshots {
+			if intent.Generation <= 0 {
+				t.Errorf("%s: snapshot %s asked at generation %d", w.ID, id, intent.Generation)
 			}
 		}
 		switch {

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -73,6 +74,9 @@ type Volume struct {
 	Stage *Stage `json:"stage,omitempty"`
 	// Targets are the paths it is published at, sorted.
 	Targets []string `json:"targets,omitempty"`
+	// PendingSnapshots are the IDs of the snapshots asked of it and not
+	// yet taken, sorted.
+	PendingSnapshots []string `json:"pendingSnapshots,omitempty"`
 	// ExpandBytes is the size NodeExpandVolume asked for; 0 if none.
 	ExpandBytes int64 `json:"expandBytes,omitempty"`
 	// FromSnapshot is the snapshot it was restored from, if any.
@@ -132,7 +136,9 @@ func ctx(t *testing.T) context.Context {
 // a pool "fast": a thick volume staged and published with a file
 // written; a thin one only created; a thick raw block volume staged,
 // published twice and grown; a thin one in pool fast staged; a snapshot
-// of the first and of the raw one, and a volume restored from the first. It copies the store after
+// of the first and of the raw one, a volume restored from the first, and
+// a snapshot of the first asked for while someone else holds its
+// filesystem frozen, so that its intent is in the store. It copies the store after
 // a SIGKILL (the log not yet checkpointed into bbolt) and again after a
 // restart and a SIGTERM (checkpointed), writes the manifest of what it
 // asked for, and tears everything down.
@@ -206,8 +212,17 @@ func TestWriteStoreFixtures(t *testing.T) {
 	restored := create("restored", "", "thick", mountRWO,
 		&csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: m.Snapshots[0].ID}}})
 	restored.FromSnapshot = m.Snapshots[0].ID
-	// The snapshot's data was formatted by the plugin; the restored
-	// volume's record says so only once it is staged.
+	// A snapshot asked for and not yet taken is an intent in its
+	// volume's record until it is taken; someone else's freeze of the
+	// volume's filesystem holds it there (the plugin waits for the thaw).
+	freeze(t, thick.Stage.Path)
+	short, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_, err = c.CreateSnapshot(short, &csi.CreateSnapshotRequest{Name: "snap-pending", SourceVolumeId: thick.ID})
+	cancel()
+	if err == nil {
+		t.Fatal("a snapshot of a filesystem frozen by someone else was taken")
+	}
+	thick.PendingSnapshots = []string{"snap-pending_" + testenv.NodeID}
 	for _, v := range []*Volume{inFast, raw, restored, thick, thin} {
 		m.Volumes = append(m.Volumes, *v)
 	}
@@ -219,6 +234,7 @@ func TestWriteStoreFixtures(t *testing.T) {
 	p.Stop()
 	m.States = append(m.States, State{Dir: "stopped", How: "restart, then SIGTERM: the log checkpointed into bbolt at Close", Replays: false})
 	saveStore(t, p.StateDir, filepath.Join(out, "stopped"))
+	thaw(t, thick.Stage.Path)
 	b, err := json.MarshalIndent(m, "", "  ")
 	must(t, "manifest", err)
 	must(t, "manifest", os.WriteFile(filepath.Join(out, "manifest.json"), append(b, '\n'), 0o644))
@@ -226,6 +242,10 @@ func TestWriteStoreFixtures(t *testing.T) {
 	// Tear everything down, as the kubelet and the provisioner would.
 	p.Start()
 	c, n = p.Controller(), p.Node()
+	pending, err := c.CreateSnapshot(ctx(t), &csi.CreateSnapshotRequest{Name: "snap-pending", SourceVolumeId: thick.ID})
+	must(t, "the pending snapshot after the thaw", err)
+	_, err = c.DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: pending.GetSnapshot().GetSnapshotId()})
+	must(t, "delete the pending snapshot", err)
 	for _, v := range m.Volumes {
 		for _, target := range v.Targets {
 			_, err := n.NodeUnpublishVolume(ctx(t), &csi.NodeUnpublishVolumeRequest{VolumeId: v.ID, TargetPath: target})
@@ -283,5 +303,23 @@ func saveStore(t *testing.T, stateDir, dir string) {
 		must(t, "gzip", err)
 		must(t, "gzip", w.Close())
 		must(t, "writing the fixture", os.WriteFile(filepath.Join(dir, name+".gz"), b.Bytes(), 0o644))
+	}
+}
+
+// freeze freezes the filesystem mounted at path, as someone else than
+// the plugin would, until thaw or the end of the test.
+func freeze(t *testing.T, path string) {
+	t.Helper()
+	if out, err := exec.Command("fsfreeze", "--freeze", path).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze --freeze %s: %v: %s", path, err, out)
+	}
+	t.Cleanup(func() { exec.Command("fsfreeze", "--unfreeze", path).Run() })
+}
+
+// thaw thaws the filesystem at path that freeze froze.
+func thaw(t *testing.T, path string) {
+	t.Helper()
+	if out, err := exec.Command("fsfreeze", "--unfreeze", path).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze --unfreeze %s: %v: %s", path, err, out)
 	}
 }
