@@ -27,7 +27,7 @@ COPY --chown=builder cmd ./cmd
 COPY --chown=builder pkg ./pkg
 # Declared after the module download, which is the same for every target.
 ARG TARGETOS TARGETARCH
-ARG VERSION=v0.1.0
+ARG VERSION=v0.2.0-dev
 RUN GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/csi-node ./cmd/csi-node
 RUN GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /home/builder/converge-controller ./cmd/converge-controller
 
@@ -37,7 +37,7 @@ RUN GOOS=${TARGETOS} GOARCH=${TARGETARCH} CGO_ENABLED=0 go build -trimpath -ldfl
 # the code. Its base is the target platform's, and its RUN runs as that
 # platform (under QEMU when it is not the builder's).
 FROM debian:bookworm-slim
-ARG VERSION=v0.1.0
+ARG VERSION=v0.2.0-dev
 LABEL org.opencontainers.image.title="converge csi-node" \
       org.opencontainers.image.description="CSI node plugin with a kubelet-style reconciler: loop-device volumes, node-local" \
       org.opencontainers.image.source="https://github.com/converge-csi/converge" \

@@ -63,7 +63,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("creating %s: %w", cfg.StateDir, err)
 	}
-	store, err := state.Open(filepath.Join(cfg.StateDir, "state.db"))
+	store, err := state.OpenWith(filepath.Join(cfg.StateDir, "state.db"), state.Options{Release: cfg.Version})
 	if err != nil {
 		return err
 	}

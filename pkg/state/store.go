@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -41,10 +42,27 @@ var (
 	keySchema     = []byte("schema")
 	// keyLogSeq holds the number of the last log record bbolt holds.
 	keyLogSeq = []byte("log-seq")
+	// keyWriter holds the release of the binary that last opened the
+	// store (Options.Release), which a binary refusing the store's schema
+	// names. Releases before v0.2.0 ignore it and do not write it.
+	keyWriter = []byte("writer")
 )
 
 // ErrLocked is returned by Open when another process holds the store.
 var ErrLocked = errors.New("state store is locked by another process")
+
+// ErrNewerSchema is returned by Open for a store written with a schema
+// newer than this binary reads: a rollback past a change of the store's
+// format. The store is left as it was.
+var ErrNewerSchema = errors.New("state store was written by a newer converge")
+
+// Options are how a binary opens its store.
+type Options struct {
+	// Release is the running binary's release (e.g. v0.2.0), recorded in
+	// the store and named by an older binary that refuses it. Empty: the
+	// store keeps the one recorded before.
+	Release string
+}
 
 // Store is the durable desired state: one record per volume, kept in a bbolt
 // file and mirrored in memory. Every Update is durable before it returns, so
@@ -113,10 +131,14 @@ type Result struct {
 // Open opens (creating if needed) the store at path and its log at
 // path-wal, and replays the log. The parent directory is created with mode
 // 0700. It fails with ErrLocked when another live process holds the store,
-// and refuses a store written with another schema.
-func Open(path string) (*Store, error) { return open(path, DefaultLogSize) }
+// and refuses a store written with another schema (ErrNewerSchema for a
+// newer one) without changing it.
+func Open(path string) (*Store, error) { return OpenWith(path, Options{}) }
 
-func open(path string, logSize int64) (*Store, error) {
+// OpenWith is Open that records the running binary's release (see Options).
+func OpenWith(path string, o Options) (*Store, error) { return open(path, DefaultLogSize, o) }
+
+func open(path string, logSize int64, o Options) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("creating state directory: %w", err)
 	}
@@ -128,7 +150,7 @@ func open(path string, logSize int64) (*Store, error) {
 		return nil, fmt.Errorf("opening state store %s: %w", path, err)
 	}
 	s := &Store{db: db, volumes: map[string]*Volume{}, reports: newReports(), clock: clock.RealClock{}}
-	logSeq, err := s.load()
+	logSeq, err := s.load(path, o.Release)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -194,18 +216,24 @@ func (s *Store) commit(values map[string][]byte, seq uint64) error {
 }
 
 // load reads the records bbolt holds, and the number of the last log
-// record among them.
-func (s *Store) load() (logSeq uint64, err error) {
+// record among them, after checking the schema of the store at path; it
+// records release as the store's writer.
+func (s *Store) load(path, release string) (logSeq uint64, err error) {
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
 		}
 		if v := meta.Get(keySchema); v != nil && string(v) != SchemaVersion && string(v) != schemaLogged {
-			return fmt.Errorf("state store has schema %q, this binary reads %q and %q", v, SchemaVersion, schemaLogged)
+			return schemaError(path, string(v), string(meta.Get(keyWriter)), release)
 		}
 		if err := meta.Put(keySchema, []byte(schemaLogged)); err != nil {
 			return err
+		}
+		if release != "" {
+			if err := meta.Put(keyWriter, []byte(release)); err != nil {
+				return err
+			}
 		}
 		if raw := meta.Get(keyLogSeq); len(raw) == 8 {
 			logSeq = binary.BigEndian.Uint64(raw)
@@ -224,6 +252,28 @@ func (s *Store) load() (logSeq uint64, err error) {
 		})
 	})
 	return logSeq, err
+}
+
+// schemaError is the refusal of a store at path whose schema this binary
+// (of release self) does not read, written last by writer: it says what
+// the operator can do. A binary never changes such a store, so running the
+// release that wrote it again finds it as it was.
+func schemaError(path, schema, writer, self string) error {
+	if self == "" {
+		self = "this release"
+	}
+	if n, err := strconv.Atoi(schema); err == nil && n > 2 {
+		by, run := "a release newer than this one", "the release that wrote it"
+		if writer != "" {
+			by, run = "converge "+writer, writer
+		}
+		return fmt.Errorf("%w: %s has schema %s, written by %s; converge %s reads schemas %s and %s only, "+
+			"so it was rolled back past a change of the store's format. Nothing was changed: run %s or a later release on this node "+
+			"(docs/releasing.md, \"Rolling back\", says which releases read which schema)",
+			ErrNewerSchema, path, schema, by, self, SchemaVersion, schemaLogged, run)
+	}
+	return fmt.Errorf("%s has schema %q, which no converge release wrote (converge %s reads schemas %s and %s): "+
+		"it is not a converge state store, or it is damaged; nothing was changed", path, schema, self, SchemaVersion, schemaLogged)
 }
 
 // Close commits the log to bbolt (when it cannot, the log keeps the

@@ -17,7 +17,7 @@ func BenchmarkUpdate(b *testing.B) {
 	for i, size := range []int64{0, DefaultLogSize} {
 		name := map[int64]string{0: "bbolt", DefaultLogSize: "log"}[size]
 		b.Run(name, func(b *testing.B) {
-			s, err := open(filepath.Join(b.TempDir(), "state.db"), size)
+			s, err := open(filepath.Join(b.TempDir(), "state.db"), size, Options{})
 			if err != nil {
 				b.Fatal(err)
 			}

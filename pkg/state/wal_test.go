@@ -16,7 +16,7 @@ import (
 // openSized opens a store whose log holds size bytes.
 func openSized(t *testing.T, path string, size int64) *Store {
 	t.Helper()
-	s, err := open(path, size)
+	s, err := open(path, size, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestLogMissingRecordsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s, err := open(path, 1024); err == nil || !strings.Contains(err.Error(), "missing records") {
+	if s, err := open(path, 1024, Options{}); err == nil || !strings.Contains(err.Error(), "missing records") {
 		if err == nil {
 			s.Close()
 		}
