@@ -123,6 +123,8 @@ func (im *Images) Grow(id string, size int64, thick bool) (int64, error) {
 	if err := f.Sync(); err != nil {
 		return 0, fmt.Errorf("growing image of %s: %w", id, err)
 	}
+	// The image is grown; the device and the filesystem are not.
+	// gofail: var devicesImageAfterGrow struct{}
 	return size, nil
 }
 
@@ -179,7 +181,9 @@ func (im *Images) Create(id string, size int64, thick bool) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
+	// A crash here leaves a temporary file that the next start removes.
 	// RENAME_NOREPLACE keeps a concurrent creator's image intact.
+	// gofail: var devicesImageBeforeRename struct{}
 	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, im.Path(id), unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EEXIST) {
 		return im.Create(id, size, thick)
@@ -187,6 +191,7 @@ func (im *Images) Create(id string, size int64, thick bool) error {
 	if err != nil {
 		return fmt.Errorf("publishing image: %w", err)
 	}
+	// gofail: var devicesImageAfterRename struct{}
 	return syncDir(im.Dir)
 }
 
@@ -335,6 +340,7 @@ func removeSynced(path string) error {
 	if err != nil {
 		return err
 	}
+	// gofail: var devicesFileAfterRemove struct{}
 	return syncDir(filepath.Dir(path))
 }
 
