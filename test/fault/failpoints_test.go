@@ -308,6 +308,16 @@ func (w *walker) trial(i int, name string, step walkStep) {
 			t.Fatalf("%s: %s holds %d mounts, want at most one", name, path, n)
 		}
 	}
+	image := filepath.Join(p.DataDir, v.id+".img")
+	loops := 0
+	for _, l := range testenv.Leftovers(p.Dir, p.DataDir) {
+		if strings.HasPrefix(l, "loop ") && strings.HasSuffix(l, " -> "+image) {
+			loops++
+		}
+	}
+	if want := map[bool]int{true: 1, false: 0}[v.want >= staged]; loops != want {
+		t.Fatalf("%s: %d loop devices on the image of %s at level %d, want %d", name, loops, v.id, v.want, want)
+	}
 	if uuid != "" && v.want >= staged {
 		if got := w.fsUUID(v); got != uuid {
 			t.Fatalf("%s: the filesystem of %s was %s before the crash and is %q after: formatted twice", name, v.id, uuid, got)
