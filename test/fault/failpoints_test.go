@@ -258,10 +258,16 @@ func (w *walker) trial(i int, name string, step walkStep) {
 	}
 	v.want = step.from
 	w.e.replay(v)
-	if step.from == published {
-		v.files["before"] = "written before the crash at " + name
-		if err := writeSynced(filepath.Join(v.target, "before"), v.files["before"]); err != nil {
+	// Data written and synced before the crash, in the filesystem of a
+	// staged volume (a publish is a view of the same filesystem).
+	before := ""
+	if step.from >= staged && !v.block {
+		before = "written before the crash at " + name
+		if err := writeSynced(filepath.Join(v.staging, "before"), before); err != nil {
 			t.Fatal(err)
+		}
+		if step.from == published {
+			v.files["before"] = before
 		}
 	}
 	armed := name
@@ -321,6 +327,16 @@ func (w *walker) trial(i int, name string, step walkStep) {
 	if uuid != "" && v.want >= staged {
 		if got := w.fsUUID(v); got != uuid {
 			t.Fatalf("%s: the filesystem of %s was %s before the crash and is %q after: formatted twice", name, v.id, uuid, got)
+		}
+	}
+	if before != "" && v.want >= created {
+		if v.want == created {
+			// Unstaged: the data is in the image; a new stage shows it.
+			v.want = staged
+			w.e.replay(v)
+		}
+		if b, err := os.ReadFile(filepath.Join(v.staging, "before")); err != nil || string(b) != before {
+			t.Fatalf("%s: %s read %q, %v after the crash; want %q (data lost)", name, v.id, b, err, before)
 		}
 	}
 
