@@ -138,8 +138,9 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 		return fmt.Errorf("syncing the copy of %s: %w", src, err)
 	}
 	// A crash here leaves a temporary copy that the next start removes.
-	// renameat2(RENAME_NOREPLACE): never over an existing dst.
 	// gofail: var devicesCopyBeforeRename struct{}
+
+	// renameat2(RENAME_NOREPLACE): never over an existing dst.
 	if err := unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("%s: %w", dst, os.ErrExist)
@@ -147,6 +148,7 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 		return fmt.Errorf("renaming the copy of %s to %s: %w", src, dst, err)
 	}
 	done = true
+	// The copy is in place, its name not yet synced.
 	// gofail: var devicesCopyAfterRename struct{}
 	return syncDir(filepath.Dir(dst))
 }

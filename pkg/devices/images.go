@@ -182,8 +182,9 @@ func (im *Images) Create(id string, size int64, thick bool) error {
 		return err
 	}
 	// A crash here leaves a temporary file that the next start removes.
-	// RENAME_NOREPLACE keeps a concurrent creator's image intact.
 	// gofail: var devicesImageBeforeRename struct{}
+
+	// RENAME_NOREPLACE keeps a concurrent creator's image intact.
 	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, im.Path(id), unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EEXIST) {
 		return im.Create(id, size, thick)
@@ -191,6 +192,7 @@ func (im *Images) Create(id string, size int64, thick bool) error {
 	if err != nil {
 		return fmt.Errorf("publishing image: %w", err)
 	}
+	// The image is in place, its name not yet synced.
 	// gofail: var devicesImageAfterRename struct{}
 	return syncDir(im.Dir)
 }
@@ -340,6 +342,7 @@ func removeSynced(path string) error {
 	if err != nil {
 		return err
 	}
+	// The file is gone, its removal not yet synced.
 	// gofail: var devicesFileAfterRemove struct{}
 	return syncDir(filepath.Dir(path))
 }
