@@ -133,6 +133,25 @@ func TestFailpointTable(t *testing.T) {
 	if len(names) == 0 {
 		t.Error("the source holds no failpoint")
 	}
+	// The operators' table in docs/testing.md lists the same ones.
+	doc, err := os.ReadFile(filepath.Join(testenv.Root(), "docs", "testing.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `(\\w+)` \\|").FindAllSubmatch(doc, -1) {
+		documented = append(documented, string(m[1]))
+	}
+	for _, name := range names {
+		if !slices.Contains(documented, name) {
+			t.Errorf("failpoint %s has no row in the table of docs/testing.md#failpoints", name)
+		}
+	}
+	for _, name := range documented {
+		if !slices.Contains(names, name) {
+			t.Errorf("docs/testing.md#failpoints lists %s, which no source file holds", name)
+		}
+	}
 }
 
 // TestShippedBinaryHasNoFailpoints checks that the binary make builds holds
