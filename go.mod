@@ -8,6 +8,7 @@ require (
 	github.com/kubernetes-csi/csi-test/v5 v5.6.0
 	github.com/prometheus/client_golang v1.25.0
 	go.etcd.io/bbolt v1.5.0
+	go.etcd.io/gofail v0.2.0
 	go.uber.org/goleak v1.3.0
 	golang.org/x/net v0.60.0
 	golang.org/x/sys v0.49.0

@@ -223,6 +223,8 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 		if err := p.record(r.id, r.name, r.prov, r.access); err != nil {
 			return err
 		}
+		// Recorded, with neither an image nor a copy under way.
+		// gofail: var controllerCreateAfterRecord struct{}
 		if src != nil {
 			job = p.startRestore(r.id, r.name, src.from, src.snap, r.size, r.prov, src.handOver())
 			return nil
@@ -230,6 +232,8 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 		if err := p.makeImage(r.id, r.size, r.prov); err != nil {
 			return err
 		}
+		// Made, and not yet answered.
+		// gofail: var controllerCreateAfterImage struct{}
 		klog.V(2).InfoS("Created volume", "volumeID", r.id, "name", r.name, "pool", r.pool, "bytes", r.size, "provisioning", r.prov)
 		resp = c.created(r, r.size)
 		return nil

@@ -185,6 +185,8 @@ func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCReq
 		if !req.Delete {
 			return nil
 		}
+		// Judged an orphan, and not yet deleted.
+		// gofail: var controllerGCBeforeDelete struct{}
 		if err := c.deleteWithin(p, id); err != nil {
 			return err
 		}

@@ -157,6 +157,9 @@ func (p promise) startRestore(id, name string, from *devices.Snapshots, snap dev
 	copy := func() error { return s.restoreImage(s.copies, id, from, snap, size, prov == state.ProvisionThick) }
 	s.restores.run(r, copy, func(err error) {
 		defer release()
+		// The copy has ended (whole, or absent when err) and is still
+		// registered.
+		// gofail: var controllerRestoreAfterCopy struct{}
 		s.within(func(p promise) error {
 			s.restores.remove(id)
 			if err != nil {

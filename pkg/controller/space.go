@@ -339,6 +339,8 @@ func (p promise) remove(id string) error {
 	if err := s.images.Delete(id); err != nil {
 		return state.Errorf(state.KindInternal, "deleting image of %s: %w", id, err)
 	}
+	// The image is gone; the record still says the removal started.
+	// gofail: var controllerDeleteAfterImage struct{}
 	if _, err := s.store.Update(id, func(v *state.Volume) error { v.FinishRemoval(); return nil }); err != nil {
 		return err
 	}

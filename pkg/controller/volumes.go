@@ -98,6 +98,8 @@ func (c *Controller) deleteWithin(p promise, id string) error {
 	if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
 		return err
 	}
+	// The record says the removal started; the image is still there.
+	// gofail: var controllerDeleteAfterMark struct{}
 	return p.remove(id)
 }
 

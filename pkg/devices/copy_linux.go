@@ -137,6 +137,9 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("syncing the copy of %s: %w", src, err)
 	}
+	// A crash here leaves a temporary copy that the next start removes.
+	// gofail: var devicesCopyBeforeRename struct{}
+
 	// renameat2(RENAME_NOREPLACE): never over an existing dst.
 	if err := unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
 		if errors.Is(err, unix.EEXIST) {
@@ -145,6 +148,8 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 		return fmt.Errorf("renaming the copy of %s to %s: %w", src, dst, err)
 	}
 	done = true
+	// The copy is in place, its name not yet synced.
+	// gofail: var devicesCopyAfterRename struct{}
 	return syncDir(filepath.Dir(dst))
 }
 

@@ -54,6 +54,9 @@ func (m *fsMounter) Mount(source, target, fstype string, options []string) error
 // directory target with options, through the mount API for ext4, xfs and
 // btrfs, and through its base otherwise.
 func (m *fsMounter) MountSensitive(source, target, fstype string, options, sensitive []string) error {
+	// mount-utils mounts here once its fsck, or its mkfs of a blank
+	// device, is done: the filesystem is made and not yet mounted.
+	// gofail: var devicesBeforeMountFilesystem struct{}
 	if !slices.Contains(syscallMounted, fstype) {
 		return m.Interface.MountSensitive(source, target, fstype, options, sensitive)
 	}

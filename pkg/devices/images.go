@@ -123,6 +123,8 @@ func (im *Images) Grow(id string, size int64, thick bool) (int64, error) {
 	if err := f.Sync(); err != nil {
 		return 0, fmt.Errorf("growing image of %s: %w", id, err)
 	}
+	// The image is grown; the device and the filesystem are not.
+	// gofail: var devicesImageAfterGrow struct{}
 	return size, nil
 }
 
@@ -179,6 +181,9 @@ func (im *Images) Create(id string, size int64, thick bool) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
+	// A crash here leaves a temporary file that the next start removes.
+	// gofail: var devicesImageBeforeRename struct{}
+
 	// RENAME_NOREPLACE keeps a concurrent creator's image intact.
 	err = unix.Renameat2(unix.AT_FDCWD, tmp.Name(), unix.AT_FDCWD, im.Path(id), unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EEXIST) {
@@ -187,6 +192,8 @@ func (im *Images) Create(id string, size int64, thick bool) error {
 	if err != nil {
 		return fmt.Errorf("publishing image: %w", err)
 	}
+	// The image is in place, its name not yet synced.
+	// gofail: var devicesImageAfterRename struct{}
 	return syncDir(im.Dir)
 }
 
@@ -335,6 +342,8 @@ func removeSynced(path string) error {
 	if err != nil {
 		return err
 	}
+	// The file is gone, its removal not yet synced.
+	// gofail: var devicesFileAfterRemove struct{}
 	return syncDir(filepath.Dir(path))
 }
 

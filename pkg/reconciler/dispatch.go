@@ -20,7 +20,15 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 	// what was lost.
 	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
 	begin := r.cfg.Clock.Now()
-	op := func() outcome { return outcomeOf(act, spec.run(ctx, r, v, a, act), repairing) }
+	// Every action runs here, between two failpoints: a crash before it
+	// leaves what the last pass saw, one after it leaves its work done and
+	// neither recorded nor answered (see docs/testing.md).
+	op := func() outcome {
+		// gofail: var reconcilerBeforeAction struct{}
+		err := spec.run(ctx, r, v, a, act)
+		// gofail: var reconcilerAfterAction struct{}
+		return outcomeOf(act, err, repairing)
+	}
 	r.exec.start(ctx, v.ID, act, op, func(out outcome, f *failure) {
 		if out.err == nil && (repairing || spec.counted) {
 			r.cfg.Recorder.Repaired(spec.name)

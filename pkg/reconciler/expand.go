@@ -33,6 +33,8 @@ func (r *Reconciler) growFsOffline(ctx context.Context, v *state.Volume, a *actu
 	if err := r.cfg.Filesystems.Unmount(v.Stage.Path); err != nil {
 		return fmt.Errorf("unmounting %s to grow its filesystem: %w", v.Stage.Path, err)
 	}
+	// Unmounted for the growth; the stage's record still says mounted.
+	// gofail: var reconcilerExpandAfterUnmount struct{}
 	unmounted := *a
 	unmounted.staged, unmounted.stagingMount = false, nil
 	if err := r.stage(ctx, v, &unmounted); err != nil {
@@ -50,7 +52,12 @@ func (r *Reconciler) growFsOffline(ctx context.Context, v *state.Volume, a *actu
 
 // growDevice makes the loop device take its image's size.
 func (r *Reconciler) growDevice(a *actual) error {
-	return r.cfg.Loops.Grow(a.loop.Device)
+	if err := r.cfg.Loops.Grow(a.loop.Device); err != nil {
+		return err
+	}
+	// The device is grown; the filesystem is not.
+	// gofail: var reconcilerExpandAfterGrowDevice struct{}
+	return nil
 }
 
 // growFs grows the staged filesystem online to fill the device and records
@@ -60,6 +67,8 @@ func (r *Reconciler) growFs(ctx context.Context, v *state.Volume, a *actual) err
 	if err := r.cfg.Filesystems.Resize(ctx, a.loop.Device, v.Stage.Path); err != nil {
 		return deviceError(err, "growing volume %s", v.ID)
 	}
+	// The filesystem is grown; the size it fills is not recorded.
+	// gofail: var reconcilerExpandAfterGrowFs struct{}
 	size := a.loop.Size
 	_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
 		cur.FsSize = max(cur.FsSize, size)

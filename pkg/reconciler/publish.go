@@ -31,6 +31,8 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 			}
 			return deviceError(err, "bind mounting %s at %s", a.loop.Device, target)
 		}
+		// The device is bound at the target file, its mount ID not recorded.
+		// gofail: var reconcilerPublishAfterBindDevice struct{}
 		return r.recordMount(v.ID, action{kind: actRecordMount, target: target, mountID: id, generation: p.Generation})
 	}
 	if err := r.cfg.Paths.Mkdir(target); err != nil {
@@ -39,6 +41,8 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 		}
 		return fmt.Errorf("creating target: %w", err)
 	}
+	// The target directory is made; nothing is mounted on it.
+	// gofail: var reconcilerPublishAfterMkdir struct{}
 	opts := slices.Clone(p.MountFlags)
 	if p.ReadOnly {
 		opts = append(opts, "ro")
@@ -47,6 +51,9 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 	if err != nil {
 		return deviceError(err, "bind mounting %s at %s", v.Stage.Path, target)
 	}
+	// Mounted, and its mount ID not recorded.
+	// gofail: var reconcilerPublishAfterBind struct{}
+
 	// Recorded at once, wherever a rename may carry the mount meanwhile:
 	// it is the plugin's own only while the record says so.
 	return r.recordMount(v.ID, action{kind: actRecordMount, target: target, mountID: id, generation: p.Generation})
@@ -63,6 +70,8 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 			return fmt.Errorf("unmounting %s: %w", target, err)
 		}
 	}
+	// Unmounted; the target directory and the publish's record remain.
+	// gofail: var reconcilerUnpublishAfterUnmount struct{}
 	err := r.cfg.Paths.Remove(target)
 	switch {
 	case errors.Is(err, devices.ErrSymlink), errors.Is(err, devices.ErrOutsideRoots):
@@ -71,6 +80,8 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 	case err != nil:
 		return fmt.Errorf("removing target: %w", err)
 	}
+	// The target is gone; the publish's record remains.
+	// gofail: var reconcilerUnpublishAfterRemove struct{}
 	gen := v.Publishes[target].Generation
 	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
 		cur.ForgetPublish(target, gen)

@@ -65,9 +65,14 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 		if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = frozen; return nil }); err != nil {
 			return err
 		}
+		// Recorded as frozen, and not frozen yet.
+		// gofail: var reconcilerSnapshotBeforeFreeze struct{}
 		frozenAt := r.cfg.Clock.Now()
 		defer func() { r.cfg.Recorder.Frozen(r.cfg.Clock.Since(frozenAt)) }()
-		if err := r.cfg.Paths.Freeze(frozen); err != nil {
+		err := r.cfg.Paths.Freeze(frozen)
+		// Frozen (unless err), and recorded so: the next pass thaws it.
+		// gofail: var reconcilerSnapshotAfterFreeze struct{}
+		if err != nil {
 			if errors.Is(err, devices.ErrFrozen) {
 				// Someone else's freeze: not ours to thaw, nor to copy
 				// under; wait for it to end.
@@ -81,11 +86,15 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	}
 	of := devices.SnapshotOf{Source: v.ID, FsType: v.Formatted, Access: string(v.WrittenAs())}
 	_, err := r.cfg.Snapshots.Take(ctx, state.PoolOf(v), act.target, image, of, r.cfg.Clock.Now())
+	// The snapshot is taken (unless err) and the volume still frozen.
+	// gofail: var reconcilerSnapshotAfterCopy struct{}
 	if frozen != "" {
 		if terr := r.cfg.Paths.Thaw(frozen); terr != nil {
 			// The record keeps v.Frozen: the next pass thaws it.
 			return errors.Join(err, fmt.Errorf("thawing %s: %w", frozen, terr))
 		}
+		// Thawed, and still recorded as frozen.
+		// gofail: var reconcilerSnapshotAfterThaw struct{}
 		if cerr := r.clearFrozen(v.ID, frozen); cerr != nil {
 			return errors.Join(err, cerr)
 		}
@@ -100,6 +109,8 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	case err != nil:
 		return fmt.Errorf("taking snapshot %s: %w", act.target, err)
 	}
+	// Taken and thawed; the snapshot's intent is not yet forgotten.
+	// gofail: var reconcilerSnapshotAfterTake struct{}
 	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
 		cur.ForgetSnapshot(act.target, act.generation)
 		return nil
@@ -115,6 +126,8 @@ func (r *Reconciler) thaw(v *state.Volume, a *actual, path string) error {
 			return fmt.Errorf("thawing %s: %w", path, err)
 		}
 	}
+	// The repair has thawed it; the record still says frozen.
+	// gofail: var reconcilerThawAfterThaw struct{}
 	return r.clearFrozen(v.ID, path)
 }
 

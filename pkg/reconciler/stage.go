@@ -37,6 +37,8 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 		// A raw block volume is attached, never formatted nor mounted.
 		return err
 	}
+	// The image is attached and not yet probed nor formatted.
+	// gofail: var reconcilerStageAfterAttach struct{}
 	want := fsTypeOf(st)
 	probe, err := r.filesystemOn(ctx, v, dev, want, blank, !a.static)
 	if err != nil {
@@ -54,6 +56,8 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 			grown = devSize
 		}
 	}
+	// Grown (when it was to be), and not mounted.
+	// gofail: var reconcilerStageAfterGrow struct{}
 	id, err := r.cfg.Filesystems.FormatAndMount(ctx, probe, st.Path, want, stageOptions(st, want, v.Thin()), st.MkfsOptions)
 	if err != nil {
 		return deviceError(err, "mounting %s at %s", dev, st.Path)
@@ -62,6 +66,8 @@ func (r *Reconciler) stage(ctx context.Context, v *state.Volume, a *actual) erro
 		// Formatted just now: the filesystem fills the device.
 		grown = devSize
 	}
+	// Mounted, and neither its provenance nor its mount ID recorded.
+	// gofail: var reconcilerStageAfterMount struct{}
 	return r.recordFormatted(v.ID, want, grown, id, st.Generation)
 }
 

@@ -38,6 +38,8 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 		if err := r.cfg.Filesystems.Unmount(st.Path); err != nil {
 			return fmt.Errorf("unmounting staging path %s: %w", st.Path, err)
 		}
+		// Unmounted; the device is still attached.
+		// gofail: var reconcilerUnstageAfterUnmount struct{}
 		if a.deviceMounts != 1 {
 			return nil
 		}
@@ -51,6 +53,8 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 			return nil
 		}
 	}
+	// Detached; the stage's record remains.
+	// gofail: var reconcilerUnstageAfterDetach struct{}
 	gen := st.Generation
 	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
 		cur.ForgetStage(gen)

@@ -392,6 +392,8 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 		return nil, nil, fmt.Errorf("writing record %s: %w", id, err)
 	}
 
+	// The record is in the log file, not yet synced nor in memory.
+	// gofail: var stateLogAfterWrite struct{}
 	s.mu.Lock()
 	if cur.Empty() {
 		delete(s.volumes, id)

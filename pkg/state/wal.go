@@ -257,6 +257,8 @@ func (l *writeLog) append(id string, value []byte) (uint64, error) {
 		raise(&l.synced, seq)
 		return seq, nil
 	}
+	// A crash here loses the record: its request was never answered.
+	// gofail: var stateLogBeforeWrite struct{}
 	n, err := unix.Pwrite(l.fd, rec, l.off)
 	if err == nil && n < len(rec) {
 		// Out of room (a filesystem that allocates on overwrite).
@@ -295,6 +297,8 @@ func (l *writeLog) sync(seq uint64) error {
 		l.mu.Unlock()
 		return err
 	}
+	// A crash here keeps the record: its request may not have been answered.
+	// gofail: var stateLogAfterSync struct{}
 	raise(&l.synced, upto)
 	return nil
 }
@@ -304,9 +308,13 @@ func (l *writeLog) sync(seq uint64) error {
 // keeps them.
 func (l *writeLog) checkpointLocked() error {
 	if len(l.pending) > 0 {
+		// gofail: var stateCheckpointBeforeCommit struct{}
 		if err := l.checkpoint(l.pending, l.seq); err != nil {
 			return err
 		}
+		// A crash here leaves bbolt and the log holding the same records;
+		// the next Open skips those bbolt has by their numbers.
+		// gofail: var stateCheckpointAfterCommit struct{}
 		raise(&l.synced, l.seq)
 	}
 	l.pending = map[string][]byte{}

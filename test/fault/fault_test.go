@@ -66,6 +66,9 @@ type vol struct {
 	fsType string
 	// pool is the storage pool it is made in; "" for the default.
 	pool string
+	// block asks for a raw block volume: attached at the stage, its
+	// device bound at the target file.
+	block bool
 }
 
 // params are the parameters of v's CreateVolume.
@@ -81,6 +84,9 @@ const xfsSize = 300 << 20
 
 // capability is what v's requests ask for.
 func (v *vol) capability() *csi.VolumeCapability {
+	if v.block {
+		return &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}, AccessMode: rwo.GetAccessMode()}
+	}
 	if v.fsType == "" {
 		return rwo
 	}
@@ -237,7 +243,7 @@ func mounted(path string) bool {
 // check verifies v against the machine after a replay.
 func (e *env) check(trial int, v *vol) {
 	e.t.Helper()
-	if got, want := mounted(v.staging), v.want >= staged; got != want {
+	if got, want := mounted(v.staging), v.want >= staged && !v.block; got != want {
 		e.t.Fatalf("trial %d %s: staging mounted %v, want %v", trial, v.id, got, want)
 	}
 	if got, want := mounted(v.target), v.want == published; got != want {

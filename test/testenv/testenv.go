@@ -117,6 +117,10 @@ type Plugin struct {
 	Root string
 	// Args are extra flags.
 	Args []string
+	// Binary is the csi-node binary to run; "" runs Binary's.
+	Binary string
+	// Env is added to the environment the plugin runs in.
+	Env []string
 
 	t   testing.TB
 	cmd *exec.Cmd
@@ -173,6 +177,14 @@ func New(t testing.TB, args ...string) *Plugin {
 // Start runs the plugin and waits until Probe reports ready.
 func (p *Plugin) Start() {
 	p.t.Helper()
+	p.Launch()
+	p.WaitReady()
+}
+
+// Launch runs the plugin and connects to it, without waiting for it to be
+// ready (WaitReady does).
+func (p *Plugin) Launch() {
+	p.t.Helper()
 	log, err := os.OpenFile(filepath.Join(p.Dir, "plugin.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		p.t.Fatal(err)
@@ -185,7 +197,12 @@ func (p *Plugin) Start() {
 		"--allowed-path-prefix", p.Root,
 		"-v", "4",
 	}, p.Args...)
-	p.cmd = exec.Command(Binary(p.t), args...)
+	bin := p.Binary
+	if bin == "" {
+		bin = Binary(p.t)
+	}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), p.Env...)
 	p.cmd.Stdout, p.cmd.Stderr = log, log
 	p.log = log
 	if err := p.cmd.Start(); err != nil {
@@ -198,6 +215,12 @@ func (p *Plugin) Start() {
 	p.connMu.Lock()
 	p.conn = conn
 	p.connMu.Unlock()
+}
+
+// WaitReady waits until the launched plugin's Probe reports ready.
+func (p *Plugin) WaitReady() {
+	p.t.Helper()
+	conn := p.Conn()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -244,6 +267,14 @@ func (p *Plugin) Stop() { p.signal(syscall.SIGTERM) }
 
 // Kill sends SIGKILL and waits for the plugin to exit.
 func (p *Plugin) Kill() { p.signal(syscall.SIGKILL) }
+
+// Terminate sends SIGTERM and returns at once: the plugin shuts down while
+// the test watches (Kill or Stop waits for it).
+func (p *Plugin) Terminate() {
+	if p.cmd != nil {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+}
 
 func (p *Plugin) signal(sig syscall.Signal) {
 	// The connection is closed but kept: calls racing with the kill fail
