@@ -94,6 +94,14 @@ func releaseSource(ctx context.Context, repo string, r *convergeRelease) error {
 			"`git fetch origin tag %s` (or `git fetch --unshallow` in a shallow clone), then run again",
 			r.commit, r.tag, previousReleaseFile, repo, err, strings.TrimSpace(string(out)), r.tag)
 	}
+	// Only one previous release is named at a time: the caches of
+	// others (about 260 MB each, mostly the image) go.
+	others, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), "release-*"))
+	for _, o := range others {
+		if o != dir {
+			os.RemoveAll(o)
+		}
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
