@@ -277,6 +277,22 @@ func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in install
 				t.Errorf("after the refused rollback, the image of %s: %v", w.pod.Name, err)
 			}
 		}
+		// The refusing csi-node crashes in a loop, as may the sidecars
+		// that lose it, until the upgrade deletes its pod: restarts and
+		// warnings on purpose, a few more than seen so far.
+		for _, node := range c.nodes {
+			pod, err := node.driverPod(context.Background())
+			if err != nil || pod == nil {
+				t.Fatalf("the converge pod of %s: %v", node.node, err)
+			}
+			for _, s := range pod.Status.ContainerStatuses {
+				for range s.RestartCount + 3 {
+					intendRestart(pod, s.Name)
+				}
+			}
+			expectWarning(t, "BackOff", "Pod/"+daemonSetNamespace+"/"+pod.Name)
+			expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+pod.Name)
+		}
 		olds = driverPods(t)
 		if err := in.upgrade(); err != nil {
 			t.Fatalf("the upgrade after the refused rollback: %v", err)
