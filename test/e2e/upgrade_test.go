@@ -164,11 +164,12 @@ type writer struct {
 }
 
 // fsyncWriter starts a writer on a new claim called name of class and
-// size.
+// size, on the first node: its pool is on the machine's disk, and a second
+// node's (the two-node tests join one) is too small for the restore.
 func fsyncWriter(t *testing.T, name, class, size string) *writer {
 	t.Helper()
 	claimOf(t, name, fs, rwo, size, class)
-	pod := startPod(t, podSpec{name: name, claims: []string{name}, command: fsyncWriterCommand})
+	pod := startPod(t, podSpec{name: name, claims: []string{name}, command: fsyncWriterCommand, node: c.node})
 	w := &writer{pod: pod, v: boundVolume(t, name), claim: name}
 	w.mounts = w.v.mounts(t, pod)
 	poll(t, time.Minute, name+" writing", func() (bool, string) {
@@ -313,7 +314,9 @@ func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in install
 			t.Errorf("the new release's snapshot, restored by %s, holds %q in made-by, want %q", prev.tag, got, csiNodeImageTag)
 		}
 		release(t, boundVolume(t, p+"-restored-new"), p+"-restored-new", rpod.Name)
-		opod, ov := podWithVolume(t, p+"-old-again")
+		claim(t, p+"-old-again", fs, rwo)
+		opod := startPod(t, podSpec{name: p + "-old-again", claims: []string{p + "-old-again"}, node: c.node})
+		ov := boundVolume(t, p+"-old-again")
 		mustExec(t, opod.Name, "echo "+prev.tag+" > "+dataDir+"/made-by && sync")
 		volumeSnapshot(t, p+"-snap-old", p+"-old-again")
 		release(t, ov, p+"-old-again", opod.Name)
