@@ -39,7 +39,15 @@ const (
 // the other, the Dockerfile's entry point and labels, version
 // csiNodeImageTag.
 func (c *cluster) buildCSINodeImage(ctx context.Context) error {
-	d, err := dockerfile.Read(filepath.Join(c.repo, "Dockerfile"))
+	c.csiImage = filepath.Join(c.dir, "csi-node-image.tar")
+	return c.writeCSINodeImage(ctx, c.repo, csiNodeImageTag, c.dir, c.csiImage)
+}
+
+// writeCSINodeImage writes the csi-node image of the Dockerfile of the
+// source tree repo, version tag, as an OCI archive at out, named
+// csiNodeImageName:tag; its binaries are built into work.
+func (c *cluster) writeCSINodeImage(ctx context.Context, repo, tag, work, out string) error {
+	d, err := dockerfile.Read(filepath.Join(repo, "Dockerfile"))
 	if err != nil {
 		return err
 	}
@@ -50,8 +58,8 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	var files []layerFile
 	dirs := map[string]bool{}
 	for _, b := range d.Binaries {
-		bin := filepath.Join(c.dir, "image-"+filepath.Base(b.Pkg))
-		cmd, err := d.GoBuild(ctx, c.repo, dockerfile.Host(), csiNodeImageTag, b, bin)
+		bin := filepath.Join(work, "image-"+filepath.Base(b.Pkg))
+		cmd, err := d.GoBuild(ctx, repo, dockerfile.Host(), tag, b, bin)
 		if err != nil {
 			return err
 		}
@@ -77,12 +85,11 @@ func (c *cluster) buildCSINodeImage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	labels, err := d.ImageLabels(dockerfile.Host(), csiNodeImageTag)
+	labels, err := d.ImageLabels(dockerfile.Host(), tag)
 	if err != nil {
 		return err
 	}
-	c.csiImage = filepath.Join(c.dir, "csi-node-image.tar")
-	return writeOCIArchive(c.csiImage, csiNodeImageName+":"+csiNodeImageTag, [][]byte{rootLayer, binLayer},
+	return writeOCIArchive(out, csiNodeImageName+":"+tag, [][]byte{rootLayer, binLayer},
 		map[string]any{"Entrypoint": d.Entrypoint, "Env": []string{imagePath}, "Labels": labels})
 }
 

@@ -83,8 +83,14 @@ var installPoolsRoot = []struct{ path, value string }{
 // changes csi-node's arguments (deploy/'s first container, which the
 // patch checks by name), and top,
 // which names base, adds the snapshots component and sets the images, as
-// a user's overlay would.
+// a user's overlay would, csi-node's image the one built here.
 func installKustomizations(fromBase, fromTop string) (base, top string) {
+	return installKustomizationsOf(fromBase, fromTop, csiNodeImageTag)
+}
+
+// installKustomizationsOf is installKustomizations with csi-node's image
+// of tag (a previous release's, upgrade_test.go).
+func installKustomizationsOf(fromBase, fromTop, tag string) (base, top string) {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -117,7 +123,7 @@ images:
   - name: ghcr.io/converge-csi/csi-node
     newName: %s
     newTag: %s
-`, fromTop, csiNodeImageName, csiNodeImageTag)
+`, fromTop, csiNodeImageName, tag)
 	for _, s := range standin.Releases {
 		name, _, _ := strings.Cut(standInImage(s), ":")
 		fmt.Fprintf(&b, "  - name: %s\n    newName: %s\n", s.Image, name)
@@ -130,29 +136,36 @@ images:
 // installDriver applies the run's kustomizations of deploy/ and waits for
 // the first node's pod.
 func (c *cluster) installDriver(ctx context.Context) error {
-	dir := filepath.Join(c.dir, "install")
+	if err := c.applyDeploy(ctx, filepath.Join(c.dir, "install"), filepath.Join(c.repo, "deploy"), csiNodeImageTag); err != nil {
+		return err
+	}
+	return c.kubeNode.waitDriver(ctx)
+}
+
+// applyDeploy writes the run's kustomizations (installKustomizationsOf) of
+// the deploy/ directory deploy, with csi-node's image of tag, into dir
+// and applies them, without waiting for the pods.
+func (c *cluster) applyDeploy(ctx context.Context, dir, deploy, tag string) error {
 	if err := os.MkdirAll(filepath.Join(dir, "base"), 0o755); err != nil {
 		return err
 	}
-	fromBase, err := filepath.Rel(filepath.Join(dir, "base"), filepath.Join(c.repo, "deploy"))
+	fromBase, err := filepath.Rel(filepath.Join(dir, "base"), deploy)
 	if err != nil {
 		return err
 	}
-	fromTop, err := filepath.Rel(dir, filepath.Join(c.repo, "deploy"))
+	fromTop, err := filepath.Rel(dir, deploy)
 	if err != nil {
 		return err
 	}
-	base, top := installKustomizations(fromBase, fromTop)
+	base, top := installKustomizationsOf(fromBase, fromTop, tag)
 	if err := os.WriteFile(filepath.Join(dir, "base", "kustomization.yaml"), []byte(base), 0o644); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(top), 0o644); err != nil {
 		return err
 	}
-	if _, err := c.kubectl(ctx, "apply", "-k", dir); err != nil {
-		return err
-	}
-	return c.kubeNode.waitDriver(ctx)
+	_, err = c.kubectl(ctx, "apply", "-k", dir)
+	return err
 }
 
 // driverPod is the node's converge pod that is not being deleted, or nil.
