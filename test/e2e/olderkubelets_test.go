@@ -88,22 +88,22 @@ func TestOlderKubelets(t *testing.T) {
 	if len(older) == 0 {
 		t.Skipf("none of %v is older than the cluster's kubelet %s", olderKubelets, kubernetesVersion)
 	}
-	// btrfs grows online on this machine and fits the second node's small
-	// data directory (xfs needs 300 MiB; a mounted ext4 needs
-	// CAP_SYS_RESOURCE to grow).
-	class := storageClass(t, "converge-btrfs", map[string]string{"csi.storage.k8s.io/fstype": "btrfs"})
+	// xfs grows online on this machine (a mounted ext4 needs
+	// CAP_SYS_RESOURCE to grow), and needs 300 MiB. btrfs would be no
+	// smaller: its kernel refuses to resize one to less than 256 MiB.
+	class := xfsClass(t)
 	for _, version := range older {
 		t.Run(version, func(t *testing.T) { testOlderKubelet(t, version, class) })
 	}
 }
 
 // testOlderKubelet is TestOlderKubelets for kubelet version, volumes of
-// class.
+// class (xfs).
 func testOlderKubelet(t *testing.T, version, class string) {
 	n := olderKubeletNode(t, version)
 	minor, _ := minorOf(version)
 	name := "kubelet-" + strings.ReplaceAll(strings.TrimPrefix(minor, "v"), ".", "-")
-	const size, grown = "128Mi", "192Mi"
+	const size, grown = "320Mi", "384Mi"
 
 	t.Run("version", func(t *testing.T) {
 		node, err := c.client.CoreV1().Nodes().Get(context.Background(), n.node, metav1.GetOptions{})
@@ -138,8 +138,8 @@ func testOlderKubelet(t *testing.T, version, class string) {
 		if got := mustExec(t, pod.Name, "cat "+dataDir+"/f"); got != version {
 			t.Errorf("the pod read %q, want %q", got, version)
 		}
-		if got := mustExec(t, pod.Name, "stat -f -c %T "+dataDir); got != "btrfs" {
-			t.Errorf("the pod's volume is a %s, want btrfs", got)
+		if got := fsTypeAt(t, n, v.targetPath(pod)); got != "xfs" {
+			t.Errorf("the pod's volume is mounted as %q, want xfs", got)
 		}
 		calls := v.calls(t)
 		for _, m := range []string{"NodeStageVolume", "NodePublishVolume"} {
@@ -281,6 +281,23 @@ func testOlderKubeletHealth(t *testing.T, n *kubeNode, name string) {
 		return err == nil && got == "1", fmt.Sprintf("%q, %v", got, err)
 	})
 	release(t, v, name, pod.Name)
+}
+
+// fsTypeAt is the filesystem type of the mount at path on n, "" when
+// nothing is mounted there.
+func fsTypeAt(t *testing.T, n *kubeNode, path string) string {
+	t.Helper()
+	mounts, err := devices.ReadMounts(n.ns.mountinfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsType := ""
+	for _, m := range mounts {
+		if m.Path == path {
+			fsType = m.FsType // the last one is on top
+		}
+	}
+	return fsType
 }
 
 // volumeHealthMetric is the value of n's kubelet's

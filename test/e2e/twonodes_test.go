@@ -38,8 +38,10 @@ const (
 	// server reaches a kubelet at its node's host name (the first node's is
 	// the machine's).
 	secondNodeName = "localhost"
-	// secondDataDir is the size of the second node's data directory.
-	secondDataDir = 256 << 20
+	// secondDataDir is the size of the second node's data directory:
+	// below TestTwoNodesCapacitySteersScheduling's 512 MiB claim, and room
+	// for TestOlderKubelets' xfs grown to 384 MiB.
+	secondDataDir = 448 << 20
 )
 
 var (
