@@ -68,7 +68,10 @@ func olderKubeletNode(t *testing.T, version string) *kubeNode {
 		default:
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			start := time.Now()
-			olderNodes[version], olderErrs[version] = c.addNode(ctx, olderNodeNames[i], 0, version)
+			// A data directory of its own, as the second node's: on the
+			// first node's filesystem, a run here saw the volume's loop
+			// device set to detach from outside 4 s after its stage.
+			olderNodes[version], olderErrs[version] = c.addNode(ctx, olderNodeNames[i], secondDataDir, version)
 			cancel()
 			fmt.Printf("e2e: node %s (kubelet %s) joined in %.1fs\n", olderNodeNames[i], version, time.Since(start).Seconds())
 		}
