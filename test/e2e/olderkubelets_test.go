@@ -197,10 +197,18 @@ func testOlderKubelet(t *testing.T, version, class string) {
 		// Killed, the kubelet leaves no record of its volumes: the one that
 		// starts reconstructs them from the pods' directories and mounts.
 		n.kubelet.kill()
+		restarted := false
+		defer func() {
+			// Not left dead for the tests after this one when it fails.
+			if !restarted {
+				n.runKubelet()
+			}
+		}()
 		if now := v.mounts(t, pod); now != mounts {
 			t.Errorf("the kubelet's death changed the mounts: %s, now %s", mounts, now)
 		}
 		start := time.Now()
+		restarted = true
 		if err := n.runKubelet(); err != nil {
 			t.Fatalf("start the kubelet again: %v", err)
 		}
