@@ -40,6 +40,8 @@ type cluster struct {
 	repo string // converge's repository root
 	bin  string // directory of the Kubernetes binaries
 	logs string // directory of every daemon's log
+	// olderKubelets are the kubelets of olderKubeletsToRun, by version.
+	olderKubelets map[string]string
 
 	pki     *pki
 	admin   string // the admin kubeconfig
@@ -100,7 +102,7 @@ func (c *cluster) up(ctx context.Context) error {
 	}
 	// The first node keeps the run's directory as its own, as when the
 	// cluster had one node.
-	first, err := c.newNode(strings.ToLower(host), dir, c.logs, "kubelet", "")
+	first, err := c.newNode(strings.ToLower(host), dir, c.logs, "kubelet", "", kubernetesVersion)
 	if err != nil {
 		return err
 	}
@@ -125,6 +127,7 @@ func (c *cluster) up(ctx context.Context) error {
 		run  func(context.Context) error
 	}{
 		{"kubernetes binaries", c.kubeBinaries},
+		{"older kubelets", c.buildOlderKubelets},
 		{"csi-node image", c.buildCSINodeImage},
 		{"certificates", c.makePKI},
 		{"etcd", c.startEtcd},
@@ -156,19 +159,10 @@ func (c *cluster) up(ctx context.Context) error {
 // before with the same flags: a cold build takes minutes, a warm one
 // nothing.
 func (c *cluster) kubeBinaries(ctx context.Context) error {
-	// The version a release build stamps (hack/lib/version.sh): the
-	// kubelet reports it in its Node, the API server in /version.
-	var ldflags []string
-	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
-		major, minor, _ := strings.Cut(strings.TrimPrefix(kubernetesVersion, "v"), ".")
-		minor, _, _ = strings.Cut(minor, ".")
-		ldflags = append(ldflags, "-X "+pkg+".gitVersion="+kubernetesVersion, "-X "+pkg+".gitMajor="+major,
-			"-X "+pkg+".gitMinor="+minor, "-X "+pkg+".gitTreeState=clean")
-	}
 	// The tools of test/e2e/k8s/go.mod: the Kubernetes binaries, agnhost and
 	// the ginkgo runner.
 	var err error
-	c.bin, err = c.buildTools(ctx, "kubernetes-"+kubernetesVersion, "k8s", "kubernetes, agnhost, ginkgo", "-s -w "+strings.Join(ldflags, " "))
+	c.bin, err = c.buildTools(ctx, "kubernetes-"+kubernetesVersion, "k8s", "kubernetes, agnhost, ginkgo", "-s -w "+versionLDFlags(kubernetesVersion))
 	return err
 }
 

@@ -16,15 +16,16 @@ import (
 const cgroupRootPrefix = "converge-e2e-"
 
 // addNode joins a further node called name to the cluster: a kubelet of
-// its own (root directory, ports, identity, cgroup root, pod logs) in
+// release kubeletVersion (kubernetesVersion or one of olderKubeletsToRun)
+// of its own (root directory, ports, identity, cgroup root, pod logs) in
 // namespaces of its own, a containerd of its own, and a converge plugin
 // with its own state; its data directory is a filesystem of its own of
 // dataDirSize bytes when that is not 0. name must resolve to 127.0.0.1,
 // where its kubelet listens. On error the cluster's down takes down what
 // was started.
-func (c *cluster) addNode(ctx context.Context, name string, dataDirSize int64) (*kubeNode, error) {
+func (c *cluster) addNode(ctx context.Context, name string, dataDirSize int64, kubeletVersion string) (*kubeNode, error) {
 	dir := filepath.Join(c.dir, "nodes", name)
-	n, err := c.newNode(name, dir, filepath.Join(c.logs, name), "kubelet-"+name, "/"+cgroupRootPrefix+name)
+	n, err := c.newNode(name, dir, filepath.Join(c.logs, name), "kubelet-"+name, "/"+cgroupRootPrefix+name, kubeletVersion)
 	if err != nil {
 		return nil, err
 	}

@@ -39,6 +39,9 @@ type kubeNode struct {
 	identity   string // the kubelet's name in the cluster's PKI
 	cgroupRoot string // the kubelet's cgroupRoot; "" for the default
 	ports      map[string]int
+	// kubeletVersion is the release of the node's kubelet: the cluster's
+	// (kubernetesVersion) or one of olderKubelets.
+	kubeletVersion string
 
 	ns         *nodeNS // the node's mount, PID and network namespaces
 	links      *nodeLinks
@@ -49,12 +52,13 @@ type kubeNode struct {
 }
 
 // newNode makes the directories of a node called name under dir, its
-// kubelet known to the PKI as identity, and picks its ports.
-func (c *cluster) newNode(name, dir, logs, identity, cgroupRoot string) (*kubeNode, error) {
+// kubelet (of release kubeletVersion) known to the PKI as identity, and
+// picks its ports.
+func (c *cluster) newNode(name, dir, logs, identity, cgroupRoot, kubeletVersion string) (*kubeNode, error) {
 	if addrs, err := net.LookupHost(name); err != nil || !slices.Contains(addrs, "127.0.0.1") {
 		return nil, fmt.Errorf("node name %q must resolve to 127.0.0.1 (the apiserver reaches the kubelet by it), got %v %v", name, addrs, err)
 	}
-	n := &kubeNode{c: c, node: name, dir: dir, logs: logs, identity: identity, cgroupRoot: cgroupRoot,
+	n := &kubeNode{c: c, node: name, dir: dir, logs: logs, identity: identity, cgroupRoot: cgroupRoot, kubeletVersion: kubeletVersion,
 		kubeletDir: filepath.Join(dir, "kubelet"), stateDir: filepath.Join(dir, "converge"), poolsDir: filepath.Join(dir, "pools")}
 	n.dataDir = filepath.Join(n.stateDir, "volumes")
 	for _, d := range []string{logs, n.kubeletDir, filepath.Join(n.kubeletDir, "plugins_registry"), n.stateDir, n.poolsDir} {
@@ -278,7 +282,7 @@ volumeStatsAggPeriod: 10s
 	if err := n.runKubelet(); err != nil {
 		return err
 	}
-	return waitFor(ctx, 60*time.Second, n.kubelet, func() error {
+	if err := waitFor(ctx, 60*time.Second, n.kubelet, func() error {
 		obj, err := n.c.client.CoreV1().Nodes().Get(ctx, n.node, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -289,14 +293,28 @@ volumeStatsAggPeriod: 10s
 			}
 		}
 		return fmt.Errorf("node %s not Ready: %v", n.node, obj.Status.Conditions)
-	})
+	}); err != nil {
+		return err
+	}
+	// The binary run is the release asked for, as it tells the cluster.
+	obj, err := n.c.client.CoreV1().Nodes().Get(ctx, n.node, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if got := obj.Status.NodeInfo.KubeletVersion; got != n.kubeletVersion {
+		return fmt.Errorf("node %s reports kubelet %s, want %s", n.node, got, n.kubeletVersion)
+	}
+	return nil
 }
 
 // runKubelet starts the kubelet process with the configuration startKubelet
 // wrote; restartKubelet calls it again.
 func (n *kubeNode) runKubelet() error {
-	var err error
-	n.kubelet, err = n.ns.start(n.logs, "kubelet", filepath.Join(n.c.bin, "kubelet"),
+	bin, err := n.c.kubeletBinary(n.kubeletVersion)
+	if err != nil {
+		return err
+	}
+	n.kubelet, err = n.ns.start(n.logs, "kubelet", bin,
 		"--config="+filepath.Join(n.dir, "kubelet.yaml"),
 		"--kubeconfig="+n.c.pki.path(n.identity+".kubeconfig"),
 		"--root-dir="+nodeKubeletDir,

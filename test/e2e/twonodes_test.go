@@ -28,15 +28,20 @@ import (
 // of them runs) and use both. Each node has its own kubelet, containerd,
 // csi-node, data directory and provisioner; the resizer works on one node
 // for the whole cluster. The second node's data directory is a filesystem
-// of its own, too small for some claims.
+// of its own, too small for some claims. Its kubelet is the oldest of
+// olderKubelets (kubelets.go), as on a cluster whose nodes are upgraded one
+// by one: every two-node test passes with a v1.35 kubelet on it (none
+// needs what v1.35 lacks).
 
 const (
 	// secondNodeName must resolve to 127.0.0.1 on every machine: the API
 	// server reaches a kubelet at its node's host name (the first node's is
 	// the machine's).
 	secondNodeName = "localhost"
-	// secondDataDir is the size of the second node's data directory.
-	secondDataDir = 256 << 20
+	// secondDataDir is the size of the second node's data directory:
+	// below TestTwoNodesCapacitySteersScheduling's 512 MiB claim, and room
+	// for TestOlderKubelets' xfs grown to 384 MiB.
+	secondDataDir = 448 << 20
 )
 
 var (
@@ -57,9 +62,9 @@ func secondNode(t *testing.T) *kubeNode {
 		} else {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			start := time.Now()
-			second, secondErr = c.addNode(ctx, secondNodeName, secondDataDir)
+			second, secondErr = c.addNode(ctx, secondNodeName, secondDataDir, oldestKubelet())
 			cancel()
-			fmt.Printf("e2e: second node %s joined in %.1fs\n", secondNodeName, time.Since(start).Seconds())
+			fmt.Printf("e2e: second node %s (kubelet %s) joined in %.1fs\n", secondNodeName, oldestKubelet(), time.Since(start).Seconds())
 		}
 	}
 	if secondErr != nil {

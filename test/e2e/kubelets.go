@@ -1,0 +1,97 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// olderKubelets are the kubelet releases the suite runs beside its
+// cluster's own, oldest first: Kubernetes supports kubelets up to three
+// minors older than the API server, and a cluster upgrades its nodes one
+// by one, so converge's DaemonSet meets several kubelets at once. v1.35 is
+// the oldest the CSI sidecars of deploy/ support. A release here is built
+// from the module test/e2e/kubelets/v<major>.<minor>, which requires it;
+// one that is not older than kubernetesVersion is skipped (the cluster's
+// own kubelet is tested by everything else).
+var olderKubelets = []string{"v1.35.4", "v1.36.3"}
+
+// minorOf is version's major and minor ("v1.35" of "v1.35.4"), and the
+// minor alone as a number.
+func minorOf(version string) (string, int) {
+	major, rest, _ := strings.Cut(strings.TrimPrefix(version, "v"), ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	n, err := strconv.Atoi(minor)
+	if err != nil || major != "1" {
+		panic(fmt.Sprintf("a Kubernetes version of the suite is not v1.<minor>.<patch>: %q", version))
+	}
+	return "v" + major + "." + minor, n
+}
+
+// olderKubeletsToRun are the olderKubelets of a minor below the cluster's,
+// oldest first.
+func olderKubeletsToRun() []string {
+	_, cluster := minorOf(kubernetesVersion)
+	var older []string
+	for _, v := range olderKubelets {
+		if _, m := minorOf(v); m < cluster {
+			older = append(older, v)
+		}
+	}
+	return older
+}
+
+// versionLDFlags are the linker flags that stamp version into a Kubernetes
+// binary, as a release build does (hack/lib/version.sh): the kubelet
+// reports it in its Node's nodeInfo.kubeletVersion, the API server in
+// /version.
+func versionLDFlags(version string) string {
+	major, minor, _ := strings.Cut(strings.TrimPrefix(version, "v"), ".")
+	minor, _, _ = strings.Cut(minor, ".")
+	var flags []string
+	for _, pkg := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
+		flags = append(flags, "-X "+pkg+".gitVersion="+version, "-X "+pkg+".gitMajor="+major,
+			"-X "+pkg+".gitMinor="+minor, "-X "+pkg+".gitTreeState=clean")
+	}
+	return strings.Join(flags, " ")
+}
+
+// buildOlderKubelets builds the kubelet of each of olderKubeletsToRun into
+// the user's cache directory, keyed by version, or reuses the one built
+// there before with the same flags (buildTools); each is built alone, not
+// the rest of its release.
+func (c *cluster) buildOlderKubelets(ctx context.Context) error {
+	c.olderKubelets = map[string]string{}
+	for _, v := range olderKubeletsToRun() {
+		minor, _ := minorOf(v)
+		bin, err := c.buildTools(ctx, "kubelet-"+v, filepath.Join("kubelets", minor), "kubelet", "-s -w "+versionLDFlags(v))
+		if err != nil {
+			return fmt.Errorf("kubelet %s: %w", v, err)
+		}
+		c.olderKubelets[v] = filepath.Join(bin, "kubelet")
+	}
+	return nil
+}
+
+// kubeletBinary is the kubelet of version: the cluster's own, or one that
+// buildOlderKubelets built.
+func (c *cluster) kubeletBinary(version string) (string, error) {
+	if version == kubernetesVersion {
+		return filepath.Join(c.bin, "kubelet"), nil
+	}
+	if bin, ok := c.olderKubelets[version]; ok {
+		return bin, nil
+	}
+	return "", fmt.Errorf("no kubelet %s: the cluster runs %s and builds %v", version, kubernetesVersion, olderKubeletsToRun())
+}
+
+// oldestKubelet is the oldest kubelet of olderKubeletsToRun, or the
+// cluster's own when there is none.
+func oldestKubelet() string {
+	if older := olderKubeletsToRun(); len(older) > 0 {
+		return older[0]
+	}
+	return kubernetesVersion
+}
