@@ -283,6 +283,10 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 		// logs reach the kubelet.
 		"--kubelet-preferred-address-types=Hostname",
 		"--allow-privileged=true",
+		// Pods' status.volumeHealth, which the kubelet writes with the
+		// same alpha gate (node.go); without it the API server drops
+		// the field.
+		"--feature-gates=CSIVolumeHealth=true",
 	)
 	if err != nil {
 		return err
