@@ -424,7 +424,7 @@ func TestNoPullLeavesTheMachine(t *testing.T) {
 // their shell runs GNU dd (multiVolume writes with oflag=nocache) and has
 // let (volumeIO's loops count with it).
 func TestSuiteImages(t *testing.T) {
-	for i, image := range []string{"registry.k8s.io/e2e-test-images/busybox:1.37.0-1", "registry.k8s.io/e2e-test-images/agnhost:2.63.0"} {
+	for i, image := range []string{"registry.k8s.io/e2e-test-images/busybox:1.37.0-2", "registry.k8s.io/e2e-test-images/agnhost:2.66.1"} {
 		pod := startPod(t, podSpec{name: fmt.Sprintf("image-%d", i), image: image, podNetwork: true})
 		mustExec(t, pod.Name, "i=0; let i+=1; test $i = 1 && dd if=/dev/zero of=/tmp/f bs=512 count=1 oflag=nocache")
 		deletePod(t, pod.Name)
