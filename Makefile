@@ -34,7 +34,7 @@ test: deps vet
 	@$(MAKE) --no-print-directory fuzz
 	@$(MAKE) --no-print-directory e2e
 
-## e2e: a single-node cluster (kubelet, apiserver, controller-manager, scheduler v1.36.3, etcd, containerd)
+## e2e: a single-node cluster (kubelet, apiserver, controller-manager, scheduler v1.37.2, etcd, containerd)
 ## on 127.0.0.1 with csi-node as its CSI driver, and real pods on it; then the Kubernetes storage
 ## suite's External Storage tests that need neither serial execution nor a disruption (about 5
 ## minutes; STORAGE_SUITE= leaves them out). The first run builds Kubernetes (about 5 minutes) into
@@ -48,7 +48,7 @@ e2e:
 	cd test/e2e && $(GO) test -count=1 -v -timeout 75m . \
 		-args -storage-suite=$(STORAGE_SUITE) -storage-report=$(RUN_DIR)/storage-junit.xml
 
-## conformance: every applicable External Storage test of the Kubernetes v1.36.3 storage suite
+## conformance: every applicable External Storage test of the Kubernetes v1.37.2 storage suite
 ## (test/e2e/storage: converge.yaml says what converge claims, skip.txt what cannot run here or
 ## what converge does not support, and why), [Serial] and [Disruptive] ones included, on the e2e cluster; the JUnit report is
 ## $(RUN_DIR)/storage-junit.xml.

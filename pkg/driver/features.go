@@ -19,13 +19,17 @@ type Feature string
 const (
 	// VolumeHealth advertises the node capability GET_VOLUME_HEALTH (7) of
 	// CSI v1.13 and serves NodeGetVolumeHealth. Off, that RPC answers
-	// UNIMPLEMENTED. Peers: built on CSI v1.13 or later.
+	// UNIMPLEMENTED. What the Kubernetes v1.37 kubelet (built on a CSI
+	// v1.12.1 pre-release that has it) calls, with its CSIVolumeHealth gate
+	// on, to write a volume's health into the pod's status. Peers: every
+	// client of NodeGetCapabilities built on that pre-release or later.
 	VolumeHealth Feature = "VolumeHealth"
 	// VolumeCondition advertises the node capability VOLUME_CONDITION (4)
 	// of CSI v1.3 to v1.12, removed in v1.13, and answers NodeGetVolumeStats
 	// with the volume's condition (its field 2 of those versions): what
-	// today's kubelets read, with their CSIVolumeHealth gate on, to raise a
-	// VolumeConditionAbnormal event on the pod. Peers: every client that
+	// kubelets up to v1.36 read, with their CSIVolumeHealth gate on, to
+	// raise a VolumeConditionAbnormal event on the pod (v1.37 reads
+	// VolumeHealth instead and ignores it). Peers: every client that
 	// calls NodeGetCapabilities must be built on CSI v1.12 or older (the
 	// kubelet is; csi-sanity v5.6 is not).
 	VolumeCondition Feature = "VolumeCondition"

@@ -9,9 +9,10 @@ import (
 
 // The volume condition of CSI v1.3 to v1.12, which v1.13 (the version
 // converge is built on) removed: the node capability VOLUME_CONDITION and
-// NodeGetVolumeStatsResponse's field volume_condition. Kubelets up to at
-// least v1.36 are built on CSI v1.9 and read only these to report a
-// volume's health, so csi-node writes them by their wire numbers.
+// NodeGetVolumeStatsResponse's field volume_condition. Kubelets up to
+// v1.36 are built on CSI v1.9 and read only these to report a volume's
+// health, so csi-node writes them by their wire numbers. (The v1.37
+// kubelet reads NodeGetVolumeHealth instead, health.go.)
 const (
 	// rpcVolumeCondition is NodeServiceCapability.RPC.Type VOLUME_CONDITION.
 	rpcVolumeCondition csi.NodeServiceCapability_RPC_Type = 4

@@ -3,6 +3,7 @@ package nodeserver
 import (
 	"context"
 	"errors"
+	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
@@ -18,7 +19,10 @@ var healthTypes = map[state.Health]csi.VolumeHealthErrorType{
 
 // NodeGetVolumeHealth reports the health of a volume as the reconciler last
 // observed it: no entry when it is healthy or not yet looked at, one entry
-// naming the problem otherwise. It reads memory only and never blocks. A
+// naming the problem otherwise. The Kubernetes v1.37 kubelet (its
+// CSIVolumeHealth gate on) calls it and copies each entry into the pod's
+// status.volumeHealth; the API server refuses that whole status update if a
+// message is longer than maxHealthMessage, so a longer one is cut there. It reads memory only and never blocks. A
 // volume whose stage was just refused and rolled back for lost data is
 // reported DATA_LOSS (CSI lets a CO ask about a volume it failed to stage);
 // any other volume without a record on this node is NOT_FOUND. Without the
@@ -35,7 +39,7 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 	if v, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) || err == nil && !v.HasNodeIntent() {
 		if f, ok := s.cfg.Store.LastTerminalFailure(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {
 			return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: id, HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{
-				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: f.Err.Message,
+				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: healthMessage(f.Err.Message),
 			}}}}, nil
 		}
 		return nil, state.Errorf(state.KindNotFound, "volume %s not found on this node", id)
@@ -45,8 +49,28 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 	h := &csi.VolumeHealth{VolumeId: id}
 	if c := s.cfg.Store.Condition(id); c.Abnormal {
 		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
-			Status: healthTypes[c.Health], Reason: c.Reason, Message: c.Message,
+			Status: healthTypes[c.Health], Reason: c.Reason, Message: healthMessage(c.Message),
 		})
 	}
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+}
+
+// maxHealthMessage is the longest message, in bytes, of a pod's
+// status.volumeHealth condition in Kubernetes v1.37 (k8s.io/api core/v1
+// VolumeHealthCondition, +k8s:maxBytes=1024). A condition's message names
+// paths and mounts that are not converge's to bound.
+const maxHealthMessage = 1024
+
+// healthMessage cuts m to at most maxHealthMessage bytes, on a character
+// boundary, ending in "..." when cut.
+func healthMessage(m string) string {
+	if len(m) <= maxHealthMessage {
+		return m
+	}
+	const more = "..."
+	cut := maxHealthMessage - len(more)
+	for cut > 0 && !utf8.RuneStart(m[cut]) {
+		cut--
+	}
+	return m[:cut] + more
 }

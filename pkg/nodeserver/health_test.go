@@ -3,6 +3,7 @@ package nodeserver
 import (
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -155,5 +156,49 @@ func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 	store.SetTerminalFailure("other", state.StageKey, state.TerminalFailure{Generation: 1, Err: state.Terminalf(state.KindFailedPrecondition, "holds xfs")})
 	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "other"}); rpcerr.Code(err) != codes.NotFound {
 		t.Errorf("a volume refused for another reason: got %v, want NotFound", err)
+	}
+}
+
+// TestHealthMessageFitsThePodStatus checks that a condition whose message
+// is longer than a pod's status.volumeHealth takes (1024 bytes in
+// Kubernetes v1.37, whose kubelet copies it there and whose API server
+// refuses the whole status update otherwise) is cut to fit, on a character
+// boundary, for a recorded volume and for one rolled back for data loss;
+// a message that fits is kept whole.
+func TestHealthMessageFitsThePodStatus(t *testing.T) {
+	s, store, _ := newServer(t)
+	s.cfg.VolumeHealth = true
+	staging, target := root+"/staging/v", root+"/pods/p/mount"
+	recordFulfilled(t, store, staging, target)
+	// Paths of three-byte characters, so that 1024 bytes fall inside one.
+	long := "volume v: cannot be remounted while it is also mounted at " + strings.Repeat("/mnt/ö€", 200)
+	message := func(id string) string {
+		t.Helper()
+		resp, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := resp.GetVolumeHealth().GetHealthStatuses()
+		if len(e) != 1 {
+			t.Fatalf("%s: got %v, want one entry", id, e)
+		}
+		return e[0].GetMessage()
+	}
+	check := func(id, got, want string) {
+		t.Helper()
+		if len(got) > 1024 || !utf8.ValidString(got) || !strings.HasSuffix(got, "...") || !strings.HasPrefix(want, strings.TrimSuffix(got, "...")) || len(got) < 1020 {
+			t.Errorf("%s: got a message of %d bytes (valid UTF-8: %t): %q; want the start of the %d-byte one, within 1024 bytes, ending in ...",
+				id, len(got), utf8.ValidString(got), got, len(want))
+		}
+	}
+	store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Inaccessible, Reason: "FilesystemUnusable", Message: long, Unusable: []string{staging, target}})
+	check("v", message("v"), long)
+	store.SetTerminalFailure("gone", state.StageKey, state.TerminalFailure{Generation: 1, Err: state.Terminalf(state.KindDataLoss, "%s", long)})
+	check("gone", message("gone"), long)
+
+	fits := strings.Repeat("x", 1024)
+	store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Degraded, Reason: "FilesystemReadOnly", Message: fits})
+	if got := message("v"); got != fits {
+		t.Errorf("a message of 1024 bytes came back as %d bytes: %q", len(got), got)
 	}
 }

@@ -21,7 +21,7 @@ import (
 
 // kubernetesVersion is the release the suite runs; test/e2e/k8s/go.mod pins
 // the same one.
-const kubernetesVersion = "v1.36.3"
+const kubernetesVersion = "v1.37.2"
 
 // runPrefix names a run's directory in the temporary directory; a directory
 // of that name found at start is an earlier run's that was killed before it
@@ -277,6 +277,10 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 		// logs reach the kubelet.
 		"--kubelet-preferred-address-types=Hostname",
 		"--allow-privileged=true",
+		// Pods' status.volumeHealth, which the kubelet writes with the
+		// same alpha gate (node.go); without it the API server drops
+		// the field.
+		"--feature-gates=CSIVolumeHealth=true",
 	)
 	if err != nil {
 		return err

@@ -266,9 +266,13 @@ func TestExternalUnmountRepaired(t *testing.T) {
 
 // TestVolumeConditionReachesThePod makes a published ext4 volume go
 // read-only after errors, as a failing disk does, and checks that the
-// kubelet (CSIVolumeHealth on) reads the condition that csi-node's
-// VolumeCondition feature puts in NodeGetVolumeStats and raises it as a
-// VolumeConditionAbnormal event on the pod, with the reconciler's reason.
+// kubelet (CSIVolumeHealth on) reads it from csi-node and writes it into
+// the pod's status.volumeHealth, under the pod's name of the volume, as a
+// Degraded condition with the reconciler's reason and message. Kubernetes
+// v1.37 asks NodeGetVolumeHealth (csi-node's VolumeHealth feature); up to
+// v1.36 the kubelet read the condition in NodeGetVolumeStats
+// (VolumeCondition) and raised a VolumeConditionAbnormal event instead,
+// which v1.37 does not.
 func TestVolumeConditionReachesThePod(t *testing.T) {
 	pod, v := podWithVolume(t, "condition")
 	mounts, err := devices.ReadMounts(c.ns.mountinfo())
@@ -288,18 +292,21 @@ func TestVolumeConditionReachesThePod(t *testing.T) {
 	if err := os.WriteFile(trigger, []byte("converge e2e"), 0); err != nil {
 		t.Fatalf("triggering an ext4 error: %v", err)
 	}
-	poll(t, 2*time.Minute, "VolumeConditionAbnormal event on the pod", func() (bool, string) {
-		evs, err := c.client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod.Name})
+	volName := pod.Spec.Volumes[0].Name
+	poll(t, 2*time.Minute, "a FilesystemReadOnly condition of volume "+volName+" in the pod's status.volumeHealth", func() (bool, string) {
+		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, e := range evs.Items {
-			if e.Reason == "VolumeConditionAbnormal" && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "FilesystemReadOnly") {
-				t.Logf("event: %s", e.Message)
-				return true, ""
+		for _, vh := range p.Status.VolumeHealth {
+			for _, hc := range vh.HealthConditions {
+				if vh.Name == volName && hc.Status == corev1.VolumeHealthDegraded && hc.Reason == "FilesystemReadOnly" && strings.Contains(hc.Message, v.handle) {
+					t.Logf("status.volumeHealth: %s %s: %s", hc.Status, hc.Reason, hc.Message)
+					return true, ""
+				}
 			}
 		}
-		return false, podEvents(pod.Name)
+		return false, fmt.Sprintf("status.volumeHealth: %+v\n%s", p.Status.VolumeHealth, podEvents(pod.Name))
 	})
 	release(t, v, "condition", pod.Name)
 }
@@ -417,7 +424,7 @@ func TestNoPullLeavesTheMachine(t *testing.T) {
 // their shell runs GNU dd (multiVolume writes with oflag=nocache) and has
 // let (volumeIO's loops count with it).
 func TestSuiteImages(t *testing.T) {
-	for i, image := range []string{"registry.k8s.io/e2e-test-images/busybox:1.37.0-1", "registry.k8s.io/e2e-test-images/agnhost:2.63.0"} {
+	for i, image := range []string{"registry.k8s.io/e2e-test-images/busybox:1.37.0-2", "registry.k8s.io/e2e-test-images/agnhost:2.66.1"} {
 		pod := startPod(t, podSpec{name: fmt.Sprintf("image-%d", i), image: image, podNetwork: true})
 		mustExec(t, pod.Name, "i=0; let i+=1; test $i = 1 && dd if=/dev/zero of=/tmp/f bs=512 count=1 oflag=nocache")
 		deletePod(t, pod.Name)

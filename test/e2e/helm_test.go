@@ -39,7 +39,7 @@ func helmValues(logLevel int) map[string]any {
 		"csiNode": map[string]any{
 			"image":        map[string]any{"repository": csiNodeImageName, "tag": csiNodeImageTag},
 			"logLevel":     logLevel,
-			"featureGates": map[string]any{"VolumeCondition": true},
+			"featureGates": map[string]any{"VolumeCondition": true, "VolumeHealth": true},
 			"poolGuard":    testPoolGuard,
 			"maxVolumes":   maxVolumesPerNode,
 		},

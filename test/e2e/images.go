@@ -45,12 +45,12 @@ var upstreamTags = map[string][]string{
 	// the shell and the C library they need. The suite only runs shell commands in the glibc
 	// and nginx images.
 	"converge.local/e2e-tools:e2e": {
-		"registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
-		"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0",
-		"registry.k8s.io/e2e-test-images/nginx:1.15-4",
-		"registry.k8s.io/e2e-test-images/nginx:1.27-0",
+		"registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+		"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1",
+		"registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
+		"registry.k8s.io/e2e-test-images/nginx:1.28.0-2",
 	},
-	"converge.local/agnhost:e2e": {"registry.k8s.io/e2e-test-images/agnhost:2.63.0"},
+	"converge.local/agnhost:e2e": {"registry.k8s.io/e2e-test-images/agnhost:2.66.1"},
 }
 
 // kubectlImage runs the release's kubectl in a pod: in-cluster, it finds

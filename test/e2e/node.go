@@ -261,9 +261,11 @@ nodeStatusUpdateFrequency: 2s
 # after a claim grows: with the default of 1m, every online expansion test
 # waited 60-90 s for it.
 syncFrequency: 10s
-# How today's kubelets learn a volume's health (csi-node's VolumeCondition
-# feature): NodeGetVolumeStats' condition, read every volumeStatsAggPeriod
-# (1m by default) and raised as an event on the pod when abnormal.
+# How the kubelet learns a volume's health: v1.37 calls NodeGetVolumeHealth
+# (csi-node's VolumeHealth feature) every volumeStatsAggPeriod (1m by
+# default) and writes the answer into the pod's status.volumeHealth (the
+# API server needs the gate too, cluster.go); up to v1.36 it read the
+# condition in NodeGetVolumeStats (VolumeCondition) and raised an event.
 featureGates:
   CSIVolumeHealth: true
 volumeStatsAggPeriod: 10s

@@ -270,9 +270,9 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 // the volume's ID names it), the claim's selected node is dropped (as
 // external-provisioner does), and nothing is made on the wrong node. A pod
 // given the source's node, as docs/operations.md says to, runs there and reads
-// what was written before. (A pod free to go anywhere is not enough on
-// Kubernetes v1.36: its scheduler, which does not know where a snapshot
-// is, picked the other node again at every retry in a run here.)
+// what was written before. (A pod free to go anywhere is not enough: the
+// scheduler does not know where a snapshot is, v1.37's no more than
+// v1.36's, which picked the other node again at every retry in a run here.)
 func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 	b := secondNode(t)
 	writer, src := claimOn(t, b, "far-src")

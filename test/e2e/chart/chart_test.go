@@ -31,7 +31,7 @@ var (
 const (
 	releaseName = "converge"
 	namespace   = "kube-system"
-	kubeVersion = "v1.36.3"
+	kubeVersion = "v1.37.2"
 )
 
 func loadChart(t *testing.T) *chart.Chart {
