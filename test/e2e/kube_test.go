@@ -422,6 +422,34 @@ func (n *kubeNode) mountID(t *testing.T, path string) string {
 	return strconv.FormatUint(st.Mnt_id, 10)
 }
 
+// breakExt4 makes the kernel record an error in the ext4 staged for v on
+// the node of ns (its sysfs trigger_fs_error), as a failing disk would:
+// with errors=remount-ro the filesystem turns read-only.
+func breakExt4(t *testing.T, ns *nodeNS, v volume) {
+	t.Helper()
+	mounts, err := devices.ReadMounts(ns.mountinfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := ""
+	for _, m := range mounts {
+		if m.Path == v.stagingPath() {
+			dev = m.Source
+		}
+	}
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		explain := ""
+		if ns == c.ns {
+			explain = "\n" + mountLines(v.stagingPath())
+		}
+		t.Fatalf("staging mount of %s: got source %q, want a loop device%s", v.handle, dev, explain)
+	}
+	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(dev), "trigger_fs_error")
+	if err := os.WriteFile(trigger, []byte("converge e2e"), 0); err != nil {
+		t.Fatalf("triggering an ext4 error: %v", err)
+	}
+}
+
 // mountLines describes every mount at path on the node, to explain a
 // failure.
 func mountLines(path string) string {
