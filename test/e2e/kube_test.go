@@ -46,12 +46,20 @@ func claim(t *testing.T, name string, mode corev1.PersistentVolumeMode, access c
 // claimOf is claim with a size and a StorageClass of the caller's.
 func claimOf(t *testing.T, name string, mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode, size, class string) *corev1.PersistentVolumeClaim {
 	t.Helper()
+	return makeClaim(t, name, mode, access, size, class, nil)
+}
+
+// makeClaim is claimOf filled from source (a claim or a VolumeSnapshot;
+// nil: empty).
+func makeClaim(t *testing.T, name string, mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode, size, class string, source *corev1.TypedObjectReference) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{access},
 			StorageClassName: ptr.To(class),
 			VolumeMode:       &mode,
+			DataSourceRef:    source,
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
 				corev1.ResourceStorage: resource.MustParse(size),
 			}},

@@ -17,7 +17,6 @@ import (
 	"helm.sh/helm/v4/pkg/kube"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -407,30 +406,7 @@ func logHas(log string, parts ...string) bool {
 // from the VolumeSnapshot snapshot, deleted when t ends.
 func claimFromSnapshot(t *testing.T, name, snapshot, size string) *corev1.PersistentVolumeClaim {
 	t.Helper()
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{rwo},
-			StorageClassName: ptr.To("converge"),
-			VolumeMode:       ptr.To(fs),
-			DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: snapshot},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceStorage: resource.MustParse(size),
-			}},
-		},
-	}
-	ctx := context.Background()
-	out, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create PVC %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete PVC %s: %v", name, err)
-		}
-	})
-	return out
+	return makeClaim(t, name, fs, rwo, size, "converge", &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: snapshot})
 }
 
 // deleteSnapshot deletes the VolumeSnapshot name and waits for it to be
