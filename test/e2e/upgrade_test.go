@@ -487,24 +487,11 @@ func throttleReads(t *testing.T, n *kubeNode, rate int) {
 // processOf is the PID of the pod's process whose program is named name.
 func processOf(t *testing.T, pod *corev1.Pod, name string) int {
 	t.Helper()
-	cgroup := "pod" + string(pod.UID)
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		argv0, _, _ := strings.Cut(string(cmd), "\x00")
-		if err != nil || filepath.Base(argv0) != name {
-			continue
-		}
-		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); strings.Contains(string(cg), cgroup) {
-			return pid
-		}
+	pids := podProcesses(pod, func(program string) bool { return program == name })
+	if len(pids) == 0 {
+		t.Fatalf("no %s process of pod %s", name, pod.Name)
 	}
-	t.Fatalf("no %s process of pod %s", name, pod.Name)
-	return 0
+	return pids[0]
 }
 
 // waitCopying waits for the node's csi-node to be copying a snapshot into
