@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -274,7 +275,12 @@ func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in install
 	}
 	if refusal := waitRolledBack(t, olds, prev.tag); refusal != "" {
 		// A clear refusal: nothing lost, and the upgrade, again,
-		// takes the volumes over.
+		// takes the volumes over. Only a release that cannot read
+		// the new store's schemas may refuse it.
+		oldReads, newWrites := schemasRead(t, prev.src), schemasRead(t, c.repo)
+		if !slices.ContainsFunc(newWrites, func(s string) bool { return !slices.Contains(oldReads, s) }) {
+			t.Errorf("%s reads schemas %v, every one the code under test writes (%v), yet refused its store: %s", prev.tag, oldReads, newWrites, refusal)
+		}
 		t.Logf("%s refuses what the new release wrote, as it must if it cannot read it: %s", prev.tag, refusal)
 		for _, w := range writers {
 			w.check(t, "the refused rollback")
@@ -298,12 +304,20 @@ func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in install
 			expectWarning(t, "BackOff", "Pod/"+daemonSetNamespace+"/"+pod.Name)
 			expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+pod.Name)
 		}
-		olds = driverPods(t)
+		// The upgrade again: the refusing pod is replaced; the pods
+		// the rollout never reached already run the new release.
+		refused := driverPods(t)
 		if err := in.upgrade(); err != nil {
 			t.Fatalf("the upgrade after the refused rollback: %v", err)
 		}
 		for _, node := range c.nodes {
-			waitReplacedPod(t, node, olds[node.node])
+			if refused[node.node] == olds[node.node] {
+				if err := node.waitDriver(context.Background()); err != nil {
+					t.Fatalf("converge on %s: %v", node.node, err)
+				}
+				continue
+			}
+			waitReplacedPod(t, node, refused[node.node])
 		}
 	} else {
 		t.Logf("rolled back to %s: every node's pod Ready", prev.tag)
@@ -361,31 +375,77 @@ func checkImage(t *testing.T, pod *corev1.Pod, tag string) {
 }
 
 // waitRolledBack waits for every node's converge pod to be replaced by one
-// of the previous release (tag), Ready, and returns ""; or returns the
-// line of csi-node's log that refuses the store (storeRefusals).
+// of the previous release (tag), Ready, and returns ""; or, once a
+// replacement's csi-node refuses the store (storeRefusals), returns that
+// line. The DaemonSet replaces one pod at a time (maxUnavailable 1), so a
+// refusal stops the rollout there: every other node's pod must then be
+// Ready, either rolled back or its pod of before (olds) untouched.
 func waitRolledBack(t *testing.T, olds map[string]types.UID, tag string) string {
 	t.Helper()
 	refusal := ""
-	for _, n := range c.nodes {
-		poll(t, 3*time.Minute, "the rollback on "+n.node, func() (bool, string) {
+	poll(t, 3*time.Minute, "the rollback on every node", func() (bool, string) {
+		var waiting []string
+		for _, n := range c.nodes {
 			p, err := n.driverPod(context.Background())
 			if err != nil || p == nil || p.UID == olds[n.node] {
-				return false, fmt.Sprintf("pod %v: %v", p, err)
+				waiting = append(waiting, fmt.Sprintf("%s: pod %v not replaced: %v", n.node, p, err))
+				continue
 			}
 			for _, line := range strings.Split(podLog(p, "csi-node"), "\n") {
-				if slices.ContainsFunc(storeRefusals, func(r string) bool { return strings.Contains(line, r) }) {
+				if refusal == "" && slices.ContainsFunc(storeRefusals, func(r string) bool { return strings.Contains(line, r) }) {
 					refusal = line
-					return true, ""
 				}
 			}
 			if !podReady(p) || !n.driverRegistered() {
-				return false, containerStates(p)
+				waiting = append(waiting, n.node+": "+containerStates(p))
+				continue
 			}
 			checkImage(t, p, tag)
-			return true, ""
-		})
+		}
+		return refusal != "" || len(waiting) == 0, strings.Join(waiting, "; ")
+	})
+	if refusal == "" {
+		return ""
+	}
+	// The rollout stopped at the refusing pod: no other node lost its
+	// driver.
+	refusing := 0
+	for _, n := range c.nodes {
+		p, err := n.driverPod(context.Background())
+		if err != nil || p == nil {
+			t.Fatalf("the converge pod of %s: %v", n.node, err)
+		}
+		if p.UID != olds[n.node] && !podReady(p) {
+			refusing++
+			continue
+		}
+		if !podReady(p) || !n.driverRegistered() {
+			t.Errorf("while %s refuses the store, the converge pod of %s is not serving: %s", tag, n.node, containerStates(p))
+		}
+	}
+	if refusing != 1 {
+		t.Errorf("%d nodes' pods refuse the store, want the one the rollout stopped at", refusing)
 	}
 	return refusal
+}
+
+// schemasRead are the store schemas the pkg/state of the source tree src
+// reads (its SchemaVersion and schemaLogged), read from its source: this
+// module does not build pkg/state.
+func schemasRead(t *testing.T, src string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(src, "pkg", "state", "store.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*(?:SchemaVersion|schemaLogged)\s*=\s*"([0-9]+)"`).FindAllSubmatch(b, -1) {
+		out = append(out, string(m[1]))
+	}
+	if len(out) == 0 {
+		t.Fatalf("no schema constants in %s/pkg/state/store.go", src)
+	}
+	return out
 }
 
 // logHas reports whether a line of log holds every one of parts.
