@@ -13,19 +13,37 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ $# -eq 0 ]; then
-  read -r tag commit < <(grep -v '^#' "$root/hack/previous-release")
+  lines=$(grep -v -e '^#' -e '^[[:space:]]*$' "$root/hack/previous-release")
+  if [ "$(printf '%s\n' "$lines" | wc -l)" != 1 ]; then
+    echo "store-fixtures: hack/previous-release must name one release" >&2; exit 2
+  fi
+  read -r tag commit <<<"$lines"
 else
   tag=$1
-  commit=${2:-$(git -C "$root" rev-parse "$tag^{commit}")}
+  commit=${2:-}
 fi
-case $tag in
-  v[0-9]*.[0-9]*.[0-9]*) ;;
-  *) echo "store-fixtures: $tag is not a release tag (vMAJOR.MINOR.PATCH)" >&2; exit 2 ;;
-esac
+# The tag names a directory and goes into the linker's flags, the commit
+# into git's arguments: both are checked before either is used.
+if ! [[ $tag =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ ]]; then
+  echo "store-fixtures: $tag is not a release tag (vMAJOR.MINOR.PATCH)" >&2; exit 2
+fi
+if [ -z "$commit" ]; then
+  commit=$(git -C "$root" rev-parse --verify --end-of-options "refs/tags/$tag^{commit}")
+fi
+if ! [[ $commit =~ ^[0-9a-f]{40}$ ]]; then
+  echo "store-fixtures: $commit is not a full commit (40 lower-case hex digits)" >&2; exit 2
+fi
+# A release is cut from main: its commit is in this checkout's history.
+if ! git -C "$root" merge-base --is-ancestor "$commit" HEAD; then
+  echo "store-fixtures: $commit is not in the history of HEAD" >&2; exit 2
+fi
+if tagged=$(git -C "$root" rev-parse --verify -q "refs/tags/$tag^{commit}") && [ "$tagged" != "$commit" ]; then
+  echo "store-fixtures: tag $tag is $tagged, not $commit" >&2; exit 2
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 git -C "$root" archive "$commit" | tar -x -C "$work"
-(cd "$work" && go build -trimpath -ldflags "-X main.version=$tag" -o "$work/csi-node" ./cmd/csi-node)
+(cd "$work" && CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$tag" -o "$work/csi-node" ./cmd/csi-node)
 "$work/csi-node" --version
 out=$root/pkg/state/testdata/releases/$tag
 # A release's fixtures are what it wrote: made once, never replaced by

@@ -74,6 +74,10 @@ func TestStatsCarryTheCondition(t *testing.T) {
 		{name: "read-only", feature: true, cond: readOnly, wantUsage: true, want: &oldCondition{abnormal: true, message: "FilesystemReadOnly: went read-only"}},
 		{name: "mount lost", feature: true, cond: lost, want: &oldCondition{abnormal: true, message: "StagingMountMissing: nothing is mounted"}},
 		{name: "not mounted yet", feature: true, cond: state.Condition{Unusable: []string{staging}}, wantCode: codes.Unavailable},
+		// A path is any bytes; the kubelet's decoder refuses a string
+		// that is not UTF-8, and with it the whole answer.
+		{name: "message not UTF-8", feature: true, cond: state.Condition{Abnormal: true, Health: state.Degraded, Reason: "FilesystemReadOnly", Message: "also at /mnt/\xff"},
+			wantUsage: true, want: &oldCondition{abnormal: true, message: "FilesystemReadOnly: also at /mnt/\uFFFD"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

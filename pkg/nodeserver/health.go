@@ -3,6 +3,7 @@ package nodeserver
 import (
 	"context"
 	"errors"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -62,8 +63,11 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 const maxHealthMessage = 1024
 
 // healthMessage cuts m to at most maxHealthMessage bytes, on a character
-// boundary, ending in "..." when cut.
+// boundary, ending in "..." when cut. Bytes that are not UTF-8 (a path or
+// a tool's output can hold any) become U+FFFD first: protobuf refuses to
+// marshal a string that is not UTF-8, which would fail the whole answer.
 func healthMessage(m string) string {
+	m = strings.ToValidUTF8(m, "\uFFFD")
 	if len(m) <= maxHealthMessage {
 		return m
 	}

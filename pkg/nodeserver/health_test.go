@@ -7,6 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
@@ -200,5 +201,16 @@ func TestHealthMessageFitsThePodStatus(t *testing.T) {
 	store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Degraded, Reason: "FilesystemReadOnly", Message: fits})
 	if got := message("v"); got != fits {
 		t.Errorf("a message of 1024 bytes came back as %d bytes: %q", len(got), got)
+	}
+
+	// A path that is not UTF-8 (a directory name is any bytes): the
+	// answer must still marshal, as gRPC will.
+	store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Degraded, Reason: "FilesystemReadOnly", Message: "also mounted at /mnt/\xff\xfe"})
+	resp, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := proto.Marshal(resp); err != nil {
+		t.Errorf("the answer for a message that is not UTF-8 does not marshal: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
@@ -125,10 +126,11 @@ func liveAt(v *state.Volume, path string) error {
 	return state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", v.ID, path)
 }
 
-// describe renders a condition for an error message.
+// describe renders a condition for a message, as UTF-8 (a message can
+// name paths, which are any bytes; protobuf strings must be UTF-8).
 func describe(c state.Condition) string {
 	if !c.Abnormal {
 		return "the reconciler has not mounted it yet"
 	}
-	return c.Reason + ": " + c.Message
+	return strings.ToValidUTF8(c.Reason+": "+c.Message, "\uFFFD")
 }

@@ -278,6 +278,9 @@ func TestNewerSchemaRefused(t *testing.T) {
 	}{
 		{name: "writer recorded", writer: "v0.9.1", want: []string{"schema 3", "written by converge v0.9.1", "run v0.9.1 or a later release", "converge v0.2.0 reads"}},
 		{name: "writer unknown", want: []string{"schema 3", "written by a release newer than this one", "run the release that wrote it or a later release"}},
+		// The store's file is not trusted with what an operator is
+		// told to run, nor with what reaches a terminal.
+		{name: "writer not a release", writer: "v9.9.9\n\x1b[2Jrun rm -rf /", want: []string{"schema 3", "written by a release newer than this one"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			setMeta(t, path, map[string]string{string(keySchema): "3", string(keyWriter): tc.writer})
@@ -297,6 +300,9 @@ func TestNewerSchemaRefused(t *testing.T) {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("the refusal %q does not say %q", err, w)
 				}
+			}
+			if strings.ContainsAny(err.Error(), "\n\x1b") {
+				t.Errorf("the refusal %q carries control characters from the store", err)
 			}
 			after, err := os.ReadFile(path)
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
 	"strconv"
 	"sync"
@@ -225,12 +226,12 @@ func (s *Store) load(path, release string) (logSeq uint64, err error) {
 			return err
 		}
 		if v := meta.Get(keySchema); v != nil && string(v) != SchemaVersion && string(v) != schemaLogged {
-			return schemaError(path, string(v), string(meta.Get(keyWriter)), release)
+			return schemaError(path, string(v), releaseName(meta.Get(keyWriter)), release)
 		}
 		if err := meta.Put(keySchema, []byte(schemaLogged)); err != nil {
 			return err
 		}
-		if release != "" {
+		if releaseName([]byte(release)) != "" {
 			if err := meta.Put(keyWriter, []byte(release)); err != nil {
 				return err
 			}
@@ -254,6 +255,20 @@ func (s *Store) load(path, release string) (logSeq uint64, err error) {
 	return logSeq, err
 }
 
+// releaseNameRE is what a release's name may be to be recorded in the
+// store and named in a refusal: a tag, or git describe's name of a build
+// after one.
+var releaseNameRE = regexp.MustCompile(`^v[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,4}(-[0-9A-Za-z.-]{1,40})?$`)
+
+// releaseName is b when it is a release's name, else "": the store's
+// file is not trusted to hold what an operator is told to run.
+func releaseName(b []byte) string {
+	if !releaseNameRE.Match(b) {
+		return ""
+	}
+	return string(b)
+}
+
 // schemaError is the refusal of a store at path whose schema this binary
 // (of release self) does not read, written last by writer: it says what
 // the operator can do. A binary never changes such a store, so running the
@@ -262,7 +277,8 @@ func schemaError(path, schema, writer, self string) error {
 	if self == "" {
 		self = "this release"
 	}
-	if n, err := strconv.Atoi(schema); err == nil && n > 2 {
+	newest, _ := strconv.Atoi(schemaLogged)
+	if n, err := strconv.Atoi(schema); err == nil && n > newest {
 		by, run := "a release newer than this one", "the release that wrote it"
 		if writer != "" {
 			by, run = "converge "+writer, writer

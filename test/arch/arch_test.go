@@ -3,8 +3,10 @@
 package arch
 
 import (
+	"bytes"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,5 +139,52 @@ func TestCSINodeLinksNoKubernetesClient(t *testing.T) {
 		if p == "k8s.io/client-go" || strings.HasPrefix(p, "k8s.io/client-go/") {
 			t.Errorf("csi-node links %s", p)
 		}
+	}
+}
+
+// TestShippedCommandsLinkNoFailpoints checks that no command links
+// gofail's runtime and that no source holds gofail's generated code: the
+// failpoints are comments, turned into code only in the walk's own build
+// (test/testenv/failpoints.go, through -overlay). A stray in-place
+// "gofail enable" would leave *.fail.go files and __fp_ code that the
+// image's build would ship.
+func TestShippedCommandsLinkNoFailpoints(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "../../cmd/...").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "go.etcd.io/gofail") {
+			t.Errorf("a command links %s", p)
+		}
+	}
+	err = filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || strings.Contains(path, "/test/") {
+			return nil
+		}
+		if strings.HasSuffix(path, ".fail.go") || strings.HasSuffix(path, "__failpoint_stash__") {
+			t.Errorf("%s is gofail's generated code", path)
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte("__fp_")) || bytes.Contains(b, []byte("gofail/runtime")) {
+			t.Errorf("%s holds gofail's generated code", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -277,30 +277,39 @@ func TestDriverPodStoppedDuringMkfs(t *testing.T) {
 	release(t, v, name)
 }
 
+// podProcesses are the PIDs of the pod's processes (their cgroup names the
+// pod) whose program's base name matches.
+func podProcesses(pod *corev1.Pod, matches func(program string) bool) []int {
+	cgroup := "pod" + string(pod.UID)
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		argv0, _, _ := strings.Cut(string(cmd), "\x00")
+		if err != nil || !matches(filepath.Base(argv0)) {
+			continue
+		}
+		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); strings.Contains(string(cg), cgroup) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
 // stopProcessOf waits for a process of the converge pod (its cgroup names
 // the pod) whose program's name starts with prefix, and stops it with
 // SIGSTOP, returning its PID; or returns 0 once the pod called podName
 // runs without one having been seen.
 func stopProcessOf(t *testing.T, pod *corev1.Pod, prefix, podName string) int {
 	t.Helper()
-	cgroup := "pod" + string(pod.UID)
 	deadline := time.Now().Add(2 * time.Minute)
 	lastLook := time.Now()
 	for time.Now().Before(deadline) {
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			argv0, _, _ := strings.Cut(string(cmd), "\x00")
-			if err != nil || !strings.HasPrefix(filepath.Base(argv0), prefix) {
-				continue
-			}
-			if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); !strings.Contains(string(cg), cgroup) {
-				continue
-			}
+		for _, pid := range podProcesses(pod, func(program string) bool { return strings.HasPrefix(program, prefix) }) {
 			if syscall.Kill(pid, syscall.SIGSTOP) == nil {
 				return pid
 			}

@@ -12,8 +12,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/converge-csi/converge/pkg/devices"
 )
 
 const (
@@ -275,23 +273,7 @@ func TestExternalUnmountRepaired(t *testing.T) {
 // which v1.37 does not.
 func TestVolumeConditionReachesThePod(t *testing.T) {
 	pod, v := podWithVolume(t, "condition")
-	mounts, err := devices.ReadMounts(c.ns.mountinfo())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev := ""
-	for _, m := range mounts {
-		if m.Path == v.stagingPath() {
-			dev = m.Source
-		}
-	}
-	if !strings.HasPrefix(dev, "/dev/loop") {
-		t.Fatalf("staging mount of %s: got source %q, want a loop device\n%s", v.handle, dev, mountLines(v.stagingPath()))
-	}
-	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(dev), "trigger_fs_error")
-	if err := os.WriteFile(trigger, []byte("converge e2e"), 0); err != nil {
-		t.Fatalf("triggering an ext4 error: %v", err)
-	}
+	breakExt4(t, c.ns, v)
 	volName := pod.Spec.Volumes[0].Name
 	poll(t, 2*time.Minute, "a FilesystemReadOnly condition of volume "+volName+" in the pod's status.volumeHealth", func() (bool, string) {
 		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), pod.Name, metav1.GetOptions{})

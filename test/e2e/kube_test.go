@@ -46,12 +46,20 @@ func claim(t *testing.T, name string, mode corev1.PersistentVolumeMode, access c
 // claimOf is claim with a size and a StorageClass of the caller's.
 func claimOf(t *testing.T, name string, mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode, size, class string) *corev1.PersistentVolumeClaim {
 	t.Helper()
+	return makeClaim(t, name, mode, access, size, class, nil)
+}
+
+// makeClaim is claimOf filled from source (a claim or a VolumeSnapshot;
+// nil: empty).
+func makeClaim(t *testing.T, name string, mode corev1.PersistentVolumeMode, access corev1.PersistentVolumeAccessMode, size, class string, source *corev1.TypedObjectReference) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{access},
 			StorageClassName: ptr.To(class),
 			VolumeMode:       &mode,
+			DataSourceRef:    source,
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
 				corev1.ResourceStorage: resource.MustParse(size),
 			}},
@@ -420,6 +428,34 @@ func (n *kubeNode) mountID(t *testing.T, path string) string {
 		return ""
 	}
 	return strconv.FormatUint(st.Mnt_id, 10)
+}
+
+// breakExt4 makes the kernel record an error in the ext4 staged for v on
+// the node of ns (its sysfs trigger_fs_error), as a failing disk would:
+// with errors=remount-ro the filesystem turns read-only.
+func breakExt4(t *testing.T, ns *nodeNS, v volume) {
+	t.Helper()
+	mounts, err := devices.ReadMounts(ns.mountinfo())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := ""
+	for _, m := range mounts {
+		if m.Path == v.stagingPath() {
+			dev = m.Source
+		}
+	}
+	if !strings.HasPrefix(dev, "/dev/loop") {
+		explain := ""
+		if ns == c.ns {
+			explain = "\n" + mountLines(v.stagingPath())
+		}
+		t.Fatalf("staging mount of %s: got source %q, want a loop device%s", v.handle, dev, explain)
+	}
+	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(dev), "trigger_fs_error")
+	if err := os.WriteFile(trigger, []byte("converge e2e"), 0); err != nil {
+		t.Fatalf("triggering an ext4 error: %v", err)
+	}
 }
 
 // mountLines describes every mount at path on the node, to explain a

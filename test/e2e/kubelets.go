@@ -11,8 +11,9 @@ import (
 // olderKubelets are the kubelet releases the suite runs beside its
 // cluster's own, oldest first: Kubernetes supports kubelets up to three
 // minors older than the API server, and a cluster upgrades its nodes one
-// by one, so converge's DaemonSet meets several kubelets at once. v1.35 is
-// the oldest the CSI sidecars of deploy/ support. A release here is built
+// by one, so converge's DaemonSet meets several kubelets at once. The
+// chart's kubeVersion (>=1.34, what the sidecars of deploy/ need:
+// TestKubeVersionFitsTheSidecars) allows v1.34 too, which is untested. A release here is built
 // from the module test/e2e/kubelets/v<major>.<minor>, which requires it;
 // one that is not older than kubernetesVersion is skipped (the cluster's
 // own kubelet is tested by everything else).

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,23 +259,7 @@ func testOlderKubeletHealth(t *testing.T, n *kubeNode, name string) {
 		got, err := volumeHealthMetric(n, name)
 		return err == nil && got == "0", fmt.Sprintf("%q, %v", got, err)
 	})
-	mounts, err := devices.ReadMounts(n.ns.mountinfo())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev := ""
-	for _, m := range mounts {
-		if m.Path == v.stagingPath() {
-			dev = m.Source
-		}
-	}
-	if !strings.HasPrefix(dev, "/dev/loop") {
-		t.Fatalf("staging mount of %s: got source %q, want a loop device", v.handle, dev)
-	}
-	trigger := filepath.Join("/sys/fs/ext4", filepath.Base(dev), "trigger_fs_error")
-	if err := os.WriteFile(trigger, []byte("converge e2e"), 0); err != nil {
-		t.Fatalf("triggering an ext4 error: %v", err)
-	}
+	breakExt4(t, n.ns, v)
 	poll(t, 2*time.Minute, "VolumeConditionAbnormal event on the pod", func() (bool, string) {
 		evs, err := c.client.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{FieldSelector: "involvedObject.name=" + pod.Name})
 		if err != nil {

@@ -84,15 +84,28 @@ func releaseSource(ctx context.Context, repo string, r *convergeRelease) error {
 	if err != nil {
 		return err
 	}
-	src := filepath.Join(dir, "src")
-	if _, err := os.Stat(filepath.Join(src, "go.mod")); err == nil {
-		r.src = src
-		return nil
-	}
 	if out, err := exec.CommandContext(ctx, "git", "-C", repo, "cat-file", "-e", r.commit+"^{commit}").CombinedOutput(); err != nil {
 		return fmt.Errorf("commit %s of release %s (%s) is not in the clone at %s (%v: %s): fetch it, with its tag, "+
 			"`git fetch origin tag %s` (or `git fetch --unshallow` in a shallow clone), then run again",
 			r.commit, r.tag, previousReleaseFile, repo, err, strings.TrimSpace(string(out)), r.tag)
+	}
+	// The test builds and runs the release's code as root, and applies
+	// its deploy/ and chart: only code that was once main's, never an
+	// object that merely exists in the clone (a pull request's, say).
+	if out, err := exec.CommandContext(ctx, "git", "-C", repo, "merge-base", "--is-ancestor", r.commit, "HEAD").CombinedOutput(); err != nil {
+		return fmt.Errorf("commit %s of release %s (%s) is not in the history of HEAD (%v %s): a release is cut from main, so %s must name one of its commits",
+			r.commit, r.tag, previousReleaseFile, err, strings.TrimSpace(string(out)), previousReleaseFile)
+	}
+	// A clone that has the tag must agree with the file.
+	if out, err := exec.CommandContext(ctx, "git", "-C", repo, "rev-parse", "--verify", "-q", "refs/tags/"+r.tag+"^{commit}").Output(); err == nil {
+		if got := strings.TrimSpace(string(out)); got != r.commit {
+			return fmt.Errorf("tag %s is commit %s, but %s names %s: one of them is wrong", r.tag, got, previousReleaseFile, r.commit)
+		}
+	}
+	src := filepath.Join(dir, "src")
+	if _, err := os.Stat(filepath.Join(src, "go.mod")); err == nil {
+		r.src = src
+		return nil
 	}
 	// Only one previous release is named at a time: the caches of
 	// others (about 260 MB each, mostly the image) go.

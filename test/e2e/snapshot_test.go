@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
@@ -66,28 +65,7 @@ func claimFromMode(t *testing.T, name, source string, snapshot bool, mode corev1
 	if snapshot {
 		ref = &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: source}
 	}
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{rwo},
-			StorageClassName: ptr.To("converge"),
-			VolumeMode:       &mode,
-			DataSourceRef:    ref,
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceStorage: resource.MustParse(volumeSize),
-			}},
-		},
-	}
-	ctx := context.Background()
-	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create PVC %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete PVC %s: %v", name, err)
-		}
-	})
+	makeClaim(t, name, mode, rwo, volumeSize, "converge", ref)
 }
 
 // TestSnapshotRestoreAndClone runs snapshots through the real

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,7 +18,6 @@ import (
 	"helm.sh/helm/v4/pkg/kube"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -275,7 +275,12 @@ func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in install
 	}
 	if refusal := waitRolledBack(t, olds, prev.tag); refusal != "" {
 		// A clear refusal: nothing lost, and the upgrade, again,
-		// takes the volumes over.
+		// takes the volumes over. Only a release that cannot read
+		// the new store's schemas may refuse it.
+		oldReads, newWrites := schemasRead(t, prev.src), schemasRead(t, c.repo)
+		if !slices.ContainsFunc(newWrites, func(s string) bool { return !slices.Contains(oldReads, s) }) {
+			t.Errorf("%s reads schemas %v, every one the code under test writes (%v), yet refused its store: %s", prev.tag, oldReads, newWrites, refusal)
+		}
 		t.Logf("%s refuses what the new release wrote, as it must if it cannot read it: %s", prev.tag, refusal)
 		for _, w := range writers {
 			w.check(t, "the refused rollback")
@@ -299,12 +304,20 @@ func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in install
 			expectWarning(t, "BackOff", "Pod/"+daemonSetNamespace+"/"+pod.Name)
 			expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+pod.Name)
 		}
-		olds = driverPods(t)
+		// The upgrade again: the refusing pod is replaced; the pods
+		// the rollout never reached already run the new release.
+		refused := driverPods(t)
 		if err := in.upgrade(); err != nil {
 			t.Fatalf("the upgrade after the refused rollback: %v", err)
 		}
 		for _, node := range c.nodes {
-			waitReplacedPod(t, node, olds[node.node])
+			if refused[node.node] == olds[node.node] {
+				if err := node.waitDriver(context.Background()); err != nil {
+					t.Fatalf("converge on %s: %v", node.node, err)
+				}
+				continue
+			}
+			waitReplacedPod(t, node, refused[node.node])
 		}
 	} else {
 		t.Logf("rolled back to %s: every node's pod Ready", prev.tag)
@@ -362,31 +375,77 @@ func checkImage(t *testing.T, pod *corev1.Pod, tag string) {
 }
 
 // waitRolledBack waits for every node's converge pod to be replaced by one
-// of the previous release (tag), Ready, and returns ""; or returns the
-// line of csi-node's log that refuses the store (storeRefusals).
+// of the previous release (tag), Ready, and returns ""; or, once a
+// replacement's csi-node refuses the store (storeRefusals), returns that
+// line. The DaemonSet replaces one pod at a time (maxUnavailable 1), so a
+// refusal stops the rollout there: every other node's pod must then be
+// Ready, either rolled back or its pod of before (olds) untouched.
 func waitRolledBack(t *testing.T, olds map[string]types.UID, tag string) string {
 	t.Helper()
 	refusal := ""
-	for _, n := range c.nodes {
-		poll(t, 3*time.Minute, "the rollback on "+n.node, func() (bool, string) {
+	poll(t, 3*time.Minute, "the rollback on every node", func() (bool, string) {
+		var waiting []string
+		for _, n := range c.nodes {
 			p, err := n.driverPod(context.Background())
 			if err != nil || p == nil || p.UID == olds[n.node] {
-				return false, fmt.Sprintf("pod %v: %v", p, err)
+				waiting = append(waiting, fmt.Sprintf("%s: pod %v not replaced: %v", n.node, p, err))
+				continue
 			}
 			for _, line := range strings.Split(podLog(p, "csi-node"), "\n") {
-				if slices.ContainsFunc(storeRefusals, func(r string) bool { return strings.Contains(line, r) }) {
+				if refusal == "" && slices.ContainsFunc(storeRefusals, func(r string) bool { return strings.Contains(line, r) }) {
 					refusal = line
-					return true, ""
 				}
 			}
 			if !podReady(p) || !n.driverRegistered() {
-				return false, containerStates(p)
+				waiting = append(waiting, n.node+": "+containerStates(p))
+				continue
 			}
 			checkImage(t, p, tag)
-			return true, ""
-		})
+		}
+		return refusal != "" || len(waiting) == 0, strings.Join(waiting, "; ")
+	})
+	if refusal == "" {
+		return ""
+	}
+	// The rollout stopped at the refusing pod: no other node lost its
+	// driver.
+	refusing := 0
+	for _, n := range c.nodes {
+		p, err := n.driverPod(context.Background())
+		if err != nil || p == nil {
+			t.Fatalf("the converge pod of %s: %v", n.node, err)
+		}
+		if p.UID != olds[n.node] && !podReady(p) {
+			refusing++
+			continue
+		}
+		if !podReady(p) || !n.driverRegistered() {
+			t.Errorf("while %s refuses the store, the converge pod of %s is not serving: %s", tag, n.node, containerStates(p))
+		}
+	}
+	if refusing != 1 {
+		t.Errorf("%d nodes' pods refuse the store, want the one the rollout stopped at", refusing)
 	}
 	return refusal
+}
+
+// schemasRead are the store schemas the pkg/state of the source tree src
+// reads (its SchemaVersion and schemaLogged), read from its source: this
+// module does not build pkg/state.
+func schemasRead(t *testing.T, src string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(src, "pkg", "state", "store.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range regexp.MustCompile(`(?m)^\s*(?:SchemaVersion|schemaLogged)\s*=\s*"([0-9]+)"`).FindAllSubmatch(b, -1) {
+		out = append(out, string(m[1]))
+	}
+	if len(out) == 0 {
+		t.Fatalf("no schema constants in %s/pkg/state/store.go", src)
+	}
+	return out
 }
 
 // logHas reports whether a line of log holds every one of parts.
@@ -407,30 +466,7 @@ func logHas(log string, parts ...string) bool {
 // from the VolumeSnapshot snapshot, deleted when t ends.
 func claimFromSnapshot(t *testing.T, name, snapshot, size string) *corev1.PersistentVolumeClaim {
 	t.Helper()
-	pvc := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{rwo},
-			StorageClassName: ptr.To("converge"),
-			VolumeMode:       ptr.To(fs),
-			DataSourceRef:    &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: snapshot},
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceStorage: resource.MustParse(size),
-			}},
-		},
-	}
-	ctx := context.Background()
-	out, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("create PVC %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete PVC %s: %v", name, err)
-		}
-	})
-	return out
+	return makeClaim(t, name, fs, rwo, size, "converge", &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: snapshot})
 }
 
 // deleteSnapshot deletes the VolumeSnapshot name and waits for it to be
@@ -511,24 +547,11 @@ func throttleReads(t *testing.T, n *kubeNode, rate int) {
 // processOf is the PID of the pod's process whose program is named name.
 func processOf(t *testing.T, pod *corev1.Pod, name string) int {
 	t.Helper()
-	cgroup := "pod" + string(pod.UID)
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		argv0, _, _ := strings.Cut(string(cmd), "\x00")
-		if err != nil || filepath.Base(argv0) != name {
-			continue
-		}
-		if cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid)); strings.Contains(string(cg), cgroup) {
-			return pid
-		}
+	pids := podProcesses(pod, func(program string) bool { return program == name })
+	if len(pids) == 0 {
+		t.Fatalf("no %s process of pod %s", name, pod.Name)
 	}
-	t.Fatalf("no %s process of pod %s", name, pod.Name)
-	return 0
+	return pids[0]
 }
 
 // waitCopying waits for the node's csi-node to be copying a snapshot into

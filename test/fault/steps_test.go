@@ -38,6 +38,29 @@ var steps = map[string][]string{
 	},
 }
 
+// sources parses, with their comments, the non-test Go files of dir
+// (relative to the repository's root).
+func sources(t *testing.T, dir string) (*token.FileSet, []*ast.File) {
+	t.Helper()
+	fset := token.NewFileSet()
+	paths, err := filepath.Glob(filepath.Join(testenv.Root(), dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return fset, files
+}
+
 // gap is two steps of one function with no failpoint between them.
 type gap struct{ at, first, second string }
 
@@ -46,20 +69,9 @@ type gap struct{ at, first, second string }
 // source with no failpoint between them.
 func gaps(t *testing.T, dir string, names []string) []gap {
 	t.Helper()
-	fset := token.NewFileSet()
-	files, err := filepath.Glob(filepath.Join(testenv.Root(), dir, "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fset, files := sources(t, dir)
 	var out []gap
-	for _, path := range files {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, f := range files {
 		var failpoints []token.Pos
 		for _, cg := range f.Comments {
 			for _, c := range cg.List {
@@ -200,20 +212,9 @@ var (
 // writes to the disk and is neither in durableWrites (holding its
 // failpoints) nor in notDurable.
 func TestEveryDurableWriteHasAFailpoint(t *testing.T) {
-	fset := token.NewFileSet()
-	files, err := filepath.Glob(filepath.Join(testenv.Root(), "pkg", "state", "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fset, files := sources(t, filepath.Join("pkg", "state"))
 	seen := map[string]bool{}
-	for _, path := range files {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, f := range files {
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {
