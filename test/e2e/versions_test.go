@@ -23,7 +23,11 @@ import (
 )
 
 // The older kubelets: converge's node service under each kubelet of
-// olderKubeletsToRun (kubelets.go), one node per release. The oldest runs
+// olderKubeletsToRun (kubelets.go), one node per release. This file's name
+// sorts after storage_test.go on purpose: go test runs a package's tests
+// in its files' order, and the nodes joined here stay for the rest of the
+// run, where the storage suite's scheduler would put its pods on them
+// (their pools are small) and fail. The oldest runs
 // on the two-node tests' second node; each other one joins a node of its
 // own.
 
