@@ -215,7 +215,7 @@ func TestDriverPodStoppedDuringMkfs(t *testing.T) {
 		name = fmt.Sprintf("mkfs-%d", attempt)
 		claimOf(t, name, fs, rwo, "8Gi", class)
 		createPod(t, podSpec{name: name, claims: []string{name}, node: c.node})
-		if mkfs = stopProcessOf(t, old, "mkfs", name); mkfs != 0 {
+		if mkfs = stopProcessOf(t, old, isMkfs, name); mkfs != 0 {
 			break
 		}
 		// The mkfs ended before the test saw it: the pod runs.
@@ -241,7 +241,7 @@ func TestDriverPodStoppedDuringMkfs(t *testing.T) {
 		next = p
 		return true, ""
 	})
-	if held := stopProcessOf(t, next, "mkfs", name); held == 0 {
+	if held := stopProcessOf(t, next, isMkfs, name); held == 0 {
 		t.Logf("the new csi-node's mkfs ended before the test saw it: its readiness during start-up is not checked")
 	} else {
 		deadline := time.Now().Add(12 * time.Second)
@@ -300,16 +300,25 @@ func podProcesses(pod *corev1.Pod, matches func(program string) bool) []int {
 	return pids
 }
 
+// isMkfs matches mkfs and its per-filesystem programs (mkfs.xfs).
+func isMkfs(program string) bool { return program == "mkfs" || strings.HasPrefix(program, "mkfs.") }
+
+// programNamed matches the program called name only: "csi-node" is also
+// the start of "csi-node-driver-registrar", the sidecar beside it.
+func programNamed(name string) func(string) bool {
+	return func(program string) bool { return program == name }
+}
+
 // stopProcessOf waits for a process of the converge pod (its cgroup names
-// the pod) whose program's name starts with prefix, and stops it with
-// SIGSTOP, returning its PID; or returns 0 once the pod called podName
-// runs without one having been seen.
-func stopProcessOf(t *testing.T, pod *corev1.Pod, prefix, podName string) int {
+// the pod) whose program's name matches, and stops it with SIGSTOP,
+// returning its PID; or returns 0 once the pod called podName runs
+// without one having been seen.
+func stopProcessOf(t *testing.T, pod *corev1.Pod, matches func(program string) bool, podName string) int {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	lastLook := time.Now()
 	for time.Now().Before(deadline) {
-		for _, pid := range podProcesses(pod, func(program string) bool { return strings.HasPrefix(program, prefix) }) {
+		for _, pid := range podProcesses(pod, matches) {
 			if syscall.Kill(pid, syscall.SIGSTOP) == nil {
 				return pid
 			}
@@ -322,6 +331,6 @@ func stopProcessOf(t *testing.T, pod *corev1.Pod, prefix, podName string) int {
 			}
 		}
 	}
-	t.Fatalf("no %s process of %s within 2 minutes, and pod %s not running", prefix, pod.Name, podName)
+	t.Fatalf("no such process of %s within 2 minutes, and pod %s not running", pod.Name, podName)
 	return 0
 }

@@ -32,7 +32,7 @@ func TestDriverHungRestarted(t *testing.T) {
 	intendDriverRestart(driver)
 	expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+driver.Name)
 	stopped := time.Now()
-	if pid := stopProcessOf(t, driver, "csi-node", pod.Name); pid == 0 {
+	if pid := stopProcessOf(t, driver, programNamed("csi-node"), pod.Name); pid == 0 {
 		t.Fatal("no csi-node process found in the converge pod")
 	}
 	// deploy/'s budget: 5 failed probes 10 s apart, then the probe's
@@ -69,7 +69,7 @@ func TestControllerHungRestarted(t *testing.T) {
 	before := restartsOf(ctrl, controllerName)
 	intendRestart(ctrl, controllerName)
 	expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+ctrl.Name)
-	if pid := stopProcessOf(t, ctrl, controllerName, ""); pid == 0 {
+	if pid := stopProcessOf(t, ctrl, programNamed(controllerName), ""); pid == 0 {
 		t.Fatal("no converge-controller process found in its pod")
 	}
 	// Its budget: 3 failed probes 10 s apart, then the termination grace.

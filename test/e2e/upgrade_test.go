@@ -547,7 +547,7 @@ func throttleReads(t *testing.T, n *kubeNode, rate int) {
 // processOf is the PID of the pod's process whose program is named name.
 func processOf(t *testing.T, pod *corev1.Pod, name string) int {
 	t.Helper()
-	pids := podProcesses(pod, func(program string) bool { return program == name })
+	pids := podProcesses(pod, programNamed(name))
 	if len(pids) == 0 {
 		t.Fatalf("no %s process of pod %s", name, pod.Name)
 	}
