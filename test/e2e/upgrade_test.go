@@ -204,6 +204,7 @@ func (w *writer) check(t *testing.T, what string) {
 // TestUpgradeAndRollback the installer's way; its objects' names start
 // with p.
 func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in installer) {
+	storesForPrevious(t, prev)
 	if err := in.install(); err != nil {
 		t.Fatalf("installing %s: %v", prev.tag, err)
 	}
@@ -277,9 +278,8 @@ func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in install
 		// A clear refusal: nothing lost, and the upgrade, again,
 		// takes the volumes over. Only a release that cannot read
 		// the new store's schemas may refuse it.
-		oldReads, newWrites := schemasRead(t, prev.src), schemasRead(t, c.repo)
-		if !slices.ContainsFunc(newWrites, func(s string) bool { return !slices.Contains(oldReads, s) }) {
-			t.Errorf("%s reads schemas %v, every one the code under test writes (%v), yet refused its store: %s", prev.tag, oldReads, newWrites, refusal)
+		if !cannotRead(t, prev) {
+			t.Errorf("%s reads every schema the code under test writes, yet refused its store: %s", prev.tag, refusal)
 		}
 		t.Logf("%s refuses what the new release wrote, as it must if it cannot read it: %s", prev.tag, refusal)
 		for _, w := range writers {
@@ -427,6 +427,54 @@ func waitRolledBack(t *testing.T, olds map[string]types.UID, tag string) string 
 		t.Errorf("%d nodes' pods refuse the store, want the one the rollout stopped at", refusing)
 	}
 	return refusal
+}
+
+// cannotRead says whether prev cannot read a schema that the code under
+// test writes, and so may refuse a store the code under test wrote.
+func cannotRead(t *testing.T, prev convergeRelease) bool {
+	t.Helper()
+	oldReads, newWrites := schemasRead(t, prev.src), schemasRead(t, c.repo)
+	t.Logf("%s reads schemas %v; the code under test writes %v", prev.tag, oldReads, newWrites)
+	return slices.ContainsFunc(newWrites, func(s string) bool { return !slices.Contains(oldReads, s) })
+}
+
+// storesForPrevious leaves each node's state store as a node that has
+// only run prev would hold it, when prev cannot read what the code under
+// test writes: the run's converge made and closed those stores, and prev
+// would refuse them at its install (docs/releasing.md, "Rolling back"),
+// before the upgrade under test began. It does so only while the cluster
+// has no converge volume and no node's data directory holds a file, so
+// that the store moved aside holds no volume prev could take for an
+// orphan.
+func storesForPrevious(t *testing.T, prev convergeRelease) {
+	t.Helper()
+	if !cannotRead(t, prev) {
+		return
+	}
+	pvs, err := c.client.CoreV1().PersistentVolumes().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pv := range pvs.Items {
+		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == standin.DriverName {
+			t.Fatalf("%s cannot read the stores of the code under test, which volume %s is in", prev.tag, pv.Name)
+		}
+	}
+	for _, n := range c.nodes {
+		filepath.WalkDir(n.dataDir, func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				t.Fatalf("%s cannot read the store of %s, whose data directory holds %s", prev.tag, n.node, path)
+			}
+			return nil
+		})
+		for _, name := range []string{"state.db", "state.db-wal"} {
+			from := filepath.Join(n.stateDir, name)
+			if err := os.Rename(from, from+".before-"+prev.tag); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+		}
+		t.Logf("the state store of %s, which %s cannot read and which holds no volume, moved aside", n.node, prev.tag)
+	}
 }
 
 // schemasRead are the store schemas the pkg/state of the source tree src
