@@ -2,11 +2,14 @@ package devices
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // TestWatchMounts checks that a mount and an unmount made elsewhere each
@@ -42,7 +45,7 @@ func TestWatchMounts(t *testing.T) {
 	}
 	// Until the watch has its file open, a change goes unseen: make
 	// changes until one is seen.
-	for seen := false; !seen; {
+	poll.Until(t, 10*time.Second, 0, "a change of the mount table seen", func() error {
 		if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
 			t.Fatal(err)
 		}
@@ -51,12 +54,13 @@ func TestWatchMounts(t *testing.T) {
 		}
 		select {
 		case <-changed:
-			seen = true
+			return nil
 		case err := <-ended:
 			t.Fatalf("the watch ended: %v", err)
 		case <-time.After(100 * time.Millisecond):
 		}
-	}
+		return errors.New("none within 100 ms of a mount and unmount")
+	})
 	time.Sleep(10 * time.Millisecond)
 	select {
 	case <-changed: // the unmount's, seen apart from the mount's

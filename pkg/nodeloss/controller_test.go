@@ -2,6 +2,7 @@ package nodeloss
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // fixture is a controller over a fake clientset, with a clock the test
@@ -70,13 +73,12 @@ func (f *fixture) advance(d time.Duration) {
 // pass runs a pass once the caches show what ready says.
 func (f *fixture) pass(ready func() bool) Decision {
 	f.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ready() {
-		if time.Now().After(deadline) {
-			f.t.Fatal("the caches never showed the change")
+	poll.Until(f.t, 10*time.Second, 5*time.Millisecond, "the caches showing the change", func() error {
+		if !ready() {
+			return errors.New("they never did")
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	d, err := f.c.Pass(context.Background())
 	if err != nil {
 		f.t.Fatal(err)

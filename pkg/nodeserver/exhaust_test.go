@@ -2,6 +2,7 @@ package nodeserver
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 func TestWaitingRequestsAreBounded(t *testing.T) {
@@ -37,9 +39,12 @@ func TestWaitingRequestsAreBounded(t *testing.T) {
 		}()
 	}
 	// Both wait (nothing makes them ready); a third is refused at once.
-	for len(s.slots) < 2 {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, time.Millisecond, "both requests waiting", func() error {
+		if n := len(s.slots); n < 2 {
+			return fmt.Errorf("%d wait", n)
+		}
+		return nil
+	})
 	_, err = s.NodeStageVolume(context.Background(), stageReq("c"))
 	if rpcerr.Code(err) != codes.ResourceExhausted {
 		t.Errorf("third request: got %v, want ResourceExhausted", err)

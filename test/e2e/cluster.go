@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // kubernetesVersion is the release the suite runs; test/e2e/k8s/go.mod pins
@@ -371,24 +373,17 @@ func (c *cluster) kubectl(ctx context.Context, args ...string) (string, error) {
 // ends or p (when not nil) exits; the error then names the last failure and
 // the tail of p's log.
 func waitFor(ctx context.Context, timeout time.Duration, p *proc, check func() error) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
-		if last = check(); last == nil {
-			return nil
+	err := polling.Wait(ctx, timeout, 100*time.Millisecond, func() error {
+		last := check()
+		if last != nil && p != nil && p.exited() {
+			return polling.Stop(fmt.Errorf("%s exited (%v): %v", p.name, p.err, last))
 		}
-		if p != nil && p.exited() {
-			return fmt.Errorf("%s exited (%v): %v\n%s", p.name, p.err, last, tailFile(p.log, 30))
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			msg := ""
-			if p != nil {
-				msg = "\n" + tailFile(p.log, 30)
-			}
-			return fmt.Errorf("not within %s: %v%s", timeout, last, msg)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return last
+	})
+	if err != nil && p != nil {
+		err = fmt.Errorf("%w\n%s", err, tailFile(p.log, 30))
 	}
+	return err
 }
 
 // freePort returns a port on 127.0.0.1 that nothing listens on, below the

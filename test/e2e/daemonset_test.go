@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/converge-csi/converge/test/e2e/standin"
+	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // What only a DaemonSet-deployed driver goes through: its pod deleted and
@@ -315,22 +317,23 @@ func programNamed(name string) func(string) bool {
 // without one having been seen.
 func stopProcessOf(t *testing.T, pod *corev1.Pod, matches func(program string) bool, podName string) int {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	lastLook := time.Now()
-	for time.Now().Before(deadline) {
+	stopped, lastLook := 0, time.Now()
+	// No pause between looks: the process may live for moments only.
+	polling.Until(t, 2*time.Minute, 0, fmt.Sprintf("a process of %s stopped, or pod %s running", pod.Name, podName), func() error {
 		for _, pid := range podProcesses(pod, matches) {
 			if syscall.Kill(pid, syscall.SIGSTOP) == nil {
-				return pid
+				stopped = pid
+				return nil
 			}
 		}
 		if time.Since(lastLook) > 500*time.Millisecond {
 			lastLook = time.Now()
 			p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), podName, metav1.GetOptions{})
 			if err == nil && p.Status.Phase == corev1.PodRunning {
-				return 0
+				return nil
 			}
 		}
-	}
-	t.Fatalf("no such process of %s within 2 minutes, and pod %s not running", pod.Name, podName)
-	return 0
+		return errors.New("no such process, and the pod not running")
+	})
+	return stopped
 }

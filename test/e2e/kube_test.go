@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/pkg/devices"
+	polling "github.com/converge-csi/converge/test/testenv/poll"
 
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
@@ -478,15 +480,10 @@ func mountLines(path string) string {
 // then t fails with what and check's last detail.
 func poll(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		done, detail := check()
-		if done {
-			return
+	polling.Until(t, timeout, 200*time.Millisecond, what, func() error {
+		if done, detail := check(); !done {
+			return errors.New(detail)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %s", what, timeout, detail)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }

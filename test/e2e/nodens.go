@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // The node's daemons (containerd with its containers, the kubelet,
@@ -191,8 +195,7 @@ func (n *nodeNS) start(logDir, name, bin string, args ...string) (*proc, error) 
 		return nil, err
 	}
 	children := fmt.Sprintf("/proc/%d/task/%d/children", p.cmd.Process.Pid, p.cmd.Process.Pid)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	err = polling.Wait(context.Background(), 10*time.Second, time.Millisecond, func() error {
 		b, _ := os.ReadFile(children)
 		if f := strings.Fields(string(b)); len(f) == 1 {
 			pid, _ := strconv.Atoi(f[0])
@@ -200,13 +203,17 @@ func (n *nodeNS) start(logDir, name, bin string, args ...string) (*proc, error) 
 			// Still nsenter's child once the pidfd is held: it is the daemon.
 			if b, _ := os.ReadFile(children); err == nil && strings.TrimSpace(string(b)) == f[0] {
 				p.target = d
-				return p, nil
+				return nil
 			}
 		}
-		if p.exited() || time.Now().After(deadline) {
-			p.kill()
-			return nil, fmt.Errorf("start %s in the node's namespaces (%v): %s", name, p.err, tailFile(p.log, 10))
+		if p.exited() {
+			return polling.Stop(errors.New("exited"))
 		}
-		time.Sleep(time.Millisecond)
+		return errors.New("no single child")
+	})
+	if err != nil {
+		p.kill()
+		return nil, fmt.Errorf("start %s in the node's namespaces (%v): %s", name, p.err, tailFile(p.log, 10))
 	}
+	return p, nil
 }

@@ -14,6 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // TestDriverPodsRunWithWhatTheyDeclare reads, from the kernel, what every
@@ -139,19 +142,21 @@ func privilegeMismatches(pid int, p corev1.PodSpec, ctr corev1.Container) []stri
 	}
 	want("NoNewPrivs", "1")
 	want("Seccomp", "2")
-	mounts, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	mounts, err := devices.ReadMounts(fmt.Sprintf("/proc/%d/mountinfo", pid))
 	if err != nil {
 		return append(errs, err.Error())
 	}
-	root := ""
-	for _, line := range strings.Split(string(mounts), "\n") {
-		// mountinfo(5): ID, parent, dev, root, mount point, options, ...
-		if f := strings.Fields(line); len(f) > 5 && f[4] == "/" {
-			root = f[5] // the last mount on / is the one seen
+	var root *host.Mount
+	for _, m := range mounts {
+		if m.Path == "/" {
+			root = &m // the last mount on / is the one seen
 		}
 	}
-	if opts := strings.Split(root, ","); len(opts) == 0 || opts[0] != "ro" {
-		errs = append(errs, fmt.Sprintf("root filesystem mounted %q, want read-only", root))
+	switch {
+	case root == nil:
+		errs = append(errs, "no root filesystem mounted, want a read-only one")
+	case !root.ReadOnly:
+		errs = append(errs, fmt.Sprintf("root filesystem %s (%s) mounted read-write, want read-only", root.Source, root.FsType))
 	}
 	return errs
 }

@@ -5,8 +5,8 @@ package fault
 // moment. See docs/testing.md.
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +23,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // trigger is how a failpoint is reached from the state a trial sets up.
@@ -371,17 +373,15 @@ const hold = "sleep(600000)"
 func (w *walker) waitReached(name string, step walkStep) {
 	t := w.e.t
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		n, err := w.failpoint("GET", name+"/count", "")
-		if err == nil && n != "0" {
-			return
+	what := fmt.Sprintf("failpoint %s reached from level %d (the plugin's log holds what happened)", name, step.from)
+	poll.Until(t, 20*time.Second, 10*time.Millisecond, what, func() error {
+		if n, err := w.failpoint("GET", name+"/count", ""); err != nil {
+			return err
+		} else if n == "0" {
+			return errors.New("its count is 0")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("failpoint %s not reached in 20s from level %d (%v); the plugin's log holds what happened", name, step.from, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // volume returns a volume, absent, with its kubelet directories.
@@ -473,19 +473,11 @@ func (w *walker) gc(ctx context.Context) error {
 func (w *walker) retry(what string, f func(ctx context.Context) error) {
 	t := w.e.t
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	poll.Until(t, 90*time.Second, 100*time.Millisecond, what+" after the restart", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err := f(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s after the restart: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		defer cancel()
+		return f(ctx)
+	})
 }
 
 // finish retries the operation the crash cut short, besides the level
@@ -570,15 +562,13 @@ func (w *walker) clean(v *vol, name string) {
 
 // mountsAt counts the mounts at path.
 func mountsAt(path string) int {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := devices.ReadMounts("/proc/self/mountinfo")
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
 	n := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == path {
+	for _, m := range ms {
+		if m.Path == path {
 			n++
 		}
 	}

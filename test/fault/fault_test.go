@@ -9,7 +9,6 @@
 package fault
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -20,7 +19,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +30,7 @@ import (
 
 	report "github.com/converge-csi/converge/pkg/volstatus"
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 const (
@@ -178,19 +177,15 @@ func (e *env) replay(v *vol) {
 	e.t.Helper()
 	// The kubelet would retry for ever; a bound keeps a stuck plugin from
 	// eating the test binary's whole timeout (which would hide its log).
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	poll.Until(e.t, 90*time.Second, 100*time.Millisecond, fmt.Sprintf("replaying %s to level %d", v.id, v.want), func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
 		err := e.replayOnce(ctx, v)
-		cancel()
-		if err == nil {
-			return
+		if err != nil && !retryable(err) {
+			return poll.Stop(err)
 		}
-		if !retryable(err) || time.Now().After(deadline) {
-			e.t.Fatalf("replaying %s to level %d: %v", v.id, v.want, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 func (e *env) replayOnce(ctx context.Context, v *vol) error {
@@ -225,20 +220,8 @@ func writeSynced(path, content string) error {
 	return f.Close()
 }
 
-func mounted(path string) bool {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 && fields[4] == path {
-			return true
-		}
-	}
-	return false
-}
+// mounted reports whether anything is mounted at path.
+func mounted(path string) bool { return mountsAt(path) > 0 }
 
 // check verifies v against the machine after a replay.
 func (e *env) check(trial int, v *vol) {

@@ -2,6 +2,7 @@ package fault
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // resync is short so that healing tests wait little; healing must happen
@@ -26,13 +28,12 @@ const resync = 200 * time.Millisecond
 // periods) passes. It waits for a state, it does not time anything.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(50 * resync)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not healed within %v", what, 50*resync)
+	poll.Until(t, 50*resync, resync/4, what, func() error {
+		if !cond() {
+			return errors.New("not healed")
 		}
-		time.Sleep(resync / 4)
-	}
+		return nil
+	})
 }
 
 // passes is how many passes p has made (its metrics say).
@@ -277,13 +278,12 @@ func TestExternalUnmountHealsAtOnce(t *testing.T) {
 	if err := syscall.Unmount(v.target, 0); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !mounted(v.target) {
-		if time.Now().After(deadline) {
-			t.Fatal("the external unmount was not repaired within 10 s; the next resync is an hour away")
+	poll.Until(t, 10*time.Second, 20*time.Millisecond, "the external unmount repaired (the next resync is an hour away)", func() error {
+		if !mounted(v.target) {
+			return errors.New("the target is not mounted")
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	readBack(t, v)
 	tearDown(t, p, v)
 }

@@ -344,7 +344,7 @@ func TestConflictingConcurrentStages(t *testing.T) {
 	if won < 0 {
 		t.Fatalf("neither stage succeeded: %v", errs)
 	}
-	if _, _, ok := mountAt(t, paths[1-won]); ok {
+	if _, ok := mountAt(t, paths[1-won]); ok {
 		t.Errorf("the losing path %s is mounted", paths[1-won])
 	}
 	unstage(t, p, volB, paths[won])

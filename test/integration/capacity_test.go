@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 const (
@@ -256,12 +257,12 @@ func TestThinVolumesOvercommitAndGiveSpaceBack(t *testing.T) {
 	must(t, "remove", os.Remove(filepath.Join(targets[ids[0]], "big")))
 	removed := time.Now()
 	exec.Command("sync").Run()
-	for got := allocated(t, p, ids[0]); was-got < 90*mib; got = allocated(t, p, ids[0]) {
-		if time.Since(removed) > 20*time.Second {
-			t.Fatalf("%s: allocation went from %d to %d bytes in %v after deleting a 100 MiB file, want it back", ids[0], was, got, time.Since(removed))
+	poll.Until(t, 20*time.Second, 100*time.Millisecond, ids[0]+": the space of a deleted 100 MiB file back", func() error {
+		if got := allocated(t, p, ids[0]); was-got < 90*mib {
+			return fmt.Errorf("allocation went from %d to %d bytes in %v", was, got, time.Since(removed))
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	t.Logf("%s: 100 MiB deleted; its space was back in the data directory after %v", ids[0], time.Since(removed).Round(time.Millisecond))
 	waitCondition(t, p, ids[2], "")
 	must(t, "create once there is room", createProvisioned(p, t, "late", "thin", 16*mib))
@@ -297,24 +298,24 @@ func downAndDelete(t *testing.T, p *testenv.Plugin, id string) {
 // reason (healthy for ""), and returns its message.
 func waitCondition(t *testing.T, p *testenv.Plugin, id string, reasons ...string) string {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	found := ""
+	poll.Until(t, 20*time.Second, 200*time.Millisecond, fmt.Sprintf("health of %s with a reason of %q", id, reasons), func() error {
 		resp, err := p.Node().NodeGetVolumeHealth(ctx(t), &csi.NodeGetVolumeHealthRequest{VolumeId: id})
 		must(t, "health", err)
 		hs := resp.GetVolumeHealth().GetHealthStatuses()
 		for _, reason := range reasons {
 			if reason == "" && len(hs) == 0 {
-				return ""
+				found = ""
+				return nil
 			}
 			if reason != "" && len(hs) == 1 && hs[0].GetReason() == reason && hs[0].GetStatus() == csi.VolumeHealthErrorType_DEGRADED {
-				return reason + ": " + hs[0].GetMessage()
+				found = reason + ": " + hs[0].GetMessage()
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("health of %s: %v, want a reason of %q", id, hs, reasons)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return fmt.Errorf("%v", hs)
+	})
+	return found
 }
 
 // TestOldSparseVolumeIsMadeThick stages a volume made before provisioning
@@ -338,13 +339,12 @@ func TestOldSparseVolumeIsMadeThick(t *testing.T) {
 		t.Errorf("capacity fell by %d bytes for an old sparse %d-byte volume, want all of it", before-after, size)
 	}
 	staging, target := upPublishedExisting(t, p, "old")
-	deadline := time.Now().Add(20 * time.Second)
-	for allocated(t, p, "old") < size {
-		if time.Now().After(deadline) {
-			t.Fatalf("old image: %d of %d bytes allocated after its stage", allocated(t, p, "old"), size)
+	poll.Until(t, 20*time.Second, 100*time.Millisecond, "old image allocated whole after its stage", func() error {
+		if got := allocated(t, p, "old"); got < size {
+			return fmt.Errorf("%d of %d bytes allocated", got, size)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
 	must(t, "status", err)
 	thick := false

@@ -157,7 +157,7 @@ func TestManyVolumesAtOnce(t *testing.T) {
 	})
 	devs := map[string]bool{}
 	for _, v := range vols {
-		dev, _, ok := mountAt(t, v.staging)
+		dev, ok := mountAt(t, v.staging)
 		if !ok || devs[dev] {
 			t.Fatalf("%s: staging mount of %q (mounted %v); devices must be distinct", v.id, dev, ok)
 		}

@@ -247,8 +247,8 @@ func TestExpansionBeyondTheNode(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(b) != "kept" {
 		t.Errorf("data after the refusals: %q, %v", b, err)
 	}
-	_, _, staged := mountAt(t, staging)
-	_, _, published := mountAt(t, target)
+	_, staged := mountAt(t, staging)
+	_, published := mountAt(t, target)
 	if !staged || !published {
 		t.Errorf("mounts after the refusals: staging %v, target %v; want both", staged, published)
 	}

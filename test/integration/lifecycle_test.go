@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
@@ -124,27 +124,19 @@ func wantCode(t *testing.T, what string, err error, want codes.Code) {
 	}
 }
 
-// mountAt returns the source and options of the top mount at path.
-func mountAt(t *testing.T, path string) (source string, opts string, ok bool) {
+// mountAt returns the source of the top mount at path.
+func mountAt(t *testing.T, path string) (source string, ok bool) {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := devices.ReadMounts("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 || fields[4] != path {
-			continue
+	for _, m := range ms {
+		if m.Path == path {
+			source, ok = m.Source, true
 		}
-		sep := 6
-		for fields[sep] != "-" {
-			sep++
-		}
-		source, opts, ok = fields[sep+2], fields[5], true
 	}
-	return source, opts, ok
+	return source, ok
 }
 
 func fsUUID(t *testing.T, dev string) string {
@@ -166,13 +158,13 @@ func TestLifecycle(t *testing.T) {
 	target1 := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod1")), "mount")
 
 	must(t, "stage", stage(t, p, volA, staging, rwo))
-	dev, _, ok := mountAt(t, staging)
+	dev, ok := mountAt(t, staging)
 	if !ok || !strings.HasPrefix(dev, "/dev/loop") {
 		t.Fatalf("staging path: got mount source %q (mounted %v), want a loop device", dev, ok)
 	}
 	uuid := fsUUID(t, dev)
 	must(t, "publish", publish(t, p, volA, staging, target1, false))
-	if src, _, ok := mountAt(t, target1); !ok || src != dev {
+	if src, ok := mountAt(t, target1); !ok || src != dev {
 		t.Fatalf("target: got mount of %q (mounted %v), want %s", src, ok, dev)
 	}
 	must(t, "write", os.WriteFile(filepath.Join(target1, "data"), []byte("hello converge"), 0o600))
@@ -182,7 +174,7 @@ func TestLifecycle(t *testing.T) {
 	must(t, "publish again", publish(t, p, volA, staging, target1, false))
 
 	unpublish(t, p, volA, target1)
-	if _, _, ok := mountAt(t, target1); ok {
+	if _, ok := mountAt(t, target1); ok {
 		t.Fatal("target still mounted after unpublish")
 	}
 	if _, err := os.Stat(target1); !errors.Is(err, os.ErrNotExist) {
@@ -190,7 +182,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	unpublish(t, p, volA, target1) // repeat: OK
 	unstage(t, p, volA, staging)
-	if _, _, ok := mountAt(t, staging); ok {
+	if _, ok := mountAt(t, staging); ok {
 		t.Fatal("staging path still mounted after unstage")
 	}
 	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {
@@ -199,7 +191,7 @@ func TestLifecycle(t *testing.T) {
 	unstage(t, p, volA, staging) // repeat: OK
 
 	must(t, "restage", stage(t, p, volA, staging, rwo))
-	dev2, _, _ := mountAt(t, staging)
+	dev2, _ := mountAt(t, staging)
 	if got := fsUUID(t, dev2); got != uuid {
 		t.Fatalf("filesystem UUID after restage: got %s, want %s (device reformatted)", got, uuid)
 	}
@@ -244,10 +236,10 @@ func TestRestartKeepsMounts(t *testing.T) {
 			must(t, "write", os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o600))
 
 			tc.stop(p)
-			if _, _, ok := mountAt(t, target); !ok {
+			if _, ok := mountAt(t, target); !ok {
 				t.Fatalf("%s removed the publish mount", tc.name)
 			}
-			if _, _, ok := mountAt(t, staging); !ok {
+			if _, ok := mountAt(t, staging); !ok {
 				t.Fatalf("%s removed the staging mount", tc.name)
 			}
 			logged := len(p.Log())
@@ -342,7 +334,7 @@ func TestForeignFilesystemRefused(t *testing.T) {
 	}
 	// Asking for what is there works.
 	must(t, "stage as xfs", stage(t, p, volX, staging, mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)))
-	if _, opts, ok := mountAt(t, staging); !ok || opts == "" {
+	if _, ok := mountAt(t, staging); !ok {
 		t.Fatal("xfs staging mount missing")
 	}
 	unstage(t, p, volX, staging)
@@ -366,7 +358,7 @@ func TestUnfinishedMkfsIsRedone(t *testing.T) {
 	before := fsUUID(t, img)
 	staging := mkdir(t, filepath.Join(p.Root, "staging-unfinished"))
 	must(t, "stage over an unfinished xfs", stage(t, p, vol, staging, mountCap("xfs", csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)))
-	if _, _, ok := mountAt(t, staging); !ok {
+	if _, ok := mountAt(t, staging); !ok {
 		t.Fatal("xfs staging mount missing")
 	}
 	unstage(t, p, vol, staging)

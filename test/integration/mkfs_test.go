@@ -39,7 +39,7 @@ func TestMkfsOptionsFromStorageClass(t *testing.T) {
 	staging := mkdir(t, filepath.Join(p.Root, "staging-mkfs"))
 	_, err = p.Node().NodeStageVolume(ctx(t), &csi.NodeStageVolumeRequest{VolumeId: vid("mkfs-1k"), StagingTargetPath: staging, VolumeCapability: rwo, VolumeContext: vc})
 	must(t, "stage", err)
-	dev, _, _ := mountAt(t, staging)
+	dev, _ := mountAt(t, staging)
 	out, err := exec.Command("tune2fs", "-l", dev).Output()
 	must(t, "tune2fs", err)
 	if !strings.Contains(string(out), "Block size:               1024") || !strings.Contains(string(out), "volume name:   converge") {
@@ -78,7 +78,7 @@ func TestNewExt4IsMadeOnZeros(t *testing.T) {
 		}
 		staging := mkdir(t, filepath.Join(p.Root, "staging-zeros-"+tc.name))
 		must(t, "stage "+tc.name, stage(t, p, id, staging, rwo))
-		dev, _, _ := mountAt(t, staging)
+		dev, _ := mountAt(t, staging)
 		out, err := exec.Command("dumpe2fs", "-h", dev).Output()
 		must(t, "dumpe2fs", err)
 		journal := journalSize(t, string(out))

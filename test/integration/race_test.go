@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,22 +13,21 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
 // mountsUnder returns the mount points at or below dir.
 func mountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := devices.ReadMounts("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) > 4 && (fields[4] == dir || strings.HasPrefix(fields[4], dir+"/")) {
-			out = append(out, fields[4])
+	for _, m := range ms {
+		if m.Path == dir || strings.HasPrefix(m.Path, dir+"/") {
+			out = append(out, m.Path)
 		}
 	}
 	return out

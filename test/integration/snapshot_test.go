@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // snapshotOf takes snapshot name of volume id and fails the test unless it
@@ -215,13 +216,12 @@ func TestReflinkSnapshotKeepsThickPromise(t *testing.T) {
 	_, err = p.Controller().DeleteSnapshot(ctx(t), &csi.DeleteSnapshotRequest{SnapshotId: s.GetSnapshotId()})
 	must(t, "DeleteSnapshot", err)
 	// xfs frees an unlinked file's blocks in the background.
-	deadline := time.Now().Add(20 * time.Second)
-	for got := capacityFor(t, p, "thick"); got < written+48*mib; got = capacityFor(t, p, "thick") {
-		if time.Now().After(deadline) {
-			t.Fatalf("thick capacity after the snapshot's deletion: %d MiB, want the about 64 MiB only the snapshot held back on the %d MiB of before it", got/mib, written/mib)
+	poll.Until(t, 20*time.Second, 100*time.Millisecond, "thick capacity after the snapshot's deletion", func() error {
+		if got := capacityFor(t, p, "thick"); got < written+48*mib {
+			return fmt.Errorf("%d MiB, want the about 64 MiB only the snapshot held back on the %d MiB of before it", got/mib, written/mib)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	downAndDelete(t, p, vid("thick-src"))
 }
 

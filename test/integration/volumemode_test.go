@@ -136,7 +136,7 @@ func TestVolumeKeepsItsMode(t *testing.T) {
 		id, err := createAs(t, p, name, rwo, allow, source)
 		must(t, name+" as a Filesystem volume, allowed", err)
 		staging, _ := upPublishedExisting(t, p, id)
-		src, _, ok := mountAt(t, staging)
+		src, ok := mountAt(t, staging)
 		if !ok {
 			t.Fatalf("%s: nothing mounted at its staging path", name)
 		}

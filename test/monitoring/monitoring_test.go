@@ -27,6 +27,7 @@ import (
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/volstatus"
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 const component = "../../deploy/components/monitoring"
@@ -315,19 +316,21 @@ current-context: none
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var names []string
+	err = poll.Wait(context.Background(), 20*time.Second, 50*time.Millisecond, func() error {
 		resp, err := http.Get("http://" + addr + "/metrics")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			return scrapedNames(string(b))
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("converge-controller's /metrics: %v\n%s", err, log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		names = scrapedNames(string(b))
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("converge-controller's /metrics: %v\n%s", err, log.String())
 	}
+	return names
 }
 
 // scrapedNames returns the metric names of a text exposition, each

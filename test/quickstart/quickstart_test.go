@@ -5,6 +5,8 @@ package quickstart
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // TestQuickStart copies the repository's files (git ls-files) into a
@@ -94,12 +97,17 @@ func TestQuickStart(t *testing.T) {
 		testenv.ForceClean(dir, filepath.Join(dir, ".run", "state", "volumes"))
 	})
 	sock := filepath.Join(dir, ".run", "csi.sock")
-	deadline := time.Now().Add(5 * time.Minute) // make run builds first
-	for !strings.Contains(runLog.String(), `"Serving"`) {
-		if time.Now().After(deadline) || run.ProcessState != nil {
-			t.Fatalf("make run did not serve on %s:\n%s", sock, runLog.String())
+	serving := func() error {
+		if strings.Contains(runLog.String(), `"Serving"`) {
+			return nil
 		}
-		time.Sleep(100 * time.Millisecond)
+		if run.ProcessState != nil {
+			return poll.Stop(errors.New("make run ended"))
+		}
+		return errors.New(`no "Serving" logged`)
+	}
+	if err := poll.Wait(context.Background(), 5*time.Minute, 100*time.Millisecond, serving); err != nil { // make run builds first
+		t.Fatalf("make run did not serve on %s (%v):\n%s", sock, err, runLog.String())
 	}
 
 	cmd := exec.Command("sh", "-c", sanity)

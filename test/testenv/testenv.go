@@ -5,7 +5,6 @@
 package testenv
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +27,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 var (
@@ -221,19 +223,15 @@ func (p *Plugin) Launch() {
 func (p *Plugin) WaitReady() {
 	p.t.Helper()
 	conn := p.Conn()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Until(p.t, 30*time.Second, 50*time.Millisecond, "plugin ready", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		resp, err := csi.NewIdentityClient(conn).Probe(ctx, &csi.ProbeRequest{})
-		cancel()
-		if err == nil && resp.GetReady().GetValue() {
-			return
+		if err == nil && !resp.GetReady().GetValue() {
+			err = errors.New("Probe answers not ready")
 		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("plugin not ready after 30s: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // PID returns the process ID of the running plugin.
@@ -338,17 +336,14 @@ func ForceClean(dir, dataDir string) {
 }
 
 func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := devices.ReadMounts("/proc/self/mountinfo")
 	if err != nil {
 		return nil
 	}
-	defer f.Close()
 	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
-			out = append(out, fields[4])
+	for _, m := range ms {
+		if strings.HasPrefix(m.Path, dir+"/") {
+			out = append(out, m.Path)
 		}
 	}
 	return out
