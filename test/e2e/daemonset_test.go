@@ -260,7 +260,8 @@ func TestDriverPodStoppedDuringMkfs(t *testing.T) {
 	}
 	waitReplacedPod(t, c.kubeNode, old.UID)
 	if err := syscall.Kill(mkfs, 0); err == nil {
-		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", mkfs)); strings.HasPrefix(string(cmd), "mkfs") {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", mkfs))
+		if argv0, _, _ := strings.Cut(string(cmd), "\x00"); isMkfs(filepath.Base(argv0)) {
 			t.Errorf("the stopped mkfs (%d) outlived its container", mkfs)
 		}
 	}

@@ -204,7 +204,7 @@ func (w *writer) check(t *testing.T, what string) {
 // TestUpgradeAndRollback the installer's way; its objects' names start
 // with p.
 func upgradeAndRollback(t *testing.T, p string, prev convergeRelease, in installer) {
-	storesForPrevious(t, prev)
+	storesForPrevious(t, p, prev)
 	if err := in.install(); err != nil {
 		t.Fatalf("installing %s: %v", prev.tag, err)
 	}
@@ -441,12 +441,13 @@ func cannotRead(t *testing.T, prev convergeRelease) bool {
 // storesForPrevious leaves each node's state store as a node that has
 // only run prev would hold it, when prev cannot read what the code under
 // test writes: the run's converge made and closed those stores, and prev
-// would refuse them at its install (docs/releasing.md, "Rolling back"),
-// before the upgrade under test began. It does so only while the cluster
-// has no converge volume and no node's data directory holds a file, so
-// that the store moved aside holds no volume prev could take for an
-// orphan.
-func storesForPrevious(t *testing.T, prev convergeRelease) {
+// would refuse them at its install (docs/releasing.md, "Rolling back",
+// whose checks and order it follows), before the upgrade under test
+// began. It does so only while the cluster has no converge volume and no
+// node's data or pools directory holds a file, so that the store moved
+// aside (named after the subtest, p) holds no volume prev could take for
+// an orphan.
+func storesForPrevious(t *testing.T, p string, prev convergeRelease) {
 	t.Helper()
 	if !cannotRead(t, prev) {
 		return
@@ -461,15 +462,22 @@ func storesForPrevious(t *testing.T, prev convergeRelease) {
 		}
 	}
 	for _, n := range c.nodes {
-		filepath.WalkDir(n.dataDir, func(path string, d os.DirEntry, err error) error {
-			if err == nil && !d.IsDir() {
-				t.Fatalf("%s cannot read the store of %s, whose data directory holds %s", prev.tag, n.node, path)
+		for _, dir := range []string{n.dataDir, n.poolsDir} {
+			err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() {
+					return fmt.Errorf("holds %s", path)
+				}
+				return err
+			})
+			if err != nil && !os.IsNotExist(err) {
+				t.Fatalf("%s cannot read the store of %s, whose volumes' directory %s: %v", prev.tag, n.node, dir, err)
 			}
-			return nil
-		})
-		for _, name := range []string{"state.db", "state.db-wal"} {
+		}
+		// The log first: a csi-node started between the two would
+		// replay it into a new store.
+		for _, name := range []string{"state.db-wal", "state.db"} {
 			from := filepath.Join(n.stateDir, name)
-			if err := os.Rename(from, from+".before-"+prev.tag); err != nil && !os.IsNotExist(err) {
+			if err := os.Rename(from, from+".before-"+p+"-"+prev.tag); err != nil && !os.IsNotExist(err) {
 				t.Fatal(err)
 			}
 		}
