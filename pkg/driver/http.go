@@ -126,10 +126,24 @@ func newLocalHandler(status http.Handler, rec *reconciler.Reconciler, collect co
 	return mux
 }
 
-// serveHTTP serves local on the status socket in the state directory
-// (0600) and, when configured, tcp on cfg.HTTPAddress. The returned
-// function stops both.
-func serveHTTP(cfg Config, tcp, local http.Handler) (stop func(), err error) {
+// httpServer is an HTTP server with its listener.
+type httpServer struct {
+	srv *http.Server
+	lis net.Listener
+}
+
+// serve serves until shutdown; a failure is logged, as the plugin serves
+// its volumes without HTTP.
+func (h httpServer) serve() {
+	if err := h.srv.Serve(h.lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		klog.Background().Error(err, "HTTP server failed", "address", h.lis.Addr().String())
+	}
+}
+
+// listenHTTP listens for local on the status socket in the state
+// directory (0600), replacing a stale one, and, when configured, for tcp
+// on cfg.HTTPAddress.
+func listenHTTP(cfg Config, tcp, local http.Handler) ([]httpServer, error) {
 	sock := StatusSocket(cfg.StateDir)
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("removing stale status socket: %w", err)
@@ -140,30 +154,25 @@ func serveHTTP(cfg Config, tcp, local http.Handler) (stop func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", sock, err)
 	}
-	servers := []*http.Server{{Handler: local, ReadHeaderTimeout: 5 * time.Second}}
-	listeners := []net.Listener{unixLis}
+	servers := []httpServer{{&http.Server{Handler: local, ReadHeaderTimeout: 5 * time.Second}, unixLis}}
 	if cfg.HTTPAddress != "" {
 		tcpLis, err := net.Listen("tcp", cfg.HTTPAddress)
 		if err != nil {
 			unixLis.Close()
 			return nil, fmt.Errorf("listening on %s: %w", cfg.HTTPAddress, err)
 		}
-		servers = append(servers, &http.Server{Handler: tcp, ReadHeaderTimeout: 5 * time.Second})
-		listeners = append(listeners, tcpLis)
+		servers = append(servers, httpServer{&http.Server{Handler: tcp, ReadHeaderTimeout: 5 * time.Second}, tcpLis})
 	}
-	for i, l := range listeners {
-		go func() {
-			if err := servers[i].Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				klog.Background().Error(err, "HTTP server failed", "address", l.Addr().String())
-			}
-		}()
+	return servers, nil
+}
+
+// stopHTTP shuts servers down, giving each open request a second, and
+// removes the status socket.
+func stopHTTP(cfg Config, servers []httpServer) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	for _, h := range servers {
+		h.srv.Shutdown(ctx)
 	}
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		for _, srv := range servers {
-			srv.Shutdown(ctx)
-		}
-		os.Remove(sock)
-	}, nil
+	os.Remove(StatusSocket(cfg.StateDir))
 }

@@ -72,7 +72,7 @@ type pool struct {
 	name, dir string
 	// guard is the pool's guard, and guardSet whether it was configured
 	// (its guard=, or --pool-guard). One not configured is the default
-	// for the pool's filesystem, which openPools finds out
+	// for the pool's filesystem, which findPools finds out
 	// (capacity.DefaultGuardFor).
 	guard    capacity.Guard
 	guardSet bool
@@ -123,16 +123,16 @@ func (c Config) poolOf(name, dir, guard string) pool {
 	return p
 }
 
-// openPools creates the pools' directories, refuses two on one
-// filesystem (both would promise the same space), and opens each: its
-// interrupted image creations and snapshot copies removed, the way its
-// filesystem copies found out. The default pool's directory is made when
-// missing; another pool's is the operator's (a filesystem mounted there),
-// and a node where it does not exist has no such pool: one DaemonSet
-// serves nodes with and without it. A pool on the filesystem of the
-// kubelet's directory kubeletDir guards it from the kubelet's evictions
-// (guardFor). It returns the pools this node has, with their specs.
-func openPools(specs []pool, kubeletDir string, store *state.Store) ([]pool, []*devices.Pool, error) {
+// findPools creates the default pool's directory when missing, refuses
+// two pools on one filesystem (both would promise the same space), and
+// returns the pools this node has, with their specs: another pool's
+// directory is the operator's (a filesystem mounted there), and a node
+// where it does not exist has no such pool: one DaemonSet serves nodes with
+// and without it. A pool on the filesystem of the kubelet's directory
+// kubeletDir guards it from the kubelet's evictions (guardFor). What a
+// crash left in the pools is removed, and their filesystems probed, by
+// recover (repairPool, probePool).
+func findPools(specs []pool, kubeletDir string) ([]pool, []*devices.Pool, error) {
 	kubeletDev, err := devices.FilesystemHolding(kubeletDir)
 	if err != nil {
 		return nil, nil, fmt.Errorf("finding the filesystem of the kubelet's directory: %w", err)
@@ -161,32 +161,51 @@ func openPools(specs []pool, kubeletDir string, store *state.Store) ([]pool, []*
 		if p, err = guardFor(p, dev == kubeletDev, images, kubeletDir); err != nil {
 			return nil, nil, err
 		}
-		if err := images.RemoveStaleTemps(); err != nil {
-			return nil, nil, fmt.Errorf("pool %s: removing interrupted image creations: %w", p.name, err)
-		}
-		snapshots, err := openSnapshots(p.dir)
-		if err != nil {
-			return nil, nil, fmt.Errorf("pool %s: %w", p.name, err)
-		}
-		// Where images share blocks with their snapshots, a thick image
-		// owes what it shares: its writes there take new blocks.
-		images.Shares = snapshots.Mode == devices.CopyReflink
-		fsType, holes, err := devices.ProbeFilesystem(p.dir)
-		if err != nil {
-			return nil, nil, fmt.Errorf("pool %s: %w", p.name, err)
-		}
 		here = append(here, p)
-		out = append(out, &devices.Pool{Name: p.name, Images: images, Snapshots: snapshots, FsType: fsType, PunchesHoles: holes})
-		klog.InfoS("Storage pool", "pool", p.name, "dir", p.dir, "fsType", fsType, "copy", snapshots.Mode, "punchesHoles", holes,
-			"guard", p.guard, "kubeletFilesystem", p.kubeletFS, "ratio", p.ratio)
-		if !holes {
-			klog.InfoS("Storage pool cannot punch holes: its thin volumes never give back what they freed", "pool", p.name)
-		}
-	}
-	if err := dropTempSnapshotIntents(store, out[0].Snapshots); err != nil {
-		return nil, nil, err
+		// The snapshot directory is made at the first snapshot.
+		out = append(out, &devices.Pool{Name: p.name, Images: images, Snapshots: &devices.Snapshots{Dir: filepath.Join(p.dir, "snapshots")}})
 	}
 	return here, out, nil
+}
+
+// repairPool removes what interrupted image creations and snapshot copies
+// left in pool p.
+func repairPool(p *devices.Pool) error {
+	if err := p.Images.RemoveStaleTemps(); err != nil {
+		return fmt.Errorf("pool %s: removing interrupted image creations: %w", p.Name, err)
+	}
+	if err := devices.RemoveStaleTemps(p.Snapshots.Dir); err != nil {
+		return fmt.Errorf("pool %s: removing interrupted snapshots: %w", p.Name, err)
+	}
+	return nil
+}
+
+// probePool finds out how pool p's filesystem copies (reflinks where it
+// shares blocks; the copies are made in the data directory, on the same
+// filesystem as the snapshots) and whether it punches holes, and reports
+// the pool as spec configures it.
+func probePool(spec pool, p *devices.Pool) error {
+	mode, err := devices.ProbeCopyMode(spec.dir)
+	if err != nil {
+		// Never a reason not to start (the volumes' mounts are restored
+		// by the start): copies then never share blocks, which is correct
+		// anywhere, only slower where reflinks would have worked.
+		klog.ErrorS(err, "Cannot tell whether the data directory shares blocks; snapshots are copied without")
+		mode = devices.CopySparse
+	}
+	p.Snapshots.Mode = mode
+	// Where images share blocks with their snapshots, a thick image
+	// owes what it shares: its writes there take new blocks.
+	p.Images.Shares = mode == devices.CopyReflink
+	if p.FsType, p.PunchesHoles, err = devices.ProbeFilesystem(spec.dir); err != nil {
+		return fmt.Errorf("pool %s: %w", p.Name, err)
+	}
+	klog.InfoS("Storage pool", "pool", p.Name, "dir", spec.dir, "fsType", p.FsType, "copy", mode, "punchesHoles", p.PunchesHoles,
+		"guard", spec.guard, "kubeletFilesystem", spec.kubeletFS, "ratio", spec.ratio)
+	if !p.PunchesHoles {
+		klog.InfoS("Storage pool cannot punch holes: its thin volumes never give back what they freed", "pool", p.Name)
+	}
+	return nil
 }
 
 // guardFor returns pool p, on the kubelet's filesystem or not, with its

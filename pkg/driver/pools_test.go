@@ -113,7 +113,7 @@ func TestPoolGuardFollowsTheKubeletsFilesystem(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer store.Close()
-			here, opened, err := openPools(cfg.pools, cfg.KubeletDir, store)
+			here, opened, err := findPools(cfg.pools, cfg.KubeletDir)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +133,7 @@ func TestPoolGuardFollowsTheKubeletsFilesystem(t *testing.T) {
 
 // TestPoolOwnGuardWins checks that a pool's guard= overrides --pool-guard,
 // and that a pool without one takes --pool-guard when it is given, and the
-// default of its filesystem (left to openPools) when it is not.
+// default of its filesystem (left to findPools) when it is not.
 func TestPoolOwnGuardWins(t *testing.T) {
 	base := Config{NodeID: "n", Endpoint: "unix:///tmp/x.sock", StateDir: "/var/lib/converge",
 		Pools: []PoolSpec{{Name: "fast", Dir: "/mnt/a", Guard: "1Gi"}, {Name: "slow", Dir: "/mnt/b"}}}

@@ -1,0 +1,170 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+	"k8s.io/mount-utils"
+	"k8s.io/utils/clock"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/controller"
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/metrics"
+	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/reconciler"
+	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/volstatus"
+)
+
+// construct builds the plugin from cfg, once: the configuration checked,
+// the store opened, this node's pools found, one Paths for every part
+// that resolves paths beneath the roots, and the reconciler, the CSI
+// services and the HTTP handlers wired to them. It repairs nothing and
+// serves nothing; on failure it releases what it opened.
+func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
+	cfg, err = cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	p := &plugin{cfg: cfg}
+	if p.store, err = openStore(ctx, cfg); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	if p.specs, p.pools, err = findPools(cfg.pools, cfg.KubeletDir); err != nil {
+		return nil, err
+	}
+	if p.sock, err = socketPath(cfg.Endpoint); err != nil {
+		return nil, err
+	}
+	pools := devices.NewPools(p.pools...)
+	paths := devices.NewPaths(cfg.roots())
+	m := metrics.New()
+	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: pools}
+	topology := map[string]string{TopologyKey: cfg.NodeID}
+	// Each pool's space promises what CreateVolume, snapshots, restores
+	// and the reconciler's growth of images for NodeExpandVolume take of
+	// it, under its own lock.
+	p.promises = controller.NewPools(p.store, spaces(p.specs, p.pools, p.store)...)
+	ctrl := controller.New(p.promises, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
+	if p.rec, err = p.newReconciler(m, pools, paths); err != nil {
+		return nil, err
+	}
+	node, err := p.newNodeServer(pools, topology)
+	if err != nil {
+		return nil, err
+	}
+	// Snapshots are intents of the node's records: the node server asks
+	// the reconciler for them and waits, on the controller's behalf.
+	ctrl.ServeSnapshots(node)
+	p.grpc = newGRPCServer(cfg, m, p.rec, ctrl, node)
+
+	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, p.specs, p.promises, pools) }
+	m.WatchPools(statuses)
+	m.WatchReady(p.rec.Ready)
+	m.WatchRequests(node.Waiting, node.MaxRequests())
+	public := newHTTPHandler(m, p.rec, probeSelf(p.sock))
+	status := newStatusHandler(public, p.rec, statuses)
+	p.tcp, p.local = public, newLocalHandler(status, p.rec, ctrl.Collect)
+	if cfg.HTTPStatus {
+		p.tcp = status
+	}
+	return p, nil
+}
+
+// openStore opens the store in the state directory, made when missing.
+// Opening replays the log of a run that ended without a checkpoint
+// (killed or crashed): the first of the repairs of a start.
+func openStore(ctx context.Context, cfg Config) (*state.Store, error) {
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", cfg.StateDir, err)
+	}
+	store, err := state.OpenWith(filepath.Join(cfg.StateDir, "state.db"), state.Options{Release: cfg.Version})
+	if err != nil {
+		return nil, err
+	}
+	if n := store.Replayed(); n > 0 {
+		klog.FromContext(ctx).Info("Replayed the state log", "records", n)
+	}
+	return store, nil
+}
+
+// newReconciler builds the reconciler of the plugin's store, observer and
+// pools, recording into m.
+func (p *plugin) newReconciler(m *metrics.Metrics, pools *devices.Pools, paths *devices.Paths) (*reconciler.Reconciler, error) {
+	var static reconciler.Static
+	if len(p.cfg.AllowedDevicePrefixes) > 0 {
+		static = devices.StaticDevices{Prefixes: p.cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
+	}
+	guards := map[string]capacity.Guard{}
+	for _, s := range p.specs {
+		guards[s.name] = s.guard
+	}
+	return reconciler.New(reconciler.Config{
+		Recorder: m,
+		Static:   static,
+		Store:    p.store,
+		Observer: p.observer,
+		Loops:    devices.LoopDevices{},
+		// mount(8) only for what is not ext4, xfs or btrfs: those mount
+		// through the kernel's mount API, after mount-utils' decisions.
+		Filesystems: devices.NewMounter(devices.NewFsMounter(mount.NewWithoutSystemd(""), paths, devices.SELinuxEnabled()),
+			utilexec.New(), maxFormats, paths),
+		Paths:        paths,
+		Images:       pools,
+		ImagePromise: p.promises,
+		Snapshots:    pools,
+		Roots:        p.cfg.roots(),
+		Clock:        clock.RealClock{},
+		ResyncPeriod: p.cfg.ResyncPeriod,
+		PoolGuard:    p.specs[0].guard,
+		PoolGuards:   guards,
+	})
+}
+
+// newNodeServer builds the CSI Node service of the plugin's store, which
+// kicks its reconciler.
+func (p *plugin) newNodeServer(pools *devices.Pools, topology map[string]string) (*nodeserver.Server, error) {
+	cfg, store := p.cfg, p.store
+	return nodeserver.New(nodeserver.Config{
+		Store:  store,
+		Kicker: p.rec,
+		Stat:   devices.Statfs,
+		Capacity: func(id string) (int64, error) {
+			v, _ := store.Get(id)
+			return pools.Size(state.PoolOf(v), id)
+		},
+		NodeID:          cfg.NodeID,
+		MaxVolumes:      cfg.MaxVolumes,
+		Topology:        topology,
+		Roots:           cfg.roots(),
+		DevicePrefixes:  cfg.AllowedDevicePrefixes,
+		MaxWait:         cfg.MaxWait,
+		MaxRequests:     cfg.MaxRequests,
+		VolumeHealth:    cfg.Features.Enabled(VolumeHealth),
+		VolumeCondition: cfg.Features.Enabled(VolumeCondition),
+	})
+}
+
+// newGRPCServer returns the gRPC server of the CSI Identity, Controller and
+// Node services, bounded and intercepted; serve gives it its listener.
+func newGRPCServer(cfg Config, m *metrics.Metrics, rec *reconciler.Reconciler, ctrl *controller.Controller, node *nodeserver.Server) *grpc.Server {
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics, observeCalls(m), logCalls),
+		grpc.MaxConcurrentStreams(maxStreams), grpc.MaxRecvMsgSize(maxMessage))
+	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready,
+		snapshotAccessibility: cfg.Features.Enabled(SnapshotAccessibility)})
+	csi.RegisterControllerServer(srv, ctrl)
+	csi.RegisterNodeServer(srv, node)
+	return srv
+}

@@ -1,0 +1,85 @@
+package driver
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// TestRecoverFreesAFullPoolBeforeProbingIt checks that a start removes
+// what an interrupted image creation and snapshot copy left, keeps every
+// image and snapshot, and probes the pool only then: the leftovers of a
+// crash may have filled the pool's filesystem, where the probe, which
+// writes, would fail and the plugin never start.
+func TestRecoverFreesAFullPoolBeforeProbingIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	snapDir := filepath.Join(dir, "snapshots")
+	if err := os.Mkdir(snapDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	kept := []string{filepath.Join(dir, "v1.img"), filepath.Join(snapDir, "s1_node.snap")}
+	for _, f := range kept {
+		if err := os.WriteFile(f, []byte("data"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leftovers := []string{filepath.Join(snapDir, ".tmp-s2_node.snap"), filepath.Join(dir, ".tmp-v2.img")}
+	for _, f := range leftovers {
+		fill(t, f)
+	}
+	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	p := &plugin{store: store, specs: []pool{{name: state.DefaultPool, dir: dir, ratio: 1}},
+		pools: []*devices.Pool{{Name: state.DefaultPool, Images: &devices.Images{Dir: dir}, Snapshots: &devices.Snapshots{Dir: snapDir}}}}
+
+	if err := p.recover(); err != nil {
+		t.Fatalf("recovering a pool full of what a crash left: %v", err)
+	}
+	for _, f := range leftovers {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after the start: got %v, want it removed", f, err)
+		}
+	}
+	for _, f := range kept {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s after the start: got %v, want it kept", f, err)
+		}
+	}
+	if got := p.pools[0]; got.FsType != "tmpfs" || got.Snapshots.Mode == "" {
+		t.Errorf("pool probed as %q copying %q, want tmpfs and a copy mode", got.FsType, got.Snapshots.Mode)
+	}
+}
+
+// fill writes f until its filesystem has no space left.
+func fill(t *testing.T, f string) {
+	t.Helper()
+	w, err := os.Create(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		if _, err := w.Write(buf); errors.Is(err, unix.ENOSPC) {
+			return
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
