@@ -23,74 +23,73 @@ import (
 // RESOURCE_EXHAUSTED and one it never could OUT_OF_RANGE, both with the
 // image as it was; the kubelet's next request tries again.
 func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := checkID(id); err != nil {
-		return nil, err
-	}
-	if path == "" {
-		return nil, invalid("volume path is required")
-	}
-	rng := state.Range{Required: req.GetCapacityRange().GetRequiredBytes(), Limit: req.GetCapacityRange().GetLimitBytes()}
-	if err := rng.Check(); err != nil {
-		return nil, err
-	}
-	// An unknown volume is NOT_FOUND whatever the path (CSI); the path is
-	// checked before it is used.
-	v, err := s.cfg.Store.Get(id)
-	if errors.Is(err, state.ErrNotFound) || err == nil && !v.HasNodeIntent() {
-		return nil, notFound(id)
-	}
+	id := req.GetVolumeId()
+	required, retry, err := s.expandSize(req)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkPath("volume path", path); err != nil {
-		return nil, err
-	}
-	if err := liveAt(v, path); err != nil {
+	err = s.request(ctx, id, func(v *state.Volume) error { return v.RequestExpand(required, retry) }, func(v *state.Volume) check {
+		klog.FromContext(ctx).V(4).Info("Expand intent recorded", "volumeID", id, "bytes", v.Expand.Bytes, "generation", v.Expand.Generation)
+		return s.expandCheck(id, v.Expand.Generation)
+	})
+	if err != nil {
 		return nil, err
 	}
 	capacity, err := s.capacity(id)
 	if err != nil {
 		return nil, err
 	}
-	if err := rng.Grows(id, capacity); err != nil {
-		return nil, err
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+// expandSize validates an expansion request and returns the capacity it
+// asks for (the image's own when it names none), and whether that size is
+// asked again after it failed for good. An invalid request is
+// INVALID_ARGUMENT (before any lookup) or OUT_OF_RANGE; an unknown volume
+// NOT_FOUND whatever the path (CSI), and a path it is neither staged nor
+// published at NOT_FOUND too.
+func (s *Server) expandSize(req *csi.NodeExpandVolumeRequest) (required int64, retry bool, err error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if err := checkID(id); err != nil {
+		return 0, false, err
 	}
-	required := rng.Required
+	if path == "" {
+		return 0, false, invalid("volume path is required")
+	}
+	rng := state.Range{Required: req.GetCapacityRange().GetRequiredBytes(), Limit: req.GetCapacityRange().GetLimitBytes()}
+	if err := rng.Check(); err != nil {
+		return 0, false, err
+	}
+	// The path is checked before it is used, after the volume is found.
+	v, err := s.cfg.Store.Get(id)
+	if errors.Is(err, state.ErrNotFound) || err == nil && !v.HasNodeIntent() {
+		return 0, false, notFound(id)
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	if err := s.checkPath("volume path", path); err != nil {
+		return 0, false, err
+	}
+	if err := liveAt(v, path); err != nil {
+		return 0, false, err
+	}
+	capacity, err := s.capacity(id)
+	if err != nil {
+		return 0, false, err
+	}
+	if err := rng.Grows(id, capacity); err != nil {
+		return 0, false, err
+	}
+	required = rng.Required
 	if required == 0 {
 		required = capacity
 	}
 	// The same size asked for again after it failed for good (no space,
 	// say) is tried again: the kubelet retries, and space may have been
 	// freed since.
-	retry := v.Expand != nil && v.Expand.Bytes == required && s.cfg.Store.TerminalFailureFor(id, state.ExpandKey, v.Expand.Generation) != nil
-	release, err := s.admit()
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	v, err = s.record(id, func(v *state.Volume) error {
-		if v.Stage == nil || v.Stage.Deleting {
-			return state.Errorf(state.KindNotFound, "volume %s is not staged", id)
-		}
-		// The latest request is the intent: a smaller one (a user
-		// recovering from a growth that failed) supersedes a larger one.
-		if v.Expand == nil || v.Expand.Bytes != required || retry {
-			v.Expand = &state.Expand{Bytes: required}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	klog.FromContext(ctx).V(4).Info("Expand intent recorded", "volumeID", id, "bytes", v.Expand.Bytes, "generation", v.Expand.Generation)
-	if err := s.wait(ctx, id, s.expandCheck(id, v.Expand.Generation)); err != nil {
-		return nil, err
-	}
-	if capacity, err = s.capacity(id); err != nil {
-		return nil, err
-	}
-	return &csi.NodeExpandVolumeResponse{CapacityBytes: capacity}, nil
+	retry = v.Expand != nil && v.Expand.Bytes == required && s.cfg.Store.TerminalFailureFor(id, state.ExpandKey, v.Expand.Generation) != nil
+	return required, retry, nil
 }
 
 // capacity returns the size of id's image.

@@ -165,6 +165,27 @@ func (s *Server) admit() (release func(), err error) {
 	}
 }
 
+// request serves a Node request the handler has validated: it admits it,
+// records the intent transition makes (a named request transition of the
+// state package), and waits for the check await builds from the recorded
+// record. A nil check (nothing to wait for) answers OK at once.
+func (s *Server) request(ctx context.Context, id string, transition func(v *state.Volume) error, await func(v *state.Volume) check) error {
+	release, err := s.admit()
+	if err != nil {
+		return err
+	}
+	defer release()
+	v, err := s.record(id, transition)
+	if err != nil {
+		return err
+	}
+	c := await(v)
+	if c == nil {
+		return nil
+	}
+	return s.wait(ctx, id, c)
+}
+
 // record writes the intent fn makes and kicks the reconciler, whose work
 // on it overlaps the write's fdatasync, then returns once the record is
 // durable: no request is answered OK on an intent a crash could lose. When

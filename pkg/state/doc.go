@@ -7,6 +7,11 @@
 // and one fdatasync); bbolt takes the log's records at checkpoints, and Open
 // replays what came after the last one (see writeLog).
 //
+// A record changes only through its named transitions, inside
+// Store.Update: a Node request's (requests.go: the intent it makes, or the
+// classified error that refuses it) and the reconciler's once an operation
+// has ended (transitions.go).
+//
 // The package knows intents and nothing of gRPC, the OS or CSI codes: errors
-// carry a Kind that pkg/nodeserver maps to a gRPC code in one place.
+// carry a Kind that pkg/rpcerr maps to a gRPC code in one place.
 package state

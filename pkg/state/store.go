@@ -366,8 +366,9 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 	s.mu.Unlock()
 	cur := old.DeepCopy()
 	if cur == nil {
-		cur = &Volume{ID: id}
+		cur = &Volume{}
 	}
+	cur.ID = id // the volume a transition's refusal names
 	if err := fn(cur); err != nil {
 		return nil, nil, err
 	}

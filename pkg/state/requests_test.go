@@ -1,0 +1,228 @@
+package state
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// requestCase is one request transition on a record: the record it gives,
+// or the kind of error it refuses with and a part of its message (the
+// record then unchanged).
+type requestCase struct {
+	name    string
+	v       *Volume
+	want    *Volume
+	kind    Kind
+	message string
+}
+
+// run applies fn to a copy of tc.v and checks what it made of it.
+func (tc requestCase) run(t *testing.T, fn func(v *Volume) error) {
+	t.Helper()
+	v := tc.v.DeepCopy()
+	err := fn(v)
+	if tc.want == nil {
+		e := AsError(err)
+		if e == nil || e.Kind != tc.kind || !strings.Contains(e.Message, tc.message) {
+			t.Fatalf("got error %v (%v), want %s with %q", err, e, tc.kind, tc.message)
+		}
+		if !reflect.DeepEqual(v, tc.v) {
+			t.Errorf("a refused request changed the record: got %+v, want %+v", v, tc.v)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("got error %v, want record %+v", err, tc.want)
+	}
+	if !reflect.DeepEqual(v, tc.want) {
+		t.Errorf("got %s, want %s", show(v), show(tc.want))
+	}
+}
+
+// show renders a record with its intents, which %+v prints as pointers.
+func show(v *Volume) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "{id:%s access:%q", v.ID, v.Access)
+	if v.Stage != nil {
+		fmt.Fprintf(&b, " stage:%+v", *v.Stage)
+	}
+	for _, t := range v.Targets() {
+		fmt.Fprintf(&b, " publish %s:%+v", t, *v.Publishes[t])
+	}
+	if v.Expand != nil {
+		fmt.Fprintf(&b, " expand:%+v", *v.Expand)
+	}
+	return b.String() + "}"
+}
+
+// volume is a record of id "v" with the given stage and publishes by
+// target.
+func volume(st *Stage, pubs map[string]*Publish) *Volume {
+	return &Volume{ID: "v", Generation: 9, Stage: st, Publishes: pubs}
+}
+
+func TestRequestStage(t *testing.T) {
+	fs := &Stage{Path: "/s", Access: AccessMount, FsType: "ext4", AccessMode: "SINGLE_NODE_WRITER", MountFlags: []string{"noatime"}}
+	block := &Stage{Path: "/s", Access: AccessBlock, AccessMode: "SINGLE_NODE_WRITER"}
+	with := func(st *Stage, f func(st *Stage)) *Stage {
+		c := *st
+		f(&c)
+		return &c
+	}
+	withdrawn := with(fs, func(st *Stage) { st.Deleting, st.Generation, st.MountID = true, 4, 7 })
+	live := with(fs, func(st *Stage) { st.Generation, st.MountID = 4, 7 })
+	for _, tc := range []struct {
+		requestCase
+		spec *Stage
+	}{
+		{spec: fs, requestCase: requestCase{name: "first stage", v: volume(nil, nil), want: volume(fs, nil)}},
+		{spec: block, requestCase: requestCase{name: "a block stage marks the volume written raw", v: volume(nil, nil),
+			want: &Volume{ID: "v", Generation: 9, Stage: block, Access: AccessBlock}}},
+		{spec: fs, requestCase: requestCase{name: "a duplicate changes nothing", v: volume(live, nil), want: volume(live, nil)}},
+		{spec: fs, requestCase: requestCase{name: "a duplicate cancels its own withdrawal", v: volume(withdrawn, nil), want: volume(live, nil)}},
+		{spec: fs, requestCase: requestCase{name: "a volume being removed",
+			v: &Volume{ID: "v", Removing: true}, kind: KindNotFound, message: "volume v is being deleted"}},
+		{spec: fs, requestCase: requestCase{name: "a filesystem on a volume written raw",
+			v: &Volume{ID: "v", Access: AccessBlock}, kind: KindFailedPrecondition, message: AllowModeChangeKey}},
+		{spec: fs, requestCase: requestCase{name: "a filesystem on a volume written raw and staged so again",
+			v: &Volume{ID: "v", Access: AccessBlock, Stage: block}, kind: KindAlreadyExists, message: "with another capability"}},
+		{spec: with(fs, func(st *Stage) { st.FsType = "xfs" }), requestCase: requestCase{name: "another spec while the stage is torn down",
+			v: volume(withdrawn, nil), kind: KindAborted, message: "still being unstaged from /s; retry later"}},
+		{spec: with(fs, func(st *Stage) { st.Path = "/other" }), requestCase: requestCase{name: "another staging path",
+			v: volume(live, nil), kind: KindAlreadyExists, message: "volume v is already staged at /s"}},
+		{spec: with(fs, func(st *Stage) { st.MountFlags = nil }), requestCase: requestCase{name: "other mount flags",
+			v: volume(live, nil), kind: KindAlreadyExists, message: "already staged at /s with another capability, fs type or mount flags"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := *tc.spec
+			tc.run(t, func(v *Volume) error { return v.RequestStage(&spec) })
+		})
+	}
+}
+
+func TestRequestUnstage(t *testing.T) {
+	st := &Stage{Path: "/s", Access: AccessMount, Generation: 3}
+	gone := &Stage{Path: "/s", Access: AccessMount, Generation: 3, Deleting: true}
+	pub := func(deleting bool) *Publish { return &Publish{Access: AccessMount, Deleting: deleting} }
+	for _, tc := range []struct {
+		requestCase
+		path string
+	}{
+		{path: "/s", requestCase: requestCase{name: "withdraws the stage", v: volume(st, nil), want: volume(gone, nil)}},
+		{path: "/s", requestCase: requestCase{name: "withdrawn already", v: volume(gone, nil), want: volume(gone, nil)}},
+		{path: "/s", requestCase: requestCase{name: "publishes being withdrawn do not hold it",
+			v: volume(st, map[string]*Publish{"/t": pub(true)}), want: volume(gone, map[string]*Publish{"/t": pub(true)})}},
+		{path: "/s", requestCase: requestCase{name: "never staged", v: volume(nil, nil), want: volume(nil, nil)}},
+		{path: "/other", requestCase: requestCase{name: "staged elsewhere", v: volume(st, nil), want: volume(st, nil)}},
+		{path: "/s", requestCase: requestCase{name: "live publishes hold it, named in order",
+			v:    volume(st, map[string]*Publish{"/t2": pub(false), "/t1": pub(false), "/t0": pub(true)}),
+			kind: KindFailedPrecondition, message: "volume v is still published at /t1, /t2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, func(v *Volume) error { return v.RequestUnstage(tc.path) })
+		})
+	}
+}
+
+func TestRequestPublish(t *testing.T) {
+	st := &Stage{Path: "/s", Access: AccessMount, Generation: 3}
+	rw := &Publish{Access: AccessMount, AccessMode: "SINGLE_NODE_MULTI_WRITER"}
+	single := &Publish{Access: AccessMount, AccessMode: SingleWriter}
+	ro := &Publish{Access: AccessMount, AccessMode: "SINGLE_NODE_MULTI_WRITER", ReadOnly: true}
+	at := func(p *Publish, gen int64, deleting bool) *Publish {
+		c := *p
+		c.Generation, c.Deleting, c.MountID = gen, deleting, 5
+		return &c
+	}
+	pubs := func(kv ...any) map[string]*Publish {
+		m := map[string]*Publish{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1].(*Publish)
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		requestCase
+		staging string
+		spec    *Publish
+	}{
+		{spec: rw, requestCase: requestCase{name: "first publish", v: volume(st, nil), want: volume(st, pubs("/t", rw))}},
+		{spec: rw, requestCase: requestCase{name: "a second target",
+			v: volume(st, pubs("/u", at(rw, 4, false))), want: volume(st, pubs("/u", at(rw, 4, false), "/t", rw))}},
+		{spec: rw, requestCase: requestCase{name: "a duplicate changes nothing",
+			v: volume(st, pubs("/t", at(rw, 4, false))), want: volume(st, pubs("/t", at(rw, 4, false)))}},
+		{spec: rw, requestCase: requestCase{name: "a duplicate cancels its own withdrawal",
+			v: volume(st, pubs("/t", at(rw, 4, true))), want: volume(st, pubs("/t", at(rw, 4, false)))}},
+		{spec: single, requestCase: requestCase{name: "single writer beside a withdrawn publish",
+			v: volume(st, pubs("/u", at(rw, 4, true))), want: volume(st, pubs("/u", at(rw, 4, true), "/t", single))}},
+		{spec: rw, requestCase: requestCase{name: "not staged", v: volume(nil, nil), kind: KindFailedPrecondition, message: "volume v is not staged"}},
+		{spec: rw, requestCase: requestCase{name: "stage being withdrawn",
+			v: volume(&Stage{Path: "/s", Access: AccessMount, Deleting: true}, nil), kind: KindFailedPrecondition, message: "volume v is not staged"}},
+		{staging: "/other", spec: rw, requestCase: requestCase{name: "staged elsewhere",
+			v: volume(st, nil), kind: KindFailedPrecondition, message: "volume v is staged at /s, not /other"}},
+		{spec: &Publish{Access: AccessBlock}, requestCase: requestCase{name: "another access type",
+			v: volume(st, nil), kind: KindFailedPrecondition, message: "volume v is staged with access type mount, not block"}},
+		{spec: ro, requestCase: requestCase{name: "other options at the target",
+			v: volume(st, pubs("/t", at(rw, 4, false))), kind: KindAlreadyExists, message: "already published at /t with other options"}},
+		{spec: ro, requestCase: requestCase{name: "other options while the target is torn down",
+			v: volume(st, pubs("/t", at(rw, 4, true))), kind: KindAborted, message: "still being unpublished from /t; retry later"}},
+		{spec: single, requestCase: requestCase{name: "single writer beside a live publish",
+			v: volume(st, pubs("/u", at(rw, 4, false))), kind: KindFailedPrecondition, message: "volume v is SINGLE_NODE_SINGLE_WRITER and already published at /u"}},
+		{spec: rw, requestCase: requestCase{name: "beside a live single writer",
+			v: volume(st, pubs("/u", at(single, 4, false))), kind: KindFailedPrecondition, message: "already published at /u"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			staging := tc.staging
+			if staging == "" {
+				staging = "/s"
+			}
+			spec := *tc.spec
+			tc.run(t, func(v *Volume) error { return v.RequestPublish(staging, "/t", &spec) })
+		})
+	}
+}
+
+func TestRequestUnpublish(t *testing.T) {
+	st := &Stage{Path: "/s", Access: AccessMount, Generation: 3}
+	p := func(deleting bool) map[string]*Publish {
+		return map[string]*Publish{"/t": {Access: AccessMount, Generation: 4, Deleting: deleting}}
+	}
+	for _, tc := range []requestCase{
+		{name: "withdraws the publish", v: volume(st, p(false)), want: volume(st, p(true))},
+		{name: "withdrawn already", v: volume(st, p(true)), want: volume(st, p(true))},
+		{name: "never published there", v: volume(st, nil), want: volume(st, nil)},
+		{name: "unknown volume", v: &Volume{ID: "v"}, want: &Volume{ID: "v"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, func(v *Volume) error { return v.RequestUnpublish("/t") })
+		})
+	}
+}
+
+func TestRequestExpand(t *testing.T) {
+	st := &Stage{Path: "/s", Access: AccessMount, Generation: 3}
+	expanding := func(bytes, gen int64) *Volume {
+		v := volume(st, nil)
+		v.Expand = &Expand{Bytes: bytes, Generation: gen}
+		return v
+	}
+	for _, tc := range []struct {
+		requestCase
+		bytes int64
+		retry bool
+	}{
+		{bytes: 10, requestCase: requestCase{name: "first expansion", v: volume(st, nil), want: expanding(10, 0)}},
+		{bytes: 10, requestCase: requestCase{name: "the same size again", v: expanding(10, 5), want: expanding(10, 5)}},
+		{bytes: 10, retry: true, requestCase: requestCase{name: "the same size after it failed for good is new", v: expanding(10, 5), want: expanding(10, 0)}},
+		{bytes: 8, requestCase: requestCase{name: "a smaller size supersedes a larger one", v: expanding(10, 5), want: expanding(8, 0)}},
+		{bytes: 10, requestCase: requestCase{name: "not staged", v: volume(nil, nil), kind: KindNotFound, message: "volume v is not staged"}},
+		{bytes: 10, requestCase: requestCase{name: "stage being withdrawn",
+			v: volume(&Stage{Path: "/s", Deleting: true}, nil), kind: KindNotFound, message: "volume v is not staged"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, func(v *Volume) error { return v.RequestExpand(tc.bytes, tc.retry) })
+		})
+	}
+}
