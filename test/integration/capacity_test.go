@@ -339,23 +339,23 @@ func TestOldSparseVolumeIsMadeThick(t *testing.T) {
 		t.Errorf("capacity fell by %d bytes for an old sparse %d-byte volume, want all of it", before-after, size)
 	}
 	staging, target := upPublishedExisting(t, p, "old")
-	poll.Until(t, 20*time.Second, 100*time.Millisecond, "old image allocated whole after its stage", func() error {
+	// The reconciler records the volume thick only once the space is
+	// reserved, just after the image is allocated whole: wait for both.
+	poll.Until(t, 20*time.Second, 100*time.Millisecond, "old image allocated whole and the volume thick after its stage", func() error {
 		if got := allocated(t, p, "old"); got < size {
 			return fmt.Errorf("%d of %d bytes allocated", got, size)
 		}
-		return nil
-	})
-	out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
-	must(t, "status", err)
-	thick := false
-	for _, line := range strings.Split(string(out), "\n") {
-		if f := strings.Fields(line); len(f) > 2 && f[0] == "old" {
-			thick = f[3] == "thick" // volume, pool, phase, provisioning
+		out, err := exec.Command(testenv.Binary(t), "status", "--state-dir", p.StateDir).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("status: %v: %s", err, out)
 		}
-	}
-	if !thick {
-		t.Errorf("status after the reservation:\n%s\nwant the old volume thick", out)
-	}
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 3 && f[0] == "old" && f[3] == "thick" { // volume, pool, phase, provisioning
+				return nil
+			}
+		}
+		return fmt.Errorf("status:\n%s\nwant the old volume thick", out)
+	})
 	unpublish(t, p, "old", target)
 	unstage(t, p, "old", staging)
 	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: "old"})
