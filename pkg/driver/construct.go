@@ -14,6 +14,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/metrics"
@@ -52,7 +53,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	paths := devices.NewPaths(cfg.roots())
 	m := metrics.New()
 	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: pools}
-	topology := map[string]string{TopologyKey: cfg.NodeID}
+	topology := map[string]string{contract.TopologyKey: cfg.NodeID}
 	// Each pool's space promises what CreateVolume, snapshots, restores
 	// and the reconciler's growth of images for NodeExpandVolume take of
 	// it, under its own lock.

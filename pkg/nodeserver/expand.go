@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -50,7 +51,7 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 // published at NOT_FOUND too.
 func (s *Server) expandSize(req *csi.NodeExpandVolumeRequest) (required int64, retry bool, err error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := checkID(id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Records); err != nil {
 		return 0, false, err
 	}
 	if path == "" {

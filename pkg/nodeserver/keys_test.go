@@ -3,35 +3,9 @@ package nodeserver
 import (
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
-
-// TestCheckKeys owns the refusal of keys converge does not know, for
-// StorageClass and VolumeSnapshotClass parameters and volume attributes
-// alike: Kubernetes' own keys pass, every other unknown key is named.
-func TestCheckKeys(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		m    map[string]string
-		want string
-	}{
-		{name: "none", m: nil},
-		{name: "known", m: map[string]string{MkfsOptionsKey: "-b 4096"}},
-		{name: "kubernetes' own", m: map[string]string{"csi.storage.k8s.io/pvc/name": "c", "storage.kubernetes.io/csiProvisionerIdentity": "x"}},
-		{name: "unknown, named in order", m: map[string]string{"b": "", "a": "", MkfsOptionsKey: ""}, want: `unknown parameters: "a", "b"`},
-		{name: "a prefix alike is not kubernetes'", m: map[string]string{"csi.storage.k8s.io": ""}, want: `unknown parameters: "csi.storage.k8s.io"`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := CheckKeys("parameters", tc.m, MkfsOptionsKey)
-			switch {
-			case tc.want == "" && err != nil:
-				t.Errorf("got %v, want none", err)
-			case tc.want != "" && (err == nil || err.Error() != tc.want || state.AsError(err).Kind != state.KindInvalidArgument):
-				t.Errorf("got %v, want InvalidArgument %q", err, tc.want)
-			}
-		})
-	}
-}
 
 // TestLiveAt owns "the live stage or a live publish, else NOT_FOUND" that
 // NodeGetVolumeStats and NodeExpandVolume ask of a volume path.
@@ -60,10 +34,10 @@ func TestCheckAttributes(t *testing.T) {
 		want string
 	}{
 		{name: "none", vc: nil},
-		{name: "what CreateVolume writes", vc: map[string]string{MkfsOptionsKey: "-b 4096", state.OnNodeLossKey: "release", "storage.kubernetes.io/csiProvisionerIdentity": "x"}},
-		{name: "retain", vc: map[string]string{state.OnNodeLossKey: "retain"}},
-		{name: "a static PV's device", vc: map[string]string{DeviceAttribute: "/dev/disk/by-id/x"}},
-		{name: "an on-node-loss choice converge does not know", vc: map[string]string{state.OnNodeLossKey: "delete"},
+		{name: "what CreateVolume writes", vc: map[string]string{contract.MkfsOptionsKey: "-b 4096", contract.OnNodeLossKey: "release", "storage.kubernetes.io/csiProvisionerIdentity": "x"}},
+		{name: "retain", vc: map[string]string{contract.OnNodeLossKey: "retain"}},
+		{name: "a static PV's device", vc: map[string]string{contract.DeviceKey: "/dev/disk/by-id/x"}},
+		{name: "an on-node-loss choice converge does not know", vc: map[string]string{contract.OnNodeLossKey: "delete"},
 			want: `volume attribute converge.csi.dev/on-node-loss: unknown value "delete": want "retain" or "release"`},
 		{name: "an unknown key", vc: map[string]string{"converge.csi.dev/on-node-los": "release"},
 			want: `unknown volume attributes: "converge.csi.dev/on-node-los"`},
