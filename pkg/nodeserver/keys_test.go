@@ -1,7 +1,11 @@
 package nodeserver
 
 import (
+	"context"
+	"strings"
 	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
@@ -51,5 +55,54 @@ func TestCheckAttributes(t *testing.T) {
 				t.Errorf("got %v, want InvalidArgument %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestNodeRequestsFollowTheIDRule holds every Node request to the one rule
+// for IDs (contract.CheckID): the requests that record the kubelet's
+// intent refuse an ID no volume can have with INVALID_ARGUMENT; those
+// about a volume that must exist (expansion, stats) answer it NOT_FOUND,
+// as ControllerExpandVolume does; no ID at all is INVALID_ARGUMENT.
+func TestNodeRequestsFollowTheIDRule(t *testing.T) {
+	s, _, _ := newServer(t)
+	ctx := context.Background()
+	staging, target := root+"/staging/v", root+"/pods/a/mount"
+	for _, tc := range []struct {
+		rpc  string
+		use  contract.IDUse
+		call func(id string) error
+	}{
+		{"NodeStageVolume", contract.Records, func(id string) error {
+			_, err := s.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: rwo})
+			return err
+		}},
+		{"NodePublishVolume", contract.Records, func(id string) error {
+			_, err := s.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rwo})
+			return err
+		}},
+		{"NodeUnpublishVolume", contract.Records, func(id string) error {
+			_, err := s.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+			return err
+		}},
+		{"NodeUnstageVolume", contract.Records, func(id string) error {
+			_, err := s.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+			return err
+		}},
+		{"NodeExpandVolume", contract.Finds, func(id string) error {
+			_, err := s.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: staging, CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}})
+			return err
+		}},
+		{"NodeGetVolumeStats", contract.Finds, func(id string) error {
+			_, err := s.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: staging})
+			return err
+		}},
+	} {
+		invalid := map[contract.IDUse]state.Kind{contract.Records: state.KindInvalidArgument, contract.Finds: state.KindNotFound}[tc.use]
+		for id, want := range map[string]state.Kind{"": state.KindInvalidArgument, "../v": invalid, ".v": invalid, "v w": invalid, strings.Repeat("v", 129): invalid} {
+			err := tc.call(id)
+			if err == nil || state.AsError(err).Kind != want {
+				t.Errorf("%s of %.10q: got %v, want %v", tc.rpc, id, err, want)
+			}
+		}
 	}
 }
