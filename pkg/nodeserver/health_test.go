@@ -129,7 +129,7 @@ func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 				}
 				return
 			}
-			if len(entries) != 1 || entries[0].Status != tc.wantStatus || entries[0].Reason != tc.cond.Reason {
+			if len(entries) != 1 || entries[0].Status != tc.wantStatus || entries[0].Reason != string(tc.cond.Reason) {
 				t.Errorf("health: got %v, want one %v entry with reason %s", entries, tc.wantStatus, tc.cond.Reason)
 			}
 		})
