@@ -119,7 +119,13 @@ func (a Account) ThickAvailable() int64 {
 
 // NearlyFull reports whether the free space is below the guard: no thin
 // volume is created or grown then, whatever the ratio would allow.
-func (a Account) NearlyFull() bool { return a.Free < a.Guard }
+func (a Account) NearlyFull() bool { return NearlyFull(a.Free, a.Guard) }
+
+// NearlyFull reports whether a pool with free bytes free is below its
+// guard of guard bytes (Guard.Threshold of its size): the one rule for
+// "nearly full", which the promises (Account.NearlyFull) and the
+// reconciler's PoolNearlyFull condition share.
+func NearlyFull(free, guard int64) bool { return free < guard }
 
 // ThinAvailable is the largest thin volume that can be promised now: the
 // ratio times the space thin volumes may use (what they hold, and the free

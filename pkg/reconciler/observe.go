@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -75,7 +76,7 @@ const poolFullBelow = 1 << 20
 
 // poolLow reports whether the data directory's free space is below the
 // guard.
-func (a *actual) poolLow() bool { return a.pool.Known && a.pool.Free < a.poolGuard }
+func (a *actual) poolLow() bool { return a.pool.Known && capacity.NearlyFull(a.pool.Free, a.poolGuard) }
 
 // poolFull reports whether the data directory is full: writes to the holes
 // of images fail.
