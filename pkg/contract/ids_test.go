@@ -33,7 +33,7 @@ func kindOf(err error) state.Kind {
 // TestCheckID owns the one rule for IDs as a classified answer: none is
 // INVALID_ARGUMENT; one ValidID refuses is INVALID_ARGUMENT for a request
 // that records it and NOT_FOUND for one that finds what it names
-// (LookupID, CheckID with Finds); a valid one passes either way.
+// (Finds); a valid one passes either way.
 func TestCheckID(t *testing.T) {
 	for _, tc := range []struct {
 		id             string

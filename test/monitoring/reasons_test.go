@@ -11,18 +11,20 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // TestNamedReasonsAreEmitted fails when an alert rule (deploy/'s, the Helm
 // chart's), the alerts' unit tests or the runbook (docs/operations.md)
 // names a reason converge never gives: an alert on it could never fire,
 // and an operator would look for it in vain. The reasons converge gives
-// are read from the source that gives them (emittedReasons), and the
-// runbook's table of health conditions must list each condition reason.
+// are those it defines (emittedReasons), and the runbook's table of health
+// conditions must list each condition reason.
 func TestNamedReasonsAreEmitted(t *testing.T) {
 	conditions, events := emittedReasons(t)
 	if len(conditions) == 0 || len(events) == 0 {
-		t.Fatalf("read %d condition and %d event reasons from the source: the scanner no longer finds where they are given", len(conditions), len(events))
+		t.Fatalf("read %d condition and %d event reasons: emittedReasons no longer finds where they are defined", len(conditions), len(events))
 	}
 	t.Logf("condition reasons: %s; converge-controller's event reasons: %s", strings.Join(sorted(conditions), ", "), strings.Join(sorted(events), ", "))
 
@@ -38,7 +40,7 @@ func TestNamedReasonsAreEmitted(t *testing.T) {
 			for _, r := range strings.Split(m[1]+m[2], "|") {
 				n++
 				if !conditions[r] {
-					t.Errorf("%s names reason %q, which no volume's condition has", path, r)
+					t.Errorf("%s names reason %q, which no volume's condition has (state.Reasons)", path, r)
 				}
 			}
 		}
@@ -109,123 +111,44 @@ func sorted(m map[string]bool) []string {
 	return out
 }
 
-// emittedReasons reads, from the plugin's source, the reasons converge
-// gives: a volume's condition reasons (csi-node: the reconciler, the node
-// server, the state package) and converge-controller's event reasons
-// (pkg/nodeloss). A reason is a string literal given as one: a constant
-// named Reason* or of type Reason, a value set to a field Reason, the
-// first argument of a function whose first parameter is named reason (or
-// of a variable bound to one), or the first result a function with a
-// first result named reason returns.
+// emittedReasons returns the reasons converge gives: a volume's condition
+// reasons (state.Reasons, where they are defined) and converge-controller's
+// event reasons, the constants named Reason* of pkg/nodeloss.
 func emittedReasons(t *testing.T) (conditions, events map[string]bool) {
 	conditions, events = map[string]bool{}, map[string]bool{}
-	for dir, into := range map[string]map[string]bool{
-		"../../pkg/reconciler": conditions, "../../pkg/nodeserver": conditions, "../../pkg/state": conditions,
-		"../../pkg/nodeloss": events,
-	} {
-		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	for _, r := range state.Reasons {
+		conditions[string(r)] = true
+	}
+	files, err := filepath.Glob("../../pkg/nodeloss/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, path := range files {
-			if strings.HasSuffix(path, "_test.go") {
-				continue
-			}
-			f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			reasonsIn(f, into)
-		}
-	}
-	return conditions, events
-}
-
-// reasonsIn adds to into the reasons file f gives (see emittedReasons).
-func reasonsIn(f *ast.File, into map[string]bool) {
-	lit := func(e ast.Expr) {
-		if b, ok := e.(*ast.BasicLit); ok && b.Kind == token.STRING {
-			if s, err := strconv.Unquote(b.Value); err == nil && s != "" {
-				into[s] = true
-			}
-		}
-	}
-	firstNamed := func(fl *ast.FieldList) bool {
-		return fl != nil && len(fl.List) > 0 && len(fl.List[0].Names) > 0 && fl.List[0].Names[0].Name == "reason"
-	}
-	// The functions taking a reason first, and the variables bound to
-	// them (staging := abnormal), to a fixed point.
-	givers := map[string]bool{}
-	for changed := true; changed; {
-		changed = false
 		ast.Inspect(f, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.FuncDecl:
-				if firstNamed(n.Type.Params) && !givers[n.Name.Name] {
-					givers[n.Name.Name], changed = true, true
-				}
-			case *ast.AssignStmt:
-				for i, rhs := range n.Rhs {
-					id, ok := n.Lhs[min(i, len(n.Lhs)-1)].(*ast.Ident)
-					if !ok || givers[id.Name] {
-						continue
-					}
-					fl, isLit := rhs.(*ast.FuncLit)
-					src, isIdent := rhs.(*ast.Ident)
-					if isLit && firstNamed(fl.Type.Params) || isIdent && givers[src.Name] {
-						givers[id.Name], changed = true, true
+			if spec, ok := n.(*ast.ValueSpec); ok {
+				for i, name := range spec.Names {
+					if b, ok := valueAt(spec, i).(*ast.BasicLit); ok && b.Kind == token.STRING && strings.HasPrefix(name.Name, "Reason") {
+						v, _ := strconv.Unquote(b.Value)
+						events[v] = true
 					}
 				}
 			}
 			return true
 		})
 	}
-	var results []*ast.FieldList // the result lists of the enclosing functions
-	var visit func(n ast.Node) bool
-	visit = func(n ast.Node) bool {
-		switch n := n.(type) {
-		case *ast.FuncDecl:
-			results = append(results, n.Type.Results)
-			if n.Body != nil {
-				ast.Inspect(n.Body, visit)
-			}
-			results = results[:len(results)-1]
-			return false
-		case *ast.FuncLit:
-			results = append(results, n.Type.Results)
-			ast.Inspect(n.Body, visit)
-			results = results[:len(results)-1]
-			return false
-		case *ast.ValueSpec:
-			typed := false
-			if id, ok := n.Type.(*ast.Ident); ok && id.Name == "Reason" {
-				typed = true
-			}
-			for i, name := range n.Names {
-				if (typed || strings.HasPrefix(name.Name, "Reason")) && i < len(n.Values) {
-					lit(n.Values[i])
-				}
-			}
-		case *ast.AssignStmt:
-			for i, lhs := range n.Lhs {
-				if sel, ok := lhs.(*ast.SelectorExpr); ok && sel.Sel.Name == "Reason" && len(n.Rhs) == len(n.Lhs) {
-					lit(n.Rhs[i])
-				}
-			}
-		case *ast.KeyValueExpr:
-			if id, ok := n.Key.(*ast.Ident); ok && id.Name == "Reason" {
-				lit(n.Value)
-			}
-		case *ast.CallExpr:
-			if id, ok := n.Fun.(*ast.Ident); ok && givers[id.Name] && len(n.Args) > 0 {
-				lit(n.Args[0])
-			}
-		case *ast.ReturnStmt:
-			if len(results) > 0 && firstNamed(results[len(results)-1]) && len(n.Results) > 0 {
-				lit(n.Results[0])
-			}
-		}
-		return true
+	return conditions, events
+}
+
+func valueAt(spec *ast.ValueSpec, i int) ast.Expr {
+	if i < len(spec.Values) {
+		return spec.Values[i]
 	}
-	ast.Inspect(f, visit)
+	return nil
 }
