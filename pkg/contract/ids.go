@@ -58,7 +58,9 @@ const (
 // request does with it. No ID at all is INVALID_ARGUMENT ("<what> ID is
 // required"); an ID ValidID refuses is INVALID_ARGUMENT with ValidID's
 // reason for a request that Records it, NOT_FOUND ("<what> <id> not
-// found") for one that Finds. A valid ID is nil.
+// found") for one that Finds. A valid ID is nil. CreateVolume and
+// CreateSnapshot apply ValidID to their names themselves, to say which
+// name, and answer INVALID_ARGUMENT as Records does.
 func CheckID(what, id string, use IDUse) error {
 	if id == "" {
 		return state.Errorf(state.KindInvalidArgument, "%s ID is required", what)
