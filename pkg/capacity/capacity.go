@@ -119,7 +119,13 @@ func (a Account) ThickAvailable() int64 {
 
 // NearlyFull reports whether the free space is below the guard: no thin
 // volume is created or grown then, whatever the ratio would allow.
-func (a Account) NearlyFull() bool { return a.Free < a.Guard }
+func (a Account) NearlyFull() bool { return NearlyFull(a.Free, a.Guard) }
+
+// NearlyFull is the one rule of a nearly full pool: its filesystem has
+// free bytes left, fewer than guard (Guard.Threshold). No volume is created
+// or grown in it, no snapshot taken, and its thin volumes are reported as
+// at risk.
+func NearlyFull(free, guard int64) bool { return free < guard }
 
 // ThinAvailable is the largest thin volume that can be promised now: the
 // ratio times the space thin volumes may use (what they hold, and the free

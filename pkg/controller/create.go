@@ -50,7 +50,7 @@ type createRequest struct {
 	name, id string
 	// pool is the storage pool the volume is made in, space its promise.
 	pool  string
-	space *Space
+	space *Pool
 	prov  state.Provisioning
 	rng   state.Range
 	// size is what the volume is made with.

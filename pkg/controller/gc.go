@@ -83,10 +83,7 @@ func (c *Controller) snapshotsHeld() ([]heldSnapshot, error) {
 	}
 	var out []heldSnapshot
 	for _, space := range c.pools.All() {
-		if space.opts.Snapshots == nil {
-			continue
-		}
-		all, err := space.opts.Snapshots.List()
+		all, err := space.snapshots.List()
 		if err != nil {
 			return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 		}

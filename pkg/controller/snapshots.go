@@ -36,15 +36,9 @@ type snapshotService struct {
 }
 
 // ServeSnapshots makes the controller serve snapshots of this node's
-// volumes, kept in each pool where its space's options say and taken by
-// taker. Without it, or when no pool keeps snapshots, the controller
-// advertises no snapshot capability.
+// volumes, kept in each volume's pool and taken by taker. Without it, the
+// controller advertises no snapshot capability.
 func (c *Controller) ServeSnapshots(taker Snapshotter) {
-	for _, s := range c.pools.All() {
-		if s.opts.Snapshots == nil {
-			return
-		}
-	}
 	c.snapshots = &snapshotService{taker: taker}
 }
 
@@ -130,7 +124,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
 		return devices.SnapshotInfo{}, err
 	}
-	info, err := space.opts.Snapshots.Get(id)
+	info, err := space.snapshots.Get(id)
 	if err != nil {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
@@ -162,7 +156,7 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 		}
 		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[TopologyKey])
 	}
-	from = space.opts.Snapshots
+	from = space.snapshots
 	id := from.TempID("clone-" + name)
 	s.mu.Lock()
 	if c.takingSnapshot(id) == "" {
@@ -250,7 +244,7 @@ func (c *Controller) deleteSnapshotLocked(id string) error {
 	if err != nil {
 		return state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	if err := space.opts.Snapshots.Delete(id); err != nil {
+	if err := space.snapshots.Delete(id); err != nil {
 		return state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
 	}
 	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
@@ -285,7 +279,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		infos = []devices.SnapshotInfo{info}
 	default:
 		for _, space := range c.pools.All() {
-			all, err := space.opts.Snapshots.List()
+			all, err := space.snapshots.List()
 			if err != nil {
 				return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 			}
@@ -329,7 +323,7 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *devices.Sn
 	if err != nil {
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	return info, space.opts.Snapshots, nil
+	return info, space.snapshots, nil
 }
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not

@@ -18,7 +18,7 @@ import (
 )
 
 // ControllerExpandVolume grows a volume whose image is on this node, as
-// Space.GrowImage does (the new space of a thick volume allocated, never
+// Pool.GrowImage does (the new space of a thick volume allocated, never
 // shrinking, within the promise), and leaves the filesystem to the node.
 // A cluster runs one resizer, beside one node's plugin: for a volume whose
 // image is not here, which this node cannot tell from one of another node,

@@ -28,13 +28,13 @@ func snapshots(v *state.Volume, a *actual) []action {
 
 // takenSnapshots observes which of the snapshots asked of v exist. One
 // that cannot be told counts as not taken: taking it tells why.
-func (r *Reconciler) takenSnapshots(v *state.Volume) map[string]bool {
+func takenSnapshots(v *state.Volume, in Pool) map[string]bool {
 	if len(v.Snapshots) == 0 {
 		return nil
 	}
 	taken := make(map[string]bool, len(v.Snapshots))
 	for id := range v.Snapshots {
-		taken[id], _ = r.cfg.Snapshots.Taken(state.PoolOf(v), id)
+		taken[id], _ = in.Taken(id)
 	}
 	return taken
 }
@@ -50,7 +50,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	if a.static {
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
 	}
-	image := r.cfg.Images.Path(state.PoolOf(v), v.ID)
+	image := a.home.Image(v.ID)
 	var frozen string
 	if st := v.Stage; st != nil && !st.Deleting && a.staged && !a.block && !st.MountsReadOnly() {
 		frozen = st.Path
@@ -59,7 +59,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 		if err := r.cfg.Paths.Sync(frozen); err != nil {
 			return fmt.Errorf("syncing %s: %w", frozen, err)
 		}
-		if err := r.cfg.Snapshots.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := a.home.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("flushing the image of %s: %w", v.ID, err)
 		}
 		if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = frozen; return nil }); err != nil {
@@ -85,7 +85,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 		}
 	}
 	of := devices.SnapshotOf{Source: v.ID, FsType: v.Formatted, Access: string(v.WrittenAs())}
-	_, err := r.cfg.Snapshots.Take(ctx, state.PoolOf(v), act.target, image, of, r.cfg.Clock.Now())
+	_, err := a.home.Take(ctx, act.target, image, of, r.cfg.Clock.Now())
 	// The snapshot is taken (unless err) and the volume still frozen.
 	// gofail: var reconcilerSnapshotAfterCopy struct{}
 	if frozen != "" {
