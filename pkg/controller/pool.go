@@ -124,6 +124,24 @@ func (s *Pool) Take(ctx context.Context, id, image string, of devices.SnapshotOf
 	return s.snapshots.Take(ctx, id, image, of, now)
 }
 
+// restore returns the restore under way into volume id's image; nil when
+// none is.
+func (s *Pool) restore(id string) *restore { return s.restores.get(id) }
+
+// imageChanged returns when volume id's image last changed, and its size;
+// an error matching os.ErrNotExist when there is none.
+func (s *Pool) imageChanged(id string) (time.Time, int64, error) { return s.images.Changed(id) }
+
+// snapshot returns snapshot id of the pool; an error matching
+// os.ErrNotExist when the pool has none of that ID.
+func (s *Pool) snapshot(id string) (devices.SnapshotInfo, error) { return s.snapshots.Get(id) }
+
+// deleteSnapshot deletes snapshot id of the pool; a no-op when it has none.
+func (s *Pool) deleteSnapshot(id string) error { return s.snapshots.Delete(id) }
+
+// listSnapshots lists the pool's snapshots.
+func (s *Pool) listSnapshots() ([]devices.SnapshotInfo, error) { return s.snapshots.List() }
+
 // IsTempSnapshot reports whether snapshot id is one only a clone needed.
 func (s *Pool) IsTempSnapshot(id string) bool { return s.snapshots.IsTemp(id) }
 

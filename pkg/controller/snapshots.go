@@ -124,7 +124,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
 		return devices.SnapshotInfo{}, err
 	}
-	info, err := space.snapshots.Get(id)
+	info, err := space.snapshot(id)
 	if err != nil {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
@@ -149,7 +149,7 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	if space == nil {
 		return devices.SnapshotInfo{}, nil, nil, c.pools.noPool(pool)
 	}
-	if _, err := space.images.Size(source); errors.Is(err, os.ErrNotExist) {
+	if _, err := space.ImageSize(source); errors.Is(err, os.ErrNotExist) {
 		if node := nodeOf(source); node != "" && node != c.topology[TopologyKey] {
 			// The scheduler may try another node.
 			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[TopologyKey])
@@ -244,7 +244,7 @@ func (c *Controller) deleteSnapshotLocked(id string) error {
 	if err != nil {
 		return state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	if err := space.snapshots.Delete(id); err != nil {
+	if err := space.deleteSnapshot(id); err != nil {
 		return state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
 	}
 	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
@@ -279,7 +279,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		infos = []devices.SnapshotInfo{info}
 	default:
 		for _, space := range c.pools.All() {
-			all, err := space.snapshots.List()
+			all, err := space.listSnapshots()
 			if err != nil {
 				return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 			}

@@ -70,7 +70,7 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 	snap := host.NewSnapshot(byDevice(mounts, loops), loops)
 	for _, name := range names {
 		if total, free, err := (&Images{Dir: o.Pools[name]}).Capacity(); err == nil {
-			snap.WithPool(name, host.Pool{Known: true, Total: total, Free: free})
+			snap.WithPool(name, host.PoolSpace{Known: true, Total: total, Free: free})
 		}
 	}
 	return snap, nil

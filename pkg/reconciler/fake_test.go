@@ -242,7 +242,7 @@ func (w *fakeWorld) Observe() (*host.Snapshot, error) {
 	}
 	snap := host.NewSnapshot(append([]host.Mount(nil), w.mounts...), loops)
 	if w.pool {
-		snap.WithPool(state.DefaultPool, host.Pool{Known: true, Total: 1 << 30, Free: w.free})
+		snap.WithPool(state.DefaultPool, host.PoolSpace{Known: true, Total: 1 << 30, Free: w.free})
 	}
 	after := w.afterObserve
 	w.mu.Unlock()

@@ -67,7 +67,7 @@ type actual struct {
 	home Pool
 	// pool is the space of the data directory, and poolGuard the free
 	// space below which it is nearly full.
-	pool      host.Pool
+	pool      host.PoolSpace
 	poolGuard int64
 	// poolName names the pool, for the conditions.
 	poolName string
