@@ -121,10 +121,10 @@ func (a Account) ThickAvailable() int64 {
 // volume is created or grown then, whatever the ratio would allow.
 func (a Account) NearlyFull() bool { return NearlyFull(a.Free, a.Guard) }
 
-// NearlyFull is the one rule of a nearly full pool: its filesystem has
-// free bytes left, fewer than guard (Guard.Threshold). No volume is created
-// or grown in it, no snapshot taken, and its thin volumes are reported as
-// at risk.
+// NearlyFull reports whether a pool with free bytes free is below its
+// guard of guard bytes (Guard.Threshold of its size): the one rule for
+// "nearly full", which the promises (Account.NearlyFull) and the
+// reconciler's PoolNearlyFull condition share.
 func NearlyFull(free, guard int64) bool { return free < guard }
 
 // ThinAvailable is the largest thin volume that can be promised now: the
