@@ -38,22 +38,28 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 		return nil, err
 	}
 	if v, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) || err == nil && !v.HasNodeIntent() {
-		if f, ok := s.cfg.Store.LastTerminalFailure(id, state.StageKey); ok && f.Err.Kind == state.KindDataLoss {
-			return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: id, HealthStatuses: []*csi.VolumeHealth_VolumeHealthEntry{{
-				Status: csi.VolumeHealthErrorType_DATA_LOSS, Reason: "FilesystemMissing", Message: healthMessage(f.Err.Message),
-			}}}}, nil
+		if f, ok := s.cfg.Store.LastTerminalFailure(id, state.StageKey); ok {
+			if c, ok := state.LostFilesystem(f.Err); ok {
+				return healthAnswer(id, c), nil
+			}
 		}
 		return nil, state.Errorf(state.KindNotFound, "volume %s not found on this node", id)
 	} else if err != nil {
 		return nil, err
 	}
+	return healthAnswer(id, s.cfg.Store.Condition(id)), nil
+}
+
+// healthAnswer renders condition c of volume id: no entry when it is
+// normal, one entry naming the problem otherwise.
+func healthAnswer(id string, c state.Condition) *csi.NodeGetVolumeHealthResponse {
 	h := &csi.VolumeHealth{VolumeId: id}
-	if c := s.cfg.Store.Condition(id); c.Abnormal {
+	if c.Abnormal {
 		h.HealthStatuses = append(h.HealthStatuses, &csi.VolumeHealth_VolumeHealthEntry{
-			Status: healthTypes[c.Health], Reason: c.Reason, Message: healthMessage(c.Message),
+			Status: healthTypes[c.Health], Reason: string(c.Reason), Message: healthMessage(c.Message),
 		})
 	}
-	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}, nil
+	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: h}
 }
 
 // maxHealthMessage is the longest message, in bytes, of a pod's

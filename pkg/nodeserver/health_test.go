@@ -129,7 +129,7 @@ func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 				}
 				return
 			}
-			if len(entries) != 1 || entries[0].Status != tc.wantStatus || entries[0].Reason != tc.cond.Reason {
+			if len(entries) != 1 || entries[0].Status != tc.wantStatus || entries[0].Reason != string(tc.cond.Reason) {
 				t.Errorf("health: got %v, want one %v entry with reason %s", entries, tc.wantStatus, tc.cond.Reason)
 			}
 		})
@@ -151,8 +151,9 @@ func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e := resp.GetVolumeHealth().GetHealthStatuses(); len(e) != 1 || e[0].GetStatus() != csi.VolumeHealthErrorType_DATA_LOSS {
-		t.Errorf("got %v, want one DATA_LOSS entry", e)
+	if e := resp.GetVolumeHealth().GetHealthStatuses(); len(e) != 1 || e[0].GetStatus() != csi.VolumeHealthErrorType_DATA_LOSS ||
+		e[0].GetReason() != "FilesystemMissing" || e[0].GetMessage() != "volume gone was formatted ext4 but no filesystem is found" {
+		t.Errorf("got %v, want one DATA_LOSS entry, FilesystemMissing, with the failure's message", e)
 	}
 	store.SetTerminalFailure("other", state.StageKey, state.TerminalFailure{Generation: 1, Err: state.Terminalf(state.KindFailedPrecondition, "holds xfs")})
 	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "other"}); rpcerr.Code(err) != codes.NotFound {

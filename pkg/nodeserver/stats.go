@@ -132,5 +132,5 @@ func describe(c state.Condition) string {
 	if !c.Abnormal {
 		return "the reconciler has not mounted it yet"
 	}
-	return strings.ToValidUTF8(c.Reason+": "+c.Message, "\uFFFD")
+	return strings.ToValidUTF8(string(c.Reason)+": "+c.Message, "\uFFFD")
 }

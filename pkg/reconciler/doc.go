@@ -19,9 +19,11 @@
 // state is, from the machine's snapshot; diff.go the rules that compare it
 // with the record and choose actions; kinds.go the table of action kinds;
 // dispatch.go hands an action to the executor (executor.go), and
-// outcome.go does what its end calls for; report.go publishes each
-// intent's result and the volume's condition. The operations are in
-// stage.go, publish.go, unstage.go, expand.go, snapshot.go and health.go,
-// with record.go (store writes that follow the kernel) and errors.go (how
+// outcome.go does what its end calls for; health.go decides a volume's
+// condition (the one place it is decided: the node server, the metrics
+// and the status page only read it), and report.go publishes it with each
+// intent's result. The operations are in stage.go, publish.go,
+// unstage.go, expand.go and snapshot.go (a snapshot's copy runs under
+// frozen), with record.go (store writes that follow the kernel) and errors.go (how
 // their failures are classified).
 package reconciler

@@ -36,7 +36,7 @@ type Reconciler struct {
 	releasePoll time.Duration
 	// reported maps a volume to the reason of the abnormal condition last
 	// logged for it; only the goroutine running passes uses it.
-	reported map[string]string
+	reported map[string]state.Reason
 	// soonMu guards soon, which is true while a KickSoon waits.
 	soonMu sync.Mutex
 	soon   bool
@@ -84,7 +84,7 @@ func New(cfg Config) (*Reconciler, error) {
 		exec:      newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax),
 		kick:      make(chan struct{}, 1),
 		soonDelay: soonDelay,
-		reported:  map[string]string{},
+		reported:  map[string]state.Reason{},
 		fulfilled: map[string]map[state.IntentKey]int64{},
 	}, nil
 }

@@ -2,18 +2,12 @@ package reconciler
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
-
-// repeatedFailures is how many failures in a row of one operation make a
-// volume DEGRADED: one or two are the ordinary retries of a busy node.
-const repeatedFailures = 3
 
 // report reports, for each live intent of v, whether it is
 // fulfilled and, if not, its latest failure or what it waits for; and the
@@ -28,7 +22,7 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 		r.fulfilled[v.ID] = seen
 	}
 	lost := func(key state.IntentKey, gen int64) bool { return seen[key] == gen }
-	cond := r.withFailures(v, condition(v, a, lost))
+	cond := condition(v, a, lost, r.exec.latestFailure(v.ID))
 	if stale {
 		return r.volumeStatus(v, a, cond)
 	}
@@ -73,39 +67,6 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 		r.exec.healthy(v.ID)
 	}
 	return r.volumeStatus(v, a, cond)
-}
-
-// withFailures adds to the condition of a live stage what its operations'
-// failures say: a lost filesystem (DATA_LOSS), a growth that keeps failing,
-// or any operation failing repeatedly (DEGRADED).
-func (r *Reconciler) withFailures(v *state.Volume, cond state.Condition) state.Condition {
-	st := v.Stage
-	if st == nil || st.Deleting {
-		return cond
-	}
-	if f := r.exec.lastFailure(v.ID, state.StageKey, st.Generation); f != nil && f.err.Kind == state.KindDataLoss {
-		cond.Abnormal, cond.Health, cond.Reason, cond.Message = true, state.DataLost, "FilesystemMissing", f.err.Message
-		return cond
-	}
-	f := r.exec.latestFailure(v.ID)
-	if f == nil || cond.Abnormal {
-		return cond
-	}
-	switch {
-	case f.act.key() == state.ExpandKey && f.final:
-		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
-		cond.Message = fmt.Sprintf("%s of volume %s failed (%s); tried again when the expansion is asked for again; its mounts and data are untouched",
-			f.act, v.ID, f.err.Message)
-	case f.act.key() == state.ExpandKey:
-		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "GrowFailed"
-		cond.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
-			v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
-	case f.attempts >= repeatedFailures:
-		cond.Abnormal, cond.Health, cond.Reason = true, state.Degraded, "OperationFailing"
-		cond.Message = fmt.Sprintf("%s of volume %s failed %d times in a row (%s); retrying at %s",
-			f.act, v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
-	}
-	return cond
 }
 
 // logCondition logs when a volume's reason changes; the failures behind it

@@ -41,63 +41,22 @@ func takenSnapshots(v *state.Volume, in Pool) map[string]bool {
 
 // takeSnapshot copies v's image to the snapshot act.target, stamped with
 // the filesystem v carries and how its data may have been written
-// (Volume.WrittenAs), and forgets the intent. A staged, writable filesystem is frozen for the copy, so that
-// the snapshot holds it clean: recorded first (v.Frozen), so that a crash
-// before the thaw is undone by the next pass, and always thawed, whether
-// the copy succeeded, failed or was cancelled. A raw block volume and a
-// read-only filesystem are copied as they are.
+// (Volume.WrittenAs), with its filesystem frozen meanwhile (frozen), and
+// forgets the intent.
 func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actual, act action) error {
 	if a.static {
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
 	}
 	image := a.home.Image(v.ID)
-	var frozen string
-	if st := v.Stage; st != nil && !st.Deleting && a.staged && !a.block && !st.MountsReadOnly() {
-		frozen = st.Path
-		// What the volume wrote is in the image's page cache: written out
-		// now, the freeze and the copy have only what comes meanwhile.
-		if err := r.cfg.Paths.Sync(frozen); err != nil {
-			return fmt.Errorf("syncing %s: %w", frozen, err)
-		}
-		if err := a.home.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("flushing the image of %s: %w", v.ID, err)
-		}
-		if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = frozen; return nil }); err != nil {
-			return err
-		}
-		// Recorded as frozen, and not frozen yet.
-		// gofail: var reconcilerSnapshotBeforeFreeze struct{}
-		frozenAt := r.cfg.Clock.Now()
-		defer func() { r.cfg.Recorder.Frozen(r.cfg.Clock.Since(frozenAt)) }()
-		err := r.cfg.Paths.Freeze(frozen)
-		// Frozen (unless err), and recorded so: the next pass thaws it.
-		// gofail: var reconcilerSnapshotAfterFreeze struct{}
-		if err != nil {
-			if errors.Is(err, devices.ErrFrozen) {
-				// Someone else's freeze: not ours to thaw, nor to copy
-				// under; wait for it to end.
-				err = fmt.Errorf("the filesystem of volume %s is frozen by someone else: %w", v.ID, err)
-			}
-			if cerr := r.clearFrozen(v.ID, frozen); cerr != nil {
-				return errors.Join(err, cerr)
-			}
-			return err
-		}
-	}
-	of := devices.SnapshotOf{Source: v.ID, FsType: v.Formatted, Access: string(v.WrittenAs())}
-	_, err := a.home.Take(ctx, act.target, image, of, r.cfg.Clock.Now())
-	// The snapshot is taken (unless err) and the volume still frozen.
-	// gofail: var reconcilerSnapshotAfterCopy struct{}
-	if frozen != "" {
-		if terr := r.cfg.Paths.Thaw(frozen); terr != nil {
-			// The record keeps v.Frozen: the next pass thaws it.
-			return errors.Join(err, fmt.Errorf("thawing %s: %w", frozen, terr))
-		}
-		// Thawed, and still recorded as frozen.
-		// gofail: var reconcilerSnapshotAfterThaw struct{}
-		if cerr := r.clearFrozen(v.ID, frozen); cerr != nil {
-			return errors.Join(err, cerr)
-		}
+	err, ferr := r.frozen(v, a, image, func() error {
+		of := devices.SnapshotOf{Source: v.ID, FsType: v.Formatted, Access: string(v.WrittenAs())}
+		_, err := a.home.Take(ctx, act.target, image, of, r.cfg.Clock.Now())
+		// The snapshot is taken (unless err) and the volume still frozen.
+		// gofail: var reconcilerSnapshotAfterCopy struct{}
+		return err
+	})
+	if ferr != nil {
+		return ferr
 	}
 	switch {
 	case errors.Is(err, os.ErrExist):
@@ -115,6 +74,64 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 		cur.ForgetSnapshot(act.target, act.generation)
 		return nil
 	})
+}
+
+// frozen runs fn, which copies image (v's image), with v's filesystem
+// frozen when it is staged and writable, so that the copy holds it clean;
+// a raw block volume and a read-only filesystem are copied as they are.
+// The freeze is recorded first (v.Frozen), so that a crash before the
+// thaw is undone by the next pass (actThaw), and the filesystem is always
+// thawed, whether the copy succeeded, failed or was cancelled. It returns
+// fn's error; and the failure to freeze or to thaw, if any (joined with
+// fn's), which ends the step as it is: the record keeps v.Frozen when
+// the thaw failed, and the next pass thaws it. The time the filesystem
+// was frozen goes to the Recorder.
+func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() error) (fnErr, err error) {
+	st := v.Stage
+	if st == nil || st.Deleting || !a.staged || a.block || st.MountsReadOnly() {
+		return fn(), nil
+	}
+	path := st.Path
+	// What the volume wrote is in the image's page cache: written out
+	// now, the freeze and the copy have only what comes meanwhile.
+	if err := r.cfg.Paths.Sync(path); err != nil {
+		return nil, fmt.Errorf("syncing %s: %w", path, err)
+	}
+	if err := a.home.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("flushing the image of %s: %w", v.ID, err)
+	}
+	if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = path; return nil }); err != nil {
+		return nil, err
+	}
+	// Recorded as frozen, and not frozen yet.
+	// gofail: var reconcilerSnapshotBeforeFreeze struct{}
+	frozenAt := r.cfg.Clock.Now()
+	defer func() { r.cfg.Recorder.Frozen(r.cfg.Clock.Since(frozenAt)) }()
+	err = r.cfg.Paths.Freeze(path)
+	// Frozen (unless err), and recorded so: the next pass thaws it.
+	// gofail: var reconcilerSnapshotAfterFreeze struct{}
+	if err != nil {
+		if errors.Is(err, devices.ErrFrozen) {
+			// Someone else's freeze: not ours to thaw, nor to copy
+			// under; wait for it to end.
+			err = fmt.Errorf("the filesystem of volume %s is frozen by someone else: %w", v.ID, err)
+		}
+		if cerr := r.clearFrozen(v.ID, path); cerr != nil {
+			return nil, errors.Join(err, cerr)
+		}
+		return nil, err
+	}
+	fnErr = fn()
+	if terr := r.cfg.Paths.Thaw(path); terr != nil {
+		// The record keeps v.Frozen: the next pass thaws it.
+		return fnErr, errors.Join(fnErr, fmt.Errorf("thawing %s: %w", path, terr))
+	}
+	// Thawed, and still recorded as frozen.
+	// gofail: var reconcilerSnapshotAfterThaw struct{}
+	if cerr := r.clearFrozen(v.ID, path); cerr != nil {
+		return fnErr, errors.Join(fnErr, cerr)
+	}
+	return fnErr, nil
 }
 
 // thaw thaws the filesystem at path that v's record says a snapshot froze,

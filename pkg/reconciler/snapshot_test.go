@@ -3,6 +3,7 @@ package reconciler
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 
@@ -160,6 +161,29 @@ func TestSnapshotFailures(t *testing.T) {
 		if err := h.world.Thaw(staging); err != nil {
 			t.Fatal(err)
 		}
+		h.clock.Step(DefaultBackoffInitial)
+		h.runUntilIdle()
+		h.wantSnapshotDone("v1", "s1", true)
+	})
+	t.Run("thaw fails", func(t *testing.T) {
+		// A failed thaw ends the step as it is, whatever the copy
+		// answered: here a copy that, thawed, would withdraw the intent
+		// (no image) is retried, the record keeps the freeze, and the
+		// next pass thaws the filesystem before the snapshot is taken.
+		h := newHarness(t)
+		staging := h.staged("v1")
+		h.world.failOn("snapshot s1", fmt.Errorf("v1.img: %w", os.ErrNotExist))
+		h.world.failOn("thaw "+staging, errors.New("EIO"))
+		gen := h.askSnapshot("v1", "s1")
+		h.runUntilIdle()
+		if f := h.store.TerminalFailureFor("v1", state.SnapshotKey("s1"), gen); f != nil {
+			t.Errorf("final after a failed thaw: got %v, want the step retried", f)
+		}
+		if v, _ := h.store.Get("v1"); v.Frozen != staging || v.Snapshots["s1"] == nil {
+			t.Errorf("record after a failed thaw: frozen %q, intents %v; want frozen %q and the intent kept", v.Frozen, v.Snapshots, staging)
+		}
+		h.world.failOn("snapshot s1", nil)
+		h.world.failOn("thaw "+staging, nil)
 		h.clock.Step(DefaultBackoffInitial)
 		h.runUntilIdle()
 		h.wantSnapshotDone("v1", "s1", true)

@@ -85,7 +85,7 @@ func TestThinVolumesReportAFillingPool(t *testing.T) {
 
 	for _, tc := range []struct {
 		free   int64
-		reason string
+		reason state.Reason
 	}{{40 << 20, "PoolNearlyFull"}, {4096, "PoolFull"}, {40 << 20, "SpaceRanOut"}, {500 << 20, "SpaceRanOut"}} {
 		h.world.setFree(tc.free)
 		h.runUntilIdle()

@@ -70,7 +70,7 @@ func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Conditi
 	if f := r.exec.latestFailure(v.ID); f != nil {
 		s.LastError, s.Attempts, s.NextRetry = f.err.Message, f.attempts, f.next
 	}
-	s.Reason, s.Message = cond.Reason, cond.Message
+	s.Reason, s.Message = string(cond.Reason), cond.Message
 	switch {
 	case cond.Health == state.DataLost:
 		s.Phase = volstatus.PhaseDataLoss
