@@ -249,12 +249,12 @@ func (c *Controller) created(r createRequest, size int64) *csi.CreateVolumeRespo
 	return &csi.CreateVolumeResponse{Volume: v}
 }
 
-// source is the snapshot a volume is copied from, the snapshots of the
-// pool that holds it, and what ends its use (a clone's snapshot is deleted
-// once the copy has ended).
+// source is the snapshot a volume is copied from, the pool that holds
+// it, and what ends its use (a clone's snapshot is deleted once the copy
+// has ended).
 type source struct {
 	snap devices.SnapshotInfo
-	from *devices.Snapshots
+	from *Pool
 	done func()
 }
 

@@ -136,6 +136,10 @@ func (s *Pool) imageChanged(id string) (time.Time, int64, error) { return s.imag
 // os.ErrNotExist when the pool has none of that ID.
 func (s *Pool) snapshot(id string) (devices.SnapshotInfo, error) { return s.snapshots.Get(id) }
 
+// tempSnapshotID is the ID of a snapshot of the pool that only a clone
+// named name needs: never listed, and removed by Repair.
+func (s *Pool) tempSnapshotID(name string) string { return s.snapshots.TempID(name) }
+
 // deleteSnapshot deletes snapshot id of the pool; a no-op when it has none.
 func (s *Pool) deleteSnapshot(id string) error { return s.snapshots.Delete(id) }
 

@@ -149,7 +149,7 @@ func (rs *restores) stop() { rs.running.Wait() }
 // cleared as for any volume not made. The snapshot is in from, this
 // pool's snapshots or another pool's. release runs when the copy has
 // ended.
-func (p promise) startRestore(id, name string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
+func (p promise) startRestore(id, name string, from *Pool, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
 	s := p.s
 	r := &restore{volume: id, snapshot: snap.ID, source: snap.Allocated, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
 	s.restores.add(r)
@@ -184,12 +184,12 @@ func (p promise) startRestore(id, name string, from *devices.Snapshots, snap dev
 // can); one of another pool, on another filesystem, by a sparse copy.
 // DeleteSnapshot refuses the snapshot while its restore is registered;
 // one deleted before is NOT_FOUND.
-func (s *Pool) copySnapshot(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
+func (s *Pool) copySnapshot(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 	var err error
-	if from == s.snapshots {
-		err = from.Restore(ctx, snap.ID, s.images.Path(id), size, thick)
+	if from == s {
+		err = s.snapshots.Restore(ctx, snap.ID, s.images.Path(id), size, thick)
 	} else {
-		err = devices.CopyFile(ctx, from.Path(snap.ID), s.images.Path(id), devices.CopySparse, devices.CopyOptions{Size: size, Thick: thick})
+		err = devices.CopyFile(ctx, from.snapshots.Path(snap.ID), s.images.Path(id), devices.CopySparse, devices.CopyOptions{Size: size, Thick: thick})
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {

@@ -42,7 +42,7 @@ func TestRestorePanicIsContained(t *testing.T) {
 	c, store, images := newController(t)
 	id := snapshotted(t, c, images)
 	copyImage := defaultPool(c).restoreImage
-	defaultPool(c).restoreImage = func(context.Context, string, *devices.Snapshots, devices.SnapshotInfo, int64, bool) error {
+	defaultPool(c).restoreImage = func(context.Context, string, *Pool, devices.SnapshotInfo, int64, bool) error {
 		panic("copy went wrong")
 	}
 	err := restoreFrom(t.Context(), c, "r", id)
@@ -71,7 +71,7 @@ func TestCloseEndsRestores(t *testing.T) {
 	c, _, images := newController(t)
 	id := snapshotted(t, c, images)
 	started, ended := make(chan struct{}), make(chan struct{})
-	defaultPool(c).restoreImage = func(ctx context.Context, _ string, _ *devices.Snapshots, _ devices.SnapshotInfo, _ int64, _ bool) error {
+	defaultPool(c).restoreImage = func(ctx context.Context, _ string, _ *Pool, _ devices.SnapshotInfo, _ int64, _ bool) error {
 		close(started)
 		<-ctx.Done()
 		// Slow to end, so that a Close that does not wait returns first.

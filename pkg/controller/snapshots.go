@@ -137,7 +137,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 // deletes it. The snapshot is in the source volume's pool, from. A volume
 // whose image is not here is RESOURCE_EXHAUSTED naming its node when its
 // ID names another, NOT_FOUND otherwise.
-func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *devices.Snapshots, done func(), err error) {
+func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *Pool, done func(), err error) {
 	s := c.snapshots
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
@@ -156,12 +156,12 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 		}
 		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[TopologyKey])
 	}
-	from = space.snapshots
-	id := from.TempID("clone-" + name)
+	from = space
+	id := from.tempSnapshotID("clone-" + name)
 	s.mu.Lock()
 	if c.takingSnapshot(id) == "" {
 		// What an interrupted clone of the same name left.
-		if err := from.Delete(id); err != nil {
+		if err := from.deleteSnapshot(id); err != nil {
 			s.mu.Unlock()
 			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInternal, "%w", err)
 		}
@@ -173,7 +173,7 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	return info, from, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if err := from.Delete(id); err != nil {
+		if err := from.deleteSnapshot(id); err != nil {
 			klog.ErrorS(err, "Cannot delete the snapshot a clone was made from; a restart removes it", "snapshotID", id)
 		}
 	}, nil
@@ -302,10 +302,10 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 }
 
 // restoreSource checks the snapshot a volume is to be made from and
-// returns it with the snapshots of the pool that holds it: NOT_FOUND when
+// returns it with the pool that holds it: NOT_FOUND when
 // it does not exist here, RESOURCE_EXHAUSTED naming the node it is on when
 // that is another node (the scheduler then tries another node).
-func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *devices.Snapshots, error) {
+func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *Pool, error) {
 	s := c.snapshots
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
@@ -323,7 +323,7 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *devices.Sn
 	if err != nil {
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	return info, space.snapshots, nil
+	return info, space, nil
 }
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not

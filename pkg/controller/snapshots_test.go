@@ -84,7 +84,7 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	}
 	id := resp.GetSnapshot().GetSnapshotId()
 	copyImage, started, gate := defaultPool(c).restoreImage, make(chan struct{}), make(chan struct{})
-	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
+	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 		close(started)
 		<-gate
 		return copyImage(ctx, id, from, snap, size, thick)
@@ -242,7 +242,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	// in; it goes when the copy is let go.
 	var copiedSoFar, source int64
 	made, release := make(chan string, 1), make(chan struct{})
-	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
+	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 		tmp, err := devices.CopyTemp(images.Path(id))
 		if err != nil {
 			return err

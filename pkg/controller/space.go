@@ -69,7 +69,7 @@ type Pool struct {
 	mu sync.Mutex
 	// restoreImage copies a snapshot into a volume's image (copySnapshot;
 	// tests hold it up).
-	restoreImage func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error
+	restoreImage func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error
 }
 
 // NewPool returns storage pool opts.Name, whose volumes' records are in
