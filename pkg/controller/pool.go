@@ -152,12 +152,12 @@ func (s *Pool) IsTempSnapshot(id string) bool { return s.snapshots.IsTemp(id) }
 // Status reports the pool's space as GetCapacity sees it, what its
 // filesystem can do, its snapshots and the restores under way in it;
 // node is this node's name.
-func (s *Pool) Status(node string) (volstatus.Pool, error) {
+func (s *Pool) Status(node string) (volstatus.PoolStatus, error) {
 	acc, total, err := s.Account()
 	if err != nil {
-		return volstatus.Pool{}, err
+		return volstatus.PoolStatus{}, err
 	}
-	p := volstatus.Pool{
+	p := volstatus.PoolStatus{
 		Name: s.name, Dir: s.images.Dir, Node: node,
 		SizeBytes: total, FreeBytes: acc.Free,
 		ThickPromisedBytes: acc.ThickPromised, ThickOwedBytes: acc.ThickOwed,
@@ -175,7 +175,7 @@ func (s *Pool) Status(node string) (volstatus.Pool, error) {
 	}
 	snaps, err := s.snapshots.List()
 	if err != nil {
-		return volstatus.Pool{}, fmt.Errorf("listing snapshots: %w", err)
+		return volstatus.PoolStatus{}, fmt.Errorf("listing snapshots: %w", err)
 	}
 	p.Snapshots, p.CopyMode = len(snaps), string(s.snapshots.Mode)
 	for _, sn := range snaps {

@@ -133,8 +133,8 @@ func (ps *Pools) Close() {
 
 // Statuses reports every pool (Pool.Status), in the order they were given;
 // node is this node's name.
-func (ps *Pools) Statuses(node string) ([]volstatus.Pool, error) {
-	out := make([]volstatus.Pool, 0, len(ps.ordered))
+func (ps *Pools) Statuses(node string) ([]volstatus.PoolStatus, error) {
+	out := make([]volstatus.PoolStatus, 0, len(ps.ordered))
 	for _, p := range ps.ordered {
 		st, err := p.Status(node)
 		if err != nil {

@@ -71,7 +71,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	ctrl.ServeSnapshots(node)
 	p.grpc = newGRPCServer(cfg, m, p.rec, ctrl, node)
 
-	statuses := func() ([]volstatus.Pool, error) { return p.pools.Statuses(cfg.NodeID) }
+	statuses := func() ([]volstatus.PoolStatus, error) { return p.pools.Statuses(cfg.NodeID) }
 	m.WatchPools(statuses)
 	m.WatchReady(p.rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())
