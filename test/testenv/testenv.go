@@ -183,6 +183,38 @@ func (p *Plugin) Start() {
 	p.WaitReady()
 }
 
+// hostGuardPercent is the guard a plugin whose data directory is on the
+// machine's own filesystem runs with, unless its test names one: the
+// default (20% on the kubelet's filesystem, which the test's kubelet
+// directory shares) would refuse every volume whenever the machine's disk
+// is more than four-fifths full with things of its own, such as build
+// caches. A test that puts the data directory on a filesystem of its own
+// gets the default, as it may test it.
+const hostGuardPercent = "5%"
+
+// hostGuard is --pool-guard=hostGuardPercent for a plugin whose data
+// directory is on the filesystem of its test's directory, and whose Args
+// name no guard; nothing otherwise.
+func (p *Plugin) hostGuard() []string {
+	for _, a := range p.Args {
+		if a == "--pool-guard" || strings.HasPrefix(a, "--pool-guard=") {
+			return nil
+		}
+	}
+	dir := p.DataDir
+	for {
+		if _, err := os.Stat(dir); err == nil || filepath.Dir(dir) == dir {
+			break
+		}
+		dir = filepath.Dir(dir)
+	}
+	var data, own syscall.Stat_t
+	if syscall.Stat(dir, &data) != nil || syscall.Stat(p.Dir, &own) != nil || data.Dev != own.Dev {
+		return nil
+	}
+	return []string{"--pool-guard=" + hostGuardPercent}
+}
+
 // Launch runs the plugin and connects to it, without waiting for it to be
 // ready (WaitReady does).
 func (p *Plugin) Launch() {
@@ -198,7 +230,8 @@ func (p *Plugin) Launch() {
 		"--kubelet-dir", filepath.Join(p.Dir, "kubelet"),
 		"--allowed-path-prefix", p.Root,
 		"-v", "4",
-	}, p.Args...)
+	}, p.hostGuard()...)
+	args = append(args, p.Args...)
 	bin := p.Binary
 	if bin == "" {
 		bin = Binary(p.t)
