@@ -154,3 +154,13 @@ func (ps *Pools) ImageSize(id string) (int64, error) {
 	}
 	return p.ImageSize(id)
 }
+
+// Dirs returns the data directory of every pool, by name: what the
+// observer watches.
+func (ps *Pools) Dirs() map[string]string {
+	out := make(map[string]string, len(ps.byName))
+	for name, p := range ps.byName {
+		out[name] = p.Dir()
+	}
+	return out
+}

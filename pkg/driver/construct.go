@@ -52,11 +52,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	}
 	paths := devices.NewPaths(cfg.roots())
 	m := metrics.New()
-	dirs := map[string]string{}
-	for _, pl := range p.pools.All() {
-		dirs[pl.Name()] = pl.Dir()
-	}
-	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: dirs}
+	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: p.pools.Dirs()}
 	topology := map[string]string{TopologyKey: cfg.NodeID}
 	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
 	if p.rec, err = p.newReconciler(m, paths); err != nil {
