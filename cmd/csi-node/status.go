@@ -18,7 +18,7 @@ import (
 
 // Status is what csi-node status prints.
 type Status struct {
-	Pools   []volstatus.Pool         `json:"pools"`
+	Pools   []volstatus.PoolStatus   `json:"pools"`
 	Volumes []volstatus.VolumeStatus `json:"volumes"`
 }
 
@@ -132,7 +132,7 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 
 // printPool writes one storage pool's space: a POOL line, then what it
 // promised, can still promise, its snapshots and its restores, indented.
-func printPool(w io.Writer, p volstatus.Pool) {
+func printPool(w io.Writer, p volstatus.PoolStatus) {
 	guard := ""
 	if p.KubeletFilesystem {
 		guard = ", on the kubelet's filesystem"

@@ -13,7 +13,7 @@ import (
 // snapshots, and the volume table, with each volume's pool, follows after
 // a blank line.
 func TestStatusNamesRestores(t *testing.T) {
-	s := Status{Pools: []volstatus.Pool{{Name: "default", Dir: "/var/lib/converge/volumes", Node: "n", CopyMode: "sparse"},
+	s := Status{Pools: []volstatus.PoolStatus{{Name: "default", Dir: "/var/lib/converge/volumes", Node: "n", CopyMode: "sparse"},
 		{Name: "fast", Dir: "/mnt/nvme", Node: "n", CopyMode: "reflink", Restores: []volstatus.Restore{
 			{VolumeID: "r1_n", SnapshotID: "s1_n", SizeBytes: 1 << 30, CopiedBytes: 256 << 20, SourceBytes: 512 << 20},
 			{VolumeID: "r2_n", SnapshotID: "s1_n", SizeBytes: 64 << 20, SourceBytes: 512 << 20},
@@ -40,17 +40,17 @@ func TestStatusNamesRestores(t *testing.T) {
 func TestStatusWarnsOfALowGuard(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		pool volstatus.Pool
+		pool volstatus.PoolStatus
 		want []string
 		not  []string
 	}{
-		{name: "elsewhere", pool: volstatus.Pool{Name: "fast", GuardBytes: 5 << 20},
+		{name: "elsewhere", pool: volstatus.PoolStatus{Name: "fast", GuardBytes: 5 << 20},
 			want: []string{"(guard 5Mi), "}, not: []string{"kubelet", "NEARLY FULL"}},
-		{name: "kubelet's, default guard", pool: volstatus.Pool{Name: "default", GuardBytes: 20 << 30, KubeletFilesystem: true},
+		{name: "kubelet's, default guard", pool: volstatus.PoolStatus{Name: "default", GuardBytes: 20 << 30, KubeletFilesystem: true},
 			want: []string{"(guard 20.0Gi), ", ", on the kubelet's filesystem"}, not: []string{"GUARD BELOW"}},
-		{name: "kubelet's, low guard", pool: volstatus.Pool{Name: "default", GuardBytes: 5 << 30, KubeletFilesystem: true, GuardBelowKubeletEviction: true},
+		{name: "kubelet's, low guard", pool: volstatus.PoolStatus{Name: "default", GuardBytes: 5 << 30, KubeletFilesystem: true, GuardBelowKubeletEviction: true},
 			want: []string{"on the kubelet's filesystem GUARD BELOW THE KUBELET'S EVICTION THRESHOLD (15%)"}},
-		{name: "past its guard", pool: volstatus.Pool{Name: "default", FreeBytes: 1 << 30, GuardBytes: 5 << 30, NearlyFull: true},
+		{name: "past its guard", pool: volstatus.PoolStatus{Name: "default", FreeBytes: 1 << 30, GuardBytes: 5 << 30, NearlyFull: true},
 			want: []string{"NEARLY FULL: no volume is created or grown"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,9 +1,12 @@
 // Package controller is converge's node-local CSI Controller service: each
-// node's plugin creates, grows and deletes the image files of its own data
-// directory, and reports what it can still hold. The service is a thin
-// adapter: it parses requests and answers them, while the capacity promise
-// (Space), the restores under way and the image operations it allows are
-// types of their own.
+// node's plugin creates, grows and deletes the image files of its own
+// storage pools, and reports what they can still hold. The service is a
+// thin adapter: it parses requests and answers them. The package also owns
+// the storage pool (Pool): its directory, images, snapshots, filesystem
+// probe, guard, ratio, capacity promise and restores; and the set of the
+// node's pools (Pools), which says which pool holds a volume and reports
+// their status. The node's reconciler reaches a pool through an interface
+// of its own (reconciler.Pool).
 package controller
 
 import (
@@ -39,7 +42,7 @@ type Store interface {
 
 // Controller implements the node-local csi.ControllerServer: volumes are
 // image files in the data directories of this node's storage pools, thick
-// or thin, whose space each pool's Space promises.
+// or thin, whose space each Pool promises.
 type Controller struct {
 	csi.UnimplementedControllerServer
 	pools    *Pools

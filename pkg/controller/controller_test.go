@@ -29,10 +29,10 @@ func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
 	if err := os.MkdirAll(images.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	snaps := &devices.Snapshots{Dir: filepath.Join(images.Dir, "snapshots"), Mode: devices.CopySparse}
-	space := NewSpace(images, store, SpaceOptions{Ratio: 1, Guard: capacity.Guard{Percent: 5}, Snapshots: snaps})
+	space := NewPool(store, PoolOptions{Dir: images.Dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}})
+	space.snapshots.Mode = devices.CopySparse
 	t.Cleanup(space.Close)
-	return New(NewPools(store, space), store, map[string]string{contract.TopologyKey: "node"}, Options{}), store, images
+	return New(NewPools(store, space), store, map[string]string{contract.TopologyKey: "node"}, Options{}), store, space.images
 }
 
 var capMount = []*csi.VolumeCapability{{
@@ -130,7 +130,7 @@ func TestGrowImage(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			before, _ := images.Size(tc.id)
-			got, err := defaultSpace(c).GrowImage(tc.id, tc.size)
+			got, err := defaultPool(c).GrowImage(tc.id, tc.size)
 			if tc.wantKind != state.KindInternal {
 				if e := state.AsError(err); err == nil || e.Kind != tc.wantKind {
 					t.Fatalf("got %d, %v; want a %s error", got, err, tc.wantKind)
@@ -163,7 +163,7 @@ func TestGrowImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	thin := resp.GetVolume().GetVolumeId()
-	if _, err := defaultSpace(c).GrowImage(thin, 4*MinVolumeSize); err != nil {
+	if _, err := defaultPool(c).GrowImage(thin, 4*MinVolumeSize); err != nil {
 		t.Fatal(err)
 	}
 	usages, _ = images.Usages()
@@ -261,5 +261,5 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 	}
 }
 
-// defaultSpace is the default pool's space of c.
-func defaultSpace(c *Controller) *Space { return c.pools.Get(state.DefaultPool) }
+// defaultPool is the default pool's space of c.
+func defaultPool(c *Controller) *Pool { return c.pools.Get(state.DefaultPool) }

@@ -50,7 +50,7 @@ type createRequest struct {
 	name, id string
 	// pool is the storage pool the volume is made in, space its promise.
 	pool  string
-	space *Space
+	space *Pool
 	prov  state.Provisioning
 	rng   state.Range
 	// size is what the volume is made with.
@@ -141,11 +141,11 @@ func (c *Controller) volumeID(name string) string {
 // and an image under its name, in the default pool (there were no others
 // then).
 func (c *Controller) legacy(name, id string) bool {
-	images := c.pools.Get(state.DefaultPool).images
-	if _, err := images.Size(id); !errors.Is(err, os.ErrNotExist) {
+	pool := c.pools.Get(state.DefaultPool)
+	if _, err := pool.ImageSize(id); !errors.Is(err, os.ErrNotExist) {
 		return false
 	}
-	_, err := images.Size(name)
+	_, err := pool.ImageSize(name)
 	return err == nil
 }
 
@@ -162,7 +162,7 @@ func (c *Controller) find(r createRequest) (resp *csi.CreateVolumeResponse, job 
 // findWithin is find within the promise. A deletion of the name that a
 // crash interrupted is finished first: its image is not this volume's.
 func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeResponse, *restore, error) {
-	if job := r.space.restores.get(r.id); job != nil {
+	if job := r.space.restore(r.id); job != nil {
 		return nil, job, nil
 	}
 	v, err := c.store.Get(r.id)
@@ -175,7 +175,7 @@ func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeRe
 	if v != nil && (v.Provisioning != "" || v.Removing) && state.PoolOf(v) != r.pool {
 		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists in pool %s, pool %s was asked for", r.name, state.PoolOf(v), r.pool)
 	}
-	cur, err := r.space.images.Size(r.id)
+	cur, err := r.space.ImageSize(r.id)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return nil, nil, nil
@@ -249,12 +249,12 @@ func (c *Controller) created(r createRequest, size int64) *csi.CreateVolumeRespo
 	return &csi.CreateVolumeResponse{Volume: v}
 }
 
-// source is the snapshot a volume is copied from, the snapshots of the
-// pool that holds it, and what ends its use (a clone's snapshot is deleted
-// once the copy has ended).
+// source is the snapshot a volume is copied from, the pool that holds
+// it, and what ends its use (a clone's snapshot is deleted once the copy
+// has ended).
 type source struct {
 	snap devices.SnapshotInfo
-	from *devices.Snapshots
+	from *Pool
 	done func()
 }
 

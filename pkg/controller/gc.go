@@ -84,10 +84,7 @@ func (c *Controller) snapshotsHeld() ([]heldSnapshot, error) {
 	}
 	var out []heldSnapshot
 	for _, space := range c.pools.All() {
-		if space.opts.Snapshots == nil {
-			continue
-		}
-		all, err := space.opts.Snapshots.List()
+		all, err := space.listSnapshots()
 		if err != nil {
 			return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 		}
@@ -155,7 +152,7 @@ func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCReq
 	}
 	err := space.within(func(p promise) error {
 		v, _ := c.store.Get(id)
-		changed, size, err := space.images.Changed(id)
+		changed, size, err := space.imageChanged(id)
 		switch {
 		case errors.Is(err, os.ErrNotExist) && v == nil:
 			return errGone
@@ -179,7 +176,7 @@ func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCReq
 			o.Kept = "staged or published on this node"
 			return nil
 		}
-		if r := space.restores.get(id); r != nil {
+		if r := space.restore(id); r != nil {
 			o.Kept = "being restored from snapshot " + r.snapshot
 			return nil
 		}

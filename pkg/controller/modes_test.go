@@ -130,7 +130,7 @@ func TestModeOfOldSnapshots(t *testing.T) {
 	c, _, images := newController(t)
 	serveSnapshots(t, c, images)
 	src := create(t, c, "src")
-	snaps := defaultSpace(c).opts.Snapshots
+	snaps := defaultPool(c).snapshots
 	for _, tc := range []struct {
 		name   string
 		fsType string
@@ -190,7 +190,7 @@ func TestStagedRawIsBlock(t *testing.T) {
 	c.snapshots.taker = stagedRawFirst{instantTaker: taker, store: store}
 	_, err = createWith(t, c, "late", capMount, nil, fromVolume(other))
 	wantModeRefusal(t, "a clone of a volume staged raw meanwhile", err, "Block", "Filesystem")
-	if all, err := os.ReadDir(defaultSpace(c).opts.Snapshots.Dir); err != nil || len(all) != 1 {
+	if all, err := os.ReadDir(defaultPool(c).snapshots.Dir); err != nil || len(all) != 1 {
 		t.Errorf("snapshot files after the refused clone: %v (%v), want only %s", all, err, snap.GetSnapshot().GetSnapshotId())
 	}
 }

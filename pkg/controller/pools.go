@@ -10,21 +10,25 @@ import (
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
-// Pools are the capacity promises of the node's storage pools, by name:
-// each pool's Space promises its own data directory's space under its own
-// lock.
+// Pools are the node's storage pools, by name: each promises its own data
+// directory's space under its own lock. They answer which pool holds a
+// volume (Of), and the status of each (Statuses).
 type Pools struct {
-	byName map[string]*Space
+	byName map[string]*Pool
 	names  []string
-	store  Store
+	// ordered are the pools in the order they were given (the default
+	// pool first, then as configured), which the status keeps.
+	ordered []*Pool
+	store   Store
 }
 
 // NewPools returns the pools of spaces, whose names are distinct; store
 // holds the volumes' records, which name their pool.
-func NewPools(store Store, spaces ...*Space) *Pools {
-	ps := &Pools{byName: make(map[string]*Space, len(spaces)), store: store}
+func NewPools(store Store, spaces ...*Pool) *Pools {
+	ps := &Pools{byName: make(map[string]*Pool, len(spaces)), ordered: spaces, store: store}
 	for _, s := range spaces {
 		ps.byName[s.Name()] = s
 		ps.names = append(ps.names, s.Name())
@@ -34,11 +38,11 @@ func NewPools(store Store, spaces ...*Space) *Pools {
 }
 
 // Get returns the space of pool name, nil when the node has no such pool.
-func (ps *Pools) Get(name string) *Space { return ps.byName[name] }
+func (ps *Pools) Get(name string) *Pool { return ps.byName[name] }
 
 // All returns the spaces in pool name order.
-func (ps *Pools) All() []*Space {
-	out := make([]*Space, 0, len(ps.names))
+func (ps *Pools) All() []*Pool {
+	out := make([]*Pool, 0, len(ps.names))
 	for _, n := range ps.names {
 		out = append(out, ps.byName[n])
 	}
@@ -47,8 +51,8 @@ func (ps *Pools) All() []*Space {
 
 // images returns the ID of every volume image of every pool, with the
 // space of its pool.
-func (ps *Pools) images() (map[string]*Space, error) {
-	where := map[string]*Space{}
+func (ps *Pools) images() (map[string]*Pool, error) {
+	where := map[string]*Pool{}
 	for _, space := range ps.All() {
 		in, err := space.images.List()
 		if err != nil {
@@ -64,7 +68,7 @@ func (ps *Pools) images() (map[string]*Space, error) {
 // Of returns the name of the pool of volume id, as its record says (the
 // default pool without one), and its space: nil when this node has no
 // such pool.
-func (ps *Pools) Of(id string) (string, *Space) {
+func (ps *Pools) Of(id string) (string, *Pool) {
 	v, _ := ps.store.Get(id)
 	name := state.PoolOf(v)
 	return name, ps.byName[name]
@@ -78,7 +82,7 @@ func (ps *Pools) noPool(name string) error {
 // parsePool reads the pool a request's parameters name: INVALID_ARGUMENT
 // for a name no pool can have, RESOURCE_EXHAUSTED for one this node does
 // not have (the provisioner then tries another node, as for a full pool).
-func (ps *Pools) parsePool(params map[string]string) (string, *Space, error) {
+func (ps *Pools) parsePool(params map[string]string) (string, *Pool, error) {
 	name, ok := params[contract.PoolKey]
 	if !ok {
 		name = state.DefaultPool
@@ -93,24 +97,11 @@ func (ps *Pools) parsePool(params map[string]string) (string, *Space, error) {
 	return name, s, nil
 }
 
-// GrowImage grows the image of volume id in pool, within that pool's
-// promise (Space.GrowImage); the node's reconciler calls it.
-func (ps *Pools) GrowImage(pool, id string, size int64) (int64, error) {
-	s := ps.byName[pool]
-	if s == nil {
-		return 0, ps.noPool(pool)
-	}
-	return s.GrowImage(id, size)
-}
-
 // snapshot returns snapshot id, and the space of the pool that holds it;
 // an error matching os.ErrNotExist when no pool does.
-func (ps *Pools) snapshot(id string) (devices.SnapshotInfo, *Space, error) {
+func (ps *Pools) snapshot(id string) (devices.SnapshotInfo, *Pool, error) {
 	for _, s := range ps.All() {
-		if s.opts.Snapshots == nil {
-			continue
-		}
-		info, err := s.opts.Snapshots.Get(id)
+		info, err := s.snapshots.Get(id)
 		if err == nil {
 			return info, s, nil
 		}
@@ -135,4 +126,38 @@ func (ps *Pools) Close() {
 	for _, s := range ps.byName {
 		s.Close()
 	}
+}
+
+// Statuses reports every pool (Pool.Status), in the order they were given;
+// node is this node's name.
+func (ps *Pools) Statuses(node string) ([]volstatus.PoolStatus, error) {
+	out := make([]volstatus.PoolStatus, 0, len(ps.ordered))
+	for _, p := range ps.ordered {
+		st, err := p.Status(node)
+		if err != nil {
+			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+		}
+		out = append(out, st)
+	}
+	return out, nil
+}
+
+// ImageSize returns the size of volume id's image in the pool its record
+// names (Of).
+func (ps *Pools) ImageSize(id string) (int64, error) {
+	name, p := ps.Of(id)
+	if p == nil {
+		return 0, fmt.Errorf("this node has no storage pool %q (--pool)", name)
+	}
+	return p.ImageSize(id)
+}
+
+// Dirs returns the data directory of every pool, by name: what the
+// observer watches.
+func (ps *Pools) Dirs() map[string]string {
+	out := make(map[string]string, len(ps.byName))
+	for name, p := range ps.byName {
+		out[name] = p.Dir()
+	}
+	return out
 }

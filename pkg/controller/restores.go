@@ -48,7 +48,7 @@ func (r *restore) wait(ctx context.Context) error {
 
 // restores are the copies from snapshots under way, by volume ID. A copy
 // is registered, and deregistered once it has ended, under the space's lock
-// (see Space.startRestore), so that its volume is promised its size from
+// (see Pool.startRestore), so that its volume is promised its size from
 // before the copy starts until its image counts itself.
 type restores struct {
 	// mu guards jobs. It is taken alone, also inside the space's lock.
@@ -149,7 +149,7 @@ func (rs *restores) stop() { rs.running.Wait() }
 // cleared as for any volume not made. The snapshot is in from, this
 // pool's snapshots or another pool's. release runs when the copy has
 // ended.
-func (p promise) startRestore(id, name string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
+func (p promise) startRestore(id, name string, from *Pool, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
 	s := p.s
 	r := &restore{volume: id, snapshot: snap.ID, source: snap.Allocated, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
 	s.restores.add(r)
@@ -184,12 +184,12 @@ func (p promise) startRestore(id, name string, from *devices.Snapshots, snap dev
 // can); one of another pool, on another filesystem, by a sparse copy.
 // DeleteSnapshot refuses the snapshot while its restore is registered;
 // one deleted before is NOT_FOUND.
-func (s *Space) copySnapshot(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
+func (s *Pool) copySnapshot(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 	var err error
-	if from == s.opts.Snapshots {
-		err = from.Restore(ctx, snap.ID, s.images.Path(id), size, thick)
+	if from == s {
+		err = s.snapshots.Restore(ctx, snap.ID, s.images.Path(id), size, thick)
 	} else {
-		err = devices.CopyFile(ctx, from.Path(snap.ID), s.images.Path(id), devices.CopySparse, devices.CopyOptions{Size: size, Thick: thick})
+		err = devices.CopyFile(ctx, from.snapshots.Path(snap.ID), s.images.Path(id), devices.CopySparse, devices.CopyOptions{Size: size, Thick: thick})
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -213,7 +213,7 @@ type Restoring struct {
 
 // Restoring lists the volumes being copied from a snapshot, by ID, with
 // how far each copy is (Copied 0 when that cannot be read).
-func (s *Space) Restoring() []Restoring {
+func (s *Pool) Restoring() []Restoring {
 	out := s.restores.list()
 	for i, r := range out {
 		if u, err := s.images.Copying(r.VolumeID); err == nil {

@@ -41,8 +41,8 @@ func snapshotted(t *testing.T, c *Controller, images *devices.Images) string {
 func TestRestorePanicIsContained(t *testing.T) {
 	c, store, images := newController(t)
 	id := snapshotted(t, c, images)
-	copyImage := defaultSpace(c).restoreImage
-	defaultSpace(c).restoreImage = func(context.Context, string, *devices.Snapshots, devices.SnapshotInfo, int64, bool) error {
+	copyImage := defaultPool(c).restoreImage
+	defaultPool(c).restoreImage = func(context.Context, string, *Pool, devices.SnapshotInfo, int64, bool) error {
 		panic("copy went wrong")
 	}
 	err := restoreFrom(t.Context(), c, "r", id)
@@ -56,10 +56,10 @@ func TestRestorePanicIsContained(t *testing.T) {
 	if v, err := store.Get(vol); err == nil && v.Provisioning != "" {
 		t.Errorf("the failed restore left the record of a volume made %s", v.Provisioning)
 	}
-	if got := defaultSpace(c).Restoring(); len(got) != 0 {
+	if got := defaultPool(c).Restoring(); len(got) != 0 {
 		t.Errorf("restores under way after the panic: %+v", got)
 	}
-	defaultSpace(c).restoreImage = copyImage
+	defaultPool(c).restoreImage = copyImage
 	if err := restoreFrom(t.Context(), c, "r", id); err != nil {
 		t.Errorf("the restore after the panic: %v", err)
 	}
@@ -71,7 +71,7 @@ func TestCloseEndsRestores(t *testing.T) {
 	c, _, images := newController(t)
 	id := snapshotted(t, c, images)
 	started, ended := make(chan struct{}), make(chan struct{})
-	defaultSpace(c).restoreImage = func(ctx context.Context, _ string, _ *devices.Snapshots, _ devices.SnapshotInfo, _ int64, _ bool) error {
+	defaultPool(c).restoreImage = func(ctx context.Context, _ string, _ *Pool, _ devices.SnapshotInfo, _ int64, _ bool) error {
 		close(started)
 		<-ctx.Done()
 		// Slow to end, so that a Close that does not wait returns first.
@@ -85,7 +85,7 @@ func TestCloseEndsRestores(t *testing.T) {
 		t.Fatalf("the request: got %v, want DEADLINE_EXCEEDED while the copy goes on", err)
 	}
 	<-started
-	defaultSpace(c).Close()
+	defaultPool(c).Close()
 	select {
 	case <-ended:
 	default:

@@ -36,15 +36,9 @@ type snapshotService struct {
 }
 
 // ServeSnapshots makes the controller serve snapshots of this node's
-// volumes, kept in each pool where its space's options say and taken by
-// taker. Without it, or when no pool keeps snapshots, the controller
-// advertises no snapshot capability.
+// volumes, kept in each volume's pool and taken by taker. Without it, the
+// controller advertises no snapshot capability.
 func (c *Controller) ServeSnapshots(taker Snapshotter) {
-	for _, s := range c.pools.All() {
-		if s.opts.Snapshots == nil {
-			return
-		}
-	}
 	c.snapshots = &snapshotService{taker: taker}
 }
 
@@ -130,7 +124,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
 		return devices.SnapshotInfo{}, err
 	}
-	info, err := space.opts.Snapshots.Get(id)
+	info, err := space.snapshot(id)
 	if err != nil {
 		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
@@ -143,7 +137,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 // deletes it. The snapshot is in the source volume's pool, from. A volume
 // whose image is not here is RESOURCE_EXHAUSTED naming its node when its
 // ID names another, NOT_FOUND otherwise.
-func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *devices.Snapshots, done func(), err error) {
+func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *Pool, done func(), err error) {
 	s := c.snapshots
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
@@ -155,19 +149,19 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	if space == nil {
 		return devices.SnapshotInfo{}, nil, nil, c.pools.noPool(pool)
 	}
-	if _, err := space.images.Size(source); errors.Is(err, os.ErrNotExist) {
+	if _, err := space.ImageSize(source); errors.Is(err, os.ErrNotExist) {
 		if node := nodeOf(source); node != "" && node != c.topology[contract.TopologyKey] {
 			// The scheduler may try another node.
 			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[contract.TopologyKey])
 		}
 		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[contract.TopologyKey])
 	}
-	from = space.opts.Snapshots
-	id := from.TempID("clone-" + name)
+	from = space
+	id := from.tempSnapshotID("clone-" + name)
 	s.mu.Lock()
 	if c.takingSnapshot(id) == "" {
 		// What an interrupted clone of the same name left.
-		if err := from.Delete(id); err != nil {
+		if err := from.deleteSnapshot(id); err != nil {
 			s.mu.Unlock()
 			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInternal, "%w", err)
 		}
@@ -179,7 +173,7 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	return info, from, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if err := from.Delete(id); err != nil {
+		if err := from.deleteSnapshot(id); err != nil {
 			klog.ErrorS(err, "Cannot delete the snapshot a clone was made from; a restart removes it", "snapshotID", id)
 		}
 	}, nil
@@ -250,7 +244,7 @@ func (c *Controller) deleteSnapshotLocked(id string) error {
 	if err != nil {
 		return state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	if err := space.opts.Snapshots.Delete(id); err != nil {
+	if err := space.deleteSnapshot(id); err != nil {
 		return state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
 	}
 	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
@@ -285,7 +279,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		infos = []devices.SnapshotInfo{info}
 	default:
 		for _, space := range c.pools.All() {
-			all, err := space.opts.Snapshots.List()
+			all, err := space.listSnapshots()
 			if err != nil {
 				return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 			}
@@ -308,10 +302,10 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 }
 
 // restoreSource checks the snapshot a volume is to be made from and
-// returns it with the snapshots of the pool that holds it: NOT_FOUND when
+// returns it with the pool that holds it: NOT_FOUND when
 // it does not exist here, RESOURCE_EXHAUSTED naming the node it is on when
 // that is another node (the scheduler then tries another node).
-func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *devices.Snapshots, error) {
+func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *Pool, error) {
 	s := c.snapshots
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
@@ -329,7 +323,7 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *devices.Sn
 	if err != nil {
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	return info, space.opts.Snapshots, nil
+	return info, space, nil
 }
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not

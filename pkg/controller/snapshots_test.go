@@ -46,7 +46,7 @@ func (f *instantTaker) AwaitSnapshot(context.Context, string, string, int64) err
 
 func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instantTaker {
 	t.Helper()
-	taker := &instantTaker{t: t, snaps: defaultSpace(c).opts.Snapshots, images: images, store: c.store}
+	taker := &instantTaker{t: t, snaps: defaultPool(c).snapshots, images: images, store: c.store}
 	c.ServeSnapshots(taker)
 	return taker
 }
@@ -84,8 +84,8 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.GetSnapshot().GetSnapshotId()
-	copyImage, started, gate := defaultSpace(c).restoreImage, make(chan struct{}), make(chan struct{})
-	defaultSpace(c).restoreImage = func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
+	copyImage, started, gate := defaultPool(c).restoreImage, make(chan struct{}), make(chan struct{})
+	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 		close(started)
 		<-gate
 		return copyImage(ctx, id, from, snap, size, thick)
@@ -109,7 +109,7 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
 		t.Errorf("deleting it once the restore ended: %v", err)
 	}
-	if taken, _ := defaultSpace(c).opts.Snapshots.Taken(id); taken {
+	if taken, _ := defaultPool(c).snapshots.Taken(id); taken {
 		t.Error("the snapshot is still there")
 	}
 }
@@ -175,7 +175,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before, _, err := defaultSpace(c).Account()
+	before, _, err := defaultPool(c).Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	during, _, err := defaultSpace(c).Account()
+	during, _, err := defaultPool(c).Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 	if _, err := store.Update(v1, func(v *state.Volume) error { v.Snapshots = nil; return nil }); err != nil {
 		t.Fatal(err)
 	}
-	after, _, err := defaultSpace(c).Account()
+	after, _, err := defaultPool(c).Account()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,12 +238,12 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	started, gate := make(chan string, 1), make(chan error)
-	copyImage := defaultSpace(c).restoreImage
+	copyImage := defaultPool(c).restoreImage
 	// The held copy has written 1 MiB so far, in the file a copy is made
 	// in; it goes when the copy is let go.
 	var copiedSoFar, source int64
 	made, release := make(chan string, 1), make(chan struct{})
-	defaultSpace(c).restoreImage = func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error {
+	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 		tmp, err := devices.CopyTemp(images.Path(id))
 		if err != nil {
 			return err
@@ -285,7 +285,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	// available, which follows the free space that other tests change.
 	promised := func() (promised, owed int64) {
 		t.Helper()
-		acc, _, err := defaultSpace(c).Account()
+		acc, _, err := defaultPool(c).Account()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,7 +306,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 		t.Errorf("during the copy, %d bytes are promised to thick volumes and %d owed, %d and %d before: want the copy's %d more promised and %d more owed (%d copied so far)",
 			during, owed, before, owedBefore, MinVolumeSize, MinVolumeSize-copiedSoFar, copiedSoFar)
 	}
-	if got := defaultSpace(c).Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
+	if got := defaultPool(c).Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
 		got[0].SourceBytes != source || got[0].Copied != copiedSoFar || source < 2<<20 {
 		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes, %d of its %d (at least 2 MiB) copied",
 			got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize, copiedSoFar, source)
@@ -346,7 +346,7 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	if size, err := images.Size(r1); err != nil || size != MinVolumeSize {
 		t.Errorf("the restored image: %d bytes, %v; want %d", size, err, MinVolumeSize)
 	}
-	if got := defaultSpace(c).Restoring(); len(got) != 0 {
+	if got := defaultPool(c).Restoring(); len(got) != 0 {
 		t.Errorf("restores under way after the copy: %+v", got)
 	}
 

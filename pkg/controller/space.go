@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 
 	"k8s.io/klog/v2"
@@ -15,35 +16,51 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// SpaceOptions are the capacity policy of a data directory.
-type SpaceOptions struct {
+// PoolOptions configure a storage pool.
+type PoolOptions struct {
 	// Name is the storage pool's name; empty for the default pool.
 	Name string
+	// Dir is the pool's data directory, on a filesystem of its own: the
+	// images of its volumes, and their snapshots in Dir/snapshots (made
+	// at the first snapshot).
+	Dir string
 	// Ratio is the overprovisioning ratio of thin volumes (at least 1).
 	Ratio float64
 	// Guard is the free space that no promise takes: no volume, thick or
 	// thin, is created or grown into it, nor a snapshot that takes space
 	// taken; below it, no volume is created or grown and no snapshot
-	// taken at all.
-	Guard capacity.Guard
-	// Snapshots are the data directory's snapshots, which restores copy
-	// from; their copy mode says what a snapshot asked for takes
-	// (snapshotNeed). Nil when none are served.
-	Snapshots *devices.Snapshots
+	// taken at all. Nil: the default for the pool's filesystem
+	// (capacity.DefaultGuardFor).
+	Guard *capacity.Guard
+	// KubeletFilesystem is true when the pool's filesystem holds the
+	// kubelet's directory, whose free space the kubelet evicts pods to
+	// keep (OpenPools finds out).
+	KubeletFilesystem bool
 }
 
-// Space is the capacity promise of this node's data directory: what its
-// images, the snapshots asked for and the restores under way were
-// promised, and what can still be. Every change of an image's space (made,
-// grown, restored, removed) and every snapshot asked for is decided within
-// one lock (within), so no two of them promise the same free space. The
-// node's reconciler grows images through it (GrowImage) and the CSI
-// controller makes, restores and removes them.
-type Space struct {
-	images   *devices.Images
-	store    Store
-	opts     SpaceOptions
-	restores restores
+// Pool is one storage pool of this node: a data directory on a filesystem
+// of its own, which holds its volumes' images and their snapshots, with
+// its guard, its overprovisioning ratio and what its filesystem can do
+// (Probe), and its capacity promise: what its images, the snapshots asked
+// for and the restores under way were promised, and what can still be.
+// Every change of an image's space (made, grown, restored, removed) and
+// every snapshot asked for is decided within one lock (within), so no two
+// of them promise the same free space. The node's reconciler reaches a
+// volume's images and snapshots through it (GrowImage, Take...), and the
+// CSI controller makes, restores and removes them.
+type Pool struct {
+	images    *devices.Images
+	snapshots *devices.Snapshots
+	store     Store
+	name      string
+	ratio     float64
+	guard     capacity.Guard
+	kubeletFS bool
+	// fsType and punchesHoles are what Probe found of the pool's
+	// filesystem.
+	fsType       string
+	punchesHoles bool
+	restores     restores
 	// copies is the context of the restores' copies; Close ends it.
 	copies context.Context
 	cancel context.CancelFunc
@@ -53,27 +70,34 @@ type Space struct {
 	mu sync.Mutex
 	// restoreImage copies a snapshot into a volume's image (copySnapshot;
 	// tests hold it up).
-	restoreImage func(ctx context.Context, id string, from *devices.Snapshots, snap devices.SnapshotInfo, size int64, thick bool) error
+	restoreImage func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error
 }
 
-// NewSpace returns the capacity promise of the data directory holding
-// images, whose records are in store.
-func NewSpace(images *devices.Images, store Store, opts SpaceOptions) *Space {
+// NewPool returns storage pool opts.Name, whose volumes' records are in
+// store. It opens nothing: Repair and Probe look at its directory.
+func NewPool(store Store, opts PoolOptions) *Pool {
 	if opts.Name == "" {
 		opts.Name = state.DefaultPool
 	}
-	s := &Space{images: images, store: store, opts: opts}
+	s := &Pool{
+		images: &devices.Images{Dir: opts.Dir}, snapshots: &devices.Snapshots{Dir: filepath.Join(opts.Dir, "snapshots")},
+		store: store, name: opts.Name, ratio: opts.Ratio, kubeletFS: opts.KubeletFilesystem,
+		guard: capacity.DefaultGuardFor(opts.KubeletFilesystem),
+	}
+	if opts.Guard != nil {
+		s.guard = *opts.Guard
+	}
 	s.copies, s.cancel = context.WithCancel(context.Background())
 	s.restoreImage = s.copySnapshot
 	return s
 }
 
-// Name is the name of the space's storage pool.
-func (s *Space) Name() string { return s.opts.Name }
+// Name is the pool's name.
+func (s *Pool) Name() string { return s.name }
 
 // Close ends the restores' copies, which leave no image (the retried
 // CreateVolume makes it anew), and waits for them.
-func (s *Space) Close() {
+func (s *Pool) Close() {
 	s.cancel()
 	s.restores.stop()
 }
@@ -81,28 +105,25 @@ func (s *Space) Close() {
 // within runs fn holding the promise still: no image is made, grown,
 // restored or removed and no snapshot is asked for until fn returns. Every
 // check of the promise is a method of promise, so it is made within.
-func (s *Space) within(fn func(p promise) error) error {
+func (s *Pool) within(fn func(p promise) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return fn(promise{s})
 }
 
 // promise is the space held still by within.
-type promise struct{ s *Space }
+type promise struct{ s *Pool }
 
 // Account is the state of the data directory as CreateVolume and
 // GetCapacity see it, with its filesystem's size: the volumes being
 // restored are promised their size, and the guard nothing.
-func (s *Space) Account() (capacity.Account, int64, error) {
-	return account(s.images, s.store, s.opts.Ratio, s.opts.Guard, s.mode(), s.restores.promised())
+func (s *Pool) Account() (capacity.Account, int64, error) {
+	return account(s.images, s.store, s.ratio, s.guard, s.mode(), s.restores.promised())
 }
 
 // mode is how snapshots are copied here ("" when none are served: copies).
-func (s *Space) mode() devices.CopyMode {
-	if s.opts.Snapshots == nil {
-		return ""
-	}
-	return s.opts.Snapshots.Mode
+func (s *Pool) mode() devices.CopyMode {
+	return s.snapshots.Mode
 }
 
 // account derives the state of the data directory from its images and
@@ -152,7 +173,7 @@ func account(images *devices.Images, store Store, ratio float64, guard capacity.
 // above the guard (0 for a thin one while the data directory is nearly
 // full), and the largest volume that could be: exactly what a
 // CreateVolume would be promised now.
-func (s *Space) Available(thin bool) (avail, largest int64, err error) {
+func (s *Pool) Available(thin bool) (avail, largest int64, err error) {
 	acc, total, err := s.Account()
 	if err != nil {
 		return 0, 0, state.Errorf(state.KindInternal, "%w", err)
@@ -176,18 +197,18 @@ func (p promise) volume(thin bool, size, have int64) error {
 		return state.Errorf(state.KindInternal, "%w", err)
 	}
 	if size > total {
-		return state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of pool %s's filesystem", size, total, s.opts.Name)
+		return state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of pool %s's filesystem", size, total, s.name)
 	}
 	kind := state.ProvisionThick
 	if thin {
 		kind = state.ProvisionThin
 		if acc.NearlyFull() {
-			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", s.opts.Name, acc.Free, acc.Guard)
+			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", s.name, acc.Free, acc.Guard)
 		}
 	}
 	if avail := acc.Available(thin); size-have > avail {
 		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d of them kept free by its guard, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
-			size-have, avail, s.opts.Name, kind, acc.Free, acc.Guard, acc.ThickOwed, acc.ThinPromised, s.opts.Ratio)
+			size-have, avail, s.name, kind, acc.Free, acc.Guard, acc.ThickOwed, acc.ThinPromised, s.ratio)
 	}
 	return nil
 }
@@ -214,11 +235,11 @@ func (p promise) snapshot(id string) error {
 		return state.Errorf(state.KindInternal, "%w", err)
 	}
 	if acc.NearlyFull() {
-		return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.opts.Name, acc.Free, acc.Guard)
+		return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.name, acc.Free, acc.Guard)
 	}
 	if avail := acc.ThickAvailable(); need > avail {
 		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
-			id, need, s.opts.Name, s.mode(), avail, acc.Free, acc.Guard)
+			id, need, s.name, s.mode(), avail, acc.Free, acc.Guard)
 	}
 	return nil
 }
@@ -251,7 +272,7 @@ func imageOf(u devices.Usage) capacity.Image {
 // the filesystem grow after it. A missing image is NOT_FOUND; a size the
 // data directory cannot hold now is RESOURCE_EXHAUSTED, one it never could
 // OUT_OF_RANGE.
-func (s *Space) GrowImage(id string, size int64) (grown int64, err error) {
+func (s *Pool) GrowImage(id string, size int64) (grown int64, err error) {
 	err = s.within(func(p promise) error {
 		grown, err = p.grow(id, size)
 		return err
@@ -285,7 +306,7 @@ func (p promise) grow(id string, size int64) (int64, error) {
 	if err != nil {
 		return 0, imageError(err, "growing volume %s", id)
 	}
-	klog.V(2).InfoS("Grew volume image", "volumeID", id, "pool", s.opts.Name, "from", cur, "bytes", size, "thin", thin)
+	klog.V(2).InfoS("Grew volume image", "volumeID", id, "pool", s.name, "from", cur, "bytes", size, "thin", thin)
 	return size, nil
 }
 
@@ -306,8 +327,8 @@ func (p promise) record(id, name string, prov state.Provisioning, access state.A
 		if id != name {
 			v.Name = name
 		}
-		if p.s.opts.Name != state.DefaultPool {
-			v.Pool = p.s.opts.Name
+		if p.s.name != state.DefaultPool {
+			v.Pool = p.s.name
 		}
 		return nil
 	})

@@ -18,7 +18,7 @@ import (
 )
 
 // ControllerExpandVolume grows a volume whose image is on this node, as
-// Space.GrowImage does (the new space of a thick volume allocated, never
+// Pool.GrowImage does (the new space of a thick volume allocated, never
 // shrinking, within the promise), and leaves the filesystem to the node.
 // A cluster runs one resizer, beside one node's plugin: for a volume whose
 // image is not here, which this node cannot tell from one of another node,
@@ -49,7 +49,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if space == nil {
 		return nil, c.pools.noPool(pool)
 	}
-	cur, err := space.images.Size(id)
+	cur, err := space.ImageSize(id)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		klog.V(2).InfoS("Volume is not on this node; its node grows it in NodeExpandVolume", "volumeID", id, "bytes", size)
@@ -92,7 +92,7 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 // deleteWithin deletes volume id within the promise of its pool, unless it
 // is being restored, staged or published.
 func (c *Controller) deleteWithin(p promise, id string) error {
-	if r := p.s.restores.get(id); r != nil {
+	if r := p.s.restore(id); r != nil {
 		return state.Errorf(state.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
 	}
 	if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
@@ -118,7 +118,7 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if space == nil {
 		return nil, state.NotFound(id)
 	}
-	if _, err := space.images.Size(id); err != nil {
+	if _, err := space.ImageSize(id); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, state.NotFound(id)
 		}
@@ -174,7 +174,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 			resp.NextToken = listTokenPrefix + resp.Entries[len(resp.Entries)-1].Volume.VolumeId
 			break
 		}
-		size, err := where[id].images.Size(id)
+		size, err := where[id].ImageSize(id)
 		if err != nil {
 			continue // deleted meanwhile
 		}

@@ -50,7 +50,7 @@ func TestObserveFindsDevicesOfAnEndedContainer(t *testing.T) {
 		t.Logf("the kernel names the backing file of %s %q (this test expects /volumes/v.img)", myDev, b)
 	}
 
-	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: NewPools(&Pool{Name: "default", Images: &Images{Dir: filepath.Join(state, "volumes")}})}
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": filepath.Join(state, "volumes")}}
 	defer o.Close()
 	snap, err := o.Observe()
 	if err != nil {
@@ -144,7 +144,7 @@ func TestObserveLeavesAnotherNodesDevicesAlone(t *testing.T) {
 		t.Logf("the kernel names the backing file of %s %q here (this test expects %s)", theirDev, b, mine)
 	}
 
-	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: NewPools(&Pool{Name: "default", Images: &Images{Dir: filepath.Join(state, "volumes")}})}
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": filepath.Join(state, "volumes")}}
 	defer o.Close()
 	for pass := range 2 { // the second from what the first learned
 		snap, err := o.Observe()

@@ -305,6 +305,10 @@ func (im *Images) Copying(id string) (Usage, error) {
 // interrupted. Call it before serving, when no Create runs.
 func (im *Images) RemoveStaleTemps() error { return RemoveStaleTemps(im.Dir) }
 
+// Flush writes out what is dirty of an image (a file of the data
+// directory, or the copy of one).
+func (im *Images) Flush(image string) error { return flushFile(image) }
+
 // RemoveStaleTemps removes from dir the temporary files of what a crash
 // interrupted (an image's creation, a CopyFile). Call it when nothing
 // writes to dir. A missing dir is a no-op.

@@ -3,6 +3,7 @@ package devices
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,9 +24,9 @@ type Observer struct {
 	// Paths resolves mount points beneath the plugin's roots without
 	// symlinks for CheckMount; nil resolves every path as it is.
 	Paths *Paths
-	// Pools are the storage pools whose data directories' loop devices
-	// and space are observed; nil for none.
-	Pools *Pools
+	// Pools are the data directories of the storage pools, by pool name,
+	// whose loop devices and space are observed; nil for none.
+	Pools map[string]string
 
 	// files keeps the files of the loop listing open between passes, and
 	// mounts the mount table's; made on first use.
@@ -62,17 +63,14 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
-	var pools []*Pool
-	if o.Pools != nil {
-		pools = o.Pools.All()
-	}
-	for _, p := range pools {
-		loops = o.loopFiles.own(loops, p.Images.Dir)
+	names := slices.Sorted(maps.Keys(o.Pools))
+	for _, name := range names {
+		loops = o.loopFiles.own(loops, o.Pools[name])
 	}
 	snap := host.NewSnapshot(byDevice(mounts, loops), loops)
-	for _, p := range pools {
-		if total, free, err := p.Images.Capacity(); err == nil {
-			snap.WithPool(p.Name, host.Pool{Known: true, Total: total, Free: free})
+	for _, name := range names {
+		if total, free, err := (&Images{Dir: o.Pools[name]}).Capacity(); err == nil {
+			snap.WithPool(name, host.PoolSpace{Known: true, Total: total, Free: free})
 		}
 	}
 	return snap, nil

@@ -75,7 +75,7 @@ func BenchmarkObserveOwnDevices(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"}
 			if i == 0 {
-				o.Pools = NewPools(&Pool{Name: "default", Images: &Images{Dir: dir}})
+				o.Pools = map[string]string{"default": dir}
 			}
 			defer o.Close()
 			for b.Loop() {

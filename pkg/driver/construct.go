@@ -13,7 +13,6 @@ import (
 	"k8s.io/utils/clock"
 	utilexec "k8s.io/utils/exec"
 
-	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
@@ -43,26 +42,24 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 			p.close()
 		}
 	}()
-	if p.specs, p.pools, err = findPools(cfg.pools, cfg.KubeletDir); err != nil {
+	// Each pool's space promises what CreateVolume, snapshots, restores
+	// and the reconciler's growth of images for NodeExpandVolume take of
+	// it, under its own lock.
+	if p.pools, err = controller.OpenPools(p.store, cfg.pools, cfg.KubeletDir); err != nil {
 		return nil, err
 	}
 	if p.sock, err = socketPath(cfg.Endpoint); err != nil {
 		return nil, err
 	}
-	pools := devices.NewPools(p.pools...)
 	paths := devices.NewPaths(cfg.roots())
 	m := metrics.New()
-	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: pools}
+	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: p.pools.Dirs()}
 	topology := map[string]string{contract.TopologyKey: cfg.NodeID}
-	// Each pool's space promises what CreateVolume, snapshots, restores
-	// and the reconciler's growth of images for NodeExpandVolume take of
-	// it, under its own lock.
-	p.promises = controller.NewPools(p.store, spaces(p.specs, p.pools, p.store)...)
-	ctrl := controller.New(p.promises, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
-	if p.rec, err = p.newReconciler(m, pools, paths); err != nil {
+	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
+	if p.rec, err = p.newReconciler(m, paths); err != nil {
 		return nil, err
 	}
-	node, err := p.newNodeServer(pools, topology)
+	node, err := p.newNodeServer(topology)
 	if err != nil {
 		return nil, err
 	}
@@ -71,7 +68,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	ctrl.ServeSnapshots(node)
 	p.grpc = newGRPCServer(cfg, m, p.rec, ctrl, node)
 
-	statuses := func() ([]volstatus.Pool, error) { return poolStatuses(cfg.NodeID, p.specs, p.promises, pools) }
+	statuses := func() ([]volstatus.PoolStatus, error) { return p.pools.Statuses(cfg.NodeID) }
 	m.WatchPools(statuses)
 	m.WatchReady(p.rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())
@@ -103,14 +100,14 @@ func openStore(ctx context.Context, cfg Config) (*state.Store, error) {
 
 // newReconciler builds the reconciler of the plugin's store, observer and
 // pools, recording into m.
-func (p *plugin) newReconciler(m *metrics.Metrics, pools *devices.Pools, paths *devices.Paths) (*reconciler.Reconciler, error) {
+func (p *plugin) newReconciler(m *metrics.Metrics, paths *devices.Paths) (*reconciler.Reconciler, error) {
 	var static reconciler.Static
 	if len(p.cfg.AllowedDevicePrefixes) > 0 {
 		static = devices.StaticDevices{Prefixes: p.cfg.AllowedDevicePrefixes, SysDevBlock: "/sys/dev/block"}
 	}
-	guards := map[string]capacity.Guard{}
-	for _, s := range p.specs {
-		guards[s.name] = s.guard
+	pools := map[string]reconciler.Pool{}
+	for _, pl := range p.pools.All() {
+		pools[pl.Name()] = pl
 	}
 	return reconciler.New(reconciler.Config{
 		Recorder: m,
@@ -123,29 +120,22 @@ func (p *plugin) newReconciler(m *metrics.Metrics, pools *devices.Pools, paths *
 		Filesystems: devices.NewMounter(devices.NewFsMounter(mount.NewWithoutSystemd(""), paths, devices.SELinuxEnabled()),
 			utilexec.New(), maxFormats, paths),
 		Paths:        paths,
-		Images:       pools,
-		ImagePromise: p.promises,
-		Snapshots:    pools,
+		Pools:        pools,
 		Roots:        p.cfg.roots(),
 		Clock:        clock.RealClock{},
 		ResyncPeriod: p.cfg.ResyncPeriod,
-		PoolGuard:    p.specs[0].guard,
-		PoolGuards:   guards,
 	})
 }
 
 // newNodeServer builds the CSI Node service of the plugin's store, which
 // kicks its reconciler.
-func (p *plugin) newNodeServer(pools *devices.Pools, topology map[string]string) (*nodeserver.Server, error) {
+func (p *plugin) newNodeServer(topology map[string]string) (*nodeserver.Server, error) {
 	cfg, store := p.cfg, p.store
 	return nodeserver.New(nodeserver.Config{
-		Store:  store,
-		Kicker: p.rec,
-		Stat:   devices.Statfs,
-		Capacity: func(id string) (int64, error) {
-			v, _ := store.Get(id)
-			return pools.Size(state.PoolOf(v), id)
-		},
+		Store:           store,
+		Kicker:          p.rec,
+		Stat:            devices.Statfs,
+		Capacity:        p.pools.ImageSize,
 		NodeID:          cfg.NodeID,
 		MaxVolumes:      cfg.MaxVolumes,
 		Topology:        topology,

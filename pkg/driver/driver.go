@@ -32,8 +32,12 @@ const (
 	maxMessage = 1 << 20
 )
 
-// The metrics are the reconciler's recorder.
-var _ reconciler.Recorder = (*metrics.Metrics)(nil)
+// The metrics are the reconciler's recorder, and each storage pool is a
+// pool of the reconciler's.
+var (
+	_ reconciler.Recorder = (*metrics.Metrics)(nil)
+	_ reconciler.Pool     = (*controller.Pool)(nil)
+)
 
 // Run builds the plugin from cfg, repairs what the last run left behind,
 // and serves until ctx ends. On return every mount and device is left in
@@ -55,14 +59,9 @@ func Run(ctx context.Context, cfg Config) error {
 type plugin struct {
 	cfg   Config
 	store *state.Store
-	// specs are the configured pools this node has, and pools the same
-	// pools opened, in the same order (the default pool first). Their
-	// filesystems are probed by recover, once what a crash left in them
-	// is gone.
-	specs []pool
-	pools []*devices.Pool
-	// promises are the pools' spaces (controller.Space).
-	promises *controller.Pools
+	// pools are the configured pools this node has. Their filesystems
+	// are probed by recover, once what a crash left in them is gone.
+	pools    *controller.Pools
 	observer *devices.Observer
 	rec      *reconciler.Reconciler
 	// sock is the CSI socket, which serve creates, and grpc the server

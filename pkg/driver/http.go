@@ -57,7 +57,7 @@ func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, live func(co
 // IDs, paths and error text, so they are served on the status socket and
 // on the TCP address only when the operator asks (Config.HTTPStatus).
 // None of them waits for an operation.
-func newStatusHandler(public http.Handler, rec *reconciler.Reconciler, pools func() ([]volstatus.Pool, error)) http.Handler {
+func newStatusHandler(public http.Handler, rec *reconciler.Reconciler, pools func() ([]volstatus.PoolStatus, error)) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/", public)
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -68,12 +69,12 @@ func TestResolvePools(t *testing.T) {
 			}
 			var names []string
 			for _, p := range got.pools {
-				names = append(names, p.name)
+				names = append(names, p.Name)
 			}
 			if strings.Join(names, ",") != strings.Join(tc.names, ",") {
 				t.Errorf("got pools %v, want %v", names, tc.names)
 			}
-			if len(got.pools) == 3 && (got.pools[2].ratio != 3 || got.pools[2].guard.Bytes != 1<<30 || got.pools[1].ratio != 1) {
+			if len(got.pools) == 3 && (got.pools[2].Ratio != 3 || got.pools[2].Guard == nil || got.pools[2].Guard.Bytes != 1<<30 || got.pools[1].Ratio != 1) {
 				t.Errorf("pool options: got %+v", got.pools)
 			}
 		})
@@ -113,19 +114,20 @@ func TestPoolGuardFollowsTheKubeletsFilesystem(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer store.Close()
-			here, opened, err := findPools(cfg.pools, cfg.KubeletDir)
+			pools, err := controller.OpenPools(store, cfg.pools, cfg.KubeletDir)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := here[0]; got.kubeletFS != tc.kubeletFS || got.guard != tc.want {
-				t.Errorf("pool on the kubelet's filesystem %v with guard %v, want %v with %v", got.kubeletFS, got.guard, tc.kubeletFS, tc.want)
-			}
-			acc, total, err := spaces(here, opened, store)[0].Account()
+			got := pools.Get(state.DefaultPool)
+			st, err := got.Status("n")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := tc.want.Threshold(total); acc.Guard != want {
-				t.Errorf("the promise keeps %d bytes free, want %d", acc.Guard, want)
+			if st.KubeletFilesystem != tc.kubeletFS || got.Guard() != tc.want {
+				t.Errorf("pool on the kubelet's filesystem %v with guard %v, want %v with %v", st.KubeletFilesystem, got.Guard(), tc.kubeletFS, tc.want)
+			}
+			if want := tc.want.Threshold(st.SizeBytes); st.GuardBytes != want {
+				t.Errorf("the promise keeps %d bytes free, want %d", st.GuardBytes, want)
 			}
 		})
 	}
@@ -133,7 +135,7 @@ func TestPoolGuardFollowsTheKubeletsFilesystem(t *testing.T) {
 
 // TestPoolOwnGuardWins checks that a pool's guard= overrides --pool-guard,
 // and that a pool without one takes --pool-guard when it is given, and the
-// default of its filesystem (left to findPools) when it is not.
+// default of its filesystem (left to controller.OpenPools) when it is not.
 func TestPoolOwnGuardWins(t *testing.T) {
 	base := Config{NodeID: "n", Endpoint: "unix:///tmp/x.sock", StateDir: "/var/lib/converge",
 		Pools: []PoolSpec{{Name: "fast", Dir: "/mnt/a", Guard: "1Gi"}, {Name: "slow", Dir: "/mnt/b"}}}
@@ -156,8 +158,12 @@ func TestPoolOwnGuardWins(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, p := range got.pools {
-				if p.guardSet != tc.set[i] || p.guard != tc.guards[i] {
-					t.Errorf("pool %s: guard %v (configured %v), want %v (%v)", p.name, p.guard, p.guardSet, tc.guards[i], tc.set[i])
+				var guard capacity.Guard
+				if p.Guard != nil {
+					guard = *p.Guard
+				}
+				if (p.Guard != nil) != tc.set[i] || guard != tc.guards[i] {
+					t.Errorf("pool %s: guard %v (configured %v), want %v (%v)", p.Name, guard, p.Guard != nil, tc.guards[i], tc.set[i])
 				}
 			}
 		})

@@ -3,7 +3,6 @@ package driver
 import (
 	"fmt"
 
-	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -13,8 +12,8 @@ import (
 //  1. the store's log, replayed when construct opened the store
 //     (openStore), which says how many records it replayed;
 //  2. in each pool, what interrupted image creations and snapshot copies
-//     left, removed (repairPool);
-//  3. then each pool's filesystem probed (probePool): after step 2,
+//     left, removed (controller.Pool.Repair);
+//  3. then each pool's filesystem probed (controller.Pool.Probe): after step 2,
 //     which frees what the leftovers may have filled;
 //  4. the intents of the snapshots only an interrupted clone needed,
 //     forgotten (dropTempSnapshotIntents).
@@ -23,26 +22,26 @@ import (
 // passes (start-up reconstruction), which serve starts: the plugin is
 // ready (/readyz, Identity.Probe) once they are done.
 func (p *plugin) recover() error {
-	for i, pool := range p.pools {
-		if err := repairPool(pool); err != nil {
+	for _, pool := range p.pools.All() {
+		if err := pool.Repair(); err != nil {
 			return err
 		}
-		if err := probePool(p.specs[i], pool); err != nil {
+		if err := pool.Probe(); err != nil {
 			return err
 		}
 	}
-	return dropTempSnapshotIntents(p.store, p.pools[0].Snapshots)
+	return dropTempSnapshotIntents(p.store, p.pools.Get(state.DefaultPool).IsTempSnapshot)
 }
 
 // dropTempSnapshotIntents forgets the intents of the snapshots only a clone
 // needed (see controller.cloneSource): a restart ended the CreateVolume that
 // waited for them, and its retry asks again. With their files, which
-// repairPool removed, nothing of an interrupted clone outlives a restart.
-func dropTempSnapshotIntents(store *state.Store, snapshots *devices.Snapshots) error {
+// Pool.Repair removed, nothing of an interrupted clone outlives a restart.
+func dropTempSnapshotIntents(store *state.Store, isTemp func(id string) bool) error {
 	for _, v := range store.List() {
 		var temps []string
 		for _, id := range v.SnapshotIDs() {
-			if snapshots.IsTemp(id) {
+			if isTemp(id) {
 				temps = append(temps, id)
 			}
 		}

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -45,8 +45,8 @@ func TestRecoverFreesAFullPoolBeforeProbingIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	p := &plugin{store: store, specs: []pool{{name: state.DefaultPool, dir: dir, ratio: 1}},
-		pools: []*devices.Pool{{Name: state.DefaultPool, Images: &devices.Images{Dir: dir}, Snapshots: &devices.Snapshots{Dir: snapDir}}}}
+	pools := controller.NewPools(store, controller.NewPool(store, controller.PoolOptions{Dir: dir, Ratio: 1}))
+	p := &plugin{store: store, pools: pools}
 
 	if err := p.recover(); err != nil {
 		t.Fatalf("recovering a pool full of what a crash left: %v", err)
@@ -61,8 +61,8 @@ func TestRecoverFreesAFullPoolBeforeProbingIt(t *testing.T) {
 			t.Errorf("%s after the start: got %v, want it kept", f, err)
 		}
 	}
-	if got := p.pools[0]; got.FsType != "tmpfs" || got.Snapshots.Mode == "" {
-		t.Errorf("pool probed as %q copying %q, want tmpfs and a copy mode", got.FsType, got.Snapshots.Mode)
+	if got := pools.Get(state.DefaultPool); got.FsType() != "tmpfs" || got.CopyMode() == "" {
+		t.Errorf("pool probed as %q copying %q, want tmpfs and a copy mode", got.FsType(), got.CopyMode())
 	}
 }
 

@@ -45,7 +45,7 @@ func (p *plugin) serve(ctx context.Context) error {
 	case failed = <-g.failed:
 	}
 	logger.Info("Stopping; mounts stay in place")
-	g.stop(p.cfg, p.promises)
+	g.stop(p.cfg, p.pools)
 	return failed
 }
 
@@ -92,10 +92,10 @@ func startGroup(ctx context.Context, rec *reconciler.Reconciler, srv *grpc.Serve
 
 // stop is the group's one shutdown, each part stopped once what calls it
 // has: gRPC first, its calls in flight given stopGrace to finish; then
-// the loops; then the restores' copies of promises, which leave no image
+// the loops; then the restores' copies of pools, which leave no image
 // (the provisioner's retry makes each anew); then HTTP, and the status
 // socket removed. Mounts and devices stay in place.
-func (g *group) stop(cfg Config, promises *controller.Pools) {
+func (g *group) stop(cfg Config, pools *controller.Pools) {
 	stopped := make(chan struct{})
 	go func() { g.grpc.GracefulStop(); close(stopped) }()
 	select {
@@ -105,7 +105,7 @@ func (g *group) stop(cfg Config, promises *controller.Pools) {
 	}
 	g.cancel()
 	g.loops.Wait()
-	promises.Close()
+	pools.Close()
 	stopHTTP(cfg, g.https)
 	g.servers.Wait()
 }

@@ -25,7 +25,7 @@ func TestDropTempSnapshotIntents(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := dropTempSnapshotIntents(store, snaps); err != nil {
+	if err := dropTempSnapshotIntents(store, snaps.IsTemp); err != nil {
 		t.Fatal(err)
 	}
 	v, err := store.Get("v1")

@@ -81,12 +81,12 @@ type Snapshot struct {
 	loops map[string][]Device
 	// pools maps a storage pool's name to the space of its data
 	// directory.
-	pools map[string]Pool
+	pools map[string]PoolSpace
 }
 
-// Pool is the space of the filesystem of a storage pool, which holds its
-// volumes' images.
-type Pool struct {
+// PoolSpace is the space of the filesystem of a storage pool, which holds
+// its volumes' images, as observed.
+type PoolSpace struct {
 	// Known is false when it was not observed.
 	Known bool
 	// Total is the filesystem's size and Free what it can still allocate
@@ -95,9 +95,9 @@ type Pool struct {
 }
 
 // WithPool returns s with the space of pool name's data directory.
-func (s *Snapshot) WithPool(name string, p Pool) *Snapshot {
+func (s *Snapshot) WithPool(name string, p PoolSpace) *Snapshot {
 	if s.pools == nil {
-		s.pools = map[string]Pool{}
+		s.pools = map[string]PoolSpace{}
 	}
 	s.pools[name] = p
 	return s
@@ -105,7 +105,7 @@ func (s *Snapshot) WithPool(name string, p Pool) *Snapshot {
 
 // Pool returns the space of pool name's data directory; not Known when it
 // was not observed.
-func (s *Snapshot) Pool(name string) Pool { return s.pools[name] }
+func (s *Snapshot) Pool(name string) PoolSpace { return s.pools[name] }
 
 // NewSnapshot indexes mounts and loop devices.
 func NewSnapshot(mounts []Mount, loops []Device) *Snapshot {

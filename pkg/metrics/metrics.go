@@ -175,7 +175,7 @@ func (m *Metrics) WatchRequests(waiting func() int, limit int) {
 // scrape: converge_data_directory_bytes by pool and kind,
 // converge_data_directory_nearly_full, converge_snapshots and
 // converge_restores by pool, and converge_restore_copied_bytes by restore.
-func (m *Metrics) WatchPools(pools func() ([]volstatus.Pool, error)) {
+func (m *Metrics) WatchPools(pools func() ([]volstatus.PoolStatus, error)) {
 	m.Registry.MustRegister(poolCollector(pools))
 }
 
@@ -193,7 +193,7 @@ var (
 		"What a restore's copy holds so far of its snapshot's data; one that stops growing is stuck.", []string{"pool", "volume", "snapshot"}, nil)
 )
 
-type poolCollector func() ([]volstatus.Pool, error)
+type poolCollector func() ([]volstatus.PoolStatus, error)
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- poolBytes
@@ -215,7 +215,7 @@ func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectPool sends the metrics of one pool.
-func collectPool(ch chan<- prometheus.Metric, p volstatus.Pool) {
+func collectPool(ch chan<- prometheus.Metric, p volstatus.PoolStatus) {
 	for kind, v := range map[string]int64{
 		"size": p.SizeBytes, "free": p.FreeBytes, "guard": p.GuardBytes,
 		"promised_thick": p.ThickPromisedBytes, "owed_thick": p.ThickOwedBytes,

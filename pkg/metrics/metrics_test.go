@@ -81,8 +81,8 @@ func TestWhatAlertsRead(t *testing.T) {
 	m := New()
 	ready := false
 	m.WatchReady(func() bool { return ready })
-	m.WatchPools(func() ([]volstatus.Pool, error) {
-		return []volstatus.Pool{{Name: "default"}, {Name: "fast", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s", CopiedBytes: 4096}}}}, nil
+	m.WatchPools(func() ([]volstatus.PoolStatus, error) {
+		return []volstatus.PoolStatus{{Name: "default"}, {Name: "fast", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s", CopiedBytes: 4096}}}}, nil
 	})
 	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{
 		{ID: "a", Phase: volstatus.PhaseDegraded, Reason: "PoolNearlyFull"},
@@ -130,8 +130,8 @@ converge_ready 1
 // bytes, beside what is still available above it.
 func TestPoolGuardIsExported(t *testing.T) {
 	m := New()
-	m.WatchPools(func() ([]volstatus.Pool, error) {
-		return []volstatus.Pool{{Name: "default", SizeBytes: 100 << 20, FreeBytes: 30 << 20, GuardBytes: 20 << 20, ThickAvailableBytes: 10 << 20}}, nil
+	m.WatchPools(func() ([]volstatus.PoolStatus, error) {
+		return []volstatus.PoolStatus{{Name: "default", SizeBytes: 100 << 20, FreeBytes: 30 << 20, GuardBytes: 20 << 20, ThickAvailableBytes: 10 << 20}}, nil
 	})
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))

@@ -25,7 +25,7 @@ func BenchmarkPass(b *testing.B) {
 			w := newFakeWorld()
 			w.started = nil
 			w.makeDirs("/k", "/k/staging")
-			r, err := New(Config{Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Images: fakePools{w}, ImagePromise: fakePools{w}, Snapshots: fakePools{w},
+			r, err := New(Config{Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Pools: fakePools(w),
 				Clock: clocktesting.NewFakeClock(time.Unix(1_000_000, 0)), Roots: []string{"/k"}, FastWorkers: 64})
 			if err != nil {
 				b.Fatal(err)

@@ -34,7 +34,7 @@ func TestConditionTable(t *testing.T) {
 			staged:       true,
 			targets:      map[string]*host.Mount{target: {Path: target, Dev: dev, Root: "/"}},
 			mountIDs:     map[string]uint64{staging: 41, target: 42},
-			pool:         host.Pool{Known: true, Total: 10 << 30, Free: 5 << 30},
+			pool:         host.PoolSpace{Known: true, Total: 10 << 30, Free: 5 << 30},
 			poolGuard:    1 << 30,
 			poolName:     "fast",
 		}
@@ -103,7 +103,7 @@ func TestConditionTable(t *testing.T) {
 		{name: "thin, pool at its guard", volume: func(v *state.Volume) { v.Provisioning = state.ProvisionThin },
 			actual: func(a *actual) { a.pool.Free = 1 << 30 }},
 		{name: "thin, pool not observed", volume: func(v *state.Volume) { v.Provisioning = state.ProvisionThin },
-			actual: func(a *actual) { a.pool = host.Pool{} }},
+			actual: func(a *actual) { a.pool = host.PoolSpace{} }},
 		{name: "thick, pool nearly full", actual: func(a *actual) { a.pool.Free = 512 << 20 }},
 		{name: "space not reserved", actual: func(a *actual) { a.pool.Free, a.loop.BackingAllocated = 1<<20, 10<<20 },
 			health: state.Degraded, reason: state.ReasonSpaceNotReserved, message: "94371840 bytes of the image of volume v1 are not allocated and pool fast has 1048576 bytes free"},

@@ -88,42 +88,43 @@ type Paths interface {
 	Sync(path string) error
 }
 
-// Snapshots takes the snapshots of volumes: a snapshot is a file of its
-// own, whole or absent, never half made, in its volume's storage pool.
-type Snapshots interface {
-	// Taken reports whether snapshot id exists in pool.
-	Taken(pool, id string) (bool, error)
+// Pool is one storage pool of the node as the reconciler needs it: a data
+// directory on a filesystem of its own, holding the images of its volumes
+// and their snapshots. The reconciler resolves a volume's pool once per
+// pass, from its record (state.PoolOf), and every call about the volume's
+// image or snapshots goes to that pool.
+type Pool interface {
+	// Image is the image (backing file) of volume id in this pool.
+	Image(id string) string
+	// IDOf returns the volume whose image path is, when it is one of this
+	// pool's.
+	IDOf(path string) (string, bool)
+	// ImageSize returns the size of id's image; an error matching
+	// os.ErrNotExist when it has none.
+	ImageSize(id string) (int64, error)
+	// Reserve allocates the holes of id's image.
+	Reserve(id string) error
+	// Blank reports whether id's image holds no data at all.
+	Blank(id string) (bool, error)
+	// GrowImage grows the image of volume id to at least size bytes
+	// within the pool's capacity promise (the one CreateVolume keeps too)
+	// and returns its size; an image already that large is left as it
+	// is. A size the pool cannot hold is a *state.Error of
+	// KindResourceExhausted (not now) or KindOutOfRange (never).
+	GrowImage(id string, size int64) (int64, error)
 	// Flush writes out what is dirty of an image.
 	Flush(image string) error
+	// Taken reports whether snapshot id exists in this pool.
+	Taken(id string) (bool, error)
 	// Take copies image, the image of the volume of, to snapshot id of
-	// pool, stamped with of and now; an error matching os.ErrExist when id
-	// exists.
-	Take(ctx context.Context, pool, id, image string, of devices.SnapshotOf, now time.Time) (devices.SnapshotInfo, error)
-}
-
-// Images locates and checks the backing files of volumes, each in the data
-// directory of its storage pool (state.PoolOf).
-type Images interface {
-	// Path is the image of volume id in pool; "" when this node has no
-	// such pool.
-	Path(pool, id string) string
-	// IDOf returns the volume whose image path is, in any pool.
-	IDOf(path string) (string, bool)
-	Size(pool, id string) (int64, error)
-	// Reserve allocates the holes of id's image.
-	Reserve(pool, id string) error
-	// Blank reports whether id's image holds no data at all.
-	Blank(pool, id string) (bool, error)
-}
-
-// ImagePromise grows the images of volumes within the node's capacity
-// promise (controller.Space), the one that CreateVolume keeps too.
-type ImagePromise interface {
-	// GrowImage grows the image of volume id in pool to at least size
-	// bytes and returns its size; an image already that large is left as
-	// it is. A size the pool cannot hold is a *state.Error of
-	// KindResourceExhausted (not now) or KindOutOfRange (never).
-	GrowImage(pool, id string, size int64) (int64, error)
+	// this pool, stamped with of and now; an error matching os.ErrExist
+	// when id exists. A snapshot is a file of its own, whole or absent,
+	// never half made.
+	Take(ctx context.Context, id, image string, of devices.SnapshotOf, now time.Time) (devices.SnapshotInfo, error)
+	// Guard is the free space of the pool's filesystem below which it is
+	// nearly full (capacity.NearlyFull): its thin volumes are reported
+	// as at risk.
+	Guard() capacity.Guard
 }
 
 // Static resolves the existing block devices of static volumes.
@@ -153,25 +154,19 @@ const (
 
 // Config configures a Reconciler. Zero durations and counts take defaults.
 type Config struct {
-	Store        Store
-	Observer     Observer
-	Loops        Loops
-	Filesystems  Filesystems
-	Paths        Paths
-	Images       Images
-	ImagePromise ImagePromise
-	Snapshots    Snapshots
-	Clock        clock.WithTickerAndDelayedExecution
+	Store       Store
+	Observer    Observer
+	Loops       Loops
+	Filesystems Filesystems
+	Paths       Paths
+	// Pools are the node's storage pools by name; a volume whose record
+	// names a pool not here has no image on this node.
+	Pools map[string]Pool
+	Clock clock.WithTickerAndDelayedExecution
 	// Static resolves static volumes' devices; nil when they are off.
 	Static Static
 	// Recorder receives operations and passes, for metrics; nil for none.
 	Recorder Recorder
-
-	// PoolGuard is the free space of a pool's data directory below which
-	// its thin volumes are reported as at risk; PoolGuards overrides it by
-	// pool.
-	PoolGuard  capacity.Guard
-	PoolGuards map[string]capacity.Guard
 
 	// Roots are the directories the plugin may unmount orphaned mounts in;
 	// mounts elsewhere are never touched.

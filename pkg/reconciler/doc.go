@@ -13,7 +13,9 @@
 // pkg/nodeserver waits.
 //
 // One idea per file: reconciler.go is the loop (Run, kicks); pass.go one
-// pass (observe, plan, report, start); observe.go what a volume's actual
+// pass (observe, plan, report, start); pools.go resolves each volume's
+// storage pool once a pass (config.go's Pool: every call about its image
+// and snapshots goes there); observe.go what a volume's actual
 // state is, from the machine's snapshot; diff.go the rules that compare it
 // with the record and choose actions; kinds.go the table of action kinds;
 // dispatch.go hands an action to the executor (executor.go), and

@@ -13,7 +13,7 @@ import (
 // retrying would fail the same way until something else changes, and the
 // kubelet's next NodeExpandVolume tries again. The image is left as it was.
 func (r *Reconciler) growImage(v *state.Volume, a *actual) error {
-	_, err := r.cfg.ImagePromise.GrowImage(state.PoolOf(v), v.ID, v.Expand.Bytes)
+	_, err := a.home.GrowImage(v.ID, v.Expand.Bytes)
 	switch e := state.AsError(err); {
 	case e == nil:
 		return nil

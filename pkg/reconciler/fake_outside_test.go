@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -99,7 +100,17 @@ func (w *fakeWorld) makeImages(ids ...string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, id := range ids {
-		w.images[id] = true
+		w.images[w.Path(id)] = true
+	}
+}
+
+// makeImagesIn makes the images of volumes ids in pool.
+func (w *fakeWorld) makeImagesIn(pool string, ids ...string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	dir := fakePool{w: w, name: pool}.dir()
+	for _, id := range ids {
+		w.images[filepath.Join(dir, id+".img")] = true
 	}
 }
 
@@ -116,6 +127,13 @@ func (w *fakeWorld) setFree(n int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.pool, w.free = true, n
+}
+
+// setGuard gives every pool guard g.
+func (w *fakeWorld) setGuard(g capacity.Guard) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.guard = g
 }
 
 // autoClear sets the auto-clear flag of image's loop device, as a detach
@@ -391,32 +409,56 @@ func (w *fakeWorld) flipDiscards(image string) bool {
 	return was
 }
 
-// fakePools is the fake world as the reconciler sees a node's storage
-// pools: the default pool's data directory is the world's, another
-// pool's is beside it (/data-<pool>); images, sizes and snapshots are the
-// world's, by volume ID.
-type fakePools struct{ w *fakeWorld }
-
-func (p fakePools) Path(pool, id string) string {
-	if pool == state.DefaultPool {
-		return p.w.Path(id)
-	}
-	return filepath.Join(p.w.dataDir+"-"+pool, id+".img")
+// fakePool is one storage pool of the fake world: the default pool's data
+// directory is the world's, another's is beside it. It honours the pool: an
+// image or snapshot of another pool is not there, as on a real node.
+type fakePool struct {
+	w    *fakeWorld
+	name string
 }
 
-func (p fakePools) IDOf(path string) (string, bool) {
-	if strings.HasPrefix(filepath.Dir(path), p.w.dataDir+"-") {
-		return strings.CutSuffix(filepath.Base(path), ".img")
+// fakePools returns the fake world's pools named names, the default pool
+// first: the reconciler's Config.Pools.
+func fakePools(w *fakeWorld, names ...string) map[string]Pool {
+	out := map[string]Pool{state.DefaultPool: fakePool{w: w, name: state.DefaultPool}}
+	for _, n := range names {
+		out[n] = fakePool{w: w, name: n}
 	}
-	return p.w.IDOf(path)
+	return out
 }
 
-func (p fakePools) Size(_, id string) (int64, error)                  { return p.w.Size(id) }
-func (p fakePools) Reserve(_, id string) error                        { return p.w.Reserve(id) }
-func (p fakePools) Blank(_, id string) (bool, error)                  { return p.w.Blank(id) }
-func (p fakePools) Taken(_, id string) (bool, error)                  { return p.w.Taken(id) }
-func (p fakePools) Flush(image string) error                          { return p.w.Flush(image) }
-func (p fakePools) GrowImage(_, id string, size int64) (int64, error) { return p.w.GrowImage(id, size) }
-func (p fakePools) Take(ctx context.Context, _, id, image string, of devices.SnapshotOf, now time.Time) (devices.SnapshotInfo, error) {
-	return p.w.Take(ctx, id, image, of, now)
+// dir is the pool's data directory.
+func (p fakePool) dir() string {
+	if p.name == state.DefaultPool {
+		return p.w.dataDir
+	}
+	return p.w.dataDir + "-" + p.name
+}
+
+func (p fakePool) Image(id string) string { return filepath.Join(p.dir(), id+".img") }
+
+func (p fakePool) IDOf(path string) (string, bool) {
+	if filepath.Dir(path) != p.dir() {
+		return "", false
+	}
+	return strings.CutSuffix(filepath.Base(path), ".img")
+}
+
+func (p fakePool) ImageSize(id string) (int64, error) { return p.w.size(p.Image(id)) }
+func (p fakePool) Reserve(id string) error            { return p.w.reserve(p.Image(id)) }
+func (p fakePool) Blank(id string) (bool, error)      { return p.w.blank(p.Image(id)) }
+func (p fakePool) Taken(id string) (bool, error)      { return p.w.taken(p.dir(), id) }
+func (p fakePool) Flush(image string) error           { return p.w.Flush(image) }
+func (p fakePool) GrowImage(id string, size int64) (int64, error) {
+	return p.w.growImageOf(id, p.Image(id), size)
+}
+func (p fakePool) Take(_ context.Context, id, image string, of devices.SnapshotOf, _ time.Time) (devices.SnapshotInfo, error) {
+	return p.w.take(p.dir(), id, image, of)
+}
+
+// Guard is the world's guard of every pool.
+func (p fakePool) Guard() capacity.Guard {
+	p.w.mu.Lock()
+	defer p.w.mu.Unlock()
+	return p.w.guard
 }

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
+	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -27,11 +27,12 @@ type fakeWorld struct {
 	// mu guards every field below.
 	mu      sync.Mutex
 	dataDir string
-	images  map[string]bool
-	loops   map[string]host.Device // by backing file
-	fs      map[string]string      // image -> filesystem type, as on disk
-	mkfs    map[string]int         // image -> times formatted
-	mounts  []host.Mount
+	// images holds the image files, by path.
+	images map[string]bool
+	loops  map[string]host.Device // by backing file
+	fs     map[string]string      // image -> filesystem type, as on disk
+	mkfs   map[string]int         // image -> times formatted
+	mounts []host.Mount
 	// unique maps a mount's mountinfo ID to its unique ID (see mount).
 	unique  map[int]uint64
 	lastUID uint64
@@ -70,6 +71,8 @@ type fakeWorld struct {
 	// free is the data directory's free space; pool reports it when set.
 	free int64
 	pool bool
+	// guard is every pool's guard.
+	guard capacity.Guard
 	// frozen holds the images whose filesystem is frozen.
 	frozen map[string]bool
 	// snapshots maps a snapshot's ID to what it was taken of.
@@ -154,17 +157,21 @@ func (w *fakeWorld) Flush(image string) error {
 	return w.do("flush "+filepath.Base(image), func() string { return image }, func() error { return nil })
 }
 
-func (w *fakeWorld) Taken(id string) (bool, error) {
+// taken reports whether snapshot id exists in the pool of data directory
+// dir: a snapshot lives beside the image it was taken of.
+func (w *fakeWorld) taken(dir, id string) (bool, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	_, ok := w.snapshots[id]
-	return ok, nil
+	s, ok := w.snapshots[id]
+	return ok && filepath.Dir(s.image) == dir, nil
 }
 
-func (w *fakeWorld) Take(_ context.Context, id, image string, of devices.SnapshotOf, _ time.Time) (devices.SnapshotInfo, error) {
+// take copies image, which must be the image of of.Source in the data
+// directory dir, to snapshot id.
+func (w *fakeWorld) take(dir, id, image string, of devices.SnapshotOf) (devices.SnapshotInfo, error) {
 	return devices.SnapshotInfo{ID: id, SnapshotOf: of}, w.do("snapshot "+id, func() string { return image }, func() error {
 		switch {
-		case !w.images[of.Source] || image != w.Path(of.Source):
+		case !w.images[image] || image != filepath.Join(dir, of.Source+".img"):
 			return fmt.Errorf("%s: %w", image, os.ErrNotExist)
 		case w.snapshots[id] != fakeSnapshot{}:
 			return fmt.Errorf("snapshot %s: %w", id, os.ErrExist)
@@ -235,7 +242,7 @@ func (w *fakeWorld) Observe() (*host.Snapshot, error) {
 	}
 	snap := host.NewSnapshot(append([]host.Mount(nil), w.mounts...), loops)
 	if w.pool {
-		snap.WithPool(state.DefaultPool, host.Pool{Known: true, Total: 1 << 30, Free: w.free})
+		snap.WithPool(state.DefaultPool, host.PoolSpace{Known: true, Total: 1 << 30, Free: w.free})
 	}
 	after := w.afterObserve
 	w.mu.Unlock()
@@ -371,22 +378,29 @@ func (w *fakeWorld) IDOf(path string) (string, bool) {
 
 // Blank reports an image with no filesystem nor partition table on it as
 // holding no data: the fake world knows no other data.
-func (w *fakeWorld) Blank(id string) (bool, error) {
+func (w *fakeWorld) blank(image string) (bool, error) {
 	var blank bool
-	err := w.do("blank", func() string { return w.Path(id) }, func() error {
-		blank = w.fs[w.Path(id)] == ""
+	err := w.do("blank", func() string { return image }, func() error {
+		if !w.images[image] {
+			return fmt.Errorf("%s: %w", image, os.ErrNotExist)
+		}
+		blank = w.fs[image] == ""
 		return nil
 	})
 	return blank, err
 }
 
-func (w *fakeWorld) Size(id string) (int64, error) {
+// Size returns the size of volume id's image in the default pool.
+func (w *fakeWorld) Size(id string) (int64, error) { return w.size(w.Path(id)) }
+
+// size returns the size of an image file.
+func (w *fakeWorld) size(image string) (int64, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.images[id] {
+	if !w.images[image] {
 		return 0, os.ErrNotExist
 	}
-	return w.sizeLocked(w.Path(id)), nil
+	return w.sizeLocked(image), nil
 }
 
 // sizeLocked returns the size of an image file; w.mu must be held.
@@ -397,12 +411,11 @@ func (w *fakeWorld) sizeLocked(image string) int64 {
 	return 64 << 20
 }
 
-// GrowImage grows an image file, as the controller's GrowImage does for
+// growImage grows volume id's image file, as a pool's GrowImage does for
 // the reconciler; devices attached to it see the new size only after Grow.
-func (w *fakeWorld) GrowImage(id string, size int64) (int64, error) {
-	image := w.Path(id)
+func (w *fakeWorld) growImageOf(id, image string, size int64) (int64, error) {
 	err := w.do("grow image "+id, func() string { return image }, func() error {
-		if !w.images[id] {
+		if !w.images[image] {
 			return state.NotFound(id)
 		}
 		if size > w.sizeLocked(image) {
@@ -413,7 +426,7 @@ func (w *fakeWorld) GrowImage(id string, size int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	s, _ := w.Size(id)
+	s, _ := w.size(image)
 	return s, nil
 }
 
@@ -456,10 +469,10 @@ func (w *fakeWorld) SetDiscards(dev string, on bool) error {
 	})
 }
 
-func (w *fakeWorld) Reserve(id string) error {
-	image := w.Path(id)
+// reserve allocates the holes of an image.
+func (w *fakeWorld) reserve(image string) error {
 	return w.do("reserve", func() string { return image }, func() error {
-		if !w.images[id] {
+		if !w.images[image] {
 			return os.ErrNotExist
 		}
 		if w.holes[image] > w.free {
@@ -733,17 +746,13 @@ func (w *fakeWorld) Remove(path string) error {
 }
 
 var (
-	_ Observer     = (*fakeWorld)(nil)
-	_ Loops        = (*fakeWorld)(nil)
-	_ Filesystems  = (*fakeWorld)(nil)
-	_ Paths        = (*fakeWorld)(nil)
-	_ Images       = fakePools{}
-	_ Snapshots    = fakePools{}
-	_ ImagePromise = fakePools{}
-	_ Loops        = devices.LoopDevices{}
-	_ Filesystems  = (*devices.Mounter)(nil)
-	_ Paths        = (*devices.Paths)(nil)
-	_ Snapshots    = (*devices.Pools)(nil)
-	_ Images       = (*devices.Pools)(nil)
-	_ Observer     = (*devices.Observer)(nil)
+	_ Observer    = (*fakeWorld)(nil)
+	_ Loops       = (*fakeWorld)(nil)
+	_ Filesystems = (*fakeWorld)(nil)
+	_ Paths       = (*fakeWorld)(nil)
+	_ Pool        = fakePool{}
+	_ Loops       = devices.LoopDevices{}
+	_ Filesystems = (*devices.Mounter)(nil)
+	_ Paths       = (*devices.Paths)(nil)
+	_ Observer    = (*devices.Observer)(nil)
 )

@@ -62,9 +62,12 @@ type actual struct {
 	// static is true for a volume on an existing block device (loop is
 	// that device, when it is there): it is never attached nor detached.
 	static bool
+	// home is the volume's storage pool, resolved once per pass (plan):
+	// every call about its image and snapshots goes there.
+	home Pool
 	// pool is the space of the data directory, and poolGuard the free
 	// space below which it is nearly full.
-	pool      host.Pool
+	pool      host.PoolSpace
 	poolGuard int64
 	// poolName names the pool, for the conditions.
 	poolName string
@@ -252,21 +255,32 @@ func (a *actual) releasePending() bool {
 // release. The write-ahead rule (a stage is forgotten only once its device is
 // verified detached) makes every such device a leftover: of a crash before
 // the record was written, of a lost store, or of someone else's losetup.
-func orphans(snap *host.Snapshot, images Images, staged map[string]bool) map[string]*actual {
+func orphans(snap *host.Snapshot, pools map[string]Pool, staged map[string]bool) map[string]*actual {
 	out := map[string]*actual{}
 	for _, l := range snap.Loops() {
-		id, ok := images.IDOf(l.BackingFile)
+		id, home, ok := imageOf(pools, l.BackingFile)
 		if !ok || staged[id] {
 			continue
 		}
 		if _, seen := out[id]; seen {
 			continue // one device of an image at a time
 		}
-		a := &actual{loop: &l}
+		a := &actual{loop: &l, home: home}
 		for _, m := range snap.MountsOf(l.Dev) {
 			a.foreignMounts = append(a.foreignMounts, m.Path)
 		}
 		out[id] = a
 	}
 	return out
+}
+
+// imageOf returns the volume whose image path is, and the pool that holds
+// it; false when path is no pool's image.
+func imageOf(pools map[string]Pool, path string) (string, Pool, bool) {
+	for _, p := range pools {
+		if id, ok := p.IDOf(path); ok {
+			return id, p, true
+		}
+	}
+	return "", nil, false
 }

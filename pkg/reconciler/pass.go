@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -84,15 +83,15 @@ func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plan
 	for _, v := range vols {
 		staged[v.ID] = v.Stage != nil
 	}
-	for id, a := range orphans(snap, r.cfg.Images, staged) {
+	for id, a := range orphans(snap, r.cfg.Pools, staged) {
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
 	for _, v := range vols {
-		pool := state.PoolOf(v)
-		a := observeVolume(v, r.cfg.Images.Path(pool, v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		a.pool, a.poolName = snap.Pool(pool), pool
-		a.poolGuard = r.guardOf(pool).Threshold(a.pool.Total)
-		a.snapshotsTaken = r.takenSnapshots(v)
+		name, home := r.poolOf(v)
+		a := observeVolume(v, home.Image(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
+		a.home, a.pool, a.poolName = home, snap.Pool(name), name
+		a.poolGuard = home.Guard().Threshold(a.pool.Total)
+		a.snapshotsTaken = takenSnapshots(v, home)
 		acts := diff(v, a)
 		seen = append(seen, plan{v: v, a: a, acts: acts})
 		if len(acts) > 0 {
@@ -181,12 +180,4 @@ func (r *Reconciler) staticDevice(v *state.Volume) *host.Device {
 		return nil
 	}
 	return &l
-}
-
-// guardOf is the guard of pool's free space.
-func (r *Reconciler) guardOf(pool string) capacity.Guard {
-	if g, ok := r.cfg.PoolGuards[pool]; ok {
-		return g
-	}
-	return r.cfg.PoolGuard
 }

@@ -55,8 +55,8 @@ type Reconciler struct {
 // New validates cfg, fills defaults and returns a Reconciler.
 func New(cfg Config) (*Reconciler, error) {
 	if cfg.Store == nil || cfg.Observer == nil || cfg.Loops == nil || cfg.Filesystems == nil ||
-		cfg.Paths == nil || cfg.Images == nil || cfg.ImagePromise == nil || cfg.Snapshots == nil {
-		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths, images, grower and snapshots are required")
+		cfg.Paths == nil || len(cfg.Pools) == 0 {
+		return nil, errors.New("reconciler: store, observer, loops, filesystems, paths and pools are required")
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}

@@ -44,7 +44,7 @@ func newHarness(t *testing.T) *harness {
 	w := newFakeWorld()
 	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
 	r, err := New(Config{
-		Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Images: fakePools{w}, ImagePromise: fakePools{w}, Snapshots: fakePools{w}, Clock: clk,
+		Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Pools: fakePools(w), Clock: clk,
 		Roots: []string{"/k"},
 	})
 	if err != nil {

@@ -200,7 +200,7 @@ func (s *sim) start() {
 		s.t.Fatal(err)
 	}
 	r, err := New(Config{
-		Store: store, Observer: s.world, Loops: s.world, Filesystems: s.world, Paths: s.world, Images: fakePools{s.world}, ImagePromise: fakePools{s.world}, Snapshots: fakePools{s.world},
+		Store: store, Observer: s.world, Loops: s.world, Filesystems: s.world, Paths: s.world, Pools: fakePools(s.world),
 		Clock: s.clock, Roots: []string{"/k"},
 	})
 	if err != nil {

@@ -28,13 +28,13 @@ func snapshots(v *state.Volume, a *actual) []action {
 
 // takenSnapshots observes which of the snapshots asked of v exist. One
 // that cannot be told counts as not taken: taking it tells why.
-func (r *Reconciler) takenSnapshots(v *state.Volume) map[string]bool {
+func takenSnapshots(v *state.Volume, in Pool) map[string]bool {
 	if len(v.Snapshots) == 0 {
 		return nil
 	}
 	taken := make(map[string]bool, len(v.Snapshots))
 	for id := range v.Snapshots {
-		taken[id], _ = r.cfg.Snapshots.Taken(state.PoolOf(v), id)
+		taken[id], _ = in.Taken(id)
 	}
 	return taken
 }
@@ -47,10 +47,10 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	if a.static {
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
 	}
-	image := r.cfg.Images.Path(state.PoolOf(v), v.ID)
+	image := a.home.Image(v.ID)
 	err, ferr := r.frozen(v, a, image, func() error {
 		of := devices.SnapshotOf{Source: v.ID, FsType: v.Formatted, Access: string(v.WrittenAs())}
-		_, err := r.cfg.Snapshots.Take(ctx, state.PoolOf(v), act.target, image, of, r.cfg.Clock.Now())
+		_, err := a.home.Take(ctx, act.target, image, of, r.cfg.Clock.Now())
 		// The snapshot is taken (unless err) and the volume still frozen.
 		// gofail: var reconcilerSnapshotAfterCopy struct{}
 		return err
@@ -97,7 +97,7 @@ func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() 
 	if err := r.cfg.Paths.Sync(path); err != nil {
 		return nil, fmt.Errorf("syncing %s: %w", path, err)
 	}
-	if err := r.cfg.Snapshots.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := a.home.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("flushing the image of %s: %w", v.ID, err)
 	}
 	if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = path; return nil }); err != nil {

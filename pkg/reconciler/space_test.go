@@ -75,7 +75,7 @@ func TestOldSparseVolumeIsMadeThickWhenThereIsRoom(t *testing.T) {
 // SpaceRanOut until its filesystem is mounted anew.
 func TestThinVolumesReportAFillingPool(t *testing.T) {
 	h := newHarness(t)
-	h.r.cfg.PoolGuard = capacity.Guard{Bytes: 50 << 20}
+	h.world.setGuard(capacity.Guard{Bytes: 50 << 20})
 	h.world.setFree(500 << 20)
 	h.update("thin", func(v *state.Volume) { v.Provisioning = state.ProvisionThin })
 	h.world.setHoles(h.world.Path("thin"), 30<<20)

@@ -102,7 +102,7 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 	var devSize int64
 	var err error
 	if !a.static {
-		devSize, err = r.cfg.Images.Size(state.PoolOf(v), v.ID)
+		devSize, err = a.home.ImageSize(v.ID)
 	}
 	if errors.Is(err, os.ErrNotExist) {
 		return "", 0, state.Terminalf(state.KindNotFound, "volume %s does not exist", v.ID)
@@ -116,7 +116,7 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 	// Discards are set before anything writes to the device: mkfs
 	// discards it whole, which would hand a thick volume's space back; a
 	// thin volume's device passes them, so that freed space goes back.
-	dev, err := r.cfg.Loops.Attach(r.cfg.Images.Path(state.PoolOf(v), v.ID), v.Thin())
+	dev, err := r.cfg.Loops.Attach(a.home.Image(v.ID), v.Thin())
 	if errors.Is(err, devices.ErrNoLoopDevice) {
 		return "", 0, state.Errorf(state.KindResourceExhausted, "attaching volume %s: %w", v.ID, err)
 	}
@@ -137,7 +137,7 @@ func (r *Reconciler) blank(v *state.Volume, a *actual) bool {
 	if a.static || a.loop != nil || v.Stage.Access == state.AccessBlock {
 		return false
 	}
-	blank, err := r.cfg.Images.Blank(state.PoolOf(v), v.ID)
+	blank, err := a.home.Blank(v.ID)
 	if err != nil {
 		klog.Background().V(2).Info("Cannot tell whether the image holds data; blkid will", "volumeID", v.ID, "err", err)
 	}
@@ -293,7 +293,7 @@ func (r *Reconciler) checkIdentity(v *state.Volume, a *actual) error {
 // reserve allocates the holes of the image of a volume that is not thin. A
 // volume made before provisioning was recorded is thick from then on.
 func (r *Reconciler) reserve(v *state.Volume, a *actual) error {
-	if err := r.cfg.Images.Reserve(state.PoolOf(v), v.ID); err != nil {
+	if err := a.home.Reserve(v.ID); err != nil {
 		return err
 	}
 	klog.Background().Info("Reserved the space of a volume", "volumeID", v.ID, "bytes", a.holes())

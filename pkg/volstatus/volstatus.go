@@ -51,9 +51,9 @@ type VolumeStatus struct {
 	NextRetry time.Time `json:"nextRetry,omitzero"`
 }
 
-// Pool is the space of a storage pool's data directory: its filesystem,
+// PoolStatus is the space of a storage pool's data directory: its filesystem,
 // what the volumes were promised of it, and what can still be promised.
-type Pool struct {
+type PoolStatus struct {
 	// Name is the pool's name.
 	Name string `json:"name"`
 	// Dir is its data directory, FsType its filesystem's type, and

@@ -260,7 +260,7 @@ func (e *env) checkSpace(trial int, vols []*vol) {
 		}
 	}
 	code, body := e.p.StatusGet("/status/pools")
-	var pools []report.Pool
+	var pools []report.PoolStatus
 	if err := json.Unmarshal([]byte(body), &pools); code != 200 || err != nil {
 		e.t.Fatalf("trial %d: /status/pools answered %d %q: %v", trial, code, body, err)
 	}

@@ -25,7 +25,7 @@ var steps = map[string][]string{
 		"Loops.Attach", "Loops.Detach", "Loops.Grow", "Loops.SetDiscards", "Loops.KeepDevice",
 		"Filesystems.FormatAndMount", "Filesystems.BindMount", "Filesystems.BindDevice", "Filesystems.Unmount", "Filesystems.UnmountOwned",
 		"Filesystems.Resize", "Filesystems.GrowUnmounted",
-		"Store.Update", "Store.UpdateUnsynced", "ImagePromise.GrowImage", "Snapshots.Take",
+		"Store.Update", "Store.UpdateUnsynced", "home.GrowImage", "home.Take",
 		"Paths.Freeze", "Paths.Thaw", "Paths.Remove", "Paths.Mkdir",
 		"r.recordKernelState", "r.recordMount", "r.recordFormatted", "r.clearFrozen", "r.stageDevice", "r.stage",
 	},

@@ -34,10 +34,10 @@ func guardOf(total int64, percent float64) int64 {
 }
 
 // defaultPool returns the default pool's space as the plugin reports it.
-func defaultPool(t *testing.T, p *testenv.Plugin) volstatus.Pool {
+func defaultPool(t *testing.T, p *testenv.Plugin) volstatus.PoolStatus {
 	t.Helper()
 	code, body := p.StatusGet("/status/pool")
-	var pool volstatus.Pool
+	var pool volstatus.PoolStatus
 	if err := json.Unmarshal([]byte(body), &pool); err != nil || code != 200 {
 		t.Fatalf("/status/pool: %d %v: %s", code, err, body)
 	}

@@ -1,0 +1,47 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// poolOf resolves the storage pool of v, as its record names it
+// (state.PoolOf): once per volume and pass (plan), so that every call about
+// the volume's image and snapshots goes to one pool. A pool this node does
+// not have (a volume made in a pool configured then) is a missingPool.
+func (r *Reconciler) poolOf(v *state.Volume) (string, Pool) {
+	name := state.PoolOf(v)
+	if p, ok := r.cfg.Pools[name]; ok && p != nil {
+		return name, p
+	}
+	return name, missingPool(name)
+}
+
+// missingPool is a pool this node does not have: its volumes have no image
+// here, and every call about one fails saying so.
+type missingPool string
+
+func (p missingPool) err() error {
+	return fmt.Errorf("this node has no storage pool %q (--pool)", string(p))
+}
+
+func (p missingPool) Image(string) string             { return "" }
+func (p missingPool) IDOf(string) (string, bool)      { return "", false }
+func (p missingPool) ImageSize(string) (int64, error) { return 0, p.err() }
+func (p missingPool) Reserve(string) error            { return p.err() }
+func (p missingPool) Blank(string) (bool, error)      { return false, p.err() }
+func (p missingPool) GrowImage(string, int64) (int64, error) {
+	return 0, state.Errorf(state.KindResourceExhausted, "%v", p.err())
+}
+func (p missingPool) Flush(image string) error   { return fmt.Errorf("%s: %w", image, os.ErrNotExist) }
+func (p missingPool) Taken(string) (bool, error) { return false, p.err() }
+func (p missingPool) Guard() capacity.Guard      { return capacity.Guard{} }
+func (p missingPool) Take(context.Context, string, string, devices.SnapshotOf, time.Time) (devices.SnapshotInfo, error) {
+	return devices.SnapshotInfo{}, p.err()
+}
