@@ -12,8 +12,8 @@ SOCKET   := $(RUN_DIR)/csi.sock
 # with a bare "context deadline exceeded" at the deadline (golang/go#75804).
 # Run longer with e.g. make fuzz FUZZTIME=2000000x.
 FUZZTIME ?= 5000x
-FUZZ_TARGETS := pkg/state:FuzzValidID pkg/host:FuzzBeneath pkg/state:FuzzScanLog \
-	pkg/nodeserver:FuzzCheckMountFlags pkg/nodeserver:FuzzParseCapability pkg/nodeserver:FuzzCheckMkfsOptions \
+FUZZ_TARGETS := pkg/contract:FuzzValidID pkg/host:FuzzBeneath pkg/state:FuzzScanLog \
+	pkg/contract:FuzzCheckMountFlags pkg/contract:FuzzParseCapability pkg/contract:FuzzCheckMkfsOptions \
 	pkg/devices:FuzzUnescapeOctal pkg/devices:FuzzReadMounts pkg/devices:FuzzPathsOpen
 
 ## run: build and serve on a local socket with a local state directory

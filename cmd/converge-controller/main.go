@@ -32,6 +32,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/buildinfo"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/nodeloss"
 )
 
@@ -39,11 +40,6 @@ import (
 var version = ""
 
 const (
-	// defaultDriverName and topologyKey are csi-node's (main_test.go
-	// holds them to it): the driver whose volumes are looked after, and
-	// the topology segment that pins each to its node.
-	defaultDriverName = "converge.csi.dev"
-	topologyKey       = "topology.converge.csi.dev/node"
 	// leaseName is the Lease the replicas elect their leader on.
 	leaseName = "converge-controller"
 	// defaultDeletedNodeGrace is how long a deleted Node stays absent
@@ -76,7 +72,7 @@ func main() {
 	var o options
 	fs := flag.CommandLine
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: the pod's service account)")
-	fs.StringVar(&o.driverName, "driver-name", defaultDriverName, "CSI driver whose volumes to look after")
+	fs.StringVar(&o.driverName, "driver-name", contract.DefaultDriverName, "CSI driver whose volumes to look after")
 	fs.StringVar(&o.namespace, "leader-election-namespace", ns, "namespace of the Lease the replicas elect their leader on (default $POD_NAMESPACE, else kube-system)")
 	fs.StringVar(&o.identity, "identity", host, "this replica's name in the Lease")
 	fs.StringVar(&o.httpAddress, "http-address", ":9812", "host:port serving /metrics and /healthz (empty: none)")
@@ -145,7 +141,7 @@ func run(ctx context.Context, o options) error {
 			OnStartedLeading: func(ctx context.Context) {
 				metrics.Leader.Set(1)
 				klog.InfoS("Leading", "lease", klog.KRef(o.namespace, leaseName), "identity", o.identity)
-				c := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: topologyKey,
+				c := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: contract.TopologyKey,
 					Grace: o.grace, Resync: o.resync, Events: events, Metrics: metrics})
 				if err := c.Run(ctx); err != nil {
 					klog.ErrorS(err, "The controller stopped")

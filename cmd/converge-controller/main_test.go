@@ -3,18 +3,47 @@ package main
 import (
 	"os"
 	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/converge-csi/converge/pkg/controller"
-	"github.com/converge-csi/converge/pkg/driver"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
-// TestSameNamesAsCSINode holds the controller's driver name and topology
-// key to csi-node's: the controller may not import the node plugin.
-func TestSameNamesAsCSINode(t *testing.T) {
-	if defaultDriverName != driver.DefaultDriverName || topologyKey != controller.TopologyKey {
-		t.Errorf("converge-controller: %s, %s; csi-node: %s, %s", defaultDriverName, topologyKey, driver.DefaultDriverName, controller.TopologyKey)
+// TestDeployInstallsThePublishedDriver holds deploy/ to the published
+// names the command looks after by default (deploy/controller.yaml gives
+// no --driver-name): the CSIDriver and the StorageClass's provisioner are
+// contract.DefaultDriverName, and every converge parameter the
+// StorageClass names, commented out or not, is one CreateVolume knows.
+func TestDeployInstallsThePublishedDriver(t *testing.T) {
+	read := func(name string) string {
+		b, err := os.ReadFile("../../deploy/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if strings.Contains(read("controller.yaml"), "--driver-name") {
+		t.Error("deploy/controller.yaml gives --driver-name: hold it to deploy/csidriver.yaml here")
+	}
+	for file, re := range map[string]string{"csidriver.yaml": `(?m)^  name: (\S+)$`, "storageclass.yaml": `(?m)^provisioner: (\S+)$`} {
+		got := ""
+		if m := regexp.MustCompile(re).FindStringSubmatch(read(file)); m != nil {
+			got = m[1]
+		}
+		if got != contract.DefaultDriverName {
+			t.Errorf("deploy/%s names driver %q, want %s", file, got, contract.DefaultDriverName)
+		}
+	}
+	keys := regexp.MustCompile(`(?m)^\s*#?\s*(converge\.csi\.dev/[^:\s]+):`).FindAllStringSubmatch(read("storageclass.yaml"), -1)
+	if len(keys) == 0 {
+		t.Fatal("deploy/storageclass.yaml names no converge parameter")
+	}
+	for _, k := range keys {
+		if !slices.Contains(contract.CreateParameters, k[1]) {
+			t.Errorf("deploy/storageclass.yaml names parameter %s, which CreateVolume does not know", k[1])
+		}
 	}
 }
 

@@ -14,12 +14,11 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
 const (
-	// TopologyKey is the topology segment that pins a volume to its node.
-	TopologyKey = "topology.converge.csi.dev/node"
 	// listTokenPrefix marks a List token: the token is the prefix and the
 	// last ID of the previous page.
 	listTokenPrefix = "after:"
@@ -55,7 +54,7 @@ type Controller struct {
 }
 
 // New returns the Controller service over the images of the pools;
-// topology is this node's segment (TopologyKey: the node's name).
+// topology is this node's segment (contract.TopologyKey: the node's name).
 func New(pools *Pools, store Store, topology map[string]string, opts Options) *Controller {
 	return &Controller{pools: pools, store: store, topology: topology, opts: opts}
 }
@@ -101,9 +100,9 @@ func (c *Controller) checkTopology(req *csi.TopologyRequirement) error {
 		return nil
 	}
 	for _, t := range req.GetRequisite() {
-		if v, ok := t.GetSegments()[TopologyKey]; ok && v == c.topology[TopologyKey] {
+		if v, ok := t.GetSegments()[contract.TopologyKey]; ok && v == c.topology[contract.TopologyKey] {
 			return nil
 		}
 	}
-	return state.Errorf(state.KindResourceExhausted, "requisite topology does not include this node (%s=%s)", TopologyKey, c.topology[TopologyKey])
+	return state.Errorf(state.KindResourceExhausted, "requisite topology does not include this node (%s=%s)", contract.TopologyKey, c.topology[contract.TopologyKey])
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
@@ -31,7 +32,7 @@ func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
 	space := NewPool(store, PoolOptions{Dir: images.Dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}})
 	space.snapshots.Mode = devices.CopySparse
 	t.Cleanup(space.Close)
-	return New(NewPools(store, space), store, map[string]string{TopologyKey: "node"}, Options{}), store, space.images
+	return New(NewPools(store, space), store, map[string]string{contract.TopologyKey: "node"}, Options{}), store, space.images
 }
 
 var capMount = []*csi.VolumeCapability{{
@@ -157,7 +158,7 @@ func TestGrowImage(t *testing.T) {
 
 	// A thin volume grows without allocating.
 	resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "thin", VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{ProvisioningKey: "thin"}})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{contract.ProvisioningKey: "thin"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +241,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 		t.Errorf("a name whose ID an older volume holds: got %v, want ALREADY_EXISTS", err)
 	}
 	// A node whose name leaves no room for any name: IDs are names.
-	long := New(c.pools, c.store, map[string]string{TopologyKey: strings.Repeat("n", 127)}, c.opts)
+	long := New(c.pools, c.store, map[string]string{contract.TopologyKey: strings.Repeat("n", 127)}, c.opts)
 	if id := create(t, long, "w"); id != "w" {
 		t.Errorf("ID on a node of a 127-byte name: got %s, want w", id)
 	}

@@ -8,8 +8,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -63,7 +63,7 @@ type createRequest struct {
 	caps   []*csi.VolumeCapability
 	access state.AccessType
 	// allowModeChange lets the volume be made from a source of the other
-	// access type (AllowModeChangeKey).
+	// access type (contract.AllowModeChangeKey).
 	allowModeChange bool
 	volumeContext   map[string]string
 	source          *csi.VolumeContentSource
@@ -75,13 +75,13 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if name == "" {
 		return createRequest{}, state.Errorf(state.KindInvalidArgument, "name is required")
 	}
-	if err := state.ValidID(name); err != nil {
+	if err := contract.ValidID(name); err != nil {
 		return createRequest{}, state.Errorf(state.KindInvalidArgument, "name: %w", err)
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return createRequest{}, err
 	}
-	if err := nodeserver.CheckKeys("parameters", params, nodeserver.MkfsOptionsKey, ProvisioningKey, PoolKey, state.OnNodeLossKey, AllowModeChangeKey); err != nil {
+	if err := contract.CheckKeys("parameters", params, contract.CreateParameters...); err != nil {
 		return createRequest{}, err
 	}
 	// What the cluster does when this node is gone is converge-controller's
@@ -90,21 +90,21 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	// provisioner writes into its PV, so that a class made again under the
 	// same name with another choice changes no volume made before it. A
 	// class that names no valid choice provisions nothing.
-	onLoss, err := state.ParseOnNodeLoss(params[state.OnNodeLossKey])
+	onLoss, err := contract.ParseOnNodeLoss(params[contract.OnNodeLossKey])
 	if err != nil {
 		return createRequest{}, err
 	}
 	caps := req.GetVolumeCapabilities()
 	r := createRequest{name: name, id: c.volumeID(name), fsType: fsTypeOf(params, caps), caps: caps, access: accessOf(caps),
 		rng: rangeOf(req.GetCapacityRange()), source: req.GetVolumeContentSource(),
-		volumeContext: map[string]string{state.OnNodeLossKey: string(onLoss)}}
+		volumeContext: map[string]string{contract.OnNodeLossKey: string(onLoss)}}
 	// mkfs options are checked now, for the filesystem the volume will
 	// carry, and handed to the node in the volume's attributes.
-	if opts, ok := params[nodeserver.MkfsOptionsKey]; ok {
-		if _, err := nodeserver.CheckMkfsOptions(r.fsType, opts); err != nil {
+	if opts, ok := params[contract.MkfsOptionsKey]; ok {
+		if _, err := contract.CheckMkfsOptions(r.fsType, opts); err != nil {
 			return createRequest{}, state.Errorf(state.KindInvalidArgument, "%w", err)
 		}
-		r.volumeContext[nodeserver.MkfsOptionsKey] = opts
+		r.volumeContext[contract.MkfsOptionsKey] = opts
 	}
 	if r.prov, err = parseProvisioning(params); err != nil {
 		return createRequest{}, err
@@ -130,7 +130,7 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 // before IDs named their node.
 func (c *Controller) volumeID(name string) string {
 	id := c.localID(name)
-	if state.ValidID(id) != nil || c.legacy(name, id) {
+	if contract.ValidID(id) != nil || c.legacy(name, id) {
 		return name
 	}
 	return id

@@ -11,6 +11,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -105,7 +106,7 @@ func (c *Controller) snapshotsHeld() ([]heldSnapshot, error) {
 // node (req.NodeUnlisted) lets such a listing through; a listing that
 // names something here while the word says otherwise is refused too.
 func (c *Controller) checkListed(req volstatus.GCRequest, referenced, volumes map[string]bool, snapshots []heldSnapshot) error {
-	node := c.topology[TopologyKey]
+	node := c.topology[contract.TopologyKey]
 	named := ""
 	for _, id := range slices.Sorted(maps.Keys(volumes)) {
 		if referenced[id] {

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -16,7 +17,7 @@ import (
 // node may have this node's name), nor the operator's word where the
 // listing names something here.
 func TestCheckListed(t *testing.T) {
-	c := &Controller{topology: map[string]string{TopologyKey: "node-a"}}
+	c := &Controller{topology: map[string]string{contract.TopologyKey: "node-a"}}
 	held := map[string]bool{"pvc-1_node-a": true}
 	snaps := []heldSnapshot{{SnapshotInfo: devices.SnapshotInfo{ID: "snap-1_node-a"}}}
 	covers := volstatus.GCRequest{Volumes: true, Snapshots: true}

@@ -5,7 +5,7 @@ import (
 	"hash/fnv"
 	"strings"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // nodeSep separates a volume's or a snapshot's name from the name of the
@@ -18,14 +18,14 @@ const nodeSep = "_"
 // it lives. A name too long for both keeps what fits of it and a hash of
 // the whole (names differ in their end as often as in their start).
 func (c *Controller) localID(name string) string {
-	suffix := nodeSep + c.topology[TopologyKey]
-	if len(name)+len(suffix) <= state.MaxIDLength {
+	suffix := nodeSep + c.topology[contract.TopologyKey]
+	if len(name)+len(suffix) <= contract.MaxIDLength {
 		return name + suffix
 	}
 	h := fnv.New64a()
 	h.Write([]byte(name))
 	sum := fmt.Sprintf("%016x", h.Sum64())
-	keep := state.MaxIDLength - len(suffix) - len(sum) - 1
+	keep := contract.MaxIDLength - len(suffix) - len(sum) - 1
 	if keep < 1 {
 		return name + suffix // the node's name alone is too long: refused
 	}

@@ -3,34 +3,22 @@ package controller
 import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// AllowModeChangeKey is the StorageClass parameter that lets a volume be
-// made from a snapshot, or cloned, in the other volume mode than its
-// source's: "true", or "false" (the default). Without it a Block volume's
-// data never becomes a Filesystem volume, whose stage fscks and the
-// kernel mounts whatever a workload wrote on the raw device, and a
-// Filesystem volume's never becomes a Block volume. It is what upstream's
-// admin-only annotation snapshot.storage.kubernetes.io/allow-volume-mode-change
-// on a VolumeSnapshotContent does, held by the StorageClass, which only an
-// administrator writes (though a claim of any namespace may name it:
-// docs/operations.md says how to keep others out), and checked by the
-// plugin itself, whatever the snapshot-controller recorded.
-const AllowModeChangeKey = state.AllowModeChangeKey
-
-// parseAllowModeChange reads AllowModeChangeKey from a request's
+// parseAllowModeChange reads contract.AllowModeChangeKey from a request's
 // parameters: absent is false; anything but "true" or "false" is
 // INVALID_ARGUMENT.
 func parseAllowModeChange(params map[string]string) (bool, error) {
-	switch v, ok := params[AllowModeChangeKey]; {
+	switch v, ok := params[contract.AllowModeChangeKey]; {
 	case !ok || v == "false":
 		return false, nil
 	case v == "true":
 		return true, nil
 	default:
-		return false, state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want \"true\" or \"false\"", AllowModeChangeKey, v)
+		return false, state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want \"true\" or \"false\"", contract.AllowModeChangeKey, v)
 	}
 }
 
@@ -89,7 +77,7 @@ func (r createRequest) checkModeChange(source string, from state.AccessType) err
 	for _, vc := range r.caps {
 		if to := capAccess(vc); to != from {
 			return state.Errorf(state.KindInvalidArgument, "%s holds the data of a volume in volume mode %s; a volume in volume mode %s is made from it only where the StorageClass sets %s: \"true\"",
-				source, modeName(from), modeName(to), AllowModeChangeKey)
+				source, modeName(from), modeName(to), contract.AllowModeChangeKey)
 		}
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
@@ -25,7 +26,7 @@ var capBlock = []*csi.VolumeCapability{{
 var capBoth = append(append([]*csi.VolumeCapability{}, capMount...), capBlock...)
 
 // allowing is the parameters of a class that allows a volume mode change.
-var allowing = map[string]string{AllowModeChangeKey: "true"}
+var allowing = map[string]string{contract.AllowModeChangeKey: "true"}
 
 // createWith makes volume name for caps from source and returns its ID.
 func createWith(t *testing.T, c *Controller, name string, caps []*csi.VolumeCapability, params map[string]string, source *csi.VolumeContentSource) (string, error) {
@@ -59,8 +60,8 @@ func capsName(caps []*csi.VolumeCapability) string {
 func wantModeRefusal(t *testing.T, what string, err error, from, to string) {
 	t.Helper()
 	if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "volume mode "+from) ||
-		!strings.Contains(err.Error(), "volume mode "+to) || !strings.Contains(err.Error(), AllowModeChangeKey) {
-		t.Errorf("%s: got %v, want INVALID_ARGUMENT naming volume modes %s and %s and %s", what, err, from, to, AllowModeChangeKey)
+		!strings.Contains(err.Error(), "volume mode "+to) || !strings.Contains(err.Error(), contract.AllowModeChangeKey) {
+		t.Errorf("%s: got %v, want INVALID_ARGUMENT naming volume modes %s and %s and %s", what, err, from, to, contract.AllowModeChangeKey)
 	}
 }
 
@@ -236,14 +237,14 @@ func TestModeIsPartOfTheVolume(t *testing.T) {
 func TestAllowModeChangeParameter(t *testing.T) {
 	c, _, images := newController(t)
 	for _, v := range []string{"true", "false"} {
-		if _, err := createWith(t, c, "v-"+v, capMount, map[string]string{AllowModeChangeKey: v}, nil); err != nil {
-			t.Errorf("%s=%s: %v", AllowModeChangeKey, v, err)
+		if _, err := createWith(t, c, "v-"+v, capMount, map[string]string{contract.AllowModeChangeKey: v}, nil); err != nil {
+			t.Errorf("%s=%s: %v", contract.AllowModeChangeKey, v, err)
 		}
 	}
 	for _, v := range []string{"", "yes", "1", "True", "true "} {
-		_, err := createWith(t, c, "odd", capMount, map[string]string{AllowModeChangeKey: v}, nil)
-		if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), AllowModeChangeKey) {
-			t.Errorf("%s=%q: got %v, want INVALID_ARGUMENT naming the parameter", AllowModeChangeKey, v, err)
+		_, err := createWith(t, c, "odd", capMount, map[string]string{contract.AllowModeChangeKey: v}, nil)
+		if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), contract.AllowModeChangeKey) {
+			t.Errorf("%s=%q: got %v, want INVALID_ARGUMENT naming the parameter", contract.AllowModeChangeKey, v, err)
 		}
 	}
 	if _, err := images.Size(c.localID("odd")); !errors.Is(err, os.ErrNotExist) {

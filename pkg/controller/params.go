@@ -3,19 +3,12 @@ package controller
 import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
-	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
 const (
-	// ProvisioningKey is the StorageClass parameter that chooses how a
-	// volume's image holds its space: "thick" (the default) or "thin".
-	ProvisioningKey = "converge.csi.dev/provisioning"
-	// fsTypeKey is the parameter in which the external-provisioner passes
-	// a StorageClass's csi.storage.k8s.io/fstype.
-	fsTypeKey = "csi.storage.k8s.io/fstype"
-
 	// DefaultVolumeSize is the size of a volume created without a
 	// capacity range.
 	DefaultVolumeSize = 1 << 30
@@ -28,13 +21,13 @@ const (
 
 // parseProvisioning reads the provisioning a request's parameters ask for.
 func parseProvisioning(params map[string]string) (state.Provisioning, error) {
-	switch p, ok := params[ProvisioningKey]; {
+	switch p, ok := params[contract.ProvisioningKey]; {
 	case !ok || p == string(state.ProvisionThick):
 		return state.ProvisionThick, nil
 	case p == string(state.ProvisionThin):
 		return state.ProvisionThin, nil
 	default:
-		return "", state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want %q or %q", ProvisioningKey, p, state.ProvisionThick, state.ProvisionThin)
+		return "", state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want %q or %q", contract.ProvisioningKey, p, state.ProvisionThick, state.ProvisionThin)
 	}
 }
 
@@ -55,7 +48,7 @@ func fsTypeOf(params map[string]string, caps []*csi.VolumeCapability) string {
 	case !mounted:
 		return ""
 	case fsType == "":
-		fsType = params[fsTypeKey]
+		fsType = params[contract.FsTypeKey]
 	}
 	if fsType == "" {
 		fsType = host.DefaultFsType
@@ -70,7 +63,7 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 		return state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
 	}
 	for _, vc := range caps {
-		if _, err := nodeserver.ParseCapability(vc); err != nil {
+		if _, err := contract.ParseCapability(vc); err != nil {
 			return state.Errorf(state.KindInvalidArgument, "%w", err)
 		}
 	}

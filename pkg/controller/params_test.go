@@ -10,9 +10,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
-	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/rpcerr"
-	"github.com/converge-csi/converge/pkg/state"
 )
 
 // TestFsTypeOf owns the filesystem a CreateVolume's volume will carry: the
@@ -23,7 +22,7 @@ func TestFsTypeOf(t *testing.T) {
 		return &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}}}
 	}
 	block := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}}}
-	sc := map[string]string{fsTypeKey: "btrfs"}
+	sc := map[string]string{contract.FsTypeKey: "btrfs"}
 	for _, tc := range []struct {
 		name   string
 		params map[string]string
@@ -55,11 +54,11 @@ func TestOnNodeLossParameter(t *testing.T) {
 		params map[string]string
 		want   map[string]string
 	}{
-		{name: "retain", params: map[string]string{state.OnNodeLossKey: "retain"}, want: map[string]string{state.OnNodeLossKey: "retain"}},
-		{name: "release", params: map[string]string{state.OnNodeLossKey: "release"}, want: map[string]string{state.OnNodeLossKey: "release"}},
-		{name: "none", params: nil, want: map[string]string{state.OnNodeLossKey: "retain"}},
-		{name: "with-mkfs", params: map[string]string{state.OnNodeLossKey: "release", nodeserver.MkfsOptionsKey: "-b 4096"},
-			want: map[string]string{state.OnNodeLossKey: "release", nodeserver.MkfsOptionsKey: "-b 4096"}},
+		{name: "retain", params: map[string]string{contract.OnNodeLossKey: "retain"}, want: map[string]string{contract.OnNodeLossKey: "retain"}},
+		{name: "release", params: map[string]string{contract.OnNodeLossKey: "release"}, want: map[string]string{contract.OnNodeLossKey: "release"}},
+		{name: "none", params: nil, want: map[string]string{contract.OnNodeLossKey: "retain"}},
+		{name: "with-mkfs", params: map[string]string{contract.OnNodeLossKey: "release", contract.MkfsOptionsKey: "-b 4096"},
+			want: map[string]string{contract.OnNodeLossKey: "release", contract.MkfsOptionsKey: "-b 4096"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, call := range []string{"made", "found"} {
@@ -75,9 +74,9 @@ func TestOnNodeLossParameter(t *testing.T) {
 		})
 	}
 	_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "odd", VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{state.OnNodeLossKey: "delete"}})
-	if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), state.OnNodeLossKey) {
-		t.Errorf("%s=delete: got %v, want INVALID_ARGUMENT naming the parameter", state.OnNodeLossKey, err)
+		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{contract.OnNodeLossKey: "delete"}})
+	if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), contract.OnNodeLossKey) {
+		t.Errorf("%s=delete: got %v, want INVALID_ARGUMENT naming the parameter", contract.OnNodeLossKey, err)
 	}
 	if _, err := images.Size("odd_node"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a refused volume's image: %v", err)

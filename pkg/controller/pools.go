@@ -7,14 +7,11 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
-
-// PoolKey is the StorageClass parameter that names the storage pool a
-// volume is made in; absent, the default pool (state.DefaultPool).
-const PoolKey = "converge.csi.dev/pool"
 
 // Pools are the node's storage pools, by name: each promises its own data
 // directory's space under its own lock. They answer which pool holds a
@@ -86,12 +83,12 @@ func (ps *Pools) noPool(name string) error {
 // for a name no pool can have, RESOURCE_EXHAUSTED for one this node does
 // not have (the provisioner then tries another node, as for a full pool).
 func (ps *Pools) parsePool(params map[string]string) (string, *Pool, error) {
-	name, ok := params[PoolKey]
+	name, ok := params[contract.PoolKey]
 	if !ok {
 		name = state.DefaultPool
 	}
 	if err := state.ValidPoolName(name); err != nil {
-		return "", nil, state.Errorf(state.KindInvalidArgument, "%s: %w", PoolKey, err)
+		return "", nil, state.Errorf(state.KindInvalidArgument, "%s: %w", contract.PoolKey, err)
 	}
 	s := ps.byName[name]
 	if s == nil {

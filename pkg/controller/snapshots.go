@@ -12,8 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -59,7 +59,7 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if source == "" {
 		return nil, state.Errorf(state.KindInvalidArgument, "source volume ID is required")
 	}
-	if err := nodeserver.CheckKeys("parameters", req.GetParameters()); err != nil {
+	if err := contract.CheckKeys("parameters", req.GetParameters()); err != nil {
 		return nil, err
 	}
 	// A snapshot is usable where its file is: on this node only.
@@ -67,10 +67,10 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, err
 	}
 	id := c.localID(name)
-	if err := state.ValidID(id); err != nil {
+	if err := contract.ValidID(id); err != nil {
 		return nil, state.Errorf(state.KindInvalidArgument, "snapshot name %q: as the ID %q: %v", name, id, err)
 	}
-	if err := state.LookupID("volume", source); err != nil {
+	if err := contract.CheckID("volume", source, contract.Finds); err != nil {
 		return nil, err
 	}
 
@@ -142,7 +142,7 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
 	}
-	if err := state.LookupID("source volume", source); err != nil {
+	if err := contract.CheckID("source volume", source, contract.Finds); err != nil {
 		return devices.SnapshotInfo{}, nil, nil, err
 	}
 	pool, space := c.pools.Of(source)
@@ -150,11 +150,11 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 		return devices.SnapshotInfo{}, nil, nil, c.pools.noPool(pool)
 	}
 	if _, err := space.ImageSize(source); errors.Is(err, os.ErrNotExist) {
-		if node := nodeOf(source); node != "" && node != c.topology[TopologyKey] {
+		if node := nodeOf(source); node != "" && node != c.topology[contract.TopologyKey] {
 			// The scheduler may try another node.
-			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[TopologyKey])
+			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[contract.TopologyKey])
 		}
-		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[TopologyKey])
+		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[contract.TopologyKey])
 	}
 	from = space
 	id := from.tempSnapshotID("clone-" + name)
@@ -214,7 +214,7 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 		return nil, errNoSnapshots
 	}
 	id := req.GetSnapshotId()
-	if err := state.LookupID("snapshot", id); err != nil {
+	if err := contract.CheckID("snapshot", id, contract.Finds); err != nil {
 		if state.AsError(err).Kind == state.KindNotFound {
 			return &csi.DeleteSnapshotResponse{}, nil
 		}
@@ -266,7 +266,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	var infos []devices.SnapshotInfo
 	switch id := req.GetSnapshotId(); {
 	case id != "":
-		if state.ValidID(id) != nil {
+		if contract.ValidID(id) != nil {
 			return &csi.ListSnapshotsResponse{}, nil
 		}
 		info, _, err := c.pools.snapshot(id)
@@ -310,11 +310,11 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *Pool, erro
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
 	}
-	if err := state.LookupID("source snapshot", id); err != nil {
+	if err := contract.CheckID("source snapshot", id, contract.Finds); err != nil {
 		return devices.SnapshotInfo{}, nil, err
 	}
-	if node := nodeOf(id); node != "" && node != c.topology[TopologyKey] {
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[TopologyKey])
+	if node := nodeOf(id); node != "" && node != c.topology[contract.TopologyKey] {
+		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[contract.TopologyKey])
 	}
 	info, space, err := c.pools.snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
@@ -62,7 +63,7 @@ func TestSnapshotIDs(t *testing.T) {
 	}
 	long1, long2 := strings.Repeat("a", 128), strings.Repeat("a", 127)+"b"
 	id1, id2 := c.localID(long1), c.localID(long2)
-	if state.ValidID(id1) != nil || state.ValidID(id2) != nil || id1 == id2 || nodeOf(id1) != "node" {
+	if contract.ValidID(id1) != nil || contract.ValidID(id2) != nil || id1 == id2 || nodeOf(id1) != "node" {
 		t.Errorf("long names: got IDs %q and %q, want two valid, distinct IDs of node", id1, id2)
 	}
 	_, _, err := c.restoreSource("s1_elsewhere")
@@ -130,8 +131,8 @@ func testSnapshotTopology(t *testing.T, on bool) {
 	c.opts.SnapshotTopology = on
 	taker := serveSnapshots(t, c, images)
 	v1 := create(t, c, "v1")
-	here := &csi.Topology{Segments: map[string]string{TopologyKey: "node"}}
-	elsewhere := &csi.Topology{Segments: map[string]string{TopologyKey: "other"}}
+	here := &csi.Topology{Segments: map[string]string{contract.TopologyKey: "node"}}
+	elsewhere := &csi.Topology{Segments: map[string]string{contract.TopologyKey: "other"}}
 
 	_, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s0", SourceVolumeId: v1,
 		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{elsewhere}}})

@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -378,7 +379,7 @@ func imageError(err error, format string, args ...any) error {
 	case state.NoSpace(err):
 		return state.Errorf(state.KindResourceExhausted, "%s: %w", msg, err)
 	case errors.Is(err, devices.ErrCannotAllocate):
-		return state.Errorf(state.KindFailedPrecondition, "%s: %w; thick volumes cannot be kept here, ask for %s: %s", msg, err, ProvisioningKey, state.ProvisionThin)
+		return state.Errorf(state.KindFailedPrecondition, "%s: %w; thick volumes cannot be kept here, ask for %s: %s", msg, err, contract.ProvisioningKey, state.ProvisionThin)
 	}
 	return state.Errorf(state.KindInternal, "%s: %w", msg, err)
 }

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
 
-	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -37,7 +37,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if req.GetCapacityRange() == nil {
 		return nil, state.Errorf(state.KindInvalidArgument, "capacity range is required")
 	}
-	if err := state.LookupID("volume", id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err
 	}
 	rng := rangeOf(req.GetCapacityRange())
@@ -73,7 +73,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 // DeleteVolume or CreateVolume of the name finishes.
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if err := state.LookupID("volume", id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		if state.AsError(err).Kind == state.KindNotFound {
 			return &csi.DeleteVolumeResponse{}, nil
 		}
@@ -111,7 +111,7 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
 	}
-	if err := state.LookupID("volume", id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err
 	}
 	_, space := c.pools.Of(id)
@@ -125,7 +125,7 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 		return nil, state.Errorf(state.KindInternal, "%w", err)
 	}
 	for _, vc := range req.GetVolumeCapabilities() {
-		if _, err := nodeserver.ParseCapability(vc); err != nil {
+		if _, err := contract.ParseCapability(vc); err != nil {
 			return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
 		}
 	}
@@ -147,7 +147,7 @@ func pageStart(maxEntries int32, token string) (after string, err error) {
 		return "", nil
 	}
 	id, ok := strings.CutPrefix(token, listTokenPrefix)
-	if !ok || state.ValidID(id) != nil {
+	if !ok || contract.ValidID(id) != nil {
 		return "", state.Errorf(state.KindAborted, "invalid starting token %q", token)
 	}
 	return id, nil
@@ -201,11 +201,11 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		return nil, err
 	}
 	for _, vc := range req.GetVolumeCapabilities() {
-		if _, err := nodeserver.ParseCapability(vc); err != nil {
+		if _, err := contract.ParseCapability(vc); err != nil {
 			return &csi.GetCapacityResponse{}, nil
 		}
 	}
-	if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && seg[TopologyKey] != c.topology[TopologyKey] {
+	if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && seg[contract.TopologyKey] != c.topology[contract.TopologyKey] {
 		return &csi.GetCapacityResponse{}, nil
 	}
 	avail, largest, err := space.Available(prov == state.ProvisionThin)

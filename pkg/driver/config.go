@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/nodeserver"
 	"github.com/converge-csi/converge/pkg/reconciler"
@@ -16,11 +17,10 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultDriverName = "converge.csi.dev"
 	DefaultStateDir   = "/var/lib/converge"
 	DefaultKubeletDir = "/var/lib/kubelet"
-	// TopologyKey is the topology segment that pins a volume to its node.
-	TopologyKey = controller.TopologyKey
+	// DefaultDriverName is the published driver name, for the flags.
+	DefaultDriverName = contract.DefaultDriverName
 
 	// The defaults of the packages the plugin wires, for the flags.
 	DefaultResyncPeriod = reconciler.DefaultResyncPeriod

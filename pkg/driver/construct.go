@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/metrics"
@@ -53,7 +54,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	paths := devices.NewPaths(cfg.roots())
 	m := metrics.New()
 	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: p.pools.Dirs()}
-	topology := map[string]string{TopologyKey: cfg.NodeID}
+	topology := map[string]string{contract.TopologyKey: cfg.NodeID}
 	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
 	if p.rec, err = p.newReconciler(m, paths); err != nil {
 		return nil, err

@@ -7,7 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // ProvisionerFinalizer is the finalizer external-provisioner puts on the
@@ -67,7 +67,7 @@ type Action struct {
 // would be (0: none is waited for).
 type Decision struct {
 	Actions []Action
-	OnLost  map[state.OnNodeLoss]int
+	OnLost  map[contract.OnNodeLoss]int
 	Next    time.Duration
 }
 
@@ -76,7 +76,7 @@ type Decision struct {
 // volume's choice says; on a node that would be gone unless it comes back,
 // a warning that says what converge would do then.
 func Decide(w *World, topologyKey string) Decision {
-	d := Decision{OnLost: map[state.OnNodeLoss]int{}}
+	d := Decision{OnLost: map[contract.OnNodeLoss]int{}}
 	for _, pv := range w.Volumes {
 		node := nodeOf(pv, topologyKey)
 		if node == "" {
@@ -102,14 +102,14 @@ func Decide(w *World, topologyKey string) Decision {
 
 // onGone is what to do with pv, whose node is gone (why says how), as its
 // choice says (choiceWhy says where the choice came from).
-func (w *World) onGone(pv *corev1.PersistentVolume, node, gone string, choice state.OnNodeLoss, choiceWhy string) []Action {
+func (w *World) onGone(pv *corev1.PersistentVolume, node, gone string, choice contract.OnNodeLoss, choiceWhy string) []Action {
 	var out []Action
 	claim := w.claimOf(pv)
 	act := func(k Kind, pod *corev1.Pod, format string, args ...any) {
 		out = append(out, Action{Kind: k, Volume: pv, Claim: claim, Pod: pod, Node: node,
 			Why: fmt.Sprintf("node %s %s; ", node, gone) + fmt.Sprintf(format, args...)})
 	}
-	if choice == state.OnNodeLossRetain {
+	if choice == contract.OnNodeLossRetain {
 		act(Retained, nil, "%s, so converge keeps the claim and the data on the node: if the node comes back, so do its pods. To start over on another node with an empty volume, delete the claim (and its pod)", choiceWhy)
 		return out
 	}
@@ -176,31 +176,31 @@ func (w *World) pending(pv *corev1.PersistentVolume, node string, s nodeState) (
 // only from a class at least as old as the volume: a class made since
 // under the same name is not the one it was provisioned with. Anything
 // else is retain: deleting a claim cannot be undone, keeping it can.
-func (w *World) choiceOf(pv *corev1.PersistentVolume) (state.OnNodeLoss, string) {
+func (w *World) choiceOf(pv *corev1.PersistentVolume) (contract.OnNodeLoss, string) {
 	if v, ok := recordedChoice(pv); ok {
-		choice, err := state.ParseOnNodeLoss(v)
+		choice, err := contract.ParseOnNodeLoss(v)
 		if err != nil {
-			return state.OnNodeLossRetain, fmt.Sprintf("volume %s: %v (retain)", pv.Name, err)
+			return contract.OnNodeLossRetain, fmt.Sprintf("volume %s: %v (retain)", pv.Name, err)
 		}
-		return choice, fmt.Sprintf("volume %s was provisioned with %s: %s", pv.Name, state.OnNodeLossKey, choice)
+		return choice, fmt.Sprintf("volume %s was provisioned with %s: %s", pv.Name, contract.OnNodeLossKey, choice)
 	}
-	none := fmt.Sprintf("volume %s records no %s", pv.Name, state.OnNodeLossKey)
+	none := fmt.Sprintf("volume %s records no %s", pv.Name, contract.OnNodeLossKey)
 	class, ok := w.Classes[pv.Spec.StorageClassName]
 	switch {
 	case !ok:
-		return state.OnNodeLossRetain, fmt.Sprintf("%s and its StorageClass %q is gone (retain)", none, pv.Spec.StorageClassName)
+		return contract.OnNodeLossRetain, fmt.Sprintf("%s and its StorageClass %q is gone (retain)", none, pv.Spec.StorageClassName)
 	case class.CreationTimestamp.After(pv.CreationTimestamp.Time):
-		return state.OnNodeLossRetain, fmt.Sprintf("%s and StorageClass %s was made after it, so is not the class it was provisioned with (retain)", none, class.Name)
+		return contract.OnNodeLossRetain, fmt.Sprintf("%s and StorageClass %s was made after it, so is not the class it was provisioned with (retain)", none, class.Name)
 	}
-	v := class.Parameters[state.OnNodeLossKey]
-	choice, err := state.ParseOnNodeLoss(v)
+	v := class.Parameters[contract.OnNodeLossKey]
+	choice, err := contract.ParseOnNodeLoss(v)
 	if err != nil {
-		return state.OnNodeLossRetain, fmt.Sprintf("%s; StorageClass %s: %v (retain)", none, class.Name, err)
+		return contract.OnNodeLossRetain, fmt.Sprintf("%s; StorageClass %s: %v (retain)", none, class.Name, err)
 	}
 	if v == "" {
 		return choice, fmt.Sprintf("%s and StorageClass %s names none (retain)", none, class.Name)
 	}
-	return choice, fmt.Sprintf("%s; StorageClass %s says %s: %s", none, class.Name, state.OnNodeLossKey, choice)
+	return choice, fmt.Sprintf("%s; StorageClass %s says %s: %s", none, class.Name, contract.OnNodeLossKey, choice)
 }
 
 // recordedChoice is the on-node-loss choice recorded in pv's attributes,
@@ -209,6 +209,6 @@ func recordedChoice(pv *corev1.PersistentVolume) (string, bool) {
 	if pv.Spec.CSI == nil {
 		return "", false
 	}
-	v, ok := pv.Spec.CSI.VolumeAttributes[state.OnNodeLossKey]
+	v, ok := pv.Spec.CSI.VolumeAttributes[contract.OnNodeLossKey]
 	return v, ok
 }

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 const (
@@ -41,7 +41,7 @@ func withReady(n *corev1.Node, status corev1.ConditionStatus) *corev1.Node {
 func class(name, onLoss string) *storagev1.StorageClass {
 	sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: testDriver, Parameters: map[string]string{}}
 	if onLoss != "" {
-		sc.Parameters[state.OnNodeLossKey] = onLoss
+		sc.Parameters[contract.OnNodeLossKey] = onLoss
 	}
 	return sc
 }
@@ -282,7 +282,7 @@ func TestDecideChoice(t *testing.T) {
 		v := volume("v", "b", "c", "ns", "data-db-0")
 		v.CreationTimestamp = metav1.NewTime(t0.Add(-time.Hour))
 		if choice != "-" {
-			v.Spec.CSI.VolumeAttributes = map[string]string{state.OnNodeLossKey: choice}
+			v.Spec.CSI.VolumeAttributes = map[string]string{contract.OnNodeLossKey: choice}
 		}
 		return v
 	}
@@ -301,17 +301,17 @@ func TestDecideChoice(t *testing.T) {
 		why   string
 	}{
 		{"recorded release, the class made again since as retain: the volume's",
-			recorded("release"), classMade("retain", 0), released, "volume v was provisioned with " + state.OnNodeLossKey + ": release"},
+			recorded("release"), classMade("retain", 0), released, "volume v was provisioned with " + contract.OnNodeLossKey + ": release"},
 		{"recorded retain, the class made again since as release: the volume's",
-			recorded("retain"), classMade("release", 0), retained, "volume v was provisioned with " + state.OnNodeLossKey + ": retain"},
+			recorded("retain"), classMade("release", 0), retained, "volume v was provisioned with " + contract.OnNodeLossKey + ": retain"},
 		{"recorded release, the class gone: the volume's",
 			recorded("release"), nil, released, "volume v was provisioned with"},
 		{"recorded release, the class as old as the volume saying none: the volume's",
 			recorded("release"), classMade("", -2*time.Hour), released, "volume v was provisioned with"},
 		{"recorded a value converge does not know: retain",
-			recorded("delete"), classMade("release", -2*time.Hour), retained, `volume v: ` + state.OnNodeLossKey + `: unknown value "delete"`},
+			recorded("delete"), classMade("release", -2*time.Hour), retained, `volume v: ` + contract.OnNodeLossKey + `: unknown value "delete"`},
 		{"none recorded, the class older than the volume says release: the class's",
-			recorded("-"), classMade("release", -2*time.Hour), released, "volume v records no " + state.OnNodeLossKey + "; StorageClass c says " + state.OnNodeLossKey + ": release"},
+			recorded("-"), classMade("release", -2*time.Hour), released, "volume v records no " + contract.OnNodeLossKey + "; StorageClass c says " + contract.OnNodeLossKey + ": release"},
 		{"none recorded, the class made in the volume's second says release: the class's",
 			recorded("-"), classMade("release", -time.Hour), released, "StorageClass c says"},
 		{"none recorded, the class made again after the volume says release: retain",
@@ -355,7 +355,7 @@ func TestDecideWaitsForTheGrace(t *testing.T) {
 	if d.Next != 5*time.Second {
 		t.Errorf("next pass in %v, want 5s (node c's grace)", d.Next)
 	}
-	if d.OnLost[state.OnNodeLossRetain] != 1 || d.OnLost[state.OnNodeLossRelease] != 1 {
+	if d.OnLost[contract.OnNodeLossRetain] != 1 || d.OnLost[contract.OnNodeLossRelease] != 1 {
 		t.Errorf("volumes on gone nodes: %v, want one of each", d.OnLost)
 	}
 }
@@ -369,7 +369,7 @@ func TestActionsSayWhy(t *testing.T) {
 		t.Fatalf("actions: %s", actions(d))
 	}
 	why := d.Actions[0].Why
-	for _, want := range []string{"node b was deleted", "StorageClass rel says " + state.OnNodeLossKey + ": release", "no StatefulSet makes claim ns/mine again"} {
+	for _, want := range []string{"node b was deleted", "StorageClass rel says " + contract.OnNodeLossKey + ": release", "no StatefulSet makes claim ns/mine again"} {
 		if !strings.Contains(why, want) {
 			t.Errorf("why %q does not say %q", why, want)
 		}
@@ -393,10 +393,10 @@ func TestPendingSaysWhatComes(t *testing.T) {
 		{"deleted, release of a StatefulSet's claim",
 			world(class("rel", "release"), volume("v", "b", "rel", "ns", "data-db-0"), pvc("ns", "data-db-0", "v"), statefulSet("ns", "db", "data")),
 			[]string{deleted + "converge deletes claim ns/data-db-0 and its pods, and its StatefulSet makes them again on another node, with an empty volume: ",
-				"StorageClass rel says " + state.OnNodeLossKey + ": release", restart, "the pod GC deletes the node's pods"}},
+				"StorageClass rel says " + contract.OnNodeLossKey + ": release", restart, "the pod GC deletes the node's pods"}},
 		{"deleted, retain",
 			world(class("ret", "retain"), volume("v", "b", "ret", "ns", "c"), pvc("ns", "c", "v")),
-			[]string{deleted + "converge keeps claim ns/c and the data on the node: ", "StorageClass ret says " + state.OnNodeLossKey + ": retain", restart}},
+			[]string{deleted + "converge keeps claim ns/c and the data on the node: ", "StorageClass ret says " + contract.OnNodeLossKey + ": retain", restart}},
 		{"deleted, retain, no claim",
 			world(class("ret", "retain"), volume("v", "b", "ret", "ns", "")),
 			[]string{deleted + "converge keeps volume v and its data on the node: ", restart}},

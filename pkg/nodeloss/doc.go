@@ -19,7 +19,7 @@
 // converge will do and when, and what the operator can do.
 //
 // For each of the driver's volumes on a gone node, its on-node-loss choice
-// decides (state.OnNodeLoss): the StorageClass parameter
+// decides (contract.OnNodeLoss): the StorageClass parameter
 // converge.csi.dev/on-node-loss as CreateVolume recorded it in the volume's
 // attributes, so that a class made again under the same name with another
 // choice changes no volume made before it. A PV that records none

@@ -3,7 +3,7 @@ package nodeloss
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // Metrics are the controller's own metrics.
@@ -31,7 +31,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while this replica leads (holds the Lease), 0 otherwise."}),
 	}
 	reg.MustRegister(m.passes, m.lost, m.actions, m.failed, m.Leader)
-	for _, c := range []state.OnNodeLoss{state.OnNodeLossRetain, state.OnNodeLossRelease} {
+	for _, c := range []contract.OnNodeLoss{contract.OnNodeLossRetain, contract.OnNodeLossRelease} {
 		m.lost.WithLabelValues(string(c))
 	}
 	for _, k := range kinds {
@@ -44,7 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // pass records a pass's decision.
 func (m *Metrics) pass(d Decision) {
 	m.passes.Inc()
-	for _, c := range []state.OnNodeLoss{state.OnNodeLossRetain, state.OnNodeLossRelease} {
+	for _, c := range []contract.OnNodeLoss{contract.OnNodeLossRetain, contract.OnNodeLossRelease} {
 		m.lost.WithLabelValues(string(c)).Set(float64(d.OnLost[c]))
 	}
 }

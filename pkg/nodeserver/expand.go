@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -45,12 +46,13 @@ func (s *Server) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolume
 // expandSize validates an expansion request and returns the capacity it
 // asks for (the image's own when it names none), and whether that size is
 // asked again after it failed for good. An invalid request is
-// INVALID_ARGUMENT (before any lookup) or OUT_OF_RANGE; an unknown volume
-// NOT_FOUND whatever the path (CSI), and a path it is neither staged nor
-// published at NOT_FOUND too.
+// INVALID_ARGUMENT (before any lookup) or OUT_OF_RANGE; an unknown volume,
+// or an ID no volume can have (contract.Finds), NOT_FOUND whatever the
+// path (CSI), and a path it is neither staged nor published at NOT_FOUND
+// too.
 func (s *Server) expandSize(req *csi.NodeExpandVolumeRequest) (required int64, retry bool, err error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := checkID(id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return 0, false, err
 	}
 	if path == "" {

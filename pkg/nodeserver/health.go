@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -34,7 +35,7 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 		return nil, state.Errorf(state.KindUnimplemented, "NodeGetVolumeHealth is alpha in CSI v1.13: csi-node serves it with --feature-gates=VolumeHealth=true")
 	}
 	id := req.GetVolumeId()
-	if err := state.LookupID("volume", id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err
 	}
 	if v, err := s.cfg.Store.Get(id); errors.Is(err, state.ErrNotFound) || err == nil && !v.HasNodeIntent() {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
@@ -278,12 +279,12 @@ func TestBadInputRecordsNothing(t *testing.T) {
 		{"publish: target outside", pub("v", good, "/root/x")},
 		{"stage: on-node-loss choice unknown", func() error {
 			_, err := s.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: good, VolumeCapability: rwo,
-				VolumeContext: map[string]string{state.OnNodeLossKey: "delete"}})
+				VolumeContext: map[string]string{contract.OnNodeLossKey: "delete"}})
 			return err
 		}()},
 		{"publish: on-node-loss choice unknown", func() error {
 			_, err := s.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "v", StagingTargetPath: good, TargetPath: root + "/pods/a", VolumeCapability: rwo,
-				VolumeContext: map[string]string{state.OnNodeLossKey: "delete"}})
+				VolumeContext: map[string]string{contract.OnNodeLossKey: "delete"}})
 			return err
 		}()},
 		{"unpublish: no target", func() error {
@@ -308,7 +309,7 @@ func TestBadInputRecordsNothing(t *testing.T) {
 		t.Errorf("bad requests recorded intents: %+v", vols)
 	}
 	// A quoted SELinux label with categories is allowed.
-	if err := CheckMountFlags([]string{`context="system_u:object_r:container_file_t:s0:c1,c2"`, "noatime"}); err != nil {
+	if err := contract.CheckMountFlags([]string{`context="system_u:object_r:container_file_t:s0:c1,c2"`, "noatime"}); err != nil {
 		t.Errorf("quoted label: %v", err)
 	}
 }
@@ -320,7 +321,7 @@ func TestOnNodeLossAttributeAccepted(t *testing.T) {
 	s, store, rec := newServer(t)
 	rec.onKick = func() { readyAll(store, "v") }
 	ctx := context.Background()
-	vc := map[string]string{state.OnNodeLossKey: "release"}
+	vc := map[string]string{contract.OnNodeLossKey: "release"}
 	if _, err := s.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "v", StagingTargetPath: root + "/staging/v",
 		VolumeCapability: rwo, VolumeContext: vc}); err != nil {
 		t.Fatalf("stage: got %v, want OK", err)
@@ -460,7 +461,7 @@ func TestBlockVolumeNeverMounted(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tc.want != codes.OK && (v.Stage != nil || !strings.Contains(staged.Error(), state.AllowModeChangeKey)) {
+			if tc.want != codes.OK && (v.Stage != nil || !strings.Contains(staged.Error(), contract.AllowModeChangeKey)) {
 				t.Errorf("refused: stage recorded %+v, message %q", v.Stage, staged)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -29,7 +30,7 @@ func (s *Server) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolu
 // publishSpec validates a publish request (INVALID_ARGUMENT) and returns
 // the publish it asks for.
 func (s *Server) publishSpec(req *csi.NodePublishVolumeRequest) (*state.Publish, error) {
-	if err := checkID(req.GetVolumeId()); err != nil {
+	if err := contract.CheckID("volume", req.GetVolumeId(), contract.Records); err != nil {
 		return nil, err
 	}
 	target, staging := req.GetTargetPath(), req.GetStagingTargetPath()
@@ -39,7 +40,7 @@ func (s *Server) publishSpec(req *csi.NodePublishVolumeRequest) (*state.Publish,
 	if err := s.checkPath("staging target path", staging); err != nil {
 		return nil, err
 	}
-	c, err := ParseCapability(req.GetVolumeCapability())
+	c, err := contract.ParseCapability(req.GetVolumeCapability())
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
@@ -62,7 +63,7 @@ func (s *Server) publishSpec(req *csi.NodePublishVolumeRequest) (*state.Publish,
 // no-op.
 func (s *Server) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	if err := checkID(id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Records); err != nil {
 		return nil, err
 	}
 	if err := s.checkPath("target path", target); err != nil {

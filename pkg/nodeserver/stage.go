@@ -6,6 +6,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -30,26 +31,26 @@ func (s *Server) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRe
 // stageSpec validates a stage request (INVALID_ARGUMENT) and returns the
 // stage it asks for.
 func (s *Server) stageSpec(req *csi.NodeStageVolumeRequest) (*state.Stage, error) {
-	if err := checkID(req.GetVolumeId()); err != nil {
+	if err := contract.CheckID("volume", req.GetVolumeId(), contract.Records); err != nil {
 		return nil, err
 	}
 	if err := s.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	c, err := ParseCapability(req.GetVolumeCapability())
+	c, err := contract.ParseCapability(req.GetVolumeCapability())
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
 	if err := checkAttributes(req.GetVolumeContext()); err != nil {
 		return nil, err
 	}
-	device, static := req.GetVolumeContext()[DeviceAttribute]
+	device, static := req.GetVolumeContext()[contract.DeviceKey]
 	if static {
 		if err := s.checkDevice(device); err != nil {
 			return nil, err
 		}
 	}
-	mkfsOptions, err := CheckMkfsOptions(c.FsType, req.GetVolumeContext()[MkfsOptionsKey])
+	mkfsOptions, err := contract.CheckMkfsOptions(c.FsType, req.GetVolumeContext()[contract.MkfsOptionsKey])
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
@@ -73,7 +74,7 @@ func (s *Server) stageSpec(req *csi.NodeStageVolumeRequest) (*state.Stage, error
 // that path is a no-op.
 func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetStagingTargetPath()
-	if err := checkID(id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Records); err != nil {
 		return nil, err
 	}
 	if err := s.checkPath("staging target path", path); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -24,7 +25,7 @@ import (
 // condition, which the kubelet reports on the pod.
 func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := state.LookupID("volume", id); err != nil {
+	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err
 	}
 	if path == "" {

@@ -1,168 +1,10 @@
 package nodeserver
 
 import (
-	"fmt"
-	"slices"
-	"strings"
-
-	"github.com/container-storage-interface/spec/lib/go/csi"
-
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
-
-// mountFlagPolicy lists the mount options a request may carry. Options with
-// a value name it "key=". Everything else is refused: in particular bind,
-// rbind, remount, move, loop and helper options, and anything that names
-// another device or path. See SECURITY.md and docs/architecture.md's "Input policy".
-var mountFlagPolicy = map[string]struct{}{
-	"ro": {}, "rw": {}, "sync": {}, "async": {}, "dirsync": {},
-	"noexec": {}, "exec": {}, "nosuid": {}, "suid": {}, "nodev": {}, "dev": {},
-	"noatime": {}, "atime": {}, "relatime": {}, "norelatime": {}, "strictatime": {},
-	"nodiratime": {}, "diratime": {}, "lazytime": {}, "nolazytime": {},
-	"discard": {}, "nodiscard": {}, "acl": {}, "noacl": {},
-	"user_xattr": {}, "nouser_xattr": {}, "barrier": {}, "nobarrier": {},
-	"nouuid": {}, "inode64": {}, "largeio": {}, "nolargeio": {},
-	"usrquota": {}, "grpquota": {}, "prjquota": {}, "uquota": {}, "gquota": {}, "pquota": {},
-	"errors=": {}, "data=": {}, "commit=": {}, "allocsize=": {}, "logbufs=": {},
-	"context=": {}, "fscontext=": {}, "defcontext=": {}, "rootcontext=": {},
-}
-
-// AllowedMountFlags returns the mount flag policy's entries, sorted; an
-// option with a value is named "key=".
-func AllowedMountFlags() []string {
-	out := make([]string, 0, len(mountFlagPolicy))
-	for f := range mountFlagPolicy {
-		out = append(out, f)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// Bounds of the mount flags of one request: far above any real use, low
-// enough that a request cannot make the plugin build huge mount commands.
-const (
-	maxMountFlags   = 64
-	maxMountFlagLen = 256
-)
-
-// CheckMountFlags enforces the mount flag policy.
-func CheckMountFlags(flags []string) error {
-	if len(flags) > maxMountFlags {
-		return fmt.Errorf("%d mount flags, at most %d", len(flags), maxMountFlags)
-	}
-	for _, f := range flags {
-		if f == "" {
-			return fmt.Errorf("empty mount flag")
-		}
-		if len(f) > maxMountFlagLen {
-			return fmt.Errorf("mount flag of %d bytes, at most %d", len(f), maxMountFlagLen)
-		}
-		if strings.ContainsAny(f, "\x00\n\r\t ") {
-			return fmt.Errorf("mount flag %q holds a control or space character", f)
-		}
-		key, value, hasValue := strings.Cut(f, "=")
-		if hasValue {
-			key += "="
-		}
-		if _, ok := mountFlagPolicy[key]; !ok {
-			return fmt.Errorf("mount flag %q is not allowed", f)
-		}
-		if strings.HasSuffix(key, "context=") {
-			// An SELinux label may hold commas (categories) inside quotes.
-			quoted := len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' &&
-				!strings.Contains(value[1:len(value)-1], `"`)
-			if strings.ContainsAny(value, ",\"") && !quoted {
-				return fmt.Errorf("mount flag %q: a label with commas must be quoted", f)
-			}
-			continue
-		}
-		if strings.ContainsAny(value, "/,\"") {
-			return fmt.Errorf("mount flag %q must not name a path or hold a comma", f)
-		}
-	}
-	return nil
-}
-
-// supportedModes are the access modes of a node-local volume.
-var supportedModes = []csi.VolumeCapability_AccessMode_Mode{
-	csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER,
-	csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY,
-	csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
-	csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER,
-}
-
-// Capability is a validated CSI volume capability.
-type Capability struct {
-	Access     state.AccessType
-	FsType     string
-	MountFlags []string
-	// Mode is the access mode's CSI name.
-	Mode string
-	// ReadOnly is true for reader-only modes.
-	ReadOnly bool
-}
-
-// ParseCapability validates a volume capability.
-func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
-	if c == nil {
-		return Capability{}, fmt.Errorf("volume capability is required")
-	}
-	mode := c.GetAccessMode().GetMode()
-	if mode == csi.VolumeCapability_AccessMode_UNKNOWN {
-		return Capability{}, fmt.Errorf("access mode is required")
-	}
-	if !slices.Contains(supportedModes, mode) {
-		return Capability{}, fmt.Errorf("access mode %s is not supported by a node-local volume", mode)
-	}
-	out := Capability{Mode: mode.String(), ReadOnly: mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY}
-	switch {
-	case c.GetBlock() != nil:
-		out.Access = state.AccessBlock
-	case c.GetMount() != nil:
-		m := c.GetMount()
-		out.Access = state.AccessMount
-		out.FsType = m.GetFsType()
-		if out.FsType != "" && !slices.Contains(host.FsTypes, out.FsType) {
-			return Capability{}, fmt.Errorf("fs type %q is not supported; use one of %v", out.FsType, host.FsTypes)
-		}
-		if err := CheckMountFlags(m.GetMountFlags()); err != nil {
-			return Capability{}, err
-		}
-		out.MountFlags = slices.Clone(m.GetMountFlags())
-		if len(out.MountFlags) == 0 {
-			out.MountFlags = nil
-		}
-	default:
-		return Capability{}, fmt.Errorf("access type (mount or block) is required")
-	}
-	return out, nil
-}
-
-// kubernetesPrefixes are the prefixes of the keys that Kubernetes adds on
-// its own to parameters and volume attributes: the kubelet's pod
-// information and service account tokens, and the external-provisioner's
-// and external-snapshotter's names of what they make. converge reads none
-// of them.
-var kubernetesPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
-
-// CheckKeys refuses, naming them in order, the keys of m (what: "parameters"
-// or "volume attributes") that are neither known nor added by Kubernetes
-// itself, so that a typo in a StorageClass, a VolumeSnapshotClass or a PV
-// is never silently ignored.
-func CheckKeys(what string, m map[string]string, known ...string) error {
-	var unknown []string
-	for k := range m {
-		if !slices.Contains(known, k) && !slices.ContainsFunc(kubernetesPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
-			unknown = append(unknown, fmt.Sprintf("%q", k))
-		}
-	}
-	if len(unknown) > 0 {
-		slices.Sort(unknown)
-		return invalid("unknown %s: %s", what, strings.Join(unknown, ", "))
-	}
-	return nil
-}
 
 // checkAttributes refuses volume attributes (a PV's, which the kubelet
 // passes to NodeStageVolume and NodePublishVolume) that converge does not
@@ -171,18 +13,14 @@ func CheckKeys(what string, m map[string]string, known ...string) error {
 // wrong one so that a PV written by hand with a typo fails at its first
 // use, not silently on the day its node is lost.
 func checkAttributes(vc map[string]string) error {
-	if err := CheckKeys("volume attributes", vc, DeviceAttribute, MkfsOptionsKey, state.OnNodeLossKey); err != nil {
+	if err := contract.CheckKeys("volume attributes", vc, contract.VolumeAttributes...); err != nil {
 		return err
 	}
-	if _, err := state.ParseOnNodeLoss(vc[state.OnNodeLossKey]); err != nil {
+	if _, err := contract.ParseOnNodeLoss(vc[contract.OnNodeLossKey]); err != nil {
 		return invalid("volume attribute %v", err)
 	}
 	return nil
 }
-
-// DeviceAttribute is the volume attribute of a static PV that names its
-// existing block device by a stable path under an allowed device prefix.
-const DeviceAttribute = "converge.csi.dev/device"
 
 // checkDevice validates the device path of a static volume: absolute, clean
 // and inside an allowed device prefix. Symlinks below the prefix are what
@@ -190,23 +28,20 @@ const DeviceAttribute = "converge.csi.dev/device"
 // a block device is at the end.
 func (s *Server) checkDevice(path string) error {
 	if len(s.cfg.DevicePrefixes) == 0 {
-		return invalid("volume attribute %s names a device, but static devices are not enabled (--allowed-device-prefix)", DeviceAttribute)
+		return invalid("volume attribute %s names a device, but static devices are not enabled (--allowed-device-prefix)", contract.DeviceKey)
 	}
 	if _, _, err := host.Beneath(path, s.cfg.DevicePrefixes); err != nil {
-		return invalid("volume attribute %s: %v", DeviceAttribute, err)
+		return invalid("volume attribute %s: %v", contract.DeviceKey, err)
 	}
 	return nil
 }
 
-// checkID validates a volume ID for an RPC.
-func checkID(id string) error {
-	if id == "" {
-		return invalid("volume ID is required")
+// accessOf is how a volume of capability c is presented.
+func accessOf(c contract.Capability) state.AccessType {
+	if c.Access == state.AccessBlock {
+		return state.AccessBlock
 	}
-	if err := state.ValidID(id); err != nil {
-		return invalid("%v", err)
-	}
-	return nil
+	return state.AccessMount
 }
 
 // checkPath validates a staging or target path for an RPC.

@@ -36,16 +36,6 @@ func kindOf(err error) Kind {
 	return AsError(err).Kind
 }
 
-// TestLookupID owns the answer to a looked-up ID: none is
-// INVALID_ARGUMENT, one nothing can be made under NOT_FOUND.
-func TestLookupID(t *testing.T) {
-	for id, want := range map[string]Kind{"": KindInvalidArgument, "../x": KindNotFound, ".hidden": KindNotFound, "v_node": -1} {
-		if got := kindOf(LookupID("volume", id)); got != want {
-			t.Errorf("%q: got %v, want %v", id, got, want)
-		}
-	}
-}
-
 func TestValidPoolName(t *testing.T) {
 	for name, ok := range map[string]bool{"default": true, "nvme-0": true, "a": true, "9": true, "": false, "-a": false, "a-": false,
 		"Fast": false, "a_b": false, "a.b": false, string(make([]byte, 64)): false, "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk": true} {

@@ -236,22 +236,6 @@ func TestWatchWakesOnChange(t *testing.T) {
 	}
 }
 
-func TestValidID(t *testing.T) {
-	tests := []struct {
-		id string
-		ok bool
-	}{
-		{"pvc-1234", true}, {"a.b_c-D", true}, {"", false}, {".", false}, {"..", false},
-		{".hidden", false}, {"a/b", false}, {"a b", false}, {"é", false},
-		{string(make([]byte, 129)), false},
-	}
-	for _, tc := range tests {
-		if err := ValidID(tc.id); (err == nil) != tc.ok {
-			t.Errorf("ValidID(%q): got %v, want ok=%v", tc.id, err, tc.ok)
-		}
-	}
-}
-
 // TestErrorWrapsItsCause checks that a classified error keeps what it was
 // made from, for errors.Is and errors.As.
 func TestErrorWrapsItsCause(t *testing.T) {

@@ -25,17 +25,22 @@ const module = "github.com/converge-csi/converge/"
 // controller, the reconciler and the driver use; driver wires everything;
 // the command sees only the driver and the status it prints; rpcerr, the
 // table from a failure's kind to its gRPC code, only the driver applies.
+// contract, the published names and the request rules, is the leaf the
+// node server, the controller and the cluster side all read: it builds on
+// the host and state leaves alone (TestContractIsALeaf), and the
+// controller reads the request rules there, not in the node server.
 // The cluster-side controller (nodeloss and its command) stands apart: no
-// part of the node plugin reaches it, and it reaches none but the state's
-// names.
+// part of the node plugin reaches it, and it reaches none but the
+// published contract.
 var allowed = map[string][]string{
 	"cmd/csi-node":            {"pkg/buildinfo", "pkg/driver", "pkg/volstatus"},
-	"cmd/converge-controller": {"pkg/buildinfo", "pkg/nodeloss"},
+	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/nodeloss"},
 	"pkg/buildinfo":           nil,
-	"pkg/nodeloss":            {"pkg/state"},
-	"pkg/driver":              {"pkg/capacity", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
-	"pkg/controller":          {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/nodeserver", "pkg/state", "pkg/volstatus"},
-	"pkg/nodeserver":          {"pkg/host", "pkg/state"},
+	"pkg/nodeloss":            {"pkg/contract"},
+	"pkg/driver":              {"pkg/capacity", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
+	"pkg/controller":          {"pkg/capacity", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/nodeserver":          {"pkg/contract", "pkg/host", "pkg/state"},
+	"pkg/contract":            {"pkg/host", "pkg/state"},
 	"pkg/rpcerr":              {"pkg/state"},
 	"pkg/reconciler":          {"pkg/capacity", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/devices":             {"pkg/host"},
@@ -67,6 +72,7 @@ var never = map[string][]string{
 	"pkg/host":       {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os/exec"},
 	"pkg/volstatus":  {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/capacity":   {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os", "golang.org/x/sys/unix"},
+	"pkg/contract":   {"google.golang.org/grpc", "os", "os/exec", "k8s.io/utils/exec", "golang.org/x/sys/unix"},
 }
 
 func TestImportArrows(t *testing.T) {
@@ -123,6 +129,22 @@ func TestImportArrows(t *testing.T) {
 	for pkg := range allowed {
 		if imports[pkg] == nil {
 			t.Errorf("%s is in allowed but has no source: remove it", pkg)
+		}
+	}
+}
+
+// TestContractIsALeaf checks the whole of the published contract's build,
+// not only its own imports: of converge it links the host and state
+// leaves alone, so that every package, and converge-controller, may read
+// the names without taking on the node plugin.
+func TestContractIsALeaf(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "../../pkg/contract").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/contract", "pkg/host", "pkg/state"}, inner) {
+			t.Errorf("pkg/contract links %s", inner)
 		}
 	}
 }

@@ -26,7 +26,7 @@ func TestDockerfileIsReadStrictly(t *testing.T) {
 	if labels, err := d.ImageLabels(Host(), "v9"); err != nil || labels["org.opencontainers.image.version"] != "v9" {
 		t.Errorf("labels %v, %v: want the version v9", labels, err)
 	}
-	if got := strings.Join(d.BuildArgs, " "); got != "-trimpath -ldflags -s -w -X main.version=${VERSION}" {
+	if got := strings.Join(d.BuildArgs, " "); got != "-trimpath -tags grpcnotrace -ldflags -s -w -X main.version=${VERSION}" {
 		t.Errorf("go build arguments: got %q", got)
 	}
 	orig, err := os.ReadFile(path)

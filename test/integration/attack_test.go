@@ -237,7 +237,7 @@ func TestAttackTable(t *testing.T) {
 			return err
 		}, codes.NotFound},
 		{"expand: empty ID", expandReq("", staging, 1<<20), codes.InvalidArgument},
-		{"expand: traversal in ID", expandReq("../vol-a", staging, 1<<20), codes.InvalidArgument},
+		{"expand: traversal in ID", expandReq("../vol-a", staging, 1<<20), codes.NotFound},
 		{"expand: empty path", expandReq(volA, "", 1<<20), codes.InvalidArgument},
 		{"expand: path outside the roots of a volume not here", expandReq(volA, "/etc", 1<<20), codes.NotFound},
 		{"expand: negative size", expandReq(volA, staging, -1), codes.InvalidArgument},

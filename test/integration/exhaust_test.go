@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
@@ -122,7 +122,7 @@ func TestRequestFlood(t *testing.T) {
 	p.Start()
 	staging := mkdir(t, filepath.Join(p.Root, "staging-flood"))
 	req := &csi.NodeStageVolumeRequest{VolumeId: "vol-flood", StagingTargetPath: staging, VolumeCapability: rwo,
-		VolumeContext: map[string]string{nodeserver.DeviceAttribute: filepath.Join(byID, "not-attached-yet")}}
+		VolumeContext: map[string]string{contract.DeviceKey: filepath.Join(byID, "not-attached-yet")}}
 	fdsBefore := openFDs(t, p.PID())
 
 	// No deadline on the flood: on a busy machine 3000 calls may take

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/mount-utils"
 
-	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
@@ -97,7 +97,7 @@ var flagCases = map[string]flagCase{
 func TestEveryAllowedMountFlag(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	for _, policy := range nodeserver.AllowedMountFlags() {
+	for _, policy := range contract.AllowedMountFlags() {
 		tc, ok := flagCases[policy]
 		if !ok {
 			t.Errorf("mount flag %q is allowed but has no case here", policy)
@@ -118,7 +118,7 @@ func flagRun(t *testing.T, p *testenv.Plugin, tc flagCase) {
 	id = id[:min(len(id), 40)]
 	params := map[string]string{}
 	if tc.mkfs != "" {
-		params[nodeserver.MkfsOptionsKey] = tc.mkfs
+		params[contract.MkfsOptionsKey] = tc.mkfs
 	}
 	c := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: tc.fs, MountFlags: []string{tc.flag}}},

@@ -25,7 +25,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/converge-csi/converge/pkg/metrics"
-	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 	"github.com/converge-csi/converge/test/testenv"
 	"github.com/converge-csi/converge/test/testenv/poll"
@@ -372,28 +371,4 @@ func registryMetrics(t *testing.T) map[string]bool {
 		out[f.GetName()] = true
 	}
 	return out
-}
-
-// TestAlertReasonsExist fails when an alert rule (the component's or the
-// Helm chart's) matches a condition reason that csi-node never gives: such
-// an alert could never fire.
-func TestAlertReasonsExist(t *testing.T) {
-	matcher := regexp.MustCompile(`reason=~?"([^"]*)"`)
-	for _, path := range []string{filepath.Join(component, "prometheusrule.yaml"), "../../charts/converge/files/alerts.yaml"} {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		found := matcher.FindAllStringSubmatch(string(b), -1)
-		if len(found) == 0 {
-			t.Errorf("%s: no alert matches a reason; this test reads reason=\"...\" and reason=~\"...\"", path)
-		}
-		for _, m := range found {
-			for _, r := range strings.Split(m[1], "|") {
-				if !slices.Contains(state.Reasons, state.Reason(r)) {
-					t.Errorf("%s: %s matches reason %q, which csi-node never gives (state.Reasons)", path, m[0], r)
-				}
-			}
-		}
-	}
 }

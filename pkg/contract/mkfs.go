@@ -1,4 +1,4 @@
-package nodeserver
+package contract
 
 import (
 	"fmt"
@@ -7,11 +7,6 @@ import (
 
 	"github.com/converge-csi/converge/pkg/host"
 )
-
-// MkfsOptionsKey is the StorageClass parameter (and volume attribute) that
-// carries extra mkfs options, e.g. "-b 4096 -i 8192". CreateVolume puts it
-// into the volume's attributes, so that the node sees it at stage.
-const MkfsOptionsKey = "converge.csi.dev/mkfsOptions"
 
 // mkfsPolicy lists, per filesystem, the mkfs flags a StorageClass may set.
 // Each takes one value. Nothing that names a device, a file or a journal

@@ -1,12 +1,6 @@
-package state
+package contract
 
-// OnNodeLossKey is the StorageClass parameter, and the volume attribute,
-// that says what the cluster does with a volume whose node is gone for
-// good (converge-controller, pkg/nodeloss). The node plugin checks the
-// parameter at CreateVolume, so that a class with a wrong value provisions
-// nothing, and records the choice in the volume's attributes (its PV's),
-// where converge-controller reads it.
-const OnNodeLossKey = "converge.csi.dev/on-node-loss"
+import "github.com/converge-csi/converge/pkg/state"
 
 // OnNodeLoss is what happens to a volume when its node is gone.
 type OnNodeLoss string
@@ -29,5 +23,5 @@ func ParseOnNodeLoss(v string) (OnNodeLoss, error) {
 	case OnNodeLossRelease:
 		return OnNodeLossRelease, nil
 	}
-	return "", Errorf(KindInvalidArgument, "%s: unknown value %q: want %q or %q", OnNodeLossKey, v, OnNodeLossRetain, OnNodeLossRelease)
+	return "", state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want %q or %q", OnNodeLossKey, v, OnNodeLossRetain, OnNodeLossRelease)
 }

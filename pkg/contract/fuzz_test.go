@@ -1,6 +1,7 @@
-package nodeserver
+package contract
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -94,6 +95,25 @@ func FuzzCheckMkfsOptions(f *testing.F) {
 			if strings.ContainsAny(args[i+1], "/ ;$`|&<>\\\"'\x00\n") || strings.HasPrefix(args[i+1], "-") {
 				t.Fatalf("%q: value %q accepted", value, args[i+1])
 			}
+		}
+	})
+}
+
+// FuzzValidID checks that an accepted ID can only name a plain file in the
+// data directory.
+func FuzzValidID(f *testing.F) {
+	for _, s := range []string{"vol-1", "", ".", "..", "../x", "a/b", "a\x00", strings.Repeat("a", 129), "pvc-1234.img", "-x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if ValidID(id) != nil {
+			return
+		}
+		if len(id) == 0 || len(id) > MaxIDLength || strings.ContainsAny(id, "/\x00") || id[0] == '.' {
+			t.Fatalf("accepted %q", id)
+		}
+		if p := filepath.Join("/data", id+".img"); filepath.Dir(p) != "/data" {
+			t.Fatalf("ID %q leaves the data directory: %s", id, p)
 		}
 	})
 }

@@ -1,6 +1,10 @@
-package state
+package contract
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
 
 func TestParseOnNodeLoss(t *testing.T) {
 	for _, tc := range []struct {
@@ -19,8 +23,8 @@ func TestParseOnNodeLoss(t *testing.T) {
 		if got != tc.want || (err == nil) != tc.ok {
 			t.Errorf("ParseOnNodeLoss(%q) = %q, %v; want %q, ok %v", tc.in, got, err, tc.want, tc.ok)
 		}
-		if err != nil && AsError(err).Kind != KindInvalidArgument {
-			t.Errorf("ParseOnNodeLoss(%q): kind %v, want InvalidArgument", tc.in, AsError(err).Kind)
+		if err != nil && state.AsError(err).Kind != state.KindInvalidArgument {
+			t.Errorf("ParseOnNodeLoss(%q): kind %v, want InvalidArgument", tc.in, state.AsError(err).Kind)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package nodeserver
+package contract
 
 import (
 	"slices"

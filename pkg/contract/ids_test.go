@@ -1,0 +1,55 @@
+package contract
+
+import (
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+func TestValidID(t *testing.T) {
+	tests := []struct {
+		id string
+		ok bool
+	}{
+		{"pvc-1234", true}, {"a.b_c-D", true}, {"", false}, {".", false}, {"..", false},
+		{".hidden", false}, {"a/b", false}, {"a b", false}, {"é", false},
+		{string(make([]byte, 129)), false},
+	}
+	for _, tc := range tests {
+		if err := ValidID(tc.id); (err == nil) != tc.ok {
+			t.Errorf("ValidID(%q): got %v, want ok=%v", tc.id, err, tc.ok)
+		}
+	}
+}
+
+// kindOf is err's kind, -1 for no error.
+func kindOf(err error) state.Kind {
+	if err == nil {
+		return -1
+	}
+	return state.AsError(err).Kind
+}
+
+// TestCheckID owns the one rule for IDs as a classified answer: none is
+// INVALID_ARGUMENT; one ValidID refuses is INVALID_ARGUMENT for a request
+// that records it and NOT_FOUND for one that finds what it names
+// (Finds); a valid one passes either way.
+func TestCheckID(t *testing.T) {
+	for _, tc := range []struct {
+		id             string
+		records, finds state.Kind
+	}{
+		{id: "", records: state.KindInvalidArgument, finds: state.KindInvalidArgument},
+		{id: "../x", records: state.KindInvalidArgument, finds: state.KindNotFound},
+		{id: ".hidden", records: state.KindInvalidArgument, finds: state.KindNotFound},
+		{id: string(make([]byte, 129)), records: state.KindInvalidArgument, finds: state.KindNotFound},
+		{id: "v_node", records: -1, finds: -1},
+	} {
+		if got := kindOf(CheckID("volume", tc.id, Records)); got != tc.records {
+			t.Errorf("%q recorded: got %v, want %v", tc.id, got, tc.records)
+		}
+		if got := kindOf(CheckID("volume", tc.id, Finds)); got != tc.finds {
+			t.Errorf("%q found: got %v, want %v", tc.id, got, tc.finds)
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package contract
+
+import "github.com/converge-csi/converge/pkg/state"
+
+const (
+	// DefaultDriverName is the CSI driver's name, unless --driver-name
+	// says another: the CSIDriver object, every PV's spec.csi.driver and
+	// converge-controller's choice of volumes hold it.
+	DefaultDriverName = "converge.csi.dev"
+	// TopologyKey is the topology segment that pins a volume to its node:
+	// the node's name. CreateVolume answers it, the kubelet labels the
+	// node with it, and converge-controller reads it from a PV's node
+	// affinity to find the volume's node.
+	TopologyKey = "topology.converge.csi.dev/node"
+)
+
+// StorageClass parameters. A key a StorageClass gives that is neither one
+// of these nor Kubernetes' own (KubernetesPrefixes) is refused (CheckKeys).
+const (
+	// ProvisioningKey chooses how a volume's image holds its space:
+	// "thick" (the default) or "thin".
+	ProvisioningKey = "converge.csi.dev/provisioning"
+	// PoolKey names the storage pool a volume is made in; absent, the
+	// default pool.
+	PoolKey = "converge.csi.dev/pool"
+	// AllowModeChangeKey lets a restore or clone change a volume's mode
+	// (Filesystem and Block): "true", or "false" (the default). It is
+	// spelled in the state package, whose stage transition names it where
+	// it refuses to mount a Block volume's data as a filesystem, and which
+	// this package builds on.
+	AllowModeChangeKey = state.AllowModeChangeKey
+	// OnNodeLossKey is the parameter, and the volume attribute, that says
+	// what the cluster does with a volume whose node is gone for good
+	// (converge-controller): "retain" (the default) or "release". The node
+	// plugin checks the parameter at CreateVolume, so that a class with a
+	// wrong value provisions nothing, and records the choice in the
+	// volume's attributes (its PV's), where converge-controller reads it.
+	OnNodeLossKey = "converge.csi.dev/on-node-loss"
+	// MkfsOptionsKey carries extra mkfs options, e.g. "-b 4096 -i 8192"
+	// (CheckMkfsOptions). CreateVolume puts it into the volume's
+	// attributes, so that the node sees it at stage.
+	MkfsOptionsKey = "converge.csi.dev/mkfsOptions"
+	// FsTypeKey is Kubernetes' own: the parameter in which the
+	// external-provisioner passes a StorageClass's
+	// csi.storage.k8s.io/fstype.
+	FsTypeKey = "csi.storage.k8s.io/fstype"
+)
+
+// DeviceKey is the volume attribute of a static PV that names its existing
+// block device by a stable path under an allowed device prefix.
+const DeviceKey = "converge.csi.dev/device"
+
+// KubernetesPrefixes are the prefixes of the keys that Kubernetes adds on
+// its own to parameters and volume attributes: the kubelet's pod
+// information and service account tokens, and the external-provisioner's
+// and external-snapshotter's names of what they make. converge reads none
+// of them but FsTypeKey.
+var KubernetesPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
+
+// CreateParameters are the StorageClass parameters CreateVolume knows.
+var CreateParameters = []string{MkfsOptionsKey, ProvisioningKey, PoolKey, OnNodeLossKey, AllowModeChangeKey}
+
+// VolumeAttributes are the volume attributes (a PV's, which the kubelet
+// passes to NodeStageVolume and NodePublishVolume) the node knows: what
+// CreateVolume writes, and a static PV's device.
+var VolumeAttributes = []string{DeviceKey, MkfsOptionsKey, OnNodeLossKey}
