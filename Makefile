@@ -65,7 +65,7 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices' -benchtime 200x ./pkg/devices
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
 
-## compat: every RPC of csi-node with default flags through a client built as the oldest peers it
+## compat: every RPC of csi-node with default flags (and a 5% pool guard) through a client built as the oldest peers it
 ## supports are (CSI spec v1.11.0, csi-lib-utils v0.20.0: csi-provisioner v5.2, csi-resizer v1.13);
 ## test/compat is a module of its own
 compat:
