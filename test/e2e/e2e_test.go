@@ -188,36 +188,7 @@ func TestKubeletRestart(t *testing.T) {
 	if err := c.restartKubelet(context.Background()); err != nil {
 		t.Fatalf("restart kubelet: %v", err)
 	}
-	// Wait until the restarted kubelet has reported the pod again.
-	start := time.Now()
-	poll(t, 2*time.Minute, "kubelet back", func() (bool, string) {
-		n, err := c.client.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), c.node, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		return n.Spec.RenewTime != nil && n.Spec.RenewTime.After(start), "lease not renewed yet"
-	})
-	// The restarted kubelet rebuilds its view of the pod's volume and
-	// confirms it with NodeStageVolume and NodePublishVolume again, which
-	// must change nothing.
-	v.waitCalls(t, "NodePublishVolume", 2)
-	got := waitRunning(t, pod.Name)
-	if id := got.Status.ContainerStatuses[0].ContainerID; id != containerID {
-		t.Errorf("container replaced across the kubelet's restart: %s -> %s", containerID, id)
-	}
-	if n := got.Status.ContainerStatuses[0].RestartCount; n != 0 {
-		t.Errorf("container restarted %d times", n)
-	}
-	if out := waitExec(t, pod.Name, "cat "+dataDir+"/f"); out != "kept" {
-		t.Errorf("after the kubelet's restart the pod read %q", out)
-	}
-	if now := v.mounts(t, pod); now != mounts {
-		t.Errorf("mounts changed across the kubelet's restart: %s, now %s", mounts, now)
-	}
-	calls := v.calls(t)
-	if n := count(calls, "NodeUnpublishVolume", "OK") + count(calls, "NodeUnstageVolume", "OK"); n != 0 {
-		t.Errorf("the kubelet's restart tore the volume down:%s", describe(calls))
-	}
+	keptAcrossKubeletRestart(t, v, pod, c.node, time.Now(), 2, containerID, "kept", mounts)
 	release(t, v, "kubelet-restart", pod.Name)
 }
 
@@ -410,5 +381,40 @@ func TestSuiteImages(t *testing.T) {
 		pod := startPod(t, podSpec{name: fmt.Sprintf("image-%d", i), image: image, podNetwork: true})
 		mustExec(t, pod.Name, "i=0; let i+=1; test $i = 1 && dd if=/dev/zero of=/tmp/f bs=512 count=1 oflag=nocache")
 		deletePod(t, pod.Name)
+	}
+}
+
+// keptAcrossKubeletRestart checks what a kubelet restarted (on node, at
+// start) under pod must leave as it was: it reports the node again and
+// confirms the volume with NodeStageVolume and NodePublishVolume (the
+// publishes-th), which change nothing: the same container, never
+// restarted, reads want from the volume; the same mounts; nothing torn
+// down.
+func keptAcrossKubeletRestart(t *testing.T, v volume, pod *corev1.Pod, node string, start time.Time, publishes int, containerID, want, mounts string) {
+	t.Helper()
+	poll(t, 2*time.Minute, "kubelet back", func() (bool, string) {
+		l, err := c.client.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), node, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		return l.Spec.RenewTime != nil && l.Spec.RenewTime.After(start), "lease not renewed yet"
+	})
+	v.waitCalls(t, "NodePublishVolume", publishes)
+	got := waitRunning(t, pod.Name)
+	if id := got.Status.ContainerStatuses[0].ContainerID; id != containerID {
+		t.Errorf("container replaced across the kubelet's restart: %s -> %s", containerID, id)
+	}
+	if n := got.Status.ContainerStatuses[0].RestartCount; n != 0 {
+		t.Errorf("container restarted %d times", n)
+	}
+	if out := waitExec(t, pod.Name, "cat "+dataDir+"/f"); out != want {
+		t.Errorf("after the kubelet's restart the pod read %q", out)
+	}
+	if now := v.mounts(t, pod); now != mounts {
+		t.Errorf("mounts changed across the kubelet's restart: %s, now %s", mounts, now)
+	}
+	calls := v.calls(t)
+	if n := count(calls, "NodeUnpublishVolume", "OK") + count(calls, "NodeUnstageVolume", "OK"); n != 0 {
+		t.Errorf("the kubelet's restart tore the volume down:%s", describe(calls))
 	}
 }

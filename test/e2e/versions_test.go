@@ -214,34 +214,11 @@ func testOlderKubelet(t *testing.T, version, class string) {
 		if err := n.runKubelet(); err != nil {
 			t.Fatalf("start the kubelet again: %v", err)
 		}
-		poll(t, 2*time.Minute, "kubelet back", func() (bool, string) {
-			l, err := c.client.CoordinationV1().Leases("kube-node-lease").Get(context.Background(), n.node, metav1.GetOptions{})
-			if err != nil {
-				return false, err.Error()
-			}
-			return l.Spec.RenewTime != nil && l.Spec.RenewTime.After(start), "lease not renewed yet"
-		})
-		// It confirms the volume with NodeStageVolume and NodePublishVolume
-		// again, which must change nothing.
-		v.waitCalls(t, "NodePublishVolume", publishes+1)
-		got := waitRunning(t, pod.Name)
-		if id := got.Status.ContainerStatuses[0].ContainerID; id != containerID {
-			t.Errorf("container replaced across the kubelet's restart: %s -> %s", containerID, id)
-		}
-		if out := waitExec(t, pod.Name, "cat "+dataDir+"/f"); out != version {
-			t.Errorf("after the kubelet's restart the pod read %q", out)
-		}
-		if now := v.mounts(t, pod); now != mounts {
-			t.Errorf("mounts changed across the kubelet's restart: %s, now %s", mounts, now)
-		}
-		calls := v.calls(t)
-		if k := count(calls, "NodeUnpublishVolume", "OK") + count(calls, "NodeUnstageVolume", "OK"); k != 0 {
-			t.Errorf("the kubelet's restart tore the volume down:%s", describe(calls))
-		}
+		keptAcrossKubeletRestart(t, v, pod, n.node, start, publishes+1, containerID, version, mounts)
 		// The restarted kubelet tears down what it reconstructed.
 		deletePod(t, pod.Name)
 		v.waitCalls(t, "NodeUnstageVolume", 1)
-		calls = v.calls(t)
+		calls := v.calls(t)
 		if count(calls, "NodeUnpublishVolume", "OK") != 1 {
 			t.Errorf("NodeUnpublishVolume answered OK %d times, want once:%s", count(calls, "NodeUnpublishVolume", "OK"), describe(calls))
 		}
