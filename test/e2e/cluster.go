@@ -57,6 +57,8 @@ type cluster struct {
 	// external-snapshotter binaries.
 	snapshotController *proc
 	snapshotBin        string
+	// crictl is the crictl every node has (node.go installCrictl).
+	crictl string
 
 	// nodes are the cluster's nodes, the first one first.
 	nodes []*kubeNode
@@ -130,6 +132,7 @@ func (c *cluster) up(ctx context.Context) error {
 	}{
 		{"kubernetes binaries", c.kubeBinaries},
 		{"older kubelets", c.buildOlderKubelets},
+		{"crictl", c.buildCrictl},
 		{"csi-node image", c.buildCSINodeImage},
 		{"certificates", c.makePKI},
 		{"etcd", c.startEtcd},
@@ -165,6 +168,17 @@ func (c *cluster) kubeBinaries(ctx context.Context) error {
 	// the ginkgo runner.
 	var err error
 	c.bin, err = c.buildTools(ctx, "kubernetes-"+kubernetesVersion, "k8s", "kubernetes, agnhost, ginkgo", "-s -w "+versionLDFlags(kubernetesVersion))
+	return err
+}
+
+// crictlVersion is the cri-tools release every node has; test/e2e/crictl
+// pins the same one.
+const crictlVersion = "v1.37.0"
+
+// buildCrictl builds the nodes' crictl (test/e2e/crictl).
+func (c *cluster) buildCrictl(ctx context.Context) error {
+	bin, err := c.buildTools(ctx, "cri-tools-"+crictlVersion, "crictl", "crictl", "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version="+crictlVersion)
+	c.crictl = filepath.Join(bin, "crictl")
 	return err
 }
 

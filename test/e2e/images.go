@@ -121,6 +121,11 @@ func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) erro
 	if err != nil {
 		return err
 	}
+	// agnhost's PATH is its upstream image's (alpine's), not /bin: the
+	// suite's HostExec pods run it on the node after nsenter, where
+	// programs such as crictl live in /usr/local/sbin (node.go
+	// installCrictl).
+	const agnhostPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	type image struct {
 		ref    string
 		lower  []byte // a layer below files', or nil
@@ -132,7 +137,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) erro
 		{ref: busyboxImage, files: shell, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{ref: "converge.local/e2e-tools:e2e", files: tools, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{ref: "converge.local/agnhost:e2e", files: agn,
-			config: map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{"PATH=/bin"}}},
+			config: map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{agnhostPath}}},
 		{ref: kubectlImage, files: kctl, config: map[string]any{"Entrypoint": []string{"/bin/kubectl"}, "Env": []string{"PATH=/bin"}}},
 		{ref: snapshotterImage, files: snap, config: map[string]any{"Entrypoint": []string{"/csi-snapshotter"}, "Env": []string{"PATH=/bin"}}},
 	}

@@ -112,6 +112,26 @@ func (n *kubeNode) upSteps() []struct {
 	}
 }
 
+// installCrictl gives the node a crictl that reaches its containerd, as a
+// real node has: the storage suite runs "crictl" on the node through
+// HostExec pods (nsenter into the node's mount namespace, with the
+// container's PATH), which finds /usr/local/sbin first. A tmpfs there, in
+// the node's mount namespace only, holds a crictl that names the node's
+// containerd socket; the host's empty /usr/local/sbin is left as it is.
+func (n *kubeNode) installCrictl() error {
+	if out, err := n.ns.run("mount", "-t", "tmpfs", "-o", "mode=0755,size=1m", "converge-e2e-bin", "/usr/local/sbin"); err != nil {
+		return fmt.Errorf("mount the node's /usr/local/sbin: %v: %s", err, out)
+	}
+	wrapper := fmt.Sprintf("#!/bin/sh\nexec %q --runtime-endpoint %q \"$@\"\n", n.c.crictl, "unix://"+n.containerd)
+	if err := os.WriteFile(n.ns.path("/usr/local/sbin/crictl"), []byte(wrapper), 0o755); err != nil {
+		return err
+	}
+	if out, err := n.ns.run("/usr/local/sbin/crictl", "version"); err != nil {
+		return fmt.Errorf("the node's crictl: %v: %s", err, out)
+	}
+	return nil
+}
+
 // refusedRegistry is where every registry resolves: a loopback port nothing
 // listens on, so that a pull of an image that is not here fails at once and
 // no request ever leaves the machine.
@@ -199,6 +219,9 @@ state = %q
 	if err := waitFor(ctx, 30*time.Second, n.containerdProc, func() error {
 		return exec.Command("ctr", "--address", n.containerd, "version").Run()
 	}); err != nil {
+		return err
+	}
+	if err := n.installCrictl(); err != nil {
 		return err
 	}
 	images := filepath.Join(n.dir, "images")

@@ -179,10 +179,10 @@ func (n *nodeNS) mountinfo() string {
 	return fmt.Sprintf("/proc/%d/mountinfo", n.pid())
 }
 
-// run runs a command in the node's mount and network namespaces and
-// returns its output.
+// run runs a command in the node's mount, PID and network namespaces, as
+// on the node (its /proc is the node's), and returns its output.
 func (n *nodeNS) run(bin string, args ...string) (string, error) {
-	out, err := exec.Command("nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--net", "--", bin}, args...)...).CombinedOutput()
+	out, err := exec.Command("nsenter", append([]string{"--target", strconv.Itoa(n.pid()), "--mount", "--pid", "--net", "--", bin}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
