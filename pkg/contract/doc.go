@@ -7,12 +7,16 @@
 //
 // It builds on two leaves alone (test/arch's TestContractIsALeaf): host,
 // for the filesystems a volume may ask for, and state, for the classified
-// errors its rules answer with, the access types, and the names the
+// errors its rules answer with, the access types, and the one name the
 // state package itself must spell (AllowModeChangeKey, which a stage
-// transition names, and the condition reasons, state.Reasons, which
-// Condition carries). The node server, the node-local controller,
+// transition names). The node server, the node-local controller,
 // pkg/nodeloss and converge-controller read their names and rules here, so
 // that no copy can drift.
+//
+// The condition reasons (a volume's health, as the kubelet, the metrics and
+// the alert rules see it) are published too, in the subpackage reasons: a
+// leaf that imports nothing, since the store carries a reason in a
+// volume's condition and this package builds on the store.
 //
 // A name here never changes: StorageClasses, PVs and alert rules in
 // clusters hold it. CheckKeys, ParseOnNodeLoss and CheckID answer with

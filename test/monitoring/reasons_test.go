@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/contract/reasons"
 )
 
 // TestNamedReasonsAreEmitted fails when an alert rule (deploy/'s, the Helm
@@ -40,7 +40,7 @@ func TestNamedReasonsAreEmitted(t *testing.T) {
 			for _, r := range strings.Split(m[1]+m[2], "|") {
 				n++
 				if !conditions[r] {
-					t.Errorf("%s names reason %q, which no volume's condition has (state.Reasons)", path, r)
+					t.Errorf("%s names reason %q, which no volume's condition has (reasons.All)", path, r)
 				}
 			}
 		}
@@ -112,11 +112,11 @@ func sorted(m map[string]bool) []string {
 }
 
 // emittedReasons returns the reasons converge gives: a volume's condition
-// reasons (state.Reasons, where they are defined) and converge-controller's
+// reasons (reasons.All, where they are defined) and converge-controller's
 // event reasons, the constants named Reason* of pkg/nodeloss.
 func emittedReasons(t *testing.T) (conditions, events map[string]bool) {
 	conditions, events = map[string]bool{}, map[string]bool{}
-	for _, r := range state.Reasons {
+	for _, r := range reasons.All {
 		conditions[string(r)] = true
 	}
 	files, err := filepath.Glob("../../pkg/nodeloss/*.go")

@@ -1,0 +1,61 @@
+package reasons
+
+// Reason is the short CamelCase cause of an abnormal condition; empty when
+// the volume is normal. It is published (see the package doc): a value
+// never changes, and each is spelled as its constant's name.
+type Reason string
+
+// The reasons, in the order the reconciler looks for them (see
+// reconciler/health.go, which decides them).
+const (
+	// DeviceAttachedTwice: the image is attached to more than one loop
+	// device.
+	DeviceAttachedTwice Reason = "DeviceAttachedTwice"
+	// DeviceDetached: the loop device of a staged volume is gone.
+	DeviceDetached Reason = "DeviceDetached"
+	// StagingMountMissing: nothing is mounted at the staging path of a
+	// volume that was staged.
+	StagingMountMissing Reason = "StagingMountMissing"
+	// StagingPathTaken: another mount sits at the staging path.
+	StagingPathTaken Reason = "StagingPathTaken"
+	// FilesystemUnusable: the staged filesystem is shut down or its mount
+	// point fails.
+	FilesystemUnusable Reason = "FilesystemUnusable"
+	// FilesystemReadOnly: the kernel made the filesystem read-only after
+	// errors.
+	FilesystemReadOnly Reason = "FilesystemReadOnly"
+	// DeviceDetachPending: the loop device was detached from outside while
+	// in use.
+	DeviceDetachPending Reason = "DeviceDetachPending"
+	// PublishMountUnusable: a publish's mount point fails.
+	PublishMountUnusable Reason = "PublishMountUnusable"
+	// PublishMountMissing: a publish that was mounted is not.
+	PublishMountMissing Reason = "PublishMountMissing"
+	// PoolFull: the pool of a thin volume with unallocated blocks is full.
+	PoolFull Reason = "PoolFull"
+	// SpaceRanOut: the pool ran out of space under the volume's current
+	// staging mount.
+	SpaceRanOut Reason = "SpaceRanOut"
+	// PoolNearlyFull: the pool of a thin volume is below its guard.
+	PoolNearlyFull Reason = "PoolNearlyFull"
+	// SpaceNotReserved: a volume that is not thin has holes its pool has
+	// no room for.
+	SpaceNotReserved Reason = "SpaceNotReserved"
+	// FilesystemMissing: staging found the volume's filesystem gone
+	// (DATA_LOSS).
+	FilesystemMissing Reason = "FilesystemMissing"
+	// GrowFailed: growing the volume failed.
+	GrowFailed Reason = "GrowFailed"
+	// OperationFailing: an operation on the volume failed repeatedly.
+	OperationFailing Reason = "OperationFailing"
+)
+
+// All lists every reason, in the order above, for the tests that check
+// that each one an alert or the runbook names exists, and that the
+// runbook lists each one. TestAllListsEveryReason keeps it whole.
+var All = []Reason{
+	DeviceAttachedTwice, DeviceDetached, StagingMountMissing, StagingPathTaken,
+	FilesystemUnusable, FilesystemReadOnly, DeviceDetachPending, PublishMountUnusable,
+	PublishMountMissing, PoolFull, SpaceRanOut, PoolNearlyFull, SpaceNotReserved,
+	FilesystemMissing, GrowFailed, OperationFailing,
+}
