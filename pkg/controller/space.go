@@ -1,12 +1,9 @@
 package controller
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sync"
 
 	"k8s.io/klog/v2"
 
@@ -15,92 +12,6 @@ import (
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
-
-// PoolOptions configure a storage pool.
-type PoolOptions struct {
-	// Name is the storage pool's name; empty for the default pool.
-	Name string
-	// Dir is the pool's data directory, on a filesystem of its own: the
-	// images of its volumes, and their snapshots in Dir/snapshots (made
-	// at the first snapshot).
-	Dir string
-	// Ratio is the overprovisioning ratio of thin volumes (at least 1).
-	Ratio float64
-	// Guard is the free space that no promise takes: no volume, thick or
-	// thin, is created or grown into it, nor a snapshot that takes space
-	// taken; below it, no volume is created or grown and no snapshot
-	// taken at all. Nil: the default for the pool's filesystem
-	// (capacity.DefaultGuardFor).
-	Guard *capacity.Guard
-	// KubeletFilesystem is true when the pool's filesystem holds the
-	// kubelet's directory, whose free space the kubelet evicts pods to
-	// keep (OpenPools finds out).
-	KubeletFilesystem bool
-}
-
-// Pool is one storage pool of this node: a data directory on a filesystem
-// of its own, which holds its volumes' images and their snapshots, with
-// its guard, its overprovisioning ratio and what its filesystem can do
-// (Probe), and its capacity promise: what its images, the snapshots asked
-// for and the restores under way were promised, and what can still be.
-// Every change of an image's space (made, grown, restored, removed) and
-// every snapshot asked for is decided within one lock (within), so no two
-// of them promise the same free space. The node's reconciler reaches a
-// volume's images and snapshots through it (GrowImage, Take...), and the
-// CSI controller makes, restores and removes them.
-type Pool struct {
-	images    *devices.Images
-	snapshots *devices.Snapshots
-	store     Store
-	name      string
-	ratio     float64
-	guard     capacity.Guard
-	kubeletFS bool
-	// fsType and punchesHoles are what Probe found of the pool's
-	// filesystem.
-	fsType       string
-	punchesHoles bool
-	restores     restores
-	// copies is the context of the restores' copies; Close ends it.
-	copies context.Context
-	cancel context.CancelFunc
-
-	// mu is held for each promise and the change it allows (within).
-	// Lock order: the snapshot service's mu, then mu, then restores.mu.
-	mu sync.Mutex
-	// restoreImage copies a snapshot into a volume's image (copySnapshot;
-	// tests hold it up).
-	restoreImage func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error
-}
-
-// NewPool returns storage pool opts.Name, whose volumes' records are in
-// store. It opens nothing: Repair and Probe look at its directory.
-func NewPool(store Store, opts PoolOptions) *Pool {
-	if opts.Name == "" {
-		opts.Name = state.DefaultPool
-	}
-	s := &Pool{
-		images: &devices.Images{Dir: opts.Dir}, snapshots: &devices.Snapshots{Dir: filepath.Join(opts.Dir, "snapshots")},
-		store: store, name: opts.Name, ratio: opts.Ratio, kubeletFS: opts.KubeletFilesystem,
-		guard: capacity.DefaultGuardFor(opts.KubeletFilesystem),
-	}
-	if opts.Guard != nil {
-		s.guard = *opts.Guard
-	}
-	s.copies, s.cancel = context.WithCancel(context.Background())
-	s.restoreImage = s.copySnapshot
-	return s
-}
-
-// Name is the pool's name.
-func (s *Pool) Name() string { return s.name }
-
-// Close ends the restores' copies, which leave no image (the retried
-// CreateVolume makes it anew), and waits for them.
-func (s *Pool) Close() {
-	s.cancel()
-	s.restores.stop()
-}
 
 // within runs fn holding the promise still: no image is made, grown,
 // restored or removed and no snapshot is asked for until fn returns. Every
