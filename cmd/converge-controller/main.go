@@ -105,12 +105,7 @@ func run(ctx context.Context, o options) error {
 	if o.grace < 0 || o.resync <= 0 {
 		return fmt.Errorf("--deleted-node-grace must not be negative and --resync-period must be positive")
 	}
-	cfg, err := restConfig(o.kubeconfig)
-	if err != nil {
-		return err
-	}
-	cfg.UserAgent = "converge-controller/" + buildinfo.Version(version)
-	client, err := kubernetes.NewForConfig(cfg)
+	client, err := newClient(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -128,6 +123,33 @@ func run(ctx context.Context, o options) error {
 	defer broadcaster.Shutdown()
 	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-controller"})
 
+	return lead(ctx, o, client, health, metrics, func(ctx context.Context) {
+		c := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: contract.TopologyKey,
+			Grace: o.grace, Resync: o.resync, Events: events, Metrics: metrics})
+		if err := c.Run(ctx); err != nil {
+			klog.ErrorS(err, "The controller stopped")
+		}
+	})
+}
+
+// newClient is the client of the API server that kubeconfig names (empty:
+// the pod's service account), which tells the server this command's
+// release in its user agent.
+func newClient(kubeconfig string) (*kubernetes.Clientset, error) {
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.UserAgent = "converge-controller/" + buildinfo.Version(version)
+	return kubernetes.NewForConfig(cfg)
+}
+
+// lead takes part in the election on the Lease until ctx ends, and runs
+// work while this replica leads (work must return when its context ends:
+// the lead is lost, or ctx ended). It returns an error when the lead was
+// lost before ctx ended, nil otherwise; the leader's gauge and health
+// follow the lead.
+func lead(ctx context.Context, o options, client kubernetes.Interface, health *leaderelection.HealthzAdaptor, metrics *nodeloss.Metrics, work func(context.Context)) error {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: leaseName, Namespace: o.namespace},
 		Client:     client.CoordinationV1(),
@@ -141,11 +163,7 @@ func run(ctx context.Context, o options) error {
 			OnStartedLeading: func(ctx context.Context) {
 				metrics.Leader.Set(1)
 				klog.InfoS("Leading", "lease", klog.KRef(o.namespace, leaseName), "identity", o.identity)
-				c := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: contract.TopologyKey,
-					Grace: o.grace, Resync: o.resync, Events: events, Metrics: metrics})
-				if err := c.Run(ctx); err != nil {
-					klog.ErrorS(err, "The controller stopped")
-				}
+				work(ctx)
 			},
 			OnStoppedLeading: func() {
 				metrics.Leader.Set(0)

@@ -33,53 +33,86 @@ type listing struct {
 // look left over.
 func readListing(r io.Reader, driverName string) (listing, error) {
 	dec := json.NewDecoder(r)
+	list, err := decodeList(dec)
+	if err != nil {
+		return listing{}, err
+	}
+	if err := readExitStatus(dec); err != nil {
+		return listing{}, err
+	}
+	return list.listing(driverName), nil
+}
+
+// kubeList is what gc reads of a List of PersistentVolumes and
+// VolumeSnapshotContents: each item's kind, driver and handles.
+type kubeList struct {
+	Kind  string `json:"kind"`
+	Items *[]struct {
+		Kind string `json:"kind"`
+		Spec struct {
+			CSI *struct {
+				Driver       string `json:"driver"`
+				VolumeHandle string `json:"volumeHandle"`
+			} `json:"csi"`
+			Driver string `json:"driver"`
+			Source struct {
+				SnapshotHandle string `json:"snapshotHandle"`
+			} `json:"source"`
+		} `json:"spec"`
+		Status struct {
+			SnapshotHandle string `json:"snapshotHandle"`
+		} `json:"status"`
+	} `json:"items"`
+}
+
+// decodeList decides whether the input begins with a List with items: a
+// bare number there is kubectl's exit status after it listed nothing, and
+// anything else is not a listing.
+func decodeList(dec *json.Decoder) (kubeList, error) {
 	var first json.RawMessage
 	if err := dec.Decode(&first); err != nil {
-		return listing{}, fmt.Errorf("reading the input as JSON: %v: nothing is deleted; feed it the whole listing and kubectl's exit status: %s (docs/operations.md)", err, gcPipeline)
+		return kubeList{}, fmt.Errorf("reading the input as JSON: %v: nothing is deleted; feed it the whole listing and kubectl's exit status: %s (docs/operations.md)", err, gcPipeline)
 	}
 	if code, err := strconv.Atoi(string(first)); err == nil {
-		return listing{}, fmt.Errorf("kubectl exited %d and listed nothing (its error is above): nothing is deleted. "+
+		return kubeList{}, fmt.Errorf("kubectl exited %d and listed nothing (its error is above): nothing is deleted. "+
 			"Where the snapshot CRDs are not installed, kubectl knows no volumesnapshotcontents: list pv alone, { kubectl get pv -o json; echo $?; }", code)
 	}
-	var list struct {
-		Kind  string `json:"kind"`
-		Items *[]struct {
-			Kind string `json:"kind"`
-			Spec struct {
-				CSI *struct {
-					Driver       string `json:"driver"`
-					VolumeHandle string `json:"volumeHandle"`
-				} `json:"csi"`
-				Driver string `json:"driver"`
-				Source struct {
-					SnapshotHandle string `json:"snapshotHandle"`
-				} `json:"source"`
-			} `json:"spec"`
-			Status struct {
-				SnapshotHandle string `json:"snapshotHandle"`
-			} `json:"status"`
-		} `json:"items"`
-	}
+	var list kubeList
 	if err := json.Unmarshal(first, &list); err != nil || list.Kind != "List" || list.Items == nil {
-		return listing{}, fmt.Errorf("the input is a %q, not a List with items (kubectl get pv,volumesnapshotcontents -o json)", list.Kind)
+		return kubeList{}, fmt.Errorf("the input is a %q, not a List with items (kubectl get pv,volumesnapshotcontents -o json)", list.Kind)
 	}
+	return list, nil
+}
+
+// readExitStatus decides whether the List read before it is whole: it
+// must be followed by kubectl's exit status 0 and by nothing else, as
+// kubectl prints what it could list even when it fails for the rest.
+func readExitStatus(dec *json.Decoder) error {
 	var status json.RawMessage
 	switch err := dec.Decode(&status); {
 	case errors.Is(err, io.EOF):
-		return listing{}, fmt.Errorf("the input ends after the List without kubectl's exit status, so a listing kubectl could not finish would look whole: nothing is deleted. Feed it %s (docs/operations.md)", gcPipeline)
+		return fmt.Errorf("the input ends after the List without kubectl's exit status, so a listing kubectl could not finish would look whole: nothing is deleted. Feed it %s (docs/operations.md)", gcPipeline)
 	case err != nil:
-		return listing{}, fmt.Errorf("reading kubectl's exit status after the List: %v; feed it %s", err, gcPipeline)
+		return fmt.Errorf("reading kubectl's exit status after the List: %v; feed it %s", err, gcPipeline)
 	}
 	code, err := strconv.Atoi(string(status))
 	if err != nil {
-		return listing{}, fmt.Errorf("after the List the input holds %.40s, not kubectl's exit status: feed it %s", status, gcPipeline)
+		return fmt.Errorf("after the List the input holds %.40s, not kubectl's exit status: feed it %s", status, gcPipeline)
 	}
 	if code != 0 {
-		return listing{}, fmt.Errorf("kubectl exited %d: its listing lacks what it could not list (its error is above), so nothing is deleted; run again once kubectl lists everything", code)
+		return fmt.Errorf("kubectl exited %d: its listing lacks what it could not list (its error is above), so nothing is deleted; run again once kubectl lists everything", code)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return listing{}, errors.New("the input holds more after kubectl's exit status: give one List and one exit status")
+		return errors.New("the input holds more after kubectl's exit status: give one List and one exit status")
 	}
+	return nil
+}
+
+// listing keeps the items of driverName: the volume handle of each of
+// its PersistentVolumes, and the snapshot handles of each of its
+// VolumeSnapshotContents (its status's, and its spec's where it was
+// pre-provisioned). Items of other drivers and kinds are skipped.
+func (list kubeList) listing(driverName string) listing {
 	var l listing
 	for _, it := range *list.Items {
 		switch it.Kind {
@@ -100,7 +133,7 @@ func readListing(r io.Reader, driverName string) (listing, error) {
 			l.snapshots++
 		}
 	}
-	return l, nil
+	return l
 }
 
 // covers says which kinds the listing covers, taking the operator's word

@@ -108,31 +108,11 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 			os.Remove(tmp.Name())
 		}
 	}()
-	switch mode {
-	case CopyReflink:
-		if err := unix.IoctlFileClone(int(tmp.Fd()), int(in.Fd())); err != nil {
-			return fmt.Errorf("cloning %s: %w", src, err)
-		}
-	case CopySparse:
-		if err := copySparse(ctx, in, tmp, st.Size()); err != nil {
-			return fmt.Errorf("copying %s: %w", src, err)
-		}
-	default:
-		return fmt.Errorf("unknown copy mode %q", mode)
+	if err := copyData(ctx, in, tmp, st.Size(), mode); err != nil {
+		return err
 	}
-	if size := max(opts.Size, st.Size()); opts.Thick {
-		if err := allocate(tmp, size); err != nil {
-			return fmt.Errorf("allocating the copy of %s: %w", src, err)
-		}
-	} else if size > st.Size() {
-		if err := tmp.Truncate(size); err != nil {
-			return fmt.Errorf("sizing the copy of %s: %w", src, err)
-		}
-	}
-	for name, value := range opts.Attrs {
-		if err := unix.Fsetxattr(int(tmp.Fd()), name, []byte(value), 0); err != nil {
-			return fmt.Errorf("setting %s on the copy of %s: %w", name, src, err)
-		}
+	if err := opts.apply(tmp, src, st.Size()); err != nil {
+		return err
 	}
 	if err := tmp.Sync(); err != nil {
 		return fmt.Errorf("syncing the copy of %s: %w", src, err)
@@ -151,6 +131,48 @@ func CopyFile(ctx context.Context, src, dst string, mode CopyMode, opts CopyOpti
 	// The copy is in place, its name not yet synced.
 	// gofail: var devicesCopyAfterRename struct{}
 	return syncDir(filepath.Dir(dst))
+}
+
+// copyData fills out, empty, with the size bytes of in as mode says:
+// sharing in's blocks (CopyReflink) or copying its data extents
+// (CopySparse). Any other mode is refused before anything is copied.
+func copyData(ctx context.Context, in, out *os.File, size int64, mode CopyMode) error {
+	switch mode {
+	case CopyReflink:
+		if err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd())); err != nil {
+			return fmt.Errorf("cloning %s: %w", in.Name(), err)
+		}
+		return nil
+	case CopySparse:
+		if err := copySparse(ctx, in, out, size); err != nil {
+			return fmt.Errorf("copying %s: %w", in.Name(), err)
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown copy mode %q", mode)
+	}
+}
+
+// apply gives f, the copy of src (of srcSize bytes), what o says beyond
+// those bytes: o.Size when larger, with every block allocated when
+// o.Thick (unix.ENOSPC when they do not fit, ErrCannotAllocate where the
+// filesystem cannot allocate ahead), and o.Attrs.
+func (o CopyOptions) apply(f *os.File, src string, srcSize int64) error {
+	if size := max(o.Size, srcSize); o.Thick {
+		if err := allocate(f, size); err != nil {
+			return fmt.Errorf("allocating the copy of %s: %w", src, err)
+		}
+	} else if size > srcSize {
+		if err := f.Truncate(size); err != nil {
+			return fmt.Errorf("sizing the copy of %s: %w", src, err)
+		}
+	}
+	for name, value := range o.Attrs {
+		if err := unix.Fsetxattr(int(f.Fd()), name, []byte(value), 0); err != nil {
+			return fmt.Errorf("setting %s on the copy of %s: %w", name, src, err)
+		}
+	}
+	return nil
 }
 
 // copyRange copies n bytes at off of in to the same offset of out, and

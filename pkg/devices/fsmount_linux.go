@@ -117,27 +117,10 @@ func (p *Paths) MountFilesystem(dev, target, fstype string, options []string, se
 	// access-time flag wins); "ro" also makes the superblock read-only.
 	attrs := bindAttr(options).Attr_set
 	for _, o := range options {
-		key, value, hasValue := strings.Cut(o, "=")
-		switch {
-		case slices.Contains(defaultOptions, o):
-			continue
-		case slices.Contains(selinuxOptions, key) && !selinux:
+		if !filesystemOption(o, selinux) {
 			continue
 		}
-		if _, ok := bindAttrs[o]; ok && o != "ro" {
-			continue
-		}
-		if hasValue {
-			// mount(8) takes a value with commas in double quotes; the
-			// kernel takes the value itself.
-			if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
-				value = value[1 : len(value)-1]
-			}
-			err = unix.FsconfigSetString(fsfd, key, value)
-		} else {
-			err = unix.FsconfigSetFlag(fsfd, o)
-		}
-		if err != nil {
+		if err := fsconfigOption(fsfd, o); err != nil {
 			return fail("option "+o, err)
 		}
 	}
@@ -155,6 +138,37 @@ func (p *Paths) MountFilesystem(dev, target, fstype string, options []string, se
 		return fmt.Errorf("attaching the mount of %s at %s: %w", dev, target, err)
 	}
 	return nil
+}
+
+// filesystemOption says whether the mount(8) option o goes to the
+// filesystem (fsconfig): not an option that asks for what a new mount is
+// anyway, nor a per-mount flag other than "ro" (fsmount's attributes take
+// those), nor a SELinux context option where selinux is false.
+func filesystemOption(o string, selinux bool) bool {
+	key, _, _ := strings.Cut(o, "=")
+	switch {
+	case slices.Contains(defaultOptions, o):
+		return false
+	case slices.Contains(selinuxOptions, key) && !selinux:
+		return false
+	}
+	_, perMount := bindAttrs[o]
+	return !perMount || o == "ro"
+}
+
+// fsconfigOption gives the filesystem context fsfd the mount(8) option o:
+// key=value as a string, a bare word as a flag.
+func fsconfigOption(fsfd int, o string) error {
+	key, value, hasValue := strings.Cut(o, "=")
+	if !hasValue {
+		return unix.FsconfigSetFlag(fsfd, o)
+	}
+	// mount(8) takes a value with commas in double quotes; the kernel
+	// takes the value itself.
+	if len(value) >= 2 && value[0] == '"' && value[len(value)-1] == '"' {
+		value = value[1 : len(value)-1]
+	}
+	return unix.FsconfigSetString(fsfd, key, value)
 }
 
 // fsLog reads what the kernel logged on a filesystem context: the reason

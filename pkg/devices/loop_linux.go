@@ -331,63 +331,89 @@ func listLoops(sysBlock string, r fileReader, devs map[string]host.DevNum) ([]ho
 		if !strings.HasPrefix(name, "loop") {
 			continue
 		}
-		dir := sysBlock + "/" + name
-		// sysfs gives the size in 512-byte sectors; 0 is a device not
-		// attached (or attached to an empty file, which no image is).
-		sectors, same, err := r.read(dir + "/size")
+		d, attached, err := readLoop(sysBlock, name, r, devs)
 		if err != nil {
-			continue // removed meanwhile
+			return nil, err
 		}
-		n, err := strconv.ParseInt(strings.TrimSpace(sectors), 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s/size: %w", dir, err)
+		if attached {
+			out = append(out, d)
 		}
-		if n == 0 {
-			continue
-		}
-		backing, _, err := r.read(dir + "/loop/backing_file")
-		if err != nil {
-			continue // not attached
-		}
-		// A device's number never changes while the device exists, and a
-		// kept descriptor of a removed device fails.
-		dev, ok := devs[name]
-		if !ok || !same {
-			devRaw, _, err := r.read(dir + "/dev")
-			if err != nil {
-				continue // removed meanwhile
-			}
-			if dev, err = parseDevNum(strings.TrimSpace(devRaw)); err != nil {
-				return nil, fmt.Errorf("%s/dev: %w", dir, err)
-			}
-			if devs != nil {
-				devs[name] = dev
-			}
-		}
-		// A deleted backing file reads "<path> (deleted)".
-		backingFile := strings.TrimSuffix(strings.TrimSuffix(backing, "\n"), " (deleted)")
-		seq, _, _ := r.read(dir + "/diskseq")
-		autoclear, _, _ := r.read(dir + "/loop/autoclear")
-		discard, _, _ := r.read(dir + "/queue/discard_max_bytes")
-		var backingSize, allocated int64
-		var st unix.Stat_t
-		if err := unix.Stat(backingFile, &st); err == nil {
-			backingSize, allocated = st.Size, st.Blocks*512
-		}
-		discards := strings.TrimSpace(discard)
-		out = append(out, host.Device{
-			Device:           "/dev/" + name,
-			Dev:              dev,
-			AutoClear:        strings.TrimSpace(autoclear) == "1",
-			Size:             n * 512,
-			BackingSize:      backingSize,
-			BackingAllocated: allocated,
-			BackingFile:      backingFile,
-			Seq:              strings.TrimSpace(seq),
-			Discards:         discards != "" && discards != "0",
-		})
 	}
 	return out, nil
+}
+
+// readLoop reads the loop device name from its directory in sysBlock with
+// r, and says whether it is attached: a device of size 0, without a
+// backing file, or removed meanwhile is not. An attribute the kernel
+// wrote and that does not parse is an error. devs is listLoops' cache of
+// device numbers.
+func readLoop(sysBlock, name string, r fileReader, devs map[string]host.DevNum) (host.Device, bool, error) {
+	dir := sysBlock + "/" + name
+	// sysfs gives the size in 512-byte sectors; 0 is a device not
+	// attached (or attached to an empty file, which no image is).
+	sectors, same, err := r.read(dir + "/size")
+	if err != nil {
+		return host.Device{}, false, nil // removed meanwhile
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(sectors), 10, 64)
+	if err != nil {
+		return host.Device{}, false, fmt.Errorf("%s/size: %w", dir, err)
+	}
+	if n == 0 {
+		return host.Device{}, false, nil
+	}
+	backing, _, err := r.read(dir + "/loop/backing_file")
+	if err != nil {
+		return host.Device{}, false, nil // not attached
+	}
+	dev, ok, err := loopDevNum(dir, name, r, same, devs)
+	if !ok || err != nil {
+		return host.Device{}, false, err
+	}
+	// A deleted backing file reads "<path> (deleted)".
+	backingFile := strings.TrimSuffix(strings.TrimSuffix(backing, "\n"), " (deleted)")
+	seq, _, _ := r.read(dir + "/diskseq")
+	autoclear, _, _ := r.read(dir + "/loop/autoclear")
+	discard, _, _ := r.read(dir + "/queue/discard_max_bytes")
+	var backingSize, allocated int64
+	var st unix.Stat_t
+	if err := unix.Stat(backingFile, &st); err == nil {
+		backingSize, allocated = st.Size, st.Blocks*512
+	}
+	discards := strings.TrimSpace(discard)
+	return host.Device{
+		Device:           "/dev/" + name,
+		Dev:              dev,
+		AutoClear:        strings.TrimSpace(autoclear) == "1",
+		Size:             n * 512,
+		BackingSize:      backingSize,
+		BackingAllocated: allocated,
+		BackingFile:      backingFile,
+		Seq:              strings.TrimSpace(seq),
+		Discards:         discards != "" && discards != "0",
+	}, true, nil
+}
+
+// loopDevNum is the number of the loop device name, whose directory is
+// dir: the one cached in devs while same says r still reads the device
+// it was read from (a device's number never changes while the device
+// exists, and a kept descriptor of a removed device fails), else read
+// from dir and cached. ok is false when the device was removed meanwhile.
+func loopDevNum(dir, name string, r fileReader, same bool, devs map[string]host.DevNum) (dev host.DevNum, ok bool, err error) {
+	if dev, ok := devs[name]; ok && same {
+		return dev, true, nil
+	}
+	devRaw, _, err := r.read(dir + "/dev")
+	if err != nil {
+		return host.DevNum{}, false, nil // removed meanwhile
+	}
+	if dev, err = parseDevNum(strings.TrimSpace(devRaw)); err != nil {
+		return host.DevNum{}, false, fmt.Errorf("%s/dev: %w", dir, err)
+	}
+	if devs != nil {
+		devs[name] = dev
+	}
+	return dev, true, nil
 }
 
 // attrBuf is the buffer for a sysfs attribute: sysfs hands out at most a

@@ -361,10 +361,51 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 	mu.Lock()
 	defer mu.Unlock()
 
+	old, cur, err := s.edit(id, fn)
+	if err != nil {
+		return nil, nil, err
+	}
+	if old != nil && reflect.DeepEqual(old, cur) || old == nil && cur.Empty() {
+		// Nothing to write; an earlier write of the same content may
+		// still be on its way to the disk.
+		seq := s.log.written.Load()
+		return cur, func() error { return s.log.sync(seq) }, nil
+	}
+	s.stamp(old, cur)
+	raw, err := marshalRecord(cur)
+	if err != nil {
+		return nil, nil, err
+	}
+	seq, err := s.log.append(id, raw)
+	if NoSpace(err) {
+		// Nothing was committed: the records stay as they were.
+		return nil, nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %w", id, err)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("writing record %s: %w", id, err)
+	}
+
+	// The record is in the log file, not yet synced nor in memory.
+	// gofail: var stateLogAfterWrite struct{}
+	s.remember(cur)
+	return cur, func() error {
+		if err := s.log.sync(seq); err != nil {
+			return fmt.Errorf("writing record %s: %w", id, err)
+		}
+		return nil
+	}, nil
+}
+
+// edit applies fn to a copy of the record of id (a fresh record when
+// there is none) and returns the record as it was (nil for none) and as
+// fn left it, in the form it is compared and stored in: fn cannot change
+// its ID, and empty publishes and snapshots are nil. If fn returns an
+// error, it is returned and nothing changes.
+func (s *Store) edit(id string, fn func(v *Volume) error) (old, cur *Volume, err error) {
 	s.mu.Lock()
-	old := s.volumes[id]
+	old = s.volumes[id]
 	s.mu.Unlock()
-	cur := old.DeepCopy()
+	cur = old.DeepCopy()
 	if cur == nil {
 		cur = &Volume{}
 	}
@@ -379,12 +420,13 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 	if len(cur.Snapshots) == 0 {
 		cur.Snapshots = nil
 	}
-	if old != nil && reflect.DeepEqual(old, cur) || old == nil && cur.Empty() {
-		// Nothing to write; an earlier write of the same content may
-		// still be on its way to the disk.
-		seq := s.log.written.Load()
-		return cur, func() error { return s.log.sync(seq) }, nil
-	}
+	return old, cur, nil
+}
+
+// stamp makes cur, a change of old (nil for a new record), the next
+// generation of the record, changed now, and gives each of its intents
+// that changed that generation (stampGenerations).
+func (s *Store) stamp(old, cur *Volume) {
 	var prevGen int64
 	if old != nil {
 		prevGen = old.Generation
@@ -392,39 +434,34 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 	cur.Generation = prevGen + 1
 	cur.Changed = s.now()
 	stampGenerations(old, cur)
+}
 
-	var raw []byte
-	if !cur.Empty() {
-		var err error
-		if raw, err = json.Marshal(cur); err != nil {
-			return nil, nil, fmt.Errorf("encoding record %s: %w", id, err)
-		}
+// marshalRecord is what the log holds for v: its JSON, or nothing (nil)
+// for an empty record, which a replay and a checkpoint take for the
+// record's deletion.
+func marshalRecord(v *Volume) ([]byte, error) {
+	if v.Empty() {
+		return nil, nil
 	}
-	seq, err := s.log.append(id, raw)
-	if NoSpace(err) {
-		// Nothing was committed: the records stay as they were.
-		return nil, nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %w", id, err)
-	}
+	raw, err := json.Marshal(v)
 	if err != nil {
-		return nil, nil, fmt.Errorf("writing record %s: %w", id, err)
+		return nil, fmt.Errorf("encoding record %s: %w", v.ID, err)
 	}
+	return raw, nil
+}
 
-	// The record is in the log file, not yet synced nor in memory.
-	// gofail: var stateLogAfterWrite struct{}
+// remember puts v, just written to the log, in the mirror (or takes its
+// record out when v is empty) and tells the reports, which wake the
+// waiters of the volume.
+func (s *Store) remember(v *Volume) {
 	s.mu.Lock()
-	if cur.Empty() {
-		delete(s.volumes, id)
+	if v.Empty() {
+		delete(s.volumes, v.ID)
 	} else {
-		s.volumes[id] = cur.DeepCopy()
+		s.volumes[v.ID] = v.DeepCopy()
 	}
 	s.mu.Unlock()
-	s.reports.recorded(cur)
-	return cur, func() error {
-		if err := s.log.sync(seq); err != nil {
-			return fmt.Errorf("writing record %s: %w", id, err)
-		}
-		return nil
-	}, nil
+	s.reports.recorded(v)
 }
 
 // now is the time a record is stamped with: without the monotonic
