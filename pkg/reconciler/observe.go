@@ -9,7 +9,7 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// actual is the observed state of one volume, derived from a snapshot.
+// actual is the observed state of one volume, derived from an observation.
 type actual struct {
 	// loop is the loop device attached to the volume's image, if any.
 	loop *host.Device
@@ -129,21 +129,21 @@ type stray struct {
 // there (0 when unknown), and the error of a corrupted mount.
 type checkMount func(path string) (uint64, error)
 
-// observeVolume derives v's actual state from snap. image is the volume's
+// observeVolume derives v's actual state from obs. image is the volume's
 // backing file; check probes the mount points of the volume's filesystem;
 // roots are the directories the plugin mounts in. A mount of the volume at
 // a path the record does not name is a stray only if the record holds its
 // unique ID: only a mount the plugin made is its own.
 // A static volume's device, resolved by the caller, is staticDev.
-func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check checkMount, roots []string, staticDev *host.Device) *actual {
+func observeVolume(v *state.Volume, image string, obs *host.Observation, check checkMount, roots []string, staticDev *host.Device) *actual {
 	a := &actual{targets: make(map[string]*host.Mount, len(v.Publishes)), mountIDs: map[string]uint64{}}
 	if v.Stage != nil && v.Stage.Device != "" {
 		a.static, a.loop = true, staticDev
-	} else if ls := snap.LoopsFor(image); len(ls) > 0 {
+	} else if ls := obs.LoopsFor(image); len(ls) > 0 {
 		a.loop = &ls[0]
 		for _, l := range ls[1:] {
 			a.extraLoops = append(a.extraLoops, l.Device)
-			if len(snap.MountsOf(l.Dev)) == 0 && !l.AutoClear {
+			if len(obs.MountsOf(l.Dev)) == 0 && !l.AutoClear {
 				a.idleExtraLoops = append(a.idleExtraLoops, l.Device)
 			}
 		}
@@ -152,7 +152,7 @@ func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check che
 		// Nothing is mounted for a raw block stage: the device is it.
 		a.block, a.staged = true, a.loop != nil
 	} else if v.Stage != nil {
-		if m, ok := snap.MountAt(v.Stage.Path); ok {
+		if m, ok := obs.MountAt(v.Stage.Path); ok {
 			a.stagingMount = &m
 			a.staged = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
 		}
@@ -177,7 +177,7 @@ func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check che
 		}
 	}
 	for target := range v.Publishes {
-		if m, ok := snap.MountAt(target); ok {
+		if m, ok := obs.MountAt(target); ok {
 			a.targets[target] = &m
 			// A withdrawn publish is not checked either: its unpublish
 			// unmounts whatever is there, and nothing reads its ID.
@@ -194,7 +194,7 @@ func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check che
 		}
 	}
 	if a.loop != nil {
-		mounts := snap.MountsOf(a.loop.Dev)
+		mounts := obs.MountsOf(a.loop.Dev)
 		a.deviceMounts = len(mounts)
 		a.sortOtherMounts(v, mounts, check, roots)
 	}
@@ -255,9 +255,9 @@ func (a *actual) releasePending() bool {
 // release. The write-ahead rule (a stage is forgotten only once its device is
 // verified detached) makes every such device a leftover: of a crash before
 // the record was written, of a lost store, or of someone else's losetup.
-func orphans(snap *host.Snapshot, pools map[string]Pool, staged map[string]bool) map[string]*actual {
+func orphans(obs *host.Observation, pools map[string]Pool, staged map[string]bool) map[string]*actual {
 	out := map[string]*actual{}
-	for _, l := range snap.Loops() {
+	for _, l := range obs.Loops() {
 		id, home, ok := imageOf(pools, l.BackingFile)
 		if !ok || staged[id] {
 			continue
@@ -266,7 +266,7 @@ func orphans(snap *host.Snapshot, pools map[string]Pool, staged map[string]bool)
 			continue // one device of an image at a time
 		}
 		a := &actual{loop: &l, home: home}
-		for _, m := range snap.MountsOf(l.Dev) {
+		for _, m := range obs.MountsOf(l.Dev) {
 			a.foreignMounts = append(a.foreignMounts, m.Path)
 		}
 		out[id] = a
