@@ -32,7 +32,7 @@ func (a action) String() string {
 // mounted at the staging path and usable. A filesystem that went read-only
 // after errors still counts (it is reported, not ready for new publishes).
 func stageReady(v *state.Volume, a *actual) bool {
-	return v.Stage != nil && !v.Stage.Deleting && a.staged && (a.block || v.Formatted != "") && a.unusable == ""
+	return v.Stage != nil && !v.Stage.Deleting && a.stageInPlace && (a.block || v.Formatted != "") && a.unusable == ""
 }
 
 // publishReady reports whether the publish of v at target is fulfilled.
@@ -96,7 +96,7 @@ func diffMounts(v *state.Volume, a *actual) []action {
 		}
 		return acts
 	}
-	if a.staged && (a.unusable != "" || a.errorsRO) {
+	if a.stageInPlace && (a.unusable != "" || a.errorsRO) {
 		return append(acts, repairStaging(v, a, targets)...)
 	}
 	if !stageReady(v, a) {
@@ -215,7 +215,7 @@ func grow(v *state.Volume, a *actual) []action {
 // none whose owner is unknown. The staging mount may then come and go (the
 // kubelet's next publish waits for it).
 func unused(v *state.Volume, a *actual) bool {
-	return a.staged && len(v.Publishes) == 0 && len(a.foreignMounts) == 0 && len(a.unknownMounts) == 0 && len(a.strays) == 0
+	return a.stageInPlace && len(v.Publishes) == 0 && len(a.foreignMounts) == 0 && len(a.unknownMounts) == 0 && len(a.strays) == 0
 }
 
 // expandReady reports whether v's expansion is fulfilled: the device and
@@ -261,7 +261,7 @@ func stageReason(v *state.Volume, a *actual) string {
 		return "device not attached"
 	case a.stagingMount == nil:
 		return "staging path not mounted"
-	case !a.staged:
+	case !a.stageInPlace:
 		return "staging path holds another mount"
 	case v.Formatted == "":
 		return "filesystem provenance not recorded"
@@ -271,7 +271,7 @@ func stageReason(v *state.Volume, a *actual) string {
 
 func unstageReason(a *actual) string {
 	switch {
-	case a.staged && !a.block:
+	case a.stageInPlace && !a.block:
 		return "staging mount present"
 	case a.loop != nil && !a.static:
 		return "device attached"

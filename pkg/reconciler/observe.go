@@ -20,8 +20,12 @@ type actual struct {
 	idleExtraLoops []string
 	// stagingMount is the top mount at the staging path, if any.
 	stagingMount *host.Mount
-	// staged is true when stagingMount is the volume's filesystem.
-	staged bool
+	// stageInPlace is true when the stage the record asks for is there on
+	// the machine: stagingMount is the whole filesystem of the volume's
+	// device or, for a raw block volume, the device is attached. It says
+	// nothing of whether the filesystem is usable (unusable) or the record
+	// withdrew the stage.
+	stageInPlace bool
 	// targets maps each recorded target path to its top mount, if any.
 	targets map[string]*host.Mount
 	// strays lists the plugin's own mounts of the volume's filesystem at
@@ -56,7 +60,7 @@ type actual struct {
 	// unusableTargets maps a published target whose mount point fails to
 	// the error.
 	unusableTargets map[string]string
-	// block is true for a raw block volume: staged means attached, and a
+	// block is true for a raw block volume: in place means attached, and a
 	// publish is a bind mount of the device node.
 	block bool
 	// static is true for a volume on an existing block device (loop is
@@ -150,13 +154,13 @@ func observeVolume(v *state.Volume, image string, obs *host.Observation, check c
 	}
 	if v.Stage != nil && v.Stage.Access == state.AccessBlock {
 		// Nothing is mounted for a raw block stage: the device is it.
-		a.block, a.staged = true, a.loop != nil
+		a.block, a.stageInPlace = true, a.loop != nil
 	} else if v.Stage != nil {
 		if m, ok := obs.MountAt(v.Stage.Path); ok {
 			a.stagingMount = &m
-			a.staged = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
+			a.stageInPlace = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
 		}
-		if a.staged {
+		if a.stageInPlace {
 			m := a.stagingMount
 			switch {
 			case m.Shutdown:
@@ -247,7 +251,7 @@ func recorded(v *state.Volume, id uint64) bool {
 // stays attached until its last user (another mount namespace, the
 // kubelet's own loop device over a block volume) closes it.
 func (a *actual) releasePending() bool {
-	return a.loop != nil && a.loop.AutoClear && (a.block || !a.staged) && !a.static
+	return a.loop != nil && a.loop.AutoClear && (a.block || !a.stageInPlace) && !a.static
 }
 
 // orphans returns, for every loop device attached to an image of the data
@@ -255,11 +259,11 @@ func (a *actual) releasePending() bool {
 // release. The write-ahead rule (a stage is forgotten only once its device is
 // verified detached) makes every such device a leftover: of a crash before
 // the record was written, of a lost store, or of someone else's losetup.
-func orphans(obs *host.Observation, pools map[string]Pool, staged map[string]bool) map[string]*actual {
+func orphans(obs *host.Observation, pools map[string]Pool, hasStage map[string]bool) map[string]*actual {
 	out := map[string]*actual{}
 	for _, l := range obs.Loops() {
 		id, home, ok := imageOf(pools, l.BackingFile)
-		if !ok || staged[id] {
+		if !ok || hasStage[id] {
 			continue
 		}
 		if _, seen := out[id]; seen {

@@ -79,11 +79,11 @@ type plan struct {
 // with the actions each needs) and returns, for each volume and each
 // orphaned device that needs one, its next action.
 func (r *Reconciler) plan(vols []*state.Volume, obs *host.Observation) (seen, plans []plan) {
-	staged := make(map[string]bool, len(vols))
+	hasStage := make(map[string]bool, len(vols))
 	for _, v := range vols {
-		staged[v.ID] = v.Stage != nil
+		hasStage[v.ID] = v.Stage != nil
 	}
-	for id, a := range orphans(obs, r.cfg.Pools, staged) {
+	for id, a := range orphans(obs, r.cfg.Pools, hasStage) {
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
 	for _, v := range vols {

@@ -106,9 +106,9 @@ func mountPaths(w *fakeWorld) []string {
 
 func TestDiffOrder(t *testing.T) {
 	loop := &host.Device{Device: "/dev/loop0", Dev: host.DevNum{Major: 7}}
-	staged := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}}
+	staged := &actual{loop: loop, stageInPlace: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}}
 	bare := &actual{targets: map[string]*host.Mount{}}
-	unknown := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}, unknownMounts: []string{"/a.moved"}}
+	unknown := &actual{loop: loop, stageInPlace: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}, unknownMounts: []string{"/a.moved"}}
 	pub := func(deleting bool) *state.Publish { p := publishSpec(); p.Deleting = deleting; return p }
 	st := func(deleting bool) *state.Stage { s := stageSpec("/s"); s.Deleting = deleting; return s }
 	tests := []struct {
