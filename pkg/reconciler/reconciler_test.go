@@ -797,7 +797,7 @@ func TestStatusAndRecorder(t *testing.T) {
 	}
 	h.runUntilIdle()
 	s := h.r.Status()
-	if len(s) != 1 || s[0].Phase != volstatus.PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
+	if len(s) != 1 || s[0].Phase != volstatus.PhaseReady || !s[0].StageReady || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
 		t.Errorf("status when converged: got %+v", s)
 	}
 	if rec.ops["stage ok"] != 1 || rec.ops["publish ok"] != 1 || rec.passes < 3 || len(rec.last) != 1 {

@@ -36,8 +36,9 @@ type VolumeStatus struct {
 	// Pool is the storage pool of the volume's image; empty for a static
 	// volume.
 	Pool string `json:"pool,omitempty"`
-	// Staged is true when the stage is fulfilled.
-	Staged           bool `json:"staged"`
+	// StageReady is true when the stage is fulfilled: in place and usable,
+	// as NodeStageVolume answers OK. Published as "staged".
+	StageReady       bool `json:"staged"`
 	PublishesDesired int  `json:"publishesDesired"`
 	PublishesActual  int  `json:"publishesActual"`
 	// SizeBytes is the device's size; 0 when it is not attached.
