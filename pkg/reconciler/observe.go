@@ -141,68 +141,108 @@ type checkMount func(path string) (uint64, error)
 // A static volume's device, resolved by the caller, is staticDev.
 func observeVolume(v *state.Volume, image string, obs *host.Observation, check checkMount, roots []string, staticDev *host.Device) *actual {
 	a := &actual{targets: make(map[string]*host.Mount, len(v.Publishes)), mountIDs: map[string]uint64{}}
-	if v.Stage != nil && v.Stage.Device != "" {
-		a.static, a.loop = true, staticDev
-	} else if ls := obs.LoopsFor(image); len(ls) > 0 {
-		a.loop = &ls[0]
-		for _, l := range ls[1:] {
-			a.extraLoops = append(a.extraLoops, l.Device)
-			if len(obs.MountsOf(l.Dev)) == 0 && !l.AutoClear {
-				a.idleExtraLoops = append(a.idleExtraLoops, l.Device)
-			}
-		}
-	}
-	if v.Stage != nil && v.Stage.Access == state.AccessBlock {
-		// Nothing is mounted for a raw block stage: the device is it.
-		a.block, a.stageInPlace = true, a.loop != nil
-	} else if v.Stage != nil {
-		if m, ok := obs.MountAt(v.Stage.Path); ok {
-			a.stagingMount = &m
-			a.stageInPlace = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
-		}
-		if a.stageInPlace {
-			m := a.stagingMount
-			switch {
-			case m.Shutdown:
-				a.unusable = "the filesystem was shut down (every I/O fails)"
-			case v.Stage.Deleting:
-				// Nothing reads a withdrawn stage's mount ID or state
-				// (diff and condition stop at the withdrawal), and a
-				// check is three system calls a pass: a teardown of
-				// many volumes runs pass after pass.
-			default:
-				id, err := check(m.Path)
-				if err != nil {
-					a.unusable = fmt.Sprintf("the staging mount is corrupted: %v", err)
-				}
-				a.mountIDs[m.Path] = id
-			}
-			a.errorsRO = m.SuperReadOnly && !v.Stage.MountsReadOnly()
-		}
-	}
-	for target := range v.Publishes {
-		if m, ok := obs.MountAt(target); ok {
-			a.targets[target] = &m
-			// A withdrawn publish is not checked either: its unpublish
-			// unmounts whatever is there, and nothing reads its ID.
-			if a.published(target) && !m.Shutdown && !v.Publishes[target].Deleting {
-				id, err := check(target)
-				if err != nil {
-					if a.unusableTargets == nil {
-						a.unusableTargets = map[string]string{}
-					}
-					a.unusableTargets[target] = err.Error()
-				}
-				a.mountIDs[target] = id
-			}
-		}
-	}
+	a.observeDevice(v, image, obs, staticDev)
+	a.observeStage(v, obs, check)
+	a.observeTargets(v, obs, check)
 	if a.loop != nil {
 		mounts := obs.MountsOf(a.loop.Dev)
 		a.deviceMounts = len(mounts)
 		a.sortOtherMounts(v, mounts, check, roots)
 	}
 	return a
+}
+
+// observeDevice finds the volume's device: staticDev for a static volume,
+// otherwise the loop device attached to image that is in use, with any
+// further device attached to it (extraLoops; idleExtraLoops when nothing
+// mounts one and it does not go away by itself). loop stays nil when
+// there is none.
+func (a *actual) observeDevice(v *state.Volume, image string, obs *host.Observation, staticDev *host.Device) {
+	if v.Stage != nil && v.Stage.Device != "" {
+		a.static, a.loop = true, staticDev
+		return
+	}
+	ls := obs.LoopsFor(image)
+	if len(ls) == 0 {
+		return
+	}
+	a.loop = &ls[0]
+	for _, l := range ls[1:] {
+		a.extraLoops = append(a.extraLoops, l.Device)
+		if len(obs.MountsOf(l.Dev)) == 0 && !l.AutoClear {
+			a.idleExtraLoops = append(a.idleExtraLoops, l.Device)
+		}
+	}
+}
+
+// observeStage tells whether the stage v's record names is in place: for
+// a raw block stage, the device is attached; for a filesystem, the top
+// mount at the staging path is the whole filesystem of the device. An
+// in-place filesystem is checked (check, except for a withdrawn stage)
+// and is unusable when shut down or when its mount point fails; errorsRO
+// when the kernel made a read-write stage read-only. A volume with no
+// stage recorded is left as it is.
+func (a *actual) observeStage(v *state.Volume, obs *host.Observation, check checkMount) {
+	if v.Stage == nil {
+		return
+	}
+	if v.Stage.Access == state.AccessBlock {
+		// Nothing is mounted for a raw block stage: the device is it.
+		a.block, a.stageInPlace = true, a.loop != nil
+		return
+	}
+	m, ok := obs.MountAt(v.Stage.Path)
+	if !ok {
+		return
+	}
+	a.stagingMount = &m
+	a.stageInPlace = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
+	if !a.stageInPlace {
+		return
+	}
+	switch {
+	case m.Shutdown:
+		a.unusable = "the filesystem was shut down (every I/O fails)"
+	case v.Stage.Deleting:
+		// Nothing reads a withdrawn stage's mount ID or state
+		// (diff and condition stop at the withdrawal), and a
+		// check is three system calls a pass: a teardown of
+		// many volumes runs pass after pass.
+	default:
+		id, err := check(m.Path)
+		if err != nil {
+			a.unusable = fmt.Sprintf("the staging mount is corrupted: %v", err)
+		}
+		a.mountIDs[m.Path] = id
+	}
+	a.errorsRO = m.SuperReadOnly && !v.Stage.MountsReadOnly()
+}
+
+// observeTargets finds the top mount at each target the record names,
+// and checks each that holds the volume's live publish: one whose mount
+// point fails is in unusableTargets. A target with nothing mounted is
+// absent from targets.
+func (a *actual) observeTargets(v *state.Volume, obs *host.Observation, check checkMount) {
+	for target := range v.Publishes {
+		m, ok := obs.MountAt(target)
+		if !ok {
+			continue
+		}
+		a.targets[target] = &m
+		// A withdrawn publish is not checked either: its unpublish
+		// unmounts whatever is there, and nothing reads its ID.
+		if !a.published(target) || m.Shutdown || v.Publishes[target].Deleting {
+			continue
+		}
+		id, err := check(target)
+		if err != nil {
+			if a.unusableTargets == nil {
+				a.unusableTargets = map[string]string{}
+			}
+			a.unusableTargets[target] = err.Error()
+		}
+		a.mountIDs[target] = id
+	}
 }
 
 // sortOtherMounts sorts the mounts of the volume's filesystem at paths
