@@ -1,4 +1,8 @@
-// Package reconciler makes the machine match the desired state.
+// Package reconciler makes the machine match the desired state. It owns
+// the actual state of each volume (observed, never stored), the decisions
+// made from it (diff, health) and the operations that act on them; it
+// does not own the records (pkg/state) nor touch the OS but through the
+// interfaces of config.go (pkg/devices and the pools fill them).
 //
 // Each pass observes the machine once (one parse of the mount table, one
 // listing of the loop devices), derives every volume's actual state from
