@@ -1,7 +1,9 @@
 // Command converge-controller is converge's cluster-side controller: the
 // only converge component that talks to the API server. It runs as a small
-// Deployment; its replicas elect a leader on a Lease, and the leader looks
-// after the driver's volumes whose node is gone (pkg/nodeloss).
+// Deployment; its replicas elect a leader on a Lease, and the leader runs
+// nodeloss.Watcher, which looks after the driver's volumes whose node is
+// gone (pkg/nodeloss). It is not the node-local CSI Controller service
+// (pkg/controller), which every csi-node serves.
 package main
 
 import (

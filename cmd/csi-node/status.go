@@ -99,11 +99,11 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tPOOL\tPHASE\tPROV\tSTAGED AT\tPUBLISHES\tSIZE\tPROBLEM\tNEXT RETRY")
 	for _, v := range s.Volumes {
-		staged := v.StagingPath
-		if staged == "" {
-			staged = "-"
-		} else if !v.Staged {
-			staged += " (not yet)"
+		stagedAt := v.StagingPath
+		if stagedAt == "" {
+			stagedAt = "-"
+		} else if !v.StageReady {
+			stagedAt += " (not yet)"
 		}
 		problem := "-"
 		switch {
@@ -124,7 +124,7 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 		if pool == "" {
 			pool = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", v.ID, pool, v.Phase, prov, staged, v.PublishesActual, v.PublishesDesired,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", v.ID, pool, v.Phase, prov, stagedAt, v.PublishesActual, v.PublishesDesired,
 			size(v.SizeBytes), strings.ReplaceAll(problem, "\n", " "), retry)
 	}
 	return tw.Flush()

@@ -1,6 +1,6 @@
 // Package buildinfo says which build of converge runs: the version the
 // build stamped into the command (-ldflags "-X main.version=..."), else
-// the module's, else "devel".
+// the module's, else "devel". It owns nothing else.
 package buildinfo
 
 import "runtime/debug"

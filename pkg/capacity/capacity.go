@@ -2,8 +2,11 @@
 // its volumes were promised, what they hold, and what can still be
 // promised to a thick or a thin volume. Everything is derived anew from the
 // images and their records each time it is asked, so no counter can drift
-// from the truth, across restarts and crashes alike. It imports nothing of
-// the plugin.
+// from the truth, across restarts and crashes alike. It owns the one rule
+// for a nearly full pool (NearlyFull) and the guard that sets its
+// threshold. It reads nothing from disk (its callers, the pools and the
+// reconciler, hand it the free space and the images) and imports nothing
+// of the plugin.
 package capacity
 
 import (

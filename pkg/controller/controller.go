@@ -6,7 +6,12 @@
 // probe, guard, ratio, capacity promise and restores; and the set of the
 // node's pools (Pools), which says which pool holds a volume and reports
 // their status. The node's reconciler reaches a pool through an interface
-// of its own (reconciler.Pool).
+// of its own (reconciler.Pool). It answers only for this node's volumes and
+// mounts nothing.
+//
+// "Controller" in converge means this service. The cluster-side command is
+// converge-controller (cmd/converge-controller), and the loop it runs is
+// nodeloss.Watcher.
 package controller
 
 import (

@@ -52,12 +52,12 @@ func TestObserveFindsDevicesOfAnEndedContainer(t *testing.T) {
 
 	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": filepath.Join(state, "volumes")}}
 	defer o.Close()
-	snap, err := o.Observe()
+	obs, err := o.Observe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	found := map[string]string{}
-	for _, l := range snap.Loops() {
+	for _, l := range obs.Loops() {
 		found[l.Device] = l.BackingFile
 		if l.Device == myDev && l.BackingSize != 1<<20 {
 			t.Errorf("%s: backing size %d, want %d", l.Device, l.BackingSize, 1<<20)
@@ -69,7 +69,7 @@ func TestObserveFindsDevicesOfAnEndedContainer(t *testing.T) {
 	if got := found[theirDev]; got == mine {
 		t.Errorf("%s, attached to %s, was taken for %s", theirDev, theirs, mine)
 	}
-	if ls := snap.LoopsFor(mine); len(ls) != 1 || ls[0].Device != myDev {
+	if ls := obs.LoopsFor(mine); len(ls) != 1 || ls[0].Device != myDev {
 		t.Errorf("loops for %s: got %v, want %s alone", mine, ls, myDev)
 	}
 }
@@ -147,12 +147,12 @@ func TestObserveLeavesAnotherNodesDevicesAlone(t *testing.T) {
 	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": filepath.Join(state, "volumes")}}
 	defer o.Close()
 	for pass := range 2 { // the second from what the first learned
-		snap, err := o.Observe()
+		obs, err := o.Observe()
 		if err != nil {
 			t.Fatal(err)
 		}
 		var got []string
-		for _, l := range snap.LoopsFor(mine) {
+		for _, l := range obs.LoopsFor(mine) {
 			got = append(got, l.Device)
 		}
 		if len(got) != 1 || got[0] != myDev {

@@ -47,7 +47,7 @@ type Observer struct {
 }
 
 // Observe parses the mount table once and lists the loop devices.
-func (o *Observer) Observe() (*host.Snapshot, error) {
+func (o *Observer) Observe() (*host.Observation, error) {
 	o.filesOnce.Do(o.keepFiles)
 	if o.Paths != nil {
 		o.rootsMu.Lock()
@@ -67,13 +67,13 @@ func (o *Observer) Observe() (*host.Snapshot, error) {
 	for _, name := range names {
 		loops = o.loopFiles.own(loops, o.Pools[name])
 	}
-	snap := host.NewSnapshot(byDevice(mounts, loops), loops)
+	obs := host.NewObservation(byDevice(mounts, loops), loops)
 	for _, name := range names {
 		if total, free, err := (&Images{Dir: o.Pools[name]}).Capacity(); err == nil {
-			snap.WithPool(name, host.PoolSpace{Known: true, Total: total, Free: free})
+			obs.WithPool(name, host.PoolSpace{Known: true, Total: total, Free: free})
 		}
 	}
-	return snap, nil
+	return obs, nil
 }
 
 // Close closes the files Observe keeps open. Observe may be called again

@@ -79,11 +79,11 @@ func BenchmarkObserveOwnDevices(b *testing.B) {
 			}
 			defer o.Close()
 			for b.Loop() {
-				snap, err := o.Observe()
+				obs, err := o.Observe()
 				if err != nil {
 					b.Fatal(err)
 				}
-				if i == 0 && len(snap.LoopsFor(filepath.Join(dir, "v0.img"))) != 1 {
+				if i == 0 && len(obs.LoopsFor(filepath.Join(dir, "v0.img"))) != 1 {
 					b.Fatal("the data directory's first image has no device")
 				}
 			}

@@ -46,13 +46,13 @@ func TestObserveSeesRenamedMountPoint(t *testing.T) {
 	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"}
 	paths := func() []string {
 		t.Helper()
-		snap, err := o.Observe()
+		obs, err := o.Observe()
 		if err != nil {
 			t.Fatal(err)
 		}
 		var out []string
 		for _, p := range []string{mnt, filepath.Join(after, "mnt")} {
-			if m, ok := snap.MountAt(p); ok && m.FsType == "tmpfs" {
+			if m, ok := obs.MountAt(p); ok && m.FsType == "tmpfs" {
 				out = append(out, p)
 			}
 		}
@@ -112,12 +112,12 @@ func TestObserveFollowsLoopDevices(t *testing.T) {
 	defer o.Close()
 	backing := func() map[string]string {
 		t.Helper()
-		snap, err := o.Observe()
+		obs, err := o.Observe()
 		if err != nil {
 			t.Fatal(err)
 		}
 		out := map[string]string{}
-		for _, l := range snap.Loops() {
+		for _, l := range obs.Loops() {
 			if filepath.Dir(l.BackingFile) == dir {
 				out[l.Device] = l.BackingFile
 			}
@@ -417,11 +417,11 @@ func TestListLoopsWhileOthersGo(t *testing.T) {
 			running = false // one listing more, after the last went
 		default:
 		}
-		snap, err := o.Observe()
+		obs, err := o.Observe()
 		if err != nil {
 			t.Fatal(err)
 		}
-		kept := snap.Loops()
+		kept := obs.Loops()
 		// Opening each file anew too, less often: it is slower, and the
 		// kept listing is the one that must keep up with the removals.
 		var once []host.Device

@@ -5,5 +5,6 @@
 // three steps: construct (construct.go) builds everything once, recover
 // (recover.go) repairs what the last run left on disk, in order, and serve
 // (serve.go) runs the reconciler, the mount watcher, gRPC and HTTP as one
-// group with one shutdown.
+// group with one shutdown. It decides nothing about a volume and mounts
+// nothing: the services and the reconciler it builds do.
 package driver

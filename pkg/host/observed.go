@@ -1,8 +1,11 @@
 // Package host holds what every layer knows of the host alike: the
 // observation types the device layer fills and the reconciler compares
-// with the records (mounts, loop devices, filesystem usage), and the rule
-// every host path the plugin acts on must pass (Beneath). It imports
-// nothing of the plugin.
+// with the records (mounts, loop devices, filesystem usage, and
+// Observation, all of them at one instant), and the rule every host path
+// the plugin acts on must pass (Beneath). It observes nothing itself
+// (pkg/devices does) and imports nothing of the plugin. An Observation is
+// the machine seen once; a snapshot, everywhere in converge, is a volume
+// snapshot.
 package host
 
 import "sort"
@@ -68,10 +71,10 @@ type Device struct {
 	Discards bool
 }
 
-// Snapshot is the observed state of the machine at one instant: the mount
+// Observation is the observed state of the machine at one instant: the mount
 // table and the loop devices. It is built once per reconcile pass and then
 // answers every per-volume question in O(1).
-type Snapshot struct {
+type Observation struct {
 	// mountsAt maps a mount point to its mounts, bottom first.
 	mountsAt map[string][]Mount
 	// mountsOf maps a device to the mounts of its filesystem.
@@ -95,7 +98,7 @@ type PoolSpace struct {
 }
 
 // WithPool returns s with the space of pool name's data directory.
-func (s *Snapshot) WithPool(name string, p PoolSpace) *Snapshot {
+func (s *Observation) WithPool(name string, p PoolSpace) *Observation {
 	if s.pools == nil {
 		s.pools = map[string]PoolSpace{}
 	}
@@ -105,11 +108,11 @@ func (s *Snapshot) WithPool(name string, p PoolSpace) *Snapshot {
 
 // Pool returns the space of pool name's data directory; not Known when it
 // was not observed.
-func (s *Snapshot) Pool(name string) PoolSpace { return s.pools[name] }
+func (s *Observation) Pool(name string) PoolSpace { return s.pools[name] }
 
-// NewSnapshot indexes mounts and loop devices.
-func NewSnapshot(mounts []Mount, loops []Device) *Snapshot {
-	s := &Snapshot{
+// NewObservation indexes mounts and loop devices.
+func NewObservation(mounts []Mount, loops []Device) *Observation {
+	s := &Observation{
 		mountsAt: make(map[string][]Mount, len(mounts)),
 		mountsOf: make(map[DevNum][]Mount, len(mounts)),
 		loops:    make(map[string][]Device, len(loops)),
@@ -136,7 +139,7 @@ func NewSnapshot(mounts []Mount, loops []Device) *Snapshot {
 }
 
 // MountAt returns the top mount at path.
-func (s *Snapshot) MountAt(path string) (Mount, bool) {
+func (s *Observation) MountAt(path string) (Mount, bool) {
 	ms := s.mountsAt[path]
 	if len(ms) == 0 {
 		return Mount{}, false
@@ -145,14 +148,14 @@ func (s *Snapshot) MountAt(path string) (Mount, bool) {
 }
 
 // MountsOf returns every mount of the filesystem on dev.
-func (s *Snapshot) MountsOf(dev DevNum) []Mount { return s.mountsOf[dev] }
+func (s *Observation) MountsOf(dev DevNum) []Mount { return s.mountsOf[dev] }
 
 // LoopsFor returns the loop devices attached to backingFile, the one in
 // use first.
-func (s *Snapshot) LoopsFor(backingFile string) []Device { return s.loops[backingFile] }
+func (s *Observation) LoopsFor(backingFile string) []Device { return s.loops[backingFile] }
 
-// Loops returns every loop device in the snapshot.
-func (s *Snapshot) Loops() []Device {
+// Loops returns every loop device in the observation.
+func (s *Observation) Loops() []Device {
 	out := make([]Device, 0, len(s.loops))
 	for _, ls := range s.loops {
 		out = append(out, ls...)

@@ -106,7 +106,7 @@ func (m *Metrics) Repaired(action string) { m.repairs.WithLabelValues(action).In
 func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, inBackoff int) {
 	m.passes.Observe(d.Seconds())
 	phases := make(map[string]int, len(volstatus.Phases))
-	var stages, staged, publishes, published, uncertain int
+	var stages, stagesReady, publishes, published, uncertain int
 	reasons := map[string]int{}
 	for _, v := range volumes {
 		phases[v.Phase]++
@@ -116,8 +116,8 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 		if v.StagingPath != "" {
 			stages++
 		}
-		if v.Staged {
-			staged++
+		if v.StageReady {
+			stagesReady++
 		}
 		publishes += v.PublishesDesired
 		published += v.PublishesActual
@@ -129,7 +129,7 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 		m.volumes.WithLabelValues(p).Set(float64(phases[p]))
 	}
 	m.intents.WithLabelValues("stage", "desired").Set(float64(stages))
-	m.intents.WithLabelValues("stage", "actual").Set(float64(staged))
+	m.intents.WithLabelValues("stage", "actual").Set(float64(stagesReady))
 	m.intents.WithLabelValues("publish", "desired").Set(float64(publishes))
 	m.intents.WithLabelValues("publish", "actual").Set(float64(published))
 	m.backoff.Set(float64(inBackoff))

@@ -17,7 +17,7 @@ func TestMetricsFollowTheReconciler(t *testing.T) {
 	m.OperationDone("stage", "error", time.Millisecond)
 	m.Repaired("keep device")
 	m.PassDone(2*time.Millisecond, []volstatus.VolumeStatus{
-		{ID: "a", Phase: volstatus.PhaseReady, StagingPath: "/s/a", Staged: true, PublishesDesired: 2, PublishesActual: 2},
+		{ID: "a", Phase: volstatus.PhaseReady, StagingPath: "/s/a", StageReady: true, PublishesDesired: 2, PublishesActual: 2},
 		{ID: "b", Phase: volstatus.PhaseFailing, StagingPath: "/s/b", PublishesDesired: 1, LastError: "busy"},
 		{ID: "c", Phase: volstatus.PhaseIdle},
 	}, 1)

@@ -1,5 +1,8 @@
 // Package nodeloss is converge-controller's work: what the cluster does
-// with converge's volumes when their node is gone for good. A converge
+// with converge's volumes when their node is gone for good. Its loop is
+// Watcher, which only converge-controller runs; it is never on a node's data
+// path, and it is not the node-local CSI Controller service
+// (pkg/controller). A converge
 // volume is an image on one node's disk; its PersistentVolume is pinned to
 // that node by the topology key, so when the node is gone its claims stay
 // bound to it and the pods that use them stay Pending.

@@ -6,7 +6,7 @@ import (
 	"github.com/converge-csi/converge/pkg/contract"
 )
 
-// Metrics are the controller's own metrics.
+// Metrics are converge-controller's own metrics.
 type Metrics struct {
 	passes  prometheus.Counter
 	lost    *prometheus.GaugeVec
@@ -16,7 +16,7 @@ type Metrics struct {
 	Leader prometheus.Gauge
 }
 
-// NewMetrics registers the controller's metrics with reg.
+// NewMetrics registers converge-controller's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "converge_controller_passes_total",

@@ -14,7 +14,7 @@ import (
 const OutOfServiceTaint = "node.kubernetes.io/out-of-service"
 
 // World is what one pass decides on: the cluster's objects as the
-// controller's caches hold them, and since when each node that a volume
+// Watcher's caches hold them, and since when each node that a volume
 // names has been absent.
 type World struct {
 	Now time.Time
@@ -39,7 +39,7 @@ type World struct {
 // affinity (the terms are ORed) names that one node, each by one or more
 // expressions topologyKey In [node]: a volume whose terms or expressions
 // disagree, or that a term leaves open to any node, is on no one node,
-// and the controller acts on nothing of it (a forged second expression
+// and the Watcher acts on nothing of it (a forged second expression
 // naming a node that is gone must not have its claim taken away).
 func nodeOf(pv *corev1.PersistentVolume, topologyKey string) string {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {

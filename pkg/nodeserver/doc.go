@@ -3,7 +3,9 @@
 // named request transition of the state package makes (Volume.RequestStage
 // and its kin) in one durable transaction, kicks the reconciler and waits
 // until the reconciler reports the intent fulfilled, rolled back, or
-// superseded, or until the request's deadline. It never touches a device or a mount.
+// superseded, or until the request's deadline. It never touches a device
+// or a mount, and decides no volume's condition: it reads the one the
+// reconciler decided.
 //
 // Handlers return classified errors (state.Error); the driver's interceptor
 // turns them into gRPC codes (pkg/rpcerr), for every service alike.

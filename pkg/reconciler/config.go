@@ -29,7 +29,7 @@ type Store interface {
 
 // Observer reads the actual state of the machine.
 type Observer interface {
-	Observe() (*host.Snapshot, error)
+	Observe() (*host.Observation, error)
 	// CheckMount returns the unique ID of the top mount at path (0 when
 	// unknown) and the error of a corrupted mount there (ENOTCONN, ESTALE,
 	// EIO...), nil otherwise.

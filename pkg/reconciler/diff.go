@@ -32,7 +32,7 @@ func (a action) String() string {
 // mounted at the staging path and usable. A filesystem that went read-only
 // after errors still counts (it is reported, not ready for new publishes).
 func stageReady(v *state.Volume, a *actual) bool {
-	return v.Stage != nil && !v.Stage.Deleting && a.staged && (a.block || v.Formatted != "") && a.unusable == ""
+	return v.Stage != nil && !v.Stage.Deleting && a.stageInPlace && (a.block || v.Formatted != "") && a.unusable == ""
 }
 
 // publishReady reports whether the publish of v at target is fulfilled.
@@ -59,14 +59,7 @@ func diff(v *state.Volume, a *actual) []action {
 // diffMounts returns the actions of diff that build or tear down the
 // volume's devices and mounts.
 func diffMounts(v *state.Volume, a *actual) []action {
-	var acts []action
 	targets := v.Targets()
-	// The plugin's own mounts that moved come first: a publish or stage
-	// whose recorded mount is somewhere else is not forgotten before that
-	// mount is gone, or nothing would know it as the plugin's any more.
-	for _, m := range a.strays {
-		acts = append(acts, action{kind: actUnmountStray, target: m.path, mountID: m.id, reason: "the plugin's own mount of the volume, moved to a path no record names"})
-	}
 	// A mount whose owner cannot be told this pass (a rename racing the
 	// observation) may be the plugin's own: nothing is forgotten until the
 	// next pass can tell, and nothing is published, since it may be that
@@ -74,11 +67,7 @@ func diffMounts(v *state.Volume, a *actual) []action {
 	// in the record and leave it no one's). Waiting is no failure, so it
 	// backs nothing off.
 	hold := len(a.unknownMounts) > 0
-	for _, t := range targets {
-		if p := v.Publishes[t]; p.Deleting && !hold {
-			acts = append(acts, action{kind: actUnpublish, target: t, generation: p.Generation, reason: "publish withdrawn"})
-		}
-	}
+	acts := takeDowns(v, a, targets, hold)
 	st := v.Stage
 	if st == nil {
 		return acts
@@ -87,16 +76,9 @@ func diffMounts(v *state.Volume, a *actual) []action {
 		acts = append(acts, action{kind: actDetachExtra, target: d, generation: st.Generation, reason: "the image is attached more than once; this device is not mounted"})
 	}
 	if st.Deleting {
-		// A device detached while something still holds it open (another
-		// mount namespace, the kubelet's own loop device on a block
-		// volume) goes away with its last user: wait for that, rather
-		// than detach it again and again.
-		if len(v.Publishes) == 0 && !a.releasePending() && !hold {
-			acts = append(acts, action{kind: actUnstage, generation: st.Generation, reason: unstageReason(a)})
-		}
-		return acts
+		return append(acts, unstageWhenFree(v, a, hold)...)
 	}
-	if a.staged && (a.unusable != "" || a.errorsRO) {
+	if a.stageInPlace && (a.unusable != "" || a.errorsRO) {
 		return append(acts, repairStaging(v, a, targets)...)
 	}
 	if !stageReady(v, a) {
@@ -105,6 +87,55 @@ func diffMounts(v *state.Volume, a *actual) []action {
 	if a.loop.AutoClear {
 		acts = append(acts, action{kind: actKeepDevice, generation: st.Generation, reason: "loop device was detached from outside while in use"})
 	}
+	acts = append(acts, publishSteps(v, a, targets, hold)...)
+	// Recording comes after the publishes, so that it never delays one.
+	acts = append(acts, recordMounts(v, a, targets)...)
+	acts = append(acts, grow(v, a)...)
+	acts = append(acts, reserve(v, a)...)
+	return append(acts, spaceRanOut(v, a)...)
+}
+
+// takeDowns returns the unmounts that come before anything of the stage,
+// whatever state it is in: the plugin's own mounts that moved to a path no
+// record names (strays), then the publishes the kubelet withdrew, unless
+// hold (a mount whose owner cannot be told this pass) keeps every
+// withdrawal waiting. A stray comes first: a publish or stage whose
+// recorded mount is somewhere else is not forgotten before that mount is
+// gone, or nothing would know it as the plugin's any more.
+func takeDowns(v *state.Volume, a *actual, targets []string, hold bool) []action {
+	var acts []action
+	for _, m := range a.strays {
+		acts = append(acts, action{kind: actUnmountStray, target: m.path, mountID: m.id, reason: "the plugin's own mount of the volume, moved to a path no record names"})
+	}
+	for _, t := range targets {
+		if p := v.Publishes[t]; p.Deleting && !hold {
+			acts = append(acts, action{kind: actUnpublish, target: t, generation: p.Generation, reason: "publish withdrawn"})
+		}
+	}
+	return acts
+}
+
+// unstageWhenFree returns the unstage of v's withdrawn stage once nothing
+// holds it: no publish left in the record, no detached device still
+// waiting for its last user, and no mount whose owner cannot be told
+// (hold); nothing until then. A device detached while something still
+// holds it open (another mount namespace, the kubelet's own loop device on
+// a block volume) goes away with its last user: the plan waits for that,
+// rather than detach it again and again.
+func unstageWhenFree(v *state.Volume, a *actual, hold bool) []action {
+	if len(v.Publishes) > 0 || a.releasePending() || hold {
+		return nil
+	}
+	return []action{{kind: actUnstage, generation: v.Stage.Generation, reason: unstageReason(a)}}
+}
+
+// publishSteps returns, for each publish the record keeps on v's ready stage,
+// the step it needs: the unmount of a target whose mount point fails, so
+// that the next pass mounts it anew, or the bind mount of a target that
+// does not hold it yet (none while hold keeps publishes waiting). A
+// published target with a working mount needs none.
+func publishSteps(v *state.Volume, a *actual, targets []string, hold bool) []action {
+	var acts []action
 	for _, t := range targets {
 		p := v.Publishes[t]
 		if msg := a.unusableTargets[t]; msg != "" && !p.Deleting {
@@ -119,11 +150,7 @@ func diffMounts(v *state.Volume, a *actual) []action {
 			acts = append(acts, action{kind: actPublish, target: t, generation: p.Generation, reason: reason})
 		}
 	}
-	// Recording comes after the publishes, so that it never delays one.
-	acts = append(acts, recordMounts(v, a, targets)...)
-	acts = append(acts, grow(v, a)...)
-	acts = append(acts, reserve(v, a)...)
-	return append(acts, spaceRanOut(v, a)...)
+	return acts
 }
 
 // spaceRanOut returns the step that records a full data directory under a
@@ -215,7 +242,7 @@ func grow(v *state.Volume, a *actual) []action {
 // none whose owner is unknown. The staging mount may then come and go (the
 // kubelet's next publish waits for it).
 func unused(v *state.Volume, a *actual) bool {
-	return a.staged && len(v.Publishes) == 0 && len(a.foreignMounts) == 0 && len(a.unknownMounts) == 0 && len(a.strays) == 0
+	return a.stageInPlace && len(v.Publishes) == 0 && len(a.foreignMounts) == 0 && len(a.unknownMounts) == 0 && len(a.strays) == 0
 }
 
 // expandReady reports whether v's expansion is fulfilled: the device and
@@ -261,7 +288,7 @@ func stageReason(v *state.Volume, a *actual) string {
 		return "device not attached"
 	case a.stagingMount == nil:
 		return "staging path not mounted"
-	case !a.staged:
+	case !a.stageInPlace:
 		return "staging path holds another mount"
 	case v.Formatted == "":
 		return "filesystem provenance not recorded"
@@ -271,7 +298,7 @@ func stageReason(v *state.Volume, a *actual) string {
 
 func unstageReason(a *actual) string {
 	switch {
-	case a.staged && !a.block:
+	case a.stageInPlace && !a.block:
 		return "staging mount present"
 	case a.loop != nil && !a.static:
 		return "device attached"

@@ -1,8 +1,12 @@
-// Package reconciler makes the machine match the desired state.
+// Package reconciler makes the machine match the desired state. It owns
+// the actual state of each volume (observed, never stored), the decisions
+// made from it (diff, health) and the operations that act on them; it
+// does not own the records (pkg/state) nor touch the OS but through the
+// interfaces of config.go (pkg/devices and the pools fill them).
 //
 // Each pass observes the machine once (one parse of the mount table, one
 // listing of the loop devices), derives every volume's actual state from
-// that snapshot in O(1), compares it with the volume's record in an explicit
+// that observation in O(1), compares it with the volume's record in an explicit
 // diff, and hands the first action of each volume to the executor. The
 // executor runs at most one operation per volume, in two bounded pools (quick
 // bind mounts and teardowns never wait behind mkfs), and backs off
@@ -16,7 +20,7 @@
 // pass (observe, plan, report, start); pools.go resolves each volume's
 // storage pool once a pass (config.go's Pool: every call about its image
 // and snapshots goes there); observe.go what a volume's actual
-// state is, from the machine's snapshot; diff.go the rules that compare it
+// state is, from the machine's observation; diff.go the rules that compare it
 // with the record and choose actions; kinds.go the table of action kinds;
 // dispatch.go hands an action to the executor (executor.go), and
 // outcome.go does what its end calls for; health.go decides a volume's

@@ -36,7 +36,7 @@ func (r *Reconciler) growFsOffline(ctx context.Context, v *state.Volume, a *actu
 	// Unmounted for the growth; the stage's record still says mounted.
 	// gofail: var reconcilerExpandAfterUnmount struct{}
 	unmounted := *a
-	unmounted.staged, unmounted.stagingMount = false, nil
+	unmounted.stageInPlace, unmounted.stagingMount = false, nil
 	if err := r.stage(ctx, v, &unmounted); err != nil {
 		return err
 	}

@@ -77,7 +77,7 @@ type fakeWorld struct {
 	frozen map[string]bool
 	// snapshots maps a snapshot's ID to what it was taken of.
 	snapshots map[string]fakeSnapshot
-	// afterObserve, when set, runs once Observe has taken its snapshot.
+	// afterObserve, when set, runs once Observe has made its observation.
 	afterObserve func()
 	// before, when set, runs as each call begins (without mu held), with
 	// the backing file of the volume the call is about ("" when unknown);
@@ -234,22 +234,22 @@ func (w *fakeWorld) Calls() []string {
 	return append([]string(nil), w.calls...)
 }
 
-func (w *fakeWorld) Observe() (*host.Snapshot, error) {
+func (w *fakeWorld) Observe() (*host.Observation, error) {
 	w.mu.Lock()
 	loops := make([]host.Device, 0, len(w.loops))
 	for _, l := range w.loops {
 		loops = append(loops, l)
 	}
-	snap := host.NewSnapshot(append([]host.Mount(nil), w.mounts...), loops)
+	obs := host.NewObservation(append([]host.Mount(nil), w.mounts...), loops)
 	if w.pool {
-		snap.WithPool(state.DefaultPool, host.PoolSpace{Known: true, Total: 1 << 30, Free: w.free})
+		obs.WithPool(state.DefaultPool, host.PoolSpace{Known: true, Total: 1 << 30, Free: w.free})
 	}
 	after := w.afterObserve
 	w.mu.Unlock()
 	if after != nil {
 		after()
 	}
-	return snap, nil
+	return obs, nil
 }
 
 func (w *fakeWorld) CheckMount(path string) (uint64, error) {

@@ -13,7 +13,7 @@ import (
 // volume cannot be used now, and of those the publishes that were
 // fulfilled and broke (broken).
 func unusablePaths(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int64) bool) (unusable, broken []string) {
-	if !a.staged || a.unusable != "" {
+	if !a.stageInPlace || a.unusable != "" {
 		unusable = append(unusable, v.Stage.Path)
 	}
 	for _, t := range v.Targets() {
@@ -100,7 +100,7 @@ func observed(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int
 		return abnormal(reasons.DeviceDetached, "the loop device of volume %s is gone; attaching and mounting it again", v.ID)
 	case stageLost && a.stagingMount == nil && !a.block:
 		return staging(reasons.StagingMountMissing, "nothing is mounted at the staging path %s; mounting volume %s again", st.Path, v.ID)
-	case a.stagingMount != nil && !a.staged && !a.block:
+	case a.stagingMount != nil && !a.stageInPlace && !a.block:
 		return staging(reasons.StagingPathTaken, "the staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
 	case a.unusable != "" && len(a.foreignMounts) > 0:
 		return abnormal(reasons.FilesystemUnusable, "volume %s: %s; it cannot be remounted while it is also mounted at %s", v.ID, a.unusable, strings.Join(a.foreignMounts, ", "))

@@ -9,7 +9,7 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// actual is the observed state of one volume, derived from a snapshot.
+// actual is the observed state of one volume, derived from an observation.
 type actual struct {
 	// loop is the loop device attached to the volume's image, if any.
 	loop *host.Device
@@ -20,8 +20,12 @@ type actual struct {
 	idleExtraLoops []string
 	// stagingMount is the top mount at the staging path, if any.
 	stagingMount *host.Mount
-	// staged is true when stagingMount is the volume's filesystem.
-	staged bool
+	// stageInPlace is true when the stage the record asks for is there on
+	// the machine: stagingMount is the whole filesystem of the volume's
+	// device or, for a raw block volume, the device is attached. It says
+	// nothing of whether the filesystem is usable (unusable) or the record
+	// withdrew the stage.
+	stageInPlace bool
 	// targets maps each recorded target path to its top mount, if any.
 	targets map[string]*host.Mount
 	// strays lists the plugin's own mounts of the volume's filesystem at
@@ -56,7 +60,7 @@ type actual struct {
 	// unusableTargets maps a published target whose mount point fails to
 	// the error.
 	unusableTargets map[string]string
-	// block is true for a raw block volume: staged means attached, and a
+	// block is true for a raw block volume: in place means attached, and a
 	// publish is a bind mount of the device node.
 	block bool
 	// static is true for a volume on an existing block device (loop is
@@ -129,76 +133,116 @@ type stray struct {
 // there (0 when unknown), and the error of a corrupted mount.
 type checkMount func(path string) (uint64, error)
 
-// observeVolume derives v's actual state from snap. image is the volume's
+// observeVolume derives v's actual state from obs. image is the volume's
 // backing file; check probes the mount points of the volume's filesystem;
 // roots are the directories the plugin mounts in. A mount of the volume at
 // a path the record does not name is a stray only if the record holds its
 // unique ID: only a mount the plugin made is its own.
 // A static volume's device, resolved by the caller, is staticDev.
-func observeVolume(v *state.Volume, image string, snap *host.Snapshot, check checkMount, roots []string, staticDev *host.Device) *actual {
+func observeVolume(v *state.Volume, image string, obs *host.Observation, check checkMount, roots []string, staticDev *host.Device) *actual {
 	a := &actual{targets: make(map[string]*host.Mount, len(v.Publishes)), mountIDs: map[string]uint64{}}
-	if v.Stage != nil && v.Stage.Device != "" {
-		a.static, a.loop = true, staticDev
-	} else if ls := snap.LoopsFor(image); len(ls) > 0 {
-		a.loop = &ls[0]
-		for _, l := range ls[1:] {
-			a.extraLoops = append(a.extraLoops, l.Device)
-			if len(snap.MountsOf(l.Dev)) == 0 && !l.AutoClear {
-				a.idleExtraLoops = append(a.idleExtraLoops, l.Device)
-			}
-		}
-	}
-	if v.Stage != nil && v.Stage.Access == state.AccessBlock {
-		// Nothing is mounted for a raw block stage: the device is it.
-		a.block, a.staged = true, a.loop != nil
-	} else if v.Stage != nil {
-		if m, ok := snap.MountAt(v.Stage.Path); ok {
-			a.stagingMount = &m
-			a.staged = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
-		}
-		if a.staged {
-			m := a.stagingMount
-			switch {
-			case m.Shutdown:
-				a.unusable = "the filesystem was shut down (every I/O fails)"
-			case v.Stage.Deleting:
-				// Nothing reads a withdrawn stage's mount ID or state
-				// (diff and condition stop at the withdrawal), and a
-				// check is three system calls a pass: a teardown of
-				// many volumes runs pass after pass.
-			default:
-				id, err := check(m.Path)
-				if err != nil {
-					a.unusable = fmt.Sprintf("the staging mount is corrupted: %v", err)
-				}
-				a.mountIDs[m.Path] = id
-			}
-			a.errorsRO = m.SuperReadOnly && !v.Stage.MountsReadOnly()
-		}
-	}
-	for target := range v.Publishes {
-		if m, ok := snap.MountAt(target); ok {
-			a.targets[target] = &m
-			// A withdrawn publish is not checked either: its unpublish
-			// unmounts whatever is there, and nothing reads its ID.
-			if a.published(target) && !m.Shutdown && !v.Publishes[target].Deleting {
-				id, err := check(target)
-				if err != nil {
-					if a.unusableTargets == nil {
-						a.unusableTargets = map[string]string{}
-					}
-					a.unusableTargets[target] = err.Error()
-				}
-				a.mountIDs[target] = id
-			}
-		}
-	}
+	a.observeDevice(v, image, obs, staticDev)
+	a.observeStage(v, obs, check)
+	a.observeTargets(v, obs, check)
 	if a.loop != nil {
-		mounts := snap.MountsOf(a.loop.Dev)
+		mounts := obs.MountsOf(a.loop.Dev)
 		a.deviceMounts = len(mounts)
 		a.sortOtherMounts(v, mounts, check, roots)
 	}
 	return a
+}
+
+// observeDevice finds the volume's device: staticDev for a static volume,
+// otherwise the loop device attached to image that is in use, with any
+// further device attached to it (extraLoops; idleExtraLoops when nothing
+// mounts one and it does not go away by itself). loop stays nil when
+// there is none.
+func (a *actual) observeDevice(v *state.Volume, image string, obs *host.Observation, staticDev *host.Device) {
+	if v.Stage != nil && v.Stage.Device != "" {
+		a.static, a.loop = true, staticDev
+		return
+	}
+	ls := obs.LoopsFor(image)
+	if len(ls) == 0 {
+		return
+	}
+	a.loop = &ls[0]
+	for _, l := range ls[1:] {
+		a.extraLoops = append(a.extraLoops, l.Device)
+		if len(obs.MountsOf(l.Dev)) == 0 && !l.AutoClear {
+			a.idleExtraLoops = append(a.idleExtraLoops, l.Device)
+		}
+	}
+}
+
+// observeStage tells whether the stage v's record names is in place: for
+// a raw block stage, the device is attached; for a filesystem, the top
+// mount at the staging path is the whole filesystem of the device. An
+// in-place filesystem is checked (check, except for a withdrawn stage)
+// and is unusable when shut down or when its mount point fails; errorsRO
+// when the kernel made a read-write stage read-only. A volume with no
+// stage recorded is left as it is.
+func (a *actual) observeStage(v *state.Volume, obs *host.Observation, check checkMount) {
+	if v.Stage == nil {
+		return
+	}
+	if v.Stage.Access == state.AccessBlock {
+		// Nothing is mounted for a raw block stage: the device is it.
+		a.block, a.stageInPlace = true, a.loop != nil
+		return
+	}
+	m, ok := obs.MountAt(v.Stage.Path)
+	if !ok {
+		return
+	}
+	a.stagingMount = &m
+	a.stageInPlace = a.loop != nil && m.Dev == a.loop.Dev && m.Root == "/"
+	if !a.stageInPlace {
+		return
+	}
+	switch {
+	case m.Shutdown:
+		a.unusable = "the filesystem was shut down (every I/O fails)"
+	case v.Stage.Deleting:
+		// Nothing reads a withdrawn stage's mount ID or state
+		// (diff and condition stop at the withdrawal), and a
+		// check is three system calls a pass: a teardown of
+		// many volumes runs pass after pass.
+	default:
+		id, err := check(m.Path)
+		if err != nil {
+			a.unusable = fmt.Sprintf("the staging mount is corrupted: %v", err)
+		}
+		a.mountIDs[m.Path] = id
+	}
+	a.errorsRO = m.SuperReadOnly && !v.Stage.MountsReadOnly()
+}
+
+// observeTargets finds the top mount at each target the record names,
+// and checks each that holds the volume's live publish: one whose mount
+// point fails is in unusableTargets. A target with nothing mounted is
+// absent from targets.
+func (a *actual) observeTargets(v *state.Volume, obs *host.Observation, check checkMount) {
+	for target := range v.Publishes {
+		m, ok := obs.MountAt(target)
+		if !ok {
+			continue
+		}
+		a.targets[target] = &m
+		// A withdrawn publish is not checked either: its unpublish
+		// unmounts whatever is there, and nothing reads its ID.
+		if !a.published(target) || m.Shutdown || v.Publishes[target].Deleting {
+			continue
+		}
+		id, err := check(target)
+		if err != nil {
+			if a.unusableTargets == nil {
+				a.unusableTargets = map[string]string{}
+			}
+			a.unusableTargets[target] = err.Error()
+		}
+		a.mountIDs[target] = id
+	}
 }
 
 // sortOtherMounts sorts the mounts of the volume's filesystem at paths
@@ -247,7 +291,7 @@ func recorded(v *state.Volume, id uint64) bool {
 // stays attached until its last user (another mount namespace, the
 // kubelet's own loop device over a block volume) closes it.
 func (a *actual) releasePending() bool {
-	return a.loop != nil && a.loop.AutoClear && (a.block || !a.staged) && !a.static
+	return a.loop != nil && a.loop.AutoClear && (a.block || !a.stageInPlace) && !a.static
 }
 
 // orphans returns, for every loop device attached to an image of the data
@@ -255,18 +299,18 @@ func (a *actual) releasePending() bool {
 // release. The write-ahead rule (a stage is forgotten only once its device is
 // verified detached) makes every such device a leftover: of a crash before
 // the record was written, of a lost store, or of someone else's losetup.
-func orphans(snap *host.Snapshot, pools map[string]Pool, staged map[string]bool) map[string]*actual {
+func orphans(obs *host.Observation, pools map[string]Pool, hasStage map[string]bool) map[string]*actual {
 	out := map[string]*actual{}
-	for _, l := range snap.Loops() {
+	for _, l := range obs.Loops() {
 		id, home, ok := imageOf(pools, l.BackingFile)
-		if !ok || staged[id] {
+		if !ok || hasStage[id] {
 			continue
 		}
 		if _, seen := out[id]; seen {
 			continue // one device of an image at a time
 		}
 		a := &actual{loop: &l, home: home}
-		for _, m := range snap.MountsOf(l.Dev) {
+		for _, m := range obs.MountsOf(l.Dev) {
 			a.foreignMounts = append(a.foreignMounts, m.Path)
 		}
 		out[id] = a

@@ -35,12 +35,12 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	// machine as it was before, say, a mount was removed, and could be
 	// refused for good.
 	vols := r.cfg.Store.List()
-	snap, err := r.cfg.Observer.Observe()
+	obs, err := r.cfg.Observer.Observe()
 	if err != nil {
 		return 0, err
 	}
 	// Plan.
-	seen, plans := r.plan(vols, snap)
+	seen, plans := r.plan(vols, obs)
 	r.pollReleases(seen)
 	// Report.
 	statuses := make([]volstatus.VolumeStatus, 0, len(seen))
@@ -75,21 +75,21 @@ type plan struct {
 	acts []action
 }
 
-// plan derives the actual state of every recorded volume from snap (seen,
+// plan derives the actual state of every recorded volume from obs (seen,
 // with the actions each needs) and returns, for each volume and each
 // orphaned device that needs one, its next action.
-func (r *Reconciler) plan(vols []*state.Volume, snap *host.Snapshot) (seen, plans []plan) {
-	staged := make(map[string]bool, len(vols))
+func (r *Reconciler) plan(vols []*state.Volume, obs *host.Observation) (seen, plans []plan) {
+	hasStage := make(map[string]bool, len(vols))
 	for _, v := range vols {
-		staged[v.ID] = v.Stage != nil
+		hasStage[v.ID] = v.Stage != nil
 	}
-	for id, a := range orphans(snap, r.cfg.Pools, staged) {
+	for id, a := range orphans(obs, r.cfg.Pools, hasStage) {
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
 	for _, v := range vols {
 		name, home := r.poolOf(v)
-		a := observeVolume(v, home.Image(v.ID), snap, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		a.home, a.pool, a.poolName = home, snap.Pool(name), name
+		a := observeVolume(v, home.Image(v.ID), obs, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
+		a.home, a.pool, a.poolName = home, obs.Pool(name), name
 		a.poolGuard = home.Guard().Threshold(a.pool.Total)
 		a.snapshotsTaken = takenSnapshots(v, home)
 		acts := diff(v, a)

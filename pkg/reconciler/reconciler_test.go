@@ -106,9 +106,9 @@ func mountPaths(w *fakeWorld) []string {
 
 func TestDiffOrder(t *testing.T) {
 	loop := &host.Device{Device: "/dev/loop0", Dev: host.DevNum{Major: 7}}
-	staged := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}}
+	staged := &actual{loop: loop, stageInPlace: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}}
 	bare := &actual{targets: map[string]*host.Mount{}}
-	unknown := &actual{loop: loop, staged: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}, unknownMounts: []string{"/a.moved"}}
+	unknown := &actual{loop: loop, stageInPlace: true, stagingMount: &host.Mount{}, targets: map[string]*host.Mount{}, unknownMounts: []string{"/a.moved"}}
 	pub := func(deleting bool) *state.Publish { p := publishSpec(); p.Deleting = deleting; return p }
 	st := func(deleting bool) *state.Stage { s := stageSpec("/s"); s.Deleting = deleting; return s }
 	tests := []struct {
@@ -797,7 +797,7 @@ func TestStatusAndRecorder(t *testing.T) {
 	}
 	h.runUntilIdle()
 	s := h.r.Status()
-	if len(s) != 1 || s[0].Phase != volstatus.PhaseReady || !s[0].Staged || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
+	if len(s) != 1 || s[0].Phase != volstatus.PhaseReady || !s[0].StageReady || s[0].PublishesActual != 1 || s[0].SizeBytes != 64<<20 {
 		t.Errorf("status when converged: got %+v", s)
 	}
 	if rec.ops["stage ok"] != 1 || rec.ops["publish ok"] != 1 || rec.passes < 3 || len(rec.last) != 1 {

@@ -88,7 +88,7 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 // was frozen goes to the Recorder.
 func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() error) (fnErr, err error) {
 	st := v.Stage
-	if st == nil || st.Deleting || !a.staged || a.block || st.MountsReadOnly() {
+	if st == nil || st.Deleting || !a.stageInPlace || a.block || st.MountsReadOnly() {
 		return fn(), nil
 	}
 	path := st.Path
@@ -138,7 +138,7 @@ func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() 
 // and clears the record. The filesystem is thawed only while it is v's
 // staging mount: anything else there is not the plugin's to thaw.
 func (r *Reconciler) thaw(v *state.Volume, a *actual, path string) error {
-	if st := v.Stage; st != nil && st.Path == path && a.staged && !a.block {
+	if st := v.Stage; st != nil && st.Path == path && a.stageInPlace && !a.block {
 		if err := r.cfg.Paths.Thaw(path); err != nil {
 			return fmt.Errorf("thawing %s: %w", path, err)
 		}

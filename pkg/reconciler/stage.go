@@ -84,7 +84,7 @@ func (r *Reconciler) stageChecks(v *state.Volume, a *actual) (done bool, err err
 		return false, state.Errorf(state.KindFailedPrecondition, "image of volume %s is attached more than once (%s and %s); refusing to mount it",
 			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
 	}
-	if a.staged && !a.block {
+	if a.stageInPlace && !a.block {
 		return true, r.recordFormatted(v.ID, a.stagingMount.FsType, 0, 0, 0)
 	}
 	if a.stagingMount != nil {

@@ -51,10 +51,10 @@ func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Conditi
 	deleting := false
 	if st := v.Stage; st != nil {
 		s.StagingPath, s.Access = st.Path, string(st.Access)
-		s.Staged = stageReady(v, a)
+		s.StageReady = stageReady(v, a)
 		deleting = st.Deleting
 	}
-	allReady := s.Staged
+	allReady := s.StageReady
 	for t, p := range v.Publishes {
 		if p.Deleting {
 			deleting = true

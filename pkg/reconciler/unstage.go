@@ -34,7 +34,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 		// unstaging would pull it from under them. Refuse; never touch it.
 		return state.Terminalf(state.KindFailedPrecondition, "volume %s is still mounted at %s; unmount it before unstaging", v.ID, strings.Join(a.foreignMounts, ", "))
 	}
-	if a.staged && !a.block {
+	if a.stageInPlace && !a.block {
 		if err := r.cfg.Filesystems.Unmount(st.Path); err != nil {
 			return fmt.Errorf("unmounting staging path %s: %w", st.Path, err)
 		}

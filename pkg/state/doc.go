@@ -1,7 +1,10 @@
 // Package state holds the desired state of the node: one durable record per
 // volume (what the kubelet asked for), the in-memory results the reconciler
-// reports for each intent, and the snapshot type that describes the observed
-// (actual) state of the machine.
+// reports for each intent, and the classified errors every layer answers
+// with. It does not hold the actual state: the machine is observed anew
+// every pass (pkg/host's Observation, filled by pkg/devices). A record
+// whose Stage is set asks for a stage; whether it is in place is the
+// reconciler's observation, and whether it is ready its decision.
 //
 // A record is durable once it is in the store's write-ahead log (one write
 // and one fdatasync); bbolt takes the log's records at checkpoints, and Open

@@ -1,6 +1,7 @@
 // Package volstatus holds what the plugin reports of each volume: the
 // reconciler fills it at every pass; the metrics, the HTTP status view and
-// the status command read it. It imports nothing of the plugin.
+// the status command read it. It decides nothing and imports nothing of the
+// plugin. Its JSON names are published (csi-node status) and never change.
 package volstatus
 
 import "time"
@@ -36,8 +37,9 @@ type VolumeStatus struct {
 	// Pool is the storage pool of the volume's image; empty for a static
 	// volume.
 	Pool string `json:"pool,omitempty"`
-	// Staged is true when the stage is fulfilled.
-	Staged           bool `json:"staged"`
+	// StageReady is true when the stage is fulfilled: in place, formatted
+	// and usable (the reconciler's stageReady). Published as "staged".
+	StageReady       bool `json:"staged"`
 	PublishesDesired int  `json:"publishesDesired"`
 	PublishesActual  int  `json:"publishesActual"`
 	// SizeBytes is the device's size; 0 when it is not attached.

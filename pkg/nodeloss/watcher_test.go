@@ -21,12 +21,12 @@ import (
 	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
-// fixture is a controller over a fake clientset, with a clock the test
+// fixture is a Watcher over a fake clientset, with a clock the test
 // moves and the events it records.
 type fixture struct {
 	t       *testing.T
 	client  *fake.Clientset
-	c       *Controller
+	c       *Watcher
 	events  *record.FakeRecorder
 	metrics *Metrics
 	reg     *prometheus.Registry

@@ -20,7 +20,7 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// Config is what the controller works with.
+// Config is what the Watcher works with.
 type Config struct {
 	Client kubernetes.Interface
 	// Driver is the CSI driver whose volumes it looks after, TopologyKey
@@ -37,9 +37,9 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Controller runs passes over the driver's volumes: on every change of the
+// Watcher runs passes over the driver's volumes: on every change of the
 // objects it watches, at the end of a node's grace, and every Resync.
-type Controller struct {
+type Watcher struct {
 	cfg     Config
 	factory informers.SharedInformerFactory
 	nodes   corelisters.NodeLister
@@ -59,16 +59,16 @@ type Controller struct {
 	warned map[types.UID]string
 }
 
-// New makes a controller; Run starts it.
-func New(cfg Config) *Controller {
+// New makes a Watcher; Run starts it.
+func New(cfg Config) *Watcher {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 0)
-	c := &Controller{cfg: cfg, factory: f, wake: make(chan struct{}, 1),
+	c := &Watcher{cfg: cfg, factory: f, wake: make(chan struct{}, 1),
 		absent: map[string]time.Time{}, warned: map[types.UID]string{}}
 	// A pod is kept only for what a pass reads of it: a cluster's pods
-	// would otherwise be most of the controller's memory.
+	// would otherwise be most of converge-controller's memory.
 	if err := f.Core().V1().Pods().Informer().SetTransform(slimPod); err != nil {
 		panic(err) // only before the informer starts
 	}
@@ -97,7 +97,7 @@ func New(cfg Config) *Controller {
 	return c
 }
 
-func (c *Controller) poke() {
+func (c *Watcher) poke() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
@@ -107,7 +107,7 @@ func (c *Controller) poke() {
 // Run watches and passes until ctx ends. It makes no pass before its
 // caches hold the whole cluster: a node missing from a cache not yet
 // filled is not a node gone.
-func (c *Controller) Run(ctx context.Context) error {
+func (c *Watcher) Run(ctx context.Context) error {
 	defer c.factory.Shutdown()
 	if err := c.start(ctx); err != nil {
 		return err
@@ -142,7 +142,7 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 // start starts the informers and waits for their caches to fill.
-func (c *Controller) start(ctx context.Context) error {
+func (c *Watcher) start(ctx context.Context) error {
 	c.factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
 		return fmt.Errorf("the caches did not fill: %w", ctx.Err())
@@ -152,7 +152,7 @@ func (c *Controller) start(ctx context.Context) error {
 
 // Pass reads the caches, decides and acts. It returns the decision, and
 // the failure of the first action that failed (the others were tried).
-func (c *Controller) Pass(ctx context.Context) (Decision, error) {
+func (c *Watcher) Pass(ctx context.Context) (Decision, error) {
 	w, err := c.world()
 	if err != nil {
 		return Decision{}, err
@@ -208,7 +208,7 @@ func (c *Controller) Pass(ctx context.Context) (Decision, error) {
 // node is back: the last word an operator reads there must not be a
 // warning that no longer holds. A volume that is gone, or whose node is
 // still not there (a warning that changed into an action), gets nothing.
-func (c *Controller) sayBack(w *World, uid types.UID) {
+func (c *Watcher) sayBack(w *World, uid types.UID) {
 	for _, pv := range w.Volumes {
 		if pv.UID != uid {
 			continue
@@ -227,7 +227,7 @@ func (c *Controller) sayBack(w *World, uid types.UID) {
 }
 
 // world is the caches' view of the cluster, and the absent nodes' times.
-func (c *Controller) world() (*World, error) {
+func (c *Watcher) world() (*World, error) {
 	w := &World{Now: c.cfg.Now(), Grace: c.cfg.Grace, Nodes: map[string]*corev1.Node{}, AbsentSince: c.absent,
 		Claims: map[types.NamespacedName]*corev1.PersistentVolumeClaim{}, Classes: map[string]*storagev1.StorageClass{}}
 	nodes, err := c.nodes.List(labels.Everything())
