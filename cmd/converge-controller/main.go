@@ -126,10 +126,10 @@ func run(ctx context.Context, o options) error {
 	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-controller"})
 
 	return lead(ctx, o, client, health, metrics, func(ctx context.Context) {
-		c := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: contract.TopologyKey,
+		w := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: contract.TopologyKey,
 			Grace: o.grace, Resync: o.resync, Events: events, Metrics: metrics})
-		if err := c.Run(ctx); err != nil {
-			klog.ErrorS(err, "The controller stopped")
+		if err := w.Run(ctx); err != nil {
+			klog.ErrorS(err, "The node-loss watcher stopped")
 		}
 	})
 }
