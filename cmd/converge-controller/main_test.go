@@ -41,7 +41,7 @@ func TestDeployInstallsThePublishedDriver(t *testing.T) {
 		t.Fatal("deploy/storageclass.yaml names no converge parameter")
 	}
 	for _, k := range keys {
-		if !slices.Contains(contract.CreateParameters, k[1]) {
+		if !slices.Contains(contract.CreateParameters(), k[1]) {
 			t.Errorf("deploy/storageclass.yaml names parameter %s, which CreateVolume does not know", k[1])
 		}
 	}

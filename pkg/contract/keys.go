@@ -10,13 +10,13 @@ import (
 
 // CheckKeys refuses, naming them in order, the keys of m (what: "parameters"
 // or "volume attributes") that are neither known nor added by Kubernetes
-// itself (KubernetesPrefixes), INVALID_ARGUMENT, so that a typo in a StorageClass, a
+// itself (kubernetesPrefixes), INVALID_ARGUMENT, so that a typo in a StorageClass, a
 // VolumeSnapshotClass or a PV is never silently ignored. No map, or one of
 // known keys only, is nil.
 func CheckKeys(what string, m map[string]string, known ...string) error {
 	var unknown []string
 	for k := range m {
-		if !slices.Contains(known, k) && !slices.ContainsFunc(KubernetesPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
+		if !slices.Contains(known, k) && !slices.ContainsFunc(kubernetesPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
 			unknown = append(unknown, fmt.Sprintf("%q", k))
 		}
 	}

@@ -1,6 +1,10 @@
 package contract
 
-import "github.com/converge-csi/converge/pkg/state"
+import (
+	"slices"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
 
 const (
 	// DefaultDriverName is the CSI driver's name, unless --driver-name
@@ -15,7 +19,7 @@ const (
 )
 
 // StorageClass parameters. A key a StorageClass gives that is neither one
-// of these nor Kubernetes' own (KubernetesPrefixes) is refused (CheckKeys).
+// of these nor Kubernetes' own (kubernetesPrefixes) is refused (CheckKeys).
 const (
 	// ProvisioningKey chooses how a volume's image holds its space:
 	// "thick" (the default) or "thin".
@@ -50,17 +54,23 @@ const (
 // block device by a stable path under an allowed device prefix.
 const DeviceKey = "converge.csi.dev/device"
 
-// KubernetesPrefixes are the prefixes of the keys that Kubernetes adds on
+// kubernetesPrefixes are the prefixes of the keys that Kubernetes adds on
 // its own to parameters and volume attributes: the kubelet's pod
 // information and service account tokens, and the external-provisioner's
 // and external-snapshotter's names of what they make. converge reads none
 // of them but FsTypeKey.
-var KubernetesPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
+var kubernetesPrefixes = []string{"csi.storage.k8s.io/", "storage.kubernetes.io/"}
 
-// CreateParameters are the StorageClass parameters CreateVolume knows.
-var CreateParameters = []string{MkfsOptionsKey, ProvisioningKey, PoolKey, OnNodeLossKey, AllowModeChangeKey}
+// CreateParameters are the StorageClass parameters CreateVolume knows: a
+// copy, so that no importer widens what is accepted.
+func CreateParameters() []string { return slices.Clone(createParameters) }
+
+var createParameters = []string{MkfsOptionsKey, ProvisioningKey, PoolKey, OnNodeLossKey, AllowModeChangeKey}
 
 // VolumeAttributes are the volume attributes (a PV's, which the kubelet
 // passes to NodeStageVolume and NodePublishVolume) the node knows: what
 // CreateVolume writes, and a static PV's device.
-var VolumeAttributes = []string{DeviceKey, MkfsOptionsKey, OnNodeLossKey}
+// A copy, as CreateParameters.
+func VolumeAttributes() []string { return slices.Clone(volumeAttributes) }
+
+var volumeAttributes = []string{DeviceKey, MkfsOptionsKey, OnNodeLossKey}

@@ -81,7 +81,7 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return createRequest{}, err
 	}
-	if err := contract.CheckKeys("parameters", params, contract.CreateParameters...); err != nil {
+	if err := contract.CheckKeys("parameters", params, contract.CreateParameters()...); err != nil {
 		return createRequest{}, err
 	}
 	// What the cluster does when this node is gone is converge-controller's

@@ -3,7 +3,6 @@ package nodeserver
 import (
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
-	"github.com/converge-csi/converge/pkg/state"
 )
 
 // checkAttributes refuses volume attributes (a PV's, which the kubelet
@@ -13,7 +12,7 @@ import (
 // wrong one so that a PV written by hand with a typo fails at its first
 // use, not silently on the day its node is lost.
 func checkAttributes(vc map[string]string) error {
-	if err := contract.CheckKeys("volume attributes", vc, contract.VolumeAttributes...); err != nil {
+	if err := contract.CheckKeys("volume attributes", vc, contract.VolumeAttributes()...); err != nil {
 		return err
 	}
 	if _, err := contract.ParseOnNodeLoss(vc[contract.OnNodeLossKey]); err != nil {
@@ -34,14 +33,6 @@ func (s *Server) checkDevice(path string) error {
 		return invalid("volume attribute %s: %v", contract.DeviceKey, err)
 	}
 	return nil
-}
-
-// accessOf is how a volume of capability c is presented.
-func accessOf(c contract.Capability) state.AccessType {
-	if c.Access == state.AccessBlock {
-		return state.AccessBlock
-	}
-	return state.AccessMount
 }
 
 // checkPath validates a staging or target path for an RPC.
