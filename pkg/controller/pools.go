@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -39,6 +40,11 @@ func NewPools(store Store, spaces ...*Pool) *Pools {
 
 // Get returns the space of pool name, nil when the node has no such pool.
 func (ps *Pools) Get(name string) *Pool { return ps.byName[name] }
+
+// Configured returns the pools in the order they were given: the default
+// pool first, then as configured, the order of start-up's log and of the
+// status.
+func (ps *Pools) Configured() []*Pool { return slices.Clone(ps.ordered) }
 
 // All returns the spaces in pool name order.
 func (ps *Pools) All() []*Pool {

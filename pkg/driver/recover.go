@@ -11,7 +11,7 @@ import (
 //
 //  1. the store's log, replayed when construct opened the store
 //     (openStore), which says how many records it replayed;
-//  2. in each pool, what interrupted image creations and snapshot copies
+//  2. in each pool, in the order they were given, what interrupted image creations and snapshot copies
 //     left, removed (controller.Pool.Repair);
 //  3. then each pool's filesystem probed (controller.Pool.Probe): after step 2,
 //     which frees what the leftovers may have filled;
@@ -22,7 +22,7 @@ import (
 // passes (start-up reconstruction), which serve starts: the plugin is
 // ready (/readyz, Identity.Probe) once they are done.
 func (p *plugin) recover() error {
-	for _, pool := range p.pools.All() {
+	for _, pool := range p.pools.Configured() {
 		if err := pool.Repair(); err != nil {
 			return err
 		}

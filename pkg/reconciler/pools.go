@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/converge-csi/converge/pkg/capacity"
@@ -20,15 +22,23 @@ func (r *Reconciler) poolOf(v *state.Volume) (string, Pool) {
 	if p, ok := r.cfg.Pools[name]; ok && p != nil {
 		return name, p
 	}
-	return name, missingPool(name)
+	has := make([]string, 0, len(r.cfg.Pools))
+	for n := range r.cfg.Pools {
+		has = append(has, n)
+	}
+	slices.Sort(has)
+	return name, missingPool{name: name, has: has}
 }
 
 // missingPool is a pool this node does not have: its volumes have no image
 // here, and every call about one fails saying so.
-type missingPool string
+type missingPool struct {
+	name string
+	has  []string // the pools the node has, by name
+}
 
 func (p missingPool) err() error {
-	return fmt.Errorf("this node has no storage pool %q (--pool)", string(p))
+	return fmt.Errorf("this node has no storage pool %s (it has %s)", p.name, strings.Join(p.has, ", "))
 }
 
 func (p missingPool) Image(string) string             { return "" }
