@@ -100,7 +100,7 @@ func main() {
 	klog.Flush()
 }
 
-// run elects and, while this replica leads, runs the controller, until ctx
+// run elects and, while this replica leads, runs the node-loss watcher, until ctx
 // ends. A replica that loses the lead returns an error, so that it starts
 // over with nothing of its term (its pod restarts).
 func run(ctx context.Context, o options) error {
