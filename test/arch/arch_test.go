@@ -41,15 +41,16 @@ var allowed = map[string][]string{
 	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/nodeloss"},
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
-	"pkg/driver":              {"pkg/capacity", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
-	"pkg/controller":          {"pkg/capacity", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
-	"pkg/nodeserver":          {"pkg/contract", "pkg/host", "pkg/state"},
-	"pkg/contract":            {"pkg/host", "pkg/state"},
-	"pkg/rpcerr":              {"pkg/state"},
-	"pkg/reconciler":          {"pkg/capacity", "pkg/contract/reasons", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
+	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/host", "pkg/state"},
+	"pkg/contract":            {"pkg/classified", "pkg/host", "pkg/state"},
+	"pkg/rpcerr":              {"pkg/classified"},
+	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract/reasons", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/devices":             {"pkg/host"},
 	"pkg/metrics":             {"pkg/volstatus"},
-	"pkg/state":               {"pkg/contract/reasons"},
+	"pkg/state":               {"pkg/classified", "pkg/contract/reasons"},
+	"pkg/classified":          nil,
 	"pkg/contract/reasons":    nil,
 	"pkg/host":                nil,
 	"pkg/volstatus":           nil,
@@ -149,7 +150,7 @@ func TestContractIsALeaf(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range strings.Fields(string(out)) {
-		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/contract", "pkg/contract/reasons", "pkg/host", "pkg/state"}, inner) {
+		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/classified", "pkg/contract", "pkg/contract/reasons", "pkg/host", "pkg/state"}, inner) {
 			t.Errorf("pkg/contract links %s", inner)
 		}
 	}
