@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // The transitions a Node request makes to a record: each takes a request
@@ -34,7 +35,7 @@ func (v *Volume) RequestStage(spec *Stage) error {
 		// What a workload wrote on a raw block device is never fscked
 		// nor mounted by root: a Filesystem PV made for the volume of
 		// a Block one (by whoever may create PVs) is refused.
-		return classified.Errorf(classified.KindFailedPrecondition, "volume %s was made for or staged as a raw block device, so a workload may have written anything on it: it is not mounted as a filesystem; restore or clone it into a Filesystem volume through a StorageClass with %s: \"true\" instead", v.ID, AllowModeChangeKey)
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s was made for or staged as a raw block device, so a workload may have written anything on it: it is not mounted as a filesystem; restore or clone it into a Filesystem volume through a StorageClass with %s: \"true\" instead", v.ID, contract.AllowModeChangeKey)
 	case st == nil:
 		v.Stage = spec
 	case st.SameSpec(spec):

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // requestCase is one request transition on a record: the record it gives,
@@ -87,7 +88,7 @@ func TestRequestStage(t *testing.T) {
 		{spec: fs, requestCase: requestCase{name: "a volume being removed",
 			v: &Volume{ID: "v", Removing: true}, kind: classified.KindNotFound, message: "volume v is being deleted"}},
 		{spec: fs, requestCase: requestCase{name: "a filesystem on a volume written raw",
-			v: &Volume{ID: "v", Access: AccessBlock}, kind: classified.KindFailedPrecondition, message: AllowModeChangeKey}},
+			v: &Volume{ID: "v", Access: AccessBlock}, kind: classified.KindFailedPrecondition, message: contract.AllowModeChangeKey}},
 		{spec: fs, requestCase: requestCase{name: "a filesystem on a volume written raw and staged so again",
 			v: &Volume{ID: "v", Access: AccessBlock, Stage: block}, kind: classified.KindAlreadyExists, message: "with another capability"}},
 		{spec: with(fs, func(st *Stage) { st.FsType = "xfs" }), requestCase: requestCase{name: "another spec while the stage is torn down",
