@@ -8,7 +8,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/converge-csi/converge/pkg/host"
-	"github.com/converge-csi/converge/pkg/state"
 )
 
 // mountFlagPolicy lists the mount options a request may carry. Options with
@@ -94,7 +93,9 @@ var supportedModes = []csi.VolumeCapability_AccessMode_Mode{
 
 // Capability is a validated CSI volume capability.
 type Capability struct {
-	Access     state.AccessType
+	// Block is true for the raw block access type, false for the mount
+	// access type (a filesystem).
+	Block      bool
 	FsType     string
 	MountFlags []string
 	// Mode is the access mode's CSI name.
@@ -120,10 +121,9 @@ func ParseCapability(c *csi.VolumeCapability) (Capability, error) {
 	out := Capability{Mode: mode.String(), ReadOnly: mode == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY}
 	switch {
 	case c.GetBlock() != nil:
-		out.Access = state.AccessBlock
+		out.Block = true
 	case c.GetMount() != nil:
 		m := c.GetMount()
-		out.Access = state.AccessMount
 		out.FsType = m.GetFsType()
 		if out.FsType != "" && !slices.Contains(host.FsTypes, out.FsType) {
 			return Capability{}, fmt.Errorf("fs type %q is not supported; use one of %v", out.FsType, host.FsTypes)

@@ -6,17 +6,20 @@
 // be), and the one rule for IDs (CheckID).
 //
 // It builds on two leaves alone (test/arch's TestContractIsALeaf): host,
-// for the filesystems a volume may ask for, and state, for the classified
-// errors its rules answer with, the access types, and the one name the
-// state package itself must spell (AllowModeChangeKey, which a stage
-// transition names). The node server, the node-local controller,
-// pkg/nodeloss and converge-controller read their names and rules here, so
-// that no copy can drift.
+// for the filesystems a volume may ask for, and classified, for the
+// classified errors its rules answer with. It knows nothing of the store:
+// the state package builds on it instead, for the one name its stage
+// transition spells (AllowModeChangeKey). The node server, the node-local
+// controller, the store, pkg/nodeloss and converge-controller read their
+// names and rules here, so that no copy can drift; converge-controller
+// reads them without linking the store or bbolt
+// (TestConvergeControllerLinksNoStore).
 //
 // The condition reasons (a volume's health, as the kubelet, the metrics and
 // the alert rules see it) are published too, in the subpackage reasons: a
-// leaf that imports nothing, since the store carries a reason in a
-// volume's condition and this package builds on the store.
+// leaf that imports nothing, which the store (it carries a reason in a
+// volume's condition) and the reconciler (it decides the reason) read
+// without the request rules.
 //
 // A name here never changes: StorageClasses, PVs and alert rules in
 // clusters hold it. CheckKeys, ParseOnNodeLoss and CheckID answer with

@@ -3,7 +3,7 @@ package contract
 import (
 	"fmt"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 // MaxIDLength is the longest volume or snapshot ID or name; CSI's limit
@@ -63,15 +63,15 @@ const (
 // name, and answer INVALID_ARGUMENT as Records does.
 func CheckID(what, id string, use IDUse) error {
 	if id == "" {
-		return state.Errorf(state.KindInvalidArgument, "%s ID is required", what)
+		return classified.Errorf(classified.KindInvalidArgument, "%s ID is required", what)
 	}
 	err := ValidID(id)
 	switch {
 	case err == nil:
 		return nil
 	case use == Finds:
-		return state.Errorf(state.KindNotFound, "%s %s not found", what, id)
+		return classified.Errorf(classified.KindNotFound, "%s %s not found", what, id)
 	default:
-		return state.Errorf(state.KindInvalidArgument, "%v", err)
+		return classified.Errorf(classified.KindInvalidArgument, "%v", err)
 	}
 }

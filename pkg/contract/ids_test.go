@@ -3,7 +3,7 @@ package contract
 import (
 	"testing"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 func TestValidID(t *testing.T) {
@@ -23,11 +23,11 @@ func TestValidID(t *testing.T) {
 }
 
 // kindOf is err's kind, -1 for no error.
-func kindOf(err error) state.Kind {
+func kindOf(err error) classified.Kind {
 	if err == nil {
 		return -1
 	}
-	return state.AsError(err).Kind
+	return classified.AsError(err).Kind
 }
 
 // TestCheckID owns the one rule for IDs as a classified answer: none is
@@ -37,12 +37,12 @@ func kindOf(err error) state.Kind {
 func TestCheckID(t *testing.T) {
 	for _, tc := range []struct {
 		id             string
-		records, finds state.Kind
+		records, finds classified.Kind
 	}{
-		{id: "", records: state.KindInvalidArgument, finds: state.KindInvalidArgument},
-		{id: "../x", records: state.KindInvalidArgument, finds: state.KindNotFound},
-		{id: ".hidden", records: state.KindInvalidArgument, finds: state.KindNotFound},
-		{id: string(make([]byte, 129)), records: state.KindInvalidArgument, finds: state.KindNotFound},
+		{id: "", records: classified.KindInvalidArgument, finds: classified.KindInvalidArgument},
+		{id: "../x", records: classified.KindInvalidArgument, finds: classified.KindNotFound},
+		{id: ".hidden", records: classified.KindInvalidArgument, finds: classified.KindNotFound},
+		{id: string(make([]byte, 129)), records: classified.KindInvalidArgument, finds: classified.KindNotFound},
 		{id: "v_node", records: -1, finds: -1},
 	} {
 		if got := kindOf(CheckID("volume", tc.id, Records)); got != tc.records {

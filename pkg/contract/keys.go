@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 // CheckKeys refuses, naming them in order, the keys of m (what: "parameters"
@@ -22,7 +22,7 @@ func CheckKeys(what string, m map[string]string, known ...string) error {
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
-		return state.Errorf(state.KindInvalidArgument, "unknown %s: %s", what, strings.Join(unknown, ", "))
+		return classified.Errorf(classified.KindInvalidArgument, "unknown %s: %s", what, strings.Join(unknown, ", "))
 	}
 	return nil
 }

@@ -1,10 +1,6 @@
 package contract
 
-import (
-	"slices"
-
-	"github.com/converge-csi/converge/pkg/state"
-)
+import "slices"
 
 const (
 	// DefaultDriverName is the CSI driver's name, unless --driver-name
@@ -28,11 +24,11 @@ const (
 	// default pool.
 	PoolKey = "converge.csi.dev/pool"
 	// AllowModeChangeKey lets a restore or clone change a volume's mode
-	// (Filesystem and Block): "true", or "false" (the default). It is
-	// spelled in the state package, whose stage transition names it where
-	// it refuses to mount a Block volume's data as a filesystem, and which
-	// this package builds on.
-	AllowModeChangeKey = state.AllowModeChangeKey
+	// (Filesystem and Block, state.Volume.WrittenAs): "true", or "false"
+	// (the default). pkg/controller reads it, and the state package's
+	// stage transition names it where it refuses to mount a Block
+	// volume's data as a filesystem.
+	AllowModeChangeKey = "converge.csi.dev/allow-volume-mode-change"
 	// OnNodeLossKey is the parameter, and the volume attribute, that says
 	// what the cluster does with a volume whose node is gone for good
 	// (converge-controller): "retain" (the default) or "release". The node

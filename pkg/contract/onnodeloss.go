@@ -1,6 +1,6 @@
 package contract
 
-import "github.com/converge-csi/converge/pkg/state"
+import "github.com/converge-csi/converge/pkg/classified"
 
 // OnNodeLoss is what happens to a volume when its node is gone.
 type OnNodeLoss string
@@ -23,5 +23,5 @@ func ParseOnNodeLoss(v string) (OnNodeLoss, error) {
 	case OnNodeLossRelease:
 		return OnNodeLossRelease, nil
 	}
-	return "", state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want %q or %q", OnNodeLossKey, v, OnNodeLossRetain, OnNodeLossRelease)
+	return "", classified.Errorf(classified.KindInvalidArgument, "%s: unknown value %q: want %q or %q", OnNodeLossKey, v, OnNodeLossRetain, OnNodeLossRelease)
 }

@@ -3,7 +3,7 @@ package contract
 import (
 	"testing"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 func TestParseOnNodeLoss(t *testing.T) {
@@ -23,8 +23,8 @@ func TestParseOnNodeLoss(t *testing.T) {
 		if got != tc.want || (err == nil) != tc.ok {
 			t.Errorf("ParseOnNodeLoss(%q) = %q, %v; want %q, ok %v", tc.in, got, err, tc.want, tc.ok)
 		}
-		if err != nil && state.AsError(err).Kind != state.KindInvalidArgument {
-			t.Errorf("ParseOnNodeLoss(%q): kind %v, want InvalidArgument", tc.in, state.AsError(err).Kind)
+		if err != nil && classified.AsError(err).Kind != classified.KindInvalidArgument {
+			t.Errorf("ParseOnNodeLoss(%q): kind %v, want InvalidArgument", tc.in, classified.AsError(err).Kind)
 		}
 	}
 }

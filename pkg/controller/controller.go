@@ -19,6 +19,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -109,5 +110,5 @@ func (c *Controller) checkTopology(req *csi.TopologyRequirement) error {
 			return nil
 		}
 	}
-	return state.Errorf(state.KindResourceExhausted, "requisite topology does not include this node (%s=%s)", contract.TopologyKey, c.topology[contract.TopologyKey])
+	return classified.Errorf(classified.KindResourceExhausted, "requisite topology does not include this node (%s=%s)", contract.TopologyKey, c.topology[contract.TopologyKey])
 }

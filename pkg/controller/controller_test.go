@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/rpcerr"
@@ -119,20 +120,20 @@ func TestGrowImage(t *testing.T) {
 		id       string
 		size     int64
 		want     int64
-		wantKind state.Kind // of the error; KindInternal for none
+		wantKind classified.Kind // of the error; KindInternal for none
 	}{
 		{name: "grows, rounded to whole blocks", id: v, size: 2*MinVolumeSize + 1, want: 2*MinVolumeSize + sizeAlign},
 		{name: "never shrinks", id: v, size: MinVolumeSize, want: 2*MinVolumeSize + sizeAlign},
-		{name: "more than is free", id: v, size: free + (64 << 20), wantKind: state.KindResourceExhausted},
-		{name: "more than the filesystem", id: v, size: total + (1 << 30), wantKind: state.KindOutOfRange},
-		{name: "unknown volume", id: "nope", size: 2 * MinVolumeSize, wantKind: state.KindNotFound},
+		{name: "more than is free", id: v, size: free + (64 << 20), wantKind: classified.KindResourceExhausted},
+		{name: "more than the filesystem", id: v, size: total + (1 << 30), wantKind: classified.KindOutOfRange},
+		{name: "unknown volume", id: "nope", size: 2 * MinVolumeSize, wantKind: classified.KindNotFound},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			before, _ := images.Size(tc.id)
 			got, err := defaultPool(c).GrowImage(tc.id, tc.size)
-			if tc.wantKind != state.KindInternal {
-				if e := state.AsError(err); err == nil || e.Kind != tc.wantKind {
+			if tc.wantKind != classified.KindInternal {
+				if e := classified.AsError(err); err == nil || e.Kind != tc.wantKind {
 					t.Fatalf("got %d, %v; want a %s error", got, err, tc.wantKind)
 				}
 				if after, _ := images.Size(tc.id); after != before {
@@ -203,14 +204,14 @@ func TestControllerExpandVolume(t *testing.T) {
 		name            string
 		id              string
 		required, limit int64
-		want            state.Kind
+		want            classified.Kind
 	}{
-		{"no ID", "", 1 << 30, 0, state.KindInvalidArgument},
-		{"an ID no volume can have", "../v", 1 << 30, 0, state.KindNotFound},
-		{"8 EiB", v, 1<<63 - 1, 0, state.KindOutOfRange},
-		{"a limit below the volume's size", v, MinVolumeSize, MinVolumeSize, state.KindOutOfRange},
+		{"no ID", "", 1 << 30, 0, classified.KindInvalidArgument},
+		{"an ID no volume can have", "../v", 1 << 30, 0, classified.KindNotFound},
+		{"8 EiB", v, 1<<63 - 1, 0, classified.KindOutOfRange},
+		{"a limit below the volume's size", v, MinVolumeSize, MinVolumeSize, classified.KindOutOfRange},
 	} {
-		if _, err := expand(tc.id, tc.required, tc.limit); state.AsError(err) == nil || state.AsError(err).Kind != tc.want {
+		if _, err := expand(tc.id, tc.required, tc.limit); classified.AsError(err) == nil || classified.AsError(err).Kind != tc.want {
 			t.Errorf("%s: got %v, want %s", tc.name, err, tc.want)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
@@ -73,10 +74,10 @@ type createRequest struct {
 func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, error) {
 	name, params := req.GetName(), req.GetParameters()
 	if name == "" {
-		return createRequest{}, state.Errorf(state.KindInvalidArgument, "name is required")
+		return createRequest{}, classified.Errorf(classified.KindInvalidArgument, "name is required")
 	}
 	if err := contract.ValidID(name); err != nil {
-		return createRequest{}, state.Errorf(state.KindInvalidArgument, "name: %w", err)
+		return createRequest{}, classified.Errorf(classified.KindInvalidArgument, "name: %w", err)
 	}
 	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return createRequest{}, err
@@ -102,7 +103,7 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	// carry, and handed to the node in the volume's attributes.
 	if opts, ok := params[contract.MkfsOptionsKey]; ok {
 		if _, err := contract.CheckMkfsOptions(r.fsType, opts); err != nil {
-			return createRequest{}, state.Errorf(state.KindInvalidArgument, "%w", err)
+			return createRequest{}, classified.Errorf(classified.KindInvalidArgument, "%w", err)
 		}
 		r.volumeContext[contract.MkfsOptionsKey] = opts
 	}
@@ -173,26 +174,26 @@ func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeRe
 		v = nil
 	}
 	if v != nil && (v.Provisioning != "" || v.Removing) && state.PoolOf(v) != r.pool {
-		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists in pool %s, pool %s was asked for", r.name, state.PoolOf(v), r.pool)
+		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists in pool %s, pool %s was asked for", r.name, state.PoolOf(v), r.pool)
 	}
 	cur, err := r.space.ImageSize(r.id)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return nil, nil, nil
 	case err != nil:
-		return nil, nil, state.Errorf(state.KindInternal, "checking volume %s: %w", r.name, err)
+		return nil, nil, classified.Errorf(classified.KindInternal, "checking volume %s: %w", r.name, err)
 	case r.id != r.name && (v == nil || v.Name != r.name):
 		// The image of another volume: one made before volume IDs
 		// named their node, under a name that is this one's ID.
-		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume ID %s of the name %s is taken by another volume", r.id, r.name)
+		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume ID %s of the name %s is taken by another volume", r.id, r.name)
 	case cur < r.rng.Required || r.rng.Limit > 0 && cur > r.rng.Limit:
-		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", r.name, cur, r.rng.Required, r.rng.Limit)
+		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists with %d bytes, outside the requested range [%d, %d]", r.name, cur, r.rng.Required, r.rng.Limit)
 	case v != nil && v.Provisioning != "" && v.Provisioning != r.prov:
-		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists as a %s volume, %s was asked for", r.name, v.Provisioning, r.prov)
+		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists as a %s volume, %s was asked for", r.name, v.Provisioning, r.prov)
 	case v != nil && v.Access != "" && v.Access != r.access:
 		// What was checked when it was made (checkModeChange) held for
 		// its own capabilities, not these.
-		return nil, nil, state.Errorf(state.KindAlreadyExists, "volume %s exists in volume mode %s, volume mode %s was asked for", r.name, modeName(v.Access), modeName(r.access))
+		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists in volume mode %s, volume mode %s was asked for", r.name, modeName(v.Access), modeName(r.access))
 	}
 	return c.created(r, cur), nil, nil
 }
@@ -282,7 +283,7 @@ func (s *source) fit(rng state.Range, size int64) (int64, error) {
 		size = s.snap.Size
 	}
 	if size < s.snap.Size {
-		return 0, state.Errorf(state.KindOutOfRange, "a volume of %d bytes cannot hold snapshot %s of %d bytes", size, s.snap.ID, s.snap.Size)
+		return 0, classified.Errorf(classified.KindOutOfRange, "a volume of %d bytes cannot hold snapshot %s of %d bytes", size, s.snap.ID, s.snap.Size)
 	}
 	return size, nil
 }
@@ -305,7 +306,7 @@ func (c *Controller) contentSource(ctx context.Context, r createRequest) (*sourc
 		if r.fsType != "" && info.FsType != "" && info.FsType != r.fsType {
 			// The stage would refuse it, after the volume was made. A
 			// raw block volume takes any snapshot.
-			return nil, state.Errorf(state.KindInvalidArgument, "snapshot %s holds a %s filesystem; a volume made from it cannot be mounted as %s", info.ID, info.FsType, r.fsType)
+			return nil, classified.Errorf(classified.KindInvalidArgument, "snapshot %s holds a %s filesystem; a volume made from it cannot be mounted as %s", info.ID, info.FsType, r.fsType)
 		}
 		return &source{snap: info, from: from, done: func() {}}, nil
 	case src.GetVolume() != nil:
@@ -328,5 +329,5 @@ func (c *Controller) contentSource(ctx context.Context, r createRequest) (*sourc
 		}
 		return &source{snap: info, from: from, done: done}, nil
 	}
-	return nil, state.Errorf(state.KindInvalidArgument, "unknown volume content source")
+	return nil, classified.Errorf(classified.KindInvalidArgument, "unknown volume content source")
 }

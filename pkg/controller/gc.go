@@ -11,9 +11,9 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
@@ -86,7 +86,7 @@ func (c *Controller) snapshotsHeld() ([]heldSnapshot, error) {
 	for _, space := range c.pools.All() {
 		all, err := space.listSnapshots()
 		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 		}
 		for _, info := range all {
 			out = append(out, heldSnapshot{SnapshotInfo: info, pool: space.Name()})
@@ -121,13 +121,13 @@ func (c *Controller) checkListed(req volstatus.GCRequest, referenced, volumes ma
 	}
 	switch {
 	case req.NodeUnlisted && named != "":
-		return state.Errorf(state.KindFailedPrecondition, "--node-has-no-pvs, but the input names %s, which node %s holds: nothing is deleted; drop the flag", named, node)
+		return classified.Errorf(classified.KindFailedPrecondition, "--node-has-no-pvs, but the input names %s, which node %s holds: nothing is deleted; drop the flag", named, node)
 	case req.NodeUnlisted || named != "":
 		return nil
 	case !(req.Volumes && len(volumes) > 0) && !(req.Snapshots && len(snapshots) > 0):
 		return nil // nothing here would be left over
 	}
-	return state.Errorf(state.KindFailedPrecondition, "the input names none of the %d volumes and %d snapshots that node %s holds, so every one would be left over: "+
+	return classified.Errorf(classified.KindFailedPrecondition, "the input names none of the %d volumes and %d snapshots that node %s holds, so every one would be left over: "+
 		"it may list another cluster (kubectl's current context) or fewer PersistentVolumes than the cluster has (a selector). Nothing is deleted. "+
 		"Check that kubectl lists the cluster of node %s (kubectl config current-context; kubectl get pv lists the volumes csi-node status shows here); "+
 		"if no PersistentVolume or VolumeSnapshotContent of that cluster names a volume or snapshot of this node, add --node-has-no-pvs",

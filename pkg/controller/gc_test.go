@@ -4,9 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
@@ -54,7 +54,7 @@ func TestCheckListed(t *testing.T) {
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("got %v, want the listing taken", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || state.AsError(err).Kind != state.KindFailedPrecondition):
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || classified.AsError(err).Kind != classified.KindFailedPrecondition):
 				t.Errorf("got %v, want FailedPrecondition with %q", err, tc.want)
 			}
 		})

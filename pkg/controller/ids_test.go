@@ -7,7 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 // TestControllerRequestsFollowTheIDRule holds the Controller requests to
@@ -21,21 +21,21 @@ func TestControllerRequestsFollowTheIDRule(t *testing.T) {
 	ctx := context.Background()
 	rwo := []*csi.VolumeCapability{{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}
-	ok := state.Kind(-1)
+	ok := classified.Kind(-1)
 	for _, tc := range []struct {
 		rpc     string
-		invalid state.Kind
+		invalid classified.Kind
 		call    func(id string) error
 	}{
-		{"CreateVolume", state.KindInvalidArgument, func(id string) error {
+		{"CreateVolume", classified.KindInvalidArgument, func(id string) error {
 			_, err := c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: id, VolumeCapabilities: rwo})
 			return err
 		}},
-		{"ControllerExpandVolume", state.KindNotFound, func(id string) error {
+		{"ControllerExpandVolume", classified.KindNotFound, func(id string) error {
 			_, err := c.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}})
 			return err
 		}},
-		{"ValidateVolumeCapabilities", state.KindNotFound, func(id string) error {
+		{"ValidateVolumeCapabilities", classified.KindNotFound, func(id string) error {
 			_, err := c.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: rwo})
 			return err
 		}},
@@ -44,11 +44,11 @@ func TestControllerRequestsFollowTheIDRule(t *testing.T) {
 			return err
 		}},
 	} {
-		for id, want := range map[string]state.Kind{"": state.KindInvalidArgument, "../v": tc.invalid, ".v": tc.invalid, "v w": tc.invalid, strings.Repeat("v", 129): tc.invalid} {
+		for id, want := range map[string]classified.Kind{"": classified.KindInvalidArgument, "../v": tc.invalid, ".v": tc.invalid, "v w": tc.invalid, strings.Repeat("v", 129): tc.invalid} {
 			err := tc.call(id)
 			got := ok
 			if err != nil {
-				got = state.AsError(err).Kind
+				got = classified.AsError(err).Kind
 			}
 			if got != want {
 				t.Errorf("%s of %.10q: got %v (%v), want kind %v (-1: OK)", tc.rpc, id, got, err, want)

@@ -3,6 +3,7 @@ package controller
 import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
@@ -18,7 +19,7 @@ func parseAllowModeChange(params map[string]string) (bool, error) {
 	case v == "true":
 		return true, nil
 	default:
-		return false, state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want \"true\" or \"false\"", contract.AllowModeChangeKey, v)
+		return false, classified.Errorf(classified.KindInvalidArgument, "%s: unknown value %q: want \"true\" or \"false\"", contract.AllowModeChangeKey, v)
 	}
 }
 
@@ -76,7 +77,7 @@ func (r createRequest) checkModeChange(source string, from state.AccessType) err
 	}
 	for _, vc := range r.caps {
 		if to := capAccess(vc); to != from {
-			return state.Errorf(state.KindInvalidArgument, "%s holds the data of a volume in volume mode %s; a volume in volume mode %s is made from it only where the StorageClass sets %s: \"true\"",
+			return classified.Errorf(classified.KindInvalidArgument, "%s holds the data of a volume in volume mode %s; a volume in volume mode %s is made from it only where the StorageClass sets %s: \"true\"",
 				source, modeName(from), modeName(to), contract.AllowModeChangeKey)
 		}
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -27,7 +28,7 @@ func parseProvisioning(params map[string]string) (state.Provisioning, error) {
 	case p == string(state.ProvisionThin):
 		return state.ProvisionThin, nil
 	default:
-		return "", state.Errorf(state.KindInvalidArgument, "%s: unknown value %q: want %q or %q", contract.ProvisioningKey, p, state.ProvisionThick, state.ProvisionThin)
+		return "", classified.Errorf(classified.KindInvalidArgument, "%s: unknown value %q: want %q or %q", contract.ProvisioningKey, p, state.ProvisionThick, state.ProvisionThin)
 	}
 }
 
@@ -60,11 +61,11 @@ func fsTypeOf(params map[string]string, caps []*csi.VolumeCapability) string {
 // this plugin does not serve.
 func checkCapabilities(caps []*csi.VolumeCapability) error {
 	if len(caps) == 0 {
-		return state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
+		return classified.Errorf(classified.KindInvalidArgument, "volume capabilities are required")
 	}
 	for _, vc := range caps {
 		if _, err := contract.ParseCapability(vc); err != nil {
-			return state.Errorf(state.KindInvalidArgument, "%w", err)
+			return classified.Errorf(classified.KindInvalidArgument, "%w", err)
 		}
 	}
 	return nil
@@ -85,11 +86,11 @@ func sizeFor(r state.Range) (int64, error) {
 		}
 	}
 	if size > (1 << 62) {
-		return 0, state.Errorf(state.KindOutOfRange, "%d bytes is more than this node can hold", size)
+		return 0, classified.Errorf(classified.KindOutOfRange, "%d bytes is more than this node can hold", size)
 	}
 	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
 	if r.Limit > 0 && size > r.Limit {
-		return 0, state.Errorf(state.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, r.Limit)
+		return 0, classified.Errorf(classified.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, r.Limit)
 	}
 	return size, nil
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
@@ -62,7 +63,7 @@ func (ps *Pools) images() (map[string]*Pool, error) {
 	for _, space := range ps.All() {
 		in, err := space.images.List()
 		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "listing the volumes of pool %s: %w", space.Name(), err)
+			return nil, classified.Errorf(classified.KindInternal, "listing the volumes of pool %s: %w", space.Name(), err)
 		}
 		for _, id := range in {
 			where[id] = space
@@ -82,7 +83,7 @@ func (ps *Pools) Of(id string) (string, *Pool) {
 
 // noPool is the failure of a request about a pool this node does not have.
 func (ps *Pools) noPool(name string) error {
-	return state.Errorf(state.KindResourceExhausted, "this node has no storage pool %s (it has %s)", name, strings.Join(ps.names, ", "))
+	return classified.Errorf(classified.KindResourceExhausted, "this node has no storage pool %s (it has %s)", name, strings.Join(ps.names, ", "))
 }
 
 // parsePool reads the pool a request's parameters name: INVALID_ARGUMENT
@@ -94,7 +95,7 @@ func (ps *Pools) parsePool(params map[string]string) (string, *Pool, error) {
 		name = state.DefaultPool
 	}
 	if err := state.ValidPoolName(name); err != nil {
-		return "", nil, state.Errorf(state.KindInvalidArgument, "%s: %w", contract.PoolKey, err)
+		return "", nil, classified.Errorf(classified.KindInvalidArgument, "%s: %w", contract.PoolKey, err)
 	}
 	s := ps.byName[name]
 	if s == nil {

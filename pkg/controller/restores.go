@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -133,7 +134,7 @@ func contained(r *restore, copy func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			klog.ErrorS(nil, "Restore panicked", "volumeID", r.volume, "snapshotID", r.snapshot, "panic", p, "stack", string(debug.Stack()))
-			err = state.Errorf(state.KindInternal, "restoring volume %s from snapshot %s failed: internal error: %v", r.volume, r.snapshot, p)
+			err = classified.Errorf(classified.KindInternal, "restoring volume %s from snapshot %s failed: internal error: %v", r.volume, r.snapshot, p)
 		}
 	}()
 	return copy()
@@ -193,7 +194,7 @@ func (s *Pool) copySnapshot(ctx context.Context, id string, from *Pool, snap dev
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return state.Errorf(state.KindNotFound, "snapshot %s not found", snap.ID)
+			return classified.Errorf(classified.KindNotFound, "snapshot %s not found", snap.ID)
 		}
 		return imageError(err, "restoring volume %s from snapshot %s", id, snap.ID)
 	}

@@ -12,9 +12,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/state"
 )
 
 // Snapshotter asks the node's reconciler for snapshots: it records the
@@ -54,10 +54,10 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 	name, source := req.GetName(), req.GetSourceVolumeId()
 	if name == "" {
-		return nil, state.Errorf(state.KindInvalidArgument, "name is required")
+		return nil, classified.Errorf(classified.KindInvalidArgument, "name is required")
 	}
 	if source == "" {
-		return nil, state.Errorf(state.KindInvalidArgument, "source volume ID is required")
+		return nil, classified.Errorf(classified.KindInvalidArgument, "source volume ID is required")
 	}
 	if err := contract.CheckKeys("parameters", req.GetParameters()); err != nil {
 		return nil, err
@@ -68,7 +68,7 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 	id := c.localID(name)
 	if err := contract.ValidID(id); err != nil {
-		return nil, state.Errorf(state.KindInvalidArgument, "snapshot name %q: as the ID %q: %v", name, id, err)
+		return nil, classified.Errorf(classified.KindInvalidArgument, "snapshot name %q: as the ID %q: %v", name, id, err)
 	}
 	if err := contract.CheckID("volume", source, contract.Finds); err != nil {
 		return nil, err
@@ -80,12 +80,12 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	case err == nil:
 		s.mu.Unlock()
 		if info.Source != source {
-			return nil, state.Errorf(state.KindAlreadyExists, "snapshot %s exists, of volume %s", name, info.Source)
+			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, of volume %s", name, info.Source)
 		}
 		return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
 	case !errors.Is(err, os.ErrNotExist):
 		s.mu.Unlock()
-		return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+		return nil, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
 	info, err = c.takeLocked(ctx, id, source)
 	if err != nil {
@@ -105,7 +105,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 	s := c.snapshots
 	if other := c.takingSnapshot(id); other != "" && other != source {
 		s.mu.Unlock()
-		return devices.SnapshotInfo{}, state.Errorf(state.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
+		return devices.SnapshotInfo{}, classified.Errorf(classified.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
 	}
 	pool, space := c.pools.Of(source)
 	if space == nil {
@@ -126,7 +126,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 	}
 	info, err := space.snapshot(id)
 	if err != nil {
-		return devices.SnapshotInfo{}, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+		return devices.SnapshotInfo{}, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
 	return info, nil
 }
@@ -140,7 +140,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *Pool, done func(), err error) {
 	s := c.snapshots
 	if s == nil {
-		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInvalidArgument, "cloning a volume is not supported here")
+		return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindInvalidArgument, "cloning a volume is not supported here")
 	}
 	if err := contract.CheckID("source volume", source, contract.Finds); err != nil {
 		return devices.SnapshotInfo{}, nil, nil, err
@@ -152,9 +152,9 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	if _, err := space.ImageSize(source); errors.Is(err, os.ErrNotExist) {
 		if node := nodeOf(source); node != "" && node != c.topology[contract.TopologyKey] {
 			// The scheduler may try another node.
-			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[contract.TopologyKey])
+			return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[contract.TopologyKey])
 		}
-		return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[contract.TopologyKey])
+		return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[contract.TopologyKey])
 	}
 	from = space
 	id := from.tempSnapshotID("clone-" + name)
@@ -163,7 +163,7 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 		// What an interrupted clone of the same name left.
 		if err := from.deleteSnapshot(id); err != nil {
 			s.mu.Unlock()
-			return devices.SnapshotInfo{}, nil, nil, state.Errorf(state.KindInternal, "%w", err)
+			return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindInternal, "%w", err)
 		}
 	}
 	info, err = c.takeLocked(ctx, id, source)
@@ -215,7 +215,7 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	}
 	id := req.GetSnapshotId()
 	if err := contract.CheckID("snapshot", id, contract.Finds); err != nil {
-		if state.AsError(err).Kind == state.KindNotFound {
+		if classified.AsError(err).Kind == classified.KindNotFound {
 			return &csi.DeleteSnapshotResponse{}, nil
 		}
 		return nil, err
@@ -232,20 +232,20 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 // unless it is being taken or restored; one that is not there is done.
 func (c *Controller) deleteSnapshotLocked(id string) error {
 	if source := c.takingSnapshot(id); source != "" {
-		return state.Errorf(state.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
+		return classified.Errorf(classified.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
 	}
 	if n := c.pools.restoresFrom(id); n > 0 {
-		return state.Errorf(state.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
+		return classified.Errorf(classified.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
 	}
 	_, space, err := c.pools.snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
-		return state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+		return classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
 	if err := space.deleteSnapshot(id); err != nil {
-		return state.Errorf(state.KindInternal, "deleting snapshot %s: %w", id, err)
+		return classified.Errorf(classified.KindInternal, "deleting snapshot %s: %w", id, err)
 	}
 	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
 	return nil
@@ -274,14 +274,14 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 			return &csi.ListSnapshotsResponse{}, nil
 		}
 		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+			return nil, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 		}
 		infos = []devices.SnapshotInfo{info}
 	default:
 		for _, space := range c.pools.All() {
 			all, err := space.listSnapshots()
 			if err != nil {
-				return nil, state.Errorf(state.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+				return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
 			}
 			infos = append(infos, all...)
 		}
@@ -308,24 +308,24 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *Pool, error) {
 	s := c.snapshots
 	if s == nil {
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInvalidArgument, "snapshots are not served")
+		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindInvalidArgument, "snapshots are not served")
 	}
 	if err := contract.CheckID("source snapshot", id, contract.Finds); err != nil {
 		return devices.SnapshotInfo{}, nil, err
 	}
 	if node := nodeOf(id); node != "" && node != c.topology[contract.TopologyKey] {
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[contract.TopologyKey])
+		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[contract.TopologyKey])
 	}
 	info, space, err := c.pools.snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindNotFound, "snapshot %s not found", id)
+		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindNotFound, "snapshot %s not found", id)
 	}
 	if err != nil {
-		return devices.SnapshotInfo{}, nil, state.Errorf(state.KindInternal, "reading snapshot %s: %w", id, err)
+		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
 	return info, space, nil
 }
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not
 // serve snapshots.
-var errNoSnapshots = state.Errorf(state.KindUnimplemented, "snapshots are not served")
+var errNoSnapshots = classified.Errorf(classified.KindUnimplemented, "snapshots are not served")

@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
@@ -87,7 +88,7 @@ func account(images *devices.Images, store Store, ratio float64, guard capacity.
 func (s *Pool) Available(thin bool) (avail, largest int64, err error) {
 	acc, total, err := s.Account()
 	if err != nil {
-		return 0, 0, state.Errorf(state.KindInternal, "%w", err)
+		return 0, 0, classified.Errorf(classified.KindInternal, "%w", err)
 	}
 	// Thin volumes may be promised more than the filesystem holds, but no
 	// one of them can be larger than it.
@@ -105,20 +106,20 @@ func (p promise) volume(thin bool, size, have int64) error {
 	s := p.s
 	acc, total, err := s.Account()
 	if err != nil {
-		return state.Errorf(state.KindInternal, "%w", err)
+		return classified.Errorf(classified.KindInternal, "%w", err)
 	}
 	if size > total {
-		return state.Errorf(state.KindOutOfRange, "%d bytes is more than the %d bytes of pool %s's filesystem", size, total, s.name)
+		return classified.Errorf(classified.KindOutOfRange, "%d bytes is more than the %d bytes of pool %s's filesystem", size, total, s.name)
 	}
 	kind := state.ProvisionThick
 	if thin {
 		kind = state.ProvisionThin
 		if acc.NearlyFull() {
-			return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", s.name, acc.Free, acc.Guard)
+			return classified.Errorf(classified.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", s.name, acc.Free, acc.Guard)
 		}
 	}
 	if avail := acc.Available(thin); size-have > avail {
-		return state.Errorf(state.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d of them kept free by its guard, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
+		return classified.Errorf(classified.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d of them kept free by its guard, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
 			size-have, avail, s.name, kind, acc.Free, acc.Guard, acc.ThickOwed, acc.ThinPromised, s.ratio)
 	}
 	return nil
@@ -138,18 +139,18 @@ func (p promise) snapshot(id string) error {
 		return state.NotFound(id)
 	}
 	if err != nil {
-		return state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+		return classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
 	}
 	need := snapshotNeed(s.mode(), u)
 	acc, _, err := s.Account()
 	if err != nil {
-		return state.Errorf(state.KindInternal, "%w", err)
+		return classified.Errorf(classified.KindInternal, "%w", err)
 	}
 	if acc.NearlyFull() {
-		return state.Errorf(state.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.name, acc.Free, acc.Guard)
+		return classified.Errorf(classified.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.name, acc.Free, acc.Guard)
 	}
 	if avail := acc.ThickAvailable(); need > avail {
-		return state.Errorf(state.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
+		return classified.Errorf(classified.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
 			id, need, s.name, s.mode(), avail, acc.Free, acc.Guard)
 	}
 	return nil
@@ -198,7 +199,7 @@ func (p promise) grow(id string, size int64) (int64, error) {
 		return 0, state.NotFound(id)
 	}
 	if err != nil {
-		return 0, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+		return 0, classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
 	}
 	if size <= cur {
 		return cur, nil
@@ -270,7 +271,7 @@ func (p promise) makeImage(id string, size int64, prov state.Provisioning) error
 func (p promise) remove(id string) error {
 	s := p.s
 	if err := s.images.Delete(id); err != nil {
-		return state.Errorf(state.KindInternal, "deleting image of %s: %w", id, err)
+		return classified.Errorf(classified.KindInternal, "deleting image of %s: %w", id, err)
 	}
 	// The image is gone; the record still says the removal started.
 	// gofail: var controllerDeleteAfterImage struct{}
@@ -288,9 +289,9 @@ func imageError(err error, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	switch {
 	case state.NoSpace(err):
-		return state.Errorf(state.KindResourceExhausted, "%s: %w", msg, err)
+		return classified.Errorf(classified.KindResourceExhausted, "%s: %w", msg, err)
 	case errors.Is(err, devices.ErrCannotAllocate):
-		return state.Errorf(state.KindFailedPrecondition, "%s: %w; thick volumes cannot be kept here, ask for %s: %s", msg, err, contract.ProvisioningKey, state.ProvisionThin)
+		return classified.Errorf(classified.KindFailedPrecondition, "%s: %w; thick volumes cannot be kept here, ask for %s: %s", msg, err, contract.ProvisioningKey, state.ProvisionThin)
 	}
-	return state.Errorf(state.KindInternal, "%s: %w", msg, err)
+	return classified.Errorf(classified.KindInternal, "%s: %w", msg, err)
 }

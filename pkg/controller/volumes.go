@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -32,10 +33,10 @@ import (
 func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
+		return nil, classified.Errorf(classified.KindInvalidArgument, "volume ID is required")
 	}
 	if req.GetCapacityRange() == nil {
-		return nil, state.Errorf(state.KindInvalidArgument, "capacity range is required")
+		return nil, classified.Errorf(classified.KindInvalidArgument, "capacity range is required")
 	}
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err
@@ -55,7 +56,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		klog.V(2).InfoS("Volume is not on this node; its node grows it in NodeExpandVolume", "volumeID", id, "bytes", size)
 		return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
 	case err != nil:
-		return nil, state.Errorf(state.KindInternal, "checking volume %s: %w", id, err)
+		return nil, classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
 	}
 	if err := rng.Grows(id, cur); err != nil {
 		return nil, err
@@ -74,14 +75,14 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
-		if state.AsError(err).Kind == state.KindNotFound {
+		if classified.AsError(err).Kind == classified.KindNotFound {
 			return &csi.DeleteVolumeResponse{}, nil
 		}
 		return nil, err
 	}
 	pool, space := c.pools.Of(id)
 	if space == nil {
-		return nil, state.Errorf(state.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, pool)
+		return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, pool)
 	}
 	if err := space.within(func(p promise) error { return c.deleteWithin(p, id) }); err != nil {
 		return nil, err
@@ -93,7 +94,7 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 // is being restored, staged or published.
 func (c *Controller) deleteWithin(p promise, id string) error {
 	if r := p.s.restore(id); r != nil {
-		return state.Errorf(state.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
+		return classified.Errorf(classified.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
 	}
 	if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
 		return err
@@ -106,10 +107,10 @@ func (c *Controller) deleteWithin(p promise, id string) error {
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
-		return nil, state.Errorf(state.KindInvalidArgument, "volume ID is required")
+		return nil, classified.Errorf(classified.KindInvalidArgument, "volume ID is required")
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, state.Errorf(state.KindInvalidArgument, "volume capabilities are required")
+		return nil, classified.Errorf(classified.KindInvalidArgument, "volume capabilities are required")
 	}
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err
@@ -122,7 +123,7 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, state.NotFound(id)
 		}
-		return nil, state.Errorf(state.KindInternal, "%w", err)
+		return nil, classified.Errorf(classified.KindInternal, "%w", err)
 	}
 	for _, vc := range req.GetVolumeCapabilities() {
 		if _, err := contract.ParseCapability(vc); err != nil {
@@ -141,14 +142,14 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 // ID of the page before.
 func pageStart(maxEntries int32, token string) (after string, err error) {
 	if maxEntries < 0 {
-		return "", state.Errorf(state.KindInvalidArgument, "max entries must not be negative")
+		return "", classified.Errorf(classified.KindInvalidArgument, "max entries must not be negative")
 	}
 	if token == "" {
 		return "", nil
 	}
 	id, ok := strings.CutPrefix(token, listTokenPrefix)
 	if !ok || contract.ValidID(id) != nil {
-		return "", state.Errorf(state.KindAborted, "invalid starting token %q", token)
+		return "", classified.Errorf(classified.KindAborted, "invalid starting token %q", token)
 	}
 	return id, nil
 }
@@ -195,7 +196,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	}
 	_, space, err := c.pools.parsePool(req.GetParameters())
 	if err != nil {
-		if state.AsError(err).Kind == state.KindResourceExhausted {
+		if classified.AsError(err).Kind == classified.KindResourceExhausted {
 			return &csi.GetCapacityResponse{}, nil // no such pool here
 		}
 		return nil, err

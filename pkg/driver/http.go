@@ -13,9 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/reconciler"
-	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
@@ -114,7 +114,7 @@ func newLocalHandler(status http.Handler, rec *reconciler.Reconciler, collect co
 			// A listing refused for what it says (FAILED_PRECONDITION)
 			// is the caller's to fix, not the plugin's failure.
 			code := http.StatusInternalServerError
-			if state.AsError(err).Kind == state.KindFailedPrecondition {
+			if classified.AsError(err).Kind == classified.KindFailedPrecondition {
 				code = http.StatusConflict
 			}
 			http.Error(w, err.Error(), code)

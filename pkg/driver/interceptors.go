@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/rpcerr"
-	"github.com/converge-csi/converge/pkg/state"
 )
 
 // observeCalls records each RPC's duration and code in m.
@@ -58,7 +58,7 @@ func recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, han
 	defer func() {
 		if p := recover(); p != nil {
 			klog.FromContext(ctx).Error(nil, "Panic in handler", "method", info.FullMethod, "panic", p, "stack", string(debug.Stack()))
-			err = rpcerr.ToGRPC(state.Errorf(state.KindInternal, "internal error in %s", info.FullMethod))
+			err = rpcerr.ToGRPC(classified.Errorf(classified.KindInternal, "internal error in %s", info.FullMethod))
 		}
 	}()
 	return handler(ctx, req)

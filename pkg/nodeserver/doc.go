@@ -7,6 +7,7 @@
 // or a mount, and decides no volume's condition: it reads the one the
 // reconciler decided.
 //
-// Handlers return classified errors (state.Error); the driver's interceptor
-// turns them into gRPC codes (pkg/rpcerr), for every service alike.
+// Handlers return classified errors (classified.Error); the driver's
+// interceptor turns them into gRPC codes (pkg/rpcerr), for every service
+// alike.
 package nodeserver

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
@@ -71,7 +72,7 @@ func TestResourceExhaustedIsAnsweredAtOnce(t *testing.T) {
 			return
 		}
 		store.SetResult("v", state.StageKey, state.Result{Generation: v.Stage.Generation, Attempts: 1,
-			Err: state.Errorf(state.KindResourceExhausted, "attaching volume v: no free loop device")})
+			Err: classified.Errorf(classified.KindResourceExhausted, "attaching volume v: no free loop device")})
 	}
 	// At the deadline the answer would be DeadlineExceeded.
 	_, err := s.NodeStageVolume(context.Background(), stageReq("v"))

@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -101,7 +102,7 @@ func (s *Server) capacity(id string) (int64, error) {
 		return 0, notFound(id)
 	}
 	if err != nil {
-		return 0, state.Errorf(state.KindInternal, "reading the capacity of volume %s: %w", id, err)
+		return 0, classified.Errorf(classified.KindInternal, "reading the capacity of volume %s: %w", id, err)
 	}
 	return capacity, nil
 }

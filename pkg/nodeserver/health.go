@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -32,7 +33,7 @@ var healthTypes = map[state.Health]csi.VolumeHealthErrorType{
 // optional in CSI, are not needed since the record names them.
 func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
 	if !s.cfg.VolumeHealth {
-		return nil, state.Errorf(state.KindUnimplemented, "NodeGetVolumeHealth is alpha in CSI v1.13: csi-node serves it with --feature-gates=VolumeHealth=true")
+		return nil, classified.Errorf(classified.KindUnimplemented, "NodeGetVolumeHealth is alpha in CSI v1.13: csi-node serves it with --feature-gates=VolumeHealth=true")
 	}
 	id := req.GetVolumeId()
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
@@ -44,7 +45,7 @@ func (s *Server) NodeGetVolumeHealth(_ context.Context, req *csi.NodeGetVolumeHe
 				return healthAnswer(id, c), nil
 			}
 		}
-		return nil, state.Errorf(state.KindNotFound, "volume %s not found on this node", id)
+		return nil, classified.Errorf(classified.KindNotFound, "volume %s not found on this node", id)
 	} else if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -146,7 +147,7 @@ func TestStatsAndHealthFollowTheCondition(t *testing.T) {
 func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 	s, store, _ := newServer(t)
 	s.cfg.VolumeHealth = true
-	store.SetTerminalFailure("gone", state.StageKey, state.TerminalFailure{Generation: 3, Err: state.Terminalf(state.KindDataLoss, "volume gone was formatted ext4 but no filesystem is found")})
+	store.SetTerminalFailure("gone", state.StageKey, state.TerminalFailure{Generation: 3, Err: classified.Terminalf(classified.KindDataLoss, "volume gone was formatted ext4 but no filesystem is found")})
 	resp, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "gone"})
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +156,7 @@ func TestHealthOfAVolumeRolledBackForDataLoss(t *testing.T) {
 		e[0].GetReason() != "FilesystemMissing" || e[0].GetMessage() != "volume gone was formatted ext4 but no filesystem is found" {
 		t.Errorf("got %v, want one DATA_LOSS entry, FilesystemMissing, with the failure's message", e)
 	}
-	store.SetTerminalFailure("other", state.StageKey, state.TerminalFailure{Generation: 1, Err: state.Terminalf(state.KindFailedPrecondition, "holds xfs")})
+	store.SetTerminalFailure("other", state.StageKey, state.TerminalFailure{Generation: 1, Err: classified.Terminalf(classified.KindFailedPrecondition, "holds xfs")})
 	if _, err := s.NodeGetVolumeHealth(t.Context(), &csi.NodeGetVolumeHealthRequest{VolumeId: "other"}); rpcerr.Code(err) != codes.NotFound {
 		t.Errorf("a volume refused for another reason: got %v, want NotFound", err)
 	}
@@ -195,7 +196,7 @@ func TestHealthMessageFitsThePodStatus(t *testing.T) {
 	}
 	store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Inaccessible, Reason: "FilesystemUnusable", Message: long, Unusable: []string{staging, target}})
 	check("v", message("v"), long)
-	store.SetTerminalFailure("gone", state.StageKey, state.TerminalFailure{Generation: 1, Err: state.Terminalf(state.KindDataLoss, "%s", long)})
+	store.SetTerminalFailure("gone", state.StageKey, state.TerminalFailure{Generation: 1, Err: classified.Terminalf(classified.KindDataLoss, "%s", long)})
 	check("gone", message("gone"), long)
 
 	fits := strings.Repeat("x", 1024)

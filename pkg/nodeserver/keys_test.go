@@ -7,6 +7,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -18,7 +19,7 @@ func TestLiveAt(t *testing.T) {
 		"/k/t1": {}, "/k/t2": {Deleting: true}}}
 	for path, live := range map[string]bool{"/k/s": true, "/k/t1": true, "/k/t2": false, "/k/other": false} {
 		err := liveAt(v, path)
-		if live != (err == nil) || err != nil && state.AsError(err).Kind != state.KindNotFound {
+		if live != (err == nil) || err != nil && classified.AsError(err).Kind != classified.KindNotFound {
 			t.Errorf("%s: got %v, want live %t (else NotFound)", path, err, live)
 		}
 	}
@@ -51,7 +52,7 @@ func TestCheckAttributes(t *testing.T) {
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("got %v, want none", err)
-			case tc.want != "" && (err == nil || err.Error() != tc.want || state.AsError(err).Kind != state.KindInvalidArgument):
+			case tc.want != "" && (err == nil || err.Error() != tc.want || classified.AsError(err).Kind != classified.KindInvalidArgument):
 				t.Errorf("got %v, want InvalidArgument %q", err, tc.want)
 			}
 		})
@@ -97,10 +98,10 @@ func TestNodeRequestsFollowTheIDRule(t *testing.T) {
 			return err
 		}},
 	} {
-		invalid := map[contract.IDUse]state.Kind{contract.Records: state.KindInvalidArgument, contract.Finds: state.KindNotFound}[tc.use]
-		for id, want := range map[string]state.Kind{"": state.KindInvalidArgument, "../v": invalid, ".v": invalid, "v w": invalid, strings.Repeat("v", 129): invalid} {
+		invalid := map[contract.IDUse]classified.Kind{contract.Records: classified.KindInvalidArgument, contract.Finds: classified.KindNotFound}[tc.use]
+		for id, want := range map[string]classified.Kind{"": classified.KindInvalidArgument, "../v": invalid, ".v": invalid, "v w": invalid, strings.Repeat("v", 129): invalid} {
 			err := tc.call(id)
-			if err == nil || state.AsError(err).Kind != want {
+			if err == nil || classified.AsError(err).Kind != want {
 				t.Errorf("%s of %.10q: got %v, want %v", tc.rpc, id, err, want)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/rpcerr"
@@ -134,7 +135,7 @@ func TestTerminalFailureAnsweredAfterRollback(t *testing.T) {
 		go func() {
 			v, _ := store.Get("v")
 			gen := v.Stage.Generation
-			store.SetTerminalFailure("v", state.StageKey, state.TerminalFailure{Generation: gen, Err: state.Terminalf(state.KindFailedPrecondition, "wrong filesystem")})
+			store.SetTerminalFailure("v", state.StageKey, state.TerminalFailure{Generation: gen, Err: classified.Terminalf(classified.KindFailedPrecondition, "wrong filesystem")})
 			store.Update("v", func(v *state.Volume) error { v.Stage.Deleting = true; return nil })
 			store.Update("v", func(v *state.Volume) error { v.Stage = nil; return nil })
 		}()
@@ -150,7 +151,7 @@ func TestTerminalFailureAnsweredAfterRollback(t *testing.T) {
 
 func TestChecks(t *testing.T) {
 	s, store, _ := newServer(t)
-	fail := state.Terminalf(state.KindNotFound, "gone")
+	fail := classified.Terminalf(classified.KindNotFound, "gone")
 	store.SetTerminalFailure("v", state.StageKey, state.TerminalFailure{Generation: 3, Err: fail})
 	store.SetResult("v", state.StageKey, state.Result{Generation: 4, Ready: true})
 	tests := []struct {
@@ -184,7 +185,7 @@ func TestDeadlineKeepsTheIntent(t *testing.T) {
 	s, store, _ := newServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	store.SetResult("v", state.StageKey, state.Result{Generation: 1, Err: state.Errorf(state.KindInternal, "device busy"), Attempts: 2})
+	store.SetResult("v", state.StageKey, state.Result{Generation: 1, Err: classified.Errorf(classified.KindInternal, "device busy"), Attempts: 2})
 	_, err := s.NodeStageVolume(ctx, stageReq("v"))
 	if rpcerr.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("got %v, want DeadlineExceeded", err)

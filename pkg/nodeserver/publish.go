@@ -51,7 +51,7 @@ func (s *Server) publishSpec(req *csi.NodePublishVolumeRequest) (*state.Publish,
 		return nil, invalid("target path must differ from the staging target path")
 	}
 	return &state.Publish{
-		Access:     c.Access,
+		Access:     accessOf(c),
 		AccessMode: c.Mode,
 		ReadOnly:   req.GetReadonly() || c.ReadOnly,
 		MountFlags: c.MountFlags,

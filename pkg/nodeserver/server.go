@@ -8,6 +8,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -17,7 +18,7 @@ type Store interface {
 	Get(id string) (*state.Volume, error)
 	UpdateUnsynced(id string, fn func(v *state.Volume) error) (*state.Volume, func() error, error)
 	Result(id string, key state.IntentKey) (state.Result, bool)
-	TerminalFailureFor(id string, key state.IntentKey, gen int64) *state.Error
+	TerminalFailureFor(id string, key state.IntentKey, gen int64) *classified.Error
 	Watch(id string) <-chan struct{}
 	Condition(id string) state.Condition
 	LastTerminalFailure(id string, key state.IntentKey) (state.TerminalFailure, bool)
@@ -161,7 +162,7 @@ func (s *Server) admit() (release func(), err error) {
 	case s.slots <- struct{}{}:
 		return func() { <-s.slots }, nil
 	default:
-		return nil, state.Errorf(state.KindResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
+		return nil, classified.Errorf(classified.KindResourceExhausted, "%d requests are already waiting; retry later", s.cfg.MaxRequests)
 	}
 }
 
@@ -203,7 +204,7 @@ func (s *Server) record(id string, fn func(v *state.Volume) error) (*state.Volum
 	// for another thread to wake and take it (50-100 µs here).
 	runtime.Gosched()
 	if err := durable(); err != nil {
-		return nil, state.Errorf(state.KindUnavailable, "the request for volume %s could not be made durable; restart the plugin: %w", id, err)
+		return nil, classified.Errorf(classified.KindUnavailable, "the request for volume %s could not be made durable; restart the plugin: %w", id, err)
 	}
 	return v, nil
 }

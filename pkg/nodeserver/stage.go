@@ -54,14 +54,14 @@ func (s *Server) stageSpec(req *csi.NodeStageVolumeRequest) (*state.Stage, error
 	if err != nil {
 		return nil, invalid("%v", err)
 	}
-	if c.Access == state.AccessBlock {
+	if c.Block {
 		mkfsOptions = nil // nothing is formatted
 	}
 	return &state.Stage{
 		MkfsOptions: mkfsOptions,
 		Device:      device,
 		Path:        req.GetStagingTargetPath(),
-		Access:      c.Access,
+		Access:      accessOf(c),
 		FsType:      c.FsType,
 		MountFlags:  c.MountFlags,
 		AccessMode:  c.Mode,

@@ -9,6 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -55,19 +56,19 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 			// conditions turns into an event on the pod.
 			return s.withCondition(&csi.NodeGetVolumeStatsResponse{}, cond), nil
 		}
-		return nil, state.Errorf(state.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
+		return nil, classified.Errorf(classified.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
 	}
 	if !s.reportedAt(v, path) {
 		// Recorded, and not yet seen by a pass, so the condition does not
 		// speak of it yet: statfs there would measure the filesystem
 		// beneath the empty directory.
-		return nil, state.Errorf(state.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(state.Condition{}))
+		return nil, classified.Errorf(classified.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(state.Condition{}))
 	}
 	if v.Stage.Access == state.AccessBlock {
 		// A raw device has a size and nothing else to report.
 		size, err := s.cfg.Capacity(id)
 		if err != nil {
-			return nil, state.Errorf(state.KindInternal, "reading the size of volume %s: %w", id, err)
+			return nil, classified.Errorf(classified.KindInternal, "reading the size of volume %s: %w", id, err)
 		}
 		return s.withCondition(&csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}}}, cond), nil
 	}
@@ -124,7 +125,7 @@ func liveAt(v *state.Volume, path string) error {
 	if p := v.Publishes[path]; p != nil && !p.Deleting {
 		return nil
 	}
-	return state.Errorf(state.KindNotFound, "volume %s is not staged or published at %s", v.ID, path)
+	return classified.Errorf(classified.KindNotFound, "volume %s is not staged or published at %s", v.ID, path)
 }
 
 // describe renders a condition for a message, as UTF-8 (a message can

@@ -3,6 +3,7 @@ package nodeserver
 import (
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // checkAttributes refuses volume attributes (a PV's, which the kubelet
@@ -33,6 +34,14 @@ func (s *Server) checkDevice(path string) error {
 		return invalid("volume attribute %s: %v", contract.DeviceKey, err)
 	}
 	return nil
+}
+
+// accessOf is the access type a stage or publish of capability c records.
+func accessOf(c contract.Capability) state.AccessType {
+	if c.Block {
+		return state.AccessBlock
+	}
+	return state.AccessMount
 }
 
 // checkPath validates a staging or target path for an RPC.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -41,11 +42,11 @@ func (s *Server) wait(ctx context.Context, id string, c check) error {
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			kind := state.KindDeadlineExceeded
+			kind := classified.KindDeadlineExceeded
 			if errors.Is(ctx.Err(), context.Canceled) {
-				kind = state.KindCanceled
+				kind = classified.KindCanceled
 			}
-			return state.Errorf(kind, "volume %s not converged yet, still in progress: %s", id, pending)
+			return classified.Errorf(kind, "volume %s not converged yet, still in progress: %s", id, pending)
 		}
 	}
 }
@@ -73,7 +74,7 @@ func (s *Server) setupCheck(id string, key state.IntentKey, gen int64, live func
 	return func(v *state.Volume) (bool, error, string) {
 		g, deleting, present := live(v)
 		if present && g == gen && !deleting {
-			if r, ok := s.cfg.Store.Result(id, key); ok && r.Generation == gen && !r.Ready && r.Err != nil && r.Err.Kind == state.KindResourceExhausted {
+			if r, ok := s.cfg.Store.Result(id, key); ok && r.Generation == gen && !r.Ready && r.Err != nil && r.Err.Kind == classified.KindResourceExhausted {
 				// Out of loop devices or space: say so now rather than at
 				// the deadline. The intent stays and is retried; the
 				// kubelet retries too.
@@ -88,7 +89,7 @@ func (s *Server) setupCheck(id string, key state.IntentKey, gen int64, live func
 			}
 			return true, final, ""
 		}
-		return true, state.Errorf(state.KindAborted, "volume %s: request superseded by a later one", id), ""
+		return true, classified.Errorf(classified.KindAborted, "volume %s: request superseded by a later one", id), ""
 	}
 }
 
@@ -108,7 +109,7 @@ func (s *Server) teardownCheck(id string, key state.IntentKey, gen int64, live f
 		if final := s.cfg.Store.TerminalFailureFor(id, key, gen); final != nil {
 			return true, final, ""
 		}
-		return true, state.Errorf(state.KindAborted, "volume %s: request superseded by a later one", id), ""
+		return true, classified.Errorf(classified.KindAborted, "volume %s: request superseded by a later one", id), ""
 	}
 }
 

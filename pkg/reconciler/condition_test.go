@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract/reasons"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -42,11 +43,11 @@ func TestConditionTable(t *testing.T) {
 	}
 	seenFulfilled := func(state.IntentKey, int64) bool { return true }
 	neverFulfilled := func(state.IntentKey, int64) bool { return false }
-	fail := func(kind actionKind, gen int64, attempts int, final bool, e *state.Error) *failure {
+	fail := func(kind actionKind, gen int64, attempts int, final bool, e *classified.Error) *failure {
 		return &failure{act: action{kind: kind, generation: gen}, attempts: attempts, next: next, err: e, final: final}
 	}
-	dataLoss := &state.Error{Kind: state.KindDataLoss, Message: "no filesystem on the image of v1"}
-	busy := &state.Error{Kind: state.KindInternal, Message: "device busy"}
+	dataLoss := &classified.Error{Kind: classified.KindDataLoss, Message: "no filesystem on the image of v1"}
+	busy := &classified.Error{Kind: classified.KindInternal, Message: "device busy"}
 
 	for _, tc := range []struct {
 		name     string

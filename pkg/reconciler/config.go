@@ -109,7 +109,7 @@ type Pool interface {
 	// GrowImage grows the image of volume id to at least size bytes
 	// within the pool's capacity promise (the one CreateVolume keeps too)
 	// and returns its size; an image already that large is left as it
-	// is. A size the pool cannot hold is a *state.Error of
+	// is. A size the pool cannot hold is a *classified.Error of
 	// KindResourceExhausted (not now) or KindOutOfRange (never).
 	GrowImage(id string, size int64) (int64, error)
 	// Flush writes out what is dirty of an image.

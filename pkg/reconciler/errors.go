@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/pkg/state"
 )
 
 // pathError classifies a failure to resolve a request path: a missing or
@@ -14,11 +14,11 @@ import (
 func pathError(what, path string, err error) error {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return state.Terminalf(state.KindFailedPrecondition, "%s %s does not exist", what, path)
+		return classified.Terminalf(classified.KindFailedPrecondition, "%s %s does not exist", what, path)
 	case errors.Is(err, devices.ErrSymlink):
-		return state.Terminalf(state.KindInvalidArgument, "%s %s: a path component is a symlink", what, path)
+		return classified.Terminalf(classified.KindInvalidArgument, "%s %s: a path component is a symlink", what, path)
 	case errors.Is(err, devices.ErrOutsideRoots):
-		return state.Terminalf(state.KindInvalidArgument, "%s %s is outside the allowed roots", what, path)
+		return classified.Terminalf(classified.KindInvalidArgument, "%s %s is outside the allowed roots", what, path)
 	}
 	return fmt.Errorf("%s %s: %w", what, path, err)
 }
@@ -33,12 +33,12 @@ func deviceError(err error, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	switch {
 	case errors.Is(err, devices.ErrRefused):
-		return state.Terminalf(state.KindInvalidArgument, "%s: %w", msg, err)
+		return classified.Terminalf(classified.KindInvalidArgument, "%s: %w", msg, err)
 	case errors.Is(err, devices.ErrNotPermitted), errors.Is(err, devices.ErrNotFormattable):
-		return state.Terminalf(state.KindFailedPrecondition, "%s: %w", msg, err)
+		return classified.Terminalf(classified.KindFailedPrecondition, "%s: %w", msg, err)
 	case errors.Is(err, devices.ErrFilesystemDamaged):
 		// Kept and reported under pods that use it; never formatted.
-		return state.Terminalf(state.KindDataLoss, "%s: %w", msg, err)
+		return classified.Terminalf(classified.KindDataLoss, "%s: %w", msg, err)
 	}
 	return fmt.Errorf("%s: %w", msg, err)
 }

@@ -10,6 +10,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -18,7 +19,7 @@ type failure struct {
 	act      action
 	attempts int
 	next     time.Time
-	err      *state.Error
+	err      *classified.Error
 	// final is true when retrying cannot help: the action is not tried
 	// again until its intent changes (a new generation is a new action).
 	final bool
@@ -188,7 +189,7 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() o
 			out = contained(id, act, op)
 			<-slots
 		case <-ctx.Done():
-			out = outcome{retried, state.AsError(ctx.Err())}
+			out = outcome{retried, classified.AsError(ctx.Err())}
 		}
 		f := e.finish(id, act, out)
 		done(out, f)
@@ -204,7 +205,7 @@ func contained(id string, act action, op func() outcome) (out outcome) {
 	defer func() {
 		if p := recover(); p != nil {
 			klog.Background().Error(nil, "Operation panicked; will retry", "volumeID", id, "action", act.String(), "panic", p, "stack", string(debug.Stack()))
-			out = outcome{retried, state.Errorf(state.KindInternal, "%s panicked: %v (the plugin's log holds the stack)", act, p)}
+			out = outcome{retried, classified.Errorf(classified.KindInternal, "%s panicked: %v (the plugin's log holds the stack)", act, p)}
 		}
 	}()
 	return op()

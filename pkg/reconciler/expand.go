@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -14,11 +15,11 @@ import (
 // kubelet's next NodeExpandVolume tries again. The image is left as it was.
 func (r *Reconciler) growImage(v *state.Volume, a *actual) error {
 	_, err := a.home.GrowImage(v.ID, v.Expand.Bytes)
-	switch e := state.AsError(err); {
+	switch e := classified.AsError(err); {
 	case e == nil:
 		return nil
-	case e.Kind == state.KindResourceExhausted, e.Kind == state.KindOutOfRange, e.Kind == state.KindFailedPrecondition:
-		return state.Terminalf(e.Kind, "growing the image of volume %s from %d to %d bytes: %w", v.ID, a.loop.BackingSize, v.Expand.Bytes, err)
+	case e.Kind == classified.KindResourceExhausted, e.Kind == classified.KindOutOfRange, e.Kind == classified.KindFailedPrecondition:
+		return classified.Terminalf(e.Kind, "growing the image of volume %s from %d to %d bytes: %w", v.ID, a.loop.BackingSize, v.Expand.Bytes, err)
 	}
 	return err
 }

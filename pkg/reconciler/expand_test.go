@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -126,12 +127,12 @@ func TestFailedUnmountedGrowthMountsAgainAndBacksOff(t *testing.T) {
 func TestImageGrowthRefusedIsFinalUntilAskedAgain(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.stagedAndPublished("v1")
-	h.world.failOn("grow image v1", state.Errorf(state.KindResourceExhausted, "no room"))
+	h.world.failOn("grow image v1", classified.Errorf(classified.KindResourceExhausted, "no room"))
 	v := h.update("v1", func(v *state.Volume) { v.Expand = &state.Expand{Bytes: 128 << 20} })
 	h.runUntilIdle()
 
 	final := h.store.TerminalFailureFor("v1", state.ExpandKey, v.Expand.Generation)
-	if final == nil || final.Kind != state.KindResourceExhausted || !final.Terminal {
+	if final == nil || final.Kind != classified.KindResourceExhausted || !final.Terminal {
 		t.Fatalf("final: got %+v, want a terminal ResourceExhausted", final)
 	}
 	if size, _ := h.world.Size("v1"); size != 64<<20 {
@@ -236,7 +237,7 @@ func TestGrowThatCannotSucceedIsFinal(t *testing.T) {
 		t.Errorf("resize attempts: got %d, want 1", n)
 	}
 	err := h.store.TerminalFailureFor("v1", state.ExpandKey, v.Expand.Generation)
-	if err == nil || err.Kind != state.KindFailedPrecondition {
+	if err == nil || err.Kind != classified.KindFailedPrecondition {
 		t.Fatalf("final of the expansion: got %+v, want FailedPrecondition", err)
 	}
 	if got, _ := h.store.Get("v1"); got.Expand == nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -255,7 +256,7 @@ func TestTerminalStageFailureWithdrawsItsPublishes(t *testing.T) {
 		v.Publishes = map[string]*state.Publish{target: publishSpec()}
 	})
 	h.runUntilIdle()
-	if f := h.store.TerminalFailureFor("v1", state.PublishKey(target), v.Publishes[target].Generation); f == nil || f.Kind != state.KindFailedPrecondition || !strings.Contains(f.Message, "staging failed") {
+	if f := h.store.TerminalFailureFor("v1", state.PublishKey(target), v.Publishes[target].Generation); f == nil || f.Kind != classified.KindFailedPrecondition || !strings.Contains(f.Message, "staging failed") {
 		t.Errorf("publish final: got %+v, want FailedPrecondition naming the staging failure", f)
 	}
 	if got, err := h.store.Get("v1"); err == nil {
@@ -270,7 +271,7 @@ func TestNoFreeLoopDeviceIsResourceExhausted(t *testing.T) {
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.runUntilIdle()
 	r, _ := h.store.Result("v1", state.StageKey)
-	if r.Ready || r.Err == nil || r.Err.Kind != state.KindResourceExhausted || r.Generation != v.Stage.Generation {
+	if r.Ready || r.Err == nil || r.Err.Kind != classified.KindResourceExhausted || r.Generation != v.Stage.Generation {
 		t.Fatalf("result: got %+v, want a ResourceExhausted failure", r)
 	}
 	if got, _ := h.store.Get("v1"); got.Stage == nil || got.Stage.Deleting {

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -42,7 +43,7 @@ const (
 // outcome is what an operation's end calls for, and the error behind it.
 type outcome struct {
 	effect effect
-	err    *state.Error // nil when the operation succeeded
+	err    *classified.Error // nil when the operation succeeded
 }
 
 // final reports whether retrying the action cannot help: it is then not
@@ -68,11 +69,11 @@ func outcomeOf(act action, err error, repairing bool) outcome {
 	if err == nil {
 		return outcome{effect: succeeded}
 	}
-	e := state.AsError(err)
+	e := classified.AsError(err)
 	switch {
 	case !e.Terminal:
 		return outcome{retried, e}
-	case repairing && act.key() == state.StageKey && e.Kind == state.KindDataLoss:
+	case repairing && act.key() == state.StageKey && e.Kind == classified.KindDataLoss:
 		return outcome{keptLost, e}
 	}
 	return outcome{act.kind.spec().final, e}
@@ -141,7 +142,7 @@ func (r *Reconciler) applyTerminal(v *state.Volume, act action, out outcome) {
 			// Recorded before the commit, so that no waiter sees its
 			// intent withdrawn without knowing why.
 			r.cfg.Store.SetTerminalFailure(v.ID, state.PublishKey(t), state.TerminalFailure{Generation: gen,
-				Err: state.Terminalf(out.err.Kind, "staging failed: %s", out.err.Message)})
+				Err: classified.Terminalf(out.err.Kind, "staging failed: %s", out.err.Message)})
 		}
 	default:
 		v.WithdrawPublish(act.target, act.generation)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -15,8 +16,8 @@ import (
 // the one decision every operation's end goes through.
 func TestOutcomeOf(t *testing.T) {
 	transient := errors.New("device busy")
-	refused := state.Terminalf(state.KindFailedPrecondition, "refused")
-	lost := state.Terminalf(state.KindDataLoss, "no filesystem where one was made")
+	refused := classified.Terminalf(classified.KindFailedPrecondition, "refused")
+	lost := classified.Terminalf(classified.KindDataLoss, "no filesystem where one was made")
 	for _, tc := range []struct {
 		name      string
 		act       action
@@ -58,17 +59,17 @@ func TestOutcomeOf(t *testing.T) {
 func TestDeviceErrorKinds(t *testing.T) {
 	for _, tc := range []struct {
 		cause    error
-		kind     state.Kind
+		kind     classified.Kind
 		terminal bool
 	}{
-		{devices.ErrRefused, state.KindInvalidArgument, true},
-		{devices.ErrNotPermitted, state.KindFailedPrecondition, true},
-		{devices.ErrNotFormattable, state.KindFailedPrecondition, true},
-		{devices.ErrFilesystemDamaged, state.KindDataLoss, true},
-		{errors.New("device busy"), state.KindInternal, false},
+		{devices.ErrRefused, classified.KindInvalidArgument, true},
+		{devices.ErrNotPermitted, classified.KindFailedPrecondition, true},
+		{devices.ErrNotFormattable, classified.KindFailedPrecondition, true},
+		{devices.ErrFilesystemDamaged, classified.KindDataLoss, true},
+		{errors.New("device busy"), classified.KindInternal, false},
 	} {
 		err := deviceError(fmt.Errorf("mount: %w", tc.cause), "mounting %s", "/dev/loop7")
-		e := state.AsError(err)
+		e := classified.AsError(err)
 		if e.Kind != tc.kind || e.Terminal != tc.terminal || !errors.Is(err, tc.cause) {
 			t.Errorf("%v: got %+v (wraps it: %v), want %v terminal %v", tc.cause, e, errors.Is(err, tc.cause), tc.kind, tc.terminal)
 		}

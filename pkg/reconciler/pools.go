@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -47,7 +48,7 @@ func (p missingPool) ImageSize(string) (int64, error) { return 0, p.err() }
 func (p missingPool) Reserve(string) error            { return p.err() }
 func (p missingPool) Blank(string) (bool, error)      { return false, p.err() }
 func (p missingPool) GrowImage(string, int64) (int64, error) {
-	return 0, state.Errorf(state.KindResourceExhausted, "%v", p.err())
+	return 0, classified.Errorf(classified.KindResourceExhausted, "%v", p.err())
 }
 func (p missingPool) Flush(image string) error   { return fmt.Errorf("%s: %w", image, os.ErrNotExist) }
 func (p missingPool) Taken(string) (bool, error) { return false, p.err() }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -19,7 +20,7 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 		return pathError("parent of target path", filepath.Dir(target), err)
 	}
 	if m := a.targets[target]; m != nil {
-		return state.Errorf(state.KindFailedPrecondition, "target %s holds another mount (%s)", target, m.Source)
+		return classified.Errorf(classified.KindFailedPrecondition, "target %s holds another mount (%s)", target, m.Source)
 	}
 	if a.block {
 		// The target is a file, created by the plugin, on which the

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -360,7 +361,7 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.runUntilIdle()
 
-	if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindFailedPrecondition {
+	if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != classified.KindFailedPrecondition {
 		t.Fatalf("final: got %+v, want FailedPrecondition", f)
 	}
 	if _, err := h.store.Get("v1"); !errors.Is(err, state.ErrNotFound) {
@@ -382,7 +383,7 @@ func TestTerminalFailureRollsBack(t *testing.T) {
 // plugin had formatted the volume), nothing is formatted or mounted, the
 // device is released, and the partition table stays.
 func TestPartitionedDeviceIsRefused(t *testing.T) {
-	for formatted, want := range map[string]state.Kind{"": state.KindFailedPrecondition, "ext4": state.KindDataLoss} {
+	for formatted, want := range map[string]classified.Kind{"": classified.KindFailedPrecondition, "ext4": classified.KindDataLoss} {
 		h := newHarness(t)
 		staging, _ := h.volume("v1")
 		h.world.setFs(h.world.Path("v1"), partitionTable)
@@ -441,7 +442,7 @@ func TestUnfinishedMkfsIsRedoneOnlyOnItsOwnImage(t *testing.T) {
 		h.world.setFs(h.world.Path("v1"), unfinishedXfs)
 		v := h.update("v1", func(v *state.Volume) { v.Stage = xfs(staging); v.Formatted = "xfs" })
 		h.runUntilIdle()
-		if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss || !strings.Contains(f.Message, "never finished") {
+		if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != classified.KindDataLoss || !strings.Contains(f.Message, "never finished") {
 			t.Fatalf("final: got %+v, want DataLoss naming the unfinished mkfs", f)
 		}
 		for _, c := range h.world.Calls() {
@@ -461,7 +462,7 @@ func TestProvenanceNeverReformats(t *testing.T) {
 	// The record says formatted, but blkid finds nothing: data loss, never mkfs.
 	v := h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging); v.Formatted = "ext4" })
 	h.runUntilIdle()
-	if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != state.KindDataLoss {
+	if f := h.store.TerminalFailureFor("v1", state.StageKey, v.Stage.Generation); f == nil || f.Kind != classified.KindDataLoss {
 		t.Fatalf("final: got %+v, want DataLoss", f)
 	}
 	for _, c := range h.world.Calls() {

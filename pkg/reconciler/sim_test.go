@@ -32,6 +32,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -675,7 +676,7 @@ func (s *sim) onlyDataLossRetries() bool {
 	retried := 0
 	for _, f := range e.failures {
 		switch {
-		case f.err.Kind == state.KindDataLoss:
+		case f.err.Kind == classified.KindDataLoss:
 			retried++
 		case !f.err.Terminal && e.clock.Now().Before(f.next):
 			return false

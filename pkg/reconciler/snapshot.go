@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -45,7 +46,7 @@ func takenSnapshots(v *state.Volume, in Pool) map[string]bool {
 // forgets the intent.
 func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actual, act action) error {
 	if a.static {
-		return state.Terminalf(state.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
+		return classified.Terminalf(classified.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
 	}
 	image := a.home.Image(v.ID)
 	err, ferr := r.frozen(v, a, image, func() error {
@@ -62,9 +63,9 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	case errors.Is(err, os.ErrExist):
 		// Taken by an attempt that did not forget its intent.
 	case errors.Is(err, os.ErrNotExist):
-		return state.Terminalf(state.KindNotFound, "volume %s has no image to take a snapshot of", v.ID)
+		return classified.Terminalf(classified.KindNotFound, "volume %s has no image to take a snapshot of", v.ID)
 	case state.NoSpace(err):
-		return state.Terminalf(state.KindResourceExhausted, "no room in the data directory for snapshot %s of volume %s: %v", act.target, v.ID, err)
+		return classified.Terminalf(classified.KindResourceExhausted, "no room in the data directory for snapshot %s of volume %s: %v", act.target, v.ID, err)
 	case err != nil:
 		return fmt.Errorf("taking snapshot %s: %w", act.target, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -133,7 +134,7 @@ func TestSnapshotFailures(t *testing.T) {
 		h := newHarness(t)
 		gen := h.askSnapshot("v1", "s1")
 		h.runUntilIdle()
-		if f := h.store.TerminalFailureFor("v1", state.SnapshotKey("s1"), gen); f == nil || f.Kind != state.KindNotFound {
+		if f := h.store.TerminalFailureFor("v1", state.SnapshotKey("s1"), gen); f == nil || f.Kind != classified.KindNotFound {
 			t.Errorf("final: got %v, want NOT_FOUND", f)
 		}
 		if v, err := h.store.Get("v1"); err == nil && v.Snapshots != nil {

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
@@ -81,14 +82,14 @@ func (r *Reconciler) stageChecks(v *state.Volume, a *actual) (done bool, err err
 	if len(a.extraLoops) > 0 {
 		// Two devices on one image would let one filesystem be mounted
 		// twice, which corrupts it.
-		return false, state.Errorf(state.KindFailedPrecondition, "image of volume %s is attached more than once (%s and %s); refusing to mount it",
+		return false, classified.Errorf(classified.KindFailedPrecondition, "image of volume %s is attached more than once (%s and %s); refusing to mount it",
 			v.ID, a.loop.Device, strings.Join(a.extraLoops, ", "))
 	}
 	if a.stageInPlace && !a.block {
 		return true, r.recordFormatted(v.ID, a.stagingMount.FsType, 0, 0, 0)
 	}
 	if a.stagingMount != nil {
-		return false, state.Errorf(state.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
+		return false, classified.Errorf(classified.KindFailedPrecondition, "staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
 	}
 	if a.static {
 		return false, r.checkIdentity(v, a)
@@ -105,7 +106,7 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 		devSize, err = a.home.ImageSize(v.ID)
 	}
 	if errors.Is(err, os.ErrNotExist) {
-		return "", 0, state.Terminalf(state.KindNotFound, "volume %s does not exist", v.ID)
+		return "", 0, classified.Terminalf(classified.KindNotFound, "volume %s does not exist", v.ID)
 	}
 	if err != nil {
 		return "", 0, fmt.Errorf("checking image: %w", err)
@@ -118,7 +119,7 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 	// thin volume's device passes them, so that freed space goes back.
 	dev, err := r.cfg.Loops.Attach(a.home.Image(v.ID), v.Thin())
 	if errors.Is(err, devices.ErrNoLoopDevice) {
-		return "", 0, state.Errorf(state.KindResourceExhausted, "attaching volume %s: %w", v.ID, err)
+		return "", 0, classified.Errorf(classified.KindResourceExhausted, "attaching volume %s: %w", v.ID, err)
 	}
 	if err != nil {
 		return "", 0, fmt.Errorf("attaching volume %s: %w", v.ID, err)
@@ -167,9 +168,9 @@ func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, wan
 	if err == nil && probe.Unfinished {
 		switch {
 		case v.Formatted != "":
-			return devices.Probe{}, state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but %s now holds a %s whose mkfs never finished; refusing to format or mount it", v.ID, v.Formatted, dev, probe.Type)
+			return devices.Probe{}, classified.Terminalf(classified.KindDataLoss, "volume %s was formatted %s but %s now holds a %s whose mkfs never finished; refusing to format or mount it", v.ID, v.Formatted, dev, probe.Type)
 		case !own:
-			return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "device %s of volume %s holds a %s whose mkfs never finished; refusing to format or mount it", dev, v.ID, probe.Type)
+			return devices.Probe{}, classified.Terminalf(classified.KindFailedPrecondition, "device %s of volume %s holds a %s whose mkfs never finished; refusing to format or mount it", dev, v.ID, probe.Type)
 		}
 		klog.Background().Info("Formatting anew: the volume's image holds a filesystem whose mkfs never finished", "volumeID", v.ID, "device", dev, "fsType", probe.Type)
 		probe = probe.Redo()
@@ -178,17 +179,17 @@ func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, wan
 	switch {
 	case errors.Is(err, devices.ErrPartitioned) && v.Formatted != "":
 		// The filesystem the plugin made is gone: as a wiped one.
-		return devices.Probe{}, state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but its device %s now carries a partition table; refusing to format or mount it", v.ID, v.Formatted, dev)
+		return devices.Probe{}, classified.Terminalf(classified.KindDataLoss, "volume %s was formatted %s but its device %s now carries a partition table; refusing to format or mount it", v.ID, v.Formatted, dev)
 	case errors.Is(err, devices.ErrPartitioned):
-		return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
+		return devices.Probe{}, classified.Terminalf(classified.KindFailedPrecondition, "device of volume %s carries a partition table; refusing to format or mount it", v.ID)
 	case err != nil:
 		return devices.Probe{}, fmt.Errorf("cannot tell whether %s holds data, refusing to format: %w", dev, err)
 	case v.Formatted != "" && have == "":
-		return devices.Probe{}, state.Terminalf(state.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
+		return devices.Probe{}, classified.Terminalf(classified.KindDataLoss, "volume %s was formatted %s but no filesystem is found on %s; refusing to format it again", v.ID, v.Formatted, dev)
 	case have != "" && have != want:
-		return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
+		return devices.Probe{}, classified.Terminalf(classified.KindFailedPrecondition, "volume %s holds a %s filesystem, %s was asked for", v.ID, have, want)
 	case have == "" && v.Stage.MountsReadOnly():
-		return devices.Probe{}, state.Terminalf(state.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
+		return devices.Probe{}, classified.Terminalf(classified.KindFailedPrecondition, "volume %s has no filesystem and is staged read-only; it cannot be formatted", v.ID)
 	}
 	return probe, nil
 }
@@ -259,15 +260,15 @@ func stageOptions(st *state.Stage, fsType string, thin bool) []string {
 func (r *Reconciler) checkIdentity(v *state.Volume, a *actual) error {
 	st := v.Stage
 	if r.cfg.Static == nil {
-		return state.Terminalf(state.KindInvalidArgument, "volume %s names device %s, but static devices are not enabled", v.ID, st.Device)
+		return classified.Terminalf(classified.KindInvalidArgument, "volume %s names device %s, but static devices are not enabled", v.ID, st.Device)
 	}
 	if a.loop == nil {
 		_, err := r.cfg.Static.Resolve(st.Device)
 		if errors.Is(err, devices.ErrOutsideRoots) {
-			return state.Terminalf(state.KindInvalidArgument, "device %s of volume %s: %w", st.Device, v.ID, err)
+			return classified.Terminalf(classified.KindInvalidArgument, "device %s of volume %s: %w", st.Device, v.ID, err)
 		}
 		// Missing for now (a disk not yet attached): retried.
-		return state.Errorf(state.KindFailedPrecondition, "device %s of volume %s is not usable: %w", st.Device, v.ID, err)
+		return classified.Errorf(classified.KindFailedPrecondition, "device %s of volume %s is not usable: %w", st.Device, v.ID, err)
 	}
 	id, err := r.cfg.Static.Identity(*a.loop)
 	if err != nil {
@@ -275,9 +276,9 @@ func (r *Reconciler) checkIdentity(v *state.Volume, a *actual) error {
 	}
 	switch {
 	case id == "":
-		return state.Terminalf(state.KindFailedPrecondition, "device %s (%s) of volume %s has no WWID, serial or other identity; refusing to use a device that cannot be told from another", st.Device, a.loop.Device, v.ID)
+		return classified.Terminalf(classified.KindFailedPrecondition, "device %s (%s) of volume %s has no WWID, serial or other identity; refusing to use a device that cannot be told from another", st.Device, a.loop.Device, v.ID)
 	case v.DeviceID != "" && id != v.DeviceID:
-		return state.Terminalf(state.KindFailedPrecondition, "device %s of volume %s is now %s (%s), not %s that it was first staged on; refusing it", st.Device, v.ID, a.loop.Device, id, v.DeviceID)
+		return classified.Terminalf(classified.KindFailedPrecondition, "device %s of volume %s is now %s (%s), not %s that it was first staged on; refusing it", st.Device, v.ID, a.loop.Device, id, v.DeviceID)
 	case v.DeviceID == "":
 		_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {
 			if cur.DeviceID == "" {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -32,7 +33,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 	if len(a.foreignMounts) > 0 {
 		// Someone else's mount of the filesystem outside the roots:
 		// unstaging would pull it from under them. Refuse; never touch it.
-		return state.Terminalf(state.KindFailedPrecondition, "volume %s is still mounted at %s; unmount it before unstaging", v.ID, strings.Join(a.foreignMounts, ", "))
+		return classified.Terminalf(classified.KindFailedPrecondition, "volume %s is still mounted at %s; unmount it before unstaging", v.ID, strings.Join(a.foreignMounts, ", "))
 	}
 	if a.stageInPlace && !a.block {
 		if err := r.cfg.Filesystems.Unmount(st.Path); err != nil {
@@ -68,7 +69,7 @@ func (r *Reconciler) unstage(v *state.Volume, a *actual) error {
 func (r *Reconciler) release(a *actual) error {
 	for _, m := range a.foreignMounts {
 		if _, _, err := host.Beneath(m, r.cfg.Roots); err != nil {
-			return state.Errorf(state.KindFailedPrecondition, "orphaned device %s is mounted at %s, outside the plugin's roots; leaving it", a.loop.Device, m)
+			return classified.Errorf(classified.KindFailedPrecondition, "orphaned device %s is mounted at %s, outside the plugin's roots; leaving it", a.loop.Device, m)
 		}
 		if err := r.cfg.Filesystems.Unmount(m); err != nil {
 			return fmt.Errorf("unmounting orphaned mount %s of %s: %w", m, a.loop.Device, err)

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -16,13 +17,13 @@ import (
 // those added after this test: each answers with the gRPC code of its own
 // name, and never OK.
 func TestEveryKindHasItsCode(t *testing.T) {
-	kinds := state.Kinds()
+	kinds := classified.Kinds()
 	if len(kinds) < 13 {
 		t.Fatalf("got %d kinds, want at least the 13 of today", len(kinds))
 	}
 	for _, k := range kinds {
 		t.Run(k.String(), func(t *testing.T) {
-			err := ToGRPC(state.Errorf(k, "failed"))
+			err := ToGRPC(classified.Errorf(k, "failed"))
 			if err == nil {
 				t.Fatal("got nil, want an error")
 			}
@@ -43,7 +44,7 @@ func TestEveryKindHasItsCode(t *testing.T) {
 // TestUnknownKindIsInternal shows a kind missing from the table can never
 // answer OK.
 func TestUnknownKindIsInternal(t *testing.T) {
-	err := ToGRPC(&state.Error{Kind: state.Kind(1000), Message: "odd"})
+	err := ToGRPC(&classified.Error{Kind: classified.Kind(1000), Message: "odd"})
 	if got := status.Code(err); got != codes.Internal {
 		t.Errorf("got %s, want Internal", got)
 	}

@@ -1,6 +1,9 @@
 package state
 
-import "github.com/converge-csi/converge/pkg/contract/reasons"
+import (
+	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/contract/reasons"
+)
 
 // Health classifies an abnormal volume, after CSI's VolumeHealthErrorType.
 type Health string
@@ -40,8 +43,8 @@ type Condition struct {
 // wrong. ok is false for any other failure, or none. The reconciler
 // decides a staged volume's condition with it, and NodeGetVolumeHealth
 // that of a volume whose stage was refused and rolled back for it.
-func LostFilesystem(err *Error) (c Condition, ok bool) {
-	if err == nil || err.Kind != KindDataLoss {
+func LostFilesystem(err *classified.Error) (c Condition, ok bool) {
+	if err == nil || err.Kind != classified.KindDataLoss {
 		return Condition{}, false
 	}
 	return Condition{Abnormal: true, Health: DataLost, Reason: reasons.FilesystemMissing, Message: err.Message}, true

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 // TestFullStateDirectory fills a small tmpfs under the store: new intents
@@ -60,8 +62,8 @@ func TestFullStateDirectory(t *testing.T) {
 		full = add(fmt.Sprintf("vol-%06d", i))
 	}
 	t.Logf("%d records written, then: %v", len(written), full)
-	var e *Error
-	if !errors.As(full, &e) || e.Kind != KindResourceExhausted {
+	var e *classified.Error
+	if !errors.As(full, &e) || e.Kind != classified.KindResourceExhausted {
 		t.Fatalf("after %d records: got %v, want a ResourceExhausted error", len(written), full)
 	}
 	if err := s.Close(); err != nil {

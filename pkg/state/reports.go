@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 // reports are what the store answers from memory, never durable: the
@@ -120,7 +122,7 @@ func (s *reports) SetTerminalFailure(id string, key IntentKey, f TerminalFailure
 
 // TerminalFailureFor returns the terminal failure of generation gen of one intent, or
 // nil when that generation did not fail terminally.
-func (s *reports) TerminalFailureFor(id string, key IntentKey, gen int64) *Error {
+func (s *reports) TerminalFailureFor(id string, key IntentKey, gen int64) *classified.Error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if f, ok := s.terminalFailures[id][key]; ok && f.Generation == gen {

@@ -1,6 +1,11 @@
 package state
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/contract"
+)
 
 // The transitions a Node request makes to a record: each takes a request
 // the node server has validated, and either changes the record to hold its
@@ -25,22 +30,22 @@ func (v *Volume) RequestStage(spec *Stage) error {
 	st := v.Stage
 	switch {
 	case v.Removing:
-		return Errorf(KindNotFound, "volume %s is being deleted", v.ID)
+		return classified.Errorf(classified.KindNotFound, "volume %s is being deleted", v.ID)
 	case st == nil && spec.Access == AccessMount && v.Access == AccessBlock:
 		// What a workload wrote on a raw block device is never fscked
 		// nor mounted by root: a Filesystem PV made for the volume of
 		// a Block one (by whoever may create PVs) is refused.
-		return Errorf(KindFailedPrecondition, "volume %s was made for or staged as a raw block device, so a workload may have written anything on it: it is not mounted as a filesystem; restore or clone it into a Filesystem volume through a StorageClass with %s: \"true\" instead", v.ID, AllowModeChangeKey)
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s was made for or staged as a raw block device, so a workload may have written anything on it: it is not mounted as a filesystem; restore or clone it into a Filesystem volume through a StorageClass with %s: \"true\" instead", v.ID, contract.AllowModeChangeKey)
 	case st == nil:
 		v.Stage = spec
 	case st.SameSpec(spec):
 		st.Deleting = false
 	case st.Deleting:
-		return Errorf(KindAborted, "volume %s is still being unstaged from %s; retry later", v.ID, st.Path)
+		return classified.Errorf(classified.KindAborted, "volume %s is still being unstaged from %s; retry later", v.ID, st.Path)
 	case st.Path != spec.Path:
-		return Errorf(KindAlreadyExists, "volume %s is already staged at %s", v.ID, st.Path)
+		return classified.Errorf(classified.KindAlreadyExists, "volume %s is already staged at %s", v.ID, st.Path)
 	default:
-		return Errorf(KindAlreadyExists, "volume %s is already staged at %s with another capability, fs type or mount flags", v.ID, st.Path)
+		return classified.Errorf(classified.KindAlreadyExists, "volume %s is already staged at %s with another capability, fs type or mount flags", v.ID, st.Path)
 	}
 	if spec.Access == AccessBlock {
 		// From now on a workload may write anything on the device: the
@@ -66,7 +71,7 @@ func (v *Volume) RequestUnstage(path string) error {
 		}
 	}
 	if len(live) > 0 {
-		return Errorf(KindFailedPrecondition, "volume %s is still published at %s", v.ID, strings.Join(live, ", "))
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is still published at %s", v.ID, strings.Join(live, ", "))
 	}
 	st.Deleting = true
 	return nil
@@ -83,11 +88,11 @@ func (v *Volume) RequestPublish(staging, target string, spec *Publish) error {
 	st := v.Stage
 	switch {
 	case st == nil || st.Deleting:
-		return Errorf(KindFailedPrecondition, "volume %s is not staged", v.ID)
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is not staged", v.ID)
 	case st.Path != staging:
-		return Errorf(KindFailedPrecondition, "volume %s is staged at %s, not %s", v.ID, st.Path, staging)
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is staged at %s, not %s", v.ID, st.Path, staging)
 	case st.Access != spec.Access:
-		return Errorf(KindFailedPrecondition, "volume %s is staged with access type %s, not %s", v.ID, st.Access, spec.Access)
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is staged with access type %s, not %s", v.ID, st.Access, spec.Access)
 	}
 	if p := v.Publishes[target]; p != nil {
 		switch {
@@ -95,13 +100,13 @@ func (v *Volume) RequestPublish(staging, target string, spec *Publish) error {
 			p.Deleting = false
 			return nil
 		case p.Deleting:
-			return Errorf(KindAborted, "volume %s is still being unpublished from %s; retry later", v.ID, target)
+			return classified.Errorf(classified.KindAborted, "volume %s is still being unpublished from %s; retry later", v.ID, target)
 		}
-		return Errorf(KindAlreadyExists, "volume %s is already published at %s with other options", v.ID, target)
+		return classified.Errorf(classified.KindAlreadyExists, "volume %s is already published at %s with other options", v.ID, target)
 	}
 	for t, p := range v.Publishes {
 		if !p.Deleting && (spec.AccessMode == SingleWriter || p.AccessMode == SingleWriter) {
-			return Errorf(KindFailedPrecondition, "volume %s is %s and already published at %s", v.ID, SingleWriter, t)
+			return classified.Errorf(classified.KindFailedPrecondition, "volume %s is %s and already published at %s", v.ID, SingleWriter, t)
 		}
 	}
 	if v.Publishes == nil {
@@ -129,7 +134,7 @@ func (v *Volume) RequestUnpublish(target string) error {
 // volume that is not staged (NOT_FOUND).
 func (v *Volume) RequestExpand(bytes int64, retry bool) error {
 	if v.Stage == nil || v.Stage.Deleting {
-		return Errorf(KindNotFound, "volume %s is not staged", v.ID)
+		return classified.Errorf(classified.KindNotFound, "volume %s is not staged", v.ID)
 	}
 	if v.Expand == nil || v.Expand.Bytes != bytes || retry {
 		v.Expand = &Expand{Bytes: bytes}

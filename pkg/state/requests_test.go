@@ -5,6 +5,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // requestCase is one request transition on a record: the record it gives,
@@ -14,7 +17,7 @@ type requestCase struct {
 	name    string
 	v       *Volume
 	want    *Volume
-	kind    Kind
+	kind    classified.Kind
 	message string
 }
 
@@ -24,7 +27,7 @@ func (tc requestCase) run(t *testing.T, fn func(v *Volume) error) {
 	v := tc.v.DeepCopy()
 	err := fn(v)
 	if tc.want == nil {
-		e := AsError(err)
+		e := classified.AsError(err)
 		if e == nil || e.Kind != tc.kind || !strings.Contains(e.Message, tc.message) {
 			t.Fatalf("got error %v (%v), want %s with %q", err, e, tc.kind, tc.message)
 		}
@@ -83,17 +86,17 @@ func TestRequestStage(t *testing.T) {
 		{spec: fs, requestCase: requestCase{name: "a duplicate changes nothing", v: volume(live, nil), want: volume(live, nil)}},
 		{spec: fs, requestCase: requestCase{name: "a duplicate cancels its own withdrawal", v: volume(withdrawn, nil), want: volume(live, nil)}},
 		{spec: fs, requestCase: requestCase{name: "a volume being removed",
-			v: &Volume{ID: "v", Removing: true}, kind: KindNotFound, message: "volume v is being deleted"}},
+			v: &Volume{ID: "v", Removing: true}, kind: classified.KindNotFound, message: "volume v is being deleted"}},
 		{spec: fs, requestCase: requestCase{name: "a filesystem on a volume written raw",
-			v: &Volume{ID: "v", Access: AccessBlock}, kind: KindFailedPrecondition, message: AllowModeChangeKey}},
+			v: &Volume{ID: "v", Access: AccessBlock}, kind: classified.KindFailedPrecondition, message: contract.AllowModeChangeKey}},
 		{spec: fs, requestCase: requestCase{name: "a filesystem on a volume written raw and staged so again",
-			v: &Volume{ID: "v", Access: AccessBlock, Stage: block}, kind: KindAlreadyExists, message: "with another capability"}},
+			v: &Volume{ID: "v", Access: AccessBlock, Stage: block}, kind: classified.KindAlreadyExists, message: "with another capability"}},
 		{spec: with(fs, func(st *Stage) { st.FsType = "xfs" }), requestCase: requestCase{name: "another spec while the stage is torn down",
-			v: volume(withdrawn, nil), kind: KindAborted, message: "still being unstaged from /s; retry later"}},
+			v: volume(withdrawn, nil), kind: classified.KindAborted, message: "still being unstaged from /s; retry later"}},
 		{spec: with(fs, func(st *Stage) { st.Path = "/other" }), requestCase: requestCase{name: "another staging path",
-			v: volume(live, nil), kind: KindAlreadyExists, message: "volume v is already staged at /s"}},
+			v: volume(live, nil), kind: classified.KindAlreadyExists, message: "volume v is already staged at /s"}},
 		{spec: with(fs, func(st *Stage) { st.MountFlags = nil }), requestCase: requestCase{name: "other mount flags",
-			v: volume(live, nil), kind: KindAlreadyExists, message: "already staged at /s with another capability, fs type or mount flags"}},
+			v: volume(live, nil), kind: classified.KindAlreadyExists, message: "already staged at /s with another capability, fs type or mount flags"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := *tc.spec
@@ -118,7 +121,7 @@ func TestRequestUnstage(t *testing.T) {
 		{path: "/other", requestCase: requestCase{name: "staged elsewhere", v: volume(st, nil), want: volume(st, nil)}},
 		{path: "/s", requestCase: requestCase{name: "live publishes hold it, named in order",
 			v:    volume(st, map[string]*Publish{"/t2": pub(false), "/t1": pub(false), "/t0": pub(true)}),
-			kind: KindFailedPrecondition, message: "volume v is still published at /t1, /t2"}},
+			kind: classified.KindFailedPrecondition, message: "volume v is still published at /t1, /t2"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, func(v *Volume) error { return v.RequestUnstage(tc.path) })
@@ -157,21 +160,21 @@ func TestRequestPublish(t *testing.T) {
 			v: volume(st, pubs("/t", at(rw, 4, true))), want: volume(st, pubs("/t", at(rw, 4, false)))}},
 		{spec: single, requestCase: requestCase{name: "single writer beside a withdrawn publish",
 			v: volume(st, pubs("/u", at(rw, 4, true))), want: volume(st, pubs("/u", at(rw, 4, true), "/t", single))}},
-		{spec: rw, requestCase: requestCase{name: "not staged", v: volume(nil, nil), kind: KindFailedPrecondition, message: "volume v is not staged"}},
+		{spec: rw, requestCase: requestCase{name: "not staged", v: volume(nil, nil), kind: classified.KindFailedPrecondition, message: "volume v is not staged"}},
 		{spec: rw, requestCase: requestCase{name: "stage being withdrawn",
-			v: volume(&Stage{Path: "/s", Access: AccessMount, Deleting: true}, nil), kind: KindFailedPrecondition, message: "volume v is not staged"}},
+			v: volume(&Stage{Path: "/s", Access: AccessMount, Deleting: true}, nil), kind: classified.KindFailedPrecondition, message: "volume v is not staged"}},
 		{staging: "/other", spec: rw, requestCase: requestCase{name: "staged elsewhere",
-			v: volume(st, nil), kind: KindFailedPrecondition, message: "volume v is staged at /s, not /other"}},
+			v: volume(st, nil), kind: classified.KindFailedPrecondition, message: "volume v is staged at /s, not /other"}},
 		{spec: &Publish{Access: AccessBlock}, requestCase: requestCase{name: "another access type",
-			v: volume(st, nil), kind: KindFailedPrecondition, message: "volume v is staged with access type mount, not block"}},
+			v: volume(st, nil), kind: classified.KindFailedPrecondition, message: "volume v is staged with access type mount, not block"}},
 		{spec: ro, requestCase: requestCase{name: "other options at the target",
-			v: volume(st, pubs("/t", at(rw, 4, false))), kind: KindAlreadyExists, message: "already published at /t with other options"}},
+			v: volume(st, pubs("/t", at(rw, 4, false))), kind: classified.KindAlreadyExists, message: "already published at /t with other options"}},
 		{spec: ro, requestCase: requestCase{name: "other options while the target is torn down",
-			v: volume(st, pubs("/t", at(rw, 4, true))), kind: KindAborted, message: "still being unpublished from /t; retry later"}},
+			v: volume(st, pubs("/t", at(rw, 4, true))), kind: classified.KindAborted, message: "still being unpublished from /t; retry later"}},
 		{spec: single, requestCase: requestCase{name: "single writer beside a live publish",
-			v: volume(st, pubs("/u", at(rw, 4, false))), kind: KindFailedPrecondition, message: "volume v is SINGLE_NODE_SINGLE_WRITER and already published at /u"}},
+			v: volume(st, pubs("/u", at(rw, 4, false))), kind: classified.KindFailedPrecondition, message: "volume v is SINGLE_NODE_SINGLE_WRITER and already published at /u"}},
 		{spec: rw, requestCase: requestCase{name: "beside a live single writer",
-			v: volume(st, pubs("/u", at(single, 4, false))), kind: KindFailedPrecondition, message: "already published at /u"}},
+			v: volume(st, pubs("/u", at(single, 4, false))), kind: classified.KindFailedPrecondition, message: "already published at /u"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			staging := tc.staging
@@ -217,9 +220,9 @@ func TestRequestExpand(t *testing.T) {
 		{bytes: 10, requestCase: requestCase{name: "the same size again", v: expanding(10, 5), want: expanding(10, 5)}},
 		{bytes: 10, retry: true, requestCase: requestCase{name: "the same size after it failed for good is new", v: expanding(10, 5), want: expanding(10, 0)}},
 		{bytes: 8, requestCase: requestCase{name: "a smaller size supersedes a larger one", v: expanding(10, 5), want: expanding(8, 0)}},
-		{bytes: 10, requestCase: requestCase{name: "not staged", v: volume(nil, nil), kind: KindNotFound, message: "volume v is not staged"}},
+		{bytes: 10, requestCase: requestCase{name: "not staged", v: volume(nil, nil), kind: classified.KindNotFound, message: "volume v is not staged"}},
 		{bytes: 10, requestCase: requestCase{name: "stage being withdrawn",
-			v: volume(&Stage{Path: "/s", Deleting: true}, nil), kind: KindNotFound, message: "volume v is not staged"}},
+			v: volume(&Stage{Path: "/s", Deleting: true}, nil), kind: classified.KindNotFound, message: "volume v is not staged"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.run(t, func(v *Volume) error { return v.RequestExpand(tc.bytes, tc.retry) })

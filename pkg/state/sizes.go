@@ -1,5 +1,7 @@
 package state
 
+import "github.com/converge-csi/converge/pkg/classified"
+
 // Range is a capacity range as CSI asks for one: at least Required bytes
 // and at most Limit, each 0 when not given.
 type Range struct {
@@ -10,10 +12,10 @@ type Range struct {
 // required size is over its limit (OUT_OF_RANGE).
 func (r Range) Check() error {
 	if r.Required < 0 || r.Limit < 0 {
-		return Errorf(KindInvalidArgument, "capacity range must not be negative")
+		return classified.Errorf(classified.KindInvalidArgument, "capacity range must not be negative")
 	}
 	if r.Limit > 0 && r.Required > r.Limit {
-		return Errorf(KindOutOfRange, "required bytes %d exceed limit bytes %d", r.Required, r.Limit)
+		return classified.Errorf(classified.KindOutOfRange, "required bytes %d exceed limit bytes %d", r.Required, r.Limit)
 	}
 	return nil
 }
@@ -22,7 +24,7 @@ func (r Range) Check() error {
 // is over the limit already: volumes never shrink (OUT_OF_RANGE).
 func (r Range) Grows(id string, have int64) error {
 	if r.Limit > 0 && have > r.Limit {
-		return Errorf(KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, have, r.Limit)
+		return classified.Errorf(classified.KindOutOfRange, "volume %s already holds %d bytes, more than the limit %d; volumes never shrink", id, have, r.Limit)
 	}
 	return nil
 }

@@ -1,21 +1,25 @@
 package state
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/classified"
+)
 
 func TestRange(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		r     Range
 		have  int64
-		check Kind
-		grows Kind
+		check classified.Kind
+		grows classified.Kind
 	}{
 		{name: "empty", r: Range{}, have: 10, check: -1, grows: -1},
-		{name: "negative required", r: Range{Required: -1}, check: KindInvalidArgument, grows: -1},
-		{name: "negative limit", r: Range{Limit: -1}, check: KindInvalidArgument, grows: -1},
-		{name: "required over limit", r: Range{Required: 11, Limit: 10}, check: KindOutOfRange, grows: -1},
+		{name: "negative required", r: Range{Required: -1}, check: classified.KindInvalidArgument, grows: -1},
+		{name: "negative limit", r: Range{Limit: -1}, check: classified.KindInvalidArgument, grows: -1},
+		{name: "required over limit", r: Range{Required: 11, Limit: 10}, check: classified.KindOutOfRange, grows: -1},
 		{name: "at the limit", r: Range{Required: 10, Limit: 10}, have: 10, check: -1, grows: -1},
-		{name: "would shrink", r: Range{Limit: 10}, have: 11, check: -1, grows: KindOutOfRange},
+		{name: "would shrink", r: Range{Limit: 10}, have: 11, check: -1, grows: classified.KindOutOfRange},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := kindOf(tc.r.Check()); got != tc.check {
@@ -29,11 +33,11 @@ func TestRange(t *testing.T) {
 }
 
 // kindOf is err's kind, -1 for no error.
-func kindOf(err error) Kind {
+func kindOf(err error) classified.Kind {
 	if err == nil {
 		return -1
 	}
-	return AsError(err).Kind
+	return classified.AsError(err).Kind
 }
 
 func TestValidPoolName(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/utils/clock"
 )
@@ -108,7 +109,7 @@ type TerminalFailure struct {
 	// Generation is the intent generation that failed.
 	Generation int64
 	// Err is the failure.
-	Err *Error
+	Err *classified.Error
 }
 
 // Result is the outcome of the reconciler's latest work on one intent.
@@ -119,7 +120,7 @@ type Result struct {
 	// operation succeeded, or a pass observed it.
 	Ready bool
 	// Err is the last failure, nil when the last attempt succeeded.
-	Err *Error
+	Err *classified.Error
 	// Waiting says what an unfulfilled intent without a failure waits for,
 	// e.g. the repair of a damaged filesystem.
 	Waiting string
@@ -379,7 +380,7 @@ func (s *Store) UpdateUnsynced(id string, fn func(v *Volume) error) (v *Volume, 
 	seq, err := s.log.append(id, raw)
 	if NoSpace(err) {
 		// Nothing was committed: the records stay as they were.
-		return nil, nil, Errorf(KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %w", id, err)
+		return nil, nil, classified.Errorf(classified.KindResourceExhausted, "the state directory is full; cannot record the request for volume %s: %w", id, err)
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("writing record %s: %w", id, err)

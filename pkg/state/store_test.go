@@ -2,7 +2,6 @@ package state
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -233,29 +232,5 @@ func TestWatchWakesOnChange(t *testing.T) {
 	case <-ch:
 	default:
 		t.Fatal("Update did not wake the watcher")
-	}
-}
-
-// TestErrorWrapsItsCause checks that a classified error keeps what it was
-// made from, for errors.Is and errors.As.
-func TestErrorWrapsItsCause(t *testing.T) {
-	cause := os.ErrPermission
-	other := errors.New("second cause")
-	if e := Terminalf(KindFailedPrecondition, "growing: %w", cause); !errors.Is(e, cause) || e.Message != "growing: "+cause.Error() {
-		t.Errorf("Terminalf with %%w: %v does not wrap %v", e, cause)
-	}
-	if e := Errorf(KindInternal, "a: %w; b: %w", cause, other); !errors.Is(e, cause) || !errors.Is(e, other) {
-		t.Errorf("Errorf with two %%w: %v does not wrap both", e)
-	}
-	if e := Errorf(KindInternal, "only text: %v", cause); errors.Is(e, cause) {
-		t.Errorf("Errorf with %%v wraps %v", cause)
-	}
-	wrapped := fmt.Errorf("context: %w", cause)
-	if e := AsError(wrapped); e.Kind != KindInternal || !errors.Is(e, cause) {
-		t.Errorf("AsError(%v) = %+v, want KindInternal wrapping it", wrapped, e)
-	}
-	classified := Terminalf(KindDataLoss, "lost: %w", cause)
-	if e := AsError(fmt.Errorf("outer: %w", classified)); e != classified {
-		t.Errorf("AsError did not find the classified error inside: %+v", e)
 	}
 }

@@ -3,6 +3,8 @@ package state
 import (
 	"strings"
 	"time"
+
+	"github.com/converge-csi/converge/pkg/classified"
 )
 
 // The transitions the reconciler makes to a record once an operation has
@@ -119,13 +121,13 @@ func (v *Volume) ForgetSnapshot(id string, gen int64) bool {
 // uses it (FAILED_PRECONDITION, naming where).
 func (v *Volume) StartRemoval() error {
 	if v.Stage != nil {
-		return Errorf(KindFailedPrecondition, "volume %s is staged at %s", v.ID, v.Stage.Path)
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is staged at %s", v.ID, v.Stage.Path)
 	}
 	if len(v.Publishes) > 0 {
-		return Errorf(KindFailedPrecondition, "volume %s is published at %s", v.ID, strings.Join(v.Targets(), ", "))
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is published at %s", v.ID, strings.Join(v.Targets(), ", "))
 	}
 	if len(v.Snapshots) > 0 {
-		return Errorf(KindFailedPrecondition, "volume %s: snapshot %s is being taken", v.ID, strings.Join(v.SnapshotIDs(), ", "))
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s: snapshot %s is being taken", v.ID, strings.Join(v.SnapshotIDs(), ", "))
 	}
 	v.Removing = true
 	return nil

@@ -6,12 +6,6 @@ import (
 	"time"
 )
 
-// AllowModeChangeKey is the StorageClass parameter that lets a restore or
-// clone change a volume's mode (Volume.WrittenAs): pkg/controller reads
-// it, and the node server names it where it refuses to mount a Block
-// volume's data.
-const AllowModeChangeKey = "converge.csi.dev/allow-volume-mode-change"
-
 // AccessType says how a volume is presented to a workload.
 type AccessType string
 

@@ -26,13 +26,15 @@ const module = "github.com/converge-csi/converge/"
 // the command sees only the driver and the status it prints; rpcerr, the
 // table from a failure's kind to its gRPC code, only the driver applies.
 // contract, the published names and the request rules, is the leaf the
-// node server, the controller and the cluster side all read: it builds on
-// the host and state leaves alone (TestContractIsALeaf), and the
-// controller reads the request rules there, not in the node server.
-// Its condition reasons are a leaf of their own, contract/reasons, below
-// state: the store carries a reason in a volume's condition, and contract
-// builds on state, so state and the reconciler (which decides them) import
-// the reasons there.
+// node server, the controller, the store and the cluster side all read: it
+// builds on the host and classified leaves alone (TestContractIsALeaf),
+// and the controller reads the request rules there, not in the node
+// server. classified, the classified errors every layer answers with and
+// rpcerr maps to codes, imports nothing of converge, so that the contract
+// answers with them without the store. Its condition reasons are a leaf of
+// their own, contract/reasons, which the store (it carries a reason in a
+// volume's condition) and the reconciler (which decides them) read
+// without the request rules.
 // The cluster-side controller (nodeloss and its command) stands apart: no
 // part of the node plugin reaches it, and it reaches none but the
 // published contract.
@@ -41,15 +43,16 @@ var allowed = map[string][]string{
 	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/nodeloss"},
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
-	"pkg/driver":              {"pkg/capacity", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
-	"pkg/controller":          {"pkg/capacity", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
-	"pkg/nodeserver":          {"pkg/contract", "pkg/host", "pkg/state"},
-	"pkg/contract":            {"pkg/host", "pkg/state"},
-	"pkg/rpcerr":              {"pkg/state"},
-	"pkg/reconciler":          {"pkg/capacity", "pkg/contract/reasons", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
+	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/host", "pkg/state"},
+	"pkg/contract":            {"pkg/classified", "pkg/host"},
+	"pkg/rpcerr":              {"pkg/classified"},
+	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract/reasons", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/devices":             {"pkg/host"},
 	"pkg/metrics":             {"pkg/volstatus"},
-	"pkg/state":               {"pkg/contract/reasons"},
+	"pkg/state":               {"pkg/classified", "pkg/contract", "pkg/contract/reasons"},
+	"pkg/classified":          nil,
 	"pkg/contract/reasons":    nil,
 	"pkg/host":                nil,
 	"pkg/volstatus":           nil,
@@ -78,6 +81,7 @@ var never = map[string][]string{
 	"pkg/volstatus":  {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/capacity":   {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os", "golang.org/x/sys/unix"},
 	"pkg/contract":   {"google.golang.org/grpc", "os", "os/exec", "k8s.io/utils/exec", "golang.org/x/sys/unix"},
+	"pkg/classified": {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os", "os/exec", "golang.org/x/sys/unix"},
 }
 
 func TestImportArrows(t *testing.T) {
@@ -139,9 +143,9 @@ func TestImportArrows(t *testing.T) {
 }
 
 // TestContractIsALeaf checks the whole of the published contract's build,
-// not only its own imports: of converge it links the host and state
-// leaves alone (and the reasons leaf below state), so that every package,
-// and converge-controller, may read the names without taking on the node
+// not only its own imports: of converge it links the host and classified
+// leaves alone (and the reasons leaf), so that every package, and
+// converge-controller, may read the names without taking on the node
 // plugin.
 func TestContractIsALeaf(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "../../pkg/contract").Output()
@@ -149,8 +153,28 @@ func TestContractIsALeaf(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range strings.Fields(string(out)) {
-		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/contract", "pkg/contract/reasons", "pkg/host", "pkg/state"}, inner) {
+		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/classified", "pkg/contract", "pkg/contract/reasons", "pkg/host"}, inner) {
 			t.Errorf("pkg/contract links %s", inner)
+		}
+	}
+}
+
+// TestConvergeControllerLinksNoStore checks the whole of
+// converge-controller's build: it reads the published names, and must not
+// take the node plugin's store (pkg/state and bbolt) with them; a cluster
+// command has no records to keep.
+func TestConvergeControllerLinksNoStore(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "../../cmd/converge-controller").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, module+"pkg/contract") {
+		t.Fatalf("go list -deps cmd/converge-controller does not list pkg/contract: %q", out)
+	}
+	for _, p := range deps {
+		if p == module+"pkg/state" || strings.HasPrefix(p, module+"pkg/state/") || p == "go.etcd.io/bbolt" || strings.HasPrefix(p, "go.etcd.io/bbolt/") {
+			t.Errorf("converge-controller links %s", p)
 		}
 	}
 }

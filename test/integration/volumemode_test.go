@@ -15,7 +15,7 @@ import (
 )
 
 // allowModeChangeKey is the StorageClass parameter that lets a volume
-// change its volume mode (controller.AllowModeChangeKey).
+// change its volume mode (contract.AllowModeChangeKey).
 const allowModeChangeKey = "converge.csi.dev/allow-volume-mode-change"
 
 // createAs makes volume name for capability c from source (nil for an

@@ -6,10 +6,10 @@
 // (deploy/components/monitoring, charts/converge/files/alerts.yaml) and
 // docs/operations.md match it, so a value never changes.
 //
-// It belongs to the published contract (pkg/contract), as its own leaf: it
-// imports nothing, because the store (pkg/state) carries a reason in a
-// volume's Condition, and pkg/contract builds on state for the classified
-// errors its rules answer with. Which reason a volume has is decided in
+// It belongs to the published contract (pkg/contract), as its own leaf
+// that imports nothing: the store (pkg/state) carries a reason in a
+// volume's Condition, and the reconciler, which decides it, reads the
+// reasons without the request rules. Which reason a volume has is decided in
 // one place, pkg/reconciler's health.go (and, for a filesystem found gone,
 // state.LostFilesystem).
 package reasons
