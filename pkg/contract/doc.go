@@ -15,11 +15,10 @@
 // reads them without linking the store or bbolt
 // (TestConvergeControllerLinksNoStore).
 //
-// The condition reasons (a volume's health, as the kubelet, the metrics and
-// the alert rules see it) are published too, in the subpackage reasons: a
-// leaf that imports nothing, which the store (it carries a reason in a
-// volume's condition) and the reconciler (it decides the reason) read
-// without the request rules.
+// The condition reasons (Reason, Reasons: a volume's health, as the
+// kubelet, the metrics and the alert rules see it) are published here too;
+// the store carries one in a volume's condition and the reconciler decides
+// it.
 //
 // A name here never changes: StorageClasses, PVs and alert rules in
 // clusters hold it. CheckKeys, ParseOnNodeLoss and CheckID answer with

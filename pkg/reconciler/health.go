@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/converge-csi/converge/pkg/contract/reasons"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -76,11 +76,11 @@ func observed(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int
 	st := v.Stage
 	var broken []string
 	c.Unusable, broken = unusablePaths(v, a, lost)
-	abnormal := func(reason reasons.Reason, format string, args ...any) state.Condition {
+	abnormal := func(reason contract.Reason, format string, args ...any) state.Condition {
 		c.Abnormal, c.Health, c.Reason, c.Message = true, state.Inaccessible, reason, fmt.Sprintf(format, args...)
 		return c
 	}
-	degraded := func(reason reasons.Reason, format string, args ...any) state.Condition {
+	degraded := func(reason contract.Reason, format string, args ...any) state.Condition {
 		c = abnormal(reason, format, args...)
 		c.Health = state.Degraded
 		return c
@@ -94,29 +94,29 @@ func observed(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int
 	}
 	switch {
 	case len(a.extraLoops) > 0:
-		return staging(reasons.DeviceAttachedTwice, "the image of volume %s is attached more than once (%s); it is not mounted until the extra devices are detached",
+		return staging(contract.DeviceAttachedTwice, "the image of volume %s is attached more than once (%s); it is not mounted until the extra devices are detached",
 			v.ID, strings.Join(append([]string{a.loop.Device}, a.extraLoops...), ", "))
 	case stageLost && a.loop == nil:
-		return abnormal(reasons.DeviceDetached, "the loop device of volume %s is gone; attaching and mounting it again", v.ID)
+		return abnormal(contract.DeviceDetached, "the loop device of volume %s is gone; attaching and mounting it again", v.ID)
 	case stageLost && a.stagingMount == nil && !a.block:
-		return staging(reasons.StagingMountMissing, "nothing is mounted at the staging path %s; mounting volume %s again", st.Path, v.ID)
+		return staging(contract.StagingMountMissing, "nothing is mounted at the staging path %s; mounting volume %s again", st.Path, v.ID)
 	case a.stagingMount != nil && !a.stageInPlace && !a.block:
-		return staging(reasons.StagingPathTaken, "the staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
+		return staging(contract.StagingPathTaken, "the staging path %s holds another mount (%s)", st.Path, a.stagingMount.Source)
 	case a.unusable != "" && len(a.foreignMounts) > 0:
-		return abnormal(reasons.FilesystemUnusable, "volume %s: %s; it cannot be remounted while it is also mounted at %s", v.ID, a.unusable, strings.Join(a.foreignMounts, ", "))
+		return abnormal(contract.FilesystemUnusable, "volume %s: %s; it cannot be remounted while it is also mounted at %s", v.ID, a.unusable, strings.Join(a.foreignMounts, ", "))
 	case a.unusable != "":
-		return abnormal(reasons.FilesystemUnusable, "volume %s: %s; unmounting and mounting it again", v.ID, a.unusable)
+		return abnormal(contract.FilesystemUnusable, "volume %s: %s; unmounting and mounting it again", v.ID, a.unusable)
 	case a.errorsRO && ranOutUnder(v, a):
-		return degraded(reasons.FilesystemReadOnly, "the filesystem of volume %s went read-only after errors, after the data directory ran out of space under it at %s; it is checked and mounted again once no pod uses it",
+		return degraded(contract.FilesystemReadOnly, "the filesystem of volume %s went read-only after errors, after the data directory ran out of space under it at %s; it is checked and mounted again once no pod uses it",
 			v.ID, v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339))
 	case a.errorsRO:
-		return degraded(reasons.FilesystemReadOnly, "the filesystem of volume %s went read-only after errors; it is checked and mounted again once no pod uses it", v.ID)
+		return degraded(contract.FilesystemReadOnly, "the filesystem of volume %s went read-only after errors; it is checked and mounted again once no pod uses it", v.ID)
 	case a.loop != nil && a.loop.AutoClear:
-		return degraded(reasons.DeviceDetachPending, "loop device %s of volume %s was detached from outside while in use; keeping it attached", a.loop.Device, v.ID)
+		return degraded(contract.DeviceDetachPending, "loop device %s of volume %s was detached from outside while in use; keeping it attached", a.loop.Device, v.ID)
 	case len(broken) > 0 && a.unusableTargets[broken[0]] != "":
-		return abnormal(reasons.PublishMountUnusable, "the mount of volume %s at %s is corrupted (%s); mounting it again", v.ID, broken[0], a.unusableTargets[broken[0]])
+		return abnormal(contract.PublishMountUnusable, "the mount of volume %s at %s is corrupted (%s); mounting it again", v.ID, broken[0], a.unusableTargets[broken[0]])
 	case len(broken) > 0:
-		return abnormal(reasons.PublishMountMissing, "volume %s is not mounted at %s; mounting it", v.ID, broken[0])
+		return abnormal(contract.PublishMountMissing, "volume %s is not mounted at %s; mounting it", v.ID, broken[0])
 	}
 	if reason, msg := spaceProblem(v, a); reason != "" {
 		return degraded(reason, "%s", msg)
@@ -138,20 +138,20 @@ func ranOutUnder(v *state.Volume, a *actual) bool {
 // failed, and its filesystem is not trusted until it is checked); and a
 // volume that is not thin whose image has holes the data directory has no
 // room for.
-func spaceProblem(v *state.Volume, a *actual) (reason reasons.Reason, message string) {
+func spaceProblem(v *state.Volume, a *actual) (reason contract.Reason, message string) {
 	h := a.holes()
 	switch {
 	case v.Thin() && a.poolFull() && h > 0:
-		return reasons.PoolFull, fmt.Sprintf("pool %s is full (%d bytes free): writes to the %d bytes of thin volume %s that hold no data yet fail; free space in the pool or move volumes to another node",
+		return contract.PoolFull, fmt.Sprintf("pool %s is full (%d bytes free): writes to the %d bytes of thin volume %s that hold no data yet fail; free space in the pool or move volumes to another node",
 			a.poolName, a.pool.Free, h, v.ID)
 	case ranOutUnder(v, a):
-		return reasons.SpaceRanOut, fmt.Sprintf("pool %s ran out of space at %s under volume %s: any write to its unallocated blocks failed (ENOSPC at fsync) and its filesystem may have lost metadata writes; it is checked when it is next mounted: stop the pods using it, so that it is unstaged, checked and staged again",
+		return contract.SpaceRanOut, fmt.Sprintf("pool %s ran out of space at %s under volume %s: any write to its unallocated blocks failed (ENOSPC at fsync) and its filesystem may have lost metadata writes; it is checked when it is next mounted: stop the pods using it, so that it is unstaged, checked and staged again",
 			a.poolName, v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339), v.ID)
 	case v.Thin() && a.poolLow():
-		return reasons.PoolNearlyFull, fmt.Sprintf("pool %s has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no volume is created or grown in it until it has room",
+		return contract.PoolNearlyFull, fmt.Sprintf("pool %s has %d bytes free, below the guard of %d bytes: thin volume %s (%d bytes not yet allocated) may fail writes once it is full; no volume is created or grown in it until it has room",
 			a.poolName, a.pool.Free, a.poolGuard, v.ID, h)
 	case !v.Thin() && h > 0 && (!a.pool.Known || h > a.pool.Free):
-		return reasons.SpaceNotReserved, fmt.Sprintf("%d bytes of the image of volume %s are not allocated and pool %s has %d bytes free: writes to them fail once it is full; they are allocated when it has room",
+		return contract.SpaceNotReserved, fmt.Sprintf("%d bytes of the image of volume %s are not allocated and pool %s has %d bytes free: writes to them fail once it is full; they are allocated when it has room",
 			h, v.ID, a.poolName, a.pool.Free)
 	}
 	return "", ""
@@ -167,15 +167,15 @@ const repeatedFailures = 3
 func failing(v *state.Volume, c state.Condition, f *failure) state.Condition {
 	switch {
 	case f.act.key() == state.ExpandKey && f.final:
-		c.Abnormal, c.Health, c.Reason = true, state.Degraded, reasons.GrowFailed
+		c.Abnormal, c.Health, c.Reason = true, state.Degraded, contract.GrowFailed
 		c.Message = fmt.Sprintf("%s of volume %s failed (%s); tried again when the expansion is asked for again; its mounts and data are untouched",
 			f.act, v.ID, f.err.Message)
 	case f.act.key() == state.ExpandKey:
-		c.Abnormal, c.Health, c.Reason = true, state.Degraded, reasons.GrowFailed
+		c.Abnormal, c.Health, c.Reason = true, state.Degraded, contract.GrowFailed
 		c.Message = fmt.Sprintf("growing volume %s failed %d times (%s); retrying at %s; its mounts are untouched",
 			v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
 	case f.attempts >= repeatedFailures:
-		c.Abnormal, c.Health, c.Reason = true, state.Degraded, reasons.OperationFailing
+		c.Abnormal, c.Health, c.Reason = true, state.Degraded, contract.OperationFailing
 		c.Message = fmt.Sprintf("%s of volume %s failed %d times in a row (%s); retrying at %s",
 			f.act, v.ID, f.attempts, f.err.Message, f.next.Format(time.RFC3339))
 	}

@@ -10,7 +10,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 
-	"github.com/converge-csi/converge/pkg/contract/reasons"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
@@ -37,7 +37,7 @@ type Reconciler struct {
 	releasePoll time.Duration
 	// reported maps a volume to the reason of the abnormal condition last
 	// logged for it; only the goroutine running passes uses it.
-	reported map[string]reasons.Reason
+	reported map[string]contract.Reason
 	// soonMu guards soon, which is true while a KickSoon waits.
 	soonMu sync.Mutex
 	soon   bool
@@ -85,7 +85,7 @@ func New(cfg Config) (*Reconciler, error) {
 		exec:      newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax),
 		kick:      make(chan struct{}, 1),
 		soonDelay: soonDelay,
-		reported:  map[string]reasons.Reason{},
+		reported:  map[string]contract.Reason{},
 		fulfilled: map[string]map[state.IntentKey]int64{},
 	}, nil
 }

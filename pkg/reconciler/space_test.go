@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/capacity"
-	"github.com/converge-csi/converge/pkg/contract/reasons"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -86,7 +86,7 @@ func TestThinVolumesReportAFillingPool(t *testing.T) {
 
 	for _, tc := range []struct {
 		free   int64
-		reason reasons.Reason
+		reason contract.Reason
 	}{{40 << 20, "PoolNearlyFull"}, {4096, "PoolFull"}, {40 << 20, "SpaceRanOut"}, {500 << 20, "SpaceRanOut"}} {
 		h.world.setFree(tc.free)
 		h.runUntilIdle()

@@ -2,7 +2,7 @@ package state
 
 import (
 	"github.com/converge-csi/converge/pkg/classified"
-	"github.com/converge-csi/converge/pkg/contract/reasons"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // Health classifies an abnormal volume, after CSI's VolumeHealthErrorType.
@@ -27,8 +27,8 @@ type Condition struct {
 	// Health says how bad it is; empty when not abnormal.
 	Health Health
 	// Reason is a short CamelCase cause, e.g. StagingMountMissing; empty
-	// when not abnormal. It is published (package reasons).
-	Reason reasons.Reason
+	// when not abnormal. It is published (contract.Reason).
+	Reason contract.Reason
 	// Message says what is wrong and what the plugin does about it.
 	Message string
 	// Unusable lists the staging and target paths where the volume cannot
@@ -47,5 +47,5 @@ func LostFilesystem(err *classified.Error) (c Condition, ok bool) {
 	if err == nil || err.Kind != classified.KindDataLoss {
 		return Condition{}, false
 	}
-	return Condition{Abnormal: true, Health: DataLost, Reason: reasons.FilesystemMissing, Message: err.Message}, true
+	return Condition{Abnormal: true, Health: DataLost, Reason: contract.FilesystemMissing, Message: err.Message}, true
 }

@@ -31,10 +31,9 @@ const module = "github.com/converge-csi/converge/"
 // and the controller reads the request rules there, not in the node
 // server. classified, the classified errors every layer answers with and
 // rpcerr maps to codes, imports nothing of converge, so that the contract
-// answers with them without the store. Its condition reasons are a leaf of
-// their own, contract/reasons, which the store (it carries a reason in a
-// volume's condition) and the reconciler (which decides them) read
-// without the request rules.
+// answers with them without the store. Its condition reasons are read by
+// the store (it carries a reason in a volume's condition) and the
+// reconciler (which decides them).
 // The cluster-side controller (nodeloss and its command) stands apart: no
 // part of the node plugin reaches it, and it reaches none but the
 // published contract.
@@ -48,12 +47,11 @@ var allowed = map[string][]string{
 	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/host", "pkg/state"},
 	"pkg/contract":            {"pkg/classified", "pkg/host"},
 	"pkg/rpcerr":              {"pkg/classified"},
-	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract/reasons", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/devices":             {"pkg/host"},
 	"pkg/metrics":             {"pkg/volstatus"},
-	"pkg/state":               {"pkg/classified", "pkg/contract", "pkg/contract/reasons"},
+	"pkg/state":               {"pkg/classified", "pkg/contract"},
 	"pkg/classified":          nil,
-	"pkg/contract/reasons":    nil,
 	"pkg/host":                nil,
 	"pkg/volstatus":           nil,
 	"pkg/capacity":            nil,
@@ -144,7 +142,7 @@ func TestImportArrows(t *testing.T) {
 
 // TestContractIsALeaf checks the whole of the published contract's build,
 // not only its own imports: of converge it links the host and classified
-// leaves alone (and the reasons leaf), so that every package, and
+// leaves alone, so that every package, and
 // converge-controller, may read the names without taking on the node
 // plugin.
 func TestContractIsALeaf(t *testing.T) {
@@ -153,7 +151,7 @@ func TestContractIsALeaf(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range strings.Fields(string(out)) {
-		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/classified", "pkg/contract", "pkg/contract/reasons", "pkg/host"}, inner) {
+		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/classified", "pkg/contract", "pkg/host"}, inner) {
 			t.Errorf("pkg/contract links %s", inner)
 		}
 	}

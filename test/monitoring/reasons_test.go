@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/converge-csi/converge/pkg/contract/reasons"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // TestNamedReasonsAreEmitted fails when an alert rule (deploy/'s, the Helm
@@ -40,7 +40,7 @@ func TestNamedReasonsAreEmitted(t *testing.T) {
 			for _, r := range strings.Split(m[1]+m[2], "|") {
 				n++
 				if !conditions[r] {
-					t.Errorf("%s names reason %q, which no volume's condition has (reasons.All)", path, r)
+					t.Errorf("%s names reason %q, which no volume's condition has (contract.Reasons)", path, r)
 				}
 			}
 		}
@@ -112,11 +112,11 @@ func sorted(m map[string]bool) []string {
 }
 
 // emittedReasons returns the reasons converge gives: a volume's condition
-// reasons (reasons.All, where they are defined) and converge-controller's
+// reasons (contract.Reasons, where they are defined) and converge-controller's
 // event reasons, the constants named Reason* of pkg/nodeloss.
 func emittedReasons(t *testing.T) (conditions, events map[string]bool) {
 	conditions, events = map[string]bool{}, map[string]bool{}
-	for _, r := range reasons.All {
+	for _, r := range contract.Reasons {
 		conditions[string(r)] = true
 	}
 	files, err := filepath.Glob("../../pkg/nodeloss/*.go")

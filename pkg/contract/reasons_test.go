@@ -1,4 +1,4 @@
-package reasons
+package contract
 
 import (
 	"go/ast"
@@ -9,11 +9,11 @@ import (
 	"testing"
 )
 
-// TestAllListsEveryReason fails when a Reason constant is missing from All,
+// TestReasonsListsEveryReason fails when a Reason constant is missing from Reasons,
 // or listed twice or out of order: the alert and runbook checks
-// (test/monitoring) read All, so a reason left out of it could be named
+// (test/monitoring) read Reasons, so a reason left out of it could be named
 // by no alert and missing from the runbook without any test noticing.
-func TestAllListsEveryReason(t *testing.T) {
+func TestReasonsListsEveryReason(t *testing.T) {
 	f, err := parser.ParseFile(token.NewFileSet(), "reasons.go", nil, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,7 @@ func TestAllListsEveryReason(t *testing.T) {
 	if len(declared) == 0 {
 		t.Fatal("found no Reason constant in reasons.go: the test no longer reads it")
 	}
-	if !slices.Equal(All, declared) {
-		t.Errorf("got All %v, want every Reason constant once, in the order declared: %v", All, declared)
+	if !slices.Equal(Reasons, declared) {
+		t.Errorf("got Reasons %v, want every Reason constant once, in the order declared: %v", Reasons, declared)
 	}
 }

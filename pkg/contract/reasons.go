@@ -1,8 +1,14 @@
-package reasons
+package contract
 
-// Reason is the short CamelCase cause of an abnormal condition; empty when
-// the volume is normal. It is published (see the package doc): a value
-// never changes, and each is spelled as its constant's name.
+// Reason is the short CamelCase cause of a volume's abnormal condition;
+// empty when the volume is normal. The kubelet copies it into the pod's
+// status.volumeHealth, the converge_volume_conditions metric counts
+// volumes by it, csi-node status prints it, and the alert rules
+// (deploy/components/monitoring, charts/converge/files/alerts.yaml) and
+// docs/operations.md match it: a value never changes, and each is spelled
+// as its constant's name. Which reason a volume has is decided in one
+// place, pkg/reconciler's health.go (and, for a filesystem found gone,
+// state.LostFilesystem).
 type Reason string
 
 // The reasons, in the order the reconciler looks for them (see
@@ -50,10 +56,10 @@ const (
 	OperationFailing Reason = "OperationFailing"
 )
 
-// All lists every reason, in the order above, for the tests that check
+// Reasons lists every reason, in the order above, for the tests that check
 // that each one an alert or the runbook names exists, and that the
-// runbook lists each one. TestAllListsEveryReason keeps it whole.
-var All = []Reason{
+// runbook lists each one. TestReasonsListsEveryReason keeps it whole.
+var Reasons = []Reason{
 	DeviceAttachedTwice, DeviceDetached, StagingMountMissing, StagingPathTaken,
 	FilesystemUnusable, FilesystemReadOnly, DeviceDetachPending, PublishMountUnusable,
 	PublishMountMissing, PoolFull, SpaceRanOut, PoolNearlyFull, SpaceNotReserved,
