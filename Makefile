@@ -13,7 +13,7 @@ SOCKET   := $(RUN_DIR)/csi.sock
 # Run longer with e.g. make fuzz FUZZTIME=2000000x.
 FUZZTIME ?= 5000x
 FUZZ_TARGETS := pkg/contract:FuzzValidID pkg/host:FuzzBeneath pkg/state:FuzzScanLog \
-	pkg/contract:FuzzCheckMountFlags pkg/contract:FuzzParseCapability pkg/contract:FuzzCheckMkfsOptions \
+	pkg/contract:FuzzCheckMountFlags pkg/contract/capability:FuzzParse pkg/contract:FuzzCheckMkfsOptions \
 	pkg/devices:FuzzUnescapeOctal pkg/devices:FuzzReadMounts pkg/devices:FuzzPathsOpen
 
 ## run: build and serve on a local socket with a local state directory

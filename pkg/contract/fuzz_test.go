@@ -4,8 +4,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/container-storage-interface/spec/lib/go/csi"
 )
 
 // FuzzCheckMountFlags checks the mount flag policy: an accepted flag is on
@@ -37,34 +35,6 @@ func FuzzCheckMountFlags(f *testing.F) {
 			if key == bad || strings.HasPrefix(key, "x-") {
 				t.Fatalf("accepted %q", flag)
 			}
-		}
-	})
-}
-
-// FuzzParseCapability feeds arbitrary fs types and flags through the
-// capability check: an accepted one names an allowed filesystem and flags
-// that pass the policy.
-func FuzzParseCapability(f *testing.F) {
-	f.Add("ext4", "noatime", int32(1))
-	f.Add("ntfs", "ro", int32(1))
-	f.Add("", "bind", int32(5))
-	f.Add("xfs", "nouuid", int32(7))
-	f.Fuzz(func(t *testing.T, fsType, flag string, mode int32) {
-		c, err := ParseCapability(&csi.VolumeCapability{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType, MountFlags: []string{flag}}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_Mode(mode)},
-		})
-		if err != nil {
-			return
-		}
-		if c.FsType != "" && c.FsType != "ext4" && c.FsType != "xfs" && c.FsType != "btrfs" {
-			t.Fatalf("accepted fs type %q", fsType)
-		}
-		if CheckMountFlags(c.MountFlags) != nil {
-			t.Fatalf("accepted flags %q that the policy refuses", c.MountFlags)
-		}
-		if !strings.HasPrefix(c.Mode, "SINGLE_NODE_") {
-			t.Fatalf("accepted mode %s", c.Mode)
 		}
 	})
 }

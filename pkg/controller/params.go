@@ -5,6 +5,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/contract/capability"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -64,7 +65,7 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 		return classified.Errorf(classified.KindInvalidArgument, "volume capabilities are required")
 	}
 	for _, vc := range caps {
-		if _, err := contract.ParseCapability(vc); err != nil {
+		if _, err := capability.Parse(vc); err != nil {
 			return classified.Errorf(classified.KindInvalidArgument, "%w", err)
 		}
 	}

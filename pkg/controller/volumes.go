@@ -15,6 +15,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/contract/capability"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -126,7 +127,7 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 		return nil, classified.Errorf(classified.KindInternal, "%w", err)
 	}
 	for _, vc := range req.GetVolumeCapabilities() {
-		if _, err := contract.ParseCapability(vc); err != nil {
+		if _, err := capability.Parse(vc); err != nil {
 			return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
 		}
 	}
@@ -202,7 +203,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		return nil, err
 	}
 	for _, vc := range req.GetVolumeCapabilities() {
-		if _, err := contract.ParseCapability(vc); err != nil {
+		if _, err := capability.Parse(vc); err != nil {
 			return &csi.GetCapacityResponse{}, nil
 		}
 	}

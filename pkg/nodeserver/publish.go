@@ -6,6 +6,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/contract/capability"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -40,7 +41,7 @@ func (s *Server) publishSpec(req *csi.NodePublishVolumeRequest) (*state.Publish,
 	if err := s.checkPath("staging target path", staging); err != nil {
 		return nil, err
 	}
-	c, err := contract.ParseCapability(req.GetVolumeCapability())
+	c, err := capability.Parse(req.GetVolumeCapability())
 	if err != nil {
 		return nil, invalid("%v", err)
 	}

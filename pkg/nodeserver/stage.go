@@ -7,6 +7,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/contract/capability"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -37,7 +38,7 @@ func (s *Server) stageSpec(req *csi.NodeStageVolumeRequest) (*state.Stage, error
 	if err := s.checkPath("staging target path", req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	c, err := contract.ParseCapability(req.GetVolumeCapability())
+	c, err := capability.Parse(req.GetVolumeCapability())
 	if err != nil {
 		return nil, invalid("%v", err)
 	}

@@ -2,6 +2,7 @@ package nodeserver
 
 import (
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/contract/capability"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -37,7 +38,7 @@ func (s *Server) checkDevice(path string) error {
 }
 
 // accessOf is the access type a stage or publish of capability c records.
-func accessOf(c contract.Capability) state.AccessType {
+func accessOf(c capability.Capability) state.AccessType {
 	if c.Block {
 		return state.AccessBlock
 	}

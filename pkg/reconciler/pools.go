@@ -39,7 +39,7 @@ type missingPool struct {
 }
 
 func (p missingPool) err() error {
-	return fmt.Errorf("this node has no storage pool %s (it has %s)", p.name, strings.Join(p.has, ", "))
+	return fmt.Errorf("this node has no storage pool %q (--pool)", p.name)
 }
 
 func (p missingPool) Image(string) string             { return "" }
@@ -48,7 +48,7 @@ func (p missingPool) ImageSize(string) (int64, error) { return 0, p.err() }
 func (p missingPool) Reserve(string) error            { return p.err() }
 func (p missingPool) Blank(string) (bool, error)      { return false, p.err() }
 func (p missingPool) GrowImage(string, int64) (int64, error) {
-	return 0, classified.Errorf(classified.KindResourceExhausted, "%v", p.err())
+	return 0, classified.Errorf(classified.KindResourceExhausted, "this node has no storage pool %s (it has %s)", p.name, strings.Join(p.has, ", "))
 }
 func (p missingPool) Flush(image string) error   { return fmt.Errorf("%s: %w", image, os.ErrNotExist) }
 func (p missingPool) Taken(string) (bool, error) { return false, p.err() }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -56,4 +57,23 @@ func TestCallsGoToTheVolumesPool(t *testing.T) {
 		t.Errorf("snapshot intents after the snapshot: got %v, want none", v.Snapshots)
 	}
 	h.wantNormal("v1", "after set-up, expansion and snapshot in pool fast")
+}
+
+// TestMissingPoolSaysSo checks what a call about a volume whose pool this
+// node does not have answers: the pool's name and the flag that configures
+// one, and, for a growth, RESOURCE_EXHAUSTED naming the pools the node has.
+func TestMissingPoolSaysSo(t *testing.T) {
+	h := newHarness(t)
+	h.r.cfg.Pools = fakePools(h.world, "fast", "slow")
+	_, p := h.r.poolOf(&state.Volume{ID: "v1", Pool: "gone"})
+	if err := p.Reserve("v1"); err == nil || err.Error() != `this node has no storage pool "gone" (--pool)` {
+		t.Errorf("Reserve: got %v", err)
+	}
+	_, err := p.GrowImage("v1", 1<<30)
+	if got, want := fmt.Sprint(err), "this node has no storage pool gone (it has default, fast, slow)"; got != want {
+		t.Errorf("GrowImage: got %q, want %q", got, want)
+	}
+	if e := classified.AsError(err); e == nil || e.Kind != classified.KindResourceExhausted {
+		t.Errorf("GrowImage: got %v, want a RESOURCE_EXHAUSTED error", err)
+	}
 }

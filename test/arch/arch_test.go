@@ -43,9 +43,10 @@ var allowed = map[string][]string{
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
 	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
-	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
-	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/host", "pkg/state"},
+	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/host", "pkg/state"},
 	"pkg/contract":            {"pkg/classified", "pkg/host"},
+	"pkg/contract/capability": {"pkg/contract", "pkg/host"},
 	"pkg/rpcerr":              {"pkg/classified"},
 	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/devices":             {"pkg/host"},
@@ -78,7 +79,7 @@ var never = map[string][]string{
 	"pkg/host":       {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os/exec"},
 	"pkg/volstatus":  {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/capacity":   {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os", "golang.org/x/sys/unix"},
-	"pkg/contract":   {"google.golang.org/grpc", "os", "os/exec", "k8s.io/utils/exec", "golang.org/x/sys/unix"},
+	"pkg/contract":   {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os", "os/exec", "k8s.io/utils/exec", "golang.org/x/sys/unix"},
 	"pkg/classified": {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os", "os/exec", "golang.org/x/sys/unix"},
 }
 
@@ -153,6 +154,32 @@ func TestContractIsALeaf(t *testing.T) {
 	for _, p := range strings.Fields(string(out)) {
 		if inner, ok := strings.CutPrefix(p, module); ok && !slices.Contains([]string{"pkg/classified", "pkg/contract", "pkg/host"}, inner) {
 			t.Errorf("pkg/contract links %s", inner)
+		}
+	}
+}
+
+// TestModelLinksNoRPC checks the whole of the builds of the store, the
+// reconciler and the contract they read, not only their own imports (which
+// never checks): none links gRPC or the CSI spec, so that the desired
+// state, its transitions and the reasons stay free of the wire; the rule
+// for a CSI capability is contract/capability's, which only the node
+// server and the controller read.
+func TestModelLinksNoRPC(t *testing.T) {
+	for _, pkg := range []string{"pkg/state", "pkg/reconciler", "pkg/contract"} {
+		out, err := exec.Command("go", "list", "-deps", "../../"+pkg).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		deps := strings.Fields(string(out))
+		if !slices.Contains(deps, module+pkg) {
+			t.Fatalf("go list -deps %s does not list %s itself: %q", pkg, pkg, out)
+		}
+		for _, p := range deps {
+			for _, mod := range []string{"google.golang.org/grpc", "github.com/container-storage-interface/spec"} {
+				if p == mod || strings.HasPrefix(p, mod+"/") {
+					t.Errorf("%s links %s", pkg, p)
+				}
+			}
 		}
 	}
 }

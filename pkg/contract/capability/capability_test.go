@@ -1,4 +1,4 @@
-package contract
+package capability
 
 import (
 	"testing"
@@ -6,10 +6,10 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 )
 
-// TestParseCapabilityAccessType checks that a capability says which access
+// TestParseAccessType checks that a capability says which access
 // type it asks for: the node server records a raw block stage or publish
 // from Block, a filesystem otherwise.
-func TestParseCapabilityAccessType(t *testing.T) {
+func TestParseAccessType(t *testing.T) {
 	mode := &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}
 	for _, tc := range []struct {
 		name      string
@@ -20,9 +20,9 @@ func TestParseCapabilityAccessType(t *testing.T) {
 		{name: "mount", c: &csi.VolumeCapability{AccessMode: mode, AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParseCapability(tc.c)
+			got, err := Parse(tc.c)
 			if err != nil {
-				t.Fatalf("ParseCapability: %v", err)
+				t.Fatalf("Parse: %v", err)
 			}
 			if got.Block != tc.wantBlock {
 				t.Errorf("got Block %v, want %v", got.Block, tc.wantBlock)
