@@ -1,5 +1,7 @@
 package contract
 
+import "slices"
+
 // Reason is the short CamelCase cause of a volume's abnormal condition;
 // empty when the volume is normal. The kubelet copies it into the pod's
 // status.volumeHealth, the converge_volume_conditions metric counts
@@ -58,8 +60,11 @@ const (
 
 // Reasons lists every reason, in the order above, for the tests that check
 // that each one an alert or the runbook names exists, and that the
-// runbook lists each one. TestReasonsListsEveryReason keeps it whole.
-var Reasons = []Reason{
+// runbook lists each one; a copy. TestReasonsListsEveryReason keeps it
+// whole.
+func Reasons() []Reason { return slices.Clone(reasons) }
+
+var reasons = []Reason{
 	DeviceAttachedTwice, DeviceDetached, StagingMountMissing, StagingPathTaken,
 	FilesystemUnusable, FilesystemReadOnly, DeviceDetachPending, PublishMountUnusable,
 	PublishMountMissing, PoolFull, SpaceRanOut, PoolNearlyFull, SpaceNotReserved,

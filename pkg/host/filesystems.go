@@ -1,5 +1,7 @@
 package host
 
+import "slices"
+
 // The filesystems the plugin makes and mounts on volumes.
 const (
 	FsExt4  = "ext4"
@@ -7,8 +9,11 @@ const (
 	FsBtrfs = "btrfs"
 )
 
-// FsTypes are the filesystems a volume may ask for.
-var FsTypes = []string{FsExt4, FsXFS, FsBtrfs}
+// FsTypes are the filesystems a volume may ask for: a copy, so that no
+// importer widens what a capability may name.
+func FsTypes() []string { return slices.Clone(fsTypes) }
+
+var fsTypes = []string{FsExt4, FsXFS, FsBtrfs}
 
 // DefaultFsType is the filesystem of a volume whose request names none:
 // what the kubelet and most CSI drivers default to.

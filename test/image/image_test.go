@@ -96,7 +96,7 @@ func executedTools(t *testing.T) map[string]bool {
 	}
 	// fsck runs fsck.<type> of the filesystem it checks.
 	if tools["fsck"] {
-		for _, fs := range host.FsTypes {
+		for _, fs := range host.FsTypes() {
 			tools["fsck."+fs] = true
 		}
 	}
@@ -211,7 +211,7 @@ func commandNames(e ast.Expr, consts map[string]string) ([]string, bool) {
 	case *ast.BinaryExpr:
 		if prefix, ok := literal(e.X); ok && e.Op == token.ADD && prefix == "mkfs." {
 			var names []string
-			for _, fs := range host.FsTypes {
+			for _, fs := range host.FsTypes() {
 				names = append(names, prefix+fs)
 			}
 			return names, true

@@ -116,7 +116,7 @@ func sorted(m map[string]bool) []string {
 // event reasons, the constants named Reason* of pkg/nodeloss.
 func emittedReasons(t *testing.T) (conditions, events map[string]bool) {
 	conditions, events = map[string]bool{}, map[string]bool{}
-	for _, r := range contract.Reasons {
+	for _, r := range contract.Reasons() {
 		conditions[string(r)] = true
 	}
 	files, err := filepath.Glob("../../pkg/nodeloss/*.go")

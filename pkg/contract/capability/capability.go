@@ -58,8 +58,8 @@ func Parse(c *csi.VolumeCapability) (Capability, error) {
 	case c.GetMount() != nil:
 		m := c.GetMount()
 		out.FsType = m.GetFsType()
-		if out.FsType != "" && !slices.Contains(host.FsTypes, out.FsType) {
-			return Capability{}, fmt.Errorf("fs type %q is not supported; use one of %v", out.FsType, host.FsTypes)
+		if out.FsType != "" && !slices.Contains(host.FsTypes(), out.FsType) {
+			return Capability{}, fmt.Errorf("fs type %q is not supported; use one of %v", out.FsType, host.FsTypes())
 		}
 		if err := contract.CheckMountFlags(m.GetMountFlags()); err != nil {
 			return Capability{}, err
