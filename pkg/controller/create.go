@@ -11,6 +11,7 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -119,7 +120,7 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return createRequest{}, err
 	}
-	if r.size, err = sizeFor(r.rng); err != nil {
+	if r.size, err = sizeFor(r.rng, host.MinSize(r.fsType)); err != nil {
 		return createRequest{}, err
 	}
 	return r, nil

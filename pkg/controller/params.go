@@ -14,7 +14,9 @@ const (
 	// DefaultVolumeSize is the size of a volume created without a
 	// capacity range.
 	DefaultVolumeSize = 1 << 30
-	// MinVolumeSize is the smallest volume: room for an ext4 journal.
+	// MinVolumeSize is the smallest volume of any filesystem and the
+	// smallest a volume grows to: room for an ext4 journal (host.MinSize,
+	// which says what each filesystem needs).
 	MinVolumeSize = 16 << 20
 	// sizeAlign keeps images a whole number of 4 KiB blocks, so the loop
 	// device and every filesystem block size divide them.
@@ -72,16 +74,19 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 	return nil
 }
 
-// sizeFor picks the image size for a capacity range: what it requires
-// (at least MinVolumeSize), else DefaultVolumeSize within its limit, in
-// whole 4 KiB blocks.
-func sizeFor(r state.Range) (int64, error) {
+// sizeFor picks the image size for a capacity range: what it requires, at
+// least floor (MinVolumeSize, or host.MinSize of the filesystem a new
+// volume will carry: a claim smaller than its filesystem can be made on is
+// given that much, within its limit), else DefaultVolumeSize within its
+// limit, in whole 4 KiB blocks.
+func sizeFor(r state.Range, floor int64) (int64, error) {
 	if err := r.Check(); err != nil {
 		return 0, err
 	}
-	size := max(r.Required, MinVolumeSize)
+	floor = max(floor, MinVolumeSize)
+	size := max(r.Required, floor)
 	if r.Required == 0 {
-		size = DefaultVolumeSize
+		size = max(DefaultVolumeSize, floor)
 		if r.Limit > 0 {
 			size = min(size, r.Limit)
 		}
@@ -90,8 +95,8 @@ func sizeFor(r state.Range) (int64, error) {
 		return 0, classified.Errorf(classified.KindOutOfRange, "%d bytes is more than this node can hold", size)
 	}
 	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
-	if r.Limit > 0 && size > r.Limit {
-		return 0, classified.Errorf(classified.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", MinVolumeSize, r.Limit)
+	if r.Limit > 0 && (size > r.Limit || size < floor) {
+		return 0, classified.Errorf(classified.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", floor, r.Limit)
 	}
 	return size, nil
 }

@@ -204,7 +204,7 @@ func (p promise) grow(id string, size int64) (int64, error) {
 	if size <= cur {
 		return cur, nil
 	}
-	if size, err = sizeFor(state.Range{Required: size}); err != nil {
+	if size, err = sizeFor(state.Range{Required: size}, MinVolumeSize); err != nil {
 		return 0, err
 	}
 	thin := false

@@ -43,7 +43,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, err
 	}
 	rng := rangeOf(req.GetCapacityRange())
-	size, err := sizeFor(rng)
+	size, err := sizeFor(rng, MinVolumeSize)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,22 @@ func FsTypes() []string { return slices.Clone(fsTypes) }
 
 var fsTypes = []string{FsExt4, FsXFS, FsBtrfs}
 
+// MinSize is the smallest image a volume of filesystem fsType ("" for a
+// raw block volume) is made with, in bytes: 16 MiB, room for an ext4
+// journal, for ext4 and a raw block volume; 300 MiB for xfs, the least
+// mkfs.xfs makes (xfsprogs 5.19 and later: "Filesystem must be larger than
+// 300MB"); 256 MiB for btrfs, the least the kernel resizes one to
+// (mkfs.btrfs makes one from about 109 MiB, which then could never grow).
+func MinSize(fsType string) int64 {
+	switch fsType {
+	case FsXFS:
+		return 300 << 20
+	case FsBtrfs:
+		return 256 << 20
+	}
+	return 16 << 20
+}
+
 // DefaultFsType is the filesystem of a volume whose request names none:
 // what the kubelet and most CSI drivers default to.
 const DefaultFsType = FsExt4

@@ -115,3 +115,29 @@ func journalSize(t *testing.T, dumpe2fs string) int64 {
 	t.Fatalf("no journal size in dumpe2fs -h:\n%s", dumpe2fs)
 	return 0
 }
+
+// TestSmallClaimsGetRoomForTheirFilesystem creates a 100 MiB claim of each
+// filesystem and stages it: CreateVolume gives each at least what its mkfs
+// and its growth need (host.MinSize: xfs 300 MiB, btrfs 256 MiB), so the
+// stage formats and mounts it instead of failing on every retry.
+func TestSmallClaimsGetRoomForTheirFilesystem(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	for _, fs := range []string{"ext4", "xfs", "btrfs"} {
+		c := mountCap(fs, csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+		resp, err := p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+			Name: "small-" + fs, CapacityRange: &csi.CapacityRange{RequiredBytes: 100 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{c},
+		})
+		if err != nil {
+			t.Fatalf("CreateVolume %s: %v", fs, err)
+		}
+		id := resp.GetVolume().GetVolumeId()
+		staging := mkdir(t, filepath.Join(p.Root, "staging-"+fs))
+		if err := stage(t, p, id, staging, c); err != nil {
+			t.Errorf("stage a 100 MiB claim of %s (made %d bytes): %v", fs, resp.GetVolume().GetCapacityBytes(), err)
+			continue
+		}
+		unstage(t, p, id, staging)
+	}
+}
