@@ -211,7 +211,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 	}
 	defer src.release()
 	if src != nil {
-		if r.size, err = src.fit(r.rng, r.size); err != nil {
+		if r.size, err = src.fit(r.rng, r.size, host.MinSize(r.fsType)); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -277,11 +277,12 @@ func (s *source) release() {
 }
 
 // fit is the size of a volume made from the source, of size bytes for
-// the range rng: the snapshot's image unless more is asked for, never
-// less (OUT_OF_RANGE).
-func (s *source) fit(rng state.Range, size int64) (int64, error) {
-	if rng.Required == 0 && (rng.Limit == 0 || rng.Limit >= s.snap.Size) {
-		size = s.snap.Size
+// the range rng: the snapshot's image, or at least floor, what the
+// volume's filesystem needs (host.MinSize), unless more is asked for;
+// never less than the snapshot (OUT_OF_RANGE).
+func (s *source) fit(rng state.Range, size, floor int64) (int64, error) {
+	if want := max(s.snap.Size, floor); rng.Required == 0 && (rng.Limit == 0 || rng.Limit >= want) {
+		size = want
 	}
 	if size < s.snap.Size {
 		return 0, classified.Errorf(classified.KindOutOfRange, "a volume of %d bytes cannot hold snapshot %s of %d bytes", size, s.snap.ID, s.snap.Size)

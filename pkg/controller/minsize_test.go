@@ -7,6 +7,8 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // TestVolumesAreAsLargeAsTheirFilesystemNeeds checks that a claim smaller
@@ -74,4 +76,54 @@ func sanitize(name string) string {
 		}
 	}
 	return string(out)
+}
+
+// TestSizeForWithinTheLimit checks the size picked at the edges of a
+// capacity range: a limit that is no whole number of blocks gives the
+// largest whole-block size within it, and a limit below the floor, or a
+// limit alone under the smallest image, is OUT_OF_RANGE.
+func TestSizeForWithinTheLimit(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		rng        state.Range
+		floor      int64
+		want       int64
+		outOfRange bool
+	}{
+		{name: "limit not whole blocks", rng: state.Range{Limit: 300<<20 + 1}, floor: 300 << 20, want: 300 << 20},
+		{name: "required and limit in one block", rng: state.Range{Required: 300<<20 + 1, Limit: 300<<20 + 100}, floor: 300 << 20, outOfRange: true},
+		{name: "limit alone under the smallest image", rng: state.Range{Limit: 8 << 20}, floor: MinVolumeSize, outOfRange: true},
+		{name: "limit under the floor", rng: state.Range{Limit: 200 << 20}, floor: 256 << 20, outOfRange: true},
+		{name: "required rounded up", rng: state.Range{Required: 20<<20 + 1}, floor: MinVolumeSize, want: 20<<20 + 4096},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := sizeFor(tc.rng, tc.floor)
+			if tc.outOfRange {
+				if e := classified.AsError(err); e == nil || e.Kind != classified.KindOutOfRange {
+					t.Fatalf("got %d, %v; want OUT_OF_RANGE", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Errorf("got %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestRestoreGetsTheFloor checks that a volume restored from a snapshot
+// smaller than its filesystem needs, with no size of its own, gets the
+// floor; with a size asked for, that size; never less than the snapshot.
+func TestRestoreGetsTheFloor(t *testing.T) {
+	src := &source{snap: devices.SnapshotInfo{ID: "s", Size: 16 << 20}}
+	if got, err := src.fit(state.Range{}, 1<<30, 300<<20); err != nil || got != 300<<20 {
+		t.Errorf("no size asked: got %d, %v; want %d", got, err, 300<<20)
+	}
+	if got, err := src.fit(state.Range{Required: 400 << 20}, 400<<20, 300<<20); err != nil || got != 400<<20 {
+		t.Errorf("400 MiB asked: got %d, %v; want %d", got, err, 400<<20)
+	}
+	big := &source{snap: devices.SnapshotInfo{ID: "b", Size: 512 << 20}}
+	if _, err := big.fit(state.Range{Required: 400 << 20}, 400<<20, 300<<20); classified.AsError(err) == nil || classified.AsError(err).Kind != classified.KindOutOfRange {
+		t.Errorf("smaller than the snapshot: got %v, want OUT_OF_RANGE", err)
+	}
 }

@@ -17,7 +17,7 @@ const (
 	// MinVolumeSize is the smallest volume of any filesystem and the
 	// smallest a volume grows to: room for an ext4 journal (host.MinSize,
 	// which says what each filesystem needs).
-	MinVolumeSize = 16 << 20
+	MinVolumeSize = host.MinImageSize
 	// sizeAlign keeps images a whole number of 4 KiB blocks, so the loop
 	// device and every filesystem block size divide them.
 	sizeAlign = 4096
@@ -95,8 +95,12 @@ func sizeFor(r state.Range, floor int64) (int64, error) {
 		return 0, classified.Errorf(classified.KindOutOfRange, "%d bytes is more than this node can hold", size)
 	}
 	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
-	if r.Limit > 0 && (size > r.Limit || size < floor) {
-		return 0, classified.Errorf(classified.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", floor, r.Limit)
+	if r.Limit > 0 && size > r.Limit {
+		// The largest whole-block size within the limit.
+		size = r.Limit / sizeAlign * sizeAlign
+	}
+	if need := max(r.Required, floor); size < need {
+		return 0, classified.Errorf(classified.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", need, r.Limit)
 	}
 	return size, nil
 }

@@ -15,12 +15,18 @@ func FsTypes() []string { return slices.Clone(fsTypes) }
 
 var fsTypes = []string{FsExt4, FsXFS, FsBtrfs}
 
+// MinImageSize is the smallest image of any volume: room for an ext4
+// journal.
+const MinImageSize = 16 << 20
+
 // MinSize is the smallest image a volume of filesystem fsType ("" for a
-// raw block volume) is made with, in bytes: 16 MiB, room for an ext4
-// journal, for ext4 and a raw block volume; 300 MiB for xfs, the least
-// mkfs.xfs makes (xfsprogs 5.19 and later: "Filesystem must be larger than
-// 300MB"); 256 MiB for btrfs, the least the kernel resizes one to
-// (mkfs.btrfs makes one from about 109 MiB, which then could never grow).
+// raw block volume) is made with, in bytes: MinImageSize for ext4 and a
+// raw block volume; 300 MiB for xfs, the least mkfs.xfs makes (xfsprogs
+// 5.19 and later: "Filesystem must be larger than 300MB"); 256 MiB for
+// btrfs, the least size the kernel resizes one to (btrfs_ioctl_resize), so
+// that every growth of one can be carried out (mkfs.btrfs makes one from
+// about 109 MiB, whose growth to less than 256 MiB would fail on every
+// retry).
 func MinSize(fsType string) int64 {
 	switch fsType {
 	case FsXFS:
@@ -28,7 +34,7 @@ func MinSize(fsType string) int64 {
 	case FsBtrfs:
 		return 256 << 20
 	}
-	return 16 << 20
+	return MinImageSize
 }
 
 // DefaultFsType is the filesystem of a volume whose request names none:
