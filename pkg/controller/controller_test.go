@@ -36,10 +36,16 @@ func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
 	return New(NewPools(store, space), store, map[string]string{contract.TopologyKey: "node"}, Options{}), store, space.images
 }
 
-var capMount = []*csi.VolumeCapability{{
-	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-}}
+var capMount = capMountOf("")
+
+// capMountOf asks for a single-writer filesystem volume of fs type fs
+// ("": the class's, else the default).
+func capMountOf(fs string) []*csi.VolumeCapability {
+	return []*csi.VolumeCapability{{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}}
+}
 
 // create makes a thick volume named name and returns its ID.
 func create(t *testing.T, c csi.ControllerServer, name string) string {

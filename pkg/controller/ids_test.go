@@ -19,8 +19,7 @@ import (
 func TestControllerRequestsFollowTheIDRule(t *testing.T) {
 	c, _, _ := newController(t)
 	ctx := context.Background()
-	rwo := []*csi.VolumeCapability{{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}
+	rwo := capMount
 	ok := classified.Kind(-1)
 	for _, tc := range []struct {
 		rpc     string

@@ -14,16 +14,11 @@ import (
 // TestVolumesAreAsLargeAsTheirFilesystemNeeds checks that a claim smaller
 // than its filesystem can be made on gets that much, within its limit,
 // and one whose limit leaves no room for it OUT_OF_RANGE: mkfs.xfs makes
-// nothing under 300 MiB and the kernel grows no btrfs under 256 MiB, so a
-// smaller volume would fail NodeStageVolume on every retry.
+// nothing under 300 MiB, so a smaller xfs would fail NodeStageVolume on
+// every retry, and the kernel resizes no btrfs to under 256 MiB.
 func TestVolumesAreAsLargeAsTheirFilesystemNeeds(t *testing.T) {
 	c, _, _ := newController(t)
-	mount := func(fs string) []*csi.VolumeCapability {
-		return []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		}}
-	}
+	mount := capMountOf
 	for _, tc := range []struct {
 		name           string
 		caps           []*csi.VolumeCapability
