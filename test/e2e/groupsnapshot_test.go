@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,10 +138,11 @@ func TestGroupSnapshotConsistency(t *testing.T) {
 	if frozen.count < groupSnapshotsTaken {
 		t.Errorf("csi-node's %s counted %v freezes during the groups, want at least %d", freezeMetricName, frozen.count, groupSnapshotsTaken)
 	}
-	t.Logf("group snapshots: %d taken in %.1fs (%.2fs each, ready to ready), %d pairs restored and checked, largest difference %d; "+
-		"the counters ran from %d to %d; freezes: %v, mean %.1f ms, the longest at most %s",
+	freezes := groupFreezes(t, uids)
+	t.Logf("group snapshots: %d taken in %.1fs (%.2fs each, asked to ready), %d pairs restored and checked, largest difference %d; "+
+		"the counters ran from %d to %d; freezes (csi-node's log): %s; the metric: %v freezes, mean %.1f ms, the longest at most %s",
 		len(uids), tookFor.Seconds(), tookFor.Seconds()/float64(len(uids)), len(read), worst, first.a, last.a,
-		frozen.count, 1000*frozen.sum/math.Max(frozen.count, 1), frozen.bound())
+		freezes, frozen.count, 1000*frozen.sum/math.Max(frozen.count, 1), frozen.bound())
 	deletePod(t, writer.Name)
 
 	// Deleting the groups (their class's deletionPolicy is Delete) deletes
@@ -424,6 +426,50 @@ func waitRead(pod string) ([2]int, error) {
 	}
 }
 
+// tookGroup is csi-node's log line for a group snapshot taken, with how
+// long its members were frozen.
+var tookGroup = regexp.MustCompile(`"Took group snapshot" .*groupSnapshotID="([^"]+)".* frozenFor="([^"]+)"`)
+
+// groupFreezes finds, in csi-node's log, how long each group of uids
+// (csi-snapshotter names a group groupsnapshot-<UID>) held its members
+// frozen, fails t for a group it does not find, and describes them:
+// shortest, median and longest.
+func groupFreezes(t *testing.T, uids []string) string {
+	t.Helper()
+	took := map[string]time.Duration{}
+	for _, l := range c.kubeNode.containerLogs("csi-node") {
+		b, err := os.ReadFile(l)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range tookGroup.FindAllStringSubmatch(string(b), -1) {
+			for _, uid := range uids {
+				if strings.Contains(m[1], uid) {
+					d, err := time.ParseDuration(m[2])
+					if err != nil {
+						t.Errorf("group %s frozen for %q: %v", m[1], m[2], err)
+					}
+					took[uid] = d
+				}
+			}
+		}
+	}
+	var ds []time.Duration
+	for _, uid := range uids {
+		d, ok := took[uid]
+		if !ok {
+			t.Errorf("csi-node's log has no %q line for the group of VolumeGroupSnapshot UID %s", "Took group snapshot", uid)
+			continue
+		}
+		ds = append(ds, d)
+	}
+	if len(ds) == 0 {
+		return "none found"
+	}
+	slices.Sort(ds)
+	return fmt.Sprintf("%d, shortest %v, median %v, longest %v", len(ds), ds[0].Round(10*time.Microsecond), ds[len(ds)/2].Round(10*time.Microsecond), ds[len(ds)-1].Round(10*time.Microsecond))
+}
+
 // freezeMetricName is csi-node's histogram of how long a snapshot held its
 // volumes frozen.
 const freezeMetricName = "converge_snapshot_freeze_duration_seconds"
@@ -455,7 +501,7 @@ func (h histogram) bound() string {
 	})
 	for _, le := range les {
 		if h.buckets[le] >= h.count {
-			return strconv.FormatFloat(1000*le, 'g', -1, 64) + " ms"
+			return fmt.Sprintf("%.3g ms", 1000*le)
 		}
 	}
 	return "(no bucket)"
