@@ -15,12 +15,15 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // Snapshotter asks the node's reconciler for snapshots: it records the
 // intent, then waits for the snapshot to be taken.
 type Snapshotter interface {
-	AskSnapshot(source, id string) (gen int64, err error)
+	// AskSnapshot records the intent; group, when not nil, makes it
+	// the intent of a group snapshot, kept on its leader (source).
+	AskSnapshot(source, id string, group *state.GroupIntent) (gen int64, err error)
 	AwaitSnapshot(ctx context.Context, source, id string, gen int64) error
 }
 
@@ -116,7 +119,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, err
 	}
-	gen, err := s.taker.AskSnapshot(source, id)
+	gen, err := s.taker.AskSnapshot(source, id, nil)
 	s.mu.Unlock()
 	if err != nil {
 		return devices.SnapshotInfo{}, err
@@ -197,6 +200,8 @@ func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
 		SizeBytes:      info.Size,
 		CreationTime:   timestamppb.New(info.Created),
 		ReadyToUse:     true,
+		// A member of a group is deleted with its group alone.
+		GroupSnapshotId: info.Group,
 	}
 	if c.opts.SnapshotTopology {
 		// Restores are made on this node alone (see restoreSource).
@@ -222,6 +227,9 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if info, _, err := c.pools.snapshot(id); err == nil && info.Group != "" {
+		return nil, classified.Errorf(classified.KindFailedPrecondition, "snapshot %s is a member of group snapshot %s, and is deleted with its group (DeleteVolumeGroupSnapshot) alone", id, info.Group)
+	}
 	if err := c.deleteSnapshotLocked(id); err != nil {
 		return nil, err
 	}
