@@ -220,6 +220,23 @@ func (c *Controller) askedGroup(id string) *state.GroupIntent {
 	return nil
 }
 
+// pendingGroups returns the IDs of the group snapshots being taken: their
+// members that exist are not listed, since the group is not whole yet.
+func (c *Controller) pendingGroups() map[string]bool {
+	var ids map[string]bool
+	for _, v := range c.store.List() {
+		for _, in := range v.Snapshots {
+			if in.Group != nil {
+				if ids == nil {
+					ids = map[string]bool{}
+				}
+				ids[in.Group.ID] = true
+			}
+		}
+	}
+	return ids
+}
+
 // groupSnapshot answers group id of the member snapshots infos.
 func (c *Controller) groupSnapshot(id string, infos []devices.SnapshotInfo) *csi.VolumeGroupSnapshot {
 	gs := &csi.VolumeGroupSnapshot{GroupSnapshotId: id, ReadyToUse: true}
@@ -233,8 +250,11 @@ func (c *Controller) groupSnapshot(id string, infos []devices.SnapshotInfo) *csi
 }
 
 // findGroup returns the member snapshots of group id on this node, in ID
-// order; none when there is no such group.
+// order; none when there is no such group, or it is being taken.
 func (c *Controller) findGroup(id string) ([]devices.SnapshotInfo, error) {
+	if c.askedGroup(id) != nil {
+		return nil, nil
+	}
 	var infos []devices.SnapshotInfo
 	for _, space := range c.pools.All() {
 		all, err := space.listSnapshots()

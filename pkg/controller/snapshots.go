@@ -296,8 +296,9 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		slices.SortFunc(infos, func(a, b devices.SnapshotInfo) int { return strings.Compare(a.ID, b.ID) })
 	}
 	resp := &csi.ListSnapshotsResponse{}
+	pending := c.pendingGroups()
 	for _, info := range infos {
-		if info.ID <= after || req.GetSourceVolumeId() != "" && info.Source != req.GetSourceVolumeId() {
+		if info.ID <= after || req.GetSourceVolumeId() != "" && info.Source != req.GetSourceVolumeId() || pending[info.Group] {
 			continue
 		}
 		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {

@@ -34,6 +34,21 @@ func (w *fakeWorld) failOn(call string, err error) {
 	w.fail[call] = err
 }
 
+// setCopies makes every pool copy data, as a filesystem without
+// reflinks does.
+func (w *fakeWorld) setCopies() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.copies = true
+}
+
+// setSize makes image size bytes large, all allocated.
+func (w *fakeWorld) setSize(image string, size int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sizes[image] = size
+}
+
 // holdOn blocks call until the channel closes.
 func (w *fakeWorld) holdOn(call string, until chan struct{}) {
 	w.mu.Lock()

@@ -89,8 +89,11 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 	}
 	home := a.home
 	for _, m := range ms {
-		// A member copied at another instant, by an attempt that failed
-		// or that a crash stopped.
+		// A member copied at another instant, by an attempt that a crash
+		// stopped.
+		if taken, err := home.Taken(m.snapshot); err != nil || !taken {
+			continue
+		}
 		if err := home.DeleteSnapshot(m.snapshot); err != nil {
 			return fmt.Errorf("removing what an earlier attempt left of snapshot %s: %w", m.snapshot, err)
 		}

@@ -42,7 +42,8 @@ const (
 	// snapshot: the snapshotter takes a snapshot of the published volume.
 	snapshot
 	// groupSnapshot: the snapshotter takes a group snapshot of the
-	// published volume alone (a group of one).
+	// published volume and a second volume, created only (mate): a crash
+	// after one member's copy leaves the other to make.
 	groupSnapshot
 	// restore: the provisioner makes a second volume from a snapshot of
 	// the published one.
@@ -444,15 +445,29 @@ func (w *walker) grow(ctx context.Context, v *vol, path string) error {
 	return err
 }
 
-// takeGroup takes the group snapshot of v alone that a groupSnapshot trial
-// asks for, and checks that it is whole and ready.
+// mate is the second member of v's group snapshot trial.
+func mate(v *vol) string { return "mate-" + v.name }
+
+// takeGroup takes the group snapshot of v and its mate that a
+// groupSnapshot trial asks for, and checks that it is whole and ready.
 func (w *walker) takeGroup(ctx context.Context, v *vol) error {
-	resp, err := w.e.p.Groups().CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group-" + v.name, SourceVolumeIds: []string{v.id}})
+	p := w.e.p
+	if _, err := p.Controller().CreateVolume(ctx, &csi.CreateVolumeRequest{Name: mate(v), CapacityRange: &csi.CapacityRange{RequiredBytes: volumeSize},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		return err
+	}
+	resp, err := p.Groups().CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group-" + v.name, SourceVolumeIds: []string{v.id, vid(mate(v))}})
 	if err != nil {
 		return err
 	}
-	if g := resp.GetGroupSnapshot(); !g.GetReadyToUse() || len(g.GetSnapshots()) != 1 || g.GetSnapshots()[0].GetGroupSnapshotId() != g.GetGroupSnapshotId() {
+	g := resp.GetGroupSnapshot()
+	if !g.GetReadyToUse() || len(g.GetSnapshots()) != 2 {
 		return fmt.Errorf("group snapshot not whole and ready: %v", g)
+	}
+	for _, s := range g.GetSnapshots() {
+		if s.GetGroupSnapshotId() != g.GetGroupSnapshotId() || s.GetSizeBytes() != volumeSize {
+			return fmt.Errorf("group snapshot member not whole: %v", s)
+		}
 	}
 	return nil
 }
@@ -574,6 +589,10 @@ func (w *walker) clean(v *vol, name string) {
 	})
 	w.retry("deleting the group snapshot", func(ctx context.Context) error {
 		_, err := p.Groups().DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: vid("group-" + v.name)})
+		return err
+	})
+	w.retry("deleting the group's mate", func(ctx context.Context) error {
+		_, err := p.Controller().DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vid(mate(v))})
 		return err
 	})
 	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {

@@ -1,0 +1,169 @@
+package controller
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/rpcerr"
+)
+
+// TestGroupSnapshotLifecycle takes a group snapshot of two volumes and
+// checks that it is idempotent by name (the same group, asked once), that
+// the name with other volumes is ALREADY_EXISTS, that each member is
+// listed as a snapshot of its volume naming the group, restores like any
+// snapshot and is not deleted alone, that Get describes the group and
+// refuses a list that names a snapshot outside it, and that Delete removes
+// every member and is a no-op after.
+func TestGroupSnapshotLifecycle(t *testing.T) {
+	c, _, images := newController(t)
+	taker := serveSnapshots(t, c, images)
+	g := c.Groups()
+	v1, v2, v3 := create(t, c, "v1"), create(t, c, "v2"), create(t, c, "v3")
+	req := &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v2, v1}, Parameters: map[string]string{"deletionPolicy": "Delete"}}
+	resp, err := g.CreateVolumeGroupSnapshot(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := resp.GetGroupSnapshot()
+	if gs.GetGroupSnapshotId() != "gs_node" || !gs.GetReadyToUse() || len(gs.GetSnapshots()) != 2 || gs.GetCreationTime() == nil {
+		t.Fatalf("group: got %v, want gs_node, ready, of two snapshots", gs)
+	}
+	var ids []string
+	for i, s := range gs.GetSnapshots() {
+		if want := []string{v1, v2}[i]; s.GetSourceVolumeId() != want || s.GetGroupSnapshotId() != "gs_node" || !s.GetReadyToUse() {
+			t.Errorf("member %d: got %v, want a ready snapshot of %s in gs_node", i, s, want)
+		}
+		ids = append(ids, s.GetSnapshotId())
+	}
+	again, err := g.CreateVolumeGroupSnapshot(t.Context(), req)
+	if err != nil || again.GetGroupSnapshot().GetGroupSnapshotId() != "gs_node" || len(taker.asked) != 1 {
+		t.Errorf("the same group again: got %v, %v (asked %v), want the group, asked once", again, err, taker.asked)
+	}
+	if _, err := g.CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v1, v3}}); rpcerr.Code(err) != codes.AlreadyExists {
+		t.Errorf("the name with other volumes: got %v, want ALREADY_EXISTS", err)
+	}
+	list, err := c.ListSnapshots(t.Context(), &csi.ListSnapshotsRequest{SnapshotId: ids[0]})
+	if err != nil || len(list.GetEntries()) != 1 || list.GetEntries()[0].GetSnapshot().GetGroupSnapshotId() != "gs_node" {
+		t.Errorf("listing a member: got %v, %v, want it, naming its group", list, err)
+	}
+	if _, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: capMount,
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+			Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: ids[1]}}}}); err != nil {
+		t.Errorf("restoring a member: %v", err)
+	}
+	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: ids[0]}); rpcerr.Code(err) != codes.FailedPrecondition {
+		t.Errorf("deleting a member alone: got %v, want FAILED_PRECONDITION", err)
+	}
+	got, err := g.GetVolumeGroupSnapshot(t.Context(), &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: ids})
+	if err != nil || len(got.GetGroupSnapshot().GetSnapshots()) != 2 {
+		t.Errorf("get: got %v, %v, want the group of two", got, err)
+	}
+	single, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "alone", SourceVolumeId: v3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mismatch := append(slices.Clone(ids), single.GetSnapshot().GetSnapshotId())
+	if _, err := g.GetVolumeGroupSnapshot(t.Context(), &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: mismatch}); rpcerr.Code(err) != codes.InvalidArgument {
+		t.Errorf("get with a snapshot outside the group: got %v, want INVALID_ARGUMENT", err)
+	}
+	if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: mismatch}); rpcerr.Code(err) != codes.InvalidArgument {
+		t.Errorf("delete with a snapshot outside the group: got %v, want INVALID_ARGUMENT", err)
+	}
+	for range 2 {
+		if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: ids}); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	}
+	for _, id := range ids {
+		if _, _, err := c.pools.snapshot(id); err == nil {
+			t.Errorf("member %s left after the group was deleted", id)
+		}
+	}
+	if _, err := g.GetVolumeGroupSnapshot(t.Context(), &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node"}); rpcerr.Code(err) != codes.NotFound {
+		t.Errorf("get after delete: got %v, want NOT_FOUND", err)
+	}
+	if _, _, err := c.pools.snapshot(single.GetSnapshot().GetSnapshotId()); err != nil {
+		t.Errorf("the snapshot outside the group was deleted with it: %v", err)
+	}
+}
+
+// TestGroupSnapshotRefusals checks the requests a group snapshot refuses,
+// each with its code and a message that says why.
+func TestGroupSnapshotRefusals(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	g := c.Groups()
+	v1 := create(t, c, "v1")
+	for _, tc := range []struct {
+		name string
+		req  *csi.CreateVolumeGroupSnapshotRequest
+		code codes.Code
+		says string
+	}{
+		{"no name", &csi.CreateVolumeGroupSnapshotRequest{SourceVolumeIds: []string{v1}}, codes.InvalidArgument, "name"},
+		{"no volumes", &csi.CreateVolumeGroupSnapshotRequest{Name: "g"}, codes.InvalidArgument, "source volume"},
+		{"a volume twice", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{v1, v1}}, codes.InvalidArgument, "twice"},
+		{"an unknown parameter", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{v1}, Parameters: map[string]string{"fast": "yes"}}, codes.InvalidArgument, "fast"},
+		{"another node's volume", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{v1, "v9_other"}}, codes.FailedPrecondition, "other"},
+		{"a volume that is not here", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{v1, "v9_node"}}, codes.NotFound, "v9_node"},
+	} {
+		_, err := g.CreateVolumeGroupSnapshot(t.Context(), tc.req)
+		if rpcerr.Code(err) != tc.code || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("%s: got %v, want %v saying %q", tc.name, err, tc.code, tc.says)
+		}
+	}
+	if list, _ := c.ListSnapshots(t.Context(), &csi.ListSnapshotsRequest{}); len(list.GetEntries()) != 0 {
+		t.Errorf("refused groups left snapshots: %v", list.GetEntries())
+	}
+}
+
+// TestDeleteGroupWhileAMemberIsRestored checks that a group one of whose
+// members a volume is being restored from is not deleted, nor any of its
+// members (ABORTED, retried), and is once the restore ended.
+func TestDeleteGroupWhileAMemberIsRestored(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	g := c.Groups()
+	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
+	resp, err := g.CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v1, v2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := resp.GetGroupSnapshot().GetSnapshots()
+	copyImage, started, gate := defaultPool(c).restoreImage, make(chan struct{}), make(chan struct{})
+	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
+		close(started)
+		<-gate
+		return copyImage(ctx, id, from, snap, size, thick)
+	}
+	restored := make(chan error, 1)
+	go func() {
+		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: capMount,
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: members[1].GetSnapshotId()}}}})
+		restored <- err
+	}()
+	<-started
+	del := &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: []string{members[0].GetSnapshotId(), members[1].GetSnapshotId()}}
+	if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), del); rpcerr.Code(err) != codes.Aborted {
+		t.Errorf("deleting a group while a member is restored: got %v, want ABORTED", err)
+	}
+	for _, m := range members {
+		if _, _, err := c.pools.snapshot(m.GetSnapshotId()); err != nil {
+			t.Errorf("member %s deleted while the group's deletion was refused: %v", m.GetSnapshotId(), err)
+		}
+	}
+	close(gate)
+	if err := <-restored; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), del); err != nil {
+		t.Errorf("deleting the group after the restore: %v", err)
+	}
+}
