@@ -11,6 +11,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/rpcerr"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // TestGroupSnapshotLifecycle takes a group snapshot of two volumes and
@@ -165,5 +166,34 @@ func TestDeleteGroupWhileAMemberIsRestored(t *testing.T) {
 	}
 	if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), del); err != nil {
 		t.Errorf("deleting the group after the restore: %v", err)
+	}
+}
+
+// TestGCKeepsAGroupWhole checks that csi-node gc keeps every member of a
+// group while any member is referenced (a group is never cut in part), and
+// deletes them all once none is.
+func TestGCKeepsAGroupWhole(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
+	resp, err := c.Groups().CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v1, v2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := resp.GetGroupSnapshot().GetSnapshots()
+	gc := func(referenced ...string) []volstatus.Orphan {
+		out, err := c.Collect(t.Context(), volstatus.GCRequest{Referenced: append([]string{v1, v2}, referenced...), Volumes: true, Snapshots: true, Delete: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	out := gc(m[0].GetSnapshotId())
+	if len(out) != 1 || out[0].ID != m[1].GetSnapshotId() || out[0].Deleted || !strings.Contains(out[0].Kept, "gs_node") {
+		t.Errorf("gc with one member referenced: got %+v, want the other kept, naming its group", out)
+	}
+	out = gc()
+	if len(out) != 2 || !out[0].Deleted || !out[1].Deleted {
+		t.Errorf("gc with no member referenced: got %+v, want both deleted", out)
 	}
 }
