@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 
@@ -41,6 +42,11 @@ func (g *GroupService) GroupControllerGetCapabilities(context.Context, *csi.Grou
 	}}}, nil
 }
 
+// MaxGroupVolumes is the most volumes a group snapshot takes: each one's
+// filesystem is frozen until the last is, and the group's intent, kept on
+// one record, names them all.
+const MaxGroupVolumes = 64
+
 // groupPlan is what a group snapshot takes: its ID, and each member
 // volume's snapshot ID, in volume ID order.
 type groupPlan struct {
@@ -61,6 +67,9 @@ func (c *Controller) planGroup(req *csi.CreateVolumeGroupSnapshotRequest) (group
 	}
 	if len(sources) == 0 {
 		return groupPlan{}, classified.Errorf(classified.KindInvalidArgument, "source volume IDs are required")
+	}
+	if len(sources) > MaxGroupVolumes {
+		return groupPlan{}, classified.Errorf(classified.KindInvalidArgument, "a group snapshot takes at most %d volumes, asked for %d", MaxGroupVolumes, len(sources))
 	}
 	if err := contract.CheckKeys("parameters", req.GetParameters(), contract.GroupDeletionPolicyKey); err != nil {
 		return groupPlan{}, err
@@ -121,90 +130,108 @@ func (g *GroupService) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.C
 		return nil, err
 	}
 	s.mu.Lock()
-	infos, whole, err := c.groupMembers(p)
-	if err != nil || whole {
-		s.mu.Unlock()
-		if err != nil {
-			return nil, err
-		}
-		return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: c.groupSnapshot(p.id, infos)}, nil
-	}
-	if err := c.askGroupLocked(ctx, p, infos); err != nil {
+	infos, err := c.askGroupLocked(ctx, p)
+	if err != nil {
 		return nil, err
 	}
-	if infos, whole, err = c.groupMembers(p); err != nil {
-		return nil, err
-	}
-	if !whole {
-		return nil, classified.Errorf(classified.KindInternal, "group snapshot %s was taken and is not whole", p.id)
-	}
-	klog.V(2).InfoS("Took group snapshot", "groupSnapshotID", p.id, "volumes", len(p.volumes))
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: c.groupSnapshot(p.id, infos)}, nil
 }
 
-// groupMembers reads the member snapshots of p that exist, and reports
-// whether they are all there. A snapshot of a member's ID that is not
-// that volume's in this group is ALREADY_EXISTS: the name was used for
-// another group, or another snapshot.
-func (c *Controller) groupMembers(p groupPlan) (infos []devices.SnapshotInfo, whole bool, err error) {
-	for _, v := range p.volumes {
-		id := p.members[v]
-		info, err := p.pool.snapshot(id)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, false, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
-		}
-		if info.Source != v || info.Group != p.id {
-			return nil, false, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, of volume %s (group %q), not of volume %s in group snapshot %s", id, info.Source, info.Group, v, p.id)
-		}
-		infos = append(infos, info)
-	}
-	return infos, len(infos) == len(p.volumes), nil
-}
-
-// askGroupLocked asks the reconciler for group p, of which the member
-// snapshots found exist already, and waits for it: ALREADY_EXISTS while
-// a group of the same ID but other volumes is asked for,
-// RESOURCE_EXHAUSTED when the pool cannot hold the members. It is called
-// with the snapshot lock held, and releases it before the wait.
-func (c *Controller) askGroupLocked(ctx context.Context, p groupPlan, found []devices.SnapshotInfo) error {
+// askGroupLocked returns group p when it exists, else asks the reconciler
+// for it and waits, and returns it once whole: ALREADY_EXISTS when a
+// group of its name exists or is being taken of other volumes, or a
+// member's ID is another snapshot's; RESOURCE_EXHAUSTED when the pool
+// cannot hold the members together. It is called with the snapshot lock
+// held, and releases it.
+func (c *Controller) askGroupLocked(ctx context.Context, p groupPlan) ([]devices.SnapshotInfo, error) {
 	s := c.snapshots
 	want := &state.GroupIntent{ID: p.id, Members: p.members}
-	if other := c.askedGroup(p.id); other != nil && !other.Equal(want) {
+	if err := c.checkGroupFree(p, want); err != nil {
 		s.mu.Unlock()
-		return classified.Errorf(classified.KindAlreadyExists, "group snapshot %s is being taken of volumes %v", p.id, other.VolumeIDs())
-	}
-	for _, v := range p.volumes {
-		if other := c.takingSnapshot(p.members[v]); other != "" && other != p.leader() {
-			s.mu.Unlock()
-			return classified.Errorf(classified.KindAlreadyExists, "snapshot %s is being taken of volume %s", p.members[v], other)
+		if errors.Is(err, errGroupExists) {
+			return c.findGroup(p.id)
 		}
+		return nil, err
 	}
-	if c.askedGroup(p.id) == nil && len(found) > 0 {
-		// Part of a group that no intent asks for any more (written by an
-		// earlier release, say): never answered, so never used.
-		for _, info := range found {
-			if err := p.pool.deleteSnapshot(info.ID); err != nil {
-				s.mu.Unlock()
-				return classified.Errorf(classified.KindInternal, "removing snapshot %s of an unfinished group: %w", info.ID, err)
-			}
-		}
-	}
-	for _, v := range p.volumes {
-		if err := p.pool.within(func(pr promise) error { return pr.snapshot(v) }); err != nil {
+	if c.askedGroup(p.id) == nil {
+		if err := p.pool.within(func(pr promise) error { return pr.snapshot(p.volumes...) }); err != nil {
 			s.mu.Unlock()
-			return err
+			return nil, err
 		}
 	}
 	leaderSnap := p.members[p.leader()]
 	gen, err := s.taker.AskSnapshot(p.leader(), leaderSnap, want)
 	s.mu.Unlock()
 	if err != nil {
+		return nil, err
+	}
+	if err := s.taker.AwaitSnapshot(ctx, p.leader(), leaderSnap, gen); err != nil {
+		return nil, err
+	}
+	infos, err := c.findGroup(p.id)
+	if err == nil && !sameGroup(infos, p) {
+		err = classified.Errorf(classified.KindInternal, "group snapshot %s was taken and is not whole", p.id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	klog.V(2).InfoS("Took group snapshot", "groupSnapshotID", p.id, "volumes", len(p.volumes))
+	return infos, nil
+}
+
+// errGroupExists is checkGroupFree's answer for a group that exists as
+// asked.
+var errGroupExists = errors.New("the group snapshot exists")
+
+// checkGroupFree checks that group p (want) may be asked for: nil when it
+// is not there, or is being taken as asked; errGroupExists when it exists
+// as asked; ALREADY_EXISTS when its name exists or is being taken of
+// other volumes, or a member's ID names another snapshot.
+func (c *Controller) checkGroupFree(p groupPlan, want *state.GroupIntent) error {
+	if other := c.askedGroup(p.id); other != nil {
+		if !other.Equal(want) {
+			return classified.Errorf(classified.KindAlreadyExists, "group snapshot %s is being taken of volumes %v", p.id, other.VolumeIDs())
+		}
+		return nil
+	}
+	existing, err := c.findGroup(p.id)
+	if err != nil {
 		return err
 	}
-	return s.taker.AwaitSnapshot(ctx, p.leader(), leaderSnap, gen)
+	if len(existing) > 0 {
+		if sameGroup(existing, p) {
+			return errGroupExists
+		}
+		var of []string
+		for _, info := range existing {
+			of = append(of, info.Source)
+		}
+		return classified.Errorf(classified.KindAlreadyExists, "group snapshot %s exists, of volumes %v", p.id, of)
+	}
+	for _, v := range p.volumes {
+		id := p.members[v]
+		if _, _, err := c.pools.snapshot(id); err == nil {
+			return classified.Errorf(classified.KindAlreadyExists, "snapshot %s, which would be the group's snapshot of volume %s, exists", id, v)
+		}
+		if other := c.takingSnapshot(id); other != "" {
+			return classified.Errorf(classified.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
+		}
+	}
+	return nil
+}
+
+// sameGroup reports whether the member snapshots infos are group p's: one
+// of each of its volumes, under the ID p gives it.
+func sameGroup(infos []devices.SnapshotInfo, p groupPlan) bool {
+	if len(infos) != len(p.volumes) {
+		return false
+	}
+	for _, info := range infos {
+		if p.members[info.Source] != info.ID {
+			return false
+		}
+	}
+	return true
 }
 
 // askedGroup returns the intent of group id that a record keeps, nil
@@ -270,19 +297,29 @@ func (c *Controller) findGroup(id string) ([]devices.SnapshotInfo, error) {
 	return infos, nil
 }
 
-// checkGroupList refuses, INVALID_ARGUMENT, a list of snapshot IDs that
-// names a snapshot that exists and is not a member of group id: the CO's
-// list and the node's disagree.
-func (c *Controller) checkGroupList(id string, members []devices.SnapshotInfo, ids []string) error {
+// checkGroupList refuses, INVALID_ARGUMENT, a list of snapshot IDs (the
+// CO's, may be empty) that does not name the members of group id: one
+// that names a member it lacks, or a snapshot outside the group; gone
+// counts an ID of no snapshot as a member deleted already (Delete), else
+// as a mismatch (Get).
+func checkGroupList(id string, members []devices.SnapshotInfo, ids []string, gone bool) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	in := make(map[string]bool, len(members))
+	for _, m := range members {
+		in[m.ID] = true
+	}
+	listed := make(map[string]bool, len(ids))
 	for _, sid := range ids {
-		if slices.ContainsFunc(members, func(i devices.SnapshotInfo) bool { return i.ID == sid }) {
-			continue
+		listed[sid] = true
+		if !in[sid] && !gone {
+			return classified.Errorf(classified.KindInvalidArgument, "snapshot %s is not a member of group snapshot %s (its members: %v)", sid, id, slices.Sorted(maps.Keys(in)))
 		}
-		if contract.ValidID(sid) != nil {
-			return classified.Errorf(classified.KindInvalidArgument, "snapshot ID %q is not valid", sid)
-		}
-		if _, _, err := c.pools.snapshot(sid); err == nil {
-			return classified.Errorf(classified.KindInvalidArgument, "snapshot %s is not a member of group snapshot %s", sid, id)
+	}
+	for _, m := range members {
+		if !listed[m.ID] {
+			return classified.Errorf(classified.KindInvalidArgument, "the snapshot IDs given lack %s, a member of group snapshot %s", m.ID, id)
 		}
 	}
 	return nil
@@ -306,7 +343,7 @@ func (g *GroupService) GetVolumeGroupSnapshot(ctx context.Context, req *csi.GetV
 	if len(members) == 0 {
 		return nil, classified.Errorf(classified.KindNotFound, "group snapshot %s not found", id)
 	}
-	if err := c.checkGroupList(id, members, req.GetSnapshotIds()); err != nil {
+	if err := checkGroupList(id, members, req.GetSnapshotIds(), false); err != nil {
 		return nil, err
 	}
 	return &csi.GetVolumeGroupSnapshotResponse{GroupSnapshot: c.groupSnapshot(id, members)}, nil
@@ -338,7 +375,16 @@ func (g *GroupService) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.D
 	if err != nil {
 		return nil, err
 	}
-	if err := c.checkGroupList(id, members, req.GetSnapshotIds()); err != nil {
+	for _, sid := range req.GetSnapshotIds() {
+		// An ID of a snapshot outside the group is a mismatch; one of no
+		// snapshot, a member deleted already.
+		if !slices.ContainsFunc(members, func(m devices.SnapshotInfo) bool { return m.ID == sid }) && contract.ValidID(sid) == nil {
+			if _, _, err := c.pools.snapshot(sid); err == nil {
+				return nil, classified.Errorf(classified.KindInvalidArgument, "snapshot %s is not a member of group snapshot %s", sid, id)
+			}
+		}
+	}
+	if err := checkGroupList(id, members, req.GetSnapshotIds(), true); err != nil {
 		return nil, err
 	}
 	for _, m := range members {

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -46,8 +47,18 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 	if err != nil || again.GetGroupSnapshot().GetGroupSnapshotId() != "gs_node" || len(taker.asked) != 1 {
 		t.Errorf("the same group again: got %v, %v (asked %v), want the group, asked once", again, err, taker.asked)
 	}
-	if _, err := g.CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v1, v3}}); rpcerr.Code(err) != codes.AlreadyExists {
-		t.Errorf("the name with other volumes: got %v, want ALREADY_EXISTS", err)
+	for _, other := range [][]string{{v1, v3}, {v1}, {v1, v2, v3}} {
+		if _, err := g.CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: other}); rpcerr.Code(err) != codes.AlreadyExists {
+			t.Errorf("the name with volumes %v: got %v, want ALREADY_EXISTS", other, err)
+		}
+	}
+	for _, s := range gs.GetSnapshots() {
+		if info, _, err := c.pools.snapshot(s.GetSnapshotId()); err != nil || !info.Created.Equal(s.GetCreationTime().AsTime()) {
+			t.Errorf("member %s after the name was asked again with other volumes: %+v, %v; want it as it was", s.GetSnapshotId(), info, err)
+		}
+	}
+	if _, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: strings.TrimSuffix(ids[0], "_node"), SourceVolumeId: v1}); rpcerr.Code(err) != codes.AlreadyExists {
+		t.Errorf("a snapshot named as a member: got %v, want ALREADY_EXISTS", err)
 	}
 	list, err := c.ListSnapshots(t.Context(), &csi.ListSnapshotsRequest{SnapshotId: ids[0]})
 	if err != nil || len(list.GetEntries()) != 1 || list.GetEntries()[0].GetSnapshot().GetGroupSnapshotId() != "gs_node" {
@@ -58,8 +69,8 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 			Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: ids[1]}}}}); err != nil {
 		t.Errorf("restoring a member: %v", err)
 	}
-	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: ids[0]}); rpcerr.Code(err) != codes.FailedPrecondition {
-		t.Errorf("deleting a member alone: got %v, want FAILED_PRECONDITION", err)
+	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: ids[0]}); rpcerr.Code(err) != codes.InvalidArgument {
+		t.Errorf("deleting a member alone: got %v, want INVALID_ARGUMENT (CSI: part of a group)", err)
 	}
 	got, err := g.GetVolumeGroupSnapshot(t.Context(), &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: ids})
 	if err != nil || len(got.GetGroupSnapshot().GetSnapshots()) != 2 {
@@ -75,6 +86,14 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 	}
 	if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: mismatch}); rpcerr.Code(err) != codes.InvalidArgument {
 		t.Errorf("delete with a snapshot outside the group: got %v, want INVALID_ARGUMENT", err)
+	}
+	for _, short := range [][]string{ids[:1], {ids[0], "gone_node"}} {
+		if _, err := g.GetVolumeGroupSnapshot(t.Context(), &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: short}); rpcerr.Code(err) != codes.InvalidArgument {
+			t.Errorf("get with %v: got %v, want INVALID_ARGUMENT", short, err)
+		}
+		if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: short}); rpcerr.Code(err) != codes.InvalidArgument {
+			t.Errorf("delete with %v: got %v, want INVALID_ARGUMENT, nothing deleted", short, err)
+		}
 	}
 	for range 2 {
 		if _, err := g.DeleteVolumeGroupSnapshot(t.Context(), &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node", SnapshotIds: ids}); err != nil {
@@ -113,6 +132,7 @@ func TestGroupSnapshotRefusals(t *testing.T) {
 		{"an unknown parameter", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{v1}, Parameters: map[string]string{"fast": "yes"}}, codes.InvalidArgument, "fast"},
 		{"another node's volume", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{v1, "v9_other"}}, codes.FailedPrecondition, "other"},
 		{"a volume that is not here", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: []string{v1, "v9_node"}}, codes.NotFound, "v9_node"},
+		{"too many volumes", &csi.CreateVolumeGroupSnapshotRequest{Name: "g", SourceVolumeIds: many(MaxGroupVolumes + 1)}, codes.InvalidArgument, "at most"},
 	} {
 		_, err := g.CreateVolumeGroupSnapshot(t.Context(), tc.req)
 		if rpcerr.Code(err) != tc.code || !strings.Contains(err.Error(), tc.says) {
@@ -196,4 +216,13 @@ func TestGCKeepsAGroupWhole(t *testing.T) {
 	if len(out) != 2 || !out[0].Deleted || !out[1].Deleted {
 		t.Errorf("gc with no member referenced: got %+v, want both deleted", out)
 	}
+}
+
+// many returns n distinct volume IDs of this node.
+func many(n int) []string {
+	var ids []string
+	for i := range n {
+		ids = append(ids, fmt.Sprintf("v%d_node", i))
+	}
+	return ids
 }

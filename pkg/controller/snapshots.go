@@ -85,6 +85,9 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		if info.Source != source {
 			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, of volume %s", name, info.Source)
 		}
+		if info.Group != "" {
+			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, a member of group snapshot %s", name, info.Group)
+		}
 		return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
 	case !errors.Is(err, os.ErrNotExist):
 		s.mu.Unlock()
@@ -228,7 +231,7 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if info, _, err := c.pools.snapshot(id); err == nil && info.Group != "" {
-		return nil, classified.Errorf(classified.KindFailedPrecondition, "snapshot %s is a member of group snapshot %s, and is deleted with its group (DeleteVolumeGroupSnapshot) alone", id, info.Group)
+		return nil, classified.Errorf(classified.KindInvalidArgument, "snapshot %s is a member of group snapshot %s, and is deleted with its group (DeleteVolumeGroupSnapshot) alone", id, info.Group)
 	}
 	if err := c.deleteSnapshotLocked(id); err != nil {
 		return nil, err

@@ -53,12 +53,29 @@ func (r *Reconciler) groupMembers(p plan, byID map[string]plan, epoch uint64) ([
 		if !ok {
 			s = plan{v: &state.Volume{ID: id}, a: &actual{home: p.a.home}}
 		}
-		if s.v.Frozen != "" {
+		if s.v.Frozen != "" || r.ownWorkFirst(s, epoch) {
 			return nil, false
 		}
 		ms = append(ms, member{v: s.v, a: s.a})
 	}
 	return ms, true
+}
+
+// ownWorkFirst reports whether member s has work of its own that may start
+// now and is no snapshot (its stage, a publish, a teardown, a repair): that
+// goes first, and the group waits for the next pass, so that a queue of
+// groups cannot hold back what the kubelet waits for.
+func (r *Reconciler) ownWorkFirst(s plan, epoch uint64) bool {
+	if len(s.acts) == 0 {
+		return false
+	}
+	switch next := s.acts[0]; next.kind {
+	case actTakeSnapshot, actForgetSnapshot, actTakeGroupSnapshot:
+		return false
+	default:
+		busy, _ := r.exec.blocked(s.v.ID, next, epoch)
+		return !busy
+	}
 }
 
 // groupMember is one volume of a group snapshot being taken, and the ID
@@ -69,67 +86,61 @@ type groupMember struct {
 }
 
 // takeGroupSnapshot takes the group snapshot that v, its leader, keeps
-// under act.target: it freezes every member's filesystem, in volume ID
-// order, before it copies the first image, copies every image, and thaws
-// in reverse order after the last copy, so that every member's snapshot
-// holds what was written up to one instant (write-order consistency).
-// Each freeze is recorded first (freeze), so that a crash thaws every
-// member at the next pass. A failure of any member thaws every one and
-// removes the members already copied: the group is whole or absent; so is
-// what a crash left, which the next attempt removes before it copies.
+// under act.target, so that every member's snapshot holds what was
+// written up to one instant (write-order consistency): it writes out every
+// member in use, freezes their filesystems in volume ID order, copies
+// their images, and thaws them in reverse order; then it copies the
+// members nothing writes (not staged, or read-only), which the operation
+// holds meanwhile, so nothing can start writing them. Each freeze is
+// recorded first (freeze), so that a crash thaws every member at the next
+// pass. A failure of any member thaws every one and removes the members
+// already copied: the group is whole or absent; so is what a crash left,
+// which every attempt removes before anything else.
 func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *actual, act action) error {
 	in := v.Snapshots[act.target]
 	if in == nil || in.Group == nil {
 		return nil // forgotten meanwhile
 	}
-	g := in.Group
+	g, home := in.Group, a.home
+	if err := removeLeftovers(home, g); err != nil {
+		return err
+	}
 	ms, err := checkGroup(v, a, act, g)
 	if err != nil {
 		return err
 	}
-	home := a.home
-	for _, m := range ms {
-		// A member copied at another instant, by an attempt that a crash
-		// stopped.
-		if taken, err := home.Taken(m.snapshot); err != nil || !taken {
-			continue
-		}
-		if err := home.DeleteSnapshot(m.snapshot); err != nil {
-			return fmt.Errorf("removing what an earlier attempt left of snapshot %s: %w", m.snapshot, err)
-		}
-	}
 	if err := checkGroupCopy(home, ms); err != nil {
 		return err
 	}
-	var thaws []func() error
-	thawAll := func() error {
-		var errs []error
-		for i := len(thaws) - 1; i >= 0; i-- {
-			errs = append(errs, thaws[i]())
-		}
-		return errors.Join(errs...)
-	}
-	var frozenAt time.Time
+	var inUse, idle []groupMember
 	for _, m := range ms {
-		thaw, at, err := r.freeze(m.v, m.a, home.Image(m.v.ID))
-		if err != nil {
-			return errors.Join(err, thawAll())
-		}
-		if thaw != nil {
-			thaws = append(thaws, thaw)
-			if frozenAt.IsZero() {
-				frozenAt = at
+		if freezes(m.v, m.a) {
+			inUse = append(inUse, m)
+			if err := r.writeOut(m.v, m.a, home.Image(m.v.ID)); err != nil {
+				return err
 			}
+		} else {
+			idle = append(idle, m)
 		}
 	}
-	// Every member frozen and recorded so.
+	thawAll, frozenAt, err := r.freezeAll(inUse)
+	if err != nil {
+		return err
+	}
+	// Every member in use frozen and recorded so.
 	// gofail: var reconcilerGroupAfterFreeze struct{}
-	copied, cerr := r.copyGroup(ctx, home, g.ID, ms)
+	now := r.cfg.Clock.Now()
+	copied, cerr := r.copyGroup(ctx, home, g.ID, inUse, now)
 	terr := thawAll()
 	var frozenFor time.Duration
-	if len(thaws) > 0 {
+	if len(inUse) > 0 {
 		frozenFor = r.cfg.Clock.Since(frozenAt)
 		r.cfg.Recorder.Frozen(frozenFor)
+	}
+	if cerr == nil {
+		var more []string
+		more, cerr = r.copyGroup(ctx, home, g.ID, idle, now)
+		copied = append(copied, more...)
 	}
 	if cerr != nil {
 		for _, id := range copied {
@@ -143,7 +154,7 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 		// Taken whole; the next pass thaws what is still frozen.
 		return terr
 	}
-	klog.FromContext(ctx).V(2).Info("Took group snapshot", "groupSnapshotID", g.ID, "volumes", len(ms), "frozen", len(thaws), "frozenFor", frozenFor)
+	klog.FromContext(ctx).V(2).Info("Took group snapshot", "groupSnapshotID", g.ID, "volumes", len(ms), "frozen", len(inUse), "frozenFor", frozenFor)
 	// Taken and thawed; the group's intent is not yet forgotten.
 	// gofail: var reconcilerGroupAfterTake struct{}
 	return r.recordKernelState(v.ID, func(cur *state.Volume) error {
@@ -152,11 +163,52 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 	})
 }
 
+// removeLeftovers removes the members of g that an attempt a crash
+// stopped copied, at another instant than the next attempt's.
+func removeLeftovers(home Pool, g *state.GroupIntent) error {
+	for _, id := range g.VolumeIDs() {
+		snap := g.Members[id]
+		if taken, err := home.Taken(snap); err != nil || !taken {
+			continue
+		}
+		if err := home.DeleteSnapshot(snap); err != nil {
+			return fmt.Errorf("removing what an earlier attempt left of snapshot %s: %w", snap, err)
+		}
+	}
+	return nil
+}
+
+// freezeAll freezes the filesystems of ms, written out already, in their
+// order, and returns the thaw of them all (in reverse order) and when the
+// first froze. When one fails, those frozen are thawed.
+func (r *Reconciler) freezeAll(ms []groupMember) (thawAll func() error, at time.Time, err error) {
+	var thaws []func() error
+	thawAll = func() error {
+		var errs []error
+		for i := len(thaws) - 1; i >= 0; i-- {
+			errs = append(errs, thaws[i]())
+		}
+		return errors.Join(errs...)
+	}
+	for _, m := range ms {
+		thaw, frozen, err := r.freeze(m.v, m.a)
+		if err != nil {
+			return nil, time.Time{}, errors.Join(err, thawAll())
+		}
+		if thaw != nil {
+			thaws = append(thaws, thaw)
+			if at.IsZero() {
+				at = frozen
+			}
+		}
+	}
+	return thawAll, at, nil
+}
+
 // copyGroup copies each member's image to its snapshot, all stamped with
-// one creation time and the group's ID, and returns the snapshots made,
-// which are all of them unless err.
-func (r *Reconciler) copyGroup(ctx context.Context, home Pool, group string, ms []groupMember) (copied []string, err error) {
-	now := r.cfg.Clock.Now()
+// the time now and the group's ID, and returns the snapshots made, which
+// are all of them unless err.
+func (r *Reconciler) copyGroup(ctx context.Context, home Pool, group string, ms []groupMember, now time.Time) (copied []string, err error) {
 	for _, m := range ms {
 		of := devices.SnapshotOf{Source: m.v.ID, FsType: m.v.Formatted, Access: string(m.v.WrittenAs()), Group: group}
 		_, err := home.Take(ctx, m.snapshot, home.Image(m.v.ID), of, now)
@@ -169,7 +221,7 @@ func (r *Reconciler) copyGroup(ctx context.Context, home Pool, group string, ms 
 			return copied, fmt.Errorf("taking snapshot %s of volume %s (group snapshot %s): %w", m.snapshot, m.v.ID, group, err)
 		}
 		copied = append(copied, m.snapshot)
-		// This member copied, under the freeze.
+		// This member copied.
 		// gofail: var reconcilerGroupAfterCopy struct{}
 	}
 	return copied, nil

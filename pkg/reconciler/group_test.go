@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -33,9 +34,10 @@ func (h *harness) askGroup(id string, vols ...string) int64 {
 
 // TestGroupFreezesEveryMemberBeforeTheFirstCopy takes a group snapshot of
 // three volumes, two staged and one only created: both staged filesystems
-// are frozen, in volume ID order, before the first copy, and thawed in
-// reverse order after the last; every member is copied under the freeze,
-// records its group, and the intent is forgotten.
+// are written out, then frozen in volume ID order (nothing but the freezes
+// between them), copied, and thawed in reverse order; the member nothing
+// writes is copied after the thaw. Every member records its group, and the
+// intent is forgotten.
 func TestGroupFreezesEveryMemberBeforeTheFirstCopy(t *testing.T) {
 	h := newHarness(t)
 	sb, _ := h.stagedAndPublished("b")
@@ -45,10 +47,11 @@ func TestGroupFreezesEveryMemberBeforeTheFirstCopy(t *testing.T) {
 	h.askGroup("g", "c", "b", "a")
 	h.runUntilIdle()
 	want := strings.Join([]string{
-		"sync " + sa, "flush a.img", "freeze " + sa,
-		"sync " + sb, "flush b.img", "freeze " + sb,
-		"snapshot g-a", "snapshot g-b", "snapshot g-c",
+		"sync " + sa, "flush a.img", "sync " + sb, "flush b.img",
+		"freeze " + sa, "freeze " + sb,
+		"snapshot g-a", "snapshot g-b",
 		"thaw " + sb, "thaw " + sa,
+		"snapshot g-c",
 	}, ",")
 	if got := h.callsSince(n); got != want {
 		t.Errorf("calls:\n got %s\nwant %s", got, want)
@@ -213,5 +216,52 @@ func (h *harness) wantGroupRefused(gen int64, what string) {
 	}
 	if frozen := h.world.frozenImages(); len(frozen) != 0 {
 		h.t.Errorf("frozen: %v", frozen)
+	}
+}
+
+// TestGroupRemovesWhatACrashLeft checks that a member copied by an attempt
+// a crash stopped is removed by the next attempt before anything else,
+// also when that attempt is refused for good: no half group is left.
+func TestGroupRemovesWhatACrashLeft(t *testing.T) {
+	h := newHarness(t)
+	h.staged("a")
+	sb, _ := h.volume("b")
+	h.update("b", func(v *state.Volume) {
+		v.Stage = stageSpec(sb)
+		v.Stage.Access = state.AccessBlock
+	})
+	h.runUntilIdle()
+	// What the crashed attempt copied.
+	if _, err := h.world.take(h.world.dataDir, "g-a", h.world.Path("a"), devices.SnapshotOf{Source: "a", Group: "g"}); err != nil {
+		t.Fatal(err)
+	}
+	gen := h.askGroup("g", "a", "b")
+	h.runUntilIdle()
+	h.wantGroupRefused(gen, "raw block")
+}
+
+// TestGroupYieldsToItsMembersOwnWork checks that a member's own work that
+// can start (here a publish the kubelet waits for) starts before a group
+// snapshot asked at the same time holds the member.
+func TestGroupYieldsToItsMembersOwnWork(t *testing.T) {
+	h := newHarness(t)
+	h.staged("a")
+	h.staged("b")
+	_, tb := h.volume("b")
+	h.update("b", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{tb: publishSpec()} })
+	h.askGroup("g", "a", "b")
+	if _, err := h.r.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.r.exec.wait()
+	if !slices.Contains(mountPaths(h.world), tb) {
+		t.Error("b's publish did not start in the pass that found it beside a group")
+	}
+	if _, ok := h.world.snapshotOf("g-a"); ok {
+		t.Error("the group held b before b's own publish")
+	}
+	h.runUntilIdle()
+	if _, ok := h.world.snapshotOf("g-b"); !ok {
+		t.Error("the group was not taken after b's publish")
 	}
 }

@@ -104,7 +104,10 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 // is: the record keeps v.Frozen when the thaw failed, and the next pass
 // thaws it. The time the filesystem was frozen goes to the Recorder.
 func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() error) (fnErr, err error) {
-	thaw, frozenAt, err := r.freeze(v, a, image)
+	if err := r.writeOut(v, a, image); err != nil {
+		return nil, err
+	}
+	thaw, frozenAt, err := r.freeze(v, a)
 	if err != nil {
 		return nil, err
 	}
@@ -127,26 +130,35 @@ func freezes(v *state.Volume, a *actual) bool {
 	return st != nil && !st.Deleting && a != nil && a.stageInPlace && !a.block && !st.MountsReadOnly()
 }
 
-// freeze freezes v's filesystem for a copy of image, v's image, when the
-// copy freezes it (freezes): it writes out what the volume wrote, records
-// the freeze (v.Frozen), so that a crash before the thaw is undone by the
-// next pass (actThaw), and freezes. It returns the thaw, which thaws the
+// writeOut writes out what v wrote, when a copy of image, v's image,
+// freezes its filesystem (freezes): what is in the image's page cache
+// written out before the freeze, the freeze and the copy have only what
+// comes meanwhile.
+func (r *Reconciler) writeOut(v *state.Volume, a *actual, image string) error {
+	if !freezes(v, a) {
+		return nil
+	}
+	if err := r.cfg.Paths.Sync(v.Stage.Path); err != nil {
+		return fmt.Errorf("syncing %s: %w", v.Stage.Path, err)
+	}
+	if err := a.home.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("flushing the image of %s: %w", v.ID, err)
+	}
+	return nil
+}
+
+// freeze freezes v's filesystem for a copy of its image when the copy
+// freezes it (freezes), after writeOut: it records the freeze (v.Frozen),
+// so that a crash before the thaw is undone by the next pass (actThaw),
+// and freezes. It returns the thaw, which thaws the
 // filesystem and clears the record (the record keeps v.Frozen when the
 // thaw fails), and when the freeze began; a nil thaw when there was
 // nothing to freeze. On an error nothing is left frozen nor recorded so.
-func (r *Reconciler) freeze(v *state.Volume, a *actual, image string) (thaw func() error, at time.Time, err error) {
+func (r *Reconciler) freeze(v *state.Volume, a *actual) (thaw func() error, at time.Time, err error) {
 	if !freezes(v, a) {
 		return nil, time.Time{}, nil
 	}
 	path := v.Stage.Path
-	// What the volume wrote is in the image's page cache: written out
-	// now, the freeze and the copy have only what comes meanwhile.
-	if err := r.cfg.Paths.Sync(path); err != nil {
-		return nil, time.Time{}, fmt.Errorf("syncing %s: %w", path, err)
-	}
-	if err := a.home.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, time.Time{}, fmt.Errorf("flushing the image of %s: %w", v.ID, err)
-	}
 	if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = path; return nil }); err != nil {
 		return nil, time.Time{}, err
 	}
