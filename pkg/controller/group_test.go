@@ -3,15 +3,21 @@ package controller
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/converge-csi/converge/pkg/capacity"
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/rpcerr"
+	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
@@ -225,4 +231,45 @@ func many(n int) []string {
 		ids = append(ids, fmt.Sprintf("v%d_node", i))
 	}
 	return ids
+}
+
+// TestGroupSpaceIsPromisedTogether checks that a group whose members each
+// fit in the pool but not together is RESOURCE_EXHAUSTED before anything
+// is asked or copied, on a pool that copies data (a tmpfs).
+func TestGroupSpaceIsPromisedTogether(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=80m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	space := NewPool(store, PoolOptions{Dir: dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}})
+	space.snapshots.Mode = devices.CopySparse
+	t.Cleanup(space.Close)
+	c := New(NewPools(store, space), store, map[string]string{contract.TopologyKey: "node"}, Options{})
+	taker := serveSnapshots(t, c, space.images)
+	var vols []string
+	for _, name := range []string{"v1", "v2"} {
+		resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 24 << 20}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vols = append(vols, resp.GetVolume().GetVolumeId())
+	}
+	// 80 MiB, 48 of them the volumes': room for one copy of 24, not two.
+	_, err = c.Groups().CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: vols})
+	if rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "together") {
+		t.Errorf("a group too large together: got %v, want RESOURCE_EXHAUSTED saying the members need it together", err)
+	}
+	if len(taker.asked) != 0 {
+		t.Errorf("asked %v, want nothing", taker.asked)
+	}
 }
