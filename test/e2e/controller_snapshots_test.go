@@ -43,7 +43,8 @@ const ghostNode = "ctrlpol-ghost-node"
 // contents, group contents and group classes, any driver's): the policy
 // refuses a label on another driver's content, a label naming another
 // node than the content's handle, a second label, a label changed, a spec
-// changed, and a create or delete; it accepts the label with the
+// changed, a class's parameters or annotations changed (RBAC refuses a
+// create or delete already); it accepts the label with the
 // handle's node on a converge content and group content, and setting the
 // label of a converge group class, but no change to the class itself.
 func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
@@ -106,17 +107,27 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 		"metadata": map[string]any{"labels": map[string]any{managedBy: ghostNode}}, "spec": map[string]any{"deletionPolicy": "Delete"}}))
 	refused("a finalizer beside it", patch(snapshotContents, conv, map[string]any{
 		"metadata": map[string]any{"labels": map[string]any{managedBy: ghostNode}, "finalizers": []string{"converge.csi.dev/test"}}}))
-	refused("a create of a content", func() error {
+	// RBAC grants neither; the policy would refuse them too.
+	forbidden := func(name string, do func() error) {
+		t.Run("forbidden: "+name, func(t *testing.T) {
+			if err := do(); !apierrors.IsForbidden(err) {
+				t.Fatalf("%s: got %v, want forbidden", name, err)
+			}
+		})
+	}
+	forbidden("a create of a content", func() error {
 		_, err := as.Resource(snapshotContents).Create(ctx, contentObject(prefix+"made", standin.DriverName, handle), metav1.CreateOptions{})
 		return err
 	})
-	refused("a delete of a content", func() error {
+	forbidden("a delete of a content", func() error {
 		return as.Resource(snapshotContents).Delete(ctx, conv, metav1.DeleteOptions{})
 	})
 	refused("a group content's label naming another node than its handle", patch(groupSnapshotContents, group, labels(managedBy, c.node)))
 	refused("the label on another driver's class", patch(groupSnapshotClasses, otherClass, labels(managedBy, c.node)))
-	refused("a change of a converge class's deletion policy beside its label", patch(groupSnapshotClasses, class, map[string]any{
-		"metadata": map[string]any{"labels": map[string]any{managedBy: c.node}}, "deletionPolicy": "Retain"}))
+	refused("a change of a converge class's parameters beside its label", patch(groupSnapshotClasses, class, map[string]any{
+		"metadata": map[string]any{"labels": map[string]any{managedBy: c.node}}, "parameters": map[string]any{"converge.csi.dev/pool": "stolen"}}))
+	refused("an annotation on a converge class beside its label", patch(groupSnapshotClasses, class, map[string]any{
+		"metadata": map[string]any{"labels": map[string]any{managedBy: c.node}, "annotations": map[string]any{"groupsnapshot.storage.kubernetes.io/is-default-class": "true"}}}))
 
 	accepted("the handle's node on a converge content", patch(snapshotContents, conv, labels(managedBy, ghostNode)))
 	refused("the label, once set, changed", patch(snapshotContents, conv, labels(managedBy, c.node)))
