@@ -14,8 +14,9 @@ import (
 // whatever it could list and fails for the rest (a forbidden kind, a 5xx,
 // an expired token), and nothing after the pipe sees its exit status:
 // csi-node gc reads it from its input.
-// It lists VolumeSnapshotContents only where their CRD is installed.
-const gcPipeline = `{ kubectl get pv$(kubectl get crd volumesnapshotcontents.snapshot.storage.k8s.io >/dev/null 2>&1 && echo ,volumesnapshotcontents) -o json; echo $?; } | kubectl exec -i ... -- csi-node gc`
+// It lists VolumeSnapshotContents and VolumeGroupSnapshotContents only
+// where their CRDs are installed.
+const gcPipeline = `{ kubectl get pv$(kubectl get crd volumesnapshotcontents.snapshot.storage.k8s.io >/dev/null 2>&1 && echo ,volumesnapshotcontents)$(kubectl get crd volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io >/dev/null 2>&1 && echo ,volumegroupsnapshotcontents) -o json; echo $?; } | kubectl exec -i ... -- csi-node gc`
 
 // listing is what the input says the cluster references: the IDs of the
 // driver's volumes and snapshots, and how many PersistentVolumes and
@@ -56,11 +57,19 @@ type kubeList struct {
 			} `json:"csi"`
 			Driver string `json:"driver"`
 			Source struct {
-				SnapshotHandle string `json:"snapshotHandle"`
+				SnapshotHandle       string `json:"snapshotHandle"`
+				GroupSnapshotHandles *struct {
+					Group     string   `json:"volumeGroupSnapshotHandle"`
+					Snapshots []string `json:"volumeSnapshotHandles"`
+				} `json:"groupSnapshotHandles"`
 			} `json:"source"`
 		} `json:"spec"`
 		Status struct {
 			SnapshotHandle string `json:"snapshotHandle"`
+			GroupHandle    string `json:"volumeGroupSnapshotHandle"`
+			Members        []struct {
+				SnapshotHandle string `json:"snapshotHandle"`
+			} `json:"volumeSnapshotInfoList"`
 		} `json:"status"`
 	} `json:"items"`
 }
@@ -109,9 +118,12 @@ func readExitStatus(dec *json.Decoder) error {
 }
 
 // listing keeps the items of driverName: the volume handle of each of
-// its PersistentVolumes, and the snapshot handles of each of its
+// its PersistentVolumes, the snapshot handles of each of its
 // VolumeSnapshotContents (its status's, and its spec's where it was
-// pre-provisioned). Items of other drivers and kinds are skipped.
+// pre-provisioned), and the group's and members' handles of each of its
+// VolumeGroupSnapshotContents (a pre-provisioned group has no member
+// VolumeSnapshotContent of its own). Items of other drivers and kinds are
+// skipped.
 func (list kubeList) listing(driverName string) listing {
 	var l listing
 	for _, it := range *list.Items {
@@ -126,6 +138,23 @@ func (list kubeList) listing(driverName string) listing {
 				continue
 			}
 			for _, h := range []string{it.Status.SnapshotHandle, it.Spec.Source.SnapshotHandle} {
+				if h != "" {
+					l.ids = append(l.ids, h)
+				}
+			}
+			l.snapshots++
+		case "VolumeGroupSnapshotContent":
+			if it.Spec.Driver != driverName {
+				continue
+			}
+			hs := []string{it.Status.GroupHandle}
+			if g := it.Spec.Source.GroupSnapshotHandles; g != nil {
+				hs = append(append(hs, g.Group), g.Snapshots...)
+			}
+			for _, m := range it.Status.Members {
+				hs = append(hs, m.SnapshotHandle)
+			}
+			for _, h := range hs {
 				if h != "" {
 					l.ids = append(l.ids, h)
 				}

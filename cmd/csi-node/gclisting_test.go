@@ -26,8 +26,12 @@ func TestReadListing(t *testing.T) {
 		name, input string
 		want        []string // the IDs; nil with wantErr
 		wantErr     string
+		contents    int // the snapshot contents named, when not 1
 	}{
 		{name: "the listing and status 0", input: pvAndContent + "0\n", want: []string{"v1", "s1"}},
+		{name: "a pre-provisioned group's content", input: strings.Replace(pvAndContent, `{"kind": "VolumeSnapshotContent", "spec": {"driver": "converge.csi.dev"`,
+			`{"kind": "VolumeGroupSnapshotContent", "spec": {"driver": "converge.csi.dev", "source": {"groupSnapshotHandles": {"volumeGroupSnapshotHandle": "g1", "volumeSnapshotHandles": ["m1", "m2"]}}}, "status": {"volumeGroupSnapshotHandle": "g1", "volumeSnapshotInfoList": [{"snapshotHandle": "m1"}, {"snapshotHandle": "m2"}]}},`+
+				`{"kind": "VolumeSnapshotContent", "spec": {"driver": "converge.csi.dev"`, 1) + "0\n", want: []string{"v1", "g1", "g1", "m1", "m2", "m1", "m2", "s1"}, contents: 2},
 		{name: "nothing", input: "", wantErr: "reading the input as JSON"},
 		{name: "kubectl failed and listed nothing", input: "1\n", wantErr: "kubectl exited 1 and listed nothing"},
 		{name: "kubectl listed part and failed", input: pvAndContent + "1\n", wantErr: "kubectl exited 1: its listing lacks"},
@@ -45,8 +49,8 @@ func TestReadListing(t *testing.T) {
 				t.Errorf("got %v, want an error with %q", err, tc.wantErr)
 			case tc.wantErr == "" && err != nil:
 				t.Errorf("got %v, want no error", err)
-			case tc.wantErr == "" && (!slices.Equal(l.ids, tc.want) || l.volumes != 1 || l.snapshots != 1):
-				t.Errorf("got IDs %v from %d PVs and %d contents, want %v from 1 and 1", l.ids, l.volumes, l.snapshots, tc.want)
+			case tc.wantErr == "" && (!slices.Equal(l.ids, tc.want) || l.volumes != 1 || l.snapshots != max(tc.contents, 1)):
+				t.Errorf("got IDs %v from %d PVs and %d contents, want %v from 1 and %d", l.ids, l.volumes, l.snapshots, tc.want, max(tc.contents, 1))
 			}
 		})
 	}

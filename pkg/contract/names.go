@@ -70,3 +70,11 @@ var createParameters = []string{MkfsOptionsKey, ProvisioningKey, PoolKey, OnNode
 func VolumeAttributes() []string { return slices.Clone(volumeAttributes) }
 
 var volumeAttributes = []string{DeviceKey, MkfsOptionsKey, OnNodeLossKey}
+
+// GroupDeletionPolicyKey is the one parameter a VolumeGroupSnapshotClass
+// may carry for converge, and it means nothing to it: the Kubernetes
+// storage suite's generated group class names its deletionPolicy among
+// its parameters too (k8s.io/kubernetes test/e2e/storage/utils), and
+// csi-snapshotter passes it on. The class's own deletionPolicy field is
+// what counts.
+const GroupDeletionPolicyKey = "deletionPolicy"

@@ -61,8 +61,21 @@ func (c *Controller) Collect(ctx context.Context, req volstatus.GCRequest) ([]vo
 			out = append(out, o)
 		}
 	}
+	// A group is kept whole: its members go together, once none of them
+	// (nor the group) is referenced.
+	groupHeld := map[string]bool{}
+	for _, s := range snapshots {
+		if s.Group != "" && (referenced[s.ID] || referenced[s.Group]) {
+			groupHeld[s.Group] = true
+		}
+	}
 	for _, s := range snapshots {
 		if referenced[s.ID] || ctx.Err() != nil {
+			continue
+		}
+		if groupHeld[s.Group] {
+			out = append(out, volstatus.Orphan{Kind: "snapshot", ID: s.ID, Pool: s.pool, Bytes: s.Size, Changed: s.Created,
+				Kept: fmt.Sprintf("a member of group snapshot %s, another member of which is referenced", s.Group)})
 			continue
 		}
 		out = append(out, c.collectSnapshot(s.pool, s.SnapshotInfo, now, req))
@@ -220,6 +233,10 @@ func (c *Controller) collectSnapshot(pool string, info devices.SnapshotInfo, now
 	}
 	c.snapshots.mu.Lock()
 	defer c.snapshots.mu.Unlock()
+	if info.Group != "" && c.askedGroup(info.Group) != nil {
+		o.Kept = fmt.Sprintf("a member of group snapshot %s, which is being taken", info.Group)
+		return o
+	}
 	if err := c.deleteSnapshotLocked(info.ID); err != nil {
 		o.Kept = err.Error()
 		return o

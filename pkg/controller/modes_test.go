@@ -202,11 +202,11 @@ type stagedRawFirst struct {
 	store *state.Store
 }
 
-func (s stagedRawFirst) AskSnapshot(source, id string) (int64, error) {
+func (s stagedRawFirst) AskSnapshot(source, id string, group *state.GroupIntent) (int64, error) {
 	if _, err := s.store.Update(source, func(v *state.Volume) error { v.Access = state.AccessBlock; return nil }); err != nil {
 		return 0, err
 	}
-	return s.instantTaker.AskSnapshot(source, id)
+	return s.instantTaker.AskSnapshot(source, id, group)
 }
 
 // TestModeIsPartOfTheVolume checks that CreateVolume of an existing name in

@@ -228,6 +228,15 @@ func (s *Pool) snapshot(id string) (devices.SnapshotInfo, error) { return s.snap
 // named name needs: never listed, and removed by Repair.
 func (s *Pool) tempSnapshotID(name string) string { return s.snapshots.TempID(name) }
 
+// DeleteSnapshot removes snapshot id; one that is not there is no error.
+func (s *Pool) DeleteSnapshot(id string) error { return s.snapshots.Delete(id) }
+
+// ImageAllocated is what id's image allocates, in bytes.
+func (s *Pool) ImageAllocated(id string) (int64, error) {
+	u, err := s.images.Usage(id)
+	return u.Allocated, err
+}
+
 // deleteSnapshot deletes snapshot id of the pool; a no-op when it has none.
 func (s *Pool) deleteSnapshot(id string) error { return s.snapshots.Delete(id) }
 

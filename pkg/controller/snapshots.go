@@ -15,12 +15,15 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/state"
 )
 
 // Snapshotter asks the node's reconciler for snapshots: it records the
 // intent, then waits for the snapshot to be taken.
 type Snapshotter interface {
-	AskSnapshot(source, id string) (gen int64, err error)
+	// AskSnapshot records the intent; group, when not nil, makes it
+	// the intent of a group snapshot, kept on its leader (source).
+	AskSnapshot(source, id string, group *state.GroupIntent) (gen int64, err error)
 	AwaitSnapshot(ctx context.Context, source, id string, gen int64) error
 }
 
@@ -82,6 +85,9 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		if info.Source != source {
 			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, of volume %s", name, info.Source)
 		}
+		if info.Group != "" {
+			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, a member of group snapshot %s", name, info.Group)
+		}
 		return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
 	case !errors.Is(err, os.ErrNotExist):
 		s.mu.Unlock()
@@ -116,7 +122,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, err
 	}
-	gen, err := s.taker.AskSnapshot(source, id)
+	gen, err := s.taker.AskSnapshot(source, id, nil)
 	s.mu.Unlock()
 	if err != nil {
 		return devices.SnapshotInfo{}, err
@@ -197,6 +203,8 @@ func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
 		SizeBytes:      info.Size,
 		CreationTime:   timestamppb.New(info.Created),
 		ReadyToUse:     true,
+		// A member of a group is deleted with its group alone.
+		GroupSnapshotId: info.Group,
 	}
 	if c.opts.SnapshotTopology {
 		// Restores are made on this node alone (see restoreSource).
@@ -222,6 +230,9 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if info, _, err := c.pools.snapshot(id); err == nil && info.Group != "" {
+		return nil, classified.Errorf(classified.KindInvalidArgument, "snapshot %s is a member of group snapshot %s, and is deleted with its group (DeleteVolumeGroupSnapshot) alone", id, info.Group)
+	}
 	if err := c.deleteSnapshotLocked(id); err != nil {
 		return nil, err
 	}
@@ -288,8 +299,9 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		slices.SortFunc(infos, func(a, b devices.SnapshotInfo) int { return strings.Compare(a.ID, b.ID) })
 	}
 	resp := &csi.ListSnapshotsResponse{}
+	pending := c.pendingGroups()
 	for _, info := range infos {
-		if info.ID <= after || req.GetSourceVolumeId() != "" && info.Source != req.GetSourceVolumeId() {
+		if info.ID <= after || req.GetSourceVolumeId() != "" && info.Source != req.GetSourceVolumeId() || pending[info.Group] {
 			continue
 		}
 		if req.GetMaxEntries() > 0 && len(resp.Entries) == int(req.GetMaxEntries()) {

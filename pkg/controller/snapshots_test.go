@@ -31,15 +31,27 @@ type instantTaker struct {
 	asked  []string
 }
 
-func (f *instantTaker) AskSnapshot(source, id string) (int64, error) {
+func (f *instantTaker) AskSnapshot(source, id string, group *state.GroupIntent) (int64, error) {
 	f.asked = append(f.asked, source+"/"+id)
+	if group == nil {
+		return 1, f.take(source, id, "")
+	}
+	for _, vol := range group.VolumeIDs() {
+		if err := f.take(vol, group.Members[vol], group.ID); err != nil {
+			return 0, err
+		}
+	}
+	return 1, nil
+}
+
+func (f *instantTaker) take(source, id, group string) error {
 	v, err := f.store.Get(source)
 	if err != nil {
 		v = &state.Volume{ID: source}
 	}
-	of := devices.SnapshotOf{Source: source, FsType: v.Formatted, Access: string(v.WrittenAs())}
+	of := devices.SnapshotOf{Source: source, FsType: v.Formatted, Access: string(v.WrittenAs()), Group: group}
 	_, err = f.snaps.Take(context.Background(), id, f.images.Path(source), of, time.Unix(0, 0))
-	return 1, err
+	return err
 }
 
 func (f *instantTaker) AwaitSnapshot(context.Context, string, string, int64) error { return nil }

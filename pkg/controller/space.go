@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"k8s.io/klog/v2"
 
@@ -125,23 +126,31 @@ func (p promise) volume(thin bool, size, have int64) error {
 	return nil
 }
 
-// snapshot checks that the data directory can hold a snapshot of volume id
-// without breaking a promise (snapshotNeed says what it takes): NOT_FOUND
-// when the volume has no image here, RESOURCE_EXHAUSTED when the space is
+// snapshot checks that the data directory can hold a snapshot of each of
+// the volumes ids (one, or a group's members) together without breaking a
+// promise (snapshotNeed says what each takes): NOT_FOUND when a volume has
+// no image here, RESOURCE_EXHAUSTED when the space is
 // not there or the pool is below its guard, where a snapshot that takes
 // nothing at once still keeps blocks that a deletion would free. The
 // snapshots asked for and not yet taken are promised theirs already
 // (capacity.Account.Copying).
-func (p promise) snapshot(id string) error {
+func (p promise) snapshot(ids ...string) error {
 	s := p.s
-	u, err := s.images.Usage(id)
-	if errors.Is(err, os.ErrNotExist) {
-		return state.NotFound(id)
+	var need int64
+	for _, id := range ids {
+		u, err := s.images.Usage(id)
+		if errors.Is(err, os.ErrNotExist) {
+			return state.NotFound(id)
+		}
+		if err != nil {
+			return classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
+		}
+		need += snapshotNeed(s.mode(), u)
 	}
-	if err != nil {
-		return classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
+	what := "a snapshot of volume " + strings.Join(ids, "") + " needs"
+	if len(ids) > 1 {
+		what = "snapshots of volumes " + strings.Join(ids, ", ") + " together need"
 	}
-	need := snapshotNeed(s.mode(), u)
 	acc, _, err := s.Account()
 	if err != nil {
 		return classified.Errorf(classified.KindInternal, "%w", err)
@@ -150,8 +159,8 @@ func (p promise) snapshot(id string) error {
 		return classified.Errorf(classified.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.name, acc.Free, acc.Guard)
 	}
 	if avail := acc.ThickAvailable(); need > avail {
-		return classified.Errorf(classified.KindResourceExhausted, "a snapshot of volume %s needs %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
-			id, need, s.name, s.mode(), avail, acc.Free, acc.Guard)
+		return classified.Errorf(classified.KindResourceExhausted, "%s %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
+			what, need, s.name, s.mode(), avail, acc.Free, acc.Guard)
 	}
 	return nil
 }

@@ -24,6 +24,8 @@ const (
 	// xattrAccess is how the volume's data may have been written (see
 	// SnapshotOf.Access); snapshots taken before it was recorded lack it.
 	xattrAccess = "user.converge.access"
+	// xattrGroup is the group snapshot the snapshot is a member of.
+	xattrGroup = "user.converge.group"
 )
 
 // Snapshots keeps the snapshots of this node's volumes: one file each in
@@ -51,6 +53,9 @@ type SnapshotOf struct {
 	// its filesystem); "" for a snapshot taken before snapshots recorded
 	// it.
 	Access string
+	// Group is the ID of the group snapshot it is a member of; "" for a
+	// snapshot taken alone.
+	Group string
 }
 
 // SnapshotInfo describes a snapshot.
@@ -85,6 +90,9 @@ func (s *Snapshots) Take(ctx context.Context, id, image string, of SnapshotOf, n
 	}
 	if of.Access != "" {
 		attrs[xattrAccess] = of.Access
+	}
+	if of.Group != "" {
+		attrs[xattrGroup] = of.Group
 	}
 	if err := CopyFile(ctx, image, s.Path(id), s.Mode, CopyOptions{Attrs: attrs}); err != nil {
 		return SnapshotInfo{}, err
@@ -159,7 +167,11 @@ func (s *Snapshots) Get(id string) (SnapshotInfo, error) {
 	if err != nil && !errors.Is(err, unix.ENODATA) {
 		return SnapshotInfo{}, err
 	}
-	return SnapshotInfo{ID: id, SnapshotOf: SnapshotOf{Source: source, FsType: fsType, Access: access},
+	group, err := getXattr(path, xattrGroup)
+	if err != nil && !errors.Is(err, unix.ENODATA) {
+		return SnapshotInfo{}, err
+	}
+	return SnapshotInfo{ID: id, SnapshotOf: SnapshotOf{Source: source, FsType: fsType, Access: access, Group: group},
 		Size: st.Size, Allocated: st.Blocks * 512, Created: created}, nil
 }
 

@@ -156,6 +156,7 @@ func newGRPCServer(cfg Config, m *metrics.Metrics, rec *reconciler.Reconciler, c
 	csi.RegisterIdentityServer(srv, &identity{name: cfg.DriverName, version: cfg.Version, ready: rec.Ready,
 		snapshotAccessibility: cfg.Features.Enabled(SnapshotAccessibility)})
 	csi.RegisterControllerServer(srv, ctrl)
+	csi.RegisterGroupControllerServer(srv, ctrl.Groups())
 	csi.RegisterNodeServer(srv, node)
 	return srv
 }

@@ -26,6 +26,8 @@ func (i *identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	services := []csi.PluginCapability_Service_Type{
 		csi.PluginCapability_Service_CONTROLLER_SERVICE,
 		csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS,
+		// Group snapshots of a node's volumes (controller.GroupService).
+		csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE,
 	}
 	if i.snapshotAccessibility {
 		// A snapshot is a file on this node's disk: it restores here only,

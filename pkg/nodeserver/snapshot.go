@@ -8,9 +8,10 @@ import (
 
 // AskSnapshot records the intent to take snapshot id of volume source and
 // kicks the reconciler; it returns the intent's generation once the intent
-// is durable. An intent already recorded is kept as it is. A volume being
-// deleted is NOT_FOUND.
-func (s *Server) AskSnapshot(source, id string) (int64, error) {
+// is durable. group, when not nil, is the group snapshot whose intent
+// source keeps as its leader. An intent already recorded is kept as it
+// is. A volume being deleted is NOT_FOUND.
+func (s *Server) AskSnapshot(source, id string, group *state.GroupIntent) (int64, error) {
 	v, err := s.record(source, func(v *state.Volume) error {
 		if v.Removing {
 			return state.NotFound(source)
@@ -19,7 +20,7 @@ func (s *Server) AskSnapshot(source, id string) (int64, error) {
 			if v.Snapshots == nil {
 				v.Snapshots = map[string]*state.SnapshotIntent{}
 			}
-			v.Snapshots[id] = &state.SnapshotIntent{}
+			v.Snapshots[id] = &state.SnapshotIntent{Group: group}
 		}
 		return nil
 	})

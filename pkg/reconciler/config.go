@@ -121,6 +121,14 @@ type Pool interface {
 	// when id exists. A snapshot is a file of its own, whole or absent,
 	// never half made.
 	Take(ctx context.Context, id, image string, of devices.SnapshotOf, now time.Time) (devices.SnapshotInfo, error)
+	// DeleteSnapshot removes snapshot id of this pool; one that is not
+	// there is no error.
+	DeleteSnapshot(id string) error
+	// CopyMode is how the pool's filesystem copies an image.
+	CopyMode() devices.CopyMode
+	// ImageAllocated is what id's image allocates, in bytes; an error
+	// matching os.ErrNotExist when it has none.
+	ImageAllocated(id string) (int64, error)
 	// Guard is the free space of the pool's filesystem below which it is
 	// nearly full (capacity.NearlyFull): its thin volumes are reported
 	// as at risk.

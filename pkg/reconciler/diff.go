@@ -19,6 +19,26 @@ type action struct {
 	mountID uint64
 	// reason says why the diff chose the action, for the logs.
 	reason string
+	// members are the other volumes a group snapshot holds, with what the
+	// pass saw of them, set when the pass starts it (groupMembers): the
+	// operation runs only while none of them runs one, and holds them all.
+	members []member
+}
+
+// member is one volume a group snapshot holds besides its leader.
+type member struct {
+	v *state.Volume
+	a *actual
+}
+
+// volumes returns the IDs of the volumes an action of volume id holds
+// while it runs: id, and a group snapshot's other members.
+func (a action) volumes(id string) []string {
+	ids := []string{id}
+	for _, m := range a.members {
+		ids = append(ids, m.v.ID)
+	}
+	return ids
 }
 
 func (a action) String() string {

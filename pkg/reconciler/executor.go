@@ -108,6 +108,16 @@ func (e *executor) blocked(id string, act action, epoch uint64) (busy bool, retr
 	return false, time.Time{}
 }
 
+// free reports whether volume id runs no operation and none of its
+// finished after the observation taken at epoch: a group snapshot may
+// then hold it.
+func (e *executor) free(id string, epoch uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, running := e.running[id]
+	return !running && e.finished[id] <= epoch
+}
+
 // stale reports whether an operation of id finished after the observation
 // taken at epoch.
 func (e *executor) stale(id string, epoch uint64) bool {
@@ -173,7 +183,9 @@ func (e *executor) idle() bool {
 // blocked. The operation waits for a slot of its pool or for ctx.
 func (e *executor) start(ctx context.Context, id string, act action, op func() outcome, done func(outcome, *failure)) {
 	e.mu.Lock()
-	e.running[id] = act
+	for _, held := range act.volumes(id) {
+		e.running[held] = act
+	}
 	e.mu.Unlock()
 
 	slots := e.fastSlots
@@ -215,9 +227,11 @@ func contained(id string, act action, op func() outcome) (out outcome) {
 func (e *executor) finish(id string, act action, out outcome) *failure {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	delete(e.running, id)
 	e.seq++
-	e.finished[id] = e.seq
+	for _, held := range act.volumes(id) {
+		delete(e.running, held)
+		e.finished[held] = e.seq
+	}
 	if out.err == nil {
 		if f := e.failures[id]; f != nil && sameAction(f.act, act) {
 			delete(e.failures, id)

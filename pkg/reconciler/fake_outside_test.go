@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -31,6 +32,21 @@ func (w *fakeWorld) failOn(call string, err error) {
 		return
 	}
 	w.fail[call] = err
+}
+
+// setCopies makes every pool copy data, as a filesystem without
+// reflinks does.
+func (w *fakeWorld) setCopies() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.copies = true
+}
+
+// setSize makes image size bytes large, all allocated.
+func (w *fakeWorld) setSize(image string, size int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sizes[image] = size
 }
 
 // holdOn blocks call until the channel closes.
@@ -454,6 +470,35 @@ func (p fakePool) GrowImage(id string, size int64) (int64, error) {
 }
 func (p fakePool) Take(_ context.Context, id, image string, of devices.SnapshotOf, _ time.Time) (devices.SnapshotInfo, error) {
 	return p.w.take(p.dir(), id, image, of)
+}
+
+func (p fakePool) DeleteSnapshot(id string) error {
+	return p.w.do("delete snapshot "+id, func() string { return "" }, func() error {
+		if s, ok := p.w.snapshots[id]; ok && filepath.Dir(s.image) == p.dir() {
+			delete(p.w.snapshots, id)
+		}
+		return nil
+	})
+}
+
+// CopyMode is reflink unless the world's copies copy data (copies).
+func (p fakePool) CopyMode() devices.CopyMode {
+	p.w.mu.Lock()
+	defer p.w.mu.Unlock()
+	if p.w.copies {
+		return devices.CopySparse
+	}
+	return devices.CopyReflink
+}
+
+func (p fakePool) ImageAllocated(id string) (int64, error) {
+	p.w.mu.Lock()
+	defer p.w.mu.Unlock()
+	image := p.Image(id)
+	if !p.w.images[image] {
+		return 0, os.ErrNotExist
+	}
+	return p.w.sizeLocked(image) - p.w.holes[image], nil
 }
 
 // Guard is the world's guard of every pool.

@@ -75,6 +75,9 @@ type fakeWorld struct {
 	guard capacity.Guard
 	// frozen holds the images whose filesystem is frozen.
 	frozen map[string]bool
+	// copies makes every pool copy data, as a filesystem without
+	// reflinks does (CopyMode).
+	copies bool
 	// snapshots maps a snapshot's ID to what it was taken of.
 	snapshots map[string]fakeSnapshot
 	// afterObserve, when set, runs once Observe has made its observation.

@@ -32,6 +32,7 @@ const (
 	actTakeSnapshot
 	actForgetSnapshot
 	actThaw
+	actTakeGroupSnapshot
 
 	// kindCount is the number of kinds; kinds has an entry for each.
 	kindCount
@@ -195,6 +196,14 @@ func kindTable() [kindCount]kindSpec {
 		actTakeSnapshot: {name: "take snapshot", fulfils: true, slow: true, serves: forSnapshot, final: withdrawn,
 			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.takeSnapshot(ctx, v, a, act)
+			}},
+		// Takes the group snapshot whose intent the volume (the group's
+		// leader) keeps under the ID target: every member's filesystem
+		// frozen, every image copied, every filesystem thawed; the
+		// operation holds every member volume (action.members).
+		actTakeGroupSnapshot: {name: "take group snapshot", fulfils: true, slow: true, serves: forSnapshot, final: withdrawn,
+			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
+				return r.takeGroupSnapshot(ctx, v, a, act)
 			}},
 		// Forgets the intent of a snapshot that exists (taken before a
 		// crash let the intent be forgotten).

@@ -55,7 +55,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	}
 	r.forgetGone(vols, plans)
 	// Start.
-	started := r.startPlans(ctx, plans, epoch)
+	started := r.startPlans(ctx, plans, seen, epoch)
 
 	slices.SortFunc(statuses, func(a, b volstatus.VolumeStatus) int { return strings.Compare(a.ID, b.ID) })
 	r.statusMu.Lock()
@@ -126,8 +126,9 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
 
 // startPlans starts the planned actions that are not blocked, teardowns
 // first, and notes in r.wake the earliest end of a backoff in the way.
-func (r *Reconciler) startPlans(ctx context.Context, plans []plan, epoch uint64) int {
+func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch uint64) int {
 	started := 0
+	var byID map[string]plan
 	for _, teardown := range []bool{true, false} {
 		for _, p := range plans {
 			if p.act.kind.spec().teardown != teardown {
@@ -137,6 +138,15 @@ func (r *Reconciler) startPlans(ctx context.Context, plans []plan, epoch uint64)
 			if busy {
 				r.wakeBy(retryAt)
 				continue
+			}
+			if p.act.kind == actTakeGroupSnapshot {
+				if byID == nil {
+					byID = plansByID(seen)
+				}
+				var free bool
+				if p.act.members, free = r.groupMembers(p, byID, epoch); !free {
+					continue
+				}
 			}
 			r.startOp(ctx, p.v, p.a, p.act)
 			started++

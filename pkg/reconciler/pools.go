@@ -50,9 +50,12 @@ func (p missingPool) Blank(string) (bool, error)      { return false, p.err() }
 func (p missingPool) GrowImage(string, int64) (int64, error) {
 	return 0, classified.Errorf(classified.KindResourceExhausted, "this node has no storage pool %s (it has %s)", p.name, strings.Join(p.has, ", "))
 }
-func (p missingPool) Flush(image string) error   { return fmt.Errorf("%s: %w", image, os.ErrNotExist) }
-func (p missingPool) Taken(string) (bool, error) { return false, p.err() }
-func (p missingPool) Guard() capacity.Guard      { return capacity.Guard{} }
+func (p missingPool) Flush(image string) error             { return fmt.Errorf("%s: %w", image, os.ErrNotExist) }
+func (p missingPool) Taken(string) (bool, error)           { return false, p.err() }
+func (p missingPool) Guard() capacity.Guard                { return capacity.Guard{} }
+func (p missingPool) DeleteSnapshot(string) error          { return p.err() }
+func (p missingPool) CopyMode() devices.CopyMode           { return "" }
+func (p missingPool) ImageAllocated(string) (int64, error) { return 0, p.err() }
 func (p missingPool) Take(context.Context, string, string, devices.SnapshotOf, time.Time) (devices.SnapshotInfo, error) {
 	return devices.SnapshotInfo{}, p.err()
 }

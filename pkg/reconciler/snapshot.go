@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
@@ -17,9 +18,15 @@ import (
 func snapshots(v *state.Volume, a *actual) []action {
 	var acts []action
 	for _, id := range v.SnapshotIDs() {
-		gen := v.Snapshots[id].Generation
+		in := v.Snapshots[id]
+		gen := in.Generation
 		if a.snapshotsTaken[id] {
 			acts = append(acts, action{kind: actForgetSnapshot, target: id, generation: gen, reason: "snapshot taken"})
+			continue
+		}
+		if in.Group != nil {
+			acts = append(acts, action{kind: actTakeGroupSnapshot, target: id, generation: gen,
+				reason: fmt.Sprintf("group snapshot %s of %d volumes asked for", in.Group.ID, len(in.Group.Members))})
 			continue
 		}
 		acts = append(acts, action{kind: actTakeSnapshot, target: id, generation: gen, reason: "snapshot asked for"})
@@ -27,15 +34,26 @@ func snapshots(v *state.Volume, a *actual) []action {
 	return acts
 }
 
-// takenSnapshots observes which of the snapshots asked of v exist. One
-// that cannot be told counts as not taken: taking it tells why.
+// takenSnapshots observes which of the snapshots asked of v exist: a
+// group snapshot when every member's does. One that cannot be told counts
+// as not taken: taking it tells why.
 func takenSnapshots(v *state.Volume, in Pool) map[string]bool {
 	if len(v.Snapshots) == 0 {
 		return nil
 	}
 	taken := make(map[string]bool, len(v.Snapshots))
-	for id := range v.Snapshots {
-		taken[id], _ = in.Taken(id)
+	for id, s := range v.Snapshots {
+		if s.Group == nil {
+			taken[id], _ = in.Taken(id)
+			continue
+		}
+		taken[id] = true
+		for _, snap := range s.Group.Members {
+			if ok, _ := in.Taken(snap); !ok {
+				taken[id] = false
+				break
+			}
+		}
 	}
 	return taken
 }
@@ -78,36 +96,75 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 }
 
 // frozen runs fn, which copies image (v's image), with v's filesystem
-// frozen when it is staged and writable, so that the copy holds it clean;
-// a raw block volume and a read-only filesystem are copied as they are.
-// The freeze is recorded first (v.Frozen), so that a crash before the
-// thaw is undone by the next pass (actThaw), and the filesystem is always
-// thawed, whether the copy succeeded, failed or was cancelled. It returns
-// fn's error; and the failure to freeze or to thaw, if any (joined with
-// fn's), which ends the step as it is: the record keeps v.Frozen when
-// the thaw failed, and the next pass thaws it. The time the filesystem
-// was frozen goes to the Recorder.
+// frozen (freeze) when it is staged and writable, so that the copy holds
+// it clean; a raw block volume and a read-only filesystem are copied as
+// they are. The filesystem is always thawed, whether the copy succeeded,
+// failed or was cancelled. It returns fn's error; and the failure to
+// freeze or to thaw, if any (joined with fn's), which ends the step as it
+// is: the record keeps v.Frozen when the thaw failed, and the next pass
+// thaws it. The time the filesystem was frozen goes to the Recorder.
 func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() error) (fnErr, err error) {
-	st := v.Stage
-	if st == nil || st.Deleting || !a.stageInPlace || a.block || st.MountsReadOnly() {
+	if err := r.writeOut(v, a, image); err != nil {
+		return nil, err
+	}
+	thaw, frozenAt, err := r.freeze(v, a)
+	if err != nil {
+		return nil, err
+	}
+	if thaw == nil {
 		return fn(), nil
 	}
-	path := st.Path
-	// What the volume wrote is in the image's page cache: written out
-	// now, the freeze and the copy have only what comes meanwhile.
-	if err := r.cfg.Paths.Sync(path); err != nil {
-		return nil, fmt.Errorf("syncing %s: %w", path, err)
+	defer func() { r.cfg.Recorder.Frozen(r.cfg.Clock.Since(frozenAt)) }()
+	fnErr = fn()
+	if terr := thaw(); terr != nil {
+		return fnErr, errors.Join(fnErr, terr)
+	}
+	return fnErr, nil
+}
+
+// freezes reports whether a copy of v's image freezes its filesystem
+// first: when it is staged in place, writable, and a filesystem (a raw
+// block device cannot be frozen).
+func freezes(v *state.Volume, a *actual) bool {
+	st := v.Stage
+	return st != nil && !st.Deleting && a != nil && a.stageInPlace && !a.block && !st.MountsReadOnly()
+}
+
+// writeOut writes out what v wrote, when a copy of image, v's image,
+// freezes its filesystem (freezes): what is in the image's page cache
+// written out before the freeze, the freeze and the copy have only what
+// comes meanwhile.
+func (r *Reconciler) writeOut(v *state.Volume, a *actual, image string) error {
+	if !freezes(v, a) {
+		return nil
+	}
+	if err := r.cfg.Paths.Sync(v.Stage.Path); err != nil {
+		return fmt.Errorf("syncing %s: %w", v.Stage.Path, err)
 	}
 	if err := a.home.Flush(image); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("flushing the image of %s: %w", v.ID, err)
+		return fmt.Errorf("flushing the image of %s: %w", v.ID, err)
 	}
+	return nil
+}
+
+// freeze freezes v's filesystem for a copy of its image when the copy
+// freezes it (freezes), after writeOut: it records the freeze (v.Frozen),
+// so that a crash before the thaw is undone by the next pass (actThaw),
+// and freezes. It returns the thaw, which thaws the
+// filesystem and clears the record (the record keeps v.Frozen when the
+// thaw fails), and when the freeze began; a nil thaw when there was
+// nothing to freeze. On an error nothing is left frozen nor recorded so.
+func (r *Reconciler) freeze(v *state.Volume, a *actual) (thaw func() error, at time.Time, err error) {
+	if !freezes(v, a) {
+		return nil, time.Time{}, nil
+	}
+	path := v.Stage.Path
 	if err := r.recordKernelState(v.ID, func(cur *state.Volume) error { cur.Frozen = path; return nil }); err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	// Recorded as frozen, and not frozen yet.
 	// gofail: var reconcilerSnapshotBeforeFreeze struct{}
-	frozenAt := r.cfg.Clock.Now()
-	defer func() { r.cfg.Recorder.Frozen(r.cfg.Clock.Since(frozenAt)) }()
+	at = r.cfg.Clock.Now()
 	err = r.cfg.Paths.Freeze(path)
 	// Frozen (unless err), and recorded so: the next pass thaws it.
 	// gofail: var reconcilerSnapshotAfterFreeze struct{}
@@ -118,21 +175,19 @@ func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() 
 			err = fmt.Errorf("the filesystem of volume %s is frozen by someone else: %w", v.ID, err)
 		}
 		if cerr := r.clearFrozen(v.ID, path); cerr != nil {
-			return nil, errors.Join(err, cerr)
+			return nil, time.Time{}, errors.Join(err, cerr)
 		}
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	fnErr = fn()
-	if terr := r.cfg.Paths.Thaw(path); terr != nil {
-		// The record keeps v.Frozen: the next pass thaws it.
-		return fnErr, errors.Join(fnErr, fmt.Errorf("thawing %s: %w", path, terr))
-	}
-	// Thawed, and still recorded as frozen.
-	// gofail: var reconcilerSnapshotAfterThaw struct{}
-	if cerr := r.clearFrozen(v.ID, path); cerr != nil {
-		return fnErr, errors.Join(fnErr, cerr)
-	}
-	return fnErr, nil
+	return func() error {
+		if err := r.cfg.Paths.Thaw(path); err != nil {
+			// The record keeps v.Frozen: the next pass thaws it.
+			return fmt.Errorf("thawing %s: %w", path, err)
+		}
+		// Thawed, and still recorded as frozen.
+		// gofail: var reconcilerSnapshotAfterThaw struct{}
+		return r.clearFrozen(v.ID, path)
+	}, at, nil
 }
 
 // thaw thaws the filesystem at path that v's record says a snapshot froze,

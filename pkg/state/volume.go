@@ -1,6 +1,7 @@
 package state
 
 import (
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -188,6 +189,36 @@ func (v *Volume) WrittenAs() AccessType {
 type SnapshotIntent struct {
 	// Generation is the volume generation at which it was asked for.
 	Generation int64 `json:"generation"`
+	// Group is set when the snapshot is one member of a group snapshot:
+	// every member is taken at one instant, with every member's
+	// filesystem frozen, in one operation. The group's intent is kept on
+	// one member's record alone (the leader: the member whose volume ID
+	// sorts first), under the leader's own snapshot ID, so that it is
+	// asked for, taken and forgotten as a whole.
+	Group *GroupIntent `json:"group,omitempty"`
+}
+
+// GroupIntent is the desire for a group snapshot.
+type GroupIntent struct {
+	// ID is the group snapshot's ID.
+	ID string `json:"id"`
+	// Members maps the ID of each member volume, the leader's included,
+	// to the ID of its snapshot in the group.
+	Members map[string]string `json:"members"`
+}
+
+// VolumeIDs returns the IDs of the group's member volumes, sorted: the
+// order in which they are frozen (and thawed in reverse).
+func (g *GroupIntent) VolumeIDs() []string {
+	return slices.Sorted(maps.Keys(g.Members))
+}
+
+// Equal reports whether g and o ask for the same group.
+func (g *GroupIntent) Equal(o *GroupIntent) bool {
+	if g == nil || o == nil {
+		return g == o
+	}
+	return g.ID == o.ID && maps.Equal(g.Members, o.Members)
 }
 
 // Thin reports whether the volume's image is sparse by request.
@@ -232,6 +263,11 @@ func (v *Volume) DeepCopy() *Volume {
 		out.Snapshots = make(map[string]*SnapshotIntent, len(v.Snapshots))
 		for id, s := range v.Snapshots {
 			c := *s
+			if s.Group != nil {
+				g := *s.Group
+				g.Members = maps.Clone(s.Group.Members)
+				c.Group = &g
+			}
 			out.Snapshots[id] = &c
 		}
 	}

@@ -41,6 +41,10 @@ const (
 	expandStaged
 	// snapshot: the snapshotter takes a snapshot of the published volume.
 	snapshot
+	// groupSnapshot: the snapshotter takes a group snapshot of the
+	// published volume and a second volume, created only (mate): a crash
+	// after one member's copy leaves the other to make.
+	groupSnapshot
 	// restore: the provisioner makes a second volume from a snapshot of
 	// the published one.
 	restore
@@ -111,6 +115,10 @@ var walkSteps = map[string]walkStep{
 	"reconcilerSnapshotAfterThaw":    {from: published, want: published, how: snapshot},
 	"reconcilerSnapshotAfterTake":    {from: published, want: published, how: snapshot},
 	"reconcilerThawAfterThaw":        {from: published, want: published, how: snapshot, first: "reconcilerSnapshotAfterFreeze"},
+	// Group snapshots: every member frozen, each copied, all thawed.
+	"reconcilerGroupAfterFreeze": {from: published, want: published, how: groupSnapshot},
+	"reconcilerGroupAfterCopy":   {from: published, want: published, how: groupSnapshot},
+	"reconcilerGroupAfterTake":   {from: published, want: published, how: groupSnapshot},
 	// Restore and csi-node gc.
 	"controllerRestoreAfterCopy": {from: published, want: published, how: restore},
 	"controllerGCBeforeDelete":   {from: created, want: created, how: collect},
@@ -417,6 +425,8 @@ func (w *walker) reach(ctx context.Context, v *vol, step walkStep) {
 			return
 		}
 		w.restore(ctx, v)
+	case groupSnapshot:
+		w.takeGroup(ctx, v)
 	case collect:
 		w.gc(ctx)
 	case shutdown:
@@ -433,6 +443,33 @@ func (w *walker) grow(ctx context.Context, v *vol, path string) error {
 	}
 	_, err := p.Node().NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: v.id, VolumePath: path, CapacityRange: rng})
 	return err
+}
+
+// mate is the second member of v's group snapshot trial.
+func mate(v *vol) string { return "mate-" + v.name }
+
+// takeGroup takes the group snapshot of v and its mate that a
+// groupSnapshot trial asks for, and checks that it is whole and ready.
+func (w *walker) takeGroup(ctx context.Context, v *vol) error {
+	p := w.e.p
+	if _, err := p.Controller().CreateVolume(ctx, &csi.CreateVolumeRequest{Name: mate(v), CapacityRange: &csi.CapacityRange{RequiredBytes: volumeSize},
+		VolumeCapabilities: []*csi.VolumeCapability{rwo}}); err != nil {
+		return err
+	}
+	resp, err := p.Groups().CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group-" + v.name, SourceVolumeIds: []string{v.id, vid(mate(v))}})
+	if err != nil {
+		return err
+	}
+	g := resp.GetGroupSnapshot()
+	if !g.GetReadyToUse() || len(g.GetSnapshots()) != 2 {
+		return fmt.Errorf("group snapshot not whole and ready: %v", g)
+	}
+	for _, s := range g.GetSnapshots() {
+		if s.GetGroupSnapshotId() != g.GetGroupSnapshotId() || s.GetSizeBytes() != volumeSize {
+			return fmt.Errorf("group snapshot member not whole: %v", s)
+		}
+	}
+	return nil
 }
 
 // restored is the volume a restore trial makes from v's snapshot.
@@ -520,6 +557,10 @@ func (w *walker) finish(v *vol, step walkStep, name string) {
 			r.want = absent
 			w.e.replay(r)
 		}
+	case groupSnapshot:
+		w.retry("taking a group snapshot of "+v.id, func(ctx context.Context) error { return w.takeGroup(ctx, v) })
+		writeWithin(t, v.target, 10*time.Second)
+		noTemps(t, name, filepath.Join(p.DataDir, "snapshots"))
 	case collect:
 		w.retry("csi-node gc", w.gc)
 		if _, err := os.Stat(filepath.Join(p.DataDir, v.id+".img")); !os.IsNotExist(err) {
@@ -544,6 +585,14 @@ func (w *walker) clean(v *vol, name string) {
 	w.e.replay(v)
 	w.retry("deleting the snapshot", func(ctx context.Context) error {
 		_, err := p.Controller().DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: vid("snap-" + v.name)})
+		return err
+	})
+	w.retry("deleting the group snapshot", func(ctx context.Context) error {
+		_, err := p.Groups().DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: vid("group-" + v.name)})
+		return err
+	})
+	w.retry("deleting the group's mate", func(ctx context.Context) error {
+		_, err := p.Controller().DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vid(mate(v))})
 		return err
 	})
 	if left := testenv.Leftovers(p.Dir, p.DataDir); len(left) > 0 {

@@ -283,3 +283,75 @@ func filesIn(t *testing.T, dir string) []string {
 	}
 	return names
 }
+
+// TestKillDuringGroupSnapshot kills the plugin at several moments of
+// taking a group snapshot of two published volumes with data on them
+// (while it writes them out, holds them frozen or copies them) and
+// restarts it: neither filesystem is left frozen, the group is whole or
+// absent (never one member without the other), nothing half made is left
+// in the snapshot directory, and asking for the group again gives it
+// whole.
+func TestKillDuringGroupSnapshot(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	vols := []*vol{setUp(t, p, "grpa"), setUp(t, p, "grpb")}
+	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<20) // 16 MiB each: the kills land in the copies
+	for _, v := range vols {
+		if err := writeSynced(filepath.Join(v.target, "big"), string(big)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snapDir := filepath.Join(p.DataDir, "snapshots")
+	sources := []string{vols[0].id, vols[1].id}
+	for i, delay := range []time.Duration{0, time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond, 100 * time.Millisecond} {
+		name := fmt.Sprintf("group-%d", i)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			p.Groups().CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: name, SourceVolumeIds: sources})
+		}()
+		time.Sleep(delay)
+		p.Kill()
+		p.Start()
+		for _, v := range vols {
+			writeWithin(t, v.target, 10*time.Second)
+			readBack(t, v)
+		}
+		noTemps(t, fmt.Sprintf("kill after %v", delay), snapDir)
+		resp, err := p.Controller().ListSnapshots(context.Background(), &csi.ListSnapshotsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := 0
+		for _, e := range resp.GetEntries() {
+			if e.GetSnapshot().GetGroupSnapshotId() == vid(name) {
+				members++
+			}
+		}
+		if members != 0 && members != 2 {
+			t.Errorf("kill after %v: %d of the group's 2 members listed, want all or none", delay, members)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		again, err := p.Groups().CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: name, SourceVolumeIds: sources})
+		cancel()
+		if err != nil {
+			t.Fatalf("kill after %v: asking for %s again: %v", delay, name, err)
+		}
+		if g := again.GetGroupSnapshot(); !g.GetReadyToUse() || len(g.GetSnapshots()) != 2 {
+			t.Errorf("kill after %v: the group asked again is %v, want whole and ready", delay, g)
+		}
+		if i == 0 {
+			for _, s := range again.GetGroupSnapshot().GetSnapshots() {
+				if restored := restoreAndRead(t, p, s.GetSnapshotId()); !bytes.Equal(restored, big) {
+					t.Errorf("member %s does not restore its volume's data", s.GetSnapshotId())
+				}
+			}
+		}
+		if _, err := p.Groups().DeleteVolumeGroupSnapshot(context.Background(), &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: vid(name)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, v := range vols {
+		tearDown(t, p, v)
+	}
+}

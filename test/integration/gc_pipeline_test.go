@@ -79,6 +79,10 @@ func TestGCPipeline(t *testing.T) {
 	orphan := create(t, p, "gcp-orphan")
 	refSnap := snapshotOf(t, p, "gcp-ref-snap", ref).GetSnapshotId()
 	orphanSnap := snapshotOf(t, p, "gcp-orphan-snap", ref).GetSnapshotId()
+	// A pre-provisioned group: only its VolumeGroupSnapshotContent names it.
+	grp, err := p.Groups().CreateVolumeGroupSnapshot(ctx(t), &csi.CreateVolumeGroupSnapshotRequest{Name: "gcp-group", SourceVolumeIds: []string{ref}})
+	must(t, "CreateVolumeGroupSnapshot", err)
+	member := grp.GetGroupSnapshot().GetSnapshots()[0].GetSnapshotId()
 
 	pv := func(driver, handle string) string {
 		return `{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-` + handle + `"}, "spec": {"csi": {"driver": "` + driver + `", "volumeHandle": "` + handle + `"}}}`
@@ -89,14 +93,17 @@ func TestGCPipeline(t *testing.T) {
 		return `{"apiVersion": "v1", "items": [` + strings.Join(items, ",\n") + `], "kind": "List", "metadata": {"resourceVersion": ""}}` + "\n"
 	}
 	pvs := []string{pv("converge.csi.dev", ref), pv("other.csi.dev", orphan)}
-	documented := list(append(pvs, content)...)
+	groupContent := `{"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshotContent", "metadata": {"name": "groupcontent-1"},
+		"spec": {"driver": "converge.csi.dev", "source": {"groupSnapshotHandles": {"volumeGroupSnapshotHandle": "` + grp.GetGroupSnapshot().GetGroupSnapshotId() + `", "volumeSnapshotHandles": ["` + member + `"]}}}}`
+	documented := list(append(pvs, content, groupContent)...)
+	const kinds = "pv,volumesnapshotcontents,volumegroupsnapshotcontents"
 
 	stub := t.TempDir()
 	must(t, "stub kubectl", os.WriteFile(filepath.Join(stub, "kubectl"), []byte(stubKubectl), 0o755))
 	pipeline := docsGCPipeline(t)
 	run := func(crds bool, kinds, output string, exit int, args ...string) (string, error) {
 		t.Helper()
-		for _, f := range []string{"crds", "pv.json", "pv.exit", "pv,volumesnapshotcontents.json", "pv,volumesnapshotcontents.exit"} {
+		for _, f := range []string{"crds", "pv.json", "pv.exit", kinds + ".json", kinds + ".exit"} {
 			os.Remove(filepath.Join(stub, f))
 		}
 		if crds {
@@ -129,7 +136,7 @@ func TestGCPipeline(t *testing.T) {
 		}
 		return out
 	}
-	all := []string{ref, orphan, refSnap, orphanSnap}
+	all := []string{ref, orphan, refSnap, orphanSnap, member}
 
 	for _, tc := range []struct {
 		name, output string
@@ -146,7 +153,7 @@ func TestGCPipeline(t *testing.T) {
 		{name: "a listing of another cluster, with a node of this name", output: list(pv("converge.csi.dev", "pvc-other_"+testenv.NodeID)), wantRefusal: "add --node-has-no-pvs"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := run(true, "pv,volumesnapshotcontents", tc.output, tc.exit, "--delete", "--min-age=0")
+			out, err := run(true, kinds, tc.output, tc.exit, "--delete", "--min-age=0")
 			t.Logf("%s", out)
 			if err == nil || !strings.Contains(out, tc.wantRefusal) {
 				t.Errorf("the pipeline: %v; want it refused with %q", err, tc.wantRefusal)
@@ -158,10 +165,11 @@ func TestGCPipeline(t *testing.T) {
 	}
 
 	// The documented listing, with the snapshot CRDs: exactly the volume
-	// and the snapshot nothing references go.
-	out, err := run(true, "pv,volumesnapshotcontents", documented, 0, "--delete", "--min-age=0")
+	// and the snapshot nothing references go; the group its content names
+	// stays.
+	out, err := run(true, kinds, documented, 0, "--delete", "--min-age=0")
 	t.Logf("the documented listing:\n%s", out)
-	if want := []string{ref, refSnap}; err != nil || !slices.Equal(present(all...), want) {
+	if want := []string{ref, refSnap, member}; err != nil || !slices.Equal(present(all...), want) {
 		t.Errorf("the documented listing: %v; there after it: %v, want %v", err, present(all...), want)
 	}
 
@@ -172,8 +180,8 @@ func TestGCPipeline(t *testing.T) {
 	orphanSnap2 := snapshotOf(t, p, "gcp-orphan-snap-2", ref).GetSnapshotId()
 	out, err = run(false, "pv", list(pvs...), 0, "--delete", "--min-age=0")
 	t.Logf("without the snapshot CRDs:\n%s", out)
-	all = []string{ref, orphan2, refSnap, orphanSnap2}
-	if want := []string{ref, refSnap, orphanSnap2}; err != nil || !slices.Equal(present(all...), want) {
+	all = []string{ref, orphan2, refSnap, orphanSnap2, member}
+	if want := []string{ref, refSnap, orphanSnap2, member}; err != nil || !slices.Equal(present(all...), want) {
 		t.Errorf("without the snapshot CRDs: %v; there after it: %v, want %v", err, present(all...), want)
 	}
 	if !strings.Contains(out, "kept: the input names no VolumeSnapshotContent of the driver; if the cluster has none, add --cluster-has-no-snapshots") {

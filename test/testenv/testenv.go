@@ -293,6 +293,9 @@ func (p *Plugin) Node() csi.NodeClient { return csi.NewNodeClient(p.Conn()) }
 // Controller returns a Controller client.
 func (p *Plugin) Controller() csi.ControllerClient { return csi.NewControllerClient(p.Conn()) }
 
+// Groups returns a client of the plugin's GroupController service.
+func (p *Plugin) Groups() csi.GroupControllerClient { return csi.NewGroupControllerClient(p.Conn()) }
+
 // Stop sends SIGTERM and waits for the plugin to exit.
 func (p *Plugin) Stop() { p.signal(syscall.SIGTERM) }
 
