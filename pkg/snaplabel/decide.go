@@ -281,8 +281,11 @@ func (w World) handover(planned map[types.UID]string) []Action {
 		if next == "" || next == holder {
 			continue
 		}
-		out = append(out, Action{Resource: GroupClassesGVR, Object: c, Node: next, Reason: ReasonLabelled,
-			Message: fmt.Sprintf("Handed to node %s, whose group snapshot waits on the class (from %q)", next, holder)})
+		msg := fmt.Sprintf("Labelled for node %s, whose group snapshot waits on the class", next)
+		if holder != "" {
+			msg = fmt.Sprintf("Handed from node %s to node %s, whose group snapshot waits on the class", holder, next)
+		}
+		out = append(out, Action{Resource: GroupClassesGVR, Object: c, Node: next, Reason: ReasonLabelled, Message: msg})
 	}
 	return out
 }
