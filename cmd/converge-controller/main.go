@@ -2,7 +2,9 @@
 // only converge component that talks to the API server. It runs as a small
 // Deployment; its replicas elect a leader on a Lease, and the leader runs
 // nodeloss.Watcher, which looks after the driver's volumes whose node is
-// gone (pkg/nodeloss). It is not the node-local CSI Controller service
+// gone (pkg/nodeloss), and, where the snapshot API is served, the snapshot
+// labeller, which routes the driver's snapshot contents to their node's
+// csi-snapshotter (pkg/snaplabel). It is not the node-local CSI Controller service
 // (pkg/controller), which every csi-node serves.
 package main
 
@@ -23,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -36,6 +39,7 @@ import (
 	"github.com/converge-csi/converge/pkg/buildinfo"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/nodeloss"
+	"github.com/converge-csi/converge/pkg/snaplabel"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -107,7 +111,16 @@ func run(ctx context.Context, o options) error {
 	if o.grace < 0 || o.resync <= 0 {
 		return fmt.Errorf("--deleted-node-grace must not be negative and --resync-period must be positive")
 	}
-	client, err := newClient(o.kubeconfig)
+	cfg, err := restConfig(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.UserAgent = "converge-controller/" + buildinfo.Version(version)
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return err
 	}
@@ -126,24 +139,22 @@ func run(ctx context.Context, o options) error {
 	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-controller"})
 
 	return lead(ctx, o, client, health, metrics, func(ctx context.Context) {
+		// The labeller has caches of its own: a cluster without the
+		// snapshot CRDs, or without the snapshots component's RBAC, must
+		// not hold the node-loss watcher up.
+		labelled := make(chan struct{})
+		go func() {
+			defer close(labelled)
+			snaplabel.RunWhenServed(ctx, snaplabel.Config{Client: client, Dynamic: dyn, Driver: o.driverName,
+				TopologyKey: contract.TopologyKey, Resync: o.resync, Events: events}, client.Discovery(), time.Minute)
+		}()
+		defer func() { <-labelled }()
 		w := nodeloss.New(nodeloss.Config{Client: client, Driver: o.driverName, TopologyKey: contract.TopologyKey,
 			Grace: o.grace, Resync: o.resync, Events: events, Metrics: metrics})
 		if err := w.Run(ctx); err != nil {
 			klog.ErrorS(err, "The node-loss watcher stopped")
 		}
 	})
-}
-
-// newClient is the client of the API server that kubeconfig names (empty:
-// the pod's service account), which tells the server this command's
-// release in its user agent.
-func newClient(kubeconfig string) (*kubernetes.Clientset, error) {
-	cfg, err := restConfig(kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	cfg.UserAgent = "converge-controller/" + buildinfo.Version(version)
-	return kubernetes.NewForConfig(cfg)
 }
 
 // lead takes part in the election on the Lease until ctx ends, and runs

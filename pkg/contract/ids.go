@@ -2,6 +2,7 @@ package contract
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/converge-csi/converge/pkg/classified"
 )
@@ -74,4 +75,24 @@ func CheckID(what, id string, use IDUse) error {
 	default:
 		return classified.Errorf(classified.KindInvalidArgument, "%v", err)
 	}
+}
+
+// NodeSep separates a volume's or a snapshot's name from the name of the
+// node it lives on in its ID (<name>_<node>): Kubernetes node names (DNS
+// subdomains) never hold it, so the node is what follows the last one.
+const NodeSep = "_"
+
+// NodeOfID returns the node an ID names: the text after its last NodeSep,
+// "" when it holds none. The node side makes every snapshot and group
+// snapshot ID this way, and converge-controller reads a snapshot's node
+// from its handle by this rule alone. A volume made before volume IDs
+// named their node has its name as its ID, which may hold the separator
+// too: what this returns for a volume ID is a node only if that node has
+// the volume.
+func NodeOfID(id string) string {
+	i := strings.LastIndex(id, NodeSep)
+	if i < 0 {
+		return ""
+	}
+	return id[i+1:]
 }

@@ -53,3 +53,19 @@ func TestCheckID(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeOfID: the node is what follows the last separator, so a name
+// that holds one itself still gives the node; an ID with none names none.
+func TestNodeOfID(t *testing.T) {
+	for _, tc := range []struct{ id, want string }{
+		{"snapshot-1_node-a", "node-a"},
+		{"groupsnapshot-42_db-0_node-a", "node-a"},
+		{"pvc-1", ""},
+		{"pvc-1_", ""},
+		{"_node-a", "node-a"},
+	} {
+		if got := NodeOfID(tc.id); got != tc.want {
+			t.Errorf("NodeOfID(%q): got %q, want %q", tc.id, got, tc.want)
+		}
+	}
+}

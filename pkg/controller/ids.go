@@ -3,7 +3,6 @@ package controller
 import (
 	"fmt"
 	"hash/fnv"
-	"strings"
 
 	"github.com/converge-csi/converge/pkg/contract"
 )
@@ -11,7 +10,7 @@ import (
 // nodeSep separates a volume's or a snapshot's name from the name of the
 // node it lives on in its ID: Kubernetes node names (DNS subdomains) never
 // hold it, so the node is what follows the last one.
-const nodeSep = "_"
+const nodeSep = contract.NodeSep
 
 // localID returns the ID of the volume or snapshot named name on this
 // node: the name and the node's name, so that every node can tell where
@@ -37,9 +36,5 @@ func (c *Controller) localID(name string) string {
 // may hold the separator too: an ID that has no image here may be of
 // another node, never one that has.
 func nodeOf(id string) string {
-	i := strings.LastIndex(id, nodeSep)
-	if i < 0 {
-		return ""
-	}
-	return id[i+1:]
+	return contract.NodeOfID(id)
 }

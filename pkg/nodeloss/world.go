@@ -206,3 +206,11 @@ func isOrdinal(s string) bool {
 	}
 	return true
 }
+
+// PinnedNode is the node pv is pinned to by topologyKey, "" for none, by
+// the strict rule the Watcher acts by (nodeOf): converge-controller's
+// snapshot labeller finds a snapshot's node from its source volume by it
+// too, so that both read a volume's node alike.
+func PinnedNode(pv *corev1.PersistentVolume, topologyKey string) string {
+	return nodeOf(pv, topologyKey)
+}

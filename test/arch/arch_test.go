@@ -34,14 +34,16 @@ const module = "github.com/converge-csi/converge/"
 // answers with them without the store. Its condition reasons are read by
 // the store (it carries a reason in a volume's condition) and the
 // reconciler (which decides them).
-// The cluster-side controller (nodeloss and its command) stands apart: no
-// part of the node plugin reaches it, and it reaches none but the
-// published contract.
+// The cluster-side controller (nodeloss, snaplabel and their command)
+// stands apart: no part of the node plugin reaches it, and it reaches none
+// but the published contract; snaplabel reads a volume's node by
+// nodeloss's rule.
 var allowed = map[string][]string{
 	"cmd/csi-node":            {"pkg/buildinfo", "pkg/driver", "pkg/volstatus"},
-	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/nodeloss"},
+	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/nodeloss", "pkg/snaplabel"},
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
+	"pkg/snaplabel":           {"pkg/contract", "pkg/nodeloss"},
 	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
 	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/host", "pkg/state"},
@@ -64,9 +66,9 @@ var allowed = map[string][]string{
 // types.
 var only = map[string][]string{
 	"go.etcd.io/bbolt":    {"pkg/state"},
-	"k8s.io/client-go":    {"cmd/converge-controller", "pkg/nodeloss"},
-	"k8s.io/api":          {"cmd/converge-controller", "pkg/nodeloss"},
-	"k8s.io/apimachinery": {"cmd/converge-controller", "pkg/nodeloss"},
+	"k8s.io/client-go":    {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
+	"k8s.io/api":          {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
+	"k8s.io/apimachinery": {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
 }
 
 // never lists, after the design card, what a package must not import: the

@@ -62,9 +62,9 @@ const lease = "leases.coordination.k8s.io"
 
 // Table is the documented privilege of each service account: what each
 // sidecar and converge-controller need (yes), and what a node's or the
-// controller's stolen token must not reach (no). The snapshot rows hold
-// with deploy/'s snapshots component (or the chart's snapshots.enabled),
-// which the e2e run installs.
+// controller's stolen token must not reach (no). The snapshot rows (the
+// node's and the controller's) hold with deploy/'s snapshots component
+// (or the chart's snapshots.enabled), which the e2e run installs.
 var Table = []Question{
 	// converge-node: the Leases.
 	{Node, "get", lease, Install, ResizerLease, true, "csi-resizer's leader election"},
@@ -137,6 +137,21 @@ var Table = []Question{
 	{Controller, "watch", "storageclasses.storage.k8s.io", Any, "", true, "the class's on-node-loss"},
 	{Controller, "create", "events", Any, "", true, "NodeLossPending and what it did"},
 	{Controller, "create", "csistoragecapacities.storage.k8s.io", Install, "", false, "capacity is csi-provisioner's"},
+	// converge-controller: the snapshot labeller (pkg/snaplabel).
+	{Controller, "watch", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", true, "snapshot labeller: contents without a node"},
+	{Controller, "patch", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", true, "snapshot labeller: a content's node label (the admission policy allows that label alone)"},
+	{Controller, "update", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", false, "it sends the label alone, by patch"},
+	{Controller, "create", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", false, "it makes no content"},
+	{Controller, "delete", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", false, "it deletes no content"},
+	{Controller, "patch", "volumesnapshotcontents/status.snapshot.storage.k8s.io", Any, "", false, "a content's status is its node's csi-snapshotter's"},
+	{Controller, "get", "volumesnapshots.snapshot.storage.k8s.io", Any, "", false, "its events name a snapshot by reference"},
+	{Controller, "watch", "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io", Any, "", true, "snapshot labeller: group contents without a node"},
+	{Controller, "patch", "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io", Any, "", true, "snapshot labeller: a group content's node label"},
+	{Controller, "patch", "volumegroupsnapshotcontents/status.groupsnapshot.storage.k8s.io", Any, "", false, "a group content's status is its node's csi-snapshotter's"},
+	{Controller, "watch", "volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io", Any, "", true, "snapshot labeller: which node takes a group next"},
+	{Controller, "patch", "volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io", Any, "", true, "snapshot labeller: the class handed to that node"},
+	{Controller, "create", "volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io", Any, "", false, "classes are the operator's"},
+	{Controller, "get", "volumegroupsnapshots.groupsnapshot.storage.k8s.io", Any, "", false, "its events name a group snapshot by reference"},
 }
 
 // Header is the table's heading row in SECURITY.md.
