@@ -314,10 +314,12 @@ func TestDeployDryRun(t *testing.T) {
 		t.Errorf("kubectl apply --dry-run=server -k deploy/ with components/selinux: %v\n%s", err, out)
 	}
 
-	// Snapshots add a component too; the cluster has the snapshot CRDs.
+	// Snapshots add a component too; the cluster has the snapshot CRDs,
+	// the group ones included.
 	dir = deployWith(t, "components/snapshots")
 	out, err = c.kubectl(context.Background(), "apply", "--dry-run=server", "-k", dir)
-	for _, want := range []string{"daemonset.apps/converge-node", "volumesnapshotclass.snapshot.storage.k8s.io/converge", "clusterrole.rbac.authorization.k8s.io/converge-snapshotter"} {
+	for _, want := range []string{"daemonset.apps/converge-node", "volumesnapshotclass.snapshot.storage.k8s.io/converge",
+		"volumegroupsnapshotclass.groupsnapshot.storage.k8s.io/converge", "clusterrole.rbac.authorization.k8s.io/converge-snapshotter"} {
 		if err != nil || !strings.Contains(out, want) {
 			t.Errorf("kubectl apply --dry-run=server -k deploy/ with components/snapshots did not report %s: %v\n%s", want, err, out)
 		}

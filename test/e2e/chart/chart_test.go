@@ -481,3 +481,53 @@ func TestControllerDisruptionBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupSnapshotClassValues checks that the VolumeGroupSnapshotClass
+// takes its name and deletion policy from the values, and that create:
+// false leaves it out (a cluster whose group CRDs serve no v1), the
+// VolumeSnapshotClass and csi-snapshotter's rules staying.
+func TestGroupSnapshotClassValues(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		class map[string]any
+		want  string // the class's key, "" for none
+	}{
+		{name: "defaults", class: map[string]any{}, want: "VolumeGroupSnapshotClass /converge"},
+		{name: "named, retained", class: map[string]any{"name": "db", "deletionPolicy": "Retain"}, want: "VolumeGroupSnapshotClass /db"},
+		{name: "not created", class: map[string]any{"create": false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			manifest, err := render(t, map[string]any{"snapshots": map[string]any{"enabled": true, "volumeGroupSnapshotClass": tc.class}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs := objects(t, manifest, true)
+			var got []string
+			for k := range objs {
+				if strings.HasPrefix(k, "VolumeGroupSnapshotClass ") {
+					got = append(got, k)
+				}
+			}
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("got %v, want no VolumeGroupSnapshotClass", got)
+			case tc.want != "" && (len(got) != 1 || got[0] != tc.want):
+				t.Errorf("got %v, want %s", got, tc.want)
+			case tc.want != "":
+				policy := "Delete"
+				if p, ok := tc.class["deletionPolicy"]; ok {
+					policy = p.(string)
+				}
+				if c := objs[tc.want]; c["driver"] != "converge.csi.dev" || c["deletionPolicy"] != policy {
+					t.Errorf("%s: driver %v, deletionPolicy %v, want converge.csi.dev, %s", tc.want, c["driver"], c["deletionPolicy"], policy)
+				}
+			}
+			if objs["VolumeSnapshotClass /converge"] == nil || objs["ClusterRole /converge-snapshotter"] == nil {
+				t.Errorf("the VolumeSnapshotClass or csi-snapshotter's ClusterRole is missing: %v", union(objs, nil))
+			}
+		})
+	}
+	if _, err := render(t, map[string]any{"snapshots": map[string]any{"enabled": true, "volumeGroupSnapshotClass": map[string]any{"deletionPolicy": "Keep"}}}); err == nil {
+		t.Error("deletionPolicy Keep: got no error from the schema")
+	}
+}

@@ -17,7 +17,7 @@ const otherNamespace = "storage-converge"
 // that live in no namespace.
 var clusterScoped = map[string]bool{
 	"CSIDriver": true, "StorageClass": true, "ClusterRole": true, "ClusterRoleBinding": true,
-	"VolumeSnapshotClass": true, "ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
+	"VolumeSnapshotClass": true, "VolumeGroupSnapshotClass": true, "ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 }
 
 // kustomizeInto builds deploy/ with components as a user's overlay that
@@ -61,8 +61,8 @@ func misplaced(objs map[string]map[string]any, manifest, ns string) []string {
 		kind, _ := o["kind"].(string)
 		got, _ := o["metadata"].(map[string]any)["namespace"].(string)
 		// A cluster-scoped kind kustomize does not know (a CRD's, the
-		// VolumeSnapshotClass) takes the namespace too, which the API
-		// server drops.
+		// VolumeSnapshotClass and VolumeGroupSnapshotClass) takes the
+		// namespace too, which the API server drops.
 		if !clusterScoped[kind] && got != ns {
 			bad = append(bad, fmt.Sprintf("%s: in namespace %q, want %q", k, got, ns))
 		}

@@ -157,8 +157,9 @@ var sidecarNeeds = map[string]struct {
 
 // apiNeeds is the Kubernetes minor in which each kind the chart or
 // deploy/ installs became GA in the version they use; kinds of CRDs the
-// cluster brings (VolumeSnapshotClass, PodMonitor, PrometheusRule) need
-// none. A kind not listed fails the test.
+// cluster brings (VolumeSnapshotClass, VolumeGroupSnapshotClass,
+// PodMonitor, PrometheusRule) need none. A kind not listed fails the
+// test.
 var apiNeeds = map[string]string{
 	"v1 ConfigMap":                                    "",
 	"v1 ServiceAccount":                               "",
@@ -175,6 +176,7 @@ var apiNeeds = map[string]string{
 	"admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":        "1.30",
 	"admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding": "1.30",
 	"snapshot.storage.k8s.io/v1 VolumeSnapshotClass":                   "",
+	"groupsnapshot.storage.k8s.io/v1 VolumeGroupSnapshotClass":         "",
 	"monitoring.coreos.com/v1 PodMonitor":                              "",
 	"monitoring.coreos.com/v1 PrometheusRule":                          "",
 }

@@ -109,6 +109,11 @@ var Table = []Question{
 	{Node, "update", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the content it takes"},
 	{Node, "patch", "volumesnapshotcontents/status.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the content's status"},
 	{Node, "update", "volumesnapshots.snapshot.storage.k8s.io", Any, "", true, "csi-provisioner: its finalizer on a snapshot being restored"},
+	{Node, "watch", "volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the group snapshot's class"},
+	{Node, "update", "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the group content it takes"},
+	{Node, "patch", "volumegroupsnapshotcontents/status.groupsnapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the group content's status"},
+	{Node, "create", "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io", Any, "", false, "snapshot-controller makes the group contents"},
+	{Node, "update", "volumegroupsnapshots.groupsnapshot.storage.k8s.io", Any, "", false, "a group snapshot is its owner's and snapshot-controller's"},
 	// converge-controller.
 	{Controller, "get", lease, Install, ControllerLease, true, "its leader election"},
 	{Controller, "update", lease, Install, ControllerLease, true, "its leader election"},
