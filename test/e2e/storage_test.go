@@ -63,7 +63,10 @@ func TestExternalStorageSnapshotsInPool(t *testing.T) {
 	if err := os.WriteFile(driver, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	focus := `snapshottable|provisioning should provision storage with (snapshot|pvc) data source`
+	// The snapshottable suite's tests, not the volumegroupsnapshottable
+	// suite's: a group is taken in its volumes' pool as a snapshot is, and
+	// TestGroupSnapshotConsistency takes groups in this pool.
+	focus := `\] snapshottable|provisioning should provision storage with (snapshot|pvc) data source`
 	if *storageFocus != "" {
 		focus = *storageFocus
 	}
