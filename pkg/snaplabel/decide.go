@@ -2,6 +2,7 @@ package snaplabel
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -76,7 +77,8 @@ type Action struct {
 }
 
 // Decide returns what a pass does: the labels to add and the warnings to
-// give, contents first, then the classes' handover.
+// give, the classes' handover first (a group content labelled in the same
+// pass then finds its class on its node), then the contents.
 func Decide(w World) []Action {
 	var out []Action
 	planned := map[types.UID]string{} // group contents' labels after this pass
@@ -102,7 +104,7 @@ func Decide(w World) []Action {
 			}
 		}
 	}
-	return append(out, w.handover(planned)...)
+	return append(w.handover(planned), out...)
 }
 
 // content decides a VolumeSnapshotContent that carries no label.
@@ -228,28 +230,30 @@ func (w World) volumeName(handle string) string {
 }
 
 // handover decides the classes' labels. csi-snapshotter reads a
-// VolumeGroupSnapshotClass from its node's filtered cache to create a
-// group, so the class must carry the label of the node whose content waits
-// on it; one label names one node. A class stays with its node while the
-// node is Ready and a content of it still waits (no group handle, no
-// error, not being deleted); then it goes to the node of the oldest
-// waiting content whose node is Ready. With nothing waiting it stays where
-// it is.
+// VolumeGroupSnapshotClass from its node's filtered cache, to create a
+// dynamic group and to check a pre-provisioned one that names the class,
+// so the class must carry the label of the node whose content waits on it;
+// one label names one node. A content waits while it is neither taken (a
+// group handle in its status, or ready) nor being deleted; one whose
+// status holds an error (csi-snapshotter retries
+// it, with backoff) waits behind those without one. A class stays with its
+// node while the node is Ready and a content of it waits without an error;
+// then it goes to the node of the first waiting content (the oldest, those
+// without an error first) whose node is Ready. With nothing waiting it
+// stays where it is. A content waiting without an error while the class
+// serves another node is told so (GroupSnapshotClassBusy).
 func (w World) handover(planned map[types.UID]string) []Action {
-	waiting := map[string][]*unstructured.Unstructured{} // class -> contents
+	waiting := map[string][]waiter{} // class -> contents
 	for _, g := range w.GroupContents {
 		class := str(g, "spec", "volumeGroupSnapshotClassName")
-		if str(g, "spec", "driver") != w.Driver || class == "" || planned[g.GetUID()] == "" ||
-			g.GetDeletionTimestamp() != nil || str(g, "status", "volumeGroupSnapshotHandle") != "" {
+		if str(g, "spec", "driver") != w.Driver || class == "" || planned[g.GetUID()] == "" || g.GetDeletionTimestamp() != nil {
 			continue
 		}
-		if _, errored, _ := unstructured.NestedMap(g.Object, "status", "error"); errored {
-			continue
+		if ready, _, _ := unstructured.NestedBool(g.Object, "status", "readyToUse"); ready || str(g, "status", "volumeGroupSnapshotHandle") != "" {
+			continue // taken
 		}
-		if vols, _, _ := unstructured.NestedStringSlice(g.Object, "spec", "source", "volumeHandles"); len(vols) == 0 {
-			continue
-		}
-		waiting[class] = append(waiting[class], g)
+		_, errored, _ := unstructured.NestedMap(g.Object, "status", "error")
+		waiting[class] = append(waiting[class], waiter{g: g, node: planned[g.GetUID()], errored: errored})
 	}
 	var out []Action
 	for _, c := range w.Classes {
@@ -257,26 +261,27 @@ func (w World) handover(planned map[types.UID]string) []Action {
 			continue
 		}
 		queue := waiting[c.GetName()]
-		sort.Slice(queue, func(i, j int) bool {
-			a, b := queue[i].GetCreationTimestamp(), queue[j].GetCreationTimestamp()
-			if !a.Equal(&b) {
-				return a.Before(&b)
-			}
-			return queue[i].GetName() < queue[j].GetName()
-		})
+		sort.Slice(queue, func(i, j int) bool { return queue[i].before(queue[j]) })
 		holder := c.GetLabels()[ManagedByLabel]
-		if w.ready(holder) && hasNode(queue, planned, holder) {
-			continue
-		}
-		next := ""
-		for _, g := range queue {
-			n := planned[g.GetUID()]
-			if w.ready(n) {
-				next = n
-				break
+		next := holder
+		if !w.ready(holder) || !slices.ContainsFunc(queue, func(q waiter) bool { return q.node == holder && !q.errored }) {
+			next = ""
+			for _, q := range queue {
+				if w.ready(q.node) {
+					next = q.node
+					break
+				}
 			}
-			out = append(out, warn(GroupContentsGVR, g, ref(g, "VolumeGroupSnapshot", "spec", "volumeGroupSnapshotRef"), ReasonClassWaits, fmt.Sprintf(
-				"Node %s is not Ready: VolumeGroupSnapshotClass %s is handed to the other nodes' groups first, and to this one once the node is Ready", n, c.GetName())))
+		}
+		for _, q := range queue {
+			if q.node == next || q.errored {
+				continue // an error in its status says what is wrong
+			}
+			why := fmt.Sprintf("VolumeGroupSnapshotClass %s serves node %s's group snapshots first; it comes to node %s when none of them waits", c.GetName(), next, q.node)
+			if !w.ready(q.node) {
+				why = fmt.Sprintf("Node %s is not Ready: VolumeGroupSnapshotClass %s is handed to the other nodes' groups first, and to this one once the node is Ready", q.node, c.GetName())
+			}
+			out = append(out, warn(GroupContentsGVR, q.g, ref(q.g, "VolumeGroupSnapshot", "spec", "volumeGroupSnapshotRef"), ReasonClassWaits, why))
 		}
 		if next == "" || next == holder {
 			continue
@@ -290,13 +295,24 @@ func (w World) handover(planned map[types.UID]string) []Action {
 	return out
 }
 
-func hasNode(queue []*unstructured.Unstructured, planned map[types.UID]string, node string) bool {
-	for _, g := range queue {
-		if planned[g.GetUID()] == node {
-			return true
-		}
+// waiter is a group content that waits on its class, and its node.
+type waiter struct {
+	g       *unstructured.Unstructured
+	node    string
+	errored bool
+}
+
+// before orders the waiting contents: those without an error first, then
+// the oldest, then by name.
+func (a waiter) before(b waiter) bool {
+	if a.errored != b.errored {
+		return !a.errored
 	}
-	return false
+	ta, tb := a.g.GetCreationTimestamp(), b.g.GetCreationTimestamp()
+	if !ta.Equal(&tb) {
+		return ta.Before(&tb)
+	}
+	return a.g.GetName() < b.g.GetName()
 }
 
 // ready says whether node exists and its Ready condition is True.

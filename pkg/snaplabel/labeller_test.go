@@ -145,8 +145,8 @@ func TestPassGroups(t *testing.T) {
 	}
 	got := patches(dyn)
 	want := []string{
-		`volumegroupsnapshotcontents/g1 {"metadata":{"labels":{"snapshot.storage.kubernetes.io/managed-by":"node-a"},"resourceVersion":"1"}}`,
 		`volumegroupsnapshotclasses/converge {"metadata":{"labels":{"snapshot.storage.kubernetes.io/managed-by":"node-a"},"resourceVersion":"1"}}`,
+		`volumegroupsnapshotcontents/g1 {"metadata":{"labels":{"snapshot.storage.kubernetes.io/managed-by":"node-a"},"resourceVersion":"1"}}`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("got patches\n  %s\nwant\n  %s", strings.Join(got, "\n  "), strings.Join(want, "\n  "))
