@@ -2,7 +2,6 @@ package snaplabel
 
 import (
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 
@@ -123,15 +122,23 @@ func (w World) content(c *unstructured.Unstructured) Action {
 		}
 		return w.labelOrGone(ContentsGVR, c, refs, node, fmt.Sprintf("snapshot handle %q", handle))
 	}
-	vol := str(c, "spec", "source", "volumeHandle")
-	node := w.volumeNode(vol)
-	if node == "" {
-		return warn(ContentsGVR, c, refs, ReasonNodeUnknown, fmt.Sprintf(
-			"The node of source volume %q cannot be found (its PersistentVolume is missing or not pinned to one node by %s, and the handle names no node), "+
-				"so no node's csi-snapshotter takes this content. Label it %s=<node> yourself, or delete it", vol, w.TopologyKey, ManagedByLabel))
+	// A member snapshot-controller made for a group names its volume, and
+	// its group's handle in an annotation: the group's node is the
+	// member's. A content that names a volume and nothing else is a
+	// request to snapshot that volume, which only snapshot-controller
+	// routes (it labels the contents it makes for a VolumeSnapshot).
+	group := c.GetAnnotations()[GroupHandleAnnotation]
+	if node := contract.NodeOfID(group); node != "" {
+		return w.labelOrGone(ContentsGVR, c, refs, node, fmt.Sprintf("group snapshot handle %q", group))
 	}
-	return w.labelOrGone(ContentsGVR, c, refs, node, fmt.Sprintf("source volume %q", vol))
+	return warn(ContentsGVR, c, refs, ReasonNodeUnknown, fmt.Sprintf(
+		"This content names no snapshot handle (nor, in annotation %s, a group's), so no node's csi-snapshotter takes it: converge-controller routes a content by the node its handle names, "+
+			"and leaves one that names only a volume (a request to snapshot it) to snapshot-controller, which labels the contents it makes. If the content is right, label it %s=<node> yourself; otherwise delete it", GroupHandleAnnotation, ManagedByLabel))
 }
+
+// GroupHandleAnnotation is the annotation in which snapshot-controller
+// names the group snapshot handle of a member content it makes.
+const GroupHandleAnnotation = "groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle"
 
 // group decides a VolumeGroupSnapshotContent that carries no label.
 func (w World) group(g *unstructured.Unstructured) []Action {
@@ -235,11 +242,11 @@ func (w World) volumeName(handle string) string {
 // so the class must carry the label of the node whose content waits on it;
 // one label names one node. A content waits while it is neither taken (a
 // group handle in its status, or ready) nor being deleted; one whose
-// status holds an error (csi-snapshotter retries
-// it, with backoff) waits behind those without one. A class stays with its
-// node while the node is Ready and a content of it waits without an error;
-// then it goes to the node of the first waiting content (the oldest, those
-// without an error first) whose node is Ready. With nothing waiting it
+// status holds an error (csi-snapshotter retries it, with backoff) waits
+// behind those without one. The class goes to the node of the first
+// waiting content (the oldest, those without an error first) whose node is
+// Ready, first come first served: a node whose groups keep coming does not
+// keep it from an older one's. With nothing waiting it
 // stays where it is. A content waiting without an error while the class
 // serves another node is told so (GroupSnapshotClassBusy).
 func (w World) handover(planned map[types.UID]string) []Action {
@@ -263,14 +270,11 @@ func (w World) handover(planned map[types.UID]string) []Action {
 		queue := waiting[c.GetName()]
 		sort.Slice(queue, func(i, j int) bool { return queue[i].before(queue[j]) })
 		holder := c.GetLabels()[ManagedByLabel]
-		next := holder
-		if !w.ready(holder) || !slices.ContainsFunc(queue, func(q waiter) bool { return q.node == holder && !q.errored }) {
-			next = ""
-			for _, q := range queue {
-				if w.ready(q.node) {
-					next = q.node
-					break
-				}
+		next := ""
+		for _, q := range queue {
+			if w.ready(q.node) {
+				next = q.node
+				break
 			}
 		}
 		for _, q := range queue {

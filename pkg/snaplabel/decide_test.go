@@ -55,6 +55,10 @@ func obj(kind, name string, age int, fields map[string]any) *unstructured.Unstru
 			u.SetLabels(v.(map[string]string))
 			continue
 		}
+		if path == "annotations" {
+			u.SetAnnotations(v.(map[string]string))
+			continue
+		}
 		if err := unstructured.SetNestedField(u.Object, v, strings.Split(path, ".")...); err != nil {
 			panic(err)
 		}
@@ -153,16 +157,17 @@ func TestDecide(t *testing.T) {
 				"labels": map[string]string{ManagedByLabel: ""}})}},
 		{name: "another driver's content is not ours",
 			contents: []*unstructured.Unstructured{vsc("c1", map[string]any{"spec.driver": "other.csi.dev", "spec.source.snapshotHandle": "snapshot-1_node-a"})}},
-		{name: "a dynamic content: its PV's node wins over the volume handle's suffix",
-			contents: []*unstructured.Unstructured{vsc("c1", map[string]any{"spec.source.volumeHandle": "pvc-9_node-x"})},
-			want:     []string{"label VolumeSnapshotContent/c1 node-b"}},
+		{name: "a group's member content: its group handle's node",
+			contents: []*unstructured.Unstructured{vsc("c1", map[string]any{"spec.source.volumeHandle": "data",
+				"annotations": map[string]string{GroupHandleAnnotation: "groupsnapshot-1_node-b"}})},
+			want: []string{"label VolumeSnapshotContent/c1 node-b"}},
 		{name: "a dynamic content with a status handle: the handle's node",
 			contents: []*unstructured.Unstructured{vsc("c1", map[string]any{"spec.source.volumeHandle": "data", "status.snapshotHandle": "snapshot-1_node-c"})},
 			want:     []string{"label VolumeSnapshotContent/c1 node-c"}},
-		{name: "a dynamic content whose volume has no node",
-			contents:    []*unstructured.Unstructured{vsc("c1", map[string]any{"spec.source.volumeHandle": "loose"})},
+		{name: "a content that names only a volume is not routed (a request to snapshot it is snapshot-controller's to route)",
+			contents:    []*unstructured.Unstructured{vsc("c1", map[string]any{"spec.source.volumeHandle": "data"})},
 			want:        []string{"warn VolumeSnapshotContent/c1 SnapshotNodeUnknown [VolumeSnapshot:db/snap-c1]"},
-			wantMessage: `The node of source volume "loose" cannot be found`},
+			wantMessage: `names only a volume`},
 		{name: "a group on one node: the content and its class get the node",
 			groups: []*unstructured.Unstructured{vgsc("g1", 0, map[string]any{"spec.source.volumeHandles": handles("data", "wal"),
 				"spec.volumeGroupSnapshotClassName": "converge"})},
@@ -195,9 +200,18 @@ func TestDecide(t *testing.T) {
 				vgsc("g2", 1, map[string]any{"spec.source.volumeHandles": handles("other"), "spec.volumeGroupSnapshotClassName": "converge"})},
 			cls:  []*unstructured.Unstructured{class("converge", "node-a")},
 			want: []string{"label VolumeGroupSnapshotClass/converge node-b", "label VolumeGroupSnapshotContent/g2 node-b"}},
-		{name: "the class stays while its node's group waits",
+		{name: "first come first served: the oldest waiting group's node takes the class from a holder whose newer group waits",
 			groups: []*unstructured.Unstructured{
 				vgsc("g1", 5, map[string]any{"spec.source.volumeHandles": handles("data"), "spec.volumeGroupSnapshotClassName": "converge",
+					"labels": map[string]string{ManagedByLabel: "node-a"}}),
+				vgsc("g2", 1, map[string]any{"spec.source.volumeHandles": handles("other"), "spec.volumeGroupSnapshotClassName": "converge",
+					"labels": map[string]string{ManagedByLabel: "node-b"}})},
+			cls: []*unstructured.Unstructured{class("converge", "node-a")},
+			want: []string{"label VolumeGroupSnapshotClass/converge node-b",
+				"warn VolumeGroupSnapshotContent/g1 GroupSnapshotClassBusy [VolumeGroupSnapshot:db/group-g1]"}},
+		{name: "the class stays while its node's older group waits",
+			groups: []*unstructured.Unstructured{
+				vgsc("g1", 0, map[string]any{"spec.source.volumeHandles": handles("data"), "spec.volumeGroupSnapshotClassName": "converge",
 					"labels": map[string]string{ManagedByLabel: "node-a"}}),
 				vgsc("g2", 1, map[string]any{"spec.source.volumeHandles": handles("other"), "spec.volumeGroupSnapshotClassName": "converge",
 					"labels": map[string]string{ManagedByLabel: "node-b"}})},

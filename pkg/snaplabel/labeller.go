@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -278,12 +279,30 @@ func Served(d discovery.DiscoveryInterface) (snapshots, groups bool, err error) 
 	return snapshots, a && b, err
 }
 
-// RunWhenServed runs a Labeller while the server serves the snapshot API,
-// until ctx ends: it asks discovery every poll, starts the Labeller when
-// the VolumeSnapshotContents are served (with the group resources if
-// they are), and starts it over when what is served changes (CRDs
-// installed or removed later). A cluster without the snapshot CRDs runs
-// no Labeller, and nothing else waits for it.
+// Allowed says whether converge-controller may list and patch the
+// resource gvr (a SelfSubjectAccessReview each, which every authenticated
+// user may ask): without the snapshots component's RBAC it may not, and a
+// Labeller would only log its refused watches.
+func Allowed(ctx context.Context, client kubernetes.Interface, gvr schema.GroupVersionResource) (bool, error) {
+	for _, verb := range []string{"list", "patch"} {
+		r, err := client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Group: gvr.Group, Version: gvr.Version, Resource: gvr.Resource, Verb: verb}},
+		}, metav1.CreateOptions{})
+		if err != nil || !r.Status.Allowed {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// RunWhenServed runs a Labeller while the server serves the snapshot API
+// and converge-controller may use it (Allowed), until ctx ends: it asks
+// every poll, starts the Labeller when the VolumeSnapshotContents are
+// served and allowed (with the group resources if they are), and starts
+// it over when that changes (CRDs installed or removed later, the
+// snapshots component applied later). A cluster without the snapshot CRDs
+// runs no Labeller, and nothing else waits for it.
 func RunWhenServed(ctx context.Context, cfg Config, d discovery.DiscoveryInterface, poll time.Duration) {
 	log := klog.FromContext(ctx)
 	var stop context.CancelFunc
@@ -299,8 +318,26 @@ func RunWhenServed(ctx context.Context, cfg Config, d discovery.DiscoveryInterfa
 	defer halt()
 	ticker := time.NewTicker(poll)
 	defer ticker.Stop()
+	denied := false
 	for {
 		s, g, err := Served(d)
+		if err == nil && s {
+			var ok bool
+			if ok, err = Allowed(ctx, cfg.Client, ContentsGVR); err == nil && !ok {
+				s, g = false, false
+				if !denied {
+					log.Info("converge-controller may not list and patch VolumeSnapshotContents: no snapshot labeller, so pre-provisioned snapshots and group snapshots reach no node. " +
+						"Apply deploy/components/snapshots (or set the chart's snapshots.enabled) to grant it")
+				}
+			}
+			denied = err == nil && !ok
+		}
+		if err == nil && g {
+			var ok bool
+			if ok, err = Allowed(ctx, cfg.Client, GroupContentsGVR); err == nil && !ok {
+				g = false
+			}
+		}
 		switch {
 		case err != nil:
 			log.Error(err, "Asking the server whether it serves the snapshot API failed; asking again later")

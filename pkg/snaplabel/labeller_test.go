@@ -3,10 +3,12 @@ package snaplabel
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -206,4 +208,27 @@ func waitFor(cond func() bool) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return errors.New("condition not met in 10 s")
+}
+
+// TestAllowed: the labeller runs only where converge-controller may both
+// list and patch the contents (the snapshots component's RBAC).
+func TestAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		verbs []string
+		want  bool
+	}{{"no RBAC", nil, false}, {"list alone", []string{"list"}, false}, {"list and patch", []string{"list", "patch"}, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := kubefake.NewClientset()
+			client.PrependReactor("create", "selfsubjectaccessreviews", func(a clienttesting.Action) (bool, runtime.Object, error) {
+				r := a.(clienttesting.CreateAction).GetObject().(*authorizationv1.SelfSubjectAccessReview)
+				attrs := r.Spec.ResourceAttributes
+				r.Status.Allowed = attrs.Resource == ContentsGVR.Resource && attrs.Group == ContentsGVR.Group && slices.Contains(tc.verbs, attrs.Verb)
+				return true, r, nil
+			})
+			if got, err := Allowed(context.Background(), client, ContentsGVR); err != nil || got != tc.want {
+				t.Errorf("got %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
 }

@@ -43,10 +43,12 @@ const ghostNode = "ctrlpol-ghost-node"
 // contents, group contents and group classes, any driver's): the policy
 // refuses a label on another driver's content, a label naming another
 // node than the content's handle, a second label, a label changed, a spec
-// changed, a class's parameters or annotations changed (RBAC refuses a
-// create or delete already); it accepts the label with the
-// handle's node on a converge content and group content, and setting the
-// label of a converge group class, but no change to the class itself.
+// changed, a class's parameters or annotations changed, a label on a
+// content that names no snapshot handle (RBAC refuses a create or delete
+// already); it accepts the label with the handle's node on a converge
+// content, group content and group member content (its group's handle),
+// and setting the label of a converge group class, but no change to the
+// class itself.
 func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 	ctx := context.Background()
 	as := controllerPodDynamic(t)
@@ -56,6 +58,10 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 	other := adminObject(t, snapshotContents, contentObject(prefix+"other", "other.csi.example.com", handle))
 	conv := adminObject(t, snapshotContents, contentObject(prefix+"conv", standin.DriverName, handle))
 	group := adminObject(t, groupSnapshotContents, groupContentObject(prefix+"group", "groupsnapshot-1_"+ghostNode, "g-0_"+ghostNode))
+	// A content that names a volume alone, and one that snapshot-controller
+	// would make for a group's member (its group's handle annotated).
+	volumeOnly := adminObject(t, snapshotContents, volumeContentObject(prefix+"volume", "pvc-1_"+ghostNode, ""))
+	member := adminObject(t, snapshotContents, volumeContentObject(prefix+"member", "pvc-2_"+ghostNode, "groupsnapshot-1_"+ghostNode))
 	class := adminObject(t, groupSnapshotClasses, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": groupSnapshotClasses.GroupVersion().String(), "kind": "VolumeGroupSnapshotClass",
 		"metadata": map[string]any{"name": prefix + "class"}, "driver": standin.DriverName, "deletionPolicy": "Delete"}})
@@ -129,7 +135,11 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 	refused("an annotation on a converge class beside its label", patch(groupSnapshotClasses, class, map[string]any{
 		"metadata": map[string]any{"labels": map[string]any{managedBy: c.node}, "annotations": map[string]any{"groupsnapshot.storage.kubernetes.io/is-default-class": "true"}}}))
 
+	refused("a label on a content that names no snapshot handle", patch(snapshotContents, volumeOnly, labels(managedBy, ghostNode)))
+	refused("a member content's label naming another node than its group's handle", patch(snapshotContents, member, labels(managedBy, c.node)))
+
 	accepted("the handle's node on a converge content", patch(snapshotContents, conv, labels(managedBy, ghostNode)))
+	accepted("the group handle's node on a group's member content", patch(snapshotContents, member, labels(managedBy, ghostNode)))
 	refused("the label, once set, changed", patch(snapshotContents, conv, labels(managedBy, c.node)))
 	accepted("the handle's node on a converge group content", patch(groupSnapshotContents, group, labels(managedBy, ghostNode)))
 	accepted("a converge class's label set", patch(groupSnapshotClasses, class, labels(managedBy, c.node)))
@@ -203,6 +213,18 @@ func contentObject(name, driver, handle string) *unstructured.Unstructured {
 			"volumeSnapshotRef": map[string]any{"name": name, "namespace": ns},
 		},
 	}}
+}
+
+// volumeContentObject is a converge VolumeSnapshotContent called name
+// that names volume, as contentObject, and nothing else but, when group is
+// not "", the group handle a member of a group is annotated with.
+func volumeContentObject(name, volume, group string) *unstructured.Unstructured {
+	o := contentObject(name, standin.DriverName, "")
+	o.Object["spec"].(map[string]any)["source"] = map[string]any{"volumeHandle": volume}
+	if group != "" {
+		o.SetAnnotations(map[string]string{"groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle": group})
+	}
+	return o
 }
 
 // groupContentObject is a pre-provisioned converge
