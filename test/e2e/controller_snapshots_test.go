@@ -53,6 +53,10 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 	ctx := context.Background()
 	as := controllerPodDynamic(t)
 	prefix := fmt.Sprintf("ctrlsnap-%d-", time.Now().UnixNano()%100000)
+	// The labeller tells of the test's contents, whose node does not
+	// exist or which name no handle.
+	expectWarning(t, "SnapshotNodeGone", prefix)
+	expectWarning(t, "SnapshotNodeUnknown", prefix)
 
 	handle := "snapshot-1_" + ghostNode
 	other := adminObject(t, snapshotContents, contentObject(prefix+"other", "other.csi.example.com", handle))
@@ -156,6 +160,8 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 func TestSnapshotLabellerTellsWhatIsWrong(t *testing.T) {
 	ctx := context.Background()
 	prefix := fmt.Sprintf("snaplab-%d-", time.Now().UnixNano()%100000)
+	expectWarning(t, "SnapshotNodeGone", prefix+"gone")
+	expectWarning(t, "SnapshotContentCheckandUpdateFailed", prefix+"absent")
 	gone := adminObject(t, snapshotContents, contentObject(prefix+"gone", standin.DriverName, "snapshot-1_"+ghostNode))
 	missing := "nosuchsnapshot_" + c.node
 	absent := adminObject(t, snapshotContents, contentObject(prefix+"absent", standin.DriverName, missing))

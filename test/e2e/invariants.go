@@ -151,6 +151,16 @@ func (c *cluster) volumeImage(file string) bool {
 var environmentWarnings = []invariants.Expected{
 	{Reason: "MissingClusterDNS", Object: "Pod/", Test: "the run's cluster"},
 	{Reason: "Unhealthy", Object: "Pod/", Message: "Readiness probe failed", Test: "a pod starting"},
+	// The kubelet mounts a pod's service account token only once its
+	// ConfigMap informer has synced, and says so, then retries, when that
+	// takes longer than it waits (a kubelet under the run's load).
+	{Reason: "FailedMount", Object: "Pod/", Message: "failed to sync configmap cache", Test: "a kubelet under load"},
+	// csi-snapshotter writes a content's status with the version it read;
+	// when snapshot-controller (or converge-controller's label) wrote the
+	// content meanwhile, the API server refuses it, csi-snapshotter says
+	// so and retries.
+	{Reason: "SnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
+	{Reason: "GroupSnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
 }
 
 // checkInvariants checks, once every test has run: no probe of converge's
