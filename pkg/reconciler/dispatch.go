@@ -18,7 +18,9 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
 	// A stage or publish of an intent already seen fulfilled makes again
 	// what was lost.
+	r.fulfilledMu.Lock()
 	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
+	r.fulfilledMu.Unlock()
 	begin := r.cfg.Clock.Now()
 	// Every action runs here, between two failpoints: a crash before it
 	// leaves what the last pass saw, one after it leaves its work done and
@@ -35,5 +37,6 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 		}
 		r.cfg.Recorder.OperationDone(spec.name, out.result(), r.cfg.Clock.Since(begin))
 		r.carryOut(logger, v, act, out, f)
+		r.afterOp(v.ID, act)
 	})
 }

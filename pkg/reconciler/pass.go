@@ -87,18 +87,26 @@ func (r *Reconciler) plan(vols []*state.Volume, obs *host.Observation) (seen, pl
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
 	for _, v := range vols {
-		name, home := r.poolOf(v)
-		a := observeVolume(v, home.Image(v.ID), obs, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		a.home, a.pool, a.poolName = home, obs.Pool(name), name
-		a.poolGuard = home.Guard().Threshold(a.pool.Total)
-		a.snapshotsTaken = takenSnapshots(v, home)
-		acts := diff(v, a)
-		seen = append(seen, plan{v: v, a: a, acts: acts})
-		if len(acts) > 0 {
-			plans = append(plans, plan{v: v, a: a, act: acts[0]})
+		s := r.planVolume(v, obs)
+		seen = append(seen, s)
+		if len(s.acts) > 0 {
+			plans = append(plans, plan{v: v, a: s.a, act: s.acts[0]})
 		}
 	}
+	r.learnDevices(plans, seen)
 	return seen, plans
+}
+
+// planVolume derives v's actual state from obs and the actions v needs:
+// the one decision of what a volume needs, whether a full pass or a
+// request's early start (Start) asks.
+func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
+	name, home := r.poolOf(v)
+	a := observeVolume(v, home.Image(v.ID), obs, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
+	a.home, a.pool, a.poolName = home, obs.Pool(name), name
+	a.poolGuard = home.Guard().Threshold(a.pool.Total)
+	a.snapshotsTaken = takenSnapshots(v, home)
+	return plan{v: v, a: a, acts: diff(v, a)}
 }
 
 // forgetGone drops what the reconciler keeps of volumes that are neither
@@ -117,11 +125,13 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
 			delete(r.reported, id)
 		}
 	}
+	r.fulfilledMu.Lock()
 	for id := range r.fulfilled {
 		if !ids[id] {
 			delete(r.fulfilled, id)
 		}
 	}
+	r.fulfilledMu.Unlock()
 }
 
 // startPlans starts the planned actions that are not blocked, teardowns
@@ -134,11 +144,6 @@ func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch u
 			if p.act.kind.spec().teardown != teardown {
 				continue
 			}
-			busy, retryAt := r.exec.blocked(p.v.ID, p.act, epoch)
-			if busy {
-				r.wakeBy(retryAt)
-				continue
-			}
 			if p.act.kind == actTakeGroupSnapshot {
 				if byID == nil {
 					byID = plansByID(seen)
@@ -147,6 +152,10 @@ func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch u
 				if p.act.members, free = r.groupMembers(p, byID, epoch); !free {
 					continue
 				}
+			}
+			if h, retryAt := r.exec.claim(p.v.ID, p.act, epoch); h != notHeld {
+				r.wakeBy(retryAt)
+				continue
 			}
 			r.startOp(ctx, p.v, p.a, p.act)
 			started++

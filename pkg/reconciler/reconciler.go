@@ -47,10 +47,15 @@ type Reconciler struct {
 	statusMu sync.Mutex
 	status   []volstatus.VolumeStatus
 
-	// fulfilled maps a volume and intent to the generation at which the
-	// intent was last seen fulfilled, so that a mount lost later is told
-	// from one not made yet; only the goroutine running passes uses it.
-	fulfilled map[string]map[state.IntentKey]int64
+	// fulfilledMu guards fulfilled, which maps a volume and intent to the
+	// generation at which the intent was last seen fulfilled, so that a
+	// mount lost later is told from one not made yet. Passes write it;
+	// early starts read it.
+	fulfilledMu sync.Mutex
+	fulfilled   map[string]map[state.IntentKey]int64
+
+	// early is what a request's early start (Start) needs: see early.go.
+	early early
 }
 
 // New validates cfg, fills defaults and returns a Reconciler.
@@ -87,6 +92,7 @@ func New(cfg Config) (*Reconciler, error) {
 		soonDelay: soonDelay,
 		reported:  map[string]contract.Reason{},
 		fulfilled: map[string]map[state.IntentKey]int64{},
+		early:     newEarly(),
 	}, nil
 }
 
@@ -137,10 +143,12 @@ func (r *Reconciler) Run(ctx context.Context) {
 	ticker := r.cfg.Clock.NewTicker(r.cfg.ResyncPeriod)
 	defer ticker.Stop()
 	var timer clock.Timer
+	r.early.open(ctx)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
+		r.early.close()
 		r.exec.wait()
 		logger.V(2).Info("Reconciler stopped")
 	}()
