@@ -102,24 +102,80 @@ func (bl *baseline) stage(v vol) (string, error) {
 // formats them since 2026-11-24), mount(2), a bind mount(2); no probe, no
 // check, no record. It shares the mount-utils
 // baseline's directories and images.
-type rawFloor struct{ *baseline }
+//
+// Its mkfs and mount are converge's for a thick ext4 volume with no
+// parameters: mount-utils runs mkfs.ext4 with the stage's options before
+// its own "-F -m0" (pkg/devices.FormatAndMount adds "-E
+// assume_storage_prezeroed=1" for a new image), and the reconciler mounts
+// with errors=remount-ro alone (pkg/reconciler.stageOptions: discard is
+// for thin volumes).
+type rawFloor struct {
+	*baseline
+	// steps, when set, records each step's time.
+	steps *stepTimes
+}
 
 func (r rawFloor) stage(v vol) (string, error) {
+	start := time.Now()
 	dev, err := devices.AttachLoop(v.image, false)
 	if err != nil {
 		return "", err
 	}
+	start = r.steps.add("attach", start)
 	if out, err := exec.Command("mkfs.ext4", "-F", "-m0", "-E", host.Mke2fsPrezeroed+"=1", dev).CombinedOutput(); err != nil {
 		return dev, fmt.Errorf("mkfs.ext4 %s: %v: %s", dev, err, out)
 	}
-	return dev, unix.Mount(dev, v.staging, "ext4", 0, "errors=remount-ro")
+	start = r.steps.add("mkfs", start)
+	err = unix.Mount(dev, v.staging, "ext4", 0, "errors=remount-ro")
+	r.steps.add("mount", start)
+	return dev, err
 }
 
 func (r rawFloor) publish(v vol) error {
+	start := time.Now()
 	if err := os.Mkdir(v.target, 0o750); err != nil {
 		return err
 	}
-	return unix.Mount(v.staging, v.target, "", unix.MS_BIND, "")
+	err := unix.Mount(v.staging, v.target, "", unix.MS_BIND, "")
+	r.steps.add("bind", start)
+	return err
+}
+
+// stepTimes collects the raw floor's steps' times by name.
+type stepTimes struct {
+	// mu guards took.
+	mu   sync.Mutex
+	took map[string][]time.Duration
+}
+
+// add records the time since start under step and returns the time now.
+// On a nil stepTimes it records nothing.
+func (s *stepTimes) add(step string, start time.Time) time.Time {
+	now := time.Now()
+	if s == nil {
+		return now
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.took == nil {
+		s.took = map[string][]time.Duration{}
+	}
+	s.took[step] = append(s.took[step], now.Sub(start))
+	return now
+}
+
+// String gives each step's median, in the order a stage and a publish
+// take them.
+func (s *stepTimes) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var parts []string
+	for _, step := range []string{"attach", "mkfs", "mount", "bind"} {
+		if ds := s.took[step]; len(ds) > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.2f ms", step, ms(quantile(slices.Clone(ds), 0.5))))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (r rawFloor) teardown(v vol, dev string) error {
@@ -320,7 +376,8 @@ func BenchmarkOneVolume(b *testing.B) {
 	const rounds = 25
 	p := start(b)
 	bl := newBaseline(b, p.Dir)
-	floorWay := rawFloor{bl}
+	steps := &stepTimes{}
+	floorWay := rawFloor{baseline: bl, steps: steps}
 	var cStage, cPub []time.Duration
 	handStage, handPub := map[string][]time.Duration{}, map[string][]time.Duration{}
 	for b.Loop() {
@@ -395,6 +452,7 @@ func BenchmarkOneVolume(b *testing.B) {
 	compare("one volume: stage + publish, median", "ms", ms(cs), ms(rs), ms(ms2), 1.15)
 	compareMax("one volume: publish alone, median", "ms", ms(cp), ms(rp), ms(mp), 1)
 	absolute("an empty call (NodeGetCapabilities), median", "ms", ms(rf), 0)
+	note("one volume: the raw floor's steps, medians: " + steps.String())
 	b.ReportMetric(median(added), "publish-added-ms")
 	note(fmt.Sprintf("one volume: a publish took %.2f ms more than the raw publish of its round (median of %d rounds)", median(added), len(added)))
 }
@@ -491,9 +549,9 @@ func BenchmarkBurst(b *testing.B) {
 			// the baselines' measurements.
 			time.Sleep(2 * time.Second)
 			prefix := fmt.Sprintf("%d-%d", b.N, round)
-			rWall, rl, rDown := handBurst(b, rawFloor{bl}, makeImages(b, bl, "raw-burst-"+prefix, n))
+			rWall, rl, rDown := handBurst(b, rawFloor{baseline: bl}, makeImages(b, bl, "raw-burst-"+prefix, n))
 			mWall, ml, mDown := handBurst(b, bl, makeImages(b, bl, "mu-burst-"+prefix, n))
-			callWall, _, callDown := handBurst(b, calledFloor{rawFloor{bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
+			callWall, _, callDown := handBurst(b, calledFloor{rawFloor{baseline: bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
 			callWallRatios = append(callWallRatios, float64(callWall)/float64(rWall))
 			callDownRatios = append(callDownRatios, float64(callDown)/float64(rDown))
 			rLat, mLat = append(rLat, rl...), append(mLat, ml...)
