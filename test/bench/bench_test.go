@@ -13,11 +13,13 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -368,18 +370,101 @@ type stager interface {
 	teardown(v vol, dev string) error
 }
 
+// recordLog writes records durably as the store's log does
+// (pkg/state/wal.go): into a file zero-filled when it was made, so that a
+// record written and fdatasynced has no file metadata to commit, on the
+// filesystem of the plugin's state directory, where its log is. One write
+// and one fdatasync is the least a durable intent costs.
+type recordLog struct {
+	f         *os.File
+	off, size int64
+	record    []byte
+}
+
+const (
+	// recordSize is about a published volume's record in the store.
+	recordSize = 300
+	// recordLogSize is the store's log's (state.DefaultLogSize).
+	recordLogSize = 1 << 20
+)
+
+func newRecordLog(b *testing.B, dir string) *recordLog {
+	f, err := os.OpenFile(filepath.Join(dir, "bench-records"), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { f.Close(); os.Remove(f.Name()) })
+	if _, err := f.Write(make([]byte, recordLogSize)); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	l := &recordLog{f: f, size: recordLogSize, record: make([]byte, recordSize)}
+	for i := range l.record {
+		l.record[i] = byte(i)
+	}
+	return l
+}
+
+// write appends one record and makes it durable; at the end of the file it
+// starts again at its beginning, as the log does after a checkpoint.
+func (l *recordLog) write() error {
+	if l.off+recordSize > l.size {
+		l.off = 0
+	}
+	if _, err := l.f.WriteAt(l.record, l.off); err != nil {
+		return err
+	}
+	l.off += recordSize
+	return unix.Fdatasync(int(l.f.Fd()))
+}
+
 // BenchmarkOneVolume measures, for one volume at a time, stage + publish
 // and publish alone through the plugin's socket against the raw floor and
 // the mount-utils baseline, alternating the three so that all see the same
-// machine.
+// machine. A publish is also measured against its physical floor: the raw
+// bind mount, one durable record (a write and an fdatasync on the plugin's
+// state filesystem) and one empty call over the socket, each measured in
+// every round beside it.
+//
+// Every way starts each attach from a fresh loop device number: converge
+// removes a thick volume's number at its unstage, and the ways by hand
+// remove theirs after their teardown (untimed); converge's removals are
+// waited for before the ways by hand start, in case they trail its
+// answers.
 func BenchmarkOneVolume(b *testing.B) {
-	const rounds = 25
+	const (
+		rounds = 25
+		// Per round: the samples of a durable record and of an empty
+		// call, taken between the ways so they see the same machine.
+		samples = 4
+	)
 	p := start(b)
 	bl := newBaseline(b, p.Dir)
 	steps := &stepTimes{}
 	floorWay := rawFloor{baseline: bl, steps: steps}
-	var cStage, cPub []time.Duration
+	records := newRecordLog(b, p.StateDir)
+	var cStage, cPub, syncs, calls, removals []time.Duration
+	removalTimeouts := 0
 	handStage, handPub := map[string][]time.Duration{}, map[string][]time.Duration{}
+	sample := func() {
+		for range samples {
+			d, err := timed(records.write)
+			if err != nil {
+				b.Fatal(err)
+			}
+			syncs = append(syncs, d)
+			d, err = timed(func() error {
+				_, err := p.Node().NodeGetCapabilities(context.Background(), &csi.NodeGetCapabilitiesRequest{})
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			calls = append(calls, d)
+		}
+	}
 	for b.Loop() {
 		for i := range rounds {
 			id := fmt.Sprintf("one-%d-%d", b.N, i)
@@ -394,9 +479,16 @@ func BenchmarkOneVolume(b *testing.B) {
 				b.Fatal(err)
 			}
 			cStage, cPub = append(cStage, d1+d2), append(cPub, d2)
+			used := loopsBackedIn(p.DataDir)
 			if err := p.teardown(cv); err != nil {
 				b.Fatal(err)
 			}
+			waited, ok := awaitRemoved(used, p.DataDir)
+			if !ok {
+				removalTimeouts++
+			}
+			removals = append(removals, waited)
+			sample()
 			for _, way := range []struct {
 				name string
 				s    stager
@@ -416,19 +508,9 @@ func BenchmarkOneVolume(b *testing.B) {
 				if err := way.s.teardown(v, dev); err != nil {
 					b.Fatal(err)
 				}
+				removeNumbers(b, []string{dev})
 			}
 		}
-	}
-	var floor []time.Duration
-	for range 200 {
-		d, err := timed(func() error {
-			_, err := p.Node().NodeGetCapabilities(context.Background(), &csi.NodeGetCapabilitiesRequest{})
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		floor = append(floor, d)
 	}
 	// What converge adds to a publish, round by round: the raw publish of
 	// the same round took 0.08-1.02 ms within an hour (the disk's state),
@@ -439,7 +521,8 @@ func BenchmarkOneVolume(b *testing.B) {
 	}
 	cs, rs, ms2 := quantile(cStage, 0.5), quantile(handStage["raw"], 0.5), quantile(handStage["mount-utils"], 0.5)
 	cp, rp, mp := quantile(cPub, 0.5), quantile(handPub["raw"], 0.5), quantile(handPub["mount-utils"], 0.5)
-	rf := quantile(floor, 0.5)
+	fs, rf := quantile(syncs, 0.5), quantile(calls, 0.5)
+	pubFloor := rp + fs + rf
 	b.ReportMetric(ms(cs), "stage+publish-ms")
 	b.ReportMetric(ms(rs), "raw-stage+publish-ms")
 	b.ReportMetric(ms(ms2), "mount-utils-stage+publish-ms")
@@ -447,14 +530,33 @@ func BenchmarkOneVolume(b *testing.B) {
 	b.ReportMetric(ms(cp), "publish-ms")
 	b.ReportMetric(ms(rp), "raw-publish-ms")
 	b.ReportMetric(float64(cp)/float64(rp), "publish-ratio")
+	b.ReportMetric(ms(fs), "fdatasync-ms")
 	// The cost of any call over the socket, for where a publish's time goes.
 	b.ReportMetric(ms(rf), "rpc-floor-ms")
+	b.ReportMetric(ms(pubFloor), "publish-floor-ms")
+	b.ReportMetric(float64(cp)/float64(pubFloor), "publish-floor-ratio")
 	compare("one volume: stage + publish, median", "ms", ms(cs), ms(rs), ms(ms2), 1.15)
-	compareMax("one volume: publish alone, median", "ms", ms(cp), ms(rp), ms(mp), 1)
-	absolute("an empty call (NodeGetCapabilities), median", "ms", ms(rf), 0)
+	compare("one volume: publish alone against its floor (raw bind + fdatasync + empty call), median", "ms", ms(cp), ms(pubFloor), 0, 1.2)
+	compare("one volume: publish alone against the raw bind alone, median", "ms", ms(cp), ms(rp), ms(mp), 0)
+	absolute("one volume: a record written + fdatasync on the state filesystem, median", "ms", ms(fs), 0)
+	absolute("one volume: an empty call (NodeGetCapabilities), median", "ms", ms(rf), 0)
+	note(fmt.Sprintf("one volume: publish floor %.2f ms = raw bind %.2f + fdatasync %.2f + empty call %.2f (medians of %d, %d and %d samples, interleaved with the rounds)",
+		ms(pubFloor), ms(rp), ms(fs), ms(rf), len(handPub["raw"]), len(syncs), len(calls)))
 	note("one volume: the raw floor's steps, medians: " + steps.String())
 	b.ReportMetric(median(added), "publish-added-ms")
 	note(fmt.Sprintf("one volume: a publish took %.2f ms more than the raw publish of its round (median of %d rounds)", median(added), len(added)))
+	removalNote("one volume", removals, removalTimeouts)
+}
+
+// removalNote records how long converge's loop number removals trailed
+// its teardowns' answers.
+func removalNote(what string, waits []time.Duration, timeouts int) {
+	line := fmt.Sprintf("%s: converge's loop numbers all removed %.2f ms (median; max %.2f ms) after its teardown answered",
+		what, ms(quantile(waits, 0.5)), ms(quantile(waits, 1)))
+	if timeouts > 0 {
+		line += fmt.Sprintf("; in %d of %d rounds some were not removed within %v", timeouts, len(waits), removalWait)
+	}
+	note(line)
 }
 
 // burst runs f for every volume at once and returns the wall time and
@@ -497,6 +599,8 @@ func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Durati
 		return s.publish(v)
 	})
 	down, _ := burst(b, vols, func(v vol) error { return s.teardown(v, devs[index[v.id]]) })
+	// As converge's unstages do, after the time taken.
+	removeNumbers(b, devs)
 	// The images are thick: kept, the rounds' would fill the disk.
 	for _, v := range vols {
 		if err := os.Remove(v.image); err != nil {
@@ -514,14 +618,18 @@ func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Durati
 // floor took anywhere from 40 to 91 ms on the same machine within minutes
 // (its disk's flushes vary), so each figure is the median of the rounds,
 // and each ratio the median of the rounds' own ratios (converge against the
-// raw floor of the same round).
+// raw floor of the same round). The teardown's goal is against the raw
+// floor with the kubelet's calls, which no plugin answering them avoids.
+// As in BenchmarkOneVolume, every attach starts from a fresh loop number.
 func BenchmarkBurst(b *testing.B) {
 	const n = 100
-	const burstRounds = 3
+	const burstRounds = 5
 	p := start(b)
 	bl := newBaseline(b, p.Dir)
 	var cWalls, rWalls, mWalls, cDowns, rDowns, mDowns, wallRatios, downRatios []float64
-	var callWallRatios, callDownRatios []float64
+	var callWallRatios, callDownRatios, callDowns, calledRatios []float64
+	var removals []time.Duration
+	removalTimeouts := 0
 	var cLat, rLat, mLat []time.Duration
 	var passes, passTime float64
 	for b.Loop() {
@@ -539,6 +647,7 @@ func BenchmarkBurst(b *testing.B) {
 				return p.publish(v)
 			})
 			cLat = append(cLat, lat...)
+			used := loopsBackedIn(p.DataDir)
 			passTimeBefore, passesBefore := passTotals(b, p)
 			cDown, _ := burst(b, cvols, p.teardown)
 			passTimeAfter, passesAfter := passTotals(b, p)
@@ -547,13 +656,19 @@ func BenchmarkBurst(b *testing.B) {
 			// The plugin's work in the background after a teardown
 			// (removing thick volumes' device numbers) must not land in
 			// the baselines' measurements.
-			time.Sleep(2 * time.Second)
+			waited, ok := awaitRemoved(used, p.DataDir)
+			if !ok {
+				removalTimeouts++
+			}
+			removals = append(removals, waited)
 			prefix := fmt.Sprintf("%d-%d", b.N, round)
 			rWall, rl, rDown := handBurst(b, rawFloor{baseline: bl}, makeImages(b, bl, "raw-burst-"+prefix, n))
 			mWall, ml, mDown := handBurst(b, bl, makeImages(b, bl, "mu-burst-"+prefix, n))
 			callWall, _, callDown := handBurst(b, calledFloor{rawFloor{baseline: bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
 			callWallRatios = append(callWallRatios, float64(callWall)/float64(rWall))
 			callDownRatios = append(callDownRatios, float64(callDown)/float64(rDown))
+			callDowns = append(callDowns, ms(callDown))
+			calledRatios = append(calledRatios, float64(cDown)/float64(callDown))
 			rLat, mLat = append(rLat, rl...), append(mLat, ml...)
 			cWalls, rWalls, mWalls = append(cWalls, ms(cWall)), append(rWalls, ms(rWall)), append(mWalls, ms(mWall))
 			cDowns, rDowns, mDowns = append(cDowns, ms(cDown)), append(rDowns, ms(rDown)), append(mDowns, ms(mDown))
@@ -577,9 +692,14 @@ func BenchmarkBurst(b *testing.B) {
 	compareRatio("100 volumes at once: wall (median of rounds)", "ms", median(cWalls), median(rWalls), median(mWalls), median(wallRatios), 1.3)
 	compare("100 volumes at once: p50 per volume", "ms", ms(quantile(cLat, 0.5)), ms(quantile(rLat, 0.5)), ms(quantile(mLat, 0.5)), 0)
 	compare("100 volumes at once: p99 per volume", "ms", ms(quantile(cLat, 0.99)), ms(quantile(rLat, 0.99)), ms(quantile(mLat, 0.99)), 0)
-	compareRatio("teardown of the 100: wall (median of rounds)", "ms", median(cDowns), median(rDowns), median(mDowns), median(downRatios), 1.5)
+	b.ReportMetric(median(callDowns), "called-floor-teardown-wall-ms")
+	b.ReportMetric(median(calledRatios), "teardown-called-floor-ratio")
+	compareRatio("teardown of the 100 against the raw floor with the kubelet's calls: wall (median of rounds)", "ms", median(cDowns), median(callDowns), 0, median(calledRatios), 1.3)
+	compareRatio("teardown of the 100 against the raw floor: wall (median of rounds)", "ms", median(cDowns), median(rDowns), median(mDowns), median(downRatios), 0)
 	note("100 volumes, round by round: burst ratios " + joinNums(wallRatios) + "; teardown ratios " + joinNums(downRatios) +
-		"; raw teardowns " + joinNums(rDowns) + " ms")
+		" (against the floor with the calls " + joinNums(calledRatios) + "); raw teardowns " + joinNums(rDowns) +
+		" ms, with the calls " + joinNums(callDowns) + " ms")
+	removalNote("100 volumes", removals, removalTimeouts)
 	b.ReportMetric(median(callWallRatios), "called-floor-burst-ratio")
 	b.ReportMetric(median(callDownRatios), "called-floor-teardown-ratio")
 	note(fmt.Sprintf("100 volumes: the raw floor with an empty call to the plugin before each step: teardown %.2fx the raw floor "+
@@ -777,6 +897,107 @@ func loopNodes() map[int]bool {
 		}
 	}
 	return out
+}
+
+// removeNumber gives a detached loop device's number back to the kernel
+// (LOOP_CTL_REMOVE), as converge's unstage does for a thick volume's: the
+// kernel keeps a number's discard limit across detaches, so without it the
+// next attach of a thick image, of whichever way, would find discards off
+// already and skip the write that turns them off (a queue freeze and an
+// RCU grace period, 6-18 ms here), and the ways would not compare. It is
+// called after a teardown, never inside the time of one. A number removed
+// already is a no-op.
+func removeNumber(dev string) error {
+	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
+	if err != nil {
+		return fmt.Errorf("%q is not a loop device", dev)
+	}
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ctl)
+	// The last close of a device just detached can trail the detach.
+	for deadline := time.Now().Add(time.Second); ; {
+		err := unix.IoctlSetInt(ctl, unix.LOOP_CTL_REMOVE, n)
+		switch {
+		case err == nil || errors.Is(err, unix.ENODEV):
+			return nil
+		case !errors.Is(err, unix.EBUSY) || time.Now().After(deadline):
+			return fmt.Errorf("LOOP_CTL_REMOVE %s: %w", dev, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// removeNumbers removes the numbers of devs (skipping empty ones), one
+// after the other, as the kernel serializes them anyway.
+func removeNumbers(b *testing.B, devs []string) {
+	for _, dev := range devs {
+		if dev == "" {
+			continue
+		}
+		if err := removeNumber(dev); err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+// loopsBackedIn returns the numbers of the loop devices whose backing file
+// is in dir.
+func loopsBackedIn(dir string) map[int]bool {
+	out := map[int]bool{}
+	for n := range loopNodes() {
+		if backedIn(n, dir) {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// backedIn reports whether loop device n is attached to a file in dir.
+func backedIn(n int, dir string) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n))
+	return err == nil && strings.HasPrefix(string(raw), dir+"/")
+}
+
+// removalWait bounds awaitRemoved: converge removes a thick volume's
+// number within milliseconds of its detach, and a number it does not
+// remove (a device someone else holds) must not stall the run.
+const removalWait = 5 * time.Second
+
+// awaitRemoved waits until each of the loop device numbers nums, which the
+// plugin had attached to images in its data directory dataDir, is removed
+// (its /sys/block entry gone) or attached to a file outside dataDir (taken
+// by another user before converge could remove it: converge is done with
+// it either way), so that none of the plugin's work in the background
+// after a teardown lands in a baseline's measurement. It returns how long
+// it waited, and false if removalWait ran out first.
+func awaitRemoved(nums map[int]bool, dataDir string) (time.Duration, bool) {
+	start := time.Now()
+	for {
+		left := false
+		for n := range nums {
+			_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d", n))
+			if err == nil && (backedIn(n, dataDir) || !attached(n)) {
+				left = true
+				break
+			}
+		}
+		if !left {
+			return time.Since(start), true
+		}
+		if time.Since(start) > removalWait {
+			return time.Since(start), false
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// attached reports whether loop device n has a backing file.
+func attached(n int) bool {
+	_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n))
+	return err == nil
 }
 
 // BenchmarkCreateVolume measures CreateVolume of a 10 GiB thick volume (its
