@@ -483,7 +483,7 @@ func BenchmarkOneVolume(b *testing.B) {
 			if err := p.teardown(cv); err != nil {
 				b.Fatal(err)
 			}
-			waited, ok := awaitRemoved(used, p.DataDir)
+			waited, ok := awaitRemoved(used, p.DataDir, removalWait)
 			if !ok {
 				removalTimeouts++
 			}
@@ -656,7 +656,7 @@ func BenchmarkBurst(b *testing.B) {
 			// The plugin's work in the background after a teardown
 			// (removing thick volumes' device numbers) must not land in
 			// the baselines' measurements.
-			waited, ok := awaitRemoved(used, p.DataDir)
+			waited, ok := awaitRemoved(used, p.DataDir, removalWait)
 			if !ok {
 				removalTimeouts++
 			}
@@ -932,7 +932,7 @@ func removeNumber(dev string) error {
 
 // removeNumbers removes the numbers of devs (skipping empty ones), one
 // after the other, as the kernel serializes them anyway.
-func removeNumbers(b *testing.B, devs []string) {
+func removeNumbers(b testing.TB, devs []string) {
 	for _, dev := range devs {
 		if dev == "" {
 			continue
@@ -961,9 +961,9 @@ func backedIn(n int, dir string) bool {
 	return err == nil && strings.HasPrefix(string(raw), dir+"/")
 }
 
-// removalWait bounds awaitRemoved: converge removes a thick volume's
-// number within milliseconds of its detach, and a number it does not
-// remove (a device someone else holds) must not stall the run.
+// removalWait bounds the benchmarks' awaitRemoved: converge removes a
+// thick volume's number within milliseconds of its detach, and a number it
+// does not remove (a device someone else holds) must not stall the run.
 const removalWait = 5 * time.Second
 
 // awaitRemoved waits until each of the loop device numbers nums, which the
@@ -972,8 +972,8 @@ const removalWait = 5 * time.Second
 // by another user before converge could remove it: converge is done with
 // it either way), so that none of the plugin's work in the background
 // after a teardown lands in a baseline's measurement. It returns how long
-// it waited, and false if removalWait ran out first.
-func awaitRemoved(nums map[int]bool, dataDir string) (time.Duration, bool) {
+// it waited, and false if bound ran out first.
+func awaitRemoved(nums map[int]bool, dataDir string, bound time.Duration) (time.Duration, bool) {
 	start := time.Now()
 	for {
 		left := false
@@ -987,7 +987,7 @@ func awaitRemoved(nums map[int]bool, dataDir string) (time.Duration, bool) {
 		if !left {
 			return time.Since(start), true
 		}
-		if time.Since(start) > removalWait {
+		if time.Since(start) > bound {
 			return time.Since(start), false
 		}
 		time.Sleep(2 * time.Millisecond)
