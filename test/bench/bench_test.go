@@ -8,18 +8,22 @@
 // is not part of make test.
 //
 // Each benchmark reports medians (and p99 for bursts) in milliseconds as
-// custom metrics, and the ratio converge/raw floor.
+// custom metrics, and the ratio converge/raw floor. Two figures have
+// floors of their own, measured in the same rounds: a publish against the
+// raw bind + one durable record + one empty call (the least a durable
+// publish answered over the socket costs), and the teardown of a burst
+// against the raw floor with the kubelet's calls before each step. Every
+// way starts every attach from a fresh loop device number, as converge's
+// unstage leaves one (numbers_test.go).
 package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,43 +145,6 @@ func (r rawFloor) publish(v vol) error {
 	err := unix.Mount(v.staging, v.target, "", unix.MS_BIND, "")
 	r.steps.add("bind", start)
 	return err
-}
-
-// stepTimes collects the raw floor's steps' times by name.
-type stepTimes struct {
-	// mu guards took.
-	mu   sync.Mutex
-	took map[string][]time.Duration
-}
-
-// add records the time since start under step and returns the time now.
-// On a nil stepTimes it records nothing.
-func (s *stepTimes) add(step string, start time.Time) time.Time {
-	now := time.Now()
-	if s == nil {
-		return now
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.took == nil {
-		s.took = map[string][]time.Duration{}
-	}
-	s.took[step] = append(s.took[step], now.Sub(start))
-	return now
-}
-
-// String gives each step's median, in the order a stage and a publish
-// take them.
-func (s *stepTimes) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var parts []string
-	for _, step := range []string{"attach", "mkfs", "mount", "bind"} {
-		if ds := s.took[step]; len(ds) > 0 {
-			parts = append(parts, fmt.Sprintf("%s %.2f ms", step, ms(quantile(slices.Clone(ds), 0.5))))
-		}
-	}
-	return strings.Join(parts, ", ")
 }
 
 func (r rawFloor) teardown(v vol, dev string) error {
@@ -368,56 +335,6 @@ type stager interface {
 	stage(v vol) (string, error)
 	publish(v vol) error
 	teardown(v vol, dev string) error
-}
-
-// recordLog writes records durably as the store's log does
-// (pkg/state/wal.go): into a file zero-filled when it was made, so that a
-// record written and fdatasynced has no file metadata to commit, on the
-// filesystem of the plugin's state directory, where its log is. One write
-// and one fdatasync is the least a durable intent costs.
-type recordLog struct {
-	f         *os.File
-	off, size int64
-	record    []byte
-}
-
-const (
-	// recordSize is about a published volume's record in the store.
-	recordSize = 300
-	// recordLogSize is the store's log's (state.DefaultLogSize).
-	recordLogSize = 1 << 20
-)
-
-func newRecordLog(b *testing.B, dir string) *recordLog {
-	f, err := os.OpenFile(filepath.Join(dir, "bench-records"), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { f.Close(); os.Remove(f.Name()) })
-	if _, err := f.Write(make([]byte, recordLogSize)); err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		b.Fatal(err)
-	}
-	l := &recordLog{f: f, size: recordLogSize, record: make([]byte, recordSize)}
-	for i := range l.record {
-		l.record[i] = byte(i)
-	}
-	return l
-}
-
-// write appends one record and makes it durable; at the end of the file it
-// starts again at its beginning, as the log does after a checkpoint.
-func (l *recordLog) write() error {
-	if l.off+recordSize > l.size {
-		l.off = 0
-	}
-	if _, err := l.f.WriteAt(l.record, l.off); err != nil {
-		return err
-	}
-	l.off += recordSize
-	return unix.Fdatasync(int(l.f.Fd()))
 }
 
 // BenchmarkOneVolume measures, for one volume at a time, stage + publish
@@ -897,107 +814,6 @@ func loopNodes() map[int]bool {
 		}
 	}
 	return out
-}
-
-// removeNumber gives a detached loop device's number back to the kernel
-// (LOOP_CTL_REMOVE), as converge's unstage does for a thick volume's: the
-// kernel keeps a number's discard limit across detaches, so without it the
-// next attach of a thick image, of whichever way, would find discards off
-// already and skip the write that turns them off (a queue freeze and an
-// RCU grace period, 6-18 ms here), and the ways would not compare. It is
-// called after a teardown, never inside the time of one. A number removed
-// already is a no-op.
-func removeNumber(dev string) error {
-	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
-	if err != nil {
-		return fmt.Errorf("%q is not a loop device", dev)
-	}
-	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(ctl)
-	// The last close of a device just detached can trail the detach.
-	for deadline := time.Now().Add(time.Second); ; {
-		err := unix.IoctlSetInt(ctl, unix.LOOP_CTL_REMOVE, n)
-		switch {
-		case err == nil || errors.Is(err, unix.ENODEV):
-			return nil
-		case !errors.Is(err, unix.EBUSY) || time.Now().After(deadline):
-			return fmt.Errorf("LOOP_CTL_REMOVE %s: %w", dev, err)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// removeNumbers removes the numbers of devs (skipping empty ones), one
-// after the other, as the kernel serializes them anyway.
-func removeNumbers(b testing.TB, devs []string) {
-	for _, dev := range devs {
-		if dev == "" {
-			continue
-		}
-		if err := removeNumber(dev); err != nil {
-			b.Error(err)
-		}
-	}
-}
-
-// loopsBackedIn returns the numbers of the loop devices whose backing file
-// is in dir.
-func loopsBackedIn(dir string) map[int]bool {
-	out := map[int]bool{}
-	for n := range loopNodes() {
-		if backedIn(n, dir) {
-			out[n] = true
-		}
-	}
-	return out
-}
-
-// backedIn reports whether loop device n is attached to a file in dir.
-func backedIn(n int, dir string) bool {
-	raw, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n))
-	return err == nil && strings.HasPrefix(string(raw), dir+"/")
-}
-
-// removalWait bounds the benchmarks' awaitRemoved: converge removes a
-// thick volume's number within milliseconds of its detach, and a number it
-// does not remove (a device someone else holds) must not stall the run.
-const removalWait = 5 * time.Second
-
-// awaitRemoved waits until each of the loop device numbers nums, which the
-// plugin had attached to images in its data directory dataDir, is removed
-// (its /sys/block entry gone) or attached to a file outside dataDir (taken
-// by another user before converge could remove it: converge is done with
-// it either way), so that none of the plugin's work in the background
-// after a teardown lands in a baseline's measurement. It returns how long
-// it waited, and false if bound ran out first.
-func awaitRemoved(nums map[int]bool, dataDir string, bound time.Duration) (time.Duration, bool) {
-	start := time.Now()
-	for {
-		left := false
-		for n := range nums {
-			_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d", n))
-			if err == nil && (backedIn(n, dataDir) || !attached(n)) {
-				left = true
-				break
-			}
-		}
-		if !left {
-			return time.Since(start), true
-		}
-		if time.Since(start) > bound {
-			return time.Since(start), false
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// attached reports whether loop device n has a backing file.
-func attached(n int) bool {
-	_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n))
-	return err == nil
 }
 
 // BenchmarkCreateVolume measures CreateVolume of a 10 GiB thick volume (its

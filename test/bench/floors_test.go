@@ -4,116 +4,98 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/converge-csi/converge/pkg/devices"
-	"github.com/converge-csi/converge/test/testenv"
+	"golang.org/x/sys/unix"
 )
 
-// attachImage attaches a new 1 MiB image in dir with discards off, as a
-// thick volume's, and returns the device and its number; cleanup detaches
-// it and removes the number if the test did not.
-func attachImage(t *testing.T, dir string) (string, int) {
-	t.Helper()
-	img := filepath.Join(dir, fmt.Sprintf("img-%d", time.Now().UnixNano()))
-	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	dev, err := devices.AttachLoop(img, false)
+// recordLog writes records durably as the store's log does
+// (pkg/state/wal.go): into a file zero-filled when it was made, so that a
+// record written and fdatasynced has no file metadata to commit, on the
+// filesystem of the plugin's state directory, where its log is. One write
+// and one fdatasync is the least a durable intent costs.
+type recordLog struct {
+	f         *os.File
+	off, size int64
+	record    []byte
+}
+
+const (
+	// recordSize is about a published volume's record in the store.
+	recordSize = 300
+	// recordLogSize is the store's log's (state.DefaultLogSize).
+	recordLogSize = 1 << 20
+)
+
+func newRecordLog(b *testing.B, dir string) *recordLog {
+	f, err := os.OpenFile(filepath.Join(dir, "bench-records"), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
 	if err != nil {
-		t.Fatal(err)
+		b.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if backedIn(number(t, dev), dir) {
-			devices.DetachLoop(dev)
-			removeNumber(dev)
-		}
-	})
-	return dev, number(t, dev)
+	b.Cleanup(func() { f.Close(); os.Remove(f.Name()) })
+	if _, err := f.Write(make([]byte, recordLogSize)); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	l := &recordLog{f: f, size: recordLogSize, record: make([]byte, recordSize)}
+	for i := range l.record {
+		l.record[i] = byte(i)
+	}
+	return l
 }
 
-func number(t *testing.T, dev string) int {
-	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
-	if err != nil {
-		t.Fatal(err)
+// write appends one record and makes it durable; at the end of the file it
+// starts again at its beginning, as the log does after a checkpoint.
+func (l *recordLog) write() error {
+	if l.off+recordSize > l.size {
+		l.off = 0
 	}
-	return n
+	if _, err := l.f.WriteAt(l.record, l.off); err != nil {
+		return err
+	}
+	l.off += recordSize
+	return unix.Fdatasync(int(l.f.Fd()))
 }
 
-func exists(n int) bool {
-	_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d", n))
-	return err == nil
+// stepTimes collects the raw floor's steps' times by name.
+type stepTimes struct {
+	// mu guards took.
+	mu   sync.Mutex
+	took map[string][]time.Duration
 }
 
-func TestRemoveNumber(t *testing.T) {
-	testenv.RequireRoot(t)
-	dev, n := attachImage(t, t.TempDir())
-	if err := devices.DetachLoop(dev); err != nil {
-		t.Fatal(err)
+// add records the time since start under step and returns the time now.
+// On a nil stepTimes it records nothing.
+func (s *stepTimes) add(step string, start time.Time) time.Time {
+	now := time.Now()
+	if s == nil {
+		return now
 	}
-	if err := removeNumber(dev); err != nil {
-		t.Fatalf("removeNumber(%s): got %v, want nil", dev, err)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.took == nil {
+		s.took = map[string][]time.Duration{}
 	}
-	if exists(n) {
-		t.Errorf("/sys/block/loop%d: got present after removeNumber, want gone", n)
-	}
-	if err := removeNumber(dev); err != nil {
-		t.Errorf("removeNumber(%s) again: got %v, want nil (a no-op)", dev, err)
-	}
-	if err := removeNumber("/dev/sda"); err == nil {
-		t.Errorf("removeNumber(/dev/sda): got nil, want an error")
-	}
+	s.took[step] = append(s.took[step], now.Sub(start))
+	return now
 }
 
-func TestAwaitRemoved(t *testing.T) {
-	testenv.RequireRoot(t)
-	dir := t.TempDir()
-	t.Run("waits for the detach and then the removal", func(t *testing.T) {
-		dev, n := attachImage(t, dir)
-		used := loopsBackedIn(dir)
-		if len(used) != 1 || !used[n] {
-			t.Fatalf("loopsBackedIn(%s): got %v, want {%d}", dir, used, n)
+// String gives each step's median, in the order a stage and a publish
+// take them.
+func (s *stepTimes) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var parts []string
+	for _, step := range []string{"attach", "mkfs", "mount", "bind"} {
+		if ds := s.took[step]; len(ds) > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.2f ms", step, ms(quantile(slices.Clone(ds), 0.5))))
 		}
-		const detachAfter, removeAfter = 50 * time.Millisecond, 150 * time.Millisecond
-		done := make(chan error, 1)
-		go func() {
-			time.Sleep(detachAfter)
-			if err := devices.DetachLoop(dev); err != nil {
-				done <- err
-				return
-			}
-			// Detached but not removed: not done yet.
-			time.Sleep(removeAfter - detachAfter)
-			done <- removeNumber(dev)
-		}()
-		waited, ok := awaitRemoved(used, dir, 5*time.Second)
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-		if !ok || waited < removeAfter {
-			t.Errorf("awaitRemoved: got (%v, %v), want (at least %v, true)", waited, ok, removeAfter)
-		}
-		if exists(n) {
-			t.Errorf("awaitRemoved returned while /sys/block/loop%d was still there", n)
-		}
-	})
-	t.Run("gives up at its bound", func(t *testing.T) {
-		_, n := attachImage(t, dir)
-		const bound = 100 * time.Millisecond
-		waited, ok := awaitRemoved(map[int]bool{n: true}, dir, bound)
-		if ok || waited < bound {
-			t.Errorf("awaitRemoved of a device still attached: got (%v, %v), want (at least %v, false)", waited, ok, bound)
-		}
-	})
-	t.Run("a number another user took is done", func(t *testing.T) {
-		_, n := attachImage(t, dir)
-		// The same device seen from a data directory it is not in.
-		waited, ok := awaitRemoved(map[int]bool{n: true}, filepath.Join(dir, "elsewhere"), time.Second)
-		if !ok || waited > 500*time.Millisecond {
-			t.Errorf("awaitRemoved of a number attached outside the data directory: got (%v, %v), want (quick, true)", waited, ok)
-		}
-	})
+	}
+	return strings.Join(parts, ", ")
 }
