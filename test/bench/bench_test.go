@@ -245,7 +245,12 @@ func (p plugin) vol(id string) vol { return newVol(p.Root, p.DataDir, id) }
 
 // create makes a volume named name and returns its ID.
 func (p plugin) create(b testing.TB, name string) string {
-	resp, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+	return p.createSized(b, name, volSize)
+}
+
+// createSized makes a volume of size bytes named name and returns its ID.
+func (p plugin) createSized(b testing.TB, name string, size int64) string {
+	resp, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -703,6 +708,11 @@ func passTotals(b *testing.B, p plugin) (sum, count float64) {
 	return sum, count
 }
 
+// thousandVolSize is the size of BenchmarkThousandVolumes' volumes: thick,
+// a thousand of them take 16 GiB of the disk (64 MiB ones, 64 GiB, more
+// than this machine kind has free).
+const thousandVolSize = 16 << 20
+
 // BenchmarkThousandVolumes stages and publishes 1000 volumes, then
 // measures the idle plugin (CPU per minute over a measured window at the
 // default resync period, resident memory, the duration of a pass from the
@@ -718,7 +728,7 @@ func BenchmarkThousandVolumes(b *testing.B) {
 	vols := make([]vol, n)
 	for i := range vols {
 		id := fmt.Sprintf("k-%04d", i)
-		vols[i] = p.vol(p.create(b, id))
+		vols[i] = p.vol(p.createSized(b, id, thousandVolSize))
 		vols[i].dirs(b)
 	}
 	for b.Loop() {
