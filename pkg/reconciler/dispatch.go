@@ -8,8 +8,15 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// startOp runs the operation for act in the executor.
+// startOp runs the operation for act in the executor, on a goroutine of
+// its own.
 func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, act action) {
+	r.exec.spawn(r.beginOp(ctx, v, a, act))
+}
+
+// beginOp readies the operation for act in the executor and returns the
+// function that runs it.
+func (r *Reconciler) beginOp(ctx context.Context, v *state.Volume, a *actual, act action) func() {
 	spec := act.kind.spec()
 	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "action", spec.name)
 	if act.target != "" {
@@ -31,7 +38,7 @@ func (r *Reconciler) startOp(ctx context.Context, v *state.Volume, a *actual, ac
 		// gofail: var reconcilerAfterAction struct{}
 		return outcomeOf(act, err, repairing)
 	}
-	r.exec.start(ctx, v.ID, act, op, func(out outcome, f *failure) {
+	return r.exec.begin(ctx, v.ID, act, op, func(out outcome, f *failure) {
 		if out.err == nil && (repairing || spec.counted) {
 			r.cfg.Recorder.Repaired(spec.name)
 		}

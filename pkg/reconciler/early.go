@@ -71,56 +71,69 @@ func newEarly() early {
 // recorded an intent of id calls it. Before start-up reconstruction has
 // finished, or when the volume's next step is not one an early start takes
 // (nothing to do, a backoff, a group snapshot), it asks for a pass instead
-// (Kick). It returns once the operation is started, not done.
+// (Kick). The operation runs on the caller's goroutine: Start returns once
+// it is done, and the request's answer does not wait for that.
 func (r *Reconciler) Start(id string) {
-	r.early.run.RLock()
-	defer r.early.run.RUnlock()
-	ctx := r.early.ctx
-	if ctx == nil || ctx.Err() != nil || !r.ready.Load() || !r.startEarly(ctx, id) {
+	run, ok := r.claimEarly(id)
+	if !ok {
 		r.Kick()
+		return
+	}
+	if run != nil {
+		// On this goroutine, the request's own: a goroutine more would
+		// be one more to schedule on a small node's CPUs, where the
+		// request, back from its fdatasync, waits for one.
+		run()
 	}
 }
 
-// startEarly starts volume id's next step, and reports whether its work is
-// in hand: an operation started, or one of the volume's runs and the
-// volume is started again when it ends.
-func (r *Reconciler) startEarly(ctx context.Context, id string) bool {
+// claimEarly decides and claims volume id's next step, and reports
+// whether its work is in hand: run is the operation to run, or nil when
+// one of the volume's runs and the volume is started again when it ends.
+// The operation is counted before Run can stop (early.run), so that Run
+// waits for it.
+func (r *Reconciler) claimEarly(id string) (run func(), ok bool) {
+	r.early.run.RLock()
+	defer r.early.run.RUnlock()
+	ctx := r.early.ctx
+	if ctx == nil || ctx.Err() != nil || !r.ready.Load() {
+		return nil, false
+	}
 	for range earlyTries {
 		epoch := r.exec.epoch()
 		v, err := r.cfg.Store.Get(id)
 		if err != nil {
-			return false
+			return nil, false
 		}
 		obs, err := r.observeFor(v)
 		if err != nil {
-			return false
+			return nil, false
 		}
 		p := r.planVolume(v, obs)
 		if len(p.acts) == 0 {
-			return false
+			return nil, false
 		}
 		act := p.acts[0]
 		if act.kind == actTakeGroupSnapshot {
-			return false
+			return nil, false
 		}
 		switch h, _ := r.exec.claim(id, act, epoch); h {
 		case notHeld:
-			r.startOp(ctx, v, p.a, act)
-			return true
+			return r.beginOp(ctx, v, p.a, act), true
 		case heldRunning:
 			r.early.setPending(id)
 			if r.exec.runs(id) || !r.early.takePending(id) {
 				// The running operation's end starts it again.
-				return true
+				return nil, true
 			}
 			// It ended meanwhile, without seeing the mark: look again.
 		case heldStale:
 			// An operation ended during the observation: look again.
 		default:
-			return false
+			return nil, false
 		}
 	}
-	return false
+	return nil, false
 }
 
 // observeFor observes the machine for v's early start: the mount table

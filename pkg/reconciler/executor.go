@@ -241,13 +241,20 @@ func (e *executor) idle() bool {
 // the volumes (claim). The operation waits for a slot of its pool or for
 // ctx.
 func (e *executor) start(ctx context.Context, id string, act action, op func() outcome, done func(outcome, *failure)) {
-	slots := e.fastSlots
-	if act.kind.spec().slow {
-		slots = e.slowSlots
-	}
+	e.spawn(e.begin(ctx, id, act, op, done))
+}
+
+// begin is start without the goroutine: it counts the operation (wait
+// waits for it) and returns the function that runs it, for the caller to
+// call on a goroutine of its choice.
+func (e *executor) begin(ctx context.Context, id string, act action, op func() outcome, done func(outcome, *failure)) func() {
 	e.wg.Add(1)
-	e.spawn(func() {
+	return func() {
 		defer e.wg.Done()
+		slots := e.fastSlots
+		if act.kind.spec().slow {
+			slots = e.slowSlots
+		}
 		var out outcome
 		select {
 		case slots <- struct{}{}:
@@ -258,7 +265,7 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() o
 		}
 		f := e.finish(id, act, out)
 		done(out, f)
-	})
+	}
 }
 
 // contained runs op and turns its panic into a failure of act, retried
