@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/converge-csi/converge/pkg/host"
@@ -137,23 +138,34 @@ func (r *Reconciler) claimEarly(id string) (run func(), ok bool) {
 }
 
 // observeFor observes the machine for v's early start: the mount table
-// and the loop devices last found attached to v's image, read anew; every
-// loop device when none is known, or none of those known is attached to the
-// image any more.
+// and the loop devices last found attached to v's image, read anew. It
+// fails (errNoDevicesKnown) when none is known, or none of those known is
+// attached to the image any more, and the pass decides.
 func (r *Reconciler) observeFor(v *state.Volume) (*host.Observation, error) {
 	static := v.Stage != nil && v.Stage.Device != ""
-	if devs := r.early.devicesOf(v.ID); len(devs) > 0 || static {
-		obs, err := r.cfg.Observer.ObserveDevices(devs)
-		if err != nil {
-			return nil, err
-		}
-		_, home := r.poolOf(v)
-		if static || len(obs.LoopsFor(home.Image(v.ID))) > 0 {
-			return obs, nil
-		}
+	devs := r.early.devicesOf(v.ID)
+	if len(devs) == 0 && !static {
+		return nil, errNoDevicesKnown
 	}
-	return r.cfg.Observer.Observe()
+	obs, err := r.cfg.Observer.ObserveDevices(devs)
+	if err != nil {
+		return nil, err
+	}
+	_, home := r.poolOf(v)
+	if !static && len(obs.LoopsFor(home.Image(v.ID))) == 0 {
+		return nil, errNoDevicesKnown
+	}
+	return obs, nil
 }
+
+// errNoDevicesKnown: the loop devices of a volume's image are not known
+// (none attached when a pass last looked, and no attach since), or none of
+// those known is attached to it any more. Finding them means reading every
+// loop device of the machine, a full observation: that is left to the
+// pass, which a request then asks for. A first stage is so decided; its
+// mkfs takes far longer than the pass it waits for, and a burst of stages
+// shares one pass rather than each observing every device.
+var errNoDevicesKnown = errors.New("no loop device of the volume's image is known")
 
 // afterOp starts again, at the end of an operation, the volumes it held
 // whose early start found it running.
