@@ -175,7 +175,7 @@ func TestEarlyStartAndPassNeverOverlap(t *testing.T) {
 
 // TestEarlyStartWaitsForItsVolume asks for a publish while the volume's
 // stage runs: the early start starts nothing, and the stage's end starts
-// the publish, with no pass.
+// the publish, with no further pass.
 func TestEarlyStartWaitsForItsVolume(t *testing.T) {
 	h := newHarness(t)
 	h.startEarly()
@@ -183,6 +183,10 @@ func TestEarlyStartWaitsForItsVolume(t *testing.T) {
 	release := make(chan struct{})
 	h.world.holdOn("mount "+staging, release)
 	h.request("v", func(v *state.Volume) error { return v.RequestStage(stageSpec(staging)) })
+	// No device of the new volume is known: its first stage is the pass's.
+	if _, err := h.r.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, h.world.started, "mount "+staging)
 	h.request("v", func(v *state.Volume) error { return v.RequestPublish(staging, target, publishSpec()) })
 	if _, ok := h.world.topMount(target); ok {
