@@ -13,9 +13,14 @@ const maxQueuedRemovals = 4096
 // the machine) is on no request's path: the unstage that detached the
 // device is answered while its number waits. Meanwhile the number can be
 // offered to another loop user with its discards off, as in the moment
-// between a detach and a removal made at once, only for longer under a
-// burst of unstages (one removal after the other); converge's own thin
-// attaches remove such a number and take another.
+// between a detach and a removal made at once, but for longer: under a
+// burst of unstages the removals run one after the other, about half a
+// millisecond each (a thousand queued: half a second), and a crash loses
+// the queue, leaving those numbers with discards off until their next
+// user's detach. A removal can also meet another user between its
+// LOOP_CTL_GET_FREE and its attach of the number, which then fails once
+// (converge's own attach takes another). converge's own thin attaches
+// remove a number left with discards off and take another.
 type Removals struct {
 	done chan struct{}
 	// mu guards queue and closed: no send after the close.

@@ -26,7 +26,8 @@ type Store interface {
 // Kicker asks the reconciler for work on a volume.
 type Kicker interface {
 	// Start starts the volume's next step now, from a fresh observation
-	// of it (or asks for a pass), and returns once it is started.
+	// of it (or asks for a pass). It may run the step on the caller's
+	// goroutine, and return once it is done.
 	Start(id string)
 }
 

@@ -39,6 +39,9 @@ import (
 //   - A group snapshot waits for its members' own work (ownWorkFirst) and
 //     starts only from a pass; a member's early start finds it running and
 //     starts again when it ends (pending).
+//   - A stage sees every device attached to the image (it refuses to
+//     mount an image attached twice): it starts only from a pass, whose
+//     observation reads every loop device (earlyKind).
 
 // earlyTries bounds how often an early start observes again when an
 // operation of its volume finished during its observation.
@@ -115,7 +118,7 @@ func (r *Reconciler) claimEarly(id string) (run func(), ok bool) {
 			return nil, false
 		}
 		act := p.acts[0]
-		if act.kind == actTakeGroupSnapshot {
+		if !earlyKind(act.kind) {
 			return nil, false
 		}
 		switch h, _ := r.exec.claim(id, act, epoch); h {
@@ -135,6 +138,16 @@ func (r *Reconciler) claimEarly(id string) (run func(), ok bool) {
 		}
 	}
 	return nil, false
+}
+
+// earlyKind reports whether an early start takes an action of kind k.
+// A group snapshot holds several volumes: the pass, which sees them all,
+// starts it. A stage mounts the volume's filesystem: it must see every
+// device attached to the image (two devices would let one filesystem be
+// mounted twice, which corrupts it), and an early start reads only those
+// it knows of, so the pass, which reads every one, starts it too.
+func earlyKind(k actionKind) bool {
+	return k != actTakeGroupSnapshot && k != actStage
 }
 
 // observeFor observes the machine for v's early start: the mount table
@@ -172,7 +185,11 @@ var errNoDevicesKnown = errors.New("no loop device of the volume's image is know
 func (r *Reconciler) afterOp(id string, act action) {
 	for _, held := range act.volumes(id) {
 		if r.early.takePending(held) {
-			r.Start(held)
+			// On a goroutine of its own: on this one, a volume asked
+			// for again and again would nest each operation in the
+			// end of the one before, and a group's members would
+			// start one after the other.
+			r.exec.spawn(func() { r.Start(held) })
 		}
 	}
 }

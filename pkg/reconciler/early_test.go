@@ -224,3 +224,52 @@ func TestClaimIsAllOrNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestEarlyStartLeavesTheStageToThePass loses a staged volume's staging
+// mount and asks for a publish: the stage is to be made again, and it is
+// the pass's (it must see every device of the image), so the early start
+// mounts nothing and asks for a pass.
+func TestEarlyStartLeavesTheStageToThePass(t *testing.T) {
+	h := newHarness(t)
+	h.startEarly()
+	staging, target := h.volume("v")
+	h.update("v", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.runUntilIdle()
+	h.update("v", func(v *state.Volume) { delete(v.Publishes, target) })
+	h.runUntilIdle()
+	h.world.mu.Lock() // the staging mount, gone from outside
+	for i, m := range h.world.mounts {
+		if m.Path == staging {
+			h.world.unmountLocked(i)
+			break
+		}
+	}
+	h.world.mu.Unlock()
+	if _, ok := h.world.topMount(staging); ok {
+		t.Fatal("the staging mount is still there")
+	}
+	select {
+	case <-h.r.kick:
+	default:
+	}
+	h.world.mu.Lock()
+	calls := len(h.world.calls)
+	h.world.mu.Unlock()
+	h.update("v", func(v *state.Volume) { _ = v.RequestPublish(staging, target, publishSpec()) })
+	h.r.Start("v")
+	h.r.exec.wait()
+	h.world.mu.Lock()
+	after := h.world.calls[calls:]
+	h.world.mu.Unlock()
+	if len(after) > 0 {
+		t.Errorf("the early start called %v; want nothing, the stage being the pass's", after)
+	}
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("the early start asked for no pass")
+	}
+}
