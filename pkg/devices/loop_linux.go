@@ -730,10 +730,17 @@ func (l LoopDevices) Detach(dev string) (gone bool, err error) {
 		logger.Info("Loop device held open by another user; it detaches at that user's last close and its number then keeps discards off until removed")
 		return false, nil
 	}
+	if err == nil {
+		// Attached to another file already: another user's now.
+		return true, nil
+	}
 	// The detach made the disk anew (a new diskseq): this one is to go.
-	seq, _ := os.ReadFile(filepath.Join(sys, "diskseq"))
+	// Without its diskseq (a kernel before 5.15, or the number gone
+	// already) a later removal could not tell it from a number made
+	// again since: it is removed now, as it always was.
+	seq, serr := os.ReadFile(filepath.Join(sys, "diskseq"))
 	n := detached{dev: dev, seq: string(bytes.TrimSpace(seq))}
-	if l.removals == nil || !l.removals.add(n) {
+	if serr != nil || n.seq == "" || l.removals == nil || !l.removals.add(n) {
 		removeNumber(n)
 	}
 	return true, nil

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 
+	"k8s.io/klog/v2"
+
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -78,8 +80,9 @@ func newEarly() early {
 // (Kick). The operation runs on the caller's goroutine: Start returns once
 // it is done, and the request's answer does not wait for that.
 func (r *Reconciler) Start(id string) {
-	run, ok := r.claimEarly(id)
-	if !ok {
+	run, why := r.claimEarly(id)
+	if why != "" {
+		klog.Background().V(4).Info("Leaving the volume's step to the next pass", "volumeID", id, "reason", why)
 		r.Kick()
 		return
 	}
@@ -91,53 +94,53 @@ func (r *Reconciler) Start(id string) {
 	}
 }
 
-// claimEarly decides and claims volume id's next step, and reports
-// whether its work is in hand: run is the operation to run, or nil when
-// one of the volume's runs and the volume is started again when it ends.
-// The operation is counted before Run can stop (early.run), so that Run
-// waits for it.
-func (r *Reconciler) claimEarly(id string) (run func(), ok bool) {
+// claimEarly decides and claims volume id's next step. run is the
+// operation to run, or nil when one of the volume's runs and the volume is
+// started again when it ends; why says, when not empty, why the step is
+// left to the pass. The operation is counted before Run can stop
+// (early.run), so that Run waits for it.
+func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 	r.early.run.RLock()
 	defer r.early.run.RUnlock()
 	ctx := r.early.ctx
 	if ctx == nil || ctx.Err() != nil || !r.ready.Load() {
-		return nil, false
+		return nil, "start-up reconstruction has not finished, or the reconciler stops"
 	}
 	for range earlyTries {
 		epoch := r.exec.epoch()
 		v, err := r.cfg.Store.Get(id)
 		if err != nil {
-			return nil, false
+			return nil, err.Error()
 		}
 		obs, err := r.observeFor(v)
 		if err != nil {
-			return nil, false
+			return nil, err.Error()
 		}
 		p := r.planVolume(v, obs)
 		if len(p.acts) == 0 {
-			return nil, false
+			return nil, "nothing to do"
 		}
 		act := p.acts[0]
 		if !earlyKind(act.kind) {
-			return nil, false
+			return nil, "the pass takes " + act.String()
 		}
 		switch h, _ := r.exec.claim(id, act, epoch); h {
 		case notHeld:
-			return r.beginOp(ctx, v, p.a, act), true
+			return r.beginOp(ctx, v, p.a, act), ""
 		case heldRunning:
 			r.early.setPending(id)
 			if r.exec.runs(id) || !r.early.takePending(id) {
 				// The running operation's end starts it again.
-				return nil, true
+				return nil, ""
 			}
 			// It ended meanwhile, without seeing the mark: look again.
 		case heldStale:
 			// An operation ended during the observation: look again.
 		default:
-			return nil, false
+			return nil, act.String() + " waits out its backoff"
 		}
 	}
-	return nil, false
+	return nil, "operations of the volume kept ending during its observation"
 }
 
 // earlyKind reports whether an early start takes an action of kind k.

@@ -336,8 +336,9 @@ func (e *executor) prune(id string, acts []action) {
 	}
 }
 
-// forget drops the backoff state of a volume that has no record any more.
-func (e *executor) forget(keep func(id string) bool) {
+// forget drops the backoff state of a volume that has no record any more,
+// seen by the pass whose observation began at epoch.
+func (e *executor) forget(keep func(id string) bool, epoch uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for id := range e.failures {
@@ -350,8 +351,12 @@ func (e *executor) forget(keep func(id string) bool) {
 			delete(e.repairs, id)
 		}
 	}
-	for id := range e.finished {
-		if !keep(id) {
+	for id, seq := range e.finished {
+		// An operation that finished after the pass's observation began
+		// is kept: an early start whose observation is older than it
+		// must still see it (the pass's list of volumes may be older
+		// than that early start's record).
+		if !keep(id) && seq <= epoch {
 			delete(e.finished, id)
 		}
 	}

@@ -53,7 +53,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 		}
 		statuses = append(statuses, r.report(ctx, s.v, s.a, stale))
 	}
-	r.forgetGone(vols, plans)
+	r.forgetGone(vols, plans, epoch)
 	// Start.
 	started := r.startPlans(ctx, plans, seen, epoch)
 
@@ -111,7 +111,7 @@ func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
 
 // forgetGone drops what the reconciler keeps of volumes that are neither
 // recorded nor planned for any more.
-func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
+func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch uint64) {
 	ids := make(map[string]bool, len(vols)+len(plans))
 	for _, v := range vols {
 		ids[v.ID] = true
@@ -119,7 +119,7 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
 	for _, p := range plans {
 		ids[p.v.ID] = true
 	}
-	r.exec.forget(func(id string) bool { return ids[id] })
+	r.exec.forget(func(id string) bool { return ids[id] }, epoch)
 	for id := range r.reported {
 		if !ids[id] {
 			delete(r.reported, id)
