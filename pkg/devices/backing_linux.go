@@ -89,10 +89,10 @@ func (c *loopFiles) forget(loops []host.Device) {
 // dir (found by ResolveBacking's rule where the kernel names another), and
 // without the devices whose path in dir is not the file they are attached
 // to: another mount namespace's file under the same path. Devices of files
-// outside dir are left as they are.
+// outside dir are left as they are. loops need not be every device: the
+// caller forgets those detached (forget) after a listing of all.
 func (c *loopFiles) own(loops []host.Device, dir string) []host.Device {
 	dir = filepath.Clean(dir)
-	c.forget(loops)
 	out := loops[:0]
 	for _, l := range loops {
 		if !strings.HasPrefix(l.BackingFile, dir+"/") {

@@ -50,49 +50,76 @@ func numberState(t *testing.T, dev string) string {
 }
 
 // TestThickNumberRemovedAtDetach checks that the device number of a thick
-// volume (discards off) is removed by the detach that leaves it
+// volume (discards off) is removed after the detach that leaves it
 // unattached, so that its next user, converge or another process, gets the
-// number afresh with discards on. Other loop users may take the number as
-// soon as it is free, and it is then theirs: only a number left unattached
-// with its discards stuck off fails.
+// number afresh with discards on: within Detach (LoopDevices' zero value),
+// or by Removals once Detach has returned (as the plugin does), checked
+// once they are all removed (Close). Other loop users may take the number
+// as soon as it is free, and it is then theirs: only a number left
+// unattached with its discards stuck off fails.
 func TestThickNumberRemovedAtDetach(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices")
 	}
-	dir := t.TempDir()
-	thick, thin := sparseImage(t, filepath.Join(dir, "thick.img")), sparseImage(t, filepath.Join(dir, "thin.img"))
-	var attached []string
-	t.Cleanup(func() {
-		for _, d := range attached {
-			loops.Release(d, dir)
-		}
-	})
-	attach := func(img string, on bool) string {
-		t.Helper()
-		dev, err := AttachLoop(img, on)
-		if err != nil {
-			t.Fatal(err)
-		}
-		attached = append(attached, dev)
-		if stuck := discardsStuck(t, dev); stuck == on {
-			t.Fatalf("%s attached with discards %v: stuck off %v", dev, on, stuck)
-		}
-		return dev
-	}
-	detach := func(dev string) {
-		t.Helper()
-		if gone, err := (LoopDevices{}).Detach(dev); err != nil || !gone {
-			t.Fatalf("detaching unused %s: gone %v, %v; want gone", dev, gone, err)
-		}
-	}
-	for i := range 5 {
-		dev := attach(thick, false)
-		detach(dev)
-		if numberState(t, dev) == "stuck" {
-			t.Fatalf("round %d: %s keeps its discards off after its detach", i, dev)
-		}
-		// The lowest free number again, most likely the same.
-		detach(attach(thin, true))
+	for _, queued := range []bool{false, true} {
+		t.Run(map[bool]string{false: "at-once", true: "queued"}[queued], func(t *testing.T) {
+			dir := t.TempDir()
+			thick, thin := sparseImage(t, filepath.Join(dir, "thick.img")), sparseImage(t, filepath.Join(dir, "thin.img"))
+			var attached []string
+			t.Cleanup(func() {
+				for _, d := range attached {
+					loops.Release(d, dir)
+				}
+			})
+			var ld LoopDevices
+			var removals *Removals
+			if queued {
+				removals = NewRemovals()
+				defer removals.Close()
+				ld = NewLoopDevices(removals)
+			}
+			attach := func(img string, on bool) string {
+				t.Helper()
+				dev, err := ld.Attach(img, on)
+				if err != nil {
+					t.Fatal(err)
+				}
+				attached = append(attached, dev)
+				if stuck := discardsStuck(t, dev); stuck == on {
+					t.Fatalf("%s attached with discards %v: stuck off %v", dev, on, stuck)
+				}
+				return dev
+			}
+			detach := func(dev string) {
+				t.Helper()
+				if gone, err := ld.Detach(dev); err != nil || !gone {
+					t.Fatalf("detaching unused %s: gone %v, %v; want gone", dev, gone, err)
+				}
+			}
+			var thickDevs []string
+			for i := range 5 {
+				dev := attach(thick, false)
+				detach(dev)
+				thickDevs = append(thickDevs, dev)
+				if !queued && numberState(t, dev) == "stuck" {
+					t.Fatalf("round %d: %s keeps its discards off after its detach", i, dev)
+				}
+				if !queued {
+					// The lowest free number again, most likely the
+					// same. (Its attach would remove a number left
+					// stuck itself, so the queued way does without.)
+					detach(attach(thin, true))
+				}
+			}
+			if queued {
+				removals.Close()
+				for _, dev := range thickDevs {
+					if numberState(t, dev) == "stuck" {
+						t.Fatalf("%s keeps its discards off once the queued removals are done", dev)
+					}
+				}
+			}
+		})
 	}
 }
 

@@ -22,9 +22,12 @@
 // device number across detaches, and once it is 0 nothing but removing the
 // number (LOOP_CTL_REMOVE) resets it: the next user of the number, converge
 // or not, would get a device that passes no discards. So the detach of a
-// thick device removes the number at once, when nothing holds the device
-// (LoopDevices.Detach). Another process can still be offered the number in
-// the microseconds between the two calls, and a device someone holds open
+// thick device removes the number, when nothing holds the device
+// (LoopDevices.Detach): at once, or, in the plugin, right after, from a
+// queue (Removals) that keeps the removal off the unstage's answer and
+// leaves alone a number that is another disk by then (its diskseq
+// changed). Another process can still be offered the number in the moment
+// between the two calls, and a device someone holds open
 // detaches at that user's last close, when converge is not there to remove
 // it: either is logged, and that number keeps discards off for whoever
 // takes it. converge's own thin attaches check every device they claim and

@@ -615,6 +615,29 @@ func (k *keptFiles) listLoops(sysBlock string) ([]host.Device, error) {
 	return loops, err
 }
 
+// readLoops reads the loop devices devs (as "/dev/loopN") with k's
+// descriptors, and returns those attached. Descriptors are kept as for a
+// listing; the next listing closes those of devices it does not read.
+func (k *keptFiles) readLoops(sysBlock string, devs []string) ([]host.Device, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []host.Device
+	for _, dev := range devs {
+		name, ok := strings.CutPrefix(dev, "/dev/")
+		if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {
+			return nil, fmt.Errorf("%s is not a loop device", dev)
+		}
+		d, attached, err := readLoop(sysBlock, name, k, k.devs)
+		if err != nil {
+			return nil, err
+		}
+		if attached {
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}
+
 // close closes every descriptor.
 func (k *keptFiles) close() {
 	k.mu.Lock()
@@ -645,8 +668,17 @@ func parseDevNum(s string) (host.DevNum, error) {
 	return host.DevNum{Major: uint32(a), Minor: uint32(b)}, nil
 }
 
-// LoopDevices attaches and detaches loop devices.
-type LoopDevices struct{}
+// LoopDevices attaches and detaches loop devices. Its zero value removes a
+// thick device's number within Detach; NewLoopDevices' removes it after
+// Detach returns (see Removals).
+type LoopDevices struct {
+	// removals, when not nil, takes the numbers Detach leaves to remove.
+	removals *Removals
+}
+
+// NewLoopDevices returns LoopDevices whose Detach leaves the removal of a
+// thick device's number to r, off the caller's path.
+func NewLoopDevices(r *Removals) LoopDevices { return LoopDevices{removals: r} }
 
 // SetDiscards calls SetDiscards on /sys/block.
 func (LoopDevices) SetDiscards(dev string, on bool) error { return SetDiscards("/sys/block", dev, on) }
@@ -668,15 +700,15 @@ func (LoopDevices) Keep(dev string) error { return KeepLoop(dev) }
 // process may attach the number as soon as it is free).
 //
 // A device whose discards were turned off (a thick volume's) is removed
-// right after a detach that left it unattached: the kernel keeps a device
-// number's discard limit across detaches, and once it is 0 nothing but a
-// removal resets it, so the number's next user, converge or not, would get
-// a device that passes no discards. Between the detach and the removal
-// another process can still be offered the number; and a device held open
-// goes at its last close, when converge is not there to remove it. Either
-// is logged (the number keeps discards off for whoever takes it; converge's
-// own thin attaches remove it and take another).
-func (LoopDevices) Detach(dev string) (gone bool, err error) {
+// after a detach that left it unattached (by l's Removals, or at once): the
+// kernel keeps a device number's discard limit across detaches, and once
+// it is 0 nothing but a removal resets it, so the number's next user,
+// converge or not, would get a device that passes no discards. Between the
+// detach and the removal another process can still be offered the number;
+// and a device held open goes at its last close, when converge is not there
+// to remove it. Either is logged (the number keeps discards off for whoever
+// takes it; converge's own thin attaches remove it and take another).
+func (l LoopDevices) Detach(dev string) (gone bool, err error) {
 	sys := filepath.Join("/sys/block", filepath.Base(dev))
 	off, _ := readInt(filepath.Join(sys, "queue", "discard_max_bytes"))
 	backing := func() ([]byte, error) {
@@ -698,8 +730,40 @@ func (LoopDevices) Detach(dev string) (gone bool, err error) {
 		logger.Info("Loop device held open by another user; it detaches at that user's last close and its number then keeps discards off until removed")
 		return false, nil
 	}
-	if err := removeLoop(dev); err != nil && !errors.Is(err, unix.ENODEV) {
-		logger.Info("Loop device number in use by another user before it could be removed; it keeps discards off for that user", "err", err)
+	if err == nil {
+		// Attached to another file already: another user's now.
+		return true, nil
+	}
+	// The detach made the disk anew (a new diskseq): this one is to go.
+	// Without its diskseq (a kernel before 5.15, or the number gone
+	// already) a later removal could not tell it from a number made
+	// again since: it is removed now, as it always was.
+	seq, serr := os.ReadFile(filepath.Join(sys, "diskseq"))
+	n := detached{dev: dev, seq: string(bytes.TrimSpace(seq))}
+	if serr != nil || n.seq == "" || l.removals == nil || !l.removals.add(n) {
+		removeNumber(n)
 	}
 	return true, nil
+}
+
+// detached is a device left unattached whose number is to be removed: its
+// name, and the sequence number of the disk it was (sysfs diskseq; "" when
+// the kernel has none).
+type detached struct{ dev, seq string }
+
+// removeNumber removes the unattached number of a device whose discards
+// were off, and logs when another user holds it first. A number that is
+// another disk by now (removed and made again, by anyone: its diskseq
+// changed) is not the one detached, and is left alone.
+func removeNumber(d detached) {
+	dev := d.dev
+	if d.seq != "" {
+		cur, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "diskseq"))
+		if err != nil || string(bytes.TrimSpace(cur)) != d.seq {
+			return
+		}
+	}
+	if err := removeLoop(dev); err != nil && !errors.Is(err, unix.ENODEV) {
+		klog.Background().Info("Loop device number in use before it could be removed; it keeps discards off for its user until that user's detach", "device", dev, "err", err)
+	}
 }

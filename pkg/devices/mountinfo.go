@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,10 +42,54 @@ type mountTable struct {
 	mu  sync.Mutex
 	fd  int
 	buf []byte
+
+	// sharedMu guards the fields below it: the reads readFresh shares.
+	// Lock order: sharedMu is never held while mu is taken.
+	sharedMu sync.Mutex
+	shared   *sync.Cond
+	// started and done count the shared reads begun and finished;
+	// reading is true while one runs. last is the latest finished read's
+	// result, lastErr its error.
+	started, done uint64
+	reading       bool
+	last          []host.Mount
+	lastErr       error
 }
 
 func newMountTable(path string) *mountTable {
-	return &mountTable{path: path, consistent: kernelAtLeast(5, 8), fd: -1, buf: make([]byte, 64<<10)}
+	t := &mountTable{path: path, consistent: kernelAtLeast(5, 8), fd: -1, buf: make([]byte, 64<<10)}
+	t.shared = sync.NewCond(&t.sharedMu)
+	return t
+}
+
+// readFresh returns the mounts of a read of the table that began after
+// readFresh was called, and shares it with every caller that called before
+// it began: callers at the same moment (the requests of a burst, each
+// wanting the table as it is after its own intent) pay for one read, not
+// one each. Each caller gets a copy of its own.
+func (t *mountTable) readFresh() ([]host.Mount, error) {
+	t.sharedMu.Lock()
+	defer t.sharedMu.Unlock()
+	// The first read to begin from now on: the one running began before.
+	want := t.started + 1
+	for t.done < want {
+		if t.reading {
+			t.shared.Wait()
+			continue
+		}
+		t.reading = true
+		t.started++
+		n := t.started
+		t.sharedMu.Unlock()
+		mounts, err := t.read()
+		t.sharedMu.Lock()
+		t.last, t.lastErr, t.done, t.reading = mounts, err, n, false
+		t.shared.Broadcast()
+	}
+	if t.lastErr != nil {
+		return nil, t.lastErr
+	}
+	return slices.Clone(t.last), nil
 }
 
 // read returns the mounts of the table. A failed read closes the

@@ -48,14 +48,8 @@ type Observer struct {
 
 // Observe parses the mount table once and lists the loop devices.
 func (o *Observer) Observe() (*host.Observation, error) {
-	o.filesOnce.Do(o.keepFiles)
-	if o.Paths != nil {
-		o.rootsMu.Lock()
-		o.roots.close()
-		o.roots = o.Paths.pin()
-		o.rootsMu.Unlock()
-	}
-	mounts, err := o.mounts.read()
+	o.begin()
+	mounts, err := o.mounts.readFresh()
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
 	}
@@ -63,6 +57,49 @@ func (o *Observer) Observe() (*host.Observation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing loop devices: %w", err)
 	}
+	o.loopFiles.forget(loops)
+	return o.observation(mounts, loops), nil
+}
+
+// ObserveDevices is Observe for the loop devices named only (as
+// "/dev/loopN"): the mount table is read anew, as Observe reads it, but of
+// the loop devices only those named are read, and those no longer
+// attached are left out. It is the observation of a few volumes whose
+// devices are known, at a cost that does not grow with the devices of the
+// machine: a device attached since the caller learnt its volume's devices
+// is not in it.
+//
+// Callers at the same moment share one read of the mount table, which
+// begins after each of them called.
+func (o *Observer) ObserveDevices(devs []string) (*host.Observation, error) {
+	o.begin()
+	mounts, err := o.mounts.readFresh()
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
+	}
+	loops, err := o.files.readLoops(o.SysBlock, devs)
+	if err != nil {
+		return nil, fmt.Errorf("reading loop devices %v: %w", devs, err)
+	}
+	return o.observation(mounts, loops), nil
+}
+
+// begin readies an observation: the kept files, and the roots opened
+// anew for the mount checks that follow it.
+func (o *Observer) begin() {
+	o.filesOnce.Do(o.keepFiles)
+	if o.Paths != nil {
+		o.rootsMu.Lock()
+		o.roots.close()
+		o.roots = o.Paths.pin()
+		o.rootsMu.Unlock()
+	}
+}
+
+// observation builds an observation of mounts and loops, with the devices
+// of the pools' images told from others' (loopFiles.own) and each pool's
+// space.
+func (o *Observer) observation(mounts []host.Mount, loops []host.Device) *host.Observation {
 	names := slices.Sorted(maps.Keys(o.Pools))
 	for _, name := range names {
 		loops = o.loopFiles.own(loops, o.Pools[name])
@@ -73,7 +110,7 @@ func (o *Observer) Observe() (*host.Observation, error) {
 			obs.WithPool(name, host.PoolSpace{Known: true, Total: total, Free: free})
 		}
 	}
-	return obs, nil
+	return obs
 }
 
 // Close closes the files Observe keeps open. Observe may be called again

@@ -2,6 +2,7 @@ package devices
 
 import (
 	"fmt"
+	"github.com/converge-csi/converge/pkg/host"
 	"os"
 	"path/filepath"
 	"testing"
@@ -91,6 +92,45 @@ func BenchmarkObserveOwnDevices(b *testing.B) {
 			b.ReportMetric(perPass[i]/1000, "µs/pass")
 			if i == 1 && perPass[1] > 0 {
 				b.ReportMetric(perPass[0]/perPass[1], "identity/path-only")
+			}
+		})
+	}
+}
+
+// BenchmarkObserveDevices observes one volume's device among 100 attached
+// images, as a request's early start does (ObserveDevices), against the
+// observation of every device a pass makes (Observe), in the same run, and
+// reports the ratio.
+func BenchmarkObserveDevices(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root for loop devices")
+	}
+	dir := b.TempDir()
+	devs := attachImages(b, dir, 100)
+	var perCall [2]float64
+	for i, name := range []string{"one-device", "every-device"} {
+		b.Run(name, func(b *testing.B) {
+			o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": dir}}
+			defer o.Close()
+			for b.Loop() {
+				var obs *host.Observation
+				var err error
+				if i == 0 {
+					obs, err = o.ObserveDevices(devs[:1])
+				} else {
+					obs, err = o.Observe()
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(obs.LoopsFor(filepath.Join(dir, "v0.img"))) != 1 {
+					b.Fatal("the data directory's first image has no device")
+				}
+			}
+			perCall[i] = float64(b.Elapsed()) / float64(b.N)
+			b.ReportMetric(perCall[i]/1000, "µs/observation")
+			if i == 1 && perCall[1] > 0 {
+				b.ReportMetric(perCall[0]/perCall[1], "one/every")
 			}
 		})
 	}

@@ -560,3 +560,54 @@ func TestCheckMountLeavesUnmountsBe(t *testing.T) {
 	close(stop)
 	t.Logf("%d checks during 1000 unmounts", <-checked)
 }
+
+// TestObserveDevicesReadsOnlyThoseNamed checks that the observation of
+// named devices holds those of them attached, as they are now, and no
+// other, with the mount table whole.
+func TestObserveDevicesReadsOnlyThoseNamed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices")
+	}
+	dir := t.TempDir()
+	a, b := sparseImage(t, filepath.Join(dir, "a.img")), sparseImage(t, filepath.Join(dir, "b.img"))
+	var attached []string
+	t.Cleanup(func() {
+		for _, d := range attached {
+			loops.Release(d, dir)
+		}
+	})
+	for _, img := range []string{a, b} {
+		d, err := AttachLoop(img, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attached = append(attached, d)
+	}
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": dir}}
+	defer o.Close()
+	obs, err := o.ObserveDevices(attached[:1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := obs.LoopsFor(a); len(got) != 1 || got[0].Device != attached[0] {
+		t.Errorf("devices of a: got %v, want %s", got, attached[0])
+	}
+	if got := obs.LoopsFor(b); len(got) != 0 {
+		t.Errorf("devices of b, not named: got %v, want none", got)
+	}
+	if _, ok := obs.MountAt("/"); !ok {
+		t.Error("the mount table has no root mount")
+	}
+	if err := DetachLoop(attached[0]); err != nil {
+		t.Fatal(err)
+	}
+	if obs, err = o.ObserveDevices(attached[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := obs.LoopsFor(a); len(got) != 0 {
+		t.Errorf("devices of a once detached: got %v, want none", got)
+	}
+	if _, err := o.ObserveDevices([]string{"/dev/sda"}); err == nil {
+		t.Error("a device that is no loop device was read")
+	}
+}

@@ -53,6 +53,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	}
 	paths := devices.NewPaths(cfg.roots())
 	m := metrics.New()
+	p.removals = devices.NewRemovals()
 	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: p.pools.Dirs()}
 	topology := map[string]string{contract.TopologyKey: cfg.NodeID}
 	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
@@ -114,7 +115,7 @@ func (p *plugin) newReconciler(m *metrics.Metrics, paths *devices.Paths) (*recon
 		Static:   static,
 		Store:    p.store,
 		Observer: p.observer,
-		Loops:    devices.LoopDevices{},
+		Loops:    devices.NewLoopDevices(p.removals),
 		// mount(8) only for what is not ext4, xfs or btrfs: those mount
 		// through the kernel's mount API, after mount-utils' decisions.
 		Filesystems: devices.NewMounter(devices.NewFsMounter(mount.NewWithoutSystemd(""), paths, devices.SELinuxEnabled()),

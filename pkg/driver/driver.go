@@ -63,6 +63,8 @@ type plugin struct {
 	// are probed by recover, once what a crash left in them is gone.
 	pools    *controller.Pools
 	observer *devices.Observer
+	// removals removes thick devices' numbers after their detach.
+	removals *devices.Removals
 	rec      *reconciler.Reconciler
 	// sock is the CSI socket, which serve creates, and grpc the server
 	// of the CSI services on it.
@@ -72,9 +74,13 @@ type plugin struct {
 	tcp, local http.Handler
 }
 
-// close releases what construct opened: the observer's files and the
-// store. Each that construct did not reach is skipped.
+// close releases what construct opened: the device numbers still to
+// remove, the observer's files and the store. Each that construct did not
+// reach is skipped.
 func (p *plugin) close() {
+	if p.removals != nil {
+		p.removals.Close()
+	}
 	if p.observer != nil {
 		p.observer.Close()
 	}

@@ -20,14 +20,14 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// fakeReconciler marks intents as the test says when kicked.
+// fakeReconciler marks intents as the test says when asked to start.
 type fakeReconciler struct {
 	store *state.Store
-	// onKick runs on every kick; nil does nothing.
+	// onKick runs on every start; nil does nothing.
 	onKick func()
 }
 
-func (f *fakeReconciler) Kick() {
+func (f *fakeReconciler) Start(string) {
 	if f.onKick != nil {
 		f.onKick()
 	}

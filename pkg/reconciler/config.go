@@ -30,6 +30,10 @@ type Store interface {
 // Observer reads the actual state of the machine.
 type Observer interface {
 	Observe() (*host.Observation, error)
+	// ObserveDevices is Observe with only the loop devices named (as
+	// "/dev/loopN") that are attached: the observation of a volume whose
+	// devices are known.
+	ObserveDevices(devs []string) (*host.Observation, error)
 	// CheckMount returns the unique ID of the top mount at path (0 when
 	// unknown) and the error of a corrupted mount there (ENOTCONN, ESTALE,
 	// EIO...), nil otherwise.

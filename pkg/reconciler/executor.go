@@ -83,6 +83,23 @@ func (e *executor) epoch() uint64 {
 	return e.seq
 }
 
+// hold is why an action may not start now.
+type hold int
+
+const (
+	// notHeld: the action may start.
+	notHeld hold = iota
+	// heldRunning: an operation of the volume runs.
+	heldRunning
+	// heldStale: an operation of the volume finished after the
+	// observation the action was decided on; that operation's own kick
+	// brings a fresher one.
+	heldStale
+	// heldBackoff: the action failed and its backoff has not ended, or
+	// failed for good (final) and waits for its intent to change.
+	heldBackoff
+)
+
 // blocked reports whether act of volume id must not start now: because an
 // operation of id is running, or finished after the observation taken at
 // epoch (the operation's own kick brings a fresher pass), or because act
@@ -90,22 +107,63 @@ func (e *executor) epoch() uint64 {
 func (e *executor) blocked(id string, act action, epoch uint64) (busy bool, retryAt time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	h, retryAt := e.heldLocked(id, act, epoch)
+	return h != notHeld, retryAt
+}
+
+// heldLocked is blocked's answer with its reason; e.mu is held.
+func (e *executor) heldLocked(id string, act action, epoch uint64) (hold, time.Time) {
 	if _, ok := e.running[id]; ok {
-		return true, time.Time{}
+		return heldRunning, time.Time{}
 	}
 	if e.finished[id] > epoch {
-		return true, time.Time{}
+		return heldStale, time.Time{}
 	}
 	if f := e.failures[id]; f != nil && sameAction(f.act, act) && f.final {
-		return true, time.Time{}
+		return heldBackoff, time.Time{}
 	}
 	if f := e.failures[id]; f != nil && sameAction(f.act, act) && e.clock.Now().Before(f.next) {
-		return true, f.next
+		return heldBackoff, f.next
 	}
 	if f := e.repairs[id][act.String()]; f != nil && e.clock.Now().Before(f.next) {
-		return true, f.next
+		return heldBackoff, f.next
 	}
-	return false, time.Time{}
+	return notHeld, time.Time{}
+}
+
+// claim marks every volume act of volume id holds (id, and a group
+// snapshot's members) as running, if none of them is held: the check and
+// the mark are one step, so that of the full pass and a request's early
+// start, which decide at the same time, one only starts an operation on a
+// volume. A member is held when an operation of it runs or finished after
+// the observation taken at epoch. On success the caller must start the
+// operation (start); otherwise it returns why, and when a backoff ends.
+func (e *executor) claim(id string, act action, epoch uint64) (hold, time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if h, retryAt := e.heldLocked(id, act, epoch); h != notHeld {
+		return h, retryAt
+	}
+	for _, m := range act.members {
+		if _, ok := e.running[m.v.ID]; ok {
+			return heldRunning, time.Time{}
+		}
+		if e.finished[m.v.ID] > epoch {
+			return heldStale, time.Time{}
+		}
+	}
+	for _, held := range act.volumes(id) {
+		e.running[held] = act
+	}
+	return notHeld, time.Time{}
+}
+
+// runs reports whether an operation holds volume id.
+func (e *executor) runs(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.running[id]
+	return ok
 }
 
 // free reports whether volume id runs no operation and none of its
@@ -179,22 +237,24 @@ func (e *executor) idle() bool {
 }
 
 // start runs op for volume id in the background; done is called with its
-// outcome after the backoff state is updated. The caller must have checked
-// blocked. The operation waits for a slot of its pool or for ctx.
+// outcome after the backoff state is updated. The caller must have claimed
+// the volumes (claim). The operation waits for a slot of its pool or for
+// ctx.
 func (e *executor) start(ctx context.Context, id string, act action, op func() outcome, done func(outcome, *failure)) {
-	e.mu.Lock()
-	for _, held := range act.volumes(id) {
-		e.running[held] = act
-	}
-	e.mu.Unlock()
+	e.spawn(e.begin(ctx, id, act, op, done))
+}
 
-	slots := e.fastSlots
-	if act.kind.spec().slow {
-		slots = e.slowSlots
-	}
+// begin is start without the goroutine: it counts the operation (wait
+// waits for it) and returns the function that runs it, for the caller to
+// call on a goroutine of its choice.
+func (e *executor) begin(ctx context.Context, id string, act action, op func() outcome, done func(outcome, *failure)) func() {
 	e.wg.Add(1)
-	e.spawn(func() {
+	return func() {
 		defer e.wg.Done()
+		slots := e.fastSlots
+		if act.kind.spec().slow {
+			slots = e.slowSlots
+		}
 		var out outcome
 		select {
 		case slots <- struct{}{}:
@@ -205,7 +265,7 @@ func (e *executor) start(ctx context.Context, id string, act action, op func() o
 		}
 		f := e.finish(id, act, out)
 		done(out, f)
-	})
+	}
 }
 
 // contained runs op and turns its panic into a failure of act, retried
@@ -276,8 +336,9 @@ func (e *executor) prune(id string, acts []action) {
 	}
 }
 
-// forget drops the backoff state of a volume that has no record any more.
-func (e *executor) forget(keep func(id string) bool) {
+// forget drops the backoff state of a volume that has no record any more,
+// seen by the pass whose observation began at epoch.
+func (e *executor) forget(keep func(id string) bool, epoch uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for id := range e.failures {
@@ -290,8 +351,12 @@ func (e *executor) forget(keep func(id string) bool) {
 			delete(e.repairs, id)
 		}
 	}
-	for id := range e.finished {
-		if !keep(id) {
+	for id, seq := range e.finished {
+		// An operation that finished after the pass's observation began
+		// is kept: an early start whose observation is older than it
+		// must still see it (the pass's list of volumes may be older
+		// than that early start's record).
+		if !keep(id) && seq <= epoch {
 			delete(e.finished, id)
 		}
 	}

@@ -30,9 +30,11 @@ type fakeWorld struct {
 	// images holds the image files, by path.
 	images map[string]bool
 	loops  map[string]host.Device // by backing file
-	fs     map[string]string      // image -> filesystem type, as on disk
-	mkfs   map[string]int         // image -> times formatted
-	mounts []host.Mount
+	// partial counts the observations of named devices (ObserveDevices).
+	partial int
+	fs      map[string]string // image -> filesystem type, as on disk
+	mkfs    map[string]int    // image -> times formatted
+	mounts  []host.Mount
 	// unique maps a mount's mountinfo ID to its unique ID (see mount).
 	unique  map[int]uint64
 	lastUID uint64
@@ -252,6 +254,24 @@ func (w *fakeWorld) Observe() (*host.Observation, error) {
 	if after != nil {
 		after()
 	}
+	return obs, nil
+}
+
+// ObserveDevices is Observe with only the loop devices devs.
+func (w *fakeWorld) ObserveDevices(devs []string) (*host.Observation, error) {
+	w.mu.Lock()
+	w.partial++
+	var loops []host.Device
+	for _, l := range w.loops {
+		if slices.Contains(devs, l.Device) {
+			loops = append(loops, l)
+		}
+	}
+	obs := host.NewObservation(append([]host.Mount(nil), w.mounts...), loops)
+	if w.pool {
+		obs.WithPool(state.DefaultPool, host.PoolSpace{Known: true, Total: 1 << 30, Free: w.free})
+	}
+	w.mu.Unlock()
 	return obs, nil
 }
 

@@ -53,7 +53,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 		}
 		statuses = append(statuses, r.report(ctx, s.v, s.a, stale))
 	}
-	r.forgetGone(vols, plans)
+	r.forgetGone(vols, plans, epoch)
 	// Start.
 	started := r.startPlans(ctx, plans, seen, epoch)
 
@@ -87,23 +87,31 @@ func (r *Reconciler) plan(vols []*state.Volume, obs *host.Observation) (seen, pl
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
 	for _, v := range vols {
-		name, home := r.poolOf(v)
-		a := observeVolume(v, home.Image(v.ID), obs, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
-		a.home, a.pool, a.poolName = home, obs.Pool(name), name
-		a.poolGuard = home.Guard().Threshold(a.pool.Total)
-		a.snapshotsTaken = takenSnapshots(v, home)
-		acts := diff(v, a)
-		seen = append(seen, plan{v: v, a: a, acts: acts})
-		if len(acts) > 0 {
-			plans = append(plans, plan{v: v, a: a, act: acts[0]})
+		s := r.planVolume(v, obs)
+		seen = append(seen, s)
+		if len(s.acts) > 0 {
+			plans = append(plans, plan{v: v, a: s.a, act: s.acts[0]})
 		}
 	}
+	r.learnDevices(plans, seen)
 	return seen, plans
+}
+
+// planVolume derives v's actual state from obs and the actions v needs:
+// the one decision of what a volume needs, whether a full pass or a
+// request's early start (Start) asks.
+func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
+	name, home := r.poolOf(v)
+	a := observeVolume(v, home.Image(v.ID), obs, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
+	a.home, a.pool, a.poolName = home, obs.Pool(name), name
+	a.poolGuard = home.Guard().Threshold(a.pool.Total)
+	a.snapshotsTaken = takenSnapshots(v, home)
+	return plan{v: v, a: a, acts: diff(v, a)}
 }
 
 // forgetGone drops what the reconciler keeps of volumes that are neither
 // recorded nor planned for any more.
-func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
+func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch uint64) {
 	ids := make(map[string]bool, len(vols)+len(plans))
 	for _, v := range vols {
 		ids[v.ID] = true
@@ -111,17 +119,19 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan) {
 	for _, p := range plans {
 		ids[p.v.ID] = true
 	}
-	r.exec.forget(func(id string) bool { return ids[id] })
+	r.exec.forget(func(id string) bool { return ids[id] }, epoch)
 	for id := range r.reported {
 		if !ids[id] {
 			delete(r.reported, id)
 		}
 	}
+	r.fulfilledMu.Lock()
 	for id := range r.fulfilled {
 		if !ids[id] {
 			delete(r.fulfilled, id)
 		}
 	}
+	r.fulfilledMu.Unlock()
 }
 
 // startPlans starts the planned actions that are not blocked, teardowns
@@ -134,11 +144,6 @@ func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch u
 			if p.act.kind.spec().teardown != teardown {
 				continue
 			}
-			busy, retryAt := r.exec.blocked(p.v.ID, p.act, epoch)
-			if busy {
-				r.wakeBy(retryAt)
-				continue
-			}
 			if p.act.kind == actTakeGroupSnapshot {
 				if byID == nil {
 					byID = plansByID(seen)
@@ -147,6 +152,10 @@ func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch u
 				if p.act.members, free = r.groupMembers(p, byID, epoch); !free {
 					continue
 				}
+			}
+			if h, retryAt := r.exec.claim(p.v.ID, p.act, epoch); h != notHeld {
+				r.wakeBy(retryAt)
+				continue
 			}
 			r.startOp(ctx, p.v, p.a, p.act)
 			started++

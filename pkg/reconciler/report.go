@@ -16,6 +16,8 @@ import (
 // nothing: that operation reported what it did, which such an observation
 // may not show.
 func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, stale bool) volstatus.VolumeStatus {
+	r.fulfilledMu.Lock()
+	defer r.fulfilledMu.Unlock()
 	seen := r.fulfilled[v.ID]
 	if seen == nil {
 		seen = map[state.IntentKey]int64{}

@@ -124,6 +124,7 @@ func (r *Reconciler) stageDevice(v *state.Volume, a *actual) (string, int64, err
 	if err != nil {
 		return "", 0, fmt.Errorf("attaching volume %s: %w", v.ID, err)
 	}
+	r.noteDevice(v.ID, dev)
 	return dev, devSize, nil
 }
 

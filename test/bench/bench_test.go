@@ -8,7 +8,13 @@
 // is not part of make test.
 //
 // Each benchmark reports medians (and p99 for bursts) in milliseconds as
-// custom metrics, and the ratio converge/raw floor.
+// custom metrics, and the ratio converge/raw floor. Two figures have
+// floors of their own, measured in the same rounds: a publish against the
+// raw bind + one durable record + one empty call (the least a durable
+// publish answered over the socket costs), and the teardown of a burst
+// against the raw floor with the kubelet's calls before each step. Every
+// way starts every attach from a fresh loop device number, as converge's
+// unstage leaves one (numbers_test.go).
 package bench
 
 import (
@@ -102,24 +108,43 @@ func (bl *baseline) stage(v vol) (string, error) {
 // formats them since 2026-11-24), mount(2), a bind mount(2); no probe, no
 // check, no record. It shares the mount-utils
 // baseline's directories and images.
-type rawFloor struct{ *baseline }
+//
+// Its mkfs and mount are converge's for a thick ext4 volume with no
+// parameters: mount-utils runs mkfs.ext4 with the stage's options before
+// its own "-F -m0" (pkg/devices.FormatAndMount adds "-E
+// assume_storage_prezeroed=1" for a new image), and the reconciler mounts
+// with errors=remount-ro alone (pkg/reconciler.stageOptions: discard is
+// for thin volumes).
+type rawFloor struct {
+	*baseline
+	// steps, when set, records each step's time.
+	steps *stepTimes
+}
 
 func (r rawFloor) stage(v vol) (string, error) {
+	start := time.Now()
 	dev, err := devices.AttachLoop(v.image, false)
 	if err != nil {
 		return "", err
 	}
+	start = r.steps.add("attach", start)
 	if out, err := exec.Command("mkfs.ext4", "-F", "-m0", "-E", host.Mke2fsPrezeroed+"=1", dev).CombinedOutput(); err != nil {
 		return dev, fmt.Errorf("mkfs.ext4 %s: %v: %s", dev, err, out)
 	}
-	return dev, unix.Mount(dev, v.staging, "ext4", 0, "errors=remount-ro")
+	start = r.steps.add("mkfs", start)
+	err = unix.Mount(dev, v.staging, "ext4", 0, "errors=remount-ro")
+	r.steps.add("mount", start)
+	return dev, err
 }
 
 func (r rawFloor) publish(v vol) error {
+	start := time.Now()
 	if err := os.Mkdir(v.target, 0o750); err != nil {
 		return err
 	}
-	return unix.Mount(v.staging, v.target, "", unix.MS_BIND, "")
+	err := unix.Mount(v.staging, v.target, "", unix.MS_BIND, "")
+	r.steps.add("bind", start)
+	return err
 }
 
 func (r rawFloor) teardown(v vol, dev string) error {
@@ -220,7 +245,12 @@ func (p plugin) vol(id string) vol { return newVol(p.Root, p.DataDir, id) }
 
 // create makes a volume named name and returns its ID.
 func (p plugin) create(b testing.TB, name string) string {
-	resp, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: volSize}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
+	return p.createSized(b, name, volSize)
+}
+
+// createSized makes a volume of size bytes named name and returns its ID.
+func (p plugin) createSized(b testing.TB, name string, size int64) string {
+	resp, err := p.Controller().CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{rwo}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -315,14 +345,48 @@ type stager interface {
 // BenchmarkOneVolume measures, for one volume at a time, stage + publish
 // and publish alone through the plugin's socket against the raw floor and
 // the mount-utils baseline, alternating the three so that all see the same
-// machine.
+// machine. A publish is also measured against its physical floor: the raw
+// bind mount, one durable record (a write and an fdatasync on the plugin's
+// state filesystem) and one empty call over the socket, each measured in
+// every round beside it.
+//
+// Every way starts each attach from a fresh loop device number: converge
+// removes a thick volume's number at its unstage, and the ways by hand
+// remove theirs after their teardown (untimed); converge's removals are
+// waited for before the ways by hand start, in case they trail its
+// answers.
 func BenchmarkOneVolume(b *testing.B) {
-	const rounds = 25
+	const (
+		rounds = 25
+		// Per round: the samples of a durable record and of an empty
+		// call, taken between the ways so they see the same machine.
+		samples = 4
+	)
 	p := start(b)
 	bl := newBaseline(b, p.Dir)
-	floorWay := rawFloor{bl}
-	var cStage, cPub []time.Duration
+	steps := &stepTimes{}
+	floorWay := rawFloor{baseline: bl, steps: steps}
+	records := newRecordLog(b, p.StateDir)
+	var cStage, cPub, syncs, calls, removals []time.Duration
+	removalTimeouts := 0
 	handStage, handPub := map[string][]time.Duration{}, map[string][]time.Duration{}
+	sample := func() {
+		for range samples {
+			d, err := timed(records.write)
+			if err != nil {
+				b.Fatal(err)
+			}
+			syncs = append(syncs, d)
+			d, err = timed(func() error {
+				_, err := p.Node().NodeGetCapabilities(context.Background(), &csi.NodeGetCapabilitiesRequest{})
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			calls = append(calls, d)
+		}
+	}
 	for b.Loop() {
 		for i := range rounds {
 			id := fmt.Sprintf("one-%d-%d", b.N, i)
@@ -337,9 +401,16 @@ func BenchmarkOneVolume(b *testing.B) {
 				b.Fatal(err)
 			}
 			cStage, cPub = append(cStage, d1+d2), append(cPub, d2)
+			used := loopsBackedIn(p.DataDir)
 			if err := p.teardown(cv); err != nil {
 				b.Fatal(err)
 			}
+			waited, ok := awaitRemoved(used, p.DataDir, removalWait)
+			if !ok {
+				removalTimeouts++
+			}
+			removals = append(removals, waited)
+			sample()
 			for _, way := range []struct {
 				name string
 				s    stager
@@ -359,19 +430,9 @@ func BenchmarkOneVolume(b *testing.B) {
 				if err := way.s.teardown(v, dev); err != nil {
 					b.Fatal(err)
 				}
+				removeNumbers(b, []string{dev})
 			}
 		}
-	}
-	var floor []time.Duration
-	for range 200 {
-		d, err := timed(func() error {
-			_, err := p.Node().NodeGetCapabilities(context.Background(), &csi.NodeGetCapabilitiesRequest{})
-			return err
-		})
-		if err != nil {
-			b.Fatal(err)
-		}
-		floor = append(floor, d)
 	}
 	// What converge adds to a publish, round by round: the raw publish of
 	// the same round took 0.08-1.02 ms within an hour (the disk's state),
@@ -382,7 +443,8 @@ func BenchmarkOneVolume(b *testing.B) {
 	}
 	cs, rs, ms2 := quantile(cStage, 0.5), quantile(handStage["raw"], 0.5), quantile(handStage["mount-utils"], 0.5)
 	cp, rp, mp := quantile(cPub, 0.5), quantile(handPub["raw"], 0.5), quantile(handPub["mount-utils"], 0.5)
-	rf := quantile(floor, 0.5)
+	fs, rf := quantile(syncs, 0.5), quantile(calls, 0.5)
+	pubFloor := rp + fs + rf
 	b.ReportMetric(ms(cs), "stage+publish-ms")
 	b.ReportMetric(ms(rs), "raw-stage+publish-ms")
 	b.ReportMetric(ms(ms2), "mount-utils-stage+publish-ms")
@@ -390,13 +452,33 @@ func BenchmarkOneVolume(b *testing.B) {
 	b.ReportMetric(ms(cp), "publish-ms")
 	b.ReportMetric(ms(rp), "raw-publish-ms")
 	b.ReportMetric(float64(cp)/float64(rp), "publish-ratio")
+	b.ReportMetric(ms(fs), "fdatasync-ms")
 	// The cost of any call over the socket, for where a publish's time goes.
 	b.ReportMetric(ms(rf), "rpc-floor-ms")
+	b.ReportMetric(ms(pubFloor), "publish-floor-ms")
+	b.ReportMetric(float64(cp)/float64(pubFloor), "publish-floor-ratio")
 	compare("one volume: stage + publish, median", "ms", ms(cs), ms(rs), ms(ms2), 1.15)
-	compareMax("one volume: publish alone, median", "ms", ms(cp), ms(rp), ms(mp), 1)
-	absolute("an empty call (NodeGetCapabilities), median", "ms", ms(rf), 0)
+	compare("one volume: publish alone against its floor (raw bind + fdatasync + empty call), median", "ms", ms(cp), ms(pubFloor), 0, 1.2)
+	compare("one volume: publish alone against the raw bind alone, median", "ms", ms(cp), ms(rp), ms(mp), 0)
+	absolute("one volume: a record written + fdatasync on the state filesystem, median", "ms", ms(fs), 0)
+	absolute("one volume: an empty call (NodeGetCapabilities), median", "ms", ms(rf), 0)
+	note(fmt.Sprintf("one volume: publish floor %.2f ms = raw bind %.2f + fdatasync %.2f + empty call %.2f (medians of %d, %d and %d samples, interleaved with the rounds)",
+		ms(pubFloor), ms(rp), ms(fs), ms(rf), len(handPub["raw"]), len(syncs), len(calls)))
+	note("one volume: the raw floor's steps, medians: " + steps.String())
 	b.ReportMetric(median(added), "publish-added-ms")
 	note(fmt.Sprintf("one volume: a publish took %.2f ms more than the raw publish of its round (median of %d rounds)", median(added), len(added)))
+	removalNote("one volume", removals, removalTimeouts)
+}
+
+// removalNote records how long converge's loop number removals trailed
+// its teardowns' answers.
+func removalNote(what string, waits []time.Duration, timeouts int) {
+	line := fmt.Sprintf("%s: converge's loop numbers all removed %.2f ms (median; max %.2f ms) after its teardown answered",
+		what, ms(quantile(waits, 0.5)), ms(quantile(waits, 1)))
+	if timeouts > 0 {
+		line += fmt.Sprintf("; in %d of %d rounds some were not removed within %v", timeouts, len(waits), removalWait)
+	}
+	note(line)
 }
 
 // burst runs f for every volume at once and returns the wall time and
@@ -439,6 +521,8 @@ func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Durati
 		return s.publish(v)
 	})
 	down, _ := burst(b, vols, func(v vol) error { return s.teardown(v, devs[index[v.id]]) })
+	// As converge's unstages do, after the time taken.
+	removeNumbers(b, devs)
 	// The images are thick: kept, the rounds' would fill the disk.
 	for _, v := range vols {
 		if err := os.Remove(v.image); err != nil {
@@ -456,14 +540,18 @@ func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Durati
 // floor took anywhere from 40 to 91 ms on the same machine within minutes
 // (its disk's flushes vary), so each figure is the median of the rounds,
 // and each ratio the median of the rounds' own ratios (converge against the
-// raw floor of the same round).
+// raw floor of the same round). The teardown's goal is against the raw
+// floor with the kubelet's calls, which no plugin answering them avoids.
+// As in BenchmarkOneVolume, every attach starts from a fresh loop number.
 func BenchmarkBurst(b *testing.B) {
 	const n = 100
-	const burstRounds = 3
+	const burstRounds = 5
 	p := start(b)
 	bl := newBaseline(b, p.Dir)
 	var cWalls, rWalls, mWalls, cDowns, rDowns, mDowns, wallRatios, downRatios []float64
-	var callWallRatios, callDownRatios []float64
+	var callWallRatios, callDownRatios, callDowns, calledRatios []float64
+	var removals []time.Duration
+	removalTimeouts := 0
 	var cLat, rLat, mLat []time.Duration
 	var passes, passTime float64
 	for b.Loop() {
@@ -481,6 +569,7 @@ func BenchmarkBurst(b *testing.B) {
 				return p.publish(v)
 			})
 			cLat = append(cLat, lat...)
+			used := loopsBackedIn(p.DataDir)
 			passTimeBefore, passesBefore := passTotals(b, p)
 			cDown, _ := burst(b, cvols, p.teardown)
 			passTimeAfter, passesAfter := passTotals(b, p)
@@ -489,13 +578,19 @@ func BenchmarkBurst(b *testing.B) {
 			// The plugin's work in the background after a teardown
 			// (removing thick volumes' device numbers) must not land in
 			// the baselines' measurements.
-			time.Sleep(2 * time.Second)
+			waited, ok := awaitRemoved(used, p.DataDir, removalWait)
+			if !ok {
+				removalTimeouts++
+			}
+			removals = append(removals, waited)
 			prefix := fmt.Sprintf("%d-%d", b.N, round)
-			rWall, rl, rDown := handBurst(b, rawFloor{bl}, makeImages(b, bl, "raw-burst-"+prefix, n))
+			rWall, rl, rDown := handBurst(b, rawFloor{baseline: bl}, makeImages(b, bl, "raw-burst-"+prefix, n))
 			mWall, ml, mDown := handBurst(b, bl, makeImages(b, bl, "mu-burst-"+prefix, n))
-			callWall, _, callDown := handBurst(b, calledFloor{rawFloor{bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
+			callWall, _, callDown := handBurst(b, calledFloor{rawFloor{baseline: bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
 			callWallRatios = append(callWallRatios, float64(callWall)/float64(rWall))
 			callDownRatios = append(callDownRatios, float64(callDown)/float64(rDown))
+			callDowns = append(callDowns, ms(callDown))
+			calledRatios = append(calledRatios, float64(cDown)/float64(callDown))
 			rLat, mLat = append(rLat, rl...), append(mLat, ml...)
 			cWalls, rWalls, mWalls = append(cWalls, ms(cWall)), append(rWalls, ms(rWall)), append(mWalls, ms(mWall))
 			cDowns, rDowns, mDowns = append(cDowns, ms(cDown)), append(rDowns, ms(rDown)), append(mDowns, ms(mDown))
@@ -519,9 +614,14 @@ func BenchmarkBurst(b *testing.B) {
 	compareRatio("100 volumes at once: wall (median of rounds)", "ms", median(cWalls), median(rWalls), median(mWalls), median(wallRatios), 1.3)
 	compare("100 volumes at once: p50 per volume", "ms", ms(quantile(cLat, 0.5)), ms(quantile(rLat, 0.5)), ms(quantile(mLat, 0.5)), 0)
 	compare("100 volumes at once: p99 per volume", "ms", ms(quantile(cLat, 0.99)), ms(quantile(rLat, 0.99)), ms(quantile(mLat, 0.99)), 0)
-	compareRatio("teardown of the 100: wall (median of rounds)", "ms", median(cDowns), median(rDowns), median(mDowns), median(downRatios), 1.5)
+	b.ReportMetric(median(callDowns), "called-floor-teardown-wall-ms")
+	b.ReportMetric(median(calledRatios), "teardown-called-floor-ratio")
+	compareRatio("teardown of the 100 against the raw floor with the kubelet's calls: wall (median of rounds)", "ms", median(cDowns), median(callDowns), 0, median(calledRatios), 1.3)
+	compareRatio("teardown of the 100 against the raw floor: wall (median of rounds)", "ms", median(cDowns), median(rDowns), median(mDowns), median(downRatios), 0)
 	note("100 volumes, round by round: burst ratios " + joinNums(wallRatios) + "; teardown ratios " + joinNums(downRatios) +
-		"; raw teardowns " + joinNums(rDowns) + " ms")
+		" (against the floor with the calls " + joinNums(calledRatios) + "); raw teardowns " + joinNums(rDowns) +
+		" ms, with the calls " + joinNums(callDowns) + " ms")
+	removalNote("100 volumes", removals, removalTimeouts)
 	b.ReportMetric(median(callWallRatios), "called-floor-burst-ratio")
 	b.ReportMetric(median(callDownRatios), "called-floor-teardown-ratio")
 	note(fmt.Sprintf("100 volumes: the raw floor with an empty call to the plugin before each step: teardown %.2fx the raw floor "+
@@ -608,6 +708,11 @@ func passTotals(b *testing.B, p plugin) (sum, count float64) {
 	return sum, count
 }
 
+// thousandVolSize is the size of BenchmarkThousandVolumes' volumes: thick,
+// a thousand of them take 16 GiB of the disk (64 MiB ones, 64 GiB, more
+// than this machine kind has free).
+const thousandVolSize = 16 << 20
+
 // BenchmarkThousandVolumes stages and publishes 1000 volumes, then
 // measures the idle plugin (CPU per minute over a measured window at the
 // default resync period, resident memory, the duration of a pass from the
@@ -623,7 +728,7 @@ func BenchmarkThousandVolumes(b *testing.B) {
 	vols := make([]vol, n)
 	for i := range vols {
 		id := fmt.Sprintf("k-%04d", i)
-		vols[i] = p.vol(p.create(b, id))
+		vols[i] = p.vol(p.createSized(b, id, thousandVolSize))
 		vols[i].dirs(b)
 	}
 	for b.Loop() {

@@ -41,15 +41,6 @@ func compareRatio(figure, unit string, converge, baseline, second, ratio, goal f
 	add(r)
 }
 
-// compareMax records a figure measured against the raw floor and the
-// mount-utils baseline whose goal is an absolute bound: it must stay under
-// max.
-func compareMax(figure, unit string, converge, baseline, second, max float64) {
-	r := row{figure: figure, converge: num(converge, unit), baseline: num(baseline, unit), ratio: fmt.Sprintf("%.2f", converge/baseline), second: secondCol(second, unit)}
-	r.goal, r.verdict = "< "+num(max, unit), verdict(converge < max)
-	add(r)
-}
-
 func secondCol(v float64, unit string) string {
 	if v == 0 {
 		return "-"

@@ -1,0 +1,256 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// A request's early start.
+//
+// A request that records an intent asks for its volume's next step at once
+// (Start), rather than for the next full pass: the step is decided from an
+// observation of that volume made after the intent was recorded, by the
+// same planVolume and diff a pass runs, and claimed in the executor the way
+// a pass claims it, so that one operation at most runs per volume whoever
+// started it. The full pass keeps everything else: the volumes no request
+// names (orphaned devices, repairs, backoffs that end), the group
+// snapshots, which hold several volumes, the results and conditions of
+// every intent, and the check, after the fact, of what early starts did.
+//
+// The rules that span volumes, and how an early start keeps them (see
+// docs/architecture.md, "Early starts"):
+//   - One operation per volume: claim marks the volume running in the same
+//     step that checks it is not, for a pass and an early start alike; a
+//     group snapshot claims all its members in one step.
+//   - An observation older than an operation that finished is not acted
+//     on: the epoch is taken before the record is read, and a volume whose
+//     operation finished since is looked at again (heldStale).
+//   - An orphaned device (an image attached, no stage recorded) is released
+//     only by a pass, whose observation is older than the stage intent that
+//     adopts it, and whose claim then finds the early-started stage running
+//     or finished after its epoch.
+//   - A stage before its publishes, and the teardown of a volume's
+//     publishes before its stage: diff orders a volume's steps and plans a
+//     publish only on a ready stage, whoever asks it.
+//   - A group snapshot waits for its members' own work (ownWorkFirst) and
+//     starts only from a pass; a member's early start finds it running and
+//     starts again when it ends (pending).
+//   - A stage sees every device attached to the image (it refuses to
+//     mount an image attached twice): it starts only from a pass, whose
+//     observation reads every loop device (earlyKind).
+
+// earlyTries bounds how often an early start observes again when an
+// operation of its volume finished during its observation.
+const earlyTries = 3
+
+// early is the state of the early starts.
+type early struct {
+	// run guards ctx: early starts hold it for reading while they start
+	// an operation, and Run's end takes it to stop them, so that no
+	// operation starts once Run waits for them.
+	run sync.RWMutex
+	ctx context.Context
+
+	// mu guards devices and pending.
+	mu sync.Mutex
+	// devices maps a volume to the loop devices last found attached to
+	// its image (by a pass, or by its stage's attach): the devices its
+	// early start reads, rather than every device of the machine.
+	devices map[string][]string
+	// pending holds the volumes whose early start found an operation of
+	// theirs running: they are started again when it ends.
+	pending map[string]bool
+}
+
+func newEarly() early {
+	return early{devices: map[string][]string{}, pending: map[string]bool{}}
+}
+
+// Start asks for volume id's next step to start now, from a fresh
+// observation of the volume, rather than at the next pass; the request that
+// recorded an intent of id calls it. Before start-up reconstruction has
+// finished, or when the volume's next step is not one an early start takes
+// (nothing to do, a backoff, a group snapshot), it asks for a pass instead
+// (Kick). The operation runs on the caller's goroutine: Start returns once
+// it is done, and the request's answer does not wait for that.
+func (r *Reconciler) Start(id string) {
+	run, why := r.claimEarly(id)
+	if why != "" {
+		klog.Background().V(4).Info("Leaving the volume's step to the next pass", "volumeID", id, "reason", why)
+		r.Kick()
+		return
+	}
+	if run != nil {
+		// On this goroutine, the request's own: a goroutine more would
+		// be one more to schedule on a small node's CPUs, where the
+		// request, back from its fdatasync, waits for one.
+		run()
+	}
+}
+
+// claimEarly decides and claims volume id's next step. run is the
+// operation to run, or nil when one of the volume's runs and the volume is
+// started again when it ends; why says, when not empty, why the step is
+// left to the pass. The operation is counted before Run can stop
+// (early.run), so that Run waits for it.
+func (r *Reconciler) claimEarly(id string) (run func(), why string) {
+	r.early.run.RLock()
+	defer r.early.run.RUnlock()
+	ctx := r.early.ctx
+	if ctx == nil || ctx.Err() != nil || !r.ready.Load() {
+		return nil, "start-up reconstruction has not finished, or the reconciler stops"
+	}
+	for range earlyTries {
+		epoch := r.exec.epoch()
+		v, err := r.cfg.Store.Get(id)
+		if err != nil {
+			return nil, err.Error()
+		}
+		obs, err := r.observeFor(v)
+		if err != nil {
+			return nil, err.Error()
+		}
+		p := r.planVolume(v, obs)
+		if len(p.acts) == 0 {
+			return nil, "nothing to do"
+		}
+		act := p.acts[0]
+		if !earlyKind(act.kind) {
+			return nil, "the pass takes " + act.String()
+		}
+		switch h, _ := r.exec.claim(id, act, epoch); h {
+		case notHeld:
+			return r.beginOp(ctx, v, p.a, act), ""
+		case heldRunning:
+			r.early.setPending(id)
+			if r.exec.runs(id) || !r.early.takePending(id) {
+				// The running operation's end starts it again.
+				return nil, ""
+			}
+			// It ended meanwhile, without seeing the mark: look again.
+		case heldStale:
+			// An operation ended during the observation: look again.
+		default:
+			return nil, act.String() + " waits out its backoff"
+		}
+	}
+	return nil, "operations of the volume kept ending during its observation"
+}
+
+// earlyKind reports whether an early start takes an action of kind k.
+// A group snapshot holds several volumes: the pass, which sees them all,
+// starts it. A stage mounts the volume's filesystem: it must see every
+// device attached to the image (two devices would let one filesystem be
+// mounted twice, which corrupts it), and an early start reads only those
+// it knows of, so the pass, which reads every one, starts it too.
+func earlyKind(k actionKind) bool {
+	return k != actTakeGroupSnapshot && k != actStage
+}
+
+// observeFor observes the machine for v's early start: the mount table
+// and the loop devices last found attached to v's image, read anew. It
+// fails (errNoDevicesKnown) when none is known, or none of those known is
+// attached to the image any more, and the pass decides.
+func (r *Reconciler) observeFor(v *state.Volume) (*host.Observation, error) {
+	static := v.Stage != nil && v.Stage.Device != ""
+	devs := r.early.devicesOf(v.ID)
+	if len(devs) == 0 && !static {
+		return nil, errNoDevicesKnown
+	}
+	obs, err := r.cfg.Observer.ObserveDevices(devs)
+	if err != nil {
+		return nil, err
+	}
+	_, home := r.poolOf(v)
+	if !static && len(obs.LoopsFor(home.Image(v.ID))) == 0 {
+		return nil, errNoDevicesKnown
+	}
+	return obs, nil
+}
+
+// errNoDevicesKnown: the loop devices of a volume's image are not known
+// (none attached when a pass last looked, and no attach since), or none of
+// those known is attached to it any more. Finding them means reading every
+// loop device of the machine, a full observation: that is left to the
+// pass, which a request then asks for. A first stage is so decided; its
+// mkfs takes far longer than the pass it waits for, and a burst of stages
+// shares one pass rather than each observing every device.
+var errNoDevicesKnown = errors.New("no loop device of the volume's image is known")
+
+// afterOp starts again, at the end of an operation, the volumes it held
+// whose early start found it running.
+func (r *Reconciler) afterOp(id string, act action) {
+	for _, held := range act.volumes(id) {
+		if r.early.takePending(held) {
+			// On a goroutine of its own: on this one, a volume asked
+			// for again and again would nest each operation in the
+			// end of the one before, and a group's members would
+			// start one after the other.
+			r.exec.spawn(func() { r.Start(held) })
+		}
+	}
+}
+
+// learnDevices keeps, for each volume a pass saw or planned for (orphaned
+// devices included), the loop devices attached to its image.
+func (r *Reconciler) learnDevices(plans, seen []plan) {
+	devs := make(map[string][]string, len(seen))
+	for _, ps := range [][]plan{seen, plans} {
+		for _, p := range ps {
+			if a := p.a; a.loop != nil && !a.static {
+				devs[p.v.ID] = append([]string{a.loop.Device}, a.extraLoops...)
+			}
+		}
+	}
+	r.early.mu.Lock()
+	r.early.devices = devs
+	r.early.mu.Unlock()
+}
+
+// noteDevice records that dev was just attached to volume id's image.
+func (r *Reconciler) noteDevice(id, dev string) {
+	r.early.mu.Lock()
+	defer r.early.mu.Unlock()
+	r.early.devices[id] = []string{dev}
+}
+
+func (e *early) open(ctx context.Context) {
+	e.run.Lock()
+	defer e.run.Unlock()
+	e.ctx = ctx
+}
+
+// close stops the early starts; the ones under way have started their
+// operations when it returns.
+func (e *early) close() {
+	e.run.Lock()
+	defer e.run.Unlock()
+	e.ctx = nil
+}
+
+func (e *early) devicesOf(id string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.devices[id]
+}
+
+func (e *early) setPending(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pending[id] = true
+}
+
+// takePending clears id's mark and reports whether it was set.
+func (e *early) takePending(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	was := e.pending[id]
+	delete(e.pending, id)
+	return was
+}

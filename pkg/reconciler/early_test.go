@@ -1,0 +1,275 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// startEarly readies h's reconciler for early starts, as Run does once
+// start-up reconstruction has finished, until the test ends.
+func (h *harness) startEarly() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.t.Cleanup(func() {
+		cancel()
+		h.r.early.close()
+		h.r.exec.wait()
+	})
+	h.r.early.open(ctx)
+	h.r.ready.Store(true)
+	return ctx
+}
+
+// request records what fn asks of volume id and starts its step, from
+// several goroutines at once, as the kubelet's call and its retries do.
+func (h *harness) request(id string, fn func(v *state.Volume) error) {
+	h.t.Helper()
+	if _, err := h.store.Update(id, fn); err != nil {
+		h.t.Error(err)
+		return
+	}
+	// Start runs the operation it starts on its caller's goroutine,
+	// which a request does not wait for.
+	for range 3 {
+		go h.r.Start(id)
+	}
+}
+
+// eventually polls cond until it holds, and reports whether it did; it
+// fails the test (without stopping it) after 10 s.
+func (h *harness) eventually(what string, cond func() bool) bool {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			h.t.Errorf("%s: not within 10 s", what)
+			return false
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return true
+}
+
+// TestEarlyStartAndPassNeverOverlap stages, publishes and tears down four
+// volumes, round after round (the stage and the publish asked one after
+// the other, or in one record), each request starting its own volume's step
+// (three times at once) while full passes run back to back beside them. No
+// two calls about one volume's image may ever run at once (each call lasts
+// long enough for two operations' calls to meet), and no publish's bind
+// mount may come before its staging mount.
+func TestEarlyStartAndPassNeverOverlap(t *testing.T) {
+	h := newHarness(t)
+	ctx := h.startEarly()
+	ids := []string{"a", "b", "c", "d"}
+	staging, target := map[string]string{}, map[string]string{}
+	for _, id := range ids {
+		staging[id], target[id] = h.volume(id)
+	}
+	h.world.mu.Lock()
+	h.world.started = nil // nothing reads the calls started, which would fill it
+	h.world.mu.Unlock()
+	// mu guards inFlight and faults.
+	var mu sync.Mutex
+	inFlight := map[string]int{}
+	var faults []string
+	h.world.before = func(name, image string) error {
+		if strings.HasPrefix(name, "bind ") && image == "" {
+			mu.Lock()
+			faults = append(faults, name+" before its staging mount")
+			mu.Unlock()
+		}
+		if image == "" {
+			return nil
+		}
+		mu.Lock()
+		inFlight[image]++
+		if inFlight[image] > 1 {
+			faults = append(faults, fmt.Sprintf("%s while another call about %s runs", name, image))
+		}
+		mu.Unlock()
+		time.Sleep(200 * time.Microsecond)
+		return nil
+	}
+	h.world.after = func(name, image string, err error) error {
+		if image != "" {
+			mu.Lock()
+			inFlight[image]--
+			mu.Unlock()
+		}
+		return err
+	}
+	passCtx, stopPasses := context.WithCancel(ctx)
+	passes := make(chan struct{})
+	go func() {
+		defer close(passes)
+		for passCtx.Err() == nil {
+			if _, err := h.r.Pass(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	mounted := func(path string) bool { _, ok := h.world.topMount(path); return ok }
+	for round := range 10 {
+		var wg sync.WaitGroup
+		for _, id := range ids {
+			wg.Go(func() {
+				stage := func(v *state.Volume) error { return v.RequestStage(stageSpec(staging[id])) }
+				publish := func(v *state.Volume) error { return v.RequestPublish(staging[id], target[id], publishSpec()) }
+				if round%2 == 0 {
+					h.request(id, stage)
+					h.request(id, publish)
+				} else {
+					// Both at once, as a restart finds them: the
+					// stage must still come first.
+					h.request(id, func(v *state.Volume) error {
+						if err := stage(v); err != nil {
+							return err
+						}
+						return publish(v)
+					})
+				}
+				if !h.eventually(fmt.Sprintf("round %d: %s published", round, id), func() bool { return mounted(target[id]) }) {
+					return
+				}
+				h.request(id, func(v *state.Volume) error { return v.RequestUnpublish(target[id]) })
+				if !h.eventually(fmt.Sprintf("round %d: %s unpublished", round, id), func() bool {
+					v, err := h.store.Get(id)
+					return err == nil && len(v.Publishes) == 0 && !mounted(target[id])
+				}) {
+					return
+				}
+				h.request(id, func(v *state.Volume) error { return v.RequestUnstage(staging[id]) })
+				h.eventually(fmt.Sprintf("round %d: %s unstaged", round, id), func() bool {
+					_, attached := h.world.loop(h.world.Path(id))
+					v, err := h.store.Get(id)
+					return err == nil && v.Stage == nil && !mounted(staging[id]) && !attached
+				})
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			break
+		}
+	}
+	stopPasses()
+	<-passes
+	h.r.exec.wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, f := range faults {
+		t.Error(f)
+	}
+	h.world.mu.Lock()
+	partial := h.world.partial
+	h.world.mu.Unlock()
+	if partial == 0 {
+		t.Error("no early start observed its volume: every step came from a pass")
+	}
+}
+
+// TestEarlyStartWaitsForItsVolume asks for a publish while the volume's
+// stage runs: the early start starts nothing, and the stage's end starts
+// the publish, with no further pass.
+func TestEarlyStartWaitsForItsVolume(t *testing.T) {
+	h := newHarness(t)
+	h.startEarly()
+	staging, target := h.volume("v")
+	release := make(chan struct{})
+	h.world.holdOn("mount "+staging, release)
+	h.request("v", func(v *state.Volume) error { return v.RequestStage(stageSpec(staging)) })
+	// No device of the new volume is known: its first stage is the pass's.
+	if _, err := h.r.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, h.world.started, "mount "+staging)
+	h.request("v", func(v *state.Volume) error { return v.RequestPublish(staging, target, publishSpec()) })
+	if _, ok := h.world.topMount(target); ok {
+		t.Fatal("published while the stage runs")
+	}
+	if !h.r.exec.runs("v") {
+		t.Fatal("the stage is not running")
+	}
+	close(release)
+	h.eventually("published after the stage, with no pass", func() bool {
+		_, ok := h.world.topMount(target)
+		return ok
+	})
+}
+
+// TestClaimIsAllOrNothing checks the executor's claim: a volume that runs
+// an operation is not claimed again, and a group snapshot whose member
+// runs one claims none of its volumes.
+func TestClaimIsAllOrNothing(t *testing.T) {
+	e := newExecutor(nil, 1, 1, time.Second, time.Minute)
+	act := action{kind: actPublish, target: "/t", generation: 1}
+	if h, _ := e.claim("a", act, 0); h != notHeld {
+		t.Fatalf("first claim of a: %v, want claimed", h)
+	}
+	if h, _ := e.claim("a", act, 0); h != heldRunning {
+		t.Fatalf("second claim of a: %v, want held running", h)
+	}
+	group := action{kind: actTakeGroupSnapshot, members: []member{{v: &state.Volume{ID: "b"}}, {v: &state.Volume{ID: "a"}}}}
+	if h, _ := e.claim("c", group, 0); h != heldRunning {
+		t.Fatalf("group of c with running member a: %v, want held running", h)
+	}
+	for _, id := range []string{"b", "c"} {
+		if e.runs(id) {
+			t.Errorf("%s marked running by a group claim that failed", id)
+		}
+	}
+}
+
+// TestEarlyStartLeavesTheStageToThePass loses a staged volume's staging
+// mount and asks for a publish: the stage is to be made again, and it is
+// the pass's (it must see every device of the image), so the early start
+// mounts nothing and asks for a pass.
+func TestEarlyStartLeavesTheStageToThePass(t *testing.T) {
+	h := newHarness(t)
+	h.startEarly()
+	staging, target := h.volume("v")
+	h.update("v", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.runUntilIdle()
+	h.update("v", func(v *state.Volume) { delete(v.Publishes, target) })
+	h.runUntilIdle()
+	h.world.mu.Lock() // the staging mount, gone from outside
+	for i, m := range h.world.mounts {
+		if m.Path == staging {
+			h.world.unmountLocked(i)
+			break
+		}
+	}
+	h.world.mu.Unlock()
+	if _, ok := h.world.topMount(staging); ok {
+		t.Fatal("the staging mount is still there")
+	}
+	select {
+	case <-h.r.kick:
+	default:
+	}
+	h.world.mu.Lock()
+	calls := len(h.world.calls)
+	h.world.mu.Unlock()
+	h.update("v", func(v *state.Volume) { _ = v.RequestPublish(staging, target, publishSpec()) })
+	h.r.Start("v")
+	h.r.exec.wait()
+	h.world.mu.Lock()
+	after := h.world.calls[calls:]
+	h.world.mu.Unlock()
+	if len(after) > 0 {
+		t.Errorf("the early start called %v; want nothing, the stage being the pass's", after)
+	}
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("the early start asked for no pass")
+	}
+}

@@ -1,0 +1,223 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/test/testenv"
+)
+
+// removeNumber gives a detached loop device's number back to the kernel
+// (LOOP_CTL_REMOVE), as converge's unstage does for a thick volume's: the
+// kernel keeps a number's discard limit across detaches, so without it the
+// next attach of a thick image, of whichever way, would find discards off
+// already and skip the write that turns them off (a queue freeze and an
+// RCU grace period, 6-18 ms here), and the ways would not compare. It is
+// called after a teardown, never inside the time of one. A number removed
+// already is a no-op.
+func removeNumber(dev string) error {
+	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
+	if err != nil {
+		return fmt.Errorf("%q is not a loop device", dev)
+	}
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(ctl)
+	// The last close of a device just detached can trail the detach.
+	for deadline := time.Now().Add(time.Second); ; {
+		err := unix.IoctlSetInt(ctl, unix.LOOP_CTL_REMOVE, n)
+		switch {
+		case err == nil || errors.Is(err, unix.ENODEV):
+			return nil
+		case !errors.Is(err, unix.EBUSY) || time.Now().After(deadline):
+			return fmt.Errorf("LOOP_CTL_REMOVE %s: %w", dev, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// removeNumbers removes the numbers of devs (skipping empty ones), one
+// after the other, as the kernel serializes them anyway.
+func removeNumbers(b testing.TB, devs []string) {
+	for _, dev := range devs {
+		if dev == "" {
+			continue
+		}
+		if err := removeNumber(dev); err != nil {
+			b.Error(err)
+		}
+	}
+}
+
+// loopsBackedIn returns the numbers of the loop devices whose backing file
+// is in dir.
+func loopsBackedIn(dir string) map[int]bool {
+	out := map[int]bool{}
+	for n := range loopNodes() {
+		if backedIn(n, dir) {
+			out[n] = true
+		}
+	}
+	return out
+}
+
+// backedIn reports whether loop device n is attached to a file in dir.
+func backedIn(n int, dir string) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n))
+	return err == nil && strings.HasPrefix(string(raw), dir+"/")
+}
+
+// removalWait bounds the benchmarks' awaitRemoved: converge removes a
+// thick volume's number within milliseconds of its detach, and a number it
+// does not remove (a device someone else holds) must not stall the run.
+const removalWait = 5 * time.Second
+
+// awaitRemoved waits until each of the loop device numbers nums, which the
+// plugin had attached to images in its data directory dataDir, is removed
+// (its /sys/block entry gone) or attached to a file outside dataDir (taken
+// by another user before converge could remove it: converge is done with
+// it either way), so that none of the plugin's work in the background
+// after a teardown lands in a baseline's measurement. It returns how long
+// it waited, and false if bound ran out first.
+func awaitRemoved(nums map[int]bool, dataDir string, bound time.Duration) (time.Duration, bool) {
+	start := time.Now()
+	for {
+		left := false
+		for n := range nums {
+			_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d", n))
+			if err == nil && (backedIn(n, dataDir) || !attached(n)) {
+				left = true
+				break
+			}
+		}
+		if !left {
+			return time.Since(start), true
+		}
+		if time.Since(start) > bound {
+			return time.Since(start), false
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// attached reports whether loop device n has a backing file.
+func attached(n int) bool {
+	_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d/loop/backing_file", n))
+	return err == nil
+}
+
+// attachImage attaches a new 1 MiB image in dir with discards off, as a
+// thick volume's, and returns the device and its number; cleanup detaches
+// it and removes the number if the test did not.
+func attachImage(t *testing.T, dir string) (string, int) {
+	t.Helper()
+	img := filepath.Join(dir, fmt.Sprintf("img-%d", time.Now().UnixNano()))
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := devices.AttachLoop(img, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if backedIn(number(t, dev), dir) {
+			devices.DetachLoop(dev)
+			removeNumber(dev)
+		}
+	})
+	return dev, number(t, dev)
+}
+
+func number(t *testing.T, dev string) int {
+	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func exists(n int) bool {
+	_, err := os.Stat(fmt.Sprintf("/sys/block/loop%d", n))
+	return err == nil
+}
+
+func TestRemoveNumber(t *testing.T) {
+	testenv.RequireRoot(t)
+	dev, n := attachImage(t, t.TempDir())
+	if err := devices.DetachLoop(dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeNumber(dev); err != nil {
+		t.Fatalf("removeNumber(%s): got %v, want nil", dev, err)
+	}
+	if exists(n) {
+		t.Errorf("/sys/block/loop%d: got present after removeNumber, want gone", n)
+	}
+	if err := removeNumber(dev); err != nil {
+		t.Errorf("removeNumber(%s) again: got %v, want nil (a no-op)", dev, err)
+	}
+	if err := removeNumber("/dev/sda"); err == nil {
+		t.Errorf("removeNumber(/dev/sda): got nil, want an error")
+	}
+}
+
+func TestAwaitRemoved(t *testing.T) {
+	testenv.RequireRoot(t)
+	dir := t.TempDir()
+	t.Run("waits for the detach and then the removal", func(t *testing.T) {
+		dev, n := attachImage(t, dir)
+		used := loopsBackedIn(dir)
+		if len(used) != 1 || !used[n] {
+			t.Fatalf("loopsBackedIn(%s): got %v, want {%d}", dir, used, n)
+		}
+		const detachAfter, removeAfter = 50 * time.Millisecond, 150 * time.Millisecond
+		done := make(chan error, 1)
+		go func() {
+			time.Sleep(detachAfter)
+			if err := devices.DetachLoop(dev); err != nil {
+				done <- err
+				return
+			}
+			// Detached but not removed: not done yet.
+			time.Sleep(removeAfter - detachAfter)
+			done <- removeNumber(dev)
+		}()
+		waited, ok := awaitRemoved(used, dir, 5*time.Second)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !ok || waited < removeAfter {
+			t.Errorf("awaitRemoved: got (%v, %v), want (at least %v, true)", waited, ok, removeAfter)
+		}
+		if exists(n) {
+			t.Errorf("awaitRemoved returned while /sys/block/loop%d was still there", n)
+		}
+	})
+	t.Run("gives up at its bound", func(t *testing.T) {
+		_, n := attachImage(t, dir)
+		const bound = 100 * time.Millisecond
+		waited, ok := awaitRemoved(map[int]bool{n: true}, dir, bound)
+		if ok || waited < bound {
+			t.Errorf("awaitRemoved of a device still attached: got (%v, %v), want (at least %v, false)", waited, ok, bound)
+		}
+	})
+	t.Run("a number another user took is done", func(t *testing.T) {
+		_, n := attachImage(t, dir)
+		// The same device seen from a data directory it is not in.
+		waited, ok := awaitRemoved(map[int]bool{n: true}, filepath.Join(dir, "elsewhere"), time.Second)
+		if !ok || waited > 500*time.Millisecond {
+			t.Errorf("awaitRemoved of a number attached outside the data directory: got (%v, %v), want (quick, true)", waited, ok)
+		}
+	})
+}
