@@ -76,8 +76,8 @@ func newEarly() early {
 // observation of the volume, rather than at the next pass; the request that
 // recorded an intent of id calls it. Before start-up reconstruction has
 // finished, or when the volume's next step is not one an early start takes
-// (nothing to do, a backoff, a group snapshot), it asks for a pass instead
-// (Kick). The operation runs on the caller's goroutine: Start returns once
+// (a stage, a group snapshot, a volume with no device known, nothing to do,
+// a backoff), it asks for a pass instead (Kick). The operation runs on the caller's goroutine: Start returns once
 // it is done, and the request's answer does not wait for that.
 func (r *Reconciler) Start(id string) {
 	run, why := r.claimEarly(id)
