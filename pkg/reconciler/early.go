@@ -121,10 +121,16 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 			return nil, "nothing to do"
 		}
 		act := p.acts[0]
-		if !earlyKind(act.kind) {
+		h := heldRunning
+		if earlyKind(act.kind) {
+			h, _ = r.exec.claim(id, act, epoch)
+		} else if !r.exec.runs(id) {
 			return nil, "the pass takes " + act.String()
 		}
-		switch h, _ := r.exec.claim(id, act, epoch); h {
+		// A step the pass takes, planned from an observation made while
+		// an operation of the volume runs, is looked at again when it
+		// ends, as any step of a busy volume.
+		switch h {
 		case notHeld:
 			return r.beginOp(ctx, v, p.a, act), ""
 		case heldRunning:
