@@ -57,7 +57,8 @@ type early struct {
 	run sync.RWMutex
 	ctx context.Context
 
-	// mu guards devices and pending.
+	// mu guards devices and pending. It may be held while the executor's
+	// is taken, never the other way round.
 	mu sync.Mutex
 	// devices maps a volume to the loop devices last found attached to
 	// its image (by a pass, or by its stage's attach): the devices its
@@ -204,8 +205,12 @@ func (r *Reconciler) afterOp(id string, act action) {
 }
 
 // learnDevices keeps, for each volume a pass saw or planned for (orphaned
-// devices included), the loop devices attached to its image.
-func (r *Reconciler) learnDevices(plans, seen []plan) {
+// devices included), the loop devices attached to its image, as the pass
+// observed them at epoch. A volume the pass saw none for keeps those it
+// had when an operation of it ran since epoch: a stage that attached its
+// device after the observation noted it (noteDevice), and the pass must not
+// forget it, or the publish that follows would wait for the next pass.
+func (r *Reconciler) learnDevices(plans, seen []plan, epoch uint64) {
 	devs := make(map[string][]string, len(seen))
 	for _, ps := range [][]plan{seen, plans} {
 		for _, p := range ps {
@@ -215,8 +220,13 @@ func (r *Reconciler) learnDevices(plans, seen []plan) {
 		}
 	}
 	r.early.mu.Lock()
+	defer r.early.mu.Unlock()
+	for id, old := range r.early.devices {
+		if _, ok := devs[id]; !ok && !r.exec.free(id, epoch) {
+			devs[id] = old
+		}
+	}
 	r.early.devices = devs
-	r.early.mu.Unlock()
 }
 
 // noteDevice records that dev was just attached to volume id's image.

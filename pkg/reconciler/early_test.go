@@ -273,3 +273,35 @@ func TestEarlyStartLeavesTheStageToThePass(t *testing.T) {
 		t.Error("the early start asked for no pass")
 	}
 }
+
+// TestPassKeepsADeviceAttachedAfterItsObservation: a stage attaches its
+// device after a pass observed the machine; that pass, seeing no device
+// of the volume, must not make the publish's early start forget the one
+// the stage noted, or the publish waits for the next pass. A volume with
+// no operation since the observation is taken at the pass's word.
+func TestPassKeepsADeviceAttachedAfterItsObservation(t *testing.T) {
+	h := newHarness(t)
+	stage := action{kind: actStage}
+	epoch := h.r.exec.epoch()
+	if hold, _ := h.r.exec.claim("a", stage, epoch); hold != notHeld {
+		t.Fatalf("claim: %v", hold)
+	}
+	h.r.noteDevice("a", "/dev/loop7")
+	h.r.noteDevice("b", "/dev/loop8")
+	h.r.learnDevices(nil, nil, epoch)
+	if got := h.r.early.devicesOf("a"); len(got) != 1 || got[0] != "/dev/loop7" {
+		t.Errorf("while its stage runs, a's devices = %v, want [/dev/loop7]", got)
+	}
+	if got := h.r.early.devicesOf("b"); got != nil {
+		t.Errorf("b, with no operation since the observation, keeps %v", got)
+	}
+	h.r.exec.finish("a", stage, outcome{effect: succeeded})
+	h.r.learnDevices(nil, nil, epoch)
+	if got := h.r.early.devicesOf("a"); len(got) != 1 {
+		t.Errorf("once its stage ended after the observation, a's devices = %v, want [/dev/loop7]", got)
+	}
+	h.r.learnDevices(nil, nil, h.r.exec.epoch())
+	if got := h.r.early.devicesOf("a"); got != nil {
+		t.Errorf("a pass observing after the stage's end saw no device of a, yet a keeps %v", got)
+	}
+}
