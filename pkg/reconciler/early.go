@@ -80,11 +80,20 @@ func newEarly() early {
 // (a stage, a group snapshot, a volume with no device known, nothing to do,
 // a backoff), it asks for a pass instead (Kick). The operation runs on the caller's goroutine: Start returns once
 // it is done, and the request's answer does not wait for that.
-func (r *Reconciler) Start(id string) {
+func (r *Reconciler) Start(id string) { r.start(id, r.Kick) }
+
+// restart is Start for a volume whose early start found an operation of
+// it running, called at that operation's end: a step it leaves to the
+// pass waits for the pass the end asked for already (KickSoon, or Kick
+// after a failure), rather than kicking one more.
+func (r *Reconciler) restart(id string) { r.start(id, r.KickSoon) }
+
+// start is Start; pass asks for the pass that takes a step it leaves.
+func (r *Reconciler) start(id string, pass func()) {
 	run, why := r.claimEarly(id)
 	if why != "" {
 		klog.Background().V(4).Info("Leaving the volume's step to the next pass", "volumeID", id, "reason", why)
-		r.Kick()
+		pass()
 		return
 	}
 	if run != nil {
@@ -199,7 +208,7 @@ func (r *Reconciler) afterOp(id string, act action) {
 			// for again and again would nest each operation in the
 			// end of the one before, and a group's members would
 			// start one after the other.
-			r.exec.spawn(func() { r.Start(held) })
+			r.exec.spawn(func() { r.restart(held) })
 		}
 	}
 }

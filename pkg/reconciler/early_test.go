@@ -305,3 +305,34 @@ func TestPassKeepsADeviceAttachedAfterItsObservation(t *testing.T) {
 		t.Errorf("a pass observing after the stage's end saw no device of a, yet a keeps %v", got)
 	}
 }
+
+// TestRestartLeavesItsPassToTheOperationsEnd: an early start that found
+// an operation of its volume running is started again at that operation's
+// end, which asked for a pass soon already (KickSoon); a step the restart
+// leaves to the pass waits for that pass rather than kicking one more at
+// once, while a request's own early start kicks at once.
+func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
+	h := newHarness(t)
+	h.startEarly()
+	h.r.soonDelay = time.Hour
+	h.volume("a")
+	// Nothing recorded for a: nothing to do, the pass decides.
+	h.r.restart("a")
+	select {
+	case <-h.r.kick:
+		t.Error("a restart kicked a pass at once")
+	default:
+	}
+	h.r.soonMu.Lock()
+	soon := h.r.soon
+	h.r.soonMu.Unlock()
+	if !soon {
+		t.Error("a restart that left its step to the pass asked for no pass")
+	}
+	h.r.Start("a")
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("a request's early start that left its step to the pass kicked none")
+	}
+}
