@@ -615,19 +615,21 @@ func (k *keptFiles) listLoops(sysBlock string) ([]host.Device, error) {
 	return loops, err
 }
 
-// readLoops reads the loop devices devs (as "/dev/loopN") with k's
-// descriptors, and returns those attached. Descriptors are kept as for a
-// listing; the next listing closes those of devices it does not read.
-func (k *keptFiles) readLoops(sysBlock string, devs []string) ([]host.Device, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
+// readLoops reads the loop devices devs (as "/dev/loopN"), opening and
+// closing each attribute, and returns those attached. It does not use the
+// descriptors a listing keeps: a pass's listing holds them while it reads
+// every device of the machine, which takes tens of milliseconds while
+// devices detach (a read of a detaching device's queue attributes waits
+// for the detach), and a request's early start must not wait for it.
+func readLoops(sysBlock string, devs []string) ([]host.Device, error) {
+	r := &oneShot{buf: make([]byte, attrBuf)}
 	var out []host.Device
 	for _, dev := range devs {
 		name, ok := strings.CutPrefix(dev, "/dev/")
 		if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {
 			return nil, fmt.Errorf("%s is not a loop device", dev)
 		}
-		d, attached, err := readLoop(sysBlock, name, k, k.devs)
+		d, attached, err := readLoop(sysBlock, name, r, nil)
 		if err != nil {
 			return nil, err
 		}
