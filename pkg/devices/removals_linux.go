@@ -96,6 +96,19 @@ func (r *Removals) add(d detached) bool {
 	return true
 }
 
+// startNow starts the removals waiting without waiting for detaches to
+// pause: a thin attach calls it, as the numbers waiting keep their
+// discards off and the kernel offers the lowest free number first, which
+// the attach would otherwise claim, find stuck and remove one by one.
+func (r *Removals) startNow() {
+	r.mu.Lock()
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	r.mu.Unlock()
+	r.startWaiting()
+}
+
 // startWaiting starts the removals waiting, side by side.
 func (r *Removals) startWaiting() {
 	r.mu.Lock()
@@ -120,10 +133,7 @@ func (r *Removals) startWaiting() {
 func (r *Removals) Close() {
 	r.mu.Lock()
 	r.closed = true
-	if r.timer != nil {
-		r.timer.Stop()
-	}
 	r.mu.Unlock()
-	r.startWaiting()
+	r.startNow()
 	r.wg.Wait()
 }

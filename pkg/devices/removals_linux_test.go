@@ -77,3 +77,22 @@ func TestRemovalsStartWithinTheirLongestWait(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestRemovalsStartNow: a thin attach starts the removals waiting for
+// detaches to pause at once, rather than claiming their numbers, stuck
+// with discards off, one by one.
+func TestRemovalsStartNow(t *testing.T) {
+	r, removed := countingRemovals(time.Hour, time.Hour)
+	defer r.Close()
+	for i := range 3 {
+		r.add(detached{dev: fmt.Sprintf("/dev/loop%d", i), seq: "1"})
+	}
+	r.startNow()
+	deadline := time.Now().Add(10 * time.Second)
+	for removed() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 3 removals made 10 s after startNow", removed())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
