@@ -78,22 +78,28 @@ func newEarly() early {
 // recorded an intent of id calls it. Before start-up reconstruction has
 // finished, or when the volume's next step is not one an early start takes
 // (a stage, a group snapshot, a volume with no device known, nothing to do,
-// a backoff), it asks for a pass instead (Kick). The operation runs on the caller's goroutine: Start returns once
-// it is done, and the request's answer does not wait for that.
-func (r *Reconciler) Start(id string) { r.start(id, r.Kick) }
+// a backoff), it asks for a pass instead (Kick). The operation runs on the
+// caller's goroutine: Start returns once it is done, and the request's
+// answer does not wait for that.
+func (r *Reconciler) Start(id string) { r.start(id, false) }
 
 // restart is Start for a volume whose early start found an operation of
-// it running, called at that operation's end: a step it leaves to the
-// pass waits for the pass the end asked for already (KickSoon, or Kick
-// after a failure), rather than kicking one more.
-func (r *Reconciler) restart(id string) { r.start(id, r.KickSoon) }
+// it running, called at that operation's end. When it finds nothing to do
+// (the volume converged, or its record forgotten by a last teardown), the
+// pass has nothing to take but the check of what the operation did, which
+// the operation's end asked for already (KickSoon): it kicks no pass more.
+// Any other step left to the pass is kicked at once, as Start does.
+func (r *Reconciler) restart(id string) { r.start(id, true) }
 
-// start is Start; pass asks for the pass that takes a step it leaves.
-func (r *Reconciler) start(id string, pass func()) {
+func (r *Reconciler) start(id string, restarted bool) {
 	run, why := r.claimEarly(id)
 	if why != "" {
 		klog.Background().V(4).Info("Leaving the volume's step to the next pass", "volumeID", id, "reason", why)
-		pass()
+		if restarted && why == nothingToDo {
+			r.KickSoon()
+		} else {
+			r.Kick()
+		}
 		return
 	}
 	if run != nil {
@@ -119,6 +125,10 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 	for range earlyTries {
 		epoch := r.exec.epoch()
 		v, err := r.cfg.Store.Get(id)
+		if errors.Is(err, state.ErrNotFound) {
+			// Forgotten whole (its last teardown done).
+			return nil, nothingToDo
+		}
 		if err != nil {
 			return nil, err.Error()
 		}
@@ -128,7 +138,7 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		}
 		p := r.planVolume(v, obs)
 		if len(p.acts) == 0 {
-			return nil, "nothing to do"
+			return nil, nothingToDo
 		}
 		act := p.acts[0]
 		h := heldRunning
@@ -158,6 +168,10 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 	}
 	return nil, "operations of the volume kept ending during its observation"
 }
+
+// nothingToDo is why an early start that found its volume converged
+// leaves it to the pass (which reports its intents' results).
+const nothingToDo = "nothing to do"
 
 // earlyKind reports whether an early start takes an action of kind k.
 // A group snapshot holds several volumes: the pass, which sees them all,

@@ -316,7 +316,7 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 	h.startEarly()
 	h.r.soonDelay = time.Hour
 	h.volume("a")
-	// Nothing recorded for a: nothing to do, the pass decides.
+	// Nothing recorded for a (its last teardown done): nothing to do.
 	h.r.restart("a")
 	select {
 	case <-h.r.kick:
@@ -334,5 +334,15 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 	case <-h.r.kick:
 	default:
 		t.Error("a request's early start that left its step to the pass kicked none")
+	}
+	// A step the pass takes (a first stage) is kicked at once, restart
+	// or not.
+	staging, _ := h.volume("b")
+	h.update("b", func(v *state.Volume) { v.RequestStage(stageSpec(staging)) })
+	h.r.restart("b")
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("a restart that left a stage to the pass kicked none")
 	}
 }
