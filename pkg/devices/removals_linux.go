@@ -3,6 +3,8 @@ package devices
 import (
 	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 const (
@@ -46,6 +48,7 @@ const (
 type Removals struct {
 	slots chan struct{}
 	wg    sync.WaitGroup
+	clock clock.WithDelayedExecution
 	// remove removes one number (removeNumber; the tests change it), and
 	// quiet and maxWait are removalQuiet and removalMaxWait.
 	remove         func(detached)
@@ -58,12 +61,13 @@ type Removals struct {
 	// added at oldest; timer starts them.
 	waiting []detached
 	oldest  time.Time
-	timer   *time.Timer
+	timer   clock.Timer
 }
 
-// NewRemovals returns Removals ready to take numbers.
-func NewRemovals() *Removals {
+// NewRemovals returns Removals ready to take numbers, timed by clk.
+func NewRemovals(clk clock.WithDelayedExecution) *Removals {
 	return &Removals{
+		clock:   clk,
 		slots:   make(chan struct{}, maxRemovalsAtOnce),
 		remove:  removeNumber,
 		quiet:   removalQuiet,
@@ -82,14 +86,14 @@ func (r *Removals) add(d detached) bool {
 	}
 	r.queued++
 	r.wg.Add(1)
-	now := time.Now()
+	now := r.clock.Now()
 	if len(r.waiting) == 0 {
 		r.oldest = now
 	}
 	r.waiting = append(r.waiting, d)
 	delay := min(r.quiet, max(0, r.maxWait-now.Sub(r.oldest)))
 	if r.timer == nil {
-		r.timer = time.AfterFunc(delay, r.startWaiting)
+		r.timer = r.clock.AfterFunc(delay, r.startWaiting)
 	} else {
 		r.timer.Reset(delay)
 	}
