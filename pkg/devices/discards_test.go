@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"github.com/converge-csi/converge/test/testenv/loops"
 )
 
@@ -74,7 +76,7 @@ func TestThickNumberRemovedAtDetach(t *testing.T) {
 			var ld LoopDevices
 			var removals *Removals
 			if queued {
-				removals = NewRemovals()
+				removals = NewRemovals(clock.RealClock{})
 				defer removals.Close()
 				ld = NewLoopDevices(removals)
 			}

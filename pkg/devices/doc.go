@@ -23,11 +23,14 @@
 // number (LOOP_CTL_REMOVE) resets it: the next user of the number, converge
 // or not, would get a device that passes no discards. So the detach of a
 // thick device removes the number, when nothing holds the device
-// (LoopDevices.Detach): at once, or, in the plugin, right after, from a
-// queue (Removals) that keeps the removal off the unstage's answer and
-// leaves alone a number that is another disk by then (its diskseq
-// changed). Another process can still be offered the number in the moment
-// between the two calls, and a device someone holds open
+// (LoopDevices.Detach): at once, or, in the plugin, from a queue
+// (Removals) that keeps the removal off the unstage's answer, starts the
+// removals once detaches pause (5 ms without one, 250 ms at most; a thin
+// attach starts them at once), and leaves alone a number that is another
+// disk by then (its diskseq changed; one attached again with discards off
+// is logged). Another process can still be offered the number in that
+// window, a crash loses the removals not yet made, and a device someone
+// holds open
 // detaches at that user's last close, when converge is not there to remove
 // it: either is logged, and that number keeps discards off for whoever
 // takes it. converge's own thin attaches check every device they claim and

@@ -615,19 +615,21 @@ func (k *keptFiles) listLoops(sysBlock string) ([]host.Device, error) {
 	return loops, err
 }
 
-// readLoops reads the loop devices devs (as "/dev/loopN") with k's
-// descriptors, and returns those attached. Descriptors are kept as for a
-// listing; the next listing closes those of devices it does not read.
-func (k *keptFiles) readLoops(sysBlock string, devs []string) ([]host.Device, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
+// readLoops reads the loop devices devs (as "/dev/loopN"), opening and
+// closing each attribute, and returns those attached. It does not use the
+// descriptors a listing keeps: a pass's listing holds them while it reads
+// every device of the machine, which takes tens of milliseconds while
+// devices detach (a read of a detaching device's queue attributes waits
+// for the detach), and a request's early start must not wait for it.
+func readLoops(sysBlock string, devs []string) ([]host.Device, error) {
+	r := &oneShot{buf: make([]byte, attrBuf)}
 	var out []host.Device
 	for _, dev := range devs {
 		name, ok := strings.CutPrefix(dev, "/dev/")
 		if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {
 			return nil, fmt.Errorf("%s is not a loop device", dev)
 		}
-		d, attached, err := readLoop(sysBlock, name, k, k.devs)
+		d, attached, err := readLoop(sysBlock, name, r, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -683,8 +685,12 @@ func NewLoopDevices(r *Removals) LoopDevices { return LoopDevices{removals: r} }
 // SetDiscards calls SetDiscards on /sys/block.
 func (LoopDevices) SetDiscards(dev string, on bool) error { return SetDiscards("/sys/block", dev, on) }
 
-// Attach calls AttachLoop.
-func (LoopDevices) Attach(image string, discards bool) (string, error) {
+// Attach calls AttachLoop. A thin attach first starts the removals
+// waiting for detaches to pause (Removals.startNow).
+func (l LoopDevices) Attach(image string, discards bool) (string, error) {
+	if discards && l.removals != nil {
+		l.removals.startNow()
+	}
 	return AttachLoop(image, discards)
 }
 
@@ -758,8 +764,18 @@ type detached struct{ dev, seq string }
 func removeNumber(d detached) {
 	dev := d.dev
 	if d.seq != "" {
-		cur, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "diskseq"))
+		sys := filepath.Join("/sys/block", filepath.Base(dev))
+		cur, err := os.ReadFile(filepath.Join(sys, "diskseq"))
 		if err != nil || string(bytes.TrimSpace(cur)) != d.seq {
+			// Another disk by now. Attached again before the removal
+			// (by converge, or by another loop user, whose device then
+			// passes no discards until its detach), it keeps discards
+			// off: the backing file tells whose it is.
+			if off, err := readInt(filepath.Join(sys, "queue", "discard_max_bytes")); err == nil && off == 0 {
+				if backing, err := os.ReadFile(filepath.Join(sys, "loop", "backing_file")); err == nil {
+					klog.Background().V(2).Info("Loop device number attached again before its removal; it keeps discards off until its next detach", "device", dev, "backingFile", string(bytes.TrimSpace(backing)))
+				}
+			}
 			return
 		}
 	}

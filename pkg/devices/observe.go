@@ -77,7 +77,7 @@ func (o *Observer) ObserveDevices(devs []string) (*host.Observation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
 	}
-	loops, err := o.files.readLoops(o.SysBlock, devs)
+	loops, err := readLoops(o.SysBlock, devs)
 	if err != nil {
 		return nil, fmt.Errorf("reading loop devices %v: %w", devs, err)
 	}

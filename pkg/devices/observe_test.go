@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -609,5 +610,26 @@ func TestObserveDevicesReadsOnlyThoseNamed(t *testing.T) {
 	}
 	if _, err := o.ObserveDevices([]string{"/dev/sda"}); err == nil {
 		t.Error("a device that is no loop device was read")
+	}
+	// A pass's listing under way (it holds the kept descriptors while it
+	// reads every device, for tens of milliseconds while devices detach)
+	// does not hold up the observation of named devices.
+	if _, err := o.Observe(); err != nil {
+		t.Fatal(err)
+	}
+	o.files.mu.Lock()
+	defer o.files.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := o.ObserveDevices(attached[1:])
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ObserveDevices waited 10 s for a listing under way")
 	}
 }

@@ -53,7 +53,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	}
 	paths := devices.NewPaths(cfg.roots())
 	m := metrics.New()
-	p.removals = devices.NewRemovals()
+	p.removals = devices.NewRemovals(clock.RealClock{})
 	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: p.pools.Dirs()}
 	topology := map[string]string{contract.TopologyKey: cfg.NodeID}
 	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})

@@ -57,7 +57,8 @@ type early struct {
 	run sync.RWMutex
 	ctx context.Context
 
-	// mu guards devices and pending.
+	// mu guards devices and pending. It may be held while the executor's
+	// is taken, never the other way round.
 	mu sync.Mutex
 	// devices maps a volume to the loop devices last found attached to
 	// its image (by a pass, or by its stage's attach): the devices its
@@ -77,13 +78,28 @@ func newEarly() early {
 // recorded an intent of id calls it. Before start-up reconstruction has
 // finished, or when the volume's next step is not one an early start takes
 // (a stage, a group snapshot, a volume with no device known, nothing to do,
-// a backoff), it asks for a pass instead (Kick). The operation runs on the caller's goroutine: Start returns once
-// it is done, and the request's answer does not wait for that.
-func (r *Reconciler) Start(id string) {
+// a backoff), it asks for a pass instead (Kick). The operation runs on the
+// caller's goroutine: Start returns once it is done, and the request's
+// answer does not wait for that.
+func (r *Reconciler) Start(id string) { r.start(id, false) }
+
+// restart is Start for a volume whose early start found an operation of
+// it running, called at that operation's end. When it finds nothing to do
+// (the volume converged, or its record forgotten by a last teardown), the
+// pass has nothing to take but the check of what the operation did, which
+// the operation's end asked for already (KickSoon): it kicks no pass more.
+// Any other step left to the pass is kicked at once, as Start does.
+func (r *Reconciler) restart(id string) { r.start(id, true) }
+
+func (r *Reconciler) start(id string, restarted bool) {
 	run, why := r.claimEarly(id)
 	if why != "" {
 		klog.Background().V(4).Info("Leaving the volume's step to the next pass", "volumeID", id, "reason", why)
-		r.Kick()
+		if restarted && why == nothingToDo {
+			r.KickSoon()
+		} else {
+			r.Kick()
+		}
 		return
 	}
 	if run != nil {
@@ -109,6 +125,10 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 	for range earlyTries {
 		epoch := r.exec.epoch()
 		v, err := r.cfg.Store.Get(id)
+		if errors.Is(err, state.ErrNotFound) {
+			// Forgotten whole (its last teardown done).
+			return nil, nothingToDo
+		}
 		if err != nil {
 			return nil, err.Error()
 		}
@@ -118,7 +138,7 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		}
 		p := r.planVolume(v, obs)
 		if len(p.acts) == 0 {
-			return nil, "nothing to do"
+			return nil, nothingToDo
 		}
 		act := p.acts[0]
 		h := heldRunning
@@ -148,6 +168,10 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 	}
 	return nil, "operations of the volume kept ending during its observation"
 }
+
+// nothingToDo is why an early start that found its volume converged
+// leaves it to the pass (which reports its intents' results).
+const nothingToDo = "nothing to do"
 
 // earlyKind reports whether an early start takes an action of kind k.
 // A group snapshot holds several volumes: the pass, which sees them all,
@@ -198,14 +222,18 @@ func (r *Reconciler) afterOp(id string, act action) {
 			// for again and again would nest each operation in the
 			// end of the one before, and a group's members would
 			// start one after the other.
-			r.exec.spawn(func() { r.Start(held) })
+			r.exec.spawn(func() { r.restart(held) })
 		}
 	}
 }
 
 // learnDevices keeps, for each volume a pass saw or planned for (orphaned
-// devices included), the loop devices attached to its image.
-func (r *Reconciler) learnDevices(plans, seen []plan) {
+// devices included), the loop devices attached to its image, as the pass
+// observed them at epoch. A volume the pass saw none for keeps those it
+// had when an operation of it ran since epoch: a stage that attached its
+// device after the observation noted it (noteDevice), and the pass must not
+// forget it, or the publish that follows would wait for the next pass.
+func (r *Reconciler) learnDevices(plans, seen []plan, epoch uint64) {
 	devs := make(map[string][]string, len(seen))
 	for _, ps := range [][]plan{seen, plans} {
 		for _, p := range ps {
@@ -215,8 +243,13 @@ func (r *Reconciler) learnDevices(plans, seen []plan) {
 		}
 	}
 	r.early.mu.Lock()
+	defer r.early.mu.Unlock()
+	for id, old := range r.early.devices {
+		if _, ok := devs[id]; !ok && !r.exec.free(id, epoch) {
+			devs[id] = old
+		}
+	}
 	r.early.devices = devs
-	r.early.mu.Unlock()
 }
 
 // noteDevice records that dev was just attached to volume id's image.

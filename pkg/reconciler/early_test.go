@@ -273,3 +273,76 @@ func TestEarlyStartLeavesTheStageToThePass(t *testing.T) {
 		t.Error("the early start asked for no pass")
 	}
 }
+
+// TestPassKeepsADeviceAttachedAfterItsObservation: a stage attaches its
+// device after a pass observed the machine; that pass, seeing no device
+// of the volume, must not make the publish's early start forget the one
+// the stage noted, or the publish waits for the next pass. A volume with
+// no operation since the observation is taken at the pass's word.
+func TestPassKeepsADeviceAttachedAfterItsObservation(t *testing.T) {
+	h := newHarness(t)
+	stage := action{kind: actStage}
+	epoch := h.r.exec.epoch()
+	if hold, _ := h.r.exec.claim("a", stage, epoch); hold != notHeld {
+		t.Fatalf("claim: %v", hold)
+	}
+	h.r.noteDevice("a", "/dev/loop7")
+	h.r.noteDevice("b", "/dev/loop8")
+	h.r.learnDevices(nil, nil, epoch)
+	if got := h.r.early.devicesOf("a"); len(got) != 1 || got[0] != "/dev/loop7" {
+		t.Errorf("while its stage runs, a's devices = %v, want [/dev/loop7]", got)
+	}
+	if got := h.r.early.devicesOf("b"); got != nil {
+		t.Errorf("b, with no operation since the observation, keeps %v", got)
+	}
+	h.r.exec.finish("a", stage, outcome{effect: succeeded})
+	h.r.learnDevices(nil, nil, epoch)
+	if got := h.r.early.devicesOf("a"); len(got) != 1 {
+		t.Errorf("once its stage ended after the observation, a's devices = %v, want [/dev/loop7]", got)
+	}
+	h.r.learnDevices(nil, nil, h.r.exec.epoch())
+	if got := h.r.early.devicesOf("a"); got != nil {
+		t.Errorf("a pass observing after the stage's end saw no device of a, yet a keeps %v", got)
+	}
+}
+
+// TestRestartLeavesItsPassToTheOperationsEnd: an early start that found
+// an operation of its volume running is started again at that operation's
+// end, which asked for a pass soon already (KickSoon); a step the restart
+// leaves to the pass waits for that pass rather than kicking one more at
+// once, while a request's own early start kicks at once.
+func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
+	h := newHarness(t)
+	h.startEarly()
+	h.r.soonDelay = time.Hour
+	h.volume("a")
+	// Nothing recorded for a (its last teardown done): nothing to do.
+	h.r.restart("a")
+	select {
+	case <-h.r.kick:
+		t.Error("a restart kicked a pass at once")
+	default:
+	}
+	h.r.soonMu.Lock()
+	soon := h.r.soon
+	h.r.soonMu.Unlock()
+	if !soon {
+		t.Error("a restart that left its step to the pass asked for no pass")
+	}
+	h.r.Start("a")
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("a request's early start that left its step to the pass kicked none")
+	}
+	// A step the pass takes (a first stage) is kicked at once, restart
+	// or not.
+	staging, _ := h.volume("b")
+	h.update("b", func(v *state.Volume) { v.RequestStage(stageSpec(staging)) })
+	h.r.restart("b")
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("a restart that left a stage to the pass kicked none")
+	}
+}

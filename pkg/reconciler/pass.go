@@ -41,6 +41,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	}
 	// Plan.
 	seen, plans := r.plan(vols, obs)
+	r.learnDevices(plans, seen, epoch)
 	r.pollReleases(seen)
 	// Report.
 	statuses := make([]volstatus.VolumeStatus, 0, len(seen))
@@ -93,7 +94,6 @@ func (r *Reconciler) plan(vols []*state.Volume, obs *host.Observation) (seen, pl
 			plans = append(plans, plan{v: v, a: s.a, act: s.acts[0]})
 		}
 	}
-	r.learnDevices(plans, seen)
 	return seen, plans
 }
 

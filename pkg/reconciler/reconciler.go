@@ -24,6 +24,15 @@ import (
 // the two apart; a delay of 30 ms measured the same teardown of 100.
 const soonDelay = 3 * time.Millisecond
 
+// soonMax bounds how long KickSoon's pass waits while KickSoons keep
+// coming: each pushes the pass back by soonDelay, so that a burst of
+// operations ending one after another (a teardown of a hundred volumes
+// ends one every half millisecond) is verified by a pass every soonMax
+// rather than by passes back to back, each reading the whole mount table
+// and every loop device while the burst's unmounts wait for the same
+// kernel locks.
+const soonMax = 30 * time.Millisecond
+
 // Reconciler converges the actual state to the desired state.
 type Reconciler struct {
 	cfg   Config
@@ -39,11 +48,15 @@ type Reconciler struct {
 	// reported maps a volume to the reason of the abnormal condition last
 	// logged for it; only the goroutine running passes uses it.
 	reported map[string]contract.Reason
-	// soonMu guards soon, which is true while a KickSoon waits.
-	soonMu sync.Mutex
-	soon   bool
-	// soonDelay is how long KickSoon waits (the tests change it).
-	soonDelay time.Duration
+	// soonMu guards soon, which is true while a KickSoon waits, soonFirst,
+	// when the first of the KickSoons it serves came, and soonTimer.
+	soonMu    sync.Mutex
+	soon      bool
+	soonFirst time.Time
+	soonTimer clock.Timer
+	// soonDelay and soonMax are how long KickSoon waits (the tests change
+	// them).
+	soonDelay, soonMax time.Duration
 	// statusMu guards status, the volumes as of the last pass.
 	statusMu sync.Mutex
 	status   []volstatus.VolumeStatus
@@ -91,6 +104,7 @@ func New(cfg Config) (*Reconciler, error) {
 		exec:      newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax),
 		kick:      make(chan struct{}, 1),
 		soonDelay: soonDelay,
+		soonMax:   soonMax,
 		reported:  map[string]contract.Reason{},
 		fulfilled: map[string]map[state.IntentKey]int64{},
 		early:     newEarly(),
@@ -106,29 +120,37 @@ func (r *Reconciler) Kick() {
 	}
 }
 
-// KickSoon asks for a pass within soonDelay; a pass that starts meanwhile,
-// for any reason, serves it. It is for what follows the plugin's own work
-// (an operation's end, the mount table changing under it), which needs a
-// pass but not at once: the request just answered, and its client, get the
-// CPU first on a small node, and the completions and mount events of a
-// burst share one pass rather than each starting its own. Requests kick at
-// once.
+// KickSoon asks for a pass once KickSoons pause for soonDelay, and at most
+// soonMax after the first of them; a pass that starts meanwhile, for any
+// reason, serves it. It is for what follows the plugin's own work (an
+// operation's end, the mount table changing under it), which needs a pass
+// but not at once: the request just answered, and its client, get the CPU
+// first on a small node, and the completions and mount events of a burst
+// share one pass rather than each starting its own. Requests kick at once.
 func (r *Reconciler) KickSoon() {
 	r.soonMu.Lock()
 	defer r.soonMu.Unlock()
-	if r.soon {
+	now := r.cfg.Clock.Now()
+	if !r.soon {
+		r.soon, r.soonFirst = true, now
+		if r.soonTimer != nil {
+			r.soonTimer.Stop()
+		}
+		r.soonTimer = r.cfg.Clock.AfterFunc(r.soonDelay, r.soonDue)
 		return
 	}
-	r.soon = true
-	r.cfg.Clock.AfterFunc(r.soonDelay, func() {
-		r.soonMu.Lock()
-		soon := r.soon
-		r.soon = false
-		r.soonMu.Unlock()
-		if soon {
-			r.Kick()
-		}
-	})
+	r.soonTimer.Reset(min(r.soonDelay, max(0, r.soonFirst.Add(r.soonMax).Sub(now))))
+}
+
+// soonDue kicks the pass KickSoon waits for, unless a pass served it.
+func (r *Reconciler) soonDue() {
+	r.soonMu.Lock()
+	soon := r.soon
+	r.soon = false
+	r.soonMu.Unlock()
+	if soon {
+		r.Kick()
+	}
 }
 
 // Ready reports whether start-up reconstruction has finished: a pass found

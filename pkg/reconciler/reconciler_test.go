@@ -617,6 +617,35 @@ func TestKickSoon(t *testing.T) {
 	}
 }
 
+// TestKickSoonWaitsForAPause checks that KickSoons coming one after
+// another push their pass back by soonDelay each, but never more than
+// soonMax after the first: a burst of operations' ends is verified by one
+// pass rather than by passes back to back.
+func TestKickSoonWaitsForAPause(t *testing.T) {
+	h := newHarness(t)
+	h.r.soonDelay, h.r.soonMax = 2*time.Millisecond, 5*time.Millisecond
+	noKick := func(when string) {
+		t.Helper()
+		select {
+		case <-h.r.kick:
+			t.Fatalf("kicked %s", when)
+		case <-time.After(20 * time.Millisecond): // the timer's function runs on its own goroutine
+		}
+	}
+	h.r.KickSoon()
+	for ms := 1; ms <= 4; ms++ {
+		h.clock.Step(time.Millisecond)
+		noKick(fmt.Sprintf("%d ms after the first KickSoon, with KickSoons every millisecond", ms))
+		h.r.KickSoon()
+	}
+	h.clock.Step(time.Millisecond)
+	select {
+	case <-h.r.kick:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no kick soonMax after the first KickSoon")
+	}
+}
+
 func TestRunConvergesAndStops(t *testing.T) {
 	h := newHarness(t)
 	staging, target := h.volume("v1")
