@@ -29,6 +29,7 @@ type Metrics struct {
 	rpcs       *prometheus.HistogramVec
 	frozen     prometheus.Histogram
 	conditions *prometheus.GaugeVec
+	early      *prometheus.CounterVec
 }
 
 // New makes the collectors and registers them.
@@ -82,8 +83,12 @@ func New() *Metrics {
 			Namespace: namespace, Name: "volume_conditions",
 			Help: "Volumes whose condition is abnormal, by reason (PoolNearlyFull, SpaceRanOut, FilesystemReadOnly...), as of the last pass.",
 		}, []string{"reason"}),
+		early: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "early_starts_total",
+			Help: "Requests' early starts of their volume's step, by outcome (started, waited, nothing_to_do, left_to_pass).",
+		}, []string{"outcome"}),
 	}
-	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen, m.conditions,
+	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen, m.conditions, m.early,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, p := range volstatus.Phases {
 		m.volumes.WithLabelValues(p)
@@ -95,6 +100,9 @@ func New() *Metrics {
 func (m *Metrics) OperationDone(action, result string, d time.Duration) {
 	m.operations.WithLabelValues(action, result).Observe(d.Seconds())
 }
+
+// EarlyStart implements reconciler.Recorder.
+func (m *Metrics) EarlyStart(outcome string) { m.early.WithLabelValues(outcome).Inc() }
 
 // Frozen implements reconciler.Recorder.
 func (m *Metrics) Frozen(d time.Duration) { m.frozen.Observe(d.Seconds()) }

@@ -16,6 +16,9 @@ func TestMetricsFollowTheReconciler(t *testing.T) {
 	m.OperationDone("stage", "ok", 30*time.Millisecond)
 	m.OperationDone("stage", "error", time.Millisecond)
 	m.Repaired("keep device")
+	m.EarlyStart("started")
+	m.EarlyStart("started")
+	m.EarlyStart("left_to_pass")
 	m.PassDone(2*time.Millisecond, []volstatus.VolumeStatus{
 		{ID: "a", Phase: volstatus.PhaseReady, StagingPath: "/s/a", StageReady: true, PublishesDesired: 2, PublishesActual: 2},
 		{ID: "b", Phase: volstatus.PhaseFailing, StagingPath: "/s/b", PublishesDesired: 1, LastError: "busy"},
@@ -38,6 +41,8 @@ func TestMetricsFollowTheReconciler(t *testing.T) {
 		{"in backoff", testutil.ToFloat64(m.backoff), 1},
 		{"uncertain", testutil.ToFloat64(m.uncertain), 1},
 		{"repairs", testutil.ToFloat64(m.repairs.WithLabelValues("keep device")), 1},
+		{"early starts started", testutil.ToFloat64(m.early.WithLabelValues("started")), 2},
+		{"early starts left to the pass", testutil.ToFloat64(m.early.WithLabelValues("left_to_pass")), 1},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

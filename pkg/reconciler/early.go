@@ -93,6 +93,16 @@ func (r *Reconciler) restart(id string) { r.start(id, true) }
 
 func (r *Reconciler) start(id string, restarted bool) {
 	run, why := r.claimEarly(id)
+	switch {
+	case why == nothingToDo:
+		r.cfg.Recorder.EarlyStart(EarlyNothingToDo)
+	case why != "":
+		r.cfg.Recorder.EarlyStart(EarlyLeftToPass)
+	case run == nil:
+		r.cfg.Recorder.EarlyStart(EarlyWaited)
+	default:
+		r.cfg.Recorder.EarlyStart(EarlyStarted)
+	}
 	if why != "" {
 		klog.Background().V(4).Info("Leaving the volume's step to the next pass", "volumeID", id, "reason", why)
 		if restarted && why == nothingToDo {

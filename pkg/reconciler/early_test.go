@@ -346,3 +346,35 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 		t.Error("a restart that left a stage to the pass kicked none")
 	}
 }
+
+// TestEarlyStartOutcomesAreRecorded: each early start reports what it did,
+// for the metrics (converge_early_starts_total): a first stage left to
+// the pass, a publish started, a volume with nothing to do, and one whose
+// operation runs.
+func TestEarlyStartOutcomesAreRecorded(t *testing.T) {
+	h := newHarness(t)
+	rec := &countingRecorder{ops: map[string]int{}}
+	h.r.cfg.Recorder = rec
+	h.startEarly()
+	staging, target := h.volume("a")
+	h.update("a", func(v *state.Volume) { v.RequestStage(stageSpec(staging)) })
+	h.r.Start("a") // a first stage: no device known
+	h.runUntilIdle()
+	h.update("a", func(v *state.Volume) { v.RequestPublish(staging, target, publishSpec()) })
+	h.r.Start("a") // the publish, started at once
+	h.r.exec.wait()
+	h.r.Start("a") // published: nothing to do
+	if hold, _ := h.r.exec.claim("a", action{kind: actPublish, target: target}, h.r.exec.epoch()); hold != notHeld {
+		t.Fatalf("claim: %v", hold)
+	}
+	h.update("a", func(v *state.Volume) { v.RequestUnpublish(target) })
+	h.r.Start("a") // the unpublish, while an operation of a runs
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	want := map[string]int{EarlyLeftToPass: 1, EarlyStarted: 1, EarlyNothingToDo: 1, EarlyWaited: 1}
+	for outcome, n := range want {
+		if rec.early[outcome] != n {
+			t.Errorf("%s: got %d, want %d (all: %v)", outcome, rec.early[outcome], n, rec.early)
+		}
+	}
+}

@@ -795,6 +795,7 @@ type countingRecorder struct {
 	ops    map[string]int
 	passes int
 	last   []volstatus.VolumeStatus
+	early  map[string]int
 }
 
 func (c *countingRecorder) OperationDone(action, result string, _ time.Duration) {
@@ -802,7 +803,15 @@ func (c *countingRecorder) OperationDone(action, result string, _ time.Duration)
 	defer c.mu.Unlock()
 	c.ops[action+" "+result]++
 }
-func (c *countingRecorder) Repaired(string)      {}
+func (c *countingRecorder) Repaired(string) {}
+func (c *countingRecorder) EarlyStart(outcome string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.early == nil {
+		c.early = map[string]int{}
+	}
+	c.early[outcome]++
+}
 func (c *countingRecorder) Frozen(time.Duration) {}
 func (c *countingRecorder) PassDone(_ time.Duration, v []volstatus.VolumeStatus, _ int) {
 	c.mu.Lock()

@@ -22,7 +22,25 @@ type Recorder interface {
 	// Frozen reports how long a snapshot held a volume's filesystem
 	// frozen.
 	Frozen(d time.Duration)
+	// EarlyStart reports what a request's early start did (early.go):
+	// EarlyStarted, EarlyWaited, EarlyNothingToDo or EarlyLeftToPass.
+	EarlyStart(outcome string)
 }
+
+// The outcomes of an early start (Recorder.EarlyStart).
+const (
+	// EarlyStarted: it started the volume's step.
+	EarlyStarted = "started"
+	// EarlyWaited: an operation of the volume ran; the volume is started
+	// again when it ends.
+	EarlyWaited = "waited"
+	// EarlyNothingToDo: the volume needed nothing (the pass reports it).
+	EarlyNothingToDo = "nothing_to_do"
+	// EarlyLeftToPass: the step is the pass's (a stage, a group snapshot,
+	// no device known, a backoff, start-up not finished); the reason is
+	// logged at V(4).
+	EarlyLeftToPass = "left_to_pass"
+)
 
 type noRecorder struct{}
 
@@ -30,6 +48,7 @@ func (noRecorder) OperationDone(string, string, time.Duration)           {}
 func (noRecorder) Repaired(string)                                       {}
 func (noRecorder) PassDone(time.Duration, []volstatus.VolumeStatus, int) {}
 func (noRecorder) Frozen(time.Duration)                                  {}
+func (noRecorder) EarlyStart(string)                                     {}
 
 // Status returns the volumes as of the last pass, sorted by ID. It never
 // waits for an operation.
