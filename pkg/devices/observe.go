@@ -29,10 +29,13 @@ type Observer struct {
 	Pools map[string]string
 
 	// files keeps the files of the loop listing open between passes, and
-	// mounts the mount table's; made on first use.
+	// mounts the mount table's; made on first use, as is index.
 	filesOnce sync.Once
 	files     *keptFiles
 	mounts    *mountTable
+	// index reads a volume's mounts without the mount table
+	// (ObserveVolume).
+	index *mountIndex
 
 	// loopFiles tells which loop devices are the data directory's
 	// (backing_linux.go).
@@ -61,27 +64,41 @@ func (o *Observer) Observe() (*host.Observation, error) {
 	return o.observation(mounts, loops), nil
 }
 
-// ObserveDevices is Observe for the loop devices named only (as
-// "/dev/loopN"): the mount table is read anew, as Observe reads it, but of
-// the loop devices only those named are read, and those no longer
-// attached are left out. It is the observation of a few volumes whose
-// devices are known, at a cost that does not grow with the devices of the
-// machine: a device attached since the caller learnt its volume's devices
-// is not in it.
-//
-// Callers at the same moment share one read of the mount table, which
-// begins after each of them called.
-func (o *Observer) ObserveDevices(devs []string) (*host.Observation, error) {
+// ObserveVolume is the observation of one volume whose loop devices are
+// known (loops, as "/dev/loopN"; a static volume's device is named by its
+// number in devs instead), at a cost that does not grow with the devices
+// and mounts of the machine: of the loop devices, those of loops still
+// attached, read anew; of the mounts, those of the filesystems on them and
+// on devs, and the top mount at each of paths (the volume's staging path
+// and targets), read anew with statmount(2) (statmount_linux.go). A device
+// attached since the caller learnt its volume's devices is not in it, and
+// nor is a mount of another filesystem that no path of paths reaches.
+// Where the mounts cannot be told without the mount table (before Linux
+// 6.13, or a path whose lookup fails on a broken mount), it is read whole,
+// and callers at the same moment share one read that begins after each of
+// them called.
+func (o *Observer) ObserveVolume(loops []string, devs []host.DevNum, paths []string) (*host.Observation, error) {
 	o.begin()
-	mounts, err := o.mounts.readFresh()
+	attached, err := readLoops(o.SysBlock, loops)
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
+		return nil, fmt.Errorf("reading loop devices %v: %w", loops, err)
 	}
-	loops, err := readLoops(o.SysBlock, devs)
+	devs = slices.Clone(devs)
+	var sources []string
+	for _, l := range attached {
+		devs, sources = append(devs, l.Dev), append(sources, l.Device)
+	}
+	mounts, err := o.index.mounts(devs, sources, paths)
+	if errors.Is(err, errUseMountTable) {
+		mounts, err = o.mounts.readFresh()
+		if err != nil {
+			err = fmt.Errorf("reading %s: %w", o.MountInfo, err)
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("reading loop devices %v: %w", devs, err)
+		return nil, err
 	}
-	return o.observation(mounts, loops), nil
+	return o.observation(mounts, attached), nil
 }
 
 // begin readies an observation: the kept files, and the roots opened
@@ -127,7 +144,7 @@ func (o *Observer) Close() error {
 }
 
 func (o *Observer) keepFiles() {
-	o.files, o.mounts = newKeptFiles(), newMountTable(o.MountInfo)
+	o.files, o.mounts, o.index = newKeptFiles(), newMountTable(o.MountInfo), newMountIndex()
 }
 
 // byDevice gives the mounts of a filesystem that reports an anonymous
