@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/host"
 )
@@ -162,9 +163,7 @@ func mountOf(h *statmountHead, buf []byte) host.Mount {
 // errUseMountTable: the mounts asked for cannot be told without the mount
 // table, and the caller reads it whole: the kernel lacks listmount,
 // statmount or a field converge reads (before Linux 6.13), or the lookup
-// of a path named fails on a broken mount at or above it (EIO, ENOTCONN,
-// ESTALE: the mount table, which asks no filesystem anything, still lists
-// what is there).
+// of a path named fails otherwise than on nothing there (Observer.pathTops).
 var errUseMountTable = errors.New("the mounts cannot be told without the mount table")
 
 // mountIndex reads the mounts of a few filesystems, and of a few paths,
@@ -177,60 +176,78 @@ type mountIndex struct {
 	usable     bool
 
 	// mu guards the fields below.
-	mu    sync.Mutex
-	devOf map[uint64]mountDev
-	ids   []uint64
-	buf   []byte
+	mu sync.Mutex
+	// known holds the mounts of the latest listing, by unique ID in
+	// ascending order, and spare the previous one's slice, reused.
+	known, spare []mountDev
+	ids          []uint64
+	buf          []byte
 }
 
-// mountDev is what mountIndex keeps of a mount: its filesystem's device,
-// and whether it is btrfs, whose mounts report an anonymous device number
-// and are told by their source instead (byDevice).
+// mountDev is what mountIndex keeps of a mount (by its unique ID): its
+// filesystem's device, and for btrfs, whose mounts report an anonymous
+// device number and are told by their source instead (byDevice), that
+// source.
 type mountDev struct {
-	dev   host.DevNum
-	btrfs bool
+	id  uint64
+	dev host.DevNum
+	// btrfsSource is a btrfs mount's source, as it was first seen: it
+	// changes only when its filesystem's first device is replaced, which
+	// converge's volumes, one loop device each, never are.
+	btrfsSource string
 }
 
 // btrfsMagic is BTRFS_SUPER_MAGIC.
 const btrfsMagic = 0x9123683e
 
 func newMountIndex() *mountIndex {
-	return &mountIndex{devOf: map[uint64]mountDev{}, ids: make([]uint64, 512), buf: make([]byte, 4096)}
+	return &mountIndex{ids: make([]uint64, 512), buf: make([]byte, 4096)}
 }
 
 // ready reports whether the kernel lists and tells mounts with every
 // field converge reads: Linux 6.13 and later, and one mount told.
 func (x *mountIndex) ready() bool {
 	x.usableOnce.Do(func() {
-		if !kernelAtLeast(6, 13) {
-			return
-		}
-		x.mu.Lock()
-		defer x.mu.Unlock()
-		ids, err := listMounts(x.ids)
-		if err != nil || len(ids) == 0 {
-			return
-		}
-		h, err := statMount(ids[0], statmountWanted, &x.buf)
-		x.usable = err == nil && h.mask&statmountAlways == statmountAlways
+		x.usable = x.probe()
+		klog.Background().V(2).Info("Observations of one volume read its mounts", "with", map[bool]string{true: "statmount", false: "the whole mount table"}[x.usable])
 	})
 	return x.usable
 }
 
+// pathTop is the top mount at a path, as a lookup of the path reaches it:
+// by its unique ID, 0 for none.
+type pathTop struct {
+	path string
+	id   uint64
+}
+
+// probe reports whether the kernel lists and tells mounts with every
+// field converge reads.
+func (x *mountIndex) probe() bool {
+	if !kernelAtLeast(6, 13) {
+		return false
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ids, err := listMounts(x.ids)
+	if err != nil || len(ids) == 0 {
+		return false
+	}
+	h, err := statMount(ids[0], statmountWanted, &x.buf)
+	return err == nil && h.mask&statmountAlways == statmountAlways
+}
+
 // mounts returns the mounts whose filesystem is on one of devs (a btrfs
-// one by its source, one of sources), and the top mount at each of paths,
-// as a path lookup there finds it, in the mount table's order: by unique
-// ID, the order in which they were mounted, where the last mount at a path
-// is the top one.
-//
-// The top mount of a path is found by a statx of the path, which asks a
-// network or FUSE filesystem there to answer from its cache
-// (AT_STATX_DONT_SYNC); when the lookup fails on a broken mount, the
-// caller reads the mount table instead (errUseMountTable). A mount of
-// another filesystem that the path cannot reach (beneath a mount on one of
-// its parents) is not found, and the mount table, which a pass reads,
+// one by its source, one of sources) and the top mount at each path of
+// tops, in the mount table's order (by unique ID, the order in which they
+// were mounted, where the last mount at a path is the top one), except
+// that a path's top mount comes after the others at that path: the mount
+// table puts a tree cloned earlier (open_tree) and moved onto the path
+// since under a mount it covers, a lookup of the path does not. A mount of
+// another filesystem that the path does not reach (beneath a mount on one
+// of its parents) is not found, and the mount table, which a pass reads,
 // still lists it.
-func (x *mountIndex) mounts(devs []host.DevNum, sources []string, paths []string) ([]host.Mount, error) {
+func (x *mountIndex) mounts(devs []host.DevNum, sources []string, tops []pathTop) ([]host.Mount, error) {
 	if !x.ready() {
 		return nil, errUseMountTable
 	}
@@ -242,57 +259,69 @@ func (x *mountIndex) mounts(devs []host.DevNum, sources []string, paths []string
 	}
 	x.ids = ids[:cap(ids)]
 	slices.Sort(ids) // listed by unique ID already: the order of mounting
-	devOf := make(map[uint64]mountDev, len(ids))
+	// Both lists ascend: one walk along them finds each mount known.
+	known, j := x.spare[:0], 0
 	var out []host.Mount
 	var uids []uint64 // the unique ID of each of out
 	for _, id := range ids {
-		d, ok := x.devOf[id]
-		if !ok {
-			h, err := statMount(id, statmountSbBasic, &x.buf)
+		for j < len(x.known) && x.known[j].id < id {
+			j++ // gone since the latest listing
+		}
+		var d mountDev
+		if j < len(x.known) && x.known[j].id == id {
+			d = x.known[j]
+		} else {
+			h, err := statMount(id, statmountSbBasic|statmountSbSource, &x.buf)
 			if errors.Is(err, unix.ENOENT) {
 				continue // gone since the listing
 			}
 			if err != nil {
 				return nil, fmt.Errorf("statmount %d: %w", id, err)
 			}
-			d = mountDev{dev: host.DevNum{Major: h.sbDevMajor, Minor: h.sbDevMinor}, btrfs: h.sbMagic == btrfsMagic}
+			d = mountDev{id: id, dev: host.DevNum{Major: h.sbDevMajor, Minor: h.sbDevMinor}}
+			if h.sbMagic == btrfsMagic && h.mask&statmountSbSource != 0 {
+				d.btrfsSource = statString(x.buf, h.sbSource)
+			}
 		}
-		devOf[id] = d
-		if !slices.Contains(devs, d.dev) && !(d.btrfs && len(sources) > 0) {
+		known = append(known, d)
+		if !slices.Contains(devs, d.dev) && (d.btrfsSource == "" || !slices.Contains(sources, d.btrfsSource)) {
 			continue
 		}
 		m, ok, err := x.read(id)
 		if err != nil {
 			return nil, err
 		}
-		if ok && (slices.Contains(devs, m.Dev) || d.btrfs && slices.Contains(sources, m.Source)) {
+		if ok {
 			out, uids = append(out, m), append(uids, id)
 		}
 	}
-	x.devOf = devOf
-	for _, p := range paths {
-		var stx unix.Statx_t
-		err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT|unix.AT_STATX_DONT_SYNC,
-			unix.STATX_MNT_ID_UNIQUE, &stx)
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
-			continue // nothing there
+	x.known, x.spare = known, x.known
+	for _, top := range tops {
+		if top.id == 0 {
+			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("%w: statx %s: %w", errUseMountTable, p, err)
+		i, found := slices.BinarySearch(uids, top.id)
+		if !found {
+			m, ok, err := x.read(top.id)
+			if err != nil {
+				return nil, err
+			}
+			if !ok || m.Path != top.path {
+				continue // no mount at the path: it is within another
+			}
+			out, uids = slices.Insert(out, i, m), slices.Insert(uids, i, top.id)
 		}
-		if stx.Mask&unix.STATX_MNT_ID_UNIQUE == 0 {
-			return nil, errUseMountTable
+		// The top mount goes after every other at its path.
+		last := i
+		for k := i + 1; k < len(out); k++ {
+			if out[k].Path == top.path {
+				last = k
+			}
 		}
-		i, found := slices.BinarySearch(uids, stx.Mnt_id)
-		if found {
-			continue // one of the filesystems' own
-		}
-		m, ok, err := x.read(stx.Mnt_id)
-		if err != nil {
-			return nil, err
-		}
-		if ok && m.Path == p {
-			out, uids = slices.Insert(out, i, m), slices.Insert(uids, i, stx.Mnt_id)
+		if last != i {
+			m := out[i]
+			out, uids = slices.Delete(out, i, i+1), slices.Delete(uids, i, i+1)
+			out, uids = slices.Insert(out, last, m), slices.Insert(uids, last, top.id)
 		}
 	}
 	return out, nil
@@ -304,6 +333,9 @@ func (x *mountIndex) read(id uint64) (host.Mount, bool, error) {
 	h, err := statMount(id, statmountWanted, &x.buf)
 	if errors.Is(err, unix.ENOENT) {
 		return host.Mount{}, false, nil
+	}
+	if errors.Is(err, unix.EOVERFLOW) {
+		return host.Mount{}, false, fmt.Errorf("%w: statmount %d: its strings pass 1 MiB", errUseMountTable, id)
 	}
 	if err != nil {
 		return host.Mount{}, false, fmt.Errorf("statmount %d: %w", id, err)

@@ -140,7 +140,8 @@ func TestObserveVolumeAgreesWithObserve(t *testing.T) {
 			dir, dev, named := volumeMounts(t, fs)
 			image := filepath.Join(dir, "a.img")
 			for _, way := range []string{"statmount", "mount table", "shut down"} {
-				o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": dir}}
+				o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": dir},
+					Paths: NewPaths([]string{filepath.Join(dir, "pods")})}
 				defer o.Close()
 				o.filesOnce.Do(o.keepFiles)
 				switch way {
@@ -199,5 +200,56 @@ func shutDown(t *testing.T, mnt string) {
 	const noLogFlush = 2
 	if err := unix.IoctlSetPointerInt(int(f.Fd()), goingDown, noLogFlush); err != nil {
 		t.Fatalf("shut down %s: %v", mnt, err)
+	}
+}
+
+// TestObserveVolumeFindsTheTopMountALookupReaches mounts the volume's
+// filesystem at a target, then moves onto it a tmpfs tree cloned before
+// (open_tree), which keeps its older mount ID: the mount table lists the
+// tmpfs first, under the volume's mount, while a lookup of the target
+// reaches the tmpfs. The observation of the volume has the tmpfs on top,
+// so that no publish counts as in place on a mount that covers it.
+func TestObserveVolumeFindsTheTopMountALookupReaches(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices and mounts")
+	}
+	if !newMountIndex().ready() {
+		t.Skip("the kernel has no statmount with every field converge reads")
+	}
+	dir := t.TempDir()
+	mnt, dev := mountFresh(t, dir, host.FsExt4)
+	src := filepath.Join(dir, "src")
+	if err := os.Mkdir(src, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("converge-test", src, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(src, syscall.MNT_DETACH) })
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tree)
+	target := filepath.Join(dir, "pods", "target")
+	if err := os.MkdirAll(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(mnt, target, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(target, syscall.MNT_DETACH) })
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(target, syscall.MNT_DETACH) })
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: NewPaths([]string{filepath.Join(dir, "pods")})}
+	defer o.Close()
+	obs, err := o.ObserveVolume([]string{dev}, nil, []string{target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := obs.MountAt(target); !ok || m.FsType != "tmpfs" {
+		t.Errorf("top mount at the target: got %+v (%t), want the tmpfs moved there last", m, ok)
 	}
 }

@@ -258,7 +258,8 @@ func (w *fakeWorld) Observe() (*host.Observation, error) {
 }
 
 // ObserveVolume is Observe with only the loop devices named, and of the
-// mounts those of their filesystems and of devs, and those at paths.
+// mounts those of their filesystems and of devs, and the top one at each
+// of paths.
 func (w *fakeWorld) ObserveVolume(names []string, devs []host.DevNum, paths []string) (*host.Observation, error) {
 	w.mu.Lock()
 	w.partial++
@@ -269,9 +270,11 @@ func (w *fakeWorld) ObserveVolume(names []string, devs []host.DevNum, paths []st
 			devs = append(devs, l.Dev)
 		}
 	}
+	// The mounts of the devices, and the top one at each path.
 	var mounts []host.Mount
-	for _, m := range w.mounts {
-		if slices.Contains(devs, m.Dev) || slices.Contains(paths, m.Path) {
+	for i, m := range w.mounts {
+		top := !slices.ContainsFunc(w.mounts[i+1:], func(n host.Mount) bool { return n.Path == m.Path })
+		if slices.Contains(devs, m.Dev) || top && slices.Contains(paths, m.Path) {
 			mounts = append(mounts, m)
 		}
 	}
