@@ -62,7 +62,7 @@ conformance: deps
 bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkPass' -benchtime 20x ./pkg/reconciler
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices
-	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices|BenchmarkObserveDevices' -benchtime 200x ./pkg/devices
+	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices|BenchmarkObserveVolume' -benchtime 200x ./pkg/devices
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
 
 ## compat: every RPC of csi-node with default flags (and a 5% pool guard) through a client built as the oldest peers it

@@ -615,21 +615,28 @@ func (k *keptFiles) listLoops(sysBlock string) ([]host.Device, error) {
 	return loops, err
 }
 
-// readLoops reads the loop devices devs (as "/dev/loopN"), opening and
-// closing each attribute, and returns those attached. It does not use the
-// descriptors a listing keeps: a pass's listing holds them while it reads
-// every device of the machine, which takes tens of milliseconds while
-// devices detach (a read of a detaching device's queue attributes waits
-// for the detach), and a request's early start must not wait for it.
-func readLoops(sysBlock string, devs []string) ([]host.Device, error) {
-	r := &oneShot{buf: make([]byte, attrBuf)}
+// readLoops reads the loop devices devs (as "/dev/loopN") and returns
+// those attached: through the descriptors the listing keeps when no one
+// holds them (a read of a kept descriptor is half the cost of an open, a
+// read and a close), else opening and closing each attribute. It never
+// waits for them: a pass's listing holds them while it reads every device
+// of the machine, which takes tens of milliseconds while devices detach (a
+// read of a detaching device's queue attributes waits for the detach), and
+// a request's early start must not wait for it.
+func (k *keptFiles) readLoops(sysBlock string, devs []string) ([]host.Device, error) {
+	var r fileReader = &oneShot{buf: make([]byte, attrBuf)}
+	var nums map[string]host.DevNum
+	if k.mu.TryLock() {
+		defer k.mu.Unlock()
+		r, nums = k, k.devs
+	}
 	var out []host.Device
 	for _, dev := range devs {
 		name, ok := strings.CutPrefix(dev, "/dev/")
 		if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {
 			return nil, fmt.Errorf("%s is not a loop device", dev)
 		}
-		d, attached, err := readLoop(sysBlock, name, r, nil)
+		d, attached, err := readLoop(sysBlock, name, r, nums)
 		if err != nil {
 			return nil, err
 		}

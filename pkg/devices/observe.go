@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 	"k8s.io/mount-utils"
 
 	"github.com/converge-csi/converge/pkg/host"
@@ -29,10 +30,13 @@ type Observer struct {
 	Pools map[string]string
 
 	// files keeps the files of the loop listing open between passes, and
-	// mounts the mount table's; made on first use.
+	// mounts the mount table's; made on first use, as is index.
 	filesOnce sync.Once
 	files     *keptFiles
 	mounts    *mountTable
+	// index reads a volume's mounts without the mount table
+	// (ObserveVolume).
+	index *mountIndex
 
 	// loopFiles tells which loop devices are the data directory's
 	// (backing_linux.go).
@@ -61,27 +65,55 @@ func (o *Observer) Observe() (*host.Observation, error) {
 	return o.observation(mounts, loops), nil
 }
 
-// ObserveDevices is Observe for the loop devices named only (as
-// "/dev/loopN"): the mount table is read anew, as Observe reads it, but of
-// the loop devices only those named are read, and those no longer
-// attached are left out. It is the observation of a few volumes whose
-// devices are known, at a cost that does not grow with the devices of the
-// machine: a device attached since the caller learnt its volume's devices
-// is not in it.
+// ObserveVolume is the observation of one volume whose loop devices are
+// known (loops, as "/dev/loopN"; a static volume's device is named by its
+// number in devs instead), at a cost that does not grow with the devices
+// and mounts of the machine: of the loop devices, those of loops still
+// attached, read anew; of the mounts, those of the filesystems on them and
+// on devs, and the top mount at each of paths (the volume's staging path
+// and targets) as a lookup of the path reaches it, read anew with
+// statmount(2) (statmount_linux.go). A device attached since the caller
+// learnt its volume's devices is not in it.
 //
-// Callers at the same moment share one read of the mount table, which
-// begins after each of them called.
-func (o *Observer) ObserveDevices(devs []string) (*host.Observation, error) {
+// Its answers about the volume are Observe's but in one way: at a path
+// of paths, Observe's top mount is the one mounted last there, this one's
+// the one a lookup of the path reaches. They differ where someone else's
+// mount there is out of a lookup's reach (a mount on one of the path's
+// parents hides it) or was put beneath (MOVE_MOUNT_BENEATH) or moved there
+// from a tree cloned before (open_tree), and there a lookup's answer is
+// the true one: what the kubelet and the pod find at the path.
+//
+// Where the mounts cannot be told without the mount table (before Linux
+// 6.13, a path whose lookup fails otherwise than on nothing there, a
+// mount whose strings pass 1 MiB), it is read whole, and callers at the
+// same moment share one read that begins after each of them called.
+func (o *Observer) ObserveVolume(loops []string, devs []host.DevNum, paths []string) (*host.Observation, error) {
 	o.begin()
-	mounts, err := o.mounts.readFresh()
+	attached, err := o.files.readLoops(o.SysBlock, loops)
 	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", o.MountInfo, err)
+		return nil, fmt.Errorf("reading loop devices %v: %w", loops, err)
 	}
-	loops, err := readLoops(o.SysBlock, devs)
+	devs = slices.Clone(devs)
+	var sources []string
+	for _, l := range attached {
+		devs, sources = append(devs, l.Dev), append(sources, l.Device)
+	}
+	var mounts []host.Mount
+	tops, err := o.pathTops(paths)
+	if err == nil {
+		mounts, err = o.index.mounts(devs, sources, tops)
+	}
+	if errors.Is(err, errUseMountTable) {
+		klog.Background().V(4).Info("Reading the whole mount table for a volume's observation", "loopDevices", loops, "reason", err)
+		mounts, err = o.mounts.readFresh()
+		if err != nil {
+			err = fmt.Errorf("reading %s: %w", o.MountInfo, err)
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("reading loop devices %v: %w", devs, err)
+		return nil, err
 	}
-	return o.observation(mounts, loops), nil
+	return o.observation(mounts, attached), nil
 }
 
 // begin readies an observation: the kept files, and the roots opened
@@ -127,7 +159,7 @@ func (o *Observer) Close() error {
 }
 
 func (o *Observer) keepFiles() {
-	o.files, o.mounts = newKeptFiles(), newMountTable(o.MountInfo)
+	o.files, o.mounts, o.index = newKeptFiles(), newMountTable(o.MountInfo), newMountIndex()
 }
 
 // byDevice gives the mounts of a filesystem that reports an anonymous
@@ -163,30 +195,55 @@ func byDevice(mounts []host.Mount, loops []host.Device) []host.Mount {
 // reconciler's own unmounts of it find it busy (EBUSY) far more often
 // while a pass checked it (TestCheckMountLeavesUnmountsBe).
 func (o *Observer) CheckMount(path string) (uint64, error) {
-	var id uint64
-	var err error
-	if _, _, berr := host.Beneath(path, o.rootsOf()); o.Paths != nil && berr == nil && !slices.Contains(o.Paths.roots, path) {
-		o.rootsMu.Lock()
-		dir, oerr := o.Paths.openIn(o.roots, filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY)
-		o.rootsMu.Unlock()
-		if oerr != nil {
-			if mount.IsCorruptedMnt(errors.Unwrap(oerr)) || mount.IsCorruptedMnt(oerr) {
-				return 0, oerr
-			}
-			return 0, nil
-		}
-		id, err = mountID(dir, filepath.Base(path))
-		unix.Close(dir)
-	} else {
-		id, err = mountID(unix.AT_FDCWD, path)
-	}
-	if err != nil && mount.IsCorruptedMnt(err) {
+	id, err := o.topMount(path)
+	if err != nil && (mount.IsCorruptedMnt(err) || mount.IsCorruptedMnt(errors.Unwrap(err))) {
 		return 0, err
 	}
 	if err != nil {
 		return 0, nil
 	}
 	return id, nil
+}
+
+// topMount returns the unique ID of the top mount at path (0 when the
+// kernel does not tell it), resolved as CheckMount says, and the error of
+// the path's resolution or stat as it is.
+func (o *Observer) topMount(path string) (uint64, error) {
+	if _, _, berr := host.Beneath(path, o.rootsOf()); o.Paths != nil && berr == nil && !slices.Contains(o.Paths.roots, path) {
+		o.rootsMu.Lock()
+		dir, err := o.Paths.openIn(o.roots, filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY)
+		o.rootsMu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		defer unix.Close(dir)
+		return mountID(dir, filepath.Base(path))
+	}
+	return mountID(unix.AT_FDCWD, path)
+}
+
+// pathTops finds the top mount at each of paths, as CheckMount does (a
+// path beneath the roots resolved without following any symlink): none at
+// a path that is not there (ENOENT, ENOTDIR); any other failure, a symlink
+// on the way or a broken mount (EIO, ENOTCONN, ESTALE), and the mount
+// table, which asks no filesystem anything, is read instead
+// (errUseMountTable). It runs before mountIndex's lock is taken: a lookup
+// held up by a hung filesystem on the way holds up its own request alone.
+func (o *Observer) pathTops(paths []string) ([]pathTop, error) {
+	tops := make([]pathTop, 0, len(paths))
+	for _, p := range paths {
+		id, err := o.topMount(p)
+		switch {
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+			id = 0
+		case err != nil:
+			return nil, fmt.Errorf("%w: %s: %w", errUseMountTable, p, err)
+		case id == 0:
+			return nil, fmt.Errorf("%w: %s: the kernel tells no unique mount ID", errUseMountTable, p)
+		}
+		tops = append(tops, pathTop{path: p, id: id})
+	}
+	return tops, nil
 }
 
 // rootsOf returns the roots of o.Paths, none without it.

@@ -562,10 +562,10 @@ func TestCheckMountLeavesUnmountsBe(t *testing.T) {
 	t.Logf("%d checks during 1000 unmounts", <-checked)
 }
 
-// TestObserveDevicesReadsOnlyThoseNamed checks that the observation of
-// named devices holds those of them attached, as they are now, and no
-// other, with the mount table whole.
-func TestObserveDevicesReadsOnlyThoseNamed(t *testing.T) {
+// TestObserveVolumeReadsOnlyThoseNamed checks that the observation of
+// one volume holds those of its named devices attached, as they are now,
+// and no other, with the top mount at the paths named.
+func TestObserveVolumeReadsOnlyThoseNamed(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for loop devices")
 	}
@@ -586,7 +586,7 @@ func TestObserveDevicesReadsOnlyThoseNamed(t *testing.T) {
 	}
 	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Pools: map[string]string{"default": dir}}
 	defer o.Close()
-	obs, err := o.ObserveDevices(attached[:1])
+	obs, err := o.ObserveVolume(attached[:1], nil, []string{"/"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -597,18 +597,18 @@ func TestObserveDevicesReadsOnlyThoseNamed(t *testing.T) {
 		t.Errorf("devices of b, not named: got %v, want none", got)
 	}
 	if _, ok := obs.MountAt("/"); !ok {
-		t.Error("the mount table has no root mount")
+		t.Error("the root path has no mount")
 	}
 	if err := DetachLoop(attached[0]); err != nil {
 		t.Fatal(err)
 	}
-	if obs, err = o.ObserveDevices(attached[:1]); err != nil {
+	if obs, err = o.ObserveVolume(attached[:1], nil, []string{"/"}); err != nil {
 		t.Fatal(err)
 	}
 	if got := obs.LoopsFor(a); len(got) != 0 {
 		t.Errorf("devices of a once detached: got %v, want none", got)
 	}
-	if _, err := o.ObserveDevices([]string{"/dev/sda"}); err == nil {
+	if _, err := o.ObserveVolume([]string{"/dev/sda"}, nil, nil); err == nil {
 		t.Error("a device that is no loop device was read")
 	}
 	// A pass's listing under way (it holds the kept descriptors while it
@@ -621,7 +621,7 @@ func TestObserveDevicesReadsOnlyThoseNamed(t *testing.T) {
 	defer o.files.mu.Unlock()
 	done := make(chan error, 1)
 	go func() {
-		_, err := o.ObserveDevices(attached[1:])
+		_, err := o.ObserveVolume(attached[1:], nil, nil)
 		done <- err
 	}()
 	select {
@@ -630,6 +630,6 @@ func TestObserveDevicesReadsOnlyThoseNamed(t *testing.T) {
 			t.Error(err)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("ObserveDevices waited 10 s for a listing under way")
+		t.Fatal("ObserveVolume waited 10 s for a listing under way")
 	}
 }

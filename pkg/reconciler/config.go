@@ -30,10 +30,14 @@ type Store interface {
 // Observer reads the actual state of the machine.
 type Observer interface {
 	Observe() (*host.Observation, error)
-	// ObserveDevices is Observe with only the loop devices named (as
-	// "/dev/loopN") that are attached: the observation of a volume whose
-	// devices are known.
-	ObserveDevices(devs []string) (*host.Observation, error)
+	// ObserveVolume is the observation of one volume whose devices are
+	// known: the loop devices named in loops (as "/dev/loopN") that are
+	// attached, the mounts of the filesystems on them and on devs, and the
+	// top mount at each of paths, as a lookup of the path reaches it. It
+	// answers every question observeVolume asks of that volume as Observe
+	// would, but for a mount at one of paths that a lookup does not reach
+	// (devices.Observer.ObserveVolume says when).
+	ObserveVolume(loops []string, devs []host.DevNum, paths []string) (*host.Observation, error)
 	// CheckMount returns the unique ID of the top mount at path (0 when
 	// unknown) and the error of a corrupted mount there (ENOTCONN, ESTALE,
 	// EIO...), nil otherwise.

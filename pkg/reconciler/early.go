@@ -193,17 +193,30 @@ func earlyKind(k actionKind) bool {
 	return k != actTakeGroupSnapshot && k != actStage
 }
 
-// observeFor observes the machine for v's early start: the mount table
-// and the loop devices last found attached to v's image, read anew. It
-// fails (errNoDevicesKnown) when none is known, or none of those known is
-// attached to the image any more, and the pass decides.
+// observeFor observes the machine for v's early start: the loop devices
+// last found attached to v's image (or a static volume's device), the
+// mounts of their filesystems and what is mounted at v's staging path and
+// targets, read anew. It fails (errNoDevicesKnown) when no device is
+// known, or none of those known is attached to the image any more, and
+// the pass decides.
 func (r *Reconciler) observeFor(v *state.Volume) (*host.Observation, error) {
 	static := v.Stage != nil && v.Stage.Device != ""
-	devs := r.early.devicesOf(v.ID)
-	if len(devs) == 0 && !static {
+	loops := r.early.devicesOf(v.ID)
+	if len(loops) == 0 && !static {
 		return nil, errNoDevicesKnown
 	}
-	obs, err := r.cfg.Observer.ObserveDevices(devs)
+	var devs []host.DevNum
+	if d := r.staticDevice(v); d != nil {
+		devs = append(devs, d.Dev)
+	}
+	paths := make([]string, 0, 1+len(v.Publishes))
+	if v.Stage != nil {
+		paths = append(paths, v.Stage.Path)
+	}
+	for t := range v.Publishes {
+		paths = append(paths, t)
+	}
+	obs, err := r.cfg.Observer.ObserveVolume(loops, devs, paths)
 	if err != nil {
 		return nil, err
 	}

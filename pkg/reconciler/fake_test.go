@@ -30,7 +30,7 @@ type fakeWorld struct {
 	// images holds the image files, by path.
 	images map[string]bool
 	loops  map[string]host.Device // by backing file
-	// partial counts the observations of named devices (ObserveDevices).
+	// partial counts the observations of one volume (ObserveVolume).
 	partial int
 	fs      map[string]string // image -> filesystem type, as on disk
 	mkfs    map[string]int    // image -> times formatted
@@ -257,17 +257,28 @@ func (w *fakeWorld) Observe() (*host.Observation, error) {
 	return obs, nil
 }
 
-// ObserveDevices is Observe with only the loop devices devs.
-func (w *fakeWorld) ObserveDevices(devs []string) (*host.Observation, error) {
+// ObserveVolume is Observe with only the loop devices named, and of the
+// mounts those of their filesystems and of devs, and the top one at each
+// of paths.
+func (w *fakeWorld) ObserveVolume(names []string, devs []host.DevNum, paths []string) (*host.Observation, error) {
 	w.mu.Lock()
 	w.partial++
 	var loops []host.Device
 	for _, l := range w.loops {
-		if slices.Contains(devs, l.Device) {
+		if slices.Contains(names, l.Device) {
 			loops = append(loops, l)
+			devs = append(devs, l.Dev)
 		}
 	}
-	obs := host.NewObservation(append([]host.Mount(nil), w.mounts...), loops)
+	// The mounts of the devices, and the top one at each path.
+	var mounts []host.Mount
+	for i, m := range w.mounts {
+		top := !slices.ContainsFunc(w.mounts[i+1:], func(n host.Mount) bool { return n.Path == m.Path })
+		if slices.Contains(devs, m.Dev) || top && slices.Contains(paths, m.Path) {
+			mounts = append(mounts, m)
+		}
+	}
+	obs := host.NewObservation(mounts, loops)
 	if w.pool {
 		obs.WithPool(state.DefaultPool, host.PoolSpace{Known: true, Total: 1 << 30, Free: w.free})
 	}
