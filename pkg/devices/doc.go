@@ -25,7 +25,7 @@
 // thick device removes the number, when nothing holds the device
 // (LoopDevices.Detach): at once, or, in the plugin, from a queue
 // (Removals) that keeps the removal off the unstage's answer, starts the
-// removals once detaches pause (5 ms without one, 250 ms at most; a thin
+// removals once detaches pause (20 ms without one, 250 ms at most; a thin
 // attach starts them at once), and leaves alone a number that is another
 // disk by then (its diskseq changed; one attached again with discards off
 // is logged). Another process can still be offered the number in that
