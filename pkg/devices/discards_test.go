@@ -78,7 +78,7 @@ func TestThickNumberRemovedAtDetach(t *testing.T) {
 			if queued {
 				removals = NewRemovals(clock.RealClock{})
 				defer removals.Close()
-				ld = NewLoopDevices(removals)
+				ld = NewLoopDevices(removals, nil)
 			}
 			attach := func(img string, on bool) string {
 				t.Helper()

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -114,6 +115,17 @@ func (o *Observer) ObserveVolume(loops []string, devs []host.DevNum, paths []str
 		return nil, err
 	}
 	return o.observation(mounts, attached), nil
+}
+
+// attached readies the observer to read dev, just attached, without
+// opening its attributes (keptFiles.prime).
+func (o *Observer) attached(dev string) {
+	name, ok := strings.CutPrefix(dev, "/dev/")
+	if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {
+		return
+	}
+	o.filesOnce.Do(o.keepFiles)
+	o.files.prime(o.SysBlock, name)
 }
 
 // begin readies an observation: the kept files, and the roots opened

@@ -633,3 +633,50 @@ func TestObserveVolumeReadsOnlyThoseNamed(t *testing.T) {
 		t.Fatal("ObserveVolume waited 10 s for a listing under way")
 	}
 }
+
+// pathsRead is a fileReader that notes the paths read through it.
+type pathsRead struct {
+	fileReader
+	paths []string
+}
+
+func (p *pathsRead) read(path string) (string, bool, error) {
+	p.paths = append(p.paths, path)
+	return p.fileReader.read(path)
+}
+
+// TestAttachReadiesTheFirstRead attaches an image through LoopDevices with
+// an observer: every attribute the observation of the new device reads is
+// already open, so that a request's early start right after the stage's
+// attach opens none, and it reads the device as a fresh read does.
+func TestAttachReadiesTheFirstRead(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to attach loop devices")
+	}
+	img := sparseImage(t, filepath.Join(t.TempDir(), "primed.img"))
+	o := &Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block"}
+	defer o.Close()
+	dev, err := NewLoopDevices(nil, o).Attach(img, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loops.Release(dev, filepath.Dir(img)) })
+	name := filepath.Base(dev)
+	rec := &pathsRead{fileReader: &oneShot{buf: make([]byte, attrBuf)}}
+	fresh, attached, err := readLoop("/sys/block", name, rec, nil)
+	if err != nil || !attached {
+		t.Fatalf("reading %s: attached %v, %v", dev, attached, err)
+	}
+	o.filesOnce.Do(o.keepFiles)
+	o.files.mu.Lock()
+	for _, p := range rec.paths {
+		if o.files.fds[p] == nil {
+			t.Errorf("%s is read by an observation of %s and was not opened at its attach", p, dev)
+		}
+	}
+	o.files.mu.Unlock()
+	got, err := o.files.readLoops("/sys/block", []string{dev})
+	if err != nil || len(got) != 1 || got[0] != fresh {
+		t.Errorf("read through the attach's descriptors: %+v, %v; want %+v", got, err, fresh)
+	}
+}
