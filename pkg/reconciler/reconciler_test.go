@@ -1039,3 +1039,26 @@ func TestReleasePendingIsPolled(t *testing.T) {
 		t.Errorf("once the device is gone: next pass due at %v, poll %v; want none", h.r.wake, h.r.releasePoll)
 	}
 }
+
+// TestPublishWithoutItsParentFailsForGood publishes at a target whose
+// parent (the kubelet's to create) is missing: the publish fails for good
+// with FAILED_PRECONDITION naming the parent, though the mkdir that finds
+// it missing comes first, and the stage stays.
+func TestPublishWithoutItsParentFailsForGood(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.volume("v1")
+	target := "/k/missing-v1/mount"
+	v := h.update("v1", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{target: publishSpec()}
+	})
+	h.runUntilIdle()
+
+	f := h.store.TerminalFailureFor("v1", state.PublishKey(target), v.Publishes[target].Generation)
+	if f == nil || f.Kind != classified.KindFailedPrecondition || !strings.Contains(f.Message, "parent of target path /k/missing-v1 does not exist") {
+		t.Fatalf("final: got %+v, want FailedPrecondition naming the missing parent", f)
+	}
+	if got, want := mountPaths(h.world), []string{staging}; !slices.Equal(got, want) {
+		t.Errorf("mounts: got %v, want %v", got, want)
+	}
+}
