@@ -429,7 +429,8 @@ const attrBuf = 2 * 4096
 // fileReader reads sysfs: attributes, and the names in a directory.
 type fileReader interface {
 	// read reads an attribute whole; same is true when it was read
-	// through a descriptor kept open since an earlier listing.
+	// through a descriptor kept open since an earlier listing, or since
+	// the device's attach (keptFiles.prime).
 	read(path string) (s string, same bool, err error)
 	// names lists a directory.
 	names(dir string) ([]string, error)
@@ -529,8 +530,8 @@ type keptFiles struct {
 	dirPath string
 	// devs caches the devices' numbers for listLoops.
 	devs map[string]host.DevNum
-	// round counts listings; a descriptor not read in the latest is
-	// closed.
+	// round counts listings; a descriptor neither read in the latest
+	// nor opened since (prime) is closed.
 	round int
 	// max bounds the descriptors kept, so that a node with very many loop
 	// devices never runs the plugin out of descriptors: past it, files

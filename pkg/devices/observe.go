@@ -117,8 +117,8 @@ func (o *Observer) ObserveVolume(loops []string, devs []host.DevNum, paths []str
 	return o.observation(mounts, attached), nil
 }
 
-// attached readies the observer to read dev, just attached, without
-// opening its attributes (keptFiles.prime).
+// attached readies the observer to read dev, just attached, so that its
+// first read opens none of its attributes (keptFiles.prime).
 func (o *Observer) attached(dev string) {
 	name, ok := strings.CutPrefix(dev, "/dev/")
 	if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {

@@ -17,6 +17,9 @@ import (
 func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 	p := v.Publishes[target]
 	if m := a.targets[target]; m != nil {
+		if err := r.checkParent(target); err != nil {
+			return err
+		}
 		return classified.Errorf(classified.KindFailedPrecondition, "target %s holds another mount (%s)", target, m.Source)
 	}
 	if a.block {
