@@ -335,6 +335,25 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 	default:
 		t.Error("a request's early start that left its step to the pass kicked none")
 	}
+	// A record kept after its last teardown (its provenance, no stage nor
+	// publish): the restart after that unstage leaves the check to the
+	// unstage's own pass too.
+	h.r.soonMu.Lock()
+	h.r.soon = false
+	h.r.soonMu.Unlock()
+	h.update("a", func(v *state.Volume) { v.Formatted = "ext4" })
+	h.r.restart("a")
+	select {
+	case <-h.r.kick:
+		t.Error("a restart after a volume's last unstage kicked a pass at once")
+	default:
+	}
+	h.r.soonMu.Lock()
+	soon = h.r.soon
+	h.r.soonMu.Unlock()
+	if !soon {
+		t.Error("a restart after a volume's last unstage asked for no pass")
+	}
 	// A step the pass takes (a first stage) is kicked at once, restart
 	// or not.
 	staging, _ := h.volume("b")
