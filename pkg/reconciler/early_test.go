@@ -317,18 +317,7 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 	h.r.soonDelay = time.Hour
 	h.volume("a")
 	// Nothing recorded for a (its last teardown done): nothing to do.
-	h.r.restart("a")
-	select {
-	case <-h.r.kick:
-		t.Error("a restart kicked a pass at once")
-	default:
-	}
-	h.r.soonMu.Lock()
-	soon := h.r.soon
-	h.r.soonMu.Unlock()
-	if !soon {
-		t.Error("a restart that left its step to the pass asked for no pass")
-	}
+	h.restartWaitsForSoon("a", "a restart of a volume with nothing recorded")
 	h.r.Start("a")
 	select {
 	case <-h.r.kick:
@@ -338,22 +327,8 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 	// A record kept after its last teardown (its provenance, no stage nor
 	// publish): the restart after that unstage leaves the check to the
 	// unstage's own pass too.
-	h.r.soonMu.Lock()
-	h.r.soon = false
-	h.r.soonMu.Unlock()
 	h.update("a", func(v *state.Volume) { v.Formatted = "ext4" })
-	h.r.restart("a")
-	select {
-	case <-h.r.kick:
-		t.Error("a restart after a volume's last unstage kicked a pass at once")
-	default:
-	}
-	h.r.soonMu.Lock()
-	soon = h.r.soon
-	h.r.soonMu.Unlock()
-	if !soon {
-		t.Error("a restart after a volume's last unstage asked for no pass")
-	}
+	h.restartWaitsForSoon("a", "a restart after a volume's last unstage")
 	// A step the pass takes (a first stage) is kicked at once, restart
 	// or not.
 	staging, _ := h.volume("b")
@@ -363,6 +338,28 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 	case <-h.r.kick:
 	default:
 		t.Error("a restart that left a stage to the pass kicked none")
+	}
+}
+
+// restartWaitsForSoon restarts id's early start, as at the end of an
+// operation of it, and fails unless the restart asked for a pass soon and
+// kicked none at once (what is meant names the case).
+func (h *harness) restartWaitsForSoon(id, what string) {
+	h.t.Helper()
+	h.r.soonMu.Lock()
+	h.r.soon = false
+	h.r.soonMu.Unlock()
+	h.r.restart(id)
+	select {
+	case <-h.r.kick:
+		h.t.Errorf("%s kicked a pass at once", what)
+	default:
+	}
+	h.r.soonMu.Lock()
+	soon := h.r.soon
+	h.r.soonMu.Unlock()
+	if !soon {
+		h.t.Errorf("%s asked for no pass", what)
 	}
 }
 
