@@ -85,12 +85,11 @@ func (r *Reconciler) Start(id string) { r.start(id, false) }
 
 // restart is Start for a volume whose early start found an operation of
 // it running, called at that operation's end. When it finds nothing to do
-// (the volume converged, or its record forgotten by a last teardown), or
-// nothing an early start takes (the volume's stage and publishes gone: its
-// unstage was that operation), the pass has nothing to take but the check
-// of what the operation did, which the operation's end asked for already
-// (KickSoon): it kicks no pass more. Any other step left to the pass is
-// kicked at once, as Start does.
+// (the volume converged, its record forgotten by a last teardown or left
+// idle by it), the pass has nothing to take but the check of what the
+// operation did, which the operation's end asked for already (KickSoon):
+// it kicks no pass more. Any other step left to the pass is kicked at
+// once, as Start does.
 func (r *Reconciler) restart(id string) { r.start(id, true) }
 
 func (r *Reconciler) start(id string, restarted bool) {
@@ -107,7 +106,7 @@ func (r *Reconciler) start(id string, restarted bool) {
 	}
 	if why != "" {
 		klog.Background().V(4).Info("Leaving the volume's step to the next pass", "volumeID", id, "reason", why)
-		if restarted && (why == nothingToDo || why == noNodeIntent) {
+		if restarted && why == nothingToDo {
 			r.KickSoon()
 		} else {
 			r.Kick()
@@ -144,8 +143,8 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		if err != nil {
 			return nil, err.Error()
 		}
-		if !v.HasNodeIntent() {
-			return nil, noNodeIntent
+		if idle(v) {
+			return nil, nothingToDo
 		}
 		obs, err := r.observeFor(v)
 		if err != nil {
@@ -188,14 +187,16 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 // leaves it to the pass (which reports its intents' results).
 const nothingToDo = "nothing to do"
 
-// noNodeIntent is why an early start leaves to the pass a volume whose
-// record holds no stage and no publish (its provisioning and provenance
-// kept after its last teardown): no device of it is the early start's to
-// know, and what else such a volume may need (its image removed,
-// snapshotted or grown, an orphaned device released) the pass takes.
-// After an unstage, its restarts found nothing else; each kicked a pass
-// at once, 10-15 passes more in a teardown of 100 volumes.
-const noNodeIntent = "the volume has no stage or publish"
+// idle reports whether v's record holds nothing diff acts on, whatever is
+// observed: no stage, no publish, no snapshot, no freeze (its
+// provisioning and provenance kept after its last teardown). An orphaned
+// device of its image is released by a pass alone. Said before any
+// observation: the restart after a volume's last unstage found its device
+// gone and, leaving the step to the pass for want of a device, kicked a
+// pass at once, 10-15 passes more in a teardown of 100 volumes.
+func idle(v *state.Volume) bool {
+	return !v.HasNodeIntent() && len(v.Snapshots) == 0 && v.Frozen == ""
+}
 
 // earlyKind reports whether an early start takes an action of kind k.
 // A group snapshot holds several volumes: the pass, which sees them all,

@@ -329,6 +329,21 @@ func TestRestartLeavesItsPassToTheOperationsEnd(t *testing.T) {
 	// unstage's own pass too.
 	h.update("a", func(v *state.Volume) { v.Formatted = "ext4" })
 	h.restartWaitsForSoon("a", "a restart after a volume's last unstage")
+	h.r.Start("a")
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("a request's early start on a volume left idle by its last unstage kicked no pass")
+	}
+	// Such a volume whose filesystem a snapshot left frozen: the pass
+	// thaws it, and the restart kicks it at once.
+	h.update("a", func(v *state.Volume) { v.Frozen = "snap-1" })
+	h.r.restart("a")
+	select {
+	case <-h.r.kick:
+	default:
+		t.Error("a restart that left a thaw to the pass kicked none")
+	}
 	// A step the pass takes (a first stage) is kicked at once, restart
 	// or not.
 	staging, _ := h.volume("b")
