@@ -156,9 +156,15 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		}
 		act := p.acts[0]
 		h := heldRunning
-		if earlyKind(act.kind) {
+		switch {
+		case earlyKind(act.kind):
 			h, _ = r.exec.claim(id, act, epoch)
-		} else if !r.exec.runs(id) {
+		case r.exec.stale(id, epoch):
+			// A step the pass takes, decided on a record read before an
+			// operation of the volume finished (a stage that recorded its
+			// provenance since): look again, as a claim would.
+			h = heldStale
+		case !r.exec.runs(id):
 			return nil, "the pass takes " + act.String()
 		}
 		// A step the pass takes, planned from an observation made while
