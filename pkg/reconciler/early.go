@@ -155,16 +155,14 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 			return nil, nothingToDo
 		}
 		act := p.acts[0]
-		h := heldRunning
-		switch {
-		case earlyKind(act.kind):
+		var h hold
+		if earlyKind(act.kind) {
 			h, _ = r.exec.claim(id, act, epoch)
-		case r.exec.stale(id, epoch):
-			// A step the pass takes, decided on a record read before an
-			// operation of the volume finished (a stage that recorded its
-			// provenance since): look again, as a claim would.
-			h = heldStale
-		case !r.exec.runs(id):
+		} else if h = r.exec.busy(id, epoch); h == notHeld {
+			// A step the pass takes, on a volume no operation holds and
+			// none changed since the record was read. One that finished
+			// since (a stage that recorded its provenance) is looked at
+			// again, as a claim would; one that runs starts it again.
 			return nil, "the pass takes " + act.String()
 		}
 		// A step the pass takes, planned from an observation made while

@@ -158,6 +158,21 @@ func (e *executor) claim(id string, act action, epoch uint64) (hold, time.Time) 
 	return notHeld, time.Time{}
 }
 
+// busy reports, in one step, whether an operation holds volume id now
+// (heldRunning) or one finished after the observation taken at epoch
+// (heldStale); notHeld when neither.
+func (e *executor) busy(id string, epoch uint64) hold {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.running[id]; ok {
+		return heldRunning
+	}
+	if e.finished[id] > epoch {
+		return heldStale
+	}
+	return notHeld
+}
+
 // runs reports whether an operation holds volume id.
 func (e *executor) runs(id string) bool {
 	e.mu.Lock()
