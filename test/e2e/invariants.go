@@ -138,31 +138,6 @@ func (c *cluster) volumeImage(file string) bool {
 	return false
 }
 
-// environmentWarnings are the warnings the run's cluster gives every pod,
-// converge's included, for what it lacks on purpose: no cluster DNS (the
-// kubelets run without one, and the pods use the host's network or reach
-// the API server by address).
-//
-// And what a pod says of itself while it starts: a csi-node is not ready
-// until its start-up reconstruction is done, which is what its readiness
-// probe tells, and the probe may come before it even listens. A liveness
-// or startup probe that fails is converge's, and fails the run unless a
-// test says it caused it.
-var environmentWarnings = []invariants.Expected{
-	{Reason: "MissingClusterDNS", Object: "Pod/", Test: "the run's cluster"},
-	{Reason: "Unhealthy", Object: "Pod/", Message: "Readiness probe failed", Test: "a pod starting"},
-	// The kubelet mounts a pod's service account token only once its
-	// ConfigMap informer has synced, and says so, then retries, when that
-	// takes longer than it waits (a kubelet under the run's load).
-	{Reason: "FailedMount", Object: "Pod/", Message: "failed to sync configmap cache", Test: "a kubelet under load"},
-	// csi-snapshotter writes a content's status with the version it read;
-	// when snapshot-controller (or converge-controller's label) wrote the
-	// content meanwhile, the API server refuses it, csi-snapshotter says
-	// so and retries.
-	{Reason: "SnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
-	{Reason: "GroupSnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
-}
-
 // checkInvariants checks, once every test has run: no probe of converge's
 // pods errored on any node; no container of theirs restarted that a test
 // did not restart on purpose; no Warning event of converge's that no test
@@ -199,7 +174,7 @@ func (c *cluster) checkInvariants(w *restartWatch) []string {
 	intent.mu.Lock()
 	out = append(out, invariants.UnexpectedRestarts(w.seen, intent.restarts)...)
 	w.mu.Unlock()
-	expected := append(slices.Clone(environmentWarnings), intent.warnings...)
+	expected := append(slices.Clone(invariants.Environment), intent.warnings...)
 	intent.mu.Unlock()
 
 	events, err := c.client.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})

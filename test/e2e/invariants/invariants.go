@@ -147,3 +147,34 @@ func VolumeMounts(mountPoints []string, kubeletDir string) []string {
 	}
 	return out
 }
+
+// Environment are the warnings every whole run expects, whatever its tests.
+//
+// What the run's cluster says of every pod, converge's included, for what
+// it lacks on purpose: no cluster DNS (the
+// kubelets run without one, and the pods use the host's network or reach
+// the API server by address).
+//
+// And what a pod says of itself while it starts: a csi-node is not ready
+// until its start-up reconstruction is done, which is what its readiness
+// probe tells, and the probe may come before it even listens. A liveness
+// or startup probe that fails is converge's, and fails the run unless a
+// test says it caused it.
+var Environment = []Expected{
+	{Reason: "MissingClusterDNS", Object: "Pod/", Test: "the run's cluster"},
+	{Reason: "Unhealthy", Object: "Pod/", Message: "Readiness probe failed", Test: "a pod starting"},
+	// The kubelet mounts a pod's service account token only once its
+	// ConfigMap informer has synced, and says so, then retries, when that
+	// takes longer than it waits (a kubelet under the run's load).
+	{Reason: "FailedMount", Object: "Pod/", Message: "failed to sync configmap cache", Test: "a kubelet under load"},
+	// csi-snapshotter writes a content's status with the version it read;
+	// when snapshot-controller (or converge-controller's label) wrote the
+	// content meanwhile, the API server refuses it, csi-snapshotter says
+	// so and retries: after checking a content, or after the driver's
+	// Create(Group)Snapshot answered (which converge answers the same again
+	// on the retry). Its other failures stay unexpected.
+	{Reason: "SnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
+	{Reason: "GroupSnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
+	{Reason: "SnapshotCreationFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
+	{Reason: "GroupSnapshotCreationFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
+}

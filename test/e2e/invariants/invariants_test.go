@@ -1,6 +1,7 @@
 package invariants
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -78,5 +79,33 @@ func TestVolumeMounts(t *testing.T) {
 	want := []string{points[2], points[3]}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// TestEnvironmentExpectsRetriedConflictsOnly: csi-snapshotter's warnings
+// for a status write that lost a race, as a run printed them, are
+// expected; the same reasons for a failure of the driver's are not.
+func TestEnvironmentExpectsRetriedConflictsOnly(t *testing.T) {
+	conflict := func(resource, name string) string {
+		return fmt.Sprintf(`: snapshot controller failed to update %s on API server: Operation cannot be fulfilled on %s %q: the object has been modified; please apply your changes to the latest version and try again`, name, resource, name)
+	}
+	sources := []string{"converge.csi.dev"}
+	retried := []Event{
+		{Type: "Warning", Reason: "GroupSnapshotCreationFailed", Object: "VolumeGroupSnapshotContent//groupsnapcontent-f5c5d6da", Source: "csi-snapshotter converge.csi.dev",
+			Message: "Failed to create group snapshot: error updating status for volume group snapshot content groupsnapcontent-f5c5d6da" + conflict("volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io", "groupsnapcontent-f5c5d6da")},
+		{Type: "Warning", Reason: "SnapshotCreationFailed", Object: "VolumeSnapshotContent//snapcontent-1", Source: "csi-snapshotter converge.csi.dev",
+			Message: "Failed to create snapshot: error updating status for volume snapshot content snapcontent-1" + conflict("volumesnapshotcontents.snapshot.storage.k8s.io", "snapcontent-1")},
+	}
+	if got := UnexpectedWarnings(retried, sources, nil, Environment); len(got) != 0 {
+		t.Errorf("a retried status write unexpected: %q", got)
+	}
+	failed := []Event{
+		{Type: "Warning", Reason: "GroupSnapshotCreationFailed", Object: "VolumeGroupSnapshotContent//groupsnapcontent-f5c5d6da", Source: "csi-snapshotter converge.csi.dev",
+			Message: `Failed to create group snapshot: failed to take group snapshot of the volumes [a b]: "rpc error: code = ResourceExhausted desc = pool default is full"`},
+		{Type: "Warning", Reason: "SnapshotCreationFailed", Object: "VolumeSnapshotContent//snapcontent-1", Source: "csi-snapshotter converge.csi.dev",
+			Message: `Failed to create snapshot: failed to take snapshot of the volume a: "rpc error: code = Internal desc = copy failed"`},
+	}
+	if got := UnexpectedWarnings(failed, sources, nil, Environment); len(got) != len(failed) {
+		t.Errorf("a driver's failure expected: got %q, want both unexpected", got)
 	}
 }
