@@ -78,15 +78,17 @@ func (e Event) String() string {
 type Expected struct {
 	Reason string
 	Object string
-	// Message, when set, is a part of the event's message.
-	Message string
+	// Message, when set, is a part of the event's message, and Prefix,
+	// when set, its beginning.
+	Message, Prefix string
 	// Test is the test that causes it, for the report.
 	Test string
 }
 
 // Matches says whether e is the warning x expects.
 func (x Expected) Matches(e Event) bool {
-	return e.Reason == x.Reason && strings.Contains(e.Object, x.Object) && strings.Contains(e.Message, x.Message)
+	return e.Reason == x.Reason && strings.Contains(e.Object, x.Object) && strings.Contains(e.Message, x.Message) &&
+		strings.HasPrefix(e.Message, x.Prefix)
 }
 
 // Ours says whether a converge component reported e, or e concerns one of
@@ -151,9 +153,8 @@ func VolumeMounts(mountPoints []string, kubeletDir string) []string {
 // Environment are the warnings every whole run expects, whatever its tests.
 //
 // What the run's cluster says of every pod, converge's included, for what
-// it lacks on purpose: no cluster DNS (the
-// kubelets run without one, and the pods use the host's network or reach
-// the API server by address).
+// it lacks on purpose: no cluster DNS (the kubelets run without one, and
+// the pods use the host's network or reach the API server by address).
 //
 // And what a pod says of itself while it starts: a csi-node is not ready
 // until its start-up reconstruction is done, which is what its readiness
@@ -168,13 +169,15 @@ var Environment = []Expected{
 	// takes longer than it waits (a kubelet under the run's load).
 	{Reason: "FailedMount", Object: "Pod/", Message: "failed to sync configmap cache", Test: "a kubelet under load"},
 	// csi-snapshotter writes a content's status with the version it read;
-	// when snapshot-controller (or converge-controller's label) wrote the
-	// content meanwhile, the API server refuses it, csi-snapshotter says
-	// so and retries: after checking a content, or after the driver's
-	// Create(Group)Snapshot answered (which converge answers the same again
-	// on the retry). Its other failures stay unexpected.
+	// when snapshot-controller wrote the content meanwhile (its finalizer,
+	// its annotations), the API server refuses it, csi-snapshotter says so
+	// and retries: after checking a content, or after the driver's
+	// CreateVolumeGroupSnapshot answered, which converge answers with the
+	// same snapshots again on the retry. Only the status write's conflict
+	// is expected: a driver's error, which the message quotes, comes after
+	// another beginning ("failed to take group snapshot").
 	{Reason: "SnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
 	{Reason: "GroupSnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
-	{Reason: "SnapshotCreationFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
-	{Reason: "GroupSnapshotCreationFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
+	{Reason: "GroupSnapshotCreationFailed", Object: "SnapshotContent/", Message: "the object has been modified",
+		Prefix: "Failed to create group snapshot: error updating status for volume group snapshot content ", Test: "csi-snapshotter's retried update"},
 }
