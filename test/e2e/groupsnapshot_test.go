@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/test/e2e/standin"
@@ -536,4 +537,87 @@ func freezeMetric(t *testing.T, pod, url string) histogram {
 		}
 	}
 	return h
+}
+
+// TestGroupContentDeletedAfterAMissedLook deletes a VolumeGroupSnapshotContent
+// that csi-snapshotter first sees deleted while it still says its creation
+// is in flight (the being-created annotation, which snapshot-controller
+// can write back from a stale copy of the content, as it replaces all its
+// annotations when it marks the content being deleted). csi-snapshotter
+// leaves the deletion, takes the annotation off itself, and a change of
+// that annotation is one it does not look at: only its resync
+// (--resync-period, 15 minutes by default) comes back to the deletion. As
+// the storage suite's pre-provisioned group tests do, the group is kept
+// (Retain) while it is deleted, and its content deleted after it; the
+// content must be gone, and the group's snapshots deleted on the node,
+// within the suite's 5 minutes.
+func TestGroupContentDeletedAfterAMissedLook(t *testing.T) {
+	ctx := context.Background()
+	groupsEnabled(t)
+	class := storageClass(t, "converge-group-missed", map[string]string{
+		"csi.storage.k8s.io/fstype": "ext4", "converge.csi.dev/provisioning": "thin", "converge.csi.dev/pool": fastPool})
+	const app, name = "grp-missed", "grp-missed"
+	claims := []string{"grp-missed-a", "grp-missed-b"}
+	for _, claim := range claims {
+		labeledClaim(t, claim, class, map[string]string{"app": app})
+	}
+	createGroupPod(t, "grp-missed-pod", claims, "")
+	waitRunning(t, "grp-missed-pod")
+	uid, _ := volumeGroupSnapshot(t, name, app, claims)
+	content, _, _ := unstructured.NestedString(mustGet(t, volumeGroupSnapshots, name).Object, "status", "boundVolumeGroupSnapshotContentName")
+	contents := c.dynamic.Resource(volumeGroupSnapshotContents)
+	patchContent := func(patch string) {
+		t.Helper()
+		if _, err := contents.Patch(ctx, content, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("patch VolumeGroupSnapshotContent %s with %s: %v", content, patch, err)
+		}
+	}
+	patchContent(`{"spec":{"deletionPolicy":"Retain"}}`)
+	groups := c.dynamic.Resource(volumeGroupSnapshots).Namespace(ns)
+	if err := groups.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete VolumeGroupSnapshot %s: %v", name, err)
+	}
+	const beingDeleted = "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-deleted"
+	poll(t, 2*time.Minute, "VolumeGroupSnapshot "+name+" gone, its content kept and marked being deleted", func() (bool, string) {
+		if _, err := groups.Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return false, fmt.Sprintf("the group is still there (%v)", err)
+		}
+		got, err := contents.Get(ctx, content, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("get VolumeGroupSnapshotContent %s: %v", content, err)
+		}
+		return got.GetAnnotations()[beingDeleted] != "", fmt.Sprintf("annotations %v", got.GetAnnotations())
+	})
+	// Deleted with the group's snapshots on the node, as a content made
+	// with policy Delete is. A change of the spec is one csi-snapshotter
+	// looks at; of the annotation after it, one it does not.
+	patchContent(`{"spec":{"deletionPolicy":"Delete"}}`)
+	patchContent(`{"metadata":{"annotations":{"groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-being-created":"yes"}}}`)
+	start := time.Now()
+	if err := contents.Delete(ctx, content, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete VolumeGroupSnapshotContent %s: %v", content, err)
+	}
+	poll(t, 5*time.Minute, "VolumeGroupSnapshotContent "+content+" gone", func() (bool, string) {
+		got, err := contents.Get(ctx, content, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, ""
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		return false, fmt.Sprintf("deleting since %v, annotations %v, finalizers %v%s", got.GetDeletionTimestamp(), got.GetAnnotations(),
+			got.GetFinalizers(), objectEvents("VolumeGroupSnapshotContent", content))
+	})
+	t.Logf("the content was gone %.0fs after it was deleted", time.Since(start).Seconds())
+	snapshots := filepath.Join(c.kubeNode.poolsDir, fastPool, "snapshots")
+	poll(t, time.Minute, "the group's snapshots deleted on the node", func() (bool, string) {
+		entries, _ := os.ReadDir(snapshots)
+		var left []string
+		for _, e := range entries {
+			if strings.Contains(e.Name(), uid) {
+				left = append(left, e.Name())
+			}
+		}
+		return len(left) == 0, strings.Join(left, ", ")
+	})
 }
