@@ -324,8 +324,9 @@ func TestDeployDryRun(t *testing.T) {
 			t.Errorf("kubectl apply --dry-run=server -k deploy/ with components/snapshots did not report %s: %v\n%s", want, err, out)
 		}
 	}
-	if built, err := c.kubectl(context.Background(), "kustomize", dir); err != nil || !strings.Contains(built, "--node-deployment") || !strings.Contains(built, "csi-snapshotter:v8.7.0") {
-		t.Errorf("deploy/ with components/snapshots does not run csi-snapshotter v8.7.0 with --node-deployment: %v", err)
+	if built, err := c.kubectl(context.Background(), "kustomize", dir); err != nil || !strings.Contains(built, "--node-deployment") || !strings.Contains(built, "--resync-period=1m") ||
+		!strings.Contains(built, "csi-snapshotter:v8.7.0") {
+		t.Errorf("deploy/ with components/snapshots does not run csi-snapshotter v8.7.0 with --node-deployment and --resync-period=1m: %v", err)
 	}
 }
 
