@@ -88,12 +88,12 @@ func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 		skips = append(skips,
 			skip{`\[Serial\]`, "[Serial]: runs alone, in make conformance"},
 			skip{`\[Disruptive\]`, "[Disruptive]: disrupts the node, in make conformance"},
-			// The test deletes its dynamic group about 0.1 s after the
-			// group is ready; snapshot-controller v8.7.0 sets a group ready
-			// one sync before it adds the group's finalizer (once the
-			// driver answers ready at once, as converge does), so the group
-			// can go before snapshot-controller marks its content being
-			// deleted, and csi-snapshotter then never deletes the content
+			// The test deletes its dynamic group within seconds of its
+			// being ready (0.1 s in one run); a sync of snapshot-controller
+			// v8.7.0 can set a group ready before the group carries its
+			// finalizer (likelier when the driver answers ready at once, as
+			// converge does), so the group can go unprocessed, its content
+			// never marked being deleted, and no one deletes the content
 			// (docs/group-snapshots.md, "The upstream gap"). It failed 1
 			// run in 4 or 5 of make test.
 			skip{`\[Testpattern: Pre-provisioned VolumeGroupSnapshot`, "pre-provisioned groups: an upstream race fails 1 run in 4 or 5, in make conformance"})
