@@ -582,8 +582,13 @@ func TestGroupContentDeletedAfterAMissedLook(t *testing.T) {
 		if _, err := contents.Get(ctx, content, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 			return
 		}
-		contents.Patch(ctx, content, types.MergePatchType, []byte(`{"spec":{"deletionPolicy":"Delete"},"metadata":{"labels":{"converge.csi.dev/test-cleanup":"yes"}}}`), metav1.PatchOptions{})
-		contents.Delete(ctx, content, metav1.DeleteOptions{})
+		_, err := contents.Patch(ctx, content, types.MergePatchType, []byte(`{"spec":{"deletionPolicy":"Delete"},"metadata":{"labels":{"converge.csi.dev/test-cleanup":"yes"}}}`), metav1.PatchOptions{})
+		if err == nil {
+			err = contents.Delete(ctx, content, metav1.DeleteOptions{})
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("cleaning up VolumeGroupSnapshotContent %s: %v", content, err)
+		}
 	})
 	snapshots := filepath.Join(c.kubeNode.poolsDir, fastPool, "snapshots")
 	groupFiles := func() []string {
