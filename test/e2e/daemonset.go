@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/converge-csi/converge/test/e2e/invariants"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -280,8 +281,10 @@ func (n *kubeNode) containerLogTail(container string, lines int) string {
 }
 
 // killContainer kills the named container of the node's converge pod with
-// SIGKILL, as when it crashes, and returns its restart count before.
-func (n *kubeNode) killContainer(ctx context.Context, container string) (int32, error) {
+// SIGKILL, as when it crashes, and returns its restart count before. The
+// kill of csi-node, whose liveness probe is an HTTP GET, may meet one probe
+// before the kubelet sees the container end (invariants.KilledLiveness).
+func (n *kubeNode) killContainer(ctx context.Context, t interface{ Name() string }, container string) (int32, error) {
 	pod, err := n.driverPod(ctx)
 	if err != nil || pod == nil {
 		return 0, fmt.Errorf("the converge pod of %s: %v", n.node, err)
@@ -293,6 +296,7 @@ func (n *kubeNode) killContainer(ctx context.Context, container string) (int32, 
 		id := strings.TrimPrefix(s.ContainerID, "containerd://")
 		if container == "csi-node" {
 			intendDriverRestart(pod)
+			expect(invariants.KilledLiveness("Pod/"+pod.Namespace+"/"+pod.Name, t.Name()))
 		} else {
 			intendRestart(pod, container)
 		}

@@ -156,7 +156,7 @@ func TestPluginKilled(t *testing.T) {
 	mustExec(t, pod.Name, "echo before > "+dataDir+"/f && sync")
 	mounts := v.mounts(t, pod)
 
-	restarts, err := c.killContainer(context.Background(), "csi-node")
+	restarts, err := c.killContainer(context.Background(), t, "csi-node")
 	if err != nil {
 		t.Fatal(err)
 	}

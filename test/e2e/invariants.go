@@ -68,9 +68,14 @@ func intendDriverRestart(pod *corev1.Pod) {
 // expectWarning records that the test causes Warning events of reason on
 // an object whose kind/namespace/name contains object.
 func expectWarning(t interface{ Name() string }, reason, object string) {
+	expect(invariants.Expected{Reason: reason, Object: object, Test: t.Name()})
+}
+
+// expect records a warning a test causes, as x describes it.
+func expect(x invariants.Expected) {
 	intent.mu.Lock()
 	defer intent.mu.Unlock()
-	intent.warnings = append(intent.warnings, invariants.Expected{Reason: reason, Object: object, Test: t.Name()})
+	intent.warnings = append(intent.warnings, x)
 }
 
 // restartWatch records the highest restart count seen of each container of

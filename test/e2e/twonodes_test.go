@@ -242,7 +242,7 @@ func TestTwoNodesNodesAreIndependent(t *testing.T) {
 		t.Errorf("deleting a pod on %s tore down a volume on %s:%s", b.node, c.node, describe(va.calls(t)))
 	}
 
-	restarts, err := c.killContainer(context.Background(), "csi-node")
+	restarts, err := c.killContainer(context.Background(), t, "csi-node")
 	if err != nil {
 		t.Fatal(err)
 	}

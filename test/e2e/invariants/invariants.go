@@ -181,3 +181,14 @@ var Environment = []Expected{
 	{Reason: "GroupSnapshotCreationFailed", Object: "SnapshotContent/", Message: "the object has been modified",
 		Prefix: "Failed to create group snapshot: error updating status for volume group snapshot content ", Test: "csi-snapshotter's retried update"},
 }
+
+// KilledLiveness is the warning a kill of a container whose liveness probe
+// is an HTTP GET may cause, on pod (kind/namespace/name): the kubelet
+// probes a container while the status it last saw says running, and sees
+// it end only at its next look at the runtime (about a second later), so a
+// probe in that second finds nothing listening. Only a refused connection
+// is expected: a probe that times out or fails on its answer says the
+// process was there and unwell, which a kill does not explain.
+func KilledLiveness(pod, test string) Expected {
+	return Expected{Reason: "Unhealthy", Object: pod, Prefix: "Liveness probe failed: Get ", Message: ": connect: connection refused", Test: test}
+}

@@ -109,3 +109,29 @@ func TestEnvironmentExpectsRetriedConflictsOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestKilledLivenessExpectsTheRefusedProbeOnly: the warning a run saw
+// after a test's kill of csi-node (the kubelet's liveness probe in the
+// second before it saw the container end) is expected on that pod only,
+// and a liveness probe that timed out or failed on its answer is not.
+func TestKilledLivenessExpectsTheRefusedProbeOnly(t *testing.T) {
+	pods := []string{"converge-node-"}
+	killed := "Pod/kube-system/converge-node-p7xsf"
+	refused := `Liveness probe failed: Get "http://169.254.145.205:9810/livez": dial tcp 169.254.145.205:9810: connect: connection refused`
+	events := []Event{{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet", Message: refused}}
+	expected := []Expected{KilledLiveness(killed, "TestPluginKilled")}
+	if got := UnexpectedWarnings(events, nil, pods, expected); len(got) != 0 {
+		t.Errorf("the killed pod's refused probe: got %q, want it expected", got)
+	}
+	for _, e := range []Event{
+		{Type: "Warning", Reason: "Unhealthy", Object: "Pod/kube-system/converge-node-other", Source: "kubelet", Message: refused},
+		{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet",
+			Message: `Liveness probe failed: Get "http://169.254.145.205:9810/livez": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`},
+		{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet", Message: "Liveness probe failed: HTTP probe failed with statuscode: 503"},
+		{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet", Message: "Startup probe failed: " + refused[len("Liveness probe failed: "):]},
+	} {
+		if got := UnexpectedWarnings([]Event{e}, nil, pods, expected); len(got) != 1 {
+			t.Errorf("%s: got %q, want it unexpected", e, got)
+		}
+	}
+}
