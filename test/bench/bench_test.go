@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -520,8 +521,8 @@ func burst(b *testing.B, vols []vol, f func(vol) error) (time.Duration, []time.D
 
 // handBurst stages and publishes vols at once by hand, then tears them
 // down at once and removes their images, and returns the set-up's wall
-// time and per-volume latency and the teardown's wall time.
-func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Duration, time.Duration) {
+// time and per-volume latency and the teardown's cost.
+func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Duration, cost) {
 	devs := make([]string, len(vols))
 	index := map[string]int{}
 	for i, v := range vols {
@@ -538,7 +539,7 @@ func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Durati
 		}
 		return s.publish(v)
 	})
-	down, _ := burst(b, vols, func(v vol) error { return s.teardown(v, devs[index[v.id]]) })
+	down := teardownBurst(b, vols, func(v vol) error { return s.teardown(v, devs[index[v.id]]) })
 	// As converge's unstages do, after the time taken.
 	removeNumbers(b, devs)
 	// The images are thick: kept, the rounds' would fill the disk.
@@ -548,6 +549,35 @@ func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Durati
 		}
 	}
 	return wall, lat, down
+}
+
+// cost is what a teardown took: its wall time, and the CPU time the whole
+// machine was busy meanwhile (every process's and the kernel's, from
+// /proc/stat, in its 10 ms ticks), which tells whether the CPUs bound it.
+type cost struct{ wall, busy time.Duration }
+
+// teardownBurst runs f for every volume at once, as burst does, and
+// returns its cost.
+func teardownBurst(b *testing.B, vols []vol, f func(vol) error) cost {
+	busy := machineBusy(b)
+	wall, _ := burst(b, vols, f)
+	return cost{wall, machineBusy(b) - busy}
+}
+
+// machineBusy is the CPU time the machine's CPUs have been busy since it
+// started: user, nice, system, irq, softirq and steal of /proc/stat's
+// first line, in USER_HZ (100) ticks.
+func machineBusy(b *testing.B) time.Duration {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var name string
+	var user, nice, system, idle, iowait, irq, softirq, steal int64
+	if _, err := fmt.Sscan(string(raw), &name, &user, &nice, &system, &idle, &iowait, &irq, &softirq, &steal); err != nil || name != "cpu" {
+		b.Fatalf("reading /proc/stat's first line: %q, %v", name, err)
+	}
+	return time.Duration(user+nice+system+irq+softirq+steal) * time.Second / 100
 }
 
 // BenchmarkBurst stages and publishes 100 volumes at once, then tears them
@@ -568,6 +598,10 @@ func BenchmarkBurst(b *testing.B) {
 	bl := newBaseline(b, p.Dir)
 	var cWalls, rWalls, mWalls, cDowns, rDowns, mDowns, wallRatios, downRatios []float64
 	var callWallRatios, callDownRatios, callDowns, calledRatios []float64
+	// The CPU time the machine was busy during converge's teardown and
+	// the called floor's, their ratio, the plugin's own share, and the
+	// CPUs busy on average (busy time over wall time).
+	var cBusy, callBusy, busyRatios, pluginCPU, cCPUs, callCPUs []float64
 	var removals []time.Duration
 	removalTimeouts := 0
 	var cLat, rLat, mLat []time.Duration
@@ -589,7 +623,10 @@ func BenchmarkBurst(b *testing.B) {
 			cLat = append(cLat, lat...)
 			used := loopsBackedIn(p.DataDir)
 			passTimeBefore, passesBefore := passTotals(b, p)
-			cDown, _ := burst(b, cvols, p.teardown)
+			cpu0, _ := procStat(b, p.PID())
+			cCost := teardownBurst(b, cvols, p.teardown)
+			cpu1, _ := procStat(b, p.PID())
+			cDown := cCost.wall
 			passTimeAfter, passesAfter := passTotals(b, p)
 			passes += passesAfter - passesBefore
 			passTime += passTimeAfter - passTimeBefore
@@ -602,9 +639,14 @@ func BenchmarkBurst(b *testing.B) {
 			}
 			removals = append(removals, waited)
 			prefix := fmt.Sprintf("%d-%d", b.N, round)
-			rWall, rl, rDown := handBurst(b, rawFloor{baseline: bl}, makeImages(b, bl, "raw-burst-"+prefix, n))
-			mWall, ml, mDown := handBurst(b, bl, makeImages(b, bl, "mu-burst-"+prefix, n))
-			callWall, _, callDown := handBurst(b, calledFloor{rawFloor{baseline: bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
+			rWall, rl, rCost := handBurst(b, rawFloor{baseline: bl}, makeImages(b, bl, "raw-burst-"+prefix, n))
+			mWall, ml, mCost := handBurst(b, bl, makeImages(b, bl, "mu-burst-"+prefix, n))
+			callWall, _, callCost := handBurst(b, calledFloor{rawFloor{baseline: bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
+			rDown, mDown, callDown := rCost.wall, mCost.wall, callCost.wall
+			cBusy, callBusy = append(cBusy, ms(cCost.busy)), append(callBusy, ms(callCost.busy))
+			busyRatios = append(busyRatios, float64(cCost.busy)/float64(callCost.busy))
+			pluginCPU = append(pluginCPU, ms(cpu1-cpu0))
+			cCPUs, callCPUs = append(cCPUs, float64(cCost.busy)/float64(cDown)), append(callCPUs, float64(callCost.busy)/float64(callDown))
 			callWallRatios = append(callWallRatios, float64(callWall)/float64(rWall))
 			callDownRatios = append(callDownRatios, float64(callDown)/float64(rDown))
 			callDowns = append(callDowns, ms(callDown))
@@ -636,6 +678,13 @@ func BenchmarkBurst(b *testing.B) {
 	b.ReportMetric(median(calledRatios), "teardown-called-floor-ratio")
 	compareRatio("teardown of the 100 against the raw floor with the kubelet's calls: wall (median of rounds)", "ms", median(cDowns), median(callDowns), 0, median(calledRatios), 1.3)
 	compareRatio("teardown of the 100 against the raw floor: wall (median of rounds)", "ms", median(cDowns), median(rDowns), median(mDowns), median(downRatios), 0)
+	b.ReportMetric(median(cBusy), "teardown-busy-cpu-ms")
+	b.ReportMetric(median(callBusy), "called-floor-teardown-busy-cpu-ms")
+	compareRatio("teardown of the 100 against the raw floor with the kubelet's calls: the machine's CPU time busy (median of rounds)", "ms",
+		median(cBusy), median(callBusy), 0, median(busyRatios), 0)
+	note(fmt.Sprintf("teardown of 100: the machine's %d CPUs busy %.2f on average through converge's (its plugin %.0f ms of CPU), %.2f through the floor with the calls (median of rounds): "+
+		"where both are near the CPUs there are, the teardown is bound by the CPU time it takes, not by waits",
+		runtime.NumCPU(), median(cCPUs), median(pluginCPU), median(callCPUs)))
 	note("100 volumes, round by round: burst ratios " + joinNums(wallRatios) + "; teardown ratios " + joinNums(downRatios) +
 		" (against the floor with the calls " + joinNums(calledRatios) + "); raw teardowns " + joinNums(rDowns) +
 		" ms, with the calls " + joinNums(callDowns) + " ms")
