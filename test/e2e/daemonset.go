@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/converge-csi/converge/test/e2e/invariants"
 	"github.com/converge-csi/converge/test/e2e/standin"
@@ -282,8 +283,9 @@ func (n *kubeNode) containerLogTail(container string, lines int) string {
 
 // killContainer kills the named container of the node's converge pod with
 // SIGKILL, as when it crashes, and returns its restart count before. The
-// kill of csi-node, whose liveness probe is an HTTP GET, may meet one probe
-// before the kubelet sees the container end (invariants.KilledLiveness).
+// kill of a container whose liveness probe is an HTTP GET (csi-node's) may
+// meet one probe before the kubelet sees the container end
+// (invariants.KilledLiveness).
 func (n *kubeNode) killContainer(ctx context.Context, t interface{ Name() string }, container string) (int32, error) {
 	pod, err := n.driverPod(ctx)
 	if err != nil || pod == nil {
@@ -296,9 +298,11 @@ func (n *kubeNode) killContainer(ctx context.Context, t interface{ Name() string
 		id := strings.TrimPrefix(s.ContainerID, "containerd://")
 		if container == "csi-node" {
 			intendDriverRestart(pod)
-			expect(invariants.KilledLiveness("Pod/"+pod.Namespace+"/"+pod.Name, t.Name()))
 		} else {
 			intendRestart(pod, container)
+		}
+		if port, ok := livenessPort(pod, container); ok {
+			expect(invariants.KilledLiveness("Pod/"+pod.Namespace+"/"+pod.Name, port, t.Name()))
 		}
 		if out, err := n.ctr("tasks", "kill", "-s", "SIGKILL", id); err != nil {
 			return 0, fmt.Errorf("kill %s: %v: %s", container, err, out)
@@ -306,6 +310,26 @@ func (n *kubeNode) killContainer(ctx context.Context, t interface{ Name() string
 		return s.RestartCount, nil
 	}
 	return 0, fmt.Errorf("pod %s has no container %s", pod.Name, container)
+}
+
+// livenessPort is the port of the named container's liveness probe, when
+// it is an HTTP GET: a number, or the name of one of the container's ports.
+func livenessPort(pod *corev1.Pod, container string) (int32, bool) {
+	for _, c := range pod.Spec.Containers {
+		if c.Name != container || c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil {
+			continue
+		}
+		port := c.LivenessProbe.HTTPGet.Port
+		if port.Type == intstr.Int {
+			return port.IntVal, true
+		}
+		for _, p := range c.Ports {
+			if p.Name == port.StrVal {
+				return p.ContainerPort, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // waitRestarted waits for the named container of the node's converge pod

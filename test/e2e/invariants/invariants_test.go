@@ -3,6 +3,7 @@ package invariants
 import (
 	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -112,26 +113,38 @@ func TestEnvironmentExpectsRetriedConflictsOnly(t *testing.T) {
 
 // TestKilledLivenessExpectsTheRefusedProbeOnly: the warning a run saw
 // after a test's kill of csi-node (the kubelet's liveness probe in the
-// second before it saw the container end) is expected on that pod only,
-// and a liveness probe that timed out or failed on its answer is not.
+// second before it saw the container end) is expected on that pod and
+// port, as many times as the pod was killed, and a liveness probe that
+// timed out or failed on its answer is not.
 func TestKilledLivenessExpectsTheRefusedProbeOnly(t *testing.T) {
 	pods := []string{"converge-node-"}
 	killed := "Pod/kube-system/converge-node-p7xsf"
 	refused := `Liveness probe failed: Get "http://169.254.145.205:9810/livez": dial tcp 169.254.145.205:9810: connect: connection refused`
-	events := []Event{{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet", Message: refused}}
-	expected := []Expected{KilledLiveness(killed, "TestPluginKilled")}
-	if got := UnexpectedWarnings(events, nil, pods, expected); len(got) != 0 {
+	once := []Expected{KilledLiveness(killed, 9810, "TestPluginKilled")}
+	seen := Event{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet", Message: refused, Count: 1}
+	if got := UnexpectedWarnings([]Event{seen}, nil, pods, once); len(got) != 0 {
 		t.Errorf("the killed pod's refused probe: got %q, want it expected", got)
 	}
-	for _, e := range []Event{
-		{Type: "Warning", Reason: "Unhealthy", Object: "Pod/kube-system/converge-node-other", Source: "kubelet", Message: refused},
-		{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet",
-			Message: `Liveness probe failed: Get "http://169.254.145.205:9810/livez": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`},
-		{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet", Message: "Liveness probe failed: HTTP probe failed with statuscode: 503"},
-		{Type: "Warning", Reason: "Unhealthy", Object: killed, Source: "kubelet", Message: "Startup probe failed: " + refused[len("Liveness probe failed: "):]},
+	twice := seen
+	twice.Count = 2
+	if got := UnexpectedWarnings([]Event{twice}, nil, pods, once); len(got) != 1 {
+		t.Errorf("two refused probes after one kill: got %q, want the event unexpected", got)
+	}
+	if got := UnexpectedWarnings([]Event{twice}, nil, pods, append(once, once...)); len(got) != 0 {
+		t.Errorf("two refused probes after two kills: got %q, want them expected", got)
+	}
+	for _, c := range []struct{ name, object, message string }{
+		{"another pod", "Pod/kube-system/converge-node-other", refused},
+		{"another port", killed, strings.ReplaceAll(refused, "9810", "9809")},
+		{"a timeout", killed, `Liveness probe failed: Get "http://169.254.145.205:9810/livez": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`},
+		{"an answer", killed, "Liveness probe failed: HTTP probe failed with statuscode: 503"},
+		{"a startup probe", killed, "Startup probe failed: " + strings.TrimPrefix(refused, "Liveness probe failed: ")},
 	} {
-		if got := UnexpectedWarnings([]Event{e}, nil, pods, expected); len(got) != 1 {
-			t.Errorf("%s: got %q, want it unexpected", e, got)
-		}
+		t.Run(c.name, func(t *testing.T) {
+			e := Event{Type: "Warning", Reason: "Unhealthy", Object: c.object, Source: "kubelet", Message: c.message, Count: 1}
+			if got := UnexpectedWarnings([]Event{e}, nil, pods, once); len(got) != 1 {
+				t.Errorf("%s: got %q, want it unexpected", e, got)
+			}
+		})
 	}
 }
