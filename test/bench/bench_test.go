@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -553,31 +552,39 @@ func handBurst(b *testing.B, s stager, vols []vol) (time.Duration, []time.Durati
 
 // cost is what a teardown took: its wall time, and the CPU time the whole
 // machine was busy meanwhile (every process's and the kernel's, from
-// /proc/stat, in its 10 ms ticks), which tells whether the CPUs bound it.
+// /proc/stat), which tells whether the CPUs bound it. /proc/stat counts in
+// 10 ms ticks: busy is good to about 20 ms.
 type cost struct{ wall, busy time.Duration }
 
 // teardownBurst runs f for every volume at once, as burst does, and
 // returns its cost.
 func teardownBurst(b *testing.B, vols []vol, f func(vol) error) cost {
-	busy := machineBusy(b)
+	busy, _ := machineBusy(b)
 	wall, _ := burst(b, vols, f)
-	return cost{wall, machineBusy(b) - busy}
+	after, _ := machineBusy(b)
+	return cost{wall, time.Duration(after-busy) * time.Second / 100}
 }
 
-// machineBusy is the CPU time the machine's CPUs have been busy since it
-// started: user, nice, system, irq, softirq and steal of /proc/stat's
-// first line, in USER_HZ (100) ticks.
-func machineBusy(b *testing.B) time.Duration {
+// machineBusy reads /proc/stat: the USER_HZ (100) ticks the machine's CPUs
+// have been busy since it started (user, nice, system, irq and softirq of
+// its first line; not idle, iowait, or steal, which is another guest's),
+// and how many CPUs it counts.
+func machineBusy(b *testing.B) (ticks int64, cpus int) {
 	raw, err := os.ReadFile("/proc/stat")
 	if err != nil {
 		b.Fatal(err)
 	}
 	var name string
-	var user, nice, system, idle, iowait, irq, softirq, steal int64
-	if _, err := fmt.Sscan(string(raw), &name, &user, &nice, &system, &idle, &iowait, &irq, &softirq, &steal); err != nil || name != "cpu" {
+	var user, nice, system, idle, iowait, irq, softirq int64
+	if _, err := fmt.Sscan(string(raw), &name, &user, &nice, &system, &idle, &iowait, &irq, &softirq); err != nil || name != "cpu" {
 		b.Fatalf("reading /proc/stat's first line: %q, %v", name, err)
 	}
-	return time.Duration(user+nice+system+irq+softirq+steal) * time.Second / 100
+	for _, line := range splitLines(string(raw)) {
+		if len(line) > 3 && strings.HasPrefix(line, "cpu") && line[3] >= '0' && line[3] <= '9' {
+			cpus++
+		}
+	}
+	return user + nice + system + irq + softirq, cpus
 }
 
 // BenchmarkBurst stages and publishes 100 volumes at once, then tears them
@@ -599,7 +606,7 @@ func BenchmarkBurst(b *testing.B) {
 	var cWalls, rWalls, mWalls, cDowns, rDowns, mDowns, wallRatios, downRatios []float64
 	var callWallRatios, callDownRatios, callDowns, calledRatios []float64
 	// The CPU time the machine was busy during converge's teardown and
-	// the called floor's, their ratio, the plugin's own share, and the
+	// the called floor's, their ratio, the plugin's own CPU time, and the
 	// CPUs busy on average (busy time over wall time).
 	var cBusy, callBusy, busyRatios, pluginCPU, cCPUs, callCPUs []float64
 	var removals []time.Duration
@@ -644,7 +651,9 @@ func BenchmarkBurst(b *testing.B) {
 			callWall, _, callCost := handBurst(b, calledFloor{rawFloor{baseline: bl}, p.Node()}, makeImages(b, bl, "called-burst-"+prefix, n))
 			rDown, mDown, callDown := rCost.wall, mCost.wall, callCost.wall
 			cBusy, callBusy = append(cBusy, ms(cCost.busy)), append(callBusy, ms(callCost.busy))
-			busyRatios = append(busyRatios, float64(cCost.busy)/float64(callCost.busy))
+			if callCost.busy > 0 {
+				busyRatios = append(busyRatios, float64(cCost.busy)/float64(callCost.busy))
+			}
 			pluginCPU = append(pluginCPU, ms(cpu1-cpu0))
 			cCPUs, callCPUs = append(cCPUs, float64(cCost.busy)/float64(cDown)), append(callCPUs, float64(callCost.busy)/float64(callDown))
 			callWallRatios = append(callWallRatios, float64(callWall)/float64(rWall))
@@ -682,9 +691,11 @@ func BenchmarkBurst(b *testing.B) {
 	b.ReportMetric(median(callBusy), "called-floor-teardown-busy-cpu-ms")
 	compareRatio("teardown of the 100 against the raw floor with the kubelet's calls: the machine's CPU time busy (median of rounds)", "ms",
 		median(cBusy), median(callBusy), 0, median(busyRatios), 0)
-	note(fmt.Sprintf("teardown of 100: the machine's %d CPUs busy %.2f on average through converge's (its plugin %.0f ms of CPU), %.2f through the floor with the calls (median of rounds): "+
-		"where both are near the CPUs there are, the teardown is bound by the CPU time it takes, not by waits",
-		runtime.NumCPU(), median(cCPUs), median(pluginCPU), median(callCPUs)))
+	_, cpus := machineBusy(b)
+	note(fmt.Sprintf("teardown of 100: the machine's %d CPUs busy %.2f on average through converge's (its plugin %.0f ms of CPU), %.2f through the floor with the calls (median of rounds; rounds %s and %s): "+
+		"near the CPUs there are, on a machine running nothing else, a teardown is bound by the CPU time it takes (%s and %s ms), not by waits. "+
+		"Counted in 10 ms ticks; converge's includes its loop numbers' removals that begin before its teardown ends, the floors' do not",
+		cpus, median(cCPUs), median(pluginCPU), median(callCPUs), joinNums(cCPUs), joinNums(callCPUs), joinNums(cBusy), joinNums(callBusy)))
 	note("100 volumes, round by round: burst ratios " + joinNums(wallRatios) + "; teardown ratios " + joinNums(downRatios) +
 		" (against the floor with the calls " + joinNums(calledRatios) + "); raw teardowns " + joinNums(rDowns) +
 		" ms, with the calls " + joinNums(callDowns) + " ms")
