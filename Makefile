@@ -58,7 +58,7 @@ conformance: deps
 	cd test/e2e && $(GO) test -count=1 -v -timeout 180m -run 'TestExternalStorage' . \
 		-args -storage-suite=all -storage-report=$(RUN_DIR)/storage-junit.xml
 
-## bench: the benchmarks of docs/performance.md (real devices; about 6 minutes; not part of make test)
+## bench: the benchmarks of docs/performance.md (real devices; about 4 minutes; not part of make test)
 bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkPass' -benchtime 20x ./pkg/reconciler
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices

@@ -692,10 +692,18 @@ func BenchmarkBurst(b *testing.B) {
 	compareRatio("teardown of the 100 against the raw floor with the kubelet's calls: the machine's CPU time busy (median of rounds)", "ms",
 		median(cBusy), median(callBusy), 0, median(busyRatios), 0)
 	_, cpus := machineBusy(b)
-	note(fmt.Sprintf("teardown of 100: the machine's %d CPUs busy %.2f on average through converge's (its plugin %.0f ms of CPU), %.2f through the floor with the calls (median of rounds; rounds %s and %s): "+
-		"near the CPUs there are, on a machine running nothing else, a teardown is bound by the CPU time it takes (%s and %s ms), not by waits. "+
-		"Counted in 10 ms ticks; converge's includes its loop numbers' removals that begin before its teardown ends, the floors' do not",
-		cpus, median(cCPUs), median(pluginCPU), median(callCPUs), joinNums(cCPUs), joinNums(callCPUs), joinNums(cBusy), joinNums(callBusy)))
+	whole := func(v []float64) string {
+		parts := make([]string, len(v))
+		for i, x := range v {
+			parts[i] = fmt.Sprintf("%.0f", x)
+		}
+		return strings.Join(parts, ", ")
+	}
+	note(fmt.Sprintf("teardown of 100, CPUs busy on average, of %d (median of rounds): converge %.2f, the floor with the calls %.2f; "+
+		"by round, converge %s, the floor %s; the machine's CPU time busy by round, converge %s ms, the floor %s ms; converge's plugin %.0f ms of CPU (median). "+
+		"Near %d busy, on a machine running nothing else, a teardown is bound by the CPU time it takes. "+
+		"Counted in 10 ms ticks, steal left out; converge's window includes its loop numbers' removals that begin before its teardown ends, the floor's does not",
+		cpus, median(cCPUs), median(callCPUs), joinNums(cCPUs), joinNums(callCPUs), whole(cBusy), whole(callBusy), median(pluginCPU), cpus))
 	note("100 volumes, round by round: burst ratios " + joinNums(wallRatios) + "; teardown ratios " + joinNums(downRatios) +
 		" (against the floor with the calls " + joinNums(calledRatios) + "); raw teardowns " + joinNums(rDowns) +
 		" ms, with the calls " + joinNums(callDowns) + " ms")
