@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/converge-csi/converge/test/e2e/invariants"
 )
 
 // A hung driver is restarted by its liveness probe, as deploy/ installs
@@ -30,7 +32,7 @@ func TestDriverHungRestarted(t *testing.T) {
 	before := restartsOf(driver, "csi-node")
 	written := counted(t, pod.Name)
 	intendDriverRestart(driver)
-	expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+driver.Name)
+	expectHung(t, driver, "csi-node")
 	stopped := time.Now()
 	if pid := stopProcessOf(t, driver, programNamed("csi-node"), pod.Name); pid == 0 {
 		t.Fatal("no csi-node process found in the converge pod")
@@ -68,7 +70,7 @@ func TestControllerHungRestarted(t *testing.T) {
 	}
 	before := restartsOf(ctrl, controllerName)
 	intendRestart(ctrl, controllerName)
-	expectWarning(t, "Unhealthy", "Pod/"+daemonSetNamespace+"/"+ctrl.Name)
+	expectHung(t, ctrl, controllerName)
 	if pid := stopProcessOf(t, ctrl, programNamed(controllerName), ""); pid == 0 {
 		t.Fatal("no converge-controller process found in its pod")
 	}
@@ -122,4 +124,18 @@ func podEventsOf(t *testing.T, pod *corev1.Pod) string {
 		fmt.Fprintf(&b, "%s %s: %s\n", e.Type, e.Reason, e.Message)
 	}
 	return b.String()
+}
+
+// expectHung records the liveness failures that the named container of pod,
+// stopped by the test, causes until the kubelet kills it
+// (invariants.HungLiveness).
+func expectHung(t *testing.T, pod *corev1.Pod, container string) {
+	t.Helper()
+	for _, c := range pod.Spec.Containers {
+		if c.Name == container && c.LivenessProbe != nil {
+			expect(invariants.HungLiveness("Pod/"+pod.Namespace+"/"+pod.Name, c.LivenessProbe.FailureThreshold, t.Name()))
+			return
+		}
+	}
+	t.Fatalf("container %s of pod %s has no liveness probe", container, pod.Name)
 }

@@ -196,6 +196,16 @@ var Environment = []Expected{
 		Prefix: "Failed to create group snapshot: error updating status for volume group snapshot content ", Test: "csi-snapshotter's retried update"},
 }
 
+// HungLiveness is the warnings a container that stops answering causes on
+// pod (kind/namespace/name) through its liveness probe, of failureThreshold:
+// the probe fails that many times, each failure one count of its event (a
+// timeout), and the kubelet then kills the container and probes it no more
+// until it runs again. Anything else said of the pod's probes is
+// unexpected.
+func HungLiveness(pod string, failureThreshold int32, test string) Expected {
+	return Expected{Reason: "Unhealthy", Object: pod, Prefix: "Liveness probe failed: ", Max: failureThreshold, Test: test}
+}
+
 // KilledLiveness is the warning a kill of a container whose liveness probe
 // is an HTTP GET on port may cause, once, on pod (kind/namespace/name): the
 // kubelet probes a container while the status it last saw says running,

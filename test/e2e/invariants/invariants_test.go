@@ -148,3 +148,26 @@ func TestKilledLivenessExpectsTheRefusedProbeOnly(t *testing.T) {
 		})
 	}
 }
+
+// TestHungLivenessExpectsItsThresholdOnly: a hung container's liveness
+// failures are expected up to the probe's threshold, and nothing else of
+// its probes.
+func TestHungLivenessExpectsItsThresholdOnly(t *testing.T) {
+	pods := []string{"converge-node-"}
+	hung := "Pod/kube-system/converge-node-h4ng5"
+	expected := []Expected{HungLiveness(hung, 5, "TestDriverHungRestarted")}
+	timeout := Event{Type: "Warning", Reason: "Unhealthy", Object: hung, Source: "kubelet", Count: 5,
+		Message: `Liveness probe failed: Get "http://169.254.1.2:9810/livez": context deadline exceeded (Client.Timeout exceeded while awaiting headers)`}
+	if got := UnexpectedWarnings([]Event{timeout}, nil, pods, expected); len(got) != 0 {
+		t.Errorf("the threshold's failures: got %q, want them expected", got)
+	}
+	more := timeout
+	more.Count = 6
+	if got := UnexpectedWarnings([]Event{more}, nil, pods, expected); len(got) != 1 {
+		t.Errorf("a failure past the threshold: got %q, want it unexpected", got)
+	}
+	startup := Event{Type: "Warning", Reason: "Unhealthy", Object: hung, Source: "kubelet", Count: 1, Message: "Startup probe failed: HTTP probe failed with statuscode: 500"}
+	if got := UnexpectedWarnings([]Event{startup}, nil, pods, expected); len(got) != 1 {
+		t.Errorf("another probe's failure: got %q, want it unexpected", got)
+	}
+}
