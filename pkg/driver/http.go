@@ -154,16 +154,38 @@ func listenHTTP(cfg Config, tcp, local http.Handler) ([]httpServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listening on %s: %w", sock, err)
 	}
-	servers := []httpServer{{&http.Server{Handler: local, ReadHeaderTimeout: 5 * time.Second}, unixLis}}
+	// The status socket's POST /gc may take long to answer; root alone
+	// reaches it.
+	servers := []httpServer{{newHTTPServer(local, 0, httpIdleTimeout), unixLis}}
 	if cfg.HTTPAddress != "" {
 		tcpLis, err := net.Listen("tcp", cfg.HTTPAddress)
 		if err != nil {
 			unixLis.Close()
 			return nil, fmt.Errorf("listening on %s: %w", cfg.HTTPAddress, err)
 		}
-		servers = append(servers, httpServer{&http.Server{Handler: tcp, ReadHeaderTimeout: 5 * time.Second}, tcpLis})
+		servers = append(servers, httpServer{newHTTPServer(tcp, httpWriteTimeout, httpIdleTimeout), tcpLis})
 	}
 	return servers, nil
+}
+
+// The HTTP address is usually reachable from every pod (docs/metrics.md):
+// a peer there may open connections and leave them idle, or send headers
+// slowly and large, to fill csi-node's memory (512 MiB in deploy/). Each
+// connection is bounded in time and its headers in size; a probe or a
+// scrape needs far less of either.
+const (
+	httpReadTimeout  = 10 * time.Second
+	httpWriteTimeout = 30 * time.Second
+	httpIdleTimeout  = 60 * time.Second
+	httpMaxHeader    = 8 << 10
+)
+
+// newHTTPServer serves h with those bounds: write bounds writing an answer
+// (none when 0), idle how long a kept-alive connection waits for its next
+// request.
+func newHTTPServer(h http.Handler, write, idle time.Duration) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: httpReadTimeout,
+		WriteTimeout: write, IdleTimeout: idle, MaxHeaderBytes: httpMaxHeader}
 }
 
 // stopHTTP shuts servers down, giving each open request a second, and

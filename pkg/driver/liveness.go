@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -36,5 +37,55 @@ func probeSelf(sock string) func(context.Context) error {
 			return fmt.Errorf("Identity.Probe on the plugin's own socket: %w", err)
 		}
 		return nil
+	}
+}
+
+// sharedCheckAge is how long a liveness check's result answers the checks
+// that follow it: the kubelet probes every 10 s.
+const sharedCheckAge = time.Second
+
+// shareCheck returns check run at most once at a time, and at most once
+// within maxAge of its last end, whose result answers every caller
+// meanwhile. /livez is served on the HTTP address, which most pods reach:
+// each check dials the CSI socket, whose connections the kubelet and the
+// sidecars need (maxConnections), and a flood of /livez would otherwise
+// dial once each. The check runs on its own context, so a caller that goes
+// away ends no other caller's wait; each caller waits at most as long as
+// its own context allows.
+func shareCheck(check func(context.Context) error, maxAge time.Duration) func(context.Context) error {
+	var (
+		mu      sync.Mutex
+		at      time.Time
+		last    error
+		running chan struct{} // closed when the running check ends
+	)
+	return func(ctx context.Context) error {
+		mu.Lock()
+		if !at.IsZero() && time.Since(at) < maxAge {
+			err := last
+			mu.Unlock()
+			return err
+		}
+		done := running
+		if done == nil {
+			done = make(chan struct{})
+			running = done
+			go func() {
+				err := check(context.Background())
+				mu.Lock()
+				at, last, running = time.Now(), err, nil
+				mu.Unlock()
+				close(done)
+			}()
+		}
+		mu.Unlock()
+		select {
+		case <-done:
+			mu.Lock()
+			defer mu.Unlock()
+			return last
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }

@@ -250,7 +250,14 @@ func (m *Metrics) RPCDone(method, code string, d time.Duration) {
 	m.rpcs.WithLabelValues(method, code).Observe(d.Seconds())
 }
 
-// Handler serves the metrics in the Prometheus text format.
+// maxScrapes bounds the scrapes served at once: each reads every pool's
+// images and the store's records, and the address is usually reachable
+// from every pod. More are refused (503) rather than queued; Prometheus
+// scrapes each target once an interval.
+const maxScrapes = 2
+
+// Handler serves the metrics in the Prometheus text format, maxScrapes at
+// once.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{MaxRequestsInFlight: maxScrapes})
 }

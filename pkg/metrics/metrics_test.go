@@ -1,11 +1,14 @@
 package metrics
 
 import (
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -146,4 +149,50 @@ func TestPoolGuardIsExported(t *testing.T) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}
+}
+
+// blocking is a collector whose Collect waits until release is closed.
+type blocking struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (b blocking) Describe(ch chan<- *prometheus.Desc) {}
+
+func (b blocking) Collect(ch chan<- prometheus.Metric) {
+	b.entered <- struct{}{}
+	<-b.release
+}
+
+// TestScrapesAreBounded: a scrape beyond maxScrapes at once is refused at
+// once (503) rather than queued behind the ones under way.
+func TestScrapesAreBounded(t *testing.T) {
+	m := New()
+	b := blocking{entered: make(chan struct{}, maxScrapes+1), release: make(chan struct{})}
+	m.Registry.MustRegister(b)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	var wg sync.WaitGroup
+	for range maxScrapes {
+		wg.Go(func() {
+			resp, err := http.Get(srv.URL)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			resp.Body.Close()
+		})
+		<-b.entered
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(srv.URL)
+	close(b.release)
+	if err != nil {
+		t.Errorf("a scrape beyond %d at once: %v, want a 503 at once", maxScrapes, err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Errorf("a scrape beyond %d at once: got %s, want 503", maxScrapes, resp.Status)
+		}
+	}
+	wg.Wait()
 }
