@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/klog/v2"
 )
 
 // livenessTimeout bounds one liveness check: a csi-node that cannot answer
@@ -71,11 +73,17 @@ func shareCheck(check func(context.Context) error, maxAge time.Duration) func(co
 			done = make(chan struct{})
 			running = done
 			go func() {
-				err := check(context.Background())
-				mu.Lock()
-				at, last, running = time.Now(), err, nil
-				mu.Unlock()
-				close(done)
+				err := errors.New("the liveness check panicked")
+				defer func() {
+					if p := recover(); p != nil {
+						klog.Background().Error(nil, "The liveness check panicked", "panic", p)
+					}
+					mu.Lock()
+					at, last, running = time.Now(), err, nil
+					mu.Unlock()
+					close(done)
+				}()
+				err = check(context.Background())
 			}()
 		}
 		mu.Unlock()

@@ -38,7 +38,9 @@ func TestProbeSelf(t *testing.T) {
 
 // TestShareCheckDialsOnceForMany: checks asked at once run the check once
 // and all get its result; a caller that gives up ends no one else's wait;
-// once the result is older than maxAge, the next check runs it again.
+// a result answers the checks within maxAge, and once older, the next check
+// runs again; a check that panics answers an error and leaves no check
+// running.
 func TestShareCheckDialsOnceForMany(t *testing.T) {
 	var runs atomic.Int32
 	release := make(chan struct{})
@@ -47,7 +49,7 @@ func TestShareCheckDialsOnceForMany(t *testing.T) {
 		runs.Add(1)
 		<-release
 		return boom
-	}, 50*time.Millisecond)
+	}, time.Hour)
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := shared(gone); !errors.Is(err, context.Canceled) {
@@ -64,15 +66,31 @@ func TestShareCheckDialsOnceForMany(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	close(release)
 	wg.Wait()
+	if err := shared(context.Background()); !errors.Is(err, boom) {
+		t.Errorf("a check within maxAge: got %v, want the last result", err)
+	}
 	if n := runs.Load(); n != 1 {
-		t.Errorf("51 checks at once ran the check %d times, want 1", n)
+		t.Errorf("52 checks within maxAge ran the check %d times, want 1", n)
 	}
-	if err := shared(context.Background()); !errors.Is(err, boom) || runs.Load() != 1 {
-		t.Errorf("a check within maxAge: got %v after %d runs, want the last result and no run", err, runs.Load())
-	}
-	time.Sleep(60 * time.Millisecond)
-	shared(context.Background())
-	if n := runs.Load(); n != 2 {
+
+	var aged atomic.Int32
+	expiring := shareCheck(func(context.Context) error { aged.Add(1); return nil }, time.Millisecond)
+	expiring(context.Background())
+	time.Sleep(10 * time.Millisecond)
+	expiring(context.Background())
+	if n := aged.Load(); n != 2 {
 		t.Errorf("a check after maxAge: %d runs, want 2", n)
+	}
+
+	var panics atomic.Int32
+	panicky := shareCheck(func(context.Context) error { panics.Add(1); panic("boom") }, time.Millisecond)
+	for range 2 {
+		if err := panicky(context.Background()); err == nil {
+			t.Errorf("a check that panicked: got live, want an error")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := panics.Load(); n != 2 {
+		t.Errorf("after a panic: %d runs, want the next check to run again (2)", n)
 	}
 }

@@ -250,14 +250,12 @@ func (m *Metrics) RPCDone(method, code string, d time.Duration) {
 	m.rpcs.WithLabelValues(method, code).Observe(d.Seconds())
 }
 
-// maxScrapes bounds the scrapes served at once: each reads every pool's
-// images and the store's records, and the address is usually reachable
-// from every pod. More are refused (503) rather than queued; Prometheus
-// scrapes each target once an interval.
-const maxScrapes = 2
-
-// Handler serves the metrics in the Prometheus text format, maxScrapes at
-// once.
+// Handler serves the metrics in the Prometheus text format. Scrapes at
+// once share one gathering (promhttp's CoalesceGather, experimental in
+// client_golang v1.25): each reads every pool's images and the store's
+// records, and the address is usually reachable from every pod, so a flood
+// of scrapes gathers once at a time, while every scraper, Prometheus's
+// among them, is answered.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{MaxRequestsInFlight: maxScrapes})
+	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{CoalesceGather: true})
 }

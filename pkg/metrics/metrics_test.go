@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -164,35 +165,44 @@ func (b blocking) Collect(ch chan<- prometheus.Metric) {
 	<-b.release
 }
 
-// TestScrapesAreBounded: a scrape beyond maxScrapes at once is refused at
-// once (503) rather than queued behind the ones under way.
-func TestScrapesAreBounded(t *testing.T) {
+// TestScrapesShareOneGathering: scrapes at once gather once, and each is
+// answered.
+func TestScrapesShareOneGathering(t *testing.T) {
+	const scrapes = 3
 	m := New()
-	b := blocking{entered: make(chan struct{}, maxScrapes+1), release: make(chan struct{})}
+	b := blocking{entered: make(chan struct{}, scrapes), release: make(chan struct{})}
 	m.Registry.MustRegister(b)
-	srv := httptest.NewServer(m.Handler())
+	srv := httptest.NewUnstartedServer(m.Handler())
+	var active sync.WaitGroup
+	active.Add(scrapes)
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateActive {
+			active.Done()
+		}
+	}
+	srv.Start()
 	defer srv.Close()
 	var wg sync.WaitGroup
-	for range maxScrapes {
+	for range scrapes {
 		wg.Go(func() {
-			resp, err := http.Get(srv.URL)
+			resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(srv.URL)
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("a scrape: got %s, want 200", resp.Status)
+			}
 		})
-		<-b.entered
 	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(srv.URL)
+	active.Wait()
+	<-b.entered
+	// The others reach the handler while the first gathering is held.
+	time.Sleep(200 * time.Millisecond)
 	close(b.release)
-	if err != nil {
-		t.Errorf("a scrape beyond %d at once: %v, want a 503 at once", maxScrapes, err)
-	} else {
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Errorf("a scrape beyond %d at once: got %s, want 503", maxScrapes, resp.Status)
-		}
-	}
 	wg.Wait()
+	if n := 1 + len(b.entered); n != 1 {
+		t.Errorf("%d scrapes at once gathered %d times, want once", scrapes, n)
+	}
 }
