@@ -73,7 +73,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	m.WatchPools(statuses)
 	m.WatchReady(p.rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())
-	public := newHTTPHandler(m, p.rec, shareCheck(probeSelf(p.sock), sharedCheckAge))
+	public := newHTTPHandler(m, p.rec, shareCheck(probeSelf(p.sock), sharedCheckAge, clock.RealClock{}))
 	status := newStatusHandler(public, p.rec, statuses)
 	p.tcp, p.local = public, newLocalHandler(status, p.rec, ctrl.Collect)
 	if cfg.HTTPStatus {

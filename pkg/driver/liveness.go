@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 )
 
 // livenessTimeout bounds one liveness check: a csi-node that cannot answer
@@ -54,7 +55,7 @@ const sharedCheckAge = time.Second
 // dial once each. The check runs on its own context, so a caller that goes
 // away ends no other caller's wait; each caller waits at most as long as
 // its own context allows.
-func shareCheck(check func(context.Context) error, maxAge time.Duration) func(context.Context) error {
+func shareCheck(check func(context.Context) error, maxAge time.Duration, clk clock.PassiveClock) func(context.Context) error {
 	var (
 		mu      sync.Mutex
 		at      time.Time
@@ -63,7 +64,7 @@ func shareCheck(check func(context.Context) error, maxAge time.Duration) func(co
 	)
 	return func(ctx context.Context) error {
 		mu.Lock()
-		if !at.IsZero() && time.Since(at) < maxAge {
+		if !at.IsZero() && clk.Since(at) < maxAge {
 			err := last
 			mu.Unlock()
 			return err
@@ -79,7 +80,7 @@ func shareCheck(check func(context.Context) error, maxAge time.Duration) func(co
 						klog.Background().Error(nil, "The liveness check panicked", "panic", p)
 					}
 					mu.Lock()
-					at, last, running = time.Now(), err, nil
+					at, last, running = clk.Now(), err, nil
 					mu.Unlock()
 					close(done)
 				}()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	testingclock "k8s.io/utils/clock/testing"
 )
 
 // TestProbeSelf checks that the liveness check fails when nothing answers
@@ -42,6 +43,7 @@ func TestProbeSelf(t *testing.T) {
 // runs again; a check that panics answers an error and leaves no check
 // running.
 func TestShareCheckDialsOnceForMany(t *testing.T) {
+	clk := testingclock.NewFakePassiveClock(time.Now())
 	var runs atomic.Int32
 	release := make(chan struct{})
 	boom := errors.New("not answering")
@@ -49,7 +51,7 @@ func TestShareCheckDialsOnceForMany(t *testing.T) {
 		runs.Add(1)
 		<-release
 		return boom
-	}, time.Hour)
+	}, time.Second, clk)
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := shared(gone); !errors.Is(err, context.Canceled) {
@@ -63,32 +65,30 @@ func TestShareCheckDialsOnceForMany(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(20 * time.Millisecond)
 	close(release)
 	wg.Wait()
+	clk.SetTime(clk.Now().Add(time.Second - time.Millisecond))
 	if err := shared(context.Background()); !errors.Is(err, boom) {
 		t.Errorf("a check within maxAge: got %v, want the last result", err)
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("52 checks within maxAge ran the check %d times, want 1", n)
 	}
-
-	var aged atomic.Int32
-	expiring := shareCheck(func(context.Context) error { aged.Add(1); return nil }, time.Millisecond)
-	expiring(context.Background())
-	time.Sleep(10 * time.Millisecond)
-	expiring(context.Background())
-	if n := aged.Load(); n != 2 {
+	clk.SetTime(clk.Now().Add(time.Millisecond))
+	release = make(chan struct{})
+	close(release)
+	shared(context.Background())
+	if n := runs.Load(); n != 2 {
 		t.Errorf("a check after maxAge: %d runs, want 2", n)
 	}
 
 	var panics atomic.Int32
-	panicky := shareCheck(func(context.Context) error { panics.Add(1); panic("boom") }, time.Millisecond)
+	panicky := shareCheck(func(context.Context) error { panics.Add(1); panic("boom") }, time.Second, clk)
 	for range 2 {
 		if err := panicky(context.Background()); err == nil {
 			t.Errorf("a check that panicked: got live, want an error")
 		}
-		time.Sleep(10 * time.Millisecond)
+		clk.SetTime(clk.Now().Add(time.Second))
 	}
 	if n := panics.Load(); n != 2 {
 		t.Errorf("after a panic: %d runs, want the next check to run again (2)", n)
