@@ -38,6 +38,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/buildinfo"
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/httpserve"
 	"github.com/converge-csi/converge/pkg/nodeloss"
 	"github.com/converge-csi/converge/pkg/snaplabel"
 )
@@ -128,17 +129,24 @@ func run(ctx context.Context, o options) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := nodeloss.NewMetrics(reg)
 	health := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	// A failure of the HTTP server ends the run: a replica whose
+	// /healthz is gone would be restarted by its liveness probe anyway,
+	// later and with a less clear reason.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	if o.httpAddress != "" {
-		if err := serve(ctx, o.httpAddress, reg, health); err != nil {
+		ln, err := net.Listen("tcp", o.httpAddress)
+		if err != nil {
 			return err
 		}
+		serve(ctx, ln, reg, health, fail)
 	}
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-controller"})
 
-	return lead(ctx, o, client, health, metrics, func(ctx context.Context) {
+	err = lead(ctx, o, client, health, metrics, func(ctx context.Context) {
 		// The labeller has caches of its own: a cluster without the
 		// snapshot CRDs, or without the snapshots component's RBAC, must
 		// not hold the node-loss watcher up.
@@ -155,6 +163,10 @@ func run(ctx context.Context, o options) error {
 			klog.ErrorS(err, "The node-loss watcher stopped")
 		}
 	})
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
 }
 
 // lead takes part in the election on the Lease until ctx ends, and runs
@@ -202,14 +214,13 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // serve serves /metrics and /healthz (which fails when this replica leads
-// but has not renewed its Lease in time) at addr until ctx ends.
-func serve(ctx context.Context, addr string, reg *prometheus.Registry, health *leaderelection.HealthzAdaptor) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
+// but has not renewed its Lease in time) on ln until ctx ends, bounded
+// as every converge address on the pod network is (httpserve); a server
+// that stops by itself calls fail.
+func serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, health *leaderelection.HealthzAdaptor, fail context.CancelCauseFunc) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Scrapes at once share one gathering.
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{CoalesceGather: true}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if err := health.Check(r); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -217,15 +228,14 @@ func serve(ctx context.Context, addr string, reg *prometheus.Registry, health *l
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.NewServer(mux, httpserve.WriteTimeout)
 	go func() {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			klog.ErrorS(err, "Serving /metrics and /healthz stopped", "address", addr)
+		if err := httpserve.Serve(srv, ln); err != nil {
+			fail(err)
 		}
 	}()
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
-	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/httpserve"
 	"github.com/converge-csi/converge/pkg/metrics"
 	"github.com/converge-csi/converge/pkg/reconciler"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -132,11 +133,17 @@ type httpServer struct {
 	lis net.Listener
 }
 
-// serve serves until shutdown; a failure is logged, as the plugin serves
-// its volumes without HTTP.
-func (h httpServer) serve() {
-	if err := h.srv.Serve(h.lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		klog.Background().Error(err, "HTTP server failed", "address", h.lis.Addr().String())
+// serve serves until shutdown. A server that stops by itself is the
+// group's failure: without its status socket or its probes' address the
+// plugin could not be looked at, and its liveness probe would restart it
+// anyway, later and with a less clear reason.
+func (h httpServer) serve(failed chan<- error) {
+	if err := httpserve.Serve(h.srv, h.lis); err != nil {
+		klog.Background().Error(err, "HTTP server failed; stopping")
+		select {
+		case failed <- err:
+		default: // the group fails already
+		}
 	}
 }
 
@@ -156,36 +163,16 @@ func listenHTTP(cfg Config, tcp, local http.Handler) ([]httpServer, error) {
 	}
 	// The status socket's POST /gc may take long to answer; root alone
 	// reaches it.
-	servers := []httpServer{{newHTTPServer(local, 0, httpIdleTimeout), unixLis}}
+	servers := []httpServer{{httpserve.NewServer(local, 0), unixLis}}
 	if cfg.HTTPAddress != "" {
 		tcpLis, err := net.Listen("tcp", cfg.HTTPAddress)
 		if err != nil {
 			unixLis.Close()
 			return nil, fmt.Errorf("listening on %s: %w", cfg.HTTPAddress, err)
 		}
-		servers = append(servers, httpServer{newHTTPServer(tcp, httpWriteTimeout, httpIdleTimeout), tcpLis})
+		servers = append(servers, httpServer{httpserve.NewServer(tcp, httpserve.WriteTimeout), tcpLis})
 	}
 	return servers, nil
-}
-
-// The HTTP address is usually reachable from every pod (docs/metrics.md):
-// a peer there may open connections and leave them idle, or send headers
-// slowly and large, to fill csi-node's memory (512 MiB in deploy/). Each
-// connection is bounded in time and its headers in size; a probe or a
-// scrape needs far less of either.
-const (
-	httpReadTimeout  = 10 * time.Second
-	httpWriteTimeout = 30 * time.Second
-	httpIdleTimeout  = 60 * time.Second
-	httpMaxHeader    = 8 << 10
-)
-
-// newHTTPServer serves h with those bounds: write bounds writing an answer
-// (none when 0), idle how long a kept-alive connection waits for its next
-// request.
-func newHTTPServer(h http.Handler, write, idle time.Duration) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: httpReadTimeout,
-		WriteTimeout: write, IdleTimeout: idle, MaxHeaderBytes: httpMaxHeader}
 }
 
 // stopHTTP shuts servers down, giving each open request a second, and

@@ -22,8 +22,8 @@ import (
 
 // serve creates the CSI socket, then the status socket (and listens on
 // the HTTP address), and runs the reconciler, the mount watcher, gRPC and
-// HTTP as one group until ctx ends or gRPC fails; then it stops the group
-// (group.stop) and returns gRPC's failure, or nil.
+// HTTP as one group until ctx ends or a server fails; then it stops the
+// group (group.stop) and returns the failure, or nil.
 func (p *plugin) serve(ctx context.Context) error {
 	lis, err := listen(p.sock)
 	if err != nil {
@@ -51,14 +51,15 @@ func (p *plugin) serve(ctx context.Context) error {
 
 // group is what serve runs: the loops (the reconciler and the mount
 // watcher), which run until the group stops, and the servers (gRPC and
-// HTTP). gRPC's Serve returning by itself is the group's failure.
+// HTTP). A server's Serve returning by itself is the group's failure.
 type group struct {
 	grpc  *grpc.Server
 	https []httpServer
 	// cancel ends the loops' context, and loops waits for them.
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
-	// servers waits for the servers' Serve; failed receives gRPC's error.
+	// servers waits for the servers' Serve; failed receives the first
+	// failure (gRPC's Serve sends even its nil, at the group's stop).
 	servers sync.WaitGroup
 	failed  chan error
 }
@@ -70,7 +71,7 @@ func startGroup(ctx context.Context, rec *reconciler.Reconciler, srv *grpc.Serve
 	var loopCtx context.Context
 	loopCtx, g.cancel = context.WithCancel(ctx)
 	for _, h := range https {
-		g.servers.Go(h.serve)
+		g.servers.Go(func() { h.serve(g.failed) })
 	}
 	g.loops.Go(func() { rec.Run(loopCtx) })
 	g.loops.Go(func() {

@@ -34,17 +34,19 @@ const module = "github.com/converge-csi/converge/"
 // answers with them without the store. Its condition reasons are read by
 // the store (it carries a reason in a volume's condition) and the
 // reconciler (which decides them).
+// httpserve, the bounds of an HTTP address on the pod network, is a leaf
+// the driver and the cluster-side command share.
 // The cluster-side controller (nodeloss, snaplabel and their command)
 // stands apart: no part of the node plugin reaches it, and it reaches none
 // but the published contract; snaplabel reads a volume's node by
 // nodeloss's rule.
 var allowed = map[string][]string{
 	"cmd/csi-node":            {"pkg/buildinfo", "pkg/driver", "pkg/volstatus"},
-	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/nodeloss", "pkg/snaplabel"},
+	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/httpserve", "pkg/nodeloss", "pkg/snaplabel"},
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
 	"pkg/snaplabel":           {"pkg/contract", "pkg/nodeloss"},
-	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
+	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/httpserve", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
 	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
 	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/host", "pkg/state"},
 	"pkg/contract":            {"pkg/classified", "pkg/host"},
@@ -58,6 +60,7 @@ var allowed = map[string][]string{
 	"pkg/host":                nil,
 	"pkg/volstatus":           nil,
 	"pkg/capacity":            nil,
+	"pkg/httpserve":           nil,
 }
 
 // only lists outside modules that some packages alone may import: the
