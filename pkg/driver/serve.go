@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -45,8 +46,7 @@ func (p *plugin) serve(ctx context.Context) error {
 	case failed = <-g.failed:
 	}
 	logger.Info("Stopping; mounts stay in place")
-	g.stop(p.cfg, p.pools)
-	return failed
+	return cmp.Or(failed, g.stop(p.cfg, p.pools))
 }
 
 // group is what serve runs: the loops (the reconciler and the mount
@@ -58,21 +58,24 @@ type group struct {
 	// cancel ends the loops' context, and loops waits for them.
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
-	// servers waits for the servers' Serve; failed receives the first
-	// failure (gRPC's Serve sends even its nil, at the group's stop).
+	// servers waits for the servers' Serve. failed has room for a value
+	// from each server, so that none blocks: gRPC's Serve sends even its
+	// nil, at the group's stop, and an HTTP server only its failure.
 	servers sync.WaitGroup
 	failed  chan error
+}
+
+// newGroup returns the group of srv and https, with nothing started.
+func newGroup(srv *grpc.Server, https []httpServer) *group {
+	return &group{grpc: srv, https: https, failed: make(chan error, 1+len(https)), cancel: func() {}}
 }
 
 // startGroup starts the loops of rec and the servers: srv on lis, bounded
 // in connections, and https.
 func startGroup(ctx context.Context, rec *reconciler.Reconciler, srv *grpc.Server, lis net.Listener, https []httpServer) *group {
-	g := &group{grpc: srv, https: https, failed: make(chan error, 1)}
+	g := newGroup(srv, https)
 	var loopCtx context.Context
 	loopCtx, g.cancel = context.WithCancel(ctx)
-	for _, h := range https {
-		g.servers.Go(func() { h.serve(g.failed) })
-	}
 	g.loops.Go(func() { rec.Run(loopCtx) })
 	g.loops.Go(func() {
 		// A mount made or removed by anyone kicks a pass within a
@@ -83,20 +86,36 @@ func startGroup(ctx context.Context, rec *reconciler.Reconciler, srv *grpc.Serve
 			klog.FromContext(ctx).Error(err, "Cannot watch the mount table; changes are seen at each resync")
 		}
 	})
+	g.startServers(lis)
+	return g
+}
+
+// startServers starts the HTTP servers, and gRPC on lis.
+func (g *group) startServers(lis net.Listener) {
+	for _, h := range g.https {
+		g.servers.Go(func() { h.serve(g.failed) })
+	}
 	// The kubelet, the registrar and the probes each hold one connection;
 	// a bound on connections bounds file descriptors, a bound on streams
 	// (newGRPCServer) the goroutines of one connection.
 	lis = netutil.LimitListener(lis, maxConnections)
-	g.servers.Go(func() { g.failed <- srv.Serve(lis) })
-	return g
+	g.servers.Go(func() {
+		err := g.grpc.Serve(lis)
+		if errors.Is(err, grpc.ErrServerStopped) {
+			err = nil // stopped before it served: the group's stop
+		}
+		g.failed <- err
+	})
 }
 
 // stop is the group's one shutdown, each part stopped once what calls it
 // has: gRPC first, its calls in flight given stopGrace to finish; then
 // the loops; then the restores' copies of pools, which leave no image
 // (the provisioner's retry makes each anew); then HTTP, and the status
-// socket removed. Mounts and devices stay in place.
-func (g *group) stop(cfg Config, pools *controller.Pools) {
+// socket removed. Mounts and devices stay in place. It returns a server's
+// failure that serve did not take: one that came as ctx ended, or after
+// the first.
+func (g *group) stop(cfg Config, pools *controller.Pools) error {
 	stopped := make(chan struct{})
 	go func() { g.grpc.GracefulStop(); close(stopped) }()
 	select {
@@ -109,6 +128,16 @@ func (g *group) stop(cfg Config, pools *controller.Pools) {
 	pools.Close()
 	stopHTTP(cfg, g.https)
 	g.servers.Wait()
+	for {
+		select {
+		case err := <-g.failed:
+			if err != nil {
+				return err
+			}
+		default:
+			return nil
+		}
+	}
 }
 
 // listen creates the socket with mode 0600. A live socket of another
