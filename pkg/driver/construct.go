@@ -68,6 +68,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	// the reconciler for them and waits, on the controller's behalf.
 	ctrl.ServeSnapshots(node)
 	p.grpc = newGRPCServer(cfg, m, p.rec, ctrl, node)
+	p.maxConns = node.MaxRequests() + reservedConnections
 
 	statuses := func() ([]volstatus.PoolStatus, error) { return p.pools.Statuses(cfg.NodeID) }
 	m.WatchPools(statuses)

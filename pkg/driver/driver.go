@@ -21,10 +21,20 @@ const (
 	maxFormats = 16
 	// stopGrace is how long in-flight RPCs may finish after SIGTERM.
 	stopGrace = 10 * time.Second
-	// maxConnections bounds open connections (file descriptors): the
-	// kubelet, node-driver-registrar, the provisioner, resizer and snapshotter
-	// sidecars need a handful.
-	maxConnections = 64
+	// reservedConnections is how many connections the CSI socket accepts
+	// beyond the node requests that may wait at once (Config.MaxRequests):
+	// the kubelet opens a connection for every call and holds it while
+	// the call waits (k8s.io/kubernetes pkg/volume/csi, newV1NodeClient),
+	// so each waiting request may hold one, and the reserve keeps the
+	// calls that do not wait accepted however many do: the liveness
+	// check's, the registrar's, the sidecars', the kubelet's stats and the
+	// capabilities it asks before each stage. Past the bound, connections
+	// wait to be accepted. Each open one costs a descriptor and, with its
+	// call waiting, about 70 KiB (512 stages waiting, each on its own
+	// connection, took 38 MiB more here: TestConnectionPerCall with
+	// --max-requests 512): the default bound, 2112, about 150 MiB at
+	// most, under deploy/'s 512 MiB.
+	reservedConnections = 64
 	// maxStreams bounds concurrent calls on one connection; above the node
 	// server's own bound on waiting requests.
 	maxStreams = 4096
@@ -70,6 +80,8 @@ type plugin struct {
 	// of the CSI services on it.
 	sock string
 	grpc *grpc.Server
+	// maxConns bounds the CSI socket's open connections.
+	maxConns int
 	// tcp is served on Config.HTTPAddress, local on the status socket.
 	tcp, local http.Handler
 }

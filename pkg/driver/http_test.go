@@ -51,7 +51,7 @@ func TestHTTPFailureFailsTheGroup(t *testing.T) {
 				t.Fatal(err)
 			}
 			g := newGroup(grpc.NewServer(), https)
-			g.startServers(lis)
+			g.startServers(lis, 4)
 			for _, h := range https[:tt.fail] {
 				h.lis.Close()
 			}

@@ -51,7 +51,7 @@ const sharedCheckAge = time.Second
 // within maxAge of its last end, whose result answers every caller
 // meanwhile. /livez is served on the HTTP address, which most pods reach:
 // each check dials the CSI socket, whose connections the kubelet and the
-// sidecars need (maxConnections), and a flood of /livez would otherwise
+// sidecars need (reservedConnections), and a flood of /livez would otherwise
 // dial once each. The check runs on its own context, so a caller that goes
 // away ends no other caller's wait; each caller waits at most as long as
 // its own context allows.

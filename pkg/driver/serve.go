@@ -36,7 +36,7 @@ func (p *plugin) serve(ctx context.Context) error {
 		lis.Close()
 		return err
 	}
-	g := startGroup(ctx, p.rec, p.grpc, lis, https)
+	g := startGroup(ctx, p.rec, p.grpc, lis, p.maxConns, https)
 	logger := klog.FromContext(ctx)
 	logger.Info("Serving", "endpoint", p.cfg.Endpoint, "driver", p.cfg.DriverName, "nodeID", p.cfg.NodeID,
 		"stateDir", p.cfg.StateDir, "dataDir", p.cfg.DataDir, "roots", p.cfg.roots())
@@ -70,9 +70,9 @@ func newGroup(srv *grpc.Server, https []httpServer) *group {
 	return &group{grpc: srv, https: https, failed: make(chan error, 1+len(https)), cancel: func() {}}
 }
 
-// startGroup starts the loops of rec and the servers: srv on lis, bounded
-// in connections, and https.
-func startGroup(ctx context.Context, rec *reconciler.Reconciler, srv *grpc.Server, lis net.Listener, https []httpServer) *group {
+// startGroup starts the loops of rec and the servers: srv on lis, with at
+// most maxConns connections open, and https.
+func startGroup(ctx context.Context, rec *reconciler.Reconciler, srv *grpc.Server, lis net.Listener, maxConns int, https []httpServer) *group {
 	g := newGroup(srv, https)
 	var loopCtx context.Context
 	loopCtx, g.cancel = context.WithCancel(ctx)
@@ -86,19 +86,19 @@ func startGroup(ctx context.Context, rec *reconciler.Reconciler, srv *grpc.Serve
 			klog.FromContext(ctx).Error(err, "Cannot watch the mount table; changes are seen at each resync")
 		}
 	})
-	g.startServers(lis)
+	g.startServers(lis, maxConns)
 	return g
 }
 
-// startServers starts the HTTP servers, and gRPC on lis.
-func (g *group) startServers(lis net.Listener) {
+// startServers starts the HTTP servers, and gRPC on lis with at most
+// maxConns connections open (reservedConnections says why as many).
+func (g *group) startServers(lis net.Listener, maxConns int) {
 	for _, h := range g.https {
 		g.servers.Go(func() { h.serve(g.failed) })
 	}
-	// The kubelet, the registrar and the probes each hold one connection;
-	// a bound on connections bounds file descriptors, a bound on streams
+	// A bound on connections bounds file descriptors, a bound on streams
 	// (newGRPCServer) the goroutines of one connection.
-	lis = netutil.LimitListener(lis, maxConnections)
+	lis = netutil.LimitListener(lis, maxConns)
 	g.servers.Go(func() {
 		err := g.grpc.Serve(lis)
 		if errors.Is(err, grpc.ErrServerStopped) {
