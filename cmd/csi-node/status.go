@@ -133,6 +133,10 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 // printPool writes one storage pool's space: a POOL line, then what it
 // promised, can still promise, its snapshots and its restores, indented.
 func printPool(w io.Writer, p volstatus.PoolStatus) {
+	if p.Error != "" {
+		fmt.Fprintf(w, "%-16s%s: UNREADABLE: %s\n", "POOL "+p.Name, p.Dir, p.Error)
+		return
+	}
 	guard := ""
 	if p.KubeletFilesystem {
 		guard = ", on the kubelet's filesystem"

@@ -36,7 +36,8 @@ func TestStatusNamesRestores(t *testing.T) {
 // TestStatusWarnsOfALowGuard prints pools on the kubelet's filesystem: one
 // whose guard keeps it above the kubelet's eviction threshold says where it
 // is, one whose guard does not says so in capitals, and one past its guard
-// says that no volume is made or grown in it.
+// says that no volume is made or grown in it; a pool that could not be read
+// says why, and nothing of its space.
 func TestStatusWarnsOfALowGuard(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -52,6 +53,8 @@ func TestStatusWarnsOfALowGuard(t *testing.T) {
 			want: []string{"on the kubelet's filesystem GUARD BELOW THE KUBELET'S EVICTION THRESHOLD (15%)"}},
 		{name: "past its guard", pool: volstatus.PoolStatus{Name: "default", FreeBytes: 1 << 30, GuardBytes: 5 << 30, NearlyFull: true},
 			want: []string{"NEARLY FULL: no volume is created or grown"}},
+		{name: "unreadable", pool: volstatus.PoolStatus{Name: "fast", Dir: "/mnt/nvme", Error: "statfs /mnt/nvme: input/output error"},
+			want: []string{"POOL fast       /mnt/nvme: UNREADABLE: statfs /mnt/nvme: input/output error"}, not: []string{"size 0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -136,17 +136,19 @@ func (ps *Pools) Close() {
 }
 
 // Statuses reports every pool (Pool.Status), in the order they were given;
-// node is this node's name.
-func (ps *Pools) Statuses(node string) ([]volstatus.PoolStatus, error) {
+// node is this node's name. A pool whose status cannot be read is reported
+// with the error alone (PoolStatus.Error), beside the others: one failing
+// disk must not hide the rest of the node.
+func (ps *Pools) Statuses(node string) []volstatus.PoolStatus {
 	out := make([]volstatus.PoolStatus, 0, len(ps.ordered))
 	for _, p := range ps.ordered {
 		st, err := p.Status(node)
 		if err != nil {
-			return nil, fmt.Errorf("pool %s: %w", p.name, err)
+			st = volstatus.PoolStatus{Name: p.name, Dir: p.images.Dir, Node: node, Error: err.Error()}
 		}
 		out = append(out, st)
 	}
-	return out, nil
+	return out
 }
 
 // ImageSize returns the size of volume id's image in the pool its record

@@ -1,7 +1,9 @@
 package controller
 
 import (
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/state"
@@ -28,5 +30,30 @@ func TestPoolsKeepBothOrders(t *testing.T) {
 	}
 	if got, want := names(ps.All()), []string{"alpha", state.DefaultPool, "zeta"}; !slices.Equal(got, want) {
 		t.Errorf("All: %v, want %v", got, want)
+	}
+}
+
+// TestStatusesReportAnUnreadablePoolBesideTheOthers: a pool whose space
+// cannot be read (its directory gone here; a failing disk on a node) is
+// reported with its error and nothing measured, and the node's other
+// pools are reported as ever.
+func TestStatusesReportAnUnreadablePoolBesideTheOthers(t *testing.T) {
+	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	gone := filepath.Join(t.TempDir(), "gone")
+	good := NewPool(store, PoolOptions{Name: state.DefaultPool, Dir: t.TempDir(), Ratio: 1})
+	bad := NewPool(store, PoolOptions{Name: "fast", Dir: gone, Ratio: 1})
+	ps := NewPools(store, good, bad).Statuses("node")
+	if len(ps) != 2 {
+		t.Fatalf("got %d pools, want 2: %+v", len(ps), ps)
+	}
+	if ps[0].Name != state.DefaultPool || ps[0].Error != "" || ps[0].SizeBytes == 0 {
+		t.Errorf("the readable pool: got %+v, want its size and no error", ps[0])
+	}
+	if ps[1].Name != "fast" || ps[1].Dir != gone || ps[1].Node != "node" || !strings.Contains(ps[1].Error, gone) || ps[1].SizeBytes != 0 {
+		t.Errorf("the unreadable pool: got %+v, want its name, directory, node and an error naming %s, nothing measured", ps[1], gone)
 	}
 }

@@ -70,7 +70,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	p.grpc = newGRPCServer(cfg, m, p.rec, ctrl, node)
 	p.maxConns = node.MaxRequests() + reservedConnections
 
-	statuses := func() ([]volstatus.PoolStatus, error) { return p.pools.Statuses(cfg.NodeID) }
+	statuses := func() []volstatus.PoolStatus { return p.pools.Statuses(cfg.NodeID) }
 	m.WatchPools(statuses)
 	m.WatchReady(p.rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())

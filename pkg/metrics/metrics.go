@@ -182,8 +182,10 @@ func (m *Metrics) WatchRequests(waiting func() int, limit int) {
 // WatchPools reports every storage pool's space, read from pools at each
 // scrape: converge_data_directory_bytes by pool and kind,
 // converge_data_directory_nearly_full, converge_snapshots and
-// converge_restores by pool, and converge_restore_copied_bytes by restore.
-func (m *Metrics) WatchPools(pools func() ([]volstatus.PoolStatus, error)) {
+// converge_restores by pool, and converge_restore_copied_bytes by restore;
+// and converge_data_directory_unreadable, 1 for a pool whose space could
+// not be read (PoolStatus.Error), which then has no other.
+func (m *Metrics) WatchPools(pools func() []volstatus.PoolStatus) {
 	m.Registry.MustRegister(poolCollector(pools))
 }
 
@@ -197,13 +199,16 @@ var (
 		"1 while a storage pool's free space is below its guard: its thin volumes are reported and no volume is created or grown in it.", []string{"pool"}, nil)
 	restoreCount = prometheus.NewDesc(namespace+"_restores",
 		"Volumes being copied from a snapshot in a storage pool.", []string{"pool"}, nil)
+	poolUnreadable = prometheus.NewDesc(namespace+"_data_directory_unreadable",
+		"1 while a storage pool's space cannot be read (its filesystem failing, its directory gone; csi-node status says why): its other metrics are then missing.", []string{"pool"}, nil)
 	restoreCopied = prometheus.NewDesc(namespace+"_restore_copied_bytes",
 		"What a restore's copy holds so far of its snapshot's data; one that stops growing is stuck.", []string{"pool", "volume", "snapshot"}, nil)
 )
 
-type poolCollector func() ([]volstatus.PoolStatus, error)
+type poolCollector func() []volstatus.PoolStatus
 
 func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- poolUnreadable
 	ch <- poolBytes
 	ch <- poolNearlyFull
 	ch <- snapshotCount
@@ -211,14 +216,20 @@ func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- restoreCopied
 }
 
+// Collect sends every pool's metrics. A pool that could not be read is
+// unreadable and has no other: an error from a collector would fail the
+// whole scrape, and with it every alert on the node, the data-loss ones
+// among them, when one disk fails.
 func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
-	ps, err := c()
-	if err != nil {
-		ch <- prometheus.NewInvalidMetric(poolBytes, err)
-		return
-	}
-	for _, p := range ps {
-		collectPool(ch, p)
+	for _, p := range c() {
+		unreadable := 0.0
+		if p.Error != "" {
+			unreadable = 1
+		}
+		ch <- prometheus.MustNewConstMetric(poolUnreadable, prometheus.GaugeValue, unreadable, p.Name)
+		if p.Error == "" {
+			collectPool(ch, p)
+		}
 	}
 }
 

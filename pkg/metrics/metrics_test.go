@@ -90,8 +90,8 @@ func TestWhatAlertsRead(t *testing.T) {
 	m := New()
 	ready := false
 	m.WatchReady(func() bool { return ready })
-	m.WatchPools(func() ([]volstatus.PoolStatus, error) {
-		return []volstatus.PoolStatus{{Name: "default"}, {Name: "fast", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s", CopiedBytes: 4096}}}}, nil
+	m.WatchPools(func() []volstatus.PoolStatus {
+		return []volstatus.PoolStatus{{Name: "default"}, {Name: "fast", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s", CopiedBytes: 4096}}}}
 	})
 	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{
 		{ID: "a", Phase: volstatus.PhaseDegraded, Reason: "PoolNearlyFull"},
@@ -139,8 +139,8 @@ converge_ready 1
 // bytes, beside what is still available above it.
 func TestPoolGuardIsExported(t *testing.T) {
 	m := New()
-	m.WatchPools(func() ([]volstatus.PoolStatus, error) {
-		return []volstatus.PoolStatus{{Name: "default", SizeBytes: 100 << 20, FreeBytes: 30 << 20, GuardBytes: 20 << 20, ThickAvailableBytes: 10 << 20}}, nil
+	m.WatchPools(func() []volstatus.PoolStatus {
+		return []volstatus.PoolStatus{{Name: "default", SizeBytes: 100 << 20, FreeBytes: 30 << 20, GuardBytes: 20 << 20, ThickAvailableBytes: 10 << 20}}
 	})
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -204,5 +204,32 @@ func TestScrapesShareOneGathering(t *testing.T) {
 	wg.Wait()
 	if n := 1 + len(b.entered); n != 1 {
 		t.Errorf("%d scrapes at once gathered %d times, want once", scrapes, n)
+	}
+}
+
+// TestAnUnreadablePoolHidesNoOther: a pool whose space cannot be read is
+// unreadable, with no other metric of its own, and the scrape still
+// answers every other metric: a failing disk must not silence the node's
+// alerts, the data-loss ones among them.
+func TestAnUnreadablePoolHidesNoOther(t *testing.T) {
+	m := New()
+	m.WatchReady(func() bool { return true })
+	m.WatchPools(func() []volstatus.PoolStatus {
+		return []volstatus.PoolStatus{{Name: "default", SizeBytes: 100 << 20}, {Name: "fast", Error: "statfs: input/output error"}}
+	})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("scrape: got %d, want 200: %s", rec.Code, rec.Body)
+	}
+	body := rec.Body.String()
+	for _, want := range []string{`converge_data_directory_unreadable{pool="fast"} 1`, `converge_data_directory_unreadable{pool="default"} 0`,
+		`converge_data_directory_bytes{kind="size",pool="default"} 1.048576e+08`, "converge_ready 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if strings.Contains(body, `kind="size",pool="fast"`) {
+		t.Error(`metrics have the unreadable pool's size, want none`)
 	}
 }

@@ -58,6 +58,10 @@ type VolumeStatus struct {
 type PoolStatus struct {
 	// Name is the pool's name.
 	Name string `json:"name"`
+	// Error says why the pool's space could not be read at this look (its
+	// filesystem failing, its directory gone): the fields other than its
+	// name, directory and node are then zero, not measured.
+	Error string `json:"error,omitempty"`
 	// Dir is its data directory, FsType its filesystem's type, and
 	// PunchesHoles whether that gives back what thin volumes free.
 	Dir          string `json:"dir"`

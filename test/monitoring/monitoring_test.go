@@ -357,8 +357,8 @@ func scrapedNames(text string) []string {
 func registryMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	m := metrics.New()
-	m.WatchPools(func() ([]volstatus.PoolStatus, error) {
-		return []volstatus.PoolStatus{{Name: "default", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s"}}}}, nil
+	m.WatchPools(func() []volstatus.PoolStatus {
+		return []volstatus.PoolStatus{{Name: "default", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s"}}}}
 	})
 	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{{ID: "v", Phase: volstatus.PhaseDegraded, Reason: "SpaceRanOut"}}, 0)
 	m.Repaired("keep device")
