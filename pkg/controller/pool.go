@@ -123,8 +123,12 @@ func (s *Pool) Repair() error {
 // shares blocks; the copies are made in the data directory, on the same
 // filesystem as the snapshots) and whether it punches holes, and reports
 // the pool. Run it once what a crash left is gone (Repair), which frees
-// what the leftovers may have filled, and before anything is served.
-func (s *Pool) Probe() error {
+// what the leftovers may have filled, and before anything is served. A
+// probe that fails (a full or read-only filesystem cannot take the probe's
+// file) is logged and taken for the answer that is correct anywhere: no
+// reflinks, no holes (only reported); it never stops the start, which
+// would stop every pool's volumes on the node.
+func (s *Pool) Probe() {
 	mode, err := devices.ProbeCopyMode(s.images.Dir)
 	if err != nil {
 		// Never a reason not to start (the volumes' mounts are restored
@@ -138,14 +142,13 @@ func (s *Pool) Probe() error {
 	// owes what it shares: its writes there take new blocks.
 	s.images.Shares = mode == devices.CopyReflink
 	if s.fsType, s.punchesHoles, err = devices.ProbeFilesystem(s.images.Dir); err != nil {
-		return fmt.Errorf("pool %s: %w", s.name, err)
+		klog.ErrorS(err, "Cannot tell whether the storage pool punches holes; reported as not", "pool", s.name)
 	}
 	klog.InfoS("Storage pool", "pool", s.name, "dir", s.images.Dir, "fsType", s.fsType, "copy", mode, "punchesHoles", s.punchesHoles,
 		"guard", s.guard, "kubeletFilesystem", s.kubeletFS, "ratio", s.ratio)
 	if !s.punchesHoles {
 		klog.InfoS("Storage pool cannot punch holes: its thin volumes never give back what they freed", "pool", s.name)
 	}
-	return nil
 }
 
 // checkGuard says so loudly when the pool's guard keeps the kubelet's
@@ -176,6 +179,10 @@ func (s *Pool) checkGuard(kubeletDir string) error {
 // type, and how it copies a snapshot ("" before Probe).
 func (s *Pool) FsType() string             { return s.fsType }
 func (s *Pool) CopyMode() devices.CopyMode { return s.snapshots.Mode }
+
+// PunchesHoles is what Probe found of whether the pool's filesystem gives
+// back what thin volumes free (false when the probe could not tell).
+func (s *Pool) PunchesHoles() bool { return s.punchesHoles }
 
 // Dir is the pool's data directory.
 func (s *Pool) Dir() string { return s.images.Dir }

@@ -3,6 +3,8 @@ package driver
 import (
 	"fmt"
 
+	"k8s.io/klog/v2"
+
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -21,14 +23,18 @@ import (
 // The volumes' devices and mounts are repaired by the reconciler's first
 // passes (start-up reconstruction), which serve starts: the plugin is
 // ready (/readyz, Identity.Probe) once they are done.
+//
+// A pool that cannot be repaired (a read-only filesystem keeps what an
+// interrupted copy left) or probed is logged and served as it is: refusing
+// to start would stop every pool's volumes on the node, and the pool's
+// own trouble shows in its status (converge_data_directory_unreadable,
+// ConvergePoolUnreadable) and in its volumes' conditions.
 func (p *plugin) recover() error {
 	for _, pool := range p.pools.Configured() {
 		if err := pool.Repair(); err != nil {
-			return err
+			klog.ErrorS(err, "Cannot remove what interrupted work left in the storage pool; serving it as it is", "pool", pool.Name())
 		}
-		if err := pool.Probe(); err != nil {
-			return err
-		}
+		pool.Probe()
 	}
 	return dropTempSnapshotIntents(p.store, p.pools.Get(state.DefaultPool).IsTempSnapshot)
 }

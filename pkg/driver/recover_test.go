@@ -83,3 +83,65 @@ func fill(t *testing.T, f string) {
 		}
 	}
 }
+
+// TestRecoverServesAPoolItCannotProbe: a pool full of its volumes' own
+// data (nothing a crash left to free), or read-only with what a crash left
+// in it, cannot take the probe's file or lose the leftovers: the start
+// goes on, the pool reported as punching no holes, since refusing to start
+// would stop every pool's volumes on the node.
+func TestRecoverServesAPoolItCannotProbe(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root")
+	}
+	for _, tc := range []struct {
+		name string
+		// make fills the pool's directory; readOnly remounts it so.
+		make     func(t *testing.T, dir string) (kept []string)
+		readOnly bool
+	}{
+		{name: "full of its volumes' data", make: func(t *testing.T, dir string) []string {
+			f := filepath.Join(dir, "v1.img")
+			fill(t, f)
+			return []string{f}
+		}},
+		{name: "read-only, with what a crash left", readOnly: true, make: func(t *testing.T, dir string) []string {
+			f := filepath.Join(dir, ".tmp-v2.img")
+			if err := os.WriteFile(f, []byte("half made"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return []string{f}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+			kept := tc.make(t, dir)
+			if tc.readOnly {
+				if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			pools := controller.NewPools(store, controller.NewPool(store, controller.PoolOptions{Dir: dir, Ratio: 1}))
+			p := &plugin{store: store, pools: pools}
+			if err := p.recover(); err != nil {
+				t.Fatalf("starting with the pool %s: %v, want it served", tc.name, err)
+			}
+			if got := pools.Get(state.DefaultPool); got.FsType() != "tmpfs" || got.PunchesHoles() {
+				t.Errorf("pool probed as %q, punching holes %v; want tmpfs, reported as punching none", got.FsType(), got.PunchesHoles())
+			}
+			for _, f := range kept {
+				if _, err := os.Stat(f); err != nil {
+					t.Errorf("%s after the start: %v, want it there", f, err)
+				}
+			}
+		})
+	}
+}
