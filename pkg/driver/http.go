@@ -23,7 +23,8 @@ import (
 // newHTTPHandler serves /metrics, /healthz (the process serves), /livez
 // (the plugin answers Identity.Probe on its CSI socket: live) and /readyz
 // (start-up reconstruction is done): what a probe or a scraper on the pod
-// network needs, and nothing about the volumes.
+// network needs, and no volume's paths, errors or state (the metrics name
+// only the IDs of restores under way).
 func newHTTPHandler(m *metrics.Metrics, rec *reconciler.Reconciler, live func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", m.Handler())
