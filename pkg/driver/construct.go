@@ -71,7 +71,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	p.maxConns = node.MaxRequests() + reservedConnections
 
 	statuses := func() []volstatus.PoolStatus { return p.pools.Statuses(cfg.NodeID) }
-	m.WatchPools(statuses)
+	m.WatchPools(recent(statuses, poolMetricsAge, clock.RealClock{}))
 	m.WatchReady(p.rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())
 	public := newHTTPHandler(m, p.rec, shareCheck(probeSelf(p.sock), sharedCheckAge, clock.RealClock{}))
