@@ -103,7 +103,9 @@ func main() {
 }
 
 // statusCommand runs "csi-node status": it asks the running plugin for its
-// volumes and prints them.
+// volumes and prints them. It exits 1 when it cannot, and also, after
+// printing everything, when a pool could not be read (unreadable), as a
+// script checking its exit status expects of a failing disk.
 func statusCommand(args []string) int {
 	fs := flag.NewFlagSet("status", flag.ExitOnError)
 	stateDir := fs.String("state-dir", driver.DefaultStateDir, "state directory of the running plugin (its status socket is there)")
@@ -117,6 +119,9 @@ func statusCommand(args []string) int {
 	st, err := FetchStatus(context.Background(), *stateDir, *addr)
 	if err == nil {
 		err = PrintStatus(os.Stdout, st, *output == "json")
+	}
+	if err == nil {
+		err = unreadable(st.Pools)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "csi-node status: %v\n", err)

@@ -130,6 +130,21 @@ func PrintStatus(w io.Writer, s Status, asJSON bool) error {
 	return tw.Flush()
 }
 
+// unreadable returns an error naming the pools whose space could not be
+// read, nil when there are none.
+func unreadable(pools []volstatus.PoolStatus) error {
+	var names []string
+	for _, p := range pools {
+		if p.Error != "" {
+			names = append(names, p.Name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("cannot read storage pool(s) %s: see their POOL lines (or \"error\" in -o json)", strings.Join(names, ", "))
+}
+
 // printPool writes one storage pool's space: a POOL line, then what it
 // promised, can still promise, its snapshots and its restores, indented.
 func printPool(w io.Writer, p volstatus.PoolStatus) {

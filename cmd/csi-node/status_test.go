@@ -73,3 +73,17 @@ func TestStatusWarnsOfALowGuard(t *testing.T) {
 		})
 	}
 }
+
+// TestStatusFailsOnAnUnreadablePool: the status command's error, which
+// makes it exit 1 after printing, names the pools that could not be read,
+// and there is none when every pool was.
+func TestStatusFailsOnAnUnreadablePool(t *testing.T) {
+	ok := volstatus.PoolStatus{Name: "default"}
+	bad := volstatus.PoolStatus{Name: "fast", Error: "statfs: input/output error"}
+	if err := unreadable([]volstatus.PoolStatus{ok}); err != nil {
+		t.Errorf("every pool read: got %v, want no error", err)
+	}
+	if err := unreadable([]volstatus.PoolStatus{ok, bad}); err == nil || !strings.Contains(err.Error(), "fast") || strings.Contains(err.Error(), "default") {
+		t.Errorf("pool fast unreadable: got %v, want an error naming fast alone", err)
+	}
+}

@@ -125,28 +125,31 @@ func (s *Pool) Repair() error {
 // the pool. Run it once what a crash left is gone (Repair), which frees
 // what the leftovers may have filled, and before anything is served. A
 // probe that fails (a full or read-only filesystem cannot take the probe's
-// file) is logged and taken for the answer that is correct anywhere: no
-// reflinks, no holes (only reported); it never stops the start, which
-// would stop every pool's volumes on the node.
+// files) is logged and never stops the start, which would stop every
+// pool's volumes on the node; it is made again at the next start.
 func (s *Pool) Probe() {
-	mode, err := devices.ProbeCopyMode(s.images.Dir)
-	if err != nil {
-		// Never a reason not to start (the volumes' mounts are restored
-		// by the start): copies then never share blocks, which is correct
-		// anywhere, only slower where reflinks would have worked.
-		klog.ErrorS(err, "Cannot tell whether the data directory shares blocks; snapshots are copied without")
-		mode = devices.CopySparse
+	var holesErr error
+	if s.fsType, s.punchesHoles, holesErr = devices.ProbeFilesystem(s.images.Dir); holesErr != nil {
+		klog.ErrorS(holesErr, "Cannot tell whether the storage pool punches holes; reported as not until csi-node starts again", "pool", s.name)
 	}
-	s.snapshots.Mode = mode
+	mode, err := devices.ProbeCopyMode(s.images.Dir)
 	// Where images share blocks with their snapshots, a thick image
 	// owes what it shares: its writes there take new blocks.
 	s.images.Shares = mode == devices.CopyReflink
-	if s.fsType, s.punchesHoles, err = devices.ProbeFilesystem(s.images.Dir); err != nil {
-		klog.ErrorS(err, "Cannot tell whether the storage pool punches holes; reported as not", "pool", s.name)
+	if err != nil {
+		// Copies then never share blocks: correct anywhere, only slower
+		// where reflinks would have worked. On a filesystem that may
+		// reflink (what snapshots made before share), images' shared
+		// blocks are still looked for, so that a thick image is never
+		// owed too little; FIEMAP finds none where nothing was shared.
+		s.images.Shares = s.fsType == "xfs" || s.fsType == "btrfs"
+		klog.ErrorS(err, "Cannot tell whether the storage pool shares blocks; snapshots are copied without reflinks until csi-node starts again", "pool", s.name, "countsShared", s.images.Shares)
+		mode = devices.CopySparse
 	}
+	s.snapshots.Mode = mode
 	klog.InfoS("Storage pool", "pool", s.name, "dir", s.images.Dir, "fsType", s.fsType, "copy", mode, "punchesHoles", s.punchesHoles,
 		"guard", s.guard, "kubeletFilesystem", s.kubeletFS, "ratio", s.ratio)
-	if !s.punchesHoles {
+	if !s.punchesHoles && holesErr == nil {
 		klog.InfoS("Storage pool cannot punch holes: its thin volumes never give back what they freed", "pool", s.name)
 	}
 }
