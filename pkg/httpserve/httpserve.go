@@ -39,15 +39,40 @@ func NewServer(h http.Handler, write time.Duration) *http.Server {
 }
 
 // Serve serves srv on lis until srv is shut down or closed, then returns
-// nil; any other end (an accept error Go does not retry, such as the
-// listener closed under it) is returned, naming the address, for the
-// caller to stop on: a process whose probes' or status address is gone
-// would be restarted by its liveness probe anyway, later and with a less
-// clear reason.
+// nil. An accept error is retried, with the server's own backoff (5 ms
+// doubling to 1 s, logged), whatever it is: Go's server retries only those
+// it deems temporary, and Linux's accept(2) passes on a new connection's
+// pending network errors (EPROTO, ENETDOWN, EHOSTUNREACH...), which a
+// peer could cause, and which its man page says to retry. Only the
+// listener closed under it ends Serve before a shutdown: that end is
+// returned, naming the address, for the caller to stop on, as a process
+// whose probes' or status address is gone would be restarted by its
+// liveness probe anyway, later and with a less clear reason.
 func Serve(srv *http.Server, lis net.Listener) error {
-	err := srv.Serve(lis)
+	err := srv.Serve(patientListener{lis})
 	if err == nil || errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
 	return fmt.Errorf("serving HTTP on %s: %w", lis.Addr(), err)
 }
+
+// patientListener makes every accept error but the listener's closing one
+// that http.Server retries (a net.Error whose Temporary is true: it asserts
+// the type, so the wrapper must be one).
+type patientListener struct{ net.Listener }
+
+func (l patientListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return nil, retried{err}
+	}
+	return c, err
+}
+
+// retried is an accept error to retry.
+type retried struct{ err error }
+
+func (r retried) Error() string   { return r.err.Error() }
+func (r retried) Unwrap() error   { return r.err }
+func (r retried) Timeout() bool   { return false }
+func (r retried) Temporary() bool { return true }

@@ -5,10 +5,13 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -109,5 +112,43 @@ func TestServeReportsAFailure(t *testing.T) {
 				t.Fatal("Serve did not return within 10 s of its end")
 			}
 		})
+	}
+}
+
+// failingOnce is a listener whose first Accept fails as Linux's accept(2)
+// may for a new connection's pending network error.
+type failingOnce struct {
+	net.Listener
+	failed atomic.Bool
+}
+
+func (l *failingOnce) Accept() (net.Conn, error) {
+	if !l.failed.Swap(true) {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EPROTO)}
+	}
+	return l.Listener.Accept()
+}
+
+// TestServeRetriesAcceptErrors: an accept error that Go does not deem
+// temporary (EPROTO, which a peer can cause) is retried; the server goes
+// on serving rather than ending, which would stop its process.
+func TestServeRetriesAcceptErrors(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") }), time.Second)
+	srv.ErrorLog = log.New(io.Discard, "", 0)
+	done := make(chan error, 1)
+	go func() { done <- Serve(srv, &failingOnce{Listener: lis}) }()
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get("http://" + lis.Addr().String() + "/")
+	if err != nil {
+		t.Fatalf("a request after an accept error: %v, want it answered", err)
+	}
+	resp.Body.Close()
+	srv.Close()
+	if err := <-done; err != nil {
+		t.Errorf("Serve after a close: got %v, want nil", err)
 	}
 }
