@@ -25,15 +25,19 @@ const (
 	// beyond the node requests that may wait at once (Config.MaxRequests):
 	// the kubelet opens a connection for every call and holds it while
 	// the call waits (k8s.io/kubernetes pkg/volume/csi, newV1NodeClient),
-	// so each waiting request may hold one, and the reserve keeps the
-	// calls that do not wait accepted however many do: the liveness
-	// check's, the registrar's, the sidecars', the kubelet's stats and the
-	// capabilities it asks before each stage. Past the bound, connections
-	// wait to be accepted. Each open one costs a descriptor and, with its
-	// call waiting, about 70 KiB (512 stages waiting, each on its own
-	// connection, took 38 MiB more here: TestConnectionPerCall with
-	// --max-requests 512): the default bound, 2112, about 150 MiB at
-	// most, under deploy/'s 512 MiB.
+	// so each waiting request may hold one, and the headroom keeps the
+	// calls that do not wait (the liveness check's, the registrar's, the
+	// sidecars', the kubelet's stats and the capabilities it asks before
+	// each stage) accepted however many do: a call past --max-requests is
+	// refused at once and its connection closed. The bound is one count
+	// for every caller, first come first served, not a reserve. Past it,
+	// connections wait to be accepted. Each open one costs a descriptor
+	// and, with its call waiting, about 70 KiB, its request aside (512
+	// stages waiting, each on its own connection, took 38 MiB more here:
+	// TestConnectionPerCall's calls at --max-requests 512): at the
+	// default bound, 2112, about 150 MiB, beside the container's mkfs and
+	// fsck, under deploy/'s 512 MiB; a node short of memory lowers
+	// --max-requests.
 	reservedConnections = 64
 	// maxStreams bounds concurrent calls on one connection; above the node
 	// server's own bound on waiting requests.
