@@ -295,8 +295,11 @@ func (s *Pool) Status(node string) (volstatus.PoolStatus, error) {
 // node has, whose records are in store: the default pool's directory is
 // made when missing; another pool's directory is the operator's (a
 // filesystem mounted there), and a node where it does not exist has no
-// such pool: one DaemonSet serves nodes with and without it. Two pools on
-// one filesystem are refused (both would promise the same space). A pool
+// such pool: one DaemonSet serves nodes with and without it. A pool on the
+// filesystem of a pool before it is not served (both would promise the
+// same space): most often its own disk is not mounted, and refusing the
+// start would stop every other pool's volumes on the node; it is reported
+// with that error (Statuses) instead. A pool
 // on the filesystem of the kubelet's directory kubeletDir guards it from
 // the kubelet's evictions (capacity.DefaultGuardFor, checkGuard). What a
 // crash left in the pools is removed, and their filesystems probed, by
@@ -308,6 +311,7 @@ func OpenPools(store Store, opts []PoolOptions, kubeletDir string) (*Pools, erro
 	}
 	byDev := map[uint64]string{}
 	var out []*Pool
+	var unserved []volstatus.PoolStatus
 	for _, o := range opts {
 		if o.Name == state.DefaultPool {
 			if err := os.MkdirAll(o.Dir, 0o700); err != nil {
@@ -322,7 +326,10 @@ func OpenPools(store Store, opts []PoolOptions, kubeletDir string) (*Pools, erro
 			return nil, fmt.Errorf("pool %s: %w", o.Name, err)
 		}
 		if other, ok := byDev[dev]; ok {
-			return nil, fmt.Errorf("pools %s and %s are on one filesystem: each pool needs a filesystem of its own, or both would promise the same space", other, o.Name)
+			err := fmt.Errorf("pools %s and %s are on one filesystem: each pool needs a filesystem of its own, or both would promise the same space; is pool %s's disk mounted at %s?", other, o.Name, o.Name, o.Dir)
+			klog.ErrorS(err, "Storage pool not served", "pool", o.Name, "dir", o.Dir)
+			unserved = append(unserved, volstatus.PoolStatus{Name: o.Name, Dir: o.Dir, Error: err.Error()})
+			continue
 		}
 		byDev[dev] = o.Name
 		o.KubeletFilesystem = dev == kubeletDev
@@ -332,5 +339,7 @@ func OpenPools(store Store, opts []PoolOptions, kubeletDir string) (*Pools, erro
 		}
 		out = append(out, p)
 	}
-	return NewPools(store, out...), nil
+	ps := NewPools(store, out...)
+	ps.unserved = unserved
+	return ps, nil
 }

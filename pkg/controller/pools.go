@@ -25,6 +25,9 @@ type Pools struct {
 	// pool first, then as configured), which the status keeps.
 	ordered []*Pool
 	store   Store
+	// unserved are the pools configured and not served (OpenPools says
+	// why), reported with their error after the others.
+	unserved []volstatus.PoolStatus
 }
 
 // NewPools returns the pools of spaces, whose names are distinct; store
@@ -146,6 +149,10 @@ func (ps *Pools) Statuses(node string) []volstatus.PoolStatus {
 		if err != nil {
 			st = volstatus.PoolStatus{Name: p.name, Dir: p.images.Dir, Node: node, Error: err.Error()}
 		}
+		out = append(out, st)
+	}
+	for _, st := range ps.unserved {
+		st.Node = node
 		out = append(out, st)
 	}
 	return out

@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
+	"github.com/converge-csi/converge/pkg/volstatus"
 	"github.com/converge-csi/converge/test/testenv"
 )
 
@@ -154,17 +157,43 @@ func TestPools(t *testing.T) {
 	}
 }
 
-// TestPoolsShareNoFilesystem checks that csi-node refuses to start with
-// two pools on one filesystem, which would promise the same space twice:
-// here the default pool's and pool a's.
-func TestPoolsShareNoFilesystem(t *testing.T) {
+// TestPoolOnAnotherPoolsFilesystemIsNotServed starts csi-node with two
+// pools on the default pool's filesystem, as a node whose pools' disks did
+// not mount has them: both would promise the default pool's space, so
+// neither is served, and the start goes on, since refusing it would stop
+// the default pool's volumes too. Each is reported unreadable with the
+// reason (the status, /metrics), a volume asked of one is
+// RESOURCE_EXHAUSTED (the provisioner tries another node), and the default
+// pool works.
+func TestPoolOnAnotherPoolsFilesystemIsNotServed(t *testing.T) {
 	p := testenv.New(t)
 	a, b := mkdir(t, filepath.Join(p.Dir, "a")), mkdir(t, filepath.Join(p.Dir, "b"))
-	out, err := exec.Command(testenv.Binary(t), "--endpoint", "unix://"+p.Socket, "--node-id", testenv.NodeID, "--state-dir", p.StateDir,
-		"--kubelet-dir", filepath.Join(p.Dir, "kubelet"), "--pool", "a="+a, "--pool", "b="+b).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "pools default and a are on one filesystem") {
-		t.Errorf("csi-node with two pools on one filesystem: %v\n%s", err, out)
+	p.Args = append(p.Args, "--pool", "a="+a, "--pool", "b="+b)
+	p.Start()
+	code, body := p.StatusGet("/status/pools")
+	var pools []volstatus.PoolStatus
+	if err := json.Unmarshal([]byte(body), &pools); code != http.StatusOK || err != nil {
+		t.Fatalf("/status/pools: %d %v\n%s", code, err, body)
 	}
+	errs := map[string]string{}
+	for _, ps := range pools {
+		errs[ps.Name] = ps.Error
+	}
+	if len(pools) != 3 || errs["default"] != "" || !strings.Contains(errs["a"], "pools default and a are on one filesystem") ||
+		!strings.Contains(errs["b"], "pools default and b are on one filesystem") {
+		t.Errorf("pools: got %+v, want default served, a and b not, each saying why", pools)
+	}
+	_, metrics := p.StatusGet("/metrics")
+	for _, want := range []string{`converge_data_directory_unreadable{pool="a"} 1`, `converge_data_directory_unreadable{pool="default"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	_, err := createIn(t, p, "wants-a", "a", volSize, nil)
+	wantCode(t, "a volume of a pool not served", err, codes.ResourceExhausted)
+	id := createSized(t, p, "in-default", volSize)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	must(t, "delete the default pool's volume", err)
 }
 
 // TestPoolNotOnThisNode starts csi-node with a pool whose directory this
