@@ -40,14 +40,7 @@ func TestRecoverFreesAFullPoolBeforeProbingIt(t *testing.T) {
 	for _, f := range leftovers {
 		fill(t, f)
 	}
-	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	pools := controller.NewPools(store, controller.NewPool(store, controller.PoolOptions{Dir: dir, Ratio: 1}))
-	p := &plugin{store: store, pools: pools}
-
+	p, pools := poolPlugin(t, dir)
 	if err := p.recover(); err != nil {
 		t.Fatalf("recovering a pool full of what a crash left: %v", err)
 	}
@@ -64,6 +57,19 @@ func TestRecoverFreesAFullPoolBeforeProbingIt(t *testing.T) {
 	if got := pools.Get(state.DefaultPool); got.FsType() != "tmpfs" || got.CopyMode() == "" {
 		t.Errorf("pool probed as %q copying %q, want tmpfs and a copy mode", got.FsType(), got.CopyMode())
 	}
+}
+
+// poolPlugin returns a plugin of one default pool in dir, with a store of
+// its own, and its pools, as start-up's recover sees them.
+func poolPlugin(t *testing.T, dir string) (*plugin, *controller.Pools) {
+	t.Helper()
+	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	pools := controller.NewPools(store, controller.NewPool(store, controller.PoolOptions{Dir: dir, Ratio: 1}))
+	return &plugin{store: store, pools: pools}, pools
 }
 
 // fill writes f until its filesystem has no space left.
@@ -124,13 +130,7 @@ func TestRecoverServesAPoolItCannotProbe(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer store.Close()
-			pools := controller.NewPools(store, controller.NewPool(store, controller.PoolOptions{Dir: dir, Ratio: 1}))
-			p := &plugin{store: store, pools: pools}
+			p, pools := poolPlugin(t, dir)
 			if err := p.recover(); err != nil {
 				t.Fatalf("starting with the pool %s: %v, want it served", tc.name, err)
 			}
