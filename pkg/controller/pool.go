@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -329,6 +330,16 @@ func OpenPools(store Store, opts []PoolOptions, kubeletDir string) (*Pools, erro
 			err := fmt.Errorf("pools %s and %s are on one filesystem: each pool needs a filesystem of its own, or both would promise the same space; is pool %s's disk mounted at %s?", other, o.Name, o.Name, o.Dir)
 			klog.ErrorS(err, "Storage pool not served", "pool", o.Name, "dir", o.Dir)
 			unserved = append(unserved, volstatus.PoolStatus{Name: o.Name, Dir: o.Dir, Error: err.Error()})
+			// Neither of two pools other than the default one can tell
+			// which of them is on its own disk: both are left out. The
+			// default pool's directory is csi-node's, on the filesystem
+			// it was given.
+			if i := slices.IndexFunc(out, func(p *Pool) bool { return p.name == other }); i >= 0 && other != state.DefaultPool {
+				oerr := fmt.Errorf("pools %s and %s are on one filesystem: each pool needs a filesystem of its own, or both would promise the same space; is pool %s's disk mounted at %s?", other, o.Name, other, out[i].images.Dir)
+				klog.ErrorS(oerr, "Storage pool not served", "pool", other, "dir", out[i].images.Dir)
+				unserved = append(unserved, volstatus.PoolStatus{Name: other, Dir: out[i].images.Dir, Error: oerr.Error()})
+				out = slices.Delete(out, i, i+1)
+			}
 			continue
 		}
 		byDev[dev] = o.Name

@@ -42,6 +42,27 @@ func NewPools(store Store, spaces ...*Pool) *Pools {
 	return ps
 }
 
+// Unserved returns the pool this node has configured and does not serve
+// (OpenPools says why), by name, with the reason; "" when name is not one.
+func (ps *Pools) Unserved(name string) string {
+	for _, st := range ps.unserved {
+		if st.Name == name {
+			return st.Error
+		}
+	}
+	return ""
+}
+
+// UnservedNames returns the names of the pools this node has configured
+// and does not serve.
+func (ps *Pools) UnservedNames() []string {
+	var out []string
+	for _, st := range ps.unserved {
+		out = append(out, st.Name)
+	}
+	return out
+}
+
 // Get returns the space of pool name, nil when the node has no such pool.
 func (ps *Pools) Get(name string) *Pool { return ps.byName[name] }
 

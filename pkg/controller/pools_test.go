@@ -1,10 +1,13 @@
 package controller
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -55,5 +58,49 @@ func TestStatusesReportAnUnreadablePoolBesideTheOthers(t *testing.T) {
 	}
 	if ps[1].Name != "fast" || ps[1].Dir != gone || ps[1].Node != "node" || !strings.Contains(ps[1].Error, gone) || ps[1].SizeBytes != 0 {
 		t.Errorf("the unreadable pool: got %+v, want its name, directory, node and an error naming %s, nothing measured", ps[1], gone)
+	}
+}
+
+// TestPoolsOnOneFilesystemAreLeftOut: two pools other than the default one
+// on one filesystem (the default pool's data directory on a disk of its
+// own, and neither pool's disk mounted) cannot tell which is on its own
+// disk: both are left out and reported, and the default pool is served.
+func TestPoolsOnOneFilesystemAreLeftOut(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root")
+	}
+	data := t.TempDir()
+	if err := unix.Mount("tmpfs", data, "tmpfs", 0, "size=8m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(data, unix.MNT_DETACH) })
+	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	root := t.TempDir()
+	var opts []PoolOptions
+	for _, o := range []struct{ name, dir string }{{state.DefaultPool, data}, {"fast", filepath.Join(root, "fast")}, {"slow", filepath.Join(root, "slow")}} {
+		if err := os.MkdirAll(o.dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		opts = append(opts, PoolOptions{Name: o.name, Dir: o.dir, Ratio: 1})
+	}
+	ps, err := OpenPools(store, opts, t.TempDir())
+	if err != nil {
+		t.Fatalf("opening the pools: %v, want the default one served", err)
+	}
+	var served []string
+	for _, p := range ps.Configured() {
+		served = append(served, p.Name())
+	}
+	if !slices.Equal(served, []string{state.DefaultPool}) {
+		t.Errorf("served: got %v, want the default pool alone", served)
+	}
+	for _, st := range ps.Statuses("node") {
+		if left := st.Name != state.DefaultPool; left != (st.Error != "") || (left && !strings.Contains(st.Error, "on one filesystem")) {
+			t.Errorf("pool %s: got error %q, want one saying it shares a filesystem: %v", st.Name, st.Error, left)
+		}
 	}
 }

@@ -250,6 +250,11 @@ func (c *Controller) deleteSnapshotLocked(id string) error {
 	}
 	_, space, err := c.pools.snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {
+		// A snapshot in a pool left out (its disk not mounted) is not
+		// gone: answered deleted, its content would go and its file stay.
+		if names := c.pools.UnservedNames(); len(names) > 0 {
+			return classified.Errorf(classified.KindUnavailable, "snapshot %s is in no pool this node serves, and pool(s) %s are left out (csi-node status says why): it may be in one of them; retry once they are served", id, strings.Join(names, ", "))
+		}
 		return nil
 	}
 	if err != nil {

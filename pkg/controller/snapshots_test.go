@@ -19,6 +19,7 @@ import (
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
+	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // instantTaker takes a snapshot at once when asked, recording what the
@@ -373,5 +374,32 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	}
 	if v, err := store.Get(r2); err == nil && v.Provisioning != "" {
 		t.Errorf("a failed copy left the record of a volume made %s", v.Provisioning)
+	}
+}
+
+// TestDeleteSnapshotWaitsForALeftOutPool: while a configured pool is left
+// out (its disk not mounted), a snapshot found in no served pool may be in
+// it: its deletion is UNAVAILABLE (retried) rather than done, which would
+// drop its content and keep its file; with every pool served, it is done.
+func TestDeleteSnapshotWaitsForALeftOutPool(t *testing.T) {
+	c, _, images := newController(t)
+	serveSnapshots(t, c, images)
+	v1 := create(t, c, "v1")
+	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetSnapshot().GetSnapshotId()
+	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
+		t.Fatalf("deleting the snapshot: %v", err)
+	}
+	c.pools.unserved = []volstatus.PoolStatus{{Name: "fast", Error: "pools default and fast are on one filesystem"}}
+	_, err = c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
+	if rpcerr.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "fast") {
+		t.Errorf("deleting a snapshot found nowhere while pool fast is left out: got %v, want UNAVAILABLE naming fast", err)
+	}
+	c.pools.unserved = nil
+	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
+		t.Errorf("deleting a snapshot found nowhere with every pool served: got %v, want it done", err)
 	}
 }

@@ -83,6 +83,9 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	}
 	pool, space := c.pools.Of(id)
 	if space == nil {
+		if why := c.pools.Unserved(pool); why != "" {
+			return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node leaves out: %s; serve it again to delete the volume", id, pool, why)
+		}
 		return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, pool)
 	}
 	if err := space.within(func(p promise) error { return c.deleteWithin(p, id) }); err != nil {

@@ -71,14 +71,17 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	p.maxConns = node.MaxRequests() + reservedConnections
 
 	statuses := func() []volstatus.PoolStatus { return p.pools.Statuses(cfg.NodeID) }
-	m.WatchPools(recent(statuses, poolMetricsAge, clock.RealClock{}))
+	// What the pod network reaches reads the pools at most every
+	// poolMetricsAge; the status socket, root's alone, reads them fresh.
+	recentStatuses := recent(statuses, poolMetricsAge, clock.RealClock{})
+	m.WatchPools(recentStatuses)
 	m.WatchReady(p.rec.Ready)
 	m.WatchRequests(node.Waiting, node.MaxRequests())
 	public := newHTTPHandler(m, p.rec, shareCheck(probeSelf(p.sock), sharedCheckAge, clock.RealClock{}))
 	status := newStatusHandler(public, p.rec, statuses)
 	p.tcp, p.local = public, newLocalHandler(status, p.rec, ctrl.Collect)
 	if cfg.HTTPStatus {
-		p.tcp = status
+		p.tcp = newStatusHandler(public, p.rec, recentStatuses)
 	}
 	return p, nil
 }

@@ -7,8 +7,8 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// poolMetricsAge is how old the pools' status in a scrape of /metrics may
-// be. Reading it stats every image of every pool (and maps each one's
+// poolMetricsAge is how old the pools' status served on the HTTP address
+// (in /metrics, and /status/pools with --http-status) may be. Reading it stats every image of every pool (and maps each one's
 // extents where the pool reflinks), and /metrics is served on the HTTP
 // address, which most pods reach: scrapes at once share one gathering
 // (metrics.Handler), and this bounds scrapes back to back to one reading

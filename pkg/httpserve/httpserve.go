@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"syscall"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // An address on the pod network is reachable by every pod that no
@@ -33,18 +36,22 @@ const (
 // NewServer returns a server of h with those bounds; write bounds writing
 // an answer, none when 0 (for a local socket whose answers may take
 // long).
+// The server's own errors (an accept retried, a connection's failure) go
+// to klog.
 func NewServer(h http.Handler, write time.Duration) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: ReadHeaderTimeout, ReadTimeout: ReadTimeout,
-		WriteTimeout: write, IdleTimeout: IdleTimeout, MaxHeaderBytes: MaxHeaderBytes}
+		WriteTimeout: write, IdleTimeout: IdleTimeout, MaxHeaderBytes: MaxHeaderBytes,
+		ErrorLog: klog.NewStandardLogger("ERROR")}
 }
 
 // Serve serves srv on lis until srv is shut down or closed, then returns
 // nil. An accept error is retried, with the server's own backoff (5 ms
-// doubling to 1 s, logged), whatever it is: Go's server retries only those
+// doubling to 1 s, logged), unless it says the listening socket itself is
+// broken (EBADF, EINVAL, ENOTSOCK, EOPNOTSUPP): Go's server retries only those
 // it deems temporary, and Linux's accept(2) passes on a new connection's
 // pending network errors (EPROTO, ENETDOWN, EHOSTUNREACH...), which a
 // peer could cause, and which its man page says to retry. Only the
-// listener closed under it ends Serve before a shutdown: that end is
+// listener closed or broken under it ends Serve before a shutdown: that end is
 // returned, naming the address, for the caller to stop on, as a process
 // whose probes' or status address is gone would be restarted by its
 // liveness probe anyway, later and with a less clear reason.
@@ -63,10 +70,16 @@ type patientListener struct{ net.Listener }
 
 func (l patientListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	if err != nil && !errors.Is(err, net.ErrClosed) {
+	if err != nil && !errors.Is(err, net.ErrClosed) && !listenerBroken(err) {
 		return nil, retried{err}
 	}
 	return c, err
+}
+
+// listenerBroken reports whether err says the listening socket itself is
+// unusable, which no retry mends: the server ends, and its process with it.
+func listenerBroken(err error) bool {
+	return errors.Is(err, syscall.EBADF) || errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSOCK) || errors.Is(err, syscall.EOPNOTSUPP)
 }
 
 // retried is an accept error to retry.

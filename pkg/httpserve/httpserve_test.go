@@ -115,40 +115,67 @@ func TestServeReportsAFailure(t *testing.T) {
 	}
 }
 
-// failingOnce is a listener whose first Accept fails as Linux's accept(2)
-// may for a new connection's pending network error.
+// failingOnce is a listener whose first Accept fails with errno.
 type failingOnce struct {
 	net.Listener
+	errno  syscall.Errno
 	failed atomic.Bool
 }
 
 func (l *failingOnce) Accept() (net.Conn, error) {
 	if !l.failed.Swap(true) {
-		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", syscall.EPROTO)}
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: os.NewSyscallError("accept4", l.errno)}
 	}
 	return l.Listener.Accept()
 }
 
 // TestServeRetriesAcceptErrors: an accept error that Go does not deem
-// temporary (EPROTO, which a peer can cause) is retried; the server goes
-// on serving rather than ending, which would stop its process.
+// temporary, such as a new connection's pending network error which
+// Linux's accept(2) passes on (EPROTO, which a peer can cause), is
+// retried, and the server goes on serving rather than ending, which would
+// stop its process; one that says the listening socket itself is broken
+// ends it.
 func TestServeRetriesAcceptErrors(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") }), time.Second)
-	srv.ErrorLog = log.New(io.Discard, "", 0)
-	done := make(chan error, 1)
-	go func() { done <- Serve(srv, &failingOnce{Listener: lis}) }()
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get("http://" + lis.Addr().String() + "/")
-	if err != nil {
-		t.Fatalf("a request after an accept error: %v, want it answered", err)
-	}
-	resp.Body.Close()
-	srv.Close()
-	if err := <-done; err != nil {
-		t.Errorf("Serve after a close: got %v, want nil", err)
+	for _, tc := range []struct {
+		name  string
+		errno syscall.Errno
+		ends  bool
+	}{
+		{"a connection's network error", syscall.EPROTO, false},
+		{"an unreachable peer", syscall.EHOSTUNREACH, false},
+		{"the socket broken", syscall.EBADF, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lis.Close()
+			srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") }), time.Second)
+			srv.ErrorLog = log.New(io.Discard, "", 0)
+			done := make(chan error, 1)
+			go func() { done <- Serve(srv, &failingOnce{Listener: lis, errno: tc.errno}) }()
+			if tc.ends {
+				select {
+				case err := <-done:
+					if !errors.Is(err, tc.errno) {
+						t.Errorf("Serve: got %v, want it ended by %v", err, tc.errno)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatal("Serve still runs 10 s after its socket broke")
+				}
+				return
+			}
+			client := &http.Client{Timeout: 10 * time.Second}
+			resp, err := client.Get("http://" + lis.Addr().String() + "/")
+			if err != nil {
+				t.Fatalf("a request after an accept error: %v, want it answered", err)
+			}
+			resp.Body.Close()
+			srv.Close()
+			if err := <-done; err != nil {
+				t.Errorf("Serve after a close: got %v, want nil", err)
+			}
+		})
 	}
 }
