@@ -90,13 +90,7 @@ func TestSnapshotIDs(t *testing.T) {
 // restore ended.
 func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
-	v1 := create(t, c, "v1")
-	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.GetSnapshot().GetSnapshotId()
+	id := snapshotted(t, c, images)
 	copyImage, started, gate := defaultPool(c).restoreImage, make(chan struct{}), make(chan struct{})
 	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 		close(started)
@@ -111,7 +105,7 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 		restored <- err
 	}()
 	<-started
-	_, err = c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
+	_, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
 	if rpcerr.Code(err) != codes.Aborted {
 		t.Errorf("deleting a snapshot being restored: got %v, want ABORTED", err)
 	}
@@ -383,18 +377,12 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 // drop its content and keep its file; with every pool served, it is done.
 func TestDeleteSnapshotWaitsForALeftOutPool(t *testing.T) {
 	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
-	v1 := create(t, c, "v1")
-	resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.GetSnapshot().GetSnapshotId()
+	id := snapshotted(t, c, images)
 	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
 		t.Fatalf("deleting the snapshot: %v", err)
 	}
 	c.pools.unserved = []volstatus.PoolStatus{{Name: "fast", Error: "pools default and fast are on one filesystem"}}
-	_, err = c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
+	_, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
 	if rpcerr.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "fast") {
 		t.Errorf("deleting a snapshot found nowhere while pool fast is left out: got %v, want UNAVAILABLE naming fast", err)
 	}
