@@ -65,6 +65,9 @@ type cluster struct {
 
 	ports    map[string]int
 	upPhases []string // how long each phase of up took, for the log
+	// built names what the cluster built rather than found in the cache
+	// (buildAll's summary).
+	built []string
 }
 
 // repoRoot is converge's repository root, found from this file.
@@ -193,10 +196,17 @@ func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags st
 	}
 	bin := filepath.Join(cache, "converge-e2e", name)
 	args := []string{"build", "-trimpath", "-ldflags", ldflags}
-	stamp := strings.Join(args, " ") + " tool (" + what + ")\n"
+	// The stamp holds what decides the build: its flags, and the module's
+	// go.mod and go.sum, which pin every version it builds.
+	sum, err := hashFiles(filepath.Join(c.repo, "test", "e2e", module), "go.mod", "go.sum")
+	if err != nil {
+		return "", err
+	}
+	stamp := strings.Join(args, " ") + " tool (" + what + ") of module " + sum + "\n"
 	if b, err := os.ReadFile(filepath.Join(bin, "built-with")); err == nil && string(b) == stamp {
 		return bin, nil
 	}
+	c.built = append(c.built, name)
 	tmp := bin + ".partial"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {

@@ -112,6 +112,7 @@ func (c *cluster) imageRoot(ctx context.Context, d *dockerfile.Dockerfile) (stri
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
+	c.built = append(c.built, "image root")
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		return "", fmt.Errorf("debootstrap is not installed (hack/install-deps.sh e2e installs it): %w", err)
 	}

@@ -5,8 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,7 +35,21 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: skipped in -short mode")
 		os.Exit(0)
 	}
+	if *buildOnly {
+		if err := buildAll(context.Background(), *buildSummary); err != nil {
+			fmt.Printf("e2e build: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if *cleanStale {
+		for _, note := range cleanStaleRuns() {
+			fmt.Printf("e2e: cleaned after an earlier run that did not take itself down: %s\n", note)
+		}
+		os.Exit(0)
+	}
 	c = &cluster{}
+	takeDownOnExit()
 	// Cold, the Kubernetes build takes minutes; warm, the cluster is up in
 	// seconds.
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
@@ -60,15 +77,72 @@ func TestMain(m *testing.M) {
 			dumpLogs()
 		}
 	}
-	if notes := c.down(); len(notes) > 0 {
-		fmt.Printf("e2e: taking the cluster down needed force or failed:\n  %s\n", strings.Join(notes, "\n  "))
-		code = 1
-	}
-	if left := leftovers(c.dir); len(left) > 0 {
-		fmt.Printf("e2e: left behind: %v\n", left)
+	if !takeDown() {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+var (
+	buildOnly    = flag.Bool("build-only", false, "build, or find built in the cache, everything the cluster runs, then exit (make test's e2e build step)")
+	buildSummary = flag.String("build-summary", "", "with -build-only, a file to hold a line per item: built or cached, and its seconds")
+	cleanStale   = flag.Bool("clean-stale", false, "end and remove what earlier runs that did not take themselves down left on the machine, then exit")
+)
+
+// takingDown makes takeDown run once: at the end of TestMain, or earlier on
+// a signal or the binary's timeout.
+var (
+	takingDown sync.Once
+	tookDown   bool
+)
+
+// takeDown takes the cluster down and checks that nothing of the run is
+// left; it reports whether all went well. Only its first call does it;
+// any other waits for it.
+func takeDown() bool {
+	takingDown.Do(func() {
+		tookDown = true
+		if notes := c.down(); len(notes) > 0 {
+			fmt.Printf("e2e: taking the cluster down needed force or failed:\n  %s\n", strings.Join(notes, "\n  "))
+			tookDown = false
+		}
+		if left := leftovers(c.dir); len(left) > 0 {
+			fmt.Printf("e2e: left behind: %v\n", left)
+			tookDown = false
+		}
+	})
+	return tookDown
+}
+
+// takeDownOnExit takes the cluster down, thawing what a test froze and
+// ending what the run started, before the process ends on SIGINT or
+// SIGTERM (make test's bound on its e2e step), or when the binary's own
+// timeout (-test.timeout) is a minute away: that timeout ends the process
+// with a panic, in which nothing is taken down. What a SIGKILL or a
+// test's panic leaves, the next run, or make test's clean-up after its e2e
+// step (-clean-stale), ends and removes.
+func takeDownOnExit() {
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
+	var alarm <-chan time.Time
+	if f := flag.Lookup("test.timeout"); f != nil {
+		if d, err := time.ParseDuration(f.Value.String()); err == nil && d > 2*time.Minute {
+			alarm = time.After(d - time.Minute)
+		}
+	}
+	go func() {
+		var why string
+		select {
+		case s := <-signals:
+			why = "ended by " + s.String()
+		case <-alarm:
+			why = "a minute before the binary's -test.timeout"
+		}
+		fmt.Printf("e2e: %s: taking the cluster down before the process ends\n", why)
+		dumpLogs()
+		takeDown()
+		os.Exit(1)
+	}()
 }
 
 // runsEveryTest says whether this run runs the whole suite: no -run or

@@ -149,6 +149,7 @@ func (c *cluster) releaseImage(ctx context.Context, r convergeRelease) (string, 
 	if _, err := os.Stat(image); err == nil {
 		return image, nil
 	}
+	c.built = append(c.built, "csi-node "+r.tag)
 	work, err := os.MkdirTemp(dir, "build-")
 	if err != nil {
 		return "", err

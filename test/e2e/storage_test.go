@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -102,7 +101,7 @@ func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 	for i, s := range skips {
 		patterns[i] = "(" + s.pattern + ")"
 	}
-	bin, err := storageSuiteBinary()
+	bin, err := c.storageSuite(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,17 +168,6 @@ func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 		t.Errorf("the suite failed: %v\n%s", runErr, tailFile(log.Name(), 60))
 	}
 }
-
-// storageSuiteBinary builds the suite once per run, in the run's directory.
-var storageSuiteBinary = sync.OnceValues(func() (string, error) {
-	bin := filepath.Join(c.dir, "e2e.test")
-	build := exec.Command("go", "test", "-c", "-o", bin, "./storagesuite")
-	build.Dir = filepath.Join(c.repo, "test", "e2e", "k8s")
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building the suite: %v\n%s", err, out)
-	}
-	return bin, nil
-})
 
 // storageProcs is how many processes of the suite run its tests at once.
 const storageProcs = 6

@@ -1,0 +1,169 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// buildBound bounds the whole of buildAll: a cold build of everything takes
+// about 20 minutes on this machine kind's 2 cores, beside make test's other
+// steps.
+const buildBound = 40 * time.Minute
+
+// buildAll builds everything the cluster and its tests run that a run would
+// otherwise build (the Kubernetes binaries, the older kubelets, crictl,
+// external-snapshotter, the csi-node image's Debian root, the storage
+// suite's e2e.test and the previous release's image) into the user's
+// cache directory, or finds it built there, so that the tests' own
+// timeout bounds the tests alone: make test's e2e build step
+// (-build-only). Each item's line, built or cached and its seconds, goes
+// to stdout and to summary when that is not "". The image root, which
+// debootstrap fetches over the network, is made beside the compilers.
+func buildAll(ctx context.Context, summary string) error {
+	ctx, cancel := context.WithTimeout(ctx, buildBound)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "converge-build-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	var lines []string
+	report := func(line string) {
+		fmt.Println("e2e build: " + line)
+		lines = append(lines, line)
+		if summary != "" {
+			os.WriteFile(summary, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+		}
+	}
+	item := func(c *cluster, name string, run func(context.Context) error) error {
+		start := time.Now()
+		before := len(c.built)
+		if err := run(ctx); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: still building when the build's bound of %s ran out: %w", name, buildBound, err)
+			}
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		state := "cached"
+		if len(c.built) > before {
+			state = "built "
+		}
+		report(fmt.Sprintf("%s %-28s %6.1fs", state, name, time.Since(start).Seconds()))
+		return nil
+	}
+	// Two lanes: the image root (the network) beside the compilers; each
+	// has a cluster value of its own, so that neither races on built.
+	imaging := &cluster{repo: repoRoot(), dir: filepath.Join(dir, "image")}
+	if err := os.Mkdir(imaging.dir, 0o755); err != nil {
+		return err
+	}
+	imaged := make(chan error, 1)
+	go func() { imaged <- item(imaging, "csi-node image", imaging.buildCSINodeImage) }()
+
+	c := &cluster{repo: repoRoot(), dir: dir}
+	items := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"kubernetes " + kubernetesVersion, c.kubeBinaries},
+		{"crictl " + crictlVersion, c.buildCrictl},
+		{"external-snapshotter " + snapshotterVersion, c.buildSnapshotter},
+		{"storage suite (e2e.test)", func(ctx context.Context) error { _, err := c.storageSuite(ctx); return err }},
+		{"kubelets " + strings.Join(olderKubeletsToRun(), ", "), c.buildOlderKubelets},
+	}
+	var errs []error
+	for _, it := range items {
+		if err := item(c, it.name, it.run); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	if err := <-imaged; err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		// The previous release's image shares the image root: after it.
+		errs = append(errs, item(imaging, "previous release's image", func(ctx context.Context) error {
+			r, err := readPreviousRelease(imaging.repo)
+			if err == nil {
+				err = releaseSource(ctx, imaging.repo, &r)
+			}
+			if err == nil {
+				_, err = imaging.releaseImage(ctx, r)
+			}
+			return err
+		}))
+	}
+	return errors.Join(errs...)
+}
+
+// storageSuite builds the storage suite's test binary (test/e2e/k8s/
+// storagesuite) into the user's cache directory, keyed by the module's
+// go.mod, go.sum and the suite's source, or finds it built there, and
+// returns its path.
+func (c *cluster) storageSuite(ctx context.Context) (string, error) {
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
+	}
+	module := filepath.Join(c.repo, "test", "e2e", "k8s")
+	sources, err := filepath.Glob(filepath.Join(module, "storagesuite", "*.go"))
+	if err != nil {
+		return "", err
+	}
+	files := []string{"go.mod", "go.sum"}
+	for _, s := range sources {
+		files = append(files, filepath.Join("storagesuite", filepath.Base(s)))
+	}
+	sum, err := hashFiles(module, files...)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Join(cache, "converge-e2e", "storage-suite-"+kubernetesVersion+"-"+sum)
+	bin := filepath.Join(dir, "e2e.test")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	c.built = append(c.built, "storage suite")
+	// Only the newest suite is kept: each is about 150 MB.
+	olds, _ := filepath.Glob(filepath.Join(cache, "converge-e2e", "storage-suite-*"))
+	for _, o := range olds {
+		os.RemoveAll(o)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	partial := bin + ".partial"
+	// -trimpath as the binaries of the same module are built
+	// (buildTools), so that the two share every package they compile.
+	build := exec.CommandContext(ctx, "go", "test", "-c", "-trimpath", "-o", partial, "./storagesuite")
+	build.Dir = module
+	if out, err := build.CombinedOutput(); err != nil {
+		os.Remove(partial)
+		return "", fmt.Errorf("building the storage suite: %v\n%s", err, tail(string(out), 40))
+	}
+	return bin, os.Rename(partial, bin)
+}
+
+// hashFiles is the first 12 hex digits of the SHA-256 of the named files
+// under dir, each with its name, in the order given.
+func hashFiles(dir string, names ...string) (string, error) {
+	h := sha256.New()
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(h, "%s %d\n", n, len(b))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12], nil
+}
