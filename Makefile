@@ -5,7 +5,7 @@ LDFLAGS  := -X main.version=$(VERSION)
 RUN_DIR  ?= $(CURDIR)/.run
 SOCKET   := $(RUN_DIR)/csi.sock
 
-.PHONY: run test build deps unit vet sanity compat chart fuzz bench e2e conformance clean
+.PHONY: run test build deps unit vet sanity compat chart fuzz bench e2e conformance crossbuild clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -26,27 +26,21 @@ run: deps build
 	bin/csi-node --endpoint unix://$(SOCKET) --state-dir $(RUN_DIR)/state \
 		--kubelet-dir $(RUN_DIR)/kubelet --allowed-path-prefix $(RUN_DIR)/pods -v 2
 
-## test: install OS packages, then vet, unit tests, integration tests, csi-sanity, a short fuzz of each target, the real-kubelet suite and the upstream External Storage tests that run in parallel
-test: deps vet
-	$(GO) test -count=1 -timeout 12m ./...
-	@$(MAKE) --no-print-directory compat
-	@$(MAKE) --no-print-directory chart
-	@$(MAKE) --no-print-directory fuzz
-	@$(MAKE) --no-print-directory e2e
+## test: install OS packages, then vet, unit tests, integration tests, csi-sanity, a short fuzz of each target, the real-kubelet suite and the upstream External Storage tests that run in parallel,
+## as steps of hack/test.sh: each under a bound of its own, the e2e build (every tool the cluster runs, cached
+## in ~/.cache/converge-e2e) beside the others; a table of each step's wall time at the end (docs/testing.md)
+test:
+	@RUN_DIR=$(RUN_DIR) GO=$(GO) ./hack/test.sh
 
 ## e2e: a single-node cluster (kubelet, apiserver, controller-manager, scheduler v1.37.2, etcd, containerd)
 ## on 127.0.0.1 with csi-node as its CSI driver, and real pods on it; then the Kubernetes storage
-## suite's External Storage tests that need neither serial execution nor a disruption (about 5
-## minutes; STORAGE_SUITE= leaves them out). The first run builds Kubernetes (about 5 minutes) into
-## the user's cache directory; later runs bring the cluster up in seconds. The suite's JUnit report
-## is $(RUN_DIR)/storage-junit.xml.
+## suite's External Storage tests that need neither serial execution nor a disruption (STORAGE_SUITE=
+## leaves them out). Its build step builds Kubernetes and the rest into the user's cache directory
+## once; later runs bring the cluster up in seconds. The suite's JUnit report is
+## $(RUN_DIR)/storage-junit.xml.
 STORAGE_SUITE ?= parallel
 e2e:
-	@./hack/install-deps.sh e2e
-	@mkdir -p $(RUN_DIR)
-	cd test/e2e && $(GO) test -count=1 ./invariants ./standin ./privilege
-	cd test/e2e && $(GO) test -count=1 -v -timeout 75m . \
-		-args -storage-suite=$(STORAGE_SUITE) -storage-report=$(RUN_DIR)/storage-junit.xml
+	@RUN_DIR=$(RUN_DIR) GO=$(GO) STORAGE_SUITE=$(STORAGE_SUITE) ./hack/test.sh e2e
 
 ## conformance: every applicable External Storage test of the Kubernetes v1.37.2 storage suite
 ## (test/e2e/storage: converge.yaml says what converge claims, skip.txt what cannot run here or
@@ -64,6 +58,11 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices
 	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices|BenchmarkObserveVolume' -benchtime 200x ./pkg/devices
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
+
+## crossbuild: the Dockerfile's build stage for every platform of its multi-arch build, linux/arm64 too
+## (test/dockerfile; make test builds this machine's platform alone: a cold arm64 build takes minutes)
+crossbuild:
+	CONVERGE_CROSSBUILD=1 $(GO) test -count=1 -run 'TestBuildStageBuildsEachPlatform' -v ./test/dockerfile
 
 ## compat: every RPC of csi-node with default flags (and a 5% pool guard) through a client built as the oldest peers it
 ## supports are (CSI spec v1.11.0, csi-lib-utils v0.20.0: csi-provisioner v5.2, csi-resizer v1.13);
