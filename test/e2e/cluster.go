@@ -18,17 +18,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/converge-csi/converge/test/e2e/runs"
 	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // kubernetesVersion is the release the suite runs; test/e2e/k8s/go.mod pins
 // the same one.
 const kubernetesVersion = "v1.37.2"
-
-// runPrefix names a run's directory in the temporary directory; a directory
-// of that name found at start is an earlier run's that was killed before it
-// could take itself down.
-const runPrefix = "converge-e2e-"
 
 // cluster is a Kubernetes cluster on 127.0.0.1 with converge as its CSI
 // driver: one control plane and one node (its embedded kubeNode, whose
@@ -82,23 +78,17 @@ func (c *cluster) up(ctx context.Context) error {
 	// Two runs on one machine share its mount table, loop devices, host
 	// paths and kernel tunables, and each one's clean-up undoes the
 	// other's: a second run waits its turn instead of breaking the first.
-	if others := liveRuns(); len(others) > 0 {
+	if others := runs.Live(); len(others) > 0 {
 		return fmt.Errorf("another e2e run is in progress on this machine (%s); wait for it to end: runs share the host's mounts, loop devices and paths", strings.Join(others, ", "))
 	}
-	for _, note := range cleanStaleRuns() {
-		fmt.Printf("e2e: cleaned after an earlier run that did not take itself down: %s\n", note)
+	for _, note := range runs.CleanStale() {
+		fmt.Printf("e2e: an earlier run did not take itself down: %s\n", note)
 	}
-	dir, err := os.MkdirTemp("", runPrefix)
+	dir, err := runs.New()
 	if err != nil {
 		return err
 	}
 	c.dir = dir
-	if err := writeOwner(dir); err != nil {
-		return err
-	}
-	if err := recordHostPaths(dir); err != nil {
-		return err
-	}
 	c.logs = filepath.Join(dir, "logs")
 	if err := os.MkdirAll(c.logs, 0o755); err != nil {
 		return err
@@ -109,7 +99,7 @@ func (c *cluster) up(ctx context.Context) error {
 	}
 	// The first node keeps the run's directory as its own, as when the
 	// cluster had one node.
-	first, err := c.newNode(strings.ToLower(host), dir, c.logs, "kubelet", "", kubernetesVersion)
+	first, err := c.newNode(strings.ToLower(host), dir, c.logs, "kubelet", kubernetesVersion)
 	if err != nil {
 		return err
 	}
@@ -142,7 +132,6 @@ func (c *cluster) up(ctx context.Context) error {
 		{"kube-apiserver", c.startAPIServer},
 		{"controller-manager and scheduler", c.startControllers},
 		{"snapshot CRDs and controller", c.startSnapshots},
-		{"kernel tunables", c.saveSysctls},
 	}
 	steps = append(steps, first.upSteps()...)
 	steps = append(steps, []struct {

@@ -18,6 +18,7 @@ import (
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/e2e/invariants"
 
+	"github.com/converge-csi/converge/test/e2e/runs"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -219,7 +220,7 @@ func (c *cluster) checkInvariants(w *restartWatch) []string {
 				left = append(left, fmt.Sprintf("node %s: a volume's mount is left: %s", n.node, m))
 			}
 		}
-		for dev, file := range loopsBackedUnder(c.dir) {
+		for dev, file := range runs.LoopsBackedUnder(c.dir) {
 			if c.volumeImage(file) {
 				left = append(left, fmt.Sprintf("loop device %s is left attached to %s", dev, file))
 			}

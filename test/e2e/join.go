@@ -11,10 +11,6 @@ import (
 	"time"
 )
 
-// cgroupRootPrefix names the cgroup roots the suite makes for the kubelets
-// of its further nodes, one per node, in every cgroup v1 hierarchy.
-const cgroupRootPrefix = "converge-e2e-"
-
 // addNode joins a further node called name to the cluster: a kubelet of
 // release kubeletVersion (kubernetesVersion or one of olderKubeletsToRun)
 // of its own (root directory, ports, identity, cgroup root, pod logs) in
@@ -25,15 +21,12 @@ const cgroupRootPrefix = "converge-e2e-"
 // was started.
 func (c *cluster) addNode(ctx context.Context, name string, dataDirSize int64, kubeletVersion string) (*kubeNode, error) {
 	dir := filepath.Join(c.dir, "nodes", name)
-	n, err := c.newNode(name, dir, filepath.Join(c.logs, name), "kubelet-"+name, "/"+cgroupRootPrefix+name, kubeletVersion)
+	n, err := c.newNode(name, dir, filepath.Join(c.logs, name), "kubelet-"+name, kubeletVersion)
 	if err != nil {
 		return nil, err
 	}
 	c.nodes = append(c.nodes, n)
 	if err := c.issue(n.identity, "system:node:"+name, []string{"system:nodes"}); err != nil {
-		return nil, err
-	}
-	if err := makeCgroupRoot(n.cgroupRoot); err != nil {
 		return nil, err
 	}
 	if dataDirSize > 0 {
@@ -55,37 +48,6 @@ func (c *cluster) addNode(ctx context.Context, name string, dataDirSize int64, k
 		fmt.Printf("e2e: node %s: %s %.1fs\n", name, s.name, time.Since(start).Seconds())
 	}
 	return n, nil
-}
-
-// makeCgroupRoot makes the cgroup root of a kubelet in every cgroup v1
-// hierarchy (the kubelet refuses a root that does not exist). A new cpuset
-// cgroup has no CPUs nor memory nodes until it is given its parent's.
-func makeCgroupRoot(root string) error {
-	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*")
-	for _, h := range hierarchies {
-		if _, err := os.Stat(filepath.Join(h, "cgroup.procs")); err != nil {
-			continue // not a hierarchy
-		}
-		if filepath.Base(h) == "unified" {
-			continue
-		}
-		d := filepath.Join(h, root)
-		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
-			return err
-		}
-		if filepath.Base(h) == "cpuset" {
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				b, err := os.ReadFile(filepath.Join(h, f))
-				if err != nil {
-					return err
-				}
-				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
-					return fmt.Errorf("%s: %w", filepath.Join(d, f), err)
-				}
-			}
-		}
-	}
-	return nil
 }
 
 // smallFilesystem makes an ext4 of size bytes in the sparse file image,

@@ -24,6 +24,7 @@ import (
 	"github.com/converge-csi/converge/pkg/devices"
 	polling "github.com/converge-csi/converge/test/testenv/poll"
 
+	"github.com/converge-csi/converge/test/e2e/runs"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -374,12 +375,12 @@ func (v volume) gone(t *testing.T) {
 		_, err := c.client.CoreV1().PersistentVolumes().Get(context.Background(), v.pv, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
-	for _, m := range mountsIn(v.n.ns.mountinfo(), nodeKubeletDir) {
+	for _, m := range runs.MountsIn(v.n.ns.mountinfo(), nodeKubeletDir) {
 		if strings.Contains(m, v.pv) || strings.HasPrefix(m, filepath.Dir(v.stagingPath())) {
 			t.Errorf("still mounted: %s", m)
 		}
 	}
-	for dev, file := range loopsBackedUnder(c.dir) {
+	for dev, file := range runs.LoopsBackedUnder(c.dir) {
 		if file == v.image() {
 			t.Errorf("loop device %s still attached to %s", dev, file)
 		}

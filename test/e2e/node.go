@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/converge-csi/converge/test/e2e/runs"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -21,7 +22,7 @@ import (
 
 // kubeNode is one node of the cluster, as a machine of its own would be:
 // its mount, PID and network namespaces, containerd, kubelet (with its own
-// root directory, ports, identity and, beside the first, cgroup root), and
+// root directory, ports, identity and cgroup root), and
 // csi-node's state and data directories, which its pod of the DaemonSet
 // mounts.
 type kubeNode struct {
@@ -37,7 +38,7 @@ type kubeNode struct {
 	// node).
 	poolsDir   string
 	identity   string // the kubelet's name in the cluster's PKI
-	cgroupRoot string // the kubelet's cgroupRoot; "" for the default
+	cgroupRoot string // the kubelet's cgroupRoot: the run's own (runs.CgroupRoot)
 	ports      map[string]int
 	// kubeletVersion is the release of the node's kubelet: the cluster's
 	// (kubernetesVersion) or one of olderKubelets.
@@ -51,20 +52,23 @@ type kubeNode struct {
 	containerdProc, kubelet *proc
 }
 
-// newNode makes the directories of a node called name under dir, its
-// kubelet (of release kubeletVersion) known to the PKI as identity, and
-// picks its ports.
-func (c *cluster) newNode(name, dir, logs, identity, cgroupRoot, kubeletVersion string) (*kubeNode, error) {
+// newNode makes the directories of a node called name under dir and the
+// cgroup root of its kubelet (of release kubeletVersion, known to the PKI
+// as identity), and picks its ports.
+func (c *cluster) newNode(name, dir, logs, identity, kubeletVersion string) (*kubeNode, error) {
 	if addrs, err := net.LookupHost(name); err != nil || !slices.Contains(addrs, "127.0.0.1") {
 		return nil, fmt.Errorf("node name %q must resolve to 127.0.0.1 (the apiserver reaches the kubelet by it), got %v %v", name, addrs, err)
 	}
-	n := &kubeNode{c: c, node: name, dir: dir, logs: logs, identity: identity, cgroupRoot: cgroupRoot, kubeletVersion: kubeletVersion,
+	n := &kubeNode{c: c, node: name, dir: dir, logs: logs, identity: identity, cgroupRoot: runs.CgroupRoot(c.dir, name), kubeletVersion: kubeletVersion,
 		kubeletDir: filepath.Join(dir, "kubelet"), stateDir: filepath.Join(dir, "converge"), poolsDir: filepath.Join(dir, "pools")}
 	n.dataDir = filepath.Join(n.stateDir, "volumes")
 	for _, d := range []string{logs, n.kubeletDir, filepath.Join(n.kubeletDir, "plugins_registry"), n.stateDir, n.poolsDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
+	}
+	if err := makeCgroupRoot(n.cgroupRoot); err != nil {
+		return nil, err
 	}
 	n.ports = map[string]int{}
 	for _, p := range []string{"kubelet", "kubelet-healthz"} {
@@ -77,6 +81,38 @@ func (c *cluster) newNode(name, dir, logs, identity, cgroupRoot, kubeletVersion 
 		}
 	}
 	return n, nil
+}
+
+// makeCgroupRoot makes the cgroup root of a kubelet in every cgroup v1
+// hierarchy (the kubelet refuses a root that does not exist). A new cpuset
+// cgroup has no CPUs nor memory nodes until it is given its parent's. A
+// root that exists is kept.
+func makeCgroupRoot(root string) error {
+	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hierarchies {
+		if _, err := os.Stat(filepath.Join(h, "cgroup.procs")); err != nil {
+			continue // not a hierarchy
+		}
+		if filepath.Base(h) == "unified" {
+			continue
+		}
+		d := filepath.Join(h, root)
+		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
+			return err
+		}
+		if filepath.Base(h) == "cpuset" {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, err := os.ReadFile(filepath.Join(h, f))
+				if err != nil {
+					return err
+				}
+				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
+					return fmt.Errorf("%s: %w", filepath.Join(d, f), err)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // portTaken reports whether a daemon of the cluster was given port.
@@ -294,12 +330,11 @@ featureGates:
 volumeStatsAggPeriod: 10s
 `, n.ports["kubelet"], n.ports["kubelet-healthz"], n.containerd,
 		filepath.Join(n.dir, "pod-logs"), filepath.Join(n.dir, "volume-plugins"), n.c.pki.path("ca.crt"))
-	if n.cgroupRoot != "" {
-		// The pods' cgroups (<root>/kubepods/...) apart from every other
-		// kubelet's on this kernel: a kubelet removes the pod cgroups it
-		// does not know under its own.
-		config += fmt.Sprintf("cgroupRoot: %s\n", n.cgroupRoot)
-	}
+	// The pods' cgroups (<root>/kubepods/...) apart from every other
+	// kubelet's on this kernel, another run's or the machine's own (at
+	// /kubepods): a kubelet removes the pod cgroups it does not know under
+	// its own, and the run's clean-up finds its cgroups by their name.
+	config += fmt.Sprintf("cgroupRoot: %s\n", n.cgroupRoot)
 	path := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return err

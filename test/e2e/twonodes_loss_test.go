@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/converge-csi/converge/test/e2e/runs"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -353,12 +354,12 @@ func TestTwoNodesDrain(t *testing.T) {
 		return strings.Contains(events, "didn't match PersistentVolume's node affinity") && strings.Contains(events, "unschedulable"), events
 	})
 	t.Logf("why the pod is Pending:%s", podEvents("drained-0"))
-	for _, m := range mountsIn(b.ns.mountinfo(), nodeKubeletDir) {
+	for _, m := range runs.MountsIn(b.ns.mountinfo(), nodeKubeletDir) {
 		if strings.Contains(m, v.pv) {
 			t.Errorf("after the drain, still mounted on %s: %s", b.node, m)
 		}
 	}
-	for dev, file := range loopsBackedUnder(c.dir) {
+	for dev, file := range runs.LoopsBackedUnder(c.dir) {
 		if file == v.image() {
 			t.Errorf("after the drain, loop device %s still attached to %s", dev, file)
 		}
