@@ -49,7 +49,7 @@ e2e:
 conformance: deps
 	@./hack/install-deps.sh e2e
 	@mkdir -p $(RUN_DIR)
-	cd test/e2e && $(GO) test -count=1 -v -timeout 180m -run 'TestExternalStorage' . \
+	cd test/e2e && $(GO) test -count=1 -v -timeout 180m -run 'TestConcurrent/TestExternalStorage' . \
 		-args -storage-suite=all -storage-report=$(RUN_DIR)/storage-junit.xml
 
 ## bench: the benchmarks of docs/performance.md (real devices; about 4 minutes; not part of make test)

@@ -34,7 +34,7 @@ var (
 
 const (
 	// groupSnapshotsTaken is how many group snapshots
-	// TestGroupSnapshotConsistency takes while its pod writes.
+	// testGroupSnapshotConsistency takes while its pod writes.
 	groupSnapshotsTaken = 20
 	// groupRestoreBatch is how many of them it restores at once: a pod of
 	// two claims each, besides the writer's two, well under
@@ -58,7 +58,7 @@ while true; do
   n=$((n+1))
 done`
 
-// TestGroupSnapshotConsistency takes VolumeGroupSnapshots of a database's
+// testGroupSnapshotConsistency takes VolumeGroupSnapshots of a database's
 // two volumes (data and WAL, chosen by a label) through the real
 // snapshot-controller and csi-snapshotter, in pool fast (an xfs that
 // clones by reflink), while a pod writes an increasing counter to both
@@ -71,7 +71,7 @@ done`
 // snapshots it took and checked, the largest difference, and the freeze
 // times csi-node's metric recorded. Deleting the groups deletes their
 // member snapshots on the node.
-func TestGroupSnapshotConsistency(t *testing.T) {
+func testGroupSnapshotConsistency(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
 	groupsEnabled(t)
@@ -552,7 +552,7 @@ func freezeMetric(t *testing.T, pod, url string) histogram {
 	return h
 }
 
-// TestGroupContentDeletedAfterAMissedLook deletes a VolumeGroupSnapshotContent
+// testGroupContentDeletedAfterAMissedLook deletes a VolumeGroupSnapshotContent
 // that csi-snapshotter first sees deleted while it still says its creation
 // is in flight (the being-created annotation, which snapshot-controller
 // can write back from a stale copy of the content, as it replaces all its
@@ -566,7 +566,7 @@ func freezeMetric(t *testing.T, pod, url string) histogram {
 // within 2 minutes (the suite waits 5); without the resync's flag it stays
 // until the default's 15 minutes come round, which may fall within the 2
 // (about 2 runs in 15).
-func TestGroupContentDeletedAfterAMissedLook(t *testing.T) {
+func testGroupContentDeletedAfterAMissedLook(t *testing.T) {
 	ctx := context.Background()
 	groupsEnabled(t)
 	class := storageClass(t, "converge-group-missed", map[string]string{

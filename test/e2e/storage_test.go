@@ -26,26 +26,26 @@ var (
 	storageReport = flag.String("storage-report", "", "where to keep the External Storage tests' JUnit report (default: the run's directory, removed with it)")
 )
 
-// TestExternalStorage runs the External Storage tests of the Kubernetes
+// testExternalStorage runs the External Storage tests of the Kubernetes
 // release's storage e2e suite (k8s.io/kubernetes/test/e2e/storage/external)
 // against converge on this cluster, driven by storage/converge.yaml, less
 // the tests storage/skip.txt names with the reason they cannot run here.
 // It prints, per testsuite, how many tests ran, passed and were skipped, and
 // fails on any failure.
-func TestExternalStorage(t *testing.T) {
+func testExternalStorage(t *testing.T) {
 	if *storageSuite == "" {
 		t.Skip("the External Storage tests run with -storage-suite=parallel or all (make conformance)")
 	}
 	runStorageSuite(t, filepath.Join(c.repo, "test", "e2e", "storage", "converge.yaml"), *storageFocus, "storage")
 }
 
-// TestExternalStorageSnapshotsInPool runs the suite's snapshot and clone
+// testExternalStorageSnapshotsInPool runs the suite's snapshot and clone
 // tests again with converge.yaml's capabilities and the StorageClass
 // storage/storageclass-fast.yaml of pool fast: an xfs that clones by
 // reflink, on the first node alone. Each snapshot lives in its volume's
 // pool and each restore and clone is made there by a reflink; the
 // scheduler finds the node through the class's capacity.
-func TestExternalStorageSnapshotsInPool(t *testing.T) {
+func testExternalStorageSnapshotsInPool(t *testing.T) {
 	if *storageSuite == "" {
 		t.Skip("the External Storage tests run with -storage-suite=parallel or all (make conformance)")
 	}

@@ -1,0 +1,37 @@
+package e2e
+
+import "testing"
+
+// TestConcurrent runs, at the same time, the tests that take minutes and
+// disturb nothing the others rely on: they restart, stop, replace or add
+// nothing of the cluster's (no daemon, node or DaemonSet), and each works
+// on objects of its own names. Each is a subtest named as the test was
+// (-run 'TestConcurrent/TestGroupSnapshotConsistency' runs one); -test.parallel
+// (the CPUs, 2 on CI's machine) bounds how many run at once. Run one by
+// one, they took 19 minutes of a warm make test here, the storage suite 12
+// of them; at once, about as long as the storage suite alone. It is the
+// run's first test (its file's name sorts first: Go runs a package's tests
+// in the order of its files' names), so that they meet the cluster as it
+// came up, one node. With -storage-suite=all they run one after the
+// other: that suite's [Serial] and [Disruptive] tests need the cluster to
+// themselves.
+func TestConcurrent(t *testing.T) {
+	together := *storageSuite != "all"
+	for _, q := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		// The longest first, so that the others run beside it.
+		{"TestExternalStorage", testExternalStorage},
+		{"TestGroupSnapshotConsistency", testGroupSnapshotConsistency},
+		{"TestGroupContentDeletedAfterAMissedLook", testGroupContentDeletedAfterAMissedLook},
+		{"TestExternalStorageSnapshotsInPool", testExternalStorageSnapshotsInPool},
+	} {
+		t.Run(q.name, func(t *testing.T) {
+			if together {
+				t.Parallel()
+			}
+			q.run(t)
+		})
+	}
+}
