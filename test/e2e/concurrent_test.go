@@ -5,7 +5,8 @@ import "testing"
 // TestConcurrent runs, at the same time, the tests that take minutes and
 // disturb nothing the others rely on: they restart, stop, replace or add
 // nothing of the cluster's (no daemon, node or DaemonSet), and each works
-// on objects of its own names. Each is a subtest named as the test was
+// on objects of its own names (its claims, pods, classes and snapshots)
+// and checks only what concerns them. Each is a subtest named as the test was
 // (-run 'TestConcurrent/TestGroupSnapshotConsistency' runs one); -test.parallel
 // (the CPUs, 2 on CI's machine) bounds how many run at once. Run one by
 // one, they took 19 minutes of a warm make test here, the storage suite 12
@@ -26,6 +27,13 @@ func TestConcurrent(t *testing.T) {
 		{"TestGroupSnapshotConsistency", testGroupSnapshotConsistency},
 		{"TestGroupContentDeletedAfterAMissedLook", testGroupContentDeletedAfterAMissedLook},
 		{"TestExternalStorageSnapshotsInPool", testExternalStorageSnapshotsInPool},
+		// Seconds each, beside the storage suite.
+		{"TestDataOutlivesPod", testDataOutlivesPod},
+		{"TestRawBlock", testRawBlock},
+		{"TestSharedVolume", testSharedVolume},
+		{"TestVolumeConditionReachesThePod", testVolumeConditionReachesThePod},
+		{"TestSnapshotRestoreAndClone", testSnapshotRestoreAndClone},
+		{"TestSnapshotOfRawBlock", testSnapshotOfRawBlock},
 	} {
 		t.Run(q.name, func(t *testing.T) {
 			if together {

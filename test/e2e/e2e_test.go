@@ -23,7 +23,7 @@ const (
 // A pod writes to a claim and is deleted; a second pod reads the data. The
 // kubelet stages, publishes, unpublishes and unstages through converge, and
 // nothing is left mounted afterwards.
-func TestDataOutlivesPod(t *testing.T) {
+func testDataOutlivesPod(t *testing.T) {
 	claim(t, "outlive", fs, rwo)
 	writer := startPod(t, podSpec{name: "outlive-writer", claims: []string{"outlive"}})
 	v := boundVolume(t, "outlive")
@@ -55,7 +55,7 @@ func TestDataOutlivesPod(t *testing.T) {
 
 // A raw block claim is attached to a pod as a device; what the pod writes
 // to it is in the volume's image, and a second pod reads it back.
-func TestRawBlock(t *testing.T) {
+func testRawBlock(t *testing.T) {
 	claim(t, "raw", blk, rwo)
 	writer := startPod(t, podSpec{name: "raw-writer", claims: []string{"raw"}, block: true})
 	v := boundVolume(t, "raw")
@@ -90,7 +90,7 @@ func TestRawBlock(t *testing.T) {
 // Two pods on the node share a ReadWriteOnce volume: one stage, two
 // publishes, and each sees the other's writes. A ReadWriteOncePod volume
 // refuses a second pod until the first is gone.
-func TestSharedVolume(t *testing.T) {
+func testSharedVolume(t *testing.T) {
 	t.Run("ReadWriteOnce", func(t *testing.T) {
 		claim(t, "shared", fs, rwo)
 		a := startPod(t, podSpec{name: "shared-a", claims: []string{"shared"}})
@@ -233,7 +233,7 @@ func TestExternalUnmountRepaired(t *testing.T) {
 	release(t, v, "unmounted", pod.Name)
 }
 
-// TestVolumeConditionReachesThePod makes a published ext4 volume go
+// testVolumeConditionReachesThePod makes a published ext4 volume go
 // read-only after errors, as a failing disk does, and checks that the
 // kubelet (CSIVolumeHealth on) reads it from csi-node and writes it into
 // the pod's status.volumeHealth, under the pod's name of the volume, as a
@@ -242,7 +242,7 @@ func TestExternalUnmountRepaired(t *testing.T) {
 // v1.36 the kubelet read the condition in NodeGetVolumeStats
 // (VolumeCondition) and raised a VolumeConditionAbnormal event instead,
 // which v1.37 does not.
-func TestVolumeConditionReachesThePod(t *testing.T) {
+func testVolumeConditionReachesThePod(t *testing.T) {
 	pod, v := podWithVolume(t, "condition")
 	breakExt4(t, c.ns, v)
 	volName := pod.Spec.Volumes[0].Name

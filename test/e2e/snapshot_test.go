@@ -68,14 +68,14 @@ func claimFromMode(t *testing.T, name, source string, snapshot bool, mode corev1
 	makeClaim(t, name, mode, rwo, volumeSize, "converge", ref)
 }
 
-// TestSnapshotRestoreAndClone runs snapshots through the real
+// testSnapshotRestoreAndClone runs snapshots through the real
 // snapshot-controller and csi-snapshotter (--node-deployment): a pod
 // writes, a VolumeSnapshot becomes ready, the pod writes more; a claim
 // restored from the snapshot holds exactly what was written before it; a
 // claim cloned from the source holds both; the source claim is deleted and
 // the snapshot still restores; deleting the VolumeSnapshot deletes the
 // snapshot on the node.
-func TestSnapshotRestoreAndClone(t *testing.T) {
+func testSnapshotRestoreAndClone(t *testing.T) {
 	claim(t, "snap-src", fs, rwo)
 	writer := startPod(t, podSpec{name: "snap-writer", claims: []string{"snap-src"}})
 	src := boundVolume(t, "snap-src")
@@ -123,10 +123,10 @@ func TestSnapshotRestoreAndClone(t *testing.T) {
 	})
 }
 
-// TestSnapshotOfRawBlock takes a snapshot of a raw block claim a pod wrote
+// testSnapshotOfRawBlock takes a snapshot of a raw block claim a pod wrote
 // to, then overwrites it: a block claim restored from the snapshot reads
 // what was written before it.
-func TestSnapshotOfRawBlock(t *testing.T) {
+func testSnapshotOfRawBlock(t *testing.T) {
 	claim(t, "snap-raw", blk, rwo)
 	writer := startPod(t, podSpec{name: "snap-raw-writer", claims: []string{"snap-raw"}, block: true})
 	src := boundVolume(t, "snap-raw")

@@ -101,8 +101,17 @@ func TestOlderKubelets(t *testing.T) {
 	// CAP_SYS_RESOURCE to grow), and needs 300 MiB. btrfs would be no
 	// smaller: its kernel refuses to resize one to less than 256 MiB.
 	class := xfsClass(t)
+	// Each release has a node of its own, joined first, one at a time
+	// (a join changes the cluster's list of nodes, which the others
+	// read): the releases' tests then run at once, each on its own node.
 	for _, version := range older {
-		t.Run(version, func(t *testing.T) { testOlderKubelet(t, version, class) })
+		olderKubeletNode(t, version)
+	}
+	for _, version := range older {
+		t.Run(version, func(t *testing.T) {
+			t.Parallel()
+			testOlderKubelet(t, version, class)
+		})
 	}
 }
 
