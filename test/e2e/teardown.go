@@ -16,6 +16,11 @@ import (
 // the run's start could not remove (runs.CleanStale) it prints, which
 // fails none of the tests the run ran.
 func (c *cluster) down() []string {
+	// A test may have frozen a node's containers (TestTwoNodesNodeLoss,
+	// when a signal or the binary's timeout takes the run down under it):
+	// neither containerd nor the SIGKILLs below would end them. What
+	// stays frozen, runs.Clean tries again, and notes.
+	runs.Thaw(c.dir)
 	for i := len(c.nodes) - 1; i >= 0; i-- {
 		c.nodes[i].down()
 	}

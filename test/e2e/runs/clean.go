@@ -45,6 +45,19 @@ func Clean(dir string) []string {
 	return notes
 }
 
+// Thaw thaws the frozen cgroups of the run in dir, as Clean does first, so
+// that its processes can end: a test freezes a node's containers (ctr
+// tasks pause), and a teardown that comes while they are frozen would
+// wait on them in vain. It returns the cgroups still frozen, which Clean
+// tries again. A run with none frozen, or a dir that is not a run's
+// directory, is a no-op.
+func Thaw(dir string) []string {
+	if !isRunDir(dir) {
+		return nil
+	}
+	return thaw(runCgroups(dir))
+}
+
 // CleanStale cleans up after the earlier runs that were killed before they
 // could take themselves down (a test binary's timeout ends it with a
 // panic), and whose owner no longer runs: it cleans each one's directory

@@ -154,6 +154,18 @@ func TestCleanStale(t *testing.T) {
 	m.freeze(t, laterPod)
 	laterDaemon := m.daemon(t, filepath.Join(later, "bin", "kubelet"))
 
+	// A teardown thaws its run first, and only its run.
+	if still := Thaw(live); len(still) > 0 {
+		t.Errorf("Thaw(live): still frozen: %q", still)
+	}
+	if got := freezerState(livePod); got != "THAWED" {
+		t.Errorf("the live run's pod cgroup after Thaw(live): got %s, want THAWED", got)
+	}
+	if got := freezerState(laterPod); got != "FROZEN" {
+		t.Errorf("the later run's pod cgroup after Thaw(live): got %s, want FROZEN", got)
+	}
+	m.freeze(t, livePod) // for Clean to thaw
+
 	if notes := Clean(live); len(notes) > 0 {
 		t.Errorf("Clean(live) noted:\n  %s\nwant nothing", strings.Join(notes, "\n  "))
 	}
