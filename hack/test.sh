@@ -26,6 +26,10 @@ RUN_DIR=${RUN_DIR:-$PWD/.run}
 STORAGE_SUITE=${STORAGE_SUITE-parallel}
 STEP_SCALE=${STEP_SCALE:-1}
 E2E_BIN=$RUN_DIR/e2e/converge-e2e.test
+# The Makefile's variables reach this script in its environment; the
+# commands of the steps must not inherit them (make run, which the quick
+# start test runs in a copy of the repository, would serve in this one's).
+export -n RUN_DIR STORAGE_SUITE STEP_SCALE
 STEPS=$RUN_DIR/steps
 mkdir -p "$STEPS"
 rm -f "$STEPS"/* "$STEPS".*

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -70,6 +71,9 @@ func TestQuickStart(t *testing.T) {
 
 	run := exec.Command("make", "run")
 	run.Dir = dir
+	// As a fresh shell runs it: a RUN_DIR of the caller's environment
+	// would have make run serve elsewhere than the copy's .run.
+	run.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "RUN_DIR=") })
 	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var runLog bytes.Buffer
 	run.Stdout, run.Stderr = &runLog, &runLog
