@@ -115,7 +115,7 @@ e2e_lane() {
 	step e2e-units 10 "$go_start" bash -c "cd test/e2e && $GO test -count=1 ./invariants ./standin ./privilege ./runs" || return 1
 	# The binary's own timeout is a backstop past the step's bound: the
 	# step ends it first, with SIGTERM, and it takes the cluster down.
-	step e2e 40 warm bash -c "cd test/e2e && exec '$E2E_BIN' -test.count=1 -test.v -test.timeout=$(($(bound 40) / 60 + 15))m \
+	step e2e 40 warm bash -c "cd test/e2e && exec '$E2E_BIN' -test.count=1 -test.v -test.parallel=3 -test.timeout=$(($(bound 40) / 60 + 15))m \
 		-storage-suite='$STORAGE_SUITE' -storage-report='$RUN_DIR/storage-junit.xml'"
 	local rc=$?
 	clean_e2e

@@ -6,10 +6,10 @@ import "testing"
 // disturb nothing the others rely on: they restart, stop, replace or add
 // nothing of the cluster's (no daemon, node or DaemonSet), and each works
 // on objects of its own names (its claims, pods, classes and snapshots)
-// and checks only what concerns them. Each is a subtest named as the test was
-// (-run 'TestConcurrent/TestGroupSnapshotConsistency' runs one); -test.parallel
-// (the CPUs, 2 on CI's machine) bounds how many run at once. Run one by
-// one, they took 19 minutes of a warm make test here, the storage suite 12
+// and checks only what concerns them. Each is a subtest named as the test
+// was (-run 'TestConcurrent/TestGroupSnapshotConsistency' runs one);
+// -test.parallel bounds how many run at once (3 in make test). One after
+// the other they took 16 minutes of a warm run here, the storage suite 8
 // of them; at once, about as long as the storage suite alone. It is the
 // run's first test (its file's name sorts first: Go runs a package's tests
 // in the order of its files' names), so that they meet the cluster as it

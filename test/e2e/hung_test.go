@@ -13,6 +13,22 @@ import (
 	"github.com/converge-csi/converge/test/e2e/invariants"
 )
 
+// TestHung stops csi-node and converge-controller at the same time, each
+// as a hung process is (SIGSTOP): each is restarted by its own liveness
+// probe, in its own pod, and neither test needs the other's component
+// (about a minute each, most of it the probes' threshold). The subtests
+// have the tests' names (-run 'TestHung/TestDriverHungRestarted').
+func TestHung(t *testing.T) {
+	t.Run("TestDriverHungRestarted", func(t *testing.T) {
+		t.Parallel()
+		testDriverHungRestarted(t)
+	})
+	t.Run("TestControllerHungRestarted", func(t *testing.T) {
+		t.Parallel()
+		testControllerHungRestarted(t)
+	})
+}
+
 // A hung driver is restarted by its liveness probe, as deploy/ installs
 // it: csi-node is stopped (SIGSTOP, as a deadlock or a stuck mount would
 // leave it) while a pod writes to a published volume. The kubelet's
@@ -21,7 +37,7 @@ import (
 // kubelet restarts the container within the probe's budget; the
 // application goes on writing with its mounts in place; the new csi-node
 // reconstructs, and a new claim mounts.
-func TestDriverHungRestarted(t *testing.T) {
+func testDriverHungRestarted(t *testing.T) {
 	ctx := context.Background()
 	pod, v := writerPod(t, "hung")
 	mounts := v.mounts(t, pod)
@@ -52,7 +68,7 @@ func TestDriverHungRestarted(t *testing.T) {
 
 // converge-controller stopped (SIGSTOP) is restarted by its liveness
 // probe, and a replica leads again.
-func TestControllerHungRestarted(t *testing.T) {
+func testControllerHungRestarted(t *testing.T) {
 	ctx := context.Background()
 	pods, err := c.client.CoreV1().Pods(daemonSetNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + controllerName})
 	if err != nil || len(pods.Items) == 0 {
