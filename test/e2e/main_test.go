@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 	}
 	if *cleanStale {
 		for _, note := range cleanStaleRuns() {
-			fmt.Printf("e2e: cleaned after an earlier run that did not take itself down: %s\n", note)
+			fmt.Printf("e2e: an earlier run did not take itself down: %s\n", note)
 		}
 		os.Exit(0)
 	}
