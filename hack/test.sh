@@ -89,7 +89,7 @@ step() {
 # down left behind (a panic, a SIGKILL): the binary finds it by its run
 # directory's name and its owner being gone.
 clean_e2e() {
-	[ -x "$E2E_BIN" ] && "$E2E_BIN" -clean-stale 2>&1 | sed 's/^/  /'
+	[ -x "$E2E_BIN" ] && timeout --kill-after=30s 5m "$E2E_BIN" -clean-stale 2>&1 | sed 's/^/  /'
 	return 0
 }
 

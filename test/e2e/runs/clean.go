@@ -22,6 +22,13 @@ import (
 // this run. A run already cleaned is a no-op; a dir that is not a run's
 // directory is refused, and noted.
 func Clean(dir string) []string {
+	return clean(dir, true)
+}
+
+// clean is Clean; with host false it leaves the kernel tunables and the
+// host paths as they are: they are the machine's, and a live run uses
+// them now.
+func clean(dir string, host bool) []string {
 	var notes []string
 	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
 	if !isRunDir(dir) {
@@ -35,9 +42,11 @@ func Clean(dir string) []string {
 	// gone, as the loop devices under them do.
 	unmountUnder(dir, note)
 	detachLoops(LoopsBackedUnder(dir), func() map[string]string { return LoopsBackedUnder(dir) }, note)
-	restoreSysctls(dir, note)
 	removeLogLinks(dir) // before the host paths: they live in one
-	removeHostPaths(dir, note)
+	if host {
+		restoreSysctls(dir, note)
+		removeHostPaths(dir, note)
+	}
 	removeCgroups(cgroups, note)
 	if err := os.RemoveAll(dir); err != nil {
 		note("remove %s: %v", dir, err)
@@ -66,18 +75,25 @@ func Thaw(dir string) []string {
 // of runs from before cgroups were named after their run
 // (converge-e2e-<node>). It returns notes saying what it cleaned and what
 // it failed to, each naming the run. It never touches a live run's
-// objects. Nothing to clean is a no-op.
+// objects, nor, while a run is live, the kernel tunables and host paths
+// it uses; a directory named as a run's that is not this user's or is
+// open to others is noted and left alone (runDirs). Nothing to clean is a
+// no-op.
 func CleanStale() []string {
 	var notes []string
 	noteFor := func(run string) func(string, ...any) {
 		return func(format string, args ...any) { notes = append(notes, run+": "+fmt.Sprintf(format, args...)) }
 	}
 	var dirs []string
+	live := false
 	for _, dir := range runDirs() {
-		if !ownerAlive(dir) { // else another suite's, running now
+		if ownerAlive(dir) {
+			live = true // another suite's, running now
+		} else {
 			dirs = append(dirs, dir)
 		}
 	}
+	notes = append(notes, untrustedRunDirs()...)
 	orphans := orphans()
 	// Every stale run's processes go first: a mount, and the loop device
 	// under it, stays while the mount namespace of any process holds a
@@ -91,8 +107,10 @@ func CleanStale() []string {
 		notes = append(notes, o.name+": "+o.what()+": cleaned")
 		stop(o.cgroups, o.dir, noteFor(o.name))
 	}
+	// While a run is live, the kernel tunables and host paths are its:
+	// a stale run's records of them are left unapplied.
 	for _, dir := range dirs {
-		for _, n := range Clean(dir) {
+		for _, n := range clean(dir, !live) {
 			notes = append(notes, dir+": "+n)
 		}
 	}

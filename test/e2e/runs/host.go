@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 )
 
 // What a run changes on the host outside its directory, and puts back:
@@ -40,8 +41,8 @@ func restoreSysctls(dir string, note func(string, ...any)) {
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		s, v, ok := strings.Cut(line, "=")
-		if !ok || !slices.Contains(kernelTunables, s) {
-			continue
+		if !ok || !slices.Contains(kernelTunables, s) || strings.Trim(v, "0123456789") != "" {
+			continue // not a tunable the kubelet sets, or not a number
 		}
 		if err := os.WriteFile(filepath.Join("/proc/sys", s), []byte(v), 0o644); err != nil {
 			note("restore sysctl %s=%s: %v", s, v, err)
@@ -86,11 +87,25 @@ func removeHostPaths(dir string, note func(string, ...any)) {
 
 // removeDeepestFirst removes the entries under root (root included) that
 // match, children before their parents. A directory that still holds
-// something it does not match stays, and is noted.
+// something it does not match stays, and is noted. It stays on root's
+// filesystem: a filesystem mounted beneath (a container's root under
+// /run/containerd) is another's, and left whole.
 func removeDeepestFirst(root string, match func(os.DirEntry) bool, note func(string, ...any)) {
 	var paths []string
+	rootDev, ok := deviceOf(root)
+	if !ok {
+		return
+	}
 	filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err == nil && match(d) {
+		if err != nil {
+			return nil
+		}
+		if d.IsDir() {
+			if dev, ok := deviceOf(path); !ok || dev != rootDev {
+				return filepath.SkipDir
+			}
+		}
+		if match(d) {
 			paths = append(paths, path)
 		}
 		return nil
@@ -112,4 +127,17 @@ func removeLogLinks(dir string) {
 			os.Remove(l)
 		}
 	}
+}
+
+// deviceOf is the device of the filesystem that holds path (not followed).
+func deviceOf(path string) (uint64, bool) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return 0, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, false
+	}
+	return uint64(st.Dev), true
 }

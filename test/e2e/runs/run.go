@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // prefix begins the name of a run's directory in the temporary directory,
@@ -59,16 +60,41 @@ func Live() []string {
 }
 
 // runDirs lists the run directories in the temporary directory: the
-// directories named prefix and digits.
+// directories named prefix and digits that are this user's and closed to
+// everyone else, as os.MkdirTemp makes them. Anyone may make a directory
+// of that name in /tmp, and what Clean reads there decides what it
+// writes, kills and removes as root: a directory of another user's, or
+// open to others, is not a run's (untrustedRunDirs lists those).
 func runDirs() []string {
-	var out []string
+	trusted, _ := listRunDirs()
+	return trusted
+}
+
+// untrustedRunDirs lists the directories named as runs' that runDirs
+// leaves out, with why.
+func untrustedRunDirs() []string {
+	_, untrusted := listRunDirs()
+	return untrusted
+}
+
+func listRunDirs() (trusted, untrusted []string) {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 	for _, dir := range dirs {
-		if fi, err := os.Lstat(dir); err == nil && fi.IsDir() && isRunName(filepath.Base(dir)) {
-			out = append(out, dir)
+		fi, err := os.Lstat(dir)
+		if err != nil || !fi.IsDir() || !isRunName(filepath.Base(dir)) {
+			continue
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		switch {
+		case !ok || int(st.Uid) != os.Geteuid():
+			untrusted = append(untrusted, dir+": not this user's: left alone")
+		case fi.Mode().Perm()&0o077 != 0:
+			untrusted = append(untrusted, fmt.Sprintf("%s: mode %v, open to others: left alone", dir, fi.Mode().Perm()))
+		default:
+			trusted = append(trusted, dir)
 		}
 	}
-	return out
+	return trusted, untrusted
 }
 
 // isRunName reports whether name is a run directory's: prefix and digits.

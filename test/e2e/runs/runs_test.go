@@ -196,3 +196,46 @@ func TestCleanStale(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanStaleLeavesOthersDirectories: anyone may make a directory named
+// as a run's in /tmp, and what CleanStale reads in a run's directory
+// decides what it writes (kernel tunables), kills and removes as root. A
+// directory of another user's, or open to others, is not a run's: it is
+// noted and left as it is, its records unread.
+func TestCleanStaleLeavesOthersDirectories(t *testing.T) {
+	needMachine(t)
+	open := forgedRun(t, 0o755, os.Getuid())
+	others := forgedRun(t, 0o700, 65534)
+	notes := CleanStale()
+	t.Logf("CleanStale:\n  %s", strings.Join(notes, "\n  "))
+	for dir, why := range map[string]string{open: "open to others", others: "not this user's"} {
+		if _, err := os.Stat(filepath.Join(dir, "host-paths-absent")); err != nil {
+			t.Errorf("%s (%s): its records are gone: %v", dir, why, err)
+		}
+		if !slices.ContainsFunc(notes, func(n string) bool { return strings.HasPrefix(n, dir+": ") && strings.Contains(n, why) }) {
+			t.Errorf("no note says %s is %s and left alone", dir, why)
+		}
+	}
+}
+
+// forgedRun makes a directory named as a run's, of mode perm and owner
+// uid, with no owner file (as a killed run's) and the records a run
+// keeps; it is removed when the test ends.
+func forgedRun(t *testing.T, perm os.FileMode, uid int) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "host-paths-absent"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, perm); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, uid, -1); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/testenv/poll"
 )
@@ -76,20 +78,29 @@ func LoopsBackedUnder(dir string) map[string]string {
 // unmountUnder detaches (MNT_DETACH) every mount at or under dir.
 func unmountUnder(dir string, note func(string, ...any)) {
 	for _, m := range mountsUnder(dir) {
-		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+		// UMOUNT_NOFOLLOW: a path under the run's directory that became a
+		// symlink since the mount table was read leads nowhere else.
+		if err := syscall.Unmount(m, syscall.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, syscall.EINVAL) {
 			note("unmount %s: %v", m, err)
 		}
 	}
 }
 
 // detachLoops detaches the loop devices loops lists (device to backing
-// file) and waits, up to detachTimeout, until listLeft lists none of them;
+// file, as listLeft lists what is attached now) and waits, up to detachTimeout, until listLeft lists none of them;
 // it notes those it could not detach and those still attached then.
 func detachLoops(loops map[string]string, listLeft func() map[string]string, note func(string, ...any)) {
 	if len(loops) == 0 {
 		return
 	}
+	// A device freed since loops was listed (its mount went with the
+	// processes killed) may hold another's file by now: each is detached
+	// only if it still holds the file listed.
+	now := listLeft()
 	for dev, file := range loops {
+		if now[dev] != file {
+			continue
+		}
 		if err := devices.DetachLoop(dev); err != nil {
 			note("detach %s (%s): %v", dev, file, err)
 		}
