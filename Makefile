@@ -4,6 +4,9 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -X main.version=$(VERSION)
 RUN_DIR  ?= $(CURDIR)/.run
 SOCKET   := $(RUN_DIR)/csi.sock
+# TEST_TIMEOUT bounds the test binaries of compat and chart (hack/test.sh
+# sets it past its own bound of their step).
+TEST_TIMEOUT ?= 5m
 
 .PHONY: run test build deps unit vet sanity compat chart fuzz bench e2e conformance crossbuild clean
 
@@ -62,19 +65,19 @@ bench: deps
 ## crossbuild: the Dockerfile's build stage for every platform of its multi-arch build, linux/arm64 too
 ## (test/dockerfile; make test builds this machine's platform alone: a cold arm64 build takes minutes)
 crossbuild:
-	CONVERGE_CROSSBUILD=1 $(GO) test -count=1 -run 'TestBuildStageBuildsEachPlatform' -v ./test/dockerfile
+	CONVERGE_CROSSBUILD=1 $(GO) test -count=1 -timeout 30m -run 'TestBuildStageBuildsEachPlatform' -v ./test/dockerfile
 
 ## compat: every RPC of csi-node with default flags (and a 5% pool guard) through a client built as the oldest peers it
 ## supports are (CSI spec v1.11.0, csi-lib-utils v0.20.0: csi-provisioner v5.2, csi-resizer v1.13);
 ## test/compat is a module of its own
 compat:
-	cd test/compat && $(GO) test -count=1 -timeout 5m ./...
+	cd test/compat && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## chart: the Helm chart (charts/converge) without a cluster, through the Helm SDK (in the e2e module,
 ## the only one that may import it): its lint, its schema, the values it honours, and the same objects
 ## as deploy/'s kustomization in every variant (test/e2e/chart)
 chart:
-	cd test/e2e && $(GO) test -count=1 -timeout 5m ./chart
+	cd test/e2e && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./chart
 
 ## fuzz: run every fuzz target for FUZZTIME; crashers land in the package's testdata/fuzz
 fuzz:

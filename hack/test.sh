@@ -17,19 +17,27 @@
 # A step that runs past its bound is ended with SIGTERM (its whole process
 # group) and the run says which step it was; the e2e test binary takes its
 # cluster down on SIGTERM, and whatever a run leaves (a panic, a SIGKILL)
-# is cleaned after it. STEP_SCALE=2 doubles every bound (a slower machine).
+# is cleaned after it. No bound reaches past RUN_BOUND minutes from the
+# start (85: CI ends a run at 90), so that the run, not CI, says which step
+# ran long. STEP_SCALE=2 doubles every bound (a slower machine); each
+# test binary's own timeout lies past its step's bound.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
-RUN_DIR=${RUN_DIR:-$PWD/.run}
+RUN_DIR=$(realpath -m "${RUN_DIR:-$PWD/.run}")
 STORAGE_SUITE=${STORAGE_SUITE-parallel}
 STEP_SCALE=${STEP_SCALE:-1}
+RUN_BOUND=${RUN_BOUND:-85}
+for n in "$STEP_SCALE" "$RUN_BOUND"; do
+	[[ $n =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "hack/test.sh: STEP_SCALE and RUN_BOUND are numbers, not '$n'" >&2; exit 2; }
+done
 E2E_BIN=$RUN_DIR/e2e/converge-e2e.test
 # The Makefile's variables reach this script in its environment; the
 # commands of the steps must not inherit them (make run, which the quick
 # start test runs in a copy of the repository, would serve in this one's).
-export -n RUN_DIR STORAGE_SUITE STEP_SCALE
+export -n RUN_DIR STORAGE_SUITE STEP_SCALE RUN_BOUND
+unset MAKEFLAGS MFLAGS MAKELEVEL
 STEPS=$RUN_DIR/steps
 mkdir -p "$STEPS"
 rm -f "$STEPS"/* "$STEPS".*
@@ -41,15 +49,15 @@ go_start=warm
 [ "${gocache_mb:-0}" -lt 200 ] && go_start=cold
 run_t0=$SECONDS
 
-# bound <minutes>: the seconds of a bound of that many minutes, scaled.
-bound() { awk -v m="$1" -v s="$STEP_SCALE" 'BEGIN { printf "%d", m * s * 60 }'; }
+# minutes <m>: m minutes, scaled, in seconds.
+minutes() { awk -v m="$1" -v s="$STEP_SCALE" 'BEGIN { printf "%d", m * s * 60 }'; }
 
 # record <step> <began at> <seconds> <status> <start>
 record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >"$STEPS/$(date +%s%N)-$1"; }
 
 table() {
 	echo
-	echo "make test: steps ($(nproc) CPUs; Go build cache ${gocache_mb:-0} MB at the start; 'at': seconds into the run)"
+	echo "hack/test.sh: steps ($(nproc) CPUs; Go build cache ${gocache_mb:-0} MB at the start; 'at': seconds into the run)"
 	printf '  %-12s %6s %8s  %-6s %s\n' step at wall start status
 	cat "$STEPS"/* 2>/dev/null | sort -t $'\t' -k2,2n | while IFS=$'\t' read -r name at secs status start; do
 		printf '  %-12s %6s %7ss  %-6s %s\n' "$name" "$at" "$secs" "$start" "$status"
@@ -58,31 +66,48 @@ table() {
 }
 
 # step <name> <minutes> <start> <command...>: runs the command under its
-# bound and records it; it returns the command's failure.
+# bound (scaled, and never past RUN_BOUND) and records it; it returns the
+# command's failure.
+step_pid= step_name= step_t0=
 step() {
-	local name=$1 minutes=$2 start=$3
+	local name=$1 start=$3 limit left
+	limit=$(minutes "$2")
 	shift 3
-	local secs limit=$(($(bound "$minutes")))
-	local t0=$SECONDS at=$((SECONDS - run_t0)) rc
+	left=$((RUN_BOUND * 60 - (SECONDS - run_t0) - 180))
+	[ "$left" -lt "$limit" ] && limit=$((left > 60 ? left : 60))
+	local t0=$SECONDS at=$((SECONDS - run_t0)) rc secs
 	echo "==> $name (bound $((limit / 60)) min)"
+	step_name=$name step_t0=$t0 step_at=$at step_start=$start
 	# In the background, so that a signal to this shell reaches the wait
 	# and stop can end the step's process group (timeout makes one).
 	timeout --signal=TERM --kill-after=3m "$limit" "$@" &
 	step_pid=$!
 	wait "$step_pid"
 	rc=$?
-	step_pid=
+	step_pid= step_name=
 	secs=$((SECONDS - t0))
 	if [ $rc -eq 0 ]; then
 		record "$name" "$at" "$secs" ok "$start"
-	elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+	elif [ $rc -eq 124 ] || { [ $rc -eq 137 ] && [ "$secs" -ge "$limit" ]; }; then
 		record "$name" "$at" "$secs" "RAN PAST ITS $((limit / 60)) MIN" "$start"
-		echo "make test: step $name ran past its bound of $((limit / 60)) minutes and was ended; a slower machine can run with STEP_SCALE=2" >&2
+		echo "hack/test.sh: step $name ran past its bound of $((limit / 60)) minutes and was ended; a slower machine can run with STEP_SCALE=2" >&2
+	elif [ $rc -eq 137 ]; then
+		record "$name" "$at" "$secs" "killed (SIGKILL)" "$start"
+		echo "hack/test.sh: step $name was killed (SIGKILL: the OOM killer?)" >&2
 	else
 		record "$name" "$at" "$secs" "failed ($rc)" "$start"
-		echo "make test: step $name failed (exit $rc)" >&2
+		echo "hack/test.sh: step $name failed (exit $rc)" >&2
 	fi
 	return $rc
+}
+
+# stop_step ends the step under way, waits for it, and records it.
+stop_step() {
+	[ -n "$step_pid" ] || return 0
+	kill -TERM -- "-$step_pid" 2>/dev/null
+	wait "$step_pid"
+	record "$step_name" "$step_at" "$((SECONDS - step_t0))" interrupted "$step_start"
+	step_pid=
 }
 
 # clean_e2e ends and removes whatever an e2e run that did not take itself
@@ -98,50 +123,56 @@ clean_e2e() {
 e2e_build() {
 	mkdir -p "$(dirname "$E2E_BIN")"
 	(cd test/e2e && $GO test -c -o "$E2E_BIN" .) &&
-		"$E2E_BIN" -build-only -build-summary="$STEPS.e2e-build"
+		"$E2E_BIN" -build-only -build-timeout="$1s" -build-summary="$STEPS.e2e-build"
 }
 
 e2e_lane() {
-	# Cold: no tool of the cluster's in the cache yet (the build's summary
-	# says of each item whether it was built or found).
-	local start=cold
-	ls "${XDG_CACHE_HOME:-$HOME/.cache}"/converge-e2e/*/built-with >/dev/null 2>&1 && start=warm
 	export -f e2e_build
 	export GO E2E_BIN STEPS
-	step e2e-build 40 "$start" bash -c e2e_build
+	# The build's own bound a minute past the step's, so that the step's
+	# fires first.
+	step e2e-build 40 - bash -c "e2e_build $(($(minutes 40) + 60))"
 	local rc=$?
+	# Cold when the build built anything (its summary says what).
+	local label=warm f
+	grep -q '^built' "$STEPS.e2e-build" 2>/dev/null && label=cold
+	for f in "$STEPS"/*-e2e-build; do
+		[ -e "$f" ] && awk -F'\t' -v OFS='\t' -v l="$label" '{ $5 = l; print }' "$f" >"$f.tmp" && mv "$f.tmp" "$f"
+	done
 	sed 's/^/  /' "$STEPS.e2e-build" 2>/dev/null
 	[ $rc -eq 0 ] || return 1
-	step e2e-units 10 "$go_start" bash -c "cd test/e2e && $GO test -count=1 ./invariants ./standin ./privilege ./runs" || return 1
+	step e2e-units 10 "$go_start" bash -c "cd test/e2e && $GO test -count=1 -timeout $(($(minutes 10) / 60 + 5))m ./invariants ./standin ./privilege ./runs" || return 1
 	# The binary's own timeout is a backstop past the step's bound: the
 	# step ends it first, with SIGTERM, and it takes the cluster down.
-	step e2e 40 warm bash -c "cd test/e2e && exec '$E2E_BIN' -test.count=1 -test.v -test.parallel=3 -test.timeout=$(($(bound 40) / 60 + 15))m \
+	step e2e 40 warm bash -c "cd test/e2e && exec '$E2E_BIN' -test.count=1 -test.v -test.parallel=3 -test.timeout=$(($(minutes 40) / 60 + 15))m \
 		-storage-suite='$STORAGE_SUITE' -storage-report='$RUN_DIR/storage-junit.xml'"
-	local rc=$?
+	rc=$?
 	clean_e2e
 	return $rc
 }
 
 go_lane() {
-	trap 'stop_step; exit 130' TERM
+	trap 'stop_step; exit 143' TERM
 	step vet 10 "$go_start" make --no-print-directory vet &&
-		step go-test 25 "$go_start" $GO test -count=1 -timeout 30m ./... &&
-		step compat 5 "$go_start" make --no-print-directory compat &&
-		step chart 5 "$go_start" make --no-print-directory chart &&
+		step go-test 25 "$go_start" $GO test -count=1 -timeout $(($(minutes 25) / 60 + 5))m ./... &&
+		step compat 5 "$go_start" make --no-print-directory compat TEST_TIMEOUT=$(($(minutes 5) / 60 + 5))m &&
+		step chart 5 "$go_start" make --no-print-directory chart TEST_TIMEOUT=$(($(minutes 5) / 60 + 5))m &&
 		step fuzz 5 "$go_start" make --no-print-directory fuzz
 }
 
-# On SIGINT or SIGTERM the step under way ends, in each lane.
-step_pid=
-stop_step() { [ -n "$step_pid" ] && kill -TERM -- "-$step_pid" 2>/dev/null; }
+# On SIGINT, SIGTERM or SIGHUP: the step under way in each lane ends and
+# is recorded, what an e2e run left is cleaned, the table is printed.
 lane_pid=
 stop() {
 	[ -n "$lane_pid" ] && kill -TERM "$lane_pid" 2>/dev/null
 	stop_step
-	wait
-	exit 130
+	[ -n "$lane_pid" ] && wait "$lane_pid"
+	clean_e2e
+	exit "$1"
 }
-trap stop INT TERM
+trap 'stop 130' INT
+trap 'stop 143' TERM
+trap 'stop 129' HUP
 trap table EXIT
 
 step deps 10 - ./hack/install-deps.sh e2e || exit 1

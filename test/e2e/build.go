@@ -5,18 +5,20 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
-// buildBound bounds the whole of buildAll: a cold build of everything takes
-// about 20 minutes on this machine kind's 2 cores, beside make test's other
-// steps.
-const buildBound = 40 * time.Minute
+// buildTimeout bounds the whole of buildAll (-build-timeout): a cold build
+// of everything takes about 20 minutes on this machine kind's 2 cores,
+// beside make test's other steps.
+var buildTimeout = flag.Duration("build-timeout", 45*time.Minute, "with -build-only, how long the build may take")
 
 // buildAll builds everything the cluster and its tests run that a run would
 // otherwise build (the Kubernetes binaries, the older kubelets, crictl,
@@ -28,7 +30,7 @@ const buildBound = 40 * time.Minute
 // to stdout and to summary when that is not "". The image root, which
 // debootstrap fetches over the network, is made beside the compilers.
 func buildAll(ctx context.Context, summary string) error {
-	ctx, cancel := context.WithTimeout(ctx, buildBound)
+	ctx, cancel := context.WithTimeout(ctx, *buildTimeout)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "converge-build-")
 	if err != nil {
@@ -48,7 +50,7 @@ func buildAll(ctx context.Context, summary string) error {
 		before := len(c.built)
 		if err := run(ctx); err != nil {
 			if ctx.Err() != nil {
-				return fmt.Errorf("%s: still building when the build's bound of %s ran out: %w", name, buildBound, err)
+				return fmt.Errorf("%s: still building when the build's bound of %s ran out: %w", name, *buildTimeout, err)
 			}
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -91,7 +93,10 @@ func buildAll(ctx context.Context, summary string) error {
 	}
 	if len(errs) == 0 {
 		// The previous release's image shares the image root: after it.
-		errs = append(errs, item(imaging, "previous release's image", func(ctx context.Context) error {
+		// Only TestUpgradeAndRollback needs it, which fails on its own
+		// when it cannot have it (a shallow clone lacks the release's
+		// commit): the rest of the suite runs.
+		if err := item(imaging, "previous release's image", func(ctx context.Context) error {
 			r, err := readPreviousRelease(imaging.repo)
 			if err == nil {
 				err = releaseSource(ctx, imaging.repo, &r)
@@ -100,7 +105,9 @@ func buildAll(ctx context.Context, summary string) error {
 				_, err = imaging.releaseImage(ctx, r)
 			}
 			return err
-		}))
+		}); err != nil {
+			report(fmt.Sprintf("failed %v (TestUpgradeAndRollback will fail)", err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -110,6 +117,9 @@ func buildAll(ctx context.Context, summary string) error {
 // go.mod, go.sum and the suite's source, or finds it built there, and
 // returns its path.
 func (c *cluster) storageSuite(ctx context.Context) (string, error) {
+	// The tests of both suites ask for it at once (TestConcurrent).
+	storageSuiteMu.Lock()
+	defer storageSuiteMu.Unlock()
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", err
@@ -152,6 +162,9 @@ func (c *cluster) storageSuite(ctx context.Context) (string, error) {
 	}
 	return bin, os.Rename(partial, bin)
 }
+
+// storageSuiteMu makes storageSuite one build at a time.
+var storageSuiteMu sync.Mutex
 
 // hashFiles is the first 12 hex digits of the SHA-256 of the named files
 // under dir, each with its name, in the order given.

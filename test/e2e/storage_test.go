@@ -128,7 +128,7 @@ func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 		"--kubeconfig=" + c.admin,
 		"--repo-root=" + c.repo,
 		"--storage.testdriver=" + driver,
-		"--report-dir=" + filepath.Join(c.dir, "storage-report"),
+		"--report-dir=" + filepath.Join(c.dir, name+"-report"),
 		"--node-os-distro=debian",
 		"--allowed-not-ready-nodes=0",
 	}

@@ -71,9 +71,13 @@ func TestQuickStart(t *testing.T) {
 
 	run := exec.Command("make", "run")
 	run.Dir = dir
-	// As a fresh shell runs it: a RUN_DIR of the caller's environment
-	// would have make run serve elsewhere than the copy's .run.
-	run.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "RUN_DIR=") })
+	// As a fresh shell runs it: a RUN_DIR of the caller's environment, or
+	// in make's own (MAKEFLAGS, of a make test RUN_DIR=...), would have
+	// make run serve elsewhere than the copy's .run.
+	run.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains([]string{"RUN_DIR", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"}, name)
+	})
 	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var runLog bytes.Buffer
 	run.Stdout, run.Stderr = &runLog, &runLog
