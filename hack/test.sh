@@ -123,7 +123,7 @@ clean_e2e() {
 e2e_build() {
 	mkdir -p "$(dirname "$E2E_BIN")"
 	(cd test/e2e && $GO test -c -o "$E2E_BIN" .) &&
-		"$E2E_BIN" -build-only -build-timeout="$1s" -build-summary="$STEPS.e2e-build"
+		"$E2E_BIN" -build-only -build-kubelets-apart -build-timeout="$1s" -build-summary="$STEPS.e2e-build"
 }
 
 e2e_lane() {
@@ -141,13 +141,29 @@ e2e_lane() {
 	done
 	sed 's/^/  /' "$STEPS.e2e-build" 2>/dev/null
 	[ $rc -eq 0 ] || return 1
-	step e2e-units 10 "$go_start" bash -c "make --no-print-directory vet-e2e && cd test/e2e && $GO test -count=1 -timeout $(($(minutes 10) / 60 + 5))m ./invariants ./standin ./privilege ./runs" || return 1
+	# The older kubelets build beside e2e-units and the first e2e tests,
+	# which need none of them (TestConcurrent waits on pods, not on the
+	# CPUs); a test that needs one first waits for this step.
+	(
+		trap 'stop_step; exit 143' TERM
+		step kubelets 30 - "$E2E_BIN" -build-kubelets -build-timeout="$(($(minutes 30) + 60))s"
+	) >"$RUN_DIR/kubelets.log" 2>&1 &
+	kubelets_pid=$!
+	step e2e-units 10 "$go_start" bash -c "make --no-print-directory vet-e2e && cd test/e2e && $GO test -count=1 -timeout $(($(minutes 10) / 60 + 5))m ./invariants ./standin ./privilege ./runs" || {
+		kill -TERM "$kubelets_pid" 2>/dev/null
+		wait "$kubelets_pid"
+		kubelets_pid=
+		return 1
+	}
 	# The binary's own timeout is a backstop past the step's bound: the
 	# step ends it first, with SIGTERM, and it takes the cluster down.
 	step e2e 40 warm bash -c "cd test/e2e && exec '$E2E_BIN' -test.count=1 -test.v -test.parallel=3 -test.timeout=$(($(minutes 40) / 60 + 15))m \
 		-storage-suite='$STORAGE_SUITE' -storage-report='$RUN_DIR/storage-junit.xml'"
 	rc=$?
 	clean_e2e
+	wait "$kubelets_pid" || rc=1
+	kubelets_pid=
+	sed 's/^/  /' "$RUN_DIR/kubelets.log"
 	return $rc
 }
 
@@ -162,11 +178,12 @@ go_lane() {
 
 # On SIGINT, SIGTERM or SIGHUP: the step under way in each lane ends and
 # is recorded, what an e2e run left is cleaned, the table is printed.
-lane_pid=
+lane_pid= kubelets_pid=
 stop() {
 	[ -n "$lane_pid" ] && kill -TERM "$lane_pid" 2>/dev/null
+	[ -n "$kubelets_pid" ] && kill -TERM "$kubelets_pid" 2>/dev/null
 	stop_step
-	[ -n "$lane_pid" ] && wait "$lane_pid"
+	wait
 	clean_e2e
 	exit "$1"
 }

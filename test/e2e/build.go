@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // buildTimeout bounds the whole of buildAll (-build-timeout): a cold build
@@ -29,7 +31,7 @@ var buildTimeout = flag.Duration("build-timeout", 45*time.Minute, "with -build-o
 // (-build-only). Each item's line, built or cached and its seconds, goes
 // to stdout and to summary when that is not "". The image root, which
 // debootstrap fetches over the network, is made beside the compilers.
-func buildAll(ctx context.Context, summary string) error {
+func buildAll(ctx context.Context, summary string, kubelets bool) error {
 	ctx, cancel := context.WithTimeout(ctx, *buildTimeout)
 	defer cancel()
 	dir, err := os.MkdirTemp("", "converge-build-")
@@ -47,7 +49,12 @@ func buildAll(ctx context.Context, summary string) error {
 	}
 	item := func(c *cluster, name string, run func(context.Context) error) error {
 		start := time.Now()
-		before := len(c.built)
+		count := func() int {
+			c.builtMu.Lock()
+			defer c.builtMu.Unlock()
+			return len(c.built)
+		}
+		before := count()
 		if err := run(ctx); err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("%s: still building when the build's bound of %s ran out: %w", name, *buildTimeout, err)
@@ -55,7 +62,7 @@ func buildAll(ctx context.Context, summary string) error {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		state := "cached"
-		if len(c.built) > before {
+		if count() > before {
 			state = "built "
 		}
 		report(fmt.Sprintf("%s %-28s %6.1fs", state, name, time.Since(start).Seconds()))
@@ -79,7 +86,14 @@ func buildAll(ctx context.Context, summary string) error {
 		{"crictl " + crictlVersion, c.buildCrictl},
 		{"external-snapshotter " + snapshotterVersion, c.buildSnapshotter},
 		{"storage suite (e2e.test)", func(ctx context.Context) error { _, err := c.storageSuite(ctx); return err }},
-		{"kubelets " + strings.Join(olderKubeletsToRun(), ", "), c.buildOlderKubelets},
+	}
+	if kubelets {
+		// make test builds them in a step of their own, beside the
+		// first tests, which need none of them (-build-kubelets).
+		items = append(items, struct {
+			name string
+			run  func(context.Context) error
+		}{"kubelets " + strings.Join(olderKubeletsToRun(), ", "), c.buildOlderKubelets})
 	}
 	var errs []error
 	for _, it := range items {
@@ -142,7 +156,9 @@ func (c *cluster) storageSuite(ctx context.Context) (string, error) {
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
+	c.builtMu.Lock()
 	c.built = append(c.built, "storage suite")
+	c.builtMu.Unlock()
 	// Only the newest suite is kept: each is about 150 MB.
 	olds, _ := filepath.Glob(filepath.Join(cache, "converge-e2e", "storage-suite-*"))
 	for _, o := range olds {
@@ -179,4 +195,53 @@ func hashFiles(dir string, names ...string) (string, error) {
 		h.Write(b)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:12], nil
+}
+
+// buildKubelets builds, or finds built, the kubelets of olderKubeletsToRun
+// (-build-kubelets: make test's kubelets step).
+func buildKubelets(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, *buildTimeout)
+	defer cancel()
+	c := &cluster{repo: repoRoot()}
+	start := time.Now()
+	if err := c.buildOlderKubelets(ctx); err != nil {
+		return err
+	}
+	state := "cached"
+	if len(c.built) > 0 {
+		state = "built "
+	}
+	fmt.Printf("e2e build: %s kubelets %s %.1fs\n", state, strings.Join(olderKubeletsToRun(), ", "), time.Since(start).Seconds())
+	return nil
+}
+
+// lockFile takes an exclusive lock (flock) of the file at path, made if
+// absent, waiting for it until ctx ends; what says, once, what is waited
+// for. It returns the unlock.
+func lockFile(ctx context.Context, path, what string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	told := false
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		if !told {
+			fmt.Printf("e2e: waiting for %s, which another process runs (%s)\n", what, path)
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("still waiting for %s (%s): %w", what, path, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,7 +39,6 @@ type cluster struct {
 	repo string // converge's repository root
 	bin  string // directory of the Kubernetes binaries
 	logs string // directory of every daemon's log
-	// olderKubelets are the kubelets of olderKubeletsToRun, by version.
 	olderKubelets map[string]string
 
 	pki     *pki
@@ -62,8 +62,12 @@ type cluster struct {
 	ports    map[string]int
 	upPhases []string // how long each phase of up took, for the log
 	// built names what the cluster built rather than found in the cache
-	// (buildAll's summary).
-	built []string
+	// (buildAll's summary); guarded by builtMu.
+	built   []string
+	builtMu sync.Mutex
+	// olderKubelets are the kubelets of olderKubeletsToRun found or built
+	// so far, by version (kubeletBinary); guarded by olderKubeletsMu.
+	olderKubeletsMu sync.Mutex
 }
 
 // repoRoot is converge's repository root, found from this file.
@@ -124,7 +128,6 @@ func (c *cluster) up(ctx context.Context) error {
 		run  func(context.Context) error
 	}{
 		{"kubernetes binaries", c.kubeBinaries},
-		{"older kubelets", c.buildOlderKubelets},
 		{"crictl", c.buildCrictl},
 		{"csi-node image", c.buildCSINodeImage},
 		{"certificates", c.makePKI},
@@ -192,10 +195,30 @@ func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags st
 		return "", err
 	}
 	stamp := strings.Join(args, " ") + " tool (" + what + ") of module " + sum + "\n"
-	if b, err := os.ReadFile(filepath.Join(bin, "built-with")); err == nil && string(b) == stamp {
+	built := func() bool {
+		b, err := os.ReadFile(filepath.Join(bin, "built-with"))
+		return err == nil && string(b) == stamp
+	}
+	if built() {
 		return bin, nil
 	}
+	// One build of name at a time on the machine: make test's kubelets
+	// step builds the older kubelets while the run's first tests go on,
+	// and a test that needs one first waits for it.
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return "", err
+	}
+	unlock, err := lockFile(ctx, bin+".lock", "the build of "+what)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	if built() {
+		return bin, nil
+	}
+	c.builtMu.Lock()
 	c.built = append(c.built, name)
+	c.builtMu.Unlock()
 	tmp := bin + ".partial"
 	os.RemoveAll(tmp)
 	if err := os.MkdirAll(tmp, 0o755); err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // olderKubelets are the kubelet releases the suite runs beside its
@@ -60,32 +62,51 @@ func versionLDFlags(version string) string {
 }
 
 // buildOlderKubelets builds the kubelet of each of olderKubeletsToRun into
-// the user's cache directory, keyed by version, or reuses the one built
+// the user's cache directory, keyed by version, or finds the one built
 // there before with the same flags (buildTools); each is built alone, not
-// the rest of its release.
+// the rest of its release. make test's kubelets step runs it
+// (-build-kubelets) beside the first tests, which need none of them.
 func (c *cluster) buildOlderKubelets(ctx context.Context) error {
-	c.olderKubelets = map[string]string{}
 	for _, v := range olderKubeletsToRun() {
-		minor, _ := minorOf(v)
-		bin, err := c.buildTools(ctx, "kubelet-"+v, filepath.Join("kubelets", minor), "kubelet", "-s -w "+versionLDFlags(v))
-		if err != nil {
-			return fmt.Errorf("kubelet %s: %w", v, err)
+		if _, err := c.olderKubelet(ctx, v); err != nil {
+			return err
 		}
-		c.olderKubelets[v] = filepath.Join(bin, "kubelet")
 	}
 	return nil
 }
 
-// kubeletBinary is the kubelet of version: the cluster's own, or one that
-// buildOlderKubelets built.
+// olderKubelet is the kubelet of version, one of olderKubeletsToRun, found
+// or built (waiting for the kubelets step when it builds it now).
+func (c *cluster) olderKubelet(ctx context.Context, version string) (string, error) {
+	c.olderKubeletsMu.Lock()
+	defer c.olderKubeletsMu.Unlock()
+	if bin, ok := c.olderKubelets[version]; ok {
+		return bin, nil
+	}
+	minor, _ := minorOf(version)
+	bin, err := c.buildTools(ctx, "kubelet-"+version, filepath.Join("kubelets", minor), "kubelet", "-s -w "+versionLDFlags(version))
+	if err != nil {
+		return "", fmt.Errorf("kubelet %s: %w", version, err)
+	}
+	if c.olderKubelets == nil {
+		c.olderKubelets = map[string]string{}
+	}
+	c.olderKubelets[version] = filepath.Join(bin, "kubelet")
+	return c.olderKubelets[version], nil
+}
+
+// kubeletBinary is the kubelet of version: the cluster's own, or one of
+// olderKubeletsToRun, found or built (within 30 minutes).
 func (c *cluster) kubeletBinary(version string) (string, error) {
 	if version == kubernetesVersion {
 		return filepath.Join(c.bin, "kubelet"), nil
 	}
-	if bin, ok := c.olderKubelets[version]; ok {
-		return bin, nil
+	if !slices.Contains(olderKubeletsToRun(), version) {
+		return "", fmt.Errorf("no kubelet %s: the cluster runs %s and builds %v", version, kubernetesVersion, olderKubeletsToRun())
 	}
-	return "", fmt.Errorf("no kubelet %s: the cluster runs %s and builds %v", version, kubernetesVersion, olderKubeletsToRun())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	return c.olderKubelet(ctx, version)
 }
 
 // oldestKubelet is the oldest kubelet of olderKubeletsToRun, or the

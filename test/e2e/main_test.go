@@ -36,7 +36,14 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if *buildOnly {
-		if err := buildAll(context.Background(), *buildSummary); err != nil {
+		if err := buildAll(context.Background(), *buildSummary, !*buildKubeletsApart); err != nil {
+			fmt.Printf("e2e build: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if *buildKubeletsOnly {
+		if err := buildKubelets(context.Background()); err != nil {
 			fmt.Printf("e2e build: %v\n", err)
 			os.Exit(1)
 		}
@@ -84,9 +91,11 @@ func TestMain(m *testing.M) {
 }
 
 var (
-	buildOnly    = flag.Bool("build-only", false, "build, or find built in the cache, everything the cluster runs, then exit (make test's e2e build step)")
-	buildSummary = flag.String("build-summary", "", "with -build-only, a file to hold a line per item: built or cached, and its seconds")
-	cleanStale   = flag.Bool("clean-stale", false, "end and remove what earlier runs that did not take themselves down left on the machine, then exit")
+	buildOnly          = flag.Bool("build-only", false, "build, or find built in the cache, everything the cluster runs, then exit (make test's e2e build step)")
+	buildSummary       = flag.String("build-summary", "", "with -build-only, a file to hold a line per item: built or cached, and its seconds")
+	buildKubeletsApart = flag.Bool("build-kubelets-apart", false, "with -build-only, leave out the older kubelets, which -build-kubelets builds")
+	buildKubeletsOnly  = flag.Bool("build-kubelets", false, "build, or find built, the older kubelets, then exit (make test's kubelets step)")
+	cleanStale         = flag.Bool("clean-stale", false, "end and remove what earlier runs that did not take themselves down left on the machine, then exit")
 )
 
 // takingDown makes takeDown run once: at the end of TestMain, or earlier on
