@@ -35,10 +35,10 @@ const kubernetesVersion = "v1.37.2"
 // (see kubeBinaries).
 type cluster struct {
 	*kubeNode
-	dir  string // the run's directory; removed by down
-	repo string // converge's repository root
-	bin  string // directory of the Kubernetes binaries
-	logs string // directory of every daemon's log
+	dir           string // the run's directory; removed by down
+	repo          string // converge's repository root
+	bin           string // directory of the Kubernetes binaries
+	logs          string // directory of every daemon's log
 	olderKubelets map[string]string
 
 	pki     *pki
