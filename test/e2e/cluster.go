@@ -35,11 +35,10 @@ const kubernetesVersion = "v1.37.2"
 // (see kubeBinaries).
 type cluster struct {
 	*kubeNode
-	dir           string // the run's directory; removed by down
-	repo          string // converge's repository root
-	bin           string // directory of the Kubernetes binaries
-	logs          string // directory of every daemon's log
-	olderKubelets map[string]string
+	dir  string // the run's directory; removed by down
+	repo string // converge's repository root
+	bin  string // directory of the Kubernetes binaries
+	logs string // directory of every daemon's log
 
 	pki     *pki
 	admin   string // the admin kubeconfig
@@ -67,6 +66,7 @@ type cluster struct {
 	builtMu sync.Mutex
 	// olderKubelets are the kubelets of olderKubeletsToRun found or built
 	// so far, by version (kubeletBinary); guarded by olderKubeletsMu.
+	olderKubelets   map[string]string
 	olderKubeletsMu sync.Mutex
 }
 
