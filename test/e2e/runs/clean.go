@@ -37,11 +37,15 @@ func clean(dir string, host bool) []string {
 	}
 	cgroups := runCgroups(dir)
 	stop(cgroups, dir, note)
+	// Listed while the pools are still mounted: an image in a pool is
+	// found through the pool's mount.
+	loops := LoopsBackedUnder(dir)
+	ids := identities(loops)
 	// The kubelet's bind mount of its root is among the mounts; a node's
 	// namespaces hold their copies of them until their last process has
 	// gone, as the loop devices under them do.
 	unmountUnder(dir, note)
-	detachLoops(LoopsBackedUnder(dir), func() map[string]string { return LoopsBackedUnder(dir) }, note)
+	detachLoops(loops, ids, note)
 	removeLogLinks(dir) // before the host paths: they live in one
 	if host {
 		restoreSysctls(dir, note)
@@ -115,7 +119,7 @@ func CleanStale() []string {
 		}
 	}
 	for _, o := range orphans {
-		detachLoops(o.loops, attachedLoops, noteFor(o.name))
+		detachLoops(o.loops, o.ids, noteFor(o.name))
 		removeCgroups(o.cgroups, noteFor(o.name))
 	}
 	return notes
@@ -132,6 +136,7 @@ type orphan struct {
 	dir     string
 	cgroups []string          // the run's cgroups, in every hierarchy
 	loops   map[string]string // device to backing file
+	ids     map[string]loopID // what each of loops was attached to when listed
 }
 
 // orphans lists what runs whose directory is gone left, run by run. A run
@@ -164,6 +169,7 @@ func orphans() []*orphan {
 	}
 	var out []*orphan
 	for _, o := range byName {
+		o.ids = identities(o.loops)
 		out = append(out, o)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -47,29 +50,94 @@ func mountsUnder(dir string) []string {
 }
 
 // LoopsBackedUnder maps each attached loop device whose backing file lies
-// under dir to that file, deleted or not. None is an empty map.
+// under dir to that file, deleted or not, and each loop device attached to
+// one of those to "holds <device>". None is an empty map.
 //
 // csi-node attaches images in its container, through its hostPath of the
-// node's state directory: the kernel names such a file by its path in the
-// container (/var/lib/converge/volumes/...) or, once the container has
-// ended, beneath the hostPath (/volumes/...). Those are found in the
-// state directories of the run's nodes by their device and inode numbers,
-// while the directory exists.
+// node's state directory or a pool's: the kernel names such a file by its
+// path in the container (/var/lib/converge/volumes/...) or, once the
+// container has ended, beneath the hostPath (/volumes/..., or /<image> in
+// a pool). Those are found in the state and pool directories of the run's
+// nodes by their device and inode numbers, while the directory exists and
+// the pool is mounted: Clean lists them before it unmounts. The kubelet
+// attaches a loop device to a raw block volume's device to hold it while a
+// pod maps it; a kubelet killed leaves it, holding the volume's.
 func LoopsBackedUnder(dir string) map[string]string {
 	out := map[string]string{}
 	loops, _ := devices.ListLoops("/sys/block")
-	states, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "converge"))
-	states = append(states, filepath.Join(dir, "converge"))
+	var roots []string
+	for _, pattern := range []string{"converge", "pools/*", "nodes/*/converge", "nodes/*/pools/*"} {
+		more, _ := filepath.Glob(filepath.Join(dir, pattern))
+		for _, m := range more {
+			if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
+				roots = append(roots, m)
+			}
+		}
+	}
 	for _, l := range loops {
 		if strings.HasPrefix(l.BackingFile, dir+"/") {
 			out[l.Device] = l.BackingFile
 			continue
 		}
-		for _, s := range states {
-			if path, ok := devices.ResolveBacking(l, s); ok {
+		for _, r := range roots {
+			if path, ok := devices.ResolveBacking(l, r); ok {
 				out[l.Device] = path
 				break
 			}
+		}
+	}
+	// The holders, and theirs.
+	for range 3 {
+		held := map[loopID]string{}
+		for dev := range out {
+			var st unix.Stat_t
+			if unix.Stat(dev, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFBLK {
+				held[loopID{uint64(st.Dev), st.Ino}] = dev
+			}
+		}
+		more := false
+		for _, l := range loops {
+			if _, ok := out[l.Device]; ok {
+				continue
+			}
+			if id, ok := identity(l.Device); ok && held[id] != "" {
+				out[l.Device] = "holds " + held[id]
+				more = true
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	return out
+}
+
+// loopID names a loop device's backing file by its device and inode
+// numbers, as the kernel keeps them (LOOP_GET_STATUS64).
+type loopID struct{ dev, ino uint64 }
+
+// identity is what the loop device dev is attached to, if it is.
+func identity(dev string) (loopID, bool) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return loopID{}, false
+	}
+	defer f.Close()
+	info, err := unix.IoctlLoopGetStatus64(int(f.Fd()))
+	if err != nil {
+		return loopID{}, false
+	}
+	return loopID{info.Device, info.Inode}, true
+}
+
+// identities are the identity of each of loops, taken when they were
+// listed: detachLoops detaches a device only if it is still attached to
+// the same file.
+func identities(loops map[string]string) map[string]loopID {
+	out := map[string]loopID{}
+	for dev := range loops {
+		if id, ok := identity(dev); ok {
+			out[dev] = id
 		}
 	}
 	return out
@@ -87,32 +155,37 @@ func unmountUnder(dir string, note func(string, ...any)) {
 }
 
 // detachLoops detaches the loop devices loops lists (device to backing
-// file, as listLeft lists what is attached now) and waits, up to detachTimeout, until listLeft lists none of them;
-// it notes those it could not detach and those still attached then.
-func detachLoops(loops map[string]string, listLeft func() map[string]string, note func(string, ...any)) {
+// file) that are still attached to the files ids says they were when
+// listed (a device freed since, by the kills or the unmounts, may hold
+// another's file by now), holders first, and waits, up to detachTimeout,
+// until none of them is; it notes those it could not detach and those
+// still attached then.
+func detachLoops(loops map[string]string, ids map[string]loopID, note func(string, ...any)) {
 	if len(loops) == 0 {
 		return
 	}
-	// A device freed since loops was listed (its mount went with the
-	// processes killed) may hold another's file by now: each is detached
-	// only if it still holds the file listed.
-	now := listLeft()
-	for dev, file := range loops {
-		if now[dev] != file {
-			continue
+	still := func() map[string]string {
+		out := map[string]string{}
+		for dev, file := range loops {
+			if id, ok := identity(dev); ok && id == ids[dev] {
+				out[dev] = file
+			}
 		}
+		return out
+	}
+	devs := slices.Collect(maps.Keys(still()))
+	// A holder goes first: the device it holds goes at its last close.
+	sort.Slice(devs, func(i, j int) bool {
+		return strings.HasPrefix(loops[devs[i]], "holds ") && !strings.HasPrefix(loops[devs[j]], "holds ")
+	})
+	for _, dev := range devs {
 		if err := devices.DetachLoop(dev); err != nil {
-			note("detach %s (%s): %v", dev, file, err)
+			note("detach %s (%s): %v", dev, loops[dev], err)
 		}
 	}
 	var left map[string]string
 	poll.Wait(context.Background(), detachTimeout, 100*time.Millisecond, func() error {
-		left = listLeft()
-		for dev, file := range left {
-			if loops[dev] != file {
-				delete(left, dev) // not one of those: attached since
-			}
-		}
+		left = still()
 		if len(left) > 0 {
 			return fmt.Errorf("%d loop devices still attached", len(left))
 		}
