@@ -2,11 +2,14 @@ package runs
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/converge-csi/converge/pkg/devices"
 )
 
 // TestCleanStale makes on the real kernel, without a cluster, what e2e
@@ -238,4 +241,61 @@ func forgedRun(t *testing.T, perm os.FileMode, uid int) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// TestCleanDetachesPoolImagesAndHolders: csi-node attaches the images of a
+// pool through its container's mount of the pool, so the kernel names such
+// a file relative to that mount once the container has ended ("/<image>");
+// and the kubelet attaches a loop device to a raw block volume's device to
+// hold it while a pod maps it. A run ended in the middle of its tests
+// leaves both (seen: the pool's own device then stays too, under its
+// images). Clean must detach them all.
+func TestCleanDetachesPoolImagesAndHolders(t *testing.T) {
+	needMachine(t)
+	m := newMade(t)
+	dir := m.run(t, deadOwner(t))
+	pool := filepath.Join(dir, "pools", "fast")
+	poolDev := m.filesystem(t, filepath.Join(dir, "pool.img"), pool)
+	image := filepath.Join(pool, "pvc-1.img")
+	if err := os.WriteFile(image, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(image, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	// Attached through a mount of the pool of a namespace that ends, as
+	// csi-node's container's.
+	attach := func(script string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v: %s", script, err, out)
+		}
+		dev := strings.TrimSpace(string(out))
+		id, ok := identity(dev)
+		if !ok {
+			t.Fatalf("%s: %q is no loop device", script, dev)
+		}
+		t.Cleanup(func() {
+			if now, ok := identity(dev); ok && now == id {
+				devices.DetachLoop(dev)
+			}
+		})
+		return dev
+	}
+	mnt := t.TempDir()
+	imageDev := attach(`mount --bind "$1" "$2"; losetup -f --show "$2/pvc-1.img"`, pool, mnt)
+	holder := attach(`losetup -f --show "$1"`, imageDev)
+	if b, _ := os.ReadFile("/sys/block/" + filepath.Base(imageDev) + "/loop/backing_file"); strings.HasPrefix(string(b), dir) {
+		t.Fatalf("the image's device is named %q, under the run's directory: the test makes nothing to find", b)
+	}
+
+	if notes := Clean(dir); len(notes) > 0 {
+		t.Errorf("Clean: %s", strings.Join(notes, "; "))
+	}
+	for what, dev := range map[string]string{"the pool's image": imageDev, "the kubelet's holder": holder, "the pool": poolDev} {
+		if _, ok := identity(dev); ok {
+			t.Errorf("%s, %s, is still attached", what, dev)
+		}
+	}
 }
