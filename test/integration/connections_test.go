@@ -99,5 +99,14 @@ func TestConnectionPerCall(t *testing.T) {
 	}
 	cancel()
 	wg.Wait()
+	// The clients have gone; the plugin lets go of their requests as it
+	// sees each connection close, a moment later on a loaded machine
+	// (make test runs its lanes side by side): until then a new request
+	// is refused, as the kubelet's would be, and retried.
+	for start := time.Now(); waiting() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("%d stages still waiting 30 s after their clients went", waiting())
+		}
+	}
 	unstage(t, p, req.VolumeId, staging)
 }
