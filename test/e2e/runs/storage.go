@@ -66,7 +66,10 @@ func LoopsBackedUnder(dir string) map[string]string {
 	out := map[string]string{}
 	loops, _ := devices.ListLoops("/sys/block")
 	var roots []string
-	for _, pattern := range []string{"converge", "pools/*", "nodes/*/converge", "nodes/*/pools/*"} {
+	// A node's data directory (converge/volumes) may be a filesystem of
+	// its own, as the second node's is: its images are named relative to
+	// it.
+	for _, pattern := range []string{"converge", "converge/volumes", "pools/*", "nodes/*/converge", "nodes/*/converge/volumes", "nodes/*/pools/*"} {
 		more, _ := filepath.Glob(filepath.Join(dir, pattern))
 		for _, m := range more {
 			if fi, err := os.Lstat(m); err == nil && fi.IsDir() {
