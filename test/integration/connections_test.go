@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // TestConnectionPerCall calls the plugin the kubelet's way: a connection
@@ -103,10 +105,13 @@ func TestConnectionPerCall(t *testing.T) {
 	// sees each connection close, a moment later on a loaded machine
 	// (make test runs its lanes side by side): until then a new request
 	// is refused, as the kubelet's would be, and retried.
-	for start := time.Now(); waiting() > 0; time.Sleep(10 * time.Millisecond) {
-		if time.Since(start) > 30*time.Second {
-			t.Fatalf("%d stages still waiting 30 s after their clients went", waiting())
+	if err := poll.Wait(context.Background(), 30*time.Second, 10*time.Millisecond, func() error {
+		if w := waiting(); w > 0 {
+			return fmt.Errorf("%d stages still waiting after their clients went", w)
 		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	unstage(t, p, req.VolumeId, staging)
 }
