@@ -17,7 +17,7 @@ const (
 
 // ResizerLease is the Lease csi-resizer elects its leader on:
 // "external-resizer-" and the driver's name with every character but
-// letters, digits and '-' made '-' (csi-resizer v2.2.1, cmd/csi-resizer,
+// letters, digits and '-' made '-' (csi-resizer v2.3.0, cmd/csi-resizer,
 // util.SanitizeName of the CSI driver's name).
 const ResizerLease = "external-resizer-converge-csi-dev"
 
@@ -102,7 +102,9 @@ var Table = []Question{
 	// converge-node: csi-resizer.
 	{Node, "patch", "persistentvolumes", Any, "", true, "csi-resizer: the volume's new size"},
 	{Node, "patch", "persistentvolumeclaims/status", Any, "", true, "csi-resizer: the claim's resize status"},
-	{Node, "watch", "pods", Any, "", true, "csi-resizer: whether a claim is in use"},
+	{Node, "watch", "pods", Any, "", false, "csi-resizer runs without its pod informer (--handle-volume-inuse-error=false): converge expands online"},
+	{Node, "list", "pods", Any, "", false, "no sidecar lists the cluster's pods"},
+	{Node, "get", "pods", "default", "", false, "csi-provisioner reads its own pod, in converge's namespace"},
 	{Node, "watch", "volumeattributesclasses.storage.k8s.io", Any, "", false, "converge has no ControllerModifyVolume"},
 	// converge-node: csi-snapshotter (--node-deployment) and restores.
 	{Node, "watch", "volumesnapshotclasses.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the snapshot's class"},
