@@ -84,7 +84,7 @@ func buildAll(ctx context.Context, summary string, kubelets bool) error {
 	}{
 		{"kubernetes " + kubernetesVersion, c.kubeBinaries},
 		{"crictl " + crictlVersion, c.buildCrictl},
-		{"external-snapshotter " + snapshotterVersion, c.buildSnapshotter},
+		{"sidecars " + sidecarVersions(), c.buildSidecars},
 		{"storage suite (e2e.test)", func(ctx context.Context) error { _, err := c.storageSuite(ctx); return err }},
 	}
 	if kubelets {

@@ -48,10 +48,11 @@ type cluster struct {
 	csiImage string
 
 	etcd, apiserver, controllerManager, scheduler *proc
-	// snapshotController is the cluster's; snapshotBin holds the
-	// external-snapshotter binaries.
+	// snapshotController is the cluster's.
 	snapshotController *proc
-	snapshotBin        string
+	// sidecarDirs are the directories of the sidecars' builds, by name
+	// (buildSidecars); guarded by builtMu.
+	sidecarDirs map[string]string
 	// crictl is the crictl every node has (node.go installCrictl).
 	crictl string
 
@@ -129,6 +130,7 @@ func (c *cluster) up(ctx context.Context) error {
 	}{
 		{"kubernetes binaries", c.kubeBinaries},
 		{"crictl", c.buildCrictl},
+		{"sidecars", c.buildSidecars},
 		{"csi-node image", c.buildCSINodeImage},
 		{"certificates", c.makePKI},
 		{"etcd", c.startEtcd},

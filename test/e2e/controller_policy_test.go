@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
-	"github.com/converge-csi/converge/test/e2e/standin"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // controllerPolicy is deploy/components/node-volumes' second
@@ -59,7 +59,7 @@ func TestControllerWritesOnlyWhatItReleases(t *testing.T) {
 	adminPV(t, conv)
 	t.Cleanup(func() { unfinalize(t, conv.Name) })
 	otherClaim := adminProvisionedClaim(t, prefix+"otherclaim", "other.csi.example.com")
-	convClaim := adminProvisionedClaim(t, prefix+"convclaim", standin.DriverName)
+	convClaim := adminProvisionedClaim(t, prefix+"convclaim", contract.DefaultDriverName)
 	noClaimPod := adminPod(t, prefix+"noclaim", "")
 	claimPod := adminPod(t, prefix+"claim", otherClaim)
 

@@ -19,7 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"github.com/converge-csi/converge/test/e2e/standin"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // managedBy is the label by which a node-deployed csi-snapshotter selects
@@ -27,6 +27,7 @@ import (
 const managedBy = "snapshot.storage.kubernetes.io/managed-by"
 
 var (
+	volumeSnapshots       = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
 	snapshotContents      = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotcontents"}
 	groupSnapshotContents = schema.GroupVersionResource{Group: "groupsnapshot.storage.k8s.io", Version: "v1", Resource: "volumegroupsnapshotcontents"}
 	groupSnapshotClasses  = schema.GroupVersionResource{Group: "groupsnapshot.storage.k8s.io", Version: "v1", Resource: "volumegroupsnapshotclasses"}
@@ -60,7 +61,7 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 
 	handle := "snapshot-1_" + ghostNode
 	other := adminObject(t, snapshotContents, contentObject(prefix+"other", "other.csi.example.com", handle))
-	conv := adminObject(t, snapshotContents, contentObject(prefix+"conv", standin.DriverName, handle))
+	conv := adminObject(t, snapshotContents, contentObject(prefix+"conv", contract.DefaultDriverName, handle))
 	group := adminObject(t, groupSnapshotContents, groupContentObject(prefix+"group", "groupsnapshot-1_"+ghostNode, "g-0_"+ghostNode))
 	// A content that names a volume alone, and one that snapshot-controller
 	// would make for a group's member (its group's handle annotated).
@@ -68,7 +69,7 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 	member := adminObject(t, snapshotContents, volumeContentObject(prefix+"member", "pvc-2_"+ghostNode, "groupsnapshot-1_"+ghostNode))
 	class := adminObject(t, groupSnapshotClasses, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": groupSnapshotClasses.GroupVersion().String(), "kind": "VolumeGroupSnapshotClass",
-		"metadata": map[string]any{"name": prefix + "class"}, "driver": standin.DriverName, "deletionPolicy": "Delete"}})
+		"metadata": map[string]any{"name": prefix + "class"}, "driver": contract.DefaultDriverName, "deletionPolicy": "Delete"}})
 	otherClass := adminObject(t, groupSnapshotClasses, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": groupSnapshotClasses.GroupVersion().String(), "kind": "VolumeGroupSnapshotClass",
 		"metadata": map[string]any{"name": prefix + "otherclass"}, "driver": "other.csi.example.com", "deletionPolicy": "Delete"}})
@@ -126,7 +127,7 @@ func TestControllerLabelsOnlySnapshotObjects(t *testing.T) {
 		})
 	}
 	forbidden("a create of a content", func() error {
-		_, err := as.Resource(snapshotContents).Create(ctx, contentObject(prefix+"made", standin.DriverName, handle), metav1.CreateOptions{})
+		_, err := as.Resource(snapshotContents).Create(ctx, contentObject(prefix+"made", contract.DefaultDriverName, handle), metav1.CreateOptions{})
 		return err
 	})
 	forbidden("a delete of a content", func() error {
@@ -162,9 +163,9 @@ func TestSnapshotLabellerTellsWhatIsWrong(t *testing.T) {
 	prefix := fmt.Sprintf("snaplab-%d-", time.Now().UnixNano()%100000)
 	expectWarning(t, "SnapshotNodeGone", prefix+"gone")
 	expectWarning(t, "SnapshotContentCheckandUpdateFailed", prefix+"absent")
-	gone := adminObject(t, snapshotContents, contentObject(prefix+"gone", standin.DriverName, "snapshot-1_"+ghostNode))
+	gone := adminObject(t, snapshotContents, contentObject(prefix+"gone", contract.DefaultDriverName, "snapshot-1_"+ghostNode))
 	missing := "nosuchsnapshot_" + c.node
-	absent := adminObject(t, snapshotContents, contentObject(prefix+"absent", standin.DriverName, missing))
+	absent := adminObject(t, snapshotContents, contentObject(prefix+"absent", contract.DefaultDriverName, missing))
 
 	poll(t, 2*time.Minute, "a SnapshotNodeGone warning on the content and on its VolumeSnapshot", func() (bool, string) {
 		onContent, onSnapshot := "", ""
@@ -225,7 +226,7 @@ func contentObject(name, driver, handle string) *unstructured.Unstructured {
 // that names volume, as contentObject, and nothing else but, when group is
 // not "", the group handle a member of a group is annotated with.
 func volumeContentObject(name, volume, group string) *unstructured.Unstructured {
-	o := contentObject(name, standin.DriverName, "")
+	o := contentObject(name, contract.DefaultDriverName, "")
 	o.Object["spec"].(map[string]any)["source"] = map[string]any{"volumeHandle": volume}
 	if group != "" {
 		o.SetAnnotations(map[string]string{"groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle": group})
@@ -244,7 +245,7 @@ func groupContentObject(name, handle string, members ...string) *unstructured.Un
 		"apiVersion": groupSnapshotContents.GroupVersion().String(), "kind": "VolumeGroupSnapshotContent",
 		"metadata": map[string]any{"name": name},
 		"spec": map[string]any{
-			"driver": standin.DriverName, "deletionPolicy": "Retain",
+			"driver": contract.DefaultDriverName, "deletionPolicy": "Retain",
 			"source":                 map[string]any{"groupSnapshotHandles": map[string]any{"volumeGroupSnapshotHandle": handle, "volumeSnapshotHandles": m}},
 			"volumeGroupSnapshotRef": map[string]any{"name": name, "namespace": ns},
 		},

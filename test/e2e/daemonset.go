@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/test/e2e/invariants"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
@@ -22,8 +23,12 @@ import (
 // installs it: kubectl apply -k of a kustomization of the run's own that
 // names deploy/ as shipped and its snapshots component, and changes only
 //   - the images (images:): csi-node's is the one built from the
-//     Dockerfile (csiimage.go); each kubernetes-csi sidecar's is its
-//     stand-in's (package standin), or csi-snapshotter built from its release;
+//     Dockerfile (csiimage.go); node-driver-registrar's is its stand-in's
+//     (package standin); csi-provisioner, csi-resizer and csi-snapshotter
+//     keep deploy/'s names, under which the run's images hold the releases
+//     built from their modules (sidecars.go), and take those releases'
+//     tags, so that an older deploy/ (TestUpgradeAndRollback's) runs them
+//     too;
 //   - csi-node's arguments, three appended (installArgs).
 // The DaemonSet controller puts a pod on each node as it joins; the
 // kubelet runs its containers in the node's containerd, and registers
@@ -131,8 +136,9 @@ images:
 		name, _, _ := strings.Cut(standInImage(s), ":")
 		fmt.Fprintf(&b, "  - name: %s\n    newName: %s\n", s.Image, name)
 	}
-	name, _, _ := strings.Cut(snapshotterImage, ":")
-	fmt.Fprintf(&b, "  - name: registry.k8s.io/sig-storage/csi-snapshotter\n    newName: %s\n", name)
+	for _, s := range sidecars {
+		fmt.Fprintf(&b, "  - name: %s\n    newTag: %s\n", sidecarRepo+s.name, s.version)
+	}
 	return base, b.String()
 }
 
@@ -201,7 +207,7 @@ func (n *kubeNode) waitDriver(ctx context.Context) error {
 			return fmt.Errorf("pod %s not Ready: %s", pod.Name, containerStates(pod))
 		}
 		if !n.driverRegistered() {
-			return fmt.Errorf("CSINode %s does not list %s", n.node, standin.DriverName)
+			return fmt.Errorf("CSINode %s does not list %s", n.node, contract.DefaultDriverName)
 		}
 		return nil
 	})

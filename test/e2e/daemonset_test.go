@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/converge-csi/converge/test/e2e/standin"
+	"github.com/converge-csi/converge/pkg/contract"
 	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
 
@@ -88,7 +88,7 @@ func waitReplacedPod(t *testing.T, n *kubeNode, old types.UID) *corev1.Pod {
 			t.Fatalf("pod %s is Ready, but its csi-node has not logged %q:\n%s", p.Name, reconstructed, tail(log, 20))
 		}
 		if !n.driverRegistered() {
-			return false, "CSINode does not list " + standin.DriverName
+			return false, "CSINode does not list " + contract.DefaultDriverName
 		}
 		pod = p
 		return true, ""

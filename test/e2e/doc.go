@@ -2,9 +2,10 @@
 // kube-apiserver, kube-controller-manager, kube-scheduler) on 127.0.0.1
 // with one node (kubelet and containerd in namespaces of their own), on
 // which converge is installed as users install it: kubectl apply -k of
-// deploy/, its csi-node image built from the Dockerfile, its sidecars
-// stand-ins of their own names that take deploy/'s arguments
-// (daemonset.go). Real pods with PersistentVolumeClaims use it. The
+// deploy/, its csi-node image built from the Dockerfile, csi-provisioner,
+// csi-resizer and csi-snapshotter built from their releases (sidecars.go),
+// node-driver-registrar a stand-in of its own name that takes deploy/'s
+// arguments (daemonset.go). Real pods with PersistentVolumeClaims use it. The
 // two-node tests join a second node (join.go), on which the DaemonSet
 // puts a pod of its own. TestHelmChart installs the Helm chart in place
 // of the kustomization, through the Helm SDK, and puts the kustomization

@@ -23,8 +23,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
-
-	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 var (
@@ -278,7 +276,7 @@ func volumeGroupSnapshot(t *testing.T, name, app string, claims []string) (strin
 		if !slices.Contains(got.GetFinalizers(), groupBoundFinalizer) {
 			return false, fmt.Sprintf("ready; finalizers %v, waiting for %s", got.GetFinalizers(), groupBoundFinalizer)
 		}
-		list, err := c.dynamic.Resource(standin.VolumeSnapshots).Namespace(ns).List(ctx, metav1.ListOptions{})
+		list, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
 		}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -27,9 +28,11 @@ import (
 const helmRelease = "converge"
 
 // helmValues are the run's values of the chart: the same choices as its
-// kustomization of deploy/ (installKustomizations), the images built here
-// and csi-node's arguments (installArgs) among them, at csi-node's log
-// level logLevel.
+// kustomization of deploy/ (installKustomizations), csi-node's image and
+// arguments (installArgs) and the registrar's stand-in among them, at
+// csi-node's log level logLevel. The other sidecars keep the chart's
+// images, which the run's images are named as: a chart that named
+// another release would not start.
 func helmValues(logLevel int) map[string]any {
 	image := map[string]any{}
 	for _, s := range standin.Releases {
@@ -44,10 +47,7 @@ func helmValues(logLevel int) map[string]any {
 			"maxVolumes":   maxVolumesPerNode,
 		},
 		"sidecars": map[string]any{
-			"registrar":   image["csi-node-driver-registrar"],
-			"provisioner": image["csi-provisioner"],
-			"resizer":     image["csi-resizer"],
-			"snapshotter": map[string]any{"image": snapshotterImage},
+			"registrar": image["csi-node-driver-registrar"],
 		},
 		"snapshots": map[string]any{"enabled": true},
 		"pools":     []any{map[string]any{"name": fastPool, "ratio": fastPoolRatio}},
@@ -204,10 +204,10 @@ func TestHelmChart(t *testing.T) {
 	}
 	installed = false
 	t.Logf("helm uninstall: %s", res.Info)
-	if !strings.Contains(res.Info, "kept due to the resource policy") || !strings.Contains(res.Info, standin.DriverName) {
+	if !strings.Contains(res.Info, "kept due to the resource policy") || !strings.Contains(res.Info, contract.DefaultDriverName) {
 		t.Errorf("the uninstall does not say the CSIDriver is kept: %q", res.Info)
 	}
-	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, standin.DriverName, metav1.GetOptions{}); err != nil {
+	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, contract.DefaultDriverName, metav1.GetOptions{}); err != nil {
 		t.Errorf("the CSIDriver after the uninstall: %v", err)
 	}
 	withoutDriver(t)

@@ -57,10 +57,6 @@ var upstreamTags = map[string][]string{
 // the API server and its credentials as the sidecars of deploy/ do.
 const kubectlImage = "converge.local/kubectl:e2e"
 
-// snapshotterImage is external-snapshotter's csi-snapshotter of the release
-// the suite builds, under a name of its own.
-const snapshotterImage = "converge.local/e2e-csi-snapshotter:" + snapshotterVersion
-
 // layerFile is one entry of an image layer.
 type layerFile struct {
 	name    string // path inside the image, without a leading slash
@@ -72,10 +68,11 @@ type layerFile struct {
 
 // buildImages writes OCI archives of the images into dir, imports them into
 // containerd's k8s.io namespace and tags them with their upstream names.
-// agnhost and kubectl are the binaries built from the Kubernetes release,
-// snapshotter external-snapshotter's csi-snapshotter; the sidecars' stand-ins
-// are this test binary (package standin).
-func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) error {
+// agnhost and kubectl are the binaries built from the Kubernetes release;
+// sidecarBin gives the path of each sidecar of sidecars, built from its
+// release, whose image is named as deploy/ names it; the registrar's
+// stand-in is this test binary (package standin).
+func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(name string) string) error {
 	pause := filepath.Join(dir, "pause")
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", pause, "./images/pause")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -102,10 +99,6 @@ func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) erro
 		return err
 	}
 	kctl, err := busyboxFiles(map[string]string{"/bin/kubectl": kubectl})
-	if err != nil {
-		return err
-	}
-	snap, err := busyboxFiles(map[string]string{"/csi-snapshotter": snapshotter})
 	if err != nil {
 		return err
 	}
@@ -139,7 +132,18 @@ func buildImages(dir, containerdSock, agnhost, kubectl, snapshotter string) erro
 		{ref: "converge.local/agnhost:e2e", files: agn,
 			config: map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{agnhostPath}}},
 		{ref: kubectlImage, files: kctl, config: map[string]any{"Entrypoint": []string{"/bin/kubectl"}, "Env": []string{"PATH=/bin"}}},
-		{ref: snapshotterImage, files: snap, config: map[string]any{"Entrypoint": []string{"/csi-snapshotter"}, "Env": []string{"PATH=/bin"}}},
+	}
+	for _, s := range sidecars {
+		bin := sidecarBin(s.name)
+		if bin == "" {
+			return fmt.Errorf("%s %s is not built", s.name, s.version)
+		}
+		files, err := busyboxFiles(map[string]string{"/" + s.name: bin})
+		if err != nil {
+			return err
+		}
+		images = append(images, image{ref: s.image(), files: files,
+			config: map[string]any{"Entrypoint": []string{"/" + s.name}, "Env": []string{"PATH=/bin"}}})
 	}
 	// One layer of the test binary for all stand-ins; each image adds the
 	// link, named after its sidecar, that it runs it by.

@@ -15,11 +15,10 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/test/e2e/invariants"
-
 	"github.com/converge-csi/converge/test/e2e/runs"
-	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // What must hold of the whole run, whatever its tests did (package
@@ -34,7 +33,7 @@ var convergePods = []string{daemonSetName + "-", controllerName + "-"}
 // events under: converge-controller, and the sidecars, which name the
 // driver (the provisioner "converge.csi.dev_<node>_...", the resizer and
 // the snapshotter "... converge.csi.dev").
-var convergeSources = []string{controllerName, standin.DriverName}
+var convergeSources = []string{controllerName, contract.DefaultDriverName}
 
 // intent is what the tests did on purpose: the restarts they caused and the
 // warnings they expect.

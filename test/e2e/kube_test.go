@@ -21,11 +21,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
-	polling "github.com/converge-csi/converge/test/testenv/poll"
-
 	"github.com/converge-csi/converge/test/e2e/runs"
-	"github.com/converge-csi/converge/test/e2e/standin"
+	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
 
 const (
@@ -307,9 +306,9 @@ func boundVolume(t *testing.T, claimName string) volume {
 		if err != nil {
 			return false, err.Error()
 		}
-		n := c.nodeNamed(standin.NodeOf(pv))
+		n := c.nodeNamed(nodeOf(pv))
 		if n == nil {
-			return false, fmt.Sprintf("PV %s names node %q, not one of the cluster's", pv.Name, standin.NodeOf(pv))
+			return false, fmt.Sprintf("PV %s names node %q, not one of the cluster's", pv.Name, nodeOf(pv))
 		}
 		v = volume{pv: pv.Name, handle: pv.Spec.CSI.VolumeHandle, n: n}
 		return true, ""
@@ -320,7 +319,7 @@ func boundVolume(t *testing.T, claimName string) volume {
 // stagingPath is where the kubelet stages the volume, on the node.
 func (v volume) stagingPath() string {
 	sum := sha256.Sum256([]byte(v.handle))
-	return filepath.Join(nodeKubeletDir, "plugins", "kubernetes.io", "csi", standin.DriverName, hex.EncodeToString(sum[:]), "globalmount")
+	return filepath.Join(nodeKubeletDir, "plugins", "kubernetes.io", "csi", contract.DefaultDriverName, hex.EncodeToString(sum[:]), "globalmount")
 }
 
 // targetPath is where the kubelet publishes a filesystem volume for a pod,
@@ -487,4 +486,19 @@ func poll(t *testing.T, timeout time.Duration, what string, check func() (bool, 
 		}
 		return nil
 	})
+}
+
+// nodeOf is the node a converge volume's node affinity names, "" for none.
+func nodeOf(pv *corev1.PersistentVolume) string {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return ""
+	}
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == contract.TopologyKey && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 {
+				return e.Values[0]
+			}
+		}
+	}
+	return ""
 }

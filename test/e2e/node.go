@@ -13,8 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/test/e2e/runs"
-	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // The node's side of the cluster: containerd and the kubelet, which runs
@@ -264,8 +264,7 @@ state = %q
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return err
 	}
-	if err := buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost"), filepath.Join(n.c.bin, "kubectl"),
-		filepath.Join(n.c.snapshotBin, "csi-snapshotter")); err != nil {
+	if err := buildImages(images, n.containerd, filepath.Join(n.c.bin, "agnhost"), filepath.Join(n.c.bin, "kubectl"), n.c.sidecarBin); err != nil {
 		return err
 	}
 	if _, err := n.ctr("images", "import", n.c.csiImage); err != nil {
@@ -408,7 +407,7 @@ func (n *kubeNode) driverRegistered() bool {
 		return false
 	}
 	for _, d := range cn.Spec.Drivers {
-		if d.Name == standin.DriverName {
+		if d.Name == contract.DefaultDriverName {
 			return true
 		}
 	}

@@ -27,8 +27,8 @@ import (
 //   - a container that is not privileged runs as the uid it states, with no
 //     capability in any set (bounding set included), no_new_privs, the
 //     runtime's seccomp filter (the pod's RuntimeDefault) and its root
-//     filesystem mounted read-only; so the stand-ins and csi-snapshotter
-//     do their work (every other test) under those rules;
+//     filesystem mounted read-only; so the sidecars do their work (every
+//     other test) under those rules;
 //   - csi-node, privileged, runs with no seccomp filter at all: the pod's
 //     RuntimeDefault does not reach a privileged container (containerd's
 //     CRI sets no profile for one), so its mounts, loop devices and mkfs

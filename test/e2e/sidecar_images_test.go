@@ -14,12 +14,16 @@ import (
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
-// TestStandInImagesRefuseUnknownFlags runs each stand-in's image, and
-// csi-snapshotter's, in a pod with a flag no release defines: each must
-// exit 2 naming it, as the flag package of the real sidecars does, so that
-// a flag deploy/ passes that its release lacks fails the deployment.
-func TestStandInImagesRefuseUnknownFlags(t *testing.T) {
-	images := []string{snapshotterImage}
+// TestSidecarImagesRefuseUnknownFlags runs each sidecar's image, the
+// releases built here and the registrar's stand-in, in a pod with a flag
+// no release defines: each must exit 2 naming it, as the flag package of
+// the real sidecars does, so that a flag deploy/ passes that its release
+// lacks fails the deployment.
+func TestSidecarImagesRefuseUnknownFlags(t *testing.T) {
+	var images []string
+	for _, s := range sidecars {
+		images = append(images, s.image())
+	}
 	for _, s := range standin.Releases {
 		images = append(images, standInImage(s))
 	}
@@ -29,7 +33,7 @@ func TestStandInImagesRefuseUnknownFlags(t *testing.T) {
 			Args: []string{"--csi-address=/csi/csi.sock", "--no-such-flag=1"}})
 	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "stand-in-flags"},
+		ObjectMeta: metav1.ObjectMeta{Name: "sidecar-flags"},
 		Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](5), Containers: ctrs},
 	}

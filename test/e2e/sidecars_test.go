@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,10 +13,11 @@ import (
 )
 
 // TestDeploySidecarsTakeTheirArgs renders deploy/ with every component and
-// checks each sidecar of its DaemonSet against the release it names: the
-// releases of package standin with exactly the flags each defines, and
-// csi-snapshotter, whose release the suite builds, by running it with the
-// DaemonSet's arguments and --version (it parses them all, then exits).
+// checks each sidecar of its DaemonSet against the release it names: each
+// release the suite builds (sidecars) by running it with the DaemonSet's
+// arguments and --version (it parses them all, then exits), and the
+// registrar's, whose module is refused here, against the flags its release
+// defines (package standin).
 func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
 	built, err := c.kubectl(context.Background(), "kustomize", deployWith(t, "components/snapshots", "components/selinux"))
 	if err != nil {
@@ -37,34 +37,34 @@ func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
 	}
 	checked := 0
 	for _, ctr := range ds.Spec.Template.Spec.Containers {
-		switch {
-		case ctr.Name == "csi-node":
+		if ctr.Name == "csi-node" {
 			continue
-		case strings.HasPrefix(ctr.Image, "registry.k8s.io/sig-storage/csi-snapshotter:"):
-			if want := "registry.k8s.io/sig-storage/csi-snapshotter:" + snapshotterVersion; ctr.Image != want {
-				t.Errorf("%s: image %s, want %s, the release the suite builds", ctr.Name, ctr.Image, want)
-			}
-			out, err := exec.Command(filepath.Join(c.snapshotBin, "csi-snapshotter"), append(ctr.Args, "--version")...).CombinedOutput()
-			if err != nil || !strings.Contains(string(out), snapshotterVersion) {
-				t.Errorf("%s: csi-snapshotter %s %v --version: %v\n%s", ctr.Name, snapshotterVersion, ctr.Args, err, out)
-			}
-		default:
-			s, ok := standin.ReleaseOf(ctr.Image)
-			if !ok {
-				t.Errorf("%s: image %s is none of the sidecar releases the suite knows", ctr.Name, ctr.Image)
-				continue
-			}
-			if ctr.Image != s.Image+":"+s.Version {
-				t.Errorf("%s: image %s, want %s:%s", ctr.Name, ctr.Image, s.Image, s.Version)
-			}
-			if bad := s.UnknownArgs(ctr.Args); len(bad) > 0 {
-				t.Errorf("%s: %s %s does not define %v", ctr.Name, s.Image, s.Version, bad)
-			}
 		}
 		checked++
+		if sc, ok := sidecarNamed(ctr.Image); ok {
+			if ctr.Image != sc.image() {
+				t.Errorf("%s: image %s, want %s, the release the suite builds", ctr.Name, ctr.Image, sc.image())
+			}
+			out, err := exec.Command(c.sidecarBin(sc.name), append(ctr.Args, "--version")...).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), sc.version) {
+				t.Errorf("%s: %s %v --version: %v\n%s", ctr.Name, sc.image(), ctr.Args, err, out)
+			}
+			continue
+		}
+		s, ok := standin.ReleaseOf(ctr.Image)
+		if !ok {
+			t.Errorf("%s: image %s is none of the sidecar releases the suite knows", ctr.Name, ctr.Image)
+			continue
+		}
+		if ctr.Image != s.Image+":"+s.Version {
+			t.Errorf("%s: image %s, want %s:%s", ctr.Name, ctr.Image, s.Image, s.Version)
+		}
+		if bad := s.UnknownArgs(ctr.Args); len(bad) > 0 {
+			t.Errorf("%s: %s %s does not define %v", ctr.Name, s.Image, s.Version, bad)
+		}
 	}
-	if checked != len(standin.Releases)+1 {
-		t.Errorf("checked %d sidecars, want %d and csi-snapshotter", checked, len(standin.Releases))
+	if want := len(sidecars) + len(standin.Releases); checked != want {
+		t.Errorf("checked %d sidecars, want %d", checked, want)
 	}
 
 	// Each check can fail.
@@ -73,7 +73,9 @@ func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
 			t.Errorf("%s accepts every argument", s.Image)
 		}
 	}
-	if out, err := exec.Command(filepath.Join(c.snapshotBin, "csi-snapshotter"), "--no-such-flag", "--version").CombinedOutput(); err == nil {
-		t.Errorf("csi-snapshotter took an unknown flag: %s", out)
+	for _, sc := range sidecars {
+		if out, err := exec.Command(c.sidecarBin(sc.name), "--no-such-flag", "--version").CombinedOutput(); err == nil {
+			t.Errorf("%s took an unknown flag: %s", sc.name, out)
+		}
 	}
 }

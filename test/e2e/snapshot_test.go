@@ -14,8 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
-
-	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // volumeSnapshot creates a VolumeSnapshot of claim in the converge class,
@@ -32,7 +30,7 @@ func volumeSnapshot(t *testing.T, name, claimName string) {
 			"source":                  map[string]any{"persistentVolumeClaimName": claimName},
 		},
 	}}
-	snaps := c.dynamic.Resource(standin.VolumeSnapshots).Namespace(ns)
+	snaps := c.dynamic.Resource(volumeSnapshots).Namespace(ns)
 	if _, err := snaps.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create VolumeSnapshot %s: %v", name, err)
 	}
@@ -110,7 +108,7 @@ func testSnapshotRestoreAndClone(t *testing.T) {
 		deletePod(t, p)
 	}
 	ctx := context.Background()
-	if err := c.dynamic.Resource(standin.VolumeSnapshots).Namespace(ns).Delete(ctx, "snap-1", metav1.DeleteOptions{}); err != nil {
+	if err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(ctx, "snap-1", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	poll(t, time.Minute, "the snapshot deleted on the node", func() (bool, string) {

@@ -67,10 +67,6 @@ roleRef:
 // Group snapshots need no switch: v8.7.0's CSIVolumeGroupSnapshot feature
 // gate is GA and on.
 func (c *cluster) startSnapshots(ctx context.Context) error {
-	if err := c.buildSnapshotter(ctx); err != nil {
-		return err
-	}
-	bin := c.snapshotBin
 	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}",
 		"github.com/kubernetes-csi/external-snapshotter/client/v8", "github.com/kubernetes-csi/external-snapshotter/v8")
 	cmd.Dir = filepath.Join(c.repo, "test", "e2e", "snapshotter")
@@ -99,15 +95,7 @@ func (c *cluster) startSnapshots(ctx context.Context) error {
 	if err := c.issue("snapshot-controller", snapshotControllerAccount, nil); err != nil {
 		return err
 	}
-	c.snapshotController, err = startProc(c.logs, "snapshot-controller", filepath.Join(bin, "snapshot-controller"),
+	c.snapshotController, err = startProc(c.logs, "snapshot-controller", filepath.Join(filepath.Dir(c.sidecarBin("csi-snapshotter")), "snapshot-controller"),
 		"--kubeconfig="+c.pki.path("snapshot-controller.kubeconfig"), "--leader-election=false", "--enable-distributed-snapshotting")
-	return err
-}
-
-// buildSnapshotter builds external-snapshotter's binaries (test/e2e/
-// snapshotter) into the cache, or finds them built, and sets snapshotBin.
-func (c *cluster) buildSnapshotter(ctx context.Context) error {
-	bin, err := c.buildTools(ctx, "external-snapshotter-"+snapshotterVersion, "snapshotter", "snapshot-controller, csi-snapshotter", "-s -w")
-	c.snapshotBin = bin
 	return err
 }

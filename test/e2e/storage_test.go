@@ -149,9 +149,9 @@ func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 		t.Fatalf("reading the suite's report: %v (the suite: %v)\n%s", err, runErr, tailFile(log.Name(), 60))
 	}
 	t.Logf("External Storage tests per testsuite:\n%s", counts)
-	// The stand-ins retry what fails; a run that passed slowly may say why.
+	// The provisioner retries what fails; a run that passed slowly may say why.
 	for _, n := range c.nodes {
-		t.Logf("the end of the provisioner's stand-in's log on %s:\n%s", n.node, n.containerLogTail("csi-provisioner", 10))
+		t.Logf("the end of the provisioner's log on %s:\n%s", n.node, n.containerLogTail("csi-provisioner", 10))
 	}
 	if ran == 0 {
 		t.Errorf("no External Storage test ran (focus %q)", focus)

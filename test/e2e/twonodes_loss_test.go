@@ -19,7 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/test/e2e/runs"
-	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
 // statefulSet makes a StatefulSet called name of one pod that prefers node
@@ -182,7 +181,7 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(pv.Finalizers, standin.ProvisionerFinalizer) {
+	if !slices.Contains(pv.Finalizers, provisionerFinalizer) {
 		t.Fatalf("the volume to release has finalizers %v; want the provisioner's", pv.Finalizers)
 	}
 	// Each volume's choice is its own, recorded in its PV when it was

@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
-	"github.com/converge-csi/converge/test/e2e/standin"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // nodeVolumesPolicy is deploy/components/node-volumes' ValidatingAdmissionPolicy,
@@ -96,12 +96,12 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	// driver's (whose WaitForFirstConsumer claims the scheduler selects
 	// nodes for too).
 	claimA := adminClaim(t, prefix+"claima", c.node, "other.csi.example.com")
-	claimB := adminClaim(t, prefix+"claimb", b.node, standin.DriverName)
-	ownClaim := adminClaim(t, prefix+"claimown", c.node, standin.DriverName)
+	claimB := adminClaim(t, prefix+"claimb", b.node, contract.DefaultDriverName)
+	ownClaim := adminClaim(t, prefix+"claimown", c.node, contract.DefaultDriverName)
 	// A claim converge provisions, selected for the second node: a clone's
 	// source, whose clone's pod may land on the first node, whose
 	// provisioner then holds the source with its finalizer.
-	source := adminClaim(t, prefix+"sourceb", b.node, standin.DriverName)
+	source := adminClaim(t, prefix+"sourceb", b.node, contract.DefaultDriverName)
 	if got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, source, metav1.GetOptions{}); err != nil ||
 		!slices.Contains(got.Finalizers, "kubernetes.io/pvc-protection") {
 		t.Fatalf("%s, as the API server's claim protection makes it, has no finalizer kubernetes.io/pvc-protection: %v", source, err)
@@ -192,7 +192,7 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			pv := convergePV(prefix+"ghost", c.node)
 			term := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0]
 			term.MatchExpressions = append([]corev1.NodeSelectorRequirement{{
-				Key: standin.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"ghost"},
+				Key: contract.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{"ghost"},
 			}}, term.MatchExpressions...)
 			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
 			return err
@@ -423,10 +423,10 @@ func convergePV(name, node string) *corev1.PersistentVolume {
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 			StorageClassName:              "policy-test",
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: standin.DriverName, VolumeHandle: name}},
+				Driver: contract.DefaultDriverName, VolumeHandle: name}},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
 				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
-					Key: standin.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{node},
+					Key: contract.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{node},
 				}}}},
 			}},
 		},
@@ -473,7 +473,7 @@ func deleteAdmin(t *testing.T, name string) {
 func nodeCapacity(name, node string) *storagev1.CSIStorageCapacity {
 	return &storagev1.CSIStorageCapacity{
 		ObjectMeta:       metav1.ObjectMeta{Name: name},
-		NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{standin.TopologyKey: node}},
+		NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{contract.TopologyKey: node}},
 		StorageClassName: "policy-test",
 		Capacity:         ptr.To(resource.MustParse("1Gi")),
 	}

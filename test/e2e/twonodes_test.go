@@ -21,7 +21,8 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
-	"github.com/converge-csi/converge/test/e2e/standin"
+	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/test/e2e/privilege"
 )
 
 // The two-node tests join a second node to the cluster (the first time one
@@ -289,7 +290,7 @@ func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 			// The second node's small data directory holds the source,
 			// the clone and the clone's own snapshot, not the snapshot
 			// taken before too.
-			if err := c.dynamic.Resource(standin.VolumeSnapshots).Namespace(ns).Delete(context.Background(), "far-snap", metav1.DeleteOptions{}); err != nil {
+			if err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(context.Background(), "far-snap", metav1.DeleteOptions{}); err != nil {
 				t.Fatal(err)
 			}
 			poll(t, time.Minute, "the snapshot deleted on "+b.node, func() (bool, string) {
@@ -395,7 +396,7 @@ func moveResizerLease(t *testing.T, to *kubeNode) {
 	// The holder renews its Lease every few seconds, so an update made on
 	// a copy read before a renewal conflicts: read it again and retry.
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		lease, err := leases.Get(ctx, standin.ResizerLease, metav1.GetOptions{})
+		lease, err := leases.Get(ctx, privilege.ResizerLease, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -432,7 +433,7 @@ func moveResizerLease(t *testing.T, to *kubeNode) {
 	}
 	poll(t, time.Minute, "the resizer on "+to.node+" leads", func() (bool, string) {
 		tail := to.containerLogTail("csi-resizer", 20)
-		return strings.Contains(tail, standin.ResizerLeading), tail
+		return strings.Contains(tail, resizerLeading), tail
 	})
 }
 
@@ -450,7 +451,7 @@ func storageClass(t *testing.T, name string, parameters map[string]string) strin
 	t.Helper()
 	sc := &storagev1.StorageClass{
 		ObjectMeta:           metav1.ObjectMeta{Name: name},
-		Provisioner:          standin.DriverName,
+		Provisioner:          contract.DefaultDriverName,
 		Parameters:           parameters,
 		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
 		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
@@ -542,7 +543,7 @@ func waitCapacities(t *testing.T, class string, b *kubeNode, ok func(a, b *resou
 			if o.StorageClassName != class || o.NodeTopology == nil {
 				continue
 			}
-			node := o.NodeTopology.MatchLabels[standin.TopologyKey]
+			node := o.NodeTopology.MatchLabels[contract.TopologyKey]
 			seen[node] = o.Capacity
 			all = append(all, fmt.Sprintf("%s: %v", node, o.Capacity))
 		}

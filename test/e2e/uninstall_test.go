@@ -14,7 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/converge-csi/converge/test/e2e/standin"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // The uninstall of docs/operations.md (Uninstall), run on the kustomize
@@ -41,7 +41,7 @@ func TestKustomizeUninstall(t *testing.T) {
 	docs, _, _ = strings.Cut(docs, "\n## ")
 	docs = strings.Join(strings.Fields(docs), " ")
 	for _, step := range []string{"wait until no PersistentVolume of `converge.csi.dev` is left", "`kubectl delete -k deploy/`",
-		"`kubectl delete csidriver converge.csi.dev`", "`kubectl label node --all " + standin.TopologyKey + "-`", "`rm -rf /var/lib/converge`", "(`<poolsRoot>/<name>`",
+		"`kubectl delete csidriver converge.csi.dev`", "`kubectl label node --all " + contract.TopologyKey + "-`", "`rm -rf /var/lib/converge`", "(`<poolsRoot>/<name>`",
 		"`rm -rf /var/lib/kubelet/plugins/converge.csi.dev`", "`crictl rmi"} {
 		if !strings.Contains(docs, step) {
 			t.Errorf("docs/operations.md's Uninstall does not say %q, which this test runs", step)
@@ -60,14 +60,14 @@ func TestKustomizeUninstall(t *testing.T) {
 	release(t, v, "uninstall", pod.Name)
 	// Every other test's claims are gone too, their volumes deleted by
 	// their converge, if not yet: wait for them.
-	poll(t, 3*time.Minute, "no "+standin.DriverName+" PV left", func() (bool, string) {
+	poll(t, 3*time.Minute, "no "+contract.DefaultDriverName+" PV left", func() (bool, string) {
 		pvs, err := c.client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
 		var left []string
 		for _, pv := range pvs.Items {
-			if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == standin.DriverName {
+			if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == contract.DefaultDriverName {
 				left = append(left, fmt.Sprintf("%s (%s, claim %v)", pv.Name, pv.Status.Phase, pv.Spec.ClaimRef))
 			}
 		}
@@ -96,7 +96,7 @@ func TestKustomizeUninstall(t *testing.T) {
 	if !strings.Contains(applied, "kind: CSIDriver") {
 		t.Errorf("the kustomization applies no CSIDriver:\n%s", applied)
 	}
-	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, standin.DriverName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := c.client.StorageV1().CSIDrivers().Get(ctx, contract.DefaultDriverName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the CSIDriver after kubectl delete -k: got %v, want it deleted", err)
 	}
 
@@ -105,18 +105,18 @@ func TestKustomizeUninstall(t *testing.T) {
 	// each CSINode and its node-id annotation off the Node, and leaves the
 	// topology label its registration put on.
 	for _, n := range c.nodes {
-		poll(t, 2*time.Minute, n.node+"'s CSINode without "+standin.DriverName, func() (bool, string) {
+		poll(t, 2*time.Minute, n.node+"'s CSINode without "+contract.DefaultDriverName, func() (bool, string) {
 			return !n.driverRegistered(), "the kubelet has not deregistered the driver yet"
 		})
 	}
 	if labelled := topologyLabels(t); len(labelled) != len(c.nodes) {
-		t.Errorf("after the driver's deregistration, the label %s on %v, want it still on all %d nodes (what the docs' step takes off)", standin.TopologyKey, labelled, len(c.nodes))
+		t.Errorf("after the driver's deregistration, the label %s on %v, want it still on all %d nodes (what the docs' step takes off)", contract.TopologyKey, labelled, len(c.nodes))
 	}
-	if out, err := c.kubectl(ctx, "label", "node", "--all", standin.TopologyKey+"-"); err != nil {
-		t.Fatalf("kubectl label node --all %s-: %v\n%s", standin.TopologyKey, err, out)
+	if out, err := c.kubectl(ctx, "label", "node", "--all", contract.TopologyKey+"-"); err != nil {
+		t.Fatalf("kubectl label node --all %s-: %v\n%s", contract.TopologyKey, err, out)
 	}
 	if labelled := topologyLabels(t); len(labelled) != 0 {
-		t.Errorf("after the uninstall, the label %s is left on %v", standin.TopologyKey, labelled)
+		t.Errorf("after the uninstall, the label %s is left on %v", contract.TopologyKey, labelled)
 	}
 
 	// What stays: on each node, the state directory with csi-node's store,
@@ -151,7 +151,7 @@ func TestKustomizeUninstall(t *testing.T) {
 		for _, d := range dirs {
 			emptyDir(t, d)
 		}
-		plugin := filepath.Join(n.kubeletDir, "plugins", standin.DriverName)
+		plugin := filepath.Join(n.kubeletDir, "plugins", contract.DefaultDriverName)
 		if err := os.RemoveAll(plugin); err != nil {
 			t.Fatal(err)
 		}
@@ -167,7 +167,7 @@ func TestKustomizeUninstall(t *testing.T) {
 	labelled := topologyLabels(t)
 	for _, n := range c.nodes {
 		if got := labelled[n.node]; got != n.node {
-			t.Errorf("%s: the label %s is %q after deploy/ again, want its node id %q", n.node, standin.TopologyKey, got, n.node)
+			t.Errorf("%s: the label %s is %q after deploy/ again, want its node id %q", n.node, contract.TopologyKey, got, n.node)
 		}
 	}
 	next, nv := podWithVolume(t, "after-uninstall")
@@ -185,7 +185,7 @@ func topologyLabels(t *testing.T) map[string]string {
 	}
 	out := map[string]string{}
 	for _, n := range nodes.Items {
-		if v, ok := n.Labels[standin.TopologyKey]; ok {
+		if v, ok := n.Labels[contract.TopologyKey]; ok {
 			out[n.Name] = v
 		}
 	}

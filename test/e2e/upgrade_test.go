@@ -22,7 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
-	"github.com/converge-csi/converge/test/e2e/standin"
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // The upgrade from the previous release (hack/previous-release, release.go)
@@ -129,6 +129,13 @@ func TestUpgradeAndRollback(t *testing.T) {
 			install: func() error {
 				values := helmValues(4)
 				values["csiNode"].(map[string]any)["image"] = map[string]any{"repository": csiNodeImageName, "tag": prev.tag}
+				// The previous chart names the sidecar releases of its
+				// day: it runs the ones built here, as its deploy/
+				// does (installKustomizationsOf), and the upgrade
+				// reuses these values.
+				for _, s := range sidecars {
+					values["sidecars"].(map[string]any)[s.value] = map[string]any{"image": s.image()}
+				}
 				_, err := helmInstall(cfg).RunWithContext(ctx, oldChart, values)
 				return err
 			},
@@ -457,7 +464,7 @@ func storesForPrevious(t *testing.T, p string, prev convergeRelease) {
 		t.Fatal(err)
 	}
 	for _, pv := range pvs.Items {
-		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == standin.DriverName {
+		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == contract.DefaultDriverName {
 			t.Fatalf("%s cannot read the stores of the code under test, which volume %s is in", prev.tag, pv.Name)
 		}
 	}
@@ -530,7 +537,7 @@ func claimFromSnapshot(t *testing.T, name, snapshot, size string) *corev1.Persis
 func deleteSnapshot(t *testing.T, name string) {
 	t.Helper()
 	ctx := context.Background()
-	snaps := c.dynamic.Resource(standin.VolumeSnapshots).Namespace(ns)
+	snaps := c.dynamic.Resource(volumeSnapshots).Namespace(ns)
 	if err := snaps.Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("delete VolumeSnapshot %s: %v", name, err)
 		return

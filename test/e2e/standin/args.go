@@ -3,37 +3,21 @@ package standin
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
 )
 
-// flagKind is how a release's flag package reads a flag's value.
-type flagKind int
-
-const (
-	boolFlag flagKind = iota
-	stringFlag
-	durationFlag
-	intFlag
-)
-
-// flagSpec is a flag of a release that its stand-in reads: how the
-// release reads its value, and the release's default, which the stand-in
-// takes when the flag is absent.
+// flagSpec is a flag of a release that its stand-in reads: the release's
+// default, which the stand-in takes when the flag is absent. Every flag a
+// stand-in reads takes a string.
 type flagSpec struct {
-	kind flagKind
-	def  string
+	def string
 }
 
 // args is what a stand-in was started with: the value of every flag it
 // reads, as given or the release's default.
-type args map[string]any
+type args map[string]string
 
-func (a args) bool(name string) bool              { return a[name].(bool) }
-func (a args) string(name string) string          { return a[name].(string) }
-func (a args) duration(name string) time.Duration { return a[name].(time.Duration) }
-func (a args) int(name string) int                { return a[name].(int) }
+func (a args) string(name string) string { return a[name] }
 
 // errRelease marks arguments the release itself refuses (a flag it does
 // not define, a value its flag package cannot read): it exits 2 for them,
@@ -44,10 +28,9 @@ var errRelease = errors.New("refused by the release")
 // parseArgs reads argv as the release reads it, with the flags reads
 // lists, which a stand-in implements: any other flag of the release is
 // refused, so that no argument deploy/ passes is silently ignored. A
-// flag absent takes the release's default. A value is read as the
-// release's flag package reads it; a non-boolean flag only as
+// flag absent takes the release's default. A value is read only as
 // --name=value (the release would also take the next argument as its
-// value, which no stand-in does).
+// value, which the stand-in does not).
 func parseArgs(release Release, reads map[string]flagSpec, argv []string) (args, error) {
 	given := map[string]string{}
 	for i, a := range argv {
@@ -55,13 +38,11 @@ func parseArgs(release Release, reads map[string]flagSpec, argv []string) (args,
 			return nil, fmt.Errorf("%w: flag provided but not defined by %s %s: %s", errRelease, release.Image, release.Version, a)
 		}
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		spec, ok := reads[name]
+		_, ok := reads[name]
 		switch {
 		case !ok:
 			return nil, fmt.Errorf("%s: the stand-in does not implement this flag of %s %s", a, release.Image, release.Version)
 		case hasValue:
-		case spec.kind == boolFlag:
-			value = "true"
 		case i+1 < len(argv):
 			return nil, fmt.Errorf("%s %s: the stand-in reads --%s=value only", a, argv[i+1], name)
 		default:
@@ -75,28 +56,7 @@ func parseArgs(release Release, reads map[string]flagSpec, argv []string) (args,
 		if !ok {
 			value = spec.def
 		}
-		v, err := parseValue(spec.kind, value)
-		if err != nil {
-			if !ok {
-				panic(fmt.Sprintf("the default of --%s: %v", name, err))
-			}
-			return nil, fmt.Errorf("%w: invalid value %q for flag --%s: %v", errRelease, value, name, err)
-		}
-		out[name] = v
+		out[name] = value
 	}
 	return out, nil
-}
-
-// parseValue reads value as the flag package reads a flag of kind.
-func parseValue(kind flagKind, value string) (any, error) {
-	switch kind {
-	case boolFlag:
-		return strconv.ParseBool(value)
-	case durationFlag:
-		return time.ParseDuration(value)
-	case intFlag:
-		v, err := strconv.ParseInt(value, 0, strconv.IntSize)
-		return int(v), err
-	}
-	return value, nil
 }

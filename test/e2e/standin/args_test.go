@@ -9,40 +9,36 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
 
 func TestParseArgs(t *testing.T) {
-	provisioner, _ := releaseNamed("csi-provisioner")
+	registrar, _ := releaseNamed("csi-node-driver-registrar")
 	for _, tc := range []struct {
 		name string
 		argv []string
 		// release: refused as the release refuses it (exit 2); refused:
 		// refused by the stand-in alone (exit 1).
 		release, refused string
-		want             map[string]any
+		want             map[string]string
 	}{
 		{name: "defaults", argv: nil,
-			want: map[string]any{"node-deployment": false, "node-deployment-immediate-binding": true, "capacity-ownerref-level": 1, "timeout": 10 * time.Second, "csi-address": "/run/csi/socket"}},
-		{name: "values", argv: []string{"--node-deployment", "-strict-topology=1", "--capacity-ownerref-level=0", "--timeout=5m", "--csi-address=/csi/csi.sock", "--enable-capacity=false"},
-			want: map[string]any{"node-deployment": true, "strict-topology": true, "capacity-ownerref-level": 0, "timeout": 5 * time.Minute, "csi-address": "/csi/csi.sock", "enable-capacity": false}},
-		{name: "the last of a repeated flag", argv: []string{"--timeout=1m", "--timeout=2m"}, want: map[string]any{"timeout": 2 * time.Minute}},
+			want: map[string]string{"csi-address": "/run/csi/socket", "kubelet-registration-path": "", "http-endpoint": ""}},
+		{name: "values", argv: []string{"--csi-address=/csi/csi.sock", "-http-endpoint=:9809"},
+			want: map[string]string{"csi-address": "/csi/csi.sock", "http-endpoint": ":9809"}},
+		{name: "the last of a repeated flag", argv: []string{"--http-endpoint=:1", "--http-endpoint=:2"}, want: map[string]string{"http-endpoint": ":2"}},
 		{name: "a flag the release lacks", argv: []string{"--no-such-flag=1"}, release: "no-such-flag"},
 		{name: "not a flag", argv: []string{"stray"}, release: "stray"},
-		{name: "a bad boolean", argv: []string{"--node-deployment=yes"}, release: `invalid value "yes" for flag --node-deployment`},
-		{name: "a bad duration", argv: []string{"--timeout=5"}, release: `invalid value "5" for flag --timeout`},
-		{name: "a flag of the release the stand-in lacks", argv: []string{"--worker-threads=5"}, refused: "--worker-threads=5: the stand-in does not implement"},
-		{name: "a value as the next argument", argv: []string{"--timeout", "5m"}, refused: "reads --timeout=value only"},
-		{name: "a value-taking flag without its value", argv: []string{"--timeout"}, release: "flag needs an argument: --timeout"},
+		{name: "a flag of the release the stand-in lacks", argv: []string{"--timeout=5s"}, refused: "--timeout=5s: the stand-in does not implement"},
+		{name: "a value as the next argument", argv: []string{"--csi-address", "/csi/csi.sock"}, refused: "reads --csi-address=value only"},
+		{name: "a value-taking flag without its value", argv: []string{"--csi-address"}, release: "flag needs an argument: --csi-address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseArgs(provisioner, provisionerFlags, tc.argv)
+			got, err := parseArgs(registrar, registrarFlags, tc.argv)
 			switch {
 			case tc.release != "":
 				if !errors.Is(err, errRelease) || !strings.Contains(err.Error(), tc.release) {
@@ -57,7 +53,7 @@ func TestParseArgs(t *testing.T) {
 			}
 			for name, want := range tc.want {
 				if got[name] != want {
-					t.Errorf("--%s: got %v, want %v", name, got[name], want)
+					t.Errorf("--%s: got %q, want %q", name, got[name], want)
 				}
 			}
 		})
@@ -65,8 +61,7 @@ func TestParseArgs(t *testing.T) {
 }
 
 // TestStandInsReadTheirReleasesFlags checks that each flag a stand-in
-// reads is one its release defines, with a default the release's flag
-// package would read.
+// reads is one its release defines.
 func TestStandInsReadTheirReleasesFlags(t *testing.T) {
 	for name, s := range standIns {
 		release, ok := releaseNamed(name)
@@ -74,22 +69,19 @@ func TestStandInsReadTheirReleasesFlags(t *testing.T) {
 			t.Errorf("stand-in %s: no release of that name", name)
 			continue
 		}
-		for flag, spec := range s.reads {
+		for flag := range s.reads {
 			if !slices.Contains(release.Flags, flag) {
 				t.Errorf("stand-in %s reads --%s, which %s %s does not define", name, flag, release.Image, release.Version)
-			}
-			if _, err := parseValue(spec.kind, spec.def); err != nil {
-				t.Errorf("stand-in %s: the default of --%s: %v", name, flag, err)
 			}
 		}
 	}
 }
 
 // TestDeployArgsTakenByStandIns renders deploy/ with every component and
-// starts each stand-in's configuration from the arguments and environment
-// deploy/ gives its sidecar: each must take them, and do with them what
-// deploy/ means. The chart passes the same arguments (../chart checks
-// that its objects are deploy/'s, and its values set none of them).
+// reads each stand-in's arguments from what deploy/ gives its sidecar:
+// each must take them, with the values deploy/ means. The chart passes
+// the same arguments (../chart checks that its objects are deploy/'s, and
+// its values set none of them).
 func TestDeployArgsTakenByStandIns(t *testing.T) {
 	ds := deployDaemonSet(t)
 	seen := 0
@@ -105,28 +97,13 @@ func TestDeployArgsTakenByStandIns(t *testing.T) {
 			t.Errorf("%s: %v", ctr.Name, err)
 			continue
 		}
-		env := envOf(ctr)
 		switch name {
-		case "csi-provisioner":
-			cfg, err := newProvisionerConfig(a, env)
-			want := provisionerConfig{csiAddress: "/csi/csi.sock", node: "$NODE_NAME", capacity: true, namespace: "$NAMESPACE",
-				ownerPod: "$POD_NAME", extraCreateMetadata: true, timeout: 5 * time.Minute}
-			if err != nil || cfg != want {
-				t.Errorf("%s: got %+v, %v; want %+v", ctr.Name, cfg, err, want)
-			}
-		case "csi-resizer":
-			cfg, err := newResizerConfig(a)
-			want := resizerConfig{csiAddress: "/csi/csi.sock", elect: true, namespace: "$(NAMESPACE)", timeout: 10 * time.Second}
-			if err != nil || cfg != want {
-				t.Errorf("%s: got %+v, %v; want %+v", ctr.Name, cfg, err, want)
-			}
-			if env("NAMESPACE") == "" {
-				t.Errorf("%s: --leader-election-namespace=$(NAMESPACE) without NAMESPACE in its environment", ctr.Name)
-			}
 		case "csi-node-driver-registrar":
 			if got, want := a.string("kubelet-registration-path"), "/var/lib/kubelet/plugins/converge.csi.dev/csi.sock"; got != want {
 				t.Errorf("%s: --kubelet-registration-path %q, want %q", ctr.Name, got, want)
 			}
+		default:
+			t.Errorf("%s: no check of stand-in %s's arguments", ctr.Name, name)
 		}
 	}
 	if seen != len(standIns) {
@@ -174,19 +151,6 @@ func deployDaemonSet(t *testing.T) *appsv1.DaemonSet {
 	return nil
 }
 
-// envOf is a getenv of ctr's environment: "$NAME" for each variable it
-// sets (from a field of the pod, say), "" for the others.
-func envOf(ctr corev1.Container) func(string) string {
-	return func(name string) string {
-		for _, e := range ctr.Env {
-			if e.Name == name {
-				return "$" + name
-			}
-		}
-		return ""
-	}
-}
-
 // TestRunExitCodes: a stand-in started with a flag its release lacks
 // exits 2, as the release's flag package does; with a flag of its release
 // it does not implement, 1, before doing anything, saying why.
@@ -196,12 +160,29 @@ func TestRunExitCodes(t *testing.T) {
 		want int
 		says string
 	}{
-		{[]string{"--no-such-flag=1"}, 2, "flag provided but not defined by registry.k8s.io/sig-storage/csi-provisioner v6.3.0: --no-such-flag=1"},
-		{[]string{"--worker-threads=5"}, 1, "--worker-threads=5: the stand-in does not implement this flag"},
+		{[]string{"--no-such-flag=1"}, 2, "flag provided but not defined by registry.k8s.io/sig-storage/csi-node-driver-registrar v2.17.0: --no-such-flag=1"},
+		{[]string{"--timeout=5s"}, 1, "--timeout=5s: the stand-in does not implement this flag"},
 	} {
 		var stderr bytes.Buffer
-		if got := run("csi-provisioner", append(deployArgs(t, "csi-provisioner"), tc.argv...), &stderr); got != tc.want || !strings.Contains(stderr.String(), tc.says) {
-			t.Errorf("csi-provisioner %v: exit %d, %q; want %d, %q", tc.argv, got, stderr.String(), tc.want, tc.says)
+		if got := run("csi-node-driver-registrar", append(deployArgs(t, "node-driver-registrar"), tc.argv...), &stderr); got != tc.want || !strings.Contains(stderr.String(), tc.says) {
+			t.Errorf("csi-node-driver-registrar %v: exit %d, %q; want %d, %q", tc.argv, got, stderr.String(), tc.want, tc.says)
 		}
 	}
+}
+
+// deployArgs are the arguments deploy/ gives its container name.
+func deployArgs(t *testing.T, name string) []string {
+	t.Helper()
+	for _, ctr := range deployDaemonSet(t).Spec.Template.Spec.Containers {
+		if ctr.Name == name {
+			return slices.Clone(ctr.Args)
+		}
+	}
+	t.Fatalf("deploy/ has no container %s", name)
+	return nil
+}
+
+// without is argv less the flag named.
+func without(argv []string, flag string) []string {
+	return slices.DeleteFunc(slices.Clone(argv), func(a string) bool { f, _, _ := strings.Cut(a, "="); return f == flag })
 }

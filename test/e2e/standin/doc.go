@@ -1,15 +1,16 @@
-// Package standin holds the e2e suite's stand-ins for the kubernetes-csi
-// sidecars deploy/ runs whose releases the suite cannot build (their Go
-// modules are refused by this machine's module proxy): csi-provisioner,
-// csi-resizer and node-driver-registrar. The suite runs
-// each under its release's image name, in place of the release.
+// Package standin holds the e2e suite's stand-in for node-driver-registrar,
+// the one kubernetes-csi sidecar deploy/ runs whose release the suite
+// cannot build (its Go module is refused by this machine's module proxy;
+// csi-provisioner, csi-resizer and csi-snapshotter are built from their
+// releases, ../sidecars.go). The suite runs it under the release's image
+// name, in place of the release.
 //
-// A stand-in behaves as its release does with the flags deploy/ and the
+// The stand-in behaves as its release does with the flags deploy/ and the
 // chart pass it, as read from the release's source at its tag: each flag
-// a stand-in takes changes what it does as it changes what the release
-// does, and it refuses, at start, every other flag of the release and
-// every value of a flag it does not implement (exit 1), as it refuses
-// what the release refuses (exit 2). A flag left out takes the release's
-// default. This package's own tests check each flag value deploy/ passes,
-// and each refusal, without a cluster; the suite (../) runs them on one.
+// it takes changes what it does as it changes what the release does, and
+// it refuses, at start, every other flag of the release (exit 1), as it
+// refuses what the release refuses (exit 2). A flag left out takes the
+// release's default. This package's own tests check each flag value
+// deploy/ passes, and each refusal, without a cluster; the suite (../)
+// runs it on one.
 package standin

@@ -23,9 +23,9 @@ import (
 var registrarFlags = map[string]flagSpec{
 	"csi-address": csiFlag,
 	// Required: the release exits without it.
-	"kubelet-registration-path": {stringFlag, ""},
+	"kubelet-registration-path": {""},
 	// Empty: no HTTP server (--health-port, deprecated, is 0).
-	"http-endpoint": {stringFlag, ""},
+	"http-endpoint": {""},
 }
 
 const (

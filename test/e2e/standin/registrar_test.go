@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/converge-csi/converge/pkg/contract"
 )
 
 // TestRegistrar: the registration socket answers the kubelet's GetInfo
@@ -26,7 +28,7 @@ func TestRegistrar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := serveRegistration(t.TempDir(), DriverName, a.string("kubelet-registration-path"))
+	r, err := serveRegistration(t.TempDir(), contract.DefaultDriverName, a.string("kubelet-registration-path"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +41,8 @@ func TestRegistrar(t *testing.T) {
 	defer conn.Close()
 	kubelet := registerapi.NewRegistrationClient(conn)
 	info, err := kubelet.GetInfo(context.Background(), &registerapi.InfoRequest{})
-	if want := "/var/lib/kubelet/plugins/converge.csi.dev/csi.sock"; err != nil || info.Name != DriverName || info.Endpoint != want {
-		t.Errorf("GetInfo: %+v, %v; want %s at %s", info, err, DriverName, want)
+	if want := "/var/lib/kubelet/plugins/converge.csi.dev/csi.sock"; err != nil || info.Name != contract.DefaultDriverName || info.Endpoint != want {
+		t.Errorf("GetInfo: %+v, %v; want %s at %s", info, err, contract.DefaultDriverName, want)
 	}
 
 	healthz := func() (int, string) {

@@ -5,47 +5,31 @@ import (
 	"strings"
 )
 
-// Release is a kubernetes-csi sidecar release that deploy/ runs, and the
-// command-line flags that release defines. Their modules are not served
-// here, so the suite cannot build them; what deploy/ passes them is checked
-// against these sets instead (and a stand-in refuses any other flag), which were read from each release's source
-// at its tag: the flags of its main package, of csi-lib-utils v0.24.0's
-// standardflags where it registers them (RegisterCommonFlags,
-// AddAutomaxprocs), and of component-base v0.36.1's logging options
-// (logsapi.AddGoFlags, JSON format registered). csi-snapshotter is not
-// here: the suite builds its release and runs it (../snapshots.go).
+// Release is a kubernetes-csi sidecar release that deploy/ runs whose Go
+// module this machine's module proxy refuses, so that the suite cannot
+// build it, and the command-line flags that release defines: what deploy/
+// passes it is checked against them instead (and its stand-in refuses any
+// other flag). They were read from the release's source at its tag: the
+// flags of its main package and of component-base v0.36.1's logging
+// options (logsapi.AddGoFlags, JSON format registered). The sidecars
+// whose modules are served are built from their releases and run
+// (../sidecars.go).
 type Release struct {
 	Image   string // registry.k8s.io/sig-storage/<name>
 	Version string
 	Flags   []string
 }
 
-// standardFlags are csi-lib-utils v0.24.0's RegisterCommonFlags.
-var standardFlags = []string{"csi-address", "http-endpoint", "kube-api-burst", "kube-api-qps", "kubeconfig",
-	"leader-election", "leader-election-labels", "leader-election-lease-duration", "leader-election-namespace",
-	"leader-election-renew-deadline", "leader-election-retry-period", "metrics-address", "metrics-path", "version"}
-
 // loggingFlags are component-base v0.36.1's logsapi.AddGoFlags with the
 // JSON format registered.
 var loggingFlags = []string{"logging-format", "log-flush-frequency", "v", "vmodule", "log-text-split-stream",
 	"log-text-info-buffer-size", "log-json-split-stream", "log-json-info-buffer-size"}
 
-// Releases are the releases deploy/ names.
+// Releases are those releases deploy/ names: node-driver-registrar alone.
 var Releases = []Release{
 	{Image: "registry.k8s.io/sig-storage/csi-node-driver-registrar", Version: "v2.17.0", Flags: concat(loggingFlags,
 		[]string{"automaxprocs", "connection-timeout", "csi-address", "enable-pprof", "health-port", "http-endpoint",
 			"kubelet-registration-path", "mode", "plugin-registration-path", "timeout", "version"})},
-	{Image: "registry.k8s.io/sig-storage/csi-provisioner", Version: "v6.3.0", Flags: concat(loggingFlags, standardFlags,
-		[]string{"automaxprocs", "capacity-for-immediate-binding", "capacity-ownerref-level", "capacity-poll-interval",
-			"capacity-threads", "cloning-protection-threads", "controller-publish-readonly", "default-fstype", "enable-capacity",
-			"enable-pprof", "extra-create-metadata", "feature-gates", "immediate-topology", "kube-api-capacity-burst",
-			"kube-api-capacity-qps", "master", "node-deployment", "node-deployment-base-delay", "node-deployment-immediate-binding",
-			"node-deployment-max-delay", "prevent-volume-mode-conversion", "retry-interval-max", "retry-interval-start",
-			"snapshot-orphan-sweep-interval", "strict-topology", "timeout", "volume-name-prefix", "volume-name-uuid-length",
-			"worker-threads"})},
-	{Image: "registry.k8s.io/sig-storage/csi-resizer", Version: "v2.2.1", Flags: concat(loggingFlags, standardFlags,
-		[]string{"automaxprocs", "extra-modify-metadata", "feature-gates", "handle-volume-inuse-error", "master",
-			"resync-period", "retry-interval-max", "retry-interval-start", "timeout", "workers"})},
 }
 
 func concat(lists ...[]string) []string { return slices.Concat(lists...) }

@@ -33,8 +33,6 @@ type standIn struct {
 // account, so that deploy/'s RBAC is what it gets.
 var standIns = map[string]standIn{
 	"csi-node-driver-registrar": {reads: registrarFlags, run: runRegistrar},
-	"csi-provisioner":           {reads: provisionerFlags, run: runProvisioner},
-	"csi-resizer":               {reads: resizerFlags, run: runResizer},
 }
 
 // Is says whether name is the name of a stand-in, which Run runs.
@@ -84,7 +82,7 @@ func releaseNamed(name string) (Release, bool) {
 // csiFlag is --csi-address, which every stand-in reads, with the default
 // of csi-lib-utils' standard flags and of each release that defines it
 // itself.
-var csiFlag = flagSpec{stringFlag, "/run/csi/socket"}
+var csiFlag = flagSpec{"/run/csi/socket"}
 
 // csiConn connects to the CSI socket at addr (--csi-address), with or
 // without the unix:// its releases accept.
