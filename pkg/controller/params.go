@@ -109,3 +109,25 @@ func sizeFor(r state.Range, floor int64) (int64, error) {
 func rangeOf(r *csi.CapacityRange) state.Range {
 	return state.Range{Required: r.GetRequiredBytes(), Limit: r.GetLimitBytes()}
 }
+
+// restoreSize is the size a snapshot of an image of size bytes reports:
+// what external-provisioner makes the least a claim restored from it may
+// ask for (restoreSize), refusing a claim that asks for less. sizeFor
+// rounds every request up to whole 4 KiB blocks and to at least
+// MinVolumeSize, so the image can hold more than its claim asked for (a
+// claim of 100M, 10^8 bytes, has an image of 100003840; one of 1Mi, an
+// image of MinVolumeSize), and a claim asking what its source asked for
+// must still restore it. A whole number of MiB above MinVolumeSize is
+// what its claim asked for (Mi and Gi claims), reported as it is;
+// otherwise the least request sizeFor gives an image of size bytes.
+func restoreSize(size int64) int64 {
+	const mib = 1 << 20
+	switch {
+	case size <= MinVolumeSize:
+		return 1
+	case size%mib == 0:
+		return size
+	default:
+		return size - sizeAlign + 1
+	}
+}

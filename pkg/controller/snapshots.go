@@ -200,7 +200,7 @@ func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
 	snap := &csi.Snapshot{
 		SnapshotId:     info.ID,
 		SourceVolumeId: info.Source,
-		SizeBytes:      info.Size,
+		SizeBytes:      restoreSize(info.Size),
 		CreationTime:   timestamppb.New(info.Created),
 		ReadyToUse:     true,
 		// A member of a group is deleted with its group alone.
