@@ -110,20 +110,23 @@ func rangeOf(r *csi.CapacityRange) state.Range {
 	return state.Range{Required: r.GetRequiredBytes(), Limit: r.GetLimitBytes()}
 }
 
-// restoreSize is the size a snapshot of an image of size bytes reports:
-// what external-provisioner makes the least a claim restored from it may
-// ask for (restoreSize), refusing a claim that asks for less. sizeFor
-// rounds every request up to whole 4 KiB blocks and to at least
-// MinVolumeSize, so the image can hold more than its claim asked for (a
-// claim of 100M, 10^8 bytes, has an image of 100003840; one of 1Mi, an
-// image of MinVolumeSize), and a claim asking what its source asked for
-// must still restore it. A whole number of MiB above MinVolumeSize is
-// what its claim asked for (Mi and Gi claims), reported as it is;
-// otherwise the least request sizeFor gives an image of size bytes.
-func restoreSize(size int64) int64 {
+// restoreSize is the size a snapshot of an image of size bytes reports,
+// whose restores into its filesystem have images of at least floor bytes
+// (host.MinSize of the filesystem it holds): what external-provisioner
+// makes the least a claim restored from it may ask for (restoreSize),
+// refusing a claim that asks for less. sizeFor rounds every request up to
+// whole 4 KiB blocks and to at least the floor, so the image can hold more
+// than its claim asked for (a claim of 100M, 10^8 bytes, has an image of
+// 100003840; an ext4 claim of 1Mi, one of 16 MiB), and a claim asking
+// what its source asked for must still restore it: what is reported is
+// the least request sizeFor gives an image of size bytes, but for a
+// whole number of MiB above the floor, which is what Mi and Gi claims ask
+// for, reported as it is (a claim less than 4 KiB short of a whole MiB,
+// such as 102399Ki, is then restored into a claim of that whole MiB).
+func restoreSize(size, floor int64) int64 {
 	const mib = 1 << 20
 	switch {
-	case size <= MinVolumeSize:
+	case size <= max(floor, MinVolumeSize):
 		return 1
 	case size%mib == 0:
 		return size

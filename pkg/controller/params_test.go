@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 )
 
@@ -87,28 +88,37 @@ func TestOnNodeLossParameter(t *testing.T) {
 // external-provisioner turns into the least a claim restored from it may
 // ask for (it refuses a smaller one), lets a claim asking what its source
 // asked for restore it, though converge rounds volumes up to whole 4 KiB
-// blocks and MinVolumeSize; a claim of that size is given a volume that
-// holds the snapshot; and a source of whole MiB is reported as it is.
+// blocks and to its filesystem's least size; a claim of that size is
+// given a volume that holds the snapshot; and a source of whole MiB is
+// reported as it is.
 func TestRestoreSizeTakesTheSourcesRequest(t *testing.T) {
 	const mib = 1 << 20
-	for _, asked := range []int64{1, 1 << 10, mib, MinVolumeSize - 1, MinVolumeSize, MinVolumeSize + 1,
-		100_000_000, 1_000_000_000, 1_500_000_000, 64 * mib, 10 << 30, 100*mib + 4097} {
-		image, err := sizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: asked}), MinVolumeSize)
-		if err != nil {
-			t.Fatal(err)
+	for _, fsType := range []string{host.FsExt4, host.FsXFS, host.FsBtrfs, ""} {
+		floor := host.MinSize(fsType)
+		for _, asked := range []int64{1, 1 << 10, mib, MinVolumeSize - 1, MinVolumeSize, MinVolumeSize + 1, 100 * mib,
+			100_000_000, 1_000_000_000, 1_500_000_000, 64 * mib, 10 << 30, 100*mib + 4097, floor - 1, floor, floor + 1} {
+			image, err := sizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: asked}), floor)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := restoreSize(image, floor)
+			if got > asked {
+				t.Errorf("%q: a source asked %d bytes, its image %d: snapshot size %d refuses a restore of the same size", fsType, asked, image, got)
+			}
+			if got < 1 {
+				t.Errorf("%q: a source asked %d bytes, its image %d: snapshot size %d, which the CSI spec reads as unknown", fsType, asked, image, got)
+			}
+			if size, err := sizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: got}), floor); err != nil || size < image {
+				t.Errorf("%q: a source asked %d bytes, its image %d: a claim of the snapshot's size %d is given %d bytes (%v)", fsType, asked, image, got, size, err)
+			}
+			if asked%mib == 0 && asked > floor && got != image {
+				t.Errorf("%q: a source of %d MiB: snapshot size %d, want %d", fsType, asked/mib, got, image)
+			}
 		}
-		got := restoreSize(image)
-		if got > asked {
-			t.Errorf("a source asked %d bytes, its image %d: snapshot size %d refuses a restore of the same size", asked, image, got)
-		}
-		if got < 1 {
-			t.Errorf("a source asked %d bytes, its image %d: snapshot size %d, which the CSI spec reads as unknown", asked, image, got)
-		}
-		if size, err := sizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: got}), MinVolumeSize); err != nil || size < image {
-			t.Errorf("a source asked %d bytes, its image %d: a claim of the snapshot's size %d is given %d bytes (%v)", asked, image, got, size, err)
-		}
-		if asked%mib == 0 && asked > MinVolumeSize && got != image {
-			t.Errorf("a source of %d MiB: snapshot size %d, want %d", asked/mib, got, image)
-		}
+	}
+	// The one exception, which docs/volumes.md names: a claim less than
+	// 4 KiB short of a whole MiB is reported as that MiB.
+	if got := restoreSize(100*mib, host.MinSize(host.FsExt4)); got != 100*mib {
+		t.Errorf("an image of 100 MiB from a claim of 102399Ki: snapshot size %d, want 100 MiB", got)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -200,7 +201,7 @@ func (c *Controller) snapshot(info devices.SnapshotInfo) *csi.Snapshot {
 	snap := &csi.Snapshot{
 		SnapshotId:     info.ID,
 		SourceVolumeId: info.Source,
-		SizeBytes:      restoreSize(info.Size),
+		SizeBytes:      restoreSize(info.Size, host.MinSize(info.FsType)),
 		CreationTime:   timestamppb.New(info.Created),
 		ReadyToUse:     true,
 		// A member of a group is deleted with its group alone.
