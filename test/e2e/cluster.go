@@ -181,9 +181,10 @@ func (c *cluster) buildCrictl(ctx context.Context) error {
 
 // buildTools builds the tools of the module test/e2e/<module> ("go build
 // tool"; what they are, for the stamp) into the user's cache directory
-// under name, or reuses what was built there before with the same flags,
-// and returns the directory.
-func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags string) (string, error) {
+// under name, with env added to go's environment, or reuses what was built
+// there before with the same flags and environment, and returns the
+// directory.
+func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags string, env ...string) (string, error) {
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		return "", err
@@ -197,6 +198,9 @@ func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags st
 		return "", err
 	}
 	stamp := strings.Join(args, " ") + " tool (" + what + ") of module " + sum + "\n"
+	if len(env) > 0 {
+		stamp = strings.Join(env, " ") + " go " + stamp
+	}
 	built := func() bool {
 		b, err := os.ReadFile(filepath.Join(bin, "built-with"))
 		return err == nil && string(b) == stamp
@@ -228,6 +232,7 @@ func (c *cluster) buildTools(ctx context.Context, name, module, what, ldflags st
 	}
 	cmd := exec.CommandContext(ctx, "go", append(args, "-o", tmp+"/", "tool")...)
 	cmd.Dir = filepath.Join(c.repo, "test", "e2e", module)
+	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build tool: %v\n%s", err, tail(string(out), 40))
 	}

@@ -56,6 +56,7 @@ func TestControllerWritesOnlyWhatItReleases(t *testing.T) {
 	adminPV(t, other)
 	conv := convergePV(prefix+"conv", c.node)
 	conv.Finalizers = []string{provisionerFinalizer}
+	provisionersLeave(conv)
 	adminPV(t, conv)
 	t.Cleanup(func() { unfinalize(t, conv.Name) })
 	otherClaim := adminProvisionedClaim(t, prefix+"otherclaim", "other.csi.example.com")

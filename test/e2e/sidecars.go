@@ -53,7 +53,9 @@ func sidecarNamed(ref string) (sidecar, bool) {
 // (sidecarBin).
 func (c *cluster) buildSidecars(ctx context.Context) error {
 	for _, s := range sidecars {
-		bin, err := c.buildTools(ctx, "external-"+s.module+"-"+s.version, s.module, s.tools, "-s -w")
+		// As the releases build them (release-tools' build.make): static,
+		// their version in main.version, which --version prints.
+		bin, err := c.buildTools(ctx, "external-"+s.module+"-"+s.version, s.module, s.tools, "-s -w -X main.version="+s.version, "CGO_ENABLED=0")
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", s.name, s.version, err)
 		}

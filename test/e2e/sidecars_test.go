@@ -45,8 +45,9 @@ func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
 			if ctr.Image != sc.image() {
 				t.Errorf("%s: image %s, want %s, the release the suite builds", ctr.Name, ctr.Image, sc.image())
 			}
+			// It prints its path and its version.
 			out, err := exec.Command(c.sidecarBin(sc.name), append(ctr.Args, "--version")...).CombinedOutput()
-			if err != nil || !strings.Contains(string(out), sc.version) {
+			if f := strings.Fields(string(out)); err != nil || len(f) != 2 || f[1] != sc.version {
 				t.Errorf("%s: %s %v --version: %v\n%s", ctr.Name, sc.image(), ctr.Args, err, out)
 			}
 			continue

@@ -445,11 +445,13 @@ func adminPV(t *testing.T, pv *corev1.PersistentVolume) *corev1.PersistentVolume
 }
 
 // withProvisionerFinalizer is pv with external-provisioner's finalizer, as
-// the provisioner makes it; the finalizer is taken off as the admin before
-// pv is deleted when t ends, so that the volume goes.
+// the provisioner makes it, and left alone by the cluster's provisioners
+// (provisionersLeave); the finalizer is taken off as the admin before pv
+// is deleted when t ends, so that the volume goes.
 func withProvisionerFinalizer(t *testing.T, pv *corev1.PersistentVolume) *corev1.PersistentVolume {
 	t.Helper()
 	pv.Finalizers = append(pv.Finalizers, provisionerFinalizer)
+	provisionersLeave(pv)
 	t.Cleanup(func() {
 		_, err := c.client.CoreV1().PersistentVolumes().Patch(context.Background(), pv.Name, types.MergePatchType,
 			[]byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
@@ -551,4 +553,19 @@ func updateClaim(ctx context.Context, client kubernetes.Interface, name string, 
 		_, err = client.CoreV1().PersistentVolumeClaims(ns).Update(ctx, pvc, metav1.UpdateOptions{})
 		return err
 	})
+}
+
+// provisionersLeave marks pv, a converge volume a test makes by hand, as
+// provisioned by no provisioner of the cluster's
+// (pv.kubernetes.io/provisioned-by), which the provisioners then leave
+// alone (sig-storage-lib-external-provisioner v13, isProvisionerForVolume)
+// while the admission policies, which read spec.csi.driver, still hold it
+// for converge's: every node's csi-provisioner takes its finalizer off a
+// Retain volume of converge's at once (handleProtectionFinalizer), which
+// would race the test's own writes of that finalizer.
+func provisionersLeave(pv *corev1.PersistentVolume) {
+	if pv.Annotations == nil {
+		pv.Annotations = map[string]string{}
+	}
+	pv.Annotations["pv.kubernetes.io/provisioned-by"] = "policy-test.converge.invalid"
 }
