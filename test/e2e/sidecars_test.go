@@ -45,8 +45,17 @@ func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
 			if ctr.Image != sc.image() {
 				t.Errorf("%s: image %s, want %s, the release the suite builds", ctr.Name, ctr.Image, sc.image())
 			}
-			// It prints its path and its version.
-			out, err := exec.Command(c.sidecarBin(sc.name), append(ctr.Args, "--version")...).CombinedOutput()
+			// It prints its path and its version; csi-provisioner reads
+			// NODE_NAME before, as it runs in deploy/'s environment.
+			cmd := exec.Command(c.sidecarBin(sc.name), append(ctr.Args, "--version")...)
+			for _, e := range ctr.Env {
+				value := e.Value
+				if e.ValueFrom != nil {
+					value = "from-" + e.Name
+				}
+				cmd.Env = append(cmd.Env, e.Name+"="+value)
+			}
+			out, err := cmd.CombinedOutput()
 			if f := strings.Fields(string(out)); err != nil || len(f) != 2 || f[1] != sc.version {
 				t.Errorf("%s: %s %v --version: %v\n%s", ctr.Name, sc.image(), ctr.Args, err, out)
 			}
