@@ -241,10 +241,13 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 		t.Errorf("the released volume's PersistentVolume %s: %v, want it gone", droppedVol.pv, err)
 	}
 	// The PV's finalizer, which the gone node's provisioner would have
-	// taken off after DeleteVolume, was taken off by converge-controller.
-	if evs := eventsOf(droppedVol.pv, "VolumeReleased"); len(evs) == 0 {
-		t.Errorf("no VolumeReleased event on %s", droppedVol.pv)
-	}
+	// taken off after DeleteVolume, was taken off by converge-controller,
+	// which says so in an event. Events are written after the act: the
+	// new pod can run before it (the real provisioner makes its volume at
+	// once), so it is waited for.
+	poll(t, 30*time.Second, "a VolumeReleased event on "+droppedVol.pv, func() (bool, string) {
+		return len(eventsOf(droppedVol.pv, "VolumeReleased")) > 0, ""
+	})
 	// Retained: the pod, made again, stays Pending, the scheduler saying
 	// why; the claim's event says what happened and what to do.
 	poll(t, 3*time.Minute, "the retained StatefulSet's pod Pending for the volume's node", func() (bool, string) {
