@@ -279,10 +279,16 @@ func (s *source) release() {
 // fit is the size of a volume made from the source, of size bytes for
 // the range rng: the snapshot's image, or at least floor, what the
 // volume's filesystem needs (host.MinSize), unless more is asked for;
-// never less than the snapshot (OUT_OF_RANGE).
+// never less than the snapshot: a smaller size asked for is given the
+// snapshot's, within the range's limit (the snapshot reports the least a
+// claim may ask for, restoreSize, which a restore into another mode, with
+// a lower floor, can ask for), else OUT_OF_RANGE.
 func (s *source) fit(rng state.Range, size, floor int64) (int64, error) {
 	if want := max(s.snap.Size, floor); rng.Required == 0 && (rng.Limit == 0 || rng.Limit >= want) {
 		size = want
+	}
+	if size < s.snap.Size && (rng.Limit == 0 || rng.Limit >= s.snap.Size) {
+		size = s.snap.Size
 	}
 	if size < s.snap.Size {
 		return 0, classified.Errorf(classified.KindOutOfRange, "a volume of %d bytes cannot hold snapshot %s of %d bytes", size, s.snap.ID, s.snap.Size)

@@ -108,7 +108,9 @@ func TestSizeForWithinTheLimit(t *testing.T) {
 
 // TestRestoreGetsTheFloor checks that a volume restored from a snapshot
 // smaller than its filesystem needs, with no size of its own, gets the
-// floor; with a size asked for, that size; never less than the snapshot.
+// floor; with a size asked for, that size; never less than the snapshot:
+// asked for less, it is given the snapshot's size, unless its limit is
+// less (OUT_OF_RANGE).
 func TestRestoreGetsTheFloor(t *testing.T) {
 	src := &source{snap: devices.SnapshotInfo{ID: "s", Size: 16 << 20}}
 	if got, err := src.fit(state.Range{}, 1<<30, 300<<20); err != nil || got != 300<<20 {
@@ -118,7 +120,16 @@ func TestRestoreGetsTheFloor(t *testing.T) {
 		t.Errorf("400 MiB asked: got %d, %v; want %d", got, err, 400<<20)
 	}
 	big := &source{snap: devices.SnapshotInfo{ID: "b", Size: 512 << 20}}
-	if _, err := big.fit(state.Range{Required: 400 << 20}, 400<<20, 300<<20); classified.AsError(err) == nil || classified.AsError(err).Kind != classified.KindOutOfRange {
-		t.Errorf("smaller than the snapshot: got %v, want OUT_OF_RANGE", err)
+	if got, err := big.fit(state.Range{Required: 400 << 20}, 400<<20, 300<<20); err != nil || got != 512<<20 {
+		t.Errorf("smaller than the snapshot: got %d, %v; want the snapshot's %d", got, err, 512<<20)
+	}
+	// An xfs snapshot of 300 MiB reports restoreSize 1 (its floor), and
+	// a raw block restore of it has a floor of 16 MiB.
+	xfs := &source{snap: devices.SnapshotInfo{ID: "x", Size: 300 << 20}}
+	if got, err := xfs.fit(state.Range{Required: 1}, 16<<20, 16<<20); err != nil || got != 300<<20 {
+		t.Errorf("a raw block restore of an xfs snapshot asking 1 byte: got %d, %v; want %d", got, err, 300<<20)
+	}
+	if _, err := big.fit(state.Range{Required: 400 << 20, Limit: 400 << 20}, 400<<20, 300<<20); classified.AsError(err) == nil || classified.AsError(err).Kind != classified.KindOutOfRange {
+		t.Errorf("limited below the snapshot: got %v, want OUT_OF_RANGE", err)
 	}
 }

@@ -50,9 +50,9 @@ func restoreFrom(t *testing.T, p *testenv.Plugin, id, snapID string, size int64)
 // restored volume holds exactly what was written before the snapshot, and
 // its filesystem fills its size. On the way: the snapshot lists by ID and
 // by source, a second request of the same name answers the same
-// snapshot, another volume cannot take that name, a restore too small, of
-// a snapshot of another node or as another filesystem is refused, and the
-// deleted snapshot is gone.
+// snapshot, another volume cannot take that name, a restore limited below
+// it, of a snapshot of another node or as another filesystem is refused,
+// and the deleted snapshot is gone.
 func TestSnapshotAndRestore(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
@@ -114,7 +114,13 @@ func TestSnapshotAndRestore(t *testing.T) {
 
 	// The source goes; its snapshot stays.
 	downAndDelete(t, p, vid("snap-src"))
-	wantCode(t, "a restore smaller than the snapshot", restoreFrom(t, p, "snap-small", s.GetSnapshotId(), volSize/2), codes.OutOfRange)
+	// A restore asked smaller than the snapshot is given the snapshot's
+	// size, unless its limit is smaller.
+	_, err = p.Controller().CreateVolume(ctx(t), &csi.CreateVolumeRequest{
+		Name: "snap-small", CapacityRange: &csi.CapacityRange{RequiredBytes: volSize / 2, LimitBytes: volSize / 2}, VolumeCapabilities: []*csi.VolumeCapability{rwo},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: s.GetSnapshotId()}}},
+	})
+	wantCode(t, "a restore limited below the snapshot", err, codes.OutOfRange)
 	elsewhere := strings.Replace(s.GetSnapshotId(), "_test-node", "_other-node", 1)
 	err = restoreFrom(t, p, "snap-far", elsewhere, volSize)
 	wantCode(t, "a restore of another node's snapshot", err, codes.ResourceExhausted)
