@@ -184,6 +184,22 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
 			return err
 		}},
+		{"a converge volume pinned to the first node that names another provisioner", func() error {
+			// Released, another driver's provisioner, which trusts
+			// provisioned-by over spec.csi.driver, would delete the volume
+			// of that driver its handle names.
+			pv := convergePV(prefix+"otherprov", c.node)
+			pv.Annotations = map[string]string{"pv.kubernetes.io/provisioned-by": "other.csi.example.com"}
+			pv.Spec.PersistentVolumeReclaimPolicy = corev1.PersistentVolumeReclaimDelete
+			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
+			return err
+		}},
+		{"a converge volume pinned to the first node that says it migrated to another driver", func() error {
+			pv := convergePV(prefix+"migrated", c.node)
+			pv.Annotations = map[string]string{"pv.kubernetes.io/migrated-to": "other.csi.example.com"}
+			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
+			return err
+		}},
 		{"a converge volume whose affinity names a second node", func() error {
 			// A term holds when all its expressions do: this volume is on
 			// the first node, but read for its first expression it is on a
