@@ -26,7 +26,6 @@ import (
 // converge does not provision.
 func TestProvisionerCapacityAsDeployAsks(t *testing.T) {
 	ctx := context.Background()
-	wffc := storageClass(t, "capacity-wffc", nil)
 	immediate := &storagev1.StorageClass{
 		ObjectMeta:        metav1.ObjectMeta{Name: "capacity-immediate"},
 		Provisioner:       contract.DefaultDriverName,
@@ -41,14 +40,15 @@ func TestProvisionerCapacityAsDeployAsks(t *testing.T) {
 			t.Errorf("delete StorageClass %s: %v", immediate.Name, err)
 		}
 	})
+	// The Immediate class first: the provisioner's capacity controller
+	// reads classes from one informer, in order, so once it has published
+	// the second, it has seen the first.
+	wffc := storageClass(t, "capacity-wffc", nil)
 	pod, err := c.driverPod(ctx)
 	if err != nil || pod == nil {
 		t.Fatalf("the converge pod of %s: %v", c.node, err)
 	}
 	var mine *storagev1.CSIStorageCapacity
-	// Both classes were made at once: the provisioner's capacity
-	// controller reads them from one informer, so once it has published
-	// the first, it has seen the second.
 	poll(t, 2*time.Minute, "CSIStorageCapacity of "+c.node+" for class "+wffc, func() (bool, string) {
 		caps, err := c.client.StorageV1().CSIStorageCapacities(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 		if err != nil {
