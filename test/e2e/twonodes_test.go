@@ -280,6 +280,11 @@ func TestTwoNodesRestoreStaysWithItsSnapshot(t *testing.T) {
 	mustExec(t, writer.Name, "echo from-"+b.node+" > "+dataDir+"/f && sync")
 	volumeSnapshot(t, "far-snap", "far-src")
 
+	// The first node's csi-node refuses each (RESOURCE_EXHAUSTED, naming
+	// the second), which external-provisioner reports as a warning before
+	// it drops the selected node.
+	expectWarning(t, "ProvisioningFailed", "PersistentVolumeClaim/"+ns+"/far-restored")
+	expectWarning(t, "ProvisioningFailed", "PersistentVolumeClaim/"+ns+"/far-clone")
 	claimFrom(t, "far-restored", "far-snap", true)
 	refusedAndRescheduled(t, "far-restored", b)
 	claimFrom(t, "far-clone", "far-src", false)

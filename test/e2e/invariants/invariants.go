@@ -194,6 +194,13 @@ var Environment = []Expected{
 	{Reason: "GroupSnapshotContentCheckandUpdateFailed", Object: "SnapshotContent/", Message: "the object has been modified", Test: "csi-snapshotter's retried update"},
 	{Reason: "GroupSnapshotCreationFailed", Object: "SnapshotContent/", Message: "the object has been modified",
 		Prefix: "Failed to create group snapshot: error updating status for volume group snapshot content ", Test: "csi-snapshotter's retried update"},
+	// external-provisioner deletes a Released volume at once, while the
+	// kubelet may not yet have unstaged it (it removes a pod once its
+	// volumes are unpublished; the unstage comes after): csi-node refuses
+	// FAILED_PRECONDITION, as the CSI spec has it for a volume in use, the
+	// provisioner says so and retries with backoff. Only that refusal.
+	{Reason: "VolumeFailedDelete", Object: "PersistentVolume/", Message: "is staged at",
+		Prefix: "rpc error: code = FailedPrecondition desc = volume ", Test: "external-provisioner's retried DeleteVolume"},
 }
 
 // HungLiveness is the warnings a container that stops answering causes on
