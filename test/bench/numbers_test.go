@@ -3,7 +3,9 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -139,6 +141,45 @@ func attachImage(t *testing.T, dir string) (string, int) {
 	return dev, number(t, dev)
 }
 
+// attachAside attaches a new 1 MiB image in dir to a loop device of a
+// number far above those in use, made for it (LOOP_CTL_ADD): once
+// detached, it is free, and another user of the machine's loop devices (a
+// test beside this one) attaching with LOOP_CTL_GET_FREE, which hands out
+// the lowest free number, takes a lower one. Cleanup detaches it and
+// removes the number if the test did not.
+func attachAside(t *testing.T, dir string) (string, int) {
+	t.Helper()
+	img := filepath.Join(dir, fmt.Sprintf("img-%d", time.Now().UnixNano()))
+	if err := os.WriteFile(img, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := unix.Open("/dev/loop-control", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(ctl)
+	n := 0
+	for {
+		n = 1<<18 + rand.IntN(1<<18)
+		err := unix.IoctlSetInt(ctl, unix.LOOP_CTL_ADD, n)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EEXIST) {
+			t.Fatalf("LOOP_CTL_ADD %d: %v", n, err)
+		}
+	}
+	dev := fmt.Sprintf("/dev/loop%d", n)
+	t.Cleanup(func() {
+		exec.Command("losetup", "-d", dev).Run()
+		removeNumber(dev)
+	})
+	if out, err := exec.Command("losetup", dev, img).CombinedOutput(); err != nil {
+		t.Fatalf("losetup %s %s: %v: %s", dev, img, err, out)
+	}
+	return dev, n
+}
+
 func number(t *testing.T, dev string) int {
 	n, err := strconv.Atoi(strings.TrimPrefix(dev, "/dev/loop"))
 	if err != nil {
@@ -176,7 +217,7 @@ func TestAwaitRemoved(t *testing.T) {
 	testenv.RequireRoot(t)
 	dir := t.TempDir()
 	t.Run("waits for the detach and then the removal", func(t *testing.T) {
-		dev, n := attachImage(t, dir)
+		dev, n := attachAside(t, dir)
 		used := loopsBackedIn(dir)
 		if len(used) != 1 || !used[n] {
 			t.Fatalf("loopsBackedIn(%s): got %v, want {%d}", dir, used, n)

@@ -21,11 +21,15 @@ import (
 	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
+// quickStartDisk is the size of the test's own disk, sparse: the
+// repository's files, bin/, and the quick start's volumes above the guard.
+const quickStartDisk = 8 << 30
+
 // TestQuickStart copies the repository's files (git ls-files) into a
-// directory of its own, runs the README's "make run" there, runs the
-// README's csi-sanity command from that directory once the socket is up,
-// and checks that csi-sanity's summary is the one the README states; then
-// stops the plugin and checks nothing of it is left mounted.
+// directory on a filesystem of its own, runs the README's "make run"
+// there, runs the README's csi-sanity command from that directory once the
+// socket is up, and checks that csi-sanity's summary is the one the README
+// states; then stops the plugin and checks nothing of it is left mounted.
 func TestQuickStart(t *testing.T) {
 	testenv.RequireRoot(t)
 	readme, err := os.ReadFile("../../README.md")
@@ -47,7 +51,12 @@ func TestQuickStart(t *testing.T) {
 		t.Fatalf("the README's quick start lacks its csi-sanity command (%q) or the result it states (%q)", sanity, want)
 	}
 
-	dir := t.TempDir()
+	// A fresh machine's disk, of the test's own: make run's default pool
+	// is the filesystem that holds ./.run, whose guard keeps a fifth of it
+	// free, and the machine's own disk may be fuller than that while other
+	// tests run beside this one.
+	dir := filepath.Join(t.TempDir(), "converge")
+	testenv.Filesystem(t, dir, quickStartDisk, "ext4")
 	files, err := exec.Command("git", "-C", "../..", "ls-files", "-z").Output()
 	if err != nil {
 		t.Fatalf("git ls-files: %v", err)

@@ -26,6 +26,31 @@ func PoolFilesystem(t testing.TB, p *Plugin, name string, size int64, fs string,
 // filesystems), and the filesystem goes.
 func FilesystemAt(t testing.TB, p *Plugin, dir string, size int64, fs string, mkfsArgs ...string) {
 	t.Helper()
+	Filesystem(t, dir, size, fs, mkfsArgs...)
+	t.Cleanup(func() {
+		// The volumes' devices and mounts go while their images are
+		// still reachable.
+		p.Stop()
+		var left []string
+		for _, l := range Leftovers(p.Dir, dir) {
+			if l != "mount "+dir && !strings.HasPrefix(l, "mount "+filepath.Join(p.Dir, "pool-")) && l != "mount "+p.DataDir {
+				left = append(left, l)
+			}
+		}
+		if len(left) > 0 {
+			t.Errorf("left behind in %s: %s", dir, strings.Join(left, "; "))
+		}
+		ForceClean(p.Dir, dir)
+	})
+}
+
+// Filesystem makes a filesystem of type fs (mkfs.<fs> mkfsArgs) of size
+// bytes on a loop device of the test's own, backed by a sparse file, and
+// mounts it at dir. Cleanups the test registers later run first; then the
+// filesystem is unmounted, an error if something still holds it, and its
+// device goes.
+func Filesystem(t testing.TB, dir string, size int64, fs string, mkfsArgs ...string) {
+	t.Helper()
 	img := filepath.Join(t.TempDir(), filepath.Base(dir)+".img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -49,21 +74,8 @@ func FilesystemAt(t testing.TB, p *Plugin, dir string, size int64, fs string, mk
 		t.Fatalf("mounting %s: %v", dir, err)
 	}
 	t.Cleanup(func() {
-		// The volumes' devices and mounts go while their images are
-		// still reachable.
-		p.Stop()
-		var left []string
-		for _, l := range Leftovers(p.Dir, dir) {
-			if l != "mount "+dir && !strings.HasPrefix(l, "mount "+filepath.Join(p.Dir, "pool-")) && l != "mount "+p.DataDir {
-				left = append(left, l)
-			}
-		}
-		if len(left) > 0 {
-			t.Errorf("left behind in %s: %s", dir, strings.Join(left, "; "))
-		}
-		ForceClean(p.Dir, dir)
-		// ForceClean unmounts it too, when nothing holds it (EINVAL: not
-		// mounted any more).
+		// ForceClean of a test's cleanup unmounts it too, when nothing
+		// holds it (EINVAL: not mounted any more).
 		if err := syscall.Unmount(dir, 0); err != nil && err != syscall.EINVAL {
 			// Something still holds it (a volume's loop device): say so,
 			// rather than leave it behind unseen.
