@@ -16,8 +16,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 var (
@@ -97,6 +103,11 @@ func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 			// run in 4 or 5 of make test.
 			skip{`\[Testpattern: Pre-provisioned VolumeGroupSnapshot`, "pre-provisioned groups: an upstream race fails 1 run in 4 or 5, in make conformance"})
 	}
+	if *storageSuite == "parallel" {
+		if err := suiteGraceOnce(); err != nil {
+			t.Fatalf("the suite's grace policy: %v", err)
+		}
+	}
 	patterns := make([]string, len(skips))
 	for i, s := range skips {
 		patterns[i] = "(" + s.pattern + ")"
@@ -169,8 +180,61 @@ func runStorageSuite(t *testing.T, driver, focusOn, name string) {
 	}
 }
 
+// suiteGraceOnce gives every pod the suite makes a termination grace
+// period of one second (suiteGrace), once for both suites.
+var suiteGraceOnce = sync.OnceValue(func() error { return suiteGrace(context.Background()) })
+
+// suiteGrace installs a MutatingAdmissionPolicy that sets
+// terminationGracePeriodSeconds to 1 in every pod made in a namespace of
+// the suite (the e2e framework labels each e2e-run). Many of the suite's
+// containers run sleep as PID 1, which ignores SIGTERM, so each deletion
+// waited out the default 30 seconds for nothing: a StatefulSet of three
+// scaled down one pod after another took 100 of a group snapshot test's
+// 183 seconds. The kubelet's teardown is the same after one second as
+// after thirty: SIGKILL, then the volumes unmounted and unstaged. Only
+// make test's run has it; make conformance's disruptive tests, some of
+// which delete pods gracefully on purpose, keep the default.
+func suiteGrace(ctx context.Context) error {
+	const name = "e2e-storage-suite-grace"
+	policy := &admissionv1.MutatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionv1.MutatingAdmissionPolicySpec{
+			MatchConstraints: &admissionv1.MatchResources{
+				NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+					{Key: "e2e-run", Operator: metav1.LabelSelectorOpExists},
+				}},
+				ResourceRules: []admissionv1.NamedRuleWithOperations{{RuleWithOperations: admissionv1.RuleWithOperations{
+					Operations: []admissionv1.OperationType{admissionv1.Create},
+					Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}},
+				}}},
+			},
+			FailurePolicy:      ptr.To(admissionv1.Fail),
+			ReinvocationPolicy: admissionv1.NeverReinvocationPolicy,
+			Mutations: []admissionv1.Mutation{{
+				PatchType: admissionv1.PatchTypeApplyConfiguration,
+				ApplyConfiguration: &admissionv1.ApplyConfiguration{
+					Expression: "Object{spec: Object.spec{terminationGracePeriodSeconds: 1}}",
+				},
+			}},
+		},
+	}
+	policies := c.client.AdmissionregistrationV1().MutatingAdmissionPolicies()
+	if _, err := policies.Create(ctx, policy, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	binding := &admissionv1.MutatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       admissionv1.MutatingAdmissionPolicyBindingSpec{PolicyName: name},
+	}
+	bindings := c.client.AdmissionregistrationV1().MutatingAdmissionPolicyBindings()
+	if _, err := bindings.Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
 // storageProcs is how many processes of the suite run its tests at once.
-const storageProcs = 6
+const storageProcs = 8
 
 // skip is one entry of the skip list: tests that cannot run on this machine
 // kind, and why.
