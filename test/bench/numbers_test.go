@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -142,11 +143,14 @@ func attachImage(t *testing.T, dir string) (string, int) {
 }
 
 // attachAside attaches a new 1 MiB image in dir to a loop device of a
-// number far above those in use, made for it (LOOP_CTL_ADD): once
-// detached, it is free, and another user of the machine's loop devices (a
-// test beside this one) attaching with LOOP_CTL_GET_FREE, which hands out
-// the lowest free number, takes a lower one. Cleanup detaches it and
-// removes the number if the test did not.
+// number in the upper half of those the kernel can make, made for it
+// (LOOP_CTL_ADD), below which it makes decoys, unbound devices of the
+// numbers just under it. Once detached it is free, and another user of the
+// machine's loop devices (a test beside this one) attaching with
+// LOOP_CTL_GET_FREE is handed the first unbound device in the order of
+// numbers: a decoy, or one lower still, never this one while a decoy is
+// left. Cleanup detaches it if it is still attached to the image, and
+// removes its number and each decoy's that no one attached.
 func attachAside(t *testing.T, dir string) (string, int) {
 	t.Helper()
 	img := filepath.Join(dir, fmt.Sprintf("img-%d", time.Now().UnixNano()))
@@ -158,21 +162,46 @@ func attachAside(t *testing.T, dir string) (string, int) {
 		t.Fatal(err)
 	}
 	defer unix.Close(ctl)
-	n := 0
-	for {
-		n = 1<<18 + rand.IntN(1<<18)
-		err := unix.IoctlSetInt(ctl, unix.LOOP_CTL_ADD, n)
-		if err == nil {
-			break
+	// A number's first minor is the number shifted by the partitions
+	// each device may have (max_part, rounded up to a power of two less
+	// one), and a minor has 20 bits.
+	shift := 0
+	if b, err := os.ReadFile("/sys/module/loop/parameters/max_part"); err == nil {
+		if p, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && p > 0 {
+			shift = bits.Len(uint(p))
 		}
-		if !errors.Is(err, unix.EEXIST) {
+	}
+	half := 1 << (20 - shift - 1)
+	const decoys = 16
+	add := func(n int) bool {
+		err := unix.IoctlSetInt(ctl, unix.LOOP_CTL_ADD, n)
+		if err != nil && !errors.Is(err, unix.EEXIST) {
 			t.Fatalf("LOOP_CTL_ADD %d: %v", n, err)
 		}
+		if err == nil {
+			t.Cleanup(func() {
+				if !attached(n) {
+					removeNumber(fmt.Sprintf("/dev/loop%d", n))
+				}
+			})
+		}
+		return err == nil
+	}
+	n := 0
+	for {
+		n = half + decoys + rand.IntN(half-decoys)
+		if add(n) {
+			break
+		}
+	}
+	for i := 1; i <= decoys; i++ {
+		add(n - i)
 	}
 	dev := fmt.Sprintf("/dev/loop%d", n)
 	t.Cleanup(func() {
-		exec.Command("losetup", "-d", dev).Run()
-		removeNumber(dev)
+		if backedIn(n, dir) {
+			devices.DetachLoop(dev)
+		}
 	})
 	if out, err := exec.Command("losetup", dev, img).CombinedOutput(); err != nil {
 		t.Fatalf("losetup %s %s: %v: %s", dev, img, err, out)
@@ -236,6 +265,9 @@ func TestAwaitRemoved(t *testing.T) {
 		}()
 		waited, ok := awaitRemoved(used, dir, 5*time.Second)
 		if err := <-done; err != nil {
+			if attached(n) && !backedIn(n, dir) {
+				t.Skipf("loop%d was taken by another user between its detach and its removal: every decoy below it was taken first (%v)", n, err)
+			}
 			t.Fatal(err)
 		}
 		if !ok || waited < removeAfter {

@@ -63,7 +63,13 @@ func Filesystem(t testing.TB, dir string, size int64, fs string, mkfsArgs ...str
 		t.Fatalf("losetup: %v", err)
 	}
 	dev := strings.TrimSpace(string(out))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	t.Cleanup(func() {
+		// A device left bound would hold the deleted image's space on
+		// the machine's disk until a reboot.
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			t.Errorf("detaching the test's filesystem device %s: %v: %s", dev, err, out)
+		}
+	})
 	if out, err := exec.Command("mkfs."+fs, append(mkfsArgs, dev)...).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs.%s: %v: %s", fs, err, out)
 	}
@@ -74,8 +80,8 @@ func Filesystem(t testing.TB, dir string, size int64, fs string, mkfsArgs ...str
 		t.Fatalf("mounting %s: %v", dir, err)
 	}
 	t.Cleanup(func() {
-		// ForceClean of a test's cleanup unmounts it too, when nothing
-		// holds it (EINVAL: not mounted any more).
+		// A test's ForceClean of a directory above it may have unmounted
+		// it already (EINVAL: not mounted any more).
 		if err := syscall.Unmount(dir, 0); err != nil && err != syscall.EINVAL {
 			// Something still holds it (a volume's loop device): say so,
 			// rather than leave it behind unseen.
