@@ -46,6 +46,7 @@ ARG VERSION=v0.2.0-dev
 LABEL org.opencontainers.image.title="converge csi-node" \
       org.opencontainers.image.description="CSI node plugin with a kubelet-style reconciler: loop-device volumes, node-local" \
       org.opencontainers.image.source="https://github.com/converge-csi/converge" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
 RUN apt-get update \
  && apt-get install -y --no-install-recommends e2fsprogs xfsprogs btrfs-progs util-linux mount \

@@ -344,7 +344,7 @@ func TestValuesReachTheObjects(t *testing.T) {
 			"extraArgs":    []any{"--max-requests=100"},
 		},
 		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme", "onNodeLoss": "release"},
-		"controller":   map[string]any{"replicas": 3, "logLevel": 4, "httpPort": 9901, "deletedNodeGrace": "5m", "extraArgs": []any{"--resync-period=1m"}},
+		"controller":   map[string]any{"replicas": 3, "logLevel": 4, "httpPort": 9901, "deletedNodeGrace": "5m", "extraArgs": []any{"--resync-period=1m"}, "priorityClassName": "storage-high"},
 		"nodeSelector": map[string]any{"storage": "local"},
 		"pools":        []any{map[string]any{"name": "nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd"}},
 		"poolsRoot":    "/mnt/pools",
@@ -380,8 +380,13 @@ func TestValuesReachTheObjects(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(pod["containers"]), "--kubelet-registration-path=/data/kubelet/plugins/converge.csi.dev/csi.sock") {
 		t.Error("the registrar registers the socket at the default kubelet directory")
 	}
-	if fmt.Sprint(pod["nodeSelector"]) != "map[storage:local]" {
+	// Helm merges a map value with the default's: Linux nodes still.
+	if fmt.Sprint(pod["nodeSelector"]) != "map[kubernetes.io/os:linux storage:local]" {
 		t.Errorf("nodeSelector: got %v", pod["nodeSelector"])
+	}
+	ctrlPod := objs["Deployment kube-system/converge-controller"]["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	if ctrlPod["priorityClassName"] != "storage-high" || fmt.Sprint(ctrlPod["nodeSelector"]) != "map[kubernetes.io/os:linux]" {
+		t.Errorf("converge-controller's priorityClassName %v, nodeSelector %v; want storage-high, Linux nodes", ctrlPod["priorityClassName"], ctrlPod["nodeSelector"])
 	}
 	sc := objs["StorageClass /fast"]
 	if sc == nil {

@@ -3,7 +3,9 @@ package chart
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -72,29 +74,93 @@ func TestReadmeHelmInstall(t *testing.T) {
 	}
 }
 
-// TestReadmeKubectlInstall checks that the README's kustomize edit names
-// the image deploy/ sets, with the tag the README builds and the chart
-// defaults to.
+// TestReadmeKubectlInstall runs the README's kubectl install as written,
+// from a checkout's root, but for its kubectl apply: the kustomization it
+// writes beside the checkout renders deploy/'s objects with csi-node's
+// image the one the README builds, whose tag is the chart's appVersion,
+// and nothing else changed; and nothing is written into the checkout.
 func TestReadmeKubectlInstall(t *testing.T) {
-	args := readmeCommand(t, "(cd deploy && kustomize edit set image")
-	from, to, ok := strings.Cut(strings.TrimSuffix(args[len(args)-1], ")"), "=")
-	if !ok {
-		t.Fatalf("kustomize edit set image %s", args[len(args)-1])
-	}
-	b, err := os.ReadFile(filepath.Join(deploy, "kustomization.yaml"))
+	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?m)^  - name: ` + regexp.QuoteMeta(from) + `$`).Match(b) {
-		t.Errorf("deploy/kustomization.yaml sets no image %s", from)
+	var block string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if strings.Contains(m[1], "kubectl apply -k") {
+			if block != "" {
+				t.Fatal("the README has two blocks with kubectl apply -k")
+			}
+			block = m[1]
+		}
 	}
+	script, apply, ok := strings.Cut(block, "kubectl apply -k ")
+	if !ok || strings.Contains(script, "kubectl") {
+		t.Fatalf("the README's kubectl install is not a kustomization written, then applied:\n%s", block)
+	}
+	// A checkout inside a directory of the test's own, holding deploy/
+	// (a link to the repository's): the shell finds ".." by the real
+	// directory, not by a link's name.
+	root, err := filepath.Abs(repo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beside := t.TempDir()
+	checkout := filepath.Join(beside, "converge")
+	if err := os.Mkdir(checkout, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "deploy"), filepath.Join(checkout, "deploy")); err != nil {
+		t.Fatal(err)
+	}
+	before := gitStatus(t)
+	cmd := exec.Command("sh", "-eu", "-c", strings.ReplaceAll(script, "<registry>", "registry.example"))
+	cmd.Dir, cmd.Env = checkout, append(os.Environ(), "PWD="+checkout)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the README's kubectl install: %v\n%s", err, out)
+	}
+	if after := gitStatus(t); after != before {
+		t.Errorf("the README's kubectl install changed the checkout:\n%s", after)
+	}
+	dir := filepath.Join(checkout, strings.TrimSpace(apply))
+	if !strings.HasPrefix(filepath.Clean(dir), beside+"/") || strings.HasPrefix(filepath.Clean(dir), checkout+"/") {
+		t.Fatalf("the README applies %s, not a kustomization beside the checkout", strings.TrimSpace(apply))
+	}
+	got := objects(t, buildKustomization(t, dir), false)
+	want := objects(t, kustomize(t, nil), false)
 	built := readmeCommand(t, "docker build")
-	if to != built[3] {
-		t.Errorf("the README builds %s and kustomizes %s", built[3], to)
-	}
-	if _, tag, _ := strings.Cut(to, ":"); tag != loadChart(t).Metadata.AppVersion {
+	if _, tag, _ := strings.Cut(built[3], ":"); tag != loadChart(t).Metadata.AppVersion {
 		t.Errorf("the README's tag %s is not the chart's appVersion %s", tag, loadChart(t).Metadata.AppVersion)
 	}
+	images := 0
+	for key, o := range want {
+		for _, path := range [][]string{{"spec", "template", "spec", "containers"}, {"spec", "template", "spec", "initContainers"}} {
+			ctrs, _ := dig(o, path...).([]any)
+			for _, c := range ctrs {
+				c := c.(map[string]any)
+				if img, _ := c["image"].(string); strings.HasPrefix(img, "ghcr.io/converge-csi/csi-node:") {
+					c["image"] = built[3]
+					images++
+				}
+			}
+		}
+		if !reflect.DeepEqual(got[key], o) {
+			t.Errorf("%s: the README's kustomization renders it otherwise than deploy/ with the README's image", key)
+		}
+	}
+	if images == 0 || len(got) != len(want) {
+		t.Errorf("the README's kustomization: %d objects, deploy/ %d, csi-node's image in %d containers", len(got), len(want), images)
+	}
+}
+
+// gitStatus is git status --porcelain of the repository, untracked files
+// included.
+func gitStatus(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--untracked-files=all").Output()
+	if err != nil {
+		t.Fatalf("git status: %v", err)
+	}
+	return string(out)
 }
 
 // TestVersionsAgree checks that one release version is said everywhere:
@@ -269,4 +335,17 @@ func minorOf(t *testing.T, v string) int {
 		t.Fatalf("Kubernetes version %q: want 1.N", v)
 	}
 	return n
+}
+
+// dig returns the value at path in o, nil where the path ends early.
+func dig(o map[string]any, path ...string) any {
+	var v any = o
+	for _, k := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[k]
+	}
+	return v
 }
