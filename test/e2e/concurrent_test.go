@@ -34,6 +34,7 @@ func TestConcurrent(t *testing.T) {
 		{"TestVolumeConditionReachesThePod", testVolumeConditionReachesThePod},
 		{"TestSnapshotRestoreAndClone", testSnapshotRestoreAndClone},
 		{"TestSnapshotOfRawBlock", testSnapshotOfRawBlock},
+		{"TestExamples", testExamples},
 	} {
 		t.Run(q.name, func(t *testing.T) {
 			if together {

@@ -36,10 +36,12 @@ func standInImage(s standin.Release) string {
 }
 
 // upstreamTags are the names under which the Kubernetes storage suite
-// (test/utils/image/manifest.go of the release) asks for each of our images.
-// Its pods pull IfNotPresent, so they find these here.
+// (test/utils/image/manifest.go of the release), and docs/examples, ask
+// for each of our images. Their pods pull IfNotPresent, so they find these
+// here.
 var upstreamTags = map[string][]string{
-	pauseImage: {"registry.k8s.io/pause:3.10.2"},
+	busyboxImage: {"docker.io/library/busybox:1.37"},
+	pauseImage:   {"registry.k8s.io/pause:3.10.2"},
 	// The shell tools of busybox, with GNU dd (multiVolume uses
 	// oflag=nocache and iflag=direct, which busybox's dd lacks), bash as
 	// the shell and the C library they need. The suite only runs shell commands in the glibc

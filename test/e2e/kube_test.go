@@ -179,10 +179,17 @@ func createPod(t *testing.T, s podSpec) *corev1.Pod {
 // waitRunning waits for the pod to be running and ready.
 func waitRunning(t *testing.T, name string) *corev1.Pod {
 	t.Helper()
+	return waitRunningIn(t, ns, name)
+}
+
+// waitRunningIn waits for pod name of namespace to be ready, as
+// waitRunning.
+func waitRunningIn(t *testing.T, namespace, name string) *corev1.Pod {
+	t.Helper()
 	var pod *corev1.Pod
-	poll(t, 2*time.Minute, "pod "+name+" running", func() (bool, string) {
+	poll(t, 2*time.Minute, "pod "+namespace+"/"+name+" running", func() (bool, string) {
 		var err error
-		pod, err = c.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+		pod, err = c.client.CoreV1().Pods(namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
