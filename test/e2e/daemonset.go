@@ -29,7 +29,7 @@ import (
 //     built from their modules (sidecars.go), and take those releases'
 //     tags, so that an older deploy/ (TestUpgradeAndRollback's) runs them
 //     too;
-//   - csi-node's arguments, three appended (installArgs).
+//   - csi-node's arguments, five appended (installArgs).
 // The DaemonSet controller puts a pod on each node as it joins; the
 // kubelet runs its containers in the node's containerd, and registers
 // the driver through the registrar's socket.

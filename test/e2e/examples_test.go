@@ -53,6 +53,8 @@ func testExamples(t *testing.T) {
 		t.Errorf("the README's first claim is not docs/examples/first-claim.yaml (less its comment)")
 	}
 
+	var classes []string
+	t.Cleanup(func() { removeExamples(t, dir, classes) })
 	if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: examplesNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -64,8 +66,6 @@ func testExamples(t *testing.T) {
 		}
 		applied[file] = true
 	}
-	var classes []string
-	t.Cleanup(func() { removeExamples(t, dir, classes) })
 	for _, f := range files {
 		if strings.HasPrefix(f, "storageclass-") || strings.HasPrefix(f, "volumesnapshotclass-") {
 			apply(f)
@@ -170,6 +170,15 @@ func removeExamples(t *testing.T, dir string, classes []string) {
 		for _, o := range contents.Items {
 			if ns, _, _ := unstructured.NestedString(o.Object, "spec", "volumeSnapshotRef", "namespace"); ns == examplesNamespace {
 				left = append(left, "VolumeSnapshotContent "+o.GetName())
+			}
+		}
+		groups, err := c.dynamic.Resource(volumeGroupSnapshotContents).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, o := range groups.Items {
+			if ns, _, _ := unstructured.NestedString(o.Object, "spec", "volumeGroupSnapshotRef", "namespace"); ns == examplesNamespace {
+				left = append(left, "VolumeGroupSnapshotContent "+o.GetName())
 			}
 		}
 		slices.Sort(left)

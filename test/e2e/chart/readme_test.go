@@ -97,29 +97,22 @@ func TestReadmeKubectlInstall(t *testing.T) {
 	if !ok || strings.Contains(script, "kubectl") {
 		t.Fatalf("the README's kubectl install is not a kustomization written, then applied:\n%s", block)
 	}
-	// A checkout inside a directory of the test's own, holding deploy/
-	// (a link to the repository's): the shell finds ".." by the real
-	// directory, not by a link's name.
-	root, err := filepath.Abs(repo)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A checkout inside a directory of the test's own, with a copy of
+	// deploy/: a block that edited deploy/ edits the copy, never the
+	// repository.
 	beside := t.TempDir()
 	checkout := filepath.Join(beside, "converge")
-	if err := os.Mkdir(checkout, 0o755); err != nil {
+	if err := os.CopyFS(filepath.Join(checkout, "deploy"), os.DirFS(deploy)); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(root, "deploy"), filepath.Join(checkout, "deploy")); err != nil {
-		t.Fatal(err)
-	}
-	before := gitStatus(t)
+	before := dirDigest(t, filepath.Join(checkout, "deploy"))
 	cmd := exec.Command("sh", "-eu", "-c", strings.ReplaceAll(script, "<registry>", "registry.example"))
 	cmd.Dir, cmd.Env = checkout, append(os.Environ(), "PWD="+checkout)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the README's kubectl install: %v\n%s", err, out)
 	}
-	if after := gitStatus(t); after != before {
-		t.Errorf("the README's kubectl install changed the checkout:\n%s", after)
+	if dirDigest(t, filepath.Join(checkout, "deploy")) != before {
+		t.Errorf("the README's kubectl install changed deploy/ in the checkout")
 	}
 	dir := filepath.Join(checkout, strings.TrimSpace(apply))
 	if !strings.HasPrefix(filepath.Clean(dir), beside+"/") || strings.HasPrefix(filepath.Clean(dir), checkout+"/") {
@@ -152,15 +145,22 @@ func TestReadmeKubectlInstall(t *testing.T) {
 	}
 }
 
-// gitStatus is git status --porcelain of the repository, untracked files
-// included.
-func gitStatus(t *testing.T) string {
+// dirDigest is every file's path and content under dir, in order.
+func dirDigest(t *testing.T, dir string) string {
 	t.Helper()
-	out, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--untracked-files=all").Output()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		fmt.Fprintf(&b, "%s\n%s\n", p, data)
+		return err
+	})
 	if err != nil {
-		t.Fatalf("git status: %v", err)
+		t.Fatal(err)
 	}
-	return string(out)
+	return b.String()
 }
 
 // TestVersionsAgree checks that one release version is said everywhere:
