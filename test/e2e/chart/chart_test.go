@@ -346,8 +346,12 @@ func TestValuesReachTheObjects(t *testing.T) {
 		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme", "onNodeLoss": "release"},
 		"controller":   map[string]any{"replicas": 3, "logLevel": 4, "httpPort": 9901, "deletedNodeGrace": "5m", "extraArgs": []any{"--resync-period=1m"}, "priorityClassName": "storage-high"},
 		"nodeSelector": map[string]any{"storage": "local"},
-		"pools":        []any{map[string]any{"name": "nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd"}},
-		"poolsRoot":    "/mnt/pools",
+		"sidecars": map[string]any{
+			"provisioner": map[string]any{"pullPolicy": "Always", "extraArgs": []any{"--worker-threads=4"}},
+			"resizer":     map[string]any{"image": "mirror.example/csi-resizer:v2.3.0", "extraArgs": []any{"--workers=2"}},
+		},
+		"pools":     []any{map[string]any{"name": "nvme", "ratio": 2, "guard": "10%"}, map[string]any{"name": "hdd"}},
+		"poolsRoot": "/mnt/pools",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -383,6 +387,17 @@ func TestValuesReachTheObjects(t *testing.T) {
 	// Helm merges a map value with the default's: Linux nodes still.
 	if fmt.Sprint(pod["nodeSelector"]) != "map[kubernetes.io/os:linux storage:local]" {
 		t.Errorf("nodeSelector: got %v", pod["nodeSelector"])
+	}
+	sidecars := map[string]map[string]any{}
+	for _, ctr := range pod["containers"].([]any) {
+		ctr := ctr.(map[string]any)
+		sidecars[ctr["name"].(string)] = ctr
+	}
+	if p := sidecars["csi-provisioner"]; p["imagePullPolicy"] != "Always" || !strings.HasSuffix(fmt.Sprint(p["args"]), " --worker-threads=4]") {
+		t.Errorf("csi-provisioner: pull policy %v, args %v; want Always, --worker-threads=4 last", p["imagePullPolicy"], p["args"])
+	}
+	if r := sidecars["csi-resizer"]; r["image"] != "mirror.example/csi-resizer:v2.3.0" || r["imagePullPolicy"] != nil || !strings.HasSuffix(fmt.Sprint(r["args"]), " --workers=2]") {
+		t.Errorf("csi-resizer: image %v, pull policy %v, args %v; want the mirror's, none, --workers=2 last", r["image"], r["imagePullPolicy"], r["args"])
 	}
 	ctrlPod := objs["Deployment kube-system/converge-controller"]["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 	if ctrlPod["priorityClassName"] != "storage-high" || fmt.Sprint(ctrlPod["nodeSelector"]) != "map[kubernetes.io/os:linux]" {
