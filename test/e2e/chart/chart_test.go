@@ -343,9 +343,14 @@ func TestValuesReachTheObjects(t *testing.T) {
 			"featureGates": map[string]any{"VolumeHealth": true, "VolumeCondition": true},
 			"extraArgs":    []any{"--max-requests=100"},
 		},
-		"storageClass": map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme", "onNodeLoss": "release"},
-		"controller":   map[string]any{"replicas": 3, "logLevel": 4, "httpPort": 9901, "deletedNodeGrace": "5m", "extraArgs": []any{"--resync-period=1m"}, "priorityClassName": "storage-high"},
-		"nodeSelector": map[string]any{"storage": "local"},
+		"storageClass":        map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme", "onNodeLoss": "release"},
+		"controller":          map[string]any{"replicas": 3, "logLevel": 4, "httpPort": 9901, "deletedNodeGrace": "5m", "extraArgs": []any{"--resync-period=1m"}, "priorityClassName": "storage-high"},
+		"nodeSelector":        map[string]any{"storage": "local"},
+		"extraStorageClasses": []any{map[string]any{"name": "converge-thin", "provisioning": "thin"}},
+		"snapshots": map[string]any{"enabled": true, "volumeSnapshotClass": map[string]any{
+			"labels":      map[string]any{"velero.io/csi-volumesnapshot-class": "true"},
+			"annotations": map[string]any{"snapshot.storage.kubernetes.io/is-default-class": "true"},
+		}},
 		"sidecars": map[string]any{
 			"provisioner": map[string]any{"pullPolicy": "Always", "extraArgs": []any{"--worker-threads=4"}},
 			"resizer":     map[string]any{"image": "mirror.example/csi-resizer:v2.3.0", "extraArgs": []any{"--workers=2"}},
@@ -398,6 +403,24 @@ func TestValuesReachTheObjects(t *testing.T) {
 	}
 	if r := sidecars["csi-resizer"]; r["image"] != "mirror.example/csi-resizer:v2.3.0" || r["imagePullPolicy"] != nil || !strings.HasSuffix(fmt.Sprint(r["args"]), " --workers=2]") {
 		t.Errorf("csi-resizer: image %v, pull policy %v, args %v; want the mirror's, none, --workers=2 last", r["image"], r["imagePullPolicy"], r["args"])
+	}
+	// A further class: its own name and provisioning, the rest
+	// storageClass's, and not the default.
+	if thin := objs["StorageClass /converge-thin"]; thin == nil {
+		t.Error("no StorageClass converge-thin")
+	} else if got := fmt.Sprint(thin["parameters"]); got != "map[converge.csi.dev/mkfsOptions:-m reflink=1 converge.csi.dev/on-node-loss:release converge.csi.dev/pool:nvme converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" || fmt.Sprint(thin["metadata"].(map[string]any)["annotations"]) != "<nil>" {
+		t.Errorf("StorageClass converge-thin: parameters %s, annotations %v", got, thin["metadata"].(map[string]any)["annotations"])
+	}
+	vsc := objs["VolumeSnapshotClass /converge"]
+	if vsc == nil {
+		t.Fatalf("no VolumeSnapshotClass converge among %v", union(objs, nil))
+	}
+	meta := vsc["metadata"].(map[string]any)
+	if labels := meta["labels"].(map[string]any); labels["velero.io/csi-volumesnapshot-class"] != "true" || labels["app.kubernetes.io/part-of"] != "converge" {
+		t.Errorf("the VolumeSnapshotClass's labels: %v; want Velero's beside the chart's", labels)
+	}
+	if fmt.Sprint(meta["annotations"]) != "map[snapshot.storage.kubernetes.io/is-default-class:true]" {
+		t.Errorf("the VolumeSnapshotClass's annotations: %v", meta["annotations"])
 	}
 	ctrlPod := objs["Deployment kube-system/converge-controller"]["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
 	if ctrlPod["priorityClassName"] != "storage-high" || fmt.Sprint(ctrlPod["nodeSelector"]) != "map[kubernetes.io/os:linux]" {
