@@ -126,6 +126,9 @@ func TestSchemaRefusesWrongValues(t *testing.T) {
 		{name: "an on-node-loss converge does not know", vals: map[string]any{"storageClass": map[string]any{"onNodeLoss": "delete"}}, want: "onNodeLoss"},
 		{name: "a grace that is no duration", vals: map[string]any{"controller": map[string]any{"deletedNodeGrace": "60"}}, want: "deletedNodeGrace"},
 		{name: "no replica", vals: map[string]any{"controller": map[string]any{"replicas": 0}}, want: "replicas"},
+		{name: "a class name that is no DNS name", vals: map[string]any{"extraStorageClasses": []any{map[string]any{"name": "x\n---\nkind: Secret"}}}, want: "name"},
+		{name: "a further class without a name", vals: map[string]any{"extraStorageClasses": []any{map[string]any{"fsType": "xfs"}}}, want: "name"},
+		{name: "a further class that would make itself", vals: map[string]any{"extraStorageClasses": []any{map[string]any{"name": "x", "create": false}}}, want: "create"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := render(t, tc.vals)
@@ -346,7 +349,7 @@ func TestValuesReachTheObjects(t *testing.T) {
 		"storageClass":        map[string]any{"name": "fast", "isDefault": true, "provisioning": "thin", "fsType": "xfs", "mkfsOptions": "-m reflink=1", "pool": "nvme", "onNodeLoss": "release"},
 		"controller":          map[string]any{"replicas": 3, "logLevel": 4, "httpPort": 9901, "deletedNodeGrace": "5m", "extraArgs": []any{"--resync-period=1m"}, "priorityClassName": "storage-high"},
 		"nodeSelector":        map[string]any{"storage": "local"},
-		"extraStorageClasses": []any{map[string]any{"name": "converge-thin", "provisioning": "thin"}},
+		"extraStorageClasses": []any{map[string]any{"name": "converge-thin", "provisioning": "thin"}, map[string]any{"name": "converge-plain", "onNodeLoss": "", "mkfsOptions": ""}},
 		"snapshots": map[string]any{"enabled": true, "volumeSnapshotClass": map[string]any{
 			"labels":      map[string]any{"velero.io/csi-volumesnapshot-class": "true"},
 			"annotations": map[string]any{"snapshot.storage.kubernetes.io/is-default-class": "true"},
@@ -410,6 +413,12 @@ func TestValuesReachTheObjects(t *testing.T) {
 		t.Error("no StorageClass converge-thin")
 	} else if got := fmt.Sprint(thin["parameters"]); got != "map[converge.csi.dev/mkfsOptions:-m reflink=1 converge.csi.dev/on-node-loss:release converge.csi.dev/pool:nvme converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" || fmt.Sprint(thin["metadata"].(map[string]any)["annotations"]) != "<nil>" {
 		t.Errorf("StorageClass converge-thin: parameters %s, annotations %v", got, thin["metadata"].(map[string]any)["annotations"])
+	}
+	// "" is the driver's default, not storageClass's value.
+	if plain := objs["StorageClass /converge-plain"]; plain == nil {
+		t.Error("no StorageClass converge-plain")
+	} else if got := fmt.Sprint(plain["parameters"]); got != "map[converge.csi.dev/pool:nvme converge.csi.dev/provisioning:thin csi.storage.k8s.io/fstype:xfs]" {
+		t.Errorf("StorageClass converge-plain: parameters %s, want storageClass's but no on-node-loss nor mkfs options", got)
 	}
 	vsc := objs["VolumeSnapshotClass /converge"]
 	if vsc == nil {
