@@ -1,19 +1,15 @@
 package e2e
 
 import (
-	"archive/tar"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
-	"time"
 
+	"github.com/converge-csi/converge/test/dockerfile"
+	"github.com/converge-csi/converge/test/e2e/ociimage"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -59,15 +55,6 @@ var upstreamTags = map[string][]string{
 // the API server and its credentials as the sidecars of deploy/ do.
 const kubectlImage = "converge.local/kubectl:e2e"
 
-// layerFile is one entry of an image layer.
-type layerFile struct {
-	name    string // path inside the image, without a leading slash
-	mode    int64
-	data    []byte
-	symlink string // target, for a symbolic link
-	dir     bool
-}
-
 // buildImages writes OCI archives of the images into dir, imports them into
 // containerd's k8s.io namespace and tags them with their upstream names.
 // agnhost and kubectl are the binaries built from the Kubernetes release;
@@ -112,7 +99,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 	if err != nil {
 		return err
 	}
-	standInBase, err := layerTar(standInFiles)
+	standInBase, err := ociimage.Layer(standInFiles)
 	if err != nil {
 		return err
 	}
@@ -124,11 +111,11 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 	type image struct {
 		ref    string
 		lower  []byte // a layer below files', or nil
-		files  []layerFile
+		files  []ociimage.File
 		config map[string]any
 	}
 	images := []image{
-		{ref: pauseImage, files: []layerFile{{name: "pause", mode: 0o755, data: bin}}, config: map[string]any{"Entrypoint": []string{"/pause"}}},
+		{ref: pauseImage, files: []ociimage.File{{Name: "pause", Mode: 0o755, Data: bin}}, config: map[string]any{"Entrypoint": []string{"/pause"}}},
 		{ref: busyboxImage, files: shell, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{ref: "converge.local/e2e-tools:e2e", files: tools, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{ref: "converge.local/agnhost:e2e", files: agn,
@@ -152,7 +139,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 	for _, sc := range standin.Releases {
 		name := filepath.Base(sc.Image)
 		images = append(images, image{ref: standInImage(sc), lower: standInBase,
-			files:  []layerFile{{name: name, symlink: standInBinary}},
+			files:  []ociimage.File{{Name: name, Symlink: standInBinary}},
 			config: map[string]any{"Entrypoint": []string{"/" + name}, "Env": []string{"PATH=/bin"}}})
 	}
 	ctr := func(args ...string) error {
@@ -164,7 +151,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 	}
 	for i, im := range images {
 		archive := filepath.Join(dir, fmt.Sprintf("image-%d.tar", i))
-		layer, err := layerTar(im.files)
+		layer, err := ociimage.Layer(im.files)
 		if err != nil {
 			return err
 		}
@@ -172,7 +159,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 		if im.lower != nil {
 			layers = [][]byte{im.lower, layer}
 		}
-		if err := writeOCIArchive(archive, im.ref, layers, im.config); err != nil {
+		if err := ociimage.WriteArchive(archive, false, ociimage.Image{Ref: im.ref, Platform: dockerfile.Host(), Layers: layers, Config: im.config}); err != nil {
 			return err
 		}
 		if err := ctr("import", archive); err != nil {
@@ -191,7 +178,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 // link per applet, the directories tests expect, and the programs of extra
 // (by path in the image: path on the host), each with the shared libraries
 // ldd lists for it at their paths (replacing the applet of the same name).
-func busyboxFiles(extra map[string]string) ([]layerFile, error) {
+func busyboxFiles(extra map[string]string) ([]ociimage.File, error) {
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
 		return nil, fmt.Errorf("busybox-static is not installed: %w", err)
@@ -204,8 +191,8 @@ func busyboxFiles(extra map[string]string) ([]layerFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("busybox --list: %w", err)
 	}
-	files := []layerFile{{name: "bin", dir: true}, {name: "tmp", dir: true}, {name: "data", dir: true},
-		{name: "bin/busybox", mode: 0o755, data: data}}
+	files := []ociimage.File{{Name: "bin", Dir: true}, {Name: "tmp", Dir: true}, {Name: "data", Dir: true},
+		{Name: "bin/busybox", Mode: 0o755, Data: data}}
 	have := map[string]bool{}
 	for at, prog := range extra {
 		paths := map[string]string{at: prog}
@@ -229,90 +216,20 @@ func busyboxFiles(extra map[string]string) ([]layerFile, error) {
 			}
 			for d := filepath.Dir(p); d != "/" && !have[d]; d = filepath.Dir(d) {
 				have[d] = true
-				files = append(files, layerFile{name: strings.TrimPrefix(d, "/"), dir: true})
+				files = append(files, ociimage.File{Name: strings.TrimPrefix(d, "/"), Dir: true})
 			}
 			if !have[p] {
 				have[p] = true
-				files = append(files, layerFile{name: strings.TrimPrefix(p, "/"), mode: 0o755, data: b})
+				files = append(files, ociimage.File{Name: strings.TrimPrefix(p, "/"), Mode: 0o755, Data: b})
 			}
 		}
 	}
 	for _, applet := range strings.Fields(string(list)) {
 		if applet != "busybox" && !strings.Contains(applet, "/") && !have["/bin/"+applet] {
-			files = append(files, layerFile{name: "bin/" + applet, symlink: "busybox"})
+			files = append(files, ociimage.File{Name: "bin/" + applet, Symlink: "busybox"})
 		}
 	}
 	// Directories must precede their files in the layer.
-	slices.SortStableFunc(files, func(a, b layerFile) int { return strings.Compare(a.name, b.name) })
+	slices.SortStableFunc(files, func(a, b ociimage.File) int { return strings.Compare(a.Name, b.Name) })
 	return files, nil
-}
-
-// writeOCIArchive writes an image of the given layers (uncompressed tars,
-// the lowest first) as an OCI image-layout tar that "ctr images import"
-// accepts, named by the io.containerd.image.name annotation. Every image
-// here holds this machine's binaries, so its platform is this machine's.
-func writeOCIArchive(path, ref string, layers [][]byte, config map[string]any) error {
-	epoch := time.Unix(0, 0)
-	blobs := map[string][]byte{}
-	var layerDescs []any
-	var diffIDs []string
-	for _, layer := range layers {
-		desc := descriptor("application/vnd.oci.image.layer.v1.tar", layer)
-		layerDescs = append(layerDescs, desc)
-		diffIDs = append(diffIDs, desc["digest"].(string))
-		blobs[desc["digest"].(string)] = layer
-	}
-	cfg, _ := json.Marshal(map[string]any{
-		"architecture": runtime.GOARCH,
-		"os":           runtime.GOOS,
-		"config":       config,
-		"rootfs":       map[string]any{"type": "layers", "diff_ids": diffIDs},
-	})
-	cfgDesc := descriptor("application/vnd.oci.image.config.v1+json", cfg)
-	manifest, _ := json.Marshal(map[string]any{
-		"schemaVersion": 2,
-		"mediaType":     "application/vnd.oci.image.manifest.v1+json",
-		"config":        cfgDesc,
-		"layers":        layerDescs,
-	})
-	manDesc := descriptor("application/vnd.oci.image.manifest.v1+json", manifest)
-	manDesc["platform"] = map[string]string{"architecture": runtime.GOARCH, "os": runtime.GOOS}
-	manDesc["annotations"] = map[string]string{
-		"io.containerd.image.name":          ref,
-		"org.opencontainers.image.ref.name": ref[strings.LastIndex(ref, ":")+1:],
-	}
-	index, _ := json.Marshal(map[string]any{"schemaVersion": 2, "manifests": []any{manDesc}})
-
-	out, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	aw := tar.NewWriter(out)
-	add := func(name string, data []byte) error {
-		if err := aw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(data)), ModTime: epoch}); err != nil {
-			return err
-		}
-		_, err := aw.Write(data)
-		return err
-	}
-	blobs[cfgDesc["digest"].(string)] = cfg
-	blobs[manDesc["digest"].(string)] = manifest
-	for digest, data := range blobs {
-		if err := add("blobs/sha256/"+strings.TrimPrefix(digest, "sha256:"), data); err != nil {
-			return err
-		}
-	}
-	if err := add("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)); err != nil {
-		return err
-	}
-	if err := add("index.json", index); err != nil {
-		return err
-	}
-	return aw.Close()
-}
-
-func descriptor(mediaType string, data []byte) map[string]any {
-	sum := sha256.Sum256(data)
-	return map[string]any{"mediaType": mediaType, "digest": "sha256:" + hex.EncodeToString(sum[:]), "size": len(data)}
 }
