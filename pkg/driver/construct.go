@@ -24,13 +24,19 @@ import (
 )
 
 // construct builds the plugin from cfg, once: the configuration checked,
-// the store opened, this node's pools found, one Paths for every part
-// that resolves paths beneath the roots, and the reconciler, the CSI
-// services and the HTTP handlers wired to them. It repairs nothing and
+// the kernel probed (devices.CheckKernel), the store opened, this node's
+// pools found, one Paths for every part that resolves paths beneath the
+// roots, and the reconciler, the CSI services and the HTTP handlers wired
+// to them. It repairs nothing and
 // serves nothing; on failure it releases what it opened.
 func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	cfg, err = cfg.withDefaults()
 	if err != nil {
+		return nil, err
+	}
+	// Before anything is opened or mounted: a kernel that lacks a call
+	// converge makes refuses the start, naming it.
+	if err := devices.CheckKernel(klog.FromContext(ctx)); err != nil {
 		return nil, err
 	}
 	p := &plugin{cfg: cfg}
