@@ -46,6 +46,9 @@ type cluster struct {
 	dynamic dynamic.Interface
 	// csiImage is the OCI archive of the csi-node image (csiimage.go).
 	csiImage string
+	// release is the run's release, built in the background
+	// (releasefiles.go).
+	release *releaseBuild
 
 	etcd, apiserver, controllerManager, scheduler *proc
 	// snapshotController is the cluster's.
@@ -145,6 +148,7 @@ func (c *cluster) up(ctx context.Context) error {
 	}{
 		{"converge DaemonSet", c.installDriver},
 		{"default service account", c.waitServiceAccount},
+		{"release's files (in the background)", c.startRelease},
 	}...)
 	for _, s := range steps {
 		start := time.Now()

@@ -28,11 +28,12 @@ import (
 const helmRelease = "converge"
 
 // helmValues are the run's values of the chart: the same choices as its
-// kustomization of deploy/ (installKustomizations), csi-node's image and
-// arguments (installArgs) and the registrar's stand-in among them, at
-// csi-node's log level logLevel. The other sidecars keep the chart's
-// images, which the run's images are named as: a chart that named
-// another release would not start.
+// kustomization of deploy/ (installKustomizations), csi-node's arguments
+// (installArgs) and the registrar's stand-in among them, at csi-node's log
+// level logLevel. csi-node's image is the chart's own, the release's
+// (TestHelmChart imports it); the other sidecars keep the chart's images,
+// which the run's images are named as: a chart that named another release
+// would not start.
 func helmValues(logLevel int) map[string]any {
 	image := map[string]any{}
 	for _, s := range standin.Releases {
@@ -40,7 +41,6 @@ func helmValues(logLevel int) map[string]any {
 	}
 	return map[string]any{
 		"csiNode": map[string]any{
-			"image":        map[string]any{"repository": csiNodeImageName, "tag": csiNodeImageTag},
 			"logLevel":     logLevel,
 			"featureGates": map[string]any{"VolumeCondition": true, "VolumeHealth": true},
 			"poolGuard":    testPoolGuard,
@@ -130,9 +130,12 @@ func reinstallDeploy(t *testing.T) {
 	}
 }
 
-// The chart installed for real, through the Helm SDK as helm install
-// does, in place of the run's kustomization of deploy/ (taken out, put
-// back at the end): every node's pod Ready and the driver registered; a
+// The release installed for real, from its files as make release makes
+// them (checked against their SHA256SUMS, its image archive imported into
+// every node's containerd), its packaged chart through the Helm SDK as
+// helm install does, with the chart's own image, in place of the run's
+// kustomization of deploy/ (taken out, put back at the end): every node's
+// pod Ready, running the release's image, and the driver registered; a
 // pod writes to a claim; an upgrade that changes csi-node's log level
 // replaces every node's pod under the published volume, which the writer
 // goes on writing to; the uninstall says the CSIDriver is kept, which the
@@ -142,7 +145,8 @@ func reinstallDeploy(t *testing.T) {
 func TestHelmChart(t *testing.T) {
 	ctx := context.Background()
 	cfg := helmConfig(t)
-	ch, err := loader.Load(filepath.Join(c.repo, "charts", "converge"))
+	release := awaitRelease(t)
+	ch, err := loader.Load(release.Chart)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,6 +181,24 @@ func TestHelmChart(t *testing.T) {
 		if err := n.waitDriver(ctx); err != nil {
 			t.Fatalf("the chart's pod on %s: %v", n.node, err)
 		}
+	}
+	pods, err := c.client.CoreV1().Pods(daemonSetNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours := 0
+	for _, p := range pods.Items {
+		for _, ctr := range p.Spec.Containers {
+			if ctr.Name == "csi-node" || ctr.Name == "converge-controller" {
+				ours++
+				if ctr.Image != release.ImageRef {
+					t.Errorf("%s/%s runs %s, not the release's image %s", p.Name, ctr.Name, ctr.Image, release.ImageRef)
+				}
+			}
+		}
+	}
+	if ours < len(c.nodes) {
+		t.Errorf("%d containers of csi-node or converge-controller in %s, want one per node at least", ours, daemonSetNamespace)
 	}
 
 	pod, v := writerPod(t, "helm-writer")
