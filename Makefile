@@ -8,7 +8,7 @@ SOCKET   := $(RUN_DIR)/csi.sock
 # sets it past its own bound of their step).
 TEST_TIMEOUT ?= 5m
 
-.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart fuzz bench e2e conformance crossbuild clean
+.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart fuzz bench e2e conformance crossbuild release clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -62,6 +62,16 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices|BenchmarkObserveVolume' -benchtime 200x ./pkg/devices
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
 
+## release: the files of a release of this checkout, of the version the chart says, in $(RUN_DIR)/release (made anew):
+## for each platform of PLATFORMS (this machine's by default; another needs its emulator, see docs/releasing.md),
+## csi-node's image (converge-controller inside) as an OCI archive named as deploy/ and the chart name it, an SBOM
+## of each binary (CycloneDX), the packaged chart, and SHA256SUMS; .github/workflows/release.yml publishes them
+PLATFORMS ?= $(shell $(GO) env GOOS)/$(shell $(GO) env GOARCH)
+release: deps
+	@./hack/install-deps.sh e2e
+	rm -rf $(RUN_DIR)/release
+	cd test/e2e && $(GO) run ./cmd/converge-release -repo $(CURDIR) -out $(RUN_DIR)/release -platforms $(PLATFORMS)
+
 ## crossbuild: the Dockerfile's build stage for every platform of its multi-arch build, linux/arm64 too
 ## (test/dockerfile; make test builds this machine's platform alone: a cold arm64 build takes minutes)
 crossbuild:
@@ -93,7 +103,11 @@ build:
 deps:
 	@./hack/install-deps.sh
 
-## vet: gofmt and go vet of every module. hack/test.sh splits it by what each lane compiles anyway (two
+# ACTIONLINT checks the workflows in .github/workflows (and their run:
+# scripts, with shellcheck, which hack/install-deps.sh installs).
+ACTIONLINT := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+
+## vet: gofmt and go vet of every module, actionlint of the workflows. hack/test.sh splits it by what each lane compiles anyway (two
 ## processes compiling the same packages at once each do all the work): vet-core in the Go lane,
 ## vet-e2e after the e2e build, the chart package (the Helm SDK) with make chart.
 vet: vet-core vet-e2e
@@ -103,6 +117,7 @@ vet-core:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
 	cd test/compat && $(GO) vet ./...
+	$(GO) run $(ACTIONLINT) -no-color
 
 vet-e2e:
 	cd test/e2e && $(GO) vet $$($(GO) list ./... | grep -v '/test/e2e/chart$$')

@@ -11,6 +11,8 @@ command -v mkfs.xfs  >/dev/null || need+=(xfsprogs)
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
 command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
+# actionlint (make vet) checks the workflows' run: scripts with it.
+command -v shellcheck >/dev/null || need+=(shellcheck)
 if [ "${1:-}" = e2e ]; then
   command -v etcd       >/dev/null || need+=(etcd-server)
   command -v containerd >/dev/null || need+=(containerd)
