@@ -8,7 +8,7 @@ SOCKET   := $(RUN_DIR)/csi.sock
 # sets it past its own bound of their step).
 TEST_TIMEOUT ?= 5m
 
-.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart fuzz bench e2e conformance crossbuild release clean
+.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart chart-docs fuzz bench e2e conformance crossbuild release clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -88,6 +88,16 @@ compat:
 ## as deploy/'s kustomization in every variant (test/e2e/chart)
 chart:
 	cd test/e2e && $(GO) vet ./chart && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./chart
+
+## chart-docs: generate charts/converge/README.md from its values.yaml's "# --" comments and README.md.gotmpl
+## with helm-docs; make chart fails while the README is not what this generates (test/e2e/chart reads
+## HELM_DOCS and HELM_DOCS_ARGS from here, each on one line, and runs this recipe's command). go run pkg@version
+## asks the proxy for the module's latest version (its deprecation) even with the pinned one in the module cache:
+## the cache as the first proxy, then GOPROXY's ("|": after any error), lets it run offline
+HELM_DOCS      := github.com/norwoodj/helm-docs/cmd/helm-docs@v1.14.2
+HELM_DOCS_ARGS := --chart-search-root=charts/converge --template-files=README.md.gotmpl --sort-values-order=file --log-level=warning
+chart-docs:
+	GOPROXY="file://$$($(GO) env GOMODCACHE)/cache/download|$$($(GO) env GOPROXY)" $(GO) run $(HELM_DOCS) $(HELM_DOCS_ARGS)
 
 ## fuzz: run every fuzz target for FUZZTIME; crashers land in the package's testdata/fuzz
 fuzz:
