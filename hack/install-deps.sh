@@ -5,6 +5,22 @@
 # debootstrap for the csi-node image's Debian root.
 # Idempotent: does nothing when every tool is present.
 set -euo pipefail
+# Go: the version go.mod names. A Go 1.21 or later switches to it by
+# itself (GOTOOLCHAIN=auto, through the module proxy), so go env run in
+# the module reports it; an older one, such as Debian 12's golang (1.19),
+# cannot even read go.mod.
+mod="$(dirname "$0")/../go.mod"
+want="go$(sed -n 's/^go //p' "$mod")"
+if ! have=$(cd "$(dirname "$mod")" && go env GOVERSION 2>/dev/null); then
+  have="no go that runs (none on PATH, or one that could not fetch ${want#go})"
+elif [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -n1)" = "$want" ]; then
+  have=
+fi
+if [ -n "$have" ]; then
+  echo "install-deps: converge builds with Go ${want#go} (go.mod); this machine has ${have#go}." >&2
+  echo "  Install it from https://go.dev/dl/ (Debian 12's golang package is 1.19), or any Go 1.21 or later, which fetches ${want#go} itself." >&2
+  exit 1
+fi
 need=()
 command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 command -v mkfs.xfs  >/dev/null || need+=(xfsprogs)
