@@ -2,7 +2,8 @@
 # Installs the OS tools converge executes and its tests need, on Debian.
 # With the argument "e2e", also what the real-kubelet suite (test/e2e) runs:
 # etcd, containerd, runc, the CNI plugins, busybox for the test images and
-# debootstrap for the csi-node image's Debian root.
+# debootstrap for the csi-node image's Debian root; with "release" (make
+# release), debootstrap alone.
 # Idempotent: does nothing when every tool is present.
 set -euo pipefail
 # Go: the version go.mod names. A Go 1.21 or later switches to it by
@@ -12,7 +13,8 @@ set -euo pipefail
 mod="$(dirname "$0")/../go.mod"
 want="go$(sed -n 's/^go //p' "$mod")"
 if ! have=$(cd "$(dirname "$mod")" && go env GOVERSION 2>/dev/null); then
-  have="no go that runs (none on PATH, or one that could not fetch ${want#go})"
+  why=$(cd "$(dirname "$mod")" && { go env GOVERSION 2>&1 || true; } | tail -n1)
+  have="no go that runs it ($why)"
 elif [ "$(printf '%s\n%s\n' "$want" "$have" | sort -V | head -n1)" = "$want" ]; then
   have=
 fi
@@ -29,6 +31,9 @@ command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
 # actionlint (make vet) checks the workflows' run: scripts with it.
 command -v shellcheck >/dev/null || need+=(shellcheck)
+if [ "${1:-}" = release ]; then
+  command -v debootstrap >/dev/null || need+=(debootstrap)
+fi
 if [ "${1:-}" = e2e ]; then
   command -v etcd       >/dev/null || need+=(etcd-server)
   command -v containerd >/dev/null || need+=(containerd)

@@ -15,26 +15,36 @@ import (
 	"helm.sh/helm/v4/pkg/strvals"
 )
 
-// readmeCommand returns the README's shell command that starts with
-// prefix as whole words (docker build, not docker buildx build), its
-// continuation lines joined, its placeholder registry made a real name.
+// readmeCommand returns the README's one shell command that starts with
+// prefix (readmeCommands).
 func readmeCommand(t *testing.T, prefix string) []string {
+	t.Helper()
+	found := readmeCommands(t, prefix)
+	if len(found) != 1 {
+		t.Fatalf("the README has %d commands starting %q, want one: %q", len(found), prefix, found)
+	}
+	return found[0]
+}
+
+// readmeCommands returns the README's shell commands that start with
+// prefix as whole words (docker build, not docker buildx build), their
+// continuation lines joined, their comments dropped, their placeholder
+// registry made a real name.
+func readmeCommands(t *testing.T, prefix string) [][]string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	text := strings.ReplaceAll(string(b), "\\\n", " ")
-	var found []string
+	var found [][]string
 	for _, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(strings.TrimSpace(line)+" ", prefix+" ") {
-			found = append(found, strings.ReplaceAll(line, "<registry>", "registry.example"))
+			line, _, _ = strings.Cut(line, " #")
+			found = append(found, strings.Fields(strings.ReplaceAll(line, "<registry>", "registry.example")))
 		}
 	}
-	if len(found) != 1 {
-		t.Fatalf("the README has %d commands starting %q, want one: %q", len(found), prefix, found)
-	}
-	return strings.Fields(found[0])
+	return found
 }
 
 // TestReadmeHelmInstall runs the README's helm install as the helm command
@@ -42,7 +52,22 @@ func readmeCommand(t *testing.T, prefix string) []string {
 // csi-node's image as the image the README builds, into the objects the
 // drift test compares with deploy/.
 func TestReadmeHelmInstall(t *testing.T) {
-	args := readmeCommand(t, "helm install")
+	var args []string
+	release := 0
+	for _, cmd := range readmeCommands(t, "helm install") {
+		if len(cmd) > 3 && strings.HasPrefix(cmd[3], ".run/release/") {
+			readmeReleaseInstall(t, cmd)
+			release++
+			continue
+		}
+		if args != nil {
+			t.Fatalf("the README has two helm installs of a chart not in .run/release: %q and %q", args, cmd)
+		}
+		args = cmd
+	}
+	if release != 1 || args == nil {
+		t.Fatalf("the README has %d helm installs of make release's chart and %q of charts/converge, want one of each", release, args)
+	}
 	vals := map[string]any{}
 	var rest []string
 	for i := 2; i < len(args); i++ {
@@ -197,6 +222,20 @@ func TestVersionsAgree(t *testing.T) {
 	if _, tag, _ := strings.Cut(built[3], ":"); tag != ch.AppVersion || !slices.Contains(built, "VERSION="+ch.AppVersion) {
 		t.Errorf("the README builds %v; want the tag and VERSION %s", built, ch.AppVersion)
 	}
+	// The release's sed (docs/releasing.md, step 2) takes -dev off
+	// every version of the commands: none may say another.
+	dev := regexp.MustCompile(`[0-9]+\.[0-9]+\.[0-9]+-dev`)
+	for _, doc := range []string{"README.md", "docs/operations.md"} {
+		b, err := os.ReadFile(filepath.Join(repo, doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range dev.FindAllString(string(b), -1) {
+			if v != ch.Version {
+				t.Errorf("%s says version %s, the chart %s", doc, v, ch.Version)
+			}
+		}
+	}
 }
 
 // sidecarNeeds is the oldest Kubernetes minor each release line of the
@@ -348,4 +387,28 @@ func dig(o map[string]any, path ...string) any {
 		v = m[k]
 	}
 	return v
+}
+
+// readmeReleaseInstall checks the README's install from make release's
+// files: the image archive it imports and the chart it installs are the
+// names make release gives them (package dist), and the chart's own
+// values, without a --set, run the image that archive holds.
+func readmeReleaseInstall(t *testing.T, cmd []string) {
+	t.Helper()
+	ch := loadChart(t).Metadata
+	if want := ".run/release/converge-" + ch.Version + ".tgz"; cmd[3] != want || len(cmd) != 6 || cmd[2] != releaseName || cmd[4] != "-n" || cmd[5] != namespace {
+		t.Errorf("the README installs %q, want helm install %s %s -n %s", cmd, releaseName, want, namespace)
+	}
+	imports := readmeCommands(t, "ctr -n k8s.io images import")
+	archive := ".run/release/csi-node_" + ch.AppVersion + "_linux_amd64.oci.tar"
+	if len(imports) != 1 || len(imports[0]) != 6 || imports[0][5] != archive {
+		t.Errorf("the README imports %q, want the archive make release makes, %s", imports, archive)
+	}
+	manifest, err := render(t, map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if image := "ghcr.io/converge-csi/csi-node:" + ch.AppVersion; !strings.Contains(manifest, "image: "+image+"\n") {
+		t.Errorf("the chart's own values do not run %s, the image make release names", image)
+	}
 }
