@@ -31,8 +31,10 @@ command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
 # actionlint (make vet) checks the workflows' run: scripts with it.
 command -v shellcheck >/dev/null || need+=(shellcheck)
-if [ "${1:-}" = release ]; then
+if [ "${1:-}" = release ] || [ "${1:-}" = e2e ]; then
   command -v debootstrap >/dev/null || need+=(debootstrap)
+  # debootstrap checks Debian's signatures against it (test/e2e/ociimage).
+  [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 fi
 if [ "${1:-}" = e2e ]; then
   command -v etcd       >/dev/null || need+=(etcd-server)
@@ -41,7 +43,6 @@ if [ "${1:-}" = e2e ]; then
   [ -x /usr/lib/cni/loopback ] || need+=(containernetworking-plugins)
   # The static build: the test image holds nothing but it.
   dpkg -s busybox-static >/dev/null 2>&1 || need+=(busybox-static)
-  command -v debootstrap >/dev/null || need+=(debootstrap)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -35,6 +36,9 @@ const SBOMTool = "github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10
 
 // Sums is the name of the checksum file, in sha256sum's format.
 const Sums = "SHA256SUMS"
+
+// versionRE is a release's version, which names its files.
+var versionRE = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$`)
 
 // Options says what to make.
 type Options struct {
@@ -63,6 +67,11 @@ func Build(ctx context.Context, o Options) (*Release, error) {
 	if len(o.Platforms) == 0 {
 		return nil, fmt.Errorf("no platform to build")
 	}
+	for _, p := range o.Platforms {
+		if err := ociimage.CanBuild(p); err != nil {
+			return nil, err
+		}
+	}
 	ch, err := loader.LoadDir(filepath.Join(o.Repo, "charts", "converge"))
 	if err != nil {
 		return nil, fmt.Errorf("the chart: %w", err)
@@ -70,8 +79,8 @@ func Build(ctx context.Context, o Options) (*Release, error) {
 	version := ch.Metadata.AppVersion
 	image, _ := ch.Values["csiNode"].(map[string]any)["image"].(map[string]any)
 	repository, _ := image["repository"].(string)
-	if version == "" || repository == "" {
-		return nil, fmt.Errorf("the chart says no appVersion (%q) or no csiNode.image.repository (%q)", version, repository)
+	if !versionRE.MatchString(version) || repository == "" {
+		return nil, fmt.Errorf("the chart's appVersion %q is not vMAJOR.MINOR.PATCH[-pre-release], or it names no csiNode.image.repository (%q)", version, repository)
 	}
 	if entries, err := os.ReadDir(o.Out); err == nil && len(entries) > 0 {
 		return nil, fmt.Errorf("%s is not empty: a release is made into a directory of its own", o.Out)

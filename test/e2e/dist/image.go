@@ -42,7 +42,7 @@ func Image(ctx context.Context, repo, cacheDir, work, ref, version string, p doc
 		// The Dockerfile's build has no .git (its context copies cmd and
 		// pkg): no VCS stamp here either, and no git asked whether a
 		// checkout owned by another user is safe.
-		cmd.Env = append(cmd.Env, "GOFLAGS=-buildvcs=false")
+		cmd.Env = append(cmd.Env, strings.TrimSpace("GOFLAGS="+os.Getenv("GOFLAGS")+" -buildvcs=false"))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return im, nil, built, fmt.Errorf("go %s: %v\n%s", strings.Join(cmd.Args[1:], " "), err, out)
 		}

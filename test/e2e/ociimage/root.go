@@ -17,6 +17,11 @@ import (
 // the debian images' sources do.
 const DebianMirror = "http://deb.debian.org/debian"
 
+// debianKeyring holds the keys Debian signs its archive with (package
+// debian-archive-keyring): debootstrap refuses a Release file it does not
+// verify against it (--force-check-gpg), as apt does in the root after.
+const debianKeyring = "/usr/share/keyrings/debian-archive-keyring.gpg"
+
 // qemuName is the name binfmt_misc gives the emulator of each
 // architecture a release may target (qemu-user-static, or in GitHub
 // Actions docker/setup-qemu-action, registers them).
@@ -34,26 +39,15 @@ var qemuName = map[string]string{"amd64": "x86_64", "arm64": "aarch64"}
 // machine's runs them under emulation: without a binfmt_misc handler for
 // its architecture, DebianRoot says so and builds nothing.
 func DebianRoot(ctx context.Context, cacheDir, work string, d *dockerfile.Dockerfile, p dockerfile.Platform) (path string, built bool, err error) {
-	if p.OS != "linux" {
-		return "", false, fmt.Errorf("%s: the image is a Debian root, for Linux only", p)
-	}
-	recipe := fmt.Sprintf("debootstrap --variant=minbase --arch=%s %s %s; apt-get install -y --no-install-recommends %s",
-		p.Arch, d.Suite, DebianMirror, strings.Join(d.Packages, " "))
+	recipe := fmt.Sprintf("debootstrap --variant=minbase --force-check-gpg --keyring=%s --arch=%s %s %s; apt-get install -y --no-install-recommends %s",
+		debianKeyring, p.Arch, d.Suite, DebianMirror, strings.Join(d.Packages, " "))
 	sum := sha256.Sum256([]byte(recipe))
 	path = filepath.Join(cacheDir, "csi-node-root-"+d.Suite+"-"+p.Arch+"-"+hex.EncodeToString(sum[:6])+".tar")
 	if _, err := os.Stat(path); err == nil {
 		return path, false, nil
 	}
-	if p != dockerfile.Host() {
-		q, ok := qemuName[p.Arch]
-		if !ok {
-			return "", false, fmt.Errorf("%s: no known emulator name for %s", p, p.Arch)
-		}
-		if _, err := os.Stat("/proc/sys/fs/binfmt_misc/qemu-" + q); err != nil {
-			return "", false, fmt.Errorf("the %s image's Debian root runs its packages' scripts as %s, and this %s machine has no emulator for it "+
-				"(no binfmt_misc handler qemu-%s: install Debian's qemu-user-static, or in GitHub Actions run docker/setup-qemu-action; the release workflow does)",
-				p, p.Arch, dockerfile.Host(), q)
-		}
+	if err := CanBuild(p); err != nil {
+		return "", false, err
 	}
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		return "", false, fmt.Errorf("debootstrap is not installed (hack/install-deps.sh e2e installs it): %w", err)
@@ -78,7 +72,10 @@ func DebianRoot(ctx context.Context, cacheDir, work string, d *dockerfile.Docker
 		}
 		return nil
 	}
-	if err := private(`debootstrap --variant=minbase --arch="$1" "$2" "$3" "$4"`, p.Arch, d.Suite, root, DebianMirror); err != nil {
+	if _, err := os.Stat(debianKeyring); err != nil {
+		return "", false, fmt.Errorf("Debian's archive keyring, which debootstrap checks the packages against, is not installed (hack/install-deps.sh installs debian-archive-keyring): %w", err)
+	}
+	if err := private(`debootstrap --variant=minbase --force-check-gpg --keyring="$1" --arch="$2" "$3" "$4" "$5"`, debianKeyring, p.Arch, d.Suite, root, DebianMirror); err != nil {
 		return "", false, err
 	}
 	// The sources of the debian images: the suite, its updates and its
@@ -108,4 +105,27 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// CanBuild says why this machine cannot build platform p's root, if it
+// cannot: the root is Linux, and the packages' scripts of a platform
+// other than this machine's run under an emulator that binfmt_misc must
+// know.
+func CanBuild(p dockerfile.Platform) error {
+	if p.OS != "linux" {
+		return fmt.Errorf("%s: the image is a Debian root, for Linux only", p)
+	}
+	if p == dockerfile.Host() {
+		return nil
+	}
+	q, ok := qemuName[p.Arch]
+	if !ok {
+		return fmt.Errorf("%s: no known emulator name for %s", p, p.Arch)
+	}
+	if _, err := os.Stat("/proc/sys/fs/binfmt_misc/qemu-" + q); err != nil {
+		return fmt.Errorf("the %s image's Debian root runs its packages' scripts as %s, and this %s machine has no emulator for it "+
+			"(no binfmt_misc handler qemu-%s: install Debian's or Ubuntu's qemu-user-static, as the release workflow does)",
+			p, p.Arch, dockerfile.Host(), q)
+	}
+	return nil
 }
