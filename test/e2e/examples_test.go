@@ -24,10 +24,11 @@ const examplesNamespace = "converge-examples"
 // testExamples applies each file of docs/examples as written (kubectl
 // apply -f, in a namespace of its own): the README's first claim, a raw
 // block claim, a snapshot and its restore, a group snapshot, each pod
-// running and each snapshot ready; and a claim of each example
-// StorageClass, used by a pod. Every file is applied, and the README's
-// first claim is the example's. Deleting the namespace then takes every
-// volume and snapshot with it.
+// running and each snapshot ready; a claim of each example StorageClass,
+// used by a pod; and the move of a local-path-provisioner claim, its data
+// read back from converge (migrateFromLocalPath). Every file is applied,
+// and the README's first claim is the example's. Deleting the namespace
+// then takes every volume and snapshot with it.
 func testExamples(t *testing.T) {
 	ctx := context.Background()
 	dir := filepath.Join(c.repo, "docs", "examples")
@@ -130,6 +131,8 @@ func testExamples(t *testing.T) {
 	for _, f := range classes {
 		waitRunningIn(t, examplesNamespace, "of-"+strings.TrimSuffix(strings.TrimPrefix(f, "storageclass-"), ".yaml"))
 	}
+	// Applied once the claim it moves exists and holds data.
+	migrateFromLocalPath(t, apply)
 	for _, f := range files {
 		if !applied[f] {
 			t.Errorf("docs/examples/%s is not applied by the test", f)
