@@ -35,6 +35,7 @@ func TestConcurrent(t *testing.T) {
 		{"TestSnapshotRestoreAndClone", testSnapshotRestoreAndClone},
 		{"TestSnapshotOfRawBlock", testSnapshotOfRawBlock},
 		{"TestExamples", testExamples},
+		{"TestTroubleshooting", testTroubleshooting},
 	} {
 		t.Run(q.name, func(t *testing.T) {
 			if together {
