@@ -55,12 +55,12 @@ conformance: deps
 	cd test/e2e && $(GO) test -count=1 -v -timeout 180m -run 'TestConcurrent/TestExternalStorage' . \
 		-args -storage-suite=all -storage-report=$(RUN_DIR)/storage-junit.xml
 
-## bench: the benchmarks of docs/performance.md (real devices; about 4 minutes; not part of make test)
+## bench: the benchmarks of docs/performance.md (real devices; about 12 minutes; not part of make test)
 bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkPass' -benchtime 20x ./pkg/reconciler
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices
 	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices|BenchmarkObserveVolume' -benchtime 200x ./pkg/devices
-	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 15m ./test/bench
+	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./test/bench
 
 ## release: the files of a release of this checkout, of the version the chart says, in $(RUN_DIR)/release (made anew):
 ## for each platform of PLATFORMS (this machine's by default; another needs its emulator, see docs/releasing.md),

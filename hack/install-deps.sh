@@ -31,6 +31,8 @@ command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
 # actionlint (make vet) checks the workflows' run: scripts with it.
 command -v shellcheck >/dev/null || need+=(shellcheck)
+# make bench's data-path figures (test/bench BenchmarkDataPath) run fio.
+command -v fio >/dev/null || need+=(fio)
 if [ "${1:-}" = release ] || [ "${1:-}" = e2e ]; then
   command -v debootstrap >/dev/null || need+=(debootstrap)
   # debootstrap checks Debian's signatures against it (test/e2e/ociimage).
