@@ -205,7 +205,8 @@ func (r *docRunner) waitCheck(t *testing.T, id string, words map[string]string, 
 //   - a pre-provisioned snapshot whose handle names a node that does not
 //     exist (converge-controller's SnapshotNodeGone);
 //   - a pod ContainerCreating on a PV whose volume its node does not have
-//     (NotFound, "does not exist", missing from csi-node status).
+//     (NotFound, "does not exist", missing from csi-node status), the
+//     pod, the volume's handle and the PV's node affinity on one node.
 //
 // Every symptom's objects are made first, so that the cluster works on
 // all of them while the checks run one after the other, in one of the
@@ -345,6 +346,15 @@ func testTroubleshooting(t *testing.T) {
 		if _, status, ok := strings.Cut(out, "\nNODE "); !ok || strings.Contains(status, handle) {
 			t.Errorf("csi-node status: got\n%s\nwant it without volume %s, which the node does not have", status, handle)
 		}
+		// The page's check before deleting such a PV: the pod, the
+		// handle and the PV's node affinity all name the run's node.
+		one := fmt.Sprintf("pod on %s, handle names %s, PV pinned to %s", c.node, c.node, c.node)
+		r.waitCheck(t, "containercreating-node", words("claim", "gone", "pod", "gone"), func(out string) error {
+			if !strings.Contains(out, one) {
+				return fmt.Errorf("no %q in:\n%s", one, out)
+			}
+			return nil
+		}, "NODE")
 		r.wait(t, "containercreating-log", words("claim", "gone", "pod", "gone"), "Call failed", "does not exist")
 	})
 }
