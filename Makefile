@@ -57,6 +57,7 @@ conformance: deps
 
 ## bench: the benchmarks of docs/performance.md (real devices; about 12 minutes; not part of make test)
 bench: deps
+	@./hack/install-deps.sh bench
 	$(GO) test -run '^$$' -bench 'BenchmarkPass' -benchtime 20x ./pkg/reconciler
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices
 	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices|BenchmarkObserveVolume' -benchtime 200x ./pkg/devices

@@ -2,8 +2,9 @@
 # Installs the OS tools converge executes and its tests need, on Debian.
 # With the argument "e2e", also what the real-kubelet suite (test/e2e) runs:
 # etcd, containerd, runc, the CNI plugins, busybox for the test images and
-# debootstrap for the csi-node image's Debian root; with "release" (make
-# release), debootstrap alone.
+# debootstrap for the csi-node image's Debian root, shellcheck for make
+# vet; with "release" (make release), debootstrap alone; with "bench"
+# (make bench), fio.
 # Idempotent: does nothing when every tool is present.
 set -euo pipefail
 # Go: the version go.mod names. A Go 1.21 or later switches to it by
@@ -29,16 +30,18 @@ command -v mkfs.xfs  >/dev/null || need+=(xfsprogs)
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
 command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
-# actionlint (make vet) checks the workflows' run: scripts with it.
-command -v shellcheck >/dev/null || need+=(shellcheck)
 # make bench's data-path figures (test/bench BenchmarkDataPath) run fio.
-command -v fio >/dev/null || need+=(fio)
+if [ "${1:-}" = bench ]; then
+  command -v fio >/dev/null || need+=(fio)
+fi
 if [ "${1:-}" = release ] || [ "${1:-}" = e2e ]; then
   command -v debootstrap >/dev/null || need+=(debootstrap)
   # debootstrap checks Debian's signatures against it (test/e2e/ociimage).
   [ -e /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 fi
 if [ "${1:-}" = e2e ]; then
+  # actionlint (make vet) checks the workflows' run: scripts with it.
+  command -v shellcheck >/dev/null || need+=(shellcheck)
   command -v etcd       >/dev/null || need+=(etcd-server)
   command -v containerd >/dev/null || need+=(containerd)
   command -v runc       >/dev/null || need+=(runc)
