@@ -33,7 +33,8 @@ func slug(h string) string {
 func TestLinks(t *testing.T) {
 	root := "../.."
 	docs, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	docs = append(docs, filepath.Join(root, "README.md"), filepath.Join(root, "deploy", "README.md"), filepath.Join(root, "SECURITY.md"))
+	docs = append(docs, filepath.Join(root, "README.md"), filepath.Join(root, "deploy", "README.md"), filepath.Join(root, "SECURITY.md"),
+		filepath.Join(root, "test", "README.md"), filepath.Join(root, "docs", "examples", "README.md"), filepath.Join(root, "charts", "converge", "README.md"))
 	anchors := map[string]map[string]bool{}
 	anchorsOf := func(path string) map[string]bool {
 		if a, ok := anchors[path]; ok {
