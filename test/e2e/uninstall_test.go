@@ -80,6 +80,7 @@ func TestKustomizeUninstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	snapshotsSettled(t)
 	if out, err := c.kubectl(ctx, "delete", "-k", install, "--wait=true"); err != nil {
 		t.Fatalf("kubectl delete -k: %v\n%s", err, out)
 	} else {

@@ -85,6 +85,7 @@ func TestUpgradeAndRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("previous release %s (commit %s): source and image ready, imported, in %.1fs", prev.tag, prev.commit, time.Since(start).Seconds())
+	snapshotsSettled(t)
 	if _, err := c.kubectl(ctx, "delete", "-k", filepath.Join(c.dir, "install"), "--wait=true"); err != nil {
 		t.Fatal(err)
 	}
