@@ -786,12 +786,22 @@ func splitLines(s string) []string {
 // passTotals reads the total duration and count of reconcile passes from
 // the plugin's metrics, over its status socket.
 func passTotals(b *testing.B, p plugin) (sum, count float64) {
+	v := metricValues(p, "converge_reconcile_pass_duration_seconds_sum", "converge_reconcile_pass_duration_seconds_count")
+	return v[0], v[1]
+}
+
+// metricValues reads the values of the plugin's metrics of the given
+// names (each a series without labels), over its status socket; a metric
+// it does not export reads 0.
+func metricValues(p plugin, names ...string) []float64 {
 	_, raw := p.StatusGet("/metrics")
+	values := make([]float64, len(names))
 	for _, line := range splitLines(raw) {
-		fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_sum %g", &sum)
-		fmt.Sscanf(line, "converge_reconcile_pass_duration_seconds_count %g", &count)
+		for i, name := range names {
+			fmt.Sscanf(line, name+" %g", &values[i])
+		}
 	}
-	return sum, count
+	return values
 }
 
 // thousandVolSize is the size of BenchmarkThousandVolumes' volumes: thick,

@@ -281,12 +281,8 @@ func treeRSS(pid int) int {
 // goFigures reads the Go heap in use (bytes) and the OS threads from the
 // plugin's metrics.
 func goFigures(b *testing.B, p plugin) (heap, threads float64) {
-	_, raw := p.StatusGet("/metrics")
-	for _, line := range splitLines(raw) {
-		fmt.Sscanf(line, "go_memstats_heap_inuse_bytes %g", &heap)
-		fmt.Sscanf(line, "go_threads %g", &threads)
-	}
-	return heap, threads
+	v := metricValues(p, "go_memstats_heap_inuse_bytes", "go_threads")
+	return v[0], v[1]
 }
 
 // The cluster BenchmarkControllerSizing gives converge-controller's
