@@ -1,6 +1,7 @@
 package chart
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,7 +25,7 @@ func renderAs(t *testing.T, name, ns string, vals map[string]any) string {
 // out; the alert on the node policy's refusals must name it.
 func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 	objs := objects(t, renderAs(t, "other", "storage", nil), false)
-	var accounts []string
+	var accounts, policies []string
 	conditions := map[string]string{} // policy: its match conditions
 	bound := map[string]bool{}
 	for _, o := range objs {
@@ -35,7 +36,9 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 			sa, _ := spec["template"].(map[string]any)["spec"].(map[string]any)["serviceAccountName"].(string)
 			accounts = append(accounts, sa)
 		case "ValidatingAdmissionPolicy":
-			for _, c := range spec["matchConditions"].([]any) {
+			policies = append(policies, name)
+			matches, _ := spec["matchConditions"].([]any) // the topology policy holds every writer
+			for _, c := range matches {
 				conditions[name] += c.(map[string]any)["expression"].(string)
 			}
 		case "ValidatingAdmissionPolicyBinding":
@@ -59,6 +62,14 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 		if !held {
 			t.Errorf("no policy's match conditions (%v) hold the service account %s", conditions, sa)
 		}
+	}
+	for _, p := range policies {
+		if !bound[p] {
+			t.Errorf("no binding names policy %q", p)
+		}
+	}
+	if !slices.Contains(policies, "other-converge-node-topology") {
+		t.Errorf("policies %q, want other-converge-node-topology among them", policies)
 	}
 	// The alert on the node policy's refusals counts this release's policy.
 	var policy string
