@@ -146,6 +146,7 @@ func (c *cluster) up(ctx context.Context) error {
 		name string
 		run  func(context.Context) error
 	}{
+		{"control plane's role", c.labelControlPlane},
 		{"converge DaemonSet", c.installDriver},
 		{"default service account", c.waitServiceAccount},
 		{"release's files (in the background)", c.startRelease},
@@ -159,6 +160,21 @@ func (c *cluster) up(ctx context.Context) error {
 	}
 	return nil
 }
+
+// labelControlPlane gives the first node the control plane's role, as
+// kubeadm and kind give theirs: converge-controller runs only there. The
+// role is the admin's to give (NodeRestriction refuses it to a kubelet),
+// so it is given once the node has registered.
+func (c *cluster) labelControlPlane(ctx context.Context) error {
+	out, err := c.kubectl(ctx, "label", "node", c.node, controlPlaneRole+"=", "--overwrite")
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	return nil
+}
+
+// controlPlaneRole is the label of the nodes converge-controller may run on.
+const controlPlaneRole = "node-role.kubernetes.io/control-plane"
 
 // kubeBinaries builds the Kubernetes binaries of test/e2e/k8s into the
 // user's cache directory, keyed by version, or reuses the ones built there
