@@ -53,11 +53,13 @@ func act(ctx context.Context, client kubernetes.Interface, events record.EventRe
 			warn(ReasonClaimReleased, both...)
 		}
 	case DeletePod:
-		var grace *int64
-		if a.Pod.Spec.NodeName == a.Node {
-			grace = new(int64) // its kubelet is gone and will not confirm
-		}
-		err = client.CoreV1().Pods(a.Pod.Namespace).Delete(ctx, a.Pod.Name, deleteExactly(a.Pod.UID, grace))
+		// With the pod's own grace, never 0: the pod GC force-deletes the
+		// pods of a Node that is gone and the terminating pods of a node
+		// out of service, whose kubelets will not confirm; and a grace of
+		// 0, which skips the kubelet, is what converge-controller's policy
+		// refuses its token, so that a taken token cannot force pods off
+		// running nodes.
+		err = client.CoreV1().Pods(a.Pod.Namespace).Delete(ctx, a.Pod.Name, deleteExactly(a.Pod.UID, nil))
 		if err == nil {
 			warn(ReasonPodDeleted, a.Pod)
 		}

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/converge-csi/converge/pkg/contract"
-	"github.com/converge-csi/converge/pkg/nodeloss"
 )
 
 // ManagedByLabel is the label by which a node-deployed csi-snapshotter
@@ -38,6 +37,10 @@ const (
 	// ReasonClassWaits: a group content waits for the class, which is
 	// held by, or handed to, another node.
 	ReasonClassWaits = "GroupSnapshotClassBusy"
+	// ReasonVolumeAmbiguous: a group's member volume handle is carried by
+	// several PVs, or names a node other than its PV's, so it names no
+	// node the labeller may trust.
+	ReasonVolumeAmbiguous = "VolumeHandleAmbiguous"
 	// ReasonLabelled: the labeller labelled the content (Normal).
 	ReasonLabelled = "SnapshotNodeLabelled"
 )
@@ -50,8 +53,10 @@ type World struct {
 	TopologyKey string
 	// Nodes are the nodes that exist, by name.
 	Nodes map[string]*corev1.Node
-	// Volumes are the driver's PVs by their CSI volume handle.
-	Volumes map[string]*corev1.PersistentVolume
+	// Volumes are the driver's PVs by their CSI volume handle
+	// (IndexVolumes): every PV that carries a handle, since several of
+	// them make it ambiguous.
+	Volumes map[string][]*corev1.PersistentVolume
 	// Contents, GroupContents and Classes are the snapshot objects (all
 	// drivers'; Decide picks the driver's). GroupContents and Classes are
 	// nil where the group API is not served.
@@ -169,27 +174,42 @@ func (w World) group(g *unstructured.Unstructured) []Action {
 		}
 		return append(out, w.labelOrGone(GroupContentsGVR, g, refs, node, fmt.Sprintf("group snapshot handle %q", handle)))
 	}
+	return w.groupOfVolumes(g, refs)
+}
+
+// groupOfVolumes decides a group content that names no group handle (a
+// dynamic one) by the nodes of its volumes. A member whose handle is
+// ambiguous (World.volume) leaves the whole group unlabelled: labelling it
+// for the node its PersistentVolume claims would hand the tenant's
+// snapshot to whoever made that PersistentVolume.
+func (w World) groupOfVolumes(g *unstructured.Unstructured, refs []*corev1.ObjectReference) []Action {
 	vols, _, _ := unstructured.NestedStringSlice(g.Object, "spec", "source", "volumeHandles")
 	if len(vols) == 0 {
 		return []Action{warn(GroupContentsGVR, g, refs, ReasonNodeUnknown,
 			"The content names neither a group snapshot handle nor volumes, so no node can be found for it")}
 	}
+	members := make([]volume, len(vols))
+	var doubts []string
+	for i, v := range vols {
+		if members[i] = w.volume(v); members[i].ambiguous != "" {
+			doubts = append(doubts, members[i].ambiguous)
+		}
+	}
+	if len(doubts) > 0 {
+		return []Action{warn(GroupContentsGVR, g, refs, ReasonVolumeAmbiguous, strings.Join(doubts, " ")+" "+ambiguityAdvice)}
+	}
 	var where []string
 	nodes := map[string]bool{}
-	first := ""
-	for i, v := range vols {
-		n := w.volumeNode(v)
-		if n == "" {
+	for i, m := range members {
+		if m.node == "" {
 			return []Action{warn(GroupContentsGVR, g, refs, ReasonNodeUnknown, fmt.Sprintf(
 				"The node of member volume %s cannot be found (its PersistentVolume is missing or not pinned to one node by %s, and the handle names no node), "+
-					"so no node's csi-snapshotter takes this group. Delete the VolumeGroupSnapshot", w.volumeName(v), w.TopologyKey))}
+					"so no node's csi-snapshotter takes this group. Delete the VolumeGroupSnapshot", w.volumeName(vols[i]), w.TopologyKey))}
 		}
-		if i == 0 {
-			first = n
-		}
-		nodes[n] = true
-		where = append(where, fmt.Sprintf("%s on %s", w.volumeName(v), n))
+		nodes[m.node] = true
+		where = append(where, fmt.Sprintf("%s on %s", w.volumeName(vols[i]), m.node))
 	}
+	first := members[0].node
 	var out []Action
 	if len(nodes) > 1 {
 		out = append(out, warn(GroupContentsGVR, g, refs, ReasonSpansNodes, fmt.Sprintf(
@@ -210,30 +230,6 @@ func (w World) labelOrGone(gvr schema.GroupVersionResource, o *unstructured.Unst
 	}
 	return Action{Resource: gvr, Object: o, Node: node, Refs: refs, Reason: ReasonLabelled,
 		Message: fmt.Sprintf("Labelled %s=%s (from %s), for that node's csi-snapshotter", ManagedByLabel, node, from)}
-}
-
-// volumeNode is the node of the driver's volume with handle: its PV's by
-// the strict affinity rule, else the handle's suffix; "" for none.
-func (w World) volumeNode(handle string) string {
-	if pv := w.Volumes[handle]; pv != nil {
-		if n := nodeloss.PinnedNode(pv, w.TopologyKey); n != "" {
-			return n
-		}
-	}
-	return contract.NodeOfID(handle)
-}
-
-// volumeName names a volume for an operator: its claim, else its PV, else
-// its handle.
-func (w World) volumeName(handle string) string {
-	pv := w.Volumes[handle]
-	switch {
-	case pv == nil:
-		return fmt.Sprintf("volume %q", handle)
-	case pv.Spec.ClaimRef != nil:
-		return "claim " + pv.Spec.ClaimRef.Namespace + "/" + pv.Spec.ClaimRef.Name
-	}
-	return "PersistentVolume " + pv.Name
 }
 
 // handover decides the classes' labels. csi-snapshotter reads a

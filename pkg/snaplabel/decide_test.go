@@ -121,13 +121,10 @@ func summary(as []Action) []string {
 func TestDecide(t *testing.T) {
 	nodes := map[string]*corev1.Node{"node-a": node("node-a", true), "node-b": node("node-b", true),
 		"node-c": node("node-c", true), "node-down": node("node-down", false)}
-	volumes := map[string]*corev1.PersistentVolume{}
-	for _, p := range []*corev1.PersistentVolume{
+	volumes := IndexVolumes(driver, []*corev1.PersistentVolume{
 		pv("data", "data", "node-a"), pv("wal", "wal", "node-a"), pv("other", "other", "node-b"),
 		pv("pvc-9_node-x", "moved", "node-b"), pv("loose", "loose", ""),
-	} {
-		volumes[p.Spec.CSI.VolumeHandle] = p
-	}
+	})
 	done := map[string]any{"status.volumeGroupSnapshotHandle": "groupsnapshot-1_node-a"}
 	tests := []struct {
 		name                  string

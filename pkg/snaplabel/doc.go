@@ -25,6 +25,11 @@
 //     labelled with the first one's node, whose csi-node refuses it, so
 //     that the refusal shows on the VolumeGroupSnapshot and deleting it
 //     completes, and a GroupSpansNodes event lists each claim's node;
+//   - a group whose volume handle is ambiguous is not labelled at all: the
+//     handle is carried by several PVs, or names an existing node other
+//     than the one its PV's affinity pins it to (see World.volume). A PV
+//     anyone may make must not draw a tenant's group snapshot to its
+//     maker's node; a VolumeHandleAmbiguous event names the PVs and nodes;
 //   - a VolumeGroupSnapshotClass carries one node's label at a time, as
 //     csi-snapshotter reads the class from its filtered cache: it is
 //     handed from node to node, held by a node while a group content of

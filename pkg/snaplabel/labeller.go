@@ -208,7 +208,7 @@ func objectRef(gvr schema.GroupVersionResource, o *unstructured.Unstructured) *c
 
 // world reads the caches into one World.
 func (l *Labeller) world() (World, error) {
-	w := World{Driver: l.cfg.Driver, TopologyKey: l.cfg.TopologyKey, Nodes: map[string]*corev1.Node{}, Volumes: map[string]*corev1.PersistentVolume{}}
+	w := World{Driver: l.cfg.Driver, TopologyKey: l.cfg.TopologyKey, Nodes: map[string]*corev1.Node{}}
 	nodes, err := l.nodes.List(labels.Everything())
 	if err != nil {
 		return w, err
@@ -220,11 +220,7 @@ func (l *Labeller) world() (World, error) {
 	if err != nil {
 		return w, err
 	}
-	for _, pv := range pvs {
-		if pv.Spec.CSI != nil && pv.Spec.CSI.Driver == l.cfg.Driver {
-			w.Volumes[pv.Spec.CSI.VolumeHandle] = pv
-		}
-	}
+	w.Volumes = IndexVolumes(l.cfg.Driver, pvs)
 	for gvr, into := range map[schema.GroupVersionResource]*[]*unstructured.Unstructured{
 		ContentsGVR: &w.Contents, GroupContentsGVR: &w.GroupContents, GroupClassesGVR: &w.Classes} {
 		lister, ok := l.listers[gvr]

@@ -155,6 +155,35 @@ func TestPassGroups(t *testing.T) {
 	}
 }
 
+// TestPassRefusesAmbiguousHandle: a group content whose volume handle two
+// PVs carry (one of them pinned to another node) is not patched, nor is
+// its class; it and its VolumeGroupSnapshot get one VolumeHandleAmbiguous
+// warning each, which a second pass does not repeat.
+func TestPassRefusesAmbiguousHandle(t *testing.T) {
+	g := vgsc("g1", 0, map[string]any{"spec.source.volumeHandles": handles("data"), "spec.volumeGroupSnapshotClassName": "converge"})
+	l, dyn, rec := started(t, true, []runtime.Object{node("node-a", true), node("node-b", true),
+		pv("data", "data", "node-a"), named(pv("data", "evil", "node-b"), "pv-evil")},
+		withAPI(g, GroupContentsGVR), withAPI(class("converge", ""), GroupClassesGVR))
+	for range 2 {
+		if err := l.Pass(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := patches(dyn); len(got) != 0 {
+		t.Errorf("got patches %q, want none", got)
+	}
+	events := drain(rec)
+	warnings := 0
+	for _, e := range events {
+		if strings.HasPrefix(e, corev1.EventTypeWarning+" "+ReasonVolumeAmbiguous+" ") && strings.Contains(e, "pv-data (pinned to node node-a), pv-evil (pinned to node node-b)") {
+			warnings++
+		}
+	}
+	if warnings != 2 || len(events) != 2 {
+		t.Errorf("got events %q, want two %s warnings naming both PVs (the content and its VolumeGroupSnapshot)", events, ReasonVolumeAmbiguous)
+	}
+}
+
 // TestServed: the labeller runs where the VolumeSnapshotContents are
 // served, with groups only where both group resources are.
 func TestServed(t *testing.T) {
