@@ -51,7 +51,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	// Each pool's space promises what CreateVolume, snapshots, restores
 	// and the reconciler's growth of images for NodeExpandVolume take of
 	// it, under its own lock.
-	if p.pools, err = controller.OpenPools(p.store, cfg.pools, cfg.KubeletDir); err != nil {
+	if p.pools, err = openPools(p.store, cfg); err != nil {
 		return nil, err
 	}
 	if p.sock, err = socketPath(cfg.Endpoint); err != nil {

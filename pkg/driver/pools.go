@@ -1,13 +1,17 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/controller"
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -100,4 +104,52 @@ func (c Config) poolOf(name, dir, guard string) controller.PoolOptions {
 		p.Guard = &g
 	}
 	return p
+}
+
+// openPools opens cfg's pools (controller.OpenPools) once no user but root
+// can change or redirect their directories (checkPoolDirs): the plugin, as
+// root, attaches and mounts the image files they hold, and an image
+// swapped, or a pool redirected by a symlink, by another user or by a pod
+// with a hostPath would be mounted in its place. The pools served are
+// checked again once open, before anything reads or writes them: a
+// directory missing at the first check may have been made since. On
+// failure no pool is left open.
+func openPools(store controller.Store, cfg Config) (*controller.Pools, error) {
+	if err := checkPoolDirs(cfg.pools); err != nil {
+		return nil, err
+	}
+	ps, err := controller.OpenPools(store, cfg.pools, cfg.KubeletDir)
+	if err != nil {
+		return nil, err
+	}
+	dirs := ps.Dirs()
+	served := slices.DeleteFunc(slices.Clone(cfg.pools), func(p controller.PoolOptions) bool { return dirs[p.Name] == "" })
+	if err := checkPoolDirs(served); err != nil {
+		ps.Close()
+		return nil, err
+	}
+	return ps, nil
+}
+
+// checkPoolDirs checks the directory of every pool of pools
+// (devices.CheckTrustedDir), in order, and returns the first failure,
+// naming the pool. The default pool's directory is made, 0700, when
+// missing, as csi-node's own (devices.MakeTrustedDir); another pool whose
+// directory is missing is passed over: this node lacks it, and
+// controller.OpenPools serves no pool there.
+func checkPoolDirs(pools []controller.PoolOptions) error {
+	for _, p := range pools {
+		check := devices.CheckTrustedDir
+		if p.Name == state.DefaultPool {
+			check = devices.MakeTrustedDir
+		}
+		err := check(p.Dir)
+		if errors.Is(err, fs.ErrNotExist) && p.Name != state.DefaultPool {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("pool %s: %w", p.Name, err)
+		}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -167,5 +168,112 @@ func TestPoolOwnGuardWins(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestOpenPoolsChecksDirectories opens the pools of a temporary directory
+// whose pool directories, or their ancestors, someone other than root
+// could change or redirect: the start is refused with an error naming the
+// pool, the component at fault and the fix, and the pools are opened when
+// every directory is root's alone. The default pool's directory is made
+// 0700; another pool's missing directory is passed over.
+func TestOpenPoolsChecksDirectories(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// setup prepares base (the state directory is base/state, the
+		// pool fast is base/pools/fast) and returns what the error must
+		// name, none for a start that succeeds.
+		setup func(t *testing.T, base string) []string
+	}{
+		{name: "good", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "pools", "fast"), 0o750)
+			return nil
+		}},
+		{name: "pool missing", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "pools"), 0o755)
+			return nil
+		}},
+		{name: "symlinked pool", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "pools", "real"), 0o700)
+			must(t, os.Symlink("real", filepath.Join(base, "pools", "fast")))
+			return []string{"pool fast", filepath.Join(base, "pools", "fast") + " is a symlink", "readlink -f"}
+		}},
+		{name: "pool not root's", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "pools", "fast"), 0o700)
+			must(t, os.Chown(filepath.Join(base, "pools", "fast"), 65534, 65534))
+			return []string{"pool fast", "is owned by uid 65534", "chown root " + filepath.Join(base, "pools", "fast")}
+		}},
+		{name: "pool group-writable", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "pools", "fast"), 0o770)
+			return []string{"pool fast", "writable by its group (mode 0770)", "chmod go-w " + filepath.Join(base, "pools", "fast")}
+		}},
+		{name: "pool world-writable", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "pools", "fast"), 0o707)
+			return []string{"pool fast", "writable by others (mode 0707)"}
+		}},
+		{name: "ancestor world-writable", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "pools", "fast"), 0o700)
+			mkdirMode(t, filepath.Join(base, "pools"), 0o777)
+			return []string{"pool fast", filepath.Join(base, "pools") + " is writable by its group and others"}
+		}},
+		{name: "default pool's ancestor group-writable", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "state"), 0o770)
+			return []string{"pool default", filepath.Join(base, "state") + " is writable by its group"}
+		}},
+		{name: "default pool symlinked", setup: func(t *testing.T, base string) []string {
+			mkdirMode(t, filepath.Join(base, "elsewhere"), 0o700)
+			mkdirMode(t, filepath.Join(base, "state"), 0o700)
+			must(t, os.Symlink("../elsewhere", filepath.Join(base, "state", "volumes")))
+			return []string{"pool default", filepath.Join(base, "state", "volumes") + " is a symlink"}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if os.Geteuid() != 0 {
+				t.Skip("needs root: chown, and directories owned by root")
+			}
+			base := t.TempDir()
+			want := tc.setup(t, base)
+			cfg, err := Config{NodeID: "n", Endpoint: "unix://" + base + "/csi.sock", StateDir: filepath.Join(base, "state"),
+				KubeletDir: filepath.Join(base, "kubelet"), Pools: []PoolSpec{{Name: "fast", Dir: filepath.Join(base, "pools", "fast")}}}.withDefaults()
+			must(t, err)
+			store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
+			must(t, err)
+			defer store.Close()
+			pools, err := openPools(store, cfg)
+			if want == nil {
+				if err != nil {
+					t.Fatalf("got %v, want the pools open", err)
+				}
+				pools.Close()
+				if fi, err := os.Lstat(cfg.DataDir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+					t.Errorf("the default pool's directory: got %v, %v; want a directory of mode 0700", fi, err)
+				}
+				return
+			}
+			if err == nil {
+				pools.Close()
+				t.Fatalf("got the pools open, want an error naming %q", want)
+			}
+			for _, w := range want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("got %q, want it to name %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+// mkdirMode makes dir and its missing parents, and sets dir's mode to
+// exactly mode, the umask aside.
+func mkdirMode(t *testing.T, dir string, mode os.FileMode) {
+	t.Helper()
+	must(t, os.MkdirAll(dir, 0o700))
+	must(t, os.Chmod(dir, mode))
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
