@@ -54,6 +54,9 @@ type groupPlan struct {
 	volumes []string
 	members map[string]string
 	pool    *Pool
+	// limit is the most snapshots a member volume may have, its class's
+	// contract.MaxSnapshotsPerVolumeKey; 0 is no cap.
+	limit int
 }
 
 // leader is the member whose record keeps the group's intent.
@@ -71,7 +74,8 @@ func (c *Controller) planGroup(req *csi.CreateVolumeGroupSnapshotRequest) (group
 	if len(sources) > MaxGroupVolumes {
 		return groupPlan{}, classified.Errorf(classified.KindInvalidArgument, "a group snapshot takes at most %d volumes, asked for %d", MaxGroupVolumes, len(sources))
 	}
-	if err := contract.CheckKeys("parameters", req.GetParameters(), contract.GroupDeletionPolicyKey); err != nil {
+	limit, err := snapshotLimit(req.GetParameters(), contract.GroupSnapshotParameters())
+	if err != nil {
 		return groupPlan{}, err
 	}
 	slices.Sort(sources)
@@ -80,7 +84,7 @@ func (c *Controller) planGroup(req *csi.CreateVolumeGroupSnapshotRequest) (group
 			return groupPlan{}, classified.Errorf(classified.KindInvalidArgument, "source volume %s is named twice", sources[i])
 		}
 	}
-	p := groupPlan{id: c.localID(name), volumes: sources, members: make(map[string]string, len(sources))}
+	p := groupPlan{id: c.localID(name), volumes: sources, members: make(map[string]string, len(sources)), limit: limit}
 	if err := contract.ValidID(p.id); err != nil {
 		return groupPlan{}, classified.Errorf(classified.KindInvalidArgument, "group snapshot name %q: as the ID %q: %v", name, p.id, err)
 	}
@@ -141,8 +145,10 @@ func (g *GroupService) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.C
 // for it and waits, and returns it once whole: ALREADY_EXISTS when a
 // group of its name exists or is being taken of other volumes, or a
 // member's ID is another snapshot's; RESOURCE_EXHAUSTED when the pool
-// cannot hold the members together. It is called with the snapshot lock
-// held, and releases it.
+// cannot hold the members together, or a member volume has p.limit
+// snapshots already (a group that exists, or is being taken, is answered
+// whatever the cap). It is called with the snapshot lock held, and
+// releases it.
 func (c *Controller) askGroupLocked(ctx context.Context, p groupPlan) ([]devices.SnapshotInfo, error) {
 	s := c.snapshots
 	want := &state.GroupIntent{ID: p.id, Members: p.members}
@@ -154,6 +160,10 @@ func (c *Controller) askGroupLocked(ctx context.Context, p groupPlan) ([]devices
 		return nil, err
 	}
 	if c.askedGroup(p.id) == nil {
+		if err := c.checkLimitLocked(p.pool, p.limit, p.members); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
 		if err := p.pool.within(func(pr promise) error { return pr.snapshot(p.volumes...) }); err != nil {
 			s.mu.Unlock()
 			return nil, err

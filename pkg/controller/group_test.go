@@ -273,3 +273,43 @@ func TestGroupSpaceIsPromisedTogether(t *testing.T) {
 		t.Errorf("asked %v, want nothing", taker.asked)
 	}
 }
+
+// TestGroupSnapshotCap checks the class's per-volume cap on a group's
+// members: a group one of whose volumes has as many snapshots as the cap
+// is RESOURCE_EXHAUSTED naming that volume, and asks for nothing; under
+// the cap it is taken; a retry of a group that exists answers with it
+// whatever the cap; an invalid cap is INVALID_ARGUMENT naming the key.
+func TestGroupSnapshotCap(t *testing.T) {
+	c, _, images := newController(t)
+	taker := serveSnapshots(t, c, images)
+	g := c.Groups()
+	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
+	if _, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "alone", SourceVolumeId: v2}); err != nil {
+		t.Fatal(err)
+	}
+	group := func(limit string) (*csi.VolumeGroupSnapshot, error) {
+		params := map[string]string{contract.GroupDeletionPolicyKey: "Delete", contract.MaxSnapshotsPerVolumeKey: limit}
+		resp, err := g.CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v1, v2}, Parameters: params})
+		return resp.GetGroupSnapshot(), err
+	}
+	asked := len(taker.asked)
+	_, err := group("1")
+	if rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), v2+" has 1 snapshot(s)") || !strings.Contains(err.Error(), contract.MaxSnapshotsPerVolumeKey+" is 1") {
+		t.Errorf("a group of a volume at the cap: got %v, want RESOURCE_EXHAUSTED naming %s, its 1 snapshot and the cap", err, v2)
+	}
+	if len(taker.asked) != asked {
+		t.Errorf("a refused group: asked %v, want nothing more", taker.asked[asked:])
+	}
+	first, err := group("2")
+	if err != nil || len(first.GetSnapshots()) != 2 {
+		t.Fatalf("a group under the cap: got %v, %v; want a group of two", first, err)
+	}
+	if again, err := group("1"); err != nil || again.GetGroupSnapshotId() != first.GetGroupSnapshotId() || len(again.GetSnapshots()) != 2 {
+		t.Errorf("a retry of the group past the cap: got %v, %v; want the group as it was", again, err)
+	}
+	for _, bad := range []string{"0", "-1", "x", "1.5"} {
+		if _, err := group(bad); rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), contract.MaxSnapshotsPerVolumeKey) {
+			t.Errorf("a cap of %q: got %v, want INVALID_ARGUMENT naming %s", bad, err, contract.MaxSnapshotsPerVolumeKey)
+		}
+	}
+}

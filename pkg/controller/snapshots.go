@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -63,7 +64,8 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if source == "" {
 		return nil, classified.Errorf(classified.KindInvalidArgument, "source volume ID is required")
 	}
-	if err := contract.CheckKeys("parameters", req.GetParameters()); err != nil {
+	limit, err := snapshotLimit(req.GetParameters(), contract.SnapshotParameters())
+	if err != nil {
 		return nil, err
 	}
 	// A snapshot is usable where its file is: on this node only.
@@ -94,7 +96,9 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		s.mu.Unlock()
 		return nil, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	info, err = c.takeLocked(ctx, id, source)
+	// Only now, after the snapshot of that name was looked for: a retry
+	// of one taken already answers with it, at the cap or not.
+	info, err = c.takeLocked(ctx, id, source, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -105,10 +109,11 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 // takeLocked asks the reconciler for snapshot id of volume source, which
 // does not exist yet, and waits for it: ALREADY_EXISTS while another
 // volume's snapshot of that ID is being taken, RESOURCE_EXHAUSTED when the
-// volume's pool cannot hold it. The snapshot is taken in the volume's
+// volume's pool cannot hold it or the volume has limit snapshots already
+// (limit 0 is no cap). The snapshot is taken in the volume's
 // pool (a reflink needs the same filesystem). It is called with the
 // snapshot lock held, and releases it before the wait.
-func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices.SnapshotInfo, error) {
+func (c *Controller) takeLocked(ctx context.Context, id, source string, limit int) (devices.SnapshotInfo, error) {
 	s := c.snapshots
 	if other := c.takingSnapshot(id); other != "" && other != source {
 		s.mu.Unlock()
@@ -118,6 +123,10 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string) (devices
 	if space == nil {
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, c.pools.noPool(pool)
+	}
+	if err := c.checkLimitLocked(space, limit, map[string]string{source: id}); err != nil {
+		s.mu.Unlock()
+		return devices.SnapshotInfo{}, err
 	}
 	if err := space.within(func(p promise) error { return p.snapshot(source) }); err != nil {
 		s.mu.Unlock()
@@ -173,7 +182,9 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 			return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindInternal, "%w", err)
 		}
 	}
-	info, err = c.takeLocked(ctx, id, source)
+	// No cap: the snapshot is gone once the clone is made, and a class's
+	// cap is on what a volume keeps.
+	info, err = c.takeLocked(ctx, id, source, 0)
 	if err != nil {
 		return devices.SnapshotInfo{}, nil, nil, err
 	}
@@ -184,6 +195,79 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 			klog.ErrorS(err, "Cannot delete the snapshot a clone was made from; a restart removes it", "snapshotID", id)
 		}
 	}, nil
+}
+
+// snapshotLimit checks a snapshot class's parameters, of which known are
+// the keys converge reads (any other is INVALID_ARGUMENT, as in a
+// StorageClass), and returns the cap on a volume's snapshots they set: 0
+// when none.
+func snapshotLimit(params map[string]string, known []string) (int, error) {
+	if err := contract.CheckKeys("parameters", params, known...); err != nil {
+		return 0, err
+	}
+	return contract.ParseMaxSnapshots(params)
+}
+
+// checkLimitLocked refuses, RESOURCE_EXHAUSTED, to take one more snapshot
+// of a volume that has limit of them already (limit 0: no cap). taking
+// maps each volume to the ID of the snapshot to be taken of it, which is
+// not counted: a retry of one asked for and not yet taken is not one
+// more. It is called with the snapshot lock held, so that two requests
+// never both take the last place.
+func (c *Controller) checkLimitLocked(pool *Pool, limit int, taking map[string]string) error {
+	if limit == 0 {
+		return nil
+	}
+	have, err := c.snapshotIDs(pool)
+	if err != nil {
+		return err
+	}
+	for _, source := range slices.Sorted(maps.Keys(taking)) {
+		ids := have[source]
+		delete(ids, taking[source])
+		if len(ids) >= limit {
+			return classified.Errorf(classified.KindResourceExhausted, "volume %s has %d snapshot(s), and its snapshot class's %s is %d: delete one of them first", source, len(ids), contract.MaxSnapshotsPerVolumeKey, limit)
+		}
+	}
+	return nil
+}
+
+// snapshotIDs returns, per volume, the IDs of its snapshots: those any
+// pool holds, and those a record asks for and that are not taken yet
+// (each the reconciler will take, promised like one taken). A clone's
+// snapshot (a temporary ID of pool's kind) is none of them: it is gone
+// once the clone is made.
+func (c *Controller) snapshotIDs(pool *Pool) (map[string]map[string]bool, error) {
+	ids := map[string]map[string]bool{}
+	add := func(source, id string) {
+		if ids[source] == nil {
+			ids[source] = map[string]bool{}
+		}
+		ids[source][id] = true
+	}
+	for _, space := range c.pools.All() {
+		all, err := space.listSnapshots()
+		if err != nil {
+			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+		}
+		for _, info := range all {
+			add(info.Source, info.ID)
+		}
+	}
+	for _, v := range c.store.List() {
+		for id, in := range v.Snapshots {
+			switch {
+			case in.Group != nil:
+				// The group's intent is on its leader's record alone.
+				for source, member := range in.Group.Members {
+					add(source, member)
+				}
+			case !pool.IsTempSnapshot(id):
+				add(v.ID, id)
+			}
+		}
+	}
+	return ids, nil
 }
 
 // takingSnapshot returns the volume whose record asks for snapshot id, ""

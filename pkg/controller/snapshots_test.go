@@ -391,3 +391,103 @@ func TestDeleteSnapshotWaitsForALeftOutPool(t *testing.T) {
 		t.Errorf("deleting a snapshot found nowhere with every pool served: got %v, want it done", err)
 	}
 }
+
+// capped is a snapshot class's parameters with a per-volume cap of n.
+func capped(n string) map[string]string {
+	return map[string]string{contract.MaxSnapshotsPerVolumeKey: n, "csi.storage.k8s.io/volumesnapshot/name": "vs"}
+}
+
+// TestSnapshotCapPerVolume checks the class's cap on a volume's snapshots:
+// one more than the cap is RESOURCE_EXHAUSTED naming the volume, the
+// count and the cap, and asks the reconciler for nothing; a retry of a
+// snapshot that exists answers with it at the cap; the cap is per volume;
+// a snapshot asked for and not yet taken counts, but not for its own
+// retry; a deletion frees a place; without the parameter there is no cap.
+func TestSnapshotCapPerVolume(t *testing.T) {
+	c, store, images := newController(t)
+	taker := serveSnapshots(t, c, images)
+	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
+	snap := func(name, source string, params map[string]string) (*csi.Snapshot, error) {
+		resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: source, Parameters: params})
+		return resp.GetSnapshot(), err
+	}
+	first, err := snap("s1", v1, capped("2"))
+	if err != nil {
+		t.Fatalf("the first snapshot under a cap of 2: %v", err)
+	}
+	if _, err := snap("s2", v1, capped("2")); err != nil {
+		t.Fatalf("the second snapshot under a cap of 2: %v", err)
+	}
+	asked := len(taker.asked)
+	_, err = snap("s3", v1, capped("2"))
+	if rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), v1) || !strings.Contains(err.Error(), "has 2 snapshot(s)") ||
+		!strings.Contains(err.Error(), contract.MaxSnapshotsPerVolumeKey+" is 2") {
+		t.Errorf("a third snapshot under a cap of 2: got %v, want RESOURCE_EXHAUSTED naming %s, its 2 snapshots and the cap", err, v1)
+	}
+	if len(taker.asked) != asked {
+		t.Errorf("a refused snapshot: the reconciler was asked for %v, want nothing more", taker.asked[asked:])
+	}
+	if again, err := snap("s1", v1, capped("2")); err != nil || again.GetSnapshotId() != first.GetSnapshotId() || !again.GetCreationTime().AsTime().Equal(first.GetCreationTime().AsTime()) {
+		t.Errorf("a retry of s1 at the cap: got %v, %v; want the snapshot as it was, %v", again, err, first)
+	}
+	if _, err := snap("t1", v2, capped("2")); err != nil {
+		t.Errorf("a snapshot of another volume under the cap: %v", err)
+	}
+	// A snapshot of v2 asked for and not yet taken takes the last place.
+	if _, err := store.Update(v2, func(v *state.Volume) error {
+		v.Snapshots = map[string]*state.SnapshotIntent{c.localID("s4"): {Generation: 1}}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snap("s5", v2, capped("2")); rpcerr.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "has 2 snapshot(s)") {
+		t.Errorf("a snapshot beside one being taken, at the cap: got %v, want RESOURCE_EXHAUSTED counting 2", err)
+	}
+	if _, err := snap("s4", v2, capped("2")); err != nil {
+		t.Errorf("a retry of the snapshot being taken, at the cap: %v", err)
+	}
+	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: first.GetSnapshotId()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := snap("s6", v1, capped("2")); err != nil {
+		t.Errorf("a snapshot once one was deleted: %v", err)
+	}
+	for i := range 3 {
+		if _, err := snap(fmt.Sprintf("free%d", i), v1, nil); err != nil {
+			t.Errorf("snapshot %d beyond the cap of another class, without the parameter: %v", i+3, err)
+		}
+	}
+	// A retry answers with what exists even past the cap (a class of
+	// another cap took the others): the name is looked up first.
+	if _, err := snap("free0", v1, capped("1")); err != nil {
+		t.Errorf("a retry of a snapshot of a volume past the cap: %v", err)
+	}
+}
+
+// TestSnapshotCapParameter checks that a cap that is not a positive whole
+// number is INVALID_ARGUMENT naming the parameter and its value, before
+// anything is asked of the reconciler, and that a valid one is accepted
+// beside Kubernetes' own keys.
+func TestSnapshotCapParameter(t *testing.T) {
+	c, _, images := newController(t)
+	taker := serveSnapshots(t, c, images)
+	v1 := create(t, c, "v1")
+	for _, bad := range []string{"0", "-1", "x", "1.5", "", "+2", "1e3"} {
+		t.Run(fmt.Sprintf("%q", bad), func(t *testing.T) {
+			_, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: v1, Parameters: capped(bad)})
+			if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), contract.MaxSnapshotsPerVolumeKey) || !strings.Contains(err.Error(), fmt.Sprintf("%q is not", bad)) {
+				t.Errorf("got %v, want INVALID_ARGUMENT naming %s and %q", err, contract.MaxSnapshotsPerVolumeKey, bad)
+			}
+		})
+	}
+	if len(taker.asked) != 0 {
+		t.Errorf("invalid caps: the reconciler was asked for %v, want nothing", taker.asked)
+	}
+	if _, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: v1, Parameters: capped("3")}); err != nil {
+		t.Errorf("a cap of 3: %v", err)
+	}
+	_, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "t", SourceVolumeId: v1, Parameters: map[string]string{"converge.csi.dev/max-snapshots": "3"}})
+	if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "converge.csi.dev/max-snapshots") {
+		t.Errorf("a misspelt key: got %v, want INVALID_ARGUMENT naming it", err)
+	}
+}
