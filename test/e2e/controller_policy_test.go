@@ -35,10 +35,12 @@ const provisionerFinalizer = "external-provisioner.volume.kubernetes.io/finalize
 // the kubelet makes it), for what root on that pod's node could do with
 // it: a write of another driver's volume, a rebinding or a reclaim policy
 // change of a converge volume, a delete of another driver's claim or of a
-// pod that uses no claim, and a Lease of another name are refused by the
+// pod that uses no claim, a delete with a grace of 0 of a running pod that
+// uses a claim, and a Lease of another name are refused by the
 // policy, not by RBAC (which allows every one of them); what a release
 // does (a converge volume deleted and its provisioner's finalizer taken
-// off, a converge claim and a pod that uses a claim deleted) and its own
+// off, a converge claim and a pod that uses a claim deleted with its own
+// grace) and its own
 // Lease are accepted, and the controller keeps leading.
 func TestControllerWritesOnlyWhatItReleases(t *testing.T) {
 	ctx := context.Background()
@@ -142,8 +144,11 @@ func TestControllerWritesOnlyWhatItReleases(t *testing.T) {
 	accepted("a delete of a converge claim", func() error {
 		return claims.Delete(ctx, convClaim, metav1.DeleteOptions{})
 	})
-	accepted("a delete of a pod that uses a claim", func() error {
+	refused("a delete of a pod that uses a claim, with a grace of 0", func() error {
 		return pods.Delete(ctx, claimPod, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	accepted("a delete of a pod that uses a claim, with its own grace", func() error {
+		return pods.Delete(ctx, claimPod, metav1.DeleteOptions{})
 	})
 	accepted("a create of its own Lease, which exists", func() error {
 		_, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: controllerName}}, metav1.CreateOptions{})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -282,7 +283,13 @@ func controllerPodDynamic(t *testing.T) dynamic.Interface {
 	if len(running) == 0 {
 		t.Fatal("no converge-controller pod")
 	}
-	pod := running[0]
+	return tokenDynamic(t, &running[0])
+}
+
+// tokenDynamic is a dynamic client with a token of pod's service account
+// bound to pod (a TokenRequest, as the kubelet makes it).
+func tokenDynamic(t *testing.T, pod *corev1.Pod) dynamic.Interface {
+	t.Helper()
 	tok, err := c.client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(context.Background(), pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
 		Spec: authenticationv1.TokenRequestSpec{
 			ExpirationSeconds: ptr.To[int64](600),

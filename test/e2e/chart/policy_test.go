@@ -46,8 +46,8 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 			bound[policy] = true
 		}
 	}
-	if len(accounts) != 2 || len(conditions) != 2 {
-		t.Fatalf("got service accounts %q and policies %v, want two of each rendered", accounts, conditions)
+	if len(accounts) != 2 || len(conditions) < 2 {
+		t.Fatalf("got service accounts %q and policies %v, want two accounts and a policy for each", accounts, conditions)
 	}
 	for _, sa := range accounts {
 		held := false
