@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
@@ -48,7 +50,11 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // the cluster's one csi-resizer makes them wherever it runs, and the
 // clone finalizer that csi-provisioner adds to and takes off a converge
 // claim of the second node (a clone's source) are accepted; with the
-// finalizer, nothing else of that claim may change.
+// finalizer, nothing else of that claim may change. Every shape of node
+// affinity but one term of key In [its node] (a second term, two values,
+// NotIn, Exists, matchFields), a token of the account bound to no pod, and
+// a forged volume made by server-side apply or in a dry run are refused
+// too.
 func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	b := secondNode(t)
 	ctx := context.Background()
@@ -60,7 +66,8 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	prefix := fmt.Sprintf("policy-%d-", time.Now().UnixNano()%100000)
 	// What a refusal that failed, or an acceptance, left.
 	t.Cleanup(func() {
-		for _, name := range []string{"forged", "hostpath", "own", "secret", "ghost"} {
+		for _, name := range []string{"forged", "hostpath", "own", "secret", "ghost", "terms", "values", "notin", "exists",
+			"fields", "unbound", "ssa", "dry"} {
 			deleteAdmin(t, prefix+name)
 		}
 		for _, name := range []string{"capa", "capb"} {
@@ -212,6 +219,53 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			}}, term.MatchExpressions...)
 			_, err := pvs.Create(ctx, pv, metav1.CreateOptions{})
 			return err
+		}},
+		// Every shape of affinity but key In [its node] is refused: pkg/nodeloss
+		// and the scheduler would each read another node in it.
+		{"a converge volume with a second affinity term naming the second node", func() error {
+			pv := convergePV(prefix+"terms", c.node)
+			terms := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms
+			*terms = append(*terms, convergePV("", b.node).Spec.NodeAffinity.Required.NodeSelectorTerms...)
+			return createPV(ctx, pvs, pv, metav1.CreateOptions{})
+		}},
+		{"a converge volume whose expression names both nodes", func() error {
+			pv := convergePV(prefix+"values", c.node)
+			e := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0]
+			e.Values = append(e.Values, b.node)
+			return createPV(ctx, pvs, pv, metav1.CreateOptions{})
+		}},
+		{"a converge volume whose expression is NotIn", func() error {
+			pv := convergePV(prefix+"notin", c.node)
+			pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0].Operator = corev1.NodeSelectorOpNotIn
+			return createPV(ctx, pvs, pv, metav1.CreateOptions{})
+		}},
+		{"a converge volume whose expression is Exists", func() error {
+			pv := convergePV(prefix+"exists", c.node)
+			e := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchExpressions[0]
+			e.Operator, e.Values = corev1.NodeSelectorOpExists, nil
+			return createPV(ctx, pvs, pv, metav1.CreateOptions{})
+		}},
+		{"a converge volume pinned to the first node by matchFields beside its expression", func() error {
+			pv := convergePV(prefix+"fields", c.node)
+			pv.Spec.NodeAffinity.Required.NodeSelectorTerms[0].MatchFields = []corev1.NodeSelectorRequirement{{
+				Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{b.node}}}
+			return createPV(ctx, pvs, pv, metav1.CreateOptions{})
+		}},
+		{"the first node's own volume, with a converge-node token bound to no pod", func() error {
+			return createPV(ctx, unboundDriverClient(t).CoreV1().PersistentVolumes(), convergePV(prefix+"unbound", c.node), metav1.CreateOptions{})
+		}},
+		{"a converge volume pinned to the second node, by server-side apply", func() error {
+			pv := convergePV(prefix+"ssa", b.node)
+			pv.APIVersion, pv.Kind = "v1", "PersistentVolume"
+			body, err := json.Marshal(pv)
+			if err != nil {
+				return err
+			}
+			_, err = pvs.Patch(ctx, pv.Name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "policy-test", Force: ptr.To(true)})
+			return err
+		}},
+		{"a converge volume pinned to the second node, in a dry run", func() error {
+			return createPV(ctx, pvs, convergePV(prefix+"dry", b.node), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		}},
 		{"a Lease other than the resizer's", func() error {
 			_, err := asA.CoordinationV1().Leases(daemonSetNamespace).Create(ctx, &coordinationv1.Lease{
@@ -391,6 +445,41 @@ func driverPodClient(t *testing.T, n *kubeNode) kubernetes.Interface {
 	return client
 }
 
+// tokenClient is a client of the API server that sends token.
+func tokenClient(t *testing.T, token string) kubernetes.Interface {
+	t.Helper()
+	admin, err := clientcmd.BuildConfigFromFlags("", c.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := rest.AnonymousClientConfig(admin)
+	cfg.BearerToken = token
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
+
+// createPV creates pv with pvs.
+func createPV(ctx context.Context, pvs typedcorev1.PersistentVolumeInterface, pv *corev1.PersistentVolume, opts metav1.CreateOptions) error {
+	_, err := pvs.Create(ctx, pv, opts)
+	return err
+}
+
+// unboundDriverClient is a client with a token of converge-node's service
+// account bound to no pod (a TokenRequest without a bound object): its
+// user names no node, and the node policy refuses every write of it.
+func unboundDriverClient(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	tok, err := c.client.CoreV1().ServiceAccounts(daemonSetNamespace).CreateToken(context.Background(), daemonSetName,
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a token of %s bound to no pod: %v", daemonSetName, err)
+	}
+	return tokenClient(t, tok.Status.Token)
+}
+
 // podTokenClient is a client with a token of pod's service account bound
 // to pod (a TokenRequest, as the kubelet makes it), and the user the API
 // server makes of the token, as a policy sees it; the user must be the
@@ -407,16 +496,7 @@ func podTokenClient(t *testing.T, pod *corev1.Pod) (kubernetes.Interface, authen
 	if err != nil {
 		t.Fatalf("a token bound to %s: %v", pod.Name, err)
 	}
-	admin, err := clientcmd.BuildConfigFromFlags("", c.admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := rest.AnonymousClientConfig(admin)
-	cfg.BearerToken = tok.Status.Token
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := tokenClient(t, tok.Status.Token)
 	review, err := client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("who the pod's token is: %v", err)
