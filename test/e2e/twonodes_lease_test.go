@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,11 +18,13 @@ import (
 
 // TestTwoNodesResizerLeaseHeldByItsHolder moves csi-resizer's leadership
 // to the first node and asks the API server, with the second node's
-// converge token, to take the Lease from the live leader, to name the
-// leader's pod for a billion seconds, or to release it: the node policy
-// refuses each, as it refuses the leader a billion-second renewal. The
-// leader's own renewal is accepted, and its release is followed by a
-// failover: a resizer, with its own node's token, takes the Lease.
+// converge token, to name the leader's pod for a billion seconds, to
+// release the leader's Lease, or to hold it itself for a billion seconds:
+// the node policy refuses each, as it refuses the leader a billion-second
+// renewal. The leader's own renewal is accepted; and a failover, the
+// second node taking the Lease as its own pod for csi-resizer's 15 s,
+// works: the first node's resizer steps down, and the second node's,
+// which renews with its own token, leads.
 func TestTwoNodesResizerLeaseHeldByItsHolder(t *testing.T) {
 	b := secondNode(t)
 	ctx := context.Background()
@@ -61,9 +64,9 @@ func TestTwoNodesResizerLeaseHeldByItsHolder(t *testing.T) {
 		client kubernetes.Interface
 		change func(*coordinationv1.Lease)
 	}{
-		{"the second node takes the Lease from the live leader", asB, hold(other.Name, 15)},
 		{"the second node names the leader's pod for a billion seconds", asB, hold(leader.Name, 1_000_000_000)},
 		{"the second node releases the leader's Lease", asB, hold("", 1)},
+		{"the second node holds the Lease for a billion seconds", asB, hold(other.Name, 1_000_000_000)},
 		{"the leader renews for a billion seconds", asA, hold(leader.Name, 1_000_000_000)},
 	} {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
@@ -75,7 +78,7 @@ func TestTwoNodesResizerLeaseHeldByItsHolder(t *testing.T) {
 			t.Fatalf("renewing as %s: %v", leader.Name, err)
 		}
 	})
-	t.Run("accepted: the leader's release, and a failover", func(t *testing.T) {
+	t.Run("accepted: a failover to the second node", func(t *testing.T) {
 		restarts := int32(-1)
 		if pod, err := c.kubeNode.driverPod(ctx); err == nil && pod != nil {
 			for _, s := range pod.Status.ContainerStatuses {
@@ -89,19 +92,29 @@ func TestTwoNodesResizerLeaseHeldByItsHolder(t *testing.T) {
 		}
 		// The leader's resizer, its Lease gone, exits and is restarted.
 		intendRestart(leader, "csi-resizer")
-		if err := write(asA, hold("", 1)); err != nil {
-			t.Fatalf("releasing as %s: %v", leader.Name, err)
+		if err := write(asB, hold(other.Name, 15)); err != nil {
+			t.Fatalf("taking the Lease as %s: %v", other.Name, err)
 		}
 		if err := c.kubeNode.waitRestarted(ctx, "csi-resizer", restarts); err != nil {
-			t.Fatalf("the resizer on %s after its release: %v", c.node, err)
+			t.Fatalf("the resizer on %s after losing its Lease: %v", c.node, err)
 		}
-		poll(t, time.Minute, "a resizer takes the released Lease", func() (bool, string) {
+		poll(t, time.Minute, "the resizer on "+b.node+" leads", func() (bool, string) {
+			tail := b.containerLogTail("csi-resizer", 20)
+			return strings.Contains(tail, resizerLeading), tail
+		})
+		// It renews with its own node's token, through the policy.
+		first, err := c.client.CoordinationV1().Leases(daemonSetNamespace).Get(ctx, privilege.ResizerLease, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		poll(t, time.Minute, "the second node's resizer renews its Lease", func() (bool, string) {
 			l, err := c.client.CoordinationV1().Leases(daemonSetNamespace).Get(ctx, privilege.ResizerLease, metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
 			h := ptr.Deref(l.Spec.HolderIdentity, "")
-			return h == leader.Name || h == other.Name, fmt.Sprintf("holder %q", h)
+			renewed := l.Spec.RenewTime != nil && first.Spec.RenewTime != nil && l.Spec.RenewTime.After(first.Spec.RenewTime.Time)
+			return h == other.Name && renewed, fmt.Sprintf("holder %q, renewed %v", h, renewed)
 		})
 	})
 }
