@@ -237,8 +237,11 @@ func objects(t *testing.T, manifest string, fromChart bool) map[string]map[strin
 	t.Helper()
 	out := map[string]map[string]any{}
 	for _, doc := range strings.Split(manifest, "\n---") {
+		// Strictly: a key given twice, which this decoder would take the
+		// last of, is refused by yaml.v3 and so by kustomize as a Helm
+		// post-renderer.
 		var o map[string]any
-		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+		if err := yaml.UnmarshalStrict([]byte(doc), &o); err != nil {
 			t.Fatalf("%v in:\n%s", err, doc)
 		}
 		if o == nil {
