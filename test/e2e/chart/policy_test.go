@@ -99,3 +99,63 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 		}
 	}
 }
+
+// TestControllerPlacement renders converge-controller's placement: by
+// default, and from values without trustedNodeLabel (a release upgraded
+// with --reuse-values, whose values lack what the new chart adds), on the
+// control plane's role, tolerating its taints with the tolerations given;
+// on another label, without them; with "", anywhere.
+func TestControllerPlacement(t *testing.T) {
+	const role = "node-role.kubernetes.io/control-plane"
+	extra := []any{map[string]any{"key": "dedicated", "operator": "Exists"}}
+	for _, tc := range []struct {
+		name        string
+		controller  map[string]any
+		key         string   // the required affinity's key, "" none
+		tolerations []string // the keys tolerated
+	}{
+		{"default", nil, role, []string{role, "node-role.kubernetes.io/master"}},
+		{"no trustedNodeLabel, as --reuse-values gives", map[string]any{"trustedNodeLabel": nil}, role, []string{role, "node-role.kubernetes.io/master"}},
+		{"default, with a toleration of its own", map[string]any{"tolerations": extra}, role, []string{role, "node-role.kubernetes.io/master", "dedicated"}},
+		{"an admin's label", map[string]any{"trustedNodeLabel": "node-restriction.kubernetes.io/converge-controller", "tolerations": extra},
+			"node-restriction.kubernetes.io/converge-controller", []string{"dedicated"}},
+		{"anywhere", map[string]any{"trustedNodeLabel": ""}, "", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var vals map[string]any
+			if tc.controller != nil {
+				vals = map[string]any{"controller": tc.controller}
+			}
+			var spec map[string]any
+			for _, o := range objects(t, renderAs(t, "converge", "kube-system", vals), true) {
+				if o["kind"] == "Deployment" {
+					spec = o["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+				}
+			}
+			if spec == nil {
+				t.Fatal("no Deployment rendered")
+			}
+			var key string
+			affinity, _ := spec["affinity"].(map[string]any)
+			if na, ok := affinity["nodeAffinity"].(map[string]any); ok {
+				terms := na["requiredDuringSchedulingIgnoredDuringExecution"].(map[string]any)["nodeSelectorTerms"].([]any)
+				e := terms[0].(map[string]any)["matchExpressions"].([]any)[0].(map[string]any)
+				key, _ = e["key"].(string)
+				if len(terms) != 1 || e["operator"] != "Exists" {
+					t.Errorf("node affinity %v, want one term, key Exists", na)
+				}
+			}
+			if key != tc.key {
+				t.Errorf("required node affinity on %q, want %q", key, tc.key)
+			}
+			var tolerated []string
+			tols, _ := spec["tolerations"].([]any)
+			for _, tol := range tols {
+				tolerated = append(tolerated, tol.(map[string]any)["key"].(string))
+			}
+			if !slices.Equal(tolerated, tc.tolerations) {
+				t.Errorf("tolerations of %q, want %q", tolerated, tc.tolerations)
+			}
+		})
+	}
+}
