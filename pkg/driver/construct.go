@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -96,8 +95,10 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 // Opening replays the log of a run that ended without a checkpoint
 // (killed or crashed): the first of the repairs of a start.
 func openStore(ctx context.Context, cfg Config) (*state.Store, error) {
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating %s: %w", cfg.StateDir, err)
+	// The store decides what is mounted where: its directory, as a pool's,
+	// is root's alone, with no symlink on its path.
+	if err := devices.MakeTrustedDir(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
 	}
 	store, err := state.OpenWith(filepath.Join(cfg.StateDir, "state.db"), state.Options{Release: cfg.Version})
 	if err != nil {

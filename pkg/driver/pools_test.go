@@ -1,6 +1,8 @@
 package driver
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +10,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/controller"
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -275,5 +278,42 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOpenStoreChecksItsDirectory opens the store in a state directory
+// that others may write, and in one beneath a symlink: both are refused,
+// naming the directory, and no store is made there; a missing one is
+// made, root's alone.
+func TestOpenStoreChecksItsDirectory(t *testing.T) {
+	root := t.TempDir()
+	open := filepath.Join(root, "open")
+	if err := os.Mkdir(open, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(root, filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range []string{open, filepath.Join(root, "link", "state")} {
+		_, err := openStore(context.Background(), Config{StateDir: dir})
+		var unsafe *devices.UnsafeDirError
+		if !errors.As(err, &unsafe) {
+			t.Errorf("opening a store in %s: %v, want it refused as unsafe", dir, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "state.db")); err == nil {
+			t.Errorf("a store was made in %s", dir)
+		}
+	}
+	made := filepath.Join(root, "made", "state")
+	store, err := openStore(context.Background(), Config{StateDir: made})
+	if err != nil {
+		t.Fatalf("opening a store in a new %s: %v", made, err)
+	}
+	store.Close()
+	if fi, err := os.Stat(made); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("%s made: %v, %v; want mode 0700", made, fi, err)
 	}
 }

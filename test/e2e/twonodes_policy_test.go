@@ -52,7 +52,8 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // claim of the second node (a clone's source) are accepted; with the
 // finalizer, nothing else of that claim may change. Every shape of node
 // affinity but one term of key In [its node] (a second term, two values,
-// NotIn, Exists, matchFields), a token of the account bound to no pod, and
+// NotIn, Exists, matchFields), a volume of its node with another node's
+// handle, a token of the account bound to no pod, and
 // a forged volume made by server-side apply or in a dry run are refused
 // too.
 func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
@@ -67,7 +68,7 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 	// What a refusal that failed, or an acceptance, left.
 	t.Cleanup(func() {
 		for _, name := range []string{"forged", "hostpath", "own", "secret", "ghost", "terms", "values", "notin", "exists",
-			"fields", "unbound", "ssa", "dry"} {
+			"fields", "unbound", "ssa", "dry", "handle"} {
 			deleteAdmin(t, prefix+name)
 		}
 		for _, name := range []string{"capa", "capb"} {
@@ -222,6 +223,13 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		}},
 		// Every shape of affinity but key In [its node] is refused: pkg/nodeloss
 		// and the scheduler would each read another node in it.
+		{"a converge volume pinned to the first node with the second node's handle", func() error {
+			// The snapshot labeller would find the handle on two PVs and
+			// route no group of it.
+			pv := convergePV(prefix+"handle", c.node)
+			pv.Spec.CSI.VolumeHandle = onB.Spec.CSI.VolumeHandle
+			return createPV(ctx, pvs, pv, metav1.CreateOptions{})
+		}},
 		{"a converge volume with a second affinity term naming the second node", func() error {
 			pv := convergePV(prefix+"terms", c.node)
 			terms := &pv.Spec.NodeAffinity.Required.NodeSelectorTerms
@@ -519,7 +527,7 @@ func convergePV(name, node string) *corev1.PersistentVolume {
 			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 			StorageClassName:              "policy-test",
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: contract.DefaultDriverName, VolumeHandle: name}},
+				Driver: contract.DefaultDriverName, VolumeHandle: name + contract.NodeSep + node}},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{
 				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
 					Key: contract.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: []string{node},
