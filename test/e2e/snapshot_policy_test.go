@@ -64,12 +64,19 @@ func TestNodeWritesOnlyItsOwnSnapshots(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			r := as.Resource(gvr)
-			if gvr == volumeSnapshots {
-				_, err = r.Namespace(ns).Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{}, sub...)
+			_, err = as.Resource(gvr).Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{}, sub...)
+			return err
+		}
+	}
+	snaps := as.Resource(volumeSnapshots).Namespace(ns)
+	updateSnapshot := func(change func(*unstructured.Unstructured)) func() error {
+		return func() error {
+			o, err := snaps.Get(ctx, snapshot, metav1.GetOptions{})
+			if err != nil {
 				return err
 			}
-			_, err = r.Patch(ctx, name, types.MergePatchType, b, metav1.PatchOptions{}, sub...)
+			change(o)
+			_, err = snaps.Update(ctx, o, metav1.UpdateOptions{})
 			return err
 		}
 	}
@@ -97,10 +104,17 @@ func TestNodeWritesOnlyItsOwnSnapshots(t *testing.T) {
 			status(map[string]any{"volumeGroupSnapshotHandle": "grp_" + ghostNode}), "status")},
 		{"a member's snapshot handle naming another node", patch(groupSnapshotContents, group, member("v_"+c.node, "s_"+ghostNode), "status")},
 		{"a member's volume handle naming another node", patch(groupSnapshotContents, group, member("v_"+ghostNode, "s_"+c.node), "status")},
-		{"an owner on a VolumeSnapshot, which the garbage collector would follow", patch(volumeSnapshots, snapshot, meta(map[string]any{
-			"ownerReferences": []any{map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-0000-0000-000000000068"}}}))},
-		{"a label on a VolumeSnapshot", patch(volumeSnapshots, snapshot, meta(map[string]any{"labels": map[string]any{"converge.csi.dev/test": "stolen"}}))},
-		{"another finalizer on a VolumeSnapshot", patch(volumeSnapshots, snapshot, meta(map[string]any{"finalizers": []any{"converge.csi.dev/test"}}))},
+		// RBAC gives a node update of VolumeSnapshots, not patch, as
+		// external-provisioner writes them.
+		{"an owner on a VolumeSnapshot, which the garbage collector would follow", updateSnapshot(func(o *unstructured.Unstructured) {
+			o.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "00000000-0000-0000-0000-000000000068"}})
+		})},
+		{"a label on a VolumeSnapshot", updateSnapshot(func(o *unstructured.Unstructured) {
+			o.SetLabels(map[string]string{"converge.csi.dev/test": "stolen"})
+		})},
+		{"another finalizer on a VolumeSnapshot", updateSnapshot(func(o *unstructured.Unstructured) {
+			o.SetFinalizers(append(o.GetFinalizers(), "converge.csi.dev/test"))
+		})},
 	} {
 		t.Run("refused: "+tc.name, func(t *testing.T) {
 			wantRefusedBy(t, tc.do(), nodeSnapshotsPolicy)
@@ -126,7 +140,6 @@ func TestNodeWritesOnlyItsOwnSnapshots(t *testing.T) {
 	accepted("its own group content's handles naming its node", patch(groupSnapshotContents, group, member("v_"+c.node, "s_"+c.node), "status"))
 	sourceFinalizer := "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection"
 	accepted("csi-provisioner's finalizer on a restore's source, and off", func() error {
-		snaps := as.Resource(volumeSnapshots).Namespace(ns)
 		for _, add := range []bool{true, false} {
 			o, err := snaps.Get(ctx, snapshot, metav1.GetOptions{})
 			if err != nil {
