@@ -267,21 +267,16 @@ func (x *mountIndex) mounts(devs []host.DevNum, sources []string, tops []pathTop
 		for j < len(x.known) && x.known[j].id < id {
 			j++ // gone since the latest listing
 		}
-		var d mountDev
+		var prev *mountDev
 		if j < len(x.known) && x.known[j].id == id {
-			d = x.known[j]
-		} else {
-			h, err := statMount(id, statmountSbBasic|statmountSbSource, &x.buf)
-			if errors.Is(err, unix.ENOENT) {
-				continue // gone since the listing
-			}
-			if err != nil {
-				return nil, fmt.Errorf("statmount %d: %w", id, err)
-			}
-			d = mountDev{id: id, dev: host.DevNum{Major: h.sbDevMajor, Minor: h.sbDevMinor}}
-			if h.sbMagic == btrfsMagic && h.mask&statmountSbSource != 0 {
-				d.btrfsSource = statString(x.buf, h.sbSource)
-			}
+			prev = &x.known[j]
+		}
+		d, ok, err := x.devOf(id, prev)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue // gone since the listing
 		}
 		known = append(known, d)
 		if !slices.Contains(devs, d.dev) && (d.btrfsSource == "" || !slices.Contains(sources, d.btrfsSource)) {
@@ -296,6 +291,33 @@ func (x *mountIndex) mounts(devs []host.DevNum, sources []string, tops []pathTop
 		}
 	}
 	x.known, x.spare = known, x.known
+	return x.placeTops(out, uids, tops)
+}
+
+// devOf returns the device of mount id: prev, known from the latest
+// listing, or else what statmount says of it; false when it is gone.
+func (x *mountIndex) devOf(id uint64, prev *mountDev) (mountDev, bool, error) {
+	if prev != nil {
+		return *prev, true, nil
+	}
+	h, err := statMount(id, statmountSbBasic|statmountSbSource, &x.buf)
+	if errors.Is(err, unix.ENOENT) {
+		return mountDev{}, false, nil
+	}
+	if err != nil {
+		return mountDev{}, false, fmt.Errorf("statmount %d: %w", id, err)
+	}
+	d := mountDev{id: id, dev: host.DevNum{Major: h.sbDevMajor, Minor: h.sbDevMinor}}
+	if h.sbMagic == btrfsMagic && h.mask&statmountSbSource != 0 {
+		d.btrfsSource = statString(x.buf, h.sbSource)
+	}
+	return d, true, nil
+}
+
+// placeTops adds to out (in the order of uids, their unique IDs) the top
+// mount of each of tops that it lacks, and puts each top mount after
+// every other at its path, as the mount table lists them.
+func (x *mountIndex) placeTops(out []host.Mount, uids []uint64, tops []pathTop) ([]host.Mount, error) {
 	for _, top := range tops {
 		if top.id == 0 {
 			continue
@@ -311,7 +333,6 @@ func (x *mountIndex) mounts(devs []host.DevNum, sources []string, tops []pathTop
 			}
 			out, uids = slices.Insert(out, i, m), slices.Insert(uids, i, top.id)
 		}
-		// The top mount goes after every other at its path.
 		last := i
 		for k := i + 1; k < len(out); k++ {
 			if out[k].Path == top.path {

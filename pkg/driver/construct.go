@@ -75,7 +75,14 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	p.grpc = newGRPCServer(cfg, m, p.rec, ctrl, node)
 	p.maxConns = node.MaxRequests() + reservedConnections
 
-	statuses := func() []volstatus.PoolStatus { return p.pools.Statuses(cfg.NodeID) }
+	p.serveHTTP(m, node, ctrl)
+	return p, nil
+}
+
+// serveHTTP wires the metrics to what they watch, and the HTTP handlers
+// of the pod network (p.tcp) and of the status socket (p.local).
+func (p *plugin) serveHTTP(m *metrics.Metrics, node *nodeserver.Server, ctrl *controller.Controller) {
+	statuses := func() []volstatus.PoolStatus { return p.pools.Statuses(p.cfg.NodeID) }
 	// What the pod network reaches reads the pools at most every
 	// poolMetricsAge; the status socket, root's alone, reads them fresh.
 	recentStatuses := recent(statuses, poolMetricsAge, clock.RealClock{})
@@ -85,10 +92,9 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	public := newHTTPHandler(m, p.rec, shareCheck(probeSelf(p.sock), sharedCheckAge, clock.RealClock{}))
 	status := newStatusHandler(public, p.rec, statuses)
 	p.tcp, p.local = public, newLocalHandler(status, p.rec, ctrl.Collect)
-	if cfg.HTTPStatus {
+	if p.cfg.HTTPStatus {
 		p.tcp = newStatusHandler(public, p.rec, recentStatuses)
 	}
-	return p, nil
 }
 
 // openStore opens the store in the state directory, made when missing.

@@ -112,16 +112,9 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 	if err := checkGroupCopy(home, ms); err != nil {
 		return err
 	}
-	var inUse, idle []groupMember
-	for _, m := range ms {
-		if freezes(m.v, m.a) {
-			inUse = append(inUse, m)
-			if err := r.writeOut(m.v, m.a, home.Image(m.v.ID)); err != nil {
-				return err
-			}
-		} else {
-			idle = append(idle, m)
-		}
+	inUse, idle, err := r.writeOutInUse(home, ms)
+	if err != nil {
+		return err
 	}
 	thawAll, frozenAt, err := r.freezeAll(inUse)
 	if err != nil {
@@ -143,12 +136,7 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 		copied = append(copied, more...)
 	}
 	if cerr != nil {
-		for _, id := range copied {
-			if err := home.DeleteSnapshot(id); err != nil {
-				cerr = errors.Join(cerr, fmt.Errorf("removing snapshot %s of the failed group: %w", id, err))
-			}
-		}
-		return errors.Join(cerr, terr)
+		return errors.Join(removeCopied(home, copied, cerr), terr)
 	}
 	if terr != nil {
 		// Taken whole; the next pass thaws what is still frozen.
@@ -161,6 +149,35 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 		cur.ForgetSnapshot(act.target, act.generation)
 		return nil
 	})
+}
+
+// writeOutInUse splits the group's members into those in use, which are
+// frozen for the copy, each written out first (writeOut), and those
+// nothing writes.
+func (r *Reconciler) writeOutInUse(home Pool, ms []groupMember) (inUse, idle []groupMember, err error) {
+	for _, m := range ms {
+		if !freezes(m.v, m.a) {
+			idle = append(idle, m)
+			continue
+		}
+		inUse = append(inUse, m)
+		if err := r.writeOut(m.v, m.a, home.Image(m.v.ID)); err != nil {
+			return nil, nil, err
+		}
+	}
+	return inUse, idle, nil
+}
+
+// removeCopied removes the members' snapshots copied (their IDs) of a
+// group whose copy failed with cerr, so that the group is whole or
+// absent, and returns cerr with whatever removal failed.
+func removeCopied(home Pool, copied []string, cerr error) error {
+	for _, id := range copied {
+		if err := home.DeleteSnapshot(id); err != nil {
+			cerr = errors.Join(cerr, fmt.Errorf("removing snapshot %s of the failed group: %w", id, err))
+		}
+	}
+	return cerr
 }
 
 // removeLeftovers removes the members of g that an attempt a crash

@@ -316,24 +316,7 @@ func RunWhenServed(ctx context.Context, cfg Config, d discovery.DiscoveryInterfa
 	defer ticker.Stop()
 	denied := false
 	for {
-		s, g, err := Served(d)
-		if err == nil && s {
-			var ok bool
-			if ok, err = Allowed(ctx, cfg.Client, ContentsGVR); err == nil && !ok {
-				s, g = false, false
-				if !denied {
-					log.Info("converge-controller may not list and patch VolumeSnapshotContents: no snapshot labeller, so pre-provisioned snapshots and group snapshots reach no node. " +
-						"Apply deploy/components/snapshots (or set the chart's snapshots.enabled) to grant it")
-				}
-			}
-			denied = err == nil && !ok
-		}
-		if err == nil && g {
-			var ok bool
-			if ok, err = Allowed(ctx, cfg.Client, GroupContentsGVR); err == nil && !ok {
-				g = false
-			}
-		}
+		s, g, err := servedAndAllowed(ctx, cfg, d, &denied)
 		switch {
 		case err != nil:
 			log.Error(err, "Asking the server whether it serves the snapshot API failed; asking again later")
@@ -362,4 +345,30 @@ func RunWhenServed(ctx context.Context, cfg Config, d discovery.DiscoveryInterfa
 		case <-ticker.C:
 		}
 	}
+}
+
+// servedAndAllowed says whether the server serves the snapshot API (s)
+// and its group resources (g), each only where converge-controller may
+// use it. denied holds whether the contents were refused at the last ask,
+// so that the refusal is logged once, when it starts.
+func servedAndAllowed(ctx context.Context, cfg Config, d discovery.DiscoveryInterface, denied *bool) (s, g bool, err error) {
+	s, g, err = Served(d)
+	if err == nil && s {
+		var ok bool
+		if ok, err = Allowed(ctx, cfg.Client, ContentsGVR); err == nil && !ok {
+			s, g = false, false
+			if !*denied {
+				klog.FromContext(ctx).Info("converge-controller may not list and patch VolumeSnapshotContents: no snapshot labeller, so pre-provisioned snapshots and group snapshots reach no node. " +
+					"Apply deploy/components/snapshots (or set the chart's snapshots.enabled) to grant it")
+			}
+		}
+		*denied = err == nil && !ok
+	}
+	if err == nil && g {
+		var ok bool
+		if ok, err = Allowed(ctx, cfg.Client, GroupContentsGVR); err == nil && !ok {
+			g = false
+		}
+	}
+	return s, g, err
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -90,6 +91,15 @@ func TestControllerRunsWhereKubeletsCannotDrawIt(t *testing.T) {
 	for _, p := range pods.Items {
 		if p.Spec.NodeName != "" && p.Spec.NodeName != c.node {
 			t.Errorf("%s runs on %s, want only %s, the node with the role %s", p.Name, p.Spec.NodeName, c.node, controlPlaneRole)
+		}
+		// Where it runs now could be chance: the pod must require the role.
+		var terms []corev1.NodeSelectorTerm
+		if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+			terms = a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+		}
+		if len(terms) != 1 || len(terms[0].MatchExpressions) != 1 || terms[0].MatchExpressions[0].Key != controlPlaneRole ||
+			terms[0].MatchExpressions[0].Operator != corev1.NodeSelectorOpExists {
+			t.Errorf("%s's required node affinity %+v, want the one term %s Exists", p.Name, terms, controlPlaneRole)
 		}
 	}
 	_, err = kubeletClient(t, c.kubeNode).CoreV1().Nodes().Patch(ctx, c.node, types.StrategicMergePatchType,
