@@ -135,7 +135,7 @@ vet-e2e:
 	cd test/e2e && $(GO) vet $$($(GO) list ./... | grep -v '/test/e2e/chart$$')
 
 unit:
-	$(GO) test -count=1 ./pkg/...
+	$(GO) test -count=1 -tags lockorder ./pkg/...
 
 sanity: deps
 	$(GO) test -count=1 -v ./test/sanity/

@@ -7,13 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"time"
 
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/locks"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
@@ -69,7 +69,7 @@ type Pool struct {
 
 	// mu is held for each promise and the change it allows (within).
 	// Lock order: the snapshot service's mu, then mu, then restores.mu.
-	mu sync.Mutex
+	mu locks.Mutex
 	// restoreImage copies a snapshot into a volume's image (copySnapshot;
 	// tests hold it up).
 	restoreImage func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error

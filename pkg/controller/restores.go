@@ -15,6 +15,7 @@ import (
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/locks"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -53,7 +54,7 @@ func (r *restore) wait(ctx context.Context) error {
 // before the copy starts until its image counts itself.
 type restores struct {
 	// mu guards jobs. It is taken alone, also inside the space's lock.
-	mu   sync.Mutex
+	mu   locks.Mutex
 	jobs map[string]*restore
 	// running counts the copies' goroutines, which stop joins.
 	running sync.WaitGroup

@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -17,6 +16,7 @@ import (
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/locks"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -37,7 +37,7 @@ type snapshotService struct {
 	// mu serialises the decisions about snapshot IDs (CreateSnapshot's
 	// check and intent, DeleteSnapshot). A CreateSnapshot waits for its
 	// copy without it. Lock order: mu, then the space's.
-	mu sync.Mutex
+	mu locks.Mutex
 }
 
 // ServeSnapshots makes the controller serve snapshots of this node's

@@ -3,11 +3,11 @@ package devices
 import (
 	"path/filepath"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // The kernel names a loop device's backing file (sysfs loop/backing_file)
@@ -38,7 +38,7 @@ type fileID struct{ dev, ino uint64 }
 // about devices attached since the last.
 type loopFiles struct {
 	// mu guards seen.
-	mu   sync.Mutex
+	mu   locks.Mutex
 	seen map[string]seenFile // by device
 }
 

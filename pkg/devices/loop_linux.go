@@ -9,11 +9,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 const (
@@ -142,7 +143,7 @@ func claimLoop(ctl, backing *os.File) (string, error) {
 const sectorSize = 512
 
 // attachMu makes the attaches of this process take turns (AttachLoop).
-var attachMu sync.Mutex
+var attachMu locks.Mutex
 
 func configureLoop(dev string, backing *os.File) error {
 	f, err := os.OpenFile(dev, os.O_RDWR, 0)

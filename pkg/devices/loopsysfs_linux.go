@@ -6,11 +6,11 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // ListLoops returns the attached loop devices, read from sysfs under
@@ -231,7 +231,7 @@ func preadAll(fd int, buf *[]byte) (string, error) {
 // descriptor and opens the file anew.
 type keptFiles struct {
 	// mu guards everything below.
-	mu  sync.Mutex
+	mu  locks.Mutex
 	buf []byte
 	fds map[string]*keptFile
 	// dir is the directory listed, kept open (-1 before the first

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // ReadMounts parses a mountinfo file (normally /proc/self/mountinfo) once.
@@ -39,13 +40,13 @@ type mountTable struct {
 	consistent bool
 
 	// mu guards fd and buf.
-	mu  sync.Mutex
+	mu  locks.Mutex
 	fd  int
 	buf []byte
 
 	// sharedMu guards the fields below it: the reads readFresh shares.
 	// Lock order: sharedMu is never held while mu is taken.
-	sharedMu sync.Mutex
+	sharedMu locks.Mutex
 	shared   *sync.Cond
 	// started and done count the shared reads begun and finished;
 	// reading is true while one runs. last is the latest finished read's

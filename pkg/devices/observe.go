@@ -15,6 +15,7 @@ import (
 	"k8s.io/mount-utils"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // Observer reads the actual state of the machine.
@@ -47,7 +48,7 @@ type Observer struct {
 	// by each observation for the mount checks that follow it (one open
 	// for a pass rather than one for each mount), so that the roots
 	// resolved are as new as the observation.
-	rootsMu sync.Mutex
+	rootsMu locks.Mutex
 	roots   rootFds
 }
 

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 const (
@@ -57,7 +59,7 @@ type Removals struct {
 	remove         func(detached)
 	quiet, maxWait time.Duration
 	// mu guards everything below: nothing is added after Close.
-	mu     sync.Mutex
+	mu     locks.Mutex
 	queued int
 	closed bool
 	// waiting holds the numbers whose removal has not started, the oldest

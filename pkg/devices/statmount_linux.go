@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // The mounts of a few filesystems, read without the mount table: listmount(2)
@@ -176,7 +177,7 @@ type mountIndex struct {
 	usable     bool
 
 	// mu guards the fields below.
-	mu sync.Mutex
+	mu locks.Mutex
 	// known holds the mounts of the latest listing, by unique ID in
 	// ascending order, and spare the previous one's slice, reused.
 	known, spare []mountDev

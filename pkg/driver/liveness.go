@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -12,6 +11,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // livenessTimeout bounds one liveness check: a csi-node that cannot answer
@@ -57,7 +58,7 @@ const sharedCheckAge = time.Second
 // its own context allows.
 func shareCheck(check func(context.Context) error, maxAge time.Duration, clk clock.PassiveClock) func(context.Context) error {
 	var (
-		mu      sync.Mutex
+		mu      locks.Mutex
 		at      time.Time
 		last    error
 		running chan struct{} // closed when the running check ends

@@ -1,10 +1,11 @@
 package driver
 
 import (
-	"sync"
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // poolMetricsAge is how old the pools' status served on the HTTP address
@@ -20,7 +21,7 @@ const poolMetricsAge = 5 * time.Second
 // One call of read runs at a time.
 func recent[T any](read func() T, maxAge time.Duration, clk clock.PassiveClock) func() T {
 	var (
-		mu   sync.Mutex // guards at and last
+		mu   locks.Mutex // guards at and last
 		at   time.Time
 		last T
 	)

@@ -3,11 +3,11 @@ package reconciler
 import (
 	"context"
 	"errors"
-	"sync"
 
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/locks"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -54,12 +54,12 @@ type early struct {
 	// run guards ctx: early starts hold it for reading while they start
 	// an operation, and Run's end takes it to stop them, so that no
 	// operation starts once Run waits for them.
-	run sync.RWMutex
+	run locks.RWMutex
 	ctx context.Context
 
 	// mu guards devices and pending. It may be held while the executor's
 	// is taken, never the other way round.
-	mu sync.Mutex
+	mu locks.Mutex
 	// devices maps a volume to the loop devices last found attached to
 	// its image (by a pass, or by its stage's attach): the devices its
 	// early start reads, rather than every device of the machine.

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/locks"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -39,7 +40,7 @@ type executor struct {
 	spawn func(func())
 
 	// mu guards running, failures, repairs, finished and seq.
-	mu       sync.Mutex
+	mu       locks.Mutex
 	running  map[string]action
 	failures map[string]*failure
 	// seq counts finished operations; finished maps a volume to the seq of

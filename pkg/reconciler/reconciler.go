@@ -3,7 +3,6 @@ package reconciler
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/locks"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
@@ -50,7 +50,7 @@ type Reconciler struct {
 	reported map[string]contract.Reason
 	// soonMu guards soon, which is true while a KickSoon waits, soonFirst,
 	// when the first of the KickSoons it serves came, and soonTimer.
-	soonMu    sync.Mutex
+	soonMu    locks.Mutex
 	soon      bool
 	soonFirst time.Time
 	soonTimer clock.Timer
@@ -58,14 +58,14 @@ type Reconciler struct {
 	// them).
 	soonDelay, soonMax time.Duration
 	// statusMu guards status, the volumes as of the last pass.
-	statusMu sync.Mutex
+	statusMu locks.Mutex
 	status   []volstatus.VolumeStatus
 
 	// fulfilledMu guards fulfilled, which maps a volume and intent to the
 	// generation at which the intent was last seen fulfilled, so that a
 	// mount lost later is told from one not made yet. Passes write it;
 	// early starts read it.
-	fulfilledMu sync.Mutex
+	fulfilledMu locks.Mutex
 	fulfilled   map[string]map[state.IntentKey]int64
 
 	// early is what a request's early start (Start) needs: see early.go.

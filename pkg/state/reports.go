@@ -4,9 +4,9 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // reports are what the store answers from memory, never durable: the
@@ -16,7 +16,7 @@ import (
 // lock is a leaf: nothing else is locked while it is held.
 type reports struct {
 	// mu guards everything below.
-	mu               sync.Mutex
+	mu               locks.Mutex
 	results          map[string]map[IntentKey]Result
 	terminalFailures map[string]map[IntentKey]TerminalFailure
 	conditions       map[string]Condition

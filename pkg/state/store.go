@@ -12,10 +12,10 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/locks"
 	bolt "go.etcd.io/bbolt"
 	"k8s.io/utils/clock"
 )
@@ -81,10 +81,10 @@ type Store struct {
 	// recordMu serialises the Updates of one record (sharded by ID), so its
 	// mirror is updated in log order; records of different volumes are
 	// written concurrently and share fdatasyncs.
-	recordMu [recordShards]sync.Mutex
+	recordMu [recordShards]locks.Mutex
 
 	// mu guards volumes, the mirror of the durable records.
-	mu      sync.Mutex
+	mu      locks.Mutex
 	volumes map[string]*Volume
 
 	// reports are what the plugin answers from memory: results, terminalFailures,

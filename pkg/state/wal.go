@@ -7,11 +7,12 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/converge-csi/converge/pkg/locks"
 )
 
 // The store's write-ahead log.
@@ -113,7 +114,7 @@ type writeLog struct {
 	checkpoint func(values map[string][]byte, seq uint64) error
 
 	// mu guards everything below and the file's contents.
-	mu sync.Mutex
+	mu locks.Mutex
 	// size is the usable size of the file.
 	size int64
 	// off is where the next record goes; seq is the number of the last.
@@ -126,7 +127,7 @@ type writeLog struct {
 	broken error
 
 	// syncMu serialises fdatasyncs.
-	syncMu sync.Mutex
+	syncMu locks.Mutex
 	// written is the number of the last record written to the file (under
 	// mu); synced that of the last known durable.
 	written atomic.Uint64

@@ -35,7 +35,9 @@ const module = "github.com/converge-csi/converge/"
 // the store (it carries a reason in a volume's condition) and the
 // reconciler (which decides them).
 // httpserve, the bounds of an HTTP address on the pod network, is a leaf
-// the driver and the cluster-side command share.
+// the driver and the cluster-side command share. locks, where every mutex
+// of the node plugin comes from (go-deadlock's in a lockorder build), is
+// a leaf of the packages that hold one.
 // The cluster-side controller (nodeloss, snaplabel and their command)
 // stands apart: no part of the node plugin reaches it, and it reaches none
 // but the published contract; snaplabel reads a volume's node by
@@ -46,21 +48,22 @@ var allowed = map[string][]string{
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
 	"pkg/snaplabel":           {"pkg/contract", "pkg/nodeloss"},
-	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/httpserve", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus"},
-	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
+	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/httpserve", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus", "pkg/locks"},
+	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus", "pkg/locks"},
 	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/host", "pkg/state"},
 	"pkg/contract":            {"pkg/classified", "pkg/host"},
 	"pkg/contract/capability": {"pkg/contract", "pkg/host"},
 	"pkg/rpcerr":              {"pkg/classified"},
-	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus"},
-	"pkg/devices":             {"pkg/host"},
+	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus", "pkg/locks"},
+	"pkg/devices":             {"pkg/host", "pkg/locks"},
 	"pkg/metrics":             {"pkg/volstatus"},
-	"pkg/state":               {"pkg/classified", "pkg/contract"},
+	"pkg/state":               {"pkg/classified", "pkg/contract", "pkg/locks"},
 	"pkg/classified":          nil,
 	"pkg/host":                nil,
 	"pkg/volstatus":           nil,
 	"pkg/capacity":            nil,
 	"pkg/httpserve":           nil,
+	"pkg/locks":               nil,
 }
 
 // only lists outside modules that some packages alone may import: the
@@ -68,10 +71,12 @@ var allowed = map[string][]string{
 // Kubernetes API: only the cluster-side controller knows its client and
 // types.
 var only = map[string][]string{
-	"go.etcd.io/bbolt":    {"pkg/state"},
-	"k8s.io/client-go":    {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
-	"k8s.io/api":          {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
-	"k8s.io/apimachinery": {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
+	"go.etcd.io/bbolt": {"pkg/state"},
+	// go-deadlock only in the lockorder build of pkg/locks.
+	"github.com/sasha-s/go-deadlock": {"pkg/locks"},
+	"k8s.io/client-go":               {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
+	"k8s.io/api":                     {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
+	"k8s.io/apimachinery":            {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
 }
 
 // never lists, after the design card, what a package must not import: the
