@@ -112,23 +112,21 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 	if err := checkGroupCopy(home, ms); err != nil {
 		return err
 	}
-	inUse, idle, err := r.writeOutInUse(home, ms)
-	if err != nil {
+	inUse, idle := splitInUse(ms)
+	// Every member in use written out, frozen and recorded so, then
+	// copied; nothing writes to the others, which the operation holds.
+	var copied []string
+	var now time.Time
+	ran := false
+	cerr, berr, frozenFor := r.frozenWhile(members(inUse), func() (err error) {
+		ran = true
+		// gofail: var reconcilerGroupAfterFreeze struct{}
+		now = r.cfg.Clock.Now()
+		copied, err = r.copyGroup(ctx, home, g.ID, inUse, now)
 		return err
-	}
-	thawAll, frozenAt, err := r.freezeAll(inUse)
-	if err != nil {
-		return err
-	}
-	// Every member in use frozen and recorded so.
-	// gofail: var reconcilerGroupAfterFreeze struct{}
-	now := r.cfg.Clock.Now()
-	copied, cerr := r.copyGroup(ctx, home, g.ID, inUse, now)
-	terr := thawAll()
-	var frozenFor time.Duration
-	if len(inUse) > 0 {
-		frozenFor = r.cfg.Clock.Since(frozenAt)
-		r.cfg.Recorder.Frozen(frozenFor)
+	})
+	if !ran {
+		return berr // nothing copied, and every member thawed
 	}
 	if cerr == nil {
 		var more []string
@@ -136,11 +134,11 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 		copied = append(copied, more...)
 	}
 	if cerr != nil {
-		return errors.Join(removeCopied(home, copied, cerr), terr)
+		return errors.Join(removeCopied(home, copied, cerr), berr)
 	}
-	if terr != nil {
+	if berr != nil {
 		// Taken whole; the next pass thaws what is still frozen.
-		return terr
+		return berr
 	}
 	klog.FromContext(ctx).V(2).Info("Took group snapshot", "groupSnapshotID", g.ID, "volumes", len(ms), "frozen", len(inUse), "frozenFor", frozenFor)
 	// Taken and thawed; the group's intent is not yet forgotten.
@@ -151,21 +149,26 @@ func (r *Reconciler) takeGroupSnapshot(ctx context.Context, v *state.Volume, a *
 	})
 }
 
-// writeOutInUse splits the group's members into those in use, which are
-// frozen for the copy, each written out first (writeOut), and those
-// nothing writes.
-func (r *Reconciler) writeOutInUse(home Pool, ms []groupMember) (inUse, idle []groupMember, err error) {
+// splitInUse splits the group's members into those in use, whose
+// filesystems are frozen for the copy (freezes), and those nothing writes.
+func splitInUse(ms []groupMember) (inUse, idle []groupMember) {
 	for _, m := range ms {
-		if !freezes(m.v, m.a) {
+		if freezes(m.v, m.a) {
+			inUse = append(inUse, m)
+		} else {
 			idle = append(idle, m)
-			continue
-		}
-		inUse = append(inUse, m)
-		if err := r.writeOut(m.v, m.a, home.Image(m.v.ID)); err != nil {
-			return nil, nil, err
 		}
 	}
-	return inUse, idle, nil
+	return inUse, idle
+}
+
+// members are the members of ms.
+func members(ms []groupMember) []member {
+	out := make([]member, len(ms))
+	for i, m := range ms {
+		out[i] = m.member
+	}
+	return out
 }
 
 // removeCopied removes the members' snapshots copied (their IDs) of a
@@ -198,7 +201,7 @@ func removeLeftovers(home Pool, g *state.GroupIntent) error {
 // freezeAll freezes the filesystems of ms, written out already, in their
 // order, and returns the thaw of them all (in reverse order) and when the
 // first froze. When one fails, those frozen are thawed.
-func (r *Reconciler) freezeAll(ms []groupMember) (thawAll func() error, at time.Time, err error) {
+func (r *Reconciler) freezeAll(ms []member) (thawAll func() error, at time.Time, err error) {
 	var thaws []func() error
 	thawAll = func() error {
 		var errs []error
@@ -229,13 +232,8 @@ func (r *Reconciler) copyGroup(ctx context.Context, home Pool, group string, ms 
 	for _, m := range ms {
 		of := devices.SnapshotOf{Source: m.v.ID, FsType: m.v.Formatted, Access: string(m.v.WrittenAs()), Group: group}
 		_, err := home.Take(ctx, m.snapshot, home.Image(m.v.ID), of, now)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			return copied, classified.Terminalf(classified.KindNotFound, "volume %s of group snapshot %s has no image to take a snapshot of", m.v.ID, group)
-		case state.NoSpace(err):
-			return copied, classified.Terminalf(classified.KindResourceExhausted, "no room in the data directory for snapshot %s of volume %s (group snapshot %s): %v", m.snapshot, m.v.ID, group, err)
-		case err != nil:
-			return copied, fmt.Errorf("taking snapshot %s of volume %s (group snapshot %s): %w", m.snapshot, m.v.ID, group, err)
+		if err := takeRefused(err, m.snapshot, m.v.ID, group); err != nil {
+			return copied, err
 		}
 		copied = append(copied, m.snapshot)
 		// This member copied.
@@ -266,10 +264,10 @@ func checkGroup(v *state.Volume, a *actual, act action, g *state.GroupIntent) ([
 		case m.v.Removing:
 			return nil, classified.Terminalf(classified.KindNotFound, "volume %s of group snapshot %s is being deleted", id, g.ID)
 		case m.a.static:
-			return nil, classified.Terminalf(classified.KindFailedPrecondition, "volume %s of group snapshot %s is on the block device %s; only volumes on images of the data directory have snapshots", id, g.ID, m.v.Stage.Device)
+			return nil, staticRefused(m.v, g.ID)
 		case m.v.Stage != nil && state.PoolOf(m.v) != state.PoolOf(v):
 			return nil, classified.Terminalf(classified.KindFailedPrecondition, "volume %s is in pool %s and volume %s in pool %s: a group snapshot takes volumes of one pool", v.ID, state.PoolOf(v), id, state.PoolOf(m.v))
-		case m.v.Stage != nil && !m.v.Stage.Deleting && m.a.stageInPlace && m.a.block && !m.v.Stage.MountsReadOnly():
+		case liveStage(m.v, m.a) && m.a.block:
 			return nil, classified.Terminalf(classified.KindFailedPrecondition, "volume %s of group snapshot %s is staged as a raw block device at %s: nothing can freeze its writes, so it cannot be taken at one instant with the others; take it when it is not in use, or alone", id, g.ID, m.v.Stage.Path)
 		}
 		ms = append(ms, groupMember{member: m, snapshot: g.Members[id]})

@@ -60,32 +60,27 @@ func takenSnapshots(v *state.Volume, in Pool) map[string]bool {
 
 // takeSnapshot copies v's image to the snapshot act.target, stamped with
 // the filesystem v carries and how its data may have been written
-// (Volume.WrittenAs), with its filesystem frozen meanwhile (frozen), and
-// forgets the intent.
+// (Volume.WrittenAs), with its filesystem frozen meanwhile (frozenWhile),
+// and forgets the intent.
 func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actual, act action) error {
 	if a.static {
-		return classified.Terminalf(classified.KindFailedPrecondition, "volume %s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, v.Stage.Device)
+		return staticRefused(v, "")
 	}
 	image := a.home.Image(v.ID)
-	err, ferr := r.frozen(v, a, image, func() error {
+	err, berr, _ := r.frozenWhile([]member{{v: v, a: a}}, func() error {
 		of := devices.SnapshotOf{Source: v.ID, FsType: v.Formatted, Access: string(v.WrittenAs())}
 		_, err := a.home.Take(ctx, act.target, image, of, r.cfg.Clock.Now())
 		// The snapshot is taken (unless err) and the volume still frozen.
 		// gofail: var reconcilerSnapshotAfterCopy struct{}
 		return err
 	})
-	if ferr != nil {
-		return ferr
+	if berr != nil {
+		return errors.Join(err, berr)
 	}
-	switch {
-	case errors.Is(err, os.ErrExist):
-		// Taken by an attempt that did not forget its intent.
-	case errors.Is(err, os.ErrNotExist):
-		return classified.Terminalf(classified.KindNotFound, "volume %s has no image to take a snapshot of", v.ID)
-	case state.NoSpace(err):
-		return classified.Terminalf(classified.KindResourceExhausted, "no room in the data directory for snapshot %s of volume %s: %v", act.target, v.ID, err)
-	case err != nil:
-		return fmt.Errorf("taking snapshot %s: %w", act.target, err)
+	if !errors.Is(err, os.ErrExist) { // else taken by an attempt that did not forget its intent
+		if err := takeRefused(err, act.target, v.ID, ""); err != nil {
+			return err
+		}
 	}
 	// Taken and thawed; the snapshot's intent is not yet forgotten.
 	// gofail: var reconcilerSnapshotAfterTake struct{}
@@ -95,39 +90,79 @@ func (r *Reconciler) takeSnapshot(ctx context.Context, v *state.Volume, a *actua
 	})
 }
 
-// frozen runs fn, which copies image (v's image), with v's filesystem
-// frozen (freeze) when it is staged and writable, so that the copy holds
-// it clean; a raw block volume and a read-only filesystem are copied as
-// they are. The filesystem is always thawed, whether the copy succeeded,
-// failed or was cancelled. It returns fn's error; and the failure to
-// freeze or to thaw, if any (joined with fn's), which ends the step as it
-// is: the record keeps v.Frozen when the thaw failed, and the next pass
-// thaws it. The time the filesystem was frozen goes to the Recorder.
-func (r *Reconciler) frozen(v *state.Volume, a *actual, image string, fn func() error) (fnErr, err error) {
-	if err := r.writeOut(v, a, image); err != nil {
-		return nil, err
+// staticRefused is the refusal of a snapshot of v, (a member of group
+// snapshot group, if not ""), a volume on a block device of its own: it
+// has no image to copy.
+func staticRefused(v *state.Volume, group string) error {
+	of := ""
+	if group != "" {
+		of = " of group snapshot " + group
 	}
-	thaw, frozenAt, err := r.freeze(v, a)
+	return classified.Terminalf(classified.KindFailedPrecondition, "volume %s%s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, of, v.Stage.Device)
+}
+
+// takeRefused is what a failure err of Pool.Take, copying volume's image
+// to snapshot (for group snapshot group, if not ""), ends the step with:
+// no image, no room, or the error itself; nil for none.
+func takeRefused(err error, snapshot, volume, group string) error {
+	of := ""
+	if group != "" {
+		of = " (group snapshot " + group + ")"
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, os.ErrNotExist):
+		return classified.Terminalf(classified.KindNotFound, "volume %s%s has no image to take a snapshot of", volume, of)
+	case state.NoSpace(err):
+		return classified.Terminalf(classified.KindResourceExhausted, "no room in the data directory for snapshot %s of volume %s%s: %v", snapshot, volume, of, err)
+	default:
+		return fmt.Errorf("taking snapshot %s of volume %s%s: %w", snapshot, volume, of, err)
+	}
+}
+
+// frozenWhile runs fn, which copies the images of ms, with the filesystems
+// of those in use frozen (freezes), so that the copies hold them clean and
+// at one instant: each is written out first (writeOut), then frozen in the
+// order of ms, each freeze recorded first so that a crash thaws it at the
+// next pass, and all are thawed in reverse order, whether fn succeeded,
+// failed or was cancelled. A raw block volume and a read-only filesystem
+// are copied as they are. It returns fn's error (nil when fn did not run);
+// the failure to write out, freeze or thaw (fn did not run when it is not
+// a thaw's), which ends the step as it is: the record keeps a member's
+// Frozen when its thaw failed, and the next pass thaws it; and how long
+// the filesystems were frozen, which goes to the Recorder.
+func (r *Reconciler) frozenWhile(ms []member, fn func() error) (fnErr, err error, frozenFor time.Duration) {
+	for _, m := range ms {
+		if err := r.writeOut(m.v, m.a, m.a.home.Image(m.v.ID)); err != nil {
+			return nil, err, 0
+		}
+	}
+	thawAll, at, err := r.freezeAll(ms)
 	if err != nil {
-		return nil, err
+		return nil, err, 0
 	}
-	if thaw == nil {
-		return fn(), nil
-	}
-	defer func() { r.cfg.Recorder.Frozen(r.cfg.Clock.Since(frozenAt)) }()
 	fnErr = fn()
-	if terr := thaw(); terr != nil {
-		return fnErr, errors.Join(fnErr, terr)
+	err = thawAll()
+	if !at.IsZero() {
+		frozenFor = r.cfg.Clock.Since(at)
+		r.cfg.Recorder.Frozen(frozenFor)
 	}
-	return fnErr, nil
+	return fnErr, err, frozenFor
 }
 
 // freezes reports whether a copy of v's image freezes its filesystem
 // first: when it is staged in place, writable, and a filesystem (a raw
 // block device cannot be frozen).
 func freezes(v *state.Volume, a *actual) bool {
+	return liveStage(v, a) && !a.block
+}
+
+// liveStage reports whether v is staged in place and writable: its pods
+// may be writing to it while a copy of its image is made.
+func liveStage(v *state.Volume, a *actual) bool {
 	st := v.Stage
-	return st != nil && !st.Deleting && a != nil && a.stageInPlace && !a.block && !st.MountsReadOnly()
+	return st != nil && !st.Deleting && a != nil && a.stageInPlace && !st.MountsReadOnly()
 }
 
 // writeOut writes out what v wrote, when a copy of image, v's image,
