@@ -13,8 +13,9 @@ import (
 
 // fsMounter is a mount.Interface whose filesystem mounts of ext4, xfs and
 // btrfs go through the kernel's mount API (fsopen, fsconfig, fsmount,
-// move_mount) rather than an exec of mount(8), which costs about 8 ms a
-// mount where the system calls take well under one; everything else is its
+// move_mount) rather than an exec of mount(8), which costs a mount
+// several times what the system calls do (docs/performance.md, "Figures
+// behind the code's choices"); everything else is its
 // base's. It is what mount-utils' SafeFormatAndMount mounts through once it
 // has made its format decision and run fsck, so that those stay
 // mount-utils'.

@@ -67,8 +67,8 @@ func AttachLoop(file string, discards bool) (string, error) {
 		if err == nil {
 			// Outside attachMu: a queue limit written makes the kernel
 			// freeze the device's queue, which waits out an RCU grace
-			// period (14-22 ms on an idle machine here), and the other
-			// attaches need not wait for it (BenchmarkAttachBurst).
+			// period, and the other attaches need not wait for it
+			// (BenchmarkAttachBurst).
 			err = SetDiscards("/sys/block", dev, discards)
 			if err == nil {
 				if lost > 0 {

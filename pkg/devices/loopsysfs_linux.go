@@ -368,7 +368,7 @@ func (k *keptFiles) readLoops(sysBlock string, devs []string) ([]host.Device, er
 // attached: the first observation of a new device (a request's early
 // start right after its stage's attach) then reads each with one pread,
 // rather than an open each, which costs more for a device whose sysfs
-// files nobody has opened yet (20-30 µs each here). A descriptor of an
+// files nobody has opened yet. A descriptor of an
 // earlier device of that name is replaced. It never waits: while a listing
 // holds the descriptors, the device's first read opens them.
 func (k *keptFiles) prime(sysBlock, name string) {

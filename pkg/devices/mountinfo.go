@@ -28,8 +28,8 @@ func ReadMounts(path string) ([]host.Mount, error) {
 // with preads from offset 0 into a buffer it keeps: the kernel generates
 // the table anew for each read from the start, and on this machine kind
 // the open and close, and a read a page at a time, cost as much as the
-// generation itself (measured: 180 against 115 µs per read on an idle
-// CPU, 20 mounts). Its parse does what mount-utils' ParseMountInfo does
+// generation itself (docs/performance.md, "Figures behind the code's
+// choices"). Its parse does what mount-utils' ParseMountInfo does
 // (FuzzReadMounts compares the two) straight into host.Mount, where a pass
 // would otherwise pay for both.
 type mountTable struct {

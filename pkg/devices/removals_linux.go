@@ -15,10 +15,8 @@ const (
 	// volumes at once queues at most a thousand.
 	maxQueuedRemovals = 4096
 	// maxRemovalsAtOnce bounds the removals under way. One removal waits
-	// for the kernel to retire the disk (tens of milliseconds, most of it
-	// waiting, not working), and removals under way at once share those
-	// waits: one after the other, a hundred took 4.7 s here; side by side,
-	// as each unstage made its own before, they took about 50 ms.
+	// for the kernel to retire the disk (most of it waiting, not
+	// working), and removals under way at once share those waits.
 	maxRemovalsAtOnce = 128
 )
 
@@ -27,10 +25,9 @@ const (
 // removalMaxWait. A teardown of many volumes detaches one device after
 // another, each a moment after the one before; its removals (each some
 // CPU of the kernel's retiring a disk) then come after the burst rather
-// than taking the CPUs from its unmounts, detaches and answers. With a
-// pause of 5 ms, a teardown of 100 volumes at once on 2 CPUs still began
-// removals inside it (11 % of the plugin's CPU there) and took 105-111 ms;
-// with 20 ms, 92-96 ms (BenchmarkBurst, three runs of each, alternating).
+// than taking the CPUs from its unmounts, detaches and answers; a shorter
+// pause began removals inside the burst (BenchmarkBurst;
+// docs/performance.md, "Figures behind the code's choices").
 const (
 	removalQuiet   = 20 * time.Millisecond
 	removalMaxWait = 250 * time.Millisecond

@@ -44,10 +44,9 @@ const DefaultFsType = FsExt4
 // Mke2fsPrezeroed is mke2fs's extended option (e2fsprogs 1.47 and later)
 // that says the device reads only zeros: mke2fs then neither zeroes the
 // journal nor leaves the inode tables for the kernel to zero after the
-// mount, and flags them zeroed. On a 64 MiB volume that is 4-8 MiB of
-// writes fewer, and mkfs took 27-42 ms rather than 60-177; on 1 GiB, 32
-// MiB fewer and 25-38 ms rather than 97-113. A thin volume's image holds
-// 1 MiB afterwards rather than 5-33. Given for a device that does not read
+// mount, and flags them zeroed: fewer writes, a quicker mkfs and a
+// smaller thin image (docs/performance.md, "Figures behind the code's
+// choices"). Given for a device that does not read
 // zeros, it would let a later fsck take stale blocks for inodes: only the
 // plugin, which knows whether an image holds data, sets it.
 const Mke2fsPrezeroed = "assume_storage_prezeroed"

@@ -155,14 +155,13 @@ type Static interface {
 const (
 	DefaultResyncPeriod = 10 * time.Second
 	// DefaultFastWorkers: the quick operations include the unstage, whose
-	// unmount writes the filesystem's journal out and waits for the disk.
-	// 100 volumes torn down at once on 2 cores took 111-173 ms with 16 and
-	// 98-151 ms with 64, faster in 7 of 8 pairs of runs.
+	// unmount writes the filesystem's journal out and waits for the disk,
+	// so many more workers than cores tear a burst down sooner.
 	DefaultFastWorkers = 64
 	// DefaultSlowWorkers: a mkfs waits on the disk more than it runs, so
-	// more of them than cores keep both busy. 100 volumes staged at once
-	// on 2 cores took 886-978 ms with 8, 758-778 ms with 16, 664-763 ms
-	// with 32 (whose per-volume median was worse than 16's).
+	// more of them than cores keep both busy; past 16, a burst's volumes
+	// wait longer each (both: docs/performance.md, "Figures behind the
+	// code's choices").
 	DefaultSlowWorkers    = 16
 	DefaultBackoffInitial = 500 * time.Millisecond
 	DefaultBackoffMax     = 2 * time.Minute

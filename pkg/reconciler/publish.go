@@ -40,8 +40,9 @@ func (r *Reconciler) publish(v *state.Volume, a *actual, target string) error {
 		return r.recordMount(v.ID, action{kind: actRecordMount, target: target, mountID: id, generation: p.Generation})
 	}
 	// The parent is checked only when the mkdir fails, to say why: the
-	// mkdir resolves it as the check does, and a second resolution cost
-	// a publish 40-70 µs here.
+	// mkdir resolves it as the check does, and a second resolution costs
+	// every publish (docs/performance.md, "Figures behind the code's
+	// choices").
 	if err := r.cfg.Paths.Mkdir(target); err != nil {
 		if err := r.checkParent(target); err != nil {
 			return err

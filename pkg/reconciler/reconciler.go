@@ -18,10 +18,11 @@ import (
 // soonDelay is how long KickSoon waits for a pass to start by itself: the
 // pass that verifies what an operation did and takes the volume's next
 // step. Requests start their own steps (early.go); a stage, the pass's,
-// is followed by the kubelet's publish about 1 ms after its answer, and a
+// is followed by the kubelet's publish a moment after its answer, and a
 // verifying pass that started just before that intent made the publish
-// wait for a second pass when publishes were the pass's too. 3 ms kept
-// the two apart; a delay of 30 ms measured the same teardown of 100.
+// wait for a second pass when publishes were the pass's too. This delay
+// keeps the two apart and costs a burst nothing measurable
+// (docs/performance.md, "Figures behind the code's choices").
 const soonDelay = 3 * time.Millisecond
 
 // soonMax bounds how long KickSoon's pass waits while KickSoons keep

@@ -210,7 +210,8 @@ func (r *Reconciler) filesystemOn(ctx context.Context, v *state.Volume, dev, wan
 // the filesystem gone too, formats the device anew, which is what blkid
 // allows for a device that positively holds nothing. The size is a hint: a
 // lost one makes the next stage grow the filesystem, a no-op. So the stage
-// pays no fdatasync of its own after its mkfs and mount (0.5 ms here).
+// pays no fdatasync of its own after its mkfs and mount
+// (docs/performance.md, "Figures behind the code's choices").
 func (r *Reconciler) recordFormatted(id, fsType string, fsSize int64, mountID uint64, gen int64) error {
 	_, _, err := r.cfg.Store.UpdateUnsynced(id, func(v *state.Volume) error {
 		if v.Formatted == "" {
