@@ -241,16 +241,7 @@ func (p promise) grow(id string, size int64) (int64, error) {
 // before IDs named their node left under this ID.
 func (p promise) record(id, name string, prov state.Provisioning, access state.AccessType) error {
 	_, err := p.s.store.Update(id, func(v *state.Volume) error {
-		v.Provisioning, v.Pool = prov, ""
-		if v.Access != state.AccessBlock {
-			v.Access = access
-		}
-		if id != name {
-			v.Name = name
-		}
-		if p.s.name != state.DefaultPool {
-			v.Pool = p.s.name
-		}
+		v.RecordMade(name, p.s.name, prov, access)
 		return nil
 	})
 	return err
@@ -260,7 +251,7 @@ func (p promise) record(id, name string, prov state.Provisioning, access state.A
 // that fail, the record accounts for nothing (accounting goes by images)
 // and the next CreateVolume of the name writes it again.
 func (p promise) unrecord(id string) {
-	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.Provisioning, v.Name, v.Pool, v.Access = "", "", "", ""; return nil }); err != nil {
+	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.ForgetMade(); return nil }); err != nil {
 		klog.ErrorS(err, "Cannot clear the record of a volume that was not made", "volumeID", id)
 	}
 }

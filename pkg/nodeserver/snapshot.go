@@ -12,18 +12,7 @@ import (
 // source keeps as its leader. An intent already recorded is kept as it
 // is. A volume being deleted is NOT_FOUND.
 func (s *Server) AskSnapshot(source, id string, group *state.GroupIntent) (int64, error) {
-	v, err := s.record(source, func(v *state.Volume) error {
-		if v.Removing {
-			return state.NotFound(source)
-		}
-		if v.Snapshots[id] == nil {
-			if v.Snapshots == nil {
-				v.Snapshots = map[string]*state.SnapshotIntent{}
-			}
-			v.Snapshots[id] = &state.SnapshotIntent{Group: group}
-		}
-		return nil
-	})
+	v, err := s.record(source, func(v *state.Volume) error { return v.RequestSnapshot(id, group) })
 	if err != nil {
 		return 0, err
 	}

@@ -141,3 +141,45 @@ func (v *Volume) RequestExpand(bytes int64, retry bool) error {
 	}
 	return nil
 }
+
+// RequestSnapshot records the intent to take snapshot id of the volume,
+// kept by it as the leader of group when group is not nil. An intent
+// already recorded is kept as it is (a retry waits on the same one). It
+// refuses a volume being deleted (NOT_FOUND).
+func (v *Volume) RequestSnapshot(id string, group *GroupIntent) error {
+	if v.Removing {
+		return NotFound(v.ID)
+	}
+	if v.Snapshots[id] == nil {
+		if v.Snapshots == nil {
+			v.Snapshots = map[string]*SnapshotIntent{}
+		}
+		v.Snapshots[id] = &SnapshotIntent{Group: group}
+	}
+	return nil
+}
+
+// RecordMade records that the volume, called name (kept only when it is
+// not its ID: a volume made before IDs named their node has its name as
+// its ID), is made as prov in pool (the default pool recorded as none,
+// as before pools), for access; a record that says block already stays
+// so. CreateVolume records it before the image is made, so that an image
+// is never accounted as another provisioning than it was made with.
+func (v *Volume) RecordMade(name, pool string, prov Provisioning, access AccessType) {
+	v.Provisioning, v.Pool = prov, ""
+	if v.Access != AccessBlock {
+		v.Access = access
+	}
+	if v.ID != name {
+		v.Name = name
+	}
+	if pool != DefaultPool {
+		v.Pool = pool
+	}
+}
+
+// ForgetMade undoes RecordMade for a volume whose image was not made: the
+// record then accounts for nothing.
+func (v *Volume) ForgetMade() {
+	v.Provisioning, v.Name, v.Pool, v.Access = "", "", "", ""
+}

@@ -229,3 +229,64 @@ func TestRequestExpand(t *testing.T) {
 		})
 	}
 }
+
+func TestRequestSnapshot(t *testing.T) {
+	group := &GroupIntent{ID: "g"}
+	with := func(in map[string]*SnapshotIntent) *Volume {
+		v := volume(nil, nil)
+		v.Snapshots = in
+		return v
+	}
+	removing := volume(nil, nil)
+	removing.Removing = true
+	for _, tc := range []struct {
+		requestCase
+		group *GroupIntent
+	}{
+		{requestCase: requestCase{name: "a first snapshot", v: volume(nil, nil), want: with(map[string]*SnapshotIntent{"s": {}})}},
+		{group: group, requestCase: requestCase{name: "a group's, kept by its leader", v: volume(nil, nil),
+			want: with(map[string]*SnapshotIntent{"s": {Group: group}})}},
+		{requestCase: requestCase{name: "asked again: the intent kept as it is",
+			v: with(map[string]*SnapshotIntent{"s": {Generation: 4}}), want: with(map[string]*SnapshotIntent{"s": {Generation: 4}})}},
+		{requestCase: requestCase{name: "beside another",
+			v: with(map[string]*SnapshotIntent{"r": {Generation: 2}}), want: with(map[string]*SnapshotIntent{"r": {Generation: 2}, "s": {}})}},
+		{requestCase: requestCase{name: "a volume being deleted", v: removing, kind: classified.KindNotFound, message: "v"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, func(v *Volume) error { return v.RequestSnapshot("s", tc.group) })
+		})
+	}
+}
+
+// TestRecordMadeThenForgotten records a volume made, as CreateVolume does
+// before its image, and forgets it, as when the image was not made: every
+// field RecordMade sets is set by it, and ForgetMade clears each, so that
+// a record that was not made accounts for nothing.
+func TestRecordMadeThenForgotten(t *testing.T) {
+	for _, tc := range []struct {
+		name, id, vname, pool string
+		want                  Volume
+	}{
+		{"in a pool of its own, named apart from its ID", "n_node", "n", "fast",
+			Volume{ID: "n_node", Name: "n", Pool: "fast", Provisioning: ProvisionThick, Access: AccessMount}},
+		{"in the default pool, the ID its name", "n", "n", DefaultPool,
+			Volume{ID: "n", Provisioning: ProvisionThick, Access: AccessMount}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := Volume{ID: tc.id}
+			v.RecordMade(tc.vname, tc.pool, ProvisionThick, AccessMount)
+			if !reflect.DeepEqual(v, tc.want) {
+				t.Errorf("recorded %+v, want %+v", v, tc.want)
+			}
+			v.ForgetMade()
+			if want := (Volume{ID: tc.id}); !reflect.DeepEqual(v, want) {
+				t.Errorf("forgotten: %+v, want %+v", v, want)
+			}
+		})
+	}
+	block := Volume{ID: "b", Access: AccessBlock}
+	block.RecordMade("b", DefaultPool, ProvisionThin, AccessMount)
+	if block.Access != AccessBlock {
+		t.Errorf("a record that says block recorded as %q, want it to stay block", block.Access)
+	}
+}
