@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "csi-node")
 	_, self, _, _ := runtime.Caller(0)
-	cmd := exec.Command("go", "build", "-o", binary, "./cmd/csi-node")
+	cmd := exec.Command("go", "build", "-tags", "lockorder", "-o", binary, "./cmd/csi-node")
 	cmd.Dir = filepath.Join(filepath.Dir(self), "..", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		println("compat: go build csi-node:", err.Error(), string(out))

@@ -84,7 +84,7 @@ func buildFailpointBinary() (string, []Failpoint, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	dir := filepath.Join(cache, "converge", "failpoints", key)
+	dir := filepath.Join(cache, "converge", "failpoints", key+"-"+BuildTags)
 	bin := filepath.Join(dir, "csi-node")
 	overlay, fps, err := rewriteFailpoints(filepath.Join(dir, "overlay"))
 	if err != nil {
@@ -101,7 +101,7 @@ func buildFailpointBinary() (string, []Failpoint, error) {
 		}
 	}
 	tmp := bin + fmt.Sprintf(".%d", os.Getpid())
-	cmd := exec.Command("go", "build", "-overlay", overlay, "-o", tmp, "./cmd/csi-node")
+	cmd := exec.Command("go", "build", "-tags", BuildTags, "-overlay", overlay, "-o", tmp, "./cmd/csi-node")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", nil, fmt.Errorf("building csi-node with failpoints: %v\n%s", err, out)

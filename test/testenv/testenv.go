@@ -32,24 +32,42 @@ import (
 	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
+// build is csi-node built once per test process with some tags.
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
 
-// Binary builds csi-node once per test process and returns its path (or
-// returns $CONVERGE_BINARY's, when set). The
-// binary lives in converge-bin-<pid> in the temporary directory; the
-// directories of test processes that have ended are removed first, since a
-// test process has no hook to remove its own at exit.
+// builds holds a build for each set of tags: the tests' and the
+// benchmarks'.
+var builds = map[string]*build{BuildTags: {}, "": {}}
+
+// BuildTags are the tags of the csi-node the tests run: lockorder makes
+// its mutexes go-deadlock's (pkg/locks), so that a plugin that takes two
+// locks in both orders exits, and the test that drove it fails. A
+// benchmark runs the binary nodes run, built without them: the check's
+// bookkeeping would be measured too.
+const BuildTags = "lockorder"
+
+// Binary builds csi-node once per test process (with BuildTags for a
+// test, without for a benchmark) and returns its path (or returns
+// $CONVERGE_BINARY's, when set). The binary lives in converge-bin-<pid>
+// in the temporary directory; the directories of test processes that have
+// ended are removed first, since a test process has no hook to remove its
+// own at exit.
 func Binary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		if b := os.Getenv(BinaryEnv); b != "" {
+	tags := BuildTags
+	if _, bench := t.(*testing.B); bench {
+		tags = ""
+	}
+	b := builds[tags]
+	b.once.Do(func() {
+		if env := os.Getenv(BinaryEnv); env != "" {
 			// Another build (an earlier commit's), to measure it beside
 			// this one in the same machine state.
-			binary = b
+			b.path = env
 			return
 		}
 		_, self, _, _ := runtime.Caller(0)
@@ -57,20 +75,23 @@ func Binary(t testing.TB) string {
 		removeStaleBinaries()
 		dir := filepath.Join(os.TempDir(), fmt.Sprintf("converge-bin-%d", os.Getpid()))
 		if err := os.MkdirAll(dir, 0o700); err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		binary = filepath.Join(dir, "csi-node")
-		cmd := exec.Command("go", "build", "-o", binary, "./cmd/csi-node")
+		b.path = filepath.Join(dir, "csi-node")
+		if tags != "" {
+			b.path += "-" + tags
+		}
+		cmd := exec.Command("go", "build", "-tags", tags, "-o", b.path, "./cmd/csi-node")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("building csi-node: %v\n%s", err, out)
+			b.err = fmt.Errorf("building csi-node: %v\n%s", err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return binary
+	return b.path
 }
 
 // BinaryEnv names the environment variable that, when set, is the path of
