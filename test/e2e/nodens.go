@@ -9,12 +9,16 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 
 	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
@@ -92,6 +96,9 @@ func runNodeInit(kubeletDir, stateDir, poolsDir string) {
 		if err := unix.Mount("", d, "", unix.MS_REC|unix.MS_SHARED, ""); err != nil {
 			fail(fmt.Errorf("make %s shared: %w", d, err))
 		}
+	}
+	if err := dropForeignLoopMounts(kubeletDir, stateDir, poolsDir); err != nil {
+		fail(err)
 	}
 	// The node's network (nodenet.go): its loopback and the kubernetes
 	// Service's address; the harness adds the node's own.
@@ -216,4 +223,38 @@ func (n *nodeNS) start(logDir, name, bin string, args ...string) (*proc, error) 
 		return nil, fmt.Errorf("start %s in the node's namespaces (%v): %s", name, p.err, tailFile(p.log, 10))
 	}
 	return p, nil
+}
+
+// dropForeignLoopMounts detaches, in the node's new mount namespace, every
+// copy it took of a loop-backed mount that is not the node's own (below its
+// kubelet, state or pools directory, at the host's path or the node's). The
+// namespace is private: a copy would keep its loop device open for as long
+// as the node lives, whatever its owner unmounts on the host, and a test
+// running beside the cluster (test/fault's, whose volume was staged when
+// the node started) could then never detach that device.
+func dropForeignLoopMounts(own ...string) error {
+	mounts, err := devices.ReadMounts("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	own = append(own, nodeKubeletDir, nodeStateDir, nodePoolsDir)
+	// Deepest first: a mount below another goes before it.
+	slices.SortFunc(mounts, func(a, b host.Mount) int { return len(b.Path) - len(a.Path) })
+	for _, m := range mounts {
+		if m.Dev.Major != loopMajor || slices.ContainsFunc(own, func(d string) bool { return within(m.Path, d) }) {
+			continue
+		}
+		if err := unix.Unmount(m.Path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("detach the copy of %s at %s: %w", m.Source, m.Path, err)
+		}
+	}
+	return nil
+}
+
+// loopMajor is the loop driver's block major number.
+const loopMajor = 7
+
+// within says whether path is dir or below it.
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
