@@ -8,7 +8,7 @@ SOCKET   := $(RUN_DIR)/csi.sock
 # sets it past its own bound of their step).
 TEST_TIMEOUT ?= 5m
 
-.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart chart-docs fuzz bench e2e conformance crossbuild release clean
+.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart chart-docs manifests fuzz bench e2e conformance crossbuild release clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -85,10 +85,17 @@ compat:
 	cd test/compat && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## chart: the Helm chart (charts/converge) without a cluster, through the Helm SDK (in the e2e module,
-## the only one that may import it): its lint, its schema, the values it honours, and the same objects
-## as deploy/'s kustomization in every variant (test/e2e/chart)
+## the only one that may import it): its lint, its schema, the values it honours, and deploy/ as
+## make manifests generates it from the chart (test/e2e/chart)
 chart:
 	cd test/e2e && $(GO) vet ./chart && $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./chart
+
+## manifests: generate deploy/'s object files from the Helm chart, the one source of what converge installs
+## (test/e2e/cmd/converge-manifests): the base with every component off, each component's objects and its
+## patches of the base's; deploy/'s kustomization.yaml files are written by hand and must list exactly the
+## generated files beside them. make chart fails while deploy/ is not what this generates
+manifests:
+	cd test/e2e && $(GO) run ./cmd/converge-manifests -repo $(CURDIR)
 
 ## chart-docs: generate charts/converge/README.md from its values.yaml's "# --" comments and README.md.gotmpl
 ## with helm-docs; make chart fails while the README is not what this generates (test/e2e/chart reads

@@ -32,18 +32,44 @@ import (
 
 const component = "../../deploy/components/monitoring"
 
+// componentFile is the component's one file of objects, generated from
+// the chart's templates/monitoring.yaml (make manifests).
+const componentFile = "monitoring.yaml"
+
+// componentDocs returns the documents of componentFile that are objects
+// of kind.
+func componentDocs(t *testing.T, kind string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(component, componentFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var o struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &o); err != nil {
+			t.Fatalf("%s: %v", componentFile, err)
+		}
+		if o.Kind == kind {
+			out = append(out, doc)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s holds no %s", componentFile, kind)
+	}
+	return out
+}
+
 // ruleFile is the groups of the PrometheusRules (csi-node's and
 // converge-controller's), as promtool reads a rule file.
 func ruleFile(t *testing.T) (groups []byte, alerts []alert) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(component, "prometheusrule.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The groups as they are, every field kept (not through the struct).
 	var all []any
 	names := map[string]bool{}
-	for _, doc := range strings.Split(string(b), "\n---\n") {
+	for _, doc := range componentDocs(t, "PrometheusRule") {
 		var rule struct {
 			Kind     string `json:"kind"`
 			Metadata struct {
@@ -57,7 +83,7 @@ func ruleFile(t *testing.T) (groups []byte, alerts []alert) {
 			} `json:"spec"`
 		}
 		if err := yaml.Unmarshal([]byte(doc), &rule); err != nil || rule.Kind != "PrometheusRule" {
-			t.Fatalf("prometheusrule.yaml: %v (kind %q)", err, rule.Kind)
+			t.Fatalf("%s: %v (kind %q)", componentFile, err, rule.Kind)
 		}
 		names[rule.Metadata.Name] = true
 		for _, g := range rule.Spec.Groups {
@@ -74,9 +100,10 @@ func ruleFile(t *testing.T) (groups []byte, alerts []alert) {
 		all = append(all, whole.Spec.Groups...)
 	}
 	if !names["converge"] || !names["converge-controller"] || len(names) != 2 {
-		t.Fatalf("prometheusrule.yaml holds the PrometheusRules %v, want converge and converge-controller", names)
+		t.Fatalf("%s holds the PrometheusRules %v, want converge and converge-controller", componentFile, names)
 	}
-	if groups, err = yaml.Marshal(map[string]any{"groups": all}); err != nil {
+	groups, err := yaml.Marshal(map[string]any{"groups": all})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return groups, alerts
@@ -154,9 +181,20 @@ var metricName = regexp.MustCompile(`\bconverge_[a-z_]+\b`)
 // its variables.
 func dashboardQueries(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(component, "converge.json"))
-	if err != nil {
+	// The dashboard as the component installs it: the chart's
+	// files/converge.json in the ConfigMap converge-dashboard.
+	var cm struct {
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal([]byte(componentDocs(t, "ConfigMap")[0]), &cm); err != nil {
 		t.Fatal(err)
+	}
+	b := []byte(cm.Data["converge.json"])
+	if cm.Metadata.Name != "converge-dashboard" || len(b) == 0 {
+		t.Fatalf("the ConfigMap %s holds no converge.json", cm.Metadata.Name)
 	}
 	var d struct {
 		Panels []struct {

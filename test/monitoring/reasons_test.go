@@ -30,10 +30,14 @@ func TestNamedReasonsAreEmitted(t *testing.T) {
 
 	// The alerts match the condition reason of converge_volume_conditions.
 	matcher := regexp.MustCompile(`reason\s*(?:=~|!~|=|!=)\s*"([^"]*)"|reason: (\w+)`)
-	for _, path := range []string{filepath.Join(component, "prometheusrule.yaml"), "../../charts/converge/files/alerts.yaml", "rules_test.yaml"} {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
+	rules := strings.Join(componentDocs(t, "PrometheusRule"), "\n---\n")
+	for _, path := range []string{filepath.Join(component, componentFile), "../../charts/converge/files/alerts.yaml", "rules_test.yaml"} {
+		b := []byte(rules)
+		if path != filepath.Join(component, componentFile) {
+			var err error
+			if b, err = os.ReadFile(path); err != nil {
+				t.Fatal(err)
+			}
 		}
 		n := 0
 		for _, m := range matcher.FindAllStringSubmatch(string(b), -1) {
@@ -72,11 +76,7 @@ func TestNamedReasonsAreEmitted(t *testing.T) {
 	// The runbooks name condition reasons, converge-controller's event
 	// reasons, the alerts themselves, and the kubelet's event.
 	alerts := map[string]bool{}
-	rules, err := os.ReadFile(filepath.Join(component, "prometheusrule.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range regexp.MustCompile(`alert: (\w+)`).FindAllStringSubmatch(string(rules), -1) {
+	for _, m := range regexp.MustCompile(`alert: (\w+)`).FindAllStringSubmatch(rules, -1) {
 		alerts[m[1]] = true
 	}
 	others := map[string]string{"VolumeConditionAbnormal": "the kubelet's event on a pod whose volume is abnormal"}

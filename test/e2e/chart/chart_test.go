@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/common"
 	chart "helm.sh/helm/v4/pkg/chart/v2"
@@ -17,6 +16,8 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/converge-csi/converge/test/e2e/manifests"
 )
 
 var (
@@ -27,11 +28,11 @@ var (
 
 // Both install into kube-system, the chart as release "converge" (README:
 // helm install converge charts/converge -n kube-system), into a cluster of
-// the e2e suite's Kubernetes.
+// the e2e suite's Kubernetes: as make manifests renders deploy/.
 const (
-	releaseName = "converge"
-	namespace   = "kube-system"
-	kubeVersion = "v1.37.2"
+	releaseName = manifests.ReleaseName
+	namespace   = manifests.Namespace
+	kubeVersion = manifests.KubeVersion
 )
 
 func loadChart(t *testing.T) *chart.Chart {
@@ -157,44 +158,6 @@ var variants = []struct {
 	{name: "monitoring", components: []string{"monitoring"}, vals: map[string]any{"monitoring": map[string]any{"enabled": true}}},
 }
 
-// TestSameObjectsAsDeploy is the chart's and deploy/'s one source of
-// truth: both are written by hand, deploy/ for kubectl apply -k with its
-// comments and components, and this test renders both (kustomize's and
-// Helm's own libraries) and compares every object, field by field, in
-// each variant. A hand edit of either side fails it until the other
-// follows. The only differences allowed are Helm's own bookkeeping: the
-// labels Helm's conventions add (helm.sh/chart, app.kubernetes.io/
-// managed-by, instance and version; instance also in the selectors of
-// the DaemonSet, the Deployment, the PodDisruptionBudget and the
-// PodMonitors, so that two releases
-// never select each other's pods) and helm.sh/ annotations (the CSIDriver is kept at
-// uninstall).
-func TestSameObjectsAsDeploy(t *testing.T) {
-	for _, v := range variants {
-		t.Run(v.name, func(t *testing.T) {
-			manifest, err := render(t, v.vals)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fromChart := objects(t, manifest, true)
-			fromDeploy := objects(t, kustomize(t, v.components), false)
-			for _, k := range union(fromChart, fromDeploy) {
-				c, d := fromChart[k], fromDeploy[k]
-				switch {
-				case c == nil:
-					t.Errorf("%s: in deploy/, not in the chart", k)
-				case d == nil:
-					t.Errorf("%s: in the chart, not in deploy/", k)
-				default:
-					if diff := cmp.Diff(d, c); diff != "" {
-						t.Errorf("%s differs (-deploy/ +chart):\n%s", k, diff)
-					}
-				}
-			}
-		})
-	}
-}
-
 // kustomize builds deploy/ with components, as kubectl apply -k of an
 // overlay naming them would.
 func kustomize(t *testing.T, components []string) string {
@@ -226,13 +189,9 @@ var clusterScopedUnknownToKustomize = map[string]bool{
 	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
 }
 
-// helmLabels are the labels Helm's conventions add that a kustomization
-// does not carry.
-var helmLabels = []string{"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"}
-
 // objects parses a multi-document manifest into its objects by
-// kind/namespace/name; fromChart drops Helm's bookkeeping (helmLabels,
-// helm.sh/ annotations) first.
+// kind/namespace/name; fromChart drops Helm's bookkeeping first, as make
+// manifests does (manifests.DropHelmObject).
 func objects(t *testing.T, manifest string, fromChart bool) map[string]map[string]any {
 	t.Helper()
 	out := map[string]map[string]any{}
@@ -247,18 +206,10 @@ func objects(t *testing.T, manifest string, fromChart bool) map[string]map[strin
 		if o == nil {
 			continue
 		}
-		meta, _ := o["metadata"].(map[string]any)
 		if fromChart {
-			dropHelm(meta)
-			switch o["kind"] {
-			case "DaemonSet", "Deployment":
-				spec := o["spec"].(map[string]any)
-				delete(spec["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
-				dropHelm(spec["template"].(map[string]any)["metadata"].(map[string]any))
-			case "PodMonitor", "PodDisruptionBudget":
-				delete(o["spec"].(map[string]any)["selector"].(map[string]any)["matchLabels"].(map[string]any), "app.kubernetes.io/instance")
-			}
+			manifests.DropHelmObject(o)
 		}
+		meta, _ := o["metadata"].(map[string]any)
 		if clusterScopedUnknownToKustomize[fmt.Sprint(o["kind"])] {
 			delete(meta, "namespace")
 		}
@@ -294,29 +245,6 @@ func sortNamed(v any) {
 			sort.SliceStable(v, func(i, j int) bool {
 				return fmt.Sprint(v[i].(map[string]any)["name"]) < fmt.Sprint(v[j].(map[string]any)["name"])
 			})
-		}
-	}
-}
-
-// dropHelm removes Helm's labels and annotations from meta, and the maps
-// that it leaves empty.
-func dropHelm(meta map[string]any) {
-	if labels, ok := meta["labels"].(map[string]any); ok {
-		for _, l := range helmLabels {
-			delete(labels, l)
-		}
-		if len(labels) == 0 {
-			delete(meta, "labels")
-		}
-	}
-	if ann, ok := meta["annotations"].(map[string]any); ok {
-		for a := range ann {
-			if strings.HasPrefix(a, "helm.sh/") || strings.HasPrefix(a, "meta.helm.sh/") {
-				delete(ann, a)
-			}
-		}
-		if len(ann) == 0 {
-			delete(meta, "annotations")
 		}
 	}
 }
