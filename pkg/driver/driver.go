@@ -7,9 +7,9 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/metrics"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/reconciler"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -50,7 +50,7 @@ const (
 // pool of the reconciler's.
 var (
 	_ reconciler.Recorder = (*metrics.Metrics)(nil)
-	_ reconciler.Pool     = (*controller.Pool)(nil)
+	_ reconciler.Pool     = (*pool.Pool)(nil)
 )
 
 // Run builds the plugin from cfg, repairs what the last run left behind,
@@ -75,7 +75,7 @@ type plugin struct {
 	store *state.Store
 	// pools are the configured pools this node has. Their filesystems
 	// are probed by recover, once what a crash left in them is gone.
-	pools    *controller.Pools
+	pools    *pool.Pools
 	observer *devices.Observer
 	// removals removes thick devices' numbers after their detach.
 	removals *devices.Removals
