@@ -46,12 +46,9 @@ const (
 	maxMessage = 1 << 20
 )
 
-// The metrics are the reconciler's recorder, and each storage pool is a
-// pool of the reconciler's.
-var (
-	_ reconciler.Recorder = (*metrics.Metrics)(nil)
-	_ reconciler.Pool     = (*pool.Pool)(nil)
-)
+// The metrics are the reconciler's recorder (each storage pool is a pool
+// of the reconciler's: pkg/reconciler/pools.go holds it so).
+var _ reconciler.Recorder = (*metrics.Metrics)(nil)
 
 // Run builds the plugin from cfg, repairs what the last run left behind,
 // and serves until ctx ends. On return every mount and device is left in
