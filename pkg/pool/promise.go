@@ -30,7 +30,7 @@ func (p *Pool) Within(fn func(pr Promise) error) error {
 // change of its images' space, is a method of it, so it is made within.
 type Promise struct{ p *Pool }
 
-// Account is the state of the data directory as CreateVolume and
+// Account is the state of the pool's space as CreateVolume and
 // GetCapacity see it, with its filesystem's size: the volumes being
 // restored are promised their size, and the guard nothing.
 func (p *Pool) Account() (capacity.Account, int64, error) {
@@ -42,7 +42,7 @@ func (p *Pool) mode() devices.CopyMode {
 	return p.snapshots.Mode
 }
 
-// account derives the state of the data directory from its images and
+// account derives the state of a pool's space from its images and
 // their records, for thin volumes at ratio, the guard kept free, and
 // snapshots copied as mode says. The volumes being restored (by ID) are promised their size (and
 // provisioning) already: until a copy is an image, it is accounted as an
@@ -86,7 +86,7 @@ func account(images *devices.Images, store Store, ratio float64, guard capacity.
 }
 
 // Available is what can still be promised to a volume, thin or thick,
-// above the guard (0 for a thin one while the data directory is nearly
+// above the guard (0 for a thin one while the pool is nearly
 // full), and the largest volume that could be: exactly what a
 // CreateVolume would be promised now.
 func (p *Pool) Available(thin bool) (avail, largest int64, err error) {
@@ -101,7 +101,7 @@ func (p *Pool) Available(thin bool) (avail, largest int64, err error) {
 }
 
 // CheckVolume checks that an image of have bytes may grow to size bytes (have
-// 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the data directory
+// 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the pool
 // cannot hold it above its guard, or for a thin volume when it is nearly
 // full; OUT_OF_RANGE when it never could. Volumes made already are never
 // checked: one promised before the guard was (the pool past its guard)
@@ -129,7 +129,7 @@ func (pr Promise) CheckVolume(thin bool, size, have int64) error {
 	return nil
 }
 
-// CheckSnapshots checks that the data directory can hold a snapshot of each of
+// CheckSnapshots checks that the pool can hold a snapshot of each of
 // the volumes ids (one, or a group's members) together without breaking a
 // promise (snapshotNeed says what each takes): NOT_FOUND when a volume has
 // no image here, RESOURCE_EXHAUSTED when the space is
@@ -169,7 +169,7 @@ func (pr Promise) CheckSnapshots(ids ...string) error {
 }
 
 // snapshotNeed is the space a snapshot of an image whose usage is u takes
-// from the promises of the data directory, copied as mode says: by a copy,
+// from the pool's promises, copied as mode says: by a copy,
 // its allocated blocks at once; by a reflink nothing at once, but every
 // block the image held of its own (capacity.Image.Own) is shared then and
 // a write there takes a new one: a thick image owes them, and a thin one
@@ -189,12 +189,12 @@ func imageOf(u devices.Usage) capacity.Image {
 }
 
 // GrowImage grows id's image to at least size bytes (in whole 4 KiB
-// blocks), allocating the new space of a thick volume, once the data
-// directory can promise it, and returns the image's size. An image already
+// blocks), allocating the new space of a thick volume, once the pool can
+// promise it, and returns the image's size. An image already
 // that large is left as it is: images never shrink. The node's reconciler
 // calls it for NodeExpandVolume, while the volume is staged: the device and
 // the filesystem grow after it. A missing image is NOT_FOUND; a size the
-// data directory cannot hold now is RESOURCE_EXHAUSTED, one it never could
+// pool cannot hold now is RESOURCE_EXHAUSTED, one it never could
 // OUT_OF_RANGE.
 func (p *Pool) GrowImage(id string, size int64) (grown int64, err error) {
 	err = p.Within(func(pr Promise) error {
