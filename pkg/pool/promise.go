@@ -278,7 +278,7 @@ func (pr Promise) Remove(id string) error {
 		return classified.Errorf(classified.KindInternal, "deleting image of %s: %w", id, err)
 	}
 	// The image is gone; the record still says the removal started.
-	// gofail: var controllerDeleteAfterImage struct{}
+	// gofail: var poolDeleteAfterImage struct{}
 	if _, err := p.store.Update(id, func(v *state.Volume) error { v.FinishRemoval(); return nil }); err != nil {
 		return err
 	}

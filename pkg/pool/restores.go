@@ -165,7 +165,7 @@ func (pr Promise) StartRestore(id, name string, from *Pool, snap devices.Snapsho
 		defer release()
 		// The copy has ended (whole, or absent when err) and is still
 		// registered.
-		// gofail: var controllerRestoreAfterCopy struct{}
+		// gofail: var poolRestoreAfterCopy struct{}
 		p.Within(func(pr Promise) error {
 			p.restores.remove(id)
 			if err != nil {
