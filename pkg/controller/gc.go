@@ -160,9 +160,7 @@ const (
 func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCRequest) (o volstatus.Orphan, ok bool) {
 	p, missing := c.pools.ForVolume(id)
 	if missing != nil {
-		o = volstatus.Orphan{Kind: "volume", ID: id, Pool: missing.Name()}
-		o.Kept = fmt.Sprintf("its pool %s is not on this node", missing.Name())
-		return o, true
+		return volstatus.Orphan{Kind: "volume", ID: id, Pool: missing.Name(), Kept: fmt.Sprintf("its pool %s is not on this node", missing.Name())}, true
 	}
 	o = volstatus.Orphan{Kind: "volume", ID: id, Pool: p.Name()}
 	err := p.Within(func(pr pool.Promise) error {

@@ -37,7 +37,7 @@ type snapshotService struct {
 
 	// mu serialises the decisions about snapshot IDs (CreateSnapshot's
 	// check and intent, DeleteSnapshot). A CreateSnapshot waits for its
-	// copy without it. Lock order: mu, then the space's.
+	// copy without it. Lock order: mu, then the pool's (pool.Pool.Within).
 	mu locks.Mutex
 }
 

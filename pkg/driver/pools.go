@@ -95,7 +95,7 @@ func (c Config) resolvePools() ([]pool.Options, error) {
 
 // poolOf is pool name at dir with the configuration's ratio and guard, or
 // the guard given (checked by ParsePoolSpec) when it is not empty. With
-// neither, the guard is left to the pool's filesystem, which OpenPools
+// neither, the guard is left to the pool's filesystem, which pool.Open
 // finds out (capacity.DefaultGuardFor).
 func (c Config) poolOf(name, dir, guard string) pool.Options {
 	p := pool.Options{Name: name, Dir: dir, Ratio: c.OverprovisioningRatio, Guard: c.guard}
