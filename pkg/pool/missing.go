@@ -52,8 +52,9 @@ func (m Missing) Image(string) string { return "" }
 func (m Missing) IDOf(string) (string, bool) { return "", false }
 
 // ImageSize, Reserve, Blank, Taken, DeleteSnapshot, ImageAllocated and
-// Take fail: the pool is not here (an error that does not match
-// os.ErrNotExist: its volumes may well have images, where it is).
+// Take fail saying the pool is not here, with an error that does not
+// match os.ErrNotExist: the volume's image may well exist, on the pool's
+// own disk, which this node does not serve.
 func (m Missing) ImageSize(string) (int64, error)      { return 0, m.notHere() }
 func (m Missing) Reserve(string) error                 { return m.notHere() }
 func (m Missing) Blank(string) (bool, error)           { return false, m.notHere() }
