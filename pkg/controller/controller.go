@@ -1,13 +1,10 @@
 // Package controller is converge's node-local CSI Controller service: each
 // node's plugin creates, grows and deletes the image files of its own
 // storage pools, and reports what they can still hold. The service is a
-// thin adapter: it parses requests and answers them. The package also owns
-// the storage pool (Pool): its directory, images, snapshots, filesystem
-// probe, guard, ratio, capacity promise and restores; and the set of the
-// node's pools (Pools), which says which pool holds a volume and reports
-// their status. The node's reconciler reaches a pool through an interface
-// of its own (reconciler.Pool). It answers only for this node's volumes and
-// mounts nothing.
+// thin adapter over the node's storage pools (pkg/pool), which keep the
+// images, snapshots, restores and the capacity promise: it parses requests
+// and answers them. It answers only for this node's volumes and mounts
+// nothing.
 //
 // "Controller" in converge means this service. The cluster-side command is
 // converge-controller (cmd/converge-controller), and the loop it runs is
@@ -21,6 +18,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -38,20 +36,19 @@ type Options struct {
 	SnapshotTopology bool
 }
 
-// Store is what the controller and the space need of the store.
+// Store is what the controller needs of the store.
 type Store interface {
 	Get(id string) (*state.Volume, error)
 	List() []*state.Volume
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
-	DropTerminalFailures(id string)
 }
 
 // Controller implements the node-local csi.ControllerServer: volumes are
 // image files in the data directories of this node's storage pools, thick
-// or thin, whose space each Pool promises.
+// or thin, whose space each pool.Pool promises.
 type Controller struct {
 	csi.UnimplementedControllerServer
-	pools    *Pools
+	pools    *pool.Pools
 	store    Store
 	topology map[string]string
 	opts     Options
@@ -61,7 +58,7 @@ type Controller struct {
 
 // New returns the Controller service over the images of the pools;
 // topology is this node's segment (contract.TopologyKey: the node's name).
-func New(pools *Pools, store Store, topology map[string]string, opts Options) *Controller {
+func New(pools *pool.Pools, store Store, topology map[string]string, opts Options) *Controller {
 	return &Controller{pools: pools, store: store, topology: topology, opts: opts}
 }
 

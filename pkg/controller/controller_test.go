@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -14,11 +15,19 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
 func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
+	t.Helper()
+	return newControllerCopying(t, nil)
+}
+
+// newControllerCopying is newController whose restores copy by copy (nil:
+// pool.CopySnapshot), which a test holds up or fails.
+func newControllerCopying(t *testing.T, copy pool.CopyFunc) (*Controller, *state.Store, *devices.Images) {
 	t.Helper()
 	dir := t.TempDir()
 	store, err := state.Open(filepath.Join(dir, "state.db"))
@@ -30,10 +39,9 @@ func newController(t *testing.T) (*Controller, *state.Store, *devices.Images) {
 	if err := os.MkdirAll(images.Dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	space := NewPool(store, PoolOptions{Dir: images.Dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}})
-	space.snapshots.Mode = devices.CopySparse
-	t.Cleanup(space.Close)
-	return New(NewPools(store, space), store, map[string]string{contract.TopologyKey: "node"}, Options{}), store, space.images
+	p := pool.New(store, pool.Options{Dir: images.Dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}, CopyMode: devices.CopySparse, Copy: copy})
+	t.Cleanup(p.Close)
+	return New(pool.NewPools(store, p), store, map[string]string{contract.TopologyKey: "node"}, Options{}), store, images
 }
 
 var capMount = capMountOf("")
@@ -51,7 +59,7 @@ func capMountOf(fs string) []*csi.VolumeCapability {
 func create(t *testing.T, c csi.ControllerServer, name string) string {
 	t.Helper()
 	resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: pool.MinVolumeSize}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,11 +136,11 @@ func TestGrowImage(t *testing.T) {
 		want     int64
 		wantKind classified.Kind // of the error; KindInternal for none
 	}{
-		{name: "grows, rounded to whole blocks", id: v, size: 2*MinVolumeSize + 1, want: 2*MinVolumeSize + sizeAlign},
-		{name: "never shrinks", id: v, size: MinVolumeSize, want: 2*MinVolumeSize + sizeAlign},
+		{name: "grows, rounded to whole blocks", id: v, size: 2*pool.MinVolumeSize + 1, want: 2*pool.MinVolumeSize + pool.SizeAlign},
+		{name: "never shrinks", id: v, size: pool.MinVolumeSize, want: 2*pool.MinVolumeSize + pool.SizeAlign},
 		{name: "more than is free", id: v, size: free + (64 << 20), wantKind: classified.KindResourceExhausted},
 		{name: "more than the filesystem", id: v, size: total + (1 << 30), wantKind: classified.KindOutOfRange},
-		{name: "unknown volume", id: "nope", size: 2 * MinVolumeSize, wantKind: classified.KindNotFound},
+		{name: "unknown volume", id: "nope", size: 2 * pool.MinVolumeSize, wantKind: classified.KindNotFound},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -165,18 +173,18 @@ func TestGrowImage(t *testing.T) {
 
 	// A thin volume grows without allocating.
 	resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "thin", VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{contract.ProvisioningKey: "thin"}})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: pool.MinVolumeSize}, Parameters: map[string]string{contract.ProvisioningKey: "thin"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	thin := resp.GetVolume().GetVolumeId()
-	if _, err := defaultPool(c).GrowImage(thin, 4*MinVolumeSize); err != nil {
+	if _, err := defaultPool(c).GrowImage(thin, 4*pool.MinVolumeSize); err != nil {
 		t.Fatal(err)
 	}
 	usages, _ = images.Usages()
 	for _, u := range usages {
-		if u.ID == thin && (u.Size != 4*MinVolumeSize || u.Allocated >= u.Size) {
-			t.Errorf("thin image after growth: %d of %d bytes allocated, want a sparse %d", u.Allocated, u.Size, 4*MinVolumeSize)
+		if u.ID == thin && (u.Size != 4*pool.MinVolumeSize || u.Allocated >= u.Size) {
+			t.Errorf("thin image after growth: %d of %d bytes allocated, want a sparse %d", u.Allocated, u.Size, 4*pool.MinVolumeSize)
 		}
 	}
 }
@@ -192,16 +200,16 @@ func TestControllerExpandVolume(t *testing.T) {
 		return c.ControllerExpandVolume(t.Context(), &csi.ControllerExpandVolumeRequest{VolumeId: id,
 			CapacityRange: &csi.CapacityRange{RequiredBytes: required, LimitBytes: limit}})
 	}
-	resp, err := expand(v, 2*MinVolumeSize, 0)
-	if err != nil || resp.GetCapacityBytes() != 2*MinVolumeSize || !resp.GetNodeExpansionRequired() {
-		t.Errorf("a volume of this node: got %v, %v; want %d bytes and node expansion", resp, err, 2*MinVolumeSize)
+	resp, err := expand(v, 2*pool.MinVolumeSize, 0)
+	if err != nil || resp.GetCapacityBytes() != 2*pool.MinVolumeSize || !resp.GetNodeExpansionRequired() {
+		t.Errorf("a volume of this node: got %v, %v; want %d bytes and node expansion", resp, err, 2*pool.MinVolumeSize)
 	}
-	if size, _ := images.Size(v); size != 2*MinVolumeSize {
-		t.Errorf("its image: %d bytes, want %d", size, 2*MinVolumeSize)
+	if size, _ := images.Size(v); size != 2*pool.MinVolumeSize {
+		t.Errorf("its image: %d bytes, want %d", size, 2*pool.MinVolumeSize)
 	}
-	resp, err = expand("elsewhere", 3*MinVolumeSize, 0)
-	if err != nil || resp.GetCapacityBytes() != 3*MinVolumeSize || !resp.GetNodeExpansionRequired() {
-		t.Errorf("a volume of another node: got %v, %v; want %d bytes and node expansion", resp, err, 3*MinVolumeSize)
+	resp, err = expand("elsewhere", 3*pool.MinVolumeSize, 0)
+	if err != nil || resp.GetCapacityBytes() != 3*pool.MinVolumeSize || !resp.GetNodeExpansionRequired() {
+		t.Errorf("a volume of another node: got %v, %v; want %d bytes and node expansion", resp, err, 3*pool.MinVolumeSize)
 	}
 	if _, err := images.Size("elsewhere"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("an image was made for a volume of another node: %v", err)
@@ -215,7 +223,7 @@ func TestControllerExpandVolume(t *testing.T) {
 		{"no ID", "", 1 << 30, 0, classified.KindInvalidArgument},
 		{"an ID no volume can have", "../v", 1 << 30, 0, classified.KindNotFound},
 		{"8 EiB", v, 1<<63 - 1, 0, classified.KindOutOfRange},
-		{"a limit below the volume's size", v, MinVolumeSize, MinVolumeSize, classified.KindOutOfRange},
+		{"a limit below the volume's size", v, pool.MinVolumeSize, pool.MinVolumeSize, classified.KindOutOfRange},
 	} {
 		if _, err := expand(tc.id, tc.required, tc.limit); classified.AsError(err) == nil || classified.AsError(err).Kind != tc.want {
 			t.Errorf("%s: got %v, want %s", tc.name, err, tc.want)
@@ -235,7 +243,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 	}
 	// Made by a converge whose volume IDs were their names.
 	for _, old := range []string{"old", "a_node"} {
-		if err := images.Create(old, MinVolumeSize, false); err != nil {
+		if err := images.Create(old, pool.MinVolumeSize, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -243,7 +251,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 		t.Errorf("CreateVolume of a volume made before: ID %s, want old", id)
 	}
 	_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "a", VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: pool.MinVolumeSize}})
 	if rpcerr.Code(err) != codes.AlreadyExists {
 		t.Errorf("a name whose ID an older volume holds: got %v, want ALREADY_EXISTS", err)
 	}
@@ -252,7 +260,7 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 	if id := create(t, long, "w"); id != "w" {
 		t.Errorf("ID on a node of a 127-byte name: got %s, want w", id)
 	}
-	serveSnapshots(t, c, images)
+	serveSnapshots(t, c)
 	for _, tc := range []struct {
 		source string
 		want   codes.Code
@@ -268,5 +276,15 @@ func TestVolumeIDsNameTheirNode(t *testing.T) {
 	}
 }
 
-// defaultPool is the default pool's space of c.
-func defaultPool(c *Controller) *Pool { return c.pools.Get(state.DefaultPool) }
+// defaultPool is the default pool of c.
+func defaultPool(c *Controller) *pool.Pool { return c.pools.Get(state.DefaultPool) }
+
+// gatedCopy returns a copy that closes started, then waits for gate to
+// close before it copies.
+func gatedCopy(started, gate chan struct{}) pool.CopyFunc {
+	return func(ctx context.Context, into *pool.Pool, id string, from *pool.Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
+		close(started)
+		<-gate
+		return pool.CopySnapshot(ctx, into, id, from, snap, size, thick)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -41,7 +42,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		}
 		// A copy made it, or an earlier request's still does: once it
 		// has ended, the volume is found as any volume is.
-		if err := job.wait(ctx); err != nil {
+		if err := job.Wait(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -50,11 +51,10 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 // createRequest is a CreateVolume request, checked.
 type createRequest struct {
 	name, id string
-	// pool is the storage pool the volume is made in, space its promise.
-	pool  string
-	space *Pool
-	prov  state.Provisioning
-	rng   state.Range
+	// pool is the storage pool the volume is made in.
+	pool *pool.Pool
+	prov state.Provisioning
+	rng  state.Range
 	// size is what the volume is made with.
 	size int64
 	// fsType is the filesystem the volume will carry, "" for a raw block
@@ -114,13 +114,13 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if r.allowModeChange, err = parseAllowModeChange(params); err != nil {
 		return createRequest{}, err
 	}
-	if r.pool, r.space, err = c.pools.parsePool(params); err != nil {
+	if r.pool, err = c.parsePool(params); err != nil {
 		return createRequest{}, err
 	}
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return createRequest{}, err
 	}
-	if r.size, err = sizeFor(r.rng, host.MinSize(r.fsType)); err != nil {
+	if r.size, err = pool.SizeFor(r.rng, host.MinSize(r.fsType)); err != nil {
 		return createRequest{}, err
 	}
 	return r, nil
@@ -143,19 +143,19 @@ func (c *Controller) volumeID(name string) string {
 // and an image under its name, in the default pool (there were no others
 // then).
 func (c *Controller) legacy(name, id string) bool {
-	pool := c.pools.Get(state.DefaultPool)
-	if _, err := pool.ImageSize(id); !errors.Is(err, os.ErrNotExist) {
+	p := c.pools.Get(state.DefaultPool)
+	if _, err := p.ImageSize(id); !errors.Is(err, os.ErrNotExist) {
 		return false
 	}
-	_, err := pool.ImageSize(name)
+	_, err := p.ImageSize(name)
 	return err == nil
 }
 
 // find answers r from what exists: the volume made already, the restore
 // that makes it, or nothing (all nil).
-func (c *Controller) find(r createRequest) (resp *csi.CreateVolumeResponse, job *restore, err error) {
-	err = r.space.within(func(p promise) error {
-		resp, job, err = c.findWithin(p, r)
+func (c *Controller) find(r createRequest) (resp *csi.CreateVolumeResponse, job *pool.Restore, err error) {
+	err = r.pool.Within(func(pr pool.Promise) error {
+		resp, job, err = c.findWithin(pr, r)
 		return err
 	})
 	return resp, job, err
@@ -163,21 +163,21 @@ func (c *Controller) find(r createRequest) (resp *csi.CreateVolumeResponse, job 
 
 // findWithin is find within the promise. A deletion of the name that a
 // crash interrupted is finished first: its image is not this volume's.
-func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeResponse, *restore, error) {
-	if job := r.space.restore(r.id); job != nil {
+func (c *Controller) findWithin(pr pool.Promise, r createRequest) (*csi.CreateVolumeResponse, *pool.Restore, error) {
+	if job := r.pool.RestoreOf(r.id); job != nil {
 		return nil, job, nil
 	}
 	v, err := c.store.Get(r.id)
-	if err == nil && v.Removing && state.PoolOf(v) == r.pool {
-		if err := p.remove(r.id); err != nil {
+	if err == nil && v.Removing && state.PoolOf(v) == r.pool.Name() {
+		if err := pr.Remove(r.id); err != nil {
 			return nil, nil, err
 		}
 		v = nil
 	}
-	if v != nil && (v.Provisioning != "" || v.Removing) && state.PoolOf(v) != r.pool {
-		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists in pool %s, pool %s was asked for", r.name, state.PoolOf(v), r.pool)
+	if v != nil && (v.Provisioning != "" || v.Removing) && state.PoolOf(v) != r.pool.Name() {
+		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists in pool %s, pool %s was asked for", r.name, state.PoolOf(v), r.pool.Name())
 	}
-	cur, err := r.space.ImageSize(r.id)
+	cur, err := r.pool.ImageSize(r.id)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return nil, nil, nil
@@ -204,7 +204,7 @@ func (c *Controller) findWithin(p promise, r createRequest) (*csi.CreateVolumeRe
 // its snapshot). Within the promise, a volume found made meanwhile is
 // answered as find does; else its space is promised and its record written
 // before its image is made or its copy started.
-func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi.CreateVolumeResponse, job *restore, err error) {
+func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi.CreateVolumeResponse, job *pool.Restore, err error) {
 	src, err := c.contentSource(ctx, r)
 	if err != nil {
 		return nil, nil, err
@@ -215,28 +215,28 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 			return nil, nil, err
 		}
 	}
-	err = r.space.within(func(p promise) error {
-		if resp, job, err = c.findWithin(p, r); resp != nil || job != nil || err != nil {
+	err = r.pool.Within(func(pr pool.Promise) error {
+		if resp, job, err = c.findWithin(pr, r); resp != nil || job != nil || err != nil {
 			return err
 		}
-		if err := p.volume(r.prov == state.ProvisionThin, r.size, 0); err != nil {
+		if err := pr.CheckVolume(r.prov == state.ProvisionThin, r.size, 0); err != nil {
 			return err
 		}
-		if err := p.record(r.id, r.name, r.prov, r.access); err != nil {
+		if err := pr.Record(r.id, r.name, r.prov, r.access); err != nil {
 			return err
 		}
 		// Recorded, with neither an image nor a copy under way.
 		// gofail: var controllerCreateAfterRecord struct{}
 		if src != nil {
-			job = p.startRestore(r.id, r.name, src.from, src.snap, r.size, r.prov, src.handOver())
+			job = pr.StartRestore(r.id, r.name, src.from, src.snap, r.size, r.prov, src.handOver())
 			return nil
 		}
-		if err := p.makeImage(r.id, r.size, r.prov); err != nil {
+		if err := pr.MakeImage(r.id, r.size, r.prov); err != nil {
 			return err
 		}
 		// Made, and not yet answered.
 		// gofail: var controllerCreateAfterImage struct{}
-		klog.V(2).InfoS("Created volume", "volumeID", r.id, "name", r.name, "pool", r.pool, "bytes", r.size, "provisioning", r.prov)
+		klog.V(2).InfoS("Created volume", "volumeID", r.id, "name", r.name, "pool", r.pool.Name(), "bytes", r.size, "provisioning", r.prov)
 		resp = c.created(r, r.size)
 		return nil
 	})
@@ -256,7 +256,7 @@ func (c *Controller) created(r createRequest, size int64) *csi.CreateVolumeRespo
 // has ended).
 type source struct {
 	snap devices.SnapshotInfo
-	from *Pool
+	from *pool.Pool
 	done func()
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
@@ -34,7 +35,7 @@ func (c *Controller) Collect(ctx context.Context, req volstatus.GCRequest) ([]vo
 	for _, id := range req.Referenced {
 		referenced[id] = true
 	}
-	images, err := c.pools.images()
+	images, err := c.pools.Images()
 	if err != nil {
 		return nil, err
 	}
@@ -96,13 +97,13 @@ func (c *Controller) snapshotsHeld() ([]heldSnapshot, error) {
 		return nil, nil
 	}
 	var out []heldSnapshot
-	for _, space := range c.pools.All() {
-		all, err := space.listSnapshots()
+	for _, p := range c.pools.All() {
+		all, err := p.Snapshots()
 		if err != nil {
-			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", p.Name(), err)
 		}
 		for _, info := range all {
-			out = append(out, heldSnapshot{SnapshotInfo: info, pool: space.Name()})
+			out = append(out, heldSnapshot{SnapshotInfo: info, pool: p.Name()})
 		}
 	}
 	return out, nil
@@ -157,15 +158,14 @@ const (
 // collectVolume decides on volume id under its pool's lock; ok is false
 // when it is gone meanwhile.
 func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCRequest) (o volstatus.Orphan, ok bool) {
-	pool, space := c.pools.Of(id)
-	o = volstatus.Orphan{Kind: "volume", ID: id, Pool: pool}
-	if space == nil {
-		o.Kept = fmt.Sprintf("its pool %s is not on this node", pool)
-		return o, true
+	p, missing := c.pools.ForVolume(id)
+	if missing != nil {
+		return volstatus.Orphan{Kind: "volume", ID: id, Pool: missing.Name(), Kept: fmt.Sprintf("its pool %s is not on this node", missing.Name())}, true
 	}
-	err := space.within(func(p promise) error {
+	o = volstatus.Orphan{Kind: "volume", ID: id, Pool: p.Name()}
+	err := p.Within(func(pr pool.Promise) error {
 		v, _ := c.store.Get(id)
-		changed, size, err := space.imageChanged(id)
+		changed, size, err := p.ImageChanged(id)
 		switch {
 		case errors.Is(err, os.ErrNotExist) && v == nil:
 			return errGone
@@ -189,8 +189,8 @@ func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCReq
 			o.Kept = "staged or published on this node"
 			return nil
 		}
-		if r := space.restore(id); r != nil {
-			o.Kept = "being restored from snapshot " + r.snapshot
+		if r := p.RestoreOf(id); r != nil {
+			o.Kept = "being restored from snapshot " + r.SnapshotID()
 			return nil
 		}
 		if !req.Delete {
@@ -198,11 +198,11 @@ func (c *Controller) collectVolume(id string, now time.Time, req volstatus.GCReq
 		}
 		// Judged an orphan, and not yet deleted.
 		// gofail: var controllerGCBeforeDelete struct{}
-		if err := c.deleteWithin(p, id); err != nil {
+		if err := c.deleteWithin(p, pr, id); err != nil {
 			return err
 		}
 		o.Deleted = true
-		klog.InfoS("Deleted a volume nothing references (csi-node gc)", "volumeID", id, "pool", pool, "bytes", o.Bytes)
+		klog.InfoS("Deleted a volume nothing references (csi-node gc)", "volumeID", id, "pool", p.Name(), "bytes", o.Bytes)
 		return nil
 	})
 	switch {

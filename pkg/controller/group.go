@@ -15,6 +15,7 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -53,7 +54,7 @@ type groupPlan struct {
 	id      string
 	volumes []string
 	members map[string]string
-	pool    *Pool
+	pool    *pool.Pool
 	// limit is the most snapshots a member volume may have, its class's
 	// contract.MaxSnapshotsPerVolumeKey; 0 is no cap.
 	limit int
@@ -93,20 +94,20 @@ func (c *Controller) planGroup(req *csi.CreateVolumeGroupSnapshotRequest) (group
 		if err := contract.CheckID("volume", src, contract.Finds); err != nil {
 			return groupPlan{}, err
 		}
-		pool, space := c.pools.Of(src)
-		if space == nil {
-			return groupPlan{}, c.pools.noPool(pool)
+		home, missing := c.pools.ForVolume(src)
+		if missing != nil {
+			return groupPlan{}, missing.Err()
 		}
-		if _, err := space.ImageSize(src); errors.Is(err, os.ErrNotExist) {
+		if _, err := home.ImageSize(src); errors.Is(err, os.ErrNotExist) {
 			if node := nodeOf(src); node != "" && node != here {
 				return groupPlan{}, classified.Errorf(classified.KindFailedPrecondition, "volume %s is on node %s, not this node (%s): a group snapshot takes volumes of one node", src, node, here)
 			}
 			return groupPlan{}, classified.Errorf(classified.KindNotFound, "volume %s is not on this node (%s)", src, here)
 		}
 		if p.pool == nil {
-			p.pool = space
-		} else if space != p.pool {
-			return groupPlan{}, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s and volume %s in pool %s: a group snapshot takes volumes of one pool", sources[0], p.pool.Name(), src, space.Name())
+			p.pool = home
+		} else if home != p.pool {
+			return groupPlan{}, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s and volume %s in pool %s: a group snapshot takes volumes of one pool", sources[0], p.pool.Name(), src, home.Name())
 		}
 		id := c.localID(fmt.Sprintf("%s-%d", name, i))
 		if err := contract.ValidID(id); err != nil {
@@ -164,7 +165,7 @@ func (c *Controller) askGroupLocked(ctx context.Context, p groupPlan) ([]devices
 			s.mu.Unlock()
 			return nil, err
 		}
-		if err := p.pool.within(func(pr promise) error { return pr.snapshot(p.volumes...) }); err != nil {
+		if err := p.pool.Within(func(pr pool.Promise) error { return pr.CheckSnapshots(p.volumes...) }); err != nil {
 			s.mu.Unlock()
 			return nil, err
 		}
@@ -220,7 +221,7 @@ func (c *Controller) checkGroupFree(p groupPlan, want *state.GroupIntent) error 
 	}
 	for _, v := range p.volumes {
 		id := p.members[v]
-		if _, _, err := c.pools.snapshot(id); err == nil {
+		if _, _, err := c.pools.Snapshot(id); err == nil {
 			return classified.Errorf(classified.KindAlreadyExists, "snapshot %s, which would be the group's snapshot of volume %s, exists", id, v)
 		}
 		if other := c.takingSnapshot(id); other != "" {
@@ -293,10 +294,10 @@ func (c *Controller) findGroup(id string) ([]devices.SnapshotInfo, error) {
 		return nil, nil
 	}
 	var infos []devices.SnapshotInfo
-	for _, space := range c.pools.All() {
-		all, err := space.listSnapshots()
+	for _, p := range c.pools.All() {
+		all, err := p.Snapshots()
 		if err != nil {
-			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", p.Name(), err)
 		}
 		for _, info := range all {
 			if info.Group == id {
@@ -389,7 +390,7 @@ func (g *GroupService) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.D
 		// An ID of a snapshot outside the group is a mismatch; one of no
 		// snapshot, a member deleted already.
 		if !slices.ContainsFunc(members, func(m devices.SnapshotInfo) bool { return m.ID == sid }) && contract.ValidID(sid) == nil {
-			if _, _, err := c.pools.snapshot(sid); err == nil {
+			if _, _, err := c.pools.Snapshot(sid); err == nil {
 				return nil, classified.Errorf(classified.KindInvalidArgument, "snapshot %s is not a member of group snapshot %s", sid, id)
 			}
 		}
@@ -398,7 +399,7 @@ func (g *GroupService) DeleteVolumeGroupSnapshot(ctx context.Context, req *csi.D
 		return nil, err
 	}
 	for _, m := range members {
-		if n := c.pools.restoresFrom(m.ID); n > 0 {
+		if n := c.pools.RestoresFrom(m.ID); n > 0 {
 			return nil, classified.Errorf(classified.KindAborted, "snapshot %s of group snapshot %s is being restored to %d volume(s); retry later", m.ID, id, n)
 		}
 	}

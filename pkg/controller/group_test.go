@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -29,8 +29,8 @@ import (
 // refuses a list that names a snapshot outside it, and that Delete removes
 // every member and is a no-op after.
 func TestGroupSnapshotLifecycle(t *testing.T) {
-	c, _, images := newController(t)
-	taker := serveSnapshots(t, c, images)
+	c, _, _ := newController(t)
+	taker := serveSnapshots(t, c)
 	g := c.Groups()
 	v1, v2, v3 := create(t, c, "v1"), create(t, c, "v2"), create(t, c, "v3")
 	req := &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v2, v1}, Parameters: map[string]string{"deletionPolicy": "Delete"}}
@@ -59,7 +59,7 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 		}
 	}
 	for _, s := range gs.GetSnapshots() {
-		if info, _, err := c.pools.snapshot(s.GetSnapshotId()); err != nil || !info.Created.Equal(s.GetCreationTime().AsTime()) {
+		if info, _, err := c.pools.Snapshot(s.GetSnapshotId()); err != nil || !info.Created.Equal(s.GetCreationTime().AsTime()) {
 			t.Errorf("member %s after the name was asked again with other volumes: %+v, %v; want it as it was", s.GetSnapshotId(), info, err)
 		}
 	}
@@ -107,14 +107,14 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 		}
 	}
 	for _, id := range ids {
-		if _, _, err := c.pools.snapshot(id); err == nil {
+		if _, _, err := c.pools.Snapshot(id); err == nil {
 			t.Errorf("member %s left after the group was deleted", id)
 		}
 	}
 	if _, err := g.GetVolumeGroupSnapshot(t.Context(), &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: "gs_node"}); rpcerr.Code(err) != codes.NotFound {
 		t.Errorf("get after delete: got %v, want NOT_FOUND", err)
 	}
-	if _, _, err := c.pools.snapshot(single.GetSnapshot().GetSnapshotId()); err != nil {
+	if _, _, err := c.pools.Snapshot(single.GetSnapshot().GetSnapshotId()); err != nil {
 		t.Errorf("the snapshot outside the group was deleted with it: %v", err)
 	}
 }
@@ -122,8 +122,8 @@ func TestGroupSnapshotLifecycle(t *testing.T) {
 // TestGroupSnapshotRefusals checks the requests a group snapshot refuses,
 // each with its code and a message that says why.
 func TestGroupSnapshotRefusals(t *testing.T) {
-	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
+	c, _, _ := newController(t)
+	serveSnapshots(t, c)
 	g := c.Groups()
 	v1 := create(t, c, "v1")
 	for _, tc := range []struct {
@@ -154,8 +154,9 @@ func TestGroupSnapshotRefusals(t *testing.T) {
 // members a volume is being restored from is not deleted, nor any of its
 // members (ABORTED, retried), and is once the restore ended.
 func TestDeleteGroupWhileAMemberIsRestored(t *testing.T) {
-	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
+	started, gate := make(chan struct{}), make(chan struct{})
+	c, _, _ := newControllerCopying(t, gatedCopy(started, gate))
+	serveSnapshots(t, c)
 	g := c.Groups()
 	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
 	resp, err := g.CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v1, v2}})
@@ -163,12 +164,6 @@ func TestDeleteGroupWhileAMemberIsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	members := resp.GetGroupSnapshot().GetSnapshots()
-	copyImage, started, gate := defaultPool(c).restoreImage, make(chan struct{}), make(chan struct{})
-	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
-		close(started)
-		<-gate
-		return copyImage(ctx, id, from, snap, size, thick)
-	}
 	restored := make(chan error, 1)
 	go func() {
 		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: capMount,
@@ -182,7 +177,7 @@ func TestDeleteGroupWhileAMemberIsRestored(t *testing.T) {
 		t.Errorf("deleting a group while a member is restored: got %v, want ABORTED", err)
 	}
 	for _, m := range members {
-		if _, _, err := c.pools.snapshot(m.GetSnapshotId()); err != nil {
+		if _, _, err := c.pools.Snapshot(m.GetSnapshotId()); err != nil {
 			t.Errorf("member %s deleted while the group's deletion was refused: %v", m.GetSnapshotId(), err)
 		}
 	}
@@ -199,8 +194,8 @@ func TestDeleteGroupWhileAMemberIsRestored(t *testing.T) {
 // group while any member is referenced (a group is never cut in part), and
 // deletes them all once none is.
 func TestGCKeepsAGroupWhole(t *testing.T) {
-	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
+	c, _, _ := newController(t)
+	serveSnapshots(t, c)
 	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
 	resp, err := c.Groups().CreateVolumeGroupSnapshot(t.Context(), &csi.CreateVolumeGroupSnapshotRequest{Name: "gs", SourceVolumeIds: []string{v1, v2}})
 	if err != nil {
@@ -250,11 +245,10 @@ func TestGroupSpaceIsPromisedTogether(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	space := NewPool(store, PoolOptions{Dir: dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}})
-	space.snapshots.Mode = devices.CopySparse
-	t.Cleanup(space.Close)
-	c := New(NewPools(store, space), store, map[string]string{contract.TopologyKey: "node"}, Options{})
-	taker := serveSnapshots(t, c, space.images)
+	p := pool.New(store, pool.Options{Dir: dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}, CopyMode: devices.CopySparse})
+	t.Cleanup(p.Close)
+	c := New(pool.NewPools(store, p), store, map[string]string{contract.TopologyKey: "node"}, Options{})
+	taker := serveSnapshots(t, c)
 	var vols []string
 	for _, name := range []string{"v1", "v2"} {
 		resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
@@ -280,8 +274,8 @@ func TestGroupSpaceIsPromisedTogether(t *testing.T) {
 // the cap it is taken; a retry of a group that exists answers with it
 // whatever the cap; an invalid cap is INVALID_ARGUMENT naming the key.
 func TestGroupSnapshotCap(t *testing.T) {
-	c, _, images := newController(t)
-	taker := serveSnapshots(t, c, images)
+	c, _, _ := newController(t)
+	taker := serveSnapshots(t, c)
 	g := c.Groups()
 	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
 	if _, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "alone", SourceVolumeId: v2}); err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -87,12 +88,12 @@ func TestSizeForWithinTheLimit(t *testing.T) {
 	}{
 		{name: "limit not whole blocks", rng: state.Range{Limit: 300<<20 + 1}, floor: 300 << 20, want: 300 << 20},
 		{name: "required and limit in one block", rng: state.Range{Required: 300<<20 + 1, Limit: 300<<20 + 100}, floor: 300 << 20, outOfRange: true},
-		{name: "limit alone under the smallest image", rng: state.Range{Limit: 8 << 20}, floor: MinVolumeSize, outOfRange: true},
+		{name: "limit alone under the smallest image", rng: state.Range{Limit: 8 << 20}, floor: pool.MinVolumeSize, outOfRange: true},
 		{name: "limit under the floor", rng: state.Range{Limit: 200 << 20}, floor: 256 << 20, outOfRange: true},
-		{name: "required rounded up", rng: state.Range{Required: 20<<20 + 1}, floor: MinVolumeSize, want: 20<<20 + 4096},
+		{name: "required rounded up", rng: state.Range{Required: 20<<20 + 1}, floor: pool.MinVolumeSize, want: 20<<20 + 4096},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := sizeFor(tc.rng, tc.floor)
+			got, err := pool.SizeFor(tc.rng, tc.floor)
 			if tc.outOfRange {
 				if e := classified.AsError(err); e == nil || e.Kind != classified.KindOutOfRange {
 					t.Fatalf("got %d, %v; want OUT_OF_RANGE", got, err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -32,7 +34,7 @@ var allowing = map[string]string{contract.AllowModeChangeKey: "true"}
 func createWith(t *testing.T, c *Controller, name string, caps []*csi.VolumeCapability, params map[string]string, source *csi.VolumeContentSource) (string, error) {
 	t.Helper()
 	resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: caps, Parameters: params,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, VolumeContentSource: source})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: pool.MinVolumeSize}, VolumeContentSource: source})
 	return resp.GetVolume().GetVolumeId(), err
 }
 
@@ -79,7 +81,7 @@ func TestVolumeKeepsItsMode(t *testing.T) {
 				name := fmt.Sprintf("%s to %s, allowed %v", capsName(srcCaps), capsName(dstCaps), allow)
 				t.Run(name, func(t *testing.T) {
 					c, _, images := newController(t)
-					serveSnapshots(t, c, images)
+					serveSnapshots(t, c)
 					src, err := createWith(t, c, "src", srcCaps, nil, nil)
 					if err != nil {
 						t.Fatal(err)
@@ -128,9 +130,9 @@ func TestVolumeKeepsItsMode(t *testing.T) {
 // volume and as a Filesystem volume only where the class allows it.
 func TestModeOfOldSnapshots(t *testing.T) {
 	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
+	serveSnapshots(t, c)
 	src := create(t, c, "src")
-	snaps := defaultPool(c).snapshots
+	snaps := defaultPool(c)
 	for _, tc := range []struct {
 		name   string
 		fsType string
@@ -166,8 +168,8 @@ func TestModeOfOldSnapshots(t *testing.T) {
 // staged raw between the check of its record and its copy is refused by
 // what the copy recorded, and the copy deleted.
 func TestStagedRawIsBlock(t *testing.T) {
-	c, store, images := newController(t)
-	taker := serveSnapshots(t, c, images)
+	c, store, _ := newController(t)
+	taker := serveSnapshots(t, c)
 	src := create(t, c, "src")
 	if _, err := store.Update(src, func(v *state.Volume) error { v.Access = state.AccessBlock; return nil }); err != nil {
 		t.Fatal(err)
@@ -190,7 +192,7 @@ func TestStagedRawIsBlock(t *testing.T) {
 	c.snapshots.taker = stagedRawFirst{instantTaker: taker, store: store}
 	_, err = createWith(t, c, "late", capMount, nil, fromVolume(other))
 	wantModeRefusal(t, "a clone of a volume staged raw meanwhile", err, "Block", "Filesystem")
-	if all, err := os.ReadDir(defaultPool(c).snapshots.Dir); err != nil || len(all) != 1 {
+	if all, err := os.ReadDir(filepath.Join(defaultPool(c).Dir(), "snapshots")); err != nil || len(all) != 1 {
 		t.Errorf("snapshot files after the refused clone: %v (%v), want only %s", all, err, snap.GetSnapshot().GetSnapshotId())
 	}
 }

@@ -7,20 +7,8 @@ import (
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/contract/capability"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
-)
-
-const (
-	// DefaultVolumeSize is the size of a volume created without a
-	// capacity range.
-	DefaultVolumeSize = 1 << 30
-	// MinVolumeSize is the smallest volume of any filesystem and the
-	// smallest a volume grows to: room for an ext4 journal (host.MinSize,
-	// which says what each filesystem needs).
-	MinVolumeSize = host.MinImageSize
-	// sizeAlign keeps images a whole number of 4 KiB blocks, so the loop
-	// device and every filesystem block size divide them.
-	sizeAlign = 4096
 )
 
 // parseProvisioning reads the provisioning a request's parameters ask for.
@@ -33,6 +21,25 @@ func parseProvisioning(params map[string]string) (state.Provisioning, error) {
 	default:
 		return "", classified.Errorf(classified.KindInvalidArgument, "%s: unknown value %q: want %q or %q", contract.ProvisioningKey, p, state.ProvisionThick, state.ProvisionThin)
 	}
+}
+
+// parsePool reads the pool a request's parameters name (the default pool
+// unless they name one): INVALID_ARGUMENT for a name no pool can have,
+// RESOURCE_EXHAUSTED for one this node does not have (pool.Missing.Err:
+// the provisioner then tries another node, as for a full pool).
+func (c *Controller) parsePool(params map[string]string) (*pool.Pool, error) {
+	name, ok := params[contract.PoolKey]
+	if !ok {
+		name = state.DefaultPool
+	}
+	if err := state.ValidPoolName(name); err != nil {
+		return nil, classified.Errorf(classified.KindInvalidArgument, "%s: %w", contract.PoolKey, err)
+	}
+	p := c.pools.Get(name)
+	if p == nil {
+		return nil, c.pools.Missing(name).Err()
+	}
+	return p, nil
 }
 
 // fsTypeOf is the filesystem a volume asked for with these parameters and
@@ -74,37 +81,6 @@ func checkCapabilities(caps []*csi.VolumeCapability) error {
 	return nil
 }
 
-// sizeFor picks the image size for a capacity range: what it requires, at
-// least floor (MinVolumeSize, or host.MinSize of the filesystem a new
-// volume will carry: a claim smaller than its filesystem can be made on is
-// given that much, within its limit), else DefaultVolumeSize within its
-// limit, in whole 4 KiB blocks.
-func sizeFor(r state.Range, floor int64) (int64, error) {
-	if err := r.Check(); err != nil {
-		return 0, err
-	}
-	floor = max(floor, MinVolumeSize)
-	size := max(r.Required, floor)
-	if r.Required == 0 {
-		size = max(DefaultVolumeSize, floor)
-		if r.Limit > 0 {
-			size = min(size, r.Limit)
-		}
-	}
-	if size > (1 << 62) {
-		return 0, classified.Errorf(classified.KindOutOfRange, "%d bytes is more than this node can hold", size)
-	}
-	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
-	if r.Limit > 0 && size > r.Limit {
-		// The largest whole-block size within the limit.
-		size = r.Limit / sizeAlign * sizeAlign
-	}
-	if need := max(r.Required, floor); size < need {
-		return 0, classified.Errorf(classified.KindOutOfRange, "no size of whole 4 KiB blocks of at least %d bytes fits in the limit of %d bytes", need, r.Limit)
-	}
-	return size, nil
-}
-
 // rangeOf is a request's capacity range.
 func rangeOf(r *csi.CapacityRange) state.Range {
 	return state.Range{Required: r.GetRequiredBytes(), Limit: r.GetLimitBytes()}
@@ -114,23 +90,23 @@ func rangeOf(r *csi.CapacityRange) state.Range {
 // whose restores into its filesystem have images of at least floor bytes
 // (host.MinSize of the filesystem it holds): what external-provisioner
 // makes the least a claim restored from it may ask for (restoreSize),
-// refusing a claim that asks for less. sizeFor rounds every request up to
+// refusing a claim that asks for less. pool.SizeFor rounds every request up to
 // whole 4 KiB blocks and to at least the floor, so the image can hold more
 // than its claim asked for (a claim of 100M, 10^8 bytes, has an image of
 // 100003840; an ext4 claim of 1Mi, one of 16 MiB), and a claim asking
 // what its source asked for must still restore it: what is reported is
-// the least request sizeFor gives an image of size bytes, but for a
+// the least request pool.SizeFor gives an image of size bytes, but for a
 // whole number of MiB above the floor, which is what Mi and Gi claims ask
 // for, reported as it is (a claim less than 4 KiB short of a whole MiB,
 // such as 102399Ki, is then restored into a claim of that whole MiB).
 func restoreSize(size, floor int64) int64 {
 	const mib = 1 << 20
 	switch {
-	case size <= max(floor, MinVolumeSize):
+	case size <= max(floor, pool.MinVolumeSize):
 		return 1
 	case size%mib == 0:
 		return size
 	default:
-		return size - sizeAlign + 1
+		return size - pool.SizeAlign + 1
 	}
 }

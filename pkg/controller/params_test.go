@@ -12,6 +12,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 )
 
@@ -64,7 +65,7 @@ func TestOnNodeLossParameter(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, call := range []string{"made", "found"} {
 				resp, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: tc.name, VolumeCapabilities: capMount,
-					CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: tc.params})
+					CapacityRange: &csi.CapacityRange{RequiredBytes: pool.MinVolumeSize}, Parameters: tc.params})
 				if err != nil {
 					t.Fatalf("%s: %v", call, err)
 				}
@@ -75,7 +76,7 @@ func TestOnNodeLossParameter(t *testing.T) {
 		})
 	}
 	_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "odd", VolumeCapabilities: capMount,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: MinVolumeSize}, Parameters: map[string]string{contract.OnNodeLossKey: "delete"}})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: pool.MinVolumeSize}, Parameters: map[string]string{contract.OnNodeLossKey: "delete"}})
 	if rpcerr.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), contract.OnNodeLossKey) {
 		t.Errorf("%s=delete: got %v, want INVALID_ARGUMENT naming the parameter", contract.OnNodeLossKey, err)
 	}
@@ -95,9 +96,9 @@ func TestRestoreSizeTakesTheSourcesRequest(t *testing.T) {
 	const mib = 1 << 20
 	for _, fsType := range []string{host.FsExt4, host.FsXFS, host.FsBtrfs, ""} {
 		floor := host.MinSize(fsType)
-		for _, asked := range []int64{1, 1 << 10, mib, MinVolumeSize - 1, MinVolumeSize, MinVolumeSize + 1, 100 * mib,
+		for _, asked := range []int64{1, 1 << 10, mib, pool.MinVolumeSize - 1, pool.MinVolumeSize, pool.MinVolumeSize + 1, 100 * mib,
 			100_000_000, 1_000_000_000, 1_500_000_000, 64 * mib, 10 << 30, 100*mib + 4097, floor - 1, floor, floor + 1} {
-			image, err := sizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: asked}), floor)
+			image, err := pool.SizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: asked}), floor)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,7 +109,7 @@ func TestRestoreSizeTakesTheSourcesRequest(t *testing.T) {
 			if got < 1 {
 				t.Errorf("%q: a source asked %d bytes, its image %d: snapshot size %d, which the CSI spec reads as unknown", fsType, asked, image, got)
 			}
-			if size, err := sizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: got}), floor); err != nil || size < image {
+			if size, err := pool.SizeFor(rangeOf(&csi.CapacityRange{RequiredBytes: got}), floor); err != nil || size < image {
 				t.Errorf("%q: a source asked %d bytes, its image %d: a claim of the snapshot's size %d is given %d bytes (%v)", fsType, asked, image, got, size, err)
 			}
 			if asked%mib == 0 && asked > floor && got != image {

@@ -17,6 +17,7 @@ import (
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/locks"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -36,7 +37,7 @@ type snapshotService struct {
 
 	// mu serialises the decisions about snapshot IDs (CreateSnapshot's
 	// check and intent, DeleteSnapshot). A CreateSnapshot waits for its
-	// copy without it. Lock order: mu, then the space's.
+	// copy without it. Lock order: mu, then the pool's (pool.Pool.Within).
 	mu locks.Mutex
 }
 
@@ -81,7 +82,7 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 
 	s.mu.Lock()
-	info, _, err := c.pools.snapshot(id)
+	info, _, err := c.pools.Snapshot(id)
 	switch {
 	case err == nil:
 		s.mu.Unlock()
@@ -119,16 +120,16 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string, limit in
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, classified.Errorf(classified.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
 	}
-	pool, space := c.pools.Of(source)
-	if space == nil {
+	home, missing := c.pools.ForVolume(source)
+	if missing != nil {
 		s.mu.Unlock()
-		return devices.SnapshotInfo{}, c.pools.noPool(pool)
+		return devices.SnapshotInfo{}, missing.Err()
 	}
-	if err := c.checkLimitLocked(space, limit, map[string]string{source: id}); err != nil {
+	if err := c.checkLimitLocked(home, limit, map[string]string{source: id}); err != nil {
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, err
 	}
-	if err := space.within(func(p promise) error { return p.snapshot(source) }); err != nil {
+	if err := home.Within(func(pr pool.Promise) error { return pr.CheckSnapshots(source) }); err != nil {
 		s.mu.Unlock()
 		return devices.SnapshotInfo{}, err
 	}
@@ -140,7 +141,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string, limit in
 	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
 		return devices.SnapshotInfo{}, err
 	}
-	info, err := space.snapshot(id)
+	info, err := home.Snapshot(id)
 	if err != nil {
 		return devices.SnapshotInfo{}, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
@@ -153,7 +154,7 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string, limit in
 // deletes it. The snapshot is in the source volume's pool, from. A volume
 // whose image is not here is RESOURCE_EXHAUSTED naming its node when its
 // ID names another, NOT_FOUND otherwise.
-func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *Pool, done func(), err error) {
+func (c *Controller) cloneSource(ctx context.Context, source, name string) (info devices.SnapshotInfo, from *pool.Pool, done func(), err error) {
 	s := c.snapshots
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindInvalidArgument, "cloning a volume is not supported here")
@@ -161,23 +162,22 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	if err := contract.CheckID("source volume", source, contract.Finds); err != nil {
 		return devices.SnapshotInfo{}, nil, nil, err
 	}
-	pool, space := c.pools.Of(source)
-	if space == nil {
-		return devices.SnapshotInfo{}, nil, nil, c.pools.noPool(pool)
+	from, missing := c.pools.ForVolume(source)
+	if missing != nil {
+		return devices.SnapshotInfo{}, nil, nil, missing.Err()
 	}
-	if _, err := space.ImageSize(source); errors.Is(err, os.ErrNotExist) {
+	if _, err := from.ImageSize(source); errors.Is(err, os.ErrNotExist) {
 		if node := nodeOf(source); node != "" && node != c.topology[contract.TopologyKey] {
 			// The scheduler may try another node.
 			return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindResourceExhausted, "volume %s is on node %s, not this node (%s)", source, node, c.topology[contract.TopologyKey])
 		}
 		return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[contract.TopologyKey])
 	}
-	from = space
-	id := from.tempSnapshotID("clone-" + name)
+	id := from.TempSnapshotID("clone-" + name)
 	s.mu.Lock()
 	if c.takingSnapshot(id) == "" {
 		// What an interrupted clone of the same name left.
-		if err := from.deleteSnapshot(id); err != nil {
+		if err := from.DeleteSnapshot(id); err != nil {
 			s.mu.Unlock()
 			return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindInternal, "%w", err)
 		}
@@ -191,7 +191,7 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 	return info, from, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if err := from.deleteSnapshot(id); err != nil {
+		if err := from.DeleteSnapshot(id); err != nil {
 			klog.ErrorS(err, "Cannot delete the snapshot a clone was made from; a restart removes it", "snapshotID", id)
 		}
 	}, nil
@@ -214,11 +214,11 @@ func snapshotLimit(params map[string]string, known []string) (int, error) {
 // not counted: a retry of one asked for and not yet taken is not one
 // more. It is called with the snapshot lock held, so that two requests
 // never both take the last place.
-func (c *Controller) checkLimitLocked(pool *Pool, limit int, taking map[string]string) error {
+func (c *Controller) checkLimitLocked(home *pool.Pool, limit int, taking map[string]string) error {
 	if limit == 0 {
 		return nil
 	}
-	have, err := c.snapshotIDs(pool)
+	have, err := c.snapshotIDs(home)
 	if err != nil {
 		return err
 	}
@@ -235,9 +235,9 @@ func (c *Controller) checkLimitLocked(pool *Pool, limit int, taking map[string]s
 // snapshotIDs returns, per volume, the IDs of its snapshots: those any
 // pool holds, and those a record asks for and that are not taken yet
 // (each the reconciler will take, promised like one taken). A clone's
-// snapshot (a temporary ID of pool's kind) is none of them: it is gone
+// snapshot (a temporary ID of home's kind) is none of them: it is gone
 // once the clone is made.
-func (c *Controller) snapshotIDs(pool *Pool) (map[string]map[string]bool, error) {
+func (c *Controller) snapshotIDs(home *pool.Pool) (map[string]map[string]bool, error) {
 	ids := map[string]map[string]bool{}
 	add := func(source, id string) {
 		if ids[source] == nil {
@@ -245,10 +245,10 @@ func (c *Controller) snapshotIDs(pool *Pool) (map[string]map[string]bool, error)
 		}
 		ids[source][id] = true
 	}
-	for _, space := range c.pools.All() {
-		all, err := space.listSnapshots()
+	for _, p := range c.pools.All() {
+		all, err := p.Snapshots()
 		if err != nil {
-			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+			return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", p.Name(), err)
 		}
 		for _, info := range all {
 			add(info.Source, info.ID)
@@ -262,7 +262,7 @@ func (c *Controller) snapshotIDs(pool *Pool) (map[string]map[string]bool, error)
 				for source, member := range in.Group.Members {
 					add(source, member)
 				}
-			case !pool.IsTempSnapshot(id):
+			case !home.IsTempSnapshot(id):
 				add(v.ID, id)
 			}
 		}
@@ -315,7 +315,7 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if info, _, err := c.pools.snapshot(id); err == nil && info.Group != "" {
+	if info, _, err := c.pools.Snapshot(id); err == nil && info.Group != "" {
 		return nil, classified.Errorf(classified.KindInvalidArgument, "snapshot %s is a member of group snapshot %s, and is deleted with its group (DeleteVolumeGroupSnapshot) alone", id, info.Group)
 	}
 	if err := c.deleteSnapshotLocked(id); err != nil {
@@ -330,10 +330,10 @@ func (c *Controller) deleteSnapshotLocked(id string) error {
 	if source := c.takingSnapshot(id); source != "" {
 		return classified.Errorf(classified.KindAborted, "snapshot %s of volume %s is still being taken; retry later", id, source)
 	}
-	if n := c.pools.restoresFrom(id); n > 0 {
+	if n := c.pools.RestoresFrom(id); n > 0 {
 		return classified.Errorf(classified.KindAborted, "snapshot %s is being restored to %d volume(s); retry later", id, n)
 	}
-	_, space, err := c.pools.snapshot(id)
+	_, home, err := c.pools.Snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {
 		// A snapshot in a pool left out (its disk not mounted) is not
 		// gone: answered deleted, its content would go and its file stay.
@@ -345,7 +345,7 @@ func (c *Controller) deleteSnapshotLocked(id string) error {
 	if err != nil {
 		return classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	if err := space.deleteSnapshot(id); err != nil {
+	if err := home.DeleteSnapshot(id); err != nil {
 		return classified.Errorf(classified.KindInternal, "deleting snapshot %s: %w", id, err)
 	}
 	klog.V(2).InfoS("Deleted snapshot", "snapshotID", id)
@@ -370,7 +370,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		if contract.ValidID(id) != nil {
 			return &csi.ListSnapshotsResponse{}, nil
 		}
-		info, _, err := c.pools.snapshot(id)
+		info, _, err := c.pools.Snapshot(id)
 		if errors.Is(err, os.ErrNotExist) {
 			return &csi.ListSnapshotsResponse{}, nil
 		}
@@ -379,10 +379,10 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		}
 		infos = []devices.SnapshotInfo{info}
 	default:
-		for _, space := range c.pools.All() {
-			all, err := space.listSnapshots()
+		for _, p := range c.pools.All() {
+			all, err := p.Snapshots()
 			if err != nil {
-				return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", space.Name(), err)
+				return nil, classified.Errorf(classified.KindInternal, "listing the snapshots of pool %s: %w", p.Name(), err)
 			}
 			infos = append(infos, all...)
 		}
@@ -407,7 +407,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 // returns it with the pool that holds it: NOT_FOUND when
 // it does not exist here, RESOURCE_EXHAUSTED naming the node it is on when
 // that is another node (the scheduler then tries another node).
-func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *Pool, error) {
+func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *pool.Pool, error) {
 	s := c.snapshots
 	if s == nil {
 		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindInvalidArgument, "snapshots are not served")
@@ -418,14 +418,14 @@ func (c *Controller) restoreSource(id string) (devices.SnapshotInfo, *Pool, erro
 	if node := nodeOf(id); node != "" && node != c.topology[contract.TopologyKey] {
 		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindResourceExhausted, "snapshot %s is on node %s, not this node (%s)", id, node, c.topology[contract.TopologyKey])
 	}
-	info, space, err := c.pools.snapshot(id)
+	info, home, err := c.pools.Snapshot(id)
 	if errors.Is(err, os.ErrNotExist) {
 		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindNotFound, "snapshot %s not found", id)
 	}
 	if err != nil {
 		return devices.SnapshotInfo{}, nil, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
-	return info, space, nil
+	return info, home, nil
 }
 
 // errNoSnapshots answers the snapshot RPCs of a controller that does not

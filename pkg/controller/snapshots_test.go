@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,19 +18,18 @@ import (
 
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/rpcerr"
 	"github.com/converge-csi/converge/pkg/state"
-	"github.com/converge-csi/converge/pkg/volstatus"
 )
 
 // instantTaker takes a snapshot at once when asked, recording what the
 // reconciler would of the volume's record, and records what it was asked.
 type instantTaker struct {
-	t      *testing.T
-	snaps  *devices.Snapshots
-	images *devices.Images
-	store  Store
-	asked  []string
+	t     *testing.T
+	home  *pool.Pool
+	store Store
+	asked []string
 }
 
 func (f *instantTaker) AskSnapshot(source, id string, group *state.GroupIntent) (int64, error) {
@@ -51,15 +51,15 @@ func (f *instantTaker) take(source, id, group string) error {
 		v = &state.Volume{ID: source}
 	}
 	of := devices.SnapshotOf{Source: source, FsType: v.Formatted, Access: string(v.WrittenAs()), Group: group}
-	_, err = f.snaps.Take(context.Background(), id, f.images.Path(source), of, time.Unix(0, 0))
+	_, err = f.home.Take(context.Background(), id, f.home.Image(source), of, time.Unix(0, 0))
 	return err
 }
 
 func (f *instantTaker) AwaitSnapshot(context.Context, string, string, int64) error { return nil }
 
-func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instantTaker {
+func serveSnapshots(t *testing.T, c *Controller) *instantTaker {
 	t.Helper()
-	taker := &instantTaker{t: t, snaps: defaultPool(c).snapshots, images: images, store: c.store}
+	taker := &instantTaker{t: t, home: defaultPool(c), store: c.store}
 	c.ServeSnapshots(taker)
 	return taker
 }
@@ -69,8 +69,8 @@ func serveSnapshots(t *testing.T, c *Controller, images *devices.Images) *instan
 // at their end stay apart), and that a snapshot of another node is
 // refused for a restore naming that node.
 func TestSnapshotIDs(t *testing.T) {
-	c, _, images := newController(t)
-	serveSnapshots(t, c, images)
+	c, _, _ := newController(t)
+	serveSnapshots(t, c)
 	if got := c.localID("s1"); got != "s1_node" || nodeOf(got) != "node" {
 		t.Errorf("localID(s1): got %q (node %q), want s1_node", got, nodeOf(got))
 	}
@@ -89,14 +89,9 @@ func TestSnapshotIDs(t *testing.T) {
 // being restored from is not deleted (ABORTED, retried), and is once the
 // restore ended.
 func TestDeleteSnapshotWhileRestoring(t *testing.T) {
-	c, _, images := newController(t)
-	id := snapshotted(t, c, images)
-	copyImage, started, gate := defaultPool(c).restoreImage, make(chan struct{}), make(chan struct{})
-	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
-		close(started)
-		<-gate
-		return copyImage(ctx, id, from, snap, size, thick)
-	}
+	started, gate := make(chan struct{}), make(chan struct{})
+	c, _, _ := newControllerCopying(t, gatedCopy(started, gate))
+	id := snapshotted(t, c)
 	restored := make(chan error, 1)
 	go func() {
 		_, err := c.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: capMount,
@@ -116,7 +111,7 @@ func TestDeleteSnapshotWhileRestoring(t *testing.T) {
 	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
 		t.Errorf("deleting it once the restore ended: %v", err)
 	}
-	if taken, _ := defaultPool(c).snapshots.Taken(id); taken {
+	if taken, _ := defaultPool(c).Taken(id); taken {
 		t.Error("the snapshot is still there")
 	}
 }
@@ -134,9 +129,9 @@ func TestSnapshotTopology(t *testing.T) {
 }
 
 func testSnapshotTopology(t *testing.T, on bool) {
-	c, _, images := newController(t)
+	c, _, _ := newController(t)
 	c.opts.SnapshotTopology = on
-	taker := serveSnapshots(t, c, images)
+	taker := serveSnapshots(t, c)
 	v1 := create(t, c, "v1")
 	here := &csi.Topology{Segments: map[string]string{contract.TopologyKey: "node"}}
 	elsewhere := &csi.Topology{Segments: map[string]string{contract.TopologyKey: "other"}}
@@ -176,8 +171,8 @@ func testSnapshotTopology(t *testing.T, on bool) {
 // the volume's record, and comes back once it is gone.
 func TestSnapshotAskedIsPromised(t *testing.T) {
 	c, store, images := newController(t)
-	serveSnapshots(t, c, images) // copies sparsely: the image's blocks
-	v1 := create(t, c, "v1")     // thick: every block allocated
+	serveSnapshots(t, c)     // copies sparsely: the image's blocks
+	v1 := create(t, c, "v1") // thick: every block allocated
 	u, err := images.Usage(v1)
 	if err != nil {
 		t.Fatal(err)
@@ -223,35 +218,13 @@ func TestSnapshotAskedIsPromised(t *testing.T) {
 // waits for the copy and answers with the volume, whole. A copy that
 // fails answers its retry with the failure, and the volume is not made.
 func TestRestoreOutlivesItsRequest(t *testing.T) {
-	c, store, images := newController(t)
-	serveSnapshots(t, c, images)
-	v1 := create(t, c, "v1")
-	// 2 MiB of data in the volume, which its snapshot holds and a restore
-	// copies.
-	f, err := os.OpenFile(images.Path(v1), os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = f.Write(bytes.Repeat([]byte("d"), 2<<20))
-	if err == nil {
-		err = f.Sync()
-	}
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
-	if err != nil {
-		t.Fatal(err)
-	}
 	started, gate := make(chan string, 1), make(chan error)
-	copyImage := defaultPool(c).restoreImage
 	// The held copy has written 1 MiB so far, in the file a copy is made
 	// in; it goes when the copy is let go.
 	var copiedSoFar, source int64
 	made, release := make(chan string, 1), make(chan struct{})
-	defaultPool(c).restoreImage = func(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
-		tmp, err := devices.CopyTemp(images.Path(id))
+	held := func(ctx context.Context, into *pool.Pool, id string, from *pool.Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
+		tmp, err := devices.CopyTemp(into.Image(id))
 		if err != nil {
 			return err
 		}
@@ -274,13 +247,34 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 			return err
 		}
 		os.Remove(tmp.Name())
-		if err := copyImage(ctx, id, from, snap, size, thick); err != nil {
+		if err := pool.CopySnapshot(ctx, into, id, from, snap, size, thick); err != nil {
 			return err
 		}
 		// The image is made and the restore not yet over.
 		made <- id
 		<-release
 		return nil
+	}
+	c, store, images := newControllerCopying(t, held)
+	serveSnapshots(t, c)
+	v1 := create(t, c, "v1")
+	// 2 MiB of data in the volume, which its snapshot holds and a restore
+	// copies.
+	f, err := os.OpenFile(images.Path(v1), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Write(bytes.Repeat([]byte("d"), 2<<20))
+	if err == nil {
+		err = f.Sync()
+	}
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: "s1", SourceVolumeId: v1})
+	if err != nil {
+		t.Fatal(err)
 	}
 	restore := func(ctx context.Context, name string) (*csi.CreateVolumeResponse, error) {
 		resp, err := c.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: capMount,
@@ -309,14 +303,14 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	r1 := <-started
 	// What the copy wrote so far is out of the free space already: it is
 	// owed no more.
-	if during, owed := promised(); during != before+MinVolumeSize || owed != owedBefore+MinVolumeSize-copiedSoFar || copiedSoFar < 1<<20 {
+	if during, owed := promised(); during != before+pool.MinVolumeSize || owed != owedBefore+pool.MinVolumeSize-copiedSoFar || copiedSoFar < 1<<20 {
 		t.Errorf("during the copy, %d bytes are promised to thick volumes and %d owed, %d and %d before: want the copy's %d more promised and %d more owed (%d copied so far)",
-			during, owed, before, owedBefore, MinVolumeSize, MinVolumeSize-copiedSoFar, copiedSoFar)
+			during, owed, before, owedBefore, pool.MinVolumeSize, pool.MinVolumeSize-copiedSoFar, copiedSoFar)
 	}
-	if got := defaultPool(c).Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != MinVolumeSize ||
+	if got := defaultPool(c).Restoring(); len(got) != 1 || got[0].VolumeID != r1 || got[0].SnapshotID != snap.GetSnapshot().GetSnapshotId() || got[0].Bytes != pool.MinVolumeSize ||
 		got[0].SourceBytes != source || got[0].Copied != copiedSoFar || source < 2<<20 {
 		t.Errorf("restores under way: got %+v, want %s from %s, %d bytes, %d of its %d (at least 2 MiB) copied",
-			got, r1, snap.GetSnapshot().GetSnapshotId(), MinVolumeSize, copiedSoFar, source)
+			got, r1, snap.GetSnapshot().GetSnapshotId(), pool.MinVolumeSize, copiedSoFar, source)
 	}
 	v2 := create(t, c, "v2")
 	v2Size, err := images.Size(v2)
@@ -342,16 +336,16 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 	<-made
 	// Between the copy becoming the image and the restore's end, the
 	// image counts, the restore no more: once, not twice.
-	if during, owed := promised(); during != before+MinVolumeSize+v2Size || owed != owedBefore {
+	if during, owed := promised(); during != before+pool.MinVolumeSize+v2Size || owed != owedBefore {
 		t.Errorf("with the image made, %d bytes are promised to thick volumes and %d owed: want %d and %d",
-			during, owed, before+MinVolumeSize+v2Size, owedBefore)
+			during, owed, before+pool.MinVolumeSize+v2Size, owedBefore)
 	}
 	close(release)
 	if err := <-retried; err != nil || resp.GetVolume().GetVolumeId() != r1 {
 		t.Fatalf("the retry after the copy: got %v, %v; want volume %s", resp, err, r1)
 	}
-	if size, err := images.Size(r1); err != nil || size != MinVolumeSize {
-		t.Errorf("the restored image: %d bytes, %v; want %d", size, err, MinVolumeSize)
+	if size, err := images.Size(r1); err != nil || size != pool.MinVolumeSize {
+		t.Errorf("the restored image: %d bytes, %v; want %d", size, err, pool.MinVolumeSize)
 	}
 	if got := defaultPool(c).Restoring(); len(got) != 0 {
 		t.Errorf("restores under way after the copy: %+v", got)
@@ -376,17 +370,31 @@ func TestRestoreOutlivesItsRequest(t *testing.T) {
 // it: its deletion is UNAVAILABLE (retried) rather than done, which would
 // drop its content and keep its file; with every pool served, it is done.
 func TestDeleteSnapshotWaitsForALeftOutPool(t *testing.T) {
-	c, _, images := newController(t)
-	id := snapshotted(t, c, images)
+	c, store, _ := newController(t)
+	id := snapshotted(t, c)
 	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
 		t.Fatalf("deleting the snapshot: %v", err)
 	}
-	c.pools.unserved = []volstatus.PoolStatus{{Name: "fast", Error: "pools default and fast are on one filesystem"}}
-	_, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
+	// The same node with a pool fast configured, whose directory is on
+	// the default pool's filesystem: fast is left out.
+	fast := filepath.Join(t.TempDir(), "fast")
+	if err := os.MkdirAll(fast, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	pools, err := pool.Open(store, []pool.Options{{Name: state.DefaultPool, Dir: defaultPool(c).Dir(), Ratio: 1}, {Name: "fast", Dir: fast, Ratio: 1}}, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pools.Close)
+	if got := pools.UnservedNames(); len(got) != 1 || got[0] != "fast" {
+		t.Fatalf("pools left out: got %v, want fast", got)
+	}
+	left := New(pools, store, c.topology, c.opts)
+	serveSnapshots(t, left)
+	_, err = left.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id})
 	if rpcerr.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "fast") {
 		t.Errorf("deleting a snapshot found nowhere while pool fast is left out: got %v, want UNAVAILABLE naming fast", err)
 	}
-	c.pools.unserved = nil
 	if _, err := c.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
 		t.Errorf("deleting a snapshot found nowhere with every pool served: got %v, want it done", err)
 	}
@@ -404,8 +412,8 @@ func capped(n string) map[string]string {
 // a snapshot asked for and not yet taken counts, but not for its own
 // retry; a deletion frees a place; without the parameter there is no cap.
 func TestSnapshotCapPerVolume(t *testing.T) {
-	c, store, images := newController(t)
-	taker := serveSnapshots(t, c, images)
+	c, store, _ := newController(t)
+	taker := serveSnapshots(t, c)
 	v1, v2 := create(t, c, "v1"), create(t, c, "v2")
 	snap := func(name, source string, params map[string]string) (*csi.Snapshot, error) {
 		resp, err := c.CreateSnapshot(t.Context(), &csi.CreateSnapshotRequest{Name: name, SourceVolumeId: source, Parameters: params})
@@ -469,8 +477,8 @@ func TestSnapshotCapPerVolume(t *testing.T) {
 // anything is asked of the reconciler, and that a valid one is accepted
 // beside Kubernetes' own keys.
 func TestSnapshotCapParameter(t *testing.T) {
-	c, _, images := newController(t)
-	taker := serveSnapshots(t, c, images)
+	c, _, _ := newController(t)
+	taker := serveSnapshots(t, c)
 	v1 := create(t, c, "v1")
 	for _, bad := range []string{"0", "-1", "x", "1.5", "", "+2", "1e3"} {
 		t.Run(fmt.Sprintf("%q", bad), func(t *testing.T) {

@@ -16,11 +16,12 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/contract/capability"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
 // ControllerExpandVolume grows a volume whose image is on this node, as
-// Pool.GrowImage does (the new space of a thick volume allocated, never
+// pool.Pool.GrowImage does (the new space of a thick volume allocated, never
 // shrinking, within the promise), and leaves the filesystem to the node.
 // A cluster runs one resizer, beside one node's plugin: for a volume whose
 // image is not here, which this node cannot tell from one of another node,
@@ -43,15 +44,15 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, err
 	}
 	rng := rangeOf(req.GetCapacityRange())
-	size, err := sizeFor(rng, MinVolumeSize)
+	size, err := pool.SizeFor(rng, pool.MinVolumeSize)
 	if err != nil {
 		return nil, err
 	}
-	pool, space := c.pools.Of(id)
-	if space == nil {
-		return nil, c.pools.noPool(pool)
+	p, missing := c.pools.ForVolume(id)
+	if missing != nil {
+		return nil, missing.Err()
 	}
-	cur, err := space.ImageSize(id)
+	cur, err := p.ImageSize(id)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		klog.V(2).InfoS("Volume is not on this node; its node grows it in NodeExpandVolume", "volumeID", id, "bytes", size)
@@ -62,7 +63,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if err := rng.Grows(id, cur); err != nil {
 		return nil, err
 	}
-	if size, err = space.GrowImage(id, size); err != nil {
+	if size, err = p.GrowImage(id, size); err != nil {
 		return nil, err
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
@@ -81,31 +82,31 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		}
 		return nil, err
 	}
-	pool, space := c.pools.Of(id)
-	if space == nil {
-		if why := c.pools.Unserved(pool); why != "" {
-			return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node leaves out: %s; serve it again to delete the volume", id, pool, why)
+	p, missing := c.pools.ForVolume(id)
+	if missing != nil {
+		if why := c.pools.Unserved(missing.Name()); why != "" {
+			return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node leaves out: %s; serve it again to delete the volume", id, missing.Name(), why)
 		}
-		return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, pool)
+		return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, missing.Name())
 	}
-	if err := space.within(func(p promise) error { return c.deleteWithin(p, id) }); err != nil {
+	if err := p.Within(func(pr pool.Promise) error { return c.deleteWithin(p, pr, id) }); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
-// deleteWithin deletes volume id within the promise of its pool, unless it
-// is being restored, staged or published.
-func (c *Controller) deleteWithin(p promise, id string) error {
-	if r := p.s.restore(id); r != nil {
-		return classified.Errorf(classified.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.snapshot)
+// deleteWithin deletes volume id within the promise pr of its pool p,
+// unless it is being restored, staged or published.
+func (c *Controller) deleteWithin(p *pool.Pool, pr pool.Promise, id string) error {
+	if r := p.RestoreOf(id); r != nil {
+		return classified.Errorf(classified.KindAborted, "volume %s is being restored from snapshot %s; delete it once the restore has ended", id, r.SnapshotID())
 	}
 	if _, err := c.store.Update(id, func(v *state.Volume) error { return v.StartRemoval() }); err != nil {
 		return err
 	}
 	// The record says the removal started; the image is still there.
 	// gofail: var controllerDeleteAfterMark struct{}
-	return p.remove(id)
+	return pr.Remove(id)
 }
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
@@ -119,11 +120,11 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err
 	}
-	_, space := c.pools.Of(id)
-	if space == nil {
+	p, missing := c.pools.ForVolume(id)
+	if missing != nil {
 		return nil, state.NotFound(id)
 	}
-	if _, err := space.ImageSize(id); err != nil {
+	if _, err := p.ImageSize(id); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, state.NotFound(id)
 		}
@@ -164,7 +165,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	if err != nil {
 		return nil, err
 	}
-	where, err := c.pools.images()
+	where, err := c.pools.Images()
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +199,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	if err != nil {
 		return nil, err
 	}
-	_, space, err := c.pools.parsePool(req.GetParameters())
+	p, err := c.parsePool(req.GetParameters())
 	if err != nil {
 		if classified.AsError(err).Kind == classified.KindResourceExhausted {
 			return &csi.GetCapacityResponse{}, nil // no such pool here
@@ -213,7 +214,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && seg[contract.TopologyKey] != c.topology[contract.TopologyKey] {
 		return &csi.GetCapacityResponse{}, nil
 	}
-	avail, largest, err := space.Available(prov == state.ProvisionThin)
+	avail, largest, err := p.Available(prov == state.ProvisionThin)
 	if err != nil {
 		return nil, err
 	}

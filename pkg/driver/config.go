@@ -10,8 +10,8 @@ import (
 
 	"github.com/converge-csi/converge/pkg/capacity"
 	"github.com/converge-csi/converge/pkg/contract"
-	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/nodeserver"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/reconciler"
 )
 
@@ -53,7 +53,7 @@ type Config struct {
 	// Pools are the storage pools besides the default one.
 	Pools []PoolSpec
 	// pools are all the pools, the default first, resolved.
-	pools []controller.PoolOptions
+	pools []pool.Options
 	// KubeletDir is the kubelet's root; staging and target paths lie in it.
 	KubeletDir string
 	// AllowedPathPrefixes are extra roots for staging and target paths.

@@ -47,7 +47,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 			p.close()
 		}
 	}()
-	// Each pool's space promises what CreateVolume, snapshots, restores
+	// Each pool promises what CreateVolume, snapshots, restores
 	// and the reconciler's growth of images for NodeExpandVolume take of
 	// it, under its own lock.
 	if p.pools, err = openPools(p.store, cfg); err != nil {

@@ -7,9 +7,9 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/metrics"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/reconciler"
 	"github.com/converge-csi/converge/pkg/state"
 )
@@ -46,12 +46,9 @@ const (
 	maxMessage = 1 << 20
 )
 
-// The metrics are the reconciler's recorder, and each storage pool is a
-// pool of the reconciler's.
-var (
-	_ reconciler.Recorder = (*metrics.Metrics)(nil)
-	_ reconciler.Pool     = (*controller.Pool)(nil)
-)
+// The metrics are the reconciler's recorder (each storage pool is a pool
+// of the reconciler's: pkg/reconciler/pools.go holds it so).
+var _ reconciler.Recorder = (*metrics.Metrics)(nil)
 
 // Run builds the plugin from cfg, repairs what the last run left behind,
 // and serves until ctx ends. On return every mount and device is left in
@@ -75,7 +72,7 @@ type plugin struct {
 	store *state.Store
 	// pools are the configured pools this node has. Their filesystems
 	// are probed by recover, once what a crash left in them is gone.
-	pools    *controller.Pools
+	pools    *pool.Pools
 	observer *devices.Observer
 	// removals removes thick devices' numbers after their detach.
 	removals *devices.Removals

@@ -10,8 +10,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/httpserve"
+	"github.com/converge-csi/converge/pkg/pool"
 )
 
 // TestHTTPFailureFailsTheGroup: an HTTP server that stops by itself sends
@@ -71,7 +71,7 @@ func TestHTTPFailureFailsTheGroup(t *testing.T) {
 				}
 			}
 			stopped := make(chan error, 1)
-			go func() { stopped <- g.stop(Config{StateDir: dir}, &controller.Pools{}) }()
+			go func() { stopped <- g.stop(Config{StateDir: dir}, &pool.Pools{}) }()
 			select {
 			case err := <-stopped:
 				if (err != nil) != tt.wantErr {

@@ -10,8 +10,8 @@ import (
 	"strings"
 
 	"github.com/converge-csi/converge/pkg/capacity"
-	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -67,8 +67,8 @@ func ParsePoolSpec(s string) (PoolSpec, error) {
 
 // resolvePools returns the configured pools, the default pool (DataDir)
 // first: a pool named like another, or a directory twice, is refused.
-func (c Config) resolvePools() ([]controller.PoolOptions, error) {
-	out := []controller.PoolOptions{c.poolOf(state.DefaultPool, c.DataDir, "")}
+func (c Config) resolvePools() ([]pool.Options, error) {
+	out := []pool.Options{c.poolOf(state.DefaultPool, c.DataDir, "")}
 	names, dirs := map[string]bool{state.DefaultPool: true}, map[string]string{c.DataDir: state.DefaultPool}
 	for _, s := range c.Pools {
 		if names[s.Name] {
@@ -95,10 +95,10 @@ func (c Config) resolvePools() ([]controller.PoolOptions, error) {
 
 // poolOf is pool name at dir with the configuration's ratio and guard, or
 // the guard given (checked by ParsePoolSpec) when it is not empty. With
-// neither, the guard is left to the pool's filesystem, which OpenPools
+// neither, the guard is left to the pool's filesystem, which pool.Open
 // finds out (capacity.DefaultGuardFor).
-func (c Config) poolOf(name, dir, guard string) controller.PoolOptions {
-	p := controller.PoolOptions{Name: name, Dir: dir, Ratio: c.OverprovisioningRatio, Guard: c.guard}
+func (c Config) poolOf(name, dir, guard string) pool.Options {
+	p := pool.Options{Name: name, Dir: dir, Ratio: c.OverprovisioningRatio, Guard: c.guard}
 	if guard != "" {
 		g := capacity.MustParseGuard(guard)
 		p.Guard = &g
@@ -106,7 +106,7 @@ func (c Config) poolOf(name, dir, guard string) controller.PoolOptions {
 	return p
 }
 
-// openPools opens cfg's pools (controller.OpenPools) once no user but root
+// openPools opens cfg's pools (pool.Open) once no user but root
 // can change or redirect their directories (checkPoolDirs): the plugin, as
 // root, attaches and mounts the image files they hold, and an image
 // swapped, or a pool redirected by a symlink, by another user or by a pod
@@ -114,16 +114,16 @@ func (c Config) poolOf(name, dir, guard string) controller.PoolOptions {
 // checked again once open, before anything reads or writes them: a
 // directory missing at the first check may have been made since. On
 // failure no pool is left open.
-func openPools(store controller.Store, cfg Config) (*controller.Pools, error) {
+func openPools(store pool.Store, cfg Config) (*pool.Pools, error) {
 	if err := checkPoolDirs(cfg.pools); err != nil {
 		return nil, err
 	}
-	ps, err := controller.OpenPools(store, cfg.pools, cfg.KubeletDir)
+	ps, err := pool.Open(store, cfg.pools, cfg.KubeletDir)
 	if err != nil {
 		return nil, err
 	}
 	dirs := ps.Dirs()
-	served := slices.DeleteFunc(slices.Clone(cfg.pools), func(p controller.PoolOptions) bool { return dirs[p.Name] == "" })
+	served := slices.DeleteFunc(slices.Clone(cfg.pools), func(p pool.Options) bool { return dirs[p.Name] == "" })
 	if err := checkPoolDirs(served); err != nil {
 		ps.Close()
 		return nil, err
@@ -136,8 +136,8 @@ func openPools(store controller.Store, cfg Config) (*controller.Pools, error) {
 // naming the pool. The default pool's directory is made, 0700, when
 // missing, as csi-node's own (devices.MakeTrustedDir); another pool whose
 // directory is missing is passed over: this node lacks it, and
-// controller.OpenPools serves no pool there.
-func checkPoolDirs(pools []controller.PoolOptions) error {
+// pool.Open serves no pool there.
+func checkPoolDirs(pools []pool.Options) error {
 	for _, p := range pools {
 		check := devices.CheckTrustedDir
 		if p.Name == state.DefaultPool {

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/capacity"
-	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -118,7 +118,7 @@ func TestPoolGuardFollowsTheKubeletsFilesystem(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer store.Close()
-			pools, err := controller.OpenPools(store, cfg.pools, cfg.KubeletDir)
+			pools, err := pool.Open(store, cfg.pools, cfg.KubeletDir)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,7 +139,7 @@ func TestPoolGuardFollowsTheKubeletsFilesystem(t *testing.T) {
 
 // TestPoolOwnGuardWins checks that a pool's guard= overrides --pool-guard,
 // and that a pool without one takes --pool-guard when it is given, and the
-// default of its filesystem (left to controller.OpenPools) when it is not.
+// default of its filesystem (left to pool.Open) when it is not.
 func TestPoolOwnGuardWins(t *testing.T) {
 	base := Config{NodeID: "n", Endpoint: "unix:///tmp/x.sock", StateDir: "/var/lib/converge",
 		Pools: []PoolSpec{{Name: "fast", Dir: "/mnt/a", Guard: "1Gi"}, {Name: "slow", Dir: "/mnt/b"}}}

@@ -14,8 +14,8 @@ import (
 //  1. the store's log, replayed when construct opened the store
 //     (openStore), which says how many records it replayed;
 //  2. in each pool, in the order they were given, what interrupted image creations and snapshot copies
-//     left, removed (controller.Pool.Repair);
-//  3. then each pool's filesystem probed (controller.Pool.Probe): after step 2,
+//     left, removed (pool.Pool.Repair);
+//  3. then each pool's filesystem probed (pool.Pool.Probe): after step 2,
 //     which frees what the leftovers may have filled;
 //  4. the intents of the snapshots only an interrupted clone needed,
 //     forgotten (dropTempSnapshotIntents).

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/converge-csi/converge/pkg/controller"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -61,14 +61,14 @@ func TestRecoverFreesAFullPoolBeforeProbingIt(t *testing.T) {
 
 // poolPlugin returns a plugin of one default pool in dir, with a store of
 // its own, and its pools, as start-up's recover sees them.
-func poolPlugin(t *testing.T, dir string) (*plugin, *controller.Pools) {
+func poolPlugin(t *testing.T, dir string) (*plugin, *pool.Pools) {
 	t.Helper()
 	store, err := state.Open(filepath.Join(t.TempDir(), "state.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	pools := controller.NewPools(store, controller.NewPool(store, controller.PoolOptions{Dir: dir, Ratio: 1}))
+	pools := pool.NewPools(store, pool.New(store, pool.Options{Dir: dir, Ratio: 1}))
 	return &plugin{store: store, pools: pools}, pools
 }
 

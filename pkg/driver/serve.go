@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
-	"github.com/converge-csi/converge/pkg/controller"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/pool"
 	"github.com/converge-csi/converge/pkg/reconciler"
 )
 
@@ -115,7 +115,7 @@ func (g *group) startServers(lis net.Listener, maxConns int) {
 // socket removed. Mounts and devices stay in place. It returns a server's
 // failure that serve did not take: one that came as ctx ended, or after
 // the first.
-func (g *group) stop(cfg Config, pools *controller.Pools) error {
+func (g *group) stop(cfg Config, pools *pool.Pools) error {
 	stopped := make(chan struct{})
 	go func() { g.grpc.GracefulStop(); close(stopped) }()
 	select {

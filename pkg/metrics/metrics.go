@@ -184,14 +184,17 @@ func (m *Metrics) WatchRequests(waiting func() int, limit int) {
 // converge_data_directory_nearly_full, converge_snapshots and
 // converge_restores by pool, and converge_restore_copied_bytes by restore;
 // and converge_data_directory_unreadable, 1 for a pool whose space could
-// not be read (PoolStatus.Error), which then has no other.
+// not be read (PoolStatus.Error), which then has no other. The names say
+// "data directory", as they did when a node had one pool, its data
+// directory: they are published (alerts and dashboards read them), and
+// each is a storage pool's.
 func (m *Metrics) WatchPools(pools func() []volstatus.PoolStatus) {
 	m.Registry.MustRegister(poolCollector(pools))
 }
 
 var (
 	poolBytes = prometheus.NewDesc(namespace+"_data_directory_bytes",
-		"Space of a storage pool's data directory by kind: size, free, guard (kept free: promised to no volume), promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin (written and not shared), available_thick and available_thin (what GetCapacity answers: what is left above the guard), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
+		"Space of a storage pool by kind: size, free, guard (kept free: promised to no volume), promised_thick, owed_thick (not yet allocated, or shared with snapshots), promised_thin, allocated_thin (written and not shared), available_thick and available_thin (what GetCapacity answers: what is left above the guard), snapshots (what the snapshots allocate), copying_snapshots (promised to the snapshots being taken).",
 		[]string{"pool", "kind"}, nil)
 	snapshotCount = prometheus.NewDesc(namespace+"_snapshots",
 		"Snapshots kept in a storage pool.", []string{"pool"}, nil)

@@ -135,8 +135,8 @@ converge_ready 1
 }
 
 // TestPoolGuardIsExported checks that each pool's guard, the space kept
-// free that no volume is promised, is a kind of its data directory's
-// bytes, beside what is still available above it.
+// free that no volume is promised, is a kind of its pool's bytes, beside
+// what is still available above it.
 func TestPoolGuardIsExported(t *testing.T) {
 	m := New()
 	m.WatchPools(func() []volstatus.PoolStatus {

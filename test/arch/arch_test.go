@@ -34,6 +34,12 @@ const module = "github.com/converge-csi/converge/"
 // answers with them without the store. Its condition reasons are read by
 // the store (it carries a reason in a volume's condition) and the
 // reconciler (which decides them).
+// pool, the node's storage pools (their images, snapshots, restores and
+// capacity promise), sits below both the controller and the reconciler,
+// which reach it each on its own: it builds on devices, capacity and the
+// store's types, and reaches neither of them back, so that a snapshot's
+// round trip (controller -> nodeserver -> state <- reconciler -> pool ->
+// devices) runs one way down.
 // httpserve, the bounds of an HTTP address on the pod network, is a leaf
 // the driver and the cluster-side command share. locks, where every mutex
 // of the node plugin comes from (go-deadlock's in a lockorder build), is
@@ -48,13 +54,14 @@ var allowed = map[string][]string{
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
 	"pkg/snaplabel":           {"pkg/contract", "pkg/nodeloss"},
-	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/httpserve", "pkg/metrics", "pkg/nodeserver", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus", "pkg/locks"},
-	"pkg/controller":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus", "pkg/locks"},
+	"pkg/driver":              {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/controller", "pkg/devices", "pkg/httpserve", "pkg/metrics", "pkg/nodeserver", "pkg/pool", "pkg/reconciler", "pkg/rpcerr", "pkg/state", "pkg/volstatus", "pkg/locks"},
+	"pkg/controller":          {"pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/devices", "pkg/host", "pkg/pool", "pkg/state", "pkg/volstatus", "pkg/locks"},
+	"pkg/pool":                {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus", "pkg/locks"},
 	"pkg/nodeserver":          {"pkg/classified", "pkg/contract", "pkg/contract/capability", "pkg/host", "pkg/state"},
 	"pkg/contract":            {"pkg/classified", "pkg/host"},
 	"pkg/contract/capability": {"pkg/contract", "pkg/host"},
 	"pkg/rpcerr":              {"pkg/classified"},
-	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/state", "pkg/volstatus", "pkg/locks"},
+	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/pool", "pkg/state", "pkg/volstatus", "pkg/locks"},
 	"pkg/devices":             {"pkg/host", "pkg/locks"},
 	"pkg/metrics":             {"pkg/volstatus"},
 	"pkg/state":               {"pkg/classified", "pkg/contract", "pkg/locks"},
@@ -85,6 +92,7 @@ var only = map[string][]string{
 var never = map[string][]string{
 	"pkg/state":      {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os/exec", "k8s.io/utils/exec"},
 	"pkg/reconciler": {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
+	"pkg/pool":       {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/devices":    {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},
 	"pkg/host":       {"google.golang.org/grpc", "github.com/container-storage-interface/spec", "os/exec"},
 	"pkg/volstatus":  {"google.golang.org/grpc", "github.com/container-storage-interface/spec"},

@@ -82,7 +82,7 @@ var walkSteps = map[string]walkStep{
 	"devicesImageAfterRename":     {from: absent, want: created},
 	"controllerCreateAfterImage":  {from: absent, want: created},
 	"controllerDeleteAfterMark":   {from: created, want: absent},
-	"controllerDeleteAfterImage":  {from: created, want: absent},
+	"poolDeleteAfterImage":        {from: created, want: absent},
 	"devicesFileAfterRemove":      {from: created, want: absent},
 	// The reconciler: every action, and the steps of stage (attach,
 	// mkfs, mount), publish (bind), unpublish and unstage (unmount,
@@ -120,8 +120,8 @@ var walkSteps = map[string]walkStep{
 	"reconcilerGroupAfterCopy":   {from: published, want: published, how: groupSnapshot},
 	"reconcilerGroupAfterTake":   {from: published, want: published, how: groupSnapshot},
 	// Restore and csi-node gc.
-	"controllerRestoreAfterCopy": {from: published, want: published, how: restore},
-	"controllerGCBeforeDelete":   {from: created, want: created, how: collect},
+	"poolRestoreAfterCopy":     {from: published, want: published, how: restore},
+	"controllerGCBeforeDelete": {from: created, want: created, how: collect},
 }
 
 // TestFailpointTable fails when a failpoint of the source has no step in

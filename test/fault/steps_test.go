@@ -33,8 +33,10 @@ var steps = map[string][]string{
 		"unix.Renameat2", "syncDir", "os.Remove", "tmp.Sync", "f.Sync",
 	},
 	"pkg/controller": {
-		"p.record", "p.unrecord", "p.makeImage", "p.startRestore", "p.remove", "c.deleteWithin",
-		"s.images.Delete", "s.store.Update", "c.store.Update",
+		"pr.Record", "pr.MakeImage", "pr.StartRestore", "pr.Remove", "c.deleteWithin", "c.store.Update",
+	},
+	"pkg/pool": {
+		"pr.unrecord", "p.images.Delete", "p.store.Update",
 	},
 }
 

@@ -1,4 +1,4 @@
-package controller
+package pool
 
 import (
 	"context"
@@ -19,11 +19,12 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// restore is a volume being copied from a snapshot. A copy may take
+// Restore is a volume being copied from a snapshot. A copy may take
 // minutes (a sparse copy of many gigabytes), longer than a request waits
 // (external-provisioner's --timeout is 10 s by default): it goes on past
-// the request that started it, and the retries of the request wait for it.
-type restore struct {
+// the request that started it, and the retries of the request wait for it
+// (Pool.RestoreOf, Wait).
+type Restore struct {
 	volume, snapshot string
 	// source is the data of the snapshot (its allocated bytes), which the
 	// copy reads.
@@ -36,10 +37,10 @@ type restore struct {
 	err  error
 }
 
-// wait waits for the copy to end and returns its failure. When ctx ends
+// Wait waits for the copy to end and returns its failure. When ctx ends
 // first the copy goes on, and the error says so: the retry of the request
 // finds it.
-func (r *restore) wait(ctx context.Context) error {
+func (r *Restore) Wait(ctx context.Context) error {
 	select {
 	case <-r.done:
 		return r.err
@@ -48,20 +49,23 @@ func (r *restore) wait(ctx context.Context) error {
 	}
 }
 
+// SnapshotID is the snapshot the volume is copied from.
+func (r *Restore) SnapshotID() string { return r.snapshot }
+
 // restores are the copies from snapshots under way, by volume ID. A copy
-// is registered, and deregistered once it has ended, under the space's lock
-// (see Pool.startRestore), so that its volume is promised its size from
+// is registered, and deregistered once it has ended, under the pool's lock
+// (see Promise.StartRestore), so that its volume is promised its size from
 // before the copy starts until its image counts itself.
 type restores struct {
-	// mu guards jobs. It is taken alone, also inside the space's lock.
+	// mu guards jobs. It is taken alone, also inside the pool's lock.
 	mu   locks.Mutex
-	jobs map[string]*restore
+	jobs map[string]*Restore
 	// running counts the copies' goroutines, which stop joins.
 	running sync.WaitGroup
 }
 
 // get returns the restore of volume id under way, or nil.
-func (rs *restores) get(id string) *restore {
+func (rs *restores) get(id string) *Restore {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.jobs[id]
@@ -81,11 +85,11 @@ func (rs *restores) from(id string) int {
 	return n
 }
 
-func (rs *restores) add(r *restore) {
+func (rs *restores) add(r *Restore) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.jobs == nil {
-		rs.jobs = map[string]*restore{}
+		rs.jobs = map[string]*Restore{}
 	}
 	rs.jobs[r.volume] = r
 }
@@ -122,7 +126,7 @@ func (rs *restores) list() []Restoring {
 
 // run runs copy in a goroutine that stop joins, then end with its failure;
 // a copy that panics fails with its stack logged, and the plugin lives on.
-func (rs *restores) run(r *restore, copy func() error, end func(err error)) {
+func (rs *restores) run(r *Restore, copy func() error, end func(err error)) {
 	rs.running.Add(1)
 	go func() {
 		defer rs.running.Done()
@@ -131,7 +135,7 @@ func (rs *restores) run(r *restore, copy func() error, end func(err error)) {
 }
 
 // contained runs copy and turns its panic into the restore's failure.
-func contained(r *restore, copy func() error) (err error) {
+func contained(r *Restore, copy func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			klog.ErrorS(nil, "Restore panicked", "volumeID", r.volume, "snapshotID", r.snapshot, "panic", p, "stack", string(debug.Stack()))
@@ -144,31 +148,31 @@ func contained(r *restore, copy func() error) (err error) {
 // stop waits for every copy's goroutine to end.
 func (rs *restores) stop() { rs.running.Wait() }
 
-// startRestore starts copying snapshot snap into the image of volume id,
+// StartRestore starts copying snapshot snap into the image of volume id,
 // of size bytes, promised already, in the background, and registers the
 // copy. The copy goes on whatever becomes of the request: it ends whole or
 // absent (devices.CopyFile), and on failure the record's provisioning is
 // cleared as for any volume not made. The snapshot is in from, this
 // pool's snapshots or another pool's. release runs when the copy has
 // ended.
-func (p promise) startRestore(id, name string, from *Pool, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *restore {
-	s := p.s
-	r := &restore{volume: id, snapshot: snap.ID, source: snap.Allocated, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
-	s.restores.add(r)
-	klog.InfoS("Restoring volume from snapshot; the copy goes on past the request", "volumeID", id, "pool", s.Name(), "snapshotID", snap.ID, "bytes", size, "snapshotAllocatedBytes", snap.Allocated)
-	copy := func() error { return s.restoreImage(s.copies, id, from, snap, size, prov == state.ProvisionThick) }
-	s.restores.run(r, copy, func(err error) {
+func (pr Promise) StartRestore(id, name string, from *Pool, snap devices.SnapshotInfo, size int64, prov state.Provisioning, release func()) *Restore {
+	p := pr.p
+	r := &Restore{volume: id, snapshot: snap.ID, source: snap.Allocated, size: size, thin: prov == state.ProvisionThin, done: make(chan struct{})}
+	p.restores.add(r)
+	klog.InfoS("Restoring volume from snapshot; the copy goes on past the request", "volumeID", id, "pool", p.Name(), "snapshotID", snap.ID, "bytes", size, "snapshotAllocatedBytes", snap.Allocated)
+	copy := func() error { return p.copy(p.copies, p, id, from, snap, size, prov == state.ProvisionThick) }
+	p.restores.run(r, copy, func(err error) {
 		defer release()
 		// The copy has ended (whole, or absent when err) and is still
 		// registered.
-		// gofail: var controllerRestoreAfterCopy struct{}
-		s.within(func(p promise) error {
-			s.restores.remove(id)
+		// gofail: var poolRestoreAfterCopy struct{}
+		p.Within(func(pr Promise) error {
+			p.restores.remove(id)
 			if err != nil {
-				p.unrecord(id)
+				pr.unrecord(id)
 				klog.ErrorS(err, "Restore failed", "volumeID", id, "snapshotID", snap.ID)
 			} else {
-				klog.InfoS("Restored volume from snapshot", "volumeID", id, "name", name, "pool", s.Name(), "bytes", size, "provisioning", prov, "snapshotID", snap.ID)
+				klog.InfoS("Restored volume from snapshot", "volumeID", id, "name", name, "pool", p.Name(), "bytes", size, "provisioning", prov, "snapshotID", snap.ID)
 			}
 			return nil
 		})
@@ -178,20 +182,21 @@ func (p promise) startRestore(id, name string, from *Pool, snap devices.Snapshot
 	return r
 }
 
-// copySnapshot makes the image of volume id, size bytes, from snapshot
-// snap, which from holds: the copy, grown to size, every block allocated
-// for a thick volume, which appears whole or not at all (a crash in
-// between leaves no image, and the retried CreateVolume makes it anew).
-// A snapshot of this pool is copied as the pool copies (a reflink where it
-// can); one of another pool, on another filesystem, by a sparse copy.
-// DeleteSnapshot refuses the snapshot while its restore is registered;
-// one deleted before is NOT_FOUND.
-func (s *Pool) copySnapshot(ctx context.Context, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
+// CopySnapshot makes the image of volume id in pool into, size bytes, from
+// snapshot snap, which from holds: the copy, grown to size, every block
+// allocated for a thick volume, which appears whole or not at all (a crash
+// in between leaves no image, and the retried CreateVolume makes it anew).
+// A snapshot of into is copied as into copies (a reflink where it can);
+// one of another pool, on another filesystem, by a sparse copy. The
+// controller's DeleteSnapshot refuses the snapshot while its restore is
+// registered (Pools.RestoresFrom); one deleted before is NOT_FOUND. It is
+// the CopyFunc of a pool whose Options name none.
+func CopySnapshot(ctx context.Context, into *Pool, id string, from *Pool, snap devices.SnapshotInfo, size int64, thick bool) error {
 	var err error
-	if from == s {
-		err = s.snapshots.Restore(ctx, snap.ID, s.images.Path(id), size, thick)
+	if from == into {
+		err = into.snapshots.Restore(ctx, snap.ID, into.images.Path(id), size, thick)
 	} else {
-		err = devices.CopyFile(ctx, from.snapshots.Path(snap.ID), s.images.Path(id), devices.CopySparse, devices.CopyOptions{Size: size, Thick: thick})
+		err = devices.CopyFile(ctx, from.snapshots.Path(snap.ID), into.images.Path(id), devices.CopySparse, devices.CopyOptions{Size: size, Thick: thick})
 	}
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
@@ -215,10 +220,10 @@ type Restoring struct {
 
 // Restoring lists the volumes being copied from a snapshot, by ID, with
 // how far each copy is (Copied 0 when that cannot be read).
-func (s *Pool) Restoring() []Restoring {
-	out := s.restores.list()
+func (p *Pool) Restoring() []Restoring {
+	out := p.restores.list()
 	for i, r := range out {
-		if u, err := s.images.Copying(r.VolumeID); err == nil {
+		if u, err := p.images.Copying(r.VolumeID); err == nil {
 			out[i].Copied = min(u.Allocated, r.SourceBytes)
 		}
 	}

@@ -1,4 +1,4 @@
-package controller
+package pool
 
 import (
 	"errors"
@@ -15,31 +15,34 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// within runs fn holding the promise still: no image is made, grown,
-// restored or removed and no snapshot is asked for until fn returns. Every
-// check of the promise is a method of promise, so it is made within.
-func (s *Pool) within(fn func(p promise) error) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return fn(promise{s})
+// Within runs fn holding the pool's promise still: no image is made,
+// grown, restored or removed and no snapshot is asked for until fn
+// returns, and fn's checks and changes go through pr. It returns fn's
+// failure.
+func (p *Pool) Within(fn func(pr Promise) error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return fn(Promise{p})
 }
 
-// promise is the space held still by within.
-type promise struct{ s *Pool }
+// Promise is a pool's promise of space held still by Within, which alone
+// hands one out: every check of what the pool can promise, and every
+// change of its images' space, is a method of it, so it is made within.
+type Promise struct{ p *Pool }
 
-// Account is the state of the data directory as CreateVolume and
+// Account is the state of the pool's space as CreateVolume and
 // GetCapacity see it, with its filesystem's size: the volumes being
 // restored are promised their size, and the guard nothing.
-func (s *Pool) Account() (capacity.Account, int64, error) {
-	return account(s.images, s.store, s.ratio, s.guard, s.mode(), s.restores.promised())
+func (p *Pool) Account() (capacity.Account, int64, error) {
+	return account(p.images, p.store, p.ratio, p.guard, p.mode(), p.restores.promised())
 }
 
 // mode is how snapshots are copied here ("" when none are served: copies).
-func (s *Pool) mode() devices.CopyMode {
-	return s.snapshots.Mode
+func (p *Pool) mode() devices.CopyMode {
+	return p.snapshots.Mode
 }
 
-// account derives the state of the data directory from its images and
+// account derives the state of a pool's space from its images and
 // their records, for thin volumes at ratio, the guard kept free, and
 // snapshots copied as mode says. The volumes being restored (by ID) are promised their size (and
 // provisioning) already: until a copy is an image, it is accounted as an
@@ -83,11 +86,11 @@ func account(images *devices.Images, store Store, ratio float64, guard capacity.
 }
 
 // Available is what can still be promised to a volume, thin or thick,
-// above the guard (0 for a thin one while the data directory is nearly
+// above the guard (0 for a thin one while the pool is nearly
 // full), and the largest volume that could be: exactly what a
 // CreateVolume would be promised now.
-func (s *Pool) Available(thin bool) (avail, largest int64, err error) {
-	acc, total, err := s.Account()
+func (p *Pool) Available(thin bool) (avail, largest int64, err error) {
+	acc, total, err := p.Account()
 	if err != nil {
 		return 0, 0, classified.Errorf(classified.KindInternal, "%w", err)
 	}
@@ -97,36 +100,36 @@ func (s *Pool) Available(thin bool) (avail, largest int64, err error) {
 	return avail, min(avail, total), nil
 }
 
-// volume checks that an image of have bytes may grow to size bytes (have
-// 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the data directory
+// CheckVolume checks that an image of have bytes may grow to size bytes (have
+// 0: a new one), thin or thick: RESOURCE_EXHAUSTED when the pool
 // cannot hold it above its guard, or for a thin volume when it is nearly
 // full; OUT_OF_RANGE when it never could. Volumes made already are never
 // checked: one promised before the guard was (the pool past its guard)
 // keeps its space, and only what more is asked is refused.
-func (p promise) volume(thin bool, size, have int64) error {
-	s := p.s
-	acc, total, err := s.Account()
+func (pr Promise) CheckVolume(thin bool, size, have int64) error {
+	p := pr.p
+	acc, total, err := p.Account()
 	if err != nil {
 		return classified.Errorf(classified.KindInternal, "%w", err)
 	}
 	if size > total {
-		return classified.Errorf(classified.KindOutOfRange, "%d bytes is more than the %d bytes of pool %s's filesystem", size, total, s.name)
+		return classified.Errorf(classified.KindOutOfRange, "%d bytes is more than the %d bytes of pool %s's filesystem", size, total, p.name)
 	}
 	kind := state.ProvisionThick
 	if thin {
 		kind = state.ProvisionThin
 		if acc.NearlyFull() {
-			return classified.Errorf(classified.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", s.name, acc.Free, acc.Guard)
+			return classified.Errorf(classified.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no volume is created or grown in it until it has room", p.name, acc.Free, acc.Guard)
 		}
 	}
 	if avail := acc.Available(thin); size-have > avail {
 		return classified.Errorf(classified.KindResourceExhausted, "%d more bytes requested, %d bytes of pool %s can still be promised to a %s volume (%d bytes free, %d of them kept free by its guard, %d owed to thick volumes, %d promised to thin volumes at an overprovisioning ratio of %g)",
-			size-have, avail, s.name, kind, acc.Free, acc.Guard, acc.ThickOwed, acc.ThinPromised, s.ratio)
+			size-have, avail, p.name, kind, acc.Free, acc.Guard, acc.ThickOwed, acc.ThinPromised, p.ratio)
 	}
 	return nil
 }
 
-// snapshot checks that the data directory can hold a snapshot of each of
+// CheckSnapshots checks that the pool can hold a snapshot of each of
 // the volumes ids (one, or a group's members) together without breaking a
 // promise (snapshotNeed says what each takes): NOT_FOUND when a volume has
 // no image here, RESOURCE_EXHAUSTED when the space is
@@ -134,39 +137,39 @@ func (p promise) volume(thin bool, size, have int64) error {
 // nothing at once still keeps blocks that a deletion would free. The
 // snapshots asked for and not yet taken are promised theirs already
 // (capacity.Account.Copying).
-func (p promise) snapshot(ids ...string) error {
-	s := p.s
+func (pr Promise) CheckSnapshots(ids ...string) error {
+	p := pr.p
 	var need int64
 	for _, id := range ids {
-		u, err := s.images.Usage(id)
+		u, err := p.images.Usage(id)
 		if errors.Is(err, os.ErrNotExist) {
 			return state.NotFound(id)
 		}
 		if err != nil {
 			return classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
 		}
-		need += snapshotNeed(s.mode(), u)
+		need += snapshotNeed(p.mode(), u)
 	}
 	what := "a snapshot of volume " + strings.Join(ids, "") + " needs"
 	if len(ids) > 1 {
 		what = "snapshots of volumes " + strings.Join(ids, ", ") + " together need"
 	}
-	acc, _, err := s.Account()
+	acc, _, err := p.Account()
 	if err != nil {
 		return classified.Errorf(classified.KindInternal, "%w", err)
 	}
 	if acc.NearlyFull() {
-		return classified.Errorf(classified.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", s.name, acc.Free, acc.Guard)
+		return classified.Errorf(classified.KindResourceExhausted, "pool %s is nearly full (%d bytes free, below its guard of %d bytes): no snapshot is taken in it until it has room", p.name, acc.Free, acc.Guard)
 	}
 	if avail := acc.ThickAvailable(); need > avail {
 		return classified.Errorf(classified.KindResourceExhausted, "%s %d bytes of pool %s (copied by %s), %d can still be promised (%d bytes free, %d of them kept free by its guard)",
-			what, need, s.name, s.mode(), avail, acc.Free, acc.Guard)
+			what, need, p.name, p.mode(), avail, acc.Free, acc.Guard)
 	}
 	return nil
 }
 
 // snapshotNeed is the space a snapshot of an image whose usage is u takes
-// from the promises of the data directory, copied as mode says: by a copy,
+// from the pool's promises, copied as mode says: by a copy,
 // its allocated blocks at once; by a reflink nothing at once, but every
 // block the image held of its own (capacity.Image.Own) is shared then and
 // a write there takes a new one: a thick image owes them, and a thin one
@@ -186,24 +189,25 @@ func imageOf(u devices.Usage) capacity.Image {
 }
 
 // GrowImage grows id's image to at least size bytes (in whole 4 KiB
-// blocks), allocating the new space of a thick volume, once the data
-// directory can promise it, and returns the image's size. An image already
+// blocks), allocating the new space of a thick volume, once the pool can
+// promise it, and returns the image's size. An image already
 // that large is left as it is: images never shrink. The node's reconciler
 // calls it for NodeExpandVolume, while the volume is staged: the device and
 // the filesystem grow after it. A missing image is NOT_FOUND; a size the
-// data directory cannot hold now is RESOURCE_EXHAUSTED, one it never could
+// pool cannot hold now is RESOURCE_EXHAUSTED, one it never could
 // OUT_OF_RANGE.
-func (s *Pool) GrowImage(id string, size int64) (grown int64, err error) {
-	err = s.within(func(p promise) error {
-		grown, err = p.grow(id, size)
+func (p *Pool) GrowImage(id string, size int64) (grown int64, err error) {
+	err = p.Within(func(pr Promise) error {
+		grown, err = pr.grow(id, size)
 		return err
 	})
 	return grown, err
 }
 
-func (p promise) grow(id string, size int64) (int64, error) {
-	s := p.s
-	cur, err := s.images.Size(id)
+// grow is GrowImage within the promise.
+func (pr Promise) grow(id string, size int64) (int64, error) {
+	p := pr.p
+	cur, err := p.images.Size(id)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, state.NotFound(id)
 	}
@@ -213,25 +217,25 @@ func (p promise) grow(id string, size int64) (int64, error) {
 	if size <= cur {
 		return cur, nil
 	}
-	if size, err = sizeFor(state.Range{Required: size}, MinVolumeSize); err != nil {
+	if size, err = SizeFor(state.Range{Required: size}, MinVolumeSize); err != nil {
 		return 0, err
 	}
 	thin := false
-	if v, err := s.store.Get(id); err == nil {
+	if v, err := p.store.Get(id); err == nil {
 		thin = v.Thin()
 	}
-	if err := p.volume(thin, size, cur); err != nil {
+	if err := pr.CheckVolume(thin, size, cur); err != nil {
 		return 0, err
 	}
-	size, err = s.images.Grow(id, size, !thin)
+	size, err = p.images.Grow(id, size, !thin)
 	if err != nil {
 		return 0, imageError(err, "growing volume %s", id)
 	}
-	klog.V(2).InfoS("Grew volume image", "volumeID", id, "pool", s.name, "from", cur, "bytes", size, "thin", thin)
+	klog.V(2).InfoS("Grew volume image", "volumeID", id, "pool", p.name, "from", cur, "bytes", size, "thin", thin)
 	return size, nil
 }
 
-// record notes that volume id (named name) is made as prov in this pool
+// Record notes that volume id (named name) is made as prov in this pool
 // (the default pool recorded as none, as before pools), for access (see
 // state.Volume.Access: a record that says block already stays so), before
 // its image is: an image is then never accounted as another provisioning
@@ -239,46 +243,46 @@ func (p promise) grow(id string, size int64) (int64, error) {
 // that accounts for nothing, which the retry of the request makes the
 // image of. The name tells this volume's image from one that a volume made
 // before IDs named their node left under this ID.
-func (p promise) record(id, name string, prov state.Provisioning, access state.AccessType) error {
-	_, err := p.s.store.Update(id, func(v *state.Volume) error {
-		v.RecordMade(name, p.s.name, prov, access)
+func (pr Promise) Record(id, name string, prov state.Provisioning, access state.AccessType) error {
+	_, err := pr.p.store.Update(id, func(v *state.Volume) error {
+		v.RecordMade(name, pr.p.name, prov, access)
 		return nil
 	})
 	return err
 }
 
-// unrecord undoes record for a volume whose image was not made. Should
+// unrecord undoes Record for a volume whose image was not made. Should
 // that fail, the record accounts for nothing (accounting goes by images)
 // and the next CreateVolume of the name writes it again.
-func (p promise) unrecord(id string) {
-	if _, err := p.s.store.Update(id, func(v *state.Volume) error { v.ForgetMade(); return nil }); err != nil {
+func (pr Promise) unrecord(id string) {
+	if _, err := pr.p.store.Update(id, func(v *state.Volume) error { v.ForgetMade(); return nil }); err != nil {
 		klog.ErrorS(err, "Cannot clear the record of a volume that was not made", "volumeID", id)
 	}
 }
 
-// makeImage makes the image of a new volume id of size bytes, promised
+// MakeImage makes the image of a new volume id of size bytes, promised
 // already; on failure the record is cleared as for any volume not made.
-func (p promise) makeImage(id string, size int64, prov state.Provisioning) error {
-	if err := p.s.images.Create(id, size, prov == state.ProvisionThick); err != nil {
-		p.unrecord(id)
+func (pr Promise) MakeImage(id string, size int64, prov state.Provisioning) error {
+	if err := pr.p.images.Create(id, size, prov == state.ProvisionThick); err != nil {
+		pr.unrecord(id)
 		return imageError(err, "creating volume %s", id)
 	}
 	return nil
 }
 
-// remove removes the image of volume id, whose record is marked as being
-// removed, then forgets the volume.
-func (p promise) remove(id string) error {
-	s := p.s
-	if err := s.images.Delete(id); err != nil {
+// Remove removes the image of volume id, whose record is marked as being
+// removed, then forgets the volume. An image gone already is no error.
+func (pr Promise) Remove(id string) error {
+	p := pr.p
+	if err := p.images.Delete(id); err != nil {
 		return classified.Errorf(classified.KindInternal, "deleting image of %s: %w", id, err)
 	}
 	// The image is gone; the record still says the removal started.
-	// gofail: var controllerDeleteAfterImage struct{}
-	if _, err := s.store.Update(id, func(v *state.Volume) error { v.FinishRemoval(); return nil }); err != nil {
+	// gofail: var poolDeleteAfterImage struct{}
+	if _, err := p.store.Update(id, func(v *state.Volume) error { v.FinishRemoval(); return nil }); err != nil {
 		return err
 	}
-	s.store.DropTerminalFailures(id)
+	p.store.DropTerminalFailures(id)
 	return nil
 }
 

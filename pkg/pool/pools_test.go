@@ -1,4 +1,4 @@
-package controller
+package pool
 
 import (
 	"os"
@@ -18,7 +18,7 @@ import (
 func TestPoolsKeepBothOrders(t *testing.T) {
 	var pools []*Pool
 	for _, name := range []string{state.DefaultPool, "zeta", "alpha"} {
-		pools = append(pools, NewPool(nil, PoolOptions{Name: name, Dir: t.TempDir(), Ratio: 1}))
+		pools = append(pools, New(nil, Options{Name: name, Dir: t.TempDir(), Ratio: 1}))
 	}
 	ps := NewPools(nil, pools...)
 	names := func(pools []*Pool) []string {
@@ -47,8 +47,8 @@ func TestStatusesReportAnUnreadablePoolBesideTheOthers(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() })
 	gone := filepath.Join(t.TempDir(), "gone")
-	good := NewPool(store, PoolOptions{Name: state.DefaultPool, Dir: t.TempDir(), Ratio: 1})
-	bad := NewPool(store, PoolOptions{Name: "fast", Dir: gone, Ratio: 1})
+	good := New(store, Options{Name: state.DefaultPool, Dir: t.TempDir(), Ratio: 1})
+	bad := New(store, Options{Name: "fast", Dir: gone, Ratio: 1})
 	ps := NewPools(store, good, bad).Statuses("node")
 	if len(ps) != 2 {
 		t.Fatalf("got %d pools, want 2: %+v", len(ps), ps)
@@ -80,14 +80,14 @@ func TestPoolsOnOneFilesystemAreLeftOut(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() })
 	root := t.TempDir()
-	var opts []PoolOptions
+	var opts []Options
 	for _, o := range []struct{ name, dir string }{{state.DefaultPool, data}, {"fast", filepath.Join(root, "fast")}, {"slow", filepath.Join(root, "slow")}} {
 		if err := os.MkdirAll(o.dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		opts = append(opts, PoolOptions{Name: o.name, Dir: o.dir, Ratio: 1})
+		opts = append(opts, Options{Name: o.name, Dir: o.dir, Ratio: 1})
 	}
-	ps, err := OpenPools(store, opts, t.TempDir())
+	ps, err := Open(store, opts, t.TempDir())
 	if err != nil {
 		t.Fatalf("opening the pools: %v, want the default one served", err)
 	}
