@@ -8,6 +8,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/locks"
+	"github.com/converge-csi/converge/pkg/reconciler/claim"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -134,7 +135,7 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		return nil, "start-up reconstruction has not finished, or the reconciler stops"
 	}
 	for range earlyTries {
-		epoch := r.exec.epoch()
+		epoch := r.claims.Epoch()
 		v, err := r.cfg.Store.Get(id)
 		if errors.Is(err, state.ErrNotFound) {
 			// Forgotten whole (its last teardown done).
@@ -155,10 +156,11 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 			return nil, nothingToDo
 		}
 		act := p.acts[0]
+		var c *claim.Claim
 		var h hold
 		if earlyKind(act.kind) {
-			h, _ = r.exec.claim(id, act, epoch)
-		} else if h = r.exec.busy(id, epoch); h == notHeld {
+			c, h, _ = r.take(id, act, epoch)
+		} else if h = holdOf(r.claims.State(id, epoch)); h == notHeld {
 			// A step the pass takes, on a volume no operation holds and
 			// none changed since the record was read. One that finished
 			// since (a stage that recorded its provenance) is looked at
@@ -170,10 +172,10 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		// ends, as any step of a busy volume.
 		switch h {
 		case notHeld:
-			return r.beginOp(ctx, v, p.a, act), ""
+			return r.beginOp(ctx, c, v, p.a, act), ""
 		case heldRunning:
 			r.early.setPending(id)
-			if r.exec.runs(id) || !r.early.takePending(id) {
+			if r.claims.State(id, epoch) == claim.Running || !r.early.takePending(id) {
 				// The running operation's end starts it again.
 				return nil, ""
 			}
@@ -275,7 +277,7 @@ func (r *Reconciler) afterOp(id string, act action) {
 // had when an operation of it ran since epoch: a stage that attached its
 // device after the observation noted it (noteDevice), and the pass must not
 // forget it, or the publish that follows would wait for the next pass.
-func (r *Reconciler) learnDevices(plans, seen []plan, epoch uint64) {
+func (r *Reconciler) learnDevices(plans, seen []plan, epoch claim.Epoch) {
 	devs := make(map[string][]string, len(seen))
 	for _, ps := range [][]plan{seen, plans} {
 		for _, p := range ps {
@@ -287,7 +289,7 @@ func (r *Reconciler) learnDevices(plans, seen []plan, epoch uint64) {
 	r.early.mu.Lock()
 	defer r.early.mu.Unlock()
 	for id, old := range r.early.devices {
-		if _, ok := devs[id]; !ok && !r.exec.free(id, epoch) {
+		if _, ok := devs[id]; !ok && r.claims.State(id, epoch) != claim.Free {
 			devs[id] = old
 		}
 	}
