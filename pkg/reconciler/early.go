@@ -17,34 +17,39 @@ import (
 // A request that records an intent asks for its volume's next step at once
 // (Start), rather than for the next full pass: the step is decided from an
 // observation of that volume made after the intent was recorded, by the
-// same planVolume and diff a pass runs, and claimed in the executor the way
-// a pass claims it, so that one operation at most runs per volume whoever
-// started it. The full pass keeps everything else: the volumes no request
-// names (orphaned devices, repairs, backoffs that end), the group
-// snapshots, which hold several volumes, the results and conditions of
-// every intent, and the check, after the fact, of what early starts did.
+// same planVolume and diff a pass runs, and taken through the volume's
+// claim the way a pass takes it (take), so that one operation at most runs
+// per volume whoever started it. The full pass keeps everything else: the
+// volumes no request names (orphaned devices, repairs, backoffs that end),
+// the group snapshots, which hold several volumes, the results and
+// conditions of every intent, and the check, after the fact, of what early
+// starts did.
 //
-// The rules that span volumes, and how an early start keeps them (see
-// docs/architecture.md, "Early starts"):
-//   - One operation per volume: claim marks the volume running in the same
-//     step that checks it is not, for a pass and an early start alike; a
-//     group snapshot claims all its members in one step.
-//   - An observation older than an operation that finished is not acted
-//     on: the epoch is taken before the record is read, and a volume whose
-//     operation finished since is looked at again (heldStale).
-//   - An orphaned device (an image attached, no stage recorded) is released
-//     only by a pass, whose observation is older than the stage intent that
-//     adopts it, and whose claim then finds the early-started stage running
-//     or finished after its epoch.
-//   - A stage before its publishes, and the teardown of a volume's
-//     publishes before its stage: diff orders a volume's steps and plans a
-//     publish only on a ready stage, whoever asks it.
-//   - A group snapshot waits for its members' own work (ownWorkFirst) and
-//     starts only from a pass; a member's early start finds it running and
-//     starts again when it ends (pending).
-//   - A stage sees every device attached to the image (it refuses to
-//     mount an image attached twice): it starts only from a pass, whose
-//     observation reads every loop device (earlyKind).
+// It observes through Observer.ObserveVolume rather than the pass's
+// Observe, because a request's step must not wait for nor pay a read of
+// the whole mount table and every loop device; what only that read finds
+// (a device not known yet) is left to the pass.
+//
+// The rules that span volumes (docs/architecture.md, "Early starts", says
+// how each is kept), and the tests that fail when one is broken:
+//   - One operation per volume: TestPassWaitsForAnEarlyStartedOperation,
+//     TestEarlyStartWaitsForItsVolume, and pkg/reconciler/claim's tests.
+//   - No decision on an observation older than an operation that ended:
+//     TestEarlyStartLooksAgainAfterAnOperationEndsDuringItsObservation
+//     (TestStaleObservationStartsNothing for a pass).
+//   - An orphaned device is released only by a pass, through the volume's
+//     claim: TestOrphanedDeviceIsReleasedOnlyByAPass.
+//   - A stage before its publishes, and a volume's publishes torn down
+//     before its stage: TestEarlyStartLeavesTheStageToThePass,
+//     TestEarlyStartTearsDownPublishesBeforeTheStage.
+//   - A group snapshot starts only from a pass, and waits for its members'
+//     own work: TestEarlyStartLeavesAGroupSnapshotToThePass,
+//     TestEarlyStartOfAMemberWaitsForItsGroup,
+//     TestGroupYieldsToItsMembersOwnWork.
+//   - A stage sees every device attached to the image, so it starts only
+//     from a pass (earlyKind): TestEarlyStartLeavesTheStageToThePass.
+//
+// TestEarlyStartAndPassNeverOverlap runs them all at once.
 
 // earlyTries bounds how often an early start observes again when an
 // operation of its volume finished during its observation.
@@ -58,8 +63,8 @@ type early struct {
 	run locks.RWMutex
 	ctx context.Context
 
-	// mu guards devices and pending. It may be held while the executor's
-	// is taken, never the other way round.
+	// mu guards devices and pending. It may be held while the claims'
+	// (claim.Set) is taken, never the other way round.
 	mu locks.Mutex
 	// devices maps a volume to the loop devices last found attached to
 	// its image (by a pass, or by its stage's attach): the devices its
