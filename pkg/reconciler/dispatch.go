@@ -68,14 +68,15 @@ func (r *Reconciler) held(id string, act action, epoch claim.Epoch) (hold, time.
 }
 
 // startOp runs the operation for act, whose volumes c holds, in the
-// executor, on a goroutine of its own.
-func (r *Reconciler) startOp(ctx context.Context, c *claim.Claim, v *state.Volume, a *actual, act action) {
-	r.exec.spawn(r.beginOp(ctx, c, v, a, act))
+// executor, on a goroutine of its own; then, called once its end is
+// carried out, is the caller's (the early start's afterOp).
+func (r *Reconciler) startOp(ctx context.Context, c *claim.Claim, v *state.Volume, a *actual, act action, then func(id string, act action)) {
+	r.exec.spawn(r.beginOp(ctx, c, v, a, act, then))
 }
 
 // beginOp readies the operation for act, whose volumes c holds, in the
-// executor and returns the function that runs it.
-func (r *Reconciler) beginOp(ctx context.Context, c *claim.Claim, v *state.Volume, a *actual, act action) func() {
+// executor and returns the function that runs it; then is as startOp's.
+func (r *Reconciler) beginOp(ctx context.Context, c *claim.Claim, v *state.Volume, a *actual, act action, then func(id string, act action)) func() {
 	spec := act.kind.spec()
 	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "action", spec.name)
 	if act.target != "" {
@@ -103,6 +104,6 @@ func (r *Reconciler) beginOp(ctx context.Context, c *claim.Claim, v *state.Volum
 		}
 		r.cfg.Recorder.OperationDone(spec.name, out.result(), r.cfg.Clock.Since(begin))
 		r.carryOut(logger, v, act, out, f)
-		r.afterOp(v.ID, act)
+		then(v.ID, act)
 	})
 }

@@ -177,7 +177,7 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		// ends, as any step of a busy volume.
 		switch h {
 		case notHeld:
-			return r.beginOp(ctx, c, v, p.a, act), ""
+			return r.beginOp(ctx, c, v, p.a, act, r.afterOp), ""
 		case heldRunning:
 			r.early.setPending(id)
 			if r.claims.State(id, epoch) == claim.Running || !r.early.takePending(id) {

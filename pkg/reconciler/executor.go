@@ -16,17 +16,6 @@ import (
 	"github.com/converge-csi/converge/pkg/state"
 )
 
-// failure is the backoff state of the latest failed action of a volume.
-type failure struct {
-	act      action
-	attempts int
-	next     time.Time
-	err      *classified.Error
-	// final is true when retrying cannot help: the action is not tried
-	// again until its intent changes (a new generation is a new action).
-	final bool
-}
-
 // executor runs operations in two bounded pools, with exponential backoff
 // per volume and action. It does not decide which volume an operation may
 // hold: the caller claims it (claim.Set, see take) and hands the claim

@@ -161,7 +161,7 @@ func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch c
 				r.wakeBy(retryAt)
 				continue
 			}
-			r.startOp(ctx, c, p.v, p.a, p.act)
+			r.startOp(ctx, c, p.v, p.a, p.act, r.afterOp)
 			started++
 		}
 	}
