@@ -141,24 +141,9 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 	}
 	for range earlyTries {
 		epoch := r.claims.Epoch()
-		v, err := r.cfg.Store.Get(id)
-		if errors.Is(err, state.ErrNotFound) {
-			// Forgotten whole (its last teardown done).
-			return nil, nothingToDo
-		}
-		if err != nil {
-			return nil, err.Error()
-		}
-		if idle(v) {
-			return nil, nothingToDo
-		}
-		obs, err := r.observeFor(v)
-		if err != nil {
-			return nil, err.Error()
-		}
-		p := r.planVolume(v, obs)
-		if len(p.acts) == 0 {
-			return nil, nothingToDo
+		p, why := r.planEarly(id)
+		if why != "" {
+			return nil, why
 		}
 		act := p.acts[0]
 		var c *claim.Claim
@@ -177,7 +162,7 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		// ends, as any step of a busy volume.
 		switch h {
 		case notHeld:
-			return r.beginOp(ctx, c, v, p.a, act, r.afterOp), ""
+			return r.beginOp(ctx, c, p.v, p.a, act, r.afterOp), ""
 		case heldRunning:
 			r.early.setPending(id)
 			if r.claims.State(id, epoch) == claim.Running || !r.early.takePending(id) {
@@ -192,6 +177,31 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		}
 	}
 	return nil, "operations of the volume kept ending during its observation"
+}
+
+// planEarly reads volume id's record, observes the volume for its early
+// start and returns what it needs; why says, when not empty, why that is
+// nothing an early start takes. The caller reads the epoch before.
+func (r *Reconciler) planEarly(id string) (p plan, why string) {
+	v, err := r.cfg.Store.Get(id)
+	if errors.Is(err, state.ErrNotFound) {
+		// Forgotten whole (its last teardown done).
+		return plan{}, nothingToDo
+	}
+	if err != nil {
+		return plan{}, err.Error()
+	}
+	if idle(v) {
+		return plan{}, nothingToDo
+	}
+	obs, err := r.observeFor(v)
+	if err != nil {
+		return plan{}, err.Error()
+	}
+	if p = r.planVolume(v, obs); len(p.acts) == 0 {
+		return plan{}, nothingToDo
+	}
+	return p, ""
 }
 
 // nothingToDo is why an early start that found its volume converged
