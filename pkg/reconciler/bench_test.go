@@ -26,11 +26,11 @@ func BenchmarkPass(b *testing.B) {
 			w.started = nil
 			w.makeDirs("/k", "/k/staging")
 			r, err := New(Config{Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Pools: fakePools(w),
-				Clock: clocktesting.NewFakeClock(time.Unix(1_000_000, 0)), Roots: []string{"/k"}, FastWorkers: 64})
+				Clock: clocktesting.NewFakeClock(time.Unix(1_000_000, 0)), Roots: []string{"/k"}, FastWorkers: 64,
+				spawn: func(f func()) { f() }})
 			if err != nil {
 				b.Fatal(err)
 			}
-			r.exec.spawn = func(f func()) { f() }
 			for i := range n {
 				id := fmt.Sprintf("v%05d", i)
 				w.makeImages(id)

@@ -197,4 +197,9 @@ type Config struct {
 	BackoffInitial time.Duration
 	// BackoffMax caps the delay between retries.
 	BackoffMax time.Duration
+
+	// spawn runs an operation; nil runs each on a goroutine of its own.
+	// The simulation and the benchmark run them inline, one after the
+	// other, so that a run is the same every time.
+	spawn func(func())
 }

@@ -22,7 +22,10 @@
 // and snapshots goes there); observe.go what a volume's actual
 // state is, from the machine's observation; diff.go the rules that compare it
 // with the record and choose actions; kinds.go the table of action kinds;
-// dispatch.go hands an action to the executor (executor.go), and
+// dispatch.go takes a volume for an action through its claim (package
+// claim: one operation per volume, for a pass and an early start alike)
+// and hands it to the executor (executor.go); early.go is a request's
+// early start; and
 // outcome.go does what its end calls for; health.go decides a volume's
 // condition (the one place it is decided: the node server, the metrics
 // and the status page only read it), and report.go publishes it with each

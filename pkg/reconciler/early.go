@@ -8,6 +8,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/locks"
+	"github.com/converge-csi/converge/pkg/reconciler/claim"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -16,34 +17,39 @@ import (
 // A request that records an intent asks for its volume's next step at once
 // (Start), rather than for the next full pass: the step is decided from an
 // observation of that volume made after the intent was recorded, by the
-// same planVolume and diff a pass runs, and claimed in the executor the way
-// a pass claims it, so that one operation at most runs per volume whoever
-// started it. The full pass keeps everything else: the volumes no request
-// names (orphaned devices, repairs, backoffs that end), the group
-// snapshots, which hold several volumes, the results and conditions of
-// every intent, and the check, after the fact, of what early starts did.
+// same planVolume and diff a pass runs, and taken through the volume's
+// claim the way a pass takes it (take), so that one operation at most runs
+// per volume whoever started it. The full pass keeps everything else: the
+// volumes no request names (orphaned devices, repairs, backoffs that end),
+// the group snapshots, which hold several volumes, the results and
+// conditions of every intent, and the check, after the fact, of what early
+// starts did.
 //
-// The rules that span volumes, and how an early start keeps them (see
-// docs/architecture.md, "Early starts"):
-//   - One operation per volume: claim marks the volume running in the same
-//     step that checks it is not, for a pass and an early start alike; a
-//     group snapshot claims all its members in one step.
-//   - An observation older than an operation that finished is not acted
-//     on: the epoch is taken before the record is read, and a volume whose
-//     operation finished since is looked at again (heldStale).
-//   - An orphaned device (an image attached, no stage recorded) is released
-//     only by a pass, whose observation is older than the stage intent that
-//     adopts it, and whose claim then finds the early-started stage running
-//     or finished after its epoch.
-//   - A stage before its publishes, and the teardown of a volume's
-//     publishes before its stage: diff orders a volume's steps and plans a
-//     publish only on a ready stage, whoever asks it.
-//   - A group snapshot waits for its members' own work (ownWorkFirst) and
-//     starts only from a pass; a member's early start finds it running and
-//     starts again when it ends (pending).
-//   - A stage sees every device attached to the image (it refuses to
-//     mount an image attached twice): it starts only from a pass, whose
-//     observation reads every loop device (earlyKind).
+// It observes through Observer.ObserveVolume rather than the pass's
+// Observe, because a request's step must not wait for nor pay a read of
+// the whole mount table and every loop device; what only that read finds
+// (a device not known yet) is left to the pass.
+//
+// The rules that span volumes (docs/architecture.md, "Early starts", says
+// how each is kept), and the tests that fail when one is broken:
+//   - One operation per volume: TestPassWaitsForAnEarlyStartedOperation,
+//     TestEarlyStartWaitsForItsVolume, and pkg/reconciler/claim's tests.
+//   - No decision on an observation older than an operation that ended:
+//     TestEarlyStartLooksAgainAfterAnOperationEndsDuringItsObservation
+//     (TestStaleObservationStartsNothing for a pass).
+//   - An orphaned device is released only by a pass, through the volume's
+//     claim: TestOrphanedDeviceIsReleasedOnlyByAPass.
+//   - A stage before its publishes, and a volume's publishes torn down
+//     before its stage: TestEarlyStartLeavesTheStageToThePass,
+//     TestEarlyStartTearsDownPublishesBeforeTheStage.
+//   - A group snapshot starts only from a pass, and waits for its members'
+//     own work: TestEarlyStartLeavesAGroupSnapshotToThePass,
+//     TestEarlyStartOfAMemberWaitsForItsGroup,
+//     TestGroupYieldsToItsMembersOwnWork.
+//   - A stage sees every device attached to the image, so it starts only
+//     from a pass (earlyKind): TestEarlyStartLeavesTheStageToThePass.
+//
+// TestEarlyStartAndPassNeverOverlap runs them all at once.
 
 // earlyTries bounds how often an early start observes again when an
 // operation of its volume finished during its observation.
@@ -57,8 +63,8 @@ type early struct {
 	run locks.RWMutex
 	ctx context.Context
 
-	// mu guards devices and pending. It may be held while the executor's
-	// is taken, never the other way round.
+	// mu guards devices and pending. It may be held while the claims'
+	// (claim.Set) is taken, never the other way round.
 	mu locks.Mutex
 	// devices maps a volume to the loop devices last found attached to
 	// its image (by a pass, or by its stage's attach): the devices its
@@ -134,31 +140,17 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		return nil, "start-up reconstruction has not finished, or the reconciler stops"
 	}
 	for range earlyTries {
-		epoch := r.exec.epoch()
-		v, err := r.cfg.Store.Get(id)
-		if errors.Is(err, state.ErrNotFound) {
-			// Forgotten whole (its last teardown done).
-			return nil, nothingToDo
-		}
-		if err != nil {
-			return nil, err.Error()
-		}
-		if idle(v) {
-			return nil, nothingToDo
-		}
-		obs, err := r.observeFor(v)
-		if err != nil {
-			return nil, err.Error()
-		}
-		p := r.planVolume(v, obs)
-		if len(p.acts) == 0 {
-			return nil, nothingToDo
+		epoch := r.claims.Epoch()
+		p, why := r.planEarly(id)
+		if why != "" {
+			return nil, why
 		}
 		act := p.acts[0]
+		var c *claim.Claim
 		var h hold
 		if earlyKind(act.kind) {
-			h, _ = r.exec.claim(id, act, epoch)
-		} else if h = r.exec.busy(id, epoch); h == notHeld {
+			c, h, _ = r.take(id, act, epoch)
+		} else if h = holdOf(r.claims.State(id, epoch)); h == notHeld {
 			// A step the pass takes, on a volume no operation holds and
 			// none changed since the record was read. One that finished
 			// since (a stage that recorded its provenance) is looked at
@@ -170,10 +162,10 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		// ends, as any step of a busy volume.
 		switch h {
 		case notHeld:
-			return r.beginOp(ctx, v, p.a, act), ""
+			return r.beginOp(ctx, c, p.v, p.a, act, r.afterOp), ""
 		case heldRunning:
 			r.early.setPending(id)
-			if r.exec.runs(id) || !r.early.takePending(id) {
+			if r.claims.State(id, epoch) == claim.Running || !r.early.takePending(id) {
 				// The running operation's end starts it again.
 				return nil, ""
 			}
@@ -185,6 +177,31 @@ func (r *Reconciler) claimEarly(id string) (run func(), why string) {
 		}
 	}
 	return nil, "operations of the volume kept ending during its observation"
+}
+
+// planEarly reads volume id's record, observes the volume for its early
+// start and returns what it needs; why says, when not empty, why that is
+// nothing an early start takes. The caller reads the epoch before.
+func (r *Reconciler) planEarly(id string) (p plan, why string) {
+	v, err := r.cfg.Store.Get(id)
+	if errors.Is(err, state.ErrNotFound) {
+		// Forgotten whole (its last teardown done).
+		return plan{}, nothingToDo
+	}
+	if err != nil {
+		return plan{}, err.Error()
+	}
+	if idle(v) {
+		return plan{}, nothingToDo
+	}
+	obs, err := r.observeFor(v)
+	if err != nil {
+		return plan{}, err.Error()
+	}
+	if p = r.planVolume(v, obs); len(p.acts) == 0 {
+		return plan{}, nothingToDo
+	}
+	return p, ""
 }
 
 // nothingToDo is why an early start that found its volume converged
@@ -275,7 +292,7 @@ func (r *Reconciler) afterOp(id string, act action) {
 // had when an operation of it ran since epoch: a stage that attached its
 // device after the observation noted it (noteDevice), and the pass must not
 // forget it, or the publish that follows would wait for the next pass.
-func (r *Reconciler) learnDevices(plans, seen []plan, epoch uint64) {
+func (r *Reconciler) learnDevices(plans, seen []plan, epoch claim.Epoch) {
 	devs := make(map[string][]string, len(seen))
 	for _, ps := range [][]plan{seen, plans} {
 		for _, p := range ps {
@@ -287,7 +304,7 @@ func (r *Reconciler) learnDevices(plans, seen []plan, epoch uint64) {
 	r.early.mu.Lock()
 	defer r.early.mu.Unlock()
 	for id, old := range r.early.devices {
-		if _, ok := devs[id]; !ok && !r.exec.free(id, epoch) {
+		if _, ok := devs[id]; !ok && r.claims.State(id, epoch) != claim.Free {
 			devs[id] = old
 		}
 	}

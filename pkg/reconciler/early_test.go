@@ -18,7 +18,7 @@ func (h *harness) startEarly() context.Context {
 	h.t.Cleanup(func() {
 		cancel()
 		h.r.early.close()
-		h.r.exec.wait()
+		h.r.wait()
 	})
 	h.r.early.open(ctx)
 	h.r.ready.Store(true)
@@ -159,7 +159,7 @@ func TestEarlyStartAndPassNeverOverlap(t *testing.T) {
 	}
 	stopPasses()
 	<-passes
-	h.r.exec.wait()
+	h.r.wait()
 	mu.Lock()
 	defer mu.Unlock()
 	for _, f := range faults {
@@ -192,37 +192,14 @@ func TestEarlyStartWaitsForItsVolume(t *testing.T) {
 	if _, ok := h.world.topMount(target); ok {
 		t.Fatal("published while the stage runs")
 	}
-	if !h.r.exec.runs("v") {
-		t.Fatal("the stage is not running")
+	if _, ok := h.world.topMount(staging); ok {
+		t.Fatal("the stage is not running: its mount is made")
 	}
 	close(release)
 	h.eventually("published after the stage, with no pass", func() bool {
 		_, ok := h.world.topMount(target)
 		return ok
 	})
-}
-
-// TestClaimIsAllOrNothing checks the executor's claim: a volume that runs
-// an operation is not claimed again, and a group snapshot whose member
-// runs one claims none of its volumes.
-func TestClaimIsAllOrNothing(t *testing.T) {
-	e := newExecutor(nil, 1, 1, time.Second, time.Minute)
-	act := action{kind: actPublish, target: "/t", generation: 1}
-	if h, _ := e.claim("a", act, 0); h != notHeld {
-		t.Fatalf("first claim of a: %v, want claimed", h)
-	}
-	if h, _ := e.claim("a", act, 0); h != heldRunning {
-		t.Fatalf("second claim of a: %v, want held running", h)
-	}
-	group := action{kind: actTakeGroupSnapshot, members: []member{{v: &state.Volume{ID: "b"}}, {v: &state.Volume{ID: "a"}}}}
-	if h, _ := e.claim("c", group, 0); h != heldRunning {
-		t.Fatalf("group of c with running member a: %v, want held running", h)
-	}
-	for _, id := range []string{"b", "c"} {
-		if e.runs(id) {
-			t.Errorf("%s marked running by a group claim that failed", id)
-		}
-	}
 }
 
 // TestEarlyStartLeavesTheStageToThePass loses a staged volume's staging
@@ -260,7 +237,7 @@ func TestEarlyStartLeavesTheStageToThePass(t *testing.T) {
 	h.world.mu.Unlock()
 	h.update("v", func(v *state.Volume) { _ = v.RequestPublish(staging, target, publishSpec()) })
 	h.r.Start("v")
-	h.r.exec.wait()
+	h.r.wait()
 	h.world.mu.Lock()
 	after := h.world.calls[calls:]
 	h.world.mu.Unlock()
@@ -281,9 +258,9 @@ func TestEarlyStartLeavesTheStageToThePass(t *testing.T) {
 // no operation since the observation is taken at the pass's word.
 func TestPassKeepsADeviceAttachedAfterItsObservation(t *testing.T) {
 	h := newHarness(t)
-	stage := action{kind: actStage}
-	epoch := h.r.exec.epoch()
-	if hold, _ := h.r.exec.claim("a", stage, epoch); hold != notHeld {
+	epoch := h.r.claims.Epoch()
+	stage, hold := h.r.claims.Try(epoch, "a")
+	if stage == nil {
 		t.Fatalf("claim: %v", hold)
 	}
 	h.r.noteDevice("a", "/dev/loop7")
@@ -295,12 +272,12 @@ func TestPassKeepsADeviceAttachedAfterItsObservation(t *testing.T) {
 	if got := h.r.early.devicesOf("b"); got != nil {
 		t.Errorf("b, with no operation since the observation, keeps %v", got)
 	}
-	h.r.exec.finish("a", stage, outcome{effect: succeeded})
+	stage.Release()
 	h.r.learnDevices(nil, nil, epoch)
 	if got := h.r.early.devicesOf("a"); len(got) != 1 {
 		t.Errorf("once its stage ended after the observation, a's devices = %v, want [/dev/loop7]", got)
 	}
-	h.r.learnDevices(nil, nil, h.r.exec.epoch())
+	h.r.learnDevices(nil, nil, h.r.claims.Epoch())
 	if got := h.r.early.devicesOf("a"); got != nil {
 		t.Errorf("a pass observing after the stage's end saw no device of a, yet a keeps %v", got)
 	}
@@ -393,9 +370,9 @@ func TestEarlyStartOutcomesAreRecorded(t *testing.T) {
 	h.runUntilIdle()
 	h.update("a", func(v *state.Volume) { v.RequestPublish(staging, target, publishSpec()) })
 	h.r.Start("a") // the publish, started at once
-	h.r.exec.wait()
+	h.r.wait()
 	h.r.Start("a") // published: nothing to do
-	if hold, _ := h.r.exec.claim("a", action{kind: actPublish, target: target}, h.r.exec.epoch()); hold != notHeld {
+	if c, hold := h.r.claims.Try(h.r.claims.Epoch(), "a"); c == nil {
 		t.Fatalf("claim: %v", hold)
 	}
 	h.update("a", func(v *state.Volume) { v.RequestUnpublish(target) })

@@ -102,15 +102,6 @@ func (w *fakeWorld) makeDirs(paths ...string) {
 	}
 }
 
-// removeDirs removes directories, as the kubelet does.
-func (w *fakeWorld) removeDirs(paths ...string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, p := range paths {
-		delete(w.dirs, p)
-	}
-}
-
 // makeImages makes the images of volumes ids, as CreateVolume does.
 func (w *fakeWorld) makeImages(ids ...string) {
 	w.mu.Lock()

@@ -82,7 +82,8 @@ type fakeWorld struct {
 	copies bool
 	// snapshots maps a snapshot's ID to what it was taken of.
 	snapshots map[string]fakeSnapshot
-	// afterObserve, when set, runs once Observe has made its observation.
+	// afterObserve, when set, runs once Observe or ObserveVolume (an early
+	// start's) has made its observation.
 	afterObserve func()
 	// before, when set, runs as each call begins (without mu held), with
 	// the backing file of the volume the call is about ("" when unknown);
@@ -282,7 +283,11 @@ func (w *fakeWorld) ObserveVolume(names []string, devs []host.DevNum, paths []st
 	if w.pool {
 		obs.WithPool(state.DefaultPool, host.PoolSpace{Known: true, Total: 1 << 30, Free: w.free})
 	}
+	after := w.afterObserve
 	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
 	return obs, nil
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/reconciler/claim"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -36,7 +37,7 @@ func plansByID(seen []plan) map[string]plan {
 // observation, and none is recorded frozen (its thaw comes first). A
 // member the store has no record of has nothing staged: it is copied as
 // it is.
-func (r *Reconciler) groupMembers(p plan, byID map[string]plan, epoch uint64) ([]member, bool) {
+func (r *Reconciler) groupMembers(p plan, byID map[string]plan, epoch claim.Epoch) ([]member, bool) {
 	in := p.v.Snapshots[p.act.target]
 	if in == nil || in.Group == nil {
 		return nil, false
@@ -46,7 +47,7 @@ func (r *Reconciler) groupMembers(p plan, byID map[string]plan, epoch uint64) ([
 		if id == p.v.ID {
 			continue
 		}
-		if !r.exec.free(id, epoch) {
+		if r.claims.State(id, epoch) != claim.Free {
 			return nil, false
 		}
 		s, ok := byID[id]
@@ -65,7 +66,7 @@ func (r *Reconciler) groupMembers(p plan, byID map[string]plan, epoch uint64) ([
 // now and is no snapshot (its stage, a publish, a teardown, a repair): that
 // goes first, and the group waits for the next pass, so that a queue of
 // groups cannot hold back what the kubelet waits for.
-func (r *Reconciler) ownWorkFirst(s plan, epoch uint64) bool {
+func (r *Reconciler) ownWorkFirst(s plan, epoch claim.Epoch) bool {
 	if len(s.acts) == 0 {
 		return false
 	}
@@ -73,8 +74,8 @@ func (r *Reconciler) ownWorkFirst(s plan, epoch uint64) bool {
 	case actTakeSnapshot, actForgetSnapshot, actTakeGroupSnapshot:
 		return false
 	default:
-		busy, _ := r.exec.blocked(s.v.ID, next, epoch)
-		return !busy
+		h, _ := r.held(s.v.ID, next, epoch)
+		return h == notHeld
 	}
 }
 

@@ -83,11 +83,11 @@ func TestGroupMemberFailure(t *testing.T) {
 	sa, sb := h.staged("a"), h.staged("b")
 	h.world.failOn("snapshot g-b", errors.New("EIO"))
 	h.askGroup("g", "a", "b")
-	h.r.exec.wait()
+	h.r.wait()
 	if _, err := h.r.Pass(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	h.r.exec.wait()
+	h.r.wait()
 	if _, ok := h.world.snapshotOf("g-a"); ok {
 		t.Error("the first member's copy is left after the second failed")
 	}
@@ -128,23 +128,22 @@ func TestGroupWaitsForItsMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.askGroup("g", "a", "b")
-	if _, err := h.r.Pass(context.Background()); err != nil {
+	n, err := h.r.Pass(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := h.world.snapshotOf("g-a"); ok || h.r.exec.running["a"].kind == actTakeGroupSnapshot {
-		t.Error("the group started while its member b was being staged")
+	if _, ok := h.world.snapshotOf("g-a"); ok || n != 0 {
+		t.Errorf("the group started while its member b was being staged (%d operations started)", n)
 	}
 	close(hold)
-	h.r.exec.wait()
+	h.r.wait()
 	// Now the group holds b: b's publish waits for it.
 	copied := make(chan struct{})
 	h.world.holdOn("snapshot g-a", copied)
-	if _, err := h.r.Pass(context.Background()); err != nil {
-		t.Fatal(err)
+	if n, err := h.r.Pass(context.Background()); err != nil || n != 1 {
+		t.Fatalf("pass once b is staged: %d operations started (%v), want the group", n, err)
 	}
-	if got := h.r.exec.running["b"]; got.kind != actTakeGroupSnapshot {
-		t.Fatalf("b is running %v, want held by the group", got)
-	}
+	waitFor(t, h.world.started, "snapshot g-a")
 	h.update("b", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{tb: publishSpec()} })
 	if _, err := h.r.Pass(context.Background()); err != nil {
 		t.Fatal(err)
@@ -253,7 +252,7 @@ func TestGroupYieldsToItsMembersOwnWork(t *testing.T) {
 	if _, err := h.r.Pass(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	h.r.exec.wait()
+	h.r.wait()
 	if !slices.Contains(mountPaths(h.world), tb) {
 		t.Error("b's publish did not start in the pass that found it beside a group")
 	}

@@ -100,7 +100,7 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 	// Without the repair backoff, each pass would unmount and remount.
 	for range 10 {
 		h.r.Pass(t.Context())
-		h.r.exec.wait()
+		h.r.wait()
 	}
 	if got := unmounts(); got != 1 {
 		t.Fatalf("staging unmounts in 10 passes without time passing: got %d, want 1", got)
@@ -112,7 +112,7 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 	h.clock.Step(DefaultBackoffInitial)
 	for range 10 {
 		h.r.Pass(t.Context())
-		h.r.exec.wait()
+		h.r.wait()
 	}
 	if got := unmounts(); got != 2 {
 		t.Errorf("staging unmounts after one backoff: got %d, want 2", got)
@@ -124,9 +124,15 @@ func TestRepairsBackOffWhenDamageComesBack(t *testing.T) {
 	h.clock.Step(DefaultBackoffMax)
 	h.runUntilIdle()
 	h.wantNormal("v1", "after the superblock is released")
-	if _, retry := h.r.exec.blocked("v1", action{kind: actUnmountStaging}, h.r.exec.epoch()); !retry.IsZero() {
-		t.Errorf("repair backoff after healing: got retry at %v, want none", retry)
+	// Healed, the repair backoff is reset: damage coming back at once is
+	// repaired at once.
+	before := unmounts()
+	h.world.damage(image, true, false)
+	h.runUntilIdle()
+	if got := unmounts(); got != before+1 {
+		t.Errorf("staging unmounts of damage right after healing: got %d, want 1 (no repair backoff)", got-before)
 	}
+	h.wantNormal("v1", "after the damage came back and was repaired")
 }
 
 func TestReadOnlyAfterErrorsWaitsForPublishesToGo(t *testing.T) {
@@ -172,7 +178,7 @@ func TestCorruptedTargetIsRemounted(t *testing.T) {
 	n := len(h.world.Calls())
 	h.world.corruptMount(target, syscall.ESTALE)
 	h.r.Pass(t.Context())
-	h.r.exec.wait()
+	h.r.wait()
 	if c := h.store.Condition("v1"); c.Reason != "PublishMountUnusable" {
 		t.Errorf("condition: got %+v, want PublishMountUnusable", c)
 	}
@@ -192,7 +198,7 @@ func TestDetachedFromOutsideIsKept(t *testing.T) {
 	n := len(h.world.Calls())
 
 	h.r.Pass(t.Context())
-	h.r.exec.wait()
+	h.r.wait()
 	if c := h.store.Condition("v1"); c.Reason != "DeviceDetachPending" {
 		t.Errorf("condition: got %+v, want DeviceDetachPending", c)
 	}
@@ -209,7 +215,7 @@ func TestConditionNamesUnusablePaths(t *testing.T) {
 	h.world.failOn("mount "+staging, errors.New("busy"))
 	h.world.unmountAll() // someone unmounted both
 	h.r.Pass(t.Context())
-	h.r.exec.wait()
+	h.r.wait()
 	h.r.Pass(t.Context())
 	c := h.store.Condition("v1")
 	if c.Reason != "StagingMountMissing" || c.Health != state.Inaccessible {
@@ -288,14 +294,14 @@ func TestRepeatedFailuresAreDegraded(t *testing.T) {
 	h.update("v1", func(v *state.Volume) { v.Publishes[target] = publishSpec() })
 	for i := range repeatedFailures {
 		h.r.Pass(t.Context())
-		h.r.exec.wait()
+		h.r.wait()
 		h.clock.Step(DefaultBackoffMax)
 		if c := h.store.Condition("v1"); i < repeatedFailures-1 && c.Reason == "OperationFailing" {
 			t.Fatalf("after %d failures: got %+v, want not yet OperationFailing", i+1, c)
 		}
 	}
 	h.r.Pass(t.Context())
-	h.r.exec.wait()
+	h.r.wait()
 	if c := h.store.Condition("v1"); c.Health != state.Degraded || c.Reason != "OperationFailing" || !strings.Contains(c.Message, "publish "+target) {
 		t.Errorf("condition: got %+v, want DEGRADED OperationFailing naming the publish", c)
 	}

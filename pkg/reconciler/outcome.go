@@ -1,11 +1,24 @@
 package reconciler
 
 import (
+	"time"
+
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/state"
 )
+
+// failure is the backoff state of the latest failed action of a volume.
+type failure struct {
+	act      action
+	attempts int
+	next     time.Time
+	err      *classified.Error
+	// final is true when retrying cannot help: the action is not tried
+	// again until its intent changes (a new generation is a new action).
+	final bool
+}
 
 // effect is what the end of an operation calls for.
 type effect int

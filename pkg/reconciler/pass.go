@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/reconciler/claim"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
@@ -27,7 +28,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	r.soon = false
 	r.soonMu.Unlock()
 	start := r.cfg.Clock.Now()
-	epoch := r.exec.epoch()
+	epoch := r.claims.Epoch()
 
 	// Observe. Intents first, then the machine: the observation must be at
 	// least as new as the intents it is compared with. The other way round,
@@ -46,7 +47,7 @@ func (r *Reconciler) Pass(ctx context.Context) (int, error) {
 	// Report.
 	statuses := make([]volstatus.VolumeStatus, 0, len(seen))
 	for _, s := range seen {
-		stale := r.exec.stale(s.v.ID, epoch)
+		stale := r.claims.ReleasedSince(s.v.ID, epoch)
 		if !stale {
 			// A failure counts while its action is planned: not once its
 			// intent changed, was withdrawn or was fulfilled otherwise.
@@ -111,7 +112,7 @@ func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
 
 // forgetGone drops what the reconciler keeps of volumes that are neither
 // recorded nor planned for any more.
-func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch uint64) {
+func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch claim.Epoch) {
 	ids := make(map[string]bool, len(vols)+len(plans))
 	for _, v := range vols {
 		ids[v.ID] = true
@@ -119,7 +120,9 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch uint64
 	for _, p := range plans {
 		ids[p.v.ID] = true
 	}
-	r.exec.forget(func(id string) bool { return ids[id] }, epoch)
+	keep := func(id string) bool { return ids[id] }
+	r.exec.forget(keep)
+	r.claims.Forget(keep, epoch)
 	for id := range r.reported {
 		if !ids[id] {
 			delete(r.reported, id)
@@ -136,7 +139,7 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch uint64
 
 // startPlans starts the planned actions that are not blocked, teardowns
 // first, and notes in r.wake the earliest end of a backoff in the way.
-func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch uint64) int {
+func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch claim.Epoch) int {
 	started := 0
 	var byID map[string]plan
 	for _, teardown := range []bool{true, false} {
@@ -153,11 +156,12 @@ func (r *Reconciler) startPlans(ctx context.Context, plans, seen []plan, epoch u
 					continue
 				}
 			}
-			if h, retryAt := r.exec.claim(p.v.ID, p.act, epoch); h != notHeld {
+			c, h, retryAt := r.take(p.v.ID, p.act, epoch)
+			if h != notHeld {
 				r.wakeBy(retryAt)
 				continue
 			}
-			r.startOp(ctx, p.v, p.a, p.act)
+			r.startOp(ctx, c, p.v, p.a, p.act, r.afterOp)
 			started++
 		}
 	}

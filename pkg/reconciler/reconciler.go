@@ -11,6 +11,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/locks"
+	"github.com/converge-csi/converge/pkg/reconciler/claim"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
 )
@@ -36,10 +37,13 @@ const soonMax = 30 * time.Millisecond
 
 // Reconciler converges the actual state to the desired state.
 type Reconciler struct {
-	cfg   Config
-	exec  *executor
-	kick  chan struct{}
-	ready atomic.Bool
+	cfg  Config
+	exec *executor
+	// claims holds the volumes operations run on: the one way a pass and
+	// an early start take a volume (take).
+	claims *claim.Set
+	kick   chan struct{}
+	ready  atomic.Bool
 	// wake is when the next pass is due by itself: the earliest end of a
 	// backoff, or a look again at a device waiting for its last user (zero
 	// for none). releasePoll is the current wait for such a device (zero
@@ -102,7 +106,8 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	return &Reconciler{
 		cfg:       cfg,
-		exec:      newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax),
+		exec:      newExecutor(cfg.Clock, cfg.FastWorkers, cfg.SlowWorkers, cfg.BackoffInitial, cfg.BackoffMax, cfg.spawn),
+		claims:    claim.NewSet(),
 		kick:      make(chan struct{}, 1),
 		soonDelay: soonDelay,
 		soonMax:   soonMax,
@@ -159,6 +164,9 @@ func (r *Reconciler) soonDue() {
 // backoff do not hold readiness back).
 func (r *Reconciler) Ready() bool { return r.ready.Load() }
 
+// wait blocks until every operation started has ended.
+func (r *Reconciler) wait() { r.exec.wait() }
+
 // Run reconciles until ctx ends, then waits for running operations to
 // finish and returns. Mounts are left in place.
 func (r *Reconciler) Run(ctx context.Context) {
@@ -173,7 +181,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 			timer.Stop()
 		}
 		r.early.close()
-		r.exec.wait()
+		r.wait()
 		logger.V(2).Info("Reconciler stopped")
 	}()
 	for {
@@ -181,7 +189,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 		if err != nil {
 			logger.Error(err, "Cannot observe the machine; skipping pass")
 		}
-		if !r.ready.Load() && err == nil && started == 0 && r.exec.idle() {
+		if !r.ready.Load() && err == nil && started == 0 && r.claims.Idle() {
 			r.ready.Store(true)
 			logger.Info("Start-up reconstruction finished")
 		}

@@ -59,12 +59,12 @@ func newHarness(t *testing.T) *harness {
 func (h *harness) runUntilIdle() {
 	h.t.Helper()
 	for range 50 {
-		h.r.exec.wait()
+		h.r.wait()
 		n, err := h.r.Pass(context.Background())
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		h.r.exec.wait()
+		h.r.wait()
 		if n == 0 {
 			return
 		}
@@ -253,7 +253,7 @@ func TestOperationAnswersItsRequest(t *testing.T) {
 		if _, err := h.r.Pass(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		h.r.exec.wait()
+		h.r.wait()
 	}
 	pass()
 	if r, _ := h.store.Result("v1", state.StageKey); !r.Ready || r.Generation != v.Stage.Generation {
@@ -302,12 +302,12 @@ func TestTransientFailureBacksOff(t *testing.T) {
 	}
 	ctx := context.Background()
 	h.r.Pass(ctx)
-	h.r.exec.wait()
+	h.r.wait()
 	if got := attempts(); got != 1 {
 		t.Fatalf("attempts after the first pass: got %d, want 1", got)
 	}
 	h.r.Pass(ctx) // publishes the failure; the backoff holds the retry
-	h.r.exec.wait()
+	h.r.wait()
 	r, _ := h.store.Result("v1", state.StageKey)
 	if r.Err == nil || r.Attempts != 1 || !r.NextRetry.Equal(h.clock.Now().Add(500*time.Millisecond)) {
 		t.Fatalf("result after one failure: got %+v, want attempt 1 retrying in 500ms", r)
@@ -318,13 +318,13 @@ func TestTransientFailureBacksOff(t *testing.T) {
 	for i, wait := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second} {
 		h.clock.Step(wait - time.Millisecond)
 		h.r.Pass(ctx)
-		h.r.exec.wait()
+		h.r.wait()
 		if got := attempts(); got != i+1 {
 			t.Fatalf("retried %v early: %d attempts, want %d", time.Millisecond, got, i+1)
 		}
 		h.clock.Step(time.Millisecond)
 		h.r.Pass(ctx)
-		h.r.exec.wait()
+		h.r.wait()
 		if got := attempts(); got != i+2 {
 			t.Fatalf("after %v: got %d attempts, want %d", wait, got, i+2)
 		}
@@ -486,9 +486,9 @@ func TestBlkidErrorFailsClosed(t *testing.T) {
 	h.world.failOn("blkid", errors.New("I/O error"))
 	h.update("v1", func(v *state.Volume) { v.Stage = stageSpec(staging) })
 	h.r.Pass(context.Background())
-	h.r.exec.wait()
+	h.r.wait()
 	h.r.Pass(context.Background())
-	h.r.exec.wait()
+	h.r.wait()
 	for _, c := range h.world.Calls() {
 		if strings.HasPrefix(c, "mkfs") || strings.HasPrefix(c, "mount") {
 			t.Errorf("called %s although blkid failed", c)
@@ -830,7 +830,7 @@ func TestStatusAndRecorder(t *testing.T) {
 		v.Publishes = map[string]*state.Publish{target: publishSpec()}
 	})
 	h.r.Pass(t.Context())
-	h.r.exec.wait()
+	h.r.wait()
 	if s := h.r.Status(); len(s) != 1 || s[0].Phase != volstatus.PhaseSettingUp || s[0].PublishesDesired != 1 || s[0].PublishesActual != 0 {
 		t.Errorf("status while setting up: got %+v", s)
 	}
@@ -845,7 +845,7 @@ func TestStatusAndRecorder(t *testing.T) {
 	h.world.failOn("unmount "+target, errors.New("EBUSY"))
 	h.update("v1", func(v *state.Volume) { v.Publishes[target].Deleting = true })
 	h.r.Pass(t.Context())
-	h.r.exec.wait()
+	h.r.wait()
 	h.r.Pass(t.Context())
 	if s := h.r.Status(); s[0].Phase != volstatus.PhaseFailing || s[0].LastError == "" || s[0].NextRetry.IsZero() {
 		t.Errorf("status of a failing teardown: got %+v", s)
@@ -873,12 +873,12 @@ func TestStaleObservationStartsNothing(t *testing.T) {
 		// mounts and ends.
 		h.world.afterObserve = nil
 		close(release)
-		h.r.exec.wait()
+		h.r.wait()
 	}
 	if n, _ := h.r.Pass(t.Context()); n != 0 {
 		t.Errorf("a pass acting on an observation older than the last operation started %d operations", n)
 	}
-	h.r.exec.wait()
+	h.r.wait()
 	if attaches := strings.Count(strings.Join(h.world.Calls(), ","), "attach"); attaches != 1 {
 		t.Errorf("attached %d times, want once", attaches)
 	}
@@ -904,7 +904,7 @@ func TestStaleObservationReportsNothing(t *testing.T) {
 		// The second pass has seen no bind mount; now the publish ends.
 		h.world.afterObserve = nil
 		close(release)
-		h.r.exec.wait()
+		h.r.wait()
 	}
 	if _, err := h.r.Pass(t.Context()); err != nil {
 		t.Fatal(err)
@@ -969,11 +969,11 @@ func TestUnstageIsOneOperation(t *testing.T) {
 			}
 			h.update("v1", func(v *state.Volume) { v.Stage.Deleting = true })
 			n := len(h.world.Calls())
-			h.r.exec.wait()
+			h.r.wait()
 			if _, err := h.r.Pass(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			h.r.exec.wait()
+			h.r.wait()
 			if got, want := h.callsSince(n), fmt.Sprintf(tc.wantCalls, staging); got != want {
 				t.Errorf("calls of the first pass: got %s, want %s", got, want)
 			}

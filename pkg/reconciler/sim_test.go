@@ -127,7 +127,7 @@ func runSim(t *testing.T, seed uint64, steps int) {
 	}
 	s.start()
 	t.Cleanup(func() {
-		s.r.exec.wait()
+		s.r.wait()
 		s.store.Close()
 	})
 	defer func() {
@@ -203,13 +203,13 @@ func (s *sim) start() {
 	r, err := New(Config{
 		Store: store, Observer: s.world, Loops: s.world, Filesystems: s.world, Paths: s.world, Pools: fakePools(s.world),
 		Clock: s.clock, Roots: []string{"/k"},
+		// Operations run inline, one after the other in the order the
+		// pass starts them, so that a seed always makes the same run.
+		spawn: func(f func()) { f() },
 	})
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	// Operations run inline, one after the other in the order the pass
-	// starts them, so that a seed always makes the same run.
-	r.exec.spawn = func(f func()) { f() }
 	s.store, s.r = store, r
 }
 
@@ -217,7 +217,7 @@ func (s *sim) start() {
 // (results, backoffs, the store's mirror) is lost, the machine keeps its
 // mounts and devices.
 func (s *sim) restart() {
-	s.r.exec.wait()
+	s.r.wait()
 	if err := s.store.Close(); err != nil {
 		s.t.Fatal(err)
 	}
@@ -250,7 +250,7 @@ func (s *sim) pass() {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.r.exec.wait()
+	s.r.wait()
 	s.mu.Lock()
 	crashed := s.crashed
 	s.crashed = false
@@ -642,7 +642,7 @@ func (s *sim) converge() {
 		if err != nil {
 			s.t.Fatal(err)
 		}
-		s.r.exec.wait()
+		s.r.wait()
 		s.check()
 		if s.onlyDataLossRetries() {
 			if stuck++; stuck > 10 {
@@ -664,25 +664,42 @@ func (s *sim) converge() {
 
 // onlyDataLossRetries reports whether every failed operation that is
 // retried is the re-stage of a volume that lost its data, which is retried
-// for ever and never converges on its own. A failure's record stays until
-// the same action (of the same generation) succeeds: terminal failures are
-// not retried (their intent was withdrawn, or they are final), and a
-// failure whose retry time has passed without a retry, after a pass, is of
-// an action no longer planned.
+// for ever and never converges on its own, as the intents' results say
+// (the last pass's). A failure stays reported until the same action (of
+// the same generation) succeeds: terminal failures are not retried (their
+// intent was withdrawn, or they are final), and a failure whose retry time
+// has passed without a retry, after a pass, is of an action no longer
+// planned.
 func (s *sim) onlyDataLossRetries() bool {
-	e := s.r.exec
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	retried := 0
-	for _, f := range e.failures {
-		switch {
-		case f.err.Kind == classified.KindDataLoss:
-			retried++
-		case !f.err.Terminal && e.clock.Now().Before(f.next):
-			return false
+	for _, v := range s.store.List() {
+		for _, key := range intentKeys(v) {
+			r, _ := s.store.Result(v.ID, key)
+			switch {
+			case r.Err == nil:
+			case r.Err.Kind == classified.KindDataLoss:
+				retried++
+			case !r.Err.Terminal && s.clock.Now().Before(r.NextRetry):
+				return false
+			}
 		}
 	}
 	return retried > 0
+}
+
+// intentKeys are the keys of v's intents the simulation makes.
+func intentKeys(v *state.Volume) []state.IntentKey {
+	var keys []state.IntentKey
+	if v.Stage != nil {
+		keys = append(keys, state.StageKey)
+	}
+	for t := range v.Publishes {
+		keys = append(keys, state.PublishKey(t))
+	}
+	if v.Expand != nil {
+		keys = append(keys, state.ExpandKey)
+	}
+	return keys
 }
 
 // checkConverged checks that every intent is fulfilled and nothing else is

@@ -43,7 +43,9 @@ const module = "github.com/converge-csi/converge/"
 // httpserve, the bounds of an HTTP address on the pod network, is a leaf
 // the driver and the cluster-side command share. locks, where every mutex
 // of the node plugin comes from (go-deadlock's in a lockorder build), is
-// a leaf of the packages that hold one.
+// a leaf of the packages that hold one. claim, the one way the
+// reconciler takes a volume for an operation, is the reconciler's own
+// leaf on locks.
 // The cluster-side controller (nodeloss, snaplabel and their command)
 // stands apart: no part of the node plugin reaches it, and it reaches none
 // but the published contract; snaplabel reads a volume's node by
@@ -61,7 +63,8 @@ var allowed = map[string][]string{
 	"pkg/contract":            {"pkg/classified", "pkg/host"},
 	"pkg/contract/capability": {"pkg/contract", "pkg/host"},
 	"pkg/rpcerr":              {"pkg/classified"},
-	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/pool", "pkg/state", "pkg/volstatus", "pkg/locks"},
+	"pkg/reconciler":          {"pkg/capacity", "pkg/classified", "pkg/contract", "pkg/devices", "pkg/host", "pkg/pool", "pkg/state", "pkg/volstatus", "pkg/locks", "pkg/reconciler/claim"},
+	"pkg/reconciler/claim":    {"pkg/locks"},
 	"pkg/devices":             {"pkg/host", "pkg/locks"},
 	"pkg/metrics":             {"pkg/volstatus"},
 	"pkg/state":               {"pkg/classified", "pkg/contract", "pkg/locks"},
