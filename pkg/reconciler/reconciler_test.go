@@ -1014,6 +1014,11 @@ func TestReleasePendingIsPolled(t *testing.T) {
 	if v, err := h.store.Get("v1"); err != nil || v.Stage == nil || len(v.Publishes) != 0 {
 		t.Fatalf("with the device held: got %+v, %v; want the stage kept, the publish forgotten", v, err)
 	}
+	// NodeUnstageVolume's answer says what it waits for.
+	v, _ := h.store.Get("v1")
+	if res, ok := h.store.Result("v1", state.StageKey); !ok || res.Generation != v.Stage.Generation || !strings.Contains(res.Waiting, "stays attached until its last user closes it") {
+		t.Errorf("the withdrawn stage's result: got %+v, %v; want it waiting for the device's last user", res, ok)
+	}
 	var waits []time.Duration
 	for range 10 {
 		if _, err := h.r.Pass(t.Context()); err != nil {

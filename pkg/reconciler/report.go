@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"fmt"
 
 	"k8s.io/klog/v2"
 
@@ -45,6 +46,8 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 				res.Err, res.Attempts, res.NextRetry = f.err, f.attempts, f.next
 			} else if cond.Abnormal {
 				res.Waiting = cond.Message
+			} else if key == state.StageKey {
+				res.Waiting = releaseWait(v, a)
 			}
 		}
 		r.cfg.Store.SetResult(v.ID, key, res)
@@ -69,6 +72,20 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 		r.exec.healthy(v.ID)
 	}
 	return r.volumeStatus(v, a, cond)
+}
+
+// releaseWait says what a withdrawn stage waits for when its device was
+// detached and stays attached while another user holds it open: the
+// kernel lets it go at that user's last close and tells no one, so the
+// passes poll for it (TestReleasePendingIsPolled). "" for anything else.
+// NodeUnstageVolume's answer, until then, says so rather than that it
+// waits for the reconciler.
+func releaseWait(v *state.Volume, a *actual) string {
+	if v.Stage == nil || !v.Stage.Deleting || !a.releasePending() {
+		return ""
+	}
+	return fmt.Sprintf("loop device %s of volume %s is detached and stays attached until its last user closes it: "+
+		"a mount of it in another mount namespace, or a process holding it open (docs/troubleshooting.md)", a.loop.Device, v.ID)
 }
 
 // logCondition logs when a volume's reason changes; the failures behind it
