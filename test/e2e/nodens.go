@@ -227,8 +227,8 @@ func (n *nodeNS) start(logDir, name, bin string, args ...string) (*proc, error) 
 
 // dropForeignLoopMounts detaches, in the node's new mount namespace, every
 // copy it took of a loop-backed mount that is not the node's own (below its
-// kubelet, state or pools directory, at the host's path or the node's). The
-// namespace is private: a copy would keep its loop device open for as long
+// kubelet, state or pools directory, at the host's path or the node's, or
+// holding one). The namespace is private: a copy would keep its loop device open for as long
 // as the node lives, whatever its owner unmounts on the host, and a test
 // running beside the cluster (test/fault's, whose volume was staged when
 // the node started) could then never detach that device.
@@ -241,7 +241,10 @@ func dropForeignLoopMounts(own ...string) error {
 	// Deepest first: a mount below another goes before it.
 	slices.SortFunc(mounts, func(a, b host.Mount) int { return len(b.Path) - len(a.Path) })
 	for _, m := range mounts {
-		if m.Dev.Major != loopMajor || slices.ContainsFunc(own, func(d string) bool { return within(m.Path, d) }) {
+		// A mount the node's directories are in (a loop-backed /tmp) is
+		// the node's too: detaching it would take them with it.
+		mine := func(d string) bool { return within(m.Path, d) || within(d, m.Path) }
+		if m.Dev.Major != loopMajor || slices.ContainsFunc(own, mine) {
 			continue
 		}
 		if err := unix.Unmount(m.Path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
