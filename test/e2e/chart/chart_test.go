@@ -13,9 +13,7 @@ import (
 	chart "helm.sh/helm/v4/pkg/chart/v2"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	release "helm.sh/helm/v4/pkg/release/v1"
-	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
-	"sigs.k8s.io/yaml"
 
 	"github.com/converge-csi/converge/test/e2e/manifests"
 )
@@ -169,84 +167,26 @@ func kustomize(t *testing.T, components []string) string {
 // would.
 func buildKustomization(t *testing.T, dir string) string {
 	t.Helper()
-	res, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	out, err := manifests.Kustomize(filesys.MakeFsOnDisk(), dir)
 	if err != nil {
 		b, _ := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
 		t.Fatalf("%v in:\n%s", err, b)
 	}
-	out, err := res.AsYaml()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(out)
-}
-
-// clusterScopedUnknownToKustomize are the cluster-scoped kinds that
-// kustomize's built-in schema (Kubernetes 1.21's) does not know, so its
-// namespace transformer gives them deploy/'s namespace; the API server
-// clears the namespace of a cluster-scoped object at create and update.
-var clusterScopedUnknownToKustomize = map[string]bool{
-	"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true,
-}
-
-// objects parses a multi-document manifest into its objects by
-// kind/namespace/name; fromChart drops Helm's bookkeeping first, as make
-// manifests does (manifests.DropHelmObject).
-func objects(t *testing.T, manifest string, fromChart bool) map[string]map[string]any {
-	t.Helper()
-	out := map[string]map[string]any{}
-	for _, doc := range strings.Split(manifest, "\n---") {
-		// Strictly: a key given twice, which this decoder would take the
-		// last of, is refused by yaml.v3 and so by kustomize as a Helm
-		// post-renderer.
-		var o map[string]any
-		if err := yaml.UnmarshalStrict([]byte(doc), &o); err != nil {
-			t.Fatalf("%v in:\n%s", err, doc)
-		}
-		if o == nil {
-			continue
-		}
-		if fromChart {
-			manifests.DropHelmObject(o)
-		}
-		meta, _ := o["metadata"].(map[string]any)
-		if clusterScopedUnknownToKustomize[fmt.Sprint(o["kind"])] {
-			delete(meta, "namespace")
-		}
-		sortNamed(o)
-		ns, _ := meta["namespace"].(string)
-		k := fmt.Sprintf("%s %s/%s", o["kind"], ns, meta["name"])
-		if out[k] != nil {
-			t.Fatalf("%s twice", k)
-		}
-		out[k] = o
-	}
 	return out
 }
 
-// sortNamed sorts, everywhere in v, the lists whose items are all objects
-// with a name (containers, volumes, mounts, ports, env): Kubernetes merges
-// them by name, and a kustomize patch puts what it adds at the start.
-func sortNamed(v any) {
-	switch v := v.(type) {
-	case map[string]any:
-		for _, e := range v {
-			sortNamed(e)
-		}
-	case []any:
-		named := len(v) > 0
-		for _, e := range v {
-			sortNamed(e)
-			if m, ok := e.(map[string]any); !ok || m["name"] == nil {
-				named = false
-			}
-		}
-		if named {
-			sort.SliceStable(v, func(i, j int) bool {
-				return fmt.Sprint(v[i].(map[string]any)["name"]) < fmt.Sprint(v[j].(map[string]any)["name"])
-			})
-		}
+// objects parses a multi-document manifest into its objects by
+// kind/namespace/name (manifests.Objects: the kinds unknown to
+// kustomize's schema without a namespace, the named lists sorted);
+// fromChart drops Helm's bookkeeping first, as make manifests does
+// (manifests.DropHelmObject).
+func objects(t *testing.T, manifest string, fromChart bool) map[string]map[string]any {
+	t.Helper()
+	out, err := manifests.Objects(manifest, fromChart)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return out
 }
 
 // union lists the keys of both maps, sorted.

@@ -11,9 +11,11 @@ import (
 
 // TestDeployIsGenerated fails while deploy/ is not what make manifests
 // generates from the chart: a file edited by hand, a chart change without
-// make manifests, a generated file missing or one left over, or a
-// kustomization.yaml that does not list exactly the files generated beside
-// it. The chart is the one source of what converge installs; deploy/ is
+// make manifests, a generated file missing or one left over, a
+// kustomization.yaml that holds more than the glue or does not list
+// exactly the files generated beside it, or a kustomize build of deploy/,
+// in any combination of its components, that is not the chart's objects
+// with those components on (manifests.Generate checks all of it). The chart is the one source of what converge installs; deploy/ is
 // its rendering for kubectl apply -k.
 func TestDeployIsGenerated(t *testing.T) {
 	files, err := manifests.Generate(chartDir, deploy)

@@ -11,8 +11,14 @@
 // annotations) taken out as text so that the templates' comments stay;
 // what a component adds becomes that component's resources, and what it
 // changes in an object of the base a strategic-merge patch. The
-// kustomization.yaml files stay hand-written glue, and must list exactly
-// the files generated beside them. make manifests writes the files
+// kustomization.yaml files stay hand-written glue: they may hold nothing
+// else (no labels:, no inline patch: checkKustomization decodes them
+// strictly), and must list exactly the files generated beside them. Then
+// kustomize builds deploy/, those kustomizations over the generated files,
+// with every combination of the components, and each build must be the
+// chart rendered with those components on (checkBuilds): two components
+// that patch the same list, or an object the chart renders only with two
+// of them on, fail it. make manifests writes the files
 // (cmd/converge-manifests), and test/e2e/chart fails while deploy/ is not
 // what Generate makes.
 package manifests

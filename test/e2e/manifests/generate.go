@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"sigs.k8s.io/yaml"
 )
 
@@ -73,8 +74,11 @@ type Files map[string][]byte
 // Generate renders the chart in chartDir into deploy/'s files: the base's
 // objects, one file per template, and each component's objects, or its
 // strategic-merge patches of the base's objects. It fails if a component
-// would take something out of the base, or if a kustomization.yaml of
-// deployDir does not list exactly the files generated beside it.
+// would take something out of the base; if a kustomization.yaml of
+// deployDir holds anything but the glue (checkKustomization) or does not
+// list exactly the files generated beside it; and unless kustomize, with
+// deployDir's kustomizations over the generated files, builds the chart's
+// objects with every combination of the components (checkBuilds).
 func Generate(chartDir, deployDir string) (Files, error) {
 	base, err := renderDocs(chartDir, baseVals())
 	if err != nil {
@@ -96,13 +100,45 @@ func Generate(chartDir, deployDir string) (Files, error) {
 			return nil, fmt.Errorf("component %s: %w", c.Name, err)
 		}
 	}
+	defaults, err := chartDefaults(chartDir)
+	if err != nil {
+		return nil, err
+	}
 	var errs []error
 	for _, dir := range dirs() {
-		if err := checkKustomization(deployDir, dir, files); err != nil {
+		if err := checkKustomization(deployDir, dir, files, defaults); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	if err := checkBuilds(chartDir, deployDir, files, defaults); err != nil {
+		errs = append(errs, err)
+	}
 	return files, errors.Join(errs...)
+}
+
+// chartDefaults are the Components the chart's values.yaml turns on: the
+// base kustomization lists them.
+func chartDefaults(chartDir string) ([]string, error) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		return nil, err
+	}
+	var on []string
+	for _, c := range Components {
+		def := true
+		for k, v := range c.Vals {
+			got, _ := ch.Values[k].(map[string]any)
+			for kk, want := range v.(map[string]any) {
+				if got[kk] != want {
+					def = false
+				}
+			}
+		}
+		if def {
+			on = append(on, c.Name)
+		}
+	}
+	return on, nil
 }
 
 // dirs are deploy/'s directories of generated files.
@@ -175,34 +211,85 @@ func addComponent(files Files, dir string, base, docs []doc) error {
 	return nil
 }
 
-// kustomization is what checkKustomization reads of a kustomization.yaml.
-type kustomization struct {
-	Resources []string `json:"resources"`
-	Patches   []struct {
+// baseKustomization is all deploy/kustomization.yaml may hold: the
+// glue. Anything else (labels:, patches:, replacements:, a generator)
+// would change what the chart installs; checkKustomization refuses it.
+type baseKustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Namespace  string   `json:"namespace"`
+	Resources  []string `json:"resources"`
+	Components []string `json:"components"`
+	Images     []struct {
+		Name   string `json:"name"`
+		NewTag string `json:"newTag"`
+	} `json:"images"`
+}
+
+// componentKustomization is all a component's kustomization.yaml may
+// hold: its files, the generated patches by path (no inline patch, no
+// target: a generated patch names its object).
+type componentKustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Patches    []struct {
 		Path string `json:"path"`
 	} `json:"patches"`
 }
 
-// checkKustomization fails unless the kustomization.yaml of dir lists
-// exactly the files generated in dir, the objects as resources and the
-// patches as patches, so that no template is left out of deploy/.
-func checkKustomization(deployDir, dir string, files Files) error {
+// checkKustomization fails unless the kustomization.yaml of dir holds
+// only the glue, its keys those of baseKustomization (deploy/) or
+// componentKustomization (a component), the base's components those the
+// chart turns on by default (defaults), and lists exactly the files
+// generated in dir, the objects as resources and the patches as patches,
+// so that no template is left out of deploy/.
+func checkKustomization(deployDir, dir string, files Files, defaults []string) error {
+	name := path.Join("deploy", dir, "kustomization.yaml")
 	b, err := os.ReadFile(filepath.Join(deployDir, filepath.FromSlash(dir), "kustomization.yaml"))
 	if err != nil {
 		return err
 	}
-	var k kustomization
-	if err := yaml.Unmarshal(b, &k); err != nil {
-		return fmt.Errorf("%s: %w", path.Join("deploy", dir, "kustomization.yaml"), err)
+	var resources, patches []string
+	if dir == "." {
+		var k baseKustomization
+		if err := yaml.UnmarshalStrict(b, &k); err != nil {
+			return fmt.Errorf("%s holds more than the glue (apiVersion, kind, namespace, resources, components, images: name and newTag): %w", name, err)
+		}
+		if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" {
+			return fmt.Errorf("%s: apiVersion %q, kind %q; want kustomize.config.k8s.io/v1beta1 Kustomization", name, k.APIVersion, k.Kind)
+		}
+		if k.Namespace != Namespace {
+			return fmt.Errorf("%s: namespace %q; make manifests renders the chart into %s", name, k.Namespace, Namespace)
+		}
+		var want []string
+		for _, c := range defaults {
+			want = append(want, path.Join("components", c))
+		}
+		sort.Strings(want)
+		if got := slices.Sorted(slices.Values(k.Components)); !slices.Equal(got, want) {
+			return fmt.Errorf("%s lists components %v; the chart turns on %v by default", name, k.Components, want)
+		}
+		resources = k.Resources
+	} else {
+		var k componentKustomization
+		if err := yaml.UnmarshalStrict(b, &k); err != nil {
+			return fmt.Errorf("%s holds more than the glue (apiVersion, kind, resources, patches: path): %w", name, err)
+		}
+		if k.APIVersion != "kustomize.config.k8s.io/v1alpha1" || k.Kind != "Component" {
+			return fmt.Errorf("%s: apiVersion %q, kind %q; want kustomize.config.k8s.io/v1alpha1 Component", name, k.APIVersion, k.Kind)
+		}
+		resources = k.Resources
+		for _, p := range k.Patches {
+			patches = append(patches, p.Path)
+		}
 	}
 	var listed, want []string
-	for _, r := range k.Resources {
+	for _, r := range resources {
 		listed = append(listed, "resource "+r)
 	}
-	for _, p := range k.Patches {
-		if p.Path != "" {
-			listed = append(listed, "patch "+p.Path)
-		}
+	for _, p := range patches {
+		listed = append(listed, "patch "+p)
 	}
 	for p := range files {
 		if path.Dir(p) != dir {
@@ -217,7 +304,7 @@ func checkKustomization(deployDir, dir string, files Files) error {
 	sort.Strings(listed)
 	sort.Strings(want)
 	if !slices.Equal(listed, want) {
-		return fmt.Errorf("%s lists %v; make manifests generates %v there", path.Join("deploy", dir, "kustomization.yaml"), listed, want)
+		return fmt.Errorf("%s lists %v; make manifests generates %v there", name, listed, want)
 	}
 	return nil
 }

@@ -1,7 +1,10 @@
 // converge-manifests writes deploy/'s object files, generated from the
 // Helm chart (package manifests): make manifests runs it. It fails,
-// writing nothing, if a kustomization.yaml of deploy/ does not list
-// exactly the files generated beside it.
+// writing nothing, if a kustomization.yaml of deploy/ holds more than the
+// glue or does not list exactly the files generated beside it, or if
+// kustomize, with deploy/'s kustomizations over the generated files,
+// builds in some combination of the components other objects than the
+// chart renders with them on.
 //
 //	converge-manifests -repo <root>
 package main
