@@ -32,18 +32,26 @@ func (h *harness) count(call string) int {
 	return n
 }
 
+// heldPublish starts the early start, stages volume id and asks for its
+// publish, whose bind mount waits until release is closed.
+func (h *harness) heldPublish(id string) (target string, release chan struct{}) {
+	h.t.Helper()
+	h.startEarly()
+	staging := h.staged(id)
+	_, target = h.volume(id)
+	release = make(chan struct{})
+	h.world.holdOn("bind "+target, release)
+	h.update(id, func(v *state.Volume) { _ = v.RequestPublish(staging, target, publishSpec()) })
+	return target, release
+}
+
 // TestPassWaitsForAnEarlyStartedOperation holds "one operation per
 // volume" from the pass's side (TestEarlyStartWaitsForItsVolume holds it
 // from the early start's): while a publish an early start began runs, a
 // pass that plans the same publish starts nothing on the volume.
 func TestPassWaitsForAnEarlyStartedOperation(t *testing.T) {
 	h := newHarness(t)
-	h.startEarly()
-	staging := h.staged("v")
-	_, target := h.volume("v")
-	release := make(chan struct{})
-	h.world.holdOn("bind "+target, release)
-	h.update("v", func(v *state.Volume) { _ = v.RequestPublish(staging, target, publishSpec()) })
+	target, release := h.heldPublish("v")
 	go h.r.Start("v")
 	waitFor(t, h.world.started, "bind "+target)
 	if n, err := h.r.Pass(t.Context()); err != nil || n != 0 {
@@ -63,12 +71,7 @@ func TestPassWaitsForAnEarlyStartedOperation(t *testing.T) {
 // second time.
 func TestEarlyStartLooksAgainAfterAnOperationEndsDuringItsObservation(t *testing.T) {
 	h := newHarness(t)
-	h.startEarly()
-	staging := h.staged("v")
-	_, target := h.volume("v")
-	release := make(chan struct{})
-	h.world.holdOn("bind "+target, release)
-	h.update("v", func(v *state.Volume) { _ = v.RequestPublish(staging, target, publishSpec()) })
+	target, release := h.heldPublish("v")
 	if n, _ := h.r.Pass(t.Context()); n != 1 {
 		t.Fatalf("pass started %d operations, want the publish", n)
 	}
