@@ -202,19 +202,26 @@ func TestCgroupPodCgroupsV2(t *testing.T) {
 	}
 }
 
-// TestCgroupThrottleV2 sets, changes and removes a device's rules in a
-// pod's io.max, against a fake of the kernel's io.max: what Throttle reads
-// is what SetThrottle set, another device's rule is left alone, a second
-// SetThrottle writes nothing, and limits the kernel cannot hold, a cgroup
-// outside the hierarchy or one without io are refused.
-func TestCgroupThrottleV2(t *testing.T) {
+// fakeCgroupIOV2 returns a CgroupIO on a fake cgroup v2 hierarchy laid
+// out by the systemd driver, whose io.max writes go to a fake kernel.
+func fakeCgroupIOV2(t *testing.T) (c CgroupIO, kernel *fakeIOMax, pod, pod2, ctr string) {
+	t.Helper()
 	root, pod, pod2, ctr := fakeCgroupV2(t, "systemd")
 	c, err := DetectCgroupIO(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kernel := &fakeIOMax{}
+	kernel = &fakeIOMax{}
 	c.write = kernel.write
+	return c, kernel, pod, pod2, ctr
+}
+
+// TestCgroupThrottleV2 sets, changes and removes a device's rules in a
+// pod's io.max, against a fake of the kernel's io.max: what Throttle reads
+// is what SetThrottle set, another device's rule is left alone, and a
+// second SetThrottle writes nothing.
+func TestCgroupThrottleV2(t *testing.T) {
+	c, kernel, pod, pod2, _ := fakeCgroupIOV2(t)
 	other := "8:0 rbps=max wbps=max riops=max wiops=7\n"
 	writeFile(t, filepath.Join(pod, ioMaxFile), other)
 	for _, step := range []struct {
@@ -251,15 +258,25 @@ func TestCgroupThrottleV2(t *testing.T) {
 	if got, err := c.Throttle(pod2, loop3); err != nil || !got.IsZero() {
 		t.Errorf("Throttle without a rule: got %+v, %v; want none", got, err)
 	}
-	kernel.writes = 0
-	if err := c.SetThrottle(pod, loop3, host.IOLimits{ReadIOPS: host.MaxIOPS + 1}); err == nil || kernel.writes != 0 {
-		t.Errorf("SetThrottle beyond MaxIOPS: got %v after %d writes, want refused before any", err, kernel.writes)
+}
+
+// TestCgroupThrottleV2Refuses checks what SetThrottle and Throttle refuse,
+// writing nothing: limits the kernel cannot hold, a cgroup outside the
+// hierarchy, a cgroup gone (os.ErrNotExist), one without the io
+// controller, and every call of the zero CgroupIO.
+func TestCgroupThrottleV2Refuses(t *testing.T) {
+	c, kernel, pod, _, ctr := fakeCgroupIOV2(t)
+	if err := c.SetThrottle(pod, loop3, host.IOLimits{ReadIOPS: host.MaxIOPS + 1}); err == nil {
+		t.Errorf("SetThrottle beyond MaxIOPS: got %v, want refused", err)
 	}
-	if err := c.SetThrottle(filepath.Dir(root), loop3, host.IOLimits{ReadIOPS: 2}); err == nil || kernel.writes != 0 {
-		t.Errorf("SetThrottle outside the hierarchy: got %v after %d writes, want refused", err, kernel.writes)
+	if err := c.SetThrottle(filepath.Dir(c.Root), loop3, host.IOLimits{ReadIOPS: 2}); err == nil {
+		t.Errorf("SetThrottle outside the hierarchy: got %v, want refused", err)
 	}
 	if _, err := c.Throttle(filepath.Join(pod, "gone"), loop3); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Throttle of a cgroup gone: got %v, want os.ErrNotExist", err)
+	}
+	if err := c.SetThrottle(filepath.Join(pod, "gone"), loop3, host.IOLimits{ReadIOPS: 2}); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("SetThrottle of a cgroup gone: got %v, want os.ErrNotExist", err)
 	}
 	if err := os.Remove(filepath.Join(ctr, ioMaxFile)); err != nil {
 		t.Fatal(err)
@@ -267,7 +284,14 @@ func TestCgroupThrottleV2(t *testing.T) {
 	if err := c.SetThrottle(ctr, loop3, host.IOLimits{ReadIOPS: 2}); err == nil || !strings.Contains(err.Error(), "subtree_control") {
 		t.Errorf("SetThrottle without io.max: got %v, want an error naming subtree_control", err)
 	}
-	if err := (CgroupIO{}).SetThrottle(pod, loop3, host.IOLimits{}); !errors.Is(err, errNoCgroupIO) {
-		t.Errorf("zero CgroupIO: got %v, want errNoCgroupIO", err)
+	if kernel.writes != 0 {
+		t.Errorf("writes: got %d, want none", kernel.writes)
+	}
+	zero := CgroupIO{}
+	if _, err := zero.PodCgroups(testPodUID); !errors.Is(err, errNoCgroupIO) {
+		t.Errorf("zero CgroupIO's PodCgroups: got %v, want errNoCgroupIO", err)
+	}
+	if err := zero.SetThrottle(pod, loop3, host.IOLimits{}); !errors.Is(err, errNoCgroupIO) {
+		t.Errorf("zero CgroupIO's SetThrottle: got %v, want errNoCgroupIO", err)
 	}
 }
