@@ -36,6 +36,12 @@
 // takes it. converge's own thin attaches check every device they claim and
 // remove such a number rather than use it.
 //
+// A volume's IO limits are the kernel's blk-throttle rules for its device
+// in the cgroups of the pods that use it (CgroupIO): found below the
+// cgroup hierarchy's root by the kubelet's names for pods, whatever its
+// cgroupRoot, and written in the form of the cgroup version the io
+// controller is on (v1's flat per-cgroup rules, v2's io.max).
+//
 // It knows nothing of CSI or of the desired state; it does what it is told
 // and reports what it sees.
 package devices

@@ -2,6 +2,7 @@ package devices
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -123,6 +124,53 @@ func FuzzPathsOpen(f *testing.F) {
 		}
 		if strings.Contains(got, "outside") {
 			t.Fatalf("%q resolved through a symlink to %s", rel, got)
+		}
+	})
+}
+
+// FuzzParseV1Throttle feeds arbitrary contents to the parser of cgroup
+// v1's throttle files: it must not panic, and the rules it reads, written
+// back as the kernel prints them, must read the same.
+func FuzzParseV1Throttle(f *testing.F) {
+	for _, s := range []string{"", "7:3 200\n", "8:0 1048576\n7:3 1\n", "7:3 0", "7:3 max\n", "7:3 200\n7:3 1\n", "7:", " \n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, content string) {
+		rules, err := parseV1Throttle(content)
+		if err != nil {
+			return
+		}
+		var b strings.Builder
+		for dev, v := range rules {
+			b.WriteString(formatV1Throttle(dev, v) + "\n")
+		}
+		again, err := parseV1Throttle(b.String())
+		if err != nil || !maps.Equal(again, rules) {
+			t.Fatalf("%q read as %v; written back as %q, read as %v, %v", content, rules, b.String(), again, err)
+		}
+	})
+}
+
+// FuzzParseIOMax feeds arbitrary contents to the parser of cgroup v2's
+// io.max: it must not panic, and the rules it reads, written back as
+// SetThrottle writes them, must read the same.
+func FuzzParseIOMax(f *testing.F) {
+	for _, s := range []string{"", "7:3 rbps=max wbps=1048576 riops=200 wiops=max\n", "7:3 riops=1\n8:0 wbps=2",
+		"7:3 riops=0\n", "7:3 riops=2 riops=3\n", "7:3 idle=1\n", "7:3\n", "7:3 rbps=18446744073709551615\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, content string) {
+		rules, err := parseIOMax(content)
+		if err != nil {
+			return
+		}
+		var b strings.Builder
+		for dev, l := range rules {
+			b.WriteString(formatIOMax(dev, l) + "\n")
+		}
+		again, err := parseIOMax(b.String())
+		if err != nil || !maps.Equal(again, rules) {
+			t.Fatalf("%q read as %v; written back as %q, read as %v, %v", content, rules, b.String(), again, err)
 		}
 	})
 }

@@ -1,8 +1,9 @@
 // Package host holds what every layer knows of the host alike: the
 // observation types the device layer fills and the reconciler compares
 // with the records (mounts, loop devices, filesystem usage, and
-// Observation, all of them at one instant), and the rule every host path
-// the plugin acts on must pass (Beneath). It observes nothing itself
+// Observation, all of them at one instant), the IO limits the device
+// layer applies to a volume's device (IOLimits), and the rule every host
+// path the plugin acts on must pass (Beneath). It observes nothing itself
 // (pkg/devices does) and imports nothing of the plugin. An Observation is
 // the machine seen once; a snapshot, everywhere in converge, is a volume
 // snapshot.
