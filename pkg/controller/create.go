@@ -222,7 +222,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 		if err := pr.CheckVolume(r.prov == state.ProvisionThin, r.size, 0); err != nil {
 			return err
 		}
-		if err := pr.Record(r.id, r.name, r.prov, r.access); err != nil {
+		if err := pr.Record(r.id, r.name, r.prov, r.access, host.IOLimits{}); err != nil {
 			return err
 		}
 		// Recorded, with neither an image nor a copy under way.
