@@ -17,7 +17,7 @@ TEST_TIMEOUT ?= 5m
 FUZZTIME ?= 5000x
 FUZZ_TARGETS := pkg/contract:FuzzValidID pkg/host:FuzzBeneath pkg/state:FuzzScanLog \
 	pkg/contract:FuzzCheckMountFlags pkg/contract/capability:FuzzParse pkg/contract:FuzzCheckMkfsOptions \
-	pkg/devices:FuzzUnescapeOctal pkg/devices:FuzzReadMounts pkg/devices:FuzzPathsOpen \
+	pkg/contract:FuzzParseIOLimits pkg/devices:FuzzUnescapeOctal pkg/devices:FuzzReadMounts pkg/devices:FuzzPathsOpen \
 	pkg/devices:FuzzParseV1Throttle pkg/devices:FuzzParseIOMax
 
 ## run: build and serve on a local socket with a local state directory

@@ -2,8 +2,13 @@ package contract
 
 import (
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
+
+	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // FuzzCheckMountFlags checks the mount flag policy: an accepted flag is on
@@ -84,6 +89,49 @@ func FuzzValidID(f *testing.F) {
 		}
 		if p := filepath.Join("/data", id+".img"); filepath.Dir(p) != "/data" {
 			t.Fatalf("ID %q leaves the data directory: %s", id, p)
+		}
+	})
+}
+
+// FuzzParseIOLimits checks the IO limit parameters: an accepted value is
+// NoLimit (no limit) or a limit within what the kernel holds as asked,
+// with no whitespace; an IOPS limit is its own decimal digits; a key given
+// is the only limit Apply changes.
+func FuzzParseIOLimits(f *testing.F) {
+	for _, s := range []string{"max", "2", "1", "0", "100Mi", "50M", "1.5Gi", "2.5", "8Ei", "4294967296", " 1", "1e3", "-1", "", "Max", "0.5k", "007"} {
+		f.Add(uint8(0), s)
+		f.Add(uint8(3), s)
+	}
+	f.Fuzz(func(t *testing.T, which uint8, value string) {
+		key := mutableParameters[int(which)%len(mutableParameters)]
+		p, err := ParseIOLimits(map[string]string{key: value})
+		if err != nil {
+			if e := classified.AsError(err); e == nil || e.Kind != classified.KindInvalidArgument || !strings.Contains(e.Message, key) {
+				t.Fatalf("%s=%q: got %v, want INVALID_ARGUMENT naming the key", key, value, err)
+			}
+			return
+		}
+		if strings.ContainsFunc(value, unicode.IsSpace) || value == "" {
+			t.Fatalf("%s=%q accepted with whitespace or empty", key, value)
+		}
+		before := host.IOLimits{ReadIOPS: 11, WriteIOPS: 12, ReadBPS: 13, WriteBPS: 14}
+		after := p.Apply(before)
+		n := *ioLimitField(&after, key)
+		*ioLimitField(&after, key) = *ioLimitField(&before, key)
+		if after != before {
+			t.Fatalf("%s=%q changed another limit: %+v", key, value, p.Apply(before))
+		}
+		upper := uint64(MaxIOPSLimit)
+		if key == MaxReadBPSKey || key == MaxWriteBPSKey {
+			upper = MaxBPSLimit
+		} else if value != NoLimit && strings.TrimLeft(value, "0") != strconv.FormatUint(n, 10) {
+			t.Fatalf("%s=%q read as %d", key, value, n)
+		}
+		switch {
+		case value == NoLimit && n != 0:
+			t.Fatalf("%s=%q: got limit %d, want none", key, value, n)
+		case value != NoLimit && (n < MinIOLimit || n > upper):
+			t.Fatalf("%s=%q: limit %d outside [%d, %d]", key, value, n, MinIOLimit, upper)
 		}
 	})
 }

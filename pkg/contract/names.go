@@ -71,6 +71,33 @@ func VolumeAttributes() []string { return slices.Clone(volumeAttributes) }
 
 var volumeAttributes = []string{DeviceKey, MkfsOptionsKey, OnNodeLossKey}
 
+// VolumeAttributesClass parameters: the IO limits of a volume, which
+// CreateVolume receives as its mutable parameters and
+// ControllerModifyVolume as the parameters of the class a claim switches
+// to (ParseIOLimits). The names are ceph-csi's, so that a class moves
+// between the drivers; each maps to one knob of the kernel's block
+// throttling (host.IOLimits). A key a class gives that is neither one of
+// these nor Kubernetes' own is refused (CheckKeys).
+const (
+	// MaxReadIOPSKey limits the read operations per second.
+	MaxReadIOPSKey = "maxReadIops"
+	// MaxWriteIOPSKey limits the write operations per second.
+	MaxWriteIOPSKey = "maxWriteIops"
+	// MaxReadBPSKey limits the bytes read per second.
+	MaxReadBPSKey = "maxReadBps"
+	// MaxWriteBPSKey limits the bytes written per second.
+	MaxWriteBPSKey = "maxWriteBps"
+	// NoLimit is the value of an IO limit key that removes its limit: the
+	// word io.max itself reads and writes for none.
+	NoLimit = "max"
+)
+
+// MutableParameters are the VolumeAttributesClass parameters converge
+// knows: a copy, as CreateParameters.
+func MutableParameters() []string { return slices.Clone(mutableParameters) }
+
+var mutableParameters = []string{MaxReadIOPSKey, MaxWriteIOPSKey, MaxReadBPSKey, MaxWriteBPSKey}
+
 // GroupDeletionPolicyKey is the one parameter a VolumeGroupSnapshotClass
 // may carry for converge, and it means nothing to it: the Kubernetes
 // storage suite's generated group class names its deletionPolicy among

@@ -70,6 +70,9 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 	}
+	if advertiseModifyVolume {
+		types = append(types, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
+	}
 	if c.snapshots != nil {
 		types = append(types, csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT, csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
 			csi.ControllerServiceCapability_RPC_CLONE_VOLUME)
@@ -109,3 +112,12 @@ func (c *Controller) checkTopology(req *csi.TopologyRequirement) error {
 	}
 	return classified.Errorf(classified.KindResourceExhausted, "requisite topology does not include this node (%s=%s)", contract.TopologyKey, c.topology[contract.TopologyKey])
 }
+
+// advertiseModifyVolume says whether ControllerGetCapabilities reports
+// MODIFY_VOLUME. It stays false until the reconciler applies the IO limits
+// that CreateVolume and ControllerModifyVolume record: with it the
+// external-provisioner passes a VolumeAttributesClass's parameters to
+// CreateVolume, and the external-resizer calls ControllerModifyVolume and
+// reports the class applied, which nothing would then hold the volume to.
+// Turn it on once the reconciler applies limits.
+const advertiseModifyVolume = false

@@ -19,10 +19,13 @@ import (
 // CreateVolume creates an image for the volume, thick (every block
 // allocated) unless the parameters ask for a thin one, once the data
 // directory can promise its size; from a snapshot or another volume, by a
-// copy that goes on past the request. The volume's ID is its name and this
-// node's (localID), the image named after it. It is idempotent by name: an
-// existing volume of that name within the capacity range and of the same
-// provisioning is returned; another is ALREADY_EXISTS. A volume made
+// copy that goes on past the request. The IO limits of its
+// VolumeAttributesClass (its mutable parameters) are checked with the rest
+// of the request, before anything is made, and recorded with it. The
+// volume's ID is its name and this node's (localID), the image named after
+// it. It is idempotent by name: an existing volume of that name within the
+// capacity range, of the same provisioning and with the same IO limits is
+// returned; another is ALREADY_EXISTS. A volume made
 // before volume IDs named their node keeps its name as its ID.
 func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	r, err := c.parseCreate(req)
@@ -67,8 +70,11 @@ type createRequest struct {
 	// allowModeChange lets the volume be made from a source of the other
 	// access type (contract.AllowModeChangeKey).
 	allowModeChange bool
-	volumeContext   map[string]string
-	source          *csi.VolumeContentSource
+	// limits are the IO limits of the volume's VolumeAttributesClass (its
+	// mutable parameters); none when it names none.
+	limits        host.IOLimits
+	volumeContext map[string]string
+	source        *csi.VolumeContentSource
 }
 
 // parseCreate checks a CreateVolume request and reads what it asks for.
@@ -117,6 +123,13 @@ func (c *Controller) parseCreate(req *csi.CreateVolumeRequest) (createRequest, e
 	if r.pool, err = c.parsePool(params); err != nil {
 		return createRequest{}, err
 	}
+	// A class's limits, recorded with the volume before its image is
+	// made; keys it does not give are no limits.
+	limits, err := contract.ParseIOLimits(req.GetMutableParameters())
+	if err != nil {
+		return createRequest{}, err
+	}
+	r.limits = limits.Apply(host.IOLimits{})
 	if err := c.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return createRequest{}, err
 	}
@@ -195,8 +208,21 @@ func (c *Controller) findWithin(pr pool.Promise, r createRequest) (*csi.CreateVo
 		// What was checked when it was made (checkModeChange) held for
 		// its own capabilities, not these.
 		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists in volume mode %s, volume mode %s was asked for", r.name, modeName(v.Access), modeName(r.access))
+	case limitsOf(v) != r.limits:
+		// CSI: mutable parameters are part of what a volume must be
+		// compatible with.
+		return nil, nil, classified.Errorf(classified.KindAlreadyExists, "volume %s exists with IO limits %+v, %+v were asked for", r.name, limitsOf(v), r.limits)
 	}
 	return c.created(r, cur), nil, nil
+}
+
+// limitsOf returns the IO limits the record v asks for; none for no
+// record.
+func limitsOf(v *state.Volume) host.IOLimits {
+	if v == nil {
+		return host.IOLimits{}
+	}
+	return v.WantsIOLimits()
 }
 
 // makeVolume makes the volume r asks for: new, or copied from its content
@@ -222,7 +248,7 @@ func (c *Controller) makeVolume(ctx context.Context, r createRequest) (resp *csi
 		if err := pr.CheckVolume(r.prov == state.ProvisionThin, r.size, 0); err != nil {
 			return err
 		}
-		if err := pr.Record(r.id, r.name, r.prov, r.access); err != nil {
+		if err := pr.Record(r.id, r.name, r.prov, r.access, r.limits); err != nil {
 			return err
 		}
 		// Recorded, with neither an image nor a copy under way.

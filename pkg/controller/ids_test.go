@@ -38,6 +38,10 @@ func TestControllerRequestsFollowTheIDRule(t *testing.T) {
 			_, err := c.ValidateVolumeCapabilities(ctx, &csi.ValidateVolumeCapabilitiesRequest{VolumeId: id, VolumeCapabilities: rwo})
 			return err
 		}},
+		{"ControllerModifyVolume", classified.KindNotFound, func(id string) error {
+			_, err := c.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id})
+			return err
+		}},
 		{"DeleteVolume", ok, func(id string) error {
 			_, err := c.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
 			return err

@@ -12,6 +12,7 @@ import (
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -237,15 +238,16 @@ func (pr Promise) grow(id string, size int64) (int64, error) {
 
 // Record notes that volume id (named name) is made as prov in this pool
 // (the default pool recorded as none, as before pools), for access (see
-// state.Volume.Access: a record that says block already stays so), before
-// its image is: an image is then never accounted as another provisioning
-// than it was made with, and a crash before the image leaves a record
-// that accounts for nothing, which the retry of the request makes the
-// image of. The name tells this volume's image from one that a volume made
-// before IDs named their node left under this ID.
-func (pr Promise) Record(id, name string, prov state.Provisioning, access state.AccessType) error {
+// state.Volume.Access: a record that says block already stays so), held
+// to limits (its class's IO limits; none when zero), before its image is:
+// an image is then never accounted as another provisioning than it was
+// made with, and a crash before the image leaves a record that accounts
+// for nothing, which the retry of the request makes the image of. The
+// name tells this volume's image from one that a volume made before IDs
+// named their node left under this ID.
+func (pr Promise) Record(id, name string, prov state.Provisioning, access state.AccessType, limits host.IOLimits) error {
 	_, err := pr.p.store.Update(id, func(v *state.Volume) error {
-		v.RecordMade(name, pr.p.name, prov, access)
+		v.RecordMade(name, pr.p.name, prov, access, limits)
 		return nil
 	})
 	return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -27,7 +28,7 @@ func snapshotted(t *testing.T, copy CopyFunc) (*Pool, *state.Store, devices.Snap
 	p := New(store, Options{Dir: t.TempDir(), Ratio: 1, CopyMode: devices.CopySparse, Copy: copy})
 	t.Cleanup(p.Close)
 	err = p.Within(func(pr Promise) error {
-		if err := pr.Record("v", "v", state.ProvisionThick, state.AccessMount); err != nil {
+		if err := pr.Record("v", "v", state.ProvisionThick, state.AccessMount, host.IOLimits{}); err != nil {
 			return err
 		}
 		return pr.MakeImage("v", MinVolumeSize, state.ProvisionThick)
@@ -50,7 +51,7 @@ func restore(ctx context.Context, p *Pool, id string, snap devices.SnapshotInfo)
 		if err := pr.CheckVolume(false, MinVolumeSize, 0); err != nil {
 			return err
 		}
-		if err := pr.Record(id, id, state.ProvisionThick, state.AccessMount); err != nil {
+		if err := pr.Record(id, id, state.ProvisionThick, state.AccessMount, host.IOLimits{}); err != nil {
 			return err
 		}
 		r = pr.StartRestore(id, id, p, snap, MinVolumeSize, state.ProvisionThick, func() {})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -852,6 +853,36 @@ func TestStatusAndRecorder(t *testing.T) {
 	}
 	if rec.ops["unpublish error"] != 1 {
 		t.Errorf("recorded: ops %v, want one failed unpublish", rec.ops)
+	}
+}
+
+// TestStatusShowsDesiredIOLimits checks that a volume's status carries
+// the IO limits its record asks for, and none once none are asked.
+func TestStatusShowsDesiredIOLimits(t *testing.T) {
+	h := newHarness(t)
+	h.volume("v1")
+	for _, tc := range []struct {
+		name   string
+		limits host.IOLimits
+		want   *volstatus.IOLimits
+	}{
+		{"limited", host.IOLimits{ReadIOPS: 100, WriteBPS: 1 << 20}, &volstatus.IOLimits{ReadIOPS: 100, WriteBPS: 1 << 20}},
+		{"every limit removed", host.IOLimits{}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h.update("v1", func(v *state.Volume) {
+				v.Provisioning = state.ProvisionThick
+				if err := v.RequestIOLimits(tc.limits); err != nil {
+					t.Fatal(err)
+				}
+			})
+			h.r.Pass(t.Context())
+			h.r.wait()
+			s := h.r.Status()
+			if len(s) != 1 || !reflect.DeepEqual(s[0].IOLimitsDesired, tc.want) {
+				t.Errorf("got %+v, want IO limits %+v", s, tc.want)
+			}
+		})
 	}
 }
 

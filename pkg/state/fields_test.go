@@ -174,11 +174,11 @@ func TestRemovalAndEmptyListEveryField(t *testing.T) {
 	keeps := map[string]bool{
 		"ID": true, "Generation": true, "Stage": true, "Publishes": true, "Expand": true, "Snapshots": true, "Frozen": true,
 		"Formatted": false, "Removing": false, "DeviceID": false, "FsSize": false, "Provisioning": false,
-		"Name": false, "Pool": false, "Changed": false, "Access": false,
+		"Name": false, "Pool": false, "Changed": false, "Access": false, "IOLimits": false,
 	}
 	worthKeeping := map[string]bool{
 		"Stage": true, "Publishes": true, "Formatted": true, "Removing": true, "Provisioning": true,
-		"Name": true, "Pool": true, "Snapshots": true, "Frozen": true,
+		"Name": true, "Pool": true, "Snapshots": true, "Frozen": true, "IOLimits": true,
 		"ID": false, "Generation": false, "Expand": false, "DeviceID": false, "FsSize": false, "Changed": false, "Access": false,
 	}
 	typ := reflect.TypeFor[Volume]()

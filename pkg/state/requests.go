@@ -5,6 +5,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // The transitions a Node request makes to a record: each takes a request
@@ -159,14 +160,40 @@ func (v *Volume) RequestSnapshot(id string, group *GroupIntent) error {
 	return nil
 }
 
+// RequestIOLimits records limits as the IO limits of the volume: the
+// whole of them, which ControllerModifyVolume merges from the limits
+// asked before (WantsIOLimits) and the keys its class gives. The limits
+// asked already are a duplicate and change nothing; so are no limits of
+// a volume never limited. Other limits replace them, and Store.Update
+// gives them a new generation. It refuses a volume being deleted
+// (NOT_FOUND).
+func (v *Volume) RequestIOLimits(limits host.IOLimits) error {
+	if v.Removing {
+		return NotFound(v.ID)
+	}
+	v.setIOLimits(limits)
+	return nil
+}
+
+// setIOLimits makes limits the IO limits asked of the volume, unless
+// they are already: the intent asked before then keeps its generation.
+func (v *Volume) setIOLimits(limits host.IOLimits) {
+	if limits != v.WantsIOLimits() {
+		v.IOLimits = &IOLimitsIntent{Limits: limits}
+	}
+}
+
 // RecordMade records that the volume, called name (kept only when it is
 // not its ID: a volume made before IDs named their node has its name as
 // its ID), is made as prov in pool (the default pool recorded as none,
-// as before pools), for access; a record that says block already stays
-// so. CreateVolume records it before the image is made, so that an image
-// is never accounted as another provisioning than it was made with.
-func (v *Volume) RecordMade(name, pool string, prov Provisioning, access AccessType) {
+// as before pools), for access, held to limits (its class's; none when
+// zero); a record that says block already stays so. CreateVolume records
+// it before the image is made, so that an image is never accounted as
+// another provisioning than it was made with, nor a volume ever used
+// before its limits are recorded.
+func (v *Volume) RecordMade(name, pool string, prov Provisioning, access AccessType, limits host.IOLimits) {
 	v.Provisioning, v.Pool = prov, ""
+	v.setIOLimits(limits)
 	if v.Access != AccessBlock {
 		v.Access = access
 	}
@@ -181,5 +208,5 @@ func (v *Volume) RecordMade(name, pool string, prov Provisioning, access AccessT
 // ForgetMade undoes RecordMade for a volume whose image was not made: the
 // record then accounts for nothing.
 func (v *Volume) ForgetMade() {
-	v.Provisioning, v.Name, v.Pool, v.Access = "", "", "", ""
+	v.Provisioning, v.Name, v.Pool, v.Access, v.IOLimits = "", "", "", "", nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // requestCase is one request transition on a record: the record it gives,
@@ -56,6 +57,9 @@ func show(v *Volume) string {
 	}
 	if v.Expand != nil {
 		fmt.Fprintf(&b, " expand:%+v", *v.Expand)
+	}
+	if v.IOLimits != nil {
+		fmt.Fprintf(&b, " ioLimits:%+v", *v.IOLimits)
 	}
 	return b.String() + "}"
 }
@@ -263,18 +267,22 @@ func TestRequestSnapshot(t *testing.T) {
 // field RecordMade sets is set by it, and ForgetMade clears each, so that
 // a record that was not made accounts for nothing.
 func TestRecordMadeThenForgotten(t *testing.T) {
+	limits := host.IOLimits{ReadIOPS: 100, WriteBPS: 1 << 20}
 	for _, tc := range []struct {
 		name, id, vname, pool string
+		limits                host.IOLimits
 		want                  Volume
 	}{
-		{"in a pool of its own, named apart from its ID", "n_node", "n", "fast",
+		{"in a pool of its own, named apart from its ID", "n_node", "n", "fast", host.IOLimits{},
 			Volume{ID: "n_node", Name: "n", Pool: "fast", Provisioning: ProvisionThick, Access: AccessMount}},
-		{"in the default pool, the ID its name", "n", "n", DefaultPool,
+		{"in the default pool, the ID its name", "n", "n", DefaultPool, host.IOLimits{},
 			Volume{ID: "n", Provisioning: ProvisionThick, Access: AccessMount}},
+		{"with its class's IO limits", "n", "n", DefaultPool, limits,
+			Volume{ID: "n", Provisioning: ProvisionThick, Access: AccessMount, IOLimits: &IOLimitsIntent{Limits: limits}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := Volume{ID: tc.id}
-			v.RecordMade(tc.vname, tc.pool, ProvisionThick, AccessMount)
+			v.RecordMade(tc.vname, tc.pool, ProvisionThick, AccessMount, tc.limits)
 			if !reflect.DeepEqual(v, tc.want) {
 				t.Errorf("recorded %+v, want %+v", v, tc.want)
 			}
@@ -285,8 +293,63 @@ func TestRecordMadeThenForgotten(t *testing.T) {
 		})
 	}
 	block := Volume{ID: "b", Access: AccessBlock}
-	block.RecordMade("b", DefaultPool, ProvisionThin, AccessMount)
+	block.RecordMade("b", DefaultPool, ProvisionThin, AccessMount, host.IOLimits{})
 	if block.Access != AccessBlock {
 		t.Errorf("a record that says block recorded as %q, want it to stay block", block.Access)
+	}
+}
+
+func TestRequestIOLimits(t *testing.T) {
+	limits := host.IOLimits{ReadIOPS: 100, WriteBPS: 1 << 20}
+	limited := func(l host.IOLimits, gen int64) *Volume {
+		v := volume(nil, nil)
+		v.IOLimits = &IOLimitsIntent{Limits: l, Generation: gen}
+		return v
+	}
+	removing := limited(limits, 4)
+	removing.Removing = true
+	for _, tc := range []struct {
+		requestCase
+		limits host.IOLimits
+	}{
+		{limits: limits, requestCase: requestCase{name: "first limits", v: volume(nil, nil), want: limited(limits, 0)}},
+		{limits: limits, requestCase: requestCase{name: "the same limits again", v: limited(limits, 4), want: limited(limits, 4)}},
+		{limits: host.IOLimits{ReadIOPS: 50}, requestCase: requestCase{name: "other limits replace them",
+			v: limited(limits, 4), want: limited(host.IOLimits{ReadIOPS: 50}, 0)}},
+		{requestCase: requestCase{name: "every limit removed: the intent stays, with none",
+			v: limited(limits, 4), want: limited(host.IOLimits{}, 0)}},
+		{requestCase: requestCase{name: "no limits of a volume never limited", v: volume(nil, nil), want: volume(nil, nil)}},
+		{requestCase: requestCase{name: "no limits again", v: limited(host.IOLimits{}, 6), want: limited(host.IOLimits{}, 6)}},
+		{limits: limits, requestCase: requestCase{name: "a volume being deleted", v: removing, kind: classified.KindNotFound, message: "v"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, func(v *Volume) error { return v.RequestIOLimits(tc.limits) })
+		})
+	}
+}
+
+// TestRequestIOLimitsTouchesOnlyItsField applies RequestIOLimits to a
+// record with every field set and checks that the IO limits are all it
+// changed: the node's intents, the provenance and the other requests'
+// fields are not its business.
+func TestRequestIOLimitsTouchesOnlyItsField(t *testing.T) {
+	v, want := filled(t), filled(t)
+	v.Removing, want.Removing = false, false
+	limits := host.IOLimits{ReadIOPS: 3, WriteIOPS: 4, ReadBPS: 5, WriteBPS: 6}
+	if err := v.RequestIOLimits(limits); err != nil {
+		t.Fatal(err)
+	}
+	if got := v.WantsIOLimits(); got != limits {
+		t.Errorf("got limits %+v, want %+v", got, limits)
+	}
+	typ := reflect.TypeFor[Volume]()
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		if name == "IOLimits" {
+			continue
+		}
+		if got, w := reflect.ValueOf(v).Elem().Field(i).Interface(), reflect.ValueOf(want).Elem().Field(i).Interface(); !reflect.DeepEqual(got, w) {
+			t.Errorf("RequestIOLimits changed %s: got %v, want %v", name, got, w)
+		}
 	}
 }

@@ -480,7 +480,8 @@ func shard(id string) int {
 // stampGenerations gives every intent of cur that differs from old the
 // generation of cur. A new expansion (one whose generation is still 0) is a
 // new request even for the same size, so that an expansion that failed for
-// good is tried again when it is asked for again.
+// good is tried again when it is asked for again. IO limits take a new
+// generation when they change (a new intent's is still 0), and only then.
 func stampGenerations(old, cur *Volume) {
 	var oldStage *Stage
 	var oldPubs map[string]*Publish
@@ -495,6 +496,11 @@ func stampGenerations(old, cur *Volume) {
 	if e := cur.Expand; e != nil {
 		if old == nil || old.Expand == nil || old.Expand.Bytes != e.Bytes || e.Generation == 0 {
 			e.Generation = cur.Generation
+		}
+	}
+	if l := cur.IOLimits; l != nil {
+		if old == nil || old.IOLimits == nil || old.IOLimits.Limits != l.Limits || l.Generation == 0 {
+			l.Generation = cur.Generation
 		}
 	}
 	for id, s := range cur.Snapshots {

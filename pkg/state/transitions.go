@@ -134,8 +134,8 @@ func (v *Volume) StartRemoval() error {
 }
 
 // FinishRemoval forgets the volume once its image is gone: what the record
-// held (the provenance, the size and the provisioning) no longer describes
-// anything.
+// held (the provenance, the size, the provisioning and the IO limits) no
+// longer describes anything.
 func (v *Volume) FinishRemoval() {
 	*v = Volume{ID: v.ID, Generation: v.Generation, Stage: v.Stage, Publishes: v.Publishes, Expand: v.Expand, Snapshots: v.Snapshots, Frozen: v.Frozen}
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // AccessType says how a volume is presented to a workload.
@@ -166,6 +168,33 @@ type Volume struct {
 	// holds nothing else is of a volume the plugin never formatted nor
 	// provisioned with a record, which counts as AccessBlock without one.
 	Access AccessType `json:"access,omitempty"`
+	// IOLimits is the IO limits the volume's device is to be held to, as
+	// its VolumeAttributesClass asks (CreateVolume's mutable parameters,
+	// then each ControllerModifyVolume's, merged in); nil when none were
+	// ever asked for, which a record written before limits existed
+	// decodes as. Once asked for, the intent stays, with no limits left
+	// after every one was removed, so that the limits a reconciler applied
+	// are withdrawn too (IOLimitsKey).
+	IOLimits *IOLimitsIntent `json:"ioLimits,omitempty"`
+}
+
+// IOLimitsIntent is the desired IO limits of a volume.
+type IOLimitsIntent struct {
+	// Limits are the limits; a zero field limits nothing.
+	Limits host.IOLimits `json:"limits"`
+	// Generation is the volume generation at which Limits last changed:
+	// the result under IOLimitsKey tells limits applied from limits
+	// asked for.
+	Generation int64 `json:"generation"`
+}
+
+// WantsIOLimits returns the IO limits asked of the volume: none when it
+// has no IOLimits intent.
+func (v *Volume) WantsIOLimits() host.IOLimits {
+	if v.IOLimits == nil {
+		return host.IOLimits{}
+	}
+	return v.IOLimits.Limits
 }
 
 // WrittenAs returns how the volume's data may have been written, which a
@@ -235,7 +264,7 @@ type Expand struct {
 // Empty reports whether the record holds nothing worth keeping.
 func (v *Volume) Empty() bool {
 	return v.Stage == nil && len(v.Publishes) == 0 && v.Formatted == "" && !v.Removing && v.Provisioning == "" &&
-		v.Name == "" && v.Pool == "" && len(v.Snapshots) == 0 && v.Frozen == ""
+		v.Name == "" && v.Pool == "" && len(v.Snapshots) == 0 && v.Frozen == "" && v.IOLimits == nil
 }
 
 // HasNodeIntent reports whether the node holds an intent for the volume: a stage
@@ -258,6 +287,10 @@ func (v *Volume) DeepCopy() *Volume {
 	if v.Expand != nil {
 		e := *v.Expand
 		out.Expand = &e
+	}
+	if v.IOLimits != nil {
+		l := *v.IOLimits
+		out.IOLimits = &l
 	}
 	if v.Snapshots != nil {
 		out.Snapshots = make(map[string]*SnapshotIntent, len(v.Snapshots))
@@ -328,6 +361,9 @@ const StageKey IntentKey = "stage"
 
 // ExpandKey is the intent key of a volume's expansion.
 const ExpandKey IntentKey = "expand"
+
+// IOLimitsKey is the intent key of a volume's IO limits.
+const IOLimitsKey IntentKey = "ioLimits"
 
 // PublishKey returns the intent key of the publish at target.
 func PublishKey(target string) IntentKey { return IntentKey("publish:" + target) }

@@ -44,6 +44,9 @@ type VolumeStatus struct {
 	PublishesActual  int  `json:"publishesActual"`
 	// SizeBytes is the device's size; 0 when it is not attached.
 	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// IOLimitsDesired are the IO limits the volume's class asks for
+	// (CreateVolume, ControllerModifyVolume); nil when it asks for none.
+	IOLimitsDesired *IOLimits `json:"ioLimitsDesired,omitempty"`
 	// Reason and Message are the condition when abnormal.
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
@@ -51,6 +54,15 @@ type VolumeStatus struct {
 	LastError string    `json:"lastError,omitempty"`
 	Attempts  int       `json:"attempts,omitempty"`
 	NextRetry time.Time `json:"nextRetry,omitzero"`
+}
+
+// IOLimits are per-second upper limits of a volume's IO; a limit left out
+// (zero) is none.
+type IOLimits struct {
+	ReadIOPS  uint64 `json:"readIOPS,omitempty"`
+	WriteIOPS uint64 `json:"writeIOPS,omitempty"`
+	ReadBPS   uint64 `json:"readBPS,omitempty"`
+	WriteBPS  uint64 `json:"writeBPS,omitempty"`
 }
 
 // PoolStatus is the space of a storage pool's data directory: its filesystem,

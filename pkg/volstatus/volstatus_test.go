@@ -12,7 +12,7 @@ import (
 // which csi-node status prints and operators' scripts read: a Go field
 // renamed (Staged became StageReady) must keep its published name.
 func TestVolumeStatusJSONNames(t *testing.T) {
-	want := []string{"access", "attempts", "id", "lastError", "message", "nextRetry", "phase", "pool", "provisioning",
+	want := []string{"access", "attempts", "id", "ioLimitsDesired", "lastError", "message", "nextRetry", "phase", "pool", "provisioning",
 		"publishesActual", "publishesDesired", "reason", "sizeBytes", "staged", "stagingPath"}
 	var s VolumeStatus
 	// Every field set, so that omitempty leaves none out.
@@ -25,6 +25,11 @@ func TestVolumeStatusJSONNames(t *testing.T) {
 			f.SetBool(true)
 		case reflect.Int, reflect.Int64:
 			f.SetInt(1)
+		case reflect.Pointer:
+			if f.Type() != reflect.TypeFor[*IOLimits]() {
+				t.Fatalf("field %s of type %s: the test does not know how to set it", v.Type().Field(i).Name, f.Type())
+			}
+			f.Set(reflect.ValueOf(&IOLimits{ReadIOPS: 1, WriteIOPS: 1, ReadBPS: 1, WriteBPS: 1}))
 		default:
 			if f.Type() != reflect.TypeFor[time.Time]() {
 				t.Fatalf("field %s of kind %s: the test does not know how to set it", v.Type().Field(i).Name, f.Kind())
@@ -47,5 +52,13 @@ func TestVolumeStatusJSONNames(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
 		t.Errorf("JSON names of VolumeStatus: got %v, want %v", got, want)
+	}
+	var limits []string
+	for k := range m["ioLimitsDesired"].(map[string]any) {
+		limits = append(limits, k)
+	}
+	slices.Sort(limits)
+	if want := []string{"readBPS", "readIOPS", "writeBPS", "writeIOPS"}; !slices.Equal(limits, want) {
+		t.Errorf("JSON names of IOLimits: got %v, want %v", limits, want)
 	}
 }

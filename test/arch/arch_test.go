@@ -67,7 +67,7 @@ var allowed = map[string][]string{
 	"pkg/reconciler/claim":    {"pkg/locks"},
 	"pkg/devices":             {"pkg/host", "pkg/locks"},
 	"pkg/metrics":             {"pkg/volstatus"},
-	"pkg/state":               {"pkg/classified", "pkg/contract", "pkg/locks"},
+	"pkg/state":               {"pkg/classified", "pkg/contract", "pkg/host", "pkg/locks"},
 	"pkg/classified":          nil,
 	"pkg/host":                nil,
 	"pkg/volstatus":           nil,

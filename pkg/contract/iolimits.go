@@ -1,0 +1,159 @@
+package contract
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode"
+
+	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/host"
+)
+
+// The bounds of an IO limit: what the kernel holds as asked, so that a
+// class it would refuse, or silently change, is refused when it is given
+// (CSI: INVALID_ARGUMENT, with nothing applied), not by every pass of the
+// reconciler later.
+const (
+	// MinIOLimit is the least limit of any key. cgroup v2's io.max
+	// refuses 0 (ERANGE) and, in the kernels whose blk-throttle still
+	// checks "val > 1" (tg_set_limit), 1 (EINVAL) too; v1's
+	// blkio.throttle files read 0 as no rule at all.
+	MinIOLimit = 2
+	// MaxIOPSLimit is the greatest IOPS limit: the kernel keeps one in an
+	// unsigned int and cuts a greater value down to it (tg_set_limit,
+	// tg_set_conf: min_t(u64, val, UINT_MAX)).
+	MaxIOPSLimit = math.MaxUint32
+	// MaxBPSLimit is the greatest bytes-per-second limit: the range of a
+	// Kubernetes quantity (int64), which every class's value is written
+	// as. The kernel's own bound, U64_MAX, means no limit.
+	MaxBPSLimit = math.MaxInt64
+	// maxIOLimitLength bounds a value's text, far above the longest
+	// valid one (19 digits, a fraction, a suffix), so that the parse of
+	// a hostile class stays cheap.
+	maxIOLimitLength = 64
+)
+
+// IOLimitParams is what a VolumeAttributesClass's parameters say of a
+// volume's IO limits: the keys given, and the limit each sets (none for
+// NoLimit). The zero value gives no key: applied, it changes nothing.
+type IOLimitParams struct {
+	// limits holds the limit of each key given; 0 for NoLimit and for a
+	// key not given.
+	limits host.IOLimits
+	// given holds the keys given.
+	given []string
+}
+
+// ParseIOLimits reads the IO limits of a class's parameters (CreateVolume's
+// and ControllerModifyVolume's mutable parameters): the keys
+// MutableParameters lists, each a whole number from MinIOLimit, at most
+// MaxIOPSLimit for the IOPS keys and MaxBPSLimit for the BPS keys, or
+// NoLimit; a BPS key also as a Kubernetes quantity with a binary (Ki, Mi,
+// Gi, Ti, Pi, Ei) or decimal (k, M, G, T, P, E) suffix and an optional
+// fraction ("100Mi", "50M", "1.5Gi") whose value is a whole number of
+// bytes. Keys under Kubernetes' own prefixes are ignored (CheckKeys), as
+// the resizer's --extra-modify-metadata adds them. An unknown key, an
+// empty value, whitespace, or any other value is INVALID_ARGUMENT naming
+// the key. No parameters give no key.
+func ParseIOLimits(params map[string]string) (IOLimitParams, error) {
+	if err := CheckKeys("mutable parameters", params, mutableParameters...); err != nil {
+		return IOLimitParams{}, err
+	}
+	var p IOLimitParams
+	for _, key := range mutableParameters {
+		value, ok := params[key]
+		if !ok {
+			continue
+		}
+		n, err := parseIOLimit(key, value)
+		if err != nil {
+			return IOLimitParams{}, classified.Errorf(classified.KindInvalidArgument, "mutable parameter %s: %w", key, err)
+		}
+		*ioLimitField(&p.limits, key) = n
+		p.given = append(p.given, key)
+	}
+	return p, nil
+}
+
+// Apply returns l with the limit of every key p gives set as p sets it,
+// and every other limit as it was: CSI forbids changing a volume for a
+// key that is absent, and a limit is removed by NoLimit alone.
+func (p IOLimitParams) Apply(l host.IOLimits) host.IOLimits {
+	for _, key := range p.given {
+		*ioLimitField(&l, key) = *ioLimitField(&p.limits, key)
+	}
+	return l
+}
+
+// Keys returns the IO limit keys p gives, in MutableParameters' order.
+func (p IOLimitParams) Keys() []string { return slices.Clone(p.given) }
+
+// ioLimitField is the field of l that key sets.
+func ioLimitField(l *host.IOLimits, key string) *uint64 {
+	switch key {
+	case MaxReadIOPSKey:
+		return &l.ReadIOPS
+	case MaxWriteIOPSKey:
+		return &l.WriteIOPS
+	case MaxReadBPSKey:
+		return &l.ReadBPS
+	case MaxWriteBPSKey:
+		return &l.WriteBPS
+	}
+	panic(fmt.Sprintf("contract: %q is no IO limit key", key))
+}
+
+// quantityRE is a Kubernetes quantity of bytes as a class writes one: a
+// whole number or a decimal fraction, and an optional binary or decimal
+// suffix. Quantity's other forms (exponents, signs, m/u/n) are no use for
+// a rate of bytes.
+var quantityRE = regexp.MustCompile(`^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$`)
+
+// quantitySuffixes are the multipliers of quantityRE's suffixes.
+var quantitySuffixes = map[string]int64{
+	"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
+	"k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+}
+
+// parseIOLimit reads the value of IO limit key: its limit, 0 for NoLimit.
+func parseIOLimit(key, value string) (uint64, error) {
+	bps := key == MaxReadBPSKey || key == MaxWriteBPSKey
+	switch {
+	case value == "":
+		return 0, fmt.Errorf("empty value: want a number or %q", NoLimit)
+	case strings.IndexFunc(value, unicode.IsSpace) >= 0:
+		return 0, fmt.Errorf("%q holds whitespace", value)
+	case len(value) > maxIOLimitLength:
+		return 0, fmt.Errorf("value of %d bytes is too long", len(value))
+	case value == NoLimit:
+		return 0, nil
+	}
+	upper, unit, want, bound := uint64(MaxIOPSLimit), "operations", "a whole number", "the most the kernel holds as an IOPS limit"
+	if bps {
+		upper, unit, want, bound = MaxBPSLimit, "bytes", "a whole number or a quantity (100Mi, 50M)", "the greatest Kubernetes quantity"
+	}
+	m := quantityRE.FindStringSubmatch(value)
+	if m == nil || !bps && (m[2] != "" || strings.Contains(m[1], ".")) {
+		return 0, fmt.Errorf("%q: want %s of %s per second, or %q for no limit", value, want, unit, NoLimit)
+	}
+	n, ok := new(big.Rat).SetString(m[1])
+	if !ok {
+		return 0, fmt.Errorf("%q: want %s of %s per second, or %q for no limit", value, want, unit, NoLimit)
+	}
+	if mult, ok := quantitySuffixes[m[2]]; ok {
+		n.Mul(n, new(big.Rat).SetInt64(mult))
+	}
+	switch {
+	case !n.IsInt():
+		return 0, fmt.Errorf("%q is not a whole number of %s", value, unit)
+	case n.Cmp(new(big.Rat).SetUint64(MinIOLimit)) < 0:
+		return 0, fmt.Errorf("%q is below %d, the least limit the kernel takes (its io.max refuses 0 and 1); %q removes the limit", value, MinIOLimit, NoLimit)
+	case n.Cmp(new(big.Rat).SetUint64(upper)) > 0:
+		return 0, fmt.Errorf("%q is above %d, %s", value, upper, bound)
+	}
+	return n.Num().Uint64(), nil
+}

@@ -1,0 +1,95 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"k8s.io/klog/v2"
+
+	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/pool"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// ControllerModifyVolume records the IO limits of the class a claim
+// switches to (its mutable parameters, contract.ParseIOLimits) in the
+// record of a volume of this node, merged into the limits asked before: a
+// key given sets its limit, contract.NoLimit removes it, and a key not
+// given changes nothing (CSI: a volume is never modified for the absence
+// of a key). It answers OK once the limits are recorded durably; the
+// reconciler holds the volume to them. The same parameters again are OK
+// and write nothing.
+//
+// The parameters are checked before the volume is looked up, so that a
+// class this plugin cannot apply is INVALID_ARGUMENT on every node (the
+// resizer then marks the change infeasible), with no part of it recorded.
+// A volume of this node that does not exist, or is being deleted, is
+// NOT_FOUND. A cluster runs one resizer, beside one node's plugin: a
+// volume whose ID names another node is that node's to modify, and is
+// FAILED_PRECONDITION naming it, never OK, since nothing here would hold
+// the volume to the limits.
+func (c *Controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
+		return nil, err
+	}
+	params, err := contract.ParseIOLimits(req.GetMutableParameters())
+	if err != nil {
+		return nil, err
+	}
+	p, missing := c.pools.ForVolume(id)
+	if missing != nil {
+		return nil, missing.Err()
+	}
+	// Within the pool's promise, so that the volume found here is not
+	// removed before its record is written: a deletion finished in
+	// between would leave a record of limits alone.
+	if err := p.Within(func(pool.Promise) error { return c.modifyWithin(p, id, params) }); err != nil {
+		return nil, err
+	}
+	return &csi.ControllerModifyVolumeResponse{}, nil
+}
+
+// modifyWithin records params in the record of volume id, whose image is
+// in pool p (or being restored into it), within p's promise.
+func (c *Controller) modifyWithin(p *pool.Pool, id string, params contract.IOLimitParams) error {
+	if err := c.checkModifiable(p, id); err != nil {
+		return err
+	}
+	var before int64
+	v, err := c.store.Update(id, func(v *state.Volume) error {
+		before = v.Generation
+		return v.RequestIOLimits(params.Apply(v.WantsIOLimits()))
+	})
+	if err != nil {
+		return err
+	}
+	if v.Generation != before {
+		klog.V(2).InfoS("Recorded IO limits", "volumeID", id, "keys", params.Keys(), "limits", v.WantsIOLimits(), "generation", v.Generation)
+	}
+	return nil
+}
+
+// checkModifiable fails unless volume id is one of this node's, in pool
+// p: its image is there or a restore makes it. A volume whose ID names
+// another node is FAILED_PRECONDITION naming it; any other, NOT_FOUND.
+func (c *Controller) checkModifiable(p *pool.Pool, id string) error {
+	if p.RestoreOf(id) != nil {
+		return nil
+	}
+	_, err := p.ImageSize(id)
+	switch {
+	case err == nil:
+		return nil
+	case !errors.Is(err, os.ErrNotExist):
+		return classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
+	}
+	here := c.topology[contract.TopologyKey]
+	if node := nodeOf(id); node != "" && node != here {
+		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is on node %s, not this node (%s): node %s applies the modifications of its volumes, and this node cannot pass them on to it yet", id, node, here, node)
+	}
+	return classified.Errorf(classified.KindNotFound, "volume %s not found on this node (%s)", id, here)
+}
