@@ -134,49 +134,28 @@ func (g *GroupService) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.C
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	infos, err := c.askGroupLocked(ctx, p)
+	infos, err := c.takeGroup(ctx, p)
 	if err != nil {
 		return nil, err
 	}
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: c.groupSnapshot(p.id, infos)}, nil
 }
 
-// askGroupLocked returns group p when it exists, else asks the reconciler
-// for it and waits, and returns it once whole: ALREADY_EXISTS when a
-// group of its name exists or is being taken of other volumes, or a
-// member's ID is another snapshot's; RESOURCE_EXHAUSTED when the pool
-// cannot hold the members together, or a member volume has p.limit
-// snapshots already (a group that exists, or is being taken, is answered
-// whatever the cap). It is called with the snapshot lock held, and
-// releases it.
-func (c *Controller) askGroupLocked(ctx context.Context, p groupPlan) ([]devices.SnapshotInfo, error) {
-	s := c.snapshots
-	want := &state.GroupIntent{ID: p.id, Members: p.members}
-	if err := c.checkGroupFree(p, want); err != nil {
-		s.mu.Unlock()
-		if errors.Is(err, errGroupExists) {
-			return c.findGroup(p.id)
-		}
-		return nil, err
+// takeGroup returns group p when it exists, else asks the reconciler for
+// it and waits, and returns it once whole: ALREADY_EXISTS when a group of
+// its name exists or is being taken of other volumes, or a member's ID is
+// another snapshot's; RESOURCE_EXHAUSTED when the pool cannot hold the
+// members together, or a member volume has p.limit snapshots already (a
+// group that exists, or is being taken, is answered whatever the cap).
+func (c *Controller) takeGroup(ctx context.Context, p groupPlan) ([]devices.SnapshotInfo, error) {
+	gen, err := c.askGroup(p)
+	if errors.Is(err, errGroupExists) {
+		return c.findGroup(p.id)
 	}
-	if c.askedGroup(p.id) == nil {
-		if err := c.checkLimitLocked(p.pool, p.limit, p.members); err != nil {
-			s.mu.Unlock()
-			return nil, err
-		}
-		if err := p.pool.Within(func(pr pool.Promise) error { return pr.CheckSnapshots(p.volumes...) }); err != nil {
-			s.mu.Unlock()
-			return nil, err
-		}
-	}
-	leaderSnap := p.members[p.leader()]
-	gen, err := s.taker.AskSnapshot(p.leader(), leaderSnap, want)
-	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	if err := s.taker.AwaitSnapshot(ctx, p.leader(), leaderSnap, gen); err != nil {
+	if err := c.snapshots.taker.AwaitSnapshot(ctx, p.leader(), p.members[p.leader()], gen); err != nil {
 		return nil, err
 	}
 	infos, err := c.findGroup(p.id)
@@ -188,6 +167,26 @@ func (c *Controller) askGroupLocked(ctx context.Context, p groupPlan) ([]devices
 	}
 	klog.V(2).InfoS("Took group snapshot", "groupSnapshotID", p.id, "volumes", len(p.volumes))
 	return infos, nil
+}
+
+// askGroup asks the reconciler, under the snapshots' lock, for group p,
+// kept on its leader, and returns the generation of the intent to wait
+// for; errGroupExists when it exists as asked. Room and the cap are
+// checked only for a group not asked for yet.
+func (c *Controller) askGroup(p groupPlan) (int64, error) {
+	s := c.snapshots
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	want := &state.GroupIntent{ID: p.id, Members: p.members}
+	if err := c.checkGroupFree(p, want); err != nil {
+		return 0, err
+	}
+	if c.askedGroup(p.id) == nil {
+		if err := c.checkRoomLocked(p.pool, p.limit, p.members); err != nil {
+			return 0, err
+		}
+	}
+	return s.taker.AskSnapshot(p.leader(), p.members[p.leader()], want)
 }
 
 // errGroupExists is checkGroupFree's answer for a group that exists as

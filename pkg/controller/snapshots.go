@@ -81,25 +81,20 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, err
 	}
 
-	s.mu.Lock()
-	info, _, err := c.pools.Snapshot(id)
+	found, home, gen, err := c.askSnapshot(id, source, limit)
 	switch {
-	case err == nil:
-		s.mu.Unlock()
-		if info.Source != source {
-			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, of volume %s", name, info.Source)
+	case err != nil:
+		return nil, err
+	case found != nil:
+		if found.Source != source {
+			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, of volume %s", name, found.Source)
 		}
-		if info.Group != "" {
-			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, a member of group snapshot %s", name, info.Group)
+		if found.Group != "" {
+			return nil, classified.Errorf(classified.KindAlreadyExists, "snapshot %s exists, a member of group snapshot %s", name, found.Group)
 		}
-		return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
-	case !errors.Is(err, os.ErrNotExist):
-		s.mu.Unlock()
-		return nil, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
+		return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(*found)}, nil
 	}
-	// Only now, after the snapshot of that name was looked for: a retry
-	// of one taken already answers with it, at the cap or not.
-	info, err = c.takeLocked(ctx, id, source, limit)
+	info, err := c.awaitSnapshot(ctx, home, source, id, gen)
 	if err != nil {
 		return nil, err
 	}
@@ -107,38 +102,52 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	return &csi.CreateSnapshotResponse{Snapshot: c.snapshot(info)}, nil
 }
 
-// takeLocked asks the reconciler for snapshot id of volume source, which
-// does not exist yet, and waits for it: ALREADY_EXISTS while another
-// volume's snapshot of that ID is being taken, RESOURCE_EXHAUSTED when the
-// volume's pool cannot hold it or the volume has limit snapshots already
-// (limit 0 is no cap). The snapshot is taken in the volume's
-// pool (a reflink needs the same filesystem). It is called with the
-// snapshot lock held, and releases it before the wait.
-func (c *Controller) takeLocked(ctx context.Context, id, source string, limit int) (devices.SnapshotInfo, error) {
+// askSnapshot returns snapshot id when it exists (found), else asks the
+// reconciler for it as a snapshot of volume source, in source's pool
+// (home), and returns the generation of the intent to wait for, under
+// the snapshots' lock: a retry of one taken already answers with it, at
+// the cap or not, since the snapshot of that ID is looked for first.
+func (c *Controller) askSnapshot(id, source string, limit int) (found *devices.SnapshotInfo, home *pool.Pool, gen int64, err error) {
 	s := c.snapshots
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info, _, err := c.pools.Snapshot(id)
+	switch {
+	case err == nil:
+		return &info, nil, 0, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, nil, 0, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
+	}
+	home, gen, err = c.askLocked(id, source, limit)
+	return nil, home, gen, err
+}
+
+// askLocked asks the reconciler for snapshot id of volume source, which
+// does not exist yet, and returns the pool it is taken in (the volume's:
+// a reflink needs the same filesystem) and the generation of the intent:
+// ALREADY_EXISTS while another volume's snapshot of that ID is being
+// taken; RESOURCE_EXHAUSTED when the pool cannot hold it or the volume
+// has limit snapshots already (limit 0 is no cap). It is called with the
+// snapshots' lock held.
+func (c *Controller) askLocked(id, source string, limit int) (*pool.Pool, int64, error) {
 	if other := c.takingSnapshot(id); other != "" && other != source {
-		s.mu.Unlock()
-		return devices.SnapshotInfo{}, classified.Errorf(classified.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
+		return nil, 0, classified.Errorf(classified.KindAlreadyExists, "snapshot %s is being taken of volume %s", id, other)
 	}
 	home, missing := c.pools.ForVolume(source)
 	if missing != nil {
-		s.mu.Unlock()
-		return devices.SnapshotInfo{}, missing.Err()
+		return nil, 0, missing.Err()
 	}
-	if err := c.checkLimitLocked(home, limit, map[string]string{source: id}); err != nil {
-		s.mu.Unlock()
-		return devices.SnapshotInfo{}, err
+	if err := c.checkRoomLocked(home, limit, map[string]string{source: id}); err != nil {
+		return nil, 0, err
 	}
-	if err := home.Within(func(pr pool.Promise) error { return pr.CheckSnapshots(source) }); err != nil {
-		s.mu.Unlock()
-		return devices.SnapshotInfo{}, err
-	}
-	gen, err := s.taker.AskSnapshot(source, id, nil)
-	s.mu.Unlock()
-	if err != nil {
-		return devices.SnapshotInfo{}, err
-	}
-	if err := s.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
+	gen, err := c.snapshots.taker.AskSnapshot(source, id, nil)
+	return home, gen, err
+}
+
+// awaitSnapshot waits, without the snapshots' lock, for snapshot id of
+// volume source asked for at generation gen, and reads it from home.
+func (c *Controller) awaitSnapshot(ctx context.Context, home *pool.Pool, source, id string, gen int64) (devices.SnapshotInfo, error) {
+	if err := c.snapshots.taker.AwaitSnapshot(ctx, source, id, gen); err != nil {
 		return devices.SnapshotInfo{}, err
 	}
 	info, err := home.Snapshot(id)
@@ -146,6 +155,18 @@ func (c *Controller) takeLocked(ctx context.Context, id, source string, limit in
 		return devices.SnapshotInfo{}, classified.Errorf(classified.KindInternal, "reading snapshot %s: %w", id, err)
 	}
 	return info, nil
+}
+
+// checkRoomLocked refuses, RESOURCE_EXHAUSTED, the snapshots taking asks
+// for (each volume's snapshot ID) when a volume has limit snapshots
+// already or home's promise cannot hold their copies. It is called with
+// the snapshots' lock held, so that two requests never both take the last
+// place.
+func (c *Controller) checkRoomLocked(home *pool.Pool, limit int, taking map[string]string) error {
+	if err := c.checkLimitLocked(home, limit, taking); err != nil {
+		return err
+	}
+	return home.Within(func(pr pool.Promise) error { return pr.CheckSnapshots(slices.Sorted(maps.Keys(taking))...) })
 }
 
 // cloneSource takes a snapshot of volume source to make volume name from
@@ -174,18 +195,11 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 		return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindNotFound, "volume %s is not on this node (%s)", source, c.topology[contract.TopologyKey])
 	}
 	id := from.TempSnapshotID("clone-" + name)
-	s.mu.Lock()
-	if c.takingSnapshot(id) == "" {
-		// What an interrupted clone of the same name left.
-		if err := from.DeleteSnapshot(id); err != nil {
-			s.mu.Unlock()
-			return devices.SnapshotInfo{}, nil, nil, classified.Errorf(classified.KindInternal, "%w", err)
-		}
-	}
-	// No cap: the snapshot is gone once the clone is made, and a class's
-	// cap is on what a volume keeps.
-	info, err = c.takeLocked(ctx, id, source, 0)
+	gen, err := c.askClone(from, id, source)
 	if err != nil {
+		return devices.SnapshotInfo{}, nil, nil, err
+	}
+	if info, err = c.awaitSnapshot(ctx, from, source, id, gen); err != nil {
 		return devices.SnapshotInfo{}, nil, nil, err
 	}
 	return info, from, func() {
@@ -195,6 +209,23 @@ func (c *Controller) cloneSource(ctx context.Context, source, name string) (info
 			klog.ErrorS(err, "Cannot delete the snapshot a clone was made from; a restart removes it", "snapshotID", id)
 		}
 	}, nil
+}
+
+// askClone asks, under the snapshots' lock, for snapshot id of volume
+// source in from to make a clone from, once what an interrupted clone of
+// the same name left is gone; no cap: the snapshot is gone once the clone
+// is made, and a class's cap is on what a volume keeps.
+func (c *Controller) askClone(from *pool.Pool, id, source string) (gen int64, err error) {
+	s := c.snapshots
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c.takingSnapshot(id) == "" {
+		if err := from.DeleteSnapshot(id); err != nil {
+			return 0, classified.Errorf(classified.KindInternal, "%w", err)
+		}
+	}
+	_, gen, err = c.askLocked(id, source, 0)
+	return gen, err
 }
 
 // snapshotLimit checks a snapshot class's parameters, of which known are
