@@ -27,7 +27,7 @@ var ErrImageExists = errors.New("image exists with another size")
 // ErrCannotAllocate is returned when the data directory's filesystem cannot
 // allocate a file's space ahead of its writes (fallocate), which a thick
 // volume needs.
-var ErrCannotAllocate = errors.New("the data directory's filesystem cannot allocate space ahead of writes (fallocate)")
+var ErrCannotAllocate = errors.New("the storage pool's filesystem cannot allocate space ahead of writes (fallocate)")
 
 // allocate gives f's first size bytes their blocks, growing the file to
 // size where it is smaller; the data already there is untouched.

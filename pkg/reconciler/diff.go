@@ -185,7 +185,7 @@ func spaceRanOut(v *state.Volume, a *actual) []action {
 		return nil
 	}
 	return []action{{kind: actRecordSpaceRanOut, mountID: id, generation: st.Generation,
-		reason: fmt.Sprintf("the data directory is full (%d bytes free) and %d bytes of the image are not allocated", a.pool.Free, a.holes())}}
+		reason: fmt.Sprintf("the storage pool is full (%d bytes free) and %d bytes of the image are not allocated", a.pool.Free, a.holes())}}
 }
 
 // reserve returns the step that keeps a staged volume's space as its

@@ -107,7 +107,7 @@ func observed(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int
 	case a.unusable != "":
 		return abnormal(contract.FilesystemUnusable, "volume %s: %s; unmounting and mounting it again", v.ID, a.unusable)
 	case a.errorsRO && ranOutUnder(v, a):
-		return degraded(contract.FilesystemReadOnly, "the filesystem of volume %s went read-only after errors, after the data directory ran out of space under it at %s; it is checked and mounted again once no pod uses it",
+		return degraded(contract.FilesystemReadOnly, "the filesystem of volume %s went read-only after errors, after its storage pool ran out of space under it at %s; it is checked and mounted again once no pod uses it",
 			v.ID, v.Stage.SpaceRanOutAt.UTC().Format(time.RFC3339))
 	case a.errorsRO:
 		return degraded(contract.FilesystemReadOnly, "the filesystem of volume %s went read-only after errors; it is checked and mounted again once no pod uses it", v.ID)

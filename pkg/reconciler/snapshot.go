@@ -98,7 +98,7 @@ func staticRefused(v *state.Volume, group string) error {
 	if group != "" {
 		of = " of group snapshot " + group
 	}
-	return classified.Terminalf(classified.KindFailedPrecondition, "volume %s%s is on the block device %s; only volumes on images of the data directory have snapshots", v.ID, of, v.Stage.Device)
+	return classified.Terminalf(classified.KindFailedPrecondition, "volume %s%s is on the block device %s; only volumes on images of a storage pool have snapshots", v.ID, of, v.Stage.Device)
 }
 
 // takeRefused is what a failure err of Pool.Take, copying volume's image
@@ -115,7 +115,7 @@ func takeRefused(err error, snapshot, volume, group string) error {
 	case errors.Is(err, os.ErrNotExist):
 		return classified.Terminalf(classified.KindNotFound, "volume %s%s has no image to take a snapshot of", volume, of)
 	case state.NoSpace(err):
-		return classified.Terminalf(classified.KindResourceExhausted, "no room in the data directory for snapshot %s of volume %s%s: %v", snapshot, volume, of, err)
+		return classified.Terminalf(classified.KindResourceExhausted, "no room in the storage pool for snapshot %s of volume %s%s: %v", snapshot, volume, of, err)
 	default:
 		return fmt.Errorf("taking snapshot %s of volume %s%s: %w", snapshot, volume, of, err)
 	}
