@@ -18,8 +18,8 @@ import (
 // lists the unique IDs of every mount of the namespace (one call, a few
 // microseconds for hundreds), statmount(2) tells one mount's fields. The
 // mount table is text the kernel writes out a page at a time and converge
-// parses, every mount of the machine each time (330 µs for 320 mounts
-// here): a teardown of many volumes read it for each volume's early start
+// parses, every mount of the machine each time (docs/performance.md,
+// Figures behind the code's choices): a teardown of many volumes read it for each volume's early start
 // while its unmounts changed it. An early start wants the mounts of its
 // volume's filesystem and what is mounted at its volume's paths; a mount's
 // device never changes, and a unique ID is never reused, so the device of

@@ -16,9 +16,9 @@ import (
 // It waits in poll with no timeout, beside an eventfd that the end of ctx
 // writes to. A poll that woke every second to look at ctx cost an idle
 // plugin a wake-up of its thread, a processor taken back by the runtime
-// and the runtime's monitor spinning for a while, every second: a fifth of
-// the CPU of an idle plugin with 300 volumes, on this machine kind, where a
-// system call costs a lot.
+// and the runtime's monitor spinning for a while, every second: a large share of
+// an idle plugin's CPU (docs/performance.md, Figures behind the code's
+// choices).
 func WatchMounts(ctx context.Context, mountInfo string, notify func()) error {
 	fd, err := unix.Open(mountInfo, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -32,12 +32,10 @@ const (
 	// refused at once and its connection closed. The bound is one count
 	// for every caller, first come first served, not a reserve. Past it,
 	// connections wait to be accepted. Each open one costs a descriptor
-	// and, with its call waiting, about 70 KiB, its request aside (512
-	// stages waiting, each on its own connection, took 38 MiB more here:
-	// TestConnectionPerCall's calls at --max-requests 512): at the
-	// default bound, 2112, about 150 MiB, beside the container's mkfs and
-	// fsck, under deploy/'s 512 MiB; a node short of memory lowers
-	// --max-requests.
+	// and some memory with its call waiting (docs/performance.md, Figures
+	// behind the code's choices): at the default bound, well under
+	// deploy/'s 512 MiB beside the container's mkfs and fsck; a node short
+	// of memory lowers --max-requests.
 	reservedConnections = 64
 	// maxStreams bounds concurrent calls on one connection; above the node
 	// server's own bound on waiting requests.
