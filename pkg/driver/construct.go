@@ -137,9 +137,9 @@ func (p *plugin) newReconciler(m *metrics.Metrics, paths *devices.Paths) (*recon
 		Throttler:   throttler,
 		NoThrottler: noThrottler,
 		KubeletDir:  p.cfg.KubeletDir,
-		Store:    p.store,
-		Observer: p.observer,
-		Loops:    devices.NewLoopDevices(p.removals, p.observer),
+		Store:       p.store,
+		Observer:    p.observer,
+		Loops:       devices.NewLoopDevices(p.removals, p.observer),
 		// mount(8) only for what is not ext4, xfs or btrfs: those mount
 		// through the kernel's mount API, after mount-utils' decisions.
 		Filesystems: devices.NewMounter(devices.NewFsMounter(mount.NewWithoutSystemd(""), paths, devices.SELinuxEnabled()),
