@@ -67,6 +67,7 @@ func main() {
 	var pools poolFlag
 	fs.Var(&pools, "pool", "a storage pool besides the default one, NAME=DIR[,guard=G][,ratio=R]: DIR on a filesystem of its own, guard and ratio overriding --pool-guard and --thin-overprovisioning-ratio for it (repeatable); a StorageClass chooses it with converge.csi.dev/pool: NAME")
 	fs.StringVar(&cfg.KubeletDir, "kubelet-dir", driver.DefaultKubeletDir, "kubelet root; staging and target paths must lie inside it")
+	fs.StringVar(&cfg.CgroupRoot, "cgroup-root", driver.DefaultCgroupRoot, "where the cgroup filesystems are mounted (blkio/ below it on cgroup v1, the unified hierarchy at it on v2); volumes' IO limits are set in the cgroups of the pods that publish them there")
 	fs.Var(&prefixes, "allowed-path-prefix", "extra directory staging and target paths may lie in (repeatable)")
 	var devicePrefixes listFlag
 	fs.Var(&devicePrefixes, "allowed-device-prefix", "directory of stable device paths (e.g. /dev/disk/by-id) that static volumes may name (repeatable; none: static volumes are off)")

@@ -135,3 +135,37 @@ func FuzzParseIOLimits(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPodOfTarget checks that a pod UID is only ever taken from one of
+// the kubelet's two layouts, below the kubelet directory, and is a name
+// a cgroup can carry: no separator, no dot, no underscore.
+func FuzzPodOfTarget(f *testing.F) {
+	const k = "/var/lib/kubelet"
+	for _, s := range []string{
+		k + "/pods/u-1/volumes/kubernetes.io~csi/pv/mount",
+		k + "/plugins/kubernetes.io/csi/volumeDevices/publish/pv/u-1",
+		k + "/pods/../volumes/kubernetes.io~csi/pv/mount", "/tmp/x", "",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, target string) {
+		uid, ok := PodOfTarget(k, target)
+		if !ok {
+			if uid != "" {
+				t.Fatalf("PodOfTarget(%q) refused it and still returned %q", target, uid)
+			}
+			return
+		}
+		if !strings.HasPrefix(target, k+"/") || filepath.Clean(target) != target {
+			t.Fatalf("PodOfTarget(%q) = %q for a path outside %s or not clean", target, uid, k)
+		}
+		if uid == "" || len(uid) > maxPodUID || strings.ContainsAny(uid, "/._\x00") {
+			t.Fatalf("PodOfTarget(%q) = %q, not a pod UID", target, uid)
+		}
+		fs := k + "/pods/" + uid + "/volumes/kubernetes.io~csi/"
+		block := k + "/plugins/kubernetes.io/csi/volumeDevices/publish/"
+		if !(strings.HasPrefix(target, fs) && strings.HasSuffix(target, "/mount")) && !(strings.HasPrefix(target, block) && strings.HasSuffix(target, "/"+uid)) {
+			t.Fatalf("PodOfTarget(%q) = %q from neither layout", target, uid)
+		}
+	})
+}

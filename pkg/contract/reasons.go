@@ -49,6 +49,11 @@ const (
 	// SpaceNotReserved: a volume that is not thin has holes its pool has
 	// no room for.
 	SpaceNotReserved Reason = "SpaceNotReserved"
+	// IOLimitsNotApplied: the volume asks for IO limits that cannot be
+	// held on this node (no io controller), or for a pod that cannot be
+	// told (a target not laid out as the kubelet's) or whose cgroups
+	// cannot be read.
+	IOLimitsNotApplied Reason = "IOLimitsNotApplied"
 	// FilesystemMissing: staging found the volume's filesystem gone
 	// (DATA_LOSS).
 	FilesystemMissing Reason = "FilesystemMissing"
@@ -68,5 +73,5 @@ var reasons = []Reason{
 	DeviceAttachedTwice, DeviceDetached, StagingMountMissing, StagingPathTaken,
 	FilesystemUnusable, FilesystemReadOnly, DeviceDetachPending, PublishMountUnusable,
 	PublishMountMissing, PoolFull, SpaceRanOut, PoolNearlyFull, SpaceNotReserved,
-	FilesystemMissing, GrowFailed, OperationFailing,
+	IOLimitsNotApplied, FilesystemMissing, GrowFailed, OperationFailing,
 }

@@ -34,6 +34,10 @@ type Options struct {
 	// alpha field accessible_topology, which CSI allows only beside the
 	// SNAPSHOT_ACCESSIBILITY_CONSTRAINTS plugin capability.
 	SnapshotTopology bool
+	// Kick asks the node's reconciler for a pass, once ControllerModifyVolume
+	// recorded new IO limits, so that they are held at once rather than at
+	// the next resync; nil asks for nothing.
+	Kick func()
 }
 
 // Store is what the controller needs of the store.
@@ -114,10 +118,9 @@ func (c *Controller) checkTopology(req *csi.TopologyRequirement) error {
 }
 
 // advertiseModifyVolume says whether ControllerGetCapabilities reports
-// MODIFY_VOLUME. It stays false until the reconciler applies the IO limits
-// that CreateVolume and ControllerModifyVolume record: with it the
-// external-provisioner passes a VolumeAttributesClass's parameters to
-// CreateVolume, and the external-resizer calls ControllerModifyVolume and
-// reports the class applied, which nothing would then hold the volume to.
-// Turn it on once the reconciler applies limits.
-const advertiseModifyVolume = false
+// MODIFY_VOLUME: with it the external-provisioner passes a
+// VolumeAttributesClass's parameters to CreateVolume, and the
+// external-resizer calls ControllerModifyVolume and reports the class
+// applied. The reconciler holds the pods that publish a volume to the IO
+// limits those record (pkg/reconciler, iolimits.go).
+const advertiseModifyVolume = true

@@ -69,6 +69,9 @@ func (c *Controller) modifyWithin(p *pool.Pool, id string, params contract.IOLim
 	}
 	if v.Generation != before {
 		klog.V(2).InfoS("Recorded IO limits", "volumeID", id, "keys", params.Keys(), "limits", v.WantsIOLimits(), "generation", v.Generation)
+		if c.opts.Kick != nil {
+			c.opts.Kick()
+		}
 	}
 	return nil
 }

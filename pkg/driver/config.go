@@ -19,6 +19,9 @@ import (
 const (
 	DefaultStateDir   = "/var/lib/converge"
 	DefaultKubeletDir = "/var/lib/kubelet"
+	// DefaultCgroupRoot is where the cgroup filesystems are mounted: the
+	// blkio hierarchy (v1) below it, or the unified one (v2) at it.
+	DefaultCgroupRoot = "/sys/fs/cgroup"
 	// DefaultDriverName is the published driver name, for the flags.
 	DefaultDriverName = contract.DefaultDriverName
 
@@ -56,6 +59,11 @@ type Config struct {
 	pools []pool.Options
 	// KubeletDir is the kubelet's root; staging and target paths lie in it.
 	KubeletDir string
+	// CgroupRoot holds the cgroup hierarchies in which pods' IO is held
+	// to their volumes' IO limits (devices.DetectCgroupIO); found once at
+	// start. Without an io controller there, csi-node runs all the same
+	// and reports the volumes that ask for limits.
+	CgroupRoot string
 	// AllowedPathPrefixes are extra roots for staging and target paths.
 	AllowedPathPrefixes []string
 	// AllowedDevicePrefixes are the directories whose entries a static
@@ -111,6 +119,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.KubeletDir == "" {
 		c.KubeletDir = DefaultKubeletDir
+	}
+	if c.CgroupRoot == "" {
+		c.CgroupRoot = DefaultCgroupRoot
 	}
 	if c.NodeID == "" {
 		return c, errors.New("node ID is required")

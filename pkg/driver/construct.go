@@ -61,7 +61,10 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	p.removals = devices.NewRemovals(clock.RealClock{})
 	p.observer = &devices.Observer{MountInfo: "/proc/self/mountinfo", SysBlock: "/sys/block", Paths: paths, Pools: p.pools.Dirs()}
 	topology := map[string]string{contract.TopologyKey: cfg.NodeID}
-	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility)})
+	// The controller kicks the reconciler built just below: limits a
+	// modification records are held at once.
+	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility),
+		Kick: func() { p.rec.Kick() }})
 	if p.rec, err = p.newReconciler(m, paths); err != nil {
 		return nil, err
 	}
@@ -127,12 +130,16 @@ func (p *plugin) newReconciler(m *metrics.Metrics, paths *devices.Paths) (*recon
 	for _, pl := range p.pools.All() {
 		pools[pl.Name()] = pl
 	}
+	throttler, noThrottler := detectThrottler(p.cfg.CgroupRoot)
 	return reconciler.New(reconciler.Config{
-		Recorder: m,
-		Static:   static,
-		Store:    p.store,
-		Observer: p.observer,
-		Loops:    devices.NewLoopDevices(p.removals, p.observer),
+		Recorder:    m,
+		Static:      static,
+		Throttler:   throttler,
+		NoThrottler: noThrottler,
+		KubeletDir:  p.cfg.KubeletDir,
+		Store:       p.store,
+		Observer:    p.observer,
+		Loops:       devices.NewLoopDevices(p.removals, p.observer),
 		// mount(8) only for what is not ext4, xfs or btrfs: those mount
 		// through the kernel's mount API, after mount-utils' decisions.
 		Filesystems: devices.NewMounter(devices.NewFsMounter(mount.NewWithoutSystemd(""), paths, devices.SELinuxEnabled()),
@@ -143,6 +150,20 @@ func (p *plugin) newReconciler(m *metrics.Metrics, paths *devices.Paths) (*recon
 		Clock:        clock.RealClock{},
 		ResyncPeriod: p.cfg.ResyncPeriod,
 	})
+}
+
+// detectThrottler finds the io controller below root, once: the
+// reconciler's Throttler, or nil and why there is none. A node without one
+// runs all the same (the volumes that ask for IO limits say why they are
+// not held); this is logged once, at start.
+func detectThrottler(root string) (reconciler.Throttler, string) {
+	c, err := devices.DetectCgroupIO(root)
+	if err != nil {
+		klog.InfoS("IO limits cannot be applied on this node; volumes that ask for them report IOLimitsNotApplied", "cgroupRoot", root, "err", err)
+		return nil, err.Error()
+	}
+	klog.V(2).InfoS("IO limits are applied through cgroups", "cgroupRoot", root, "version", c.Version, "hierarchy", c.Root)
+	return c, ""
 }
 
 // newNodeServer builds the CSI Node service of the plugin's store, which

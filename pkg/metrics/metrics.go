@@ -30,6 +30,10 @@ type Metrics struct {
 	frozen     prometheus.Histogram
 	conditions *prometheus.GaugeVec
 	early      *prometheus.CounterVec
+	// ioLimits and ioApplied are each limited volume's IO limits, as
+	// asked for and as in force in its pods' cgroups.
+	ioLimits  *prometheus.GaugeVec
+	ioApplied *prometheus.GaugeVec
 }
 
 // New makes the collectors and registers them.
@@ -88,7 +92,15 @@ func New() *Metrics {
 			Help: "Requests' early starts of their volume's step, by outcome (started, waited, nothing_to_do, left_to_pass).",
 		}, []string{"outcome"}),
 	}
-	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen, m.conditions, m.early,
+	m.ioLimits = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "volume_io_limit",
+		Help: "IO limits a volume's class asks for, per second, by kind (read_iops, write_iops, read_bps, write_bps); 0 is none.",
+	}, []string{"volume", "kind"})
+	m.ioApplied = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "volume_io_limit_applied",
+		Help: "IO limits in force in every cgroup of the pods that publish a volume, per second, by kind; 0 is none (or not in force everywhere).",
+	}, []string{"volume", "kind"})
+	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen, m.conditions, m.early, m.ioLimits, m.ioApplied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, p := range volstatus.Phases {
 		m.volumes.WithLabelValues(p)
@@ -146,6 +158,27 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 	m.conditions.Reset()
 	for r, n := range reasons {
 		m.conditions.WithLabelValues(r).Set(float64(n))
+	}
+	// A volume no longer limited, or gone, leaves them.
+	m.ioLimits.Reset()
+	m.ioApplied.Reset()
+	for _, v := range volumes {
+		if v.IOLimitsDesired == nil {
+			continue
+		}
+		setIOLimits(m.ioLimits, v.ID, *v.IOLimitsDesired)
+		applied := volstatus.IOLimits{}
+		if v.IOLimitsApplied != nil {
+			applied = *v.IOLimitsApplied
+		}
+		setIOLimits(m.ioApplied, v.ID, applied)
+	}
+}
+
+// setIOLimits sets the gauges of vec for volume id to l, one per kind.
+func setIOLimits(vec *prometheus.GaugeVec, id string, l volstatus.IOLimits) {
+	for kind, v := range map[string]uint64{"read_iops": l.ReadIOPS, "write_iops": l.WriteIOPS, "read_bps": l.ReadBPS, "write_bps": l.WriteBPS} {
+		vec.WithLabelValues(id, kind).Set(float64(v))
 	}
 }
 

@@ -233,3 +233,37 @@ func TestAnUnreadablePoolHidesNoOther(t *testing.T) {
 		t.Error(`metrics have the unreadable pool's size, want none`)
 	}
 }
+
+// TestIOLimitsFollowTheVolumes checks the per-volume IO limit gauges: a
+// series per kind for each volume that asks for limits, desired and
+// applied (0 where not in force), and none for the others or once a
+// volume no longer asks.
+func TestIOLimitsFollowTheVolumes(t *testing.T) {
+	m := New()
+	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{
+		{ID: "a", IOLimitsDesired: &volstatus.IOLimits{ReadIOPS: 200, WriteBPS: 1 << 20}, IOLimitsApplied: &volstatus.IOLimits{ReadIOPS: 200}},
+		{ID: "b", IOLimitsDesired: &volstatus.IOLimits{WriteIOPS: 50}},
+		{ID: "c"},
+	}, 0)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"a read_iops desired", testutil.ToFloat64(m.ioLimits.WithLabelValues("a", "read_iops")), 200},
+		{"a write_bps desired", testutil.ToFloat64(m.ioLimits.WithLabelValues("a", "write_bps")), 1 << 20},
+		{"a read_iops applied", testutil.ToFloat64(m.ioApplied.WithLabelValues("a", "read_iops")), 200},
+		{"a write_bps applied", testutil.ToFloat64(m.ioApplied.WithLabelValues("a", "write_bps")), 0},
+		{"b write_iops applied", testutil.ToFloat64(m.ioApplied.WithLabelValues("b", "write_iops")), 0},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if n := testutil.CollectAndCount(m.ioLimits); n != 8 {
+		t.Errorf("desired series: got %d, want 8 (4 kinds of a and b, none of c)", n)
+	}
+	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{{ID: "a"}}, 0)
+	if n := testutil.CollectAndCount(m.ioLimits) + testutil.CollectAndCount(m.ioApplied); n != 0 {
+		t.Errorf("series once no volume asks for limits: got %d, want 0", n)
+	}
+}

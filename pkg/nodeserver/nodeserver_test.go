@@ -333,30 +333,6 @@ func TestOnNodeLossAttributeAccepted(t *testing.T) {
 	}
 }
 
-// TestBlockStatsTarget checks the kubelet's stats path of a raw block
-// volume against the publish target it stands for.
-func TestBlockStatsTarget(t *testing.T) {
-	const csiDir = "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices"
-	for _, tc := range []struct {
-		name, path, want string
-	}{
-		{name: "the kubelet's map path", path: csiDir + "/pvc-1/dev/uid-1", want: csiDir + "/publish/pvc-1/uid-1"},
-		{name: "the publish target itself", path: csiDir + "/publish/pvc-1/uid-1"},
-		{name: "a staging path", path: csiDir + "/staging/pvc-1"},
-		{name: "no dev directory", path: csiDir + "/pvc-1/data/uid-1"},
-		{name: "another tree", path: "/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/dev/uid-1"},
-		{name: "the dev directory", path: csiDir + "/pvc-1/dev/"},
-		{name: "a pv named publish", path: csiDir + "/publish/dev/uid-1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, ok := blockStatsTarget(tc.path)
-			if got != tc.want || ok != (tc.want != "") {
-				t.Errorf("blockStatsTarget(%s): got %q, %v; want %q", tc.path, got, ok, tc.want)
-			}
-		})
-	}
-}
-
 // TestStageOfAVolumeBeingDeleted checks that a volume whose image the
 // controller is removing takes no stage intent: NOT_FOUND, nothing
 // recorded.

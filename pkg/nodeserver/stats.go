@@ -3,7 +3,6 @@ package nodeserver
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"slices"
 	"strings"
 
@@ -42,7 +41,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if v.Stage != nil && v.Stage.Access == state.AccessBlock {
 		// The kubelet asks a raw block volume's stats at its own map
 		// path of the pod, which stands for the pod's publish target.
-		if t, ok := blockStatsTarget(path); ok && v.Publishes[t] != nil {
+		if t, ok := contract.BlockStatsTarget(path); ok && v.Publishes[t] != nil {
 			path = t
 		}
 	}
@@ -82,25 +81,6 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Available: u.AvailableBytes, Used: u.UsedBytes},
 		{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Available: u.FreeInodes, Used: u.UsedInodes},
 	}}, cond), nil
-}
-
-// blockStatsTarget returns the publish target that a raw block volume's
-// stats path stands for. The kubelet publishes a pod's block volume at
-// <kubelet-dir>/plugins/kubernetes.io/csi/volumeDevices/publish/<pv>/<pod uid>
-// and asks its stats at the device map path it made for the pod,
-// <kubelet-dir>/plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<pod uid>
-// (kubelet pkg/volume/csi, NewBlockVolumeMapper). A path of any other shape
-// stands for nothing.
-func blockStatsTarget(path string) (string, bool) {
-	devDir, uid := filepath.Split(path)
-	devDir = filepath.Clean(devDir)
-	pvDir := filepath.Dir(devDir)
-	base, pv := filepath.Split(pvDir)
-	base = filepath.Clean(base)
-	if uid == "" || filepath.Base(devDir) != "dev" || filepath.Base(base) != "volumeDevices" || pv == "publish" || pv == "staging" {
-		return "", false
-	}
-	return filepath.Join(base, "publish", pv, uid), true
 }
 
 // reportedAt reports whether a pass has reported on v's intent at path

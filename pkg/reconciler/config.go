@@ -143,6 +143,26 @@ type Pool interface {
 	Guard() capacity.Guard
 }
 
+// Throttler holds the IO that pods do on a device to limits, as the
+// kernel's blk-throttle rules in their cgroups (devices.CgroupIO). Only
+// the cgroups of the pods that publish a volume ever get its rules:
+// csi-node's own mkfs, fsck and resize run in csi-node's cgroup, which is
+// no such pod's, and are never throttled.
+type Throttler interface {
+	// PodCgroups returns the cgroups of the pod that need the rules for
+	// its IO to be limited; an error wrapping
+	// devices.ErrPodCgroupNotFound when the pod has none on this node.
+	PodCgroups(podUID string) ([]string, error)
+	// Throttle returns the rules in force in the cgroup dir for dev, 0
+	// for each count that has none; an error wrapping os.ErrNotExist
+	// when dir is gone.
+	Throttle(dir string, dev host.DevNum) (host.IOLimits, error)
+	// SetThrottle makes the rules in force in dir for dev equal l (the
+	// zero l removes them), writing only what differs; an error wrapping
+	// os.ErrNotExist when dir is gone.
+	SetThrottle(dir string, dev host.DevNum, l host.IOLimits) error
+}
+
 // Static resolves the existing block devices of static volumes.
 type Static interface {
 	// Resolve returns the device at a stable path.
@@ -182,6 +202,15 @@ type Config struct {
 	Static Static
 	// Recorder receives operations and passes, for metrics; nil for none.
 	Recorder Recorder
+	// Throttler applies volumes' IO limits in the cgroups of the pods
+	// that publish them; nil when this node cannot (no io controller),
+	// and NoThrottler then says why, for the volumes that ask for limits.
+	Throttler   Throttler
+	NoThrottler string
+	// KubeletDir is the kubelet's root directory: a publish target below
+	// it, laid out as the kubelet does, names the pod it is for
+	// (contract.PodOfTarget), whose cgroups get the volume's IO limits.
+	KubeletDir string
 
 	// Roots are the directories the plugin may unmount orphaned mounts in;
 	// mounts elsewhere are never touched.

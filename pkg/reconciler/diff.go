@@ -55,17 +55,23 @@ func stageReady(v *state.Volume, a *actual) bool {
 	return v.Stage != nil && !v.Stage.Deleting && a.stageInPlace && (a.block || v.Formatted != "") && a.unusable == ""
 }
 
-// publishReady reports whether the publish of v at target is fulfilled.
+// publishReady reports whether the publish of v at target is fulfilled:
+// bind mounted, usable, and its pod held to the volume's IO limits when
+// the pod has a cgroup (podLimited), so that a publish answers only once
+// its pod's IO is limited. A pod with no cgroup yet does not hold the
+// publish back: the kubelet makes a pod's cgroup before it mounts its
+// volumes, but a static pod or a test's harness may make none.
 func publishReady(v *state.Volume, a *actual, target string) bool {
 	p := v.Publishes[target]
-	return p != nil && !p.Deleting && stageReady(v, a) && a.published(target) && a.unusableTargets[target] == ""
+	return p != nil && !p.Deleting && stageReady(v, a) && a.published(target) && a.unusableTargets[target] == "" && podLimited(v, a, target)
 }
 
 // diff compares v with its actual state and returns the actions that lead to
 // the desired state, in the order they must run: a thaw of what a snapshot
-// left frozen, withdrawn publishes, then a withdrawn stage (only once no
-// publish is left), then the stage, then the publishes (only on top of a
-// ready stage), then the snapshots asked for. An empty result means
+// left frozen, withdrawn publishes (their pods' IO limits removed first),
+// then a withdrawn stage (only once no publish is left), then the stage,
+// then the publishes (only on top of a ready stage, each pod's IO limits
+// set before its bind mount), then the snapshots asked for. An empty result means
 // converged.
 func diff(v *state.Volume, a *actual) []action {
 	var acts []action
@@ -107,6 +113,8 @@ func diffMounts(v *state.Volume, a *actual) []action {
 	if a.loop.AutoClear {
 		acts = append(acts, action{kind: actKeepDevice, generation: st.Generation, reason: "loop device was detached from outside while in use"})
 	}
+	// A pod's IO limits before its bind mount: its first IO is limited.
+	acts = append(acts, ioLimitSteps(v, a)...)
 	acts = append(acts, publishSteps(v, a, targets, hold)...)
 	// Recording comes after the publishes, so that it never delays one.
 	acts = append(acts, recordMounts(v, a, targets)...)
@@ -127,6 +135,9 @@ func takeDowns(v *state.Volume, a *actual, targets []string, hold bool) []action
 	for _, m := range a.strays {
 		acts = append(acts, action{kind: actUnmountStray, target: m.path, mountID: m.id, reason: "the plugin's own mount of the volume, moved to a path no record names"})
 	}
+	// A withdrawn publish's pod loses the volume's IO limits before the
+	// unpublish forgets which pod it was.
+	acts = append(acts, ioLimitRemovals(v, a)...)
 	for _, t := range targets {
 		if p := v.Publishes[t]; p.Deleting && !hold {
 			acts = append(acts, action{kind: actUnpublish, target: t, generation: p.Generation, reason: "publish withdrawn"})

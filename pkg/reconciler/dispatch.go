@@ -84,9 +84,9 @@ func (r *Reconciler) beginOp(ctx context.Context, c *claim.Claim, v *state.Volum
 	}
 	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
 	// A stage or publish of an intent already seen fulfilled makes again
-	// what was lost.
+	// what was lost; a kind that drifts, what someone undid.
 	r.fulfilledMu.Lock()
-	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation
+	repairing := (spec.fulfils || spec.drifts) && act.generation != 0 && r.fulfilled[v.ID][act.fulfilledKey()] == act.generation
 	r.fulfilledMu.Unlock()
 	begin := r.cfg.Clock.Now()
 	// Every action runs here, between two failpoints: a crash before it
@@ -96,7 +96,9 @@ func (r *Reconciler) beginOp(ctx context.Context, c *claim.Claim, v *state.Volum
 		// gofail: var reconcilerBeforeAction struct{}
 		err := spec.run(ctx, r, v, a, act)
 		// gofail: var reconcilerAfterAction struct{}
-		return outcomeOf(act, err, repairing)
+		out := outcomeOf(act, err, repairing)
+		out.repair = repairing && spec.drifts
+		return out
 	}
 	return r.exec.begin(ctx, c, v.ID, act, op, func(out outcome, f *failure) {
 		if out.err == nil && (repairing || spec.counted) {

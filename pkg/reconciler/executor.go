@@ -147,7 +147,7 @@ func (e *executor) begin(ctx context.Context, c *claim.Claim, id string, act act
 			out = contained(id, act, op)
 			<-slots
 		case <-ctx.Done():
-			out = outcome{retried, classified.AsError(ctx.Err())}
+			out = outcome{effect: retried, err: classified.AsError(ctx.Err())}
 		}
 		f := e.finish(id, act, out)
 		// Released once the backoff is recorded: whoever claims the
@@ -167,7 +167,7 @@ func contained(id string, act action, op func() outcome) (out outcome) {
 	defer func() {
 		if p := recover(); p != nil {
 			klog.Background().Error(nil, "Operation panicked; will retry", "volumeID", id, "action", act.String(), "panic", p, "stack", string(debug.Stack()))
-			out = outcome{retried, classified.Errorf(classified.KindInternal, "%s panicked: %v (the plugin's log holds the stack)", act, p)}
+			out = outcome{effect: retried, err: classified.Errorf(classified.KindInternal, "%s panicked: %v (the plugin's log holds the stack)", act, p)}
 		}
 	}()
 	return op()
@@ -181,7 +181,7 @@ func (e *executor) finish(id string, act action, out outcome) *failure {
 		if f := e.failures[id]; f != nil && sameAction(f.act, act) {
 			delete(e.failures, id)
 		}
-		if act.kind.spec().repair {
+		if act.kind.spec().repair || out.repair {
 			if e.repairs[id] == nil {
 				e.repairs[id] = map[string]*failure{}
 			}

@@ -121,6 +121,9 @@ func observed(v *state.Volume, a *actual, lost func(key state.IntentKey, gen int
 	if reason, msg := spaceProblem(v, a); reason != "" {
 		return degraded(reason, "%s", msg)
 	}
+	if msg := ioProblem(v, a); msg != "" {
+		return degraded(contract.IOLimitsNotApplied, "%s", msg)
+	}
 	return c
 }
 

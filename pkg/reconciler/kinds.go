@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -33,6 +34,8 @@ const (
 	actForgetSnapshot
 	actThaw
 	actTakeGroupSnapshot
+	actSetIOLimits
+	actClearIOLimits
 
 	// kindCount is the number of kinds; kinds has an entry for each.
 	kindCount
@@ -54,6 +57,8 @@ const (
 	forStageOrPublish
 	// forSnapshot: the snapshot whose ID is the action's target.
 	forSnapshot
+	// forIOLimits: the volume's IO limits.
+	forIOLimits
 )
 
 // kindSpec is everything the reconciler knows of one kind of action.
@@ -74,6 +79,11 @@ type kindSpec struct {
 	// mount). Other kinds are one step of several, or serve an intent
 	// that is fulfilled when it is gone.
 	fulfils bool
+	// drifts: what it makes, someone else may undo (a cgroup's rules, which
+	// a new container lacks and a kubelet or an operator may rewrite):
+	// done again at a generation already seen fulfilled (ioKey), it is a
+	// repair of that drift, counted and backed off as a repair is.
+	drifts bool
 	// slow: it may take long (mkfs, fsck, resize), so it runs in the slow
 	// pool.
 	slow bool
@@ -220,6 +230,18 @@ func kindTable() [kindCount]kindSpec {
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.thaw(v, a, act.target)
 			}},
+		// Sets the volume's IO limits in every cgroup of the pod of the
+		// publish at target, where they differ (zero limits remove them).
+		actSetIOLimits: {name: "set io limits", drifts: true, serves: forIOLimits, final: held,
+			run: func(_ context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
+				return r.applyIOLimits(a, act.target, v.WantsIOLimits())
+			}},
+		// Removes the rules for the volume's device from the cgroups of
+		// the pod of the withdrawn publish at target.
+		actClearIOLimits: {name: "clear io limits", teardown: true, serves: forPublish, final: held,
+			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, act action) error {
+				return r.applyIOLimits(a, act.target, host.IOLimits{})
+			}},
 		// Records that the data directory ran out of space under the
 		// staging mount, which the volume then reports until it is
 		// mounted again.
@@ -251,6 +273,18 @@ func (a action) key() state.IntentKey {
 		}
 	case forSnapshot:
 		return state.SnapshotKey(a.target)
+	case forIOLimits:
+		return state.IOLimitsKey
 	}
 	return state.PublishKey(a.target)
+}
+
+// fulfilledKey returns the key under which a pass notes the generation
+// at which what the action makes was seen in place: its intent's, or for
+// a kind that drifts, the pod's of its target (ioKey).
+func (a action) fulfilledKey() state.IntentKey {
+	if a.kind.spec().drifts {
+		return ioKey(a.target)
+	}
+	return a.key()
 }

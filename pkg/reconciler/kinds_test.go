@@ -61,6 +61,8 @@ func TestActionKeys(t *testing.T) {
 		{action{kind: actTakeSnapshot, target: "s1"}, "snapshot:s1"},
 		{action{kind: actForgetSnapshot, target: "s1"}, "snapshot:s1"},
 		{action{kind: actThaw, target: "/k/staging/v1"}, "stage"},
+		{action{kind: actSetIOLimits, target: "/t"}, "ioLimits"},
+		{action{kind: actClearIOLimits, target: "/t"}, "publish:/t"},
 	} {
 		if got := string(tc.act.key()); got != tc.want {
 			t.Errorf("%v serves %q, want %q", tc.act, got, tc.want)

@@ -75,6 +75,10 @@ type actual struct {
 	poolGuard int64
 	// poolName names the pool, for the conditions.
 	poolName string
+	// io is what the pass saw of the IO limits in force for the device
+	// in the cgroups of the pods that publish the volume; nil for a
+	// volume whose record never asked for limits (nothing is read).
+	io *ioActual
 }
 
 // poolFullBelow is the free space of the data directory below which the

@@ -57,6 +57,9 @@ const (
 type outcome struct {
 	effect effect
 	err    *classified.Error // nil when the operation succeeded
+	// repair: the operation undid a drift (kindSpec.drifts), and is backed
+	// off as a repair is, even when it succeeds.
+	repair bool
 }
 
 // final reports whether retrying the action cannot help: it is then not
@@ -85,11 +88,11 @@ func outcomeOf(act action, err error, repairing bool) outcome {
 	e := classified.AsError(err)
 	switch {
 	case !e.Terminal:
-		return outcome{retried, e}
+		return outcome{effect: retried, err: e}
 	case repairing && act.key() == state.StageKey && e.Kind == classified.KindDataLoss:
-		return outcome{keptLost, e}
+		return outcome{effect: keptLost, err: e}
 	}
-	return outcome{act.kind.spec().final, e}
+	return outcome{effect: act.kind.spec().final, err: e}
 }
 
 // carryOut does what the outcome of an operation of v calls for: the one

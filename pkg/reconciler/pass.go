@@ -107,6 +107,7 @@ func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
 	a.home, a.pool, a.poolName = home, obs.Pool(name), name
 	a.poolGuard = home.Guard().Threshold(a.pool.Total)
 	a.snapshotsTaken = takenSnapshots(v, home)
+	a.io = r.observeIO(v, a)
 	return plan{v: v, a: a, acts: diff(v, a)}
 }
 

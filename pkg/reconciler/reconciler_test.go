@@ -31,9 +31,12 @@ func TestMain(m *testing.M) {
 type harness struct {
 	t     *testing.T
 	world *fakeWorld
-	store *state.Store
-	clock *clocktesting.FakeClock
-	r     *Reconciler
+	// cgroups are the pods' cgroups the reconciler's Throttler holds to
+	// IO limits.
+	cgroups *fakeCgroups
+	store   *state.Store
+	clock   *clocktesting.FakeClock
+	r       *Reconciler
 }
 
 func newHarness(t *testing.T) *harness {
@@ -45,14 +48,15 @@ func newHarness(t *testing.T) *harness {
 	t.Cleanup(func() { store.Close() })
 	w := newFakeWorld()
 	clk := clocktesting.NewFakeClock(time.Unix(1_000_000, 0))
+	cg := newFakeCgroups()
 	r, err := New(Config{
 		Store: store, Observer: w, Loops: w, Filesystems: w, Paths: w, Pools: fakePools(w), Clock: clk,
-		Roots: []string{"/k"},
+		Roots: []string{"/k"}, KubeletDir: "/k", Throttler: cg,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &harness{t: t, world: w, store: store, clock: clk, r: r}
+	return &harness{t: t, world: w, cgroups: cg, store: store, clock: clk, r: r}
 }
 
 // runUntilIdle runs passes, each after waiting for running operations, until a
@@ -792,11 +796,12 @@ func TestStageOptionsPassFlagsThrough(t *testing.T) {
 
 // countingRecorder counts what the reconciler records.
 type countingRecorder struct {
-	mu     sync.Mutex
-	ops    map[string]int
-	passes int
-	last   []volstatus.VolumeStatus
-	early  map[string]int
+	mu      sync.Mutex
+	ops     map[string]int
+	passes  int
+	last    []volstatus.VolumeStatus
+	early   map[string]int
+	repairs map[string]int
 }
 
 func (c *countingRecorder) OperationDone(action, result string, _ time.Duration) {
@@ -804,7 +809,14 @@ func (c *countingRecorder) OperationDone(action, result string, _ time.Duration)
 	defer c.mu.Unlock()
 	c.ops[action+" "+result]++
 }
-func (c *countingRecorder) Repaired(string) {}
+func (c *countingRecorder) Repaired(action string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.repairs == nil {
+		c.repairs = map[string]int{}
+	}
+	c.repairs[action]++
+}
 func (c *countingRecorder) EarlyStart(outcome string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"k8s.io/klog/v2"
 
@@ -48,6 +49,8 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 				res.Waiting = cond.Message
 			} else if key == state.StageKey {
 				res.Waiting = releaseWait(v, a)
+			} else if key == state.IOLimitsKey {
+				res.Waiting = ioLimitsWait(v, a)
 			}
 		}
 		r.cfg.Store.SetResult(v.ID, key, res)
@@ -63,6 +66,10 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 	}
 	if e := v.Expand; e != nil {
 		result(state.ExpandKey, e.Generation, expandReady(v, a))
+	}
+	if l := v.IOLimits; l != nil {
+		result(state.IOLimitsKey, l.Generation, ioLimitsReady(v, a))
+		noteIOLimitsHeld(seen, v, a)
 	}
 	for id, s := range v.Snapshots {
 		// Fulfilled when it is forgotten: only its failures are reported.
@@ -98,5 +105,25 @@ func (r *Reconciler) logCondition(logger klog.Logger, id string, cond state.Cond
 	case !cond.Abnormal && prev != "":
 		logger.Info("Volume is back to normal", "volumeID", id, "was", prev)
 		delete(r.reported, id)
+	}
+}
+
+// noteIOLimitsHeld notes in seen, for each live target of v, the
+// generation of the IO limits its pod was seen holding in every cgroup
+// (ioKey); a target's note stays while its pod does not hold them, as a
+// lost publish's does (report), so that setting them again at that
+// generation is known as the repair of a drift. The notes of targets no
+// longer live are forgotten.
+func noteIOLimitsHeld(seen map[state.IntentKey]int64, v *state.Volume, a *actual) {
+	prefix := string(state.IOLimitsKey) + ":"
+	for k := range seen {
+		if t, ok := strings.CutPrefix(string(k), prefix); ok && (v.Publishes[t] == nil || v.Publishes[t].Deleting) {
+			delete(seen, k)
+		}
+	}
+	for t, pub := range v.Publishes {
+		if p := a.io.pod(t); !pub.Deleting && p != nil && !p.missing && p.err == "" && p.holds(v.WantsIOLimits()) {
+			seen[ioKey(t)] = v.IOLimits.Generation
+		}
 	}
 }

@@ -70,6 +70,9 @@ func (r *Reconciler) volumeStatus(v *state.Volume, a *actual, cond state.Conditi
 	if l := v.WantsIOLimits(); !l.IsZero() {
 		s.IOLimitsDesired = &volstatus.IOLimits{ReadIOPS: l.ReadIOPS, WriteIOPS: l.WriteIOPS, ReadBPS: l.ReadBPS, WriteBPS: l.WriteBPS}
 	}
+	if l := ioLimitsApplied(v, a); l != nil {
+		s.IOLimitsApplied = &volstatus.IOLimits{ReadIOPS: l.ReadIOPS, WriteIOPS: l.WriteIOPS, ReadBPS: l.ReadBPS, WriteBPS: l.WriteBPS}
+	}
 	deleting := false
 	if st := v.Stage; st != nil {
 		s.StagingPath, s.Access = st.Path, string(st.Access)

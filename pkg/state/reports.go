@@ -73,7 +73,7 @@ func (s *reports) Result(id string, key IntentKey) (r Result, ok bool) {
 // pruneResultsLocked drops the results of intents that v no longer holds.
 func (s *reports) pruneResultsLocked(v *Volume) {
 	for k := range s.results[v.ID] {
-		if k == StageKey && v.Stage != nil || k == ExpandKey && v.Expand != nil {
+		if k == StageKey && v.Stage != nil || k == ExpandKey && v.Expand != nil || k == IOLimitsKey && v.IOLimits != nil {
 			continue
 		}
 		if target, ok := strings.CutPrefix(string(k), "publish:"); ok && v.Publishes[target] != nil {

@@ -47,6 +47,11 @@ type VolumeStatus struct {
 	// IOLimitsDesired are the IO limits the volume's class asks for
 	// (CreateVolume, ControllerModifyVolume); nil when it asks for none.
 	IOLimitsDesired *IOLimits `json:"ioLimitsDesired,omitempty"`
+	// IOLimitsApplied are the IO limits in force for the volume's device
+	// in every cgroup of the pods that publish it: a limit is there when
+	// all of those cgroups hold it, and left out otherwise. nil when the
+	// volume asks for no limits or no such cgroup was seen.
+	IOLimitsApplied *IOLimits `json:"ioLimitsApplied,omitempty"`
 	// Reason and Message are the condition when abnormal.
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`

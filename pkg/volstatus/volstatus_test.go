@@ -12,7 +12,7 @@ import (
 // which csi-node status prints and operators' scripts read: a Go field
 // renamed (Staged became StageReady) must keep its published name.
 func TestVolumeStatusJSONNames(t *testing.T) {
-	want := []string{"access", "attempts", "id", "ioLimitsDesired", "lastError", "message", "nextRetry", "phase", "pool", "provisioning",
+	want := []string{"access", "attempts", "id", "ioLimitsApplied", "ioLimitsDesired", "lastError", "message", "nextRetry", "phase", "pool", "provisioning",
 		"publishesActual", "publishesDesired", "reason", "sizeBytes", "staged", "stagingPath"}
 	var s VolumeStatus
 	// Every field set, so that omitempty leaves none out.

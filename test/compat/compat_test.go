@@ -35,7 +35,7 @@ var thin = map[string]string{"converge.csi.dev/provisioning": "thin"}
 // requires each reply to hold nothing a peer of that spec cannot read and
 // to render through csi-lib-utils v0.20.0's protosanitizer. The RPCs
 // converge does not implement must answer UNIMPLEMENTED;
-// ControllerModifyVolume, served but not advertised, NOT_FOUND for no
+// ControllerModifyVolume, served and advertised (MODIFY_VOLUME), NOT_FOUND for no
 // volume.
 func TestEveryReplyReadsInTheOldestPeer(t *testing.T) {
 	p := start(t)
@@ -70,7 +70,7 @@ func TestEveryReplyReadsInTheOldestPeer(t *testing.T) {
 		}
 	}
 	// ControllerModifyVolume is served (the IO limits of a class are
-	// recorded), though MODIFY_VOLUME is not advertised yet.
+	// recorded and held), and MODIFY_VOLUME advertised.
 	if _, err := c.ControllerModifyVolume(s.ctx(), &csi.ControllerModifyVolumeRequest{VolumeId: "v"}); status.Code(err) != codes.NotFound {
 		t.Errorf("ControllerModifyVolume of no volume: got %v, want NOT_FOUND", err)
 	}

@@ -28,6 +28,7 @@ var steps = map[string][]string{
 		"Store.Update", "Store.UpdateUnsynced", "home.GrowImage", "home.Take",
 		"Paths.Freeze", "Paths.Thaw", "Paths.Remove", "Paths.Mkdir",
 		"r.recordKernelState", "r.recordMount", "r.recordFormatted", "r.clearFrozen", "r.stageDevice", "r.stage",
+		"Throttler.SetThrottle",
 	},
 	"pkg/devices": {
 		"unix.Renameat2", "syncDir", "os.Remove", "tmp.Sync", "f.Sync",

@@ -446,6 +446,11 @@ func (p *Plugin) SanityConfig(size int64) sanity.TestConfig {
 	cfg.TestVolumeExpandSize = 2 * size
 	cfg.IdempotentCount = 5
 	cfg.TestNodeVolumeAttachLimit = false
+	// A VolumeAttributesClass's parameters, for the CreateVolume and
+	// ControllerModifyVolume tests csi-sanity runs since the plugin
+	// advertises MODIFY_VOLUME: IO limits, which the sanity's publishes
+	// (at targets of no pod) hold no pod to.
+	cfg.TestVolumeMutableParameters = map[string]string{"maxReadIops": "1000", "maxWriteBps": "100Mi"}
 	cfg.DialOptions = append(cfg.DialOptions, grpc.WithUnaryInterceptor(settleSizeCache))
 	return cfg
 }

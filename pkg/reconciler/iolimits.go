@@ -1,0 +1,341 @@
+package reconciler
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/converge-csi/converge/pkg/classified"
+	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// A volume's IO limits (state.Volume.IOLimits) hold the IO of the pods
+// that publish it: the record asks for limits at a generation; a pass
+// observes, for each pod a publish target names (contract.PodOfTarget),
+// the rules in force for the volume's device in each of that pod's
+// cgroups (ioActual); diff plans the rules of a live publish's pod set
+// where they differ, before the publish's bind mount, and those of a
+// withdrawn publish's pod removed, before its unpublish forgets which pod
+// it was; and the intent state.IOLimitsKey is fulfilled once every live
+// publish's pod that has a cgroup holds exactly the limits asked for.
+//
+// The rules go only into the cgroups of pods that publish the volume.
+// csi-node's own mkfs, fsck and resize run in csi-node's cgroup, which is
+// never one of them, and are not throttled.
+
+// ioActual is what a pass saw of a volume's IO limits: for each pod that
+// a publish of the record names, the rules in force for the volume's
+// device in its cgroups.
+type ioActual struct {
+	// unavailable says why this node cannot apply IO limits (no io
+	// controller); "" when it can.
+	unavailable string
+	// podOf maps each recorded target that names a pod to its UID.
+	podOf map[string]string
+	// pods holds what was seen of each pod, by UID.
+	pods map[string]*podIO
+	// unknown lists the live targets that name no pod: paths of neither
+	// of the kubelet's layouts, whose pod is not guessed.
+	unknown []string
+}
+
+// podIO is what a pass saw of one pod's cgroups.
+type podIO struct {
+	// cgroups maps each cgroup of the pod that needs the rules to the
+	// rules in force there for the volume's device.
+	cgroups map[string]host.IOLimits
+	// missing is true when the pod has no cgroup: its containers are not
+	// made yet (the kubelet makes the pod's cgroup before it mounts its
+	// volumes; a test harness or a static pod may not), or it is gone.
+	missing bool
+	// err says why the pod's cgroups or their rules could not be read.
+	err string
+}
+
+// holds reports whether every cgroup of a pod seen holds exactly l.
+func (p *podIO) holds(l host.IOLimits) bool {
+	for _, got := range p.cgroups {
+		if got != l {
+			return false
+		}
+	}
+	return true
+}
+
+// observeIO reads the rules in force for the volume's device in the
+// cgroups of the pods its publishes name; nil for a volume whose record
+// never asked for limits, which costs nothing.
+func (r *Reconciler) observeIO(v *state.Volume, a *actual) *ioActual {
+	if v.IOLimits == nil {
+		return nil
+	}
+	io := &ioActual{podOf: map[string]string{}, pods: map[string]*podIO{}}
+	if r.cfg.Throttler == nil {
+		io.unavailable = r.cfg.NoThrottler
+		return io
+	}
+	for _, t := range v.Targets() {
+		uid, ok := contract.PodOfTarget(r.cfg.KubeletDir, t)
+		if !ok {
+			if !v.Publishes[t].Deleting {
+				io.unknown = append(io.unknown, t)
+			}
+			continue
+		}
+		io.podOf[t] = uid
+		if a.loop != nil && io.pods[uid] == nil {
+			io.pods[uid] = r.observePod(uid, a.loop.Dev)
+		}
+	}
+	return io
+}
+
+// observePod reads the rules in force for dev in each cgroup of pod uid.
+// A cgroup removed meanwhile (a container that stopped) is passed over.
+func (r *Reconciler) observePod(uid string, dev host.DevNum) *podIO {
+	dirs, err := r.cfg.Throttler.PodCgroups(uid)
+	switch {
+	case errors.Is(err, devices.ErrPodCgroupNotFound):
+		return &podIO{missing: true}
+	case err != nil:
+		return &podIO{err: err.Error()}
+	}
+	p := &podIO{cgroups: make(map[string]host.IOLimits, len(dirs))}
+	for _, d := range dirs {
+		l, err := r.cfg.Throttler.Throttle(d, dev)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return &podIO{err: err.Error()}
+		}
+		p.cgroups[d] = l
+	}
+	p.missing = len(p.cgroups) == 0
+	return p
+}
+
+// pod returns what was seen of the pod of target; nil when the target
+// names none, the volume asks no limits, or its device is not attached.
+func (io *ioActual) pod(target string) *podIO {
+	if io == nil {
+		return nil
+	}
+	return io.pods[io.podOf[target]]
+}
+
+// podLimited reports whether the publish at target may answer as far as
+// its IO limits go: its pod holds the limits asked for in every cgroup,
+// or there is nothing to wait for (no limits asked, no pod cgroup yet,
+// limits this node cannot apply or read, which the volume's condition
+// reports).
+func podLimited(v *state.Volume, a *actual, target string) bool {
+	p := a.io.pod(target)
+	return p == nil || p.missing || p.err != "" || p.holds(v.WantsIOLimits())
+}
+
+// ioLimitsReady reports whether v's IO limits are fulfilled: every live
+// publish names a pod, which has a cgroup, each of which holds exactly
+// the limits asked for; also when nothing publishes the volume.
+func ioLimitsReady(v *state.Volume, a *actual) bool {
+	return ioLimitsWait(v, a) == ""
+}
+
+// ioLimitsWait says what v's IO limits wait for; "" once they are in
+// force.
+func ioLimitsWait(v *state.Volume, a *actual) string {
+	io := a.io
+	if io == nil {
+		return ""
+	}
+	want := v.WantsIOLimits()
+	for _, t := range v.Targets() {
+		if v.Publishes[t].Deleting {
+			continue
+		}
+		p := io.pod(t)
+		switch {
+		case io.unavailable != "" && !want.IsZero():
+			return "this node cannot apply IO limits: " + io.unavailable
+		case io.unavailable != "":
+			continue
+		case slices.Contains(io.unknown, t):
+			return fmt.Sprintf("target %s to name a pod (it is not laid out as the kubelet's below --kubelet-dir)", t)
+		case p == nil:
+			return fmt.Sprintf("the device of volume %s to be attached", v.ID)
+		case p.missing:
+			return fmt.Sprintf("the cgroup of pod %s, which publishes volume %s at %s", io.podOf[t], v.ID, t)
+		case p.err != "":
+			return fmt.Sprintf("reading the cgroups of pod %s: %s", io.podOf[t], p.err)
+		case !p.holds(want):
+			return fmt.Sprintf("IO limits %s to be set in the cgroups of pod %s", want, io.podOf[t])
+		}
+	}
+	return ""
+}
+
+// ioLimitSteps returns the steps that hold the cgroups of the pods that
+// publish v to its IO limits, one per pod: the rules set in each cgroup
+// of a live publish's pod whose rules differ from the limits asked for
+// (zero limits remove them), a pod of a withdrawn publish being left to
+// ioLimitRemovals. A pod with no cgroup needs nothing until it has one.
+// The step's target is the pod's first target.
+func ioLimitSteps(v *state.Volume, a *actual) []action {
+	io := a.io
+	if io == nil || io.unavailable != "" || a.loop == nil {
+		return nil
+	}
+	want := v.WantsIOLimits()
+	var acts []action
+	done := map[string]bool{}
+	for _, t := range v.Targets() {
+		uid, p := io.podOf[t], io.pod(t)
+		if v.Publishes[t].Deleting || p == nil || p.missing || done[uid] {
+			continue
+		}
+		done[uid] = true
+		if p.err != "" || !p.holds(want) {
+			acts = append(acts, action{kind: actSetIOLimits, target: t, generation: v.IOLimits.Generation,
+				reason: fmt.Sprintf("pod %s is to be held to %s", uid, want)})
+		}
+	}
+	return acts
+}
+
+// ioLimitRemovals returns the steps that remove the rules for v's device
+// from the cgroups of the pod of each withdrawn publish that has them,
+// unless a live publish names the same pod: a loop device's number is
+// reused by the next volume attached, and a rule left behind would
+// throttle that volume's IO. They come before the unpublish, which
+// forgets the target and with it which pod it was.
+func ioLimitRemovals(v *state.Volume, a *actual) []action {
+	io := a.io
+	if io == nil || a.loop == nil {
+		return nil
+	}
+	live := map[string]bool{}
+	for t, p := range v.Publishes {
+		if !p.Deleting {
+			live[io.podOf[t]] = true
+		}
+	}
+	var acts []action
+	done := map[string]bool{}
+	for _, t := range v.Targets() {
+		uid, p := io.podOf[t], io.pod(t)
+		if !v.Publishes[t].Deleting || p == nil || p.missing || live[uid] || done[uid] {
+			continue
+		}
+		done[uid] = true
+		if p.err != "" || !p.holds(host.IOLimits{}) {
+			acts = append(acts, action{kind: actClearIOLimits, target: t, generation: v.Publishes[t].Generation,
+				reason: fmt.Sprintf("publish withdrawn; pod %s still holds IO limits for %s", uid, a.loop.Device)})
+		}
+	}
+	return acts
+}
+
+// applyIOLimits makes the rules for the volume's device in every cgroup
+// of the pod of target equal l, cgroups made since the observation
+// included. A pod with no cgroup (any more) needs nothing.
+func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) error {
+	uid := a.io.podOf[target]
+	dirs, err := r.cfg.Throttler.PodCgroups(uid)
+	if errors.Is(err, devices.ErrPodCgroupNotFound) {
+		return nil
+	}
+	if err != nil {
+		return classified.Errorf(classified.KindInternal, "finding the cgroups of pod %s: %w", uid, err)
+	}
+	for _, d := range dirs {
+		err := r.cfg.Throttler.SetThrottle(d, a.loop.Dev, l)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return classified.Errorf(classified.KindInternal, "setting IO limits %s for %s in cgroup %s of pod %s: %w", l, a.loop.Device, d, uid, err)
+		}
+	}
+	return nil
+}
+
+// ioProblem says why v's IO limits cannot be held, for its condition:
+// this node cannot apply them, a live publish names no pod, or its pod's
+// cgroups cannot be read; "" otherwise. Zero limits need nothing.
+func ioProblem(v *state.Volume, a *actual) string {
+	io := a.io
+	if io == nil || v.WantsIOLimits().IsZero() || !hasLivePublish(v) {
+		return ""
+	}
+	want := v.WantsIOLimits()
+	if io.unavailable != "" {
+		return fmt.Sprintf("volume %s asks for IO limits (%s) that this node cannot apply: %s; its pods' IO is not limited", v.ID, want, io.unavailable)
+	}
+	if len(io.unknown) > 0 {
+		return fmt.Sprintf("volume %s asks for IO limits (%s), and its targets %s are not laid out as the kubelet's below --kubelet-dir: no pod is known to hold to them",
+			v.ID, want, strings.Join(io.unknown, ", "))
+	}
+	for _, uid := range slices.Sorted(maps.Keys(io.pods)) {
+		if p := io.pods[uid]; p.err != "" {
+			return fmt.Sprintf("volume %s asks for IO limits (%s), and the cgroups of pod %s cannot be read: %s", v.ID, want, uid, p.err)
+		}
+	}
+	return ""
+}
+
+// hasLivePublish reports whether v has a publish that is not withdrawn.
+func hasLivePublish(v *state.Volume) bool {
+	for _, p := range v.Publishes {
+		if !p.Deleting {
+			return true
+		}
+	}
+	return false
+}
+
+// ioLimitsApplied returns the limits in force for v's device in every
+// cgroup of every pod of its live publishes: for each count, its value
+// where all of them agree, else 0 (not in force everywhere); nil when no
+// such cgroup was seen.
+func ioLimitsApplied(v *state.Volume, a *actual) *host.IOLimits {
+	if a.io == nil {
+		return nil
+	}
+	var out *host.IOLimits
+	for t, pub := range v.Publishes {
+		p := a.io.pod(t)
+		if pub.Deleting || p == nil || p.err != "" {
+			continue
+		}
+		for _, l := range p.cgroups {
+			if out == nil {
+				c := l
+				out = &c
+				continue
+			}
+			out.ReadIOPS = agree(out.ReadIOPS, l.ReadIOPS)
+			out.WriteIOPS = agree(out.WriteIOPS, l.WriteIOPS)
+			out.ReadBPS = agree(out.ReadBPS, l.ReadBPS)
+			out.WriteBPS = agree(out.WriteBPS, l.WriteBPS)
+		}
+	}
+	return out
+}
+
+func agree(a, b uint64) uint64 {
+	if a != b {
+		return 0
+	}
+	return a
+}
+
+// ioKey is the key under which a pass notes that the pod of target was
+// seen holding the volume's IO limits of a generation: setting them
+// again at that generation repairs a drift (a container restarted, a
+// kubelet or an operator rewrote a cgroup's rules).
+func ioKey(target string) state.IntentKey {
+	return state.IntentKey(string(state.IOLimitsKey) + ":" + target)
+}
