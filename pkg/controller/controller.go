@@ -34,6 +34,10 @@ type Options struct {
 	// alpha field accessible_topology, which CSI allows only beside the
 	// SNAPSHOT_ACCESSIBILITY_CONSTRAINTS plugin capability.
 	SnapshotTopology bool
+	// ModifyVolume advertises MODIFY_VOLUME and serves
+	// ControllerModifyVolume (driver.ModifyVolume says why it is a
+	// choice); without it that RPC is UNIMPLEMENTED.
+	ModifyVolume bool
 	// Kick asks the node's reconciler for a pass, once ControllerModifyVolume
 	// recorded new IO limits, so that they are held at once rather than at
 	// the next resync; nil asks for nothing.
@@ -74,7 +78,7 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 	}
-	if advertiseModifyVolume {
+	if c.opts.ModifyVolume {
 		types = append(types, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
 	}
 	if c.snapshots != nil {
@@ -116,11 +120,3 @@ func (c *Controller) checkTopology(req *csi.TopologyRequirement) error {
 	}
 	return classified.Errorf(classified.KindResourceExhausted, "requisite topology does not include this node (%s=%s)", contract.TopologyKey, c.topology[contract.TopologyKey])
 }
-
-// advertiseModifyVolume says whether ControllerGetCapabilities reports
-// MODIFY_VOLUME: with it the external-provisioner passes a
-// VolumeAttributesClass's parameters to CreateVolume, and the
-// external-resizer calls ControllerModifyVolume and reports the class
-// applied. The reconciler holds the pods that publish a volume to the IO
-// limits those record (pkg/reconciler, iolimits.go).
-const advertiseModifyVolume = true

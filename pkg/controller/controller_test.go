@@ -41,7 +41,7 @@ func newControllerCopying(t *testing.T, copy pool.CopyFunc) (*Controller, *state
 	}
 	p := pool.New(store, pool.Options{Dir: images.Dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}, CopyMode: devices.CopySparse, Copy: copy})
 	t.Cleanup(p.Close)
-	return New(pool.NewPools(store, p), store, map[string]string{contract.TopologyKey: "node"}, Options{}), store, images
+	return New(pool.NewPools(store, p), store, map[string]string{contract.TopologyKey: "node"}, Options{ModifyVolume: true}), store, images
 }
 
 var capMount = capMountOf("")

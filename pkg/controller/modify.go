@@ -32,6 +32,9 @@ import (
 // FAILED_PRECONDITION naming it, never OK, since nothing here would hold
 // the volume to the limits.
 func (c *Controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	if !c.opts.ModifyVolume {
+		return nil, classified.Errorf(classified.KindUnimplemented, "ControllerModifyVolume is off on this node: --feature-gates=ModifyVolume=true turns it on")
+	}
 	id := req.GetVolumeId()
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -196,21 +197,31 @@ func TestModifiedLimitsSurviveARestart(t *testing.T) {
 	}
 }
 
-// TestModifyVolumeIsNotAdvertised holds MODIFY_VOLUME back from
-// ControllerGetCapabilities while advertiseModifyVolume says so: the
-// provisioner and the resizer change behaviour on it.
-func TestModifyVolumeIsNotAdvertised(t *testing.T) {
-	c, _, _ := newController(t)
-	resp, err := c.ControllerGetCapabilities(t.Context(), &csi.ControllerGetCapabilitiesRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := false
-	for _, cp := range resp.GetCapabilities() {
-		got = got || cp.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME
-	}
-	if got != advertiseModifyVolume {
-		t.Errorf("MODIFY_VOLUME advertised: got %v, want %v", got, advertiseModifyVolume)
+// TestModifyVolumeFollowsItsOption advertises MODIFY_VOLUME and serves
+// ControllerModifyVolume only with Options.ModifyVolume (the driver's
+// ModifyVolume feature): off, the RPC is UNIMPLEMENTED, before anything
+// is looked at.
+func TestModifyVolumeFollowsItsOption(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		t.Run(fmt.Sprint(on), func(t *testing.T) {
+			c, _, _ := newController(t)
+			c.opts.ModifyVolume = on
+			resp, err := c.ControllerGetCapabilities(t.Context(), &csi.ControllerGetCapabilitiesRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := false
+			for _, cp := range resp.GetCapabilities() {
+				got = got || cp.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME
+			}
+			if got != on {
+				t.Errorf("MODIFY_VOLUME advertised: got %v, want %v", got, on)
+			}
+			_, err = c.ControllerModifyVolume(t.Context(), &csi.ControllerModifyVolumeRequest{VolumeId: "missing"})
+			if code, want := rpcerr.Code(err), map[bool]codes.Code{false: codes.Unimplemented, true: codes.NotFound}[on]; code != want {
+				t.Errorf("ControllerModifyVolume of no volume: got %v, want %v", err, want)
+			}
+		})
 	}
 }
 
@@ -224,7 +235,7 @@ func newControllerOn(t *testing.T, store *state.Store, dir string) *Controller {
 	}
 	p := pool.New(store, pool.Options{Dir: images.Dir, Ratio: 1, Guard: &capacity.Guard{Percent: 5}, CopyMode: devices.CopySparse})
 	t.Cleanup(p.Close)
-	return New(pool.NewPools(store, p), store, map[string]string{contract.TopologyKey: "node"}, Options{})
+	return New(pool.NewPools(store, p), store, map[string]string{contract.TopologyKey: "node"}, Options{ModifyVolume: true})
 }
 
 // createLimited makes volume name with a class's mutable parameters and

@@ -63,7 +63,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	topology := map[string]string{contract.TopologyKey: cfg.NodeID}
 	// The controller kicks the reconciler built just below: limits a
 	// modification records are held at once.
-	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility),
+	ctrl := controller.New(p.pools, p.store, topology, controller.Options{SnapshotTopology: cfg.Features.Enabled(SnapshotAccessibility), ModifyVolume: cfg.Features.Enabled(ModifyVolume),
 		Kick: func() { p.rec.Kick() }})
 	if p.rec, err = p.newReconciler(m, paths); err != nil {
 		return nil, err

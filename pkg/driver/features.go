@@ -40,10 +40,21 @@ const (
 	// GetPluginCapabilities (the provisioner, the snapshotter, the
 	// resizer) built on CSI v1.13 or later.
 	SnapshotAccessibility Feature = "SnapshotAccessibility"
+	// ModifyVolume advertises the controller capability MODIFY_VOLUME
+	// and serves ControllerModifyVolume: the IO limits of a claim's
+	// VolumeAttributesClass (docs/volumes.md, IO limits). It is no alpha
+	// part of CSI: it is off because converge does not yet pass a modify
+	// on to the node that holds the volume, and the cluster's one
+	// csi-resizer asks its own node's csi-node, which refuses a volume of
+	// another node (FAILED_PRECONDITION). On a one-node cluster every
+	// modify reaches the volume's node. Off, ControllerModifyVolume
+	// answers UNIMPLEMENTED; CreateVolume records a class's limits either
+	// way, and the reconciler holds the volumes to what is recorded.
+	ModifyVolume Feature = "ModifyVolume"
 )
 
 // features lists every Feature, in the order help and errors name them.
-var features = []Feature{SnapshotAccessibility, VolumeCondition, VolumeHealth}
+var features = []Feature{ModifyVolume, SnapshotAccessibility, VolumeCondition, VolumeHealth}
 
 // FeatureGates is the set of features turned on; the zero value has none.
 // As a flag.Value it parses the sidecars' syntax, "Name=true,Other=false",

@@ -17,7 +17,7 @@ func TestFeatureGatesFlag(t *testing.T) {
 		{name: "one", args: []string{"--feature-gates=VolumeHealth=true"}, want: "VolumeHealth=true"},
 		{name: "several, spaces", args: []string{"--feature-gates= VolumeCondition=true , SnapshotAccessibility=false"}, want: "SnapshotAccessibility=false,VolumeCondition=true"},
 		{name: "repeated adds", args: []string{"--feature-gates=VolumeHealth=true", "--feature-gates=VolumeHealth=false,VolumeCondition=1"}, want: "VolumeCondition=true,VolumeHealth=false"},
-		{name: "unknown", args: []string{"--feature-gates=Topology=true"}, wantErr: `unknown feature "Topology" (known: SnapshotAccessibility, VolumeCondition, VolumeHealth)`},
+		{name: "unknown", args: []string{"--feature-gates=Topology=true"}, wantErr: `unknown feature "Topology" (known: ModifyVolume, SnapshotAccessibility, VolumeCondition, VolumeHealth)`},
 		{name: "not a pair", args: []string{"--feature-gates=VolumeHealth"}, wantErr: `"VolumeHealth" is not Name=true`},
 		{name: "not a boolean", args: []string{"--feature-gates=VolumeHealth=yes"}, wantErr: `feature VolumeHealth: "yes" is not a boolean`},
 		{name: "case matters", args: []string{"--feature-gates=volumehealth=true"}, wantErr: "unknown feature"},

@@ -34,9 +34,8 @@ var thin = map[string]string{"converge.csi.dev/provisioning": "thin"}
 // expansion, a snapshot and a volume restored from it, and teardown), and
 // requires each reply to hold nothing a peer of that spec cannot read and
 // to render through csi-lib-utils v0.20.0's protosanitizer. The RPCs
-// converge does not implement must answer UNIMPLEMENTED;
-// ControllerModifyVolume, served and advertised (MODIFY_VOLUME), NOT_FOUND for no
-// volume.
+// converge does not implement, or serves only behind a feature gate
+// (ControllerModifyVolume), must answer UNIMPLEMENTED.
 func TestEveryReplyReadsInTheOldestPeer(t *testing.T) {
 	p := start(t)
 	s := &session{t: t, p: p}
@@ -64,15 +63,14 @@ func TestEveryReplyReadsInTheOldestPeer(t *testing.T) {
 			_, err := c.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: "v"})
 			return err
 		},
+		"ControllerModifyVolume": func(ctx context.Context) error {
+			_, err := c.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: "v"})
+			return err
+		},
 	} {
 		if err := call(s.ctx()); status.Code(err) != codes.Unimplemented {
 			t.Errorf("%s: got %v, want UNIMPLEMENTED", name, err)
 		}
-	}
-	// ControllerModifyVolume is served (the IO limits of a class are
-	// recorded and held), and MODIFY_VOLUME advertised.
-	if _, err := c.ControllerModifyVolume(s.ctx(), &csi.ControllerModifyVolumeRequest{VolumeId: "v"}); status.Code(err) != codes.NotFound {
-		t.Errorf("ControllerModifyVolume of no volume: got %v, want NOT_FOUND", err)
 	}
 }
 

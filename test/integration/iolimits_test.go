@@ -30,7 +30,7 @@ func TestIOLimitsHoldThePodsCgroups(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(blkioRoot, "blkio.throttle.read_iops_device")); err != nil {
 		t.Skipf("needs the cgroup v1 blkio controller at %s: %v", blkioRoot, err)
 	}
-	p := testenv.New(t, "--resync-period", "1s", "--cgroup-root", filepath.Dir(blkioRoot))
+	p := testenv.New(t, "--resync-period", "1s", "--cgroup-root", filepath.Dir(blkioRoot), "--feature-gates=ModifyVolume=true")
 	kubelet := mkdir(t, filepath.Join(p.Dir, "kubelet"))
 	const uid = "0b7e9f5c-1d2a-4c3b-8e4f-5a6b7c8d9e0f"
 	// The kubelet's cgroupfs layout below a cgroupRoot of the test's own,

@@ -15,7 +15,7 @@ import (
 func TestSanity(t *testing.T) {
 	// csi-sanity v5.6 is built on CSI v1.13, whose snapshot topology and
 	// volume health it tests; VolumeCondition is of older versions.
-	p := testenv.New(t, "--feature-gates=SnapshotAccessibility=true,VolumeHealth=true")
+	p := testenv.New(t, "--feature-gates=SnapshotAccessibility=true,VolumeHealth=true,ModifyVolume=true")
 	p.Start()
 	// Small volumes keep mkfs fast; the size still exercises real ext4.
 	cfg := p.SanityConfig(64 << 20)
