@@ -1110,3 +1110,34 @@ func TestPublishWithoutItsParentFailsForGood(t *testing.T) {
 		t.Errorf("mounts: got %v, want %v", got, want)
 	}
 }
+
+// TestReleaseWaitSaysOnlyWhatHoldsTheDevice: a withdrawn stage's answer
+// blames the device's last user only when nothing of converge's holds it
+// (no publish recorded, no mount whose owner is not told yet), and names
+// a holder converge can see.
+func TestReleaseWaitSaysOnlyWhatHoldsTheDevice(t *testing.T) {
+	held := func() *actual { return &actual{loop: &host.Device{Device: "/dev/loop3", AutoClear: true}} }
+	for _, tc := range []struct {
+		name string
+		pubs map[string]*state.Publish
+		a    func(a *actual)
+		want string // "" for no message
+	}{
+		{name: "another user", a: func(*actual) {}, want: "another mount namespace"},
+		{name: "a publish still recorded", pubs: map[string]*state.Publish{"/t": publishSpec()}, a: func(*actual) {}},
+		{name: "a mount not told yet", a: func(a *actual) { a.unknownMounts = []string{"/moved"} }},
+		{name: "a mount converge can see", a: func(a *actual) { a.foreignMounts = []string{"/mnt/x"} }, want: "mounted at /mnt/x, which converge did not mount"},
+		{name: "a raw block volume", a: func(a *actual) { a.block = true }, want: "the kubelet's own loop device"},
+		{name: "not detached", a: func(a *actual) { a.loop.AutoClear = false }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := &state.Volume{ID: "v1", Stage: &state.Stage{Deleting: true}, Publishes: tc.pubs}
+			a := held()
+			tc.a(a)
+			got := releaseWait(v, a)
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -81,18 +81,26 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 	return r.volumeStatus(v, a, cond)
 }
 
-// releaseWait says what a withdrawn stage waits for when its device was
-// detached and stays attached while another user holds it open: the
+// releaseWait says what a withdrawn stage waits for when nothing of
+// converge's holds its device any more (no publish recorded, no mount of
+// an owner not told yet: unstageWhenFree's other reasons) and the device
+// was detached but stays attached while another user holds it open: the
 // kernel lets it go at that user's last close and tells no one, so the
 // passes poll for it (TestReleasePendingIsPolled). "" for anything else.
 // NodeUnstageVolume's answer, until then, says so rather than that it
 // waits for the reconciler.
 func releaseWait(v *state.Volume, a *actual) string {
-	if v.Stage == nil || !v.Stage.Deleting || !a.releasePending() {
+	if v.Stage == nil || !v.Stage.Deleting || !a.releasePending() || len(v.Publishes) > 0 || len(a.unknownMounts) > 0 {
 		return ""
 	}
-	return fmt.Sprintf("loop device %s of volume %s is detached and stays attached until its last user closes it: "+
-		"a mount of it in another mount namespace, or a process holding it open (docs/troubleshooting.md)", a.loop.Device, v.ID)
+	who := "a mount of it in another mount namespace, or a process holding it open (docs/troubleshooting.md)"
+	switch {
+	case len(a.foreignMounts) > 0:
+		who = "it is mounted at " + strings.Join(a.foreignMounts, ", ") + ", which converge did not mount"
+	case a.block:
+		who = "for a raw block volume, usually the kubelet's own loop device over the device, which goes at the unpublish; " + who
+	}
+	return fmt.Sprintf("loop device %s of volume %s is detached and stays attached until its last user closes it: %s", a.loop.Device, v.ID, who)
 }
 
 // logCondition logs when a volume's reason changes; the failures behind it
