@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -225,4 +226,65 @@ func TestEarlyStartOfAMemberWaitsForItsGroup(t *testing.T) {
 		_, ok := h.world.topMount(tb)
 		return ok
 	})
+}
+
+// withdrawnBlockStage starts the early start, stages volume id as a raw
+// block device (attached, nothing mounted: its unstage is the detach
+// alone), settles, and withdraws the stage; its record then holds nothing
+// else, so the unstage's end deletes it.
+func (h *harness) withdrawnBlockStage(id string) {
+	h.t.Helper()
+	h.startEarly()
+	staging, _ := h.volume(id)
+	h.update(id, func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Stage.Access = state.AccessBlock
+	})
+	h.runUntilIdle()
+	if _, ok := h.world.loop(h.world.Path(id)); !ok {
+		h.t.Fatal("the raw block stage attached no device")
+	}
+	h.update(id, func(v *state.Volume) { v.Stage.Deleting = true })
+}
+
+// TestEarlyStartIgnoresAReleaseThePassForgot holds "no decision on an
+// observation older than an operation that ended" when a pass forgot that
+// operation's release: an unstage ends while the early start observes its
+// volume (the observation still shows the device), its end deletes the
+// volume's record, and a whole pass runs, which no longer records the
+// volume and forgets its release. The early start must still find its
+// observation stale, not detach a second time.
+func TestEarlyStartIgnoresAReleaseThePassForgot(t *testing.T) {
+	h := newHarness(t)
+	h.withdrawnBlockStage("v")
+	release := make(chan struct{})
+	h.world.holdOn("detach", release)
+	if n, err := h.r.Pass(t.Context()); err != nil || n != 1 {
+		t.Fatalf("pass started %d operations (%v), want the unstage", n, err)
+	}
+	waitFor(t, h.world.started, "detach")
+	observed := 0
+	h.world.afterObserve = func() {
+		// The early start has seen the device attached; now the unstage
+		// ends, the record goes, and a pass forgets the release.
+		h.world.afterObserve = nil
+		close(release)
+		h.r.wait()
+		if _, err := h.store.Get("v"); !errors.Is(err, state.ErrNotFound) {
+			t.Errorf("record of v after its unstage: %v, want it deleted", err)
+		}
+		if n, err := h.r.Pass(t.Context()); err != nil || n != 0 {
+			t.Errorf("a pass after the unstage started %d operations (%v), want none", n, err)
+		}
+		h.r.wait()
+		observed++
+	}
+	h.r.Start("v")
+	h.r.wait()
+	if observed != 1 {
+		t.Fatalf("the early start observed %d times during the unstage, want 1", observed)
+	}
+	if got := h.count("detach"); got != 1 {
+		t.Errorf("detaches of v: got %d, want 1 (an early start acted on an observation older than the unstage's end)", got)
+	}
 }

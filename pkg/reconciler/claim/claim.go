@@ -45,6 +45,10 @@ type Set struct {
 	// count at the release of its last claim.
 	released uint64
 	ended    map[string]uint64
+	// forgotten is the latest release Forget dropped from ended: a volume
+	// ended does not name counts as released then, so that a caller
+	// whose epoch is older still finds it Stale.
+	forgotten uint64
 }
 
 // NewSet returns a Set that holds no volume.
@@ -116,10 +120,20 @@ func (s *Set) stateLocked(id string, epoch Epoch) Hold {
 	if s.held[id] {
 		return Running
 	}
-	if s.ended[id] > uint64(epoch) {
+	if s.endedLocked(id) > uint64(epoch) {
 		return Stale
 	}
 	return Free
+}
+
+// endedLocked returns the count of releases at the last release of a
+// claim of id, or, for a volume whose release was forgotten or that was
+// never claimed, the latest release forgotten.
+func (s *Set) endedLocked(id string) uint64 {
+	if n, ok := s.ended[id]; ok {
+		return n
+	}
+	return s.forgotten
 }
 
 // ReleasedSince reports whether a claim of volume id was released after
@@ -127,7 +141,7 @@ func (s *Set) stateLocked(id string, epoch Epoch) Hold {
 func (s *Set) ReleasedSince(id string, epoch Epoch) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.ended[id] > uint64(epoch)
+	return s.endedLocked(id) > uint64(epoch)
 }
 
 // Idle reports whether no volume is held.
@@ -138,15 +152,18 @@ func (s *Set) Idle() bool {
 }
 
 // Forget drops what the Set remembers of the releases of the volumes
-// keep refuses, up to epoch: a release after it is kept, for a caller
-// whose observation is older than that release must still find it
-// Stale. A volume held now is not touched.
+// keep refuses, up to epoch: a release after it is kept. A caller whose
+// observation is older than a release forgotten still finds the volume
+// Stale (so does every volume not remembered, for such a caller: it
+// looks again), since a volume's operation may have ended, and its record
+// gone, while that caller observed it. A volume held now is not touched.
 func (s *Set) Forget(keep func(id string) bool, epoch Epoch) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, n := range s.ended {
 		if !keep(id) && n <= uint64(epoch) {
 			delete(s.ended, id)
+			s.forgotten = max(s.forgotten, n)
 		}
 	}
 }

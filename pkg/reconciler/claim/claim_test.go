@@ -124,7 +124,10 @@ func TestClaimIsAllOrNothing(t *testing.T) {
 
 // TestForgetKeepsReleasesAfterTheEpoch: forgetting a volume drops its
 // releases up to the epoch given, never one after it, which an older
-// observation must still find stale.
+// observation must still find stale; and a caller whose epoch is older
+// than a release forgotten still finds the volume stale (its operation
+// may have ended, and its record gone, while that caller observed it),
+// while one with a newer epoch finds it free.
 func TestForgetKeepsReleasesAfterTheEpoch(t *testing.T) {
 	s := claim.NewSet()
 	old := s.Epoch()
@@ -135,9 +138,16 @@ func TestForgetKeepsReleasesAfterTheEpoch(t *testing.T) {
 	if got := s.State("a", old); got != claim.Stale {
 		t.Errorf("a released after the epoch forgotten at: got %v, want stale", got)
 	}
-	s.Forget(none, s.Epoch())
-	if got := s.State("a", old); got != claim.Free {
-		t.Errorf("a forgotten: got %v, want free", got)
+	now := s.Epoch()
+	s.Forget(none, now)
+	if got := s.State("a", now); got != claim.Free {
+		t.Errorf("a forgotten, asked with the epoch it was forgotten at: got %v, want free", got)
+	}
+	if got := s.State("a", old); got != claim.Stale {
+		t.Errorf("a forgotten, asked with an epoch older than its release: got %v, want stale", got)
+	}
+	if got, ok := s.Try(old, "a"); ok != claim.Stale || got != nil {
+		t.Errorf("a claimed with an epoch older than its forgotten release: got %v, want stale", ok)
 	}
 }
 
