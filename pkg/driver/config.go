@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/url"
@@ -106,23 +107,18 @@ type Config struct {
 // running plugin serves its status (and metrics), for csi-node status.
 func StatusSocket(stateDir string) string { return filepath.Join(stateDir, "status.sock") }
 
+// defaultDirs fills the names and directories not given.
+func (c *Config) defaultDirs() {
+	c.DriverName = cmp.Or(c.DriverName, DefaultDriverName)
+	c.StateDir = cmp.Or(c.StateDir, DefaultStateDir)
+	c.DataDir = cmp.Or(c.DataDir, filepath.Join(c.StateDir, "volumes"))
+	c.KubeletDir = cmp.Or(c.KubeletDir, DefaultKubeletDir)
+	c.CgroupRoot = cmp.Or(c.CgroupRoot, DefaultCgroupRoot)
+}
+
 // withDefaults fills defaults and validates.
 func (c Config) withDefaults() (Config, error) {
-	if c.DriverName == "" {
-		c.DriverName = DefaultDriverName
-	}
-	if c.StateDir == "" {
-		c.StateDir = DefaultStateDir
-	}
-	if c.DataDir == "" {
-		c.DataDir = filepath.Join(c.StateDir, "volumes")
-	}
-	if c.KubeletDir == "" {
-		c.KubeletDir = DefaultKubeletDir
-	}
-	if c.CgroupRoot == "" {
-		c.CgroupRoot = DefaultCgroupRoot
-	}
+	c.defaultDirs()
 	if c.NodeID == "" {
 		return c, errors.New("node ID is required")
 	}

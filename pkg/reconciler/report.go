@@ -41,19 +41,7 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 		} else if seen[key] != gen {
 			delete(seen, key)
 		}
-		res := state.Result{Generation: gen, Ready: ready}
-		if !ready {
-			if f := r.exec.lastFailure(v.ID, key, gen); f != nil {
-				res.Err, res.Attempts, res.NextRetry = f.err, f.attempts, f.next
-			} else if cond.Abnormal {
-				res.Waiting = cond.Message
-			} else if key == state.StageKey {
-				res.Waiting = releaseWait(v, a)
-			} else if key == state.IOLimitsKey {
-				res.Waiting = ioLimitsWait(v, a)
-			}
-		}
-		r.cfg.Store.SetResult(v.ID, key, res)
+		r.cfg.Store.SetResult(v.ID, key, r.result(v, a, cond, key, gen, ready))
 	}
 	if st := v.Stage; st != nil {
 		result(state.StageKey, st.Generation, !st.Deleting && stageReady(v, a))
@@ -79,6 +67,27 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 		r.exec.healthy(v.ID)
 	}
 	return r.volumeStatus(v, a, cond)
+}
+
+// result is the result of v's intent key at generation gen: ready, or
+// its latest failure, or what it waits for (an abnormal condition's
+// message, a device's last user, a pod's cgroup).
+func (r *Reconciler) result(v *state.Volume, a *actual, cond state.Condition, key state.IntentKey, gen int64, ready bool) state.Result {
+	res := state.Result{Generation: gen, Ready: ready}
+	if ready {
+		return res
+	}
+	switch f := r.exec.lastFailure(v.ID, key, gen); {
+	case f != nil:
+		res.Err, res.Attempts, res.NextRetry = f.err, f.attempts, f.next
+	case cond.Abnormal:
+		res.Waiting = cond.Message
+	case key == state.StageKey:
+		res.Waiting = releaseWait(v, a)
+	case key == state.IOLimitsKey:
+		res.Waiting = ioLimitsWait(v, a)
+	}
+	return res
 }
 
 // releaseWait says what a withdrawn stage waits for when nothing of
