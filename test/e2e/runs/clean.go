@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/converge-csi/converge/pkg/devices"
 )
 
 // Clean takes down what is left of the run in dir, at its own teardown
@@ -224,7 +223,7 @@ func cgroupNames(cgroups []string) []string {
 // attachedLoops maps every attached loop device to its backing file.
 func attachedLoops() map[string]string {
 	out := map[string]string{}
-	loops, _ := devices.ListLoops("/sys/block")
+	loops := listLoops()
 	for _, l := range loops {
 		out[l.Device] = l.BackingFile
 	}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
@@ -64,7 +65,7 @@ func mountsUnder(dir string) []string {
 // pod maps it; a kubelet killed leaves it, holding the volume's.
 func LoopsBackedUnder(dir string) map[string]string {
 	out := map[string]string{}
-	loops, _ := devices.ListLoops("/sys/block")
+	loops := listLoops()
 	var roots []string
 	// A node's data directory (converge/volumes) may be a filesystem of
 	// its own, as the second node's is: its images are named relative to
@@ -197,4 +198,21 @@ func detachLoops(loops map[string]string, ids map[string]loopID, note func(strin
 	for dev, file := range left {
 		note("loop device %s (%s) still attached: open elsewhere", dev, file)
 	}
+}
+
+// listLoops lists the loop devices attached. A listing fails whole when a
+// device goes while it is read (other tests on the machine attach and
+// remove theirs all the time), and a clean-up that took that for "none"
+// would leave every device of the run attached: it lists again, a few
+// times, and only then takes what it has.
+func listLoops() []host.Device {
+	var loops []host.Device
+	var err error
+	for range 10 {
+		if loops, err = devices.ListLoops("/sys/block"); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return loops
 }
