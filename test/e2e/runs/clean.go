@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-
 )
 
 // Clean takes down what is left of the run in dir, at its own teardown
