@@ -376,11 +376,15 @@ func Leftovers(dir, dataDir string) []string {
 // ForceClean detaches the loop devices backed by files in dataDir (a
 // mounted one goes with its last mount) and unmounts everything under dir
 // (deepest first): the devices first, while their files are still found
-// where dataDir is a mount of its own.
+// where dataDir is a mount of its own. It returns once those devices are
+// gone, or after ten seconds: a lazily unmounted filesystem lets go of its
+// device in the kernel's own time, after the unmount has returned.
 func ForceClean(dir, dataDir string) {
-	for dev := range loopsIn(dataDir) {
+	loops := loopsIn(dataDir)
+	for dev := range loops {
 		exec.Command("losetup", "-d", dev).Run()
 	}
+	defer waitLoopsGone(loops)
 	for range 5 {
 		ms := mountsUnder(dir)
 		if len(ms) == 0 {
@@ -388,6 +392,23 @@ func ForceClean(dir, dataDir string) {
 		}
 		for i := len(ms) - 1; i >= 0; i-- {
 			syscall.Unmount(ms[i], syscall.MNT_DETACH)
+		}
+	}
+}
+
+// waitLoopsGone waits up to ten seconds until none of loops (device to
+// backing file) is bound to its file any more.
+func waitLoopsGone(loops map[string]string) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		bound := false
+		for dev, backing := range loops {
+			b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file"))
+			if err == nil && strings.TrimSpace(string(b)) == backing {
+				bound = true
+			}
+		}
+		if !bound {
+			return
 		}
 	}
 }
