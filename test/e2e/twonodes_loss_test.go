@@ -218,8 +218,11 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	}
 	expectWarning(t, "NodeNotReady", "Pod/"+daemonSetNamespace+"/"+driver.Name)
 	// Frozen, its containers' connections and leases lapse; once thawed,
-	// a sidecar may exit and be restarted.
+	// a sidecar may exit and be restarted, held back by the kubelet's
+	// crash-loop back-off when it had restarted in the last minutes (the
+	// resizer does whenever its Lease moved off the node).
 	intendDriverRestart(driver)
+	expectWarning(t, "BackOff", "Pod/"+daemonSetNamespace+"/"+driver.Name)
 
 	back := shutDownNode(t, b)
 	// Released: the StatefulSet's pod runs on the first node, with a new
