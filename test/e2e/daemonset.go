@@ -62,12 +62,15 @@ const testPoolGuard = "5%"
 
 // installArgs are the arguments the run adds to csi-node's in deploy/:
 // every call logged (-v=4: the suite reads the kubelet's calls from
-// csi-node's log, calls.go), a volume's health for the kubelet in both of
+// csi-node's log, calls.go), ControllerModifyVolume (TestIOLimits; off
+// by default as a modify of another node's volume is refused: the tests
+// that modify use volumes of the first node, where the resizer runs as
+// the cluster comes up), a volume's health for the kubelet in both of
 // its forms (VolumeHealth for the v1.37 kubelet, VolumeCondition for
 // older ones; TestVolumeConditionReachesThePod), a volume limit, the pool fast,
 // which only the first node has (TestTwoNodesPoolSteersScheduling), and
 // the default pool's guard (testPoolGuard).
-var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true,VolumeHealth=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
+var installArgs = []string{"-v=4", "--feature-gates=ModifyVolume=true,VolumeCondition=true,VolumeHealth=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
 	"--pool-guard=" + testPoolGuard,
 	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
 
