@@ -47,7 +47,8 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // Lease not the resizer's is refused by the policy, not by RBAC (which
 // allows every one of them); the first node's own volume, claim and
 // capacity, a growth of the second node's volume and a claim's status as
-// the cluster's one csi-resizer makes them wherever it runs, and the
+// the cluster's one csi-resizer makes them wherever it runs (a resize's,
+// and a modify's marked and done), and the
 // clone finalizer that csi-provisioner adds to and takes off a converge
 // claim of the second node (a clone's source) are accepted; with the
 // finalizer, nothing else of that claim may change. Every shape of node
@@ -329,6 +330,18 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 				[]byte(`{"metadata":{"annotations":{"volume.kubernetes.io/selected-node":"`+c.node+`"}}}`), metav1.PatchOptions{}, "status")
 			return err
 		}},
+		{"a current attributes class of a converge claim of the second node that no modify of it named", func() error {
+			// A claim's current class is what csi-resizer reached with a
+			// modify the claim asked for, and so its volume's limits.
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType,
+				[]byte(`{"status":{"currentVolumeAttributesClassName":"forged"}}`), metav1.PatchOptions{}, "status")
+			return err
+		}},
+		{"a modify of a converge claim of the second node toward a class the claim does not name", func() error {
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType,
+				[]byte(`{"status":{"modifyVolumeStatus":{"status":"InProgress","targetVolumeAttributesClassName":"forged"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}},
 		{"a status patch of a claim converge did not provision", func() error {
 			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
 				[]byte(`{"status":{"allocatedResources":{"storage":"100Gi"}}}`), metav1.PatchOptions{}, "status")
@@ -404,6 +417,35 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			`"conditions":[{"type":"Resizing","status":"True"}]}}`
 		if _, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
 			t.Errorf("marking the status of a claim of %s: %v", b.node, err)
+		}
+	})
+	t.Run("accepted: a modify of a claim of the second node marked and done, as csi-resizer marks it", func(t *testing.T) {
+		// external-resizer v2.3.0's modify (modify_status.go): the target
+		// and ModifyingVolume before ControllerModifyVolume, then the
+		// current class with modifyVolumeStatus and the conditions gone.
+		// The claim names the class as its owner would (the admin here);
+		// Pending, no resizer acts on it.
+		const class = "policy-modify"
+		if err := updateClaim(ctx, c.client, claimB, func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Spec.VolumeAttributesClassName = ptr.To(class)
+		}); err != nil {
+			t.Fatalf("naming the class %s in %s: %v", class, claimB, err)
+		}
+		for _, patch := range []string{
+			`{"status":{"modifyVolumeStatus":{"status":"InProgress","targetVolumeAttributesClassName":"` + class + `"},` +
+				`"conditions":[{"type":"ModifyingVolume","status":"True"}]}}`,
+			`{"status":{"currentVolumeAttributesClassName":"` + class + `","modifyVolumeStatus":null,"conditions":null}}`,
+		} {
+			if _, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
+				t.Fatalf("marking %s's modify %s: %v", claimB, patch, err)
+			}
+		}
+		got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claimB, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur := ptr.Deref(got.Status.CurrentVolumeAttributesClassName, ""); cur != class || got.Status.ModifyVolumeStatus != nil {
+			t.Errorf("%s after the modify: current class %q, modify %+v; want %q and none", claimB, cur, got.Status.ModifyVolumeStatus, class)
 		}
 	})
 	t.Run("accepted: the clone finalizer added to and taken off a converge claim selected for the second node, as csi-provisioner does", func(t *testing.T) {
