@@ -74,6 +74,24 @@ var installArgs = []string{"-v=4", "--feature-gates=ModifyVolume=true,VolumeCond
 	"--pool-guard=" + testPoolGuard,
 	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
 
+// modifyVolumeGate is the feature of installArgs' gates that releases
+// before ControllerModifyVolume do not know, and refuse to start with:
+// TestUpgradeAndRollback's previous release runs without it.
+const modifyVolumeGate = "ModifyVolume"
+
+// installArgsFor is installArgs for csi-node's image of tag: a previous
+// release's goes without modifyVolumeGate.
+func installArgsFor(tag string) []string {
+	if tag == csiNodeImageTag {
+		return installArgs
+	}
+	args := slices.Clone(installArgs)
+	for i, a := range args {
+		args[i] = strings.Replace(a, modifyVolumeGate+"=true,", "", 1)
+	}
+	return args
+}
+
 // controllerName is deploy/'s converge-controller Deployment. The run
 // keeps its arguments as deploy/ gives them: TestTwoNodesNodeDeletedByMistake
 // brings a deleted node back within deploy/'s --deleted-node-grace, and
@@ -116,7 +134,7 @@ patches:
         path: /spec/template/spec/containers/0/name
         value: csi-node
 `, fromBase, daemonSetName)
-	for _, a := range installArgs {
+	for _, a := range installArgsFor(tag) {
 		fmt.Fprintf(&b, "      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: %q\n", a)
 	}
 	for _, op := range installPoolsRoot {
