@@ -427,6 +427,9 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 		// Pending, no resizer acts on it. The resizer's node marks any
 		// node's claim, but does only its own node's modifies.
 		const class = "policy-modify"
+		// The cluster's csi-resizer sees the claims name a class that
+		// does not exist, and says so.
+		expectWarning(t, "VolumeModifyFailed", "PersistentVolumeClaim/"+ns+"/"+prefix)
 		mark := `{"status":{"modifyVolumeStatus":{"status":"InProgress","targetVolumeAttributesClassName":"` + class + `"},` +
 			`"conditions":[{"type":"ModifyingVolume","status":"True"}]}}`
 		done := `{"status":{"currentVolumeAttributesClassName":"` + class + `","modifyVolumeStatus":null,"conditions":null}}`
