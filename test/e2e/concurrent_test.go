@@ -31,6 +31,7 @@ func TestConcurrent(t *testing.T) {
 		{"TestDataOutlivesPod", testDataOutlivesPod},
 		{"TestRawBlock", testRawBlock},
 		{"TestSharedVolume", testSharedVolume},
+		{"TestIOLimits", testIOLimits},
 		{"TestVolumeConditionReachesThePod", testVolumeConditionReachesThePod},
 		{"TestSnapshotRestoreAndClone", testSnapshotRestoreAndClone},
 		{"TestSnapshotOfRawBlock", testSnapshotOfRawBlock},

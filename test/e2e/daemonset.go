@@ -62,14 +62,35 @@ const testPoolGuard = "5%"
 
 // installArgs are the arguments the run adds to csi-node's in deploy/:
 // every call logged (-v=4: the suite reads the kubelet's calls from
-// csi-node's log, calls.go), a volume's health for the kubelet in both of
+// csi-node's log, calls.go), ControllerModifyVolume (TestIOLimits; off
+// by default as a modify of another node's volume is refused: the tests
+// that modify use volumes of the first node, where the resizer runs as
+// the cluster comes up), a volume's health for the kubelet in both of
 // its forms (VolumeHealth for the v1.37 kubelet, VolumeCondition for
 // older ones; TestVolumeConditionReachesThePod), a volume limit, the pool fast,
 // which only the first node has (TestTwoNodesPoolSteersScheduling), and
 // the default pool's guard (testPoolGuard).
-var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true,VolumeHealth=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
+var installArgs = []string{"-v=4", "--feature-gates=ModifyVolume=true,VolumeCondition=true,VolumeHealth=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
 	"--pool-guard=" + testPoolGuard,
 	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
+
+// modifyVolumeGate is the feature of installArgs' gates that releases
+// before ControllerModifyVolume do not know, and refuse to start with:
+// TestUpgradeAndRollback's previous release runs without it.
+const modifyVolumeGate = "ModifyVolume"
+
+// installArgsFor is installArgs for csi-node's image of tag: a previous
+// release's goes without modifyVolumeGate.
+func installArgsFor(tag string) []string {
+	if tag == csiNodeImageTag {
+		return installArgs
+	}
+	args := slices.Clone(installArgs)
+	for i, a := range args {
+		args[i] = strings.Replace(a, modifyVolumeGate+"=true,", "", 1)
+	}
+	return args
+}
 
 // controllerName is deploy/'s converge-controller Deployment. The run
 // keeps its arguments as deploy/ gives them: TestTwoNodesNodeDeletedByMistake
@@ -113,7 +134,7 @@ patches:
         path: /spec/template/spec/containers/0/name
         value: csi-node
 `, fromBase, daemonSetName)
-	for _, a := range installArgs {
+	for _, a := range installArgsFor(tag) {
 		fmt.Fprintf(&b, "      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: %q\n", a)
 	}
 	for _, op := range installPoolsRoot {

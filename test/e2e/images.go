@@ -19,6 +19,8 @@ import (
 const (
 	pauseImage   = "converge.local/pause:e2e"
 	busyboxImage = "converge.local/busybox:e2e"
+	// toolsImage is busybox's shell tools with GNU dd and bash as sh.
+	toolsImage = "converge.local/e2e-tools:e2e"
 )
 
 // standInBinary is where the stand-ins' images hold the test binary.
@@ -42,7 +44,7 @@ var upstreamTags = map[string][]string{
 	// oflag=nocache and iflag=direct, which busybox's dd lacks), bash as
 	// the shell and the C library they need. The suite only runs shell commands in the glibc
 	// and nginx images.
-	"converge.local/e2e-tools:e2e": {
+	toolsImage: {
 		"registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
 		"registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1",
 		"registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
@@ -117,7 +119,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 	images := []image{
 		{ref: pauseImage, files: []ociimage.File{{Name: "pause", Mode: 0o755, Data: bin}}, config: map[string]any{"Entrypoint": []string{"/pause"}}},
 		{ref: busyboxImage, files: shell, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
-		{ref: "converge.local/e2e-tools:e2e", files: tools, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
+		{ref: toolsImage, files: tools, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{ref: "converge.local/agnhost:e2e", files: agn,
 			config: map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{agnhostPath}}},
 		{ref: kubectlImage, files: kctl, config: map[string]any{"Entrypoint": []string{"/bin/kubectl"}, "Env": []string{"PATH=/bin"}}},

@@ -67,15 +67,22 @@ func makeClaim(t *testing.T, name string, mode corev1.PersistentVolumeMode, acce
 			}},
 		},
 	}
+	return createClaim(t, pvc)
+}
+
+// createClaim creates the PVC in the test namespace and deletes it when t
+// ends.
+func createClaim(t *testing.T, pvc *corev1.PersistentVolumeClaim) *corev1.PersistentVolumeClaim {
+	t.Helper()
 	ctx := context.Background()
 	out, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatalf("create PVC %s: %v", name, err)
+		t.Fatalf("create PVC %s: %v", pvc.Name, err)
 	}
 	t.Cleanup(func() {
-		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, name, metav1.DeleteOptions{})
+		err := c.client.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, pvc.Name, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("delete PVC %s: %v", name, err)
+			t.Errorf("delete PVC %s: %v", pvc.Name, err)
 		}
 	})
 	return out

@@ -47,7 +47,8 @@ const nodeNameExtra = "authentication.kubernetes.io/node-name"
 // Lease not the resizer's is refused by the policy, not by RBAC (which
 // allows every one of them); the first node's own volume, claim and
 // capacity, a growth of the second node's volume and a claim's status as
-// the cluster's one csi-resizer makes them wherever it runs, and the
+// the cluster's one csi-resizer makes them wherever it runs (a resize's,
+// and a modify's marked and done), and the
 // clone finalizer that csi-provisioner adds to and takes off a converge
 // claim of the second node (a clone's source) are accepted; with the
 // finalizer, nothing else of that claim may change. Every shape of node
@@ -329,6 +330,18 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 				[]byte(`{"metadata":{"annotations":{"volume.kubernetes.io/selected-node":"`+c.node+`"}}}`), metav1.PatchOptions{}, "status")
 			return err
 		}},
+		{"a current attributes class of a converge claim of the second node that no modify of it named", func() error {
+			// A claim's current class is what csi-resizer reached with a
+			// modify the claim asked for, and so its volume's limits.
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType,
+				[]byte(`{"status":{"currentVolumeAttributesClassName":"forged"}}`), metav1.PatchOptions{}, "status")
+			return err
+		}},
+		{"a modify of a converge claim of the second node toward a class the claim does not name", func() error {
+			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType,
+				[]byte(`{"status":{"modifyVolumeStatus":{"status":"InProgress","targetVolumeAttributesClassName":"forged"}}}`), metav1.PatchOptions{}, "status")
+			return err
+		}},
 		{"a status patch of a claim converge did not provision", func() error {
 			_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimA, types.MergePatchType,
 				[]byte(`{"status":{"allocatedResources":{"storage":"100Gi"}}}`), metav1.PatchOptions{}, "status")
@@ -404,6 +417,50 @@ func TestTwoNodesNodeTouchesOnlyItsOwnVolumes(t *testing.T) {
 			`"conditions":[{"type":"Resizing","status":"True"}]}}`
 		if _, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status"); err != nil {
 			t.Errorf("marking the status of a claim of %s: %v", b.node, err)
+		}
+	})
+	t.Run("a modify marked on either node's claim, done only on its own node's, as csi-resizer marks it", func(t *testing.T) {
+		// external-resizer v2.3.0's modify (modify_status.go): the target
+		// and ModifyingVolume before ControllerModifyVolume, then the
+		// current class with modifyVolumeStatus and the conditions gone.
+		// Each claim names the class as its owner would (the admin here);
+		// Pending, no resizer acts on it. The resizer's node marks any
+		// node's claim, but does only its own node's modifies.
+		const class = "policy-modify"
+		// The cluster's csi-resizer sees the claims name a class that
+		// does not exist, and says so.
+		expectWarning(t, "VolumeModifyFailed", "PersistentVolumeClaim/"+ns+"/"+prefix)
+		mark := `{"status":{"modifyVolumeStatus":{"status":"InProgress","targetVolumeAttributesClassName":"` + class + `"},` +
+			`"conditions":[{"type":"ModifyingVolume","status":"True"}]}}`
+		done := `{"status":{"currentVolumeAttributesClassName":"` + class + `","modifyVolumeStatus":null,"conditions":null}}`
+		// A claim not bound names its class only as it is made.
+		own := adminClaimAnnotated(t, prefix+"claimmod", map[string]string{
+			"volume.kubernetes.io/selected-node":       c.node,
+			"volume.kubernetes.io/storage-provisioner": contract.DefaultDriverName,
+		}, func(pvc *corev1.PersistentVolumeClaim) { pvc.Spec.VolumeAttributesClassName = ptr.To(class) })
+		if err := updateClaim(ctx, c.client, claimB, func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Spec.VolumeAttributesClassName = ptr.To(class)
+		}); err != nil {
+			t.Fatalf("naming the class %s in %s: %v", class, claimB, err)
+		}
+		for _, claim := range []string{claimB, own} {
+			if _, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claim, types.MergePatchType, []byte(mark), metav1.PatchOptions{}, "status"); err != nil {
+				t.Fatalf("marking %s's modify: %v", claim, err)
+			}
+		}
+		_, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, claimB, types.MergePatchType, []byte(done), metav1.PatchOptions{}, "status")
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy '"+nodeVolumesPolicy+"'") {
+			t.Errorf("the modify of %s's claim marked done from %s: got %v, want the policy's refusal", b.node, c.node, err)
+		}
+		if _, err := asA.CoreV1().PersistentVolumeClaims(ns).Patch(ctx, own, types.MergePatchType, []byte(done), metav1.PatchOptions{}, "status"); err != nil {
+			t.Fatalf("marking %s's modify done: %v", own, err)
+		}
+		got, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, own, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cur := ptr.Deref(got.Status.CurrentVolumeAttributesClassName, ""); cur != class || got.Status.ModifyVolumeStatus != nil {
+			t.Errorf("%s after the modify: current class %q, modify %+v; want %q and none", own, cur, got.Status.ModifyVolumeStatus, class)
 		}
 	})
 	t.Run("accepted: the clone finalizer added to and taken off a converge claim selected for the second node, as csi-provisioner does", func(t *testing.T) {
@@ -598,19 +655,23 @@ func adminClaim(t *testing.T, name, node, provisioner string) string {
 }
 
 // adminClaimAnnotated creates, as the admin, a claim called name of a
-// class nothing provisions, with annotations, to be deleted when the test
-// ends, and returns its name.
-func adminClaimAnnotated(t *testing.T, name string, annotations map[string]string) string {
+// class nothing provisions, with annotations, each of mutate applied, to
+// be deleted when the test ends, and returns its name.
+func adminClaimAnnotated(t *testing.T, name string, annotations map[string]string, mutate ...func(*corev1.PersistentVolumeClaim)) string {
 	t.Helper()
 	ctx := context.Background()
-	_, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{
+	pvc := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: annotations},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: ptr.To("policy-test"),
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		},
-	}, metav1.CreateOptions{})
+	}
+	for _, m := range mutate {
+		m(pvc)
+	}
+	_, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(ctx, pvc, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating claim %s: %v", name, err)
 	}

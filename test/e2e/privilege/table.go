@@ -105,7 +105,7 @@ var Table = []Question{
 	{Node, "watch", "pods", Any, "", false, "csi-resizer runs without its pod informer (--handle-volume-inuse-error=false): converge expands online"},
 	{Node, "list", "pods", Any, "", false, "no sidecar lists the cluster's pods"},
 	{Node, "get", "pods", "default", "", false, "csi-provisioner reads its own pod, in converge's namespace"},
-	{Node, "watch", "volumeattributesclasses.storage.k8s.io", Any, "", false, "converge has no ControllerModifyVolume"},
+	{Node, "watch", "volumeattributesclasses.storage.k8s.io", Any, "", true, "csi-resizer: the class a claim switches to, for ControllerModifyVolume"},
 	// converge-node: csi-snapshotter (--node-deployment) and restores.
 	{Node, "watch", "volumesnapshotclasses.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the snapshot's class"},
 	{Node, "update", "volumesnapshotcontents.snapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the content it takes"},

@@ -1,0 +1,243 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/pkg/contract"
+)
+
+// The VolumeAttributesClasses of TestIOLimits (cluster-wide, named for
+// it alone) and their maxReadIops.
+const (
+	ioSlowClass = "converge-io-slow"
+	ioFastClass = "converge-io-fast"
+	ioSlowIOPS  = 100
+	ioFastIOPS  = 200
+	// ioSeconds is about how long a read at a limit lasts: long beside
+	// blk-throttle's slice (100 ms at most), whose share a new rule lets
+	// through at once (10 reads at 100 a second, 3% of the 300).
+	ioSeconds = 3
+	// ioFreeBlocks is what the pod reads of the volume without limits:
+	// a tenth of a second at 20000 reads a second, 5 s at 400.
+	ioFreeBlocks = 2000
+	// ioTolerance is how far from a limit a measured rate may be.
+	ioTolerance = 0.10
+)
+
+// testIOLimits proves a VolumeAttributesClass's maxReadIops in a running
+// pod, and a change of it. One pod has two volumes: a claim of class
+// converge-io-slow (maxReadIops 100) and a claim of no class. It reads
+// each with direct IO (GNU dd iflag=direct, 4 KiB a read, one at a time,
+// past every page cache: each read is one request to the volume's loop
+// device), timed by dd itself. The first reads at 100 a second within 10%
+// once csi-node's blk-throttle rule is in every cgroup of the pod (cgroup
+// v1: the container's too, where dd runs); the second, in the same
+// cgroups, much faster than either limit. The claim then names
+// converge-io-fast (200): the real csi-resizer calls ControllerModifyVolume
+// (csi-node's ModifyVolume feature, on in the run) and marks the claim's
+// currentVolumeAttributesClassName, which the node-volumes policy lets it
+// write; the same pod, not restarted, reads at 200 within 10% once the
+// rule says so. Both volumes are then deleted as any other.
+func testIOLimits(t *testing.T) {
+	attributesClass(t, ioSlowClass, ioSlowIOPS)
+	attributesClass(t, ioFastClass, ioFastIOPS)
+	createClaim(t, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "io-limited"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:               []corev1.PersistentVolumeAccessMode{rwo},
+			StorageClassName:          ptr.To("converge"),
+			VolumeAttributesClassName: ptr.To(ioSlowClass),
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceStorage: resource.MustParse(volumeSize),
+			}},
+		},
+	})
+	claim(t, "io-free", fs, rwo)
+	pod := startIOPod(t, "io-limits", "io-limited", "io-free")
+	v, other := boundVolume(t, "io-limited"), boundVolume(t, "io-free")
+	const limited, free = dataDir + "/f", ioFreeDir + "/f"
+	// Written with direct IO too, so that no read finds them cached; no
+	// class limits writes.
+	mustExec(t, pod.Name, fmt.Sprintf("dd if=/dev/zero of=%s bs=4k count=%d oflag=direct 2>&1 && dd if=/dev/zero of=%s bs=4k count=%d oflag=direct 2>&1",
+		limited, ioFastIOPS*ioSeconds, free, ioFreeBlocks))
+	dev := podDevice(t, pod.Name, dataDir)
+
+	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
+	checkReadRate(t, pod.Name, limited, ioSlowIOPS)
+	if got := readRate(t, pod.Name, free, ioFreeBlocks); got < 2*ioFastIOPS {
+		t.Errorf("the volume of no class read at %.0f a second in the same pod, want far more than the limits (%d, %d)", got, ioSlowIOPS, ioFastIOPS)
+	}
+
+	ctx := context.Background()
+	claims := c.client.CoreV1().PersistentVolumeClaims(ns)
+	if _, err := claims.Patch(ctx, "io-limited", types.MergePatchType,
+		[]byte(`{"spec":{"volumeAttributesClassName":"`+ioFastClass+`"}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatalf("switching io-limited to %s: %v", ioFastClass, err)
+	}
+	poll(t, 2*time.Minute, "io-limited's current class "+ioFastClass, func() (bool, string) {
+		pvc, err := claims.Get(ctx, "io-limited", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, "") == ioFastClass {
+			return true, ""
+		}
+		return false, fmt.Sprintf("current class %q, modify %+v, conditions %+v%s", ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, ""),
+			pvc.Status.ModifyVolumeStatus, pvc.Status.Conditions, podEvents("io-limited"))
+	})
+	waitReadIOPSRule(t, v.n, pod, dev, ioFastIOPS)
+	checkReadRate(t, pod.Name, limited, ioFastIOPS)
+	// A volume with limits recorded is deleted as any other.
+	release(t, v, "io-limited", pod.Name)
+	release(t, other, "io-free")
+}
+
+// attributesClass creates a VolumeAttributesClass of converge's limiting
+// reads to iops a second, and deletes it when t ends.
+func attributesClass(t *testing.T, name string, iops int) {
+	t.Helper()
+	ctx := context.Background()
+	vac := &storagev1.VolumeAttributesClass{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		DriverName: contract.DefaultDriverName,
+		Parameters: map[string]string{"maxReadIops": strconv.Itoa(iops)},
+	}
+	if _, err := c.client.StorageV1().VolumeAttributesClasses().Create(ctx, vac, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create VolumeAttributesClass %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		// kube-controller-manager's vac-protection finalizer holds it until
+		// no claim names it: the claims go first (Cleanup runs last first).
+		err := c.client.StorageV1().VolumeAttributesClasses().Delete(ctx, name, metav1.DeleteOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete VolumeAttributesClass %s: %v", name, err)
+		}
+	})
+}
+
+// ioFreeDir is where startIOPod mounts its second claim.
+const ioFreeDir = "/free"
+
+// startIOPod starts a pod of the tools image (GNU dd) with claim mounted
+// at dataDir and other at ioFreeDir, and deletes it when t ends.
+func startIOPod(t *testing.T, name, claim, other string) *corev1.Pod {
+	t.Helper()
+	spec := podSpecOf(podSpec{name: name, claims: []string{claim}, image: toolsImage})
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "free", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: other}}})
+	spec.Containers[0].VolumeMounts = append(spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "free", MountPath: ioFreeDir})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
+	if _, err := c.client.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s: %v", name, err)
+	}
+	t.Cleanup(func() { deletePod(t, name) })
+	return waitRunning(t, name)
+}
+
+// podDevice is the device of the filesystem mounted at dir in the pod, as
+// a blk-throttle rule names it (major:minor).
+func podDevice(t *testing.T, pod, dir string) string {
+	t.Helper()
+	out := mustExec(t, pod, "stat -c %d "+dir)
+	d, err := strconv.ParseUint(out, 10, 64)
+	if err != nil {
+		t.Fatalf("stat of %s in %s: %q: %v", dir, pod, out, err)
+	}
+	return fmt.Sprintf("%d:%d", unix.Major(d), unix.Minor(d))
+}
+
+// waitReadIOPSRule waits until every blkio cgroup of the pod on node n
+// (cgroup v1, the kubelet's cgroupfs layout below its cgroupRoot: the
+// pod's, its containers' and its sandbox's) holds exactly one read IOPS
+// rule, iops for dev: csi-node sets it at the publish and each pass
+// (every 10 s) in a cgroup made since, and changes it a pass after a
+// modify.
+func waitReadIOPSRule(t *testing.T, n *kubeNode, pod *corev1.Pod, dev string, iops int) {
+	t.Helper()
+	want := fmt.Sprintf("%s %d", dev, iops)
+	base := filepath.Join("/sys/fs/cgroup/blkio", n.cgroupRoot, "kubepods")
+	poll(t, time.Minute, fmt.Sprintf("the rule %q in every cgroup of pod %s", want, pod.Name), func() (bool, string) {
+		var dirs []string
+		for _, pattern := range []string{"pod" + string(pod.UID), "*/pod" + string(pod.UID)} {
+			m, _ := filepath.Glob(filepath.Join(base, pattern))
+			dirs = append(dirs, m...)
+		}
+		if len(dirs) != 1 {
+			return false, fmt.Sprintf("cgroups of the pod below %s: %v, want one", base, dirs)
+		}
+		var bad []string
+		seen := 0
+		err := filepath.WalkDir(dirs[0], func(path string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return err
+			}
+			b, err := os.ReadFile(filepath.Join(path, "blkio.throttle.read_iops_device"))
+			if err != nil {
+				return err
+			}
+			seen++
+			if got := strings.TrimSpace(string(b)); got != want {
+				bad = append(bad, fmt.Sprintf("%s: %q", path, got))
+			}
+			return nil
+		})
+		switch {
+		case err != nil:
+			return false, err.Error()
+		case seen < 2:
+			return false, fmt.Sprintf("%d cgroups in %s, want the pod's and its container's at least", seen, dirs[0])
+		case len(bad) > 0:
+			return false, strings.Join(bad, "; ")
+		}
+		return true, ""
+	})
+}
+
+// ddSeconds finds GNU dd's own time in its last line: "... copied,
+// 2.99 s, 410 kB/s".
+var ddSeconds = regexp.MustCompile(`copied, ([0-9.]+) s,`)
+
+// readRate reads blocks of 4 KiB of the file path in the pod, one at a
+// time with direct IO, and returns how many it read a second.
+func readRate(t *testing.T, pod, path string, blocks int) float64 {
+	t.Helper()
+	out := mustExec(t, pod, fmt.Sprintf("dd if=%s of=/dev/null bs=4k count=%d iflag=direct 2>&1", path, blocks))
+	m := ddSeconds.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("dd in %s said %q, want its time", pod, out)
+	}
+	secs, err := strconv.ParseFloat(m[1], 64)
+	if err != nil || secs <= 0 {
+		t.Fatalf("dd in %s said %q: time %q", pod, out, m[1])
+	}
+	rate := float64(blocks) / secs
+	t.Logf("%s: %d reads in %.3f s, %.1f a second", path, blocks, secs, rate)
+	return rate
+}
+
+// checkReadRate reads ioSeconds' worth of the file at iops a second and
+// fails t unless the rate is iops within ioTolerance.
+func checkReadRate(t *testing.T, pod, path string, iops int) {
+	t.Helper()
+	got := readRate(t, pod, path, iops*ioSeconds)
+	if lo, hi := float64(iops)*(1-ioTolerance), float64(iops)*(1+ioTolerance); got < lo || got > hi {
+		t.Errorf("%s read at %.1f a second, want %d within %.0f%% (%.0f to %.0f)", path, got, iops, ioTolerance*100, lo, hi)
+	}
+}
