@@ -81,6 +81,10 @@ func testIOLimits(t *testing.T) {
 
 	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
 	checkReadRate(t, pod.Name, limited, ioSlowIOPS)
+	// A hand edit of the line (as a kubelet or a person rewriting the
+	// cgroup) is repaired: the reconciler observes the cgroups each pass.
+	editReadIOPSRule(t, v.n, pod, dev, 100*ioSlowIOPS)
+	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
 	if got := readRate(t, pod.Name, free, ioFreeBlocks); got < 2*ioFastIOPS {
 		t.Errorf("the volume of no class read at %.0f a second in the same pod, want far more than the limits (%d, %d)", got, ioSlowIOPS, ioFastIOPS)
 	}
@@ -172,42 +176,66 @@ func podDevice(t *testing.T, pod, dir string) string {
 func waitReadIOPSRule(t *testing.T, n *kubeNode, pod *corev1.Pod, dev string, iops int) {
 	t.Helper()
 	want := fmt.Sprintf("%s %d", dev, iops)
-	base := filepath.Join("/sys/fs/cgroup/blkio", n.cgroupRoot, "kubepods")
 	poll(t, time.Minute, fmt.Sprintf("the rule %q in every cgroup of pod %s", want, pod.Name), func() (bool, string) {
-		var dirs []string
-		for _, pattern := range []string{"pod" + string(pod.UID), "*/pod" + string(pod.UID)} {
-			m, _ := filepath.Glob(filepath.Join(base, pattern))
-			dirs = append(dirs, m...)
-		}
-		if len(dirs) != 1 {
-			return false, fmt.Sprintf("cgroups of the pod below %s: %v, want one", base, dirs)
+		files, err := readIOPSFiles(n, pod)
+		if err != nil {
+			return false, err.Error()
 		}
 		var bad []string
-		seen := 0
-		err := filepath.WalkDir(dirs[0], func(path string, d os.DirEntry, err error) error {
-			if err != nil || !d.IsDir() {
-				return err
-			}
-			b, err := os.ReadFile(filepath.Join(path, "blkio.throttle.read_iops_device"))
+		for _, f := range files {
+			b, err := os.ReadFile(f)
 			if err != nil {
-				return err
+				return false, err.Error()
 			}
-			seen++
 			if got := strings.TrimSpace(string(b)); got != want {
-				bad = append(bad, fmt.Sprintf("%s: %q", path, got))
+				bad = append(bad, fmt.Sprintf("%s: %q", f, got))
 			}
-			return nil
-		})
-		switch {
-		case err != nil:
-			return false, err.Error()
-		case seen < 2:
-			return false, fmt.Sprintf("%d cgroups in %s, want the pod's and its container's at least", seen, dirs[0])
-		case len(bad) > 0:
+		}
+		if len(bad) > 0 {
 			return false, strings.Join(bad, "; ")
 		}
 		return true, ""
 	})
+}
+
+// editReadIOPSRule writes the read IOPS rule dev iops into every cgroup of
+// pod on n, by hand.
+func editReadIOPSRule(t *testing.T, n *kubeNode, pod *corev1.Pod, dev string, iops int) {
+	t.Helper()
+	files, err := readIOPSFiles(n, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if err := os.WriteFile(f, []byte(fmt.Sprintf("%s %d", dev, iops)), 0o644); err != nil {
+			t.Fatalf("editing %s: %v", f, err)
+		}
+	}
+}
+
+// readIOPSFiles are the blkio.throttle.read_iops_device files of every
+// cgroup of pod on n (the pod's and its containers'), or why not.
+func readIOPSFiles(n *kubeNode, pod *corev1.Pod) ([]string, error) {
+	base := filepath.Join("/sys/fs/cgroup/blkio", n.cgroupRoot, "kubepods")
+	var dirs []string
+	for _, pattern := range []string{"pod" + string(pod.UID), "*/pod" + string(pod.UID)} {
+		m, _ := filepath.Glob(filepath.Join(base, pattern))
+		dirs = append(dirs, m...)
+	}
+	if len(dirs) != 1 {
+		return nil, fmt.Errorf("cgroups of the pod below %s: %v, want one", base, dirs)
+	}
+	var files []string
+	err := filepath.WalkDir(dirs[0], func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			files = append(files, filepath.Join(path, "blkio.throttle.read_iops_device"))
+		}
+		return err
+	})
+	if err == nil && len(files) < 2 {
+		err = fmt.Errorf("%d cgroups in %s, want the pod's and its container's at least", len(files), dirs[0])
+	}
+	return files, err
 }
 
 // ddSeconds finds GNU dd's own time in its last line: "... copied,
