@@ -63,9 +63,11 @@ func DebianRoot(ctx context.Context, cacheDir, work string, d *dockerfile.Docker
 	root := filepath.Join(tmp, "root")
 	// debootstrap and apt mount /proc and more inside the root: in a mount
 	// namespace of their own, nothing is left mounted on the host
-	// whatever happens.
+	// whatever happens. A slave one: what the host unmounts meanwhile goes
+	// from it too, so it holds no other test's loop device open for the
+	// minutes a build takes.
 	private := func(script string, args ...string) error {
-		cmd := exec.CommandContext(ctx, "unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh"}, args...)...)
+		cmd := exec.CommandContext(ctx, "unshare", append([]string{"--mount", "--propagation", "slave", "--", "sh", "-ec", script, "sh"}, args...)...)
 		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("%s: %v\n%s", script, err, tail(string(out), 30))

@@ -199,12 +199,23 @@ func (m *made) cgroup(t *testing.T, path string) {
 
 // pod starts a process in the cgroup path of every v1 hierarchy, as a
 // container runs: a sleep in a mount namespace of its own, which holds a
-// private copy of the mounts there are now (a mount the host then
-// unmounts stays mounted there, its loop device open, while the process
-// lives).
+// private copy of the test's runs' mounts there are now (a mount the host
+// then unmounts stays mounted there, its loop device open, while the
+// process lives). It first lets go of its copies of every other
+// loop-backed mount but those the runs are in: a test running beside this
+// one (test/fault's) must be able to detach its devices while this frozen
+// process lives.
 func (m *made) pod(t *testing.T, cgroup string) *child {
 	t.Helper()
-	return m.spawn(t, exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "1000"), cgroup)
+	const script = `findmnt -rn -o MAJ:MIN,TARGET | while read -r dev target; do
+	case $dev in 7:*) ;; *) continue ;; esac
+	keep=
+	# A mount the runs are in (a loop-backed /tmp) is theirs too.
+	for d in "$@"; do case $target in / | "$d" | "$d"/*) keep=1 ;; esac; case $d in "$target"/*) keep=1 ;; esac; done
+	[ -n "$keep" ] || umount -l "$target" 2>/dev/null || true
+done
+exec sleep 1000`
+	return m.spawn(t, exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh"}, m.dirs...)...), cgroup)
 }
 
 // process starts a sleep in the cgroup path of every v1 hierarchy, in the
