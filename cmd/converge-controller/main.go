@@ -71,6 +71,17 @@ type options struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == nodeAgentCommand {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := nodeAgent(ctx, os.Args[2:]); err != nil {
+			klog.ErrorS(err, "converge node agent failed")
+			klog.Flush()
+			os.Exit(1)
+		}
+		klog.Flush()
+		return
+	}
 	host, _ := os.Hostname()
 	ns := os.Getenv("POD_NAMESPACE")
 	if ns == "" {

@@ -46,13 +46,14 @@ const module = "github.com/converge-csi/converge/"
 // a leaf of the packages that hold one. claim, the one way the
 // reconciler takes a volume for an operation, is the reconciler's own
 // leaf on locks.
-// The cluster-side controller (nodeloss, snaplabel and their command)
-// stands apart: no part of the node plugin reaches it, and it reaches none
-// but the published contract; snaplabel reads a volume's node by
-// nodeloss's rule.
+// The cluster-side controller (nodeloss, snaplabel, classagent and their
+// command) stands apart: no part of the node plugin reaches it, and it
+// reaches none but the published contract; snaplabel and classagent read a
+// volume's node by nodeloss's rule.
 var allowed = map[string][]string{
 	"cmd/csi-node":            {"pkg/buildinfo", "pkg/driver", "pkg/volstatus"},
-	"cmd/converge-controller": {"pkg/buildinfo", "pkg/contract", "pkg/httpserve", "pkg/nodeloss", "pkg/snaplabel"},
+	"cmd/converge-controller": {"pkg/buildinfo", "pkg/classagent", "pkg/contract", "pkg/httpserve", "pkg/nodeloss", "pkg/snaplabel"},
+	"pkg/classagent":          {"pkg/contract", "pkg/nodeloss"},
 	"pkg/buildinfo":           nil,
 	"pkg/nodeloss":            {"pkg/contract"},
 	"pkg/snaplabel":           {"pkg/contract", "pkg/nodeloss"},
@@ -84,9 +85,9 @@ var only = map[string][]string{
 	"go.etcd.io/bbolt": {"pkg/state"},
 	// go-deadlock only in the lockorder build of pkg/locks.
 	"github.com/sasha-s/go-deadlock": {"pkg/locks"},
-	"k8s.io/client-go":               {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
-	"k8s.io/api":                     {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
-	"k8s.io/apimachinery":            {"cmd/converge-controller", "pkg/nodeloss", "pkg/snaplabel"},
+	"k8s.io/client-go":               {"cmd/converge-controller", "pkg/classagent", "pkg/nodeloss", "pkg/snaplabel"},
+	"k8s.io/api":                     {"cmd/converge-controller", "pkg/classagent", "pkg/nodeloss", "pkg/snaplabel"},
+	"k8s.io/apimachinery":            {"cmd/converge-controller", "pkg/classagent", "pkg/nodeloss", "pkg/snaplabel"},
 }
 
 // never lists, after the design card, what a package must not import: the
