@@ -29,8 +29,13 @@ import (
 // A volume of this node that does not exist, or is being deleted, is
 // NOT_FOUND. A cluster runs one resizer, beside one node's plugin: a
 // volume whose ID names another node is that node's to modify, and is
-// FAILED_PRECONDITION naming it, never OK, since nothing here would hold
-// the volume to the limits.
+// answered OK once its parameters pass, recording nothing here. The
+// resizer then writes the class into the volume's PersistentVolume, where
+// the node agent of the volume's node (pkg/classagent) reads it and hands
+// it to its own plugin, the call below with the class's parameters. The
+// ModifyVolume gate is on only where every node runs that agent (the
+// chart runs it with the gate), so an OK is never for something no node
+// will do.
 func (c *Controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	if !c.opts.ModifyVolume {
 		return nil, classified.Errorf(classified.KindUnimplemented, "ControllerModifyVolume is off on this node: --feature-gates=ModifyVolume=true turns it on")
@@ -59,8 +64,13 @@ func (c *Controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 // modifyWithin records params in the record of volume id, whose image is
 // in pool p (or being restored into it), within p's promise.
 func (c *Controller) modifyWithin(p *pool.Pool, id string, params contract.IOLimitParams) error {
-	if err := c.checkModifiable(p, id); err != nil {
+	owner, err := c.checkModifiable(p, id)
+	if err != nil {
 		return err
+	}
+	if owner != "" {
+		klog.V(2).InfoS("Modify of another node's volume left to that node's agent", "volumeID", id, "node", owner, "keys", params.Keys())
+		return nil
 	}
 	var before int64
 	v, err := c.store.Update(id, func(v *state.Volume) error {
@@ -79,23 +89,23 @@ func (c *Controller) modifyWithin(p *pool.Pool, id string, params contract.IOLim
 	return nil
 }
 
-// checkModifiable fails unless volume id is one of this node's, in pool
-// p: its image is there or a restore makes it. A volume whose ID names
-// another node is FAILED_PRECONDITION naming it; any other, NOT_FOUND.
-func (c *Controller) checkModifiable(p *pool.Pool, id string) error {
+// checkModifiable finds whose volume id is: this node's, in pool p (its
+// image is there or a restore makes it), with owner ""; another node's,
+// which its ID names, with owner that node; else NOT_FOUND.
+func (c *Controller) checkModifiable(p *pool.Pool, id string) (owner string, err error) {
 	if p.RestoreOf(id) != nil {
-		return nil
+		return "", nil
 	}
-	_, err := p.ImageSize(id)
+	_, err = p.ImageSize(id)
 	switch {
 	case err == nil:
-		return nil
+		return "", nil
 	case !errors.Is(err, os.ErrNotExist):
-		return classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
+		return "", classified.Errorf(classified.KindInternal, "checking volume %s: %w", id, err)
 	}
 	here := c.topology[contract.TopologyKey]
 	if node := nodeOf(id); node != "" && node != here {
-		return classified.Errorf(classified.KindFailedPrecondition, "volume %s is on node %s, not this node (%s): node %s applies the modifications of its volumes, and this node cannot pass them on to it yet", id, node, here, node)
+		return node, nil
 	}
-	return classified.Errorf(classified.KindNotFound, "volume %s not found on this node (%s)", id, here)
+	return "", classified.Errorf(classified.KindNotFound, "volume %s not found on this node (%s)", id, here)
 }

@@ -107,10 +107,10 @@ func errString(err error) string {
 // TestControllerModifyVolumeOfNoVolumeHere checks the volumes this node
 // cannot modify: no ID is INVALID_ARGUMENT; an ID no volume can have, a
 // volume of this node that does not exist or is being deleted, NOT_FOUND;
-// a volume another node's ID names, FAILED_PRECONDITION naming that node
-// once its parameters are valid (INVALID_ARGUMENT is the same answer on
-// every node), never OK, since this node cannot apply it. None of them
-// leaves a record.
+// a volume another node's ID names, OK once its parameters are valid
+// (INVALID_ARGUMENT is the same answer on every node): that node's agent
+// applies the class from the PersistentVolume the resizer then writes.
+// None of them leaves a record here.
 func TestControllerModifyVolumeOfNoVolumeHere(t *testing.T) {
 	c, store, _ := newController(t)
 	deleting := create(t, c, "deleting")
@@ -130,7 +130,7 @@ func TestControllerModifyVolumeOfNoVolumeHere(t *testing.T) {
 		{name: "none of this node's", id: "gone_node", params: good, code: codes.NotFound, msg: []string{"gone_node"}},
 		{name: "an ID that names no node", id: "gone", params: good, code: codes.NotFound, msg: []string{"gone"}},
 		{name: "being deleted", id: deleting, params: good, code: codes.NotFound, msg: []string{deleting}},
-		{name: "another node's", id: "v_other", params: good, code: codes.FailedPrecondition, msg: []string{"node other", "applies"}},
+		{name: "another node's", id: "v_other", params: good, code: codes.OK},
 		{name: "another node's, with an unknown key", id: "v_other", params: map[string]string{"XXX_FakeKey": "x"}, code: codes.InvalidArgument, msg: []string{"XXX_FakeKey"}},
 		{name: "another node's, with a bad value", id: "v_other", params: map[string]string{contract.MaxReadBPSKey: "0"}, code: codes.InvalidArgument, msg: []string{contract.MaxReadBPSKey}},
 	} {
