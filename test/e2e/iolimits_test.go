@@ -85,7 +85,13 @@ func testIOLimits(t *testing.T) {
 	// cgroup) is repaired: the reconciler observes the cgroups each pass.
 	editReadIOPSRule(t, v.n, pod, dev, 100*ioSlowIOPS)
 	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
-	if got := readRate(t, pod.Name, free, ioFreeBlocks); got < 2*ioFastIOPS {
+	var got float64
+	for range ioTries {
+		if got = readRate(t, pod.Name, free, ioFreeBlocks); got >= 2*ioFastIOPS {
+			break
+		}
+	}
+	if got < 2*ioFastIOPS {
 		t.Errorf("the volume of no class read at %.0f a second in the same pod, want far more than the limits (%d, %d)", got, ioSlowIOPS, ioFastIOPS)
 	}
 
@@ -260,12 +266,25 @@ func readRate(t *testing.T, pod, path string, blocks int) float64 {
 	return rate
 }
 
+// ioTries is how many times a read below its limit is measured again.
+const ioTries = 3
+
 // checkReadRate reads ioSeconds' worth of the file at iops a second and
-// fails t unless the rate is iops within ioTolerance.
+// fails t unless the rate is iops within ioTolerance. A limit is a
+// ceiling: a rate above it fails at once, while one below it may be the
+// machine's load (the run's other tests share its two cores and disk),
+// and is measured again, up to ioTries times.
 func checkReadRate(t *testing.T, pod, path string, iops int) {
 	t.Helper()
-	got := readRate(t, pod, path, iops*ioSeconds)
-	if lo, hi := float64(iops)*(1-ioTolerance), float64(iops)*(1+ioTolerance); got < lo || got > hi {
+	lo, hi := float64(iops)*(1-ioTolerance), float64(iops)*(1+ioTolerance)
+	var got float64
+	for range ioTries {
+		got = readRate(t, pod, path, iops*ioSeconds)
+		if got >= lo {
+			break
+		}
+	}
+	if got < lo || got > hi {
 		t.Errorf("%s read at %.1f a second, want %d within %.0f%% (%.0f to %.0f)", path, got, iops, ioTolerance*100, lo, hi)
 	}
 }

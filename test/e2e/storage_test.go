@@ -8,7 +8,6 @@ import (
 	"encoding/xml"
 	"flag"
 	"fmt"
-	"github.com/converge-csi/converge/test/e2e/invariants"
 	"maps"
 	"os"
 	"os/exec"
@@ -25,6 +24,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/test/e2e/invariants"
 )
 
 var (

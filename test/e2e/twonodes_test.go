@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/test/e2e/invariants"
 	"github.com/converge-csi/converge/test/e2e/privilege"
 )
 
@@ -432,6 +433,12 @@ func moveResizerLease(t *testing.T, to *kubeNode) {
 		return
 	}
 	if from != nil {
+		// Its exit meets the kubelet's crash-loop back-off when it
+		// restarted in the last minutes (a Lease moved off it before).
+		if p, _ := from.driverPod(ctx); p != nil {
+			intendRestart(p, "csi-resizer")
+			expect(invariants.Expected{Reason: "BackOff", Object: "Pod/" + p.Namespace + "/" + p.Name, Message: "container csi-resizer", Test: t.Name()})
+		}
 		if err := from.waitRestarted(ctx, "csi-resizer", fromRestarts); err != nil {
 			t.Fatalf("the resizer on %s after losing its Lease: %v", from.node, err)
 		}
