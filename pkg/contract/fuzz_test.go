@@ -98,7 +98,7 @@ func FuzzValidID(f *testing.F) {
 // with no whitespace; an IOPS limit is its own decimal digits; a key given
 // is the only limit Apply changes.
 func FuzzParseIOLimits(f *testing.F) {
-	for _, s := range []string{"max", "2", "1", "0", "100Mi", "50M", "1.5Gi", "2.5", "8Ei", "4294967296", " 1", "1e3", "-1", "", "Max", "0.5k", "007"} {
+	for _, s := range []string{"max", "2", "1", "0", "100Mi", "50M", "1.5Gi", "2.5", "8Ei", "4294967295", "4294967296", " 1", "1e3", "-1", "", "Max", "0.5k", "007"} {
 		f.Add(uint8(0), s)
 		f.Add(uint8(3), s)
 	}
@@ -113,6 +113,9 @@ func FuzzParseIOLimits(f *testing.F) {
 		}
 		if strings.ContainsFunc(value, unicode.IsSpace) || value == "" {
 			t.Fatalf("%s=%q accepted with whitespace or empty", key, value)
+		}
+		if err := p.Apply(host.IOLimits{}).Check(); err != nil {
+			t.Fatalf("%s=%q accepted, but the host refuses it: %v", key, value, err)
 		}
 		before := host.IOLimits{ReadIOPS: 11, WriteIOPS: 12, ReadBPS: 13, WriteBPS: 14}
 		after := p.Apply(before)

@@ -23,10 +23,10 @@ const (
 	// checks "val > 1" (tg_set_limit), 1 (EINVAL) too; v1's
 	// blkio.throttle files read 0 as no rule at all.
 	MinIOLimit = 2
-	// MaxIOPSLimit is the greatest IOPS limit: the kernel keeps one in an
-	// unsigned int and cuts a greater value down to it (tg_set_limit,
-	// tg_set_conf: min_t(u64, val, UINT_MAX)).
-	MaxIOPSLimit = math.MaxUint32
+	// MaxIOPSLimit is the greatest IOPS limit: the host's (host.MaxIOPS,
+	// UINT_MAX - 1, since the kernel's UINT_MAX means none), so that
+	// every limit accepted here is one SetThrottle applies.
+	MaxIOPSLimit = host.MaxIOPS
 	// MaxBPSLimit is the greatest bytes-per-second limit: the range of a
 	// Kubernetes quantity (int64), which every class's value is written
 	// as. The kernel's own bound, U64_MAX, means no limit.
@@ -75,6 +75,11 @@ func ParseIOLimits(params map[string]string) (IOLimitParams, error) {
 		}
 		*ioLimitField(&p.limits, key) = n
 		p.given = append(p.given, key)
+	}
+	// What the host would refuse to apply is refused here, with nothing
+	// recorded: accepted, it would hold up every publish of the volume.
+	if err := p.limits.Check(); err != nil {
+		return IOLimitParams{}, classified.Errorf(classified.KindInvalidArgument, "mutable parameters: %w", err)
 	}
 	return p, nil
 }

@@ -37,7 +37,7 @@ func TestParseIOLimits(t *testing.T) {
 			keys: []string{MaxReadBPSKey, MaxWriteBPSKey}},
 		{name: "the least limit", params: map[string]string{MaxReadIOPSKey: "2", MaxReadBPSKey: "2"}, want: host.IOLimits{ReadIOPS: 2, ReadBPS: 2},
 			keys: []string{MaxReadIOPSKey, MaxReadBPSKey}},
-		{name: "the greatest IOPS", params: map[string]string{MaxWriteIOPSKey: "4294967295"}, want: host.IOLimits{WriteIOPS: 1<<32 - 1}, keys: []string{MaxWriteIOPSKey}},
+		{name: "the greatest IOPS", params: map[string]string{MaxWriteIOPSKey: "4294967294"}, want: host.IOLimits{WriteIOPS: 1<<32 - 2}, keys: []string{MaxWriteIOPSKey}},
 		{name: "the greatest bytes", params: map[string]string{MaxWriteBPSKey: "9223372036854775807"}, want: host.IOLimits{WriteBPS: 1<<63 - 1}, keys: []string{MaxWriteBPSKey}},
 		{name: "kubernetes' own keys ignored", params: map[string]string{"csi.storage.k8s.io/pvc/name": "c", "csi.storage.k8s.io/pv/name": "pv", MaxReadIOPSKey: "10"},
 			want: host.IOLimits{ReadIOPS: 10}, keys: []string{MaxReadIOPSKey}},
@@ -53,7 +53,8 @@ func TestParseIOLimits(t *testing.T) {
 		{name: "one, which io.max refuses", params: map[string]string{MaxWriteIOPSKey: "1"}, err: "maxWriteIops: \"1\" is below 2"},
 		{name: "one byte", params: map[string]string{MaxReadBPSKey: "1"}, err: "maxReadBps: \"1\" is below 2"},
 		{name: "zero quantity", params: map[string]string{MaxReadBPSKey: "0Mi"}, err: "maxReadBps: \"0Mi\" is below 2"},
-		{name: "IOPS above what the kernel holds", params: map[string]string{MaxReadIOPSKey: "4294967296"}, err: "maxReadIops: \"4294967296\" is above 4294967295"},
+		{name: "UINT_MAX IOPS, the kernel's none", params: map[string]string{MaxReadIOPSKey: "4294967295"}, err: "maxReadIops: \"4294967295\" is above 4294967294"},
+		{name: "IOPS above what the kernel holds", params: map[string]string{MaxReadIOPSKey: "4294967296"}, err: "maxReadIops: \"4294967296\" is above 4294967294"},
 		{name: "bytes above a quantity", params: map[string]string{MaxReadBPSKey: "8Ei"}, err: "maxReadBps: \"8Ei\" is above 9223372036854775807"},
 		{name: "beyond 64 bits", params: map[string]string{MaxReadBPSKey: "99999999999999999999999"}, err: "is above"},
 		{name: "negative", params: map[string]string{MaxReadIOPSKey: "-5"}, err: "maxReadIops: \"-5\": want a whole number"},
@@ -83,6 +84,11 @@ func TestParseIOLimits(t *testing.T) {
 			}
 			if got := p.Apply(host.IOLimits{}); got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+			// What is accepted can be applied: SetThrottle refuses what
+			// Check does, and every publish would wait on it.
+			if err := p.Apply(host.IOLimits{}).Check(); err != nil {
+				t.Errorf("accepted limits the host refuses: %v", err)
 			}
 			if got := p.Keys(); !slices.Equal(got, tc.keys) {
 				t.Errorf("got keys %q, want %q", got, tc.keys)
