@@ -98,7 +98,7 @@ func FuzzValidID(f *testing.F) {
 // with no whitespace; an IOPS limit is its own decimal digits; a key given
 // is the only limit Apply changes.
 func FuzzParseIOLimits(f *testing.F) {
-	for _, s := range []string{"max", "2", "1", "0", "100Mi", "50M", "1.5Gi", "2.5", "8Ei", "4294967296", " 1", "1e3", "-1", "", "Max", "0.5k", "007"} {
+	for _, s := range []string{"max", "2", "1", "0", "9", "10", "1048575", "1Mi", "1M", "100Mi", "50M", "1.5Gi", "2.5", "8Ei", "4294967295", "4294967296", " 1", "1e3", "-1", "", "Max", "0.5k", "007"} {
 		f.Add(uint8(0), s)
 		f.Add(uint8(3), s)
 	}
@@ -114,6 +114,9 @@ func FuzzParseIOLimits(f *testing.F) {
 		if strings.ContainsFunc(value, unicode.IsSpace) || value == "" {
 			t.Fatalf("%s=%q accepted with whitespace or empty", key, value)
 		}
+		if err := p.Apply(host.IOLimits{}).Check(); err != nil {
+			t.Fatalf("%s=%q accepted, but the host refuses it: %v", key, value, err)
+		}
 		before := host.IOLimits{ReadIOPS: 11, WriteIOPS: 12, ReadBPS: 13, WriteBPS: 14}
 		after := p.Apply(before)
 		n := *ioLimitField(&after, key)
@@ -121,17 +124,17 @@ func FuzzParseIOLimits(f *testing.F) {
 		if after != before {
 			t.Fatalf("%s=%q changed another limit: %+v", key, value, p.Apply(before))
 		}
-		upper := uint64(MaxIOPSLimit)
+		lower, upper := uint64(MinIOPSLimit), uint64(MaxIOPSLimit)
 		if key == MaxReadBPSKey || key == MaxWriteBPSKey {
-			upper = MaxBPSLimit
+			lower, upper = MinBPSLimit, MaxBPSLimit
 		} else if value != NoLimit && strings.TrimLeft(value, "0") != strconv.FormatUint(n, 10) {
 			t.Fatalf("%s=%q read as %d", key, value, n)
 		}
 		switch {
 		case value == NoLimit && n != 0:
 			t.Fatalf("%s=%q: got limit %d, want none", key, value, n)
-		case value != NoLimit && (n < MinIOLimit || n > upper):
-			t.Fatalf("%s=%q: limit %d outside [%d, %d]", key, value, n, MinIOLimit, upper)
+		case value != NoLimit && (n < lower || n > upper):
+			t.Fatalf("%s=%q: limit %d outside [%d, %d]", key, value, n, lower, upper)
 		}
 	})
 }

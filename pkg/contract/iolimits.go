@@ -18,15 +18,22 @@ import (
 // (CSI: INVALID_ARGUMENT, with nothing applied), not by every pass of the
 // reconciler later.
 const (
-	// MinIOLimit is the least limit of any key. cgroup v2's io.max
-	// refuses 0 (ERANGE) and, in the kernels whose blk-throttle still
-	// checks "val > 1" (tg_set_limit), 1 (EINVAL) too; v1's
-	// blkio.throttle files read 0 as no rule at all.
-	MinIOLimit = 2
-	// MaxIOPSLimit is the greatest IOPS limit: the kernel keeps one in an
-	// unsigned int and cuts a greater value down to it (tg_set_limit,
-	// tg_set_conf: min_t(u64, val, UINT_MAX)).
-	MaxIOPSLimit = math.MaxUint32
+	// MinIOPSLimit and MinBPSLimit are the least limits of the IOPS and
+	// the BPS keys. The kernel takes anything from 2 (cgroup v2's io.max
+	// refuses 0, ERANGE, and in the kernels whose blk-throttle still
+	// checks "val > 1", tg_set_limit, 1 too; v1's blkio.throttle files
+	// read 0 as no rule at all), but on v2 io.max also throttles the
+	// writeback of the pod's buffered writes: at a few bytes or
+	// operations per second, the syncfs and FIFREEZE of csi-node's
+	// snapshot of the volume would wait for hours on that writeback,
+	// holding a worker that other volumes' snapshots share. These floors
+	// keep such a wait to seconds for any sane amount of dirty data.
+	MinIOPSLimit = 10
+	MinBPSLimit  = 1 << 20
+	// MaxIOPSLimit is the greatest IOPS limit: the host's (host.MaxIOPS,
+	// UINT_MAX - 1, since the kernel's UINT_MAX means none), so that
+	// every limit accepted here is one SetThrottle applies.
+	MaxIOPSLimit = host.MaxIOPS
 	// MaxBPSLimit is the greatest bytes-per-second limit: the range of a
 	// Kubernetes quantity (int64), which every class's value is written
 	// as. The kernel's own bound, U64_MAX, means no limit.
@@ -50,8 +57,9 @@ type IOLimitParams struct {
 
 // ParseIOLimits reads the IO limits of a class's parameters (CreateVolume's
 // and ControllerModifyVolume's mutable parameters): the keys
-// MutableParameters lists, each a whole number from MinIOLimit, at most
-// MaxIOPSLimit for the IOPS keys and MaxBPSLimit for the BPS keys, or
+// MutableParameters lists, each a whole number from MinIOPSLimit to
+// MaxIOPSLimit for the IOPS keys and from MinBPSLimit to MaxBPSLimit for
+// the BPS keys, or
 // NoLimit; a BPS key also as a Kubernetes quantity with a binary (Ki, Mi,
 // Gi, Ti, Pi, Ei) or decimal (k, M, G, T, P, E) suffix and an optional
 // fraction ("100Mi", "50M", "1.5Gi") whose value is a whole number of
@@ -75,6 +83,11 @@ func ParseIOLimits(params map[string]string) (IOLimitParams, error) {
 		}
 		*ioLimitField(&p.limits, key) = n
 		p.given = append(p.given, key)
+	}
+	// What the host would refuse to apply is refused here, with nothing
+	// recorded: accepted, it would hold up every publish of the volume.
+	if err := p.limits.Check(); err != nil {
+		return IOLimitParams{}, classified.Errorf(classified.KindInvalidArgument, "mutable parameters: %w", err)
 	}
 	return p, nil
 }
@@ -132,9 +145,9 @@ func parseIOLimit(key, value string) (uint64, error) {
 	case value == NoLimit:
 		return 0, nil
 	}
-	upper, unit, want, bound := uint64(MaxIOPSLimit), "operations", "a whole number", "the most the kernel holds as an IOPS limit"
+	lower, upper, unit, want, bound := uint64(MinIOPSLimit), uint64(MaxIOPSLimit), "operations", "a whole number", "the most the kernel holds as an IOPS limit"
 	if bps {
-		upper, unit, want, bound = MaxBPSLimit, "bytes", "a whole number or a quantity (100Mi, 50M)", "the greatest Kubernetes quantity"
+		lower, upper, unit, want, bound = MinBPSLimit, MaxBPSLimit, "bytes", "a whole number or a quantity (100Mi, 50M)", "the greatest Kubernetes quantity"
 	}
 	m := quantityRE.FindStringSubmatch(value)
 	if m == nil || !bps && (m[2] != "" || strings.Contains(m[1], ".")) {
@@ -150,8 +163,8 @@ func parseIOLimit(key, value string) (uint64, error) {
 	switch {
 	case !n.IsInt():
 		return 0, fmt.Errorf("%q is not a whole number of %s", value, unit)
-	case n.Cmp(new(big.Rat).SetUint64(MinIOLimit)) < 0:
-		return 0, fmt.Errorf("%q is below %d, the least limit the kernel takes (its io.max refuses 0 and 1); %q removes the limit", value, MinIOLimit, NoLimit)
+	case n.Cmp(new(big.Rat).SetUint64(lower)) < 0:
+		return 0, fmt.Errorf("%q is below %d %s per second, the least limit converge sets (less would stall the volume's writeback and snapshots); %q removes the limit", value, lower, unit, NoLimit)
 	case n.Cmp(new(big.Rat).SetUint64(upper)) > 0:
 		return 0, fmt.Errorf("%q is above %d, %s", value, upper, bound)
 	}

@@ -31,13 +31,13 @@ func TestParseIOLimits(t *testing.T) {
 		{name: "max gives the key, no limit", params: map[string]string{MaxReadIOPSKey: "max", MaxReadBPSKey: "max"}, keys: []string{MaxReadIOPSKey, MaxReadBPSKey}},
 		{name: "binary quantity", params: map[string]string{MaxReadBPSKey: "100Mi"}, want: host.IOLimits{ReadBPS: 100 << 20}, keys: []string{MaxReadBPSKey}},
 		{name: "decimal quantity", params: map[string]string{MaxWriteBPSKey: "50M"}, want: host.IOLimits{WriteBPS: 50e6}, keys: []string{MaxWriteBPSKey}},
-		{name: "decimal kilo is lower case", params: map[string]string{MaxWriteBPSKey: "8k"}, want: host.IOLimits{WriteBPS: 8000}, keys: []string{MaxWriteBPSKey}},
+		{name: "decimal kilo is lower case", params: map[string]string{MaxWriteBPSKey: "8000k"}, want: host.IOLimits{WriteBPS: 8e6}, keys: []string{MaxWriteBPSKey}},
 		{name: "a fraction whole in bytes", params: map[string]string{MaxReadBPSKey: "1.5Gi"}, want: host.IOLimits{ReadBPS: 3 << 29}, keys: []string{MaxReadBPSKey}},
 		{name: "every suffix", params: map[string]string{MaxReadBPSKey: "7Ei", MaxWriteBPSKey: "9E"}, want: host.IOLimits{ReadBPS: 7 << 60, WriteBPS: 9e18},
 			keys: []string{MaxReadBPSKey, MaxWriteBPSKey}},
-		{name: "the least limit", params: map[string]string{MaxReadIOPSKey: "2", MaxReadBPSKey: "2"}, want: host.IOLimits{ReadIOPS: 2, ReadBPS: 2},
-			keys: []string{MaxReadIOPSKey, MaxReadBPSKey}},
-		{name: "the greatest IOPS", params: map[string]string{MaxWriteIOPSKey: "4294967295"}, want: host.IOLimits{WriteIOPS: 1<<32 - 1}, keys: []string{MaxWriteIOPSKey}},
+		{name: "the least limits", params: map[string]string{MaxReadIOPSKey: "10", MaxReadBPSKey: "1Mi", MaxWriteBPSKey: "1048576"},
+			want: host.IOLimits{ReadIOPS: 10, ReadBPS: 1 << 20, WriteBPS: 1 << 20}, keys: []string{MaxReadIOPSKey, MaxReadBPSKey, MaxWriteBPSKey}},
+		{name: "the greatest IOPS", params: map[string]string{MaxWriteIOPSKey: "4294967294"}, want: host.IOLimits{WriteIOPS: 1<<32 - 2}, keys: []string{MaxWriteIOPSKey}},
 		{name: "the greatest bytes", params: map[string]string{MaxWriteBPSKey: "9223372036854775807"}, want: host.IOLimits{WriteBPS: 1<<63 - 1}, keys: []string{MaxWriteBPSKey}},
 		{name: "kubernetes' own keys ignored", params: map[string]string{"csi.storage.k8s.io/pvc/name": "c", "csi.storage.k8s.io/pv/name": "pv", MaxReadIOPSKey: "10"},
 			want: host.IOLimits{ReadIOPS: 10}, keys: []string{MaxReadIOPSKey}},
@@ -49,11 +49,17 @@ func TestParseIOLimits(t *testing.T) {
 		{name: "leading space", params: map[string]string{MaxWriteBPSKey: " 100Mi"}, err: "mutable parameter maxWriteBps: \" 100Mi\" holds whitespace"},
 		{name: "trailing newline", params: map[string]string{MaxReadBPSKey: "100\n"}, err: "mutable parameter maxReadBps: \"100\\n\" holds whitespace"},
 		{name: "space inside", params: map[string]string{MaxReadIOPSKey: "1 0"}, err: "maxReadIops: \"1 0\" holds whitespace"},
-		{name: "zero", params: map[string]string{MaxReadIOPSKey: "0"}, err: "maxReadIops: \"0\" is below 2"},
-		{name: "one, which io.max refuses", params: map[string]string{MaxWriteIOPSKey: "1"}, err: "maxWriteIops: \"1\" is below 2"},
-		{name: "one byte", params: map[string]string{MaxReadBPSKey: "1"}, err: "maxReadBps: \"1\" is below 2"},
-		{name: "zero quantity", params: map[string]string{MaxReadBPSKey: "0Mi"}, err: "maxReadBps: \"0Mi\" is below 2"},
-		{name: "IOPS above what the kernel holds", params: map[string]string{MaxReadIOPSKey: "4294967296"}, err: "maxReadIops: \"4294967296\" is above 4294967295"},
+		{name: "zero", params: map[string]string{MaxReadIOPSKey: "0"}, err: "maxReadIops: \"0\" is below 10"},
+		{name: "one, which io.max refuses", params: map[string]string{MaxWriteIOPSKey: "1"}, err: "maxWriteIops: \"1\" is below 10"},
+		{name: "two IOPS", params: map[string]string{MaxWriteIOPSKey: "2"}, err: "maxWriteIops: \"2\" is below 10"},
+		{name: "IOPS just below the least", params: map[string]string{MaxReadIOPSKey: "9"}, err: "maxReadIops: \"9\" is below 10"},
+		{name: "one byte", params: map[string]string{MaxReadBPSKey: "1"}, err: "maxReadBps: \"1\" is below 1048576"},
+		{name: "two bytes", params: map[string]string{MaxWriteBPSKey: "2"}, err: "maxWriteBps: \"2\" is below 1048576"},
+		{name: "bytes just below the least", params: map[string]string{MaxReadBPSKey: "1048575"}, err: "maxReadBps: \"1048575\" is below 1048576"},
+		{name: "a decimal megabyte", params: map[string]string{MaxWriteBPSKey: "1M"}, err: "maxWriteBps: \"1M\" is below 1048576"},
+		{name: "zero quantity", params: map[string]string{MaxReadBPSKey: "0Mi"}, err: "maxReadBps: \"0Mi\" is below 1048576"},
+		{name: "UINT_MAX IOPS, the kernel's none", params: map[string]string{MaxReadIOPSKey: "4294967295"}, err: "maxReadIops: \"4294967295\" is above 4294967294"},
+		{name: "IOPS above what the kernel holds", params: map[string]string{MaxReadIOPSKey: "4294967296"}, err: "maxReadIops: \"4294967296\" is above 4294967294"},
 		{name: "bytes above a quantity", params: map[string]string{MaxReadBPSKey: "8Ei"}, err: "maxReadBps: \"8Ei\" is above 9223372036854775807"},
 		{name: "beyond 64 bits", params: map[string]string{MaxReadBPSKey: "99999999999999999999999"}, err: "is above"},
 		{name: "negative", params: map[string]string{MaxReadIOPSKey: "-5"}, err: "maxReadIops: \"-5\": want a whole number"},
@@ -84,6 +90,11 @@ func TestParseIOLimits(t *testing.T) {
 			if got := p.Apply(host.IOLimits{}); got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
+			// What is accepted can be applied: SetThrottle refuses what
+			// Check does, and every publish would wait on it.
+			if err := p.Apply(host.IOLimits{}).Check(); err != nil {
+				t.Errorf("accepted limits the host refuses: %v", err)
+			}
 			if got := p.Keys(); !slices.Equal(got, tc.keys) {
 				t.Errorf("got keys %q, want %q", got, tc.keys)
 			}
@@ -95,7 +106,7 @@ func TestParseIOLimits(t *testing.T) {
 // volume's: a key given sets its limit, NoLimit removes it, and a key not
 // given leaves it as it was (CSI: no change for an absent key).
 func TestIOLimitParamsApply(t *testing.T) {
-	recorded := host.IOLimits{ReadIOPS: 100, WriteIOPS: 200, ReadBPS: 300, WriteBPS: 400}
+	recorded := host.IOLimits{ReadIOPS: 100, WriteIOPS: 200, ReadBPS: 300 << 20, WriteBPS: 400 << 20}
 	for _, tc := range []struct {
 		name   string
 		params map[string]string
@@ -104,11 +115,11 @@ func TestIOLimitParamsApply(t *testing.T) {
 		{name: "no keys change nothing", params: nil, want: recorded},
 		{name: "only kubernetes' keys change nothing", params: map[string]string{"csi.storage.k8s.io/pv/name": "pv"}, want: recorded},
 		{name: "one key set, the others kept", params: map[string]string{MaxWriteIOPSKey: "50"},
-			want: host.IOLimits{ReadIOPS: 100, WriteIOPS: 50, ReadBPS: 300, WriteBPS: 400}},
+			want: host.IOLimits{ReadIOPS: 100, WriteIOPS: 50, ReadBPS: 300 << 20, WriteBPS: 400 << 20}},
 		{name: "max removes one", params: map[string]string{MaxReadBPSKey: "max"},
-			want: host.IOLimits{ReadIOPS: 100, WriteIOPS: 200, WriteBPS: 400}},
+			want: host.IOLimits{ReadIOPS: 100, WriteIOPS: 200, WriteBPS: 400 << 20}},
 		{name: "max everywhere removes all", params: map[string]string{MaxReadIOPSKey: "max", MaxWriteIOPSKey: "max", MaxReadBPSKey: "max", MaxWriteBPSKey: "max"}},
-		{name: "the same values change nothing", params: map[string]string{MaxReadIOPSKey: "100", MaxWriteBPSKey: "400"}, want: recorded},
+		{name: "the same values change nothing", params: map[string]string{MaxReadIOPSKey: "100", MaxWriteBPSKey: "400Mi"}, want: recorded},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := ParseIOLimits(tc.params)

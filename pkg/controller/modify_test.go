@@ -189,10 +189,10 @@ func TestModifiedLimitsSurviveARestart(t *testing.T) {
 	}
 	// The restarted controller merges into what it finds.
 	c = newControllerOn(t, again, dir)
-	if err := modify(t, c, id, map[string]string{contract.MaxReadIOPSKey: "7"}); err != nil {
+	if err := modify(t, c, id, map[string]string{contract.MaxReadIOPSKey: "70"}); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := recorded(t, again, id); got != (host.IOLimits{ReadIOPS: 7, ReadBPS: 50e6, WriteIOPS: 300}) {
+	if got, _ := recorded(t, again, id); got != (host.IOLimits{ReadIOPS: 70, ReadBPS: 50e6, WriteIOPS: 300}) {
 		t.Errorf("merged after a restart: got %+v", got)
 	}
 }

@@ -121,27 +121,62 @@ func TestCgroupFormatThrottle(t *testing.T) {
 }
 
 // TestCgroupPodUID reads pod UIDs from the names of the kubelet's pod
-// cgroups, in both drivers' spellings, and nothing from other names.
+// cgroups, in both drivers' spellings and in each QoS class's cgroup, and
+// nothing from other names.
 func TestCgroupPodUID(t *testing.T) {
 	const uid = "0b5c8f1e-32c4-4b7a-9d1e-8a2f6c3d4e5f"
 	const uid_ = "0b5c8f1e_32c4_4b7a_9d1e_8a2f6c3d4e5f"
 	for _, c := range []struct {
-		name, dir, want string
+		name, slice, qos, dir, want string
 	}{
 		{name: "cgroupfs", dir: "pod" + uid, want: uid},
-		{name: "systemd burstable", dir: "kubepods-burstable-pod" + uid_ + ".slice", want: uid},
-		{name: "systemd guaranteed", dir: "kubepods-pod" + uid_ + ".slice", want: uid},
-		{name: "systemd under a root slice", dir: "node-kubepods-besteffort-pod" + uid_ + ".slice", want: uid},
+		{name: "cgroupfs burstable", qos: "burstable", dir: "pod" + uid, want: uid},
+		{name: "systemd burstable", slice: "kubepods", qos: "burstable", dir: "kubepods-burstable-pod" + uid_ + ".slice", want: uid},
+		{name: "systemd guaranteed", slice: "kubepods", dir: "kubepods-pod" + uid_ + ".slice", want: uid},
+		{name: "systemd under a root slice", slice: "node-kubepods", qos: "besteffort", dir: "node-kubepods-besteffort-pod" + uid_ + ".slice", want: uid},
+		{name: "systemd other qos", slice: "kubepods", qos: "burstable", dir: "kubepods-besteffort-pod" + uid_ + ".slice"},
+		{name: "systemd qos missing", slice: "kubepods", dir: "kubepods-burstable-pod" + uid_ + ".slice"},
+		{name: "systemd other root", slice: "node-kubepods", dir: "kubepods-pod" + uid_ + ".slice"},
+		{name: "systemd unescaped", slice: "kubepods", dir: "kubepods-pod" + uid + ".slice"},
+		{name: "systemd no suffix", slice: "kubepods", dir: "kubepods-pod" + uid_},
+		{name: "cgroupfs in systemd", slice: "kubepods", dir: "pod" + uid},
+		{name: "systemd in cgroupfs", dir: "kubepods-pod" + uid_ + ".slice"},
 		{name: "container", dir: "cri-containerd-" + strings.Repeat("ab", 32) + ".scope"},
-		{name: "qos", dir: "kubepods-burstable.slice"},
-		{name: "not kubelet's", dir: "user-pod" + uid_ + ".slice"},
+		{name: "qos", slice: "kubepods", dir: "kubepods-burstable.slice"},
+		{name: "not kubelet's", slice: "kubepods", dir: "user-pod" + uid_ + ".slice"},
 		{name: "pod alone", dir: "pod"},
 		{name: "podman", dir: "podman.service"},
 		{name: "too long", dir: "pod" + strings.Repeat("a", maxPodUID+1)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := podCgroupUID(c.dir); got != c.want {
+			if got := podCgroupUID(c.slice, c.qos, c.dir); got != c.want {
 				t.Errorf("got %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+// TestCgroupKubepods tells the kubelet's kubepods cgroup, in either
+// driver's spelling, from other directories.
+func TestCgroupKubepods(t *testing.T) {
+	for _, c := range []struct {
+		parent, name, slice string
+		ok                  bool
+	}{
+		{name: "kubepods", ok: true},
+		{parent: "run1-node1", name: "kubepods", ok: true},
+		{name: "kubepods.slice", slice: "kubepods", ok: true},
+		{parent: "node.slice", name: "node-kubepods.slice", slice: "node-kubepods", ok: true},
+		{parent: "a-b.slice", name: "a-b-kubepods.slice", slice: "a-b-kubepods", ok: true},
+		{parent: "other.slice", name: "node-kubepods.slice"},
+		{name: "node-kubepods.slice"},
+		{parent: ".slice", name: "-kubepods.slice"},
+		{name: "kubepods-burstable.slice"},
+		{name: "Kubepods"},
+	} {
+		t.Run(c.parent+"/"+c.name, func(t *testing.T) {
+			if slice, ok := kubepodsCgroup(c.parent, c.name); slice != c.slice || ok != c.ok {
+				t.Errorf("got %q, %v; want %q, %v", slice, ok, c.slice, c.ok)
 			}
 		})
 	}

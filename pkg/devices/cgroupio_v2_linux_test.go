@@ -179,8 +179,12 @@ func TestCgroupPodCgroupsV2(t *testing.T) {
 				}
 			}
 			// The pod's cgroup goes, and the pod is found elsewhere (as a
-			// fake for a cgroup made again): the remembered one is not used.
+			// fake for a cgroup made again, in a shape of the kubelet's): the
+			// remembered one is not used.
 			moved := filepath.Join(filepath.Dir(pod2), filepath.Base(pod))
+			if driver == "systemd" {
+				moved = filepath.Join(filepath.Dir(pod2), "kubepods-pod"+strings.ReplaceAll(testPodUID, "-", "_")+".slice")
+			}
 			if err := os.Rename(pod, moved); err != nil {
 				t.Fatal(err)
 			}

@@ -38,8 +38,9 @@
 //
 // A volume's IO limits are the kernel's blk-throttle rules for its device
 // in the cgroups of the pods that use it (CgroupIO): found below the
-// cgroup hierarchy's root by the kubelet's names for pods, whatever its
-// cgroupRoot, and written in the form of the cgroup version the io
+// kubelet's kubepods cgroup (below its cgroupRoot, if any) in the shapes
+// the kubelet makes pods' cgroups alone, never by a pod's name elsewhere
+// in the hierarchy, and written in the form of the cgroup version the io
 // controller is on (v1's flat per-cgroup rules, v2's io.max).
 //
 // It knows nothing of CSI or of the desired state; it does what it is told
