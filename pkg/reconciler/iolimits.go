@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 
@@ -56,9 +55,15 @@ type podIO struct {
 	missing bool
 	// err says why the pod's cgroups or their rules could not be read.
 	err string
+	// notEnabled says why some cgroups of the pod are not in cgroups
+	// although they are there: the io controller is not enabled in them
+	// (devices.ErrIONotEnabled), so the pod's IO is not limited there
+	// and nothing can be written until it is; "" when none is so.
+	notEnabled string
 }
 
-// holds reports whether every cgroup of a pod seen holds exactly l.
+// holds reports whether every cgroup of a pod seen holds exactly l; a
+// cgroup without the io controller is none seen (see notEnabled).
 func (p *podIO) holds(l host.IOLimits) bool {
 	for _, got := range p.cgroups {
 		if got != l {
@@ -97,7 +102,10 @@ func (r *Reconciler) observeIO(v *state.Volume, a *actual) *ioActual {
 }
 
 // observePod reads the rules in force for dev in each cgroup of pod uid.
-// A cgroup removed meanwhile (a container that stopped) is passed over.
+// A cgroup removed meanwhile (a container that stopped) is passed over;
+// one that is there without the rules' file (the io controller not
+// enabled in it) is noted (notEnabled), never taken for one gone: the
+// pod's IO is not limited there, which its volume's condition reports.
 func (r *Reconciler) observePod(uid string, dev host.DevNum) *podIO {
 	dirs, err := r.cfg.Throttler.PodCgroups(uid)
 	switch {
@@ -110,14 +118,19 @@ func (r *Reconciler) observePod(uid string, dev host.DevNum) *podIO {
 	for _, d := range dirs {
 		l, err := r.cfg.Throttler.Throttle(d, dev)
 		switch {
-		case errors.Is(err, os.ErrNotExist):
+		case errors.Is(err, devices.ErrCgroupGone):
+			continue
+		case errors.Is(err, devices.ErrIONotEnabled):
+			if p.notEnabled == "" {
+				p.notEnabled = err.Error()
+			}
 			continue
 		case err != nil:
 			return &podIO{err: err.Error()}
 		}
 		p.cgroups[d] = l
 	}
-	p.missing = len(p.cgroups) == 0
+	p.missing = len(p.cgroups) == 0 && p.notEnabled == ""
 	return p
 }
 
@@ -134,7 +147,7 @@ func (io *ioActual) pod(target string) *podIO {
 // its IO limits go: its pod holds the limits asked for in every cgroup,
 // or there is nothing to wait for (no limits asked, no pod cgroup yet,
 // limits this node cannot apply or read, which the volume's condition
-// reports).
+// reports; a cgroup without the io controller likewise).
 func podLimited(v *state.Volume, a *actual, target string) bool {
 	p := a.io.pod(target)
 	return p == nil || p.missing || p.err != "" || p.holds(v.WantsIOLimits())
@@ -173,6 +186,8 @@ func ioLimitsWait(v *state.Volume, a *actual) string {
 			return fmt.Sprintf("the cgroup of pod %s, which publishes volume %s at %s", io.podOf[t], v.ID, t)
 		case p.err != "":
 			return fmt.Sprintf("reading the cgroups of pod %s: %s", io.podOf[t], p.err)
+		case p.notEnabled != "" && !want.IsZero():
+			return fmt.Sprintf("the io controller to be enabled in the cgroups of pod %s: %s", io.podOf[t], p.notEnabled)
 		case !p.holds(want):
 			return fmt.Sprintf("IO limits %s to be set in the cgroups of pod %s", want, io.podOf[t])
 		}
@@ -243,7 +258,8 @@ func ioLimitRemovals(v *state.Volume, a *actual) []action {
 
 // applyIOLimits makes the rules for the volume's device in every cgroup
 // of the pod of target equal l, cgroups made since the observation
-// included. A pod with no cgroup (any more) needs nothing.
+// included. A pod with no cgroup (any more) needs nothing, nor does a
+// cgroup gone meanwhile.
 func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) error {
 	uid := a.io.podOf[target]
 	dirs, err := r.cfg.Throttler.PodCgroups(uid)
@@ -254,8 +270,11 @@ func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) er
 		return classified.Errorf(classified.KindInternal, "finding the cgroups of pod %s: %w", uid, err)
 	}
 	for _, d := range dirs {
+		// A cgroup without the io controller can be given nothing; the
+		// volume's condition says so (podIO.notEnabled), and failing here
+		// would only hold back the publish or the unpublish.
 		err := r.cfg.Throttler.SetThrottle(d, a.loop.Dev, l)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err != nil && !errors.Is(err, devices.ErrCgroupGone) && !errors.Is(err, devices.ErrIONotEnabled) {
 			return classified.Errorf(classified.KindInternal, "setting IO limits %s for %s in cgroup %s of pod %s: %w", l, a.loop.Device, d, uid, err)
 		}
 	}
@@ -281,6 +300,11 @@ func ioProblem(v *state.Volume, a *actual) string {
 	for _, uid := range slices.Sorted(maps.Keys(io.pods)) {
 		if p := io.pods[uid]; p.err != "" {
 			return fmt.Sprintf("volume %s asks for IO limits (%s), and the cgroups of pod %s cannot be read: %s", v.ID, want, uid, p.err)
+		}
+	}
+	for _, uid := range slices.Sorted(maps.Keys(io.pods)) {
+		if p := io.pods[uid]; p.notEnabled != "" {
+			return fmt.Sprintf("volume %s asks for IO limits (%s) that pod %s does not hold: %s; its IO is not limited until then", v.ID, want, uid, p.notEnabled)
 		}
 	}
 	return ""
@@ -310,7 +334,12 @@ func ioLimitsApplied(v *state.Volume, a *actual) *host.IOLimits {
 		if pub.Deleting || p == nil || p.err != "" {
 			continue
 		}
-		for _, l := range p.cgroups {
+		cgroups := slices.Collect(maps.Values(p.cgroups))
+		if p.notEnabled != "" {
+			// Not in force there: no limit holds everywhere.
+			cgroups = append(cgroups, host.IOLimits{})
+		}
+		for _, l := range cgroups {
 			if out == nil {
 				c := l
 				out = &c

@@ -3,11 +3,14 @@ package reconciler
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -346,5 +349,59 @@ func TestIOLimitsFailureIsRetried(t *testing.T) {
 	h.checkRules("u1", h.dev("v1"), limits)
 	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
 		t.Errorf("publish result after the retry: got %+v, want ready", r)
+	}
+}
+
+// TestIOLimitsIOControllerNotEnabledInThePodsCgroup checks, through
+// devices.CgroupIO on a cgroup v2 tree laid out as the kubelet's systemd
+// driver lays it out, that a pod's cgroup that is there without io.max
+// (io not in its parent's cgroup.subtree_control) is not taken for a pod
+// gone: the volume is DEGRADED IOLimitsNotApplied, saying what to enable,
+// its publish is answered all the same (as on a node without an io
+// controller), and its unpublish is not held back.
+func TestIOLimitsIOControllerNotEnabledInThePodsCgroup(t *testing.T) {
+	h := newHarness(t)
+	const uid = "0b5c8f1e-32c4-4b7a-9d1e-8a2f6c3d4e5f"
+	root := t.TempDir()
+	slice := filepath.Join(root, "kubepods.slice", "kubepods-burstable.slice")
+	pod := filepath.Join(slice, "kubepods-burstable-pod"+strings.ReplaceAll(uid, "-", "_")+".slice")
+	if err := os.MkdirAll(filepath.Join(pod, "cri-containerd-c1.scope"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for p, content := range map[string]string{
+		"cgroup.controllers":                                             "cpu io memory pids\n",
+		"cgroup.subtree_control":                                         "cpu io memory pids\n",
+		"kubepods.slice/io.max":                                          "",
+		"kubepods.slice/kubepods-burstable.slice/io.max":                 "",
+		"kubepods.slice/kubepods-burstable.slice/cgroup.subtree_control": "cpu memory pids\n",
+	} {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := devices.DetectCgroupIO(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.r.cfg.Throttler = cg
+	target := h.podTarget("v1", uid)
+	h.limitedVolume("v1", target, &limits)
+	h.runUntilIdle()
+
+	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
+		t.Errorf("publish result: got %+v, want ready", r)
+	}
+	c := h.store.Condition("v1")
+	if c.Reason != contract.IOLimitsNotApplied || c.Health != state.Degraded || !strings.Contains(c.Message, filepath.Join(slice, "cgroup.subtree_control")) {
+		t.Errorf("condition: got %+v, want DEGRADED %s naming %s", c, contract.IOLimitsNotApplied, filepath.Join(slice, "cgroup.subtree_control"))
+	}
+	if r := h.ioResult("v1"); r.Ready || !strings.Contains(r.Waiting, "io controller is not enabled") {
+		t.Errorf("IO limits result: got %+v, want waiting, saying the io controller is not enabled", r)
+	}
+	// Nothing to remove holds the unpublish back.
+	h.update("v1", func(v *state.Volume) { v.RequestUnpublish(target) })
+	h.runUntilIdle()
+	if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
+		t.Errorf("publish after unpublish: got %+v, want forgotten", v.Publishes[target])
 	}
 }

@@ -139,7 +139,7 @@ func noteIOLimitsHeld(seen map[state.IntentKey]int64, v *state.Volume, a *actual
 		}
 	}
 	for t, pub := range v.Publishes {
-		if p := a.io.pod(t); !pub.Deleting && p != nil && !p.missing && p.err == "" && p.holds(v.WantsIOLimits()) {
+		if p := a.io.pod(t); !pub.Deleting && p != nil && !p.missing && p.err == "" && p.notEnabled == "" && p.holds(v.WantsIOLimits()) {
 			seen[ioKey(t)] = v.IOLimits.Generation
 		}
 	}
