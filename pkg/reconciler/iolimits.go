@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
@@ -51,8 +52,15 @@ type podIO struct {
 	cgroups map[string]host.IOLimits
 	// missing is true when the pod has no cgroup: its containers are not
 	// made yet (the kubelet makes the pod's cgroup before it mounts its
-	// volumes; a test harness or a static pod may not), or it is gone.
+	// volumes; a test harness or a static pod may not), or it is gone, or
+	// it is not where it is looked for (missingWhy says where that was).
 	missing bool
+	// missingWhy says where the pod's cgroup was looked for, when missing.
+	missingWhy string
+	// missingFor is how long a live publish's pod has been seen missing,
+	// by the reconciler's clock: past cgroupMissingGrace it is no longer
+	// the moment before the kubelet makes the cgroup.
+	missingFor time.Duration
 	// err says why the pod's cgroups or their rules could not be read.
 	err string
 	// notEnabled says why some cgroups of the pod are not in cgroups
@@ -98,7 +106,46 @@ func (r *Reconciler) observeIO(v *state.Volume, a *actual) *ioActual {
 			io.pods[uid] = r.observePod(uid, a.loop.Dev)
 		}
 	}
+	r.timeMissingCgroups(v, io)
 	return io
+}
+
+// cgroupMissingGrace is how long a live publish's pod may have no cgroup
+// found before the volume reports it (IOLimitsNotApplied): the kubelet
+// makes a pod's cgroup before it mounts the pod's volumes, so a cgroup
+// not there at the publish is there a moment later, or a pass or two
+// later on a slow node; one still not found after a minute is not being
+// looked for where the kubelet makes it (--cgroup-root, a cgroupRoot
+// deeper than the search, cgroupsPerQOS off).
+const cgroupMissingGrace = time.Minute
+
+// timeMissingCgroups notes, by the reconciler's clock, since when each
+// pod of v's live publishes has had no cgroup found, and sets its
+// missingFor; a pod found, or no longer published, is forgotten, so that
+// it starts again from 0.
+func (r *Reconciler) timeMissingCgroups(v *state.Volume, io *ioActual) {
+	now := r.cfg.Clock.Now()
+	r.cgroupsMissingMu.Lock()
+	defer r.cgroupsMissingMu.Unlock()
+	prev, next := r.cgroupsMissing[v.ID], map[string]time.Time{}
+	for _, t := range v.Targets() {
+		p := io.pod(t)
+		if v.Publishes[t].Deleting || p == nil || !p.missing {
+			continue
+		}
+		uid := io.podOf[t]
+		since, ok := prev[uid]
+		if !ok {
+			since = now
+		}
+		next[uid] = since
+		p.missingFor = now.Sub(since)
+	}
+	if len(next) == 0 {
+		delete(r.cgroupsMissing, v.ID)
+		return
+	}
+	r.cgroupsMissing[v.ID] = next
 }
 
 // observePod reads the rules in force for dev in each cgroup of pod uid.
@@ -110,7 +157,7 @@ func (r *Reconciler) observePod(uid string, dev host.DevNum) *podIO {
 	dirs, err := r.cfg.Throttler.PodCgroups(uid)
 	switch {
 	case errors.Is(err, devices.ErrPodCgroupNotFound):
-		return &podIO{missing: true}
+		return &podIO{missing: true, missingWhy: err.Error()}
 	case err != nil:
 		return &podIO{err: err.Error()}
 	}
@@ -130,7 +177,9 @@ func (r *Reconciler) observePod(uid string, dev host.DevNum) *podIO {
 		}
 		p.cgroups[d] = l
 	}
-	p.missing = len(p.cgroups) == 0 && p.notEnabled == ""
+	if len(p.cgroups) == 0 && p.notEnabled == "" {
+		p.missing, p.missingWhy = true, fmt.Sprintf("the cgroups of pod %s went away while they were read", uid)
+	}
 	return p
 }
 
@@ -282,8 +331,10 @@ func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) er
 }
 
 // ioProblem says why v's IO limits cannot be held, for its condition:
-// this node cannot apply them, a live publish names no pod, or its pod's
-// cgroups cannot be read; "" otherwise. Zero limits need nothing.
+// this node cannot apply them, a live publish names no pod, its pod's
+// cgroups cannot be read or lack the io controller, or none of them has
+// been found for cgroupMissingGrace; "" otherwise. Zero limits need
+// nothing.
 func ioProblem(v *state.Volume, a *actual) string {
 	io := a.io
 	if io == nil || v.WantsIOLimits().IsZero() || !hasLivePublish(v) {
@@ -305,6 +356,12 @@ func ioProblem(v *state.Volume, a *actual) string {
 	for _, uid := range slices.Sorted(maps.Keys(io.pods)) {
 		if p := io.pods[uid]; p.notEnabled != "" {
 			return fmt.Sprintf("volume %s asks for IO limits (%s) that pod %s does not hold: %s; its IO is not limited until then", v.ID, want, uid, p.notEnabled)
+		}
+	}
+	for _, t := range v.Targets() {
+		if p := io.pod(t); !v.Publishes[t].Deleting && p != nil && p.missing && p.missingFor >= cgroupMissingGrace {
+			return fmt.Sprintf("volume %s asks for IO limits (%s), and no cgroup of pod %s, which publishes it at %s, has been found for %s (%s): check that --cgroup-root is the hierarchy the kubelet's cgroupRoot is in, within the depth searched, and that the kubelet runs with cgroupsPerQOS; its IO is not limited",
+				v.ID, want, io.podOf[t], t, p.missingFor.Round(time.Second), p.missingWhy)
 		}
 	}
 	return ""

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/contract"
 	"github.com/converge-csi/converge/pkg/devices"
@@ -403,5 +404,57 @@ func TestIOLimitsIOControllerNotEnabledInThePodsCgroup(t *testing.T) {
 	h.runUntilIdle()
 	if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
 		t.Errorf("publish after unpublish: got %+v, want forgotten", v.Publishes[target])
+	}
+}
+
+// TestIOLimitsPodCgroupNeverFound checks that a live publish's pod whose
+// cgroup is not found (here: --cgroup-root names a hierarchy where the
+// kubelet made none) is not reported while it may be the moment before
+// the kubelet makes it, and is reported, naming where it was looked for,
+// once it has been missing for cgroupMissingGrace by the reconciler's
+// clock; and that the report goes once the cgroup is found.
+func TestIOLimitsPodCgroupNeverFound(t *testing.T) {
+	h := newHarness(t)
+	const uid = "0b5c8f1e-32c4-4b7a-9d1e-8a2f6c3d4e5f"
+	root := t.TempDir()
+	for p, content := range map[string]string{"cgroup.controllers": "cpu io memory pids\n", "cgroup.subtree_control": "cpu io memory pids\n"} {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := devices.DetectCgroupIO(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.r.cfg.Throttler = cg
+	target := h.podTarget("v1", uid)
+	h.limitedVolume("v1", target, &limits)
+	h.runUntilIdle()
+
+	for _, step := range []time.Duration{0, cgroupMissingGrace / 2, cgroupMissingGrace/2 - time.Second} {
+		h.clock.Step(step)
+		h.pass()
+		if c := h.store.Condition("v1"); c.Abnormal {
+			t.Fatalf("condition %s after the publish: got %+v, want normal", h.clock.Since(time.Unix(1_000_000, 0)), c)
+		}
+	}
+	h.clock.Step(time.Second)
+	h.pass()
+	c := h.store.Condition("v1")
+	if c.Reason != contract.IOLimitsNotApplied || c.Health != state.Degraded || !strings.Contains(c.Message, "pod "+uid) ||
+		!strings.Contains(c.Message, "within 5 levels of "+cg.Root) || !strings.Contains(c.Message, "--cgroup-root") {
+		t.Errorf("condition a minute after the publish: got %+v, want DEGRADED %s naming pod %s, the cgroup root and the depth searched", c, contract.IOLimitsNotApplied, uid)
+	}
+
+	pod := filepath.Join(root, "kubepods", "burstable", "pod"+uid)
+	if err := os.MkdirAll(pod, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pod, "io.max"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.runUntilIdle()
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition once the pod's cgroup is found: got %+v, want normal", c)
 	}
 }

@@ -136,6 +136,13 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch claim.
 		}
 	}
 	r.fulfilledMu.Unlock()
+	r.cgroupsMissingMu.Lock()
+	for id := range r.cgroupsMissing {
+		if !ids[id] {
+			delete(r.cgroupsMissing, id)
+		}
+	}
+	r.cgroupsMissingMu.Unlock()
 }
 
 // startPlans starts the planned actions that are not blocked, teardowns

@@ -73,6 +73,13 @@ type Reconciler struct {
 	fulfilledMu locks.Mutex
 	fulfilled   map[string]map[state.IntentKey]int64
 
+	// cgroupsMissingMu guards cgroupsMissing, which maps a volume and the
+	// UID of a pod of its live publishes to when an observation first
+	// found no cgroup of that pod (observeIO). Passes and early starts
+	// write it; it is taken alone, never with another lock.
+	cgroupsMissingMu locks.Mutex
+	cgroupsMissing   map[string]map[string]time.Time
+
 	// early is what a request's early start (Start) needs: see early.go.
 	early early
 }
@@ -114,6 +121,8 @@ func New(cfg Config) (*Reconciler, error) {
 		reported:  map[string]contract.Reason{},
 		fulfilled: map[string]map[state.IntentKey]int64{},
 		early:     newEarly(),
+
+		cgroupsMissing: map[string]map[string]time.Time{},
 	}, nil
 }
 
