@@ -63,6 +63,10 @@ type podIO struct {
 	missingFor time.Duration
 	// err says why the pod's cgroups or their rules could not be read.
 	err string
+	// drifted lists, sorted, the cgroups of the pod that were seen holding
+	// the volume's IO limits at the generation asked for and hold other
+	// rules now (Reconciler.ioHeld): a drift, whose repair is counted.
+	drifted []string
 	// notEnabled says why some cgroups of the pod are not in cgroups
 	// although they are there: the io controller is not enabled in them
 	// (devices.ErrIONotEnabled), so the pod's IO is not limited there
@@ -107,7 +111,26 @@ func (r *Reconciler) observeIO(v *state.Volume, a *actual) *ioActual {
 		}
 	}
 	r.timeMissingCgroups(v, io)
+	r.findDrifts(v, io)
 	return io
+}
+
+// findDrifts sets each observed pod's drifted: its cgroups that were seen
+// holding v's IO limits at the generation asked for (ioHeld, noted by
+// noteIOLimitsHeld) and hold other rules now.
+func (r *Reconciler) findDrifts(v *state.Volume, io *ioActual) {
+	want, gen := v.WantsIOLimits(), v.IOLimits.Generation
+	r.fulfilledMu.Lock()
+	defer r.fulfilledMu.Unlock()
+	held := r.ioHeld[v.ID]
+	for _, p := range io.pods {
+		for d, l := range p.cgroups {
+			if g, ok := held[d]; ok && g == gen && l != want {
+				p.drifted = append(p.drifted, d)
+			}
+		}
+		slices.Sort(p.drifted)
+	}
 }
 
 // cgroupMissingGrace is how long a live publish's pod may have no cgroup
@@ -265,8 +288,15 @@ func ioLimitSteps(v *state.Volume, a *actual) []action {
 		}
 		done[uid] = true
 		if p.err != "" || !p.holds(want) {
-			acts = append(acts, action{kind: actSetIOLimits, target: t, generation: v.IOLimits.Generation,
-				reason: fmt.Sprintf("pod %s is to be held to %s", uid, want)})
+			// A repair only where a cgroup seen holding the limits lost
+			// them: a new container's cgroup lacks them as a matter of
+			// course, and its first rules are no drift.
+			act := action{kind: actSetIOLimits, target: t, generation: v.IOLimits.Generation, drift: len(p.drifted) > 0,
+				reason: fmt.Sprintf("pod %s is to be held to %s", uid, want)}
+			if act.drift {
+				act.reason = fmt.Sprintf("cgroups %s of pod %s held %s and lost or changed them", strings.Join(p.drifted, ", "), uid, want)
+			}
+			acts = append(acts, act)
 		}
 	}
 	return acts
@@ -416,12 +446,4 @@ func agree(a, b uint64) uint64 {
 		return 0
 	}
 	return a
-}
-
-// ioKey is the key under which a pass notes that the pod of target was
-// seen holding the volume's IO limits of a generation: setting them
-// again at that generation repairs a drift (a container restarted, a
-// kubelet or an operator rewrote a cgroup's rules).
-func ioKey(target string) state.IntentKey {
-	return state.IntentKey(string(state.IOLimitsKey) + ":" + target)
 }

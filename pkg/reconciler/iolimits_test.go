@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -456,5 +457,42 @@ func TestIOLimitsPodCgroupNeverFound(t *testing.T) {
 	h.runUntilIdle()
 	if c := h.store.Condition("v1"); c.Abnormal {
 		t.Errorf("condition once the pod's cgroup is found: got %+v, want normal", c)
+	}
+}
+
+// TestIOLimitsNewContainersAreNoRepairs checks that on cgroup v1, where
+// each container's cgroup needs the rules, a container started or
+// restarted (a crash loop) gets them at the next pass without counting a
+// repair or backing off as one; and that a cgroup seen holding them and
+// then edited is a repair.
+func TestIOLimitsNewContainersAreNoRepairs(t *testing.T) {
+	h := newHarness(t)
+	rec := &countingRecorder{ops: map[string]int{}}
+	h.r.cfg.Recorder = rec
+	h.cgroups.addPod("u1", "ctr-a")
+	h.limitedVolume("v1", h.podTarget("v1", "u1"), &limits)
+	h.runUntilIdle()
+	dev := h.dev("v1")
+
+	for i := range 3 {
+		dir := h.cgroups.addContainer("u1", fmt.Sprintf("ctr-restart-%d", i))
+		h.pass()
+		if got := h.cgroups.rule(dir, dev); got != limits {
+			t.Errorf("container %d's new cgroup after one pass: got %v, want %v", i, got, limits)
+		}
+		h.pass()
+	}
+	if n := rec.repairs["set io limits"]; n != 0 {
+		t.Errorf("repairs after 3 new containers: got %d, want 0", n)
+	}
+
+	ctr := h.cgroups.cgroupsOf("u1")[1]
+	h.cgroups.edit(ctr, dev, host.IOLimits{ReadIOPS: 5})
+	h.pass()
+	if got := h.cgroups.rule(ctr, dev); got != limits {
+		t.Errorf("rule edited from outside, after one pass: got %v, want %v", got, limits)
+	}
+	if n := rec.repairs["set io limits"]; n != 1 {
+		t.Errorf("repairs after a cgroup held the limits and lost them: got %d, want 1", n)
 	}
 }

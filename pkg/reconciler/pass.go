@@ -135,6 +135,11 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch claim.
 			delete(r.fulfilled, id)
 		}
 	}
+	for id := range r.ioHeld {
+		if !ids[id] {
+			delete(r.ioHeld, id)
+		}
+	}
 	r.fulfilledMu.Unlock()
 	r.cgroupsMissingMu.Lock()
 	for id := range r.cgroupsMissing {
