@@ -67,9 +67,9 @@ type podIO struct {
 	// the volume's IO limits at the generation asked for and hold other
 	// rules now (Reconciler.ioHeld): a drift, whose repair is counted.
 	drifted []string
-	// notEnabled says why some cgroups of the pod are not in cgroups
-	// although they are there: the io controller is not enabled in them
-	// (devices.ErrIONotEnabled), so the pod's IO is not limited there
+	// notEnabled says why some cgroups of the pod, although they are
+	// there, are left out of cgroups: the io controller is not enabled in
+	// them (devices.ErrIONotEnabled), so the pod's IO is not limited there
 	// and nothing can be written until it is; "" when none is so.
 	notEnabled string
 }
