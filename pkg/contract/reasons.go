@@ -51,8 +51,9 @@ const (
 	SpaceNotReserved Reason = "SpaceNotReserved"
 	// IOLimitsNotApplied: the volume asks for IO limits that cannot be
 	// held on this node (no io controller), or for a pod that cannot be
-	// told (a target not laid out as the kubelet's) or whose cgroups
-	// cannot be read.
+	// told (a target not laid out as the kubelet's), whose cgroups cannot
+	// be read or lack the io controller, or whose cgroup has not been
+	// found for a minute.
 	IOLimitsNotApplied Reason = "IOLimitsNotApplied"
 	// FilesystemMissing: staging found the volume's filesystem gone
 	// (DATA_LOSS).

@@ -33,6 +33,12 @@ type CgroupIO struct {
 	// Root is the root of the hierarchy the io controller is on:
 	// <root>/blkio on v1, <root> on v2.
 	Root string
+	// Problem says why pods' cgroups may lack the rules' files although
+	// the controller is there (io not enabled below the root on v2), as
+	// DetectCgroupIO saw it at start; "" when it saw none. The files are
+	// read again at each pass, and a cgroup without them is reported then
+	// (ErrIONotEnabled).
+	Problem string
 
 	pods *podCgroups
 	// write writes one rule to a cgroup file, in one write, as the kernel
@@ -45,7 +51,10 @@ type CgroupIO struct {
 // /sys/fs/cgroup): cgroup v1 when root/blkio has the blkio.throttle files
 // (as on a hybrid machine, where v2 is mounted too but io is bound to v1),
 // v2 when root/cgroup.controllers lists io. Neither is an error that
-// names what was missing.
+// names what was missing. A controller that is there but not enabled
+// where the pods' cgroups are (v2: io not in the root's or the kubelet's
+// cgroup.subtree_control, so their cgroups have no io.max) is no error:
+// it may be enabled later, and Problem says what to enable.
 func DetectCgroupIO(root string) (CgroupIO, error) {
 	v1 := filepath.Join(root, "blkio")
 	if _, err := os.Stat(filepath.Join(v1, v1Knobs[0].file)); err == nil {
@@ -54,7 +63,11 @@ func DetectCgroupIO(root string) (CgroupIO, error) {
 	controllers := filepath.Join(root, "cgroup.controllers")
 	b, err := os.ReadFile(controllers)
 	if err == nil && slices.Contains(strings.Fields(string(b)), "io") {
-		return newCgroupIO(2, root)
+		c, err := newCgroupIO(2, root)
+		if err == nil {
+			c.Problem = ioNotEnabledBelow(c.Root)
+		}
+		return c, err
 	}
 	why := fmt.Sprintf("%s does not list io", controllers)
 	if err != nil {
@@ -71,6 +84,43 @@ func newCgroupIO(version int, root string) (CgroupIO, error) {
 		return CgroupIO{}, fmt.Errorf("cgroup hierarchy %s: %w", root, err)
 	}
 	return CgroupIO{Version: version, Root: resolved, pods: newPodCgroups(resolved), write: writeCgroupFile}, nil
+}
+
+// kubeletCgroupDepth is how deep below the hierarchy's root the
+// kubelet's own cgroup (kubepods, kubepods.slice) is looked for at start:
+// a pod's is two levels below it, within podSearchDepth.
+const kubeletCgroupDepth = podSearchDepth - 2
+
+// ioNotEnabledBelow says why the cgroups below the v2 root may have no
+// io.max: io not in the root's cgroup.subtree_control, or a kubelet's
+// cgroup (kubepods, kubepods.slice) without io.max or without io in its
+// own subtree_control, where its pods' cgroups are; "" when none of them
+// says so, or they cannot be read.
+func ioNotEnabledBelow(root string) string {
+	enabled := func(dir string) (bool, bool) {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+		return err == nil && slices.Contains(strings.Fields(string(b)), "io"), err == nil
+	}
+	if on, known := enabled(root); known && !on {
+		return fmt.Sprintf("io is not in %s: no cgroup below the root has io.max, and pods' IO limits cannot be applied until it is enabled there",
+			filepath.Join(root, "cgroup.subtree_control"))
+	}
+	var problems []string
+	_ = walkDirs(root, kubeletCgroupDepth, func(path, name string) bool {
+		if name != "kubepods" && name != "kubepods.slice" {
+			return true
+		}
+		if !isDir(path) {
+			return false
+		}
+		if _, err := os.Stat(filepath.Join(path, ioMaxFile)); errors.Is(err, os.ErrNotExist) {
+			problems = append(problems, missingKnob(path, filepath.Join(path, ioMaxFile)).Error())
+		} else if on, known := enabled(path); known && !on {
+			problems = append(problems, fmt.Sprintf("io is not in %s: the pods' cgroups below it have no io.max", filepath.Join(path, "cgroup.subtree_control")))
+		}
+		return false
+	})
+	return strings.Join(problems, "; ")
 }
 
 // errNoCgroupIO is the zero CgroupIO's answer.
@@ -101,7 +151,8 @@ func (c CgroupIO) PodCgroups(podUID string) ([]string, error) {
 
 // Throttle returns the rules in force in the cgroup dir for the device
 // dev, 0 for each count that has none. When dir does not exist (the pod
-// went away) the error wraps os.ErrNotExist; a dir outside Root is
+// went away) the error wraps ErrCgroupGone and os.ErrNotExist; when dir
+// exists without the rules' file, ErrIONotEnabled; a dir outside Root is
 // refused.
 func (c CgroupIO) Throttle(dir string, dev host.DevNum) (host.IOLimits, error) {
 	if err := c.check(dir); err != nil {
@@ -128,7 +179,8 @@ func (c CgroupIO) Throttle(dir string, dev host.DevNum) (host.IOLimits, error) {
 // slice, blk-throttle.c tg_conf_updated), so calling it again is a no-op.
 // Limits the kernel cannot hold (host.IOLimits.Check) are refused before
 // anything is written. When dir does not exist (the pod went away) the
-// error wraps os.ErrNotExist; a dir outside Root is refused.
+// error wraps ErrCgroupGone and os.ErrNotExist; when dir exists without
+// the rules' file, ErrIONotEnabled; a dir outside Root is refused.
 func (c CgroupIO) SetThrottle(dir string, dev host.DevNum, l host.IOLimits) error {
 	if err := c.check(dir); err != nil {
 		return err
@@ -141,7 +193,11 @@ func (c CgroupIO) SetThrottle(dir string, dev host.DevNum, l host.IOLimits) erro
 		if err != nil || rules[dev] == l {
 			return err
 		}
-		return c.write(filepath.Join(dir, ioMaxFile), formatIOMax(dev, l))
+		p := filepath.Join(dir, ioMaxFile)
+		if err := c.write(p, formatIOMax(dev, l)); err != nil {
+			return cgroupFileError(dir, p, err)
+		}
+		return nil
 	}
 	for _, k := range v1Knobs {
 		rules, err := readCgroupFile(dir, k.file, parseV1Throttle)
@@ -151,8 +207,9 @@ func (c CgroupIO) SetThrottle(dir string, dev host.DevNum, l host.IOLimits) erro
 		if rules[dev] == k.get(l) {
 			continue
 		}
-		if err := c.write(filepath.Join(dir, k.file), formatV1Throttle(dev, k.get(l))); err != nil {
-			return err
+		p := filepath.Join(dir, k.file)
+		if err := c.write(p, formatV1Throttle(dev, k.get(l))); err != nil {
+			return cgroupFileError(dir, p, err)
 		}
 	}
 	return nil
@@ -170,23 +227,55 @@ func (c CgroupIO) check(dir string) error {
 	return nil
 }
 
-// readCgroupFile reads and parses the file name of the cgroup dir. A
-// missing io.max in a cgroup that exists means the io controller is not
-// enabled for it (its parent's cgroup.subtree_control lacks io).
+// readCgroupFile reads and parses the file name of the cgroup dir. Only
+// a dir that is gone wraps ErrCgroupGone; a file missing from a cgroup
+// that exists is ErrIONotEnabled (missingKnob).
 func readCgroupFile[T any](dir, name string, parse func(string) (map[host.DevNum]T, error)) (map[host.DevNum]T, error) {
 	p := filepath.Join(dir, name)
 	b, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) && name == ioMaxFile && isDir(dir) {
-		return nil, fmt.Errorf("%s: the io controller is not enabled in this cgroup (its parent's cgroup.subtree_control): %w", p, err)
-	}
 	if err != nil {
-		return nil, err
+		return nil, cgroupFileError(dir, p, err)
 	}
 	rules, err := parse(string(b))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	return rules, nil
+}
+
+// ErrCgroupGone is wrapped (with os.ErrNotExist) by Throttle and
+// SetThrottle for a cgroup directory that does not exist: its pod or
+// container went away.
+var ErrCgroupGone = errors.New("the cgroup is gone")
+
+// ErrIONotEnabled is wrapped by Throttle and SetThrottle for a cgroup that
+// exists and lacks the blk-throttle file: the io controller is not
+// enabled there. It never wraps os.ErrNotExist: the cgroup is not gone,
+// and its pod's IO is not limited until the controller is enabled.
+var ErrIONotEnabled = errors.New("the io controller is not enabled in the cgroup")
+
+// cgroupFileError is the error of a read or write of the file p of the
+// cgroup dir that failed with err: ErrCgroupGone when dir is gone,
+// ErrIONotEnabled (missingKnob) when dir is there and p is not, else err.
+func cgroupFileError(dir, p string, err error) error {
+	switch {
+	case !errors.Is(err, os.ErrNotExist):
+		return err
+	case !isDir(dir):
+		return fmt.Errorf("cgroup %s: %w: %w", dir, ErrCgroupGone, err)
+	}
+	return missingKnob(dir, p)
+}
+
+// missingKnob says what to enable for the cgroup dir to have the file p.
+func missingKnob(dir, p string) error {
+	if filepath.Base(p) == ioMaxFile {
+		parent := filepath.Dir(dir)
+		return fmt.Errorf("%w: %s has no %s: enable io in %s (echo +io > %s; under systemd, IOAccounting=yes on the kubelet's slices, or Delegate=yes on its unit)",
+			ErrIONotEnabled, dir, ioMaxFile, filepath.Join(parent, "cgroup.subtree_control"), filepath.Join(parent, "cgroup.subtree_control"))
+	}
+	return fmt.Errorf("%w: %s has no %s: the kernel lacks blk-throttle (CONFIG_BLK_DEV_THROTTLING), or the directory is not in the blkio hierarchy",
+		ErrIONotEnabled, dir, filepath.Base(p))
 }
 
 // writeCgroupFile writes rule to the cgroup file path in one write, as

@@ -88,6 +88,7 @@ func fakeCgroupV2(t *testing.T, driver string) (root, pod, pod2, ctr string) {
 	t.Helper()
 	root = t.TempDir()
 	writeFile(t, filepath.Join(root, "cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc\n")
+	writeFile(t, filepath.Join(root, "cgroup.subtree_control"), "cpu io memory pids\n")
 	uid_ := strings.ReplaceAll(testPodUID, "-", "_")
 	uid2_ := strings.ReplaceAll(testPodUID2, "-", "_")
 	kube := filepath.Join(root, "run1-node1", "kubepods")
@@ -131,10 +132,21 @@ func TestCgroupDetect(t *testing.T) {
 		files       map[string]string
 		version     int
 		sub, reason string
+		// problem is in Problem: the controller is there, not enabled
+		// where the pods' cgroups are.
+		problem string
 	}{
 		{name: "v1", files: map[string]string{"blkio/blkio.throttle.read_iops_device": ""}, version: 1, sub: "blkio"},
 		{name: "hybrid", files: map[string]string{"blkio/blkio.throttle.read_iops_device": "", "unified/cgroup.controllers": ""}, version: 1, sub: "blkio"},
 		{name: "v2", files: map[string]string{"cgroup.controllers": "cpuset cpu io memory pids\n"}, version: 2},
+		{name: "v2 enabled", version: 2, files: map[string]string{"cgroup.controllers": "cpuset cpu io memory pids\n", "cgroup.subtree_control": "cpu io memory\n",
+			"kubepods.slice/io.max": "", "kubepods.slice/cgroup.subtree_control": "cpu io memory\n"}},
+		{name: "v2 io not in the root's subtree_control", version: 2, problem: "io is not in",
+			files: map[string]string{"cgroup.controllers": "cpuset cpu io memory pids\n", "cgroup.subtree_control": "cpu memory\n", "kubepods.slice/cgroup.procs": ""}},
+		{name: "v2 kubepods without io.max", version: 2, problem: "kubepods has no io.max: enable io in",
+			files: map[string]string{"cgroup.controllers": "cpuset cpu io memory pids\n", "cgroup.subtree_control": "cpu io memory\n", "run1-node1/kubepods/cgroup.procs": ""}},
+		{name: "v2 kubepods without io in its subtree_control", version: 2, problem: "kubepods.slice/cgroup.subtree_control",
+			files: map[string]string{"cgroup.controllers": "cpuset cpu io memory pids\n", "kubepods.slice/io.max": "", "kubepods.slice/cgroup.subtree_control": "cpu memory\n"}},
 		{name: "v2 without io", files: map[string]string{"cgroup.controllers": "cpuset cpu iomem memory\n"}, reason: "does not list io"},
 		{name: "none", files: map[string]string{"blkio/cgroup.procs": ""}, reason: "no such file"},
 	} {
@@ -155,6 +167,9 @@ func TestCgroupDetect(t *testing.T) {
 			}
 			if err != nil || got.Version != c.version || got.Root != filepath.Join(root, c.sub) {
 				t.Fatalf("got version %d at %s, %v; want %d at %s", got.Version, got.Root, err, c.version, filepath.Join(root, c.sub))
+			}
+			if c.problem == "" && got.Problem != "" || !strings.Contains(got.Problem, c.problem) {
+				t.Errorf("Problem: got %q, want %q in it", got.Problem, c.problem)
 			}
 		})
 	}
@@ -276,17 +291,26 @@ func TestCgroupThrottleV2Refuses(t *testing.T) {
 	if err := c.SetThrottle(filepath.Dir(c.Root), loop3, host.IOLimits{ReadIOPS: 2}); err == nil {
 		t.Errorf("SetThrottle outside the hierarchy: got %v, want refused", err)
 	}
-	if _, err := c.Throttle(filepath.Join(pod, "gone"), loop3); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("Throttle of a cgroup gone: got %v, want os.ErrNotExist", err)
+	if _, err := c.Throttle(filepath.Join(pod, "gone"), loop3); !errors.Is(err, ErrCgroupGone) || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Throttle of a cgroup gone: got %v, want ErrCgroupGone and os.ErrNotExist", err)
 	}
-	if err := c.SetThrottle(filepath.Join(pod, "gone"), loop3, host.IOLimits{ReadIOPS: 2}); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("SetThrottle of a cgroup gone: got %v, want os.ErrNotExist", err)
+	if err := c.SetThrottle(filepath.Join(pod, "gone"), loop3, host.IOLimits{ReadIOPS: 2}); !errors.Is(err, ErrCgroupGone) || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("SetThrottle of a cgroup gone: got %v, want ErrCgroupGone and os.ErrNotExist", err)
 	}
+	// A cgroup that is there without io.max is not gone: its pod runs
+	// unlimited, which is an error to report, not a cgroup to pass over.
 	if err := os.Remove(filepath.Join(ctr, ioMaxFile)); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.SetThrottle(ctr, loop3, host.IOLimits{ReadIOPS: 2}); err == nil || !strings.Contains(err.Error(), "subtree_control") {
-		t.Errorf("SetThrottle without io.max: got %v, want an error naming subtree_control", err)
+	notEnabled := func(err error) bool {
+		return errors.Is(err, ErrIONotEnabled) && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, ErrCgroupGone) &&
+			strings.Contains(err.Error(), filepath.Join(filepath.Dir(ctr), "cgroup.subtree_control"))
+	}
+	if err := c.SetThrottle(ctr, loop3, host.IOLimits{ReadIOPS: 2}); !notEnabled(err) {
+		t.Errorf("SetThrottle without io.max: got %v, want ErrIONotEnabled, not os.ErrNotExist, naming the parent's subtree_control", err)
+	}
+	if _, err := c.Throttle(ctr, loop3); !notEnabled(err) {
+		t.Errorf("Throttle without io.max: got %v, want ErrIONotEnabled, not os.ErrNotExist, naming the parent's subtree_control", err)
 	}
 	if kernel.writes != 0 {
 		t.Errorf("writes: got %d, want none", kernel.writes)
@@ -297,5 +321,31 @@ func TestCgroupThrottleV2Refuses(t *testing.T) {
 	}
 	if err := zero.SetThrottle(pod, loop3, host.IOLimits{}); !errors.Is(err, errNoCgroupIO) {
 		t.Errorf("zero CgroupIO's SetThrottle: got %v, want errNoCgroupIO", err)
+	}
+}
+
+// TestCgroupThrottleV1FileMissing checks, on a fake v1 hierarchy, that a
+// cgroup without blkio's throttle files is ErrIONotEnabled and not gone,
+// and that only a cgroup that is not there is ErrCgroupGone.
+func TestCgroupThrottleV1FileMissing(t *testing.T) {
+	root := t.TempDir()
+	pod := filepath.Join(root, "blkio", "kubepods", "burstable", "pod"+testPodUID)
+	if err := os.MkdirAll(pod, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(root, "blkio", v1Knobs[0].file), "")
+	c, err := DetectCgroupIO(root)
+	if err != nil || c.Version != 1 {
+		t.Fatalf("DetectCgroupIO: got version %d, %v; want 1", c.Version, err)
+	}
+	c.write = func(string, string) error { t.Error("write: want none"); return nil }
+	if _, err := c.Throttle(pod, loop3); !errors.Is(err, ErrIONotEnabled) || errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), v1Knobs[0].file) {
+		t.Errorf("Throttle without the throttle files: got %v, want ErrIONotEnabled naming %s, not os.ErrNotExist", err, v1Knobs[0].file)
+	}
+	if err := c.SetThrottle(pod, loop3, host.IOLimits{ReadIOPS: 2}); !errors.Is(err, ErrIONotEnabled) || errors.Is(err, os.ErrNotExist) {
+		t.Errorf("SetThrottle without the throttle files: got %v, want ErrIONotEnabled, not os.ErrNotExist", err)
+	}
+	if _, err := c.Throttle(filepath.Join(pod, "gone"), loop3); !errors.Is(err, ErrCgroupGone) {
+		t.Errorf("Throttle of a cgroup gone: got %v, want ErrCgroupGone", err)
 	}
 }

@@ -163,6 +163,11 @@ func detectThrottler(root string) (reconciler.Throttler, string) {
 		return nil, err.Error()
 	}
 	klog.V(2).InfoS("IO limits are applied through cgroups", "cgroupRoot", root, "version", c.Version, "hierarchy", c.Root)
+	if c.Problem != "" {
+		// Not fatal: the controller may be enabled later, and until then
+		// each volume that asks for limits reports IOLimitsNotApplied.
+		klog.InfoS("IO limits may not be applied to pods: the io controller is not enabled below the cgroup root", "cgroupRoot", root, "problem", c.Problem)
+	}
 	return c, ""
 }
 

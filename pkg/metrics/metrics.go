@@ -98,7 +98,7 @@ func New() *Metrics {
 	}, []string{"volume", "kind"})
 	m.ioApplied = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: namespace, Name: "volume_io_limit_applied",
-		Help: "IO limits in force in every cgroup of the pods that publish a volume, per second, by kind; 0 is none (or not in force everywhere).",
+		Help: "IO limits in force in every cgroup of the pods that publish a volume, per second, by kind; 0 is none (or not in force everywhere); no series while no pod publishes it.",
 	}, []string{"volume", "kind"})
 	m.Registry.MustRegister(m.operations, m.repairs, m.passes, m.volumes, m.intents, m.backoff, m.uncertain, m.rpcs, m.frozen, m.conditions, m.early, m.ioLimits, m.ioApplied,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -159,7 +159,10 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 	for r, n := range reasons {
 		m.conditions.WithLabelValues(r).Set(float64(n))
 	}
-	// A volume no longer limited, or gone, leaves them.
+	// A volume no longer limited, or gone, leaves them; a limited volume
+	// no pod publishes has no applied series (no cgroup to be in force
+	// in), so that desired without applied tells it from one whose pods
+	// are not held to its limits (0).
 	m.ioLimits.Reset()
 	m.ioApplied.Reset()
 	for _, v := range volumes {
@@ -167,6 +170,9 @@ func (m *Metrics) PassDone(d time.Duration, volumes []volstatus.VolumeStatus, in
 			continue
 		}
 		setIOLimits(m.ioLimits, v.ID, *v.IOLimitsDesired)
+		if v.PublishesDesired == 0 {
+			continue
+		}
 		applied := volstatus.IOLimits{}
 		if v.IOLimitsApplied != nil {
 			applied = *v.IOLimitsApplied

@@ -235,15 +235,17 @@ func TestAnUnreadablePoolHidesNoOther(t *testing.T) {
 }
 
 // TestIOLimitsFollowTheVolumes checks the per-volume IO limit gauges: a
-// series per kind for each volume that asks for limits, desired and
-// applied (0 where not in force), and none for the others or once a
-// volume no longer asks.
+// series per kind for each volume that asks for limits, desired, and
+// applied (0 where not in force) while a pod publishes it; none for the
+// others, none applied for a limited volume no pod publishes (idle: not
+// a gap), and none once a volume no longer asks or is gone.
 func TestIOLimitsFollowTheVolumes(t *testing.T) {
 	m := New()
 	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{
-		{ID: "a", IOLimitsDesired: &volstatus.IOLimits{ReadIOPS: 200, WriteBPS: 1 << 20}, IOLimitsApplied: &volstatus.IOLimits{ReadIOPS: 200}},
-		{ID: "b", IOLimitsDesired: &volstatus.IOLimits{WriteIOPS: 50}},
+		{ID: "a", PublishesDesired: 1, IOLimitsDesired: &volstatus.IOLimits{ReadIOPS: 200, WriteBPS: 1 << 20}, IOLimitsApplied: &volstatus.IOLimits{ReadIOPS: 200}},
+		{ID: "b", PublishesDesired: 2, IOLimitsDesired: &volstatus.IOLimits{WriteIOPS: 50}},
 		{ID: "c"},
+		{ID: "idle", IOLimitsDesired: &volstatus.IOLimits{ReadIOPS: 100}},
 	}, 0)
 	for _, c := range []struct {
 		name      string
@@ -259,11 +261,19 @@ func TestIOLimitsFollowTheVolumes(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if n := testutil.CollectAndCount(m.ioLimits); n != 8 {
-		t.Errorf("desired series: got %d, want 8 (4 kinds of a and b, none of c)", n)
+	if n := testutil.CollectAndCount(m.ioLimits); n != 12 {
+		t.Errorf("desired series: got %d, want 12 (4 kinds of a, b and idle, none of c)", n)
 	}
-	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{{ID: "a"}}, 0)
+	if n := testutil.CollectAndCount(m.ioApplied); n != 8 {
+		t.Errorf("applied series: got %d, want 8 (4 kinds of a and b, none of c or of idle, which no pod publishes)", n)
+	}
+	// b is gone, a no longer asks: their series go.
+	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{{ID: "a"}, {ID: "idle", IOLimitsDesired: &volstatus.IOLimits{ReadIOPS: 100}}}, 0)
+	if n := testutil.CollectAndCount(m.ioLimits) + testutil.CollectAndCount(m.ioApplied); n != 4 {
+		t.Errorf("series once only idle asks for limits: got %d, want 4 (idle's desired)", n)
+	}
+	m.PassDone(time.Millisecond, nil, 0)
 	if n := testutil.CollectAndCount(m.ioLimits) + testutil.CollectAndCount(m.ioApplied); n != 0 {
-		t.Errorf("series once no volume asks for limits: got %d, want 0", n)
+		t.Errorf("series once every volume is gone: got %d, want 0", n)
 	}
 }

@@ -154,12 +154,13 @@ type Throttler interface {
 	// devices.ErrPodCgroupNotFound when the pod has none on this node.
 	PodCgroups(podUID string) ([]string, error)
 	// Throttle returns the rules in force in the cgroup dir for dev, 0
-	// for each count that has none; an error wrapping os.ErrNotExist
-	// when dir is gone.
+	// for each count that has none; an error wrapping
+	// devices.ErrCgroupGone only when dir is gone (a dir that is there
+	// without the rules' file is another error: its pod is not limited).
 	Throttle(dir string, dev host.DevNum) (host.IOLimits, error)
 	// SetThrottle makes the rules in force in dir for dev equal l (the
 	// zero l removes them), writing only what differs; an error wrapping
-	// os.ErrNotExist when dir is gone.
+	// devices.ErrCgroupGone only when dir is gone.
 	SetThrottle(dir string, dev host.DevNum, l host.IOLimits) error
 }
 

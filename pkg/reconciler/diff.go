@@ -19,6 +19,12 @@ type action struct {
 	mountID uint64
 	// reason says why the diff chose the action, for the logs.
 	reason string
+	// drift: the diff saw undone what a pass had seen the action's kind
+	// make at this generation (a cgroup seen holding the volume's IO
+	// limits lost or changed them: a hand edit, a kubelet's rewrite), so
+	// the action repairs a drift (kindSpec.drifts). Something made for
+	// the first time (a new container's cgroup) is no drift.
+	drift bool
 	// members are the other volumes a group snapshot holds, with what the
 	// pass saw of them, set when the pass starts it (groupMembers): the
 	// operation runs only while none of them runs one, and holds them all.

@@ -84,9 +84,9 @@ func (r *Reconciler) beginOp(ctx context.Context, c *claim.Claim, v *state.Volum
 	}
 	logger.V(2).Info("Starting operation", "reason", act.reason, "generation", act.generation)
 	// A stage or publish of an intent already seen fulfilled makes again
-	// what was lost; a kind that drifts, what someone undid.
+	// what was lost; a kind that drifts, what the diff saw someone undo.
 	r.fulfilledMu.Lock()
-	repairing := (spec.fulfils || spec.drifts) && act.generation != 0 && r.fulfilled[v.ID][act.fulfilledKey()] == act.generation
+	repairing := spec.fulfils && act.generation != 0 && r.fulfilled[v.ID][act.key()] == act.generation || spec.drifts && act.drift
 	r.fulfilledMu.Unlock()
 	begin := r.cfg.Clock.Now()
 	// Every action runs here, between two failpoints: a crash before it

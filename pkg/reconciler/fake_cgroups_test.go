@@ -54,7 +54,7 @@ func (c *fakeCgroups) Throttle(dir string, dev host.DevNum) (host.IOLimits, erro
 	}
 	r, ok := c.rules[dir]
 	if !ok {
-		return host.IOLimits{}, fmt.Errorf("cgroup %s: %w", dir, os.ErrNotExist)
+		return host.IOLimits{}, fmt.Errorf("cgroup %s: %w: %w", dir, devices.ErrCgroupGone, os.ErrNotExist)
 	}
 	return r[dev], nil
 }
@@ -68,7 +68,7 @@ func (c *fakeCgroups) SetThrottle(dir string, dev host.DevNum, l host.IOLimits) 
 	}
 	r, ok := c.rules[dir]
 	if !ok {
-		return fmt.Errorf("cgroup %s: %w", dir, os.ErrNotExist)
+		return fmt.Errorf("cgroup %s: %w: %w", dir, devices.ErrCgroupGone, os.ErrNotExist)
 	}
 	if l.IsZero() {
 		delete(r, dev)

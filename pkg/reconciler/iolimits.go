@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
@@ -52,13 +52,30 @@ type podIO struct {
 	cgroups map[string]host.IOLimits
 	// missing is true when the pod has no cgroup: its containers are not
 	// made yet (the kubelet makes the pod's cgroup before it mounts its
-	// volumes; a test harness or a static pod may not), or it is gone.
+	// volumes; a test harness or a static pod may not), or it is gone, or
+	// it is not where it is looked for (missingWhy says where that was).
 	missing bool
+	// missingWhy says where the pod's cgroup was looked for, when missing.
+	missingWhy string
+	// missingFor is how long a live publish's pod has been seen missing,
+	// by the reconciler's clock: past cgroupMissingGrace it is no longer
+	// the moment before the kubelet makes the cgroup.
+	missingFor time.Duration
 	// err says why the pod's cgroups or their rules could not be read.
 	err string
+	// drifted lists, sorted, the cgroups of the pod that were seen holding
+	// the volume's IO limits at the generation asked for and hold other
+	// rules now (Reconciler.ioHeld): a drift, whose repair is counted.
+	drifted []string
+	// notEnabled says why some cgroups of the pod, although they are
+	// there, are left out of cgroups: the io controller is not enabled in
+	// them (devices.ErrIONotEnabled), so the pod's IO is not limited there
+	// and nothing can be written until it is; "" when none is so.
+	notEnabled string
 }
 
-// holds reports whether every cgroup of a pod seen holds exactly l.
+// holds reports whether every cgroup of a pod seen holds exactly l; a
+// cgroup without the io controller is none seen (see notEnabled).
 func (p *podIO) holds(l host.IOLimits) bool {
 	for _, got := range p.cgroups {
 		if got != l {
@@ -93,16 +110,77 @@ func (r *Reconciler) observeIO(v *state.Volume, a *actual) *ioActual {
 			io.pods[uid] = r.observePod(uid, a.loop.Dev)
 		}
 	}
+	r.timeMissingCgroups(v, io)
+	r.findDrifts(v, io)
 	return io
 }
 
+// findDrifts sets each observed pod's drifted: its cgroups that were seen
+// holding v's IO limits at the generation asked for (ioHeld, noted by
+// noteIOLimitsHeld) and hold other rules now.
+func (r *Reconciler) findDrifts(v *state.Volume, io *ioActual) {
+	want, gen := v.WantsIOLimits(), v.IOLimits.Generation
+	r.fulfilledMu.Lock()
+	defer r.fulfilledMu.Unlock()
+	held := r.ioHeld[v.ID]
+	for _, p := range io.pods {
+		for d, l := range p.cgroups {
+			if g, ok := held[d]; ok && g == gen && l != want {
+				p.drifted = append(p.drifted, d)
+			}
+		}
+		slices.Sort(p.drifted)
+	}
+}
+
+// cgroupMissingGrace is how long a live publish's pod may have no cgroup
+// found before the volume reports it (IOLimitsNotApplied): the kubelet
+// makes a pod's cgroup before it mounts the pod's volumes, so a cgroup
+// not there at the publish is there a moment later, or a pass or two
+// later on a slow node; one still not found after a minute is not being
+// looked for where the kubelet makes it (--cgroup-root, a cgroupRoot
+// deeper than the search, cgroupsPerQOS off).
+const cgroupMissingGrace = time.Minute
+
+// timeMissingCgroups notes, by the reconciler's clock, since when each
+// pod of v's live publishes has had no cgroup found, and sets its
+// missingFor; a pod found, or no longer published, is forgotten, so that
+// it starts again from 0.
+func (r *Reconciler) timeMissingCgroups(v *state.Volume, io *ioActual) {
+	now := r.cfg.Clock.Now()
+	r.cgroupsMissingMu.Lock()
+	defer r.cgroupsMissingMu.Unlock()
+	prev, next := r.cgroupsMissing[v.ID], map[string]time.Time{}
+	for _, t := range v.Targets() {
+		p := io.pod(t)
+		if v.Publishes[t].Deleting || p == nil || !p.missing {
+			continue
+		}
+		uid := io.podOf[t]
+		since, ok := prev[uid]
+		if !ok {
+			since = now
+		}
+		next[uid] = since
+		p.missingFor = now.Sub(since)
+	}
+	if len(next) == 0 {
+		delete(r.cgroupsMissing, v.ID)
+		return
+	}
+	r.cgroupsMissing[v.ID] = next
+}
+
 // observePod reads the rules in force for dev in each cgroup of pod uid.
-// A cgroup removed meanwhile (a container that stopped) is passed over.
+// A cgroup removed meanwhile (a container that stopped) is passed over;
+// one that is there without the rules' file (the io controller not
+// enabled in it) is noted (notEnabled), never taken for one gone: the
+// pod's IO is not limited there, which its volume's condition reports.
 func (r *Reconciler) observePod(uid string, dev host.DevNum) *podIO {
 	dirs, err := r.cfg.Throttler.PodCgroups(uid)
 	switch {
 	case errors.Is(err, devices.ErrPodCgroupNotFound):
-		return &podIO{missing: true}
+		return &podIO{missing: true, missingWhy: err.Error()}
 	case err != nil:
 		return &podIO{err: err.Error()}
 	}
@@ -110,14 +188,21 @@ func (r *Reconciler) observePod(uid string, dev host.DevNum) *podIO {
 	for _, d := range dirs {
 		l, err := r.cfg.Throttler.Throttle(d, dev)
 		switch {
-		case errors.Is(err, os.ErrNotExist):
+		case errors.Is(err, devices.ErrCgroupGone):
+			continue
+		case errors.Is(err, devices.ErrIONotEnabled):
+			if p.notEnabled == "" {
+				p.notEnabled = err.Error()
+			}
 			continue
 		case err != nil:
 			return &podIO{err: err.Error()}
 		}
 		p.cgroups[d] = l
 	}
-	p.missing = len(p.cgroups) == 0
+	if len(p.cgroups) == 0 && p.notEnabled == "" {
+		p.missing, p.missingWhy = true, fmt.Sprintf("the cgroups of pod %s went away while they were read", uid)
+	}
 	return p
 }
 
@@ -134,7 +219,7 @@ func (io *ioActual) pod(target string) *podIO {
 // its IO limits go: its pod holds the limits asked for in every cgroup,
 // or there is nothing to wait for (no limits asked, no pod cgroup yet,
 // limits this node cannot apply or read, which the volume's condition
-// reports).
+// reports; a cgroup without the io controller likewise).
 func podLimited(v *state.Volume, a *actual, target string) bool {
 	p := a.io.pod(target)
 	return p == nil || p.missing || p.err != "" || p.holds(v.WantsIOLimits())
@@ -173,6 +258,8 @@ func ioLimitsWait(v *state.Volume, a *actual) string {
 			return fmt.Sprintf("the cgroup of pod %s, which publishes volume %s at %s", io.podOf[t], v.ID, t)
 		case p.err != "":
 			return fmt.Sprintf("reading the cgroups of pod %s: %s", io.podOf[t], p.err)
+		case p.notEnabled != "" && !want.IsZero():
+			return fmt.Sprintf("the io controller to be enabled in the cgroups of pod %s: %s", io.podOf[t], p.notEnabled)
 		case !p.holds(want):
 			return fmt.Sprintf("IO limits %s to be set in the cgroups of pod %s", want, io.podOf[t])
 		}
@@ -201,8 +288,15 @@ func ioLimitSteps(v *state.Volume, a *actual) []action {
 		}
 		done[uid] = true
 		if p.err != "" || !p.holds(want) {
-			acts = append(acts, action{kind: actSetIOLimits, target: t, generation: v.IOLimits.Generation,
-				reason: fmt.Sprintf("pod %s is to be held to %s", uid, want)})
+			// A repair only where a cgroup seen holding the limits lost
+			// them: a new container's cgroup lacks them as a matter of
+			// course, and its first rules are no drift.
+			act := action{kind: actSetIOLimits, target: t, generation: v.IOLimits.Generation, drift: len(p.drifted) > 0,
+				reason: fmt.Sprintf("pod %s is to be held to %s", uid, want)}
+			if act.drift {
+				act.reason = fmt.Sprintf("cgroups %s of pod %s held %s and lost or changed them", strings.Join(p.drifted, ", "), uid, want)
+			}
+			acts = append(acts, act)
 		}
 	}
 	return acts
@@ -243,7 +337,8 @@ func ioLimitRemovals(v *state.Volume, a *actual) []action {
 
 // applyIOLimits makes the rules for the volume's device in every cgroup
 // of the pod of target equal l, cgroups made since the observation
-// included. A pod with no cgroup (any more) needs nothing.
+// included. A pod with no cgroup (any more) needs nothing, nor does a
+// cgroup gone meanwhile.
 func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) error {
 	uid := a.io.podOf[target]
 	dirs, err := r.cfg.Throttler.PodCgroups(uid)
@@ -254,8 +349,11 @@ func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) er
 		return classified.Errorf(classified.KindInternal, "finding the cgroups of pod %s: %w", uid, err)
 	}
 	for _, d := range dirs {
+		// A cgroup without the io controller can be given nothing; the
+		// volume's condition says so (podIO.notEnabled), and failing here
+		// would only hold back the publish or the unpublish.
 		err := r.cfg.Throttler.SetThrottle(d, a.loop.Dev, l)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err != nil && !errors.Is(err, devices.ErrCgroupGone) && !errors.Is(err, devices.ErrIONotEnabled) {
 			return classified.Errorf(classified.KindInternal, "setting IO limits %s for %s in cgroup %s of pod %s: %w", l, a.loop.Device, d, uid, err)
 		}
 	}
@@ -263,8 +361,10 @@ func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) er
 }
 
 // ioProblem says why v's IO limits cannot be held, for its condition:
-// this node cannot apply them, a live publish names no pod, or its pod's
-// cgroups cannot be read; "" otherwise. Zero limits need nothing.
+// this node cannot apply them, a live publish names no pod, its pod's
+// cgroups cannot be read or lack the io controller, or none of them has
+// been found for cgroupMissingGrace; "" otherwise. Zero limits need
+// nothing.
 func ioProblem(v *state.Volume, a *actual) string {
 	io := a.io
 	if io == nil || v.WantsIOLimits().IsZero() || !hasLivePublish(v) {
@@ -281,6 +381,17 @@ func ioProblem(v *state.Volume, a *actual) string {
 	for _, uid := range slices.Sorted(maps.Keys(io.pods)) {
 		if p := io.pods[uid]; p.err != "" {
 			return fmt.Sprintf("volume %s asks for IO limits (%s), and the cgroups of pod %s cannot be read: %s", v.ID, want, uid, p.err)
+		}
+	}
+	for _, uid := range slices.Sorted(maps.Keys(io.pods)) {
+		if p := io.pods[uid]; p.notEnabled != "" {
+			return fmt.Sprintf("volume %s asks for IO limits (%s) that pod %s does not hold: %s; its IO is not limited until then", v.ID, want, uid, p.notEnabled)
+		}
+	}
+	for _, t := range v.Targets() {
+		if p := io.pod(t); !v.Publishes[t].Deleting && p != nil && p.missing && p.missingFor >= cgroupMissingGrace {
+			return fmt.Sprintf("volume %s asks for IO limits (%s), and no cgroup of pod %s, which publishes it at %s, has been found for %s (%s): check that --cgroup-root is the hierarchy the kubelet's cgroupRoot is in, within the depth searched, and that the kubelet runs with cgroupsPerQOS; its IO is not limited",
+				v.ID, want, io.podOf[t], t, p.missingFor.Round(time.Second), p.missingWhy)
 		}
 	}
 	return ""
@@ -310,7 +421,12 @@ func ioLimitsApplied(v *state.Volume, a *actual) *host.IOLimits {
 		if pub.Deleting || p == nil || p.err != "" {
 			continue
 		}
-		for _, l := range p.cgroups {
+		cgroups := slices.Collect(maps.Values(p.cgroups))
+		if p.notEnabled != "" {
+			// Not in force there: no limit holds everywhere.
+			cgroups = append(cgroups, host.IOLimits{})
+		}
+		for _, l := range cgroups {
 			if out == nil {
 				c := l
 				out = &c
@@ -330,12 +446,4 @@ func agree(a, b uint64) uint64 {
 		return 0
 	}
 	return a
-}
-
-// ioKey is the key under which a pass notes that the pod of target was
-// seen holding the volume's IO limits of a generation: setting them
-// again at that generation repairs a drift (a container restarted, a
-// kubelet or an operator rewrote a cgroup's rules).
-func ioKey(target string) state.IntentKey {
-	return state.IntentKey(string(state.IOLimitsKey) + ":" + target)
 }

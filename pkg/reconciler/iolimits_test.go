@@ -3,11 +3,16 @@ package reconciler
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 	"github.com/converge-csi/converge/pkg/volstatus"
@@ -346,5 +351,148 @@ func TestIOLimitsFailureIsRetried(t *testing.T) {
 	h.checkRules("u1", h.dev("v1"), limits)
 	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
 		t.Errorf("publish result after the retry: got %+v, want ready", r)
+	}
+}
+
+// TestIOLimitsIOControllerNotEnabledInThePodsCgroup checks, through
+// devices.CgroupIO on a cgroup v2 tree laid out as the kubelet's systemd
+// driver lays it out, that a pod's cgroup that is there without io.max
+// (io not in its parent's cgroup.subtree_control) is not taken for a pod
+// gone: the volume is DEGRADED IOLimitsNotApplied, saying what to enable,
+// its publish is answered all the same (as on a node without an io
+// controller), and its unpublish is not held back.
+func TestIOLimitsIOControllerNotEnabledInThePodsCgroup(t *testing.T) {
+	h := newHarness(t)
+	const uid = "0b5c8f1e-32c4-4b7a-9d1e-8a2f6c3d4e5f"
+	root := t.TempDir()
+	slice := filepath.Join(root, "kubepods.slice", "kubepods-burstable.slice")
+	pod := filepath.Join(slice, "kubepods-burstable-pod"+strings.ReplaceAll(uid, "-", "_")+".slice")
+	if err := os.MkdirAll(filepath.Join(pod, "cri-containerd-c1.scope"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for p, content := range map[string]string{
+		"cgroup.controllers":                                             "cpu io memory pids\n",
+		"cgroup.subtree_control":                                         "cpu io memory pids\n",
+		"kubepods.slice/io.max":                                          "",
+		"kubepods.slice/kubepods-burstable.slice/io.max":                 "",
+		"kubepods.slice/kubepods-burstable.slice/cgroup.subtree_control": "cpu memory pids\n",
+	} {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := devices.DetectCgroupIO(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.r.cfg.Throttler = cg
+	target := h.podTarget("v1", uid)
+	h.limitedVolume("v1", target, &limits)
+	h.runUntilIdle()
+
+	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
+		t.Errorf("publish result: got %+v, want ready", r)
+	}
+	c := h.store.Condition("v1")
+	if c.Reason != contract.IOLimitsNotApplied || c.Health != state.Degraded || !strings.Contains(c.Message, filepath.Join(slice, "cgroup.subtree_control")) {
+		t.Errorf("condition: got %+v, want DEGRADED %s naming %s", c, contract.IOLimitsNotApplied, filepath.Join(slice, "cgroup.subtree_control"))
+	}
+	if r := h.ioResult("v1"); r.Ready || !strings.Contains(r.Waiting, "io controller is not enabled") {
+		t.Errorf("IO limits result: got %+v, want waiting, saying the io controller is not enabled", r)
+	}
+	// Nothing to remove holds the unpublish back.
+	h.update("v1", func(v *state.Volume) { v.RequestUnpublish(target) })
+	h.runUntilIdle()
+	if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
+		t.Errorf("publish after unpublish: got %+v, want forgotten", v.Publishes[target])
+	}
+}
+
+// TestIOLimitsPodCgroupNeverFound checks that a live publish's pod whose
+// cgroup is not found (here: --cgroup-root names a hierarchy where the
+// kubelet made none) is not reported while it may be the moment before
+// the kubelet makes it, and is reported, naming where it was looked for,
+// once it has been missing for cgroupMissingGrace by the reconciler's
+// clock; and that the report goes once the cgroup is found.
+func TestIOLimitsPodCgroupNeverFound(t *testing.T) {
+	h := newHarness(t)
+	const uid = "0b5c8f1e-32c4-4b7a-9d1e-8a2f6c3d4e5f"
+	root := t.TempDir()
+	for p, content := range map[string]string{"cgroup.controllers": "cpu io memory pids\n", "cgroup.subtree_control": "cpu io memory pids\n"} {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cg, err := devices.DetectCgroupIO(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.r.cfg.Throttler = cg
+	target := h.podTarget("v1", uid)
+	h.limitedVolume("v1", target, &limits)
+	h.runUntilIdle()
+
+	for _, step := range []time.Duration{0, cgroupMissingGrace / 2, cgroupMissingGrace/2 - time.Second} {
+		h.clock.Step(step)
+		h.pass()
+		if c := h.store.Condition("v1"); c.Abnormal {
+			t.Fatalf("condition %s after the publish: got %+v, want normal", h.clock.Since(time.Unix(1_000_000, 0)), c)
+		}
+	}
+	h.clock.Step(time.Second)
+	h.pass()
+	c := h.store.Condition("v1")
+	if c.Reason != contract.IOLimitsNotApplied || c.Health != state.Degraded || !strings.Contains(c.Message, "pod "+uid) ||
+		!strings.Contains(c.Message, "within 5 levels of "+cg.Root) || !strings.Contains(c.Message, "--cgroup-root") {
+		t.Errorf("condition a minute after the publish: got %+v, want DEGRADED %s naming pod %s, the cgroup root and the depth searched", c, contract.IOLimitsNotApplied, uid)
+	}
+
+	pod := filepath.Join(root, "kubepods", "burstable", "pod"+uid)
+	if err := os.MkdirAll(pod, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pod, "io.max"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.runUntilIdle()
+	if c := h.store.Condition("v1"); c.Abnormal {
+		t.Errorf("condition once the pod's cgroup is found: got %+v, want normal", c)
+	}
+}
+
+// TestIOLimitsNewContainersAreNoRepairs checks that on cgroup v1, where
+// each container's cgroup needs the rules, a container started or
+// restarted (a crash loop) gets them at the next pass without counting a
+// repair or backing off as one; and that a cgroup seen holding them and
+// then edited is a repair.
+func TestIOLimitsNewContainersAreNoRepairs(t *testing.T) {
+	h := newHarness(t)
+	rec := &countingRecorder{ops: map[string]int{}}
+	h.r.cfg.Recorder = rec
+	h.cgroups.addPod("u1", "ctr-a")
+	h.limitedVolume("v1", h.podTarget("v1", "u1"), &limits)
+	h.runUntilIdle()
+	dev := h.dev("v1")
+
+	for i := range 3 {
+		dir := h.cgroups.addContainer("u1", fmt.Sprintf("ctr-restart-%d", i))
+		h.pass()
+		if got := h.cgroups.rule(dir, dev); got != limits {
+			t.Errorf("container %d's new cgroup after one pass: got %v, want %v", i, got, limits)
+		}
+		h.pass()
+	}
+	if n := rec.repairs["set io limits"]; n != 0 {
+		t.Errorf("repairs after 3 new containers: got %d, want 0", n)
+	}
+
+	ctr := h.cgroups.cgroupsOf("u1")[1]
+	h.cgroups.edit(ctr, dev, host.IOLimits{ReadIOPS: 5})
+	h.pass()
+	if got := h.cgroups.rule(ctr, dev); got != limits {
+		t.Errorf("rule edited from outside, after one pass: got %v, want %v", got, limits)
+	}
+	if n := rec.repairs["set io limits"]; n != 1 {
+		t.Errorf("repairs after a cgroup held the limits and lost them: got %d, want 1", n)
 	}
 }

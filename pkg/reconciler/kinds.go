@@ -79,10 +79,11 @@ type kindSpec struct {
 	// mount). Other kinds are one step of several, or serve an intent
 	// that is fulfilled when it is gone.
 	fulfils bool
-	// drifts: what it makes, someone else may undo (a cgroup's rules, which
-	// a new container lacks and a kubelet or an operator may rewrite):
-	// done again at a generation already seen fulfilled (ioKey), it is a
-	// repair of that drift, counted and backed off as a repair is.
+	// drifts: what it makes, someone else may undo (a cgroup's rules,
+	// which a kubelet or an operator may rewrite): done where the diff saw
+	// it undone (action.drift), it is a repair of that drift, counted and
+	// backed off as a repair is. Done where it was never seen (a new
+	// container's cgroup), it is no repair.
 	drifts bool
 	// slow: it may take long (mkfs, fsck, resize), so it runs in the slow
 	// pool.
@@ -277,14 +278,4 @@ func (a action) key() state.IntentKey {
 		return state.IOLimitsKey
 	}
 	return state.PublishKey(a.target)
-}
-
-// fulfilledKey returns the key under which a pass notes the generation
-// at which what the action makes was seen in place: its intent's, or for
-// a kind that drifts, the pod's of its target (ioKey).
-func (a action) fulfilledKey() state.IntentKey {
-	if a.kind.spec().drifts {
-		return ioKey(a.target)
-	}
-	return a.key()
 }

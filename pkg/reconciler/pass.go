@@ -135,7 +135,19 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch claim.
 			delete(r.fulfilled, id)
 		}
 	}
+	for id := range r.ioHeld {
+		if !ids[id] {
+			delete(r.ioHeld, id)
+		}
+	}
 	r.fulfilledMu.Unlock()
+	r.cgroupsMissingMu.Lock()
+	for id := range r.cgroupsMissing {
+		if !ids[id] {
+			delete(r.cgroupsMissing, id)
+		}
+	}
+	r.cgroupsMissingMu.Unlock()
 }
 
 // startPlans starts the planned actions that are not blocked, teardowns

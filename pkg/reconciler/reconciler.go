@@ -70,8 +70,21 @@ type Reconciler struct {
 	// generation at which the intent was last seen fulfilled, so that a
 	// mount lost later is told from one not made yet. Passes write it;
 	// early starts read it.
+	// It guards ioHeld too, which maps a volume and a cgroup of the pods
+	// of its live publishes to the generation of the IO limits that
+	// cgroup was last seen holding: a cgroup that loses them at that
+	// generation drifted (action.drift); one never seen holding them is
+	// new.
 	fulfilledMu locks.Mutex
 	fulfilled   map[string]map[state.IntentKey]int64
+	ioHeld      map[string]map[string]int64
+
+	// cgroupsMissingMu guards cgroupsMissing, which maps a volume and the
+	// UID of a pod of its live publishes to when an observation first
+	// found no cgroup of that pod (observeIO). Passes and early starts
+	// write it; it is taken alone, never with another lock.
+	cgroupsMissingMu locks.Mutex
+	cgroupsMissing   map[string]map[string]time.Time
 
 	// early is what a request's early start (Start) needs: see early.go.
 	early early
@@ -113,7 +126,10 @@ func New(cfg Config) (*Reconciler, error) {
 		soonMax:   soonMax,
 		reported:  map[string]contract.Reason{},
 		fulfilled: map[string]map[state.IntentKey]int64{},
+		ioHeld:    map[string]map[string]int64{},
 		early:     newEarly(),
+
+		cgroupsMissing: map[string]map[string]time.Time{},
 	}, nil
 }
 

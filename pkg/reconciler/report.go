@@ -57,7 +57,11 @@ func (r *Reconciler) report(ctx context.Context, v *state.Volume, a *actual, sta
 	}
 	if l := v.IOLimits; l != nil {
 		result(state.IOLimitsKey, l.Generation, ioLimitsReady(v, a))
-		noteIOLimitsHeld(seen, v, a)
+	}
+	if held := noteIOLimitsHeld(r.ioHeld[v.ID], v, a); len(held) > 0 {
+		r.ioHeld[v.ID] = held
+	} else {
+		delete(r.ioHeld, v.ID)
 	}
 	for id, s := range v.Snapshots {
 		// Fulfilled when it is forgotten: only its failures are reported.
@@ -125,22 +129,33 @@ func (r *Reconciler) logCondition(logger klog.Logger, id string, cond state.Cond
 	}
 }
 
-// noteIOLimitsHeld notes in seen, for each live target of v, the
-// generation of the IO limits its pod was seen holding in every cgroup
-// (ioKey); a target's note stays while its pod does not hold them, as a
-// lost publish's does (report), so that setting them again at that
-// generation is known as the repair of a drift. The notes of targets no
-// longer live are forgotten.
-func noteIOLimitsHeld(seen map[state.IntentKey]int64, v *state.Volume, a *actual) {
-	prefix := string(state.IOLimitsKey) + ":"
-	for k := range seen {
-		if t, ok := strings.CutPrefix(string(k), prefix); ok && (v.Publishes[t] == nil || v.Publishes[t].Deleting) {
-			delete(seen, k)
-		}
+// noteIOLimitsHeld returns the notes of which cgroups of the pods of
+// v's live publishes hold its IO limits, from the previous notes (held)
+// and what a pass saw: a cgroup that holds them is noted at their
+// generation; one that does not keeps its note, so that setting them
+// again at that generation is known as the repair of a drift
+// (findDrifts); a cgroup not seen, or of a pod whose cgroups could not be
+// read, is forgotten, as are all of them when v asks for no limits. A
+// cgroup never seen holding them (a new container's) gets no note until
+// it does.
+func noteIOLimitsHeld(held map[string]int64, v *state.Volume, a *actual) map[string]int64 {
+	if v.IOLimits == nil || a.io == nil {
+		return nil
 	}
+	want, gen := v.WantsIOLimits(), v.IOLimits.Generation
+	next := map[string]int64{}
 	for t, pub := range v.Publishes {
-		if p := a.io.pod(t); !pub.Deleting && p != nil && !p.missing && p.err == "" && p.holds(v.WantsIOLimits()) {
-			seen[ioKey(t)] = v.IOLimits.Generation
+		p := a.io.pod(t)
+		if pub.Deleting || p == nil || p.err != "" {
+			continue
+		}
+		for d, l := range p.cgroups {
+			if l == want {
+				next[d] = gen
+			} else if g, ok := held[d]; ok {
+				next[d] = g
+			}
 		}
 	}
+	return next
 }
