@@ -86,11 +86,6 @@ func newCgroupIO(version int, root string) (CgroupIO, error) {
 	return CgroupIO{Version: version, Root: resolved, pods: newPodCgroups(resolved), write: writeCgroupFile}, nil
 }
 
-// kubeletCgroupDepth is how deep below the hierarchy's root the
-// kubelet's own cgroup (kubepods, kubepods.slice) is looked for at start:
-// a pod's is two levels below it, within podSearchDepth.
-const kubeletCgroupDepth = podSearchDepth - 2
-
 // ioNotEnabledBelow says why the cgroups below the v2 root may have no
 // io.max: io not in the root's cgroup.subtree_control, or a kubelet's
 // cgroup (kubepods, kubepods.slice) without io.max or without io in its
@@ -106,8 +101,13 @@ func ioNotEnabledBelow(root string) string {
 			filepath.Join(root, "cgroup.subtree_control"))
 	}
 	var problems []string
-	_ = walkDirs(root, kubeletCgroupDepth, func(path, name string) bool {
-		if name != "kubepods" && name != "kubepods.slice" {
+	// Where the pods' cgroups are looked for (walkPodCgroups).
+	_ = walkDirs(root, kubepodsSearchDepth, func(path, name string) bool {
+		parent := ""
+		if dir := filepath.Dir(path); dir != root {
+			parent = filepath.Base(dir)
+		}
+		if _, ok := kubepodsCgroup(parent, name); !ok {
 			return true
 		}
 		if !isDir(path) {

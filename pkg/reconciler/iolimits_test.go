@@ -443,7 +443,7 @@ func TestIOLimitsPodCgroupNeverFound(t *testing.T) {
 	h.pass()
 	c := h.store.Condition("v1")
 	if c.Reason != contract.IOLimitsNotApplied || c.Health != state.Degraded || !strings.Contains(c.Message, "pod "+uid) ||
-		!strings.Contains(c.Message, "within 5 levels of "+cg.Root) || !strings.Contains(c.Message, "--cgroup-root") {
+		!strings.Contains(c.Message, "within 3 levels of "+cg.Root) || !strings.Contains(c.Message, "--cgroup-root") {
 		t.Errorf("condition a minute after the publish: got %+v, want DEGRADED %s naming pod %s, the cgroup root and the depth searched", c, contract.IOLimitsNotApplied, uid)
 	}
 
