@@ -58,17 +58,7 @@ const (
 func testIOLimits(t *testing.T) {
 	attributesClass(t, ioSlowClass, ioSlowIOPS)
 	attributesClass(t, ioFastClass, ioFastIOPS)
-	createClaim(t, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: "io-limited"},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:               []corev1.PersistentVolumeAccessMode{rwo},
-			StorageClassName:          ptr.To("converge"),
-			VolumeAttributesClassName: ptr.To(ioSlowClass),
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceStorage: resource.MustParse(volumeSize),
-			}},
-		},
-	})
+	classClaim(t, "io-limited", ioSlowClass)
 	claim(t, "io-free", fs, rwo)
 	pod := startIOPod(t, "io-limits", "io-limited", "io-free")
 	v, other := boundVolume(t, "io-limited"), boundVolume(t, "io-free")
@@ -117,6 +107,23 @@ func testIOLimits(t *testing.T) {
 	// A volume with limits recorded is deleted as any other.
 	release(t, v, "io-limited", pod.Name)
 	release(t, other, "io-free")
+}
+
+// classClaim makes a filesystem claim of converge called name that names
+// the VolumeAttributesClass class.
+func classClaim(t *testing.T, name, class string) {
+	t.Helper()
+	createClaim(t, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:               []corev1.PersistentVolumeAccessMode{rwo},
+			StorageClassName:          ptr.To("converge"),
+			VolumeAttributesClassName: ptr.To(class),
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceStorage: resource.MustParse(volumeSize),
+			}},
+		},
+	})
 }
 
 // attributesClass creates a VolumeAttributesClass of converge's limiting

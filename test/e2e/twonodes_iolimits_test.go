@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -27,17 +25,7 @@ func TestTwoNodesIOLimitsWhereverTheResizerRuns(t *testing.T) {
 	const slow, fast, name = "converge-io-b-slow", "converge-io-b-fast", "io-b"
 	attributesClass(t, slow, ioSlowIOPS)
 	attributesClass(t, fast, ioFastIOPS)
-	createClaim(t, &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:               []corev1.PersistentVolumeAccessMode{rwo},
-			StorageClassName:          ptr.To("converge"),
-			VolumeAttributesClassName: ptr.To(slow),
-			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
-				corev1.ResourceStorage: resource.MustParse(volumeSize),
-			}},
-		},
-	})
+	classClaim(t, name, slow)
 	pod := startPod(t, podSpec{name: name + "-reader", claims: []string{name}, node: b.node, image: toolsImage})
 	v := boundVolume(t, name)
 	if v.n != b {
