@@ -3,9 +3,12 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -18,7 +21,9 @@ import (
 // PV, and the second node's agent (converge-controller node-agent) hands
 // it to its own csi-node, which sets the new rule in the pod's cgroups.
 // The class the claim was made with is the second node's own
-// (CreateVolume's mutable parameters, on the node that provisions).
+// (CreateVolume's mutable parameters, on the node that provisions). Then
+// csi-node and the kubelet of the second node restart: the rule is in
+// force throughout, before and after csi-node's start-up.
 func TestTwoNodesIOLimitsWhereverTheResizerRuns(t *testing.T) {
 	b := secondNode(t)
 	moveResizerLease(t, c.kubeNode)
@@ -50,5 +55,42 @@ func TestTwoNodesIOLimitsWhereverTheResizerRuns(t *testing.T) {
 				pvc.Status.ModifyVolumeStatus, pvc.Status.Conditions, podEvents(name))
 	})
 	waitReadIOPSRule(t, b, pod, dev, ioFastIOPS)
+
+	// csi-node and the kubelet restart: the rule stays in force
+	// throughout, and csi-node's start-up, which reconstructs the volume,
+	// leaves it as it is.
+	restarts, err := b.killContainer(ctx, t, "csi-node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its sidecars exit with it; the resizer had restarted when the
+	// Lease moved off this node, and meets the kubelet's back-off.
+	if p, _ := b.driverPod(ctx); p != nil {
+		expectWarning(t, "BackOff", "Pod/"+p.Namespace+"/"+p.Name)
+	}
+	if err := b.restartKubelet(ctx); err != nil {
+		t.Fatalf("restarting %s's kubelet: %v", b.node, err)
+	}
+	holdsReadIOPSRule(t, b, pod, dev, ioFastIOPS)
+	if err := b.waitRestarted(ctx, "csi-node", restarts); err != nil {
+		t.Fatalf("csi-node on %s: %v", b.node, err)
+	}
+	holdsReadIOPSRule(t, b, pod, dev, ioFastIOPS)
 	release(t, v, name, pod.Name)
+}
+
+// holdsReadIOPSRule fails t unless every cgroup of pod on n holds the read
+// IOPS rule iops for dev now.
+func holdsReadIOPSRule(t *testing.T, n *kubeNode, pod *corev1.Pod, dev string, iops int) {
+	t.Helper()
+	files, err := readIOPSFiles(n, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("%s %d", dev, iops)
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s: %q (%v), want %q", f, strings.TrimSpace(string(b)), err, want)
+		}
+	}
 }
