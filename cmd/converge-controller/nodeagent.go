@@ -12,7 +12,11 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/buildinfo"
@@ -83,13 +87,17 @@ func nodeAgent(ctx context.Context, args []string) error {
 		_, err := ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: h.VolumeID, MutableParameters: h.Params})
 		return err
 	}
-	return classagent.New(classagent.Config{Client: client, Scope: scope, Modify: modify, Resync: *resync}).Run(ctx)
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-node-agent", Host: scope.Node})
+	return classagent.New(classagent.Config{Client: client, Scope: scope, Modify: modify, Resync: *resync, Events: events}).Run(ctx)
 }
 
 // modifyAdvertised asks csi-node, until it answers or ctx ends, whether
 // it serves ControllerModifyVolume.
 func modifyAdvertised(ctx context.Context, ctrl csi.ControllerClient) (bool, error) {
-	for {
+	for waited := 0; ; {
 		call, cancel := context.WithTimeout(ctx, modifyTimeout)
 		resp, err := ctrl.ControllerGetCapabilities(call, &csi.ControllerGetCapabilitiesRequest{})
 		cancel()
@@ -101,7 +109,10 @@ func modifyAdvertised(ctx context.Context, ctrl csi.ControllerClient) (bool, err
 			}
 			return false, nil
 		}
-		klog.V(2).InfoS("Waiting for csi-node", "err", err)
+		if waited == 0 {
+			klog.InfoS("Waiting for csi-node to answer", "err", err)
+		}
+		waited++
 		select {
 		case <-ctx.Done():
 			return false, ctx.Err()

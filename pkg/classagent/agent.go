@@ -14,6 +14,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 )
@@ -27,7 +28,23 @@ type Config struct {
 	Modify func(ctx context.Context, h Hand) error
 	// Resync is how often every volume of the node is handed again.
 	Resync time.Duration
+	// Events tells a claim's owner that its class could not be handed.
+	Events record.EventRecorder
+	// SyncTimeout bounds the wait for the caches at start: an agent that
+	// cannot read the API exits rather than run without a word.
+	SyncTimeout time.Duration
+	// RetryBase is the first retry's delay, doubled at each failure up to
+	// five minutes.
+	RetryBase time.Duration
 }
+
+// Warning reasons of the agent's events.
+const (
+	// ReasonNotApplied: the volume's node refused the class the claim
+	// names, failTimes in a row; the event quotes its answer.
+	ReasonNotApplied = "VolumeAttributesClassNotApplied"
+	failTimes        = 3
+)
 
 // Agent watches the cluster's PersistentVolumes, their claims and the
 // VolumeAttributesClasses, and hands each volume of its node the class its
@@ -40,23 +57,44 @@ type Agent struct {
 	claims  corelisters.PersistentVolumeClaimLister
 	classes storagelisters.VolumeAttributesClassLister
 	queue   workqueue.TypedRateLimitingInterface[string]
-	// handed is the class each PV was last handed, to log a change once.
-	handed map[string]string
+	// handed is the class each PV was last handed, skipped why it was
+	// not, to log a change once; the worker's alone.
+	handed, skipped map[string]string
 }
 
 // New makes an Agent; Run starts it.
 func New(cfg Config) *Agent {
+	if cfg.SyncTimeout <= 0 {
+		cfg.SyncTimeout = 2 * time.Minute
+	}
+	if cfg.RetryBase <= 0 {
+		cfg.RetryBase = time.Second
+	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 0)
-	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{},
+	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{}, skipped: map[string]string{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
-			workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
+			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBase, 5*time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "classagent"})}
 	pvs := f.Core().V1().PersistentVolumes().Informer()
+	pvcs := f.Core().V1().PersistentVolumeClaims().Informer()
+	// Every node's agent caches the cluster's volumes and claims: only
+	// what Decide reads is kept.
+	for _, inf := range []cache.SharedIndexInformer{pvs, pvcs} {
+		if err := inf.SetTransform(slim); err != nil {
+			panic(err) // only before the informer starts
+		}
+	}
 	pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addVolume(o) },
 		UpdateFunc: func(_, o any) { a.addVolume(o) },
+		// Queued to be forgotten.
+		DeleteFunc: func(o any) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			a.addVolume(o)
+		},
 	})
-	pvcs := f.Core().V1().PersistentVolumeClaims().Informer()
 	pvcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addClaim(o) },
 		UpdateFunc: func(_, o any) { a.addClaim(o) },
@@ -78,12 +116,34 @@ func (a *Agent) addVolume(o any) {
 	}
 }
 
+// addClaim queues the volume pvc is bound to, if it is the node's and
+// bound to pvc: a claim anyone makes naming another's volume queues
+// nothing.
 func (a *Agent) addClaim(o any) {
-	if pvc, ok := o.(*corev1.PersistentVolumeClaim); ok && pvc.Spec.VolumeName != "" {
-		if pv, err := a.volumes.Get(pvc.Spec.VolumeName); err == nil && a.cfg.Scope.Mine(pv) {
-			a.queue.Add(pv.Name)
-		}
+	pvc, ok := o.(*corev1.PersistentVolumeClaim)
+	if !ok || pvc.Spec.VolumeName == "" {
+		return
 	}
+	pv, err := a.volumes.Get(pvc.Spec.VolumeName)
+	if err != nil || !a.cfg.Scope.Mine(pv) {
+		return
+	}
+	if ref := pv.Spec.ClaimRef; ref != nil && ref.UID == pvc.UID && ref.Namespace == pvc.Namespace && ref.Name == pvc.Name {
+		a.queue.Add(pv.Name)
+	}
+}
+
+// slim keeps of a PV or a claim only what Decide reads.
+func slim(o any) (any, error) {
+	switch x := o.(type) {
+	case *corev1.PersistentVolume:
+		x.ManagedFields, x.Annotations, x.Labels = nil, nil, nil
+		x.Status = corev1.PersistentVolumeStatus{}
+	case *corev1.PersistentVolumeClaim:
+		x.ManagedFields, x.Annotations, x.Labels = nil, nil, nil
+		x.Status = corev1.PersistentVolumeClaimStatus{}
+	}
+	return o, nil
 }
 
 // addAll queues every volume of the node.
@@ -102,8 +162,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.factory.Shutdown()
 	defer a.queue.ShutDown()
 	a.factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
-		return fmt.Errorf("the caches did not fill: %w", ctx.Err())
+	syncCtx, cancel := context.WithTimeout(ctx, a.cfg.SyncTimeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(syncCtx.Done(), a.synced...) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("the caches of PersistentVolumes, claims and VolumeAttributesClasses did not fill within %s: can this node's account list and watch them?", a.cfg.SyncTimeout)
 	}
 	log := klog.FromContext(ctx)
 	log.Info("Handing the node's volumes their VolumeAttributesClass", "driver", a.cfg.Scope.Driver, "node", a.cfg.Scope.Node)
@@ -131,8 +196,13 @@ func (a *Agent) next(ctx context.Context) bool {
 		return false
 	}
 	defer a.queue.Done(name)
-	if err := a.hand(ctx, name); err != nil {
-		klog.FromContext(ctx).Error(err, "Handing the volume its class failed; retrying", "pv", name, "retries", a.queue.NumRequeues(name))
+	if claim, err := a.hand(ctx, name); err != nil {
+		tries := a.queue.NumRequeues(name) + 1
+		klog.FromContext(ctx).Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
+		if tries == failTimes && claim != nil && a.cfg.Events != nil {
+			a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonNotApplied,
+				"node %s did not apply class %q to volume %s (%d tries; its node agent retries): %v", a.cfg.Scope.Node, ClassOf(claim), name, tries, err)
+		}
 		a.queue.AddRateLimited(name)
 		return true
 	}
@@ -140,35 +210,42 @@ func (a *Agent) next(ctx context.Context) bool {
 	return true
 }
 
-// hand decides PV name's call from the caches and makes it.
-func (a *Agent) hand(ctx context.Context, name string) error {
+// hand decides PV name's call from the caches and makes it. It returns
+// the volume's claim when the call failed.
+func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolumeClaim, error) {
 	log := klog.FromContext(ctx)
 	pv, err := a.volumes.Get(name)
 	if apierrors.IsNotFound(err) {
 		delete(a.handed, name)
-		return nil
+		delete(a.skipped, name)
+		return nil, nil
 	} else if err != nil {
-		return err
+		return nil, err
 	}
 	var claim *corev1.PersistentVolumeClaim
 	if ref := pv.Spec.ClaimRef; ref != nil {
 		claim, _ = a.claims.PersistentVolumeClaims(ref.Namespace).Get(ref.Name)
 	}
 	var class *storagev1.VolumeAttributesClass
-	if n := deref(pv.Spec.VolumeAttributesClassName); n != "" {
-		class, _ = a.classes.Get(n)
+	if claim != nil && ClassOf(claim) != "" {
+		class, _ = a.classes.Get(ClassOf(claim))
 	}
 	h, why := a.cfg.Scope.Decide(pv, claim, class)
 	if why != "" {
-		log.V(4).Info("Nothing to hand", "pv", name, "why", why)
-		return nil
+		if a.skipped[name] != why && a.cfg.Scope.Mine(pv) {
+			log.V(2).Info("Nothing to hand the volume", "pv", name, "why", why)
+		}
+		a.skipped[name] = why
+		delete(a.handed, name)
+		return nil, nil
 	}
+	delete(a.skipped, name)
 	if err := a.cfg.Modify(ctx, h); err != nil {
-		return fmt.Errorf("class %q to volume %s: %w", h.Class, h.VolumeID, err)
+		return claim, fmt.Errorf("class %q to volume %s: %w", h.Class, h.VolumeID, err)
 	}
 	if a.handed[name] != h.Class {
 		log.Info("Handed the volume its class", "pv", name, "volumeID", h.VolumeID, "class", h.Class, "parameters", h.Params)
 		a.handed[name] = h.Class
 	}
-	return nil
+	return nil, nil
 }

@@ -3,6 +3,7 @@ package classagent
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 )
 
@@ -57,7 +59,7 @@ func (c *calls) waitFor(t *testing.T, class string) int {
 	return 0
 }
 
-func TestAgentHandsWhatTheClaimAndTheVolumeAgreeOn(t *testing.T) {
+func TestAgentHandsTheClassTheClaimNames(t *testing.T) {
 	pv, claim, slow := world()
 	fast := &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "fast"}, DriverName: driver,
 		Parameters: map[string]string{"maxReadIops": "200"}}
@@ -74,22 +76,10 @@ func TestAgentHandsWhatTheClaimAndTheVolumeAgreeOn(t *testing.T) {
 		t.Errorf("%d hands before slow went through, want the refused one and its retry", n)
 	}
 
-	// The claim's owner switches to fast: nothing until the resizer
-	// writes it into the volume.
+	// The claim's owner switches to fast: handed at once, whatever the
+	// PV says.
 	claim.Spec.VolumeAttributesClassName = ptr.To("fast")
 	if _, err := client.CoreV1().PersistentVolumeClaims("ns").Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	c.mu.Lock()
-	for _, h := range c.got {
-		if h.Class == "fast" {
-			t.Errorf("fast handed before the volume names it: %+v", c.got)
-		}
-	}
-	c.mu.Unlock()
-	pv.Spec.VolumeAttributesClassName = ptr.To("fast")
-	if _, err := client.CoreV1().PersistentVolumes().Update(ctx, pv, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	c.waitFor(t, "fast")
@@ -102,5 +92,29 @@ func TestAgentHandsWhatTheClaimAndTheVolumeAgreeOn(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run: %v", err)
+	}
+}
+
+// TestAgentTellsTheClaimOfARefusal: a class the volume's node keeps
+// refusing is told in one Warning event on the claim, and retried.
+func TestAgentTellsTheClaimOfARefusal(t *testing.T) {
+	pv, claim, slow := world()
+	client := fake.NewClientset(pv, claim, slow)
+	c := &calls{fail: failTimes + 1}
+	events := record.NewFakeRecorder(10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events, RetryBase: 10 * time.Millisecond}).Run(ctx)
+	if n := c.waitFor(t, "slow"); n != failTimes+2 {
+		t.Errorf("%d tries before slow went through, want %d", n, failTimes+2)
+	}
+	close(events.Events)
+	var got []string
+	for e := range events.Events {
+		got = append(got, e)
+	}
+	if len(got) != 1 || !strings.Contains(got[0], "Warning "+ReasonNotApplied) || !strings.Contains(got[0], `class "slow"`) ||
+		!strings.Contains(got[0], "csi-node refused") {
+		t.Errorf("events: %q, want one %s quoting the refusal", got, ReasonNotApplied)
 	}
 }

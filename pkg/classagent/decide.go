@@ -37,15 +37,15 @@ func (s Scope) Mine(pv *corev1.PersistentVolume) bool {
 	return n == "" || n == s.Node
 }
 
-// Decide returns the call to make for pv, given its claim and its class
-// (nil when not found), or why there is none.
+// Decide returns the call to make for pv, given its claim and the class
+// the claim's spec names (nil when not found), or why there is none. The
+// class is the one the claim's owner asks for, which only the owner
+// writes: a PV's class and a claim's status, which the resizer writes
+// with a node's credentials, are never read, so that no node can hold a
+// volume to a class its owner left, or keep it from the one it asks for.
 func (s Scope) Decide(pv *corev1.PersistentVolume, claim *corev1.PersistentVolumeClaim, class *storagev1.VolumeAttributesClass) (Hand, string) {
 	if !s.Mine(pv) {
 		return Hand{}, "not a volume of this node"
-	}
-	name := deref(pv.Spec.VolumeAttributesClassName)
-	if name == "" {
-		return Hand{}, "the volume names no class"
 	}
 	ref := pv.Spec.ClaimRef
 	switch {
@@ -56,16 +56,21 @@ func (s Scope) Decide(pv *corev1.PersistentVolume, claim *corev1.PersistentVolum
 	case claim.UID != ref.UID || claim.Spec.VolumeName != pv.Name:
 		return Hand{}, fmt.Sprintf("claim %s/%s is not the one bound to it", claim.Namespace, claim.Name)
 	}
-	if want := deref(claim.Spec.VolumeAttributesClassName); want != name {
-		return Hand{}, fmt.Sprintf("its claim %s/%s asks for class %q, the volume names %q: a modify is under way or was refused", claim.Namespace, claim.Name, want, name)
-	}
+	name := ClassOf(claim)
 	switch {
+	case name == "":
+		return Hand{}, fmt.Sprintf("its claim %s/%s names no class", claim.Namespace, claim.Name)
 	case class == nil:
-		return Hand{}, fmt.Sprintf("class %q is not found", name)
+		return Hand{}, fmt.Sprintf("class %q, which its claim %s/%s names, is not found", name, claim.Namespace, claim.Name)
 	case class.DriverName != s.Driver:
-		return Hand{}, fmt.Sprintf("class %q is of driver %q", name, class.DriverName)
+		return Hand{}, fmt.Sprintf("class %q, which its claim %s/%s names, is of driver %q", name, claim.Namespace, claim.Name, class.DriverName)
 	}
 	return Hand{VolumeID: pv.Spec.CSI.VolumeHandle, Class: name, Params: class.Parameters}, ""
+}
+
+// ClassOf is the VolumeAttributesClass claim's spec names, "" for none.
+func ClassOf(claim *corev1.PersistentVolumeClaim) string {
+	return deref(claim.Spec.VolumeAttributesClassName)
 }
 
 func deref(s *string) string {
