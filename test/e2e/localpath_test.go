@@ -10,6 +10,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/converge-csi/converge/test/e2e/peers"
 )
 
 // useLocalPath installs local-path-provisioner for the test, and takes it
@@ -17,17 +19,21 @@ import (
 func useLocalPath(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
+	start := time.Now()
 	if err := c.installLocalPath(ctx); err != nil {
 		t.Fatalf("installing local-path-provisioner: %v", err)
 	}
+	t.Logf("local-path-provisioner %s installed in %.1fs", peers.LocalPathVersion, time.Since(start).Seconds())
 	t.Cleanup(func() {
 		if t.Failed() {
 			logs, _ := c.kubectl(ctx, "-n", localPathNamespace, "logs", "deployment/local-path-provisioner", "--tail=40")
 			t.Logf("local-path-provisioner's log:\n%s", logs)
 		}
+		start := time.Now()
 		if err := c.uninstallLocalPath(ctx); err != nil {
 			t.Errorf("uninstalling local-path-provisioner: %v", err)
 		}
+		t.Logf("local-path-provisioner uninstalled in %.1fs", time.Since(start).Seconds())
 	})
 }
 
@@ -61,6 +67,7 @@ func testLocalPathProvisioner(t *testing.T) {
 		t.Fatalf("volume %s is not a hostPath, local-path's default: %+v", pv.Name, pv.Spec.PersistentVolumeSource)
 	}
 	dir := pv.Spec.HostPath.Path
+	t.Logf("claim %s: volume %s at %s on the node", name, pv.Name, dir)
 	if filepath.Dir(dir) != c.localPathDir() {
 		t.Fatalf("the claim's directory is %s, want one in the run's node path %s", dir, c.localPathDir())
 	}
