@@ -58,6 +58,9 @@ type cluster struct {
 	sidecarDirs map[string]string
 	// crictl is the crictl every node has (node.go installCrictl).
 	crictl string
+	// localPath is local-path-provisioner, while tests use it
+	// (localpath.go).
+	localPath localPathInstall
 
 	// nodes are the cluster's nodes, the first one first.
 	nodes []*kubeNode

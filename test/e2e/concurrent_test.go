@@ -37,6 +37,9 @@ func TestConcurrent(t *testing.T) {
 		{"TestSnapshotOfRawBlock", testSnapshotOfRawBlock},
 		{"TestExamples", testExamples},
 		{"TestTroubleshooting", testTroubleshooting},
+		// It installs local-path-provisioner beside converge for its
+		// time: a namespace, a class and cluster roles of local-path's own.
+		{"TestLocalPathProvisioner", testLocalPathProvisioner},
 	} {
 		t.Run(q.name, func(t *testing.T) {
 			if together {

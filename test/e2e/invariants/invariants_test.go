@@ -66,6 +66,25 @@ func TestUnexpectedWarnings(t *testing.T) {
 	}
 }
 
+// Warnings of local-path-provisioner, which a test runs beside converge,
+// are not converge's: its provisioner reports under its own name
+// (sig-storage-lib-external-provisioner's "<provisioner>_<pod>_<id>"), and
+// its pods, the provisioner's and the helper pods it makes, have names of
+// their own.
+func TestLocalPathWarningsAreNotOurs(t *testing.T) {
+	sources := []string{"converge-controller", "converge.csi.dev"}
+	pods := []string{"converge-node-", "converge-controller-"}
+	events := []Event{
+		{Type: "Warning", Reason: "ProvisioningFailed", Object: "PersistentVolumeClaim/default/local-path",
+			Source: "rancher.io/local-path_local-path-provisioner-7d4f8b9c5-x2x9z_0b1c"},
+		{Type: "Warning", Reason: "BackOff", Object: "Pod/local-path-storage/local-path-provisioner-7d4f8b9c5-x2x9z", Source: "kubelet"},
+		{Type: "Warning", Reason: "Failed", Object: "Pod/local-path-storage/helper-pod-create-pvc-5e0c", Source: "kubelet"},
+	}
+	if got := UnexpectedWarnings(events, sources, pods, nil); len(got) != 0 {
+		t.Errorf("got %q, want none of local-path's warnings counted as converge's", got)
+	}
+}
+
 func TestVolumeMounts(t *testing.T) {
 	k := "/var/lib/kubelet"
 	points := []string{
