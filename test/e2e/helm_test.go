@@ -194,7 +194,7 @@ func TestHelmChart(t *testing.T) {
 	ours := 0
 	for _, p := range pods.Items {
 		for _, ctr := range p.Spec.Containers {
-			if ctr.Name == "csi-node" || ctr.Name == "converge-controller" {
+			if ctr.Name == "csi-node" || ctr.Name == "node-agent" || ctr.Name == "converge-controller" {
 				ours++
 				if ctr.Image != release.ImageRef {
 					t.Errorf("%s/%s runs %s, not the release's image %s", p.Name, ctr.Name, ctr.Image, release.ImageRef)
@@ -203,7 +203,7 @@ func TestHelmChart(t *testing.T) {
 		}
 	}
 	if ours < len(c.nodes) {
-		t.Errorf("%d containers of csi-node or converge-controller in %s, want one per node at least", ours, daemonSetNamespace)
+		t.Errorf("%d containers of csi-node, node-agent or converge-controller in %s, want one per node at least", ours, daemonSetNamespace)
 	}
 
 	pod, v := writerPod(t, "helm-writer")
