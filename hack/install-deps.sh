@@ -3,7 +3,7 @@
 # With the argument "e2e", also what the real-kubelet suite (test/e2e) runs:
 # etcd, containerd, runc, the CNI plugins, busybox for the test images and
 # debootstrap for the csi-node image's Debian root, shellcheck for make
-# vet; with "release" (make release), debootstrap alone; with "bench"
+# vet, fio; with "release" (make release), debootstrap alone; with "bench"
 # (make bench), fio.
 # Idempotent: does nothing when every tool is present.
 set -euo pipefail
@@ -30,8 +30,9 @@ command -v mkfs.xfs  >/dev/null || need+=(xfsprogs)
 command -v mkfs.btrfs >/dev/null || need+=(btrfs-progs)
 command -v blkid     >/dev/null || need+=(util-linux)
 command -v losetup   >/dev/null || need+=(mount)
-# make bench's data-path figures (test/bench BenchmarkDataPath) run fio.
-if [ "${1:-}" = bench ]; then
+# make bench's data-path figures (test/bench BenchmarkDataPath) run fio,
+# and so does the e2e's TestIOLimits, in a pod.
+if [ "${1:-}" = bench ] || [ "${1:-}" = e2e ]; then
   command -v fio >/dev/null || need+=(fio)
 fi
 if [ "${1:-}" = release ] || [ "${1:-}" = e2e ]; then

@@ -21,6 +21,10 @@ const (
 	busyboxImage = "converge.local/busybox:e2e"
 	// toolsImage is busybox's shell tools with GNU dd and bash as sh.
 	toolsImage = "converge.local/e2e-tools:e2e"
+	// fioImage is toolsImage with the host's fio (TestIOLimits), an image
+	// of its own: fio's libraries weigh 80 MB, which the storage suite's
+	// pods of toolsImage do without.
+	fioImage = "converge.local/e2e-fio:e2e"
 )
 
 // standInBinary is where the stand-ins' images hold the test binary.
@@ -85,6 +89,14 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 	if err != nil {
 		return err
 	}
+	fio, err := exec.LookPath("fio")
+	if err != nil {
+		return fmt.Errorf("fio is not installed (hack/install-deps.sh e2e installs it): %w", err)
+	}
+	fioFiles, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/bash", "/bin/fio": fio})
+	if err != nil {
+		return err
+	}
 	agn, err := busyboxFiles(map[string]string{"/bin/dd": "/bin/dd", "/bin/sh": "/bin/bash", "/agnhost": agnhost})
 	if err != nil {
 		return err
@@ -120,6 +132,7 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 		{ref: pauseImage, files: []ociimage.File{{Name: "pause", Mode: 0o755, Data: bin}}, config: map[string]any{"Entrypoint": []string{"/pause"}}},
 		{ref: busyboxImage, files: shell, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{ref: toolsImage, files: tools, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
+		{ref: fioImage, files: fioFiles, config: map[string]any{"Cmd": []string{"sh"}, "Env": []string{"PATH=/bin"}}},
 		{ref: "converge.local/agnhost:e2e", files: agn,
 			config: map[string]any{"Entrypoint": []string{"/agnhost"}, "Cmd": []string{"pause"}, "Env": []string{agnhostPath}}},
 		{ref: kubectlImage, files: kctl, config: map[string]any{"Entrypoint": []string{"/bin/kubectl"}, "Env": []string{"PATH=/bin"}}},

@@ -2,10 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,25 +30,24 @@ const (
 	ioFastClass = "converge-io-fast"
 	ioSlowIOPS  = 100
 	ioFastIOPS  = 200
-	// ioSeconds is about how long a read at a limit lasts: long beside
-	// blk-throttle's slice (100 ms at most), whose share a new rule lets
-	// through at once (10 reads at 100 a second, 3% of the 300).
+	// ioSeconds is how long fio reads: long beside blk-throttle's slice
+	// (100 ms at most), whose share a new rule lets through at once (10
+	// reads at 100 a second, 3% of the 300).
 	ioSeconds = 3
-	// ioFreeBlocks is what the pod reads of the volume without limits:
-	// a tenth of a second at 20000 reads a second, 5 s at 400.
-	ioFreeBlocks = 2000
+	// ioFileBlocks is the size of each file fio reads, in blocks of 4 KiB.
+	ioFileBlocks = 2000
 	// ioTolerance is how far from a limit a measured rate may be.
 	ioTolerance = 0.10
 )
 
 // testIOLimits proves a VolumeAttributesClass's maxReadIops in a running
 // pod, and a change of it. One pod has two volumes: a claim of class
-// converge-io-slow (maxReadIops 100) and a claim of no class. It reads
-// each with direct IO (GNU dd iflag=direct, 4 KiB a read, one at a time,
-// past every page cache: each read is one request to the volume's loop
-// device), timed by dd itself. The first reads at 100 a second within 10%
+// converge-io-slow (maxReadIops 100) and a claim of no class. fio reads
+// each with direct IO for 3 s (4 KiB random reads, one at a time, past
+// every page cache: each read is one request to the volume's loop
+// device) and counts. The first reads at 100 a second within 10%
 // once csi-node's blk-throttle rule is in every cgroup of the pod (cgroup
-// v1: the container's too, where dd runs); the second, in the same
+// v1: the container's too, where fio runs); the second, in the same
 // cgroups, much faster than either limit. The claim then names
 // converge-io-fast (200): the real csi-resizer calls ControllerModifyVolume
 // (csi-node's ModifyVolume feature, on in the run) and marks the claim's
@@ -66,7 +65,7 @@ func testIOLimits(t *testing.T) {
 	// Written with direct IO too, so that no read finds them cached; no
 	// class limits writes.
 	mustExec(t, pod.Name, fmt.Sprintf("dd if=/dev/zero of=%s bs=4k count=%d oflag=direct 2>&1 && dd if=/dev/zero of=%s bs=4k count=%d oflag=direct 2>&1",
-		limited, ioFastIOPS*ioSeconds, free, ioFreeBlocks))
+		limited, ioFileBlocks, free, ioFileBlocks))
 	dev := podDevice(t, pod.Name, dataDir)
 
 	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
@@ -77,7 +76,7 @@ func testIOLimits(t *testing.T) {
 	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
 	var got float64
 	for range ioTries {
-		if got = readRate(t, pod.Name, free, ioFreeBlocks); got >= 2*ioFastIOPS {
+		if got = readRate(t, pod.Name, free); got >= 2*ioFastIOPS {
 			break
 		}
 	}
@@ -152,11 +151,11 @@ func attributesClass(t *testing.T, name string, iops int) {
 // ioFreeDir is where startIOPod mounts its second claim.
 const ioFreeDir = "/free"
 
-// startIOPod starts a pod of the tools image (GNU dd) with claim mounted
+// startIOPod starts a pod of fioImage with claim mounted
 // at dataDir and other at ioFreeDir, and deletes it when t ends.
 func startIOPod(t *testing.T, name, claim, other string) *corev1.Pod {
 	t.Helper()
-	spec := podSpecOf(podSpec{name: name, claims: []string{claim}, image: toolsImage})
+	spec := podSpecOf(podSpec{name: name, claims: []string{claim}, image: fioImage})
 	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "free", VolumeSource: corev1.VolumeSource{
 		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: other}}})
 	spec.Containers[0].VolumeMounts = append(spec.Containers[0].VolumeMounts, corev1.VolumeMount{Name: "free", MountPath: ioFreeDir})
@@ -251,32 +250,36 @@ func readIOPSFiles(n *kubeNode, pod *corev1.Pod) ([]string, error) {
 	return files, err
 }
 
-// ddSeconds finds GNU dd's own time in its last line: "... copied,
-// 2.99 s, 410 kB/s".
-var ddSeconds = regexp.MustCompile(`copied, ([0-9.]+) s,`)
-
-// readRate reads blocks of 4 KiB of the file path in the pod, one at a
-// time with direct IO, and returns how many it read a second.
-func readRate(t *testing.T, pod, path string, blocks int) float64 {
+// readRate runs fio in the pod for ioSeconds: random reads of 4 KiB of
+// the file path, one at a time (psync, iodepth 1) with direct IO, past
+// every page cache, so that each read is one request to the volume's
+// loop device. It returns fio's own count of reads a second.
+func readRate(t *testing.T, pod, path string) float64 {
 	t.Helper()
-	out := mustExec(t, pod, fmt.Sprintf("dd if=%s of=/dev/null bs=4k count=%d iflag=direct 2>&1", path, blocks))
-	m := ddSeconds.FindStringSubmatch(out)
-	if m == nil {
-		t.Fatalf("dd in %s said %q, want its time", pod, out)
+	out := mustExec(t, pod, fmt.Sprintf("fio --name=limit --filename=%s --readonly --rw=randread --bs=4k --direct=1 --ioengine=psync "+
+		"--iodepth=1 --time_based --runtime=%d --output-format=json", path, ioSeconds))
+	var res struct {
+		Jobs []struct {
+			Read struct {
+				IOPS     float64 `json:"iops"`
+				TotalIOs int64   `json:"total_ios"`
+				Runtime  int64   `json:"runtime"` // ms
+			} `json:"read"`
+		} `json:"jobs"`
 	}
-	secs, err := strconv.ParseFloat(m[1], 64)
-	if err != nil || secs <= 0 {
-		t.Fatalf("dd in %s said %q: time %q", pod, out, m[1])
+	// fio may print a notice before its JSON.
+	if i := strings.IndexByte(out, '{'); i < 0 || json.Unmarshal([]byte(out[i:]), &res) != nil || len(res.Jobs) != 1 {
+		t.Fatalf("fio in %s said %q, want one job's JSON", pod, out)
 	}
-	rate := float64(blocks) / secs
-	t.Logf("%s: %d reads in %.3f s, %.1f a second", path, blocks, secs, rate)
-	return rate
+	r := res.Jobs[0].Read
+	t.Logf("%s: fio read %d times in %d ms, %.1f a second", path, r.TotalIOs, r.Runtime, r.IOPS)
+	return r.IOPS
 }
 
 // ioTries is how many times a read below its limit is measured again.
 const ioTries = 3
 
-// checkReadRate reads ioSeconds' worth of the file at iops a second and
+// checkReadRate reads the file for ioSeconds and
 // fails t unless the rate is iops within ioTolerance. A limit is a
 // ceiling: a rate above it fails at once, while one below it may be the
 // machine's load (the run's other tests share its two cores and disk),
@@ -286,7 +289,7 @@ func checkReadRate(t *testing.T, pod, path string, iops int) {
 	lo, hi := float64(iops)*(1-ioTolerance), float64(iops)*(1+ioTolerance)
 	var got float64
 	for range ioTries {
-		got = readRate(t, pod, path, iops*ioSeconds)
+		got = readRate(t, pod, path)
 		if got >= lo {
 			break
 		}
