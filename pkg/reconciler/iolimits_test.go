@@ -370,25 +370,11 @@ func TestIOLimitsIOControllerNotEnabledInThePodsCgroup(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(pod, "cri-containerd-c1.scope"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for p, content := range map[string]string{
-		"cgroup.controllers":                                             "cpu io memory pids\n",
-		"cgroup.subtree_control":                                         "cpu io memory pids\n",
+	_, target := h.v2PodPublish(uid, root, map[string]string{
 		"kubepods.slice/io.max":                                          "",
 		"kubepods.slice/kubepods-burstable.slice/io.max":                 "",
 		"kubepods.slice/kubepods-burstable.slice/cgroup.subtree_control": "cpu memory pids\n",
-	} {
-		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cg, err := devices.DetectCgroupIO(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.r.cfg.Throttler = cg
-	target := h.podTarget("v1", uid)
-	h.limitedVolume("v1", target, &limits)
-	h.runUntilIdle()
+	})
 
 	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
 		t.Errorf("publish result: got %+v, want ready", r)
@@ -418,19 +404,7 @@ func TestIOLimitsPodCgroupNeverFound(t *testing.T) {
 	h := newHarness(t)
 	const uid = "0b5c8f1e-32c4-4b7a-9d1e-8a2f6c3d4e5f"
 	root := t.TempDir()
-	for p, content := range map[string]string{"cgroup.controllers": "cpu io memory pids\n", "cgroup.subtree_control": "cpu io memory pids\n"} {
-		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cg, err := devices.DetectCgroupIO(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.r.cfg.Throttler = cg
-	target := h.podTarget("v1", uid)
-	h.limitedVolume("v1", target, &limits)
-	h.runUntilIdle()
+	cg, _ := h.v2PodPublish(uid, root, nil)
 
 	for _, step := range []time.Duration{0, cgroupMissingGrace / 2, cgroupMissingGrace/2 - time.Second} {
 		h.clock.Step(step)
@@ -495,4 +469,30 @@ func TestIOLimitsNewContainersAreNoRepairs(t *testing.T) {
 	if n := rec.repairs["set io limits"]; n != 1 {
 		t.Errorf("repairs after a cgroup held the limits and lost them: got %d, want 1", n)
 	}
+}
+
+// v2PodPublish makes root a cgroup v2 hierarchy with io enabled at its
+// top and files (path below root: content) besides, has the reconciler
+// throttle through it, and publishes volume v1, limited, for pod uid. It
+// returns the throttler and the publish's target.
+func (h *harness) v2PodPublish(uid, root string, files map[string]string) (devices.CgroupIO, string) {
+	h.t.Helper()
+	all := map[string]string{"cgroup.controllers": "cpu io memory pids\n", "cgroup.subtree_control": "cpu io memory pids\n"}
+	for p, content := range files {
+		all[p] = content
+	}
+	for p, content := range all {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(content), 0o644); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	cg, err := devices.DetectCgroupIO(root)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.r.cfg.Throttler = cg
+	target := h.podTarget("v1", uid)
+	h.limitedVolume("v1", target, &limits)
+	h.runUntilIdle()
+	return cg, target
 }
