@@ -234,7 +234,7 @@ func runCompareRound(ctx context.Context, way compareWay, n int, s compareSpread
 	// Whatever happens, nothing of the round is left for the next.
 	defer cleanRound(id)
 	name := func(i int) string { return fmt.Sprintf("%s-%d", id, i) }
-	before, err := compareUsage(ctx)
+	before, err := compareUsage(ctx, s.nodes)
 	if err != nil {
 		return round, err
 	}
@@ -262,11 +262,14 @@ func runCompareRound(ctx context.Context, way compareWay, n int, s compareSpread
 		}
 		left := 0
 		for i := range n {
-			if _, ok := w.ready[name(i)]; !ok {
+			_, ready := w.ready[name(i)]
+			_, bound := w.bound[name(i)]
+			_, seen := w.pvs[name(i)]
+			if !ready || way.class != "" && !(bound && seen) {
 				left++
 			}
 		}
-		return left, "pods not Ready"
+		return left, "pods not Ready (or their claims not seen Bound, or their volumes not seen)"
 	}); err != nil {
 		return round, err
 	}
@@ -346,7 +349,7 @@ func runCompareRound(ctx context.Context, way compareWay, n int, s compareSpread
 	}); err != nil {
 		return round, err
 	}
-	after, err := compareUsage(ctx)
+	after, err := compareUsage(ctx, s.nodes)
 	if err != nil {
 		return round, err
 	}
@@ -483,7 +486,7 @@ type usage struct {
 	rssBytes   int64
 }
 
-// compareUsage is the usage of converge, its node pods on every node
+// compareUsage is the usage of converge, its node pods on nodes
 // together, and of its peer, local-path-provisioner's pod when it runs
 // ("converge", "peer"). Each is read from the pod's cgroup (v1, the
 // kubelet's cgroupfs layout below its node's cgroup root): the CPU time
@@ -493,7 +496,7 @@ type usage struct {
 // (memory.stat's total_rss, without the page cache). Neither counts
 // converge-controller, nor local-path's helper pods, which make and
 // remove its directories: each lives seconds in a cgroup of its own.
-func compareUsage(ctx context.Context) (map[string]usage, error) {
+func compareUsage(ctx context.Context, nodes []*kubeNode) (map[string]usage, error) {
 	out := map[string]usage{}
 	add := func(who string, n *kubeNode, pod *corev1.Pod) error {
 		u, err := podUsage(n, pod)
@@ -506,7 +509,7 @@ func compareUsage(ctx context.Context) (map[string]usage, error) {
 		out[who] = t
 		return nil
 	}
-	for _, n := range c.nodes {
+	for _, n := range nodes {
 		pod, err := n.driverPod(ctx)
 		if err != nil || pod == nil {
 			return nil, fmt.Errorf("converge's pod on %s: %v", n.node, err)
