@@ -136,7 +136,7 @@ type compareWatch struct {
 func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), err error) {
 	w = &compareWatch{bound: map[string]time.Time{}, ready: map[string]time.Time{}, podGone: map[string]time.Time{},
 		pvGone: map[string]time.Time{}, pvs: map[string]*corev1.PersistentVolume{}, nodes: map[string]string{}, failed: map[string]string{}}
-	ctx, stop = context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(ctx)
 	mine := informers.NewSharedInformerFactoryWithOptions(c.client, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = compareLabel + "=" + id }))
 	all := informers.NewSharedInformerFactory(c.client, 0)
@@ -164,7 +164,7 @@ func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), e
 		}
 	}, func(any) {}))
 	if err != nil {
-		stop()
+		cancel()
 		return nil, nil, err
 	}
 	_, err = mine.Core().V1().Pods().Informer().AddEventHandler(handlers(func(obj any) {
@@ -190,7 +190,7 @@ func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), e
 		}
 	}))
 	if err != nil {
-		stop()
+		cancel()
 		return nil, nil, err
 	}
 	ofRound := func(pv *corev1.PersistentVolume) bool {
@@ -211,14 +211,14 @@ func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), e
 		}
 	}))
 	if err != nil {
-		stop()
+		cancel()
 		return nil, nil, err
 	}
 	mine.Start(ctx.Done())
 	all.Start(ctx.Done())
 	mine.WaitForCacheSync(ctx.Done())
 	all.WaitForCacheSync(ctx.Done())
-	return w, func() { stop(); mine.Shutdown(); all.Shutdown() }, nil
+	return w, func() { cancel(); mine.Shutdown(); all.Shutdown() }, nil
 }
 
 // runCompareRound runs round r of way: n pods, each with a claim of size

@@ -47,9 +47,13 @@ func (r Range) Overlaps(o Range) bool {
 type Verdict string
 
 const (
-	Faster  Verdict = "faster"  // every round's median below every one of the baseline's
-	Slower  Verdict = "slower"  // every round's median above every one of the baseline's
-	Overlap Verdict = "overlap" // the spreads overlap: no way is faster
+	// Below: every round's median below every one of the baseline's
+	// (quicker, or less CPU or memory).
+	Below Verdict = "below"
+	// Above: every round's median above every one of the baseline's.
+	Above Verdict = "above"
+	// Overlap: the spreads overlap, and neither is faster.
+	Overlap Verdict = "overlap"
 )
 
 // Judge compares a way's spread of per-round medians with a baseline's:
@@ -59,9 +63,9 @@ func Judge(way, baseline Range) Verdict {
 	case math.IsNaN(way.Min) || math.IsNaN(baseline.Min):
 		return ""
 	case way.Max < baseline.Min:
-		return Faster
+		return Below
 	case way.Min > baseline.Max:
-		return Slower
+		return Above
 	}
 	return Overlap
 }

@@ -57,8 +57,8 @@ func TestJudge(t *testing.T) {
 		way, base Range
 		want      Verdict
 	}{
-		{Range{1, 2}, Range{3, 4}, Faster},
-		{Range{3, 4}, Range{1, 2}, Slower},
+		{Range{1, 2}, Range{3, 4}, Below},
+		{Range{3, 4}, Range{1, 2}, Above},
 		{Range{1, 3}, Range{2, 4}, Overlap},
 		{Range{math.NaN(), math.NaN()}, Range{1, 2}, ""},
 	} {

@@ -195,7 +195,7 @@ func Table(cases []Case) string {
 	return b.String()
 }
 
-// against is one cell of the table's ratios: "0.52x 0.61x faster".
+// against is one cell of the table's ratios: "0.52x 0.61x below".
 func against(a map[string]Against, m string) string {
 	x, ok := a[m]
 	if !ok {

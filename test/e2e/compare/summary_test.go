@@ -39,10 +39,10 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("thin's ready against local-path: %+v", a)
 	}
 	// Returned: 3 against 4..5: faster; against the emptyDir's 2: slower.
-	if a := thin.Against[LocalPath][Returned]; a.P50 != 0.75 || a.Verdict != Faster {
+	if a := thin.Against[LocalPath][Returned]; a.P50 != 0.75 || a.Verdict != Below {
 		t.Errorf("thin's returned against local-path: %+v", a)
 	}
-	if a := thin.Against[EmptyDir][Returned]; a.P50 != 1.5 || a.Verdict != Slower {
+	if a := thin.Against[EmptyDir][Returned]; a.P50 != 1.5 || a.Verdict != Above {
 		t.Errorf("thin's returned against emptydir: %+v", a)
 	}
 	// An emptyDir has no claim: no Bound, so none against it.
@@ -64,7 +64,7 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("the cases do not encode as JSON (a NaN?): %v", err)
 	}
 	table := Table(cases)
-	for _, want := range []string{"N=3, one node, 2 round(s) per way", "converge-thin", "0.75x 0.60x faster"} {
+	for _, want := range []string{"N=3, one node, 2 round(s) per way", "converge-thin", "0.75x 0.60x below"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("the table lacks %q:\n%s", want, table)
 		}
