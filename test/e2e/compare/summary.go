@@ -36,6 +36,9 @@ const (
 	PeerRSS     = "peer-rss-mib"
 )
 
+// times are the metrics that are times.
+var times = []string{Bound, Ready, Returned}
+
 // Metrics are every metric, in the order the table prints them.
 var Metrics = []string{Bound, Ready, Returned, ConvergeCPU, ConvergeRSS, PeerCPU, PeerRSS}
 
@@ -77,7 +80,8 @@ type WayResult struct {
 	Rounds  int             `json:"rounds"`
 	Metrics map[string]Stat `json:"metrics"`
 	// Against holds, for each baseline (EmptyDir, LocalPath) measured in
-	// the same run, each metric both have.
+	// the same run, each metric both have: against EmptyDir, the times
+	// alone.
 	Against map[string]map[string]Against `json:"against,omitempty"`
 }
 
@@ -125,6 +129,11 @@ func Summarize(rounds []Round) []Case {
 					continue
 				}
 				for _, m := range Metrics {
+					if base == EmptyDir && !slices.Contains(times, m) {
+						// No storage component works for an emptyDir:
+						// its rounds' CPU and memory are the idle ones.
+						continue
+					}
 					s, ok1 := res.Metrics[m]
 					bs, ok2 := b.Metrics[m]
 					if !ok1 || !ok2 {

@@ -57,6 +57,9 @@ func TestSummarize(t *testing.T) {
 	if _, ok := thin.Against[LocalPath][ConvergeCPU]; ok {
 		t.Errorf("a ratio against 0: %+v", thin.Against[LocalPath])
 	}
+	if _, ok := thin.Against[EmptyDir][ConvergeCPU]; ok {
+		t.Errorf("CPU compared with an emptyDir's rounds, in which no storage component works: %+v", thin.Against[EmptyDir])
+	}
 	if got := sortedKeys(ways[2].Against); len(got) != 1 || got[0] != EmptyDir {
 		t.Errorf("local-path is compared with %v, want emptydir alone", got)
 	}
