@@ -31,6 +31,12 @@ const (
 	// converge's node pods and of local-path-provisioner's pod;
 	// ConvergeRSS and PeerRSS their resident memory at its end, in MiB.
 	ConvergeCPU = "converge-cpu-s"
+	// StorageCPU and StorageRSS are the way's own storage component's:
+	// converge's for its ways, local-path-provisioner's for its own (none
+	// for the emptyDir), so that the ratio against local-path sets the
+	// one beside the other.
+	StorageCPU  = "storage-cpu-s"
+	StorageRSS  = "storage-rss-mib"
 	ConvergeRSS = "converge-rss-mib"
 	PeerCPU     = "peer-cpu-s"
 	PeerRSS     = "peer-rss-mib"
@@ -40,7 +46,7 @@ const (
 var times = []string{Bound, Ready, Returned}
 
 // Metrics are every metric, in the order the table prints them.
-var Metrics = []string{Bound, Ready, Returned, ConvergeCPU, ConvergeRSS, PeerCPU, PeerRSS}
+var Metrics = []string{Bound, Ready, Returned, StorageCPU, StorageRSS, ConvergeCPU, ConvergeRSS, PeerCPU, PeerRSS}
 
 // Round is what one round of one way measured: N pods created at once,
 // on one node or spread over two.
@@ -165,7 +171,7 @@ func summarizeWay(way string, rounds []Round) WayResult {
 	for _, m := range Metrics {
 		var all, medians []float64
 		for _, r := range rounds {
-			if xs := r.Samples[m]; len(xs) > 0 {
+			if xs := r.Samples[storageMetric(way, m)]; len(xs) > 0 {
 				all = append(all, xs...)
 				medians = append(medians, Percentile(xs, 50))
 			}
@@ -176,6 +182,20 @@ func summarizeWay(way string, rounds []Round) WayResult {
 		res.Metrics[m] = Stat{P50: Percentile(all, 50), P99: Percentile(all, 99), Spread: RangeOf(medians), Samples: len(all)}
 	}
 	return res
+}
+
+// storageMetric is the metric of round samples that m is for way: m
+// itself but for StorageCPU and StorageRSS, which are its own storage
+// component's figures ("" for the emptyDir, which has none).
+func storageMetric(way, m string) string {
+	own := map[string][2]string{ConvergeThin: {ConvergeCPU, ConvergeRSS}, ConvergeThick: {ConvergeCPU, ConvergeRSS}, LocalPath: {PeerCPU, PeerRSS}}
+	switch m {
+	case StorageCPU:
+		return own[way][0]
+	case StorageRSS:
+		return own[way][1]
+	}
+	return m
 }
 
 // Table prints the cases for a reader: per way and metric the p50, the

@@ -13,10 +13,10 @@ func round(way string, i int, samples map[string][]float64) Round {
 func TestSummarize(t *testing.T) {
 	rounds := []Round{
 		round(EmptyDir, 0, map[string][]float64{Ready: {1, 1, 1}, Returned: {2, 2, 2}, ConvergeCPU: {0.5}}),
-		round(LocalPath, 0, map[string][]float64{Bound: {1, 2, 3}, Ready: {2, 3, 4}, Returned: {4, 4, 4}, ConvergeCPU: {0}}),
+		round(LocalPath, 0, map[string][]float64{Bound: {1, 2, 3}, Ready: {2, 3, 4}, Returned: {4, 4, 4}, ConvergeCPU: {0}, PeerCPU: {0.5}}),
 		round(ConvergeThin, 0, map[string][]float64{Bound: {1, 1, 1}, Ready: {2, 2, 9}, Returned: {3, 3, 3}, ConvergeCPU: {1}}),
 		round(ConvergeThin, 1, map[string][]float64{Bound: {1, 1, 1}, Ready: {4, 4, 4}, Returned: {3, 3, 3}, ConvergeCPU: {2}}),
-		round(LocalPath, 1, map[string][]float64{Bound: {1, 2, 3}, Ready: {5, 5, 5}, Returned: {5, 5, 5}, ConvergeCPU: {0}}),
+		round(LocalPath, 1, map[string][]float64{Bound: {1, 2, 3}, Ready: {5, 5, 5}, Returned: {5, 5, 5}, ConvergeCPU: {0}, PeerCPU: {0.5}}),
 		round(EmptyDir, 1, map[string][]float64{Ready: {1, 1, 1}, Returned: {2, 2, 2}, ConvergeCPU: {0.5}}),
 	}
 	cases := Summarize(rounds)
@@ -59,6 +59,14 @@ func TestSummarize(t *testing.T) {
 	}
 	if _, ok := thin.Against[EmptyDir][ConvergeCPU]; ok {
 		t.Errorf("CPU compared with an emptyDir's rounds, in which no storage component works: %+v", thin.Against[EmptyDir])
+	}
+	// The storage component's CPU: converge's in thin's rounds (1 and 2)
+	// against local-path's own in its rounds (0.5 and 0.5).
+	if a := thin.Against[LocalPath][StorageCPU]; a.P50 != 2 || a.Verdict != Above {
+		t.Errorf("thin's storage CPU against local-path's: %+v", a)
+	}
+	if _, ok := ways[0].Metrics[StorageCPU]; ok {
+		t.Errorf("an emptyDir has a storage component's CPU: %+v", ways[0].Metrics)
 	}
 	if got := sortedKeys(ways[2].Against); len(got) != 1 || got[0] != EmptyDir {
 		t.Errorf("local-path is compared with %v, want emptydir alone", got)
