@@ -8,7 +8,7 @@ SOCKET   := $(RUN_DIR)/csi.sock
 # sets it past its own bound of their step).
 TEST_TIMEOUT ?= 5m
 
-.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart chart-docs manifests fuzz bench e2e conformance crossbuild release clean
+.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart chart-docs manifests fuzz bench compare e2e conformance crossbuild release clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -63,6 +63,20 @@ bench: deps
 	$(GO) test -run '^$$' -bench 'BenchmarkSnapshotCopy' -benchtime 5x ./pkg/devices
 	$(GO) test -run '^$$' -bench 'BenchmarkObserveOwnDevices|BenchmarkObserveVolume' -benchtime 200x ./pkg/devices
 	$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./test/bench
+
+## compare: issue 72's comparison on the e2e cluster (test/e2e/compare.go; a benchmark, not part of make test, which runs it
+## at 3 pods as a smoke test): pods with an emptyDir, converge thin and thick, local-path-provisioner, COMPARE_N pods of each
+## made at once, COMPARE_ROUNDS rounds alternating the ways, on one node, two or both (COMPARE_SPREAD); the table is in the
+## output, the rounds and the summary in $(RUN_DIR)/compare.json (docs/performance.md)
+COMPARE_N      ?= 1,30,100
+COMPARE_ROUNDS ?= 5
+COMPARE_SPREAD ?= one
+compare: deps
+	@./hack/install-deps.sh e2e
+	@mkdir -p $(RUN_DIR)
+	cd test/e2e && $(GO) test -count=1 -v -timeout 180m -run '^TestConcurrent$$/^TestCompare$$' . \
+		-args -compare -compare-n=$(COMPARE_N) -compare-rounds=$(COMPARE_ROUNDS) -compare-spread=$(COMPARE_SPREAD) \
+		-compare-out=$(RUN_DIR)/compare.json
 
 ## release: the files of a release of this checkout, of the version the chart says, in $(RUN_DIR)/release (made anew):
 ## for each platform of PLATFORMS (this machine's by default; another needs its emulator, see docs/releasing.md),

@@ -40,6 +40,10 @@ func TestConcurrent(t *testing.T) {
 		// It installs local-path-provisioner beside converge for its
 		// time: a namespace, a class and cluster roles of local-path's own.
 		{"TestLocalPathProvisioner", testLocalPathProvisioner},
+		// Issue 72's comparison, small (smokeN pods of each way, one
+		// round, no time asserted): its harness provisions, starts and
+		// cleans up each way. With -compare it is make compare, alone.
+		{"TestCompare", testCompare},
 	} {
 		t.Run(q.name, func(t *testing.T) {
 			if together {

@@ -345,11 +345,6 @@ func (v volume) targetPath(pod *corev1.Pod) string {
 // image is the volume's backing file in csi-node's data directory.
 func (v volume) image() string { return v.n.image(v.handle) }
 
-// image is where the node's csi-node keeps the image of volume handle.
-func (n *kubeNode) image(handle string) string {
-	return filepath.Join(n.dataDir, handle+".img")
-}
-
 // calls is what the kubelet (and the suite's provisioner) asked csi-node
 // about the volume so far.
 func (v volume) calls(t *testing.T) []call {

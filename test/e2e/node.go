@@ -83,6 +83,12 @@ func (c *cluster) newNode(name, dir, logs, identity, kubeletVersion string) (*ku
 	return n, nil
 }
 
+// image is where the node's csi-node keeps the image of volume handle
+// (in the default pool).
+func (n *kubeNode) image(handle string) string {
+	return filepath.Join(n.dataDir, handle+".img")
+}
+
 // makeCgroupRoot makes the cgroup root of a kubelet in every cgroup v1
 // hierarchy (the kubelet refuses a root that does not exist). A new cpuset
 // cgroup has no CPUs nor memory nodes until it is given its parent's. A
