@@ -95,27 +95,20 @@ func TestPodCgroupsShapes(t *testing.T) {
 // found would pick them).
 func TestPodCgroupsDecoy(t *testing.T) {
 	uid_ := strings.ReplaceAll(testPodUID, "-", "_")
-	for _, driver := range []string{"cgroupfs", "systemd"} {
-		t.Run(driver, func(t *testing.T) {
-			root, pod, _, _ := fakeCgroupV2(t, driver)
-			c, err := DetectCgroupIO(root)
-			if err != nil {
+	eachFakeV2(t, func(t *testing.T, driver string, c CgroupIO, pod string) {
+		user := filepath.Join(c.Root, "user.slice", "user-1000.slice", "user@1000.service")
+		for _, d := range []string{"pod" + testPodUID, "kubepods-burstable-pod" + uid_ + ".slice", "pod" + testPodUID3} {
+			if err := os.MkdirAll(filepath.Join(user, d), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			user := filepath.Join(c.Root, "user.slice", "user-1000.slice", "user@1000.service")
-			for _, d := range []string{"pod" + testPodUID, "kubepods-burstable-pod" + uid_ + ".slice", "pod" + testPodUID3} {
-				if err := os.MkdirAll(filepath.Join(user, d), 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if got, err := c.PodCgroups(testPodUID); err != nil || len(got) != 1 || got[0] != pod {
-				t.Errorf("PodCgroups: got %v, %v; want [%s]", got, err, pod)
-			}
-			if got, err := c.PodCgroups(testPodUID3); !errors.Is(err, ErrPodCgroupNotFound) {
-				t.Errorf("PodCgroups of a pod with a decoy alone: got %v, %v; want ErrPodCgroupNotFound", got, err)
-			}
-		})
-	}
+		}
+		if got, err := c.PodCgroups(testPodUID); err != nil || len(got) != 1 || got[0] != pod {
+			t.Errorf("PodCgroups: got %v, %v; want [%s]", got, err, pod)
+		}
+		if got, err := c.PodCgroups(testPodUID3); !errors.Is(err, ErrPodCgroupNotFound) {
+			t.Errorf("PodCgroups of a pod with a decoy alone: got %v, %v; want ErrPodCgroupNotFound", got, err)
+		}
+	})
 }
 
 // TestPodCgroupsTwice refuses a pod whose UID names cgroups at two places
@@ -123,6 +116,26 @@ func TestPodCgroupsDecoy(t *testing.T) {
 // limits in either: the other might be the one that binds the pod.
 func TestPodCgroupsTwice(t *testing.T) {
 	uid_ := strings.ReplaceAll(testPodUID, "-", "_")
+	eachFakeV2(t, func(t *testing.T, driver string, c CgroupIO, pod string) {
+		kube := filepath.Dir(filepath.Dir(pod))
+		other := filepath.Join(kube, "besteffort", "pod"+testPodUID)
+		if driver == "systemd" {
+			other = filepath.Join(kube, "kubepods-besteffort.slice", "kubepods-besteffort-pod"+uid_+".slice")
+		}
+		if err := os.MkdirAll(other, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.PodCgroups(testPodUID)
+		if err == nil || errors.Is(err, ErrPodCgroupNotFound) || !strings.Contains(err.Error(), pod) || !strings.Contains(err.Error(), other) {
+			t.Fatalf("PodCgroups of a pod at two places: got %v, %v; want an error naming %s and %s", got, err, pod, other)
+		}
+		t.Log(err)
+	})
+}
+
+// eachFakeV2 runs f for a fake v2 hierarchy of each cgroup driver's
+// layout, with its CgroupIO and the path of its pod's cgroup.
+func eachFakeV2(t *testing.T, f func(t *testing.T, driver string, c CgroupIO, pod string)) {
 	for _, driver := range []string{"cgroupfs", "systemd"} {
 		t.Run(driver, func(t *testing.T) {
 			root, pod, _, _ := fakeCgroupV2(t, driver)
@@ -130,19 +143,7 @@ func TestPodCgroupsTwice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			kube := filepath.Dir(filepath.Dir(pod))
-			other := filepath.Join(kube, "besteffort", "pod"+testPodUID)
-			if driver == "systemd" {
-				other = filepath.Join(kube, "kubepods-besteffort.slice", "kubepods-besteffort-pod"+uid_+".slice")
-			}
-			if err := os.MkdirAll(other, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			got, err := c.PodCgroups(testPodUID)
-			if err == nil || errors.Is(err, ErrPodCgroupNotFound) || !strings.Contains(err.Error(), pod) || !strings.Contains(err.Error(), other) {
-				t.Fatalf("PodCgroups of a pod at two places: got %v, %v; want an error naming %s and %s", got, err, pod, other)
-			}
-			t.Log(err)
+			f(t, driver, c, pod)
 		})
 	}
 }

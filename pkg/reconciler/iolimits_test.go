@@ -130,15 +130,7 @@ func TestIOLimitsDriftRepairedInOnePass(t *testing.T) {
 		t.Fatalf("repairs after the first application: got %d, want 0", n)
 	}
 
-	ctr := h.cgroups.cgroupsOf("u1")[1]
-	h.cgroups.edit(ctr, dev, host.IOLimits{ReadIOPS: 5})
-	h.pass()
-	if got := h.cgroups.rule(ctr, dev); got != limits {
-		t.Errorf("rule edited from outside, after one pass: got %v, want %v", got, limits)
-	}
-	if n := rec.repairs["set io limits"]; n != 1 {
-		t.Errorf("repairs of drifted rules: got %d, want 1", n)
-	}
+	h.editedAndRepaired(rec, dev)
 
 	// The repair backs off as repairs do, so that a rule rewritten at
 	// once from outside cannot make the loop churn; past the backoff, a
@@ -460,15 +452,7 @@ func TestIOLimitsNewContainersAreNoRepairs(t *testing.T) {
 		t.Errorf("repairs after 3 new containers: got %d, want 0", n)
 	}
 
-	ctr := h.cgroups.cgroupsOf("u1")[1]
-	h.cgroups.edit(ctr, dev, host.IOLimits{ReadIOPS: 5})
-	h.pass()
-	if got := h.cgroups.rule(ctr, dev); got != limits {
-		t.Errorf("rule edited from outside, after one pass: got %v, want %v", got, limits)
-	}
-	if n := rec.repairs["set io limits"]; n != 1 {
-		t.Errorf("repairs after a cgroup held the limits and lost them: got %d, want 1", n)
-	}
+	h.editedAndRepaired(rec, dev)
 }
 
 // v2PodPublish makes root a cgroup v2 hierarchy with io enabled at its
@@ -495,4 +479,20 @@ func (h *harness) v2PodPublish(uid, root string, files map[string]string) (devic
 	h.limitedVolume("v1", target, &limits)
 	h.runUntilIdle()
 	return cg, target
+}
+
+// editedAndRepaired edits the rule of dev in pod u1's container cgroup
+// from outside and checks that one pass sets limits back and counts one
+// repair (rec's first).
+func (h *harness) editedAndRepaired(rec *countingRecorder, dev host.DevNum) {
+	h.t.Helper()
+	ctr := h.cgroups.cgroupsOf("u1")[1]
+	h.cgroups.edit(ctr, dev, host.IOLimits{ReadIOPS: 5})
+	h.pass()
+	if got := h.cgroups.rule(ctr, dev); got != limits {
+		h.t.Errorf("rule edited from outside, after one pass: got %v, want %v", got, limits)
+	}
+	if n := rec.repairs["set io limits"]; n != 1 {
+		h.t.Errorf("repairs after a cgroup held the limits and lost them: got %d, want 1", n)
+	}
 }
