@@ -40,7 +40,7 @@ export -n RUN_DIR STORAGE_SUITE STEP_SCALE RUN_BOUND
 unset MAKEFLAGS MFLAGS MAKELEVEL
 STEPS=$RUN_DIR/steps
 mkdir -p "$STEPS"
-rm -f "$STEPS"/* "$STEPS".*
+rm -f "$STEPS"/* "$STEPS".* "$RUN_DIR/e2e.log" "$RUN_DIR/go-lane.log"
 
 # The Go build cache's size when the run began: under 200 MB it is cold
 # (a warm one holds gigabytes).
@@ -157,8 +157,11 @@ e2e_lane() {
 	}
 	# The binary's own timeout is a backstop past the step's bound: the
 	# step ends it first, with SIGTERM, and it takes the cluster down.
+	# Its output is kept too, for the digest of failures printed last: a
+	# tee that outlives the step's SIGTERM, so that the binary's own
+	# take-down still has somewhere to write.
 	step e2e 40 warm bash -c "cd test/e2e && exec '$E2E_BIN' -test.count=1 -test.v -test.parallel=3 -test.timeout=$(($(minutes 40) / 60 + 15))m \
-		-storage-suite='$STORAGE_SUITE' -storage-report='$RUN_DIR/storage-junit.xml'"
+		-storage-suite='$STORAGE_SUITE' -storage-report='$RUN_DIR/storage-junit.xml' > >(trap '' TERM INT HUP; exec tee '$RUN_DIR/e2e.log') 2>&1"
 	rc=$?
 	clean_e2e
 	wait "$kubelets_pid" || rc=1
@@ -190,7 +193,17 @@ stop() {
 trap 'stop 130' INT
 trap 'stop 143' TERM
 trap 'stop 129' HUP
-trap table EXIT
+# failures: after a failed run, what failed and the last it logged, from
+# the e2e's and the Go lane's output (hack/failures.awk): the end of the
+# output is what a CI excerpt shows.
+failures() {
+	local logs=() f
+	for f in "$RUN_DIR/e2e.log" "$RUN_DIR/go-lane.log"; do
+		[ -f "$f" ] && logs+=("$f")
+	done
+	[ ${#logs[@]} -gt 0 ] && awk -v lines=12 -v most=3 -f hack/failures.awk "${logs[@]}"
+}
+trap 'rc=$?; table; [ $rc -eq 0 ] || failures' EXIT
 
 step deps 10 - ./hack/install-deps.sh e2e || exit 1
 if [ "${1:-}" = e2e ]; then
