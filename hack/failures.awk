@@ -2,8 +2,10 @@
 # prints last, where a CI excerpt of the run's tail shows it: each failed
 # test that has no failed subtest, with the last lines it logged, and
 # what TestMain said after the tests (a broken invariant, a cluster not
-# taken down). A test's lines are those under its "=== RUN", "=== NAME"
-# or "=== CONT" header, as -v prints them, parallel tests interleaved.
+# taken down) or a panic. A test's lines are those under its "=== RUN",
+# "=== NAME" or "=== CONT" header, as -v prints them, parallel tests
+# interleaved; of them the digest shows the first line of each log call
+# ("file_test.go:12: ...") and its last, not what lies between (a dump).
 #
 #   awk -v lines=12 -v most=4 -f hack/failures.awk LOG...
 BEGIN {
@@ -18,11 +20,14 @@ BEGIN {
 	next
 }
 /^ *--- (PASS|SKIP): / { cur = ""; next }
-# What TestMain prints is not a test's: the invariants, the take-down.
-/^e2e: / && !/^e2e: cluster up/ { main[++nm] = $0; tail = 6; cur = ""; next }
-tail > 0 && /^  / { main[++nm] = $0; tail--; next }
+# What TestMain prints after m.Run's verdict is not a test's: the
+# invariants, the take-down; nor is a panic.
+$0 == "PASS" || $0 == "FAIL" { ended = 1; cur = ""; next }
+(ended && /^e2e: /) || /^panic: / { main[++nm] = $0; tail = 8; cur = ""; next }
+tail > 0 && /^[ \t]/ { main[++nm] = $0; tail--; next }
 { tail = 0 }
-cur != "" { n = ++count[cur]; log_[cur, n] = $0 }
+cur != "" && /^ +[A-Za-z0-9_.-]+\.go:[0-9]+: / { n = ++count[cur]; log_[cur, n] = $0; next }
+cur != "" && count[cur] > 0 { last_[cur, count[cur]] = $0 }
 END {
 	leaves = 0
 	for (i = 1; i <= nf; i++) {
@@ -39,8 +44,15 @@ END {
 		t = leaf_[i]
 		from = count[t] - lines + 1
 		if (from < 1) from = 1
-		printf "---- %s (its last %d of %d lines)\n", t, count[t] - from + 1, count[t]
-		for (k = from; k <= count[t]; k++) print log_[t, k]
+		printf "---- %s (its last %d of %d log calls)\n", t, count[t] - from + 1, count[t]
+		for (k = from; k <= count[t]; k++) {
+			print log_[t, k]
+			if ((t, k) in last_) {
+				l = last_[t, k]
+				sub(/^[ \t]+/, "", l)
+				print "        ... " substr(l, 1, 160)
+			}
+		}
 	}
 	for (i = 1; i <= nm; i++) print main[i]
 }
