@@ -6,6 +6,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // call is one CSI call csi-node answered, as its log (at -v 4) records it.
@@ -14,7 +15,14 @@ type call struct {
 	volume string
 	code   string // OK, or the gRPC code
 	msg    string // the error's message, "" for OK
+	// end is when the answer was logged (the container log's time, zero
+	// in a log without it), took the call's duration as csi-node logs it.
+	end  time.Time
+	took time.Duration
 }
+
+// start is when the call began, by its end and its duration.
+func (c call) start() time.Time { return c.end.Add(-c.took) }
 
 func (c call) String() string { return fmt.Sprintf("%s(%s) = %s", c.method, c.volume, c.code) }
 
@@ -24,6 +32,7 @@ var (
 	volumeAttr = regexp.MustCompile(`(?:volumeID|volumeName)="([^"]+)"`)
 	codeAttr   = regexp.MustCompile(`code="([^"]+)"`)
 	msgAttr    = regexp.MustCompile(`message="((?:[^"\\]|\\.)*)"`)
+	tookAttr   = regexp.MustCompile(`duration="([^"]+)"`)
 )
 
 // readCalls parses csi-node's logs, oldest first, for the calls made about
@@ -67,6 +76,12 @@ func readCallsOf(log, volume string) ([]call, error) {
 			if v := msgAttr.FindStringSubmatch(sc.Text()); v != nil {
 				c.msg = v[1]
 			}
+		}
+		if t, err := time.Parse(time.RFC3339Nano, strings.SplitN(sc.Text(), " ", 2)[0]); err == nil {
+			c.end = t
+		}
+		if v := tookAttr.FindStringSubmatch(sc.Text()); v != nil {
+			c.took, _ = time.ParseDuration(v[1])
 		}
 		if volume == "" || c.volume == volume {
 			out = append(out, c)

@@ -40,6 +40,9 @@ const (
 	// times themselves come from watches, except that of an image or a
 	// directory gone from a node, which only a look at the node sees.
 	comparePoll = 100 * time.Millisecond
+	// selectedNodeAnnotation is where the scheduler puts the node it
+	// chose on a WaitForFirstConsumer claim, for the provisioner.
+	selectedNodeAnnotation = "volume.kubernetes.io/selected-node"
 )
 
 // compareWay is one of the ways: its name (compare.Ways) and the
@@ -121,21 +124,22 @@ func compareTooMany(ctx context.Context, ways []compareWay, n int, s compareSpre
 }
 
 // compareWatch records, from watches, when each of a round's claims was
-// Bound, each pod Ready and gone, and each volume (by its claim's name)
-// made and gone.
+// given its node by the scheduler and Bound, each pod bound to its node,
+// Ready and gone, and each volume (by its claim's name) made and gone.
 type compareWatch struct {
 	mu sync.Mutex
 	// The maps are guarded by mu.
-	bound, ready, podGone, pvGone map[string]time.Time
-	pvs                           map[string]*corev1.PersistentVolume // by claim
-	nodes                         map[string]string                   // each pod's node
-	failed                        map[string]string                   // pods that ended, and how
+	chosen, bound, podNode, ready, podGone, pvSeen, pvGone map[string]time.Time
+	pvs                                                    map[string]*corev1.PersistentVolume // by claim
+	nodes                                                  map[string]string                   // each pod's node
+	failed                                                 map[string]string                   // pods that ended, and how
 }
 
 // watchRound starts the watches of the round id; stop ends them.
 func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), err error) {
-	w = &compareWatch{bound: map[string]time.Time{}, ready: map[string]time.Time{}, podGone: map[string]time.Time{},
-		pvGone: map[string]time.Time{}, pvs: map[string]*corev1.PersistentVolume{}, nodes: map[string]string{}, failed: map[string]string{}}
+	w = &compareWatch{chosen: map[string]time.Time{}, bound: map[string]time.Time{}, podNode: map[string]time.Time{},
+		ready: map[string]time.Time{}, podGone: map[string]time.Time{}, pvSeen: map[string]time.Time{}, pvGone: map[string]time.Time{},
+		pvs: map[string]*corev1.PersistentVolume{}, nodes: map[string]string{}, failed: map[string]string{}}
 	ctx, cancel := context.WithCancel(ctx)
 	mine := informers.NewSharedInformerFactoryWithOptions(c.client, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = compareLabel + "=" + id }))
@@ -157,10 +161,13 @@ func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), e
 	}
 	_, err = mine.Core().V1().PersistentVolumeClaims().Informer().AddEventHandler(handlers(func(obj any) {
 		pvc := obj.(*corev1.PersistentVolumeClaim)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if pvc.Annotations[selectedNodeAnnotation] != "" {
+			first(w.chosen, pvc.Name)
+		}
 		if pvc.Status.Phase == corev1.ClaimBound {
-			w.mu.Lock()
 			first(w.bound, pvc.Name)
-			w.mu.Unlock()
 		}
 	}, func(any) {}))
 	if err != nil {
@@ -173,6 +180,7 @@ func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), e
 		defer w.mu.Unlock()
 		if pod.Spec.NodeName != "" {
 			w.nodes[pod.Name] = pod.Spec.NodeName
+			first(w.podNode, pod.Name)
 		}
 		if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
 			w.failed[pod.Name] = string(pod.Status.Phase) + " " + pod.Status.Message
@@ -201,6 +209,7 @@ func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), e
 		if pv := obj.(*corev1.PersistentVolume); ofRound(pv) {
 			w.mu.Lock()
 			w.pvs[pv.Spec.ClaimRef.Name] = pv
+			first(w.pvSeen, pv.Spec.ClaimRef.Name)
 			w.mu.Unlock()
 		}
 	}, func(obj any) {
@@ -272,6 +281,21 @@ func runCompareRound(ctx context.Context, way compareWay, n int, s compareSpread
 		return left, "pods not Ready (or their claims not seen Bound, or their volumes not seen)"
 	}); err != nil {
 		return round, err
+	}
+	names := make([]string, n)
+	for i := range n {
+		names[i] = name(i)
+	}
+	paths, err := comparePaths(w, way, names, created, s.nodes)
+	if err != nil {
+		return round, err
+	}
+	for i, p := range paths {
+		stages, err := p.Stages()
+		if err != nil {
+			return round, fmt.Errorf("pod %s: %w", names[i], err)
+		}
+		round.AddPath(stages)
 	}
 
 	// What must be gone for each pod's space to be back: its volume's
@@ -375,6 +399,65 @@ func runCompareRound(ctx context.Context, way compareWay, n int, s compareSpread
 		}
 	}
 	return round, nil
+}
+
+// comparePaths are the paths to Ready of the pods names of a round
+// (compare.Path), created at created: from the watches, and for
+// converge's ways from the calls in csi-node's logs on the nodes.
+func comparePaths(w *compareWatch, way compareWay, names []string, created []time.Time, nodes []*kubeNode) ([]compare.Path, error) {
+	csi := way.class != "" && way.name != compare.LocalPath
+	var calls []call
+	if csi {
+		for _, n := range nodes {
+			cs, err := readCalls(n.containerLogs("csi-node"), "")
+			if err != nil {
+				return nil, err
+			}
+			calls = append(calls, cs...)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]compare.Path, len(names))
+	for i, name := range names {
+		p := compare.Path{Created: created[i], PodNode: w.podNode[name], Ready: w.ready[name]}
+		if way.class != "" {
+			p.NodeChosen, p.PVSeen, p.Bound = w.chosen[name], w.pvSeen[name], w.bound[name]
+		}
+		if csi {
+			pv := w.pvs[name]
+			if pv == nil || pv.Spec.CSI == nil {
+				return nil, fmt.Errorf("claim %s: no volume of converge's seen", name)
+			}
+			var publishStart time.Time
+			p.CreateStart, p.CreateEnd = callSpan(calls, "CreateVolume", pv.Name)
+			p.StageStart, p.StageEnd = callSpan(calls, "NodeStageVolume", pv.Spec.CSI.VolumeHandle)
+			publishStart, p.PublishEnd = callSpan(calls, "NodePublishVolume", pv.Spec.CSI.VolumeHandle)
+			if p.CreateEnd.IsZero() || p.StageEnd.IsZero() || publishStart.IsZero() || p.PublishEnd.IsZero() {
+				return nil, fmt.Errorf("claim %s: csi-node's log on node %s lacks a successful CreateVolume, NodeStageVolume or NodePublishVolume of %s (%s)",
+					name, w.nodes[name], pv.Name, pv.Spec.CSI.VolumeHandle)
+			}
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+// callSpan is when the first call of method about volume began, and when
+// the first of them that succeeded ended; zero times for none.
+func callSpan(calls []call, method, volume string) (start, end time.Time) {
+	for _, c := range calls {
+		if c.method != method || c.volume != volume || c.end.IsZero() {
+			continue
+		}
+		if start.IsZero() {
+			start = c.start()
+		}
+		if c.code == "OK" {
+			return start, c.end
+		}
+	}
+	return start, end
 }
 
 // each runs f(0) to f(n-1) at once and returns their errors joined.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,6 +31,7 @@ var (
 	compareRounds     = flag.Int("compare-rounds", 5, "with -compare, the rounds of each way at each N")
 	compareSpreadFlag = flag.String("compare-spread", "one", "with -compare, where the pods go: one (the first node), two (half on a second node, which joins), both")
 	compareOut        = flag.String("compare-out", "", "with -compare, a file to write the rounds and their summary to, as JSON")
+	compareWays       = flag.String("compare-ways", strings.Join(compare.Ways, ","), "with -compare, the ways to run, comma-separated (a change's before and after needs no peer)")
 )
 
 // smokeN is the pods of each way in make test's smoke run: enough for a
@@ -68,14 +70,26 @@ func testCompare(t *testing.T) {
 			cmp.spreads = append(cmp.spreads, compareSpread{name: "two nodes", nodes: []*kubeNode{c.kubeNode, secondNode(t)}})
 		}
 	}
-	useLocalPath(t)
 	thin := storageClass(t, "converge-compare-thin", map[string]string{"converge.csi.dev/provisioning": "thin"})
 	cmp.ways = []compareWay{{compare.EmptyDir, ""}, {compare.ConvergeThin, thin}, {compare.ConvergeThick, "converge"}, {compare.LocalPath, localPathClass}}
+	if *compareFull {
+		want := strings.Split(*compareWays, ",")
+		for _, w := range want {
+			if !slices.Contains(compare.Ways, w) {
+				t.Fatalf("-compare-ways: %q is none of %v", w, compare.Ways)
+			}
+		}
+		cmp.ways = slices.DeleteFunc(cmp.ways, func(w compareWay) bool { return !slices.Contains(want, w.name) })
+	}
+	if slices.ContainsFunc(cmp.ways, func(w compareWay) bool { return w.name == compare.LocalPath }) {
+		useLocalPath(t)
+	}
 
 	measured, err := cmp.run(context.Background())
 	cases := compare.Summarize(measured)
 	if len(cases) > 0 {
 		t.Logf("issue 72's comparison (times in seconds; CPU seconds over a round, RSS in MiB at its end; ratios of p50 and p99, and the verdict of the spreads of the rounds' p50s):\n%s", compare.Table(cases))
+		t.Logf("issue 72's breakdown:\n%s", compare.BreakdownTable(cases))
 	}
 	if out != "" {
 		b, jerr := json.MarshalIndent(struct {
@@ -104,6 +118,12 @@ func testCompare(t *testing.T) {
 				if got := len(r.Samples[m]); got != smokeN && (m != compare.Bound || r.Way != compare.EmptyDir) {
 					t.Errorf("%s: %d samples of %s, want %d", r.Way, got, m, smokeN)
 				}
+			}
+			// Each pod's path to Ready, in the stages of its way.
+			stages := map[string]string{compare.EmptyDir: compare.StageKubelet, compare.LocalPath: compare.StageProvision,
+				compare.ConvergeThin: compare.StageCreateVolume, compare.ConvergeThick: compare.StageStage}
+			if got := len(r.Stages[stages[r.Way]]); got != smokeN {
+				t.Errorf("%s: %d samples of stage %s, want %d: %v", r.Way, got, stages[r.Way], smokeN, r.Stages)
 			}
 			if _, ok := r.Samples[compare.ConvergeCPU]; !ok {
 				t.Errorf("%s: converge's CPU not measured", r.Way)

@@ -44,7 +44,19 @@ const (
 	// below TestTwoNodesCapacitySteersScheduling's 512 MiB claim, and room
 	// for TestOlderKubelets' xfs grown to 384 MiB.
 	secondDataDir = 448 << 20
+	// compareDataDir is the second node's under make compare, which puts
+	// half of a hundred claims there (a sparse image: what is written
+	// takes the machine's disk).
+	compareDataDir = 8 << 30
 )
+
+// secondDataDirSize is the size of the second node's data directory.
+func secondDataDirSize() int64 {
+	if *compareFull {
+		return compareDataDir
+	}
+	return secondDataDir
+}
 
 var (
 	// secondMu guards second and secondErr.
@@ -64,7 +76,7 @@ func secondNode(t *testing.T) *kubeNode {
 		} else {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			start := time.Now()
-			second, secondErr = c.addNode(ctx, secondNodeName, secondDataDir, oldestKubelet())
+			second, secondErr = c.addNode(ctx, secondNodeName, secondDataDirSize(), oldestKubelet())
 			cancel()
 			fmt.Printf("e2e: second node %s (kubelet %s) joined in %.1fs\n", secondNodeName, oldestKubelet(), time.Since(start).Seconds())
 		}

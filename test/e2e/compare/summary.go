@@ -58,6 +58,9 @@ type Round struct {
 	// Samples are each metric's values; a metric a way has not (Bound
 	// of an emptyDir) is absent.
 	Samples map[string][]float64 `json:"samples"`
+	// Stages are the seconds of each stage of each pod's path to Ready
+	// (Path.Stages), for the ways whose paths the harness follows.
+	Stages map[string][]float64 `json:"stages,omitempty"`
 }
 
 // Stat is one metric of one way over its rounds.
@@ -89,6 +92,8 @@ type WayResult struct {
 	// the same run, each metric both have: against EmptyDir, the times
 	// alone.
 	Against map[string]map[string]Against `json:"against,omitempty"`
+	// Stages are the stages of its pods' paths to Ready.
+	Stages map[string]StageStat `json:"stages,omitempty"`
 }
 
 // Case is every way at one N and spread.
@@ -167,7 +172,7 @@ func Summarize(rounds []Round) []Case {
 
 // summarizeWay is the Stat of each metric of way's rounds.
 func summarizeWay(way string, rounds []Round) WayResult {
-	res := WayResult{Way: way, Rounds: len(rounds), Metrics: map[string]Stat{}}
+	res := WayResult{Way: way, Rounds: len(rounds), Metrics: map[string]Stat{}, Stages: summarizeStages(rounds)}
 	for _, m := range Metrics {
 		var all, medians []float64
 		for _, r := range rounds {
