@@ -67,17 +67,20 @@ bench: deps
 ## compare: issue 72's comparison on the e2e cluster (test/e2e/compare.go; a benchmark, not part of make test, which runs it
 ## at 3 pods as a smoke test): pods with an emptyDir, converge thin and thick, local-path-provisioner, COMPARE_N pods of each
 ## made at once, COMPARE_ROUNDS rounds alternating the ways (COMPARE_WAYS, all four by default), on one node, two or both
-## (COMPARE_SPREAD); the table and the breakdown of converge's time to Ready are in the
+## (COMPARE_SPREAD), kube-controller-manager at its default API rate limit or COMPARE_KCM_QPS; the table and the
+## breakdown of each way's time to Ready are in the
 ## output, the rounds and the summary in $(RUN_DIR)/compare.json (docs/performance.md)
 COMPARE_N      ?= 1,30,100
 COMPARE_ROUNDS ?= 5
 COMPARE_SPREAD ?= one
 COMPARE_WAYS   ?= emptydir,converge-thin,converge-thick,local-path
+COMPARE_KCM_QPS ?= 0
 compare: deps
 	@./hack/install-deps.sh e2e
 	@mkdir -p $(RUN_DIR)
 	cd test/e2e && $(GO) test -count=1 -v -timeout 180m -run '^TestConcurrent$$/^TestCompare$$' . \
 		-args -compare -compare-n=$(COMPARE_N) -compare-rounds=$(COMPARE_ROUNDS) -compare-spread=$(COMPARE_SPREAD) -compare-ways=$(COMPARE_WAYS) \
+		-controller-manager-qps=$(COMPARE_KCM_QPS) \
 		-compare-out=$(RUN_DIR)/compare.json
 
 ## release: the files of a release of this checkout, of the version the chart says, in $(RUN_DIR)/release (made anew):

@@ -43,6 +43,9 @@ const (
 	// selectedNodeAnnotation is where the scheduler puts the node it
 	// chose on a WaitForFirstConsumer claim, for the provisioner.
 	selectedNodeAnnotation = "volume.kubernetes.io/selected-node"
+	// storageProvisionerAnnotation is where the PV controller names the
+	// provisioner it hands a claim to, once its node is chosen.
+	storageProvisionerAnnotation = "volume.kubernetes.io/storage-provisioner"
 )
 
 // compareWay is one of the ways: its name (compare.Ways) and the
@@ -129,15 +132,15 @@ func compareTooMany(ctx context.Context, ways []compareWay, n int, s compareSpre
 type compareWatch struct {
 	mu sync.Mutex
 	// The maps are guarded by mu.
-	chosen, bound, podNode, ready, podGone, pvSeen, pvGone map[string]time.Time
-	pvs                                                    map[string]*corev1.PersistentVolume // by claim
-	nodes                                                  map[string]string                   // each pod's node
-	failed                                                 map[string]string                   // pods that ended, and how
+	chosen, handed, bound, podNode, ready, podGone, pvSeen, pvGone map[string]time.Time
+	pvs                                                            map[string]*corev1.PersistentVolume // by claim
+	nodes                                                          map[string]string                   // each pod's node
+	failed                                                         map[string]string                   // pods that ended, and how
 }
 
 // watchRound starts the watches of the round id; stop ends them.
 func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), err error) {
-	w = &compareWatch{chosen: map[string]time.Time{}, bound: map[string]time.Time{}, podNode: map[string]time.Time{},
+	w = &compareWatch{chosen: map[string]time.Time{}, handed: map[string]time.Time{}, bound: map[string]time.Time{}, podNode: map[string]time.Time{},
 		ready: map[string]time.Time{}, podGone: map[string]time.Time{}, pvSeen: map[string]time.Time{}, pvGone: map[string]time.Time{},
 		pvs: map[string]*corev1.PersistentVolume{}, nodes: map[string]string{}, failed: map[string]string{}}
 	ctx, cancel := context.WithCancel(ctx)
@@ -165,6 +168,9 @@ func watchRound(ctx context.Context, id string) (w *compareWatch, stop func(), e
 		defer w.mu.Unlock()
 		if pvc.Annotations[selectedNodeAnnotation] != "" {
 			first(w.chosen, pvc.Name)
+		}
+		if pvc.Annotations[storageProvisionerAnnotation] != "" {
+			first(w.handed, pvc.Name)
 		}
 		if pvc.Status.Phase == corev1.ClaimBound {
 			first(w.bound, pvc.Name)
@@ -422,7 +428,7 @@ func comparePaths(w *compareWatch, way compareWay, names []string, created []tim
 	for i, name := range names {
 		p := compare.Path{Created: created[i], PodNode: w.podNode[name], Ready: w.ready[name]}
 		if way.class != "" {
-			p.NodeChosen, p.PVSeen, p.Bound = w.chosen[name], w.pvSeen[name], w.bound[name]
+			p.NodeChosen, p.Handed, p.PVSeen, p.Bound = w.chosen[name], w.handed[name], w.pvSeen[name], w.bound[name]
 		}
 		if csi {
 			pv := w.pvs[name]

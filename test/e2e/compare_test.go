@@ -85,6 +85,9 @@ func testCompare(t *testing.T) {
 		useLocalPath(t)
 	}
 
+	if *controllerManagerQPS > 0 {
+		t.Logf("kube-controller-manager runs with --kube-api-qps=%d (its default: 20)", *controllerManagerQPS)
+	}
 	measured, err := cmp.run(context.Background())
 	cases := compare.Summarize(measured)
 	if len(cases) > 0 {

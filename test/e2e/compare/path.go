@@ -15,6 +15,10 @@ import (
 type Path struct {
 	Created    time.Time // the claim (or, without one, the pod) created
 	NodeChosen time.Time // the scheduler's choice on the claim (its selected-node annotation)
+	// Handed is when the PV controller handed the claim to its
+	// provisioner (its storage-provisioner annotation): no provisioner
+	// acts on a claim before.
+	Handed time.Time
 	// CreateStart and CreateEnd bracket csi-node's CreateVolume.
 	CreateStart, CreateEnd time.Time
 	PVSeen                 time.Time // the volume's PersistentVolume
@@ -30,10 +34,11 @@ type Path struct {
 // The stages of a pod's path to Ready, each named by the step it ends at.
 const (
 	StageSchedule        = "schedule"         // created until the scheduler chose a node (for the claim, or for the pod without one)
-	StageProvisionerWait = "provisioner-wait" // the node chosen until CreateVolume began (the provisioner's queue and its calls before)
+	StageHand            = "pv-controller"    // the node chosen until the PV controller handed the claim to the provisioner
+	StageProvisionerWait = "provisioner-wait" // the claim handed over until CreateVolume began (the provisioner's queue and its calls before)
 	StageCreateVolume    = "create-volume"    // CreateVolume in csi-node
 	StagePVCreate        = "pv-create"        // CreateVolume's answer until the PersistentVolume was seen (the provisioner's write)
-	StageProvision       = "provision"        // the node chosen until the PersistentVolume was seen, for a way without CSI calls
+	StageProvision       = "provision"        // the claim handed over until the PersistentVolume was seen, for a way without CSI calls
 	StageClaimBind       = "claim-bind"       // the volume seen until its claim was Bound (the PV controller)
 	StagePodBind         = "pod-bind"         // the claim Bound until the pod was bound to its node (the scheduler's binding wait)
 	StageKubeletWait     = "kubelet-wait"     // the pod bound until the first NodeStageVolume began
@@ -44,7 +49,7 @@ const (
 )
 
 // Stages are the stages in the order of a path.
-var Stages = []string{StageSchedule, StageProvisionerWait, StageCreateVolume, StagePVCreate, StageProvision, StageClaimBind,
+var Stages = []string{StageSchedule, StageHand, StageProvisionerWait, StageCreateVolume, StagePVCreate, StageProvision, StageClaimBind,
 	StagePodBind, StageKubeletWait, StageStage, StagePublish, StageContainer, StageKubelet}
 
 // Stages splits the time from Created to Ready into the stages p has, in
@@ -71,6 +76,7 @@ func (p Path) Stages() (map[string]float64, error) {
 		name string
 	}{
 		{p.NodeChosen, StageSchedule},
+		{p.Handed, StageHand},
 		{p.CreateStart, StageProvisionerWait},
 		{p.CreateEnd, StageCreateVolume},
 		{p.PVSeen, pick(all, StagePVCreate, StageProvision)},

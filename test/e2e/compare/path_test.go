@@ -17,14 +17,14 @@ func TestPathStages(t *testing.T) {
 		want map[string]float64
 	}{{
 		name: "converge",
-		p: Path{Created: at(0), NodeChosen: at(100), CreateStart: at(300), CreateEnd: at(350), PVSeen: at(400), Bound: at(450),
+		p: Path{Created: at(0), NodeChosen: at(100), Handed: at(200), CreateStart: at(300), CreateEnd: at(350), PVSeen: at(400), Bound: at(450),
 			PodNode: at(1450), StageStart: at(1500), StageEnd: at(1600), PublishEnd: at(1700), Ready: at(2700)},
-		want: map[string]float64{StageSchedule: 0.1, StageProvisionerWait: 0.2, StageCreateVolume: 0.05, StagePVCreate: 0.05,
+		want: map[string]float64{StageSchedule: 0.1, StageHand: 0.1, StageProvisionerWait: 0.1, StageCreateVolume: 0.05, StagePVCreate: 0.05,
 			StageClaimBind: 0.05, StagePodBind: 1, StageKubeletWait: 0.05, StageStage: 0.1, StagePublish: 0.1, StageContainer: 1},
 	}, {
 		name: "local-path",
-		p:    Path{Created: at(0), NodeChosen: at(100), PVSeen: at(5100), Bound: at(5200), PodNode: at(6200), Ready: at(7200)},
-		want: map[string]float64{StageSchedule: 0.1, StageProvision: 5, StageClaimBind: 0.1, StagePodBind: 1, StageKubelet: 1},
+		p:    Path{Created: at(0), NodeChosen: at(100), Handed: at(1100), PVSeen: at(5100), Bound: at(5200), PodNode: at(6200), Ready: at(7200)},
+		want: map[string]float64{StageSchedule: 0.1, StageHand: 1, StageProvision: 4, StageClaimBind: 0.1, StagePodBind: 1, StageKubelet: 1},
 	}, {
 		name: "emptyDir",
 		p:    Path{Created: at(0), PodNode: at(30), Ready: at(1030)},
