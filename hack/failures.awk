@@ -12,6 +12,7 @@ BEGIN {
 	if (lines == "") lines = 12
 	if (most == "") most = 4
 }
+FNR == 1 { cur = ""; ended = 0; tail = 0 }
 /^=== (RUN|NAME|CONT|PAUSE) / { cur = $3; next }
 /^ *--- FAIL: / {
 	if (!($3 in failed)) order[++nf] = $3
