@@ -14,10 +14,11 @@ BEGIN {
 }
 FNR == 1 { cur = ""; ended = 0; tail = 0 }
 /^=== (RUN|NAME|CONT|PAUSE) / { cur = $3; next }
+# Without -v, a failed test's log follows its "--- FAIL:" line.
 /^ *--- FAIL: / {
 	if (!($3 in failed)) order[++nf] = $3
 	failed[$3] = 1
-	cur = ""
+	cur = $3
 	next
 }
 /^ *--- (PASS|SKIP): / { cur = ""; next }
