@@ -149,7 +149,7 @@ e2e_lane() {
 		step kubelets 30 - "$E2E_BIN" -build-kubelets -build-timeout="$(($(minutes 30) + 60))s"
 	) >"$RUN_DIR/kubelets.log" 2>&1 &
 	kubelets_pid=$!
-	step e2e-units 10 "$go_start" bash -c "make --no-print-directory vet-e2e && cd test/e2e && $GO test -count=1 -timeout $(($(minutes 10) / 60 + 5))m ./invariants ./standin ./privilege ./runs ./ociimage ./dist ./manifests ./peers ./compare" || {
+	step e2e-units 10 "$go_start" bash -c "make --no-print-directory vet-e2e && cd test/e2e && $GO test -count=1 -timeout $(($(minutes 10) / 60 + 5))m ./invariants ./standin ./privilege ./runs ./ociimage ./dist ./manifests ./peers ./compare ./soak" || {
 		kill -TERM "$kubelets_pid" 2>/dev/null
 		wait "$kubelets_pid"
 		kubelets_pid=

@@ -1,0 +1,70 @@
+package soak
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// History is what the soak knows, outside every node, of each volume's
+// data: the records each writer acknowledged, and each volume's lineage
+// (for a restore or a clone, its source's lineage as it stood when the
+// snapshot or clone was asked for). It is what Check holds a volume's log
+// to.
+type History struct {
+	mu sync.Mutex
+	// The maps are guarded by mu.
+	acked   map[string]uint64   // owner: its records 0 to acked-1 acknowledged
+	lineage map[string][]Expect // owner: its ancestors, frozen, without itself
+}
+
+// NewHistory is an empty history.
+func NewHistory() *History {
+	return &History{acked: map[string]uint64{}, lineage: map[string][]Expect{}}
+}
+
+// Ack notes that owner acknowledged its record seq: every record before
+// it was acknowledged before it, as a writer appends in order.
+func (h *History) Ack(owner string, seq uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.acked[owner] = max(h.acked[owner], seq+1)
+}
+
+// New notes a volume made empty, written by owner.
+func (h *History) New(owner string) error {
+	return h.add(owner, nil)
+}
+
+func (h *History) add(owner string, ancestors []Expect) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.lineage[owner]; ok {
+		return fmt.Errorf("volume %s noted twice", owner)
+	}
+	h.lineage[owner] = ancestors
+	return nil
+}
+
+// Lineage is owner's lineage now, itself last with what it acknowledged
+// so far: what its volume must hold, and, taken before a snapshot or a
+// clone of it is asked for, what that must hold (only what was
+// acknowledged before).
+func (h *History) Lineage(owner string) ([]Expect, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	anc, ok := h.lineage[owner]
+	if !ok {
+		return nil, fmt.Errorf("volume %s not noted", owner)
+	}
+	return append(slices.Clone(anc), Expect{owner, h.acked[owner]}), nil
+}
+
+// Restore notes a volume made from a lineage taken earlier (a restore of
+// a snapshot, or a clone), written by owner.
+func (h *History) Restore(owner string, from []Expect) error {
+	if len(from) == 0 {
+		return fmt.Errorf("volume %s restored from nothing", owner)
+	}
+	return h.add(owner, slices.Clone(from))
+}

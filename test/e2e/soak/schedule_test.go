@@ -1,0 +1,93 @@
+package soak
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+var kinds = []Kind{
+	{Name: "kill-csi-node", Every: 90 * time.Second, Targets: 2},
+	{Name: "stop-kubelet", Every: 5 * time.Minute, Targets: 2, Hold: [2]time.Duration{10 * time.Second, 2 * time.Minute}},
+	{Name: "snapshot", Every: 20 * time.Second, Targets: 8},
+}
+
+func TestPlanReplays(t *testing.T) {
+	a, err := Plan(7, time.Hour, kinds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Plan(7, time.Hour, kinds)
+	if !slices.Equal(a, b) {
+		t.Fatalf("the same seed planned twice differs")
+	}
+	c, _ := Plan(8, time.Hour, kinds)
+	if slices.Equal(a, c) {
+		t.Errorf("seeds 7 and 8 planned the same")
+	}
+	// Another kind added, or the kinds reordered, leaves each kind's
+	// events as they were.
+	reordered := slices.Clone(kinds)
+	slices.Reverse(reordered)
+	more, _ := Plan(7, time.Hour, append([]Kind{{Name: "fill-pool", Every: 10 * time.Minute, Targets: 2}}, reordered...))
+	of := func(es []Event, kind string) []Event {
+		return slices.DeleteFunc(slices.Clone(es), func(e Event) bool { return e.Kind != kind })
+	}
+	for _, k := range kinds {
+		if !slices.Equal(of(a, k.Name), of(more, k.Name)) {
+			t.Errorf("%s's events moved when a kind was added", k.Name)
+		}
+	}
+	if !slices.IsSortedFunc(a, func(x, y Event) int { return int(x.At - y.At) }) {
+		t.Errorf("the plan is not in time order")
+	}
+}
+
+func TestPlanRates(t *testing.T) {
+	const length = 100 * time.Hour
+	es, err := Plan(1, length, kinds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kinds {
+		var n int
+		targets := map[int]bool{}
+		for _, e := range es {
+			if e.Kind != k.Name {
+				continue
+			}
+			n++
+			targets[e.Target] = true
+			if e.At < 0 || e.At >= length || e.Target < 0 || e.Target >= k.Targets {
+				t.Fatalf("%v: outside the plan", e)
+			}
+			if e.Hold < k.Hold[0] || e.Hold > k.Hold[1] {
+				t.Fatalf("%v: held outside %v", e, k.Hold)
+			}
+		}
+		// A Poisson count of mean m is within 4 standard deviations
+		// (sqrt m) of it but once in 15000 seeds.
+		m := float64(length / k.Every)
+		if d := float64(n) - m; d*d > 16*m {
+			t.Errorf("%s: %d events over %s, want about %.0f", k.Name, n, length, m)
+		}
+		if len(targets) != k.Targets {
+			t.Errorf("%s: targets %v of %d", k.Name, targets, k.Targets)
+		}
+	}
+}
+
+func TestPlanRefuses(t *testing.T) {
+	for _, ks := range [][]Kind{
+		{{Name: "", Every: time.Second, Targets: 1}},
+		{{Name: "two words", Every: time.Second, Targets: 1}},
+		{{Name: "a", Every: 0, Targets: 1}},
+		{{Name: "a", Every: time.Second, Targets: 0}},
+		{{Name: "a", Every: time.Second, Targets: 1, Hold: [2]time.Duration{2, 1}}},
+		{{Name: "a", Every: time.Second, Targets: 1}, {Name: "a", Every: time.Second, Targets: 1}},
+	} {
+		if _, err := Plan(1, time.Minute, ks); err == nil {
+			t.Errorf("%+v: planned", ks)
+		}
+	}
+}

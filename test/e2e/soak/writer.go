@@ -1,0 +1,80 @@
+package soak
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// Writer appends an owner's records to a log: a file on a filesystem
+// volume, or a raw block volume's device. It goes on where the log ends
+// (after a restart, or on a volume restored from another's), over a torn
+// record if a crash left one.
+type Writer struct {
+	f     *os.File
+	owner string
+	next  uint64 // the seq of the owner's next record
+	off   int64  // where it goes
+}
+
+// OpenWriter opens the log at path for owner. The log must hold nothing
+// an owner's writer may not go on from: no hole in the middle, and the
+// owner's records, if any, 0, 1, 2... and last.
+func OpenWriter(path, owner string) (*Writer, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	records, end, err := Scan(data)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	w := &Writer{f: f, owner: owner, off: int64(end)}
+	for i, r := range records {
+		if r.Owner != owner {
+			continue
+		}
+		if r.Seq != w.next {
+			f.Close()
+			return nil, fmt.Errorf("%s: record %d is %s/%d, want %s/%d", path, i, owner, r.Seq, owner, w.next)
+		}
+		w.next++
+	}
+	if w.next > 0 && records[len(records)-1].Owner != owner {
+		f.Close()
+		return nil, fmt.Errorf("%s: records of %s follow %s's own", path, records[len(records)-1].Owner, owner)
+	}
+	return w, nil
+}
+
+// Next is the seq the next Append writes.
+func (w *Writer) Next() uint64 { return w.next }
+
+// Append writes the owner's next record and fsyncs it: once it returns
+// nil, the record is the volume's, and may be acknowledged. After an
+// error the writer is done: what reached the disk is unknown.
+func (w *Writer) Append() (uint64, error) {
+	b, err := Record{Owner: w.owner, Seq: w.next}.Encode()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := w.f.WriteAt(b, w.off); err != nil {
+		return 0, err
+	}
+	if err := w.f.Sync(); err != nil {
+		return 0, err
+	}
+	seq := w.next
+	w.next++
+	w.off += RecordSize
+	return seq, nil
+}
+
+// Close closes the log.
+func (w *Writer) Close() error { return w.f.Close() }
