@@ -265,7 +265,7 @@ func TestCleanDetachesPoolImagesAndHolders(t *testing.T) {
 	}
 	// Attached through a mount of the pool of a namespace that ends, as
 	// csi-node's container's.
-	attach := func(script string, args ...string) string {
+	attach := func(script string, args ...string) (string, loopID) {
 		t.Helper()
 		out, err := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh"}, args...)...).CombinedOutput()
 		if err != nil {
@@ -281,11 +281,15 @@ func TestCleanDetachesPoolImagesAndHolders(t *testing.T) {
 				devices.DetachLoop(dev)
 			}
 		})
-		return dev
+		return dev, id
 	}
 	mnt := t.TempDir()
-	imageDev := attach(`mount --bind "$1" "$2"; losetup -f --show "$2/pvc-1.img"`, pool, mnt)
-	holder := attach(`losetup -f --show "$1"`, imageDev)
+	imageDev, imageID := attach(`mount --bind "$1" "$2"; losetup -f --show "$2/pvc-1.img"`, pool, mnt)
+	holder, holderID := attach(`losetup -f --show "$1"`, imageDev)
+	poolID, ok := identity(poolDev)
+	if !ok {
+		t.Fatalf("the pool's device %s is not attached", poolDev)
+	}
 	if b, _ := os.ReadFile("/sys/block/" + filepath.Base(imageDev) + "/loop/backing_file"); strings.HasPrefix(string(b), dir) {
 		t.Fatalf("the image's device is named %q, under the run's directory: the test makes nothing to find", b)
 	}
@@ -293,9 +297,14 @@ func TestCleanDetachesPoolImagesAndHolders(t *testing.T) {
 	if notes := Clean(dir); len(notes) > 0 {
 		t.Errorf("Clean: %s", strings.Join(notes, "; "))
 	}
-	for what, dev := range map[string]string{"the pool's image": imageDev, "the kubelet's holder": holder, "the pool": poolDev} {
-		if _, ok := identity(dev); ok {
-			t.Errorf("%s, %s, is still attached", what, dev)
+	// A device freed may be taken at once by another test's loop on this
+	// kernel: still attached means still attached to the same file.
+	for what, d := range map[string]struct {
+		dev string
+		id  loopID
+	}{"the pool's image": {imageDev, imageID}, "the kubelet's holder": {holder, holderID}, "the pool": {poolDev, poolID}} {
+		if now, ok := identity(d.dev); ok && now == d.id {
+			t.Errorf("%s, %s, is still attached", what, d.dev)
 		}
 	}
 }
