@@ -10,6 +10,7 @@ import (
 
 	"github.com/converge-csi/converge/test/dockerfile"
 	"github.com/converge-csi/converge/test/e2e/ociimage"
+	"github.com/converge-csi/converge/test/e2e/soak"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -25,6 +26,8 @@ const (
 	// of its own: fio's libraries weigh 80 MB, which the storage suite's
 	// pods of toolsImage do without.
 	fioImage = "converge.local/e2e-fio:e2e"
+	// soakImage runs the test binary as the soak's writer (TestSoak).
+	soakImage = "converge.local/e2e-soak:e2e"
 )
 
 // standInBinary is where the stand-ins' images hold the test binary.
@@ -157,6 +160,10 @@ func buildImages(dir, containerdSock, agnhost, kubectl string, sidecarBin func(n
 			files:  []ociimage.File{{Name: name, Symlink: standInBinary}},
 			config: map[string]any{"Entrypoint": []string{"/" + name}, "Env": []string{"PATH=/bin"}}})
 	}
+	// The soak's writer (package soak) is the test binary too.
+	images = append(images, image{ref: soakImage, lower: standInBase,
+		files:  []ociimage.File{{Name: soak.WriterName, Symlink: standInBinary}},
+		config: map[string]any{"Entrypoint": []string{"/" + soak.WriterName}, "Env": []string{"PATH=/bin"}}})
 	ctr := func(args ...string) error {
 		out, err := exec.Command("ctr", append([]string{"--address", containerdSock, "-n", "k8s.io", "images"}, args...)...).CombinedOutput()
 		if err != nil {

@@ -202,8 +202,15 @@ func (c *cluster) checkInvariants(w *restartWatch) []string {
 	}
 
 	// Volumes of pods deleted at a test's end are unmounted shortly after.
+	return append(out, c.volumesLeft(2*time.Minute)...)
+}
+
+// volumesLeft waits up to wait for no node to hold a volume's mount and
+// no loop device a volume's or a snapshot's image, and returns what is
+// left then.
+func (c *cluster) volumesLeft(wait time.Duration) []string {
 	var left []string
-	waitFor(context.Background(), 2*time.Minute, nil, func() error {
+	waitFor(context.Background(), wait, nil, func() error {
 		left = nil
 		for _, n := range c.nodes {
 			mounts, err := devices.ReadMounts(n.ns.mountinfo())
@@ -229,5 +236,5 @@ func (c *cluster) checkInvariants(w *restartWatch) []string {
 		}
 		return nil
 	})
-	return append(out, left...)
+	return left
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/converge-csi/converge/test/e2e/soak"
 	"github.com/converge-csi/converge/test/e2e/standin"
 )
 
@@ -22,6 +23,9 @@ var c *cluster
 func TestMain(m *testing.M) {
 	if len(os.Args) == 4 && os.Args[0] == nodeInitName {
 		runNodeInit(os.Args[1], os.Args[2], os.Args[3])
+	}
+	if filepath.Base(os.Args[0]) == soak.WriterName {
+		os.Exit(soak.PodMain(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	if standin.Is(filepath.Base(os.Args[0])) {
 		os.Exit(standin.Run(filepath.Base(os.Args[0]), os.Args[1:]))

@@ -52,7 +52,7 @@ const (
 
 // secondDataDirSize is the size of the second node's data directory.
 func secondDataDirSize() int64 {
-	if *compareFull {
+	if *compareFull || *soakFor > 0 {
 		return compareDataDir
 	}
 	return secondDataDir

@@ -2,7 +2,6 @@ package soak
 
 import (
 	"fmt"
-	"io"
 	"os"
 )
 
@@ -25,7 +24,7 @@ func OpenWriter(path, owner string) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(f)
+	data, err := readLog(f)
 	if err != nil {
 		f.Close()
 		return nil, err

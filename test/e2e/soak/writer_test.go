@@ -15,7 +15,7 @@ func appendN(t *testing.T, w *Writer, n int) {
 	}
 }
 
-func readLog(t *testing.T, path string) []Record {
+func logRecords(t *testing.T, path string) []Record {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -52,7 +52,7 @@ func TestWriterGoesOn(t *testing.T) {
 	}
 	appendN(t, w, 2)
 	w.Close()
-	if p := Check(readLog(t, path), []Expect{{"a", 5}}); len(p) > 0 {
+	if p := Check(logRecords(t, path), []Expect{{"a", 5}}); len(p) > 0 {
 		t.Fatalf("after a torn record and two more: %q", p)
 	}
 
@@ -66,7 +66,7 @@ func TestWriterGoesOn(t *testing.T) {
 	}
 	appendN(t, w, 2)
 	w.Close()
-	if p := Check(readLog(t, path), []Expect{{"a", 5}, {"b", 2}}); len(p) > 0 {
+	if p := Check(logRecords(t, path), []Expect{{"a", 5}, {"b", 2}}); len(p) > 0 {
 		t.Fatalf("the restore: %q", p)
 	}
 	// Its source's writer cannot go on after the restore's records.

@@ -1,0 +1,173 @@
+package soak
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestWriteAcksOnlyWhatItWrote runs a group's writer a while: every seq it
+// printed as acknowledged is in its owner's log, each log holds only its
+// owner's records, and a scan gives them back as runs.
+func TestWriteAcksOnlyWhatItWrote(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	if err := write(ctx, []string{"-every=1ms", "-report=10ms", "a=" + a, "b=" + b}, &out); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHistory()
+	for _, o := range []string{"a", "b"} {
+		if err := h.New(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acks := 0
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		owner, seq, ok := ParseAck("2026-11-28T16:00:00.000000000Z stdout F " + l)
+		if !ok {
+			t.Fatalf("%q is no ack", l)
+		}
+		h.Ack(owner, seq)
+		acks++
+	}
+	if acks < 4 {
+		t.Fatalf("%d acks in 300ms, want several:\n%s", acks, out.String())
+	}
+	for _, o := range []struct{ owner, path string }{{"a", a}, {"b", b}} {
+		s := ScanPath(o.path)
+		if s.Error != "" || len(s.Runs) != 1 || s.Runs[0].Owner != o.owner {
+			t.Fatalf("%s: %+v", o.path, s)
+		}
+		lineage, _ := h.Lineage(o.owner)
+		if lineage[0].Acked == 0 {
+			t.Fatalf("%s: nothing acknowledged", o.owner)
+		}
+		if p := Check(s.Records(), lineage); len(p) > 0 {
+			t.Errorf("%s: %v", o.owner, p)
+		}
+		// The other owner's acks are not this log's.
+		other, _ := h.Lineage(map[string]string{"a": "b", "b": "a"}[o.owner])
+		if p := Check(s.Records(), other); len(p) == 0 {
+			t.Errorf("%s's log passes for %s's", o.owner, other[0].Owner)
+		}
+	}
+}
+
+func TestParseAck(t *testing.T) {
+	for _, c := range []struct {
+		line  string
+		owner string
+		seq   uint64
+		ok    bool
+	}{
+		{"2026-11-28T16:00:00.1Z stdout F ack soak-3 41", "soak-3", 41, true},
+		{"ack a 0", "a", 0, true},
+		{"2026-11-28T16:00:00.1Z stderr F soak-writer: write /data/log: no space", "", 0, false},
+		{"ack a x", "", 0, false},
+		{"ack", "", 0, false},
+	} {
+		owner, seq, ok := ParseAck(c.line)
+		if owner != c.owner || seq != c.seq || ok != c.ok {
+			t.Errorf("ParseAck(%q) = %q, %d, %v; want %q, %d, %v", c.line, owner, seq, ok, c.owner, c.seq, c.ok)
+		}
+	}
+}
+
+// TestScanRuns: a restored log's runs, the source's then its own, and a
+// log with a hole says so.
+func TestScanRuns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	w, err := OpenWriter(path, "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, w, 3)
+	w.Close()
+	w, err = OpenWriter(path, "copy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, w, 2)
+	w.Close()
+	s := ScanPath(path)
+	want := []Run{{"src", 0, 2}, {"copy", 0, 1}}
+	if s.Error != "" || !slices.Equal(s.Runs, want) || s.End != 5*RecordSize {
+		t.Fatalf("scan: %+v, want runs %v ending at %d", s, want, 5*RecordSize)
+	}
+	// Through JSON, as the soak reads it from the pod.
+	var back Scanned
+	b, _ := json.Marshal(s)
+	if err := json.Unmarshal(b, &back); err != nil || !slices.Equal(back.Runs, want) {
+		t.Fatalf("%s back: %+v, %v", b, back, err)
+	}
+
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(make([]byte, RecordSize), RecordSize); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if s := ScanPath(path); s.Error == "" {
+		t.Fatalf("a hole scanned as %+v", s)
+	}
+}
+
+// TestReadLogOfADevice reads a log from something that is not a regular
+// file (a FIFO, which like a block device is read as far as the log goes):
+// it stops at the first chunk of zeroes, so a volume's size is not read.
+func TestReadLogOfADevice(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fifo")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var log []byte
+	for seq := range uint64(3000) { // past one chunk
+		b, _ := Record{Owner: "a", Seq: seq}.Encode()
+		log = append(log, b...)
+	}
+	done := make(chan error, 1)
+	go func() {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			done <- err
+			return
+		}
+		defer f.Close()
+		if _, err := f.Write(log); err != nil {
+			done <- err
+			return
+		}
+		// The rest of the "device": zeroes, more than readLog may read.
+		_, err = f.Write(make([]byte, 8*readChunk))
+		done <- err
+	}()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := readLog(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-done // EPIPE once readLog stops reading, or nil
+	if len(data) > len(log)+2*readChunk {
+		t.Fatalf("read %d bytes of a log of %d", len(data), len(log))
+	}
+	records, end, err := Scan(data)
+	if err != nil || len(records) != 3000 || end != len(log) {
+		t.Fatalf("%d records ending at %d, %v; want 3000 ending at %d", len(records), end, err, len(log))
+	}
+}

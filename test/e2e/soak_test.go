@@ -1,0 +1,653 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/test/e2e/invariants"
+	"github.com/converge-csi/converge/test/e2e/soak"
+)
+
+// Issue 71's soak (make soak): claims of several kinds on two nodes, each
+// written by a pod that appends checksummed, fsync'd records and prints
+// what it acknowledged, while claims are made, grown, snapshotted,
+// restored, cloned and deleted, and faults fall on csi-node, its sidecars,
+// converge-controller and the kubelets, all at the times of a plan drawn
+// from a seed (package soak). Once the plan has run, the soak waits for the
+// cluster to settle and checks that every acknowledged record is on its
+// volume and nothing else is, that every claim is Bound and every pod runs,
+// and that taking it all down leaves nothing behind.
+
+var (
+	soakFor  = flag.Duration("soak", 0, "TestSoak runs a soak of this length (make soak); 0: it is skipped")
+	soakSeed = flag.Uint64("soak-seed", 0, "the soak's seed; 0: a random one, which it prints")
+	soakOut  = flag.String("soak-out", "", "a directory the soak writes its plan and history to")
+)
+
+// soakSidecars are the containers of the node pod the soak kills, beside
+// csi-node.
+var soakSidecars = []string{"csi-provisioner", "csi-resizer", "csi-snapshotter", "node-driver-registrar"}
+
+// soakKinds are the soak's operations and faults, with how often each
+// comes on average. Targets of 1000 is a draw an operation picks its
+// volume or kind of claim with (modulo what there is).
+func soakKinds(nodes int) []soak.Kind {
+	return []soak.Kind{
+		{Name: "create", Every: 20 * time.Second, Targets: 1000},
+		{Name: "grow", Every: 40 * time.Second, Targets: 1000},
+		{Name: "snapshot", Every: 45 * time.Second, Targets: 1000},
+		{Name: "clone", Every: 60 * time.Second, Targets: 1000},
+		{Name: "delete", Every: 30 * time.Second, Targets: 1000},
+		{Name: "kill-csi-node", Every: 60 * time.Second, Targets: nodes},
+		{Name: "stop-csi-node", Every: 120 * time.Second, Targets: nodes, Hold: [2]time.Duration{3 * time.Second, 20 * time.Second}},
+		{Name: "kill-sidecar", Every: 45 * time.Second, Targets: nodes * len(soakSidecars)},
+		{Name: "kill-controller", Every: 120 * time.Second, Targets: 1},
+		{Name: "restart-kubelet", Every: 90 * time.Second, Targets: nodes},
+	}
+}
+
+// soakClass is a kind of claim the soak makes.
+type soakClass struct {
+	class string
+	block bool
+}
+
+// soakVolume is a claim of the soak and its writer pod (both named after
+// it, the owner of the records its writer writes).
+type soakVolume struct {
+	name  string
+	class soakClass
+}
+
+// size is what a new volume of v's kind asks for: an xfs's least.
+func (v soakVolume) size() string {
+	if v.class.block {
+		return volumeSize
+	}
+	return "320Mi"
+}
+
+// path is where the writer finds the volume's log.
+func (v soakVolume) path() string {
+	if v.class.block {
+		return blockPath
+	}
+	return dataDir + "/log"
+}
+
+// soakRun is one soak.
+type soakRun struct {
+	ctx     context.Context
+	t       *testing.T
+	nodes   []*kubeNode
+	classes []soakClass
+	history *soak.History
+
+	mu sync.Mutex
+	// The fields below are guarded by mu.
+	volumes  map[string]soakVolume
+	made     int
+	broken   []string // invariants that failed
+	failures []string // operations and faults that failed (not an invariant: faults make them fail)
+	nodeMu   []sync.Mutex
+}
+
+func TestSoak(t *testing.T) {
+	if *soakFor <= 0 {
+		t.Skip("no -soak length (make soak)")
+	}
+	seed := *soakSeed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	nodes := []*kubeNode{c.kubeNode, secondNode(t)}
+	plan, err := soak.Plan(seed, *soakFor, soakKinds(len(nodes)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, e := range plan {
+		lines = append(lines, e.String())
+	}
+	t.Logf("soak: seed %d, %s, %d events (make soak SOAK_SEED=%d SOAK_FOR=%s replays it):\n%s", seed, *soakFor, len(plan), seed, *soakFor, strings.Join(lines, "\n"))
+	xfs := map[string]string{"csi.storage.k8s.io/fstype": "xfs"}
+	thin := storageClass(t, "soak-thin", map[string]string{"converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
+	thick := storageClass(t, "soak-thick", xfs)
+	fast := storageClass(t, "soak-fast", map[string]string{"converge.csi.dev/pool": fastPool, "converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
+	s := &soakRun{ctx: context.Background(), t: t, nodes: nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
+		nodeMu: make([]sync.Mutex, len(nodes))}
+	for _, cl := range []string{thin, thick, fast} {
+		s.classes = append(s.classes, soakClass{cl, false}, soakClass{cl, true})
+	}
+	t.Cleanup(func() {
+		if *soakOut != "" {
+			s.save(*soakOut, seed, lines)
+		}
+	})
+
+	// A volume of each kind to begin with.
+	for i := range s.classes {
+		if err := s.create(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acks, stopAcks := context.WithCancel(s.ctx)
+	acksDone := make(chan struct{})
+	go func() { defer close(acksDone); s.readAcks(acks) }()
+	defer func() { stopAcks(); <-acksDone }()
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, e := range plan {
+		time.Sleep(time.Until(start.Add(e.At)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.do(e); err != nil {
+				s.fail(&s.failures, "%s: %v", e, err)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("soak: the plan ran in %s; settling", time.Since(start).Round(time.Second))
+	s.settle()
+	s.mu.Lock()
+	t.Logf("soak: %d operations or faults failed under the faults (each is retried by Kubernetes; only what does not settle counts):\n%s", len(s.failures), strings.Join(s.failures, "\n"))
+	broken := slices.Clone(s.broken)
+	s.mu.Unlock()
+	if len(broken) > 0 {
+		t.Fatalf("soak seed %d broke %d invariants:\n%s", seed, len(broken), strings.Join(broken, "\n"))
+	}
+}
+
+func (s *soakRun) fail(list *[]string, format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*list = append(*list, fmt.Sprintf(format, args...))
+}
+
+func (s *soakRun) logf(format string, args ...any) {
+	s.t.Logf("soak %s: %s", time.Now().Format("15:04:05.0"), fmt.Sprintf(format, args...))
+}
+
+// do runs one event of the plan.
+func (s *soakRun) do(e soak.Event) error {
+	s.logf("%s", e)
+	switch e.Kind {
+	case "create":
+		return s.create(e.Target % len(s.classes))
+	case "grow":
+		return s.grow(e.Target)
+	case "snapshot":
+		return s.copyOf(e.Target, true)
+	case "clone":
+		return s.copyOf(e.Target, false)
+	case "delete":
+		return s.remove(e.Target)
+	case "kill-csi-node":
+		_, err := s.nodes[e.Target].killContainer(s.ctx, s.t, "csi-node")
+		return err
+	case "kill-sidecar":
+		_, err := s.nodes[e.Target/len(soakSidecars)].killContainer(s.ctx, s.t, soakSidecars[e.Target%len(soakSidecars)])
+		return err
+	case "stop-csi-node":
+		return s.stopDriver(s.nodes[e.Target], e.Hold)
+	case "kill-controller":
+		return s.killController()
+	case "restart-kubelet":
+		// One restart of a node's kubelet at a time.
+		s.nodeMu[e.Target].Lock()
+		defer s.nodeMu[e.Target].Unlock()
+		return s.nodes[e.Target].restartKubelet(s.ctx)
+	}
+	return fmt.Errorf("no such kind %s", e.Kind)
+}
+
+// next is a new name for a claim or a snapshot.
+func (s *soakRun) next(prefix string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.made++
+	return fmt.Sprintf("%s-%d", prefix, s.made)
+}
+
+// pick is one of the volumes, by draw (nil when there is none).
+func (s *soakRun) pick(draw int) *soakVolume {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.volumes))
+	for n := range s.volumes {
+		names = append(names, n)
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	v := s.volumes[names[draw%len(names)]]
+	return &v
+}
+
+// create makes a claim of the class and its writer.
+func (s *soakRun) create(class int) error {
+	v := soakVolume{name: s.next("soak"), class: s.classes[class]}
+	if err := s.history.New(v.name); err != nil {
+		return err
+	}
+	return s.start(v, v.size(), nil)
+}
+
+// start creates v's claim (from source, or empty) and its writer pod.
+func (s *soakRun) start(v soakVolume, size string, source *corev1.TypedObjectReference) error {
+	mode := fs
+	if v.class.block {
+		mode = corev1.PersistentVolumeBlock
+	}
+	pvc := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: v.name, Labels: map[string]string{"app": "soak"}},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{rwo},
+			StorageClassName: ptr.To(v.class.class),
+			VolumeMode:       &mode,
+			DataSourceRef:    source,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(s.ctx, pvc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create claim %s: %w", v.name, err)
+	}
+	spec := podSpecOf(podSpec{name: v.name, claims: []string{v.name}, block: v.class.block})
+	spec.Containers[0].Name = "w"
+	spec.Containers[0].Image, spec.Containers[0].ImagePullPolicy = soakImage, corev1.PullNever
+	spec.Containers[0].Command = []string{"/" + soak.WriterName, "write", v.name + "=" + v.path()}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: v.name, Labels: map[string]string{"app": "soak"}}, Spec: spec}
+	if _, err := c.client.CoreV1().Pods(ns).Create(s.ctx, pod, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s: %w", v.name, err)
+	}
+	s.mu.Lock()
+	s.volumes[v.name] = v
+	s.mu.Unlock()
+	return nil
+}
+
+// grow asks for 32 MiB more of a volume.
+func (s *soakRun) grow(draw int) error {
+	v := s.pick(draw)
+	if v == nil {
+		return nil
+	}
+	pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, v.name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	size.Add(resource.MustParse("32Mi"))
+	patch := fmt.Sprintf(`{"spec":{"resources":{"requests":{"storage":%q}}}}`, size.String())
+	_, err = c.client.CoreV1().PersistentVolumeClaims(ns).Patch(s.ctx, v.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// copyOf makes a volume from another: restored from a snapshot of it, or
+// cloned. What the copy must hold is the source's lineage as it stood
+// before the snapshot or the clone was asked for.
+func (s *soakRun) copyOf(draw int, snapshot bool) error {
+	src := s.pick(draw)
+	if src == nil {
+		return nil
+	}
+	pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, src.name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if pvc.Status.Phase != corev1.ClaimBound {
+		return nil // a copy needs a source that exists
+	}
+	lineage, err := s.history.Lineage(src.name)
+	if err != nil {
+		return err
+	}
+	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	ref := &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: src.name}
+	snap := ""
+	if snapshot {
+		snap = s.next(src.name + "-snap")
+		if err := s.snapshot(snap, src.name); err != nil {
+			return err
+		}
+		ref = &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: snap}
+	}
+	v := soakVolume{name: s.next(src.name + map[bool]string{true: "-r", false: "-c"}[snapshot]), class: src.class}
+	if err := s.history.Restore(v.name, lineage); err != nil {
+		return err
+	}
+	if err := s.start(v, size.String(), ref); err != nil {
+		return err
+	}
+	if snap == "" {
+		return nil
+	}
+	// The snapshot goes once its restore is made.
+	if err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
+		pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, v.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if pvc.Status.Phase != corev1.ClaimBound {
+			return fmt.Errorf("claim %s is %s", v.name, pvc.Status.Phase)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(s.ctx, snap, metav1.DeleteOptions{})
+}
+
+// snapshot takes a VolumeSnapshot of a claim and waits for it to be ready.
+func (s *soakRun) snapshot(name, claim string) error {
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "snapshot.storage.k8s.io/v1",
+		"kind":       "VolumeSnapshot",
+		"metadata":   map[string]any{"name": name, "labels": map[string]any{"app": "soak"}},
+		"spec": map[string]any{
+			"volumeSnapshotClassName": "converge",
+			"source":                  map[string]any{"persistentVolumeClaimName": claim},
+		},
+	}}
+	snaps := c.dynamic.Resource(volumeSnapshots).Namespace(ns)
+	if _, err := snaps.Create(s.ctx, obj, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return waitFor(s.ctx, 5*time.Minute, nil, func() error {
+		got, err := snaps.Get(s.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ready, _, _ := unstructured.NestedBool(got.Object, "status", "readyToUse"); !ready {
+			return fmt.Errorf("VolumeSnapshot %s not ready: %v", name, got.Object["status"])
+		}
+		return nil
+	})
+}
+
+// remove checks a volume's log, then deletes its pod and claim; it keeps
+// at least as many volumes as there are kinds of claim.
+func (s *soakRun) remove(draw int) error {
+	s.mu.Lock()
+	few := len(s.volumes) <= len(s.classes)
+	s.mu.Unlock()
+	v := s.pick(draw)
+	if few || v == nil {
+		return nil
+	}
+	if err := s.check(*v); err != nil {
+		return err // not Running: it goes another time
+	}
+	s.mu.Lock()
+	delete(s.volumes, v.name)
+	s.mu.Unlock()
+	if err := c.client.CoreV1().Pods(ns).Delete(s.ctx, v.name, metav1.DeleteOptions{}); err != nil {
+		return err
+	}
+	return c.client.CoreV1().PersistentVolumeClaims(ns).Delete(s.ctx, v.name, metav1.DeleteOptions{})
+}
+
+// check scans a volume's log in its pod and holds it to the volume's
+// lineage: what fails is an invariant broken. It returns an error when the
+// log could not be read (the pod is not running).
+func (s *soakRun) check(v soakVolume) error {
+	out, err := c.kubectl(s.ctx, "exec", "-n", ns, v.name, "-c", "w", "--", "/"+soak.WriterName, "scan", v.path())
+	if err != nil {
+		return fmt.Errorf("scan %s: %v: %s", v.name, err, tail(out, 5))
+	}
+	// The acks printed before the scan began are in the logs by now;
+	// a record acknowledged after it may be missing from the scan.
+	lineage, err := s.history.Lineage(v.name)
+	if err != nil {
+		return err
+	}
+	var scanned soak.Scanned
+	if err := json.Unmarshal([]byte(out[max(0, strings.Index(out, "{")):]), &scanned); err != nil {
+		return fmt.Errorf("scan %s: %v: %s", v.name, err, out)
+	}
+	problems := soak.Check(scanned.Records(), lineage)
+	if scanned.Error != "" {
+		problems = append(problems, scanned.Error)
+	}
+	for _, p := range problems {
+		s.fail(&s.broken, "volume %s: %s", v.name, p)
+	}
+	s.logf("checked %s: %d records in %d runs, lineage %v, %d problems", v.name, len(scanned.Records()), len(scanned.Runs), lineage, len(problems))
+	return nil
+}
+
+// readAcks reads the writers' acknowledgements from the nodes' pod logs,
+// outside the nodes, every half second until ctx ends, and once more then.
+func (s *soakRun) readAcks(ctx context.Context) {
+	read := map[string]int64{} // each log file, how far it was read
+	for {
+		done := ctx.Err() != nil
+		for _, n := range s.nodes {
+			files, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", ns+"_soak-*", "w", "*.log"))
+			for _, f := range files {
+				b, err := os.ReadFile(f)
+				if err != nil || int64(len(b)) <= read[f] {
+					continue
+				}
+				// Only whole lines.
+				end := int64(strings.LastIndexByte(string(b), '\n') + 1)
+				if end <= read[f] {
+					continue
+				}
+				for _, l := range strings.Split(string(b[read[f]:end]), "\n") {
+					if owner, seq, ok := soak.ParseAck(l); ok {
+						s.history.Ack(owner, seq)
+					}
+				}
+				read[f] = end
+			}
+		}
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// stopDriver stops the node's csi-node with SIGSTOP for hold, then lets it
+// go on (the kubelet's liveness probe may restart it first).
+func (s *soakRun) stopDriver(n *kubeNode, hold time.Duration) error {
+	pod, err := n.driverPod(s.ctx)
+	if err != nil || pod == nil {
+		return fmt.Errorf("the converge pod of %s: %v", n.node, err)
+	}
+	pids := podProcesses(pod, programNamed("csi-node"))
+	if len(pids) == 0 {
+		return errors.New("no csi-node process")
+	}
+	intendDriverRestart(pod)
+	expect(invariants.HungLiveness("Pod/"+pod.Namespace+"/"+pod.Name, 5, s.t.Name()))
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	time.Sleep(hold)
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGCONT)
+	}
+	return nil
+}
+
+// killController kills a running converge-controller with SIGKILL.
+func (s *soakRun) killController() error {
+	pods, err := c.client.CoreV1().Pods(daemonSetNamespace).List(s.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + controllerName})
+	if err != nil {
+		return err
+	}
+	for _, p := range pods.Items {
+		n := c.nodeNamed(p.Spec.NodeName)
+		for _, st := range p.Status.ContainerStatuses {
+			if st.Name != controllerName || st.State.Running == nil || n == nil {
+				continue
+			}
+			intendRestart(&p, controllerName)
+			out, err := n.ctr("tasks", "kill", "-s", "SIGKILL", strings.TrimPrefix(st.ContainerID, "containerd://"))
+			if err != nil {
+				return fmt.Errorf("kill %s: %v: %s", p.Name, err, out)
+			}
+			return nil
+		}
+	}
+	return errors.New("no converge-controller running")
+}
+
+// settle waits, the faults over, for every claim to be Bound and every
+// writer running, then checks every volume's log; then it deletes
+// everything and waits for the nodes and the API to hold nothing of it.
+func (s *soakRun) settle() {
+	s.mu.Lock()
+	var vols []soakVolume
+	for _, v := range s.volumes {
+		vols = append(vols, v)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(vols, func(a, b soakVolume) int { return strings.Compare(a.name, b.name) })
+	err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
+		var not []string
+		for _, v := range vols {
+			pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, v.name, metav1.GetOptions{})
+			if err != nil || pvc.Status.Phase != corev1.ClaimBound {
+				not = append(not, "claim "+v.name+" not Bound")
+				continue
+			}
+			pod, err := c.client.CoreV1().Pods(ns).Get(s.ctx, v.name, metav1.GetOptions{})
+			if err != nil || pod.Status.Phase != corev1.PodRunning || !podReady(pod) {
+				not = append(not, "pod "+v.name+" not running")
+			}
+		}
+		if len(not) > 0 {
+			return errors.New(strings.Join(not, "; "))
+		}
+		return nil
+	})
+	if err != nil {
+		s.fail(&s.broken, "not settled 5 minutes after the faults: %v", err)
+	}
+	// Let every writer acknowledge more, after every fault.
+	time.Sleep(2 * time.Second)
+	for _, v := range vols {
+		if err := s.check(v); err != nil {
+			s.fail(&s.broken, "%v", err)
+		}
+	}
+	s.takeDown()
+}
+
+// takeDown deletes the soak's pods, claims and snapshots, and checks that
+// each goes, with its PV, snapshot content, mounts and loop devices.
+func (s *soakRun) takeDown() {
+	sel := metav1.ListOptions{LabelSelector: "app=soak"}
+	snaps := c.dynamic.Resource(volumeSnapshots).Namespace(ns)
+	for _, del := range []func() error{
+		func() error { return c.client.CoreV1().Pods(ns).DeleteCollection(s.ctx, metav1.DeleteOptions{}, sel) },
+		func() error {
+			return c.client.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(s.ctx, metav1.DeleteOptions{}, sel)
+		},
+		func() error { return snaps.DeleteCollection(s.ctx, metav1.DeleteOptions{}, sel) },
+	} {
+		if err := del(); err != nil && !apierrors.IsNotFound(err) {
+			s.fail(&s.broken, "taking the soak down: %v", err)
+		}
+	}
+	err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
+		var left []string
+		pods, err := c.client.CoreV1().Pods(ns).List(s.ctx, sel)
+		if err != nil {
+			return err
+		}
+		for _, p := range pods.Items {
+			left = append(left, "pod "+p.Name)
+		}
+		pvcs, err := c.client.CoreV1().PersistentVolumeClaims(ns).List(s.ctx, sel)
+		if err != nil {
+			return err
+		}
+		for _, p := range pvcs.Items {
+			left = append(left, "claim "+p.Name)
+		}
+		pvs, err := c.client.CoreV1().PersistentVolumes().List(s.ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, pv := range pvs.Items {
+			if ref := pv.Spec.ClaimRef; ref != nil && ref.Namespace == ns && strings.HasPrefix(ref.Name, "soak-") {
+				left = append(left, "PV "+pv.Name+" of claim "+ref.Name+" ("+string(pv.Status.Phase)+")")
+			}
+		}
+		contents, err := c.dynamic.Resource(snapshotContents).List(s.ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, sc := range contents.Items {
+			if ref, _, _ := unstructured.NestedString(sc.Object, "spec", "volumeSnapshotRef", "name"); strings.HasPrefix(ref, "soak-") {
+				left = append(left, "VolumeSnapshotContent "+sc.GetName())
+			}
+		}
+		if len(left) > 0 {
+			return errors.New(strings.Join(left, ", "))
+		}
+		return nil
+	})
+	if err != nil {
+		s.fail(&s.broken, "5 minutes after the soak's objects were deleted, left: %v", err)
+	}
+	for _, l := range c.volumesLeft(2 * time.Minute) {
+		s.fail(&s.broken, "%s", l)
+	}
+}
+
+// save writes the plan and the history to dir.
+func (s *soakRun) save(dir string, seed uint64, plan []string) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		s.t.Errorf("soak output: %v", err)
+		return
+	}
+	s.mu.Lock()
+	var names []string
+	for n := range s.volumes {
+		names = append(names, n)
+	}
+	s.mu.Unlock()
+	slices.Sort(names)
+	lineages := map[string][]soak.Expect{}
+	for _, n := range names {
+		lineages[n], _ = s.history.Lineage(n)
+	}
+	b, _ := json.MarshalIndent(map[string]any{"seed": seed, "length": soakFor.String(), "lineages": lineages}, "", "  ")
+	for name, data := range map[string][]byte{"plan.txt": []byte(strings.Join(plan, "\n") + "\n"), "history.json": b} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			s.t.Errorf("soak output: %v", err)
+		}
+	}
+	s.t.Logf("soak: plan and history in %s", dir)
+}
