@@ -77,7 +77,7 @@ func nodeAgent(ctx context.Context, args []string) error {
 		// The DaemonSet runs the agent whatever csi-node's gates: with
 		// ModifyVolume off it watches nothing. A change of the gate
 		// changes the pod, and so starts the agent again.
-		klog.InfoS("csi-node does not advertise MODIFY_VOLUME (--feature-gates=ModifyVolume=true turns it on): nothing to hand", "csiAddress", csiAddress)
+		klog.InfoS("csi-node does not advertise MODIFY_VOLUME (--feature-gates=ModifyVolume=false turned it off): nothing to hand", "csiAddress", csiAddress)
 		<-ctx.Done()
 		return nil
 	}

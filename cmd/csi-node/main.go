@@ -79,7 +79,7 @@ func main() {
 	fs.IntVar(&cfg.MaxRequests, "max-requests", driver.DefaultMaxRequests, "node requests waiting for the reconciler at once; more get RESOURCE_EXHAUSTED")
 	fs.Float64Var(&cfg.OverprovisioningRatio, "thin-overprovisioning-ratio", 1, "how many times the space that backs them thin volumes may be promised (at least 1; 1 never promises more than exists)")
 	fs.StringVar(&cfg.PoolGuard, "pool-guard", "", "free space of each pool's filesystem that no volume is promised, below which thin volumes report PoolNearlyFull: a percentage of the filesystem (5%) or a size (2Gi) (default "+driver.KubeletPoolGuard+" on the filesystem of --kubelet-dir, where the kubelet evicts pods below "+strconv.Itoa(driver.KubeletEvictionPercent)+"%, and "+driver.DefaultPoolGuard+" elsewhere)")
-	fs.Var(&cfg.Features, "feature-gates", "alpha parts of CSI to turn on, Name=true pairs separated by commas; each is off by default. Known: "+driver.FeatureNames())
+	fs.Var(&cfg.Features, "feature-gates", "parts of CSI to turn on or off, Name=true or Name=false pairs separated by commas; each is off by default but ModifyVolume. Known: "+driver.FeatureNames())
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	klog.InitFlags(fs)
 	flag.Parse()

@@ -33,9 +33,9 @@ import (
 // resizer then writes the class into the volume's PersistentVolume, where
 // the node agent of the volume's node (pkg/classagent) reads it and hands
 // it to its own plugin, the call below with the class's parameters. The
-// ModifyVolume gate is on only where every node runs that agent (the
-// chart runs it with the gate), so an OK is never for something no node
-// will do.
+// ModifyVolume feature, on by default, is served where the chart and
+// deploy/ run that agent on every node, so an OK is never for something
+// no node will do.
 func (c *Controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	if !c.opts.ModifyVolume {
 		return nil, classified.Errorf(classified.KindUnimplemented, "ControllerModifyVolume is off on this node: --feature-gates=ModifyVolume=true turns it on")

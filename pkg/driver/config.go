@@ -99,7 +99,8 @@ type Config struct {
 	PoolGuard string
 	// guard is PoolGuard, parsed; nil when it is empty.
 	guard *capacity.Guard
-	// Features are the alpha parts of CSI turned on; none by default.
+	// Features are the parts of CSI turned on or off; each is off by
+	// default but ModifyVolume.
 	Features FeatureGates
 }
 

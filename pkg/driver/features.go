@@ -15,7 +15,8 @@ import (
 // on one), and an alpha part may change or go in the next spec release.
 type Feature string
 
-// The features of --feature-gates. Each is off by default.
+// The features of --feature-gates. Each is off by default but ModifyVolume
+// (onByDefault).
 const (
 	// VolumeHealth advertises the node capability GET_VOLUME_HEALTH (7) of
 	// CSI v1.13 and serves NodeGetVolumeHealth. Off, that RPC answers
@@ -43,26 +44,36 @@ const (
 	// ModifyVolume advertises the controller capability MODIFY_VOLUME
 	// and serves ControllerModifyVolume: the IO limits of a claim's
 	// VolumeAttributesClass (docs/volumes.md, IO limits). It is no alpha
-	// part of CSI: it is off because converge does not yet pass a modify
-	// on to the node that holds the volume, and the cluster's one
-	// csi-resizer asks its own node's csi-node, which refuses a volume of
-	// another node (FAILED_PRECONDITION). On a one-node cluster every
-	// modify reaches the volume's node. Off, ControllerModifyVolume
-	// answers UNIMPLEMENTED; CreateVolume records a class's limits either
-	// way, and the reconciler holds the volumes to what is recorded.
+	// part of CSI, and is on by default: csi-provisioner refuses to
+	// provision a claim that names a VolumeAttributesClass for a driver
+	// without the capability. The cluster's one csi-resizer asks its own
+	// node's csi-node, which answers OK for a volume of another node once
+	// the class passes; the node agent beside every csi-node
+	// (pkg/classagent) hands that volume its class on its own node. Off,
+	// ControllerModifyVolume answers UNIMPLEMENTED, and the node agent
+	// hands nothing.
 	ModifyVolume Feature = "ModifyVolume"
 )
 
 // features lists every Feature, in the order help and errors name them.
 var features = []Feature{ModifyVolume, SnapshotAccessibility, VolumeCondition, VolumeHealth}
 
-// FeatureGates is the set of features turned on; the zero value has none.
+// onByDefault are the features on unless --feature-gates turns them off.
+var onByDefault = map[Feature]bool{ModifyVolume: true}
+
+// FeatureGates is the features --feature-gates sets; the zero value
+// leaves each at its default.
 // As a flag.Value it parses the sidecars' syntax, "Name=true,Other=false",
 // and a repeated flag adds to what came before.
 type FeatureGates map[Feature]bool
 
-// Enabled reports whether f is on.
-func (g FeatureGates) Enabled(f Feature) bool { return g[f] }
+// Enabled reports whether f is on: as set, or by default.
+func (g FeatureGates) Enabled(f Feature) bool {
+	if on, ok := g[f]; ok {
+		return on
+	}
+	return onByDefault[f]
+}
 
 // String lists the gates set, sorted: "VolumeHealth=true".
 func (g FeatureGates) String() string {

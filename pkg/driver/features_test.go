@@ -50,4 +50,12 @@ func TestFeatureGatesFlag(t *testing.T) {
 	if g.Enabled(VolumeHealth) {
 		t.Error("the zero FeatureGates has VolumeHealth on")
 	}
+	// ModifyVolume is on unless turned off: csi-provisioner provisions no
+	// claim of a VolumeAttributesClass for a driver without it.
+	if !g.Enabled(ModifyVolume) {
+		t.Error("the zero FeatureGates has ModifyVolume off")
+	}
+	if err := g.Set("ModifyVolume=false"); err != nil || g.Enabled(ModifyVolume) {
+		t.Errorf("ModifyVolume=false: %v, on %v", err, g.Enabled(ModifyVolume))
+	}
 }

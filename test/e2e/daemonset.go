@@ -62,33 +62,22 @@ const testPoolGuard = "5%"
 
 // installArgs are the arguments the run adds to csi-node's in deploy/:
 // every call logged (-v=4: the suite reads the kubelet's calls from
-// csi-node's log, calls.go), ControllerModifyVolume (TestIOLimits; off
-// by default as a modify of another node's volume is refused: the tests
-// that modify use volumes of the first node, where the resizer runs as
-// the cluster comes up), a volume's health for the kubelet in both of
+// csi-node's log, calls.go), a volume's health for the kubelet in both of
 // its forms (VolumeHealth for the v1.37 kubelet, VolumeCondition for
 // older ones; TestVolumeConditionReachesThePod), a volume limit, the pool fast,
 // which only the first node has (TestTwoNodesPoolSteersScheduling), and
-// the default pool's guard (testPoolGuard).
-var installArgs = []string{"-v=4", "--feature-gates=ModifyVolume=true,VolumeCondition=true,VolumeHealth=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
+// the default pool's guard (testPoolGuard). ModifyVolume, on by default,
+// is left as deploy/ leaves it.
+var installArgs = []string{"-v=4", "--feature-gates=VolumeCondition=true,VolumeHealth=true", "--max-volumes=" + strconv.Itoa(maxVolumesPerNode),
 	"--pool-guard=" + testPoolGuard,
 	"--pool=" + fastPool + "=" + nodePoolsDir + "/" + fastPool + ",ratio=" + strconv.Itoa(fastPoolRatio)}
 
-// modifyVolumeGate is the feature of installArgs' gates that releases
-// before ControllerModifyVolume do not know, and refuse to start with:
-// TestUpgradeAndRollback's previous release runs without it.
-const modifyVolumeGate = "ModifyVolume"
-
-// installArgsFor is installArgs for csi-node's image of tag: a previous
-// release's goes without modifyVolumeGate. A run of make compare, which
-// puts a hundred claims on a node and runs no storage suite, lifts the
-// volume limit.
+// installArgsFor is installArgs for csi-node's image of tag. A run of
+// make compare, which puts a hundred claims on a node and runs no storage
+// suite, lifts the volume limit.
 func installArgsFor(tag string) []string {
 	args := slices.Clone(installArgs)
 	for i, a := range args {
-		if tag != csiNodeImageTag {
-			args[i] = strings.Replace(a, modifyVolumeGate+"=true,", "", 1)
-		}
 		if *compareFull && strings.HasPrefix(a, "--max-volumes=") {
 			args[i] = "--max-volumes=0"
 		}

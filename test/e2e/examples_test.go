@@ -86,6 +86,7 @@ func testExamples(t *testing.T) {
 		t.Errorf("the restored claim's /data/hello, as the reader prints it: %q, %v", out, err)
 	}
 	waitRunningIn(t, examplesNamespace, "db")
+	ioLimitsExample(t, apply)
 	poll(t, 3*time.Minute, "the example's VolumeGroupSnapshot db-group ready", func() (bool, string) {
 		o, err := c.dynamic.Resource(volumeGroupSnapshots).Namespace(examplesNamespace).Get(ctx, "db-group", metav1.GetOptions{})
 		if err != nil {
@@ -187,9 +188,54 @@ func removeExamples(t *testing.T, dir string, classes []string) {
 		slices.Sort(left)
 		return len(left) == 0, strings.Join(left, ", ")
 	})
-	for _, f := range append(classes, "volumesnapshotclass-velero.yaml") {
+	for _, f := range append(classes, "volumesnapshotclass-velero.yaml", "io-limits.yaml") {
 		if _, err := c.kubectl(ctx, "delete", "--ignore-not-found", "-f", filepath.Join(dir, f)); err != nil {
 			t.Errorf("deleting %s: %v", f, err)
 		}
 	}
+}
+
+// ioLimitsExample applies io-limits.yaml: its claim is made with the
+// class io-slow (the provisioner makes no claim of a class for a driver
+// without MODIFY_VOLUME, which csi-node advertises by default), and
+// switched as the file's comment says, to io-unlimited, while its pod
+// runs.
+func ioLimitsExample(t *testing.T, apply func(string)) {
+	t.Helper()
+	ctx := context.Background()
+	apply("io-limits.yaml")
+	waitRunningIn(t, examplesNamespace, "limited-user")
+	claims := c.client.CoreV1().PersistentVolumeClaims(examplesNamespace)
+	current := func(want string) {
+		t.Helper()
+		poll(t, 2*time.Minute, "claim limited's current class "+want, func() (bool, string) {
+			pvc, err := claims.Get(ctx, "limited", metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			got := ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, "")
+			return got == want && pvc.Status.ModifyVolumeStatus == nil, fmt.Sprintf("current %q, modify %+v", got, pvc.Status.ModifyVolumeStatus)
+		})
+	}
+	current("io-slow")
+	b, err := os.ReadFile(filepath.Join(c.repo, "docs", "examples", "io-limits.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patch string
+	for _, l := range strings.Split(string(b), "\n") {
+		if _, cmd, ok := strings.Cut(l, "#   kubectl patch "); ok {
+			patch = "kubectl patch " + cmd
+		}
+	}
+	// kubectl patch pvc limited -p '{...}', the JSON without spaces.
+	args := strings.Fields(patch)
+	if len(args) != 6 || args[1] != "patch" || args[4] != "-p" {
+		t.Fatalf("io-limits.yaml's comment gives no kubectl patch of the claim: %q", patch)
+	}
+	args[5] = strings.Trim(args[5], "'")
+	if _, err := c.kubectl(ctx, append([]string{"-n", examplesNamespace}, args[1:]...)...); err != nil {
+		t.Fatal(err)
+	}
+	current("io-unlimited")
 }

@@ -46,7 +46,7 @@ func helmValues(logLevel int) map[string]any {
 	return map[string]any{
 		"csiNode": map[string]any{
 			"logLevel":     logLevel,
-			"featureGates": map[string]any{"ModifyVolume": true, "VolumeCondition": true, "VolumeHealth": true},
+			"featureGates": map[string]any{"VolumeCondition": true, "VolumeHealth": true},
 			"poolGuard":    testPoolGuard,
 			"maxVolumes":   maxVolumesPerNode,
 		},

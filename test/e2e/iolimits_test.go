@@ -50,7 +50,7 @@ const (
 // v1: the container's too, where fio runs); the second, in the same
 // cgroups, much faster than either limit. The claim then names
 // converge-io-fast (200): the real csi-resizer calls ControllerModifyVolume
-// (csi-node's ModifyVolume feature, on in the run) and marks the claim's
+// (csi-node's ModifyVolume feature, on by default) and marks the claim's
 // currentVolumeAttributesClassName, which the node-volumes policy lets it
 // write; the same pod, not restarted, reads at 200 within 10% once the
 // rule says so. Both volumes are then deleted as any other.

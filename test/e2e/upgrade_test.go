@@ -130,9 +130,6 @@ func TestUpgradeAndRollback(t *testing.T) {
 			install: func() error {
 				values := helmValues(4)
 				values["csiNode"].(map[string]any)["image"] = map[string]any{"repository": csiNodeImageName, "tag": prev.tag}
-				// A gate the previous release does not know
-				// (installArgsFor); the upgrade reuses these values.
-				delete(values["csiNode"].(map[string]any)["featureGates"].(map[string]any), modifyVolumeGate)
 				// The previous chart names the sidecar releases of its
 				// day: it runs the ones built here, as its deploy/
 				// does (installKustomizationsOf), and the upgrade
