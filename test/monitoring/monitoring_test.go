@@ -228,10 +228,12 @@ func dashboardQueries(t *testing.T) []string {
 }
 
 // onlyWhileSomethingIsWrong are the metrics whose series exist only while
-// a volume is abnormal or a restore runs, or once a repair was made: a
-// healthy plugin's /metrics lacks them, and the plugin's registry is asked
+// a volume is abnormal or a restore runs, once a repair was made, or for
+// a volume whose class asks for IO limits: a healthy plugin's /metrics
+// with a plain volume lacks them, and the plugin's registry is asked
 // instead.
-var onlyWhileSomethingIsWrong = []string{"converge_volume_conditions", "converge_restore_copied_bytes", "converge_repairs_total"}
+var onlyWhileSomethingIsWrong = []string{"converge_volume_conditions", "converge_restore_copied_bytes", "converge_repairs_total",
+	"converge_volume_io_limit", "converge_volume_io_limit_applied"}
 
 // TestQueriesNameExportedMetrics checks that every metric the dashboard
 // and the alerts name is one that a live csi-node (with a volume staged,
@@ -398,7 +400,9 @@ func registryMetrics(t *testing.T) map[string]bool {
 	m.WatchPools(func() []volstatus.PoolStatus {
 		return []volstatus.PoolStatus{{Name: "default", Restores: []volstatus.Restore{{VolumeID: "v", SnapshotID: "s"}}}}
 	})
-	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{{ID: "v", Phase: volstatus.PhaseDegraded, Reason: "SpaceRanOut"}}, 0)
+	limits := &volstatus.IOLimits{ReadIOPS: 100}
+	m.PassDone(time.Millisecond, []volstatus.VolumeStatus{{ID: "v", Phase: volstatus.PhaseDegraded, Reason: "SpaceRanOut",
+		PublishesDesired: 1, IOLimitsDesired: limits, IOLimitsApplied: limits}}, 0)
 	m.Repaired("keep device")
 	families, err := m.Registry.Gather()
 	if err != nil {

@@ -26,7 +26,7 @@ func TestNamedReasonsAreEmitted(t *testing.T) {
 	if len(conditions) == 0 || len(events) == 0 {
 		t.Fatalf("read %d condition and %d event reasons: emittedReasons no longer finds where they are defined", len(conditions), len(events))
 	}
-	t.Logf("condition reasons: %s; converge-controller's event reasons: %s", strings.Join(sorted(conditions), ", "), strings.Join(sorted(events), ", "))
+	t.Logf("condition reasons: %s; converge-controller's and its node agent's event reasons: %s", strings.Join(sorted(conditions), ", "), strings.Join(sorted(events), ", "))
 
 	// The alerts match the condition reason of converge_volume_conditions.
 	matcher := regexp.MustCompile(`reason\s*(?:=~|!~|=|!=)\s*"([^"]*)"|reason: (\w+)`)
@@ -119,9 +119,14 @@ func emittedReasons(t *testing.T) (conditions, events map[string]bool) {
 	for _, r := range contract.Reasons() {
 		conditions[string(r)] = true
 	}
-	files, err := filepath.Glob("../../pkg/nodeloss/*.go")
-	if err != nil {
-		t.Fatal(err)
+	// converge-controller's events, and its node agent's.
+	var files []string
+	for _, pkg := range []string{"nodeloss", "classagent"} {
+		f, err := filepath.Glob("../../pkg/" + pkg + "/*.go")
+		if err != nil || len(f) == 0 {
+			t.Fatalf("pkg/%s: %v, %d files", pkg, err, len(f))
+		}
+		files = append(files, f...)
 	}
 	for _, path := range files {
 		if strings.HasSuffix(path, "_test.go") {
