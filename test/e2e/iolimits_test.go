@@ -38,6 +38,10 @@ const (
 	ioFileBlocks = 2000
 	// ioTolerance is how far from a limit a measured rate may be.
 	ioTolerance = 0.10
+	// ioResync is how soon a change of a volume's limits, or a rule
+	// edited by hand, must be in force in its pod: one pass of csi-node
+	// (--resync-period, 10 s as deploy/ leaves it) and some slack.
+	ioResync = 20 * time.Second
 )
 
 // testIOLimits proves a VolumeAttributesClass's maxReadIops in a running
@@ -73,7 +77,7 @@ func testIOLimits(t *testing.T) {
 	// A hand edit of the line (as a kubelet or a person rewriting the
 	// cgroup) is repaired: the reconciler observes the cgroups each pass.
 	editReadIOPSRule(t, v.n, pod, dev, 100*ioSlowIOPS)
-	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
+	waitReadIOPSRuleWithin(t, v.n, pod, dev, ioSlowIOPS, ioResync)
 	var got float64
 	for range ioTries {
 		if got = readRate(t, pod.Name, free); got >= 2*ioFastIOPS {
@@ -101,8 +105,19 @@ func testIOLimits(t *testing.T) {
 		return false, fmt.Sprintf("current class %q, modify %+v, conditions %+v%s", ptr.Deref(pvc.Status.CurrentVolumeAttributesClassName, ""),
 			pvc.Status.ModifyVolumeStatus, pvc.Status.Conditions, podEvents("io-limited"))
 	})
-	waitReadIOPSRule(t, v.n, pod, dev, ioFastIOPS)
+	// In force within one pass of the modify's end, which the claim's
+	// current class marks.
+	waitReadIOPSRuleWithin(t, v.n, pod, dev, ioFastIOPS, ioResync)
 	checkReadRate(t, pod.Name, limited, ioFastIOPS)
+	// The same pod throughout: not made again, its container not
+	// restarted.
+	now, err := c.client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now.UID != pod.UID || len(now.Status.ContainerStatuses) != 1 || now.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Errorf("pod %s after the switch: uid %s (was %s), containers %s; want the same pod, not restarted", pod.Name, now.UID, pod.UID, containerStates(now))
+	}
 	// A volume with limits recorded is deleted as any other.
 	release(t, v, "io-limited", pod.Name)
 	release(t, other, "io-free")
@@ -187,8 +202,14 @@ func podDevice(t *testing.T, pod, dir string) string {
 // modify.
 func waitReadIOPSRule(t *testing.T, n *kubeNode, pod *corev1.Pod, dev string, iops int) {
 	t.Helper()
+	waitReadIOPSRuleWithin(t, n, pod, dev, iops, time.Minute)
+}
+
+// waitReadIOPSRuleWithin is waitReadIOPSRule waiting up to within.
+func waitReadIOPSRuleWithin(t *testing.T, n *kubeNode, pod *corev1.Pod, dev string, iops int, within time.Duration) {
+	t.Helper()
 	want := fmt.Sprintf("%s %d", dev, iops)
-	poll(t, time.Minute, fmt.Sprintf("the rule %q in every cgroup of pod %s", want, pod.Name), func() (bool, string) {
+	poll(t, within, fmt.Sprintf("the rule %q in every cgroup of pod %s", want, pod.Name), func() (bool, string) {
 		files, err := readIOPSFiles(n, pod)
 		if err != nil {
 			return false, err.Error()

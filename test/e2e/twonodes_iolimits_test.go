@@ -23,7 +23,8 @@ import (
 // The class the claim was made with is the second node's own
 // (CreateVolume's mutable parameters, on the node that provisions). Then
 // csi-node and the kubelet of the second node restart: the rule is in
-// force throughout, before and after csi-node's start-up.
+// force at every look, ten a second, from before the kill until a pass
+// after csi-node's start-up.
 func TestTwoNodesIOLimitsWhereverTheResizerRuns(t *testing.T) {
 	b := secondNode(t)
 	moveResizerLease(t, c.kubeNode)
@@ -57,8 +58,9 @@ func TestTwoNodesIOLimitsWhereverTheResizerRuns(t *testing.T) {
 	waitReadIOPSRule(t, b, pod, dev, ioFastIOPS)
 
 	// csi-node and the kubelet restart: the rule stays in force
-	// throughout, and csi-node's start-up, which reconstructs the volume,
-	// leaves it as it is.
+	// throughout, every tenth of a second, and csi-node's start-up, which
+	// reconstructs the volume, and its first pass leave it as it is.
+	lapses := sampleReadIOPSRule(b, pod, dev, ioFastIOPS)
 	restarts, err := b.killContainer(ctx, t, "csi-node")
 	if err != nil {
 		t.Fatal(err)
@@ -75,8 +77,49 @@ func TestTwoNodesIOLimitsWhereverTheResizerRuns(t *testing.T) {
 	if err := b.waitRestarted(ctx, "csi-node", restarts); err != nil {
 		t.Fatalf("csi-node on %s: %v", b.node, err)
 	}
+	time.Sleep(ioResync)
+	samples, bad := lapses()
+	if samples < 10 || len(bad) > 0 {
+		t.Errorf("the rule out of force at %d of %d looks across the restarts: %s", len(bad), samples, strings.Join(bad[:min(len(bad), 5)], "; "))
+	}
 	holdsReadIOPSRule(t, b, pod, dev, ioFastIOPS)
 	release(t, v, name, pod.Name)
+}
+
+// sampleReadIOPSRule looks every tenth of a second at every cgroup of pod
+// on n for the read IOPS rule iops of dev, until the function it returns
+// is called, which says how many looks there were and what each look that
+// found it missing saw.
+func sampleReadIOPSRule(n *kubeNode, pod *corev1.Pod, dev string, iops int) func() (int, []string) {
+	want := fmt.Sprintf("%s %d", dev, iops)
+	stop, done := make(chan struct{}), make(chan struct{})
+	var samples int
+	var bad []string
+	go func() {
+		defer close(done)
+		for {
+			samples++
+			files, err := readIOPSFiles(n, pod)
+			if err != nil {
+				bad = append(bad, time.Now().Format("15:04:05.0")+" "+err.Error())
+			}
+			for _, f := range files {
+				if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != want {
+					bad = append(bad, fmt.Sprintf("%s %s: %q (%v)", time.Now().Format("15:04:05.0"), f, strings.TrimSpace(string(b)), err))
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return func() (int, []string) {
+		close(stop)
+		<-done
+		return samples, bad
+	}
 }
 
 // holdsReadIOPSRule fails t unless every cgroup of pod on n holds the read
