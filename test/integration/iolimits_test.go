@@ -24,8 +24,9 @@ const blkioRoot = "/sys/fs/cgroup/blkio"
 // blkio controller, that a ControllerModifyVolume's IO limits reach the
 // cgroups of the pod that publishes the volume at a target laid out as
 // the kubelet lays it out, each container's among them (v1 throttling is
-// not hierarchical); that a rule removed by hand is set again by the next
-// pass; and that the unpublish removes the rules.
+// not hierarchical), and not csi-node's own, where its mkfs and fsck run;
+// that a rule removed by hand is set again by the next pass; and that the
+// unpublish removes the rules.
 func TestIOLimitsHoldThePodsCgroups(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(blkioRoot, "blkio.throttle.read_iops_device")); err != nil {
 		t.Skipf("needs the cgroup v1 blkio controller at %s: %v", blkioRoot, err)
@@ -70,6 +71,19 @@ func TestIOLimitsHoldThePodsCgroups(t *testing.T) {
 			waitLine(t, filepath.Join(d, file), line, true)
 		}
 	}
+	// csi-node's own cgroup, where its mkfs, fsck and resize run, and
+	// those above it, hold no rule of the volume's device.
+	for _, d := range ownCgroups(t, p.PID()) {
+		for _, file := range []string{"blkio.throttle.read_iops_device", "blkio.throttle.write_iops_device", "blkio.throttle.read_bps_device", "blkio.throttle.write_bps_device"} {
+			b, err := os.ReadFile(filepath.Join(d, file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains("\n"+string(b), "\n"+dev+" ") {
+				t.Errorf("csi-node's cgroup %s has a rule of the volume's device %s: %q", d, dev, b)
+			}
+		}
+	}
 
 	// An operator removes the container's rule: the next pass sets it again.
 	if err := os.WriteFile(filepath.Join(ctrDir, "blkio.throttle.read_iops_device"), []byte(dev+" 0"), 0); err != nil {
@@ -108,4 +122,30 @@ func waitLine(t *testing.T, path, line string, present bool) {
 		}
 		return nil
 	})
+}
+
+// ownCgroups are the blkio cgroups of process pid, its own first, then
+// each above it up to the hierarchy's root.
+func ownCgroups(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		// hierarchy-ID:controller-list:cgroup-path
+		parts := strings.SplitN(l, ":", 3)
+		if len(parts) != 3 || !slices.Contains(strings.Split(parts[1], ","), "blkio") {
+			continue
+		}
+		var out []string
+		for d := filepath.Join(blkioRoot, parts[2]); ; d = filepath.Dir(d) {
+			out = append(out, d)
+			if d == blkioRoot {
+				return out
+			}
+		}
+	}
+	t.Fatalf("process %d is in no blkio cgroup: %s", pid, b)
+	return nil
 }
