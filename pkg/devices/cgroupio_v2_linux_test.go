@@ -223,9 +223,9 @@ func TestCgroupPodCgroupsV2(t *testing.T) {
 
 // fakeCgroupIOV2 returns a CgroupIO on a fake cgroup v2 hierarchy laid
 // out by the systemd driver, whose io.max writes go to a fake kernel.
-func fakeCgroupIOV2(t *testing.T) (c CgroupIO, kernel *fakeIOMax, pod, pod2, ctr string) {
+func fakeCgroupIOV2(t *testing.T, driver string) (c CgroupIO, kernel *fakeIOMax, pod, pod2, ctr string) {
 	t.Helper()
-	root, pod, pod2, ctr := fakeCgroupV2(t, "systemd")
+	root, pod, pod2, ctr := fakeCgroupV2(t, driver)
 	c, err := DetectCgroupIO(root)
 	if err != nil {
 		t.Fatal(err)
@@ -240,42 +240,46 @@ func fakeCgroupIOV2(t *testing.T) (c CgroupIO, kernel *fakeIOMax, pod, pod2, ctr
 // is what SetThrottle set, another device's rule is left alone, and a
 // second SetThrottle writes nothing.
 func TestCgroupThrottleV2(t *testing.T) {
-	c, kernel, pod, pod2, _ := fakeCgroupIOV2(t)
-	other := "8:0 rbps=max wbps=max riops=max wiops=7\n"
-	writeFile(t, filepath.Join(pod, ioMaxFile), other)
-	for _, step := range []struct {
-		name   string
-		l      host.IOLimits
-		writes int
-		file   string
-	}{
-		{name: "set", l: host.IOLimits{ReadIOPS: 200, WriteBPS: 1 << 20}, writes: 1,
-			file: other + "7:3 rbps=max wbps=1048576 riops=200 wiops=max\n"},
-		{name: "again", l: host.IOLimits{ReadIOPS: 200, WriteBPS: 1 << 20},
-			file: other + "7:3 rbps=max wbps=1048576 riops=200 wiops=max\n"},
-		{name: "change", l: host.IOLimits{WriteIOPS: 1, ReadBPS: 2}, writes: 1,
-			file: other + "7:3 rbps=2 wbps=max riops=max wiops=1\n"},
-		{name: "remove", l: host.IOLimits{}, writes: 1, file: other},
-		{name: "remove again", l: host.IOLimits{}, file: other},
-	} {
-		t.Run(step.name, func(t *testing.T) {
-			kernel.writes = 0
-			if err := c.SetThrottle(pod, loop3, step.l); err != nil {
-				t.Fatal(err)
+	for _, driver := range []string{"systemd", "cgroupfs"} {
+		t.Run(driver, func(t *testing.T) {
+			c, kernel, pod, pod2, _ := fakeCgroupIOV2(t, driver)
+			other := "8:0 rbps=max wbps=max riops=max wiops=7\n"
+			writeFile(t, filepath.Join(pod, ioMaxFile), other)
+			for _, step := range []struct {
+				name   string
+				l      host.IOLimits
+				writes int
+				file   string
+			}{
+				{name: "set", l: host.IOLimits{ReadIOPS: 200, WriteBPS: 1 << 20}, writes: 1,
+					file: other + "7:3 rbps=max wbps=1048576 riops=200 wiops=max\n"},
+				{name: "again", l: host.IOLimits{ReadIOPS: 200, WriteBPS: 1 << 20},
+					file: other + "7:3 rbps=max wbps=1048576 riops=200 wiops=max\n"},
+				{name: "change", l: host.IOLimits{WriteIOPS: 1, ReadBPS: 2}, writes: 1,
+					file: other + "7:3 rbps=2 wbps=max riops=max wiops=1\n"},
+				{name: "remove", l: host.IOLimits{}, writes: 1, file: other},
+				{name: "remove again", l: host.IOLimits{}, file: other},
+			} {
+				t.Run(step.name, func(t *testing.T) {
+					kernel.writes = 0
+					if err := c.SetThrottle(pod, loop3, step.l); err != nil {
+						t.Fatal(err)
+					}
+					if kernel.writes != step.writes {
+						t.Errorf("writes: got %d, want %d", kernel.writes, step.writes)
+					}
+					if got, err := c.Throttle(pod, loop3); err != nil || got != step.l {
+						t.Errorf("Throttle: got %+v, %v; want %+v", got, err, step.l)
+					}
+					if b, _ := os.ReadFile(filepath.Join(pod, ioMaxFile)); string(b) != step.file {
+						t.Errorf("io.max: got %q, want %q", b, step.file)
+					}
+				})
 			}
-			if kernel.writes != step.writes {
-				t.Errorf("writes: got %d, want %d", kernel.writes, step.writes)
-			}
-			if got, err := c.Throttle(pod, loop3); err != nil || got != step.l {
-				t.Errorf("Throttle: got %+v, %v; want %+v", got, err, step.l)
-			}
-			if b, _ := os.ReadFile(filepath.Join(pod, ioMaxFile)); string(b) != step.file {
-				t.Errorf("io.max: got %q, want %q", b, step.file)
+			if got, err := c.Throttle(pod2, loop3); err != nil || !got.IsZero() {
+				t.Errorf("Throttle without a rule: got %+v, %v; want none", got, err)
 			}
 		})
-	}
-	if got, err := c.Throttle(pod2, loop3); err != nil || !got.IsZero() {
-		t.Errorf("Throttle without a rule: got %+v, %v; want none", got, err)
 	}
 }
 
@@ -284,7 +288,7 @@ func TestCgroupThrottleV2(t *testing.T) {
 // hierarchy, a cgroup gone (os.ErrNotExist), one without the io
 // controller, and every call of the zero CgroupIO.
 func TestCgroupThrottleV2Refuses(t *testing.T) {
-	c, kernel, pod, _, ctr := fakeCgroupIOV2(t)
+	c, kernel, pod, _, ctr := fakeCgroupIOV2(t, "systemd")
 	if err := c.SetThrottle(pod, loop3, host.IOLimits{ReadIOPS: host.MaxIOPS + 1}); err == nil {
 		t.Errorf("SetThrottle beyond MaxIOPS: got %v, want refused", err)
 	}

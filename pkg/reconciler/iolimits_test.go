@@ -366,7 +366,7 @@ func TestIOLimitsIOControllerNotEnabledInThePodsCgroup(t *testing.T) {
 		"kubepods.slice/io.max":                                          "",
 		"kubepods.slice/kubepods-burstable.slice/io.max":                 "",
 		"kubepods.slice/kubepods-burstable.slice/cgroup.subtree_control": "cpu memory pids\n",
-	})
+	}, &limits)
 
 	if r, _ := h.store.Result("v1", state.PublishKey(target)); !r.Ready {
 		t.Errorf("publish result: got %+v, want ready", r)
@@ -396,7 +396,7 @@ func TestIOLimitsPodCgroupNeverFound(t *testing.T) {
 	h := newHarness(t)
 	const uid = "0b5c8f1e-32c4-4b7a-9d1e-8a2f6c3d4e5f"
 	root := t.TempDir()
-	cg, _ := h.v2PodPublish(uid, root, nil)
+	cg, _ := h.v2PodPublish(uid, root, nil, &limits)
 
 	for _, step := range []time.Duration{0, cgroupMissingGrace / 2, cgroupMissingGrace/2 - time.Second} {
 		h.clock.Step(step)
@@ -457,9 +457,9 @@ func TestIOLimitsNewContainersAreNoRepairs(t *testing.T) {
 
 // v2PodPublish makes root a cgroup v2 hierarchy with io enabled at its
 // top and files (path below root: content) besides, has the reconciler
-// throttle through it, and publishes volume v1, limited, for pod uid. It
+// throttle through it, and publishes volume v1, limited to l, for pod uid. It
 // returns the throttler and the publish's target.
-func (h *harness) v2PodPublish(uid, root string, files map[string]string) (devices.CgroupIO, string) {
+func (h *harness) v2PodPublish(uid, root string, files map[string]string, l *host.IOLimits) (devices.CgroupIO, string) {
 	h.t.Helper()
 	all := map[string]string{"cgroup.controllers": "cpu io memory pids\n", "cgroup.subtree_control": "cpu io memory pids\n"}
 	for p, content := range files {
@@ -476,7 +476,7 @@ func (h *harness) v2PodPublish(uid, root string, files map[string]string) (devic
 	}
 	h.r.cfg.Throttler = cg
 	target := h.podTarget("v1", uid)
-	h.limitedVolume("v1", target, &limits)
+	h.limitedVolume("v1", target, l)
 	h.runUntilIdle()
 	return cg, target
 }
