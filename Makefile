@@ -8,7 +8,7 @@ SOCKET   := $(RUN_DIR)/csi.sock
 # sets it past its own bound of their step).
 TEST_TIMEOUT ?= 5m
 
-.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart chart-docs manifests fuzz bench compare e2e conformance crossbuild release clean
+.PHONY: run test build deps unit vet vet-core vet-e2e sanity compat chart chart-docs manifests fuzz bench compare soak e2e conformance crossbuild release clean
 
 # FUZZTIME bounds each fuzz target in make test. It is a count of runs, not
 # a duration: with a duration, Go 1.26's fuzz coordinator can fail a target
@@ -82,6 +82,20 @@ compare: deps
 		-args -compare -compare-n=$(COMPARE_N) -compare-rounds=$(COMPARE_ROUNDS) -compare-spread=$(COMPARE_SPREAD) -compare-ways=$(COMPARE_WAYS) \
 		-controller-manager-qps=$(COMPARE_KCM_QPS) \
 		-compare-out=$(RUN_DIR)/compare.json
+
+## soak: issue 71's soak on the e2e cluster (test/e2e/soak_test.go): claims of several kinds on two nodes written by pods that
+## append checksummed records, made, grown, snapshotted, restored, cloned and deleted while csi-node, its sidecars,
+## converge-controller, the kubelets and the API server are killed, stopped and restarted, for SOAK_FOR, at the times the
+## seed SOAK_SEED draws (0: a random one, printed, which replays the soak); then every acknowledged record is checked on its
+## volume and the cluster taken down to nothing. The plan and history (and on a failure the nodes' logs and stores) are in
+## $(RUN_DIR)/soak (docs/testing.md)
+SOAK_FOR  ?= 30m
+SOAK_SEED ?= 0
+soak: deps
+	@./hack/install-deps.sh e2e
+	@mkdir -p $(RUN_DIR)
+	cd test/e2e && $(GO) test -count=1 -v -timeout 240m -run '^TestSoak$$' . \
+		-args -soak=$(SOAK_FOR) -soak-seed=$(SOAK_SEED) -soak-out=$(RUN_DIR)/soak
 
 ## release: the files of a release of this checkout, of the version the chart says, in $(RUN_DIR)/release (made anew):
 ## for each platform of PLATFORMS (this machine's by default; another needs its emulator, see docs/releasing.md),

@@ -63,6 +63,9 @@ func soakKinds(nodes int) []soak.Kind {
 		{Name: "kill-sidecar", Every: 45 * time.Second, Targets: nodes * len(soakSidecars)},
 		{Name: "kill-controller", Every: 120 * time.Second, Targets: 1},
 		{Name: "restart-kubelet", Every: 90 * time.Second, Targets: nodes},
+		// Past the node monitor's grace (40 s): the Node goes NotReady.
+		{Name: "kubelet-down", Every: 240 * time.Second, Targets: nodes, Hold: [2]time.Duration{45 * time.Second, 75 * time.Second}},
+		{Name: "restart-apiserver", Every: 300 * time.Second, Targets: 1},
 	}
 }
 
@@ -141,7 +144,7 @@ func TestSoak(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		if *soakOut != "" {
-			s.save(*soakOut, seed, lines)
+			s.save(*soakOut, seed, lines, t.Failed())
 		}
 	})
 
@@ -214,11 +217,23 @@ func (s *soakRun) do(e soak.Event) error {
 		return s.stopDriver(s.nodes[e.Target], e.Hold)
 	case "kill-controller":
 		return s.killController()
-	case "restart-kubelet":
-		// One restart of a node's kubelet at a time.
+	case "restart-kubelet", "kubelet-down":
+		// One stop of a node's kubelet at a time.
+		n := s.nodes[e.Target]
 		s.nodeMu[e.Target].Lock()
 		defer s.nodeMu[e.Target].Unlock()
-		return s.nodes[e.Target].restartKubelet(s.ctx)
+		if err := n.kubelet.stop(30 * time.Second); err != nil {
+			return err
+		}
+		time.Sleep(e.Hold)
+		return n.runKubelet()
+	case "restart-apiserver":
+		if err := c.apiserver.stop(30 * time.Second); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
+		defer cancel()
+		return c.startAPIServer(ctx)
 	}
 	return fmt.Errorf("no such kind %s", e.Kind)
 }
@@ -560,6 +575,14 @@ func (s *soakRun) settle() {
 			s.fail(&s.broken, "%v", err)
 		}
 	}
+	// The store and the API agree: csi-node gc, as docs/operations.md
+	// runs it, finds nothing left over on any node.
+	for _, n := range s.nodes {
+		out, err := docsGC(s.t, n.node)
+		if err != nil || !strings.Contains(out, "Nothing on this node is left over.") {
+			s.fail(&s.broken, "csi-node gc on %s: %v\n%s", n.node, err, out)
+		}
+	}
 	s.takeDown()
 }
 
@@ -626,8 +649,10 @@ func (s *soakRun) takeDown() {
 	}
 }
 
-// save writes the plan and the history to dir.
-func (s *soakRun) save(dir string, seed uint64, plan []string) {
+// save writes the plan and the history to dir, and after a failure each
+// node's csi-node logs, kubelet log and csi-node's state directory (the
+// store) beside them.
+func (s *soakRun) save(dir string, seed uint64, plan []string, failed bool) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		s.t.Errorf("soak output: %v", err)
 		return
@@ -649,5 +674,32 @@ func (s *soakRun) save(dir string, seed uint64, plan []string) {
 			s.t.Errorf("soak output: %v", err)
 		}
 	}
+	if failed {
+		for _, n := range s.nodes {
+			files := append(n.containerLogs("csi-node"), filepath.Join(n.logs, "kubelet.log"))
+			state, _ := filepath.Glob(filepath.Join(n.stateDir, "*"))
+			for _, f := range append(files, state...) {
+				if fi, err := os.Stat(f); err != nil || !fi.Mode().IsRegular() {
+					continue
+				}
+				name := strings.NewReplacer("/", "_").Replace(strings.TrimPrefix(f, n.dir+"/"))
+				if err := copyFile(f, filepath.Join(dir, n.node, name)); err != nil {
+					s.t.Errorf("soak output: %v", err)
+				}
+			}
+		}
+	}
 	s.t.Logf("soak: plan and history in %s", dir)
+}
+
+// copyFile copies the file from to to, making to's directory.
+func copyFile(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o644)
 }
