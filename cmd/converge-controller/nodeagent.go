@@ -11,7 +11,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -25,13 +27,20 @@ import (
 )
 
 // nodeAgentCommand is the first argument that runs the node agent
-// (pkg/classagent) rather than the controller: one per node, beside
-// csi-node, with the node's credentials.
+// (pkg/classagent) rather than the controller: one per node, in a pod of
+// its own beside the node's csi-node, with an account that only reads.
 const nodeAgentCommand = "node-agent"
 
 // modifyTimeout bounds one ControllerModifyVolume call to csi-node, which
 // records the limits and answers: it waits for nothing else.
 const modifyTimeout = 30 * time.Second
+
+// capsRecheck is how often the agent asks csi-node again whether it
+// serves ControllerModifyVolume. The agent runs in a pod of its own, so a
+// change of csi-node's ModifyVolume gate restarts csi-node and not the
+// agent: the agent follows the gate within this, and one question a
+// minute costs csi-node nothing.
+const capsRecheck = time.Minute
 
 // nodeAgent parses the node agent's flags (args, after its command) and
 // runs it until ctx ends.
@@ -69,18 +78,6 @@ func nodeAgent(ctx context.Context, args []string) error {
 	}
 	defer conn.Close()
 	ctrl := csi.NewControllerClient(conn)
-	on, err := modifyAdvertised(ctx, ctrl)
-	if err != nil {
-		return nil // ctx ended: stopped while waiting
-	}
-	if !on {
-		// The DaemonSet runs the agent whatever csi-node's gates: with
-		// ModifyVolume off it watches nothing. A change of the gate
-		// changes the pod, and so starts the agent again.
-		klog.InfoS("csi-node does not advertise MODIFY_VOLUME (--feature-gates=ModifyVolume=false turned it off): nothing to hand", "csiAddress", csiAddress)
-		<-ctx.Done()
-		return nil
-	}
 	modify := func(ctx context.Context, h classagent.Hand) error {
 		ctx, cancel := context.WithTimeout(ctx, modifyTimeout)
 		defer cancel()
@@ -91,23 +88,52 @@ func nodeAgent(ctx context.Context, args []string) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-node-agent", Host: scope.Node})
-	return classagent.New(classagent.Config{Client: client, Scope: scope, Modify: modify, Resync: *resync, Events: events}).Run(ctx)
+	for told := false; ; {
+		on, err := modifyAdvertised(ctx, ctrl)
+		if err != nil {
+			return nil // ctx ended: stopped while waiting
+		}
+		if !on {
+			// With ModifyVolume off the agent watches nothing, and
+			// asks again: turning the gate on restarts csi-node, not
+			// this pod.
+			if !told {
+				klog.InfoS("csi-node does not advertise MODIFY_VOLUME (turned off by --feature-gates=ModifyVolume=false, or a release without it): nothing to hand; asking again every minute", "csiAddress", csiAddress)
+				told = true
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(capsRecheck):
+			}
+			continue
+		}
+		told = false
+		run, stop := context.WithCancel(ctx)
+		withdrawn := make(chan struct{})
+		go func() {
+			defer close(withdrawn)
+			if untilWithdrawn(run, ctrl, capsRecheck) {
+				stop()
+			}
+		}()
+		err = classagent.New(classagent.Config{Client: client, Scope: scope, Modify: modify, Resync: *resync, Events: events}).Run(run)
+		stop()
+		<-withdrawn
+		if err != nil || ctx.Err() != nil {
+			return err
+		}
+		klog.InfoS("csi-node no longer advertises MODIFY_VOLUME: stopped handing classes", "csiAddress", csiAddress)
+	}
 }
 
 // modifyAdvertised asks csi-node, until it answers or ctx ends, whether
 // it serves ControllerModifyVolume.
 func modifyAdvertised(ctx context.Context, ctrl csi.ControllerClient) (bool, error) {
 	for waited := 0; ; {
-		call, cancel := context.WithTimeout(ctx, modifyTimeout)
-		resp, err := ctrl.ControllerGetCapabilities(call, &csi.ControllerGetCapabilitiesRequest{})
-		cancel()
+		on, err := askModify(ctx, ctrl)
 		if err == nil {
-			for _, c := range resp.GetCapabilities() {
-				if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME {
-					return true, nil
-				}
-			}
-			return false, nil
+			return on, nil
 		}
 		if waited == 0 {
 			klog.InfoS("Waiting for csi-node to answer", "err", err)
@@ -119,4 +145,43 @@ func modifyAdvertised(ctx context.Context, ctrl csi.ControllerClient) (bool, err
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// untilWithdrawn asks csi-node every period whether it still serves
+// ControllerModifyVolume, and returns true once it answers that it does
+// not; false when ctx ends first. A question csi-node does not answer (it
+// restarts) is asked again at the next period.
+func untilWithdrawn(ctx context.Context, ctrl csi.ControllerClient, every time.Duration) bool {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if on, err := askModify(ctx, ctrl); err == nil && !on {
+			return true
+		}
+	}
+}
+
+// askModify asks csi-node once whether it advertises MODIFY_VOLUME. A
+// csi-node without a controller service (UNIMPLEMENTED) does not.
+func askModify(ctx context.Context, ctrl csi.ControllerClient) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, modifyTimeout)
+	defer cancel()
+	resp, err := ctrl.ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, c := range resp.GetCapabilities() {
+		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME {
+			return true, nil
+		}
+	}
+	return false, nil
 }

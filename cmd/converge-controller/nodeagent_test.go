@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,8 +27,22 @@ func (s capsServer) ControllerGetCapabilities(context.Context, *csi.ControllerGe
 	return &csi.ControllerGetCapabilitiesResponse{Capabilities: out}, nil
 }
 
+// switchServer advertises MODIFY_VOLUME while on is true.
+type switchServer struct {
+	csi.UnimplementedControllerServer
+	on atomic.Bool
+}
+
+func (s *switchServer) ControllerGetCapabilities(ctx context.Context, r *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps capsServer
+	if s.on.Load() {
+		caps.caps = []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_MODIFY_VOLUME}
+	}
+	return caps.ControllerGetCapabilities(ctx, r)
+}
+
 // serveCaps serves s at sock after delay, until t ends.
-func serveCaps(t *testing.T, sock string, s capsServer, delay time.Duration) {
+func serveCaps(t *testing.T, sock string, s csi.ControllerServer, delay time.Duration) {
 	srv := grpc.NewServer()
 	csi.RegisterControllerServer(srv, s)
 	t.Cleanup(srv.Stop)
@@ -52,21 +67,64 @@ func TestModifyAdvertised(t *testing.T) {
 	}{
 		{"advertised", []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME}, true},
 		{"not advertised", []csi.ControllerServiceCapability_RPC_Type{csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME}, false},
+		// A csi-node without a controller service answers UNIMPLEMENTED.
+		{"unimplemented", nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := filepath.Join(t.TempDir(), "csi.sock")
-			serveCaps(t, sock, capsServer{caps: tc.caps}, 500*time.Millisecond)
-			conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
+			var srv csi.ControllerServer = capsServer{caps: tc.caps}
+			if tc.caps == nil {
+				srv = csi.UnimplementedControllerServer{}
 			}
-			defer conn.Close()
+			serveCaps(t, sock, srv, 500*time.Millisecond)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			got, err := modifyAdvertised(ctx, csi.NewControllerClient(conn))
+			got, err := modifyAdvertised(ctx, dialCSI(t, sock))
 			if err != nil || got != tc.want {
 				t.Errorf("got %v, %v; want %v", got, err, tc.want)
 			}
 		})
 	}
+}
+
+// TestUntilWithdrawn: the agent, in a pod of its own, notices that
+// csi-node stopped advertising MODIFY_VOLUME (its gate turned off, which
+// restarts csi-node alone), and stops at once when its context ends.
+func TestUntilWithdrawn(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "csi.sock")
+	srv := &switchServer{}
+	srv.on.Store(true)
+	serveCaps(t, sock, srv, 0)
+	ctrl := dialCSI(t, sock)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan bool, 1)
+	go func() { done <- untilWithdrawn(ctx, ctrl, 10*time.Millisecond) }()
+	select {
+	case got := <-done:
+		t.Fatalf("got %v while csi-node advertises MODIFY_VOLUME, want it to keep asking", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+	srv.on.Store(false)
+	if got := <-done; !got {
+		t.Errorf("got %v once csi-node stopped advertising MODIFY_VOLUME, want true", got)
+	}
+
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	if got := untilWithdrawn(stopped, ctrl, time.Hour); got {
+		t.Errorf("got %v with its context ended, want false", got)
+	}
+}
+
+// dialCSI is a controller client of the socket sock, closed when t ends.
+func dialCSI(t *testing.T, sock string) csi.ControllerClient {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return csi.NewControllerClient(conn)
 }

@@ -1,7 +1,9 @@
 // Package classagent hands each change of the VolumeAttributesClass of a
-// node's volumes to that node's csi-node. It runs on every node, beside
-// csi-node (converge-controller node-agent), with the node's credentials,
-// and only reads the API.
+// node's volumes to that node's csi-node. It runs on every node, in a pod
+// of its own beside csi-node's (converge-controller node-agent, DaemonSet
+// converge-node-agent), whose account only reads PVs, claims and
+// VolumeAttributesClasses and writes events: it never holds the node
+// pod's credentials.
 //
 // Why it exists: a cluster runs one csi-resizer, its leader, beside one
 // node's csi-node, and external-resizer has no per-node mode for a modify.

@@ -38,6 +38,12 @@ const (
 	daemonSetName      = "converge-node"
 	daemonSetNamespace = "kube-system"
 	daemonSetLabel     = "app.kubernetes.io/name=" + daemonSetName
+	// nodeAgentName is deploy/'s DaemonSet of the node agent, beside
+	// converge-node on every node in a pod of its own (its own, read-only
+	// account): its one container is nodeAgentContainer.
+	nodeAgentName      = "converge-node-agent"
+	nodeAgentLabel     = "app.kubernetes.io/name=" + nodeAgentName
+	nodeAgentContainer = "node-agent"
 	// maxVolumesPerNode is csi-node's --max-volumes: the storage suite's
 	// volumeLimits tests read it from every CSINode. Far more than the
 	// suite's parallel tests use on a node at once.
@@ -157,12 +163,15 @@ images:
 }
 
 // installDriver applies the run's kustomizations of deploy/ and waits for
-// the first node's pod.
+// the first node's pods: converge's and its node agent's.
 func (c *cluster) installDriver(ctx context.Context) error {
 	if err := c.applyDeploy(ctx, filepath.Join(c.dir, "install"), filepath.Join(c.repo, "deploy"), csiNodeImageTag); err != nil {
 		return err
 	}
-	return c.kubeNode.waitDriver(ctx)
+	if err := c.kubeNode.waitDriver(ctx); err != nil {
+		return err
+	}
+	return c.kubeNode.waitAgent(ctx)
 }
 
 // applyDeploy writes the run's kustomizations (installKustomizationsOf) of
@@ -227,6 +236,29 @@ func (n *kubeNode) waitDriver(ctx context.Context) error {
 	})
 }
 
+// waitAgent waits for the node's node agent pod (DaemonSet nodeAgentName,
+// beside the converge pod) to be Ready: a test that switches a claim's
+// class on a node that just joined needs its agent. Only deploy/ of the
+// code under test has the agent (a previous release's has none).
+func (n *kubeNode) waitAgent(ctx context.Context) error {
+	return waitFor(ctx, 2*time.Minute, n.kubelet, func() error {
+		pods, err := n.c.client.CoreV1().Pods(daemonSetNamespace).List(ctx, metav1.ListOptions{
+			LabelSelector: nodeAgentLabel, FieldSelector: "spec.nodeName=" + n.node})
+		if err != nil {
+			return err
+		}
+		for i := range pods.Items {
+			if p := &pods.Items[i]; p.DeletionTimestamp == nil && podReady(p) {
+				return nil
+			}
+		}
+		if len(pods.Items) == 0 {
+			return fmt.Errorf("no %s pod on %s yet", nodeAgentName, n.node)
+		}
+		return fmt.Errorf("pod %s not Ready: %s", pods.Items[0].Name, containerStates(&pods.Items[0]))
+	})
+}
+
 // podReady reports whether the pod's Ready condition is true.
 func podReady(pod *corev1.Pod) bool {
 	for _, cond := range pod.Status.Conditions {
@@ -256,10 +288,18 @@ func containerStates(pod *corev1.Pod) string {
 }
 
 // containerLogs are the log files of the named container of the node's
-// converge pods, oldest first: the kubelet keeps one per run of the
-// container (<restarts>.log) while its pod exists.
+// converge pods (the node agent's, for nodeAgentContainer), oldest
+// first: the kubelet keeps one per run of the container (<restarts>.log)
+// while its pod exists.
 func (n *kubeNode) containerLogs(container string) []string {
-	dirs, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", daemonSetNamespace+"_"+daemonSetName+"-*", container))
+	// <namespace>_<pod>_<uid>: the node pods' names start with
+	// converge-node-, as the agent's do (converge-node-agent-), but hold
+	// no container of the agent's name, nor the agent's pods any other.
+	prefix := daemonSetName
+	if container == nodeAgentContainer {
+		prefix = nodeAgentName
+	}
+	dirs, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", daemonSetNamespace+"_"+prefix+"-*", container))
 	type file struct {
 		path    string
 		created time.Time

@@ -107,20 +107,25 @@ func driverPods(t *testing.T) map[string]types.UID {
 	return out
 }
 
-// withoutDriver waits until no converge pod is left on any node.
+// withoutDriver waits until no converge pod is left on any node: neither
+// the node pods nor the node agent's.
 func withoutDriver(t *testing.T) {
 	t.Helper()
 	poll(t, 2*time.Minute, "converge's pods gone", func() (bool, string) {
-		pods, err := c.client.CoreV1().Pods(daemonSetNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: daemonSetLabel})
-		if err != nil {
-			return false, err.Error()
+		left := 0
+		for _, sel := range []string{daemonSetLabel, nodeAgentLabel} {
+			pods, err := c.client.CoreV1().Pods(daemonSetNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: sel})
+			if err != nil {
+				return false, err.Error()
+			}
+			left += len(pods.Items)
 		}
-		return len(pods.Items) == 0, strconv.Itoa(len(pods.Items)) + " pods"
+		return left == 0, strconv.Itoa(left) + " pods"
 	})
 }
 
 // reinstallDeploy puts the run's kustomization of deploy/ back, as the
-// tests after this one use it, and waits for every node's pod.
+// tests after this one use it, and waits for every node's pods.
 func reinstallDeploy(t *testing.T) {
 	t.Helper()
 	ctx := context.Background()
@@ -130,6 +135,9 @@ func reinstallDeploy(t *testing.T) {
 	for _, n := range c.nodes {
 		if err := n.waitDriver(ctx); err != nil {
 			t.Fatalf("deploy/'s pod on %s: %v", n.node, err)
+		}
+		if err := n.waitAgent(ctx); err != nil {
+			t.Fatalf("deploy/'s node agent on %s: %v", n.node, err)
 		}
 	}
 }
@@ -194,7 +202,7 @@ func TestHelmChart(t *testing.T) {
 	ours := 0
 	for _, p := range pods.Items {
 		for _, ctr := range p.Spec.Containers {
-			if ctr.Name == "csi-node" || ctr.Name == "node-agent" || ctr.Name == "converge-controller" {
+			if ctr.Name == "csi-node" || ctr.Name == nodeAgentContainer || ctr.Name == "converge-controller" {
 				ours++
 				if ctr.Image != release.ImageRef {
 					t.Errorf("%s/%s runs %s, not the release's image %s", p.Name, ctr.Name, ctr.Image, release.ImageRef)

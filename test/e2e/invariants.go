@@ -26,8 +26,10 @@ import (
 // checks everything once the tests have run, with the cluster still up.
 
 // convergePods are the name prefixes of converge's own pods, as deploy/ and
-// the chart name them.
-var convergePods = []string{daemonSetName + "-", controllerName + "-"}
+// the chart name them. (The node agent's, converge-node-agent-, start with
+// converge-node- too: named all the same, as a rename of either must not
+// drop it.)
+var convergePods = []string{daemonSetName + "-", nodeAgentName + "-", controllerName + "-"}
 
 // convergeSources are parts of the names converge's components report
 // events under: converge-controller, and the sidecars, which name the

@@ -36,10 +36,10 @@ func (c *cluster) addNode(ctx context.Context, name string, dataDirSize int64, k
 			return nil, err
 		}
 	}
-	steps := append(n.upSteps(), struct {
+	steps := append(n.upSteps(), []struct {
 		name string
 		run  func(context.Context) error
-	}{"converge pod", n.waitDriver})
+	}{{"converge pod", n.waitDriver}, {"node agent pod", n.waitAgent}}...)
 	for _, s := range steps {
 		start := time.Now()
 		if err := s.run(ctx); err != nil {

@@ -175,7 +175,7 @@ func dumpLogs() {
 		return
 	}
 	for _, n := range c.nodes {
-		for _, name := range []string{"csi-node", "csi-provisioner", "csi-resizer", "csi-snapshotter", "node-driver-registrar"} {
+		for _, name := range []string{"csi-node", "csi-provisioner", "csi-resizer", "csi-snapshotter", "node-driver-registrar", nodeAgentContainer} {
 			logs := n.containerLogs(name)
 			if len(logs) == 0 {
 				fmt.Printf("---- %s container %s: no log\n", n.node, name)

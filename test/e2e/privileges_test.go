@@ -20,15 +20,17 @@ import (
 )
 
 // TestDriverPodsRunWithWhatTheyDeclare reads, from the kernel, what every
-// process of every container of converge's pods (the DaemonSet's on each
-// node and converge-controller's) runs with, against its container's
+// process of every container of converge's pods (the DaemonSet's and the
+// node agent's on each node, and converge-controller's) runs with, against its container's
 // securityContext as deploy/ installs it (../chart's
 // TestPodsHoldNoMoreThanTheyNeed checks the manifests keep the rule):
 //   - a container that is not privileged runs as the uid it states, with no
 //     capability in any set (bounding set included), no_new_privs, the
-//     runtime's seccomp filter (the pod's RuntimeDefault) and its root
-//     filesystem mounted read-only; so the sidecars do their work (every
-//     other test) under those rules;
+//     runtime's seccomp filter (the pod's RuntimeDefault), its root
+//     filesystem mounted read-only and each volume its manifest mounts
+//     read-only so (the node agent's directory of csi-node's socket); so
+//     the sidecars and the agent do their work (every other test) under
+//     those rules;
 //   - csi-node, privileged, runs with no seccomp filter at all: the pod's
 //     RuntimeDefault does not reach a privileged container (containerd's
 //     CRI sets no profile for one), so its mounts, loop devices and mkfs
@@ -36,7 +38,7 @@ import (
 func TestDriverPodsRunWithWhatTheyDeclare(t *testing.T) {
 	ctx := context.Background()
 	var pods []corev1.Pod
-	for _, sel := range []string{daemonSetLabel, "app.kubernetes.io/name=" + controllerName} {
+	for _, sel := range []string{daemonSetLabel, nodeAgentLabel, "app.kubernetes.io/name=" + controllerName} {
 		list, err := c.client.CoreV1().Pods(daemonSetNamespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +77,7 @@ func TestDriverPodsRunWithWhatTheyDeclare(t *testing.T) {
 			checked[s.Name] = true
 		}
 	}
-	for _, want := range []string{"csi-node", "node-driver-registrar", "csi-provisioner", "csi-resizer", "csi-snapshotter", controllerName} {
+	for _, want := range []string{"csi-node", "node-driver-registrar", "csi-provisioner", "csi-resizer", "csi-snapshotter", nodeAgentContainer, controllerName} {
 		if !checked[want] {
 			t.Errorf("no running %s container was checked (checked %v)", want, checked)
 		}
@@ -158,6 +160,26 @@ func privilegeMismatches(pid int, p corev1.PodSpec, ctr corev1.Container) []stri
 	case !root.ReadOnly:
 		errs = append(errs, fmt.Sprintf("root filesystem %s (%s) mounted read-write, want read-only", root.Source, root.FsType))
 	}
+	// A volume the manifest mounts read-only (the node agent's directory
+	// of csi-node's socket) is read-only in the process's view: the last
+	// mount on its path is the one seen.
+	for _, vm := range ctr.VolumeMounts {
+		if !vm.ReadOnly {
+			continue
+		}
+		var seen *host.Mount
+		for _, m := range mounts {
+			if m.Path == vm.MountPath {
+				seen = &m
+			}
+		}
+		switch {
+		case seen == nil:
+			errs = append(errs, fmt.Sprintf("volume %s not mounted at %s", vm.Name, vm.MountPath))
+		case !seen.ReadOnly:
+			errs = append(errs, fmt.Sprintf("volume %s at %s mounted read-write, want read-only as its manifest says", vm.Name, vm.MountPath))
+		}
+	}
 	return errs
 }
 
@@ -168,10 +190,16 @@ func privilegeMismatches(pid int, p corev1.PodSpec, ctr corev1.Container) []stri
 // baseline refuses it for csi-node's privilege and the hostPath volumes
 // alone, and restricted adds only the uid 0 of the sidecars and what
 // csi-node, privileged, does not set (every other container keeps the
-// restricted level's rules). converge-controller's passes restricted.
+// restricted level's rules). The node agent's passes only privileged too,
+// for the hostPath of csi-node's socket alone at baseline, and its uid 0
+// besides at restricted. converge-controller's passes restricted.
 func TestDriverPodSecurityLevels(t *testing.T) {
 	ctx := context.Background()
 	ds, err := c.client.AppsV1().DaemonSets(daemonSetNamespace).Get(ctx, daemonSetName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent, err := c.client.AppsV1().DaemonSets(daemonSetNamespace).Get(ctx, nodeAgentName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +221,7 @@ func TestDriverPodSecurityLevels(t *testing.T) {
 			_, err := c.client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
 			return err == nil, fmt.Sprint(err)
 		})
-		for pod, spec := range map[string]corev1.PodSpec{daemonSetName: ds.Spec.Template.Spec, controllerName: ctrl.Spec.Template.Spec} {
+		for pod, spec := range map[string]corev1.PodSpec{daemonSetName: ds.Spec.Template.Spec, nodeAgentName: agent.Spec.Template.Spec, controllerName: ctrl.Spec.Template.Spec} {
 			// What another namespace lacks, and Pod Security does not judge:
 			// the service account (the namespace's default instead, its
 			// token not mounted) and the node-critical priority.
@@ -219,6 +247,9 @@ func TestDriverPodSecurityLevels(t *testing.T) {
 		{at: daemonSetName + " at baseline", refused: []string{"privileged", "hostPath volumes"}},
 		{at: daemonSetName + " at restricted", refused: []string{"privileged", "allowPrivilegeEscalation != false", "unrestricted capabilities",
 			"restricted volume types", "runAsNonRoot != true", "runAsUser=0"}},
+		{at: nodeAgentName + " at privileged"},
+		{at: nodeAgentName + " at baseline", refused: []string{"hostPath volumes"}},
+		{at: nodeAgentName + " at restricted", refused: []string{"restricted volume types", "runAsNonRoot != true", "runAsUser=0"}},
 		{at: controllerName + " at restricted"},
 	} {
 		msg := refusals[tc.at]

@@ -23,24 +23,29 @@ func TestDeploySidecarsTakeTheirArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The node DaemonSet, whose sidecars these are: the node agent's
+	// DaemonSet beside it runs converge's own image alone.
 	var ds *appsv1.DaemonSet
 	for _, doc := range strings.Split(built, "\n---\n") {
 		if strings.Contains(doc, "kind: DaemonSet") {
-			ds = &appsv1.DaemonSet{}
-			if err := yaml.Unmarshal([]byte(doc), ds); err != nil {
+			d := &appsv1.DaemonSet{}
+			if err := yaml.Unmarshal([]byte(doc), d); err != nil {
 				t.Fatal(err)
+			}
+			if d.Name == daemonSetName {
+				ds = d
 			}
 		}
 	}
 	if ds == nil {
-		t.Fatalf("no DaemonSet in deploy/:\n%s", built)
+		t.Fatalf("no DaemonSet %s in deploy/:\n%s", daemonSetName, built)
 	}
 	checked := 0
 	for _, ctr := range ds.Spec.Template.Spec.Containers {
-		// converge's own: csi-node, and the node agent of its image,
-		// which the cluster runs (a flag it lacks would crash it, and the
-		// run's invariants count every restart).
-		if ctr.Name == "csi-node" || ctr.Name == "node-agent" {
+		// converge's own: csi-node, which the cluster runs (a flag it
+		// lacks would crash it, and the run's invariants count every
+		// restart).
+		if ctr.Name == "csi-node" {
 			continue
 		}
 		checked++

@@ -19,13 +19,14 @@ func renderAs(t *testing.T, name, ns string, vals map[string]any) string {
 
 // TestNodeVolumesPolicyHoldsTheReleasesAccount renders the chart as a
 // release not called converge, in a namespace not kube-system: the
-// admission policies must hold the DaemonSet's and the Deployment's own
-// service accounts (their names are the release's), each binding must
-// name its policy, and nodeVolumesPolicy.enabled=false must leave them
-// out; the alert on the node policy's refusals must name it.
+// admission policies must hold the node DaemonSet's and the Deployment's
+// own service accounts (their names are the release's), and none the node
+// agent's, which writes nothing but events (SECURITY.md); each binding
+// must name its policy, and nodeVolumesPolicy.enabled=false must leave
+// them out; the alert on the node policy's refusals must name it.
 func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 	objs := objects(t, renderAs(t, "other", "storage", nil), false)
-	var accounts, policies []string
+	var accounts, agents, policies []string
 	conditions := map[string]string{} // policy: its match conditions
 	bound := map[string]bool{}
 	for _, o := range objs {
@@ -34,6 +35,10 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 		switch o["kind"] {
 		case "DaemonSet", "Deployment":
 			sa, _ := spec["template"].(map[string]any)["spec"].(map[string]any)["serviceAccountName"].(string)
+			if strings.HasSuffix(name, "-node-agent") {
+				agents = append(agents, sa)
+				continue
+			}
 			accounts = append(accounts, sa)
 		case "ValidatingAdmissionPolicy":
 			policies = append(policies, name)
@@ -48,6 +53,16 @@ func TestNodeVolumesPolicyHoldsTheReleasesAccount(t *testing.T) {
 	}
 	if len(accounts) != 2 || len(conditions) < 2 {
 		t.Fatalf("got service accounts %q and policies %v, want two accounts and a policy for each", accounts, conditions)
+	}
+	if !slices.Equal(agents, []string{"other-converge-node-agent"}) {
+		t.Errorf("got the node agent's service accounts %q, want [other-converge-node-agent]", agents)
+	}
+	for _, sa := range agents {
+		for policy, condition := range conditions {
+			if strings.Contains(condition, sa) {
+				t.Errorf("policy %q holds the node agent's account %s, which writes only events: %s", policy, sa, condition)
+			}
+		}
 	}
 	for _, sa := range accounts {
 		held := false

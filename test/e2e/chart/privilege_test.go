@@ -68,9 +68,9 @@ func TestPodsHoldNoMoreThanTheyNeed(t *testing.T) {
 						t.Errorf("%s: %s: %s", source, p.name, e)
 					}
 				}
-				// The rule reads the containers it must: the DaemonSet's and
+				// The rule reads the containers it must: the DaemonSets' and
 				// the controller's.
-				for _, want := range []string{"csi-node", "node-driver-registrar", "csi-provisioner", "csi-resizer", "converge-controller"} {
+				for _, want := range []string{"csi-node", "node-driver-registrar", "csi-provisioner", "csi-resizer", "node-agent", "converge-controller"} {
 					if !slices.Contains(names, want) {
 						t.Errorf("%s: no container %s among %v: the test reads nothing of it", source, want, names)
 					}

@@ -55,14 +55,16 @@ func (q Question) Parts() (group, resource, subresource string) {
 // The service accounts deploy/ and the chart install.
 const (
 	Node       = "converge-node"
+	NodeAgent  = "converge-node-agent"
 	Controller = "converge-controller"
 )
 
 const lease = "leases.coordination.k8s.io"
 
 // Table is the documented privilege of each service account: what each
-// sidecar and converge-controller need (yes), and what a node's or the
-// controller's stolen token must not reach (no). The snapshot rows (the
+// sidecar, the node agent and converge-controller need (yes), and what a
+// node's, its agent's or the controller's stolen token must not reach
+// (no). The snapshot rows (the
 // node's and the controller's) hold with deploy/'s snapshots component
 // (or the chart's snapshots.enabled), which the e2e run installs.
 var Table = []Question{
@@ -116,6 +118,27 @@ var Table = []Question{
 	{Node, "patch", "volumegroupsnapshotcontents/status.groupsnapshot.storage.k8s.io", Any, "", true, "csi-snapshotter: the group content's status"},
 	{Node, "create", "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io", Any, "", false, "snapshot-controller makes the group contents"},
 	{Node, "update", "volumegroupsnapshots.groupsnapshot.storage.k8s.io", Any, "", false, "a group snapshot is its owner's and snapshot-controller's"},
+	// converge-node-agent: reads, and tells a claim's owner in an event.
+	{NodeAgent, "watch", "persistentvolumes", Any, "", true, "the volumes of its node, whose class it hands"},
+	{NodeAgent, "list", "persistentvolumes", Any, "", true, "its informer's first list"},
+	{NodeAgent, "watch", "persistentvolumeclaims", Any, "", true, "the claim that names a volume's class"},
+	{NodeAgent, "watch", "volumeattributesclasses.storage.k8s.io", Any, "", true, "the class's parameters"},
+	{NodeAgent, "create", "events", Any, "", true, "VolumeAttributesClassNotApplied on a claim"},
+	{NodeAgent, "patch", "events", Any, "", true, "a repeated event"},
+	{NodeAgent, "get", "persistentvolumes", Any, "", false, "it reads its caches alone"},
+	{NodeAgent, "patch", "persistentvolumes", Any, "", false, "it changes no volume: csi-resizer writes a volume's class"},
+	{NodeAgent, "create", "persistentvolumes", Any, "", false, "it makes no volume"},
+	{NodeAgent, "delete", "persistentvolumes", Any, "", false, "it deletes no volume"},
+	{NodeAgent, "update", "persistentvolumeclaims", Any, "", false, "it changes no claim"},
+	{NodeAgent, "patch", "persistentvolumeclaims/status", Any, "", false, "a modify's status is csi-resizer's"},
+	{NodeAgent, "update", "volumeattributesclasses.storage.k8s.io", Any, "", false, "classes are the operator's"},
+	{NodeAgent, "list", "events", Any, "", false, "it reads no event"},
+	{NodeAgent, "get", "nodes", Any, "", false, "its node's name comes from its pod (NODE_NAME)"},
+	{NodeAgent, "get", "pods", Install, "", false, "it reads no pod"},
+	{NodeAgent, "create", "csistoragecapacities.storage.k8s.io", Install, "", false, "capacity is csi-provisioner's"},
+	{NodeAgent, "update", lease, Install, ResizerLease, false, "csi-resizer's leader election"},
+	{NodeAgent, "get", "secrets", Install, "", false, "it reads no secret"},
+	{NodeAgent, "list", "secrets", Any, "", false, "it reads no secret"},
 	// converge-controller.
 	{Controller, "get", lease, Install, ControllerLease, true, "its leader election"},
 	{Controller, "update", lease, Install, ControllerLease, true, "its leader election"},
