@@ -48,7 +48,7 @@ const (
 
 // Agent watches the cluster's PersistentVolumes, their claims and the
 // VolumeAttributesClasses, and hands each volume of its node the class its
-// PV names (Scope.Decide).
+// claim's spec names (Scope.Decide).
 type Agent struct {
 	cfg     Config
 	factory informers.SharedInformerFactory
