@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -57,8 +59,8 @@ type Agent struct {
 	claims  corelisters.PersistentVolumeClaimLister
 	classes storagelisters.VolumeAttributesClassLister
 	queue   workqueue.TypedRateLimitingInterface[string]
-	// handed is the class each PV was last handed, skipped why it was
-	// not, to log a change once; the worker's alone.
+	// handed is the class each PV was last handed ("" for none), skipped
+	// why it was not, to log a change once; the worker's alone.
 	handed, skipped map[string]string
 }
 
@@ -200,8 +202,12 @@ func (a *Agent) next(ctx context.Context) bool {
 		tries := a.queue.NumRequeues(name) + 1
 		klog.FromContext(ctx).Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
 		if tries == failTimes && claim != nil && a.cfg.Events != nil {
+			what := fmt.Sprintf("apply class %q to", ClassOf(claim))
+			if ClassOf(claim) == "" {
+				what = "lift the IO limits (the claim names no class) of"
+			}
 			a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonNotApplied,
-				"node %s did not apply class %q to volume %s (%d tries; its node agent retries): %v", a.cfg.Scope.Node, ClassOf(claim), name, tries, err)
+				"node %s did not %s volume %s (%d tries; its node agent retries): %v", a.cfg.Scope.Node, what, name, tries, err)
 		}
 		a.queue.AddRateLimited(name)
 		return true
@@ -240,12 +246,33 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 		return nil, nil
 	}
 	delete(a.skipped, name)
-	if err := a.cfg.Modify(ctx, h); err != nil {
+	err = a.cfg.Modify(ctx, h)
+	prev, ok := a.handed[name]
+	switch {
+	case err != nil && h.Class == "" && status.Code(err) == codes.NotFound:
+		// A volume its csi-node does not hold (a static PV's device, a
+		// volume being deleted) has no limit to lift.
+		if !ok || prev != "" {
+			log.V(2).Info("Nothing to lift: csi-node does not hold the volume", "pv", name, "volumeID", h.VolumeID)
+		}
+		a.handed[name] = ""
+		return nil, nil
+	case err != nil && h.Class == "":
+		return claim, fmt.Errorf("no class (every IO limit lifted) to volume %s: %w", h.VolumeID, err)
+	case err != nil:
 		return claim, fmt.Errorf("class %q to volume %s: %w", h.Class, h.VolumeID, err)
 	}
-	if a.handed[name] != h.Class {
+	switch {
+	case ok && prev == h.Class:
+	case h.Class != "":
 		log.Info("Handed the volume its class", "pv", name, "volumeID", h.VolumeID, "class", h.Class, "parameters", h.Params)
-		a.handed[name] = h.Class
+	case ok:
+		log.Info("Lifted the volume's IO limits: its claim names no class now", "pv", name, "volumeID", h.VolumeID, "before", prev)
+	default:
+		// Every volume of no class is handed that at start-up: its
+		// first is no news.
+		log.V(2).Info("Handed the volume no limit: its claim names no class", "pv", name, "volumeID", h.VolumeID)
 	}
+	a.handed[name] = h.Class
 	return nil, nil
 }

@@ -8,11 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // calls records the hands the node took; fail makes the next ones fail.
@@ -47,7 +52,7 @@ func (c *calls) waitFor(t *testing.T, class string) int {
 			last = c.got[n-1]
 		}
 		c.mu.Unlock()
-		if last.Class == class {
+		if n > 0 && last.Class == class {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			return c.attempts
@@ -116,5 +121,124 @@ func TestAgentTellsTheClaimOfARefusal(t *testing.T) {
 	if len(got) != 1 || !strings.Contains(got[0], "Warning "+ReasonNotApplied) || !strings.Contains(got[0], `class "slow"`) ||
 		!strings.Contains(got[0], "csi-node refused") {
 		t.Errorf("events: %q, want one %s quoting the refusal", got, ReasonNotApplied)
+	}
+}
+
+// node is a csi-node's record of one volume's limits, merged as
+// ControllerModifyVolume merges them: a key given sets, max removes, a
+// key absent changes nothing.
+type node struct {
+	calls
+	limits host.IOLimits
+}
+
+func (n *node) modify(ctx context.Context, h Hand) error {
+	p, err := contract.ParseIOLimits(h.Params)
+	if err != nil {
+		return err
+	}
+	if err := n.calls.modify(ctx, h); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.limits = p.Apply(n.limits)
+	return nil
+}
+
+func (n *node) held() host.IOLimits {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.limits
+}
+
+// TestAgentHoldsTheVolumeToTheClassAlone: whatever class the claim named
+// before, the volume's node holds it to the limits of the one it names
+// now, and to none when it names none; and a node that lost its record
+// gets the whole class back.
+func TestAgentHoldsTheVolumeToTheClassAlone(t *testing.T) {
+	pv, claim, slow := world() // slow: maxReadIops 100
+	wbps := &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "wbps"}, DriverName: driver,
+		Parameters: map[string]string{"maxWriteBps": "50Mi"}}
+	client := fake.NewClientset(pv, claim, slow, wbps)
+	n := &node{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := New(Config{Client: client, Scope: scope, Modify: n.modify, Resync: time.Hour})
+	go a.Run(ctx)
+	n.waitFor(t, "slow")
+	if got, want := n.held(), (host.IOLimits{ReadIOPS: 100}); got != want {
+		t.Errorf("limits held with class slow: got %v, want %v", got, want)
+	}
+
+	switchTo := func(class *string) {
+		t.Helper()
+		claim.Spec.VolumeAttributesClassName = class
+		if _, err := client.CoreV1().PersistentVolumeClaims("ns").Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	switchTo(ptr.To("wbps"))
+	n.waitFor(t, "wbps")
+	if got, want := n.held(), (host.IOLimits{WriteBPS: 50 << 20}); got != want {
+		t.Errorf("limits held after the switch from slow to wbps: got %v, want %v (slow's read limit lifted)", got, want)
+	}
+
+	// The node loses its record; the next hand (a resync's) gives the
+	// whole class back.
+	n.mu.Lock()
+	n.limits = host.IOLimits{ReadIOPS: 7}
+	n.mu.Unlock()
+	a.addAll()
+	for deadline := time.Now().Add(10 * time.Second); n.held() != (host.IOLimits{WriteBPS: 50 << 20}) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, want := n.held(), (host.IOLimits{WriteBPS: 50 << 20}); got != want {
+		t.Errorf("limits held after a resync of a node that held other limits: got %v, want %v", got, want)
+	}
+
+	switchTo(nil)
+	n.waitFor(t, "")
+	if got := n.held(); !got.IsZero() {
+		t.Errorf("limits held once the claim names no class: got %v, want none", got)
+	}
+}
+
+// TestAgentLiftsNothingWhereItsNodeHoldsNoVolume: a volume of no class
+// that its csi-node does not hold (NOT_FOUND: a static PV's device) has
+// no limit to lift; that is no failure to retry or tell.
+func TestAgentLiftsNothingWhereItsNodeHoldsNoVolume(t *testing.T) {
+	pv, claim, _ := world()
+	claim.Spec.VolumeAttributesClassName = nil
+	client := fake.NewClientset(pv, claim)
+	var mu sync.Mutex
+	tries := 0
+	modify := func(context.Context, Hand) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tries++
+		return status.Error(codes.NotFound, "volume pvc-1_b not found on this node (b)")
+	}
+	events := record.NewFakeRecorder(10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go New(Config{Client: client, Scope: scope, Modify: modify, Resync: time.Hour, Events: events, RetryBase: time.Millisecond}).Run(ctx)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := tries
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+	}
+	// Retries, were there any, would come within milliseconds.
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if tries != 1 {
+		t.Errorf("got %d tries, want 1", tries)
+	}
+	if len(events.Events) != 0 {
+		t.Errorf("got %d events (%q), want none", len(events.Events), <-events.Events)
 	}
 }
