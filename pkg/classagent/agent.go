@@ -3,6 +3,8 @@ package classagent
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -58,10 +60,30 @@ type Agent struct {
 	volumes corelisters.PersistentVolumeLister
 	claims  corelisters.PersistentVolumeClaimLister
 	classes storagelisters.VolumeAttributesClassLister
-	queue   workqueue.TypedRateLimitingInterface[string]
+	// byHandle indexes the PVs by handleKey.
+	byHandle cache.Indexer
+	queue    workqueue.TypedRateLimitingInterface[string]
 	// handed is the class each PV was last handed ("" for none), skipped
 	// why it was not, to log a change once; the worker's alone.
 	handed, skipped map[string]string
+	// shared holds, for each volume handle that more than one PV of the
+	// node names, those PVs' names as last logged; the worker's alone.
+	shared map[string][]string
+}
+
+// handleIndex is the index of the PVs by handleKey.
+const handleIndex = "handle"
+
+// handleKey is what every PV of one volume names: its driver and handle.
+func handleKey(pv *corev1.PersistentVolume) string {
+	return pv.Spec.CSI.Driver + "/" + pv.Spec.CSI.VolumeHandle
+}
+
+func indexHandle(o any) ([]string, error) {
+	if pv, ok := o.(*corev1.PersistentVolume); ok && pv.Spec.CSI != nil {
+		return []string{handleKey(pv)}, nil
+	}
+	return nil, nil
 }
 
 // New makes an Agent; Run starts it.
@@ -73,7 +95,7 @@ func New(cfg Config) *Agent {
 		cfg.RetryBase = time.Second
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 0)
-	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{}, skipped: map[string]string{},
+	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{}, skipped: map[string]string{}, shared: map[string][]string{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBase, 5*time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "classagent"})}
@@ -86,6 +108,10 @@ func New(cfg Config) *Agent {
 			panic(err) // only before the informer starts
 		}
 	}
+	if err := pvs.AddIndexers(cache.Indexers{handleIndex: indexHandle}); err != nil {
+		panic(err) // only before the informer starts
+	}
+	a.byHandle = pvs.GetIndexer()
 	pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addVolume(o) },
 		UpdateFunc: func(_, o any) { a.addVolume(o) },
@@ -112,10 +138,32 @@ func New(cfg Config) *Agent {
 	return a
 }
 
+// addVolume queues pv, if it is the node's, and the node's other PVs of
+// its handle: a PV that comes or goes with the handle of another changes
+// what that one is handed (sharers).
 func (a *Agent) addVolume(o any) {
-	if pv, ok := o.(*corev1.PersistentVolume); ok && a.cfg.Scope.Mine(pv) {
-		a.queue.Add(pv.Name)
+	pv, ok := o.(*corev1.PersistentVolume)
+	if !ok || !a.cfg.Scope.Mine(pv) {
+		return
 	}
+	a.queue.Add(pv.Name)
+	for _, name := range a.sharers(pv) {
+		a.queue.Add(name)
+	}
+}
+
+// sharers returns, sorted, the names of the node's PVs in the cache that
+// name pv's handle, pv among them if it is there.
+func (a *Agent) sharers(pv *corev1.PersistentVolume) []string {
+	objs, _ := a.byHandle.ByIndex(handleIndex, handleKey(pv))
+	var names []string
+	for _, o := range objs {
+		if other, ok := o.(*corev1.PersistentVolume); ok && a.cfg.Scope.Mine(other) {
+			names = append(names, other.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // addClaim queues the volume pvc is bound to, if it is the node's and
@@ -216,6 +264,27 @@ func (a *Agent) next(ctx context.Context) bool {
 	return true
 }
 
+// checkShared says why pv, which the agent would hand a class, is handed
+// nothing: another PV of the node names its volume's handle too; "" when
+// none does. Two PVs of one volume are one too many: with the node policy
+// off, a stolen node's credentials can make a PV pinned to this node with
+// the handle of one of its volumes, pre-bound to a claim of a class the
+// thief chose, and the volume would get that class. Which of the two is
+// the true one is not the agent's to guess, so neither is handed until
+// one goes; this is logged at level 0 once per set of PVs, naming them.
+func (a *Agent) checkShared(log klog.Logger, pv *corev1.PersistentVolume) string {
+	key, names := handleKey(pv), a.sharers(pv)
+	if len(names) < 2 {
+		delete(a.shared, key)
+		return ""
+	}
+	if !slices.Equal(a.shared[key], names) {
+		log.Info("Handing nothing to a volume whose handle more than one PV of this node names: delete the one not made by its provisioner", "volumeID", pv.Spec.CSI.VolumeHandle, "pvs", names)
+		a.shared[key] = names
+	}
+	return fmt.Sprintf("its handle %s is named by PVs %s", pv.Spec.CSI.VolumeHandle, strings.Join(names, ", "))
+}
+
 // hand decides PV name's call from the caches and makes it. It returns
 // the volume's claim when the call failed.
 func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolumeClaim, error) {
@@ -224,6 +293,11 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 	if apierrors.IsNotFound(err) {
 		delete(a.handed, name)
 		delete(a.skipped, name)
+		for key, names := range a.shared {
+			if slices.Contains(names, name) {
+				delete(a.shared, key)
+			}
+		}
 		return nil, nil
 	} else if err != nil {
 		return nil, err
@@ -237,6 +311,9 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 		class, _ = a.classes.Get(ClassOf(claim))
 	}
 	h, why := a.cfg.Scope.Decide(pv, claim, class)
+	if why == "" {
+		why = a.checkShared(log, pv)
+	}
 	if why != "" {
 		if a.skipped[name] != why && a.cfg.Scope.Mine(pv) {
 			log.V(2).Info("Nothing to hand the volume", "pv", name, "why", why)

@@ -3,6 +3,7 @@ package classagent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -10,10 +11,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
 	"github.com/converge-csi/converge/pkg/contract"
@@ -240,5 +244,69 @@ func TestAgentLiftsNothingWhereItsNodeHoldsNoVolume(t *testing.T) {
 	}
 	if len(events.Events) != 0 {
 		t.Errorf("got %d events (%q), want none", len(events.Events), <-events.Events)
+	}
+}
+
+// TestAgentHandsNothingForAHandleTwoPVsName: a PV pinned to this node
+// that names the handle of another PV's volume (made with a stolen
+// node's credentials, pre-bound to a claim of the thief's class) gets its
+// class neither handed nor that of the true PV's claim: the handle is
+// skipped, and logged once with both PVs' names, until one PV goes.
+func TestAgentHandsNothingForAHandleTwoPVsName(t *testing.T) {
+	pv, claim, slow := world()
+	forged := pv.DeepCopy()
+	forged.Name = "forged"
+	forged.Spec.ClaimRef = &corev1.ObjectReference{Namespace: "evil", Name: "grab", UID: "u9"}
+	grab := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "grab", UID: "u9"},
+		Spec:       corev1.PersistentVolumeClaimSpec{VolumeName: "forged", VolumeAttributesClassName: ptr.To("crawl")},
+	}
+	crawl := &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "crawl"}, DriverName: driver,
+		Parameters: map[string]string{"maxReadIops": "10", "maxWriteIops": "10"}}
+	client := fake.NewClientset(pv, claim, slow, forged, grab, crawl)
+	c := &calls{}
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer()
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
+	done := make(chan error, 1)
+	a := New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour})
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	told := func() []string {
+		var told []string
+		for _, e := range logs.Data() {
+			if e.Verbosity == 0 && strings.Contains(e.Message, "handle") {
+				told = append(told, fmt.Sprint(e.Message, e.ParameterKVList))
+			}
+		}
+		return told
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(told()) == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Both PVs are decided again (a resync); nothing is told again.
+	a.addAll()
+	time.Sleep(200 * time.Millisecond)
+	c.mu.Lock()
+	if len(c.got) != 0 {
+		t.Errorf("handed %+v, want nothing for handle pvc-1_b, which two PVs name", c.got)
+	}
+	c.mu.Unlock()
+	if got := told(); len(got) != 1 || !strings.Contains(got[0], "pvc-1") || !strings.Contains(got[0], "forged") {
+		t.Errorf("logs at level 0 about the handle: %q, want one naming pvc-1 and forged", got)
+	}
+
+	// The forged PV deleted, the true one is handed its claim's class.
+	if err := client.CoreV1().PersistentVolumes().Delete(ctx, "forged", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, "slow")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range c.got {
+		if h.Class != "slow" {
+			t.Errorf("handed %+v, want slow alone", h)
+		}
 	}
 }

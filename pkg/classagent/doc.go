@@ -25,7 +25,10 @@
 // node token can neither give a volume a class its owner did not ask for
 // nor keep it from the one it asks for. A class the volume's csi-node
 // refuses (INVALID_ARGUMENT) is the one the resizer's csi-node refused
-// too: the modify is infeasible.
+// too: the modify is infeasible. A volume handle that two PVs of the node
+// name gets nothing from either, since one of them may have been made
+// with a stolen node's credentials to bring its own claim's class to the
+// other's volume (where the node admission policy is off).
 //
 // Every volume of the node is handed again at each resync and at
 // start-up: a csi-node answers the same parameters again OK and writes
