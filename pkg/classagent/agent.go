@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -45,7 +46,9 @@ type Config struct {
 // Warning reasons of the agent's events.
 const (
 	// ReasonNotApplied: the volume's node refused the class the claim
-	// names, failTimes in a row; the event quotes its answer.
+	// names, failTimes in a row; the event quotes its answer. It is told
+	// again at each resync's hand-off that fails while the failure
+	// lasts: an event goes from the API after an hour.
 	ReasonNotApplied = "VolumeAttributesClassNotApplied"
 	failTimes        = 3
 )
@@ -69,6 +72,11 @@ type Agent struct {
 	// shared holds, for each volume handle that more than one PV of the
 	// node names, those PVs' names as last logged; the worker's alone.
 	shared map[string][]string
+	// resyncs counts the resyncs; told holds, for each PV whose hand
+	// keeps failing, the count when its claim was last told (the
+	// worker's alone): told once per resync at most.
+	resyncs atomic.Int64
+	told    map[string]int64
 }
 
 // handleIndex is the index of the PVs by handleKey.
@@ -95,7 +103,7 @@ func New(cfg Config) *Agent {
 		cfg.RetryBase = time.Second
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 0)
-	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{}, skipped: map[string]string{}, shared: map[string][]string{},
+	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{}, skipped: map[string]string{}, shared: map[string][]string{}, told: map[string]int64{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBase, 5*time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "classagent"})}
@@ -234,9 +242,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			a.addAll()
+			a.resync()
 		}
 	}
+}
+
+// resync queues every volume of the node, as the start of a resync
+// period: a hand that fails from then on is told again (next).
+func (a *Agent) resync() {
+	a.resyncs.Add(1)
+	a.addAll()
 }
 
 // next hands one queued volume; false once the queue is shut down.
@@ -248,20 +263,48 @@ func (a *Agent) next(ctx context.Context) bool {
 	defer a.queue.Done(name)
 	if claim, err := a.hand(ctx, name); err != nil {
 		tries := a.queue.NumRequeues(name) + 1
-		klog.FromContext(ctx).Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
-		if tries == failTimes && claim != nil && a.cfg.Events != nil {
-			what := fmt.Sprintf("apply class %q to", ClassOf(claim))
-			if ClassOf(claim) == "" {
-				what = "lift the IO limits (the claim names no class) of"
-			}
-			a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonNotApplied,
-				"node %s did not %s volume %s (%d tries; its node agent retries): %v", a.cfg.Scope.Node, what, name, tries, err)
+		log := klog.FromContext(ctx)
+		log.Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
+		if claim != nil && a.tell(name, tries) {
+			a.tellClaim(log, claim, name, tries, err)
 		}
 		a.queue.AddRateLimited(name)
 		return true
 	}
+	delete(a.told, name)
 	a.queue.Forget(name)
 	return true
+}
+
+// tell reports whether the claim of PV name, whose hand failed tries
+// times in a row, is to be told now: at the failTimes-th try, and then at
+// the first try of each resync period (the resync's own hand-off), never
+// at the backoff's retries in between.
+func (a *Agent) tell(name string, tries int) bool {
+	if tries < failTimes {
+		return false
+	}
+	now := a.resyncs.Load()
+	if last, ok := a.told[name]; ok && last == now {
+		return false
+	}
+	a.told[name] = now
+	return true
+}
+
+// tellClaim posts the Warning event that PV name's node did not apply
+// the class claim names, and logs that it did.
+func (a *Agent) tellClaim(log klog.Logger, claim *corev1.PersistentVolumeClaim, name string, tries int, err error) {
+	if a.cfg.Events == nil {
+		return
+	}
+	what := fmt.Sprintf("apply class %q to", ClassOf(claim))
+	if ClassOf(claim) == "" {
+		what = "lift the IO limits (the claim names no class) of"
+	}
+	a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonNotApplied,
+		"node %s did not %s volume %s (%d tries; its node agent retries, and tells again each resync while it fails): %v", a.cfg.Scope.Node, what, name, tries, err)
+	log.Info("Told the claim its volume's class is not applied", "pv", name, "claim", klog.KObj(claim), "class", ClassOf(claim), "tries", tries, "reason", ReasonNotApplied)
 }
 
 // checkShared says why pv, which the agent would hand a class, is handed
@@ -293,6 +336,7 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 	if apierrors.IsNotFound(err) {
 		delete(a.handed, name)
 		delete(a.skipped, name)
+		delete(a.told, name)
 		for key, names := range a.shared {
 			if slices.Contains(names, name) {
 				delete(a.shared, key)

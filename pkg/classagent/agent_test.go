@@ -15,6 +15,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
@@ -309,4 +310,82 @@ func TestAgentHandsNothingForAHandleTwoPVsName(t *testing.T) {
 			t.Errorf("handed %+v, want slow alone", h)
 		}
 	}
+}
+
+// TestAgentTellsTheClaimAgainAtEachResync: while a class keeps failing,
+// the claim is told at the failTimes-th try and again at each resync's
+// hand-off that fails (an event lasts an hour), never at the backoff's
+// retries in between; a success ends it, and a new failure is told anew
+// at its failTimes-th try.
+func TestAgentTellsTheClaimAgainAtEachResync(t *testing.T) {
+	pv, claim, slow := world()
+	client := fake.NewClientset(pv, claim, slow)
+	c := &calls{fail: 1 << 30}
+	events := record.NewFakeRecorder(100)
+	ctx, cancel := context.WithCancel(context.Background())
+	// A backoff of an hour does not end within the test: each retry is
+	// queued here, as the end of its backoff would.
+	a := New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events, RetryBase: time.Hour})
+	a.factory.Start(ctx.Done())
+	defer func() {
+		cancel()
+		a.factory.Shutdown()
+		a.queue.ShutDown()
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
+		t.Fatal("the caches did not fill")
+	}
+	retry := func() {
+		a.queue.Add(pv.Name)
+		a.next(ctx)
+	}
+	resync := func() {
+		a.resync()
+		a.next(ctx)
+	}
+	told := 0
+	check := func(when string, want int) {
+		t.Helper()
+		for len(events.Events) > 0 {
+			e := <-events.Events
+			if !strings.Contains(e, "Warning "+ReasonNotApplied) || !strings.Contains(e, `class "slow"`) {
+				t.Errorf("event %q, want %s about class slow", e, ReasonNotApplied)
+			}
+			told++
+		}
+		if told != want {
+			t.Errorf("%s: %d events, want %d", when, told, want)
+		}
+	}
+
+	a.addAll() // at start-up
+	a.next(ctx)
+	retry()
+	check("after 2 tries", 0)
+	retry()
+	check("after 3 tries", 1)
+	for range 4 {
+		retry()
+	}
+	check("after 4 retries more", 1)
+	resync()
+	check("after a resync's hand-off failed", 2)
+	retry()
+	retry()
+	check("after the retries that followed", 2)
+	resync()
+	check("after the next resync's", 3)
+
+	c.mu.Lock()
+	c.fail = 0
+	c.mu.Unlock()
+	retry()
+	c.mu.Lock()
+	c.fail = 1 << 30
+	c.mu.Unlock()
+	resync()
+	resync()
+	check("after a success, then two resyncs' failures", 3)
+	resync()
+	check("after the third failure since", 4)
 }

@@ -34,5 +34,5 @@
 // start-up: a csi-node answers the same parameters again OK and writes
 // nothing, and one that lost its store gets them back. A csi-node's
 // refusal is retried with backoff, logged, and told in a Warning event on
-// the claim.
+// the claim at the third try and again at each resync while it lasts.
 package classagent
