@@ -3,8 +3,13 @@ package classagent
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -41,14 +46,16 @@ type Config struct {
 // Warning reasons of the agent's events.
 const (
 	// ReasonNotApplied: the volume's node refused the class the claim
-	// names, failTimes in a row; the event quotes its answer.
+	// names, failTimes in a row; the event quotes its answer. It is told
+	// again at each resync's hand-off that fails while the failure
+	// lasts: an event goes from the API after an hour.
 	ReasonNotApplied = "VolumeAttributesClassNotApplied"
 	failTimes        = 3
 )
 
 // Agent watches the cluster's PersistentVolumes, their claims and the
 // VolumeAttributesClasses, and hands each volume of its node the class its
-// PV names (Scope.Decide).
+// claim's spec names (Scope.Decide).
 type Agent struct {
 	cfg     Config
 	factory informers.SharedInformerFactory
@@ -56,10 +63,35 @@ type Agent struct {
 	volumes corelisters.PersistentVolumeLister
 	claims  corelisters.PersistentVolumeClaimLister
 	classes storagelisters.VolumeAttributesClassLister
-	queue   workqueue.TypedRateLimitingInterface[string]
-	// handed is the class each PV was last handed, skipped why it was
-	// not, to log a change once; the worker's alone.
+	// byHandle indexes the PVs by handleKey.
+	byHandle cache.Indexer
+	queue    workqueue.TypedRateLimitingInterface[string]
+	// handed is the class each PV was last handed ("" for none), skipped
+	// why it was not, to log a change once; the worker's alone.
 	handed, skipped map[string]string
+	// shared holds, for each volume handle that more than one PV of the
+	// node names, those PVs' names as last logged; the worker's alone.
+	shared map[string][]string
+	// resyncs counts the resyncs; told holds, for each PV whose hand
+	// keeps failing, the count when its claim was last told (the
+	// worker's alone): told once per resync at most.
+	resyncs atomic.Int64
+	told    map[string]int64
+}
+
+// handleIndex is the index of the PVs by handleKey.
+const handleIndex = "handle"
+
+// handleKey is what every PV of one volume names: its driver and handle.
+func handleKey(pv *corev1.PersistentVolume) string {
+	return pv.Spec.CSI.Driver + "/" + pv.Spec.CSI.VolumeHandle
+}
+
+func indexHandle(o any) ([]string, error) {
+	if pv, ok := o.(*corev1.PersistentVolume); ok && pv.Spec.CSI != nil {
+		return []string{handleKey(pv)}, nil
+	}
+	return nil, nil
 }
 
 // New makes an Agent; Run starts it.
@@ -71,7 +103,7 @@ func New(cfg Config) *Agent {
 		cfg.RetryBase = time.Second
 	}
 	f := informers.NewSharedInformerFactory(cfg.Client, 0)
-	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{}, skipped: map[string]string{},
+	a := &Agent{cfg: cfg, factory: f, handed: map[string]string{}, skipped: map[string]string{}, shared: map[string][]string{}, told: map[string]int64{},
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryBase, 5*time.Minute),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "classagent"})}
@@ -84,6 +116,10 @@ func New(cfg Config) *Agent {
 			panic(err) // only before the informer starts
 		}
 	}
+	if err := pvs.AddIndexers(cache.Indexers{handleIndex: indexHandle}); err != nil {
+		panic(err) // only before the informer starts
+	}
+	a.byHandle = pvs.GetIndexer()
 	pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addVolume(o) },
 		UpdateFunc: func(_, o any) { a.addVolume(o) },
@@ -110,10 +146,32 @@ func New(cfg Config) *Agent {
 	return a
 }
 
+// addVolume queues pv, if it is the node's, and the node's other PVs of
+// its handle: a PV that comes or goes with the handle of another changes
+// what that one is handed (sharers).
 func (a *Agent) addVolume(o any) {
-	if pv, ok := o.(*corev1.PersistentVolume); ok && a.cfg.Scope.Mine(pv) {
-		a.queue.Add(pv.Name)
+	pv, ok := o.(*corev1.PersistentVolume)
+	if !ok || !a.cfg.Scope.Mine(pv) {
+		return
 	}
+	a.queue.Add(pv.Name)
+	for _, name := range a.sharers(pv) {
+		a.queue.Add(name)
+	}
+}
+
+// sharers returns, sorted, the names of the node's PVs in the cache that
+// name pv's handle, pv among them if it is there.
+func (a *Agent) sharers(pv *corev1.PersistentVolume) []string {
+	objs, _ := a.byHandle.ByIndex(handleIndex, handleKey(pv))
+	var names []string
+	for _, o := range objs {
+		if other, ok := o.(*corev1.PersistentVolume); ok && a.cfg.Scope.Mine(other) {
+			names = append(names, other.Name)
+		}
+	}
+	slices.Sort(names)
+	return names
 }
 
 // addClaim queues the volume pvc is bound to, if it is the node's and
@@ -184,9 +242,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			a.addAll()
+			a.resync()
 		}
 	}
+}
+
+// resync queues every volume of the node, as the start of a resync
+// period: a hand that fails from then on is told again (next).
+func (a *Agent) resync() {
+	a.resyncs.Add(1)
+	a.addAll()
 }
 
 // next hands one queued volume; false once the queue is shut down.
@@ -198,16 +263,69 @@ func (a *Agent) next(ctx context.Context) bool {
 	defer a.queue.Done(name)
 	if claim, err := a.hand(ctx, name); err != nil {
 		tries := a.queue.NumRequeues(name) + 1
-		klog.FromContext(ctx).Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
-		if tries == failTimes && claim != nil && a.cfg.Events != nil {
-			a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonNotApplied,
-				"node %s did not apply class %q to volume %s (%d tries; its node agent retries): %v", a.cfg.Scope.Node, ClassOf(claim), name, tries, err)
+		log := klog.FromContext(ctx)
+		log.Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
+		if claim != nil && a.tell(name, tries) {
+			a.tellClaim(log, claim, name, tries, err)
 		}
 		a.queue.AddRateLimited(name)
 		return true
 	}
+	delete(a.told, name)
 	a.queue.Forget(name)
 	return true
+}
+
+// tell reports whether the claim of PV name, whose hand failed tries
+// times in a row, is to be told now: at the failTimes-th try, and then at
+// the first try of each resync period (the resync's own hand-off), never
+// at the backoff's retries in between.
+func (a *Agent) tell(name string, tries int) bool {
+	if tries < failTimes {
+		return false
+	}
+	now := a.resyncs.Load()
+	if last, ok := a.told[name]; ok && last == now {
+		return false
+	}
+	a.told[name] = now
+	return true
+}
+
+// tellClaim posts the Warning event that PV name's node did not apply
+// the class claim names, and logs that it did.
+func (a *Agent) tellClaim(log klog.Logger, claim *corev1.PersistentVolumeClaim, name string, tries int, err error) {
+	if a.cfg.Events == nil {
+		return
+	}
+	what := fmt.Sprintf("apply class %q to", ClassOf(claim))
+	if ClassOf(claim) == "" {
+		what = "lift the IO limits (the claim names no class) of"
+	}
+	a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonNotApplied,
+		"node %s did not %s volume %s (%d tries; its node agent retries, and tells again each resync while it fails): %v", a.cfg.Scope.Node, what, name, tries, err)
+	log.Info("Told the claim its volume's class is not applied", "pv", name, "claim", klog.KObj(claim), "class", ClassOf(claim), "tries", tries, "reason", ReasonNotApplied)
+}
+
+// checkShared says why pv, which the agent would hand a class, is handed
+// nothing: another PV of the node names its volume's handle too; "" when
+// none does. Two PVs of one volume are one too many: with the node policy
+// off, a stolen node's credentials can make a PV pinned to this node with
+// the handle of one of its volumes, pre-bound to a claim of a class the
+// thief chose, and the volume would get that class. Which of the two is
+// the true one is not the agent's to guess, so neither is handed until
+// one goes; this is logged at level 0 once per set of PVs, naming them.
+func (a *Agent) checkShared(log klog.Logger, pv *corev1.PersistentVolume) string {
+	key, names := handleKey(pv), a.sharers(pv)
+	if len(names) < 2 {
+		delete(a.shared, key)
+		return ""
+	}
+	if !slices.Equal(a.shared[key], names) {
+		log.Info("Handing nothing to a volume whose handle more than one PV of this node names: delete the one not made by its provisioner", "volumeID", pv.Spec.CSI.VolumeHandle, "pvs", names)
+		a.shared[key] = names
+	}
+	return fmt.Sprintf("its handle %s is named by PVs %s", pv.Spec.CSI.VolumeHandle, strings.Join(names, ", "))
 }
 
 // hand decides PV name's call from the caches and makes it. It returns
@@ -218,6 +336,12 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 	if apierrors.IsNotFound(err) {
 		delete(a.handed, name)
 		delete(a.skipped, name)
+		delete(a.told, name)
+		for key, names := range a.shared {
+			if slices.Contains(names, name) {
+				delete(a.shared, key)
+			}
+		}
 		return nil, nil
 	} else if err != nil {
 		return nil, err
@@ -231,6 +355,9 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 		class, _ = a.classes.Get(ClassOf(claim))
 	}
 	h, why := a.cfg.Scope.Decide(pv, claim, class)
+	if why == "" {
+		why = a.checkShared(log, pv)
+	}
 	if why != "" {
 		if a.skipped[name] != why && a.cfg.Scope.Mine(pv) {
 			log.V(2).Info("Nothing to hand the volume", "pv", name, "why", why)
@@ -240,12 +367,33 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 		return nil, nil
 	}
 	delete(a.skipped, name)
-	if err := a.cfg.Modify(ctx, h); err != nil {
+	err = a.cfg.Modify(ctx, h)
+	prev, ok := a.handed[name]
+	switch {
+	case err != nil && h.Class == "" && status.Code(err) == codes.NotFound:
+		// A volume its csi-node does not hold (a static PV's device, a
+		// volume being deleted) has no limit to lift.
+		if !ok || prev != "" {
+			log.V(2).Info("Nothing to lift: csi-node does not hold the volume", "pv", name, "volumeID", h.VolumeID)
+		}
+		a.handed[name] = ""
+		return nil, nil
+	case err != nil && h.Class == "":
+		return claim, fmt.Errorf("no class (every IO limit lifted) to volume %s: %w", h.VolumeID, err)
+	case err != nil:
 		return claim, fmt.Errorf("class %q to volume %s: %w", h.Class, h.VolumeID, err)
 	}
-	if a.handed[name] != h.Class {
+	switch {
+	case ok && prev == h.Class:
+	case h.Class != "":
 		log.Info("Handed the volume its class", "pv", name, "volumeID", h.VolumeID, "class", h.Class, "parameters", h.Params)
-		a.handed[name] = h.Class
+	case ok:
+		log.Info("Lifted the volume's IO limits: its claim names no class now", "pv", name, "volumeID", h.VolumeID, "before", prev)
+	default:
+		// Every volume of no class is handed that at start-up: its
+		// first is no news.
+		log.V(2).Info("Handed the volume no limit: its claim names no class", "pv", name, "volumeID", h.VolumeID)
 	}
+	a.handed[name] = h.Class
 	return nil, nil
 }

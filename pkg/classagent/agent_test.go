@@ -3,16 +3,26 @@ package classagent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
+
+	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/host"
 )
 
 // calls records the hands the node took; fail makes the next ones fail.
@@ -47,7 +57,7 @@ func (c *calls) waitFor(t *testing.T, class string) int {
 			last = c.got[n-1]
 		}
 		c.mu.Unlock()
-		if last.Class == class {
+		if n > 0 && last.Class == class {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			return c.attempts
@@ -117,4 +127,265 @@ func TestAgentTellsTheClaimOfARefusal(t *testing.T) {
 		!strings.Contains(got[0], "csi-node refused") {
 		t.Errorf("events: %q, want one %s quoting the refusal", got, ReasonNotApplied)
 	}
+}
+
+// node is a csi-node's record of one volume's limits, merged as
+// ControllerModifyVolume merges them: a key given sets, max removes, a
+// key absent changes nothing.
+type node struct {
+	calls
+	limits host.IOLimits
+}
+
+func (n *node) modify(ctx context.Context, h Hand) error {
+	p, err := contract.ParseIOLimits(h.Params)
+	if err != nil {
+		return err
+	}
+	if err := n.calls.modify(ctx, h); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.limits = p.Apply(n.limits)
+	return nil
+}
+
+func (n *node) held() host.IOLimits {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.limits
+}
+
+// TestAgentHoldsTheVolumeToTheClassAlone: whatever class the claim named
+// before, the volume's node holds it to the limits of the one it names
+// now, and to none when it names none; and a node that lost its record
+// gets the whole class back.
+func TestAgentHoldsTheVolumeToTheClassAlone(t *testing.T) {
+	pv, claim, slow := world() // slow: maxReadIops 100
+	wbps := &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "wbps"}, DriverName: driver,
+		Parameters: map[string]string{"maxWriteBps": "50Mi"}}
+	client := fake.NewClientset(pv, claim, slow, wbps)
+	n := &node{}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := New(Config{Client: client, Scope: scope, Modify: n.modify, Resync: time.Hour})
+	go a.Run(ctx)
+	n.waitFor(t, "slow")
+	if got, want := n.held(), (host.IOLimits{ReadIOPS: 100}); got != want {
+		t.Errorf("limits held with class slow: got %v, want %v", got, want)
+	}
+
+	switchTo := func(class *string) {
+		t.Helper()
+		claim.Spec.VolumeAttributesClassName = class
+		if _, err := client.CoreV1().PersistentVolumeClaims("ns").Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	switchTo(ptr.To("wbps"))
+	n.waitFor(t, "wbps")
+	if got, want := n.held(), (host.IOLimits{WriteBPS: 50 << 20}); got != want {
+		t.Errorf("limits held after the switch from slow to wbps: got %v, want %v (slow's read limit lifted)", got, want)
+	}
+
+	// The node loses its record; the next hand (a resync's) gives the
+	// whole class back.
+	n.mu.Lock()
+	n.limits = host.IOLimits{ReadIOPS: 7}
+	n.mu.Unlock()
+	a.addAll()
+	for deadline := time.Now().Add(10 * time.Second); n.held() != (host.IOLimits{WriteBPS: 50 << 20}) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got, want := n.held(), (host.IOLimits{WriteBPS: 50 << 20}); got != want {
+		t.Errorf("limits held after a resync of a node that held other limits: got %v, want %v", got, want)
+	}
+
+	switchTo(nil)
+	n.waitFor(t, "")
+	if got := n.held(); !got.IsZero() {
+		t.Errorf("limits held once the claim names no class: got %v, want none", got)
+	}
+}
+
+// TestAgentLiftsNothingWhereItsNodeHoldsNoVolume: a volume of no class
+// that its csi-node does not hold (NOT_FOUND: a static PV's device) has
+// no limit to lift; that is no failure to retry or tell.
+func TestAgentLiftsNothingWhereItsNodeHoldsNoVolume(t *testing.T) {
+	pv, claim, _ := world()
+	claim.Spec.VolumeAttributesClassName = nil
+	client := fake.NewClientset(pv, claim)
+	var mu sync.Mutex
+	tries := 0
+	modify := func(context.Context, Hand) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tries++
+		return status.Error(codes.NotFound, "volume pvc-1_b not found on this node (b)")
+	}
+	events := record.NewFakeRecorder(10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go New(Config{Client: client, Scope: scope, Modify: modify, Resync: time.Hour, Events: events, RetryBase: time.Millisecond}).Run(ctx)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		n := tries
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+	}
+	// Retries, were there any, would come within milliseconds.
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if tries != 1 {
+		t.Errorf("got %d tries, want 1", tries)
+	}
+	if len(events.Events) != 0 {
+		t.Errorf("got %d events (%q), want none", len(events.Events), <-events.Events)
+	}
+}
+
+// TestAgentHandsNothingForAHandleTwoPVsName: a PV pinned to this node
+// that names the handle of another PV's volume (made with a stolen
+// node's credentials, pre-bound to a claim of the thief's class) gets its
+// class neither handed nor that of the true PV's claim: the handle is
+// skipped, and logged once with both PVs' names, until one PV goes.
+func TestAgentHandsNothingForAHandleTwoPVsName(t *testing.T) {
+	pv, claim, slow := world()
+	forged := pv.DeepCopy()
+	forged.Name = "forged"
+	forged.Spec.ClaimRef = &corev1.ObjectReference{Namespace: "evil", Name: "grab", UID: "u9"}
+	grab := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "evil", Name: "grab", UID: "u9"},
+		Spec:       corev1.PersistentVolumeClaimSpec{VolumeName: "forged", VolumeAttributesClassName: ptr.To("crawl")},
+	}
+	crawl := &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "crawl"}, DriverName: driver,
+		Parameters: map[string]string{"maxReadIops": "10", "maxWriteIops": "10"}}
+	client := fake.NewClientset(pv, claim, slow, forged, grab, crawl)
+	c := &calls{}
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	logs := logger.GetSink().(ktesting.Underlier).GetBuffer()
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
+	done := make(chan error, 1)
+	a := New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour})
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	told := func() []string {
+		var told []string
+		for _, e := range logs.Data() {
+			if e.Verbosity == 0 && strings.Contains(e.Message, "handle") {
+				told = append(told, fmt.Sprint(e.Message, e.ParameterKVList))
+			}
+		}
+		return told
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(told()) == 0 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Both PVs are decided again (a resync); nothing is told again.
+	a.addAll()
+	time.Sleep(200 * time.Millisecond)
+	c.mu.Lock()
+	if len(c.got) != 0 {
+		t.Errorf("handed %+v, want nothing for handle pvc-1_b, which two PVs name", c.got)
+	}
+	c.mu.Unlock()
+	if got := told(); len(got) != 1 || !strings.Contains(got[0], "pvc-1") || !strings.Contains(got[0], "forged") {
+		t.Errorf("logs at level 0 about the handle: %q, want one naming pvc-1 and forged", got)
+	}
+
+	// The forged PV deleted, the true one is handed its claim's class.
+	if err := client.CoreV1().PersistentVolumes().Delete(ctx, "forged", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitFor(t, "slow")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range c.got {
+		if h.Class != "slow" {
+			t.Errorf("handed %+v, want slow alone", h)
+		}
+	}
+}
+
+// TestAgentTellsTheClaimAgainAtEachResync: while a class keeps failing,
+// the claim is told at the failTimes-th try and again at each resync's
+// hand-off that fails (an event lasts an hour), never at the backoff's
+// retries in between; a success ends it, and a new failure is told anew
+// at its failTimes-th try.
+func TestAgentTellsTheClaimAgainAtEachResync(t *testing.T) {
+	pv, claim, slow := world()
+	client := fake.NewClientset(pv, claim, slow)
+	c := &calls{fail: 1 << 30}
+	events := record.NewFakeRecorder(100)
+	ctx, cancel := context.WithCancel(context.Background())
+	// A backoff of an hour does not end within the test: each retry is
+	// queued here, as the end of its backoff would.
+	a := New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events, RetryBase: time.Hour})
+	a.factory.Start(ctx.Done())
+	defer func() {
+		cancel()
+		a.factory.Shutdown()
+		a.queue.ShutDown()
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), a.synced...) {
+		t.Fatal("the caches did not fill")
+	}
+	retry := func() {
+		a.queue.Add(pv.Name)
+		a.next(ctx)
+	}
+	resync := func() {
+		a.resync()
+		a.next(ctx)
+	}
+	told := 0
+	check := func(when string, want int) {
+		t.Helper()
+		for len(events.Events) > 0 {
+			e := <-events.Events
+			if !strings.Contains(e, "Warning "+ReasonNotApplied) || !strings.Contains(e, `class "slow"`) {
+				t.Errorf("event %q, want %s about class slow", e, ReasonNotApplied)
+			}
+			told++
+		}
+		if told != want {
+			t.Errorf("%s: %d events, want %d", when, told, want)
+		}
+	}
+
+	a.addAll() // at start-up
+	a.next(ctx)
+	retry()
+	check("after 2 tries", 0)
+	retry()
+	check("after 3 tries", 1)
+	for range 4 {
+		retry()
+	}
+	check("after 4 retries more", 1)
+	resync()
+	check("after a resync's hand-off failed", 2)
+	retry()
+	retry()
+	check("after the retries that followed", 2)
+	resync()
+	check("after the next resync's", 3)
+
+	c.mu.Lock()
+	c.fail = 0
+	c.mu.Unlock()
+	retry()
+	c.mu.Lock()
+	c.fail = 1 << 30
+	c.mu.Unlock()
+	resync()
+	resync()
+	check("after a success, then two resyncs' failures", 3)
+	resync()
+	check("after the third failure since", 4)
 }

@@ -1,6 +1,7 @@
 package classagent
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
@@ -46,8 +47,15 @@ func TestDecideHandsTheClassTheClaimNames(t *testing.T) {
 	if why != "" {
 		t.Fatalf("nothing handed: %s", why)
 	}
-	if h.VolumeID != "pvc-1_b" || h.Class != "slow" || h.Params["maxReadIops"] != "100" || len(h.Params) != 1 {
-		t.Errorf("handed %+v", h)
+	// The whole class: the keys it leaves out are handed as no limit, so
+	// that csi-node, which merges what it is given, holds nothing of a
+	// class the claim left.
+	want := map[string]string{"maxReadIops": "100", "maxWriteIops": "max", "maxReadBps": "max", "maxWriteBps": "max"}
+	if h.VolumeID != "pvc-1_b" || h.Class != "slow" || !maps.Equal(h.Params, want) {
+		t.Errorf("handed %+v, want class slow with parameters %v", h, want)
+	}
+	if len(class.Parameters) != 1 {
+		t.Errorf("the class (the informer's cache) was changed: %v", class.Parameters)
 	}
 	// What the PV says of its class is the resizer's, written with a
 	// node's credentials: only the claim's spec, which its owner writes,
@@ -62,6 +70,22 @@ func TestDecideHandsTheClassTheClaimNames(t *testing.T) {
 	pv.Spec.CSI.VolumeHandle = "pvc-1"
 	if h, why := scope.Decide(pv, claim, class); why != "" || h.VolumeID != "pvc-1" {
 		t.Errorf("a legacy handle: %+v, %q", h, why)
+	}
+}
+
+// TestDecideLiftsTheLimitsOfAClaimOfNoClass: a claim that names no class
+// (never did, or went back to none while its switch was pending) is held
+// to no limit, whatever the PV says: every key is handed as no limit.
+func TestDecideLiftsTheLimitsOfAClaimOfNoClass(t *testing.T) {
+	pv, claim, _ := world()
+	claim.Spec.VolumeAttributesClassName = nil
+	for _, written := range []*string{ptr.To("slow"), nil} {
+		pv.Spec.VolumeAttributesClassName = written
+		h, why := scope.Decide(pv, claim, nil)
+		want := map[string]string{"maxReadIops": "max", "maxWriteIops": "max", "maxReadBps": "max", "maxWriteBps": "max"}
+		if why != "" || h.VolumeID != "pvc-1_b" || h.Class != "" || !maps.Equal(h.Params, want) {
+			t.Errorf("with the PV naming %q: got %+v, %q; want no class, parameters %v", deref(written), h, why, want)
+		}
 	}
 }
 
@@ -80,9 +104,6 @@ func TestDecideHandsNothingElse(t *testing.T) {
 		{"a PV of this node carrying another node's handle", func(pv *corev1.PersistentVolume, _ **corev1.PersistentVolumeClaim, _ **storagev1.VolumeAttributesClass) {
 			pv.Spec.CSI.VolumeHandle = "pvc-1_a"
 		}, "not a volume of this node"},
-		{"a claim of no class", func(_ *corev1.PersistentVolume, c **corev1.PersistentVolumeClaim, _ **storagev1.VolumeAttributesClass) {
-			(*c).Spec.VolumeAttributesClassName = nil
-		}, "names no class"},
 		{"an unbound volume", func(pv *corev1.PersistentVolume, _ **corev1.PersistentVolumeClaim, _ **storagev1.VolumeAttributesClass) {
 			pv.Spec.ClaimRef = nil
 		}, "bound to no claim"},

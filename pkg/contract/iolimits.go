@@ -135,13 +135,16 @@ var quantitySuffixes = map[string]int64{
 // parseIOLimit reads the value of IO limit key: its limit, 0 for NoLimit.
 func parseIOLimit(key, value string) (uint64, error) {
 	bps := key == MaxReadBPSKey || key == MaxWriteBPSKey
+	// The length comes first: every later case quotes the value, and a
+	// hostile class's long value must be neither echoed into the
+	// resizer's event and csi-node's log nor scanned.
 	switch {
+	case len(value) > maxIOLimitLength:
+		return 0, fmt.Errorf("value of %d bytes is too long", len(value))
 	case value == "":
 		return 0, fmt.Errorf("empty value: want a number or %q", NoLimit)
 	case strings.IndexFunc(value, unicode.IsSpace) >= 0:
 		return 0, fmt.Errorf("%q holds whitespace", value)
-	case len(value) > maxIOLimitLength:
-		return 0, fmt.Errorf("value of %d bytes is too long", len(value))
 	case value == NoLimit:
 		return 0, nil
 	}

@@ -74,6 +74,9 @@ func TestParseIOLimits(t *testing.T) {
 		{name: "Max is not max", params: map[string]string{MaxReadIOPSKey: "Max"}, err: "maxReadIops: \"Max\""},
 		{name: "unlimited is not max", params: map[string]string{MaxReadIOPSKey: "unlimited"}, err: "maxReadIops"},
 		{name: "too long", params: map[string]string{MaxReadBPSKey: strings.Repeat("1", 65)}, err: "too long"},
+		// The length is checked first: an over-long value is never
+		// echoed, whatever else is wrong with it.
+		{name: "too long, with whitespace", params: map[string]string{MaxReadBPSKey: strings.Repeat("1 ", 1000)}, err: "maxReadBps: value of 2000 bytes is too long"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := ParseIOLimits(tc.params)

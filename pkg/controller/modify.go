@@ -30,12 +30,12 @@ import (
 // NOT_FOUND. A cluster runs one resizer, beside one node's plugin: a
 // volume whose ID names another node is that node's to modify, and is
 // answered OK once its parameters pass, recording nothing here. The
-// resizer then writes the class into the volume's PersistentVolume, where
-// the node agent of the volume's node (pkg/classagent) reads it and hands
-// it to its own plugin, the call below with the class's parameters. The
-// ModifyVolume feature, on by default, is served where the chart and
-// deploy/ run that agent on every node, so an OK is never for something
-// no node will do.
+// node agent of the volume's node (pkg/classagent) reads the class the
+// volume's claim names in its spec (never the class the resizer then
+// writes into the PersistentVolume) and hands it to its own plugin, the
+// call below with the class's parameters. The ModifyVolume feature, on
+// by default, is served where the chart and deploy/ run that agent on
+// every node, so an OK is never for something no node will do.
 func (c *Controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
 	if !c.opts.ModifyVolume {
 		return nil, classified.Errorf(classified.KindUnimplemented, "ControllerModifyVolume is off on this node: --feature-gates=ModifyVolume=true turns it on")

@@ -22,7 +22,8 @@ type fakeCgroups struct {
 	// rules maps a cgroup to the rules in force there, by device.
 	rules map[string]map[host.DevNum]host.IOLimits
 	calls []string
-	// fail maps a call ("set <dir>") to the error it returns.
+	// fail maps a call ("set <dir>", "read <dir>", "pod <uid>") to the
+	// error it returns.
 	fail map[string]error
 }
 
@@ -38,6 +39,9 @@ func (c *fakeCgroups) PodCgroups(uid string) ([]string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls = append(c.calls, "pod "+uid)
+	if err := c.fail["pod "+uid]; err != nil {
+		return nil, err
+	}
 	dirs, ok := c.pods[uid]
 	if !ok {
 		return nil, fmt.Errorf("%w %s", devices.ErrPodCgroupNotFound, uid)
@@ -151,8 +155,8 @@ func (c *fakeCgroups) takeCalls() []string {
 	return calls
 }
 
-// failOn makes call ("set <dir>", "read <dir>") fail with err; nil makes
-// it work again.
+// failOn makes call ("set <dir>", "read <dir>", "pod <uid>") fail with
+// err; nil makes it work again.
 func (c *fakeCgroups) failOn(call string, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

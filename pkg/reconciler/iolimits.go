@@ -1,12 +1,15 @@
 package reconciler
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/contract"
@@ -22,8 +25,10 @@ import (
 // cgroups (ioActual); diff plans the rules of a live publish's pod set
 // where they differ, before the publish's bind mount, and those of a
 // withdrawn publish's pod removed, before its unpublish forgets which pod
-// it was; and the intent state.IOLimitsKey is fulfilled once every live
-// publish's pod that has a cgroup holds exactly the limits asked for.
+// it was (tried once, so that it never holds the unpublish:
+// clearIOLimits); and the intent state.IOLimitsKey is fulfilled once
+// every live publish's pod that has a cgroup holds exactly the limits
+// asked for.
 //
 // The rules go only into the cgroups of pods that publish the volume.
 // csi-node's own mkfs, fsck and resize run in csi-node's cgroup, which is
@@ -72,6 +77,11 @@ type podIO struct {
 	// them (devices.ErrIONotEnabled), so the pod's IO is not limited there
 	// and nothing can be written until it is; "" when none is so.
 	notEnabled string
+	// clearFailed is true when a clear of the volume's rules from the
+	// pod's cgroups, for a withdrawn publish, was tried and failed
+	// (clearIOLimits): the pod's withdrawn publishes are unpublished
+	// without another.
+	clearFailed bool
 }
 
 // holds reports whether every cgroup of a pod seen holds exactly l; a
@@ -111,8 +121,38 @@ func (r *Reconciler) observeIO(v *state.Volume, a *actual) *ioActual {
 		}
 	}
 	r.timeMissingCgroups(v, io)
+	r.findFailedClears(v, io)
 	r.findDrifts(v, io)
 	return io
+}
+
+// findFailedClears sets clearFailed of each observed pod whose rules a
+// clear failed to remove (clearIOLimits), and forgets the pods that no
+// withdrawn publish of v names any more: a pod withdrawn again later is
+// tried again.
+func (r *Reconciler) findFailedClears(v *state.Volume, io *ioActual) {
+	r.cgroupsMissingMu.Lock()
+	defer r.cgroupsMissingMu.Unlock()
+	failed := r.clearsFailed[v.ID]
+	if len(failed) == 0 {
+		return
+	}
+	withdrawn := map[string]bool{}
+	for t, p := range v.Publishes {
+		if uid, ok := io.podOf[t]; ok && p.Deleting {
+			withdrawn[uid] = true
+		}
+	}
+	for uid := range failed {
+		if !withdrawn[uid] {
+			delete(failed, uid)
+		} else if p := io.pods[uid]; p != nil {
+			p.clearFailed = true
+		}
+	}
+	if len(failed) == 0 {
+		delete(r.clearsFailed, v.ID)
+	}
 }
 
 // findDrifts sets each observed pod's drifted: its cgroups that were seen
@@ -307,7 +347,9 @@ func ioLimitSteps(v *state.Volume, a *actual) []action {
 // unless a live publish names the same pod: a loop device's number is
 // reused by the next volume attached, and a rule left behind would
 // throttle that volume's IO. They come before the unpublish, which
-// forgets the target and with it which pod it was.
+// forgets the target and with it which pod it was. A pod whose clear was
+// tried and failed (podIO.clearFailed) gets none: its unpublish goes
+// ahead.
 func ioLimitRemovals(v *state.Volume, a *actual) []action {
 	io := a.io
 	if io == nil || a.loop == nil {
@@ -323,7 +365,7 @@ func ioLimitRemovals(v *state.Volume, a *actual) []action {
 	done := map[string]bool{}
 	for _, t := range v.Targets() {
 		uid, p := io.podOf[t], io.pod(t)
-		if !v.Publishes[t].Deleting || p == nil || p.missing || live[uid] || done[uid] {
+		if !v.Publishes[t].Deleting || p == nil || p.missing || p.clearFailed || live[uid] || done[uid] {
 			continue
 		}
 		done[uid] = true
@@ -338,7 +380,8 @@ func ioLimitRemovals(v *state.Volume, a *actual) []action {
 // applyIOLimits makes the rules for the volume's device in every cgroup
 // of the pod of target equal l, cgroups made since the observation
 // included. A pod with no cgroup (any more) needs nothing, nor does a
-// cgroup gone meanwhile.
+// cgroup gone meanwhile. A cgroup that cannot be written fails it, once
+// every other cgroup of the pod is written.
 func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) error {
 	uid := a.io.podOf[target]
 	dirs, err := r.cfg.Throttler.PodCgroups(uid)
@@ -348,16 +391,50 @@ func (r *Reconciler) applyIOLimits(a *actual, target string, l host.IOLimits) er
 	if err != nil {
 		return classified.Errorf(classified.KindInternal, "finding the cgroups of pod %s: %w", uid, err)
 	}
+	var errs []error
 	for _, d := range dirs {
 		// A cgroup without the io controller can be given nothing; the
 		// volume's condition says so (podIO.notEnabled), and failing here
 		// would only hold back the publish or the unpublish.
 		err := r.cfg.Throttler.SetThrottle(d, a.loop.Dev, l)
 		if err != nil && !errors.Is(err, devices.ErrCgroupGone) && !errors.Is(err, devices.ErrIONotEnabled) {
-			return classified.Errorf(classified.KindInternal, "setting IO limits %s for %s in cgroup %s of pod %s: %w", l, a.loop.Device, d, uid, err)
+			errs = append(errs, fmt.Errorf("cgroup %s: %w", d, err))
 		}
 	}
+	if len(errs) > 0 {
+		return classified.Errorf(classified.KindInternal, "setting IO limits %s for %s in the cgroups of pod %s: %w", l, a.loop.Device, uid, errors.Join(errs...))
+	}
 	return nil
+}
+
+// clearIOLimits removes the rules for v's device from every cgroup of
+// the pod of the withdrawn publish at target that can be written. It is
+// tried once: when it fails, the pod is noted (clearsFailed) and the
+// publish is unpublished without another try, the failure logged and
+// counted (a terminal failure of "clear io limits"). A publish answers
+// without limits when its pod's cgroups cannot be read or written; its
+// unpublish, the same pod's, must not then wait for ever, the pod
+// Terminating meanwhile. Retrying would rarely help: what fails to read
+// or write a pod's cgroups (permissions, the layout, an io controller
+// gone) does not pass in a backoff. What is left costs little: a cgroup
+// gone needs no clear, a rule dies with its pod's cgroup when the kubelet
+// removes it, pod cgroups are named by the pod's UID and never reused,
+// and the rules of every cgroup that could be written are removed.
+func (r *Reconciler) clearIOLimits(ctx context.Context, v *state.Volume, a *actual, target string) error {
+	err := r.applyIOLimits(a, target, host.IOLimits{})
+	if err == nil {
+		return nil
+	}
+	uid := a.io.podOf[target]
+	r.cgroupsMissingMu.Lock()
+	if r.clearsFailed[v.ID] == nil {
+		r.clearsFailed[v.ID] = map[string]bool{}
+	}
+	r.clearsFailed[v.ID][uid] = true
+	r.cgroupsMissingMu.Unlock()
+	klog.FromContext(ctx).Error(err, "Cannot remove a withdrawn publish's IO limits; unpublishing without them: the rules stay in the pod's cgroups until the kubelet removes them",
+		"volumeID", v.ID, "targetPath", target, "pod", uid, "device", a.loop.Device)
+	return classified.Terminalf(classified.KindInternal, "removing the IO limits of volume %s from pod %s, whose publish at %s is withdrawn (unpublished without them): %w", v.ID, uid, target, err)
 }
 
 // ioProblem says why v's IO limits cannot be held, for its condition:

@@ -182,6 +182,93 @@ func TestIOLimitsRemovedOnUnpublish(t *testing.T) {
 	}
 }
 
+// TestIOLimitsClearThatFailsDoesNotHoldTheUnpublish checks that a
+// withdrawn publish whose pod's rules cannot all be removed is
+// unpublished all the same, after one try that removes what it can (a
+// publish answers without limits when its pod's cgroups cannot be read;
+// its unpublish must not then wait for ever, its pod Terminating): the
+// cgroups that can be written are cleared, the failure is logged and
+// counted (a terminal failure of "clear io limits"), and the next
+// withdrawal of the pod tries again.
+func TestIOLimitsClearThatFailsDoesNotHoldTheUnpublish(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// fail is the cgroup call that fails once the limits are set.
+		fail string
+		// cleared is whether the container's cgroup, which can still
+		// be written, loses its rules.
+		cleared bool
+	}{
+		{name: "the pod's cgroups cannot be listed", fail: "pod u1"},
+		{name: "the pod's own cgroup cannot be written", fail: "set " + podCgroupDir("u1"), cleared: true},
+		{name: "the pod's own cgroup cannot be read or written", fail: "read+set " + podCgroupDir("u1"), cleared: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			rec := &countingRecorder{ops: map[string]int{}}
+			h.r.cfg.Recorder = rec
+			h.cgroups.addPod("u1", "ctr-a")
+			target := h.podTarget("v1", "u1")
+			h.limitedVolume("v1", target, &limits)
+			h.runUntilIdle()
+			dev := h.dev("v1")
+			h.checkRules("u1", dev, limits)
+
+			refused := errors.New("write: operation not permitted")
+			calls := []string{tc.fail}
+			if rest, ok := strings.CutPrefix(tc.fail, "read+set "); ok {
+				calls = []string{"read " + rest, "set " + rest}
+			}
+			for _, c := range calls {
+				h.cgroups.failOn(c, refused)
+			}
+			h.update("v1", func(v *state.Volume) { v.RequestUnpublish(target) })
+			// Past any backoff, as often as a Terminating pod's kubelet
+			// would ask.
+			for range 3 {
+				h.runUntilIdle()
+				h.clock.Step(DefaultBackoffMax)
+			}
+			if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
+				t.Fatalf("publish after unpublish: got %+v, want forgotten", v.Publishes[target])
+			}
+			if slices.Contains(mountPaths(h.world), target) {
+				t.Errorf("target still mounted after unpublish")
+			}
+			ctr := podCgroupDir("u1") + "/ctr-a"
+			if got, want := h.cgroups.rule(ctr, dev), (host.IOLimits{}); tc.cleared && got != want {
+				t.Errorf("rules in %s, which can be written: got %v, want %v", ctr, got, want)
+			}
+			if n := rec.ops["clear io limits terminal"]; n != 1 {
+				t.Errorf("failed clears counted: got %d, want 1 (one try)", n)
+			}
+
+			// Published again and withdrawn again: the clear is tried
+			// again, once.
+			for _, c := range calls {
+				h.cgroups.failOn(c, nil)
+			}
+			h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
+			h.runUntilIdle()
+			h.checkRules("u1", dev, limits)
+			for _, c := range calls {
+				h.cgroups.failOn(c, refused)
+			}
+			h.update("v1", func(v *state.Volume) { v.RequestUnpublish(target) })
+			for range 3 {
+				h.runUntilIdle()
+				h.clock.Step(DefaultBackoffMax)
+			}
+			if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
+				t.Errorf("publish after the second unpublish: got %+v, want forgotten", v.Publishes[target])
+			}
+			if n := rec.ops["clear io limits terminal"]; n != 2 {
+				t.Errorf("failed clears counted after the second withdrawal: got %d, want 2", n)
+			}
+		})
+	}
+}
+
 // TestIOLimitsWithdrawnAtANewGeneration checks that limits removed (all
 // zero, at a newer generation) are removed from every published pod.
 func TestIOLimitsWithdrawnAtANewGeneration(t *testing.T) {

@@ -3,7 +3,6 @@ package reconciler
 import (
 	"context"
 
-	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -238,10 +237,11 @@ func kindTable() [kindCount]kindSpec {
 				return r.applyIOLimits(a, act.target, v.WantsIOLimits())
 			}},
 		// Removes the rules for the volume's device from the cgroups of
-		// the pod of the withdrawn publish at target.
+		// the pod of the withdrawn publish at target; tried once, so
+		// that it never holds the unpublish (clearIOLimits).
 		actClearIOLimits: {name: "clear io limits", teardown: true, serves: forPublish, final: held,
-			run: func(_ context.Context, r *Reconciler, _ *state.Volume, a *actual, act action) error {
-				return r.applyIOLimits(a, act.target, host.IOLimits{})
+			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
+				return r.clearIOLimits(ctx, v, a, act.target)
 			}},
 		// Records that the data directory ran out of space under the
 		// staging mount, which the volume then reports until it is

@@ -147,6 +147,11 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch claim.
 			delete(r.cgroupsMissing, id)
 		}
 	}
+	for id := range r.clearsFailed {
+		if !ids[id] {
+			delete(r.clearsFailed, id)
+		}
+	}
 	r.cgroupsMissingMu.Unlock()
 }
 

@@ -83,8 +83,13 @@ type Reconciler struct {
 	// UID of a pod of its live publishes to when an observation first
 	// found no cgroup of that pod (observeIO). Passes and early starts
 	// write it; it is taken alone, never with another lock.
+	// It guards clearsFailed too, which holds, for a volume, the UIDs of
+	// the pods of its withdrawn publishes whose IO limits a clear failed
+	// to remove (clearIOLimits): their unpublishes go ahead without
+	// another try.
 	cgroupsMissingMu locks.Mutex
 	cgroupsMissing   map[string]map[string]time.Time
+	clearsFailed     map[string]map[string]bool
 
 	// early is what a request's early start (Start) needs: see early.go.
 	early early
@@ -130,6 +135,7 @@ func New(cfg Config) (*Reconciler, error) {
 		early:     newEarly(),
 
 		cgroupsMissing: map[string]map[string]time.Time{},
+		clearsFailed:   map[string]map[string]bool{},
 	}, nil
 }
 
