@@ -51,6 +51,11 @@ const (
 	// lasts: an event goes from the API after an hour.
 	ReasonNotApplied = "VolumeAttributesClassNotApplied"
 	failTimes        = 3
+	// ReasonHandleShared: more than one PV of the node names the
+	// volume's handle, and the volume is handed no class until one of
+	// them goes (checkShared); told once per set of such PVs on the
+	// claim of each of them that is bound to one.
+	ReasonHandleShared = "VolumeHandleShared"
 )
 
 // Agent watches the cluster's PersistentVolumes, their claims and the
@@ -314,7 +319,10 @@ func (a *Agent) tellClaim(log klog.Logger, claim *corev1.PersistentVolumeClaim, 
 // the handle of one of its volumes, pre-bound to a claim of a class the
 // thief chose, and the volume would get that class. Which of the two is
 // the true one is not the agent's to guess, so neither is handed until
-// one goes; this is logged at level 0 once per set of PVs, naming them.
+// one goes. Once per set of PVs this is logged at level 0, naming them,
+// and told on the claim of each that is bound to one (tellShared): the
+// refusal keeps the true claim's class from its volume too, which a
+// stolen node can thus cause, and its owner must hear of it.
 func (a *Agent) checkShared(log klog.Logger, pv *corev1.PersistentVolume) string {
 	key, names := handleKey(pv), a.sharers(pv)
 	if len(names) < 2 {
@@ -324,8 +332,47 @@ func (a *Agent) checkShared(log klog.Logger, pv *corev1.PersistentVolume) string
 	if !slices.Equal(a.shared[key], names) {
 		log.Info("Handing nothing to a volume whose handle more than one PV of this node names: delete the one not made by its provisioner", "volumeID", pv.Spec.CSI.VolumeHandle, "pvs", names)
 		a.shared[key] = names
+		a.tellShared(log, pv.Spec.CSI.VolumeHandle, names)
 	}
 	return fmt.Sprintf("its handle %s is named by PVs %s", pv.Spec.CSI.VolumeHandle, strings.Join(names, ", "))
+}
+
+// tellShared posts a Warning event on the claim of each of the PVs names
+// that is bound to one, saying that they all name handle and that none
+// is handed its class until one goes. A PV bound to no claim, or whose
+// claim is not in the cache, is told nowhere but in the log.
+func (a *Agent) tellShared(log klog.Logger, handle string, names []string) {
+	if a.cfg.Events == nil {
+		return
+	}
+	for _, name := range names {
+		pv, err := a.volumes.Get(name)
+		if err != nil {
+			continue
+		}
+		claim := a.boundClaim(pv)
+		if claim == nil {
+			continue
+		}
+		a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonHandleShared,
+			"node %s hands no VolumeAttributesClass to volume %s, whose handle PVs %s all name: its IO limits stay as they are until one of those PVs goes: delete the one its provisioner did not make (one made by hand, or with a node's credentials where the node admission policy is off)",
+			a.cfg.Scope.Node, handle, strings.Join(names, ", "))
+		log.Info("Told the claim its volume's handle is shared", "pv", name, "claim", klog.KObj(claim), "volumeID", handle, "reason", ReasonHandleShared)
+	}
+}
+
+// boundClaim is the claim in the cache that pv is bound to (its claimRef
+// names it, with its UID, and it names pv back); nil for none.
+func (a *Agent) boundClaim(pv *corev1.PersistentVolume) *corev1.PersistentVolumeClaim {
+	ref := pv.Spec.ClaimRef
+	if ref == nil {
+		return nil
+	}
+	claim, err := a.claims.PersistentVolumeClaims(ref.Namespace).Get(ref.Name)
+	if err != nil || claim.UID != ref.UID || claim.Spec.VolumeName != pv.Name {
+		return nil
+	}
+	return claim
 }
 
 // hand decides PV name's call from the caches and makes it. It returns
