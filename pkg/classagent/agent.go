@@ -222,7 +222,11 @@ func (a *Agent) addAll() {
 // Run watches and hands until ctx ends. It hands nothing before its
 // caches hold the whole cluster.
 func (a *Agent) Run(ctx context.Context) error {
+	// The informers stop with Run, whatever ends it: Shutdown waits for
+	// them, and an agent whose caches did not fill returns with ctx live.
+	ctx, stop := context.WithCancel(ctx)
 	defer a.factory.Shutdown()
+	defer stop()
 	defer a.queue.ShutDown()
 	a.factory.Start(ctx.Done())
 	syncCtx, cancel := context.WithTimeout(ctx, a.cfg.SyncTimeout)

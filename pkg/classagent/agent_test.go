@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -105,6 +106,29 @@ func TestAgentHandsTheClassTheClaimNames(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run: %v", err)
+	}
+}
+
+// TestAgentReturnsWhenItsCachesDoNotFill: an agent whose caches do not
+// fill within SyncTimeout (its account may not list) returns, for its
+// process to exit and its pod to restart, with its context still live:
+// the informers it started stop with it.
+func TestAgentReturnsWhenItsCachesDoNotFill(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("forbidden")
+	})
+	done := make(chan error, 1)
+	go func() {
+		done <- New(Config{Client: client, Scope: scope, Modify: (&calls{}).modify, Resync: time.Hour, SyncTimeout: 100 * time.Millisecond}).Run(context.Background())
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Run: got nil, want the caches' failure to fill")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still runs 10 s after its caches failed to fill within 100 ms")
 	}
 }
 
