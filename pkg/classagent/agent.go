@@ -41,6 +41,12 @@ type Config struct {
 	// RetryBase is the first retry's delay, doubled at each failure up to
 	// five minutes.
 	RetryBase time.Duration
+	// Synced, if set, is called once the caches hold the whole cluster,
+	// before the first volume is handed: from then on the agent hands
+	// (its /readyz). Not called when Run ends before.
+	Synced func()
+	// Metrics counts what the agent does; nil counts nothing.
+	Metrics *Metrics
 }
 
 // Warning reasons of the agent's events.
@@ -239,6 +245,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	log := klog.FromContext(ctx)
 	log.Info("Handing the node's volumes their VolumeAttributesClass", "driver", a.cfg.Scope.Driver, "node", a.cfg.Scope.Node)
+	if a.cfg.Synced != nil {
+		a.cfg.Synced()
+	}
 	go func() {
 		for a.next(ctx) {
 		}
@@ -274,6 +283,7 @@ func (a *Agent) next(ctx context.Context) bool {
 		tries := a.queue.NumRequeues(name) + 1
 		log := klog.FromContext(ctx)
 		log.Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
+		a.cfg.Metrics.handFailed()
 		if claim != nil && a.tell(name, tries) {
 			a.tellClaim(log, claim, name, tries, err)
 		}

@@ -7,9 +7,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -132,6 +135,50 @@ func TestAgentReturnsWhenItsCachesDoNotFill(t *testing.T) {
 	}
 }
 
+// TestAgentSaysWhenItHands: Synced is called once the caches are
+// filled, before the first volume is handed (the agent's /readyz), and
+// not by an agent whose caches never fill.
+func TestAgentSaysWhenItHands(t *testing.T) {
+	pv, claim, slow := world()
+	var synced atomic.Bool
+	handedBefore := atomic.Bool{}
+	modify := func(context.Context, Hand) error {
+		if !synced.Load() {
+			handedBefore.Store(true)
+		}
+		return nil
+	}
+	c := &calls{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- New(Config{Client: fake.NewClientset(pv, claim, slow), Scope: scope, Resync: time.Hour,
+			Modify: func(ctx context.Context, h Hand) error { modify(ctx, h); return c.modify(ctx, h) },
+			Synced: func() {
+				if synced.Swap(true) {
+					t.Error("Synced called twice")
+				}
+			}}).Run(ctx)
+	}()
+	c.waitFor(t, "slow")
+	cancel()
+	<-done
+	if !synced.Load() || handedBefore.Load() {
+		t.Errorf("Synced called: %v, a volume handed before: %v; want it called before the first hand", synced.Load(), handedBefore.Load())
+	}
+
+	// An API server that never answers a list: the caches never fill.
+	never := fake.NewClientset()
+	never.PrependReactor("list", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("no API server")
+	})
+	err := New(Config{Client: never, Scope: scope, Modify: c.modify, Resync: time.Hour, SyncTimeout: 100 * time.Millisecond,
+		Synced: func() { t.Error("Synced called by an agent whose caches did not fill") }}).Run(context.Background())
+	if err == nil {
+		t.Error("Run: got nil, want the caches' failure to fill")
+	}
+}
+
 // TestAgentTellsTheClaimOfARefusal: a class the volume's node keeps
 // refusing is told in one Warning event on the claim, and retried.
 func TestAgentTellsTheClaimOfARefusal(t *testing.T) {
@@ -139,11 +186,15 @@ func TestAgentTellsTheClaimOfARefusal(t *testing.T) {
 	client := fake.NewClientset(pv, claim, slow)
 	c := &calls{fail: failTimes + 1}
 	events := record.NewFakeRecorder(10)
+	m := NewMetrics(prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events, RetryBase: 10 * time.Millisecond}).Run(ctx)
+	go New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events, RetryBase: 10 * time.Millisecond, Metrics: m}).Run(ctx)
 	if n := c.waitFor(t, "slow"); n != failTimes+2 {
 		t.Errorf("%d tries before slow went through, want %d", n, failTimes+2)
+	}
+	if got := testutil.ToFloat64(m.handFailures); got != failTimes+1 {
+		t.Errorf("converge_node_agent_hand_failures_total: got %v, want %d", got, failTimes+1)
 	}
 	close(events.Events)
 	var got []string
