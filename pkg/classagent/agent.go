@@ -131,7 +131,7 @@ func New(cfg Config) *Agent {
 		panic(err) // only before the informer starts
 	}
 	a.byHandle = pvs.GetIndexer()
-	pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	pvsHandled, _ := pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addVolume(o) },
 		UpdateFunc: func(_, o any) { a.addVolume(o) },
 		// Queued to be forgotten.
@@ -142,15 +142,18 @@ func New(cfg Config) *Agent {
 			a.addVolume(o)
 		},
 	})
-	pvcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	pvcsHandled, _ := pvcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addClaim(o) },
 		UpdateFunc: func(_, o any) { a.addClaim(o) },
 	})
 	// A class is made once and never changes its parameters: one that
 	// appears may be what a volume waited for.
 	vacs := f.Storage().V1().VolumeAttributesClasses().Informer()
-	vacs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { a.addAll() }})
-	a.synced = []cache.InformerSynced{pvs.HasSynced, pvcs.HasSynced, vacs.HasSynced}
+	vacsHandled, _ := vacs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { a.addAll() }})
+	// Synced once the handlers, not only the caches, have had every
+	// object of the first lists: else a handler's add came after the
+	// worker had taken start-up's, and the volume was handed twice.
+	a.synced = []cache.InformerSynced{pvsHandled.HasSynced, pvcsHandled.HasSynced, vacsHandled.HasSynced}
 	a.volumes = f.Core().V1().PersistentVolumes().Lister()
 	a.claims = f.Core().V1().PersistentVolumeClaims().Lister()
 	a.classes = f.Storage().V1().VolumeAttributesClasses().Lister()
@@ -248,11 +251,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Synced != nil {
 		a.cfg.Synced()
 	}
+	// Every volume queued once before the worker takes one: the
+	// handlers' first adds are queued already, and a volume queued again
+	// after the worker took it would be handed twice.
+	a.addAll()
 	go func() {
 		for a.next(ctx) {
 		}
 	}()
-	a.addAll()
 	t := time.NewTicker(a.cfg.Resync)
 	defer t.Stop()
 	for {
