@@ -150,7 +150,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return err
 		}
-		serve(ctx, ln, reg, health, fail)
+		serve(ctx, ln, reg, map[string]func(*http.Request) error{"/healthz": health.Check}, fail)
 	}
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
@@ -224,21 +224,24 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return clientcmd.BuildConfigFromFlags("", kubeconfig)
 }
 
-// serve serves /metrics and /healthz (which fails when this replica leads
-// but has not renewed its Lease in time) on ln until ctx ends, bounded
-// as every converge address on the pod network is (httpserve); a server
-// that stops by itself calls fail.
-func serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, health *leaderelection.HealthzAdaptor, fail context.CancelCauseFunc) {
+// serve serves /metrics of reg and, at each path of checks, its check
+// (ok, or 500 and why not) on ln until ctx ends, bounded as every
+// converge address on the pod network is (httpserve); a server that stops
+// by itself calls fail. converge-controller's /healthz fails when this
+// replica leads but has not renewed its Lease in time.
+func serve(ctx context.Context, ln net.Listener, reg *prometheus.Registry, checks map[string]func(*http.Request) error, fail context.CancelCauseFunc) {
 	mux := http.NewServeMux()
 	// Scrapes at once share one gathering.
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{CoalesceGather: true}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if err := health.Check(r); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	for path, check := range checks {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			if err := check(r); err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		})
+	}
 	srv := httpserve.NewServer(mux, httpserve.WriteTimeout)
 	go func() {
 		if err := httpserve.Serve(srv, ln); err != nil {

@@ -5,11 +5,14 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -42,17 +45,25 @@ const modifyTimeout = 30 * time.Second
 // minute costs csi-node nothing.
 const capsRecheck = time.Minute
 
+// defaultAgentHTTPAddress serves the node agent's probes and metrics. Its
+// pod is on the pod network, beside csi-node's (9810, the registrar's
+// 9809) and converge-controller's (9812), none of which it can clash
+// with; a port of its own keeps a NetworkPolicy or a scrape from taking
+// one for another.
+const defaultAgentHTTPAddress = ":9813"
+
 // nodeAgent parses the node agent's flags (args, after its command) and
 // runs it until ctx ends.
 func nodeAgent(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(nodeAgentCommand, flag.ContinueOnError)
-	var kubeconfig, csiAddress string
+	var kubeconfig, csiAddress, httpAddress string
 	scope := classagent.Scope{TopologyKey: contract.TopologyKey}
 	resync := fs.Duration("resync-period", 10*time.Minute, "how often every volume of the node is handed its class again")
 	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (empty: the pod's service account)")
 	fs.StringVar(&scope.Driver, "driver-name", contract.DefaultDriverName, "CSI driver whose volumes to hand their class")
 	fs.StringVar(&scope.Node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 	fs.StringVar(&csiAddress, "csi-address", "/csi/csi.sock", "csi-node's socket on this node")
+	fs.StringVar(&httpAddress, "http-address", defaultAgentHTTPAddress, "host:port serving /metrics, /healthz (the process serves) and /readyz (csi-node answered, and the caches filled where it serves ControllerModifyVolume) (empty: none)")
 	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -84,54 +95,106 @@ func nodeAgent(ctx context.Context, args []string) error {
 		_, err := ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: h.VolumeID, MutableParameters: h.Params})
 		return err
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := classagent.NewMetrics(reg)
+	ready := newReadiness(csiAddress)
+	// A failure of the HTTP server ends the agent, as it ends the
+	// controller: its probes would fail anyway, later and less clearly.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	if httpAddress != "" {
+		ln, err := net.Listen("tcp", httpAddress)
+		if err != nil {
+			return err
+		}
+		serve(ctx, ln, reg, ready.checks(), fail)
+	}
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-node-agent", Host: scope.Node})
+	loop := classLoop{ctrl: ctrl, csiAddress: csiAddress, ready: ready, recheck: capsRecheck,
+		run: func(ctx context.Context, synced func()) error {
+			return classagent.New(classagent.Config{Client: client, Scope: scope, Modify: modify, Resync: *resync,
+				Events: events, Synced: synced, Metrics: metrics}).Run(ctx)
+		}}
+	err = loop.loop(ctx)
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return err
+}
+
+// classLoop runs an agent while csi-node advertises MODIFY_VOLUME, and
+// holds ready to what it finds.
+type classLoop struct {
+	ctrl       csi.ControllerClient
+	csiAddress string
+	ready      *readiness
+	// recheck is how often csi-node is asked again whether it serves
+	// ControllerModifyVolume (capsRecheck).
+	recheck time.Duration
+	// run runs an agent until ctx ends, calling synced once its caches
+	// filled.
+	run func(ctx context.Context, synced func()) error
+}
+
+// loop asks csi-node, runs an agent while it advertises MODIFY_VOLUME and
+// watches nothing while it does not, until ctx ends; it returns an
+// agent's error.
+func (l classLoop) loop(ctx context.Context) error {
 	for told := false; ; {
-		on, err := modifyAdvertised(ctx, ctrl)
+		on, err := modifyAdvertised(ctx, l.ctrl, l.ready)
 		if err != nil {
 			return nil // ctx ended: stopped while waiting
 		}
 		if !on {
+			// Idle, and rightly: ready, with nothing to hand.
+			l.ready.filling("")
 			// With ModifyVolume off the agent watches nothing, and
 			// asks again: turning the gate on restarts csi-node, not
 			// this pod.
 			if !told {
-				klog.InfoS("csi-node does not advertise MODIFY_VOLUME (turned off by --feature-gates=ModifyVolume=false, or a release without it): nothing to hand; asking again every minute", "csiAddress", csiAddress)
+				klog.InfoS("csi-node does not advertise MODIFY_VOLUME (turned off by --feature-gates=ModifyVolume=false, or a release without it): nothing to hand; asking again every minute", "csiAddress", l.csiAddress)
 				told = true
 			}
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(capsRecheck):
+			case <-time.After(l.recheck):
 			}
 			continue
 		}
 		told = false
+		l.ready.filling("the caches of PersistentVolumes, claims and VolumeAttributesClasses are not filled yet")
 		run, stop := context.WithCancel(ctx)
 		withdrawn := make(chan struct{})
 		go func() {
 			defer close(withdrawn)
-			if untilWithdrawn(run, ctrl, capsRecheck) {
+			if untilWithdrawn(run, l.ctrl, l.recheck, l.ready) {
 				stop()
 			}
 		}()
-		err = classagent.New(classagent.Config{Client: client, Scope: scope, Modify: modify, Resync: *resync, Events: events}).Run(run)
+		err = l.run(run, func() { l.ready.filling("") })
 		stop()
 		<-withdrawn
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
-		klog.InfoS("csi-node no longer advertises MODIFY_VOLUME: stopped handing classes", "csiAddress", csiAddress)
+		klog.InfoS("csi-node no longer advertises MODIFY_VOLUME: stopped handing classes", "csiAddress", l.csiAddress)
 	}
 }
 
 // modifyAdvertised asks csi-node, until it answers or ctx ends, whether
-// it serves ControllerModifyVolume.
-func modifyAdvertised(ctx context.Context, ctrl csi.ControllerClient) (bool, error) {
+// it serves ControllerModifyVolume; ready follows each answer.
+func modifyAdvertised(ctx context.Context, ctrl csi.ControllerClient, ready *readiness) (bool, error) {
 	for waited := 0; ; {
 		on, err := askModify(ctx, ctrl)
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		ready.asked(err)
 		if err == nil {
 			return on, nil
 		}
@@ -150,8 +213,9 @@ func modifyAdvertised(ctx context.Context, ctrl csi.ControllerClient) (bool, err
 // untilWithdrawn asks csi-node every period whether it still serves
 // ControllerModifyVolume, and returns true once it answers that it does
 // not; false when ctx ends first. A question csi-node does not answer (it
-// restarts) is asked again at the next period.
-func untilWithdrawn(ctx context.Context, ctrl csi.ControllerClient, every time.Duration) bool {
+// restarts) is asked again at the next period, and ready follows each
+// answer: the agent's hands do not reach a csi-node that does not answer.
+func untilWithdrawn(ctx context.Context, ctrl csi.ControllerClient, every time.Duration, ready *readiness) bool {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -160,7 +224,12 @@ func untilWithdrawn(ctx context.Context, ctrl csi.ControllerClient, every time.D
 			return false
 		case <-t.C:
 		}
-		if on, err := askModify(ctx, ctrl); err == nil && !on {
+		on, err := askModify(ctx, ctrl)
+		if ctx.Err() != nil {
+			return false
+		}
+		ready.asked(err)
+		if err == nil && !on {
 			return true
 		}
 	}

@@ -25,7 +25,7 @@ func TestServeIsBoundedAndFailsTheRun(t *testing.T) {
 	}
 	ctx, fail := context.WithCancelCause(context.Background())
 	defer fail(nil)
-	serve(ctx, ln, prometheus.NewRegistry(), leaderelection.NewLeaderHealthzAdaptor(time.Second), fail)
+	serve(ctx, ln, prometheus.NewRegistry(), map[string]func(*http.Request) error{"/healthz": leaderelection.NewLeaderHealthzAdaptor(time.Second).Check}, fail)
 
 	req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/healthz", nil)
 	req.Header.Set("X-Large", strings.Repeat("a", 2*httpserve.MaxHeaderBytes))

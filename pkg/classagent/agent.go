@@ -41,6 +41,12 @@ type Config struct {
 	// RetryBase is the first retry's delay, doubled at each failure up to
 	// five minutes.
 	RetryBase time.Duration
+	// Synced, if set, is called once the caches hold the whole cluster,
+	// before the first volume is handed: from then on the agent hands
+	// (its /readyz). Not called when Run ends before.
+	Synced func()
+	// Metrics counts what the agent does; nil counts nothing.
+	Metrics *Metrics
 }
 
 // Warning reasons of the agent's events.
@@ -51,6 +57,11 @@ const (
 	// lasts: an event goes from the API after an hour.
 	ReasonNotApplied = "VolumeAttributesClassNotApplied"
 	failTimes        = 3
+	// ReasonHandleShared: more than one PV of the node names the
+	// volume's handle, and the volume is handed no class until one of
+	// them goes (checkShared); told once per set of such PVs on the
+	// claim of each of them that is bound to one.
+	ReasonHandleShared = "VolumeHandleShared"
 )
 
 // Agent watches the cluster's PersistentVolumes, their claims and the
@@ -120,7 +131,7 @@ func New(cfg Config) *Agent {
 		panic(err) // only before the informer starts
 	}
 	a.byHandle = pvs.GetIndexer()
-	pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	pvsHandled, _ := pvs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addVolume(o) },
 		UpdateFunc: func(_, o any) { a.addVolume(o) },
 		// Queued to be forgotten.
@@ -131,15 +142,18 @@ func New(cfg Config) *Agent {
 			a.addVolume(o)
 		},
 	})
-	pvcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	pvcsHandled, _ := pvcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { a.addClaim(o) },
 		UpdateFunc: func(_, o any) { a.addClaim(o) },
 	})
 	// A class is made once and never changes its parameters: one that
 	// appears may be what a volume waited for.
 	vacs := f.Storage().V1().VolumeAttributesClasses().Informer()
-	vacs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { a.addAll() }})
-	a.synced = []cache.InformerSynced{pvs.HasSynced, pvcs.HasSynced, vacs.HasSynced}
+	vacsHandled, _ := vacs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { a.addAll() }})
+	// Synced once the handlers, not only the caches, have had every
+	// object of the first lists: else a handler's add came after the
+	// worker had taken start-up's, and the volume was handed twice.
+	a.synced = []cache.InformerSynced{pvsHandled.HasSynced, pvcsHandled.HasSynced, vacsHandled.HasSynced}
 	a.volumes = f.Core().V1().PersistentVolumes().Lister()
 	a.claims = f.Core().V1().PersistentVolumeClaims().Lister()
 	a.classes = f.Storage().V1().VolumeAttributesClasses().Lister()
@@ -217,7 +231,11 @@ func (a *Agent) addAll() {
 // Run watches and hands until ctx ends. It hands nothing before its
 // caches hold the whole cluster.
 func (a *Agent) Run(ctx context.Context) error {
+	// The informers stop with Run, whatever ends it: Shutdown waits for
+	// them, and an agent whose caches did not fill returns with ctx live.
+	ctx, stop := context.WithCancel(ctx)
 	defer a.factory.Shutdown()
+	defer stop()
 	defer a.queue.ShutDown()
 	a.factory.Start(ctx.Done())
 	syncCtx, cancel := context.WithTimeout(ctx, a.cfg.SyncTimeout)
@@ -230,11 +248,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	log := klog.FromContext(ctx)
 	log.Info("Handing the node's volumes their VolumeAttributesClass", "driver", a.cfg.Scope.Driver, "node", a.cfg.Scope.Node)
+	if a.cfg.Synced != nil {
+		a.cfg.Synced()
+	}
+	// Every volume queued once before the worker takes one: the
+	// handlers' first adds are queued already, and a volume queued again
+	// after the worker took it would be handed twice.
+	a.addAll()
 	go func() {
 		for a.next(ctx) {
 		}
 	}()
-	a.addAll()
 	t := time.NewTicker(a.cfg.Resync)
 	defer t.Stop()
 	for {
@@ -265,6 +289,7 @@ func (a *Agent) next(ctx context.Context) bool {
 		tries := a.queue.NumRequeues(name) + 1
 		log := klog.FromContext(ctx)
 		log.Error(err, "Handing the volume its class failed; retrying", "pv", name, "tries", tries)
+		a.cfg.Metrics.handFailed()
 		if claim != nil && a.tell(name, tries) {
 			a.tellClaim(log, claim, name, tries, err)
 		}
@@ -314,7 +339,10 @@ func (a *Agent) tellClaim(log klog.Logger, claim *corev1.PersistentVolumeClaim, 
 // the handle of one of its volumes, pre-bound to a claim of a class the
 // thief chose, and the volume would get that class. Which of the two is
 // the true one is not the agent's to guess, so neither is handed until
-// one goes; this is logged at level 0 once per set of PVs, naming them.
+// one goes. Once per set of PVs this is logged at level 0, naming them,
+// and told on the claim of each that is bound to one (tellShared): the
+// refusal keeps the true claim's class from its volume too, which a
+// stolen node can thus cause, and its owner must hear of it.
 func (a *Agent) checkShared(log klog.Logger, pv *corev1.PersistentVolume) string {
 	key, names := handleKey(pv), a.sharers(pv)
 	if len(names) < 2 {
@@ -324,8 +352,47 @@ func (a *Agent) checkShared(log klog.Logger, pv *corev1.PersistentVolume) string
 	if !slices.Equal(a.shared[key], names) {
 		log.Info("Handing nothing to a volume whose handle more than one PV of this node names: delete the one not made by its provisioner", "volumeID", pv.Spec.CSI.VolumeHandle, "pvs", names)
 		a.shared[key] = names
+		a.tellShared(log, pv.Spec.CSI.VolumeHandle, names)
 	}
 	return fmt.Sprintf("its handle %s is named by PVs %s", pv.Spec.CSI.VolumeHandle, strings.Join(names, ", "))
+}
+
+// tellShared posts a Warning event on the claim of each of the PVs names
+// that is bound to one, saying that they all name handle and that none
+// is handed its class until one goes. A PV bound to no claim, or whose
+// claim is not in the cache, is told nowhere but in the log.
+func (a *Agent) tellShared(log klog.Logger, handle string, names []string) {
+	if a.cfg.Events == nil {
+		return
+	}
+	for _, name := range names {
+		pv, err := a.volumes.Get(name)
+		if err != nil {
+			continue
+		}
+		claim := a.boundClaim(pv)
+		if claim == nil {
+			continue
+		}
+		a.cfg.Events.Eventf(claim, corev1.EventTypeWarning, ReasonHandleShared,
+			"node %s hands no VolumeAttributesClass to volume %s, whose handle PVs %s all name: its IO limits stay as they are until one of those PVs goes: delete the one its provisioner did not make (one made by hand, or with a node's credentials where the node admission policy is off)",
+			a.cfg.Scope.Node, handle, strings.Join(names, ", "))
+		log.Info("Told the claim its volume's handle is shared", "pv", name, "claim", klog.KObj(claim), "volumeID", handle, "reason", ReasonHandleShared)
+	}
+}
+
+// boundClaim is the claim in the cache that pv is bound to (its claimRef
+// names it, with its UID, and it names pv back); nil for none.
+func (a *Agent) boundClaim(pv *corev1.PersistentVolume) *corev1.PersistentVolumeClaim {
+	ref := pv.Spec.ClaimRef
+	if ref == nil {
+		return nil
+	}
+	claim, err := a.claims.PersistentVolumeClaims(ref.Namespace).Get(ref.Name)
+	if err != nil || claim.UID != ref.UID || claim.Spec.VolumeName != pv.Name {
+		return nil
+	}
+	return claim
 }
 
 // hand decides PV name's call from the caches and makes it. It returns

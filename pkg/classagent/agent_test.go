@@ -4,17 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -105,6 +112,73 @@ func TestAgentHandsTheClassTheClaimNames(t *testing.T) {
 	}
 }
 
+// TestAgentReturnsWhenItsCachesDoNotFill: an agent whose caches do not
+// fill within SyncTimeout (its account may not list) returns, for its
+// process to exit and its pod to restart, with its context still live:
+// the informers it started stop with it.
+func TestAgentReturnsWhenItsCachesDoNotFill(t *testing.T) {
+	client := fake.NewClientset()
+	client.PrependReactor("list", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("forbidden")
+	})
+	done := make(chan error, 1)
+	go func() {
+		done <- New(Config{Client: client, Scope: scope, Modify: (&calls{}).modify, Resync: time.Hour, SyncTimeout: 100 * time.Millisecond}).Run(context.Background())
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Run: got nil, want the caches' failure to fill")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run still runs 10 s after its caches failed to fill within 100 ms")
+	}
+}
+
+// TestAgentSaysWhenItHands: Synced is called once the caches are
+// filled, before the first volume is handed (the agent's /readyz), and
+// not by an agent whose caches never fill.
+func TestAgentSaysWhenItHands(t *testing.T) {
+	pv, claim, slow := world()
+	var synced atomic.Bool
+	handedBefore := atomic.Bool{}
+	modify := func(context.Context, Hand) error {
+		if !synced.Load() {
+			handedBefore.Store(true)
+		}
+		return nil
+	}
+	c := &calls{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- New(Config{Client: fake.NewClientset(pv, claim, slow), Scope: scope, Resync: time.Hour,
+			Modify: func(ctx context.Context, h Hand) error { modify(ctx, h); return c.modify(ctx, h) },
+			Synced: func() {
+				if synced.Swap(true) {
+					t.Error("Synced called twice")
+				}
+			}}).Run(ctx)
+	}()
+	c.waitFor(t, "slow")
+	cancel()
+	<-done
+	if !synced.Load() || handedBefore.Load() {
+		t.Errorf("Synced called: %v, a volume handed before: %v; want it called before the first hand", synced.Load(), handedBefore.Load())
+	}
+
+	// An API server that never answers a list: the caches never fill.
+	never := fake.NewClientset()
+	never.PrependReactor("list", "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, errors.New("no API server")
+	})
+	err := New(Config{Client: never, Scope: scope, Modify: c.modify, Resync: time.Hour, SyncTimeout: 100 * time.Millisecond,
+		Synced: func() { t.Error("Synced called by an agent whose caches did not fill") }}).Run(context.Background())
+	if err == nil {
+		t.Error("Run: got nil, want the caches' failure to fill")
+	}
+}
+
 // TestAgentTellsTheClaimOfARefusal: a class the volume's node keeps
 // refusing is told in one Warning event on the claim, and retried.
 func TestAgentTellsTheClaimOfARefusal(t *testing.T) {
@@ -112,11 +186,15 @@ func TestAgentTellsTheClaimOfARefusal(t *testing.T) {
 	client := fake.NewClientset(pv, claim, slow)
 	c := &calls{fail: failTimes + 1}
 	events := record.NewFakeRecorder(10)
+	m := NewMetrics(prometheus.NewRegistry())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events, RetryBase: 10 * time.Millisecond}).Run(ctx)
+	go New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events, RetryBase: 10 * time.Millisecond, Metrics: m}).Run(ctx)
 	if n := c.waitFor(t, "slow"); n != failTimes+2 {
 		t.Errorf("%d tries before slow went through, want %d", n, failTimes+2)
+	}
+	if got := testutil.ToFloat64(m.handFailures); got != failTimes+1 {
+		t.Errorf("converge_node_agent_hand_failures_total: got %v, want %d", got, failTimes+1)
 	}
 	close(events.Events)
 	var got []string
@@ -248,11 +326,44 @@ func TestAgentLiftsNothingWhereItsNodeHoldsNoVolume(t *testing.T) {
 	}
 }
 
+// recorder records the events posted, each as "namespace/name type
+// reason message" of the object it is about.
+type recorder struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (r *recorder) Event(o runtime.Object, typ, reason, msg string) {
+	m, err := meta.Accessor(o)
+	if err != nil {
+		panic(err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got = append(r.got, fmt.Sprintf("%s/%s %s %s %s", m.GetNamespace(), m.GetName(), typ, reason, msg))
+}
+
+func (r *recorder) Eventf(o runtime.Object, typ, reason, format string, args ...any) {
+	r.Event(o, typ, reason, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) AnnotatedEventf(o runtime.Object, _ map[string]string, typ, reason, format string, args ...any) {
+	r.Event(o, typ, reason, fmt.Sprintf(format, args...))
+}
+
+func (r *recorder) events() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.got)
+}
+
 // TestAgentHandsNothingForAHandleTwoPVsName: a PV pinned to this node
 // that names the handle of another PV's volume (made with a stolen
 // node's credentials, pre-bound to a claim of the thief's class) gets its
 // class neither handed nor that of the true PV's claim: the handle is
-// skipped, and logged once with both PVs' names, until one PV goes.
+// skipped, logged once with both PVs' names, and told once in a Warning
+// event on the claim each PV is bound to (the true claim's owner learns
+// that its class is held back, and what to delete), until one PV goes.
 func TestAgentHandsNothingForAHandleTwoPVsName(t *testing.T) {
 	pv, claim, slow := world()
 	forged := pv.DeepCopy()
@@ -266,18 +377,19 @@ func TestAgentHandsNothingForAHandleTwoPVsName(t *testing.T) {
 		Parameters: map[string]string{"maxReadIops": "10", "maxWriteIops": "10"}}
 	client := fake.NewClientset(pv, claim, slow, forged, grab, crawl)
 	c := &calls{}
+	events := &recorder{}
 	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
 	logs := logger.GetSink().(ktesting.Underlier).GetBuffer()
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	done := make(chan error, 1)
-	a := New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour})
+	a := New(Config{Client: client, Scope: scope, Modify: c.modify, Resync: time.Hour, Events: events})
 	go func() { done <- a.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
 	told := func() []string {
 		var told []string
 		for _, e := range logs.Data() {
-			if e.Verbosity == 0 && strings.Contains(e.Message, "handle") {
+			if e.Verbosity == 0 && strings.HasPrefix(e.Message, "Handing nothing") {
 				told = append(told, fmt.Sprint(e.Message, e.ParameterKVList))
 			}
 		}
@@ -297,6 +409,17 @@ func TestAgentHandsNothingForAHandleTwoPVsName(t *testing.T) {
 	if got := told(); len(got) != 1 || !strings.Contains(got[0], "pvc-1") || !strings.Contains(got[0], "forged") {
 		t.Errorf("logs at level 0 about the handle: %q, want one naming pvc-1 and forged", got)
 	}
+	// One event on each claim, though both PVs were decided twice.
+	got := events.events()
+	slices.Sort(got)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "evil/grab Warning "+ReasonHandleShared+" ") || !strings.HasPrefix(got[1], "ns/data Warning "+ReasonHandleShared+" ") {
+		t.Errorf("events: %q, want one %s on evil/grab and one on ns/data", got, ReasonHandleShared)
+	}
+	for _, e := range got {
+		if !strings.Contains(e, "pvc-1_b") || !strings.Contains(e, "forged, pvc-1") || !strings.Contains(e, "delete the one") {
+			t.Errorf("event %q, want it to name the handle pvc-1_b, both PVs, and what to delete", e)
+		}
+	}
 
 	// The forged PV deleted, the true one is handed its claim's class.
 	if err := client.CoreV1().PersistentVolumes().Delete(ctx, "forged", metav1.DeleteOptions{}); err != nil {
@@ -309,6 +432,9 @@ func TestAgentHandsNothingForAHandleTwoPVsName(t *testing.T) {
 		if h.Class != "slow" {
 			t.Errorf("handed %+v, want slow alone", h)
 		}
+	}
+	if n := len(events.events()); n != 2 {
+		t.Errorf("%d events once the forged PV is gone, want the 2 told before", n)
 	}
 }
 

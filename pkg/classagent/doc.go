@@ -30,7 +30,10 @@
 // too: the modify is infeasible. A volume handle that two PVs of the node
 // name gets nothing from either, since one of them may have been made
 // with a stolen node's credentials to bring its own claim's class to the
-// other's volume (where the node admission policy is off).
+// other's volume (where the node admission policy is off). That refusal
+// keeps the true claim's class from its volume too, a denial a stolen
+// node can cause there: a Warning event VolumeHandleShared on the claim
+// of each such PV tells it, once per set of PVs.
 //
 // Every volume of the node is handed again at each resync and at
 // start-up: a csi-node answers the same parameters again OK and writes
