@@ -55,26 +55,11 @@ const defaultAgentHTTPAddress = ":9813"
 // nodeAgent parses the node agent's flags (args, after its command) and
 // runs it until ctx ends.
 func nodeAgent(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet(nodeAgentCommand, flag.ContinueOnError)
-	var kubeconfig, csiAddress, httpAddress string
-	scope := classagent.Scope{TopologyKey: contract.TopologyKey}
-	resync := fs.Duration("resync-period", 10*time.Minute, "how often every volume of the node is handed its class again")
-	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (empty: the pod's service account)")
-	fs.StringVar(&scope.Driver, "driver-name", contract.DefaultDriverName, "CSI driver whose volumes to hand their class")
-	fs.StringVar(&scope.Node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	fs.StringVar(&csiAddress, "csi-address", "/csi/csi.sock", "csi-node's socket on this node")
-	fs.StringVar(&httpAddress, "http-address", defaultAgentHTTPAddress, "host:port serving /metrics, /healthz (the process serves) and /readyz (csi-node answered, and the caches filled where it serves ControllerModifyVolume) (empty: none)")
-	klog.InitFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	f, err := parseAgentFlags(args)
+	if err != nil {
 		return err
 	}
-	if scope.Node == "" {
-		return errors.New("--node-name (or $NODE_NAME) is required")
-	}
-	if *resync <= 0 {
-		return errors.New("--resync-period must be positive")
-	}
-	cfg, err := restConfig(kubeconfig)
+	cfg, err := restConfig(f.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -83,9 +68,9 @@ func nodeAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient("unix://"+strings.TrimPrefix(csiAddress, "unix://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+strings.TrimPrefix(f.csiAddress, "unix://"), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return fmt.Errorf("csi-node at %s: %w", csiAddress, err)
+		return fmt.Errorf("csi-node at %s: %w", f.csiAddress, err)
 	}
 	defer conn.Close()
 	ctrl := csi.NewControllerClient(conn)
@@ -98,13 +83,13 @@ func nodeAgent(ctx context.Context, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := classagent.NewMetrics(reg)
-	ready := newReadiness(csiAddress)
+	ready := newReadiness(f.csiAddress)
 	// A failure of the HTTP server ends the agent, as it ends the
 	// controller: its probes would fail anyway, later and less clearly.
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
-	if httpAddress != "" {
-		ln, err := net.Listen("tcp", httpAddress)
+	if f.httpAddress != "" {
+		ln, err := net.Listen("tcp", f.httpAddress)
 		if err != nil {
 			return err
 		}
@@ -113,10 +98,10 @@ func nodeAgent(ctx context.Context, args []string) error {
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
-	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-node-agent", Host: scope.Node})
-	loop := classLoop{ctrl: ctrl, csiAddress: csiAddress, ready: ready, recheck: capsRecheck,
+	events := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "converge-node-agent", Host: f.scope.Node})
+	loop := classLoop{ctrl: ctrl, csiAddress: f.csiAddress, ready: ready, recheck: capsRecheck,
 		run: func(ctx context.Context, synced func()) error {
-			return classagent.New(classagent.Config{Client: client, Scope: scope, Modify: modify, Resync: *resync,
+			return classagent.New(classagent.Config{Client: client, Scope: f.scope, Modify: modify, Resync: f.resync,
 				Events: events, Synced: synced, Metrics: metrics}).Run(ctx)
 		}}
 	err = loop.loop(ctx)
@@ -253,4 +238,34 @@ func askModify(ctx context.Context, ctrl csi.ControllerClient) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// agentFlags are the node agent's flags.
+type agentFlags struct {
+	scope                               classagent.Scope
+	kubeconfig, csiAddress, httpAddress string
+	resync                              time.Duration
+}
+
+// parseAgentFlags parses the node agent's arguments.
+func parseAgentFlags(args []string) (agentFlags, error) {
+	fs := flag.NewFlagSet(nodeAgentCommand, flag.ContinueOnError)
+	f := agentFlags{scope: classagent.Scope{TopologyKey: contract.TopologyKey}}
+	fs.DurationVar(&f.resync, "resync-period", 10*time.Minute, "how often every volume of the node is handed its class again")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: the pod's service account)")
+	fs.StringVar(&f.scope.Driver, "driver-name", contract.DefaultDriverName, "CSI driver whose volumes to hand their class")
+	fs.StringVar(&f.scope.Node, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	fs.StringVar(&f.csiAddress, "csi-address", "/csi/csi.sock", "csi-node's socket on this node")
+	fs.StringVar(&f.httpAddress, "http-address", defaultAgentHTTPAddress, "host:port serving /metrics, /healthz (the process serves) and /readyz (csi-node answered, and the caches filled where it serves ControllerModifyVolume) (empty: none)")
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if f.scope.Node == "" {
+		return f, errors.New("--node-name (or $NODE_NAME) is required")
+	}
+	if f.resync <= 0 {
+		return f, errors.New("--resync-period must be positive")
+	}
+	return f, nil
 }

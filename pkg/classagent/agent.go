@@ -401,14 +401,7 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 	log := klog.FromContext(ctx)
 	pv, err := a.volumes.Get(name)
 	if apierrors.IsNotFound(err) {
-		delete(a.handed, name)
-		delete(a.skipped, name)
-		delete(a.told, name)
-		for key, names := range a.shared {
-			if slices.Contains(names, name) {
-				delete(a.shared, key)
-			}
-		}
+		a.forget(name)
 		return nil, nil
 	} else if err != nil {
 		return nil, err
@@ -450,6 +443,25 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 	case err != nil:
 		return claim, fmt.Errorf("class %q to volume %s: %w", h.Class, h.VolumeID, err)
 	}
+	a.noteHanded(log, name, h, prev, ok)
+	return nil, nil
+}
+
+// forget drops what the agent remembers of PV name, which is gone.
+func (a *Agent) forget(name string) {
+	delete(a.handed, name)
+	delete(a.skipped, name)
+	delete(a.told, name)
+	for key, names := range a.shared {
+		if slices.Contains(names, name) {
+			delete(a.shared, key)
+		}
+	}
+}
+
+// noteHanded logs a hand of PV name that changed what it was handed
+// (prev, when handed before: ok) and remembers it.
+func (a *Agent) noteHanded(log klog.Logger, name string, h Hand, prev string, ok bool) {
 	switch {
 	case ok && prev == h.Class:
 	case h.Class != "":
@@ -462,5 +474,4 @@ func (a *Agent) hand(ctx context.Context, name string) (*corev1.PersistentVolume
 		log.V(2).Info("Handed the volume no limit: its claim names no class", "pv", name, "volumeID", h.VolumeID)
 	}
 	a.handed[name] = h.Class
-	return nil, nil
 }
