@@ -219,19 +219,24 @@ func TestIOLimitsClearThatFailsDoesNotHoldTheUnpublish(t *testing.T) {
 			if rest, ok := strings.CutPrefix(tc.fail, "read+set "); ok {
 				calls = []string{"read " + rest, "set " + rest}
 			}
-			for _, c := range calls {
-				h.cgroups.failOn(c, refused)
+			// withdraw fails the cgroup calls and withdraws the publish,
+			// which must be forgotten past any backoff, as often as a
+			// Terminating pod's kubelet would ask.
+			withdraw := func(when string) {
+				t.Helper()
+				for _, c := range calls {
+					h.cgroups.failOn(c, refused)
+				}
+				h.update("v1", func(v *state.Volume) { v.RequestUnpublish(target) })
+				for range 3 {
+					h.runUntilIdle()
+					h.clock.Step(DefaultBackoffMax)
+				}
+				if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
+					t.Fatalf("publish after the %s unpublish: got %+v, want forgotten", when, v.Publishes[target])
+				}
 			}
-			h.update("v1", func(v *state.Volume) { v.RequestUnpublish(target) })
-			// Past any backoff, as often as a Terminating pod's kubelet
-			// would ask.
-			for range 3 {
-				h.runUntilIdle()
-				h.clock.Step(DefaultBackoffMax)
-			}
-			if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
-				t.Fatalf("publish after unpublish: got %+v, want forgotten", v.Publishes[target])
-			}
+			withdraw("first")
 			if slices.Contains(mountPaths(h.world), target) {
 				t.Errorf("target still mounted after unpublish")
 			}
@@ -251,17 +256,7 @@ func TestIOLimitsClearThatFailsDoesNotHoldTheUnpublish(t *testing.T) {
 			h.update("v1", func(v *state.Volume) { v.Publishes = map[string]*state.Publish{target: publishSpec()} })
 			h.runUntilIdle()
 			h.checkRules("u1", dev, limits)
-			for _, c := range calls {
-				h.cgroups.failOn(c, refused)
-			}
-			h.update("v1", func(v *state.Volume) { v.RequestUnpublish(target) })
-			for range 3 {
-				h.runUntilIdle()
-				h.clock.Step(DefaultBackoffMax)
-			}
-			if v, _ := h.store.Get("v1"); v.Publishes[target] != nil {
-				t.Errorf("publish after the second unpublish: got %+v, want forgotten", v.Publishes[target])
-			}
+			withdraw("second")
 			if n := rec.ops["clear io limits terminal"]; n != 2 {
 				t.Errorf("failed clears counted after the second withdrawal: got %d, want 2", n)
 			}
