@@ -567,6 +567,17 @@ func (s *soakRun) settle() {
 	})
 	if err != nil {
 		s.fail(&s.broken, "not settled 5 minutes after the faults: %v", err)
+		// What the claims and pods that did not settle say of it.
+		for _, v := range vols {
+			pvc, perr := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, v.name, metav1.GetOptions{})
+			if perr == nil && pvc.Status.Phase == corev1.ClaimBound {
+				continue
+			}
+			for _, kind := range []string{"pvc", "pod"} {
+				out, _ := c.kubectl(s.ctx, "describe", "-n", ns, kind, v.name)
+				s.logf("%s %s, not settled:\n%s", kind, v.name, tail(out, 30))
+			}
+		}
 	}
 	// Let every writer acknowledge more, after every fault.
 	time.Sleep(2 * time.Second)
