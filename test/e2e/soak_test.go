@@ -109,6 +109,11 @@ type soakRun struct {
 	mu sync.Mutex
 	// The fields below are guarded by mu.
 	volumes  map[string]soakVolume
+	// copying counts, for each volume, its copies not yet Bound: a source
+	// grown or deleted meanwhile leaves its clone refused for good
+	// (external-provisioner compares the clone's request with the
+	// source's, and wants the source Bound).
+	copying  map[string]int
 	made     int
 	broken   []string // invariants that failed
 	failures []string // operations and faults that failed (not an invariant: faults make them fail)
@@ -138,7 +143,7 @@ func TestSoak(t *testing.T) {
 	thick := storageClass(t, "soak-thick", xfs)
 	fast := storageClass(t, "soak-fast", map[string]string{"converge.csi.dev/pool": fastPool, "converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
 	s := &soakRun{ctx: context.Background(), t: t, nodes: nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
-		nodeMu: make([]sync.Mutex, len(nodes))}
+		copying: map[string]int{}, nodeMu: make([]sync.Mutex, len(nodes))}
 	for _, cl := range []string{thin, thick, fast} {
 		s.classes = append(s.classes, soakClass{cl, false}, soakClass{cl, true})
 	}
@@ -246,13 +251,16 @@ func (s *soakRun) next(prefix string) string {
 	return fmt.Sprintf("%s-%d", prefix, s.made)
 }
 
-// pick is one of the volumes, by draw (nil when there is none).
-func (s *soakRun) pick(draw int) *soakVolume {
+// pick is one of the volumes, by draw (nil when there is none); free
+// leaves out those being copied (to grow or delete one).
+func (s *soakRun) pick(draw int, free bool) *soakVolume {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	names := make([]string, 0, len(s.volumes))
 	for n := range s.volumes {
-		names = append(names, n)
+		if !free || s.copying[n] == 0 {
+			names = append(names, n)
+		}
 	}
 	if len(names) == 0 {
 		return nil
@@ -268,11 +276,12 @@ func (s *soakRun) create(class int) error {
 	if err := s.history.New(v.name); err != nil {
 		return err
 	}
-	return s.start(v, v.size(), nil)
+	return s.start(v, v.size(), nil, "")
 }
 
-// start creates v's claim (from source, or empty) and its writer pod.
-func (s *soakRun) start(v soakVolume, size string, source *corev1.TypedObjectReference) error {
+// start creates v's claim (from source, or empty) and its writer pod, on
+// node if not "".
+func (s *soakRun) start(v soakVolume, size string, source *corev1.TypedObjectReference, node string) error {
 	mode := fs
 	if v.class.block {
 		mode = corev1.PersistentVolumeBlock
@@ -290,7 +299,7 @@ func (s *soakRun) start(v soakVolume, size string, source *corev1.TypedObjectRef
 	if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(s.ctx, pvc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create claim %s: %w", v.name, err)
 	}
-	spec := podSpecOf(podSpec{name: v.name, claims: []string{v.name}, block: v.class.block})
+	spec := podSpecOf(podSpec{name: v.name, claims: []string{v.name}, block: v.class.block, node: node})
 	spec.Containers[0].Name = "w"
 	spec.Containers[0].Image, spec.Containers[0].ImagePullPolicy = soakImage, corev1.PullNever
 	spec.Containers[0].Command = []string{"/" + soak.WriterName, "write", v.name + "=" + v.path()}
@@ -306,7 +315,7 @@ func (s *soakRun) start(v soakVolume, size string, source *corev1.TypedObjectRef
 
 // grow asks for 32 MiB more of a volume.
 func (s *soakRun) grow(draw int) error {
-	v := s.pick(draw)
+	v := s.pick(draw, true)
 	if v == nil {
 		return nil
 	}
@@ -325,10 +334,18 @@ func (s *soakRun) grow(draw int) error {
 // cloned. What the copy must hold is the source's lineage as it stood
 // before the snapshot or the clone was asked for.
 func (s *soakRun) copyOf(draw int, snapshot bool) error {
-	src := s.pick(draw)
+	src := s.pick(draw, false)
 	if src == nil {
 		return nil
 	}
+	s.mu.Lock()
+	s.copying[src.name]++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.copying[src.name]--
+		s.mu.Unlock()
+	}()
 	pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, src.name, metav1.GetOptions{})
 	if err != nil {
 		return err
@@ -336,11 +353,19 @@ func (s *soakRun) copyOf(draw int, snapshot bool) error {
 	if pvc.Status.Phase != corev1.ClaimBound {
 		return nil // a copy needs a source that exists
 	}
+	pv, err := c.client.CoreV1().PersistentVolumes().Get(s.ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
 	lineage, err := s.history.Lineage(src.name)
 	if err != nil {
 		return err
 	}
+	// At least what the source asks and has (a grow may be under way).
 	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if have := pvc.Status.Capacity[corev1.ResourceStorage]; have.Cmp(size) > 0 {
+		size = have
+	}
 	ref := &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: src.name}
 	snap := ""
 	if snapshot {
@@ -354,13 +379,12 @@ func (s *soakRun) copyOf(draw int, snapshot bool) error {
 	if err := s.history.Restore(v.name, lineage); err != nil {
 		return err
 	}
-	if err := s.start(v, size.String(), ref); err != nil {
+	// On the source's node, where its data is, as docs/volumes.md asks.
+	if err := s.start(v, size.String(), ref, nodeOf(pv)); err != nil {
 		return err
 	}
-	if snap == "" {
-		return nil
-	}
-	// The snapshot goes once its restore is made.
+	// The source is held (not grown, not deleted), and the snapshot
+	// kept, until the copy is made.
 	if err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
 		pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, v.name, metav1.GetOptions{})
 		if err != nil {
@@ -372,6 +396,9 @@ func (s *soakRun) copyOf(draw int, snapshot bool) error {
 		return nil
 	}); err != nil {
 		return err
+	}
+	if snap == "" {
+		return nil
 	}
 	return c.dynamic.Resource(volumeSnapshots).Namespace(ns).Delete(s.ctx, snap, metav1.DeleteOptions{})
 }
@@ -409,7 +436,7 @@ func (s *soakRun) remove(draw int) error {
 	s.mu.Lock()
 	few := len(s.volumes) <= len(s.classes)
 	s.mu.Unlock()
-	v := s.pick(draw)
+	v := s.pick(draw, true)
 	if few || v == nil {
 		return nil
 	}
@@ -417,8 +444,14 @@ func (s *soakRun) remove(draw int) error {
 		return err // not Running: it goes another time
 	}
 	s.mu.Lock()
-	delete(s.volumes, v.name)
+	copying := s.copying[v.name] > 0
+	if !copying {
+		delete(s.volumes, v.name)
+	}
 	s.mu.Unlock()
+	if copying {
+		return nil // a copy began meanwhile: it goes another time
+	}
 	if err := c.client.CoreV1().Pods(ns).Delete(s.ctx, v.name, metav1.DeleteOptions{}); err != nil {
 		return err
 	}
