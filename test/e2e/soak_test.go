@@ -108,7 +108,7 @@ type soakRun struct {
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
-	volumes  map[string]soakVolume
+	volumes map[string]soakVolume
 	// copying counts, for each volume, its copies not yet Bound: a source
 	// grown or deleted meanwhile leaves its clone refused for good
 	// (external-provisioner compares the clone's request with the
