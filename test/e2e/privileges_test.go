@@ -167,9 +167,15 @@ func privilegeMismatches(pid int, p corev1.PodSpec, ctr corev1.Container) []stri
 		if !vm.ReadOnly {
 			continue
 		}
+		// The runtime resolves the path in the image: /var/run is a link
+		// to /run in Debian's (the service account token's volume).
+		paths := []string{vm.MountPath}
+		if rest, ok := strings.CutPrefix(vm.MountPath, "/var/run/"); ok {
+			paths = append(paths, "/run/"+rest)
+		}
 		var seen *host.Mount
 		for _, m := range mounts {
-			if m.Path == vm.MountPath {
+			if slices.Contains(paths, m.Path) {
 				seen = &m
 			}
 		}
