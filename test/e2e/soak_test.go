@@ -462,15 +462,16 @@ func (s *soakRun) remove(draw int) error {
 // lineage: what fails is an invariant broken. It returns an error when the
 // log could not be read (the pod is not running).
 func (s *soakRun) check(v soakVolume) error {
-	out, err := c.kubectl(s.ctx, "exec", "-n", ns, v.name, "-c", "w", "--", "/"+soak.WriterName, "scan", v.path())
-	if err != nil {
-		return fmt.Errorf("scan %s: %v: %s", v.name, err, tail(out, 5))
-	}
-	// The acks printed before the scan began are in the logs by now;
-	// a record acknowledged after it may be missing from the scan.
+	// What was acknowledged before the scan begins: the writer goes on
+	// meanwhile, and a record it acknowledges while the scan reads may
+	// lie past what the scan read.
 	lineage, err := s.history.Lineage(v.name)
 	if err != nil {
 		return err
+	}
+	out, err := c.kubectl(s.ctx, "exec", "-n", ns, v.name, "-c", "w", "--", "/"+soak.WriterName, "scan", v.path())
+	if err != nil {
+		return fmt.Errorf("scan %s: %v: %s", v.name, err, tail(out, 5))
 	}
 	var scanned soak.Scanned
 	if err := json.Unmarshal([]byte(out[max(0, strings.Index(out, "{")):]), &scanned); err != nil {
