@@ -199,7 +199,7 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 	// What the loss causes on purpose: converge-controller's warnings (the
 	// pending one while the tainted node still reports Ready) and
 	// releases, and the node lifecycle controller's NodeNotReady on the
-	// node's converge pod.
+	// node's converge pod and its node agent's.
 	for _, v := range []volume{keptVol, droppedVol} {
 		expectWarning(t, "NodeLossPending", "PersistentVolume//"+v.pv)
 	}
@@ -217,6 +217,15 @@ func TestTwoNodesNodeLoss(t *testing.T) {
 		t.Fatalf("the converge pod of %s: %v", b.node, err)
 	}
 	expectWarning(t, "NodeNotReady", "Pod/"+daemonSetNamespace+"/"+driver.Name)
+	// And on the node's agent pod, a DaemonSet's of its own.
+	agents, err := c.client.CoreV1().Pods(daemonSetNamespace).List(context.Background(), metav1.ListOptions{
+		LabelSelector: nodeAgentLabel, FieldSelector: "spec.nodeName=" + b.node})
+	if err != nil || len(agents.Items) == 0 {
+		t.Fatalf("the node agent pod of %s: %v", b.node, err)
+	}
+	for _, a := range agents.Items {
+		expectWarning(t, "NodeNotReady", "Pod/"+daemonSetNamespace+"/"+a.Name)
+	}
 	// Frozen, its containers' connections and leases lapse; once thawed,
 	// a sidecar may exit and be restarted, held back by the kubelet's
 	// crash-loop back-off when it had restarted in the last minutes (the
