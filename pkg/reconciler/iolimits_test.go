@@ -118,14 +118,7 @@ func TestIOLimitsAppliedOnPublish(t *testing.T) {
 // started later (v1: its cgroup has no rule) gets the rules at the next
 // pass.
 func TestIOLimitsDriftRepairedInOnePass(t *testing.T) {
-	h := newHarness(t)
-	rec := &countingRecorder{ops: map[string]int{}}
-	h.r.cfg.Recorder = rec
-	h.cgroups.addPod("u1", "ctr-a")
-	target := h.podTarget("v1", "u1")
-	h.limitedVolume("v1", target, &limits)
-	h.runUntilIdle()
-	dev := h.dev("v1")
+	h, rec, _, dev := limitedPod(t)
 	if n := rec.repairs["set io limits"]; n != 0 {
 		t.Fatalf("repairs after the first application: got %d, want 0", n)
 	}
@@ -204,14 +197,7 @@ func TestIOLimitsClearThatFailsDoesNotHoldTheUnpublish(t *testing.T) {
 		{name: "the pod's own cgroup cannot be read or written", fail: "read+set " + podCgroupDir("u1"), cleared: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t)
-			rec := &countingRecorder{ops: map[string]int{}}
-			h.r.cfg.Recorder = rec
-			h.cgroups.addPod("u1", "ctr-a")
-			target := h.podTarget("v1", "u1")
-			h.limitedVolume("v1", target, &limits)
-			h.runUntilIdle()
-			dev := h.dev("v1")
+			h, rec, target, dev := limitedPod(t)
 			h.checkRules("u1", dev, limits)
 
 			refused := errors.New("write: operation not permitted")
@@ -577,4 +563,19 @@ func (h *harness) editedAndRepaired(rec *countingRecorder, dev host.DevNum) {
 	if n := rec.repairs["set io limits"]; n != 1 {
 		h.t.Errorf("repairs after a cgroup held the limits and lost them: got %d, want 1", n)
 	}
+}
+
+// limitedPod is a harness counting what it records, with pod u1 (one
+// container, ctr-a) publishing volume v1 limited to limits, the limits
+// applied; it returns the publish's target and the volume's device.
+func limitedPod(t *testing.T) (*harness, *countingRecorder, string, host.DevNum) {
+	t.Helper()
+	h := newHarness(t)
+	rec := &countingRecorder{ops: map[string]int{}}
+	h.r.cfg.Recorder = rec
+	h.cgroups.addPod("u1", "ctr-a")
+	target := h.podTarget("v1", "u1")
+	h.limitedVolume("v1", target, &limits)
+	h.runUntilIdle()
+	return h, rec, target, h.dev("v1")
 }
