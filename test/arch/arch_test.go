@@ -244,7 +244,7 @@ func TestCSINodeLinksNoKubernetesClient(t *testing.T) {
 // TestShippedCommandsLinkNoFailpoints checks that no command links
 // gofail's runtime and that no source holds gofail's generated code: the
 // failpoints are comments, turned into code only in the walk's own build
-// (test/testenv/failpoints.go, through -overlay). A stray in-place
+// (package test/testenv/failpoints, through -overlay). A stray in-place
 // "gofail enable" would leave *.fail.go files and __fp_ code that the
 // image's build would ship.
 func TestShippedCommandsLinkNoFailpoints(t *testing.T) {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -125,10 +126,18 @@ func listenIn(netns, addr string) (ln net.Listener, err error) {
 	return ln, err
 }
 
-// dialIn connects to addr from the network namespace at netns.
-func dialIn(netns, addr string) (c net.Conn, err error) {
+// dialIn connects to addr over TCP from the network namespace at netns.
+func dialIn(netns, addr string) (net.Conn, error) {
+	return dialContextIn(context.Background(), netns, "tcp", addr)
+}
+
+// dialContextIn connects to addr over network from the network namespace
+// at netns, until ctx ends. addr's host is an IP address: the resolution
+// of a name, and the second family's attempt of a name that has both,
+// would run on other threads, outside the namespace.
+func dialContextIn(ctx context.Context, netns, network, addr string) (c net.Conn, err error) {
 	err = inNetns(netns, func() error {
-		c, err = net.Dial("tcp", addr)
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
 		return err
 	})
 	return c, err

@@ -6,6 +6,7 @@ package fault
 
 import (
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -181,6 +182,31 @@ func TestShippedBinaryHasNoFailpoints(t *testing.T) {
 		if got := strings.Contains(string(out), "go.etcd.io/gofail"); got != c.want {
 			t.Errorf("%s links go.etcd.io/gofail: %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// TestFailpointBinaryIsStatic checks that the walk's binary needs no
+// dynamic loader and no shared library: the e2e soak runs the same build
+// (package failpoints caches one) in the csi-node image's node pods, whose
+// C library is not this machine's.
+func TestFailpointBinaryIsStatic(t *testing.T) {
+	bin, _ := testenv.FailpointBinary(t)
+	f, err := elf.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Errorf("%s has a dynamic loader (PT_INTERP): it was built with cgo", bin)
+		}
+	}
+	libs, err := f.ImportedLibraries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(libs) > 0 {
+		t.Errorf("%s needs shared libraries %v, want none", bin, libs)
 	}
 }
 
