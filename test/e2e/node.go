@@ -189,7 +189,27 @@ var registries = []string{"_default", "registry.k8s.io", "docker.io", "gcr.io", 
 // socket, CNI configuration and registry hosts) and imports the locally
 // built images.
 func (n *kubeNode) startContainerd(ctx context.Context) error {
-	base := filepath.Join(n.dir, "containerd")
+	if err := n.configureContainerd(ctx); err != nil {
+		return err
+	}
+	if err := n.runContainerd(ctx); err != nil {
+		return err
+	}
+	return n.importImages()
+}
+
+// containerdDir is the directory of the node's containerd: its
+// configuration, socket, root (which persists, as a machine's
+// /var/lib/containerd does), state and runc's state (which a node's
+// reboot empties, as a machine's /run).
+func (n *kubeNode) containerdDir() string { return filepath.Join(n.dir, "containerd") }
+
+// configureContainerd writes the node's containerd configuration, its CNI
+// plugin and configuration, and its registry hosts. Once per node: the
+// link to the loopback plugin it makes must not exist yet (a node's
+// reboot starts containerd again with runContainerd alone).
+func (n *kubeNode) configureContainerd(ctx context.Context) error {
+	base := n.containerdDir()
 	cni := filepath.Join(n.dir, "cni")
 	cniBin := filepath.Join(n.dir, "cni-bin")
 	hosts := filepath.Join(n.dir, "registry-hosts")
@@ -198,31 +218,11 @@ func (n *kubeNode) startContainerd(ctx context.Context) error {
 			return err
 		}
 	}
-	// The pod network: an eth0 per pod that reaches nothing and adds
-	// nothing to the host (see ./cni). containerd sets up loopback itself,
-	// with the loopback plugin of the same directory.
-	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(cniBin, "converge-e2e"), "./cni")
-	build.Dir = filepath.Join(n.c.repo, "test", "e2e")
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("build the CNI plugin: %v: %s", err, out)
-	}
-	if err := os.Symlink("/usr/lib/cni/loopback", filepath.Join(cniBin, "loopback")); err != nil {
+	if err := n.installCNI(ctx, cni, cniBin); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(cni, "10-e2e.conflist"),
-		[]byte(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{"type": "converge-e2e"}]}`+"\n"), 0o644); err != nil {
+	if err := writeRegistryHosts(hosts); err != nil {
 		return err
-	}
-	// containerd 1.6 takes a hosts.toml only with a [host] table; the
-	// server is the fallback after the hosts, so both refuse.
-	for _, r := range registries {
-		if err := os.MkdirAll(filepath.Join(hosts, r), 0o755); err != nil {
-			return err
-		}
-		toml := fmt.Sprintf("server = %q\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", refusedRegistry, refusedRegistry)
-		if err := os.WriteFile(filepath.Join(hosts, r, "hosts.toml"), []byte(toml), 0o644); err != nil {
-			return err
-		}
 	}
 	n.containerd = filepath.Join(base, "containerd.sock")
 	config := fmt.Sprintf(`version = 2
@@ -249,12 +249,51 @@ state = %q
     config_path = %q
 `, filepath.Join(base, "root"), filepath.Join(base, "state"), n.containerd, filepath.Join(base, "opt"),
 		pauseImage, filepath.Join(base, "runc"), cniBin, cni, hosts)
-	cfgPath := filepath.Join(base, "config.toml")
-	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+	return os.WriteFile(filepath.Join(base, "config.toml"), []byte(config), 0o644)
+}
+
+// installCNI builds the pod network's plugin into cniBin and writes its
+// configuration into cni: an eth0 per pod that reaches nothing and adds
+// nothing to the host (see ./cni). containerd sets up loopback itself,
+// with the loopback plugin of the same directory.
+func (n *kubeNode) installCNI(ctx context.Context, cni, cniBin string) error {
+	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(cniBin, "converge-e2e"), "./cni")
+	build.Dir = filepath.Join(n.c.repo, "test", "e2e")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("build the CNI plugin: %v: %s", err, out)
+	}
+	if err := os.Symlink("/usr/lib/cni/loopback", filepath.Join(cniBin, "loopback")); err != nil {
 		return err
 	}
+	return os.WriteFile(filepath.Join(cni, "10-e2e.conflist"),
+		[]byte(`{"cniVersion": "1.0.0", "name": "e2e", "plugins": [{"type": "converge-e2e"}]}`+"\n"), 0o644)
+}
+
+// writeRegistryHosts writes a hosts.toml for each of registries into
+// hosts that sends every pull to refusedRegistry.
+func writeRegistryHosts(hosts string) error {
+	// containerd 1.6 takes a hosts.toml only with a [host] table; the
+	// server is the fallback after the hosts, so both refuse.
+	for _, r := range registries {
+		if err := os.MkdirAll(filepath.Join(hosts, r), 0o755); err != nil {
+			return err
+		}
+		toml := fmt.Sprintf("server = %q\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", refusedRegistry, refusedRegistry)
+		if err := os.WriteFile(filepath.Join(hosts, r, "hosts.toml"), []byte(toml), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runContainerd starts the node's containerd with the configuration
+// configureContainerd wrote, waits until it answers, and gives the node
+// its crictl (a tmpfs of the node's mount namespace, made anew in each).
+// A node's reboot calls it again: containerd finds its images in its
+// root.
+func (n *kubeNode) runContainerd(ctx context.Context) error {
 	var err error
-	n.containerdProc, err = n.ns.start(n.logs, "containerd", "containerd", "--config", cfgPath)
+	n.containerdProc, err = n.ns.start(n.logs, "containerd", "containerd", "--config", filepath.Join(n.containerdDir(), "config.toml"))
 	if err != nil {
 		return err
 	}
@@ -263,9 +302,12 @@ state = %q
 	}); err != nil {
 		return err
 	}
-	if err := n.installCrictl(); err != nil {
-		return err
-	}
+	return n.installCrictl()
+}
+
+// importImages builds the suite's images into the node's containerd and
+// imports the csi-node image, tagged as the update tests want it too.
+func (n *kubeNode) importImages() error {
 	images := filepath.Join(n.dir, "images")
 	if err := os.MkdirAll(images, 0o755); err != nil {
 		return err
@@ -347,18 +389,7 @@ volumeStatsAggPeriod: 10s
 	if err := n.runKubelet(); err != nil {
 		return err
 	}
-	if err := waitFor(ctx, 60*time.Second, n.kubelet, func() error {
-		obj, err := n.c.client.CoreV1().Nodes().Get(ctx, n.node, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		for _, cond := range obj.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return nil
-			}
-		}
-		return fmt.Errorf("node %s not Ready: %v", n.node, obj.Status.Conditions)
-	}); err != nil {
+	if err := n.waitReady(ctx, 60*time.Second, time.Time{}); err != nil {
 		return err
 	}
 	// The binary run is the release asked for, as it tells the cluster.
@@ -370,6 +401,33 @@ volumeStatsAggPeriod: 10s
 		return fmt.Errorf("node %s reports kubelet %s, want %s", n.node, got, n.kubeletVersion)
 	}
 	return nil
+}
+
+// waitReady waits, up to timeout, until the node's Ready condition is
+// true as its kubelet reported it at since or later (a zero since: at any
+// time); a kubelet just started reports its status at once. The
+// condition a kubelet posted before it stopped stays until the node
+// lifecycle controller misses it (40 s), and says nothing of the kubelet
+// that runs now.
+func (n *kubeNode) waitReady(ctx context.Context, timeout time.Duration, since time.Time) error {
+	// The API keeps the heartbeat's time to the second.
+	since = since.Truncate(time.Second)
+	want := "Ready"
+	if !since.IsZero() {
+		want += " since " + since.Format(time.TimeOnly)
+	}
+	return waitFor(ctx, timeout, n.kubelet, func() error {
+		obj, err := n.c.client.CoreV1().Nodes().Get(ctx, n.node, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range obj.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue && !cond.LastHeartbeatTime.Time.Before(since) {
+				return nil
+			}
+		}
+		return fmt.Errorf("node %s not %s: %v", n.node, want, obj.Status.Conditions)
+	})
 }
 
 // runKubelet starts the kubelet process with the configuration startKubelet

@@ -43,7 +43,7 @@ func clean(dir string, host bool) []string {
 	// namespaces hold their copies of them until their last process has
 	// gone, as the loop devices under them do.
 	unmountUnder(dir, note)
-	detachLoops(loops, ids, note)
+	detachLoops(loops, ids, detachTimeout, note)
 	removeLogLinks(dir) // before the host paths: they live in one
 	if host {
 		restoreSysctls(dir, note)
@@ -117,7 +117,7 @@ func CleanStale() []string {
 		}
 	}
 	for _, o := range orphans {
-		detachLoops(o.loops, o.ids, noteFor(o.name))
+		detachLoops(o.loops, o.ids, detachTimeout, noteFor(o.name))
 		removeCgroups(o.cgroups, noteFor(o.name))
 	}
 	return notes

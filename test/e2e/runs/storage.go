@@ -161,10 +161,10 @@ func unmountUnder(dir string, note func(string, ...any)) {
 // detachLoops detaches the loop devices loops lists (device to backing
 // file) that are still attached to the files ids says they were when
 // listed (a device freed since, by the kills or the unmounts, may hold
-// another's file by now), holders first, and waits, up to detachTimeout,
-// until none of them is; it notes those it could not detach and those
-// still attached then.
-func detachLoops(loops map[string]string, ids map[string]loopID, note func(string, ...any)) {
+// another's file by now), holders first, and waits, up to timeout, until
+// none of them is, detaching again those whose detach failed; it notes
+// those it could not detach and those still attached then.
+func detachLoops(loops map[string]string, ids map[string]loopID, timeout time.Duration, note func(string, ...any)) {
 	if len(loops) == 0 {
 		return
 	}
@@ -177,27 +177,77 @@ func detachLoops(loops map[string]string, ids map[string]loopID, note func(strin
 		}
 		return out
 	}
-	devs := slices.Collect(maps.Keys(still()))
-	// A holder goes first: the device it holds goes at its last close.
-	sort.Slice(devs, func(i, j int) bool {
-		return strings.HasPrefix(loops[devs[i]], "holds ") && !strings.HasPrefix(loops[devs[j]], "holds ")
-	})
-	for _, dev := range devs {
-		if err := devices.DetachLoop(dev); err != nil {
-			note("detach %s (%s): %v", dev, loops[dev], err)
+	failed := map[string]error{}
+	detach := func(devs []string) {
+		// A holder goes first: the device it holds goes at its last close.
+		sort.Slice(devs, func(i, j int) bool {
+			return strings.HasPrefix(loops[devs[i]], "holds ") && !strings.HasPrefix(loops[devs[j]], "holds ")
+		})
+		for _, dev := range devs {
+			if err := devices.DetachLoop(dev); err != nil {
+				failed[dev] = err
+			} else {
+				delete(failed, dev)
+			}
 		}
 	}
+	detach(slices.Collect(maps.Keys(still())))
 	var left map[string]string
-	poll.Wait(context.Background(), detachTimeout, 100*time.Millisecond, func() error {
+	poll.Wait(context.Background(), timeout, 100*time.Millisecond, func() error {
 		left = still()
-		if len(left) > 0 {
-			return fmt.Errorf("%d loop devices still attached", len(left))
+		if len(left) == 0 {
+			return nil
 		}
-		return nil
+		var again []string
+		for dev := range left {
+			if failed[dev] != nil {
+				again = append(again, dev)
+			}
+		}
+		detach(again)
+		return fmt.Errorf("%d loop devices still attached", len(left))
 	})
 	for dev, file := range left {
+		if err := failed[dev]; err != nil {
+			note("detach %s (%s): %v", dev, file, err)
+			continue
+		}
 		note("loop device %s (%s) still attached: open elsewhere", dev, file)
 	}
+}
+
+// loopMajor is the loop driver's block major number.
+const loopMajor = 7
+
+// LoopFilesystems lists those of dirs at which this process's mount
+// namespace has a whole filesystem of a loop device mounted, the topmost
+// mount there: a filesystem in an image file, which a node may have as a
+// disk of its own, and never the machine's disk. A mount table that cannot
+// be read lists none.
+func LoopFilesystems(dirs ...string) []string {
+	mounts, err := devices.ReadMounts("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	return loopMountsAt(mounts, dirs)
+}
+
+// loopMountsAt is LoopFilesystems of the mount table mounts, in its
+// order: a later mount at a path is on top of an earlier one.
+func loopMountsAt(mounts []host.Mount, dirs []string) []string {
+	var out []string
+	for _, d := range dirs {
+		top := -1
+		for i, m := range mounts {
+			if m.Path == d {
+				top = i
+			}
+		}
+		if top >= 0 && mounts[top].Dev.Major == loopMajor && mounts[top].Root == "/" {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // listLoops lists the loop devices attached. A listing fails whole when a

@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/converge-csi/converge/test/e2e/runs"
+)
+
+// A node's reboot, as after a power loss: one of the soak's faults (issue
+// 71). Every process of the node dies at once, and what its machine's
+// kernel held for it goes with them: its mounts, loop devices and
+// cgroups, and what a machine keeps on tmpfs (/run), containerd's and
+// runc's state. What its disks hold stays: the kubelet's root directory,
+// csi-node's state and data directories, the pools and their
+// filesystems, containerd's root with its images. Then the node starts
+// again as its machine would: its namespaces, containerd, the kubelet,
+// which brings its pods back.
+//
+// The filesystems of the node's volumes are not cut off as a power loss
+// cuts them: they end as their namespaces do, unmounted, which writes out
+// what they hold in memory.
+
+// rebootDetachTimeout bounds the wait for the node's loop devices to go
+// once detached: a device that a mount of the dying namespaces still
+// holds goes when that mount ends, which writes its filesystem out first.
+const rebootDetachTimeout = 2 * time.Minute
+
+// rebootReadyTimeout bounds the wait for the node to be Ready again once
+// its kubelet runs: its first status says so within seconds.
+const rebootReadyTimeout = 2 * time.Minute
+
+// reboot takes the node down as a power loss does (killAll, then
+// powerOff), leaves it down for down, and starts it again (powerOn). The node comes back even
+// when part of taking it down failed (a loop device that stayed
+// attached, say), and the error names every step that failed. A node
+// with a process that stays frozen is not taken down at all: nothing
+// would end it. ctx bounds the time down and the start; if it ends
+// first, the node stays down, and the cluster's teardown still takes
+// down what runs of it. The caller must not stop or start the node's
+// kubelet meanwhile.
+func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
+	if err := n.killAll(); err != nil {
+		return fmt.Errorf("node %s: power off: %w", n.node, err)
+	}
+	offErr := n.powerOff()
+	wait := time.NewTimer(down)
+	defer wait.Stop()
+	select {
+	case <-wait.C:
+	case <-ctx.Done():
+		return errors.Join(offErr, fmt.Errorf("node %s stays down: %w", n.node, ctx.Err()))
+	}
+	if err := n.powerOn(ctx); err != nil {
+		return errors.Join(offErr, fmt.Errorf("node %s: power on: %w", n.node, err))
+	}
+	return offErr
+}
+
+// killAll kills every process of the node at once with SIGKILL: the
+// kernel kills everything in a PID namespace when its init dies, the
+// containers (in PID namespaces below the node's) and their shims among
+// them, and the node's mount namespace, with every mount the node made,
+// goes with its last process. It returns once they are all gone. A
+// frozen process would outlive it: the node's cgroups are thawed first,
+// and while one stays frozen nothing is killed. The links to the control
+// plane close, so that the node's next namespaces can listen on their
+// ports.
+func (n *kubeNode) killAll() error {
+	if frozen := runs.ThawCgroups(n.cgroupRoot); len(frozen) > 0 {
+		return fmt.Errorf("cgroups still frozen: %s", strings.Join(frozen, ", "))
+	}
+	if n.ns != nil {
+		n.ns.init.kill()
+	}
+	// Their nsenter ends with them.
+	for _, p := range []*proc{n.kubelet, n.containerdProc} {
+		if p != nil {
+			p.kill()
+		}
+	}
+	killShims(n.containerd)
+	n.links.close()
+	n.links = nil
+	return nil
+}
+
+// powerOff takes away, once the node's processes are dead, what its
+// machine's kernel held for it and what its machine keeps on tmpfs. It
+// goes on past a step that fails, and returns every failure.
+func (n *kubeNode) powerOff() error {
+	var errs []error
+	for _, step := range []struct {
+		name string
+		run  func() error
+	}{
+		{"detach its loop devices", n.detachLoops},
+		{"empty containerd's state", n.clearRunState},
+		{"remove its cgroups", n.clearCgroups},
+	} {
+		if err := step.run(); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: power off: %s: %w", n.node, step.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// detachLoops detaches the node's loop devices, as a machine that starts
+// again has none: those of its images, in its data directory and its
+// pools, and the kubelet's that hold them (a raw block volume's). Its
+// disks' stay: the loop devices of its pools' filesystems and of the
+// second node's data directory, whose images lie outside those
+// directories and are mounted on the host.
+func (n *kubeNode) detachLoops() error {
+	pools, _ := filepath.Glob(filepath.Join(n.poolsDir, "*"))
+	loops := runs.NodeLoops(runs.NodeStorage{
+		Dirs:        []string{n.dataDir, n.poolsDir},
+		Roots:       append([]string{n.stateDir, n.dataDir, n.poolsDir}, pools...),
+		Filesystems: n.fillablePools(),
+	})
+	fmt.Printf("e2e: node %s powered off: detaching %d loop devices %v\n", n.node, len(loops), loops)
+	return runs.DetachLoops(loops, rebootDetachTimeout)
+}
+
+// clearRunState empties what the node's machine keeps on tmpfs (/run)
+// and loses with its power: containerd's state directory and runc's (the
+// tasks, their bundles, the shims' addresses) and containerd's sockets.
+// containerd's root (its images and snapshots, the metadata of its
+// containers and sandboxes) is on disk, and stays. Nothing may be mounted
+// below containerd's directory in the test process's mount namespace,
+// which removing would reach into: the node's own mounts there went with
+// its namespace.
+func (n *kubeNode) clearRunState() error {
+	base := n.containerdDir()
+	if mounts := runs.MountsIn("/proc/self/mountinfo", base); len(mounts) > 0 {
+		return fmt.Errorf("mounted below %s, left as it is: %s", base, strings.Join(mounts, ", "))
+	}
+	for _, d := range []string{"state", "runc"} {
+		if err := os.RemoveAll(filepath.Join(base, d)); err != nil {
+			return err
+		}
+	}
+	for _, sock := range []string{n.containerd, n.containerd + ".ttrpc"} {
+		if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// clearCgroups removes the node's cgroups, as a machine that starts again
+// has none, and makes its kubelet's cgroup root again, which the kubelet
+// wants to find.
+func (n *kubeNode) clearCgroups() error {
+	var err error
+	if notes := runs.RemoveCgroups(n.cgroupRoot); len(notes) > 0 {
+		err = errors.New(strings.Join(notes, "; "))
+	}
+	return errors.Join(err, makeCgroupRoot(n.cgroupRoot))
+}
+
+// powerOn starts the node again as its machine would: new namespaces
+// (its disks, the filesystems of its pools and data directory, still
+// mounted on the host, come into them), containerd, with the images of
+// its root, and the kubelet; it waits until the node is Ready again. Its
+// pods, converge's among them, come back as the kubelet brings them.
+func (n *kubeNode) powerOn(ctx context.Context) error {
+	if err := n.startNodeNS(ctx); err != nil {
+		return fmt.Errorf("node namespaces: %w", err)
+	}
+	if err := n.runContainerd(ctx); err != nil {
+		return fmt.Errorf("containerd: %w", err)
+	}
+	since := time.Now()
+	if err := n.runKubelet(); err != nil {
+		return fmt.Errorf("kubelet: %w", err)
+	}
+	return n.waitReady(ctx, rebootReadyTimeout, since)
+}

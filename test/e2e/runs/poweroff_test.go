@@ -1,0 +1,321 @@
+package runs
+
+import (
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
+)
+
+// The node's directories in the tables below, as a run lays them out: the
+// first node's in the run's directory, the second's under nodes/.
+const (
+	aRun       = "/tmp/converge-e2e-1"
+	firstData  = aRun + "/converge/volumes"
+	firstPools = aRun + "/pools"
+	secondDir  = aRun + "/nodes/b"
+	secondData = secondDir + "/converge/volumes"
+	secondPool = secondDir + "/pools"
+	// poolFS is the device number of the first node's pool fast, a
+	// filesystem of its own; otherFS is the run directory's.
+	poolFS  = 7<<8 | 0
+	otherFS = 8<<8 | 1
+)
+
+// TestPickLoops checks which loop devices a node's reboot detaches: its
+// images' and their holders', and never its disks' (the images of its
+// pools' filesystems), another node's or the machine's.
+func TestPickLoops(t *testing.T) {
+	firstDirs := []string{firstData, firstPools}
+	tests := []struct {
+		name  string
+		loops []loopFile
+		dirs  []string
+		fss   []uint64
+		want  map[string]string
+	}{
+		{
+			name:  "none",
+			dirs:  firstDirs,
+			loops: nil,
+			want:  map[string]string{},
+		},
+		{
+			name: "the node's images, in its data directory and its pool",
+			dirs: firstDirs,
+			loops: []loopFile{
+				{device: "/dev/loop1", file: firstData + "/pvc-1.img", fs: otherFS},
+				{device: "/dev/loop2", file: firstPools + "/fast/pvc-2.img", fs: poolFS},
+			},
+			want: map[string]string{"/dev/loop1": firstData + "/pvc-1.img", "/dev/loop2": firstPools + "/fast/pvc-2.img"},
+		},
+		{
+			name: "the node's disks are not its images",
+			dirs: firstDirs,
+			fss:  []uint64{poolFS},
+			loops: []loopFile{
+				{device: "/dev/loop0", file: aRun + "/pool-fast.img", fs: otherFS},
+				{device: "/dev/loop3", file: secondDir + "/data.img", fs: otherFS},
+				{device: "/dev/loop4", file: firstData + "/pvc-4.img", fs: otherFS},
+			},
+			want: map[string]string{"/dev/loop4": firstData + "/pvc-4.img"},
+		},
+		{
+			name: "the second node's disk is not its image",
+			dirs: []string{secondData, secondPool},
+			fss:  []uint64{9<<8 | 0},
+			loops: []loopFile{
+				{device: "/dev/loop3", file: secondDir + "/data.img", fs: otherFS},
+				{device: "/dev/loop5", file: secondData + "/pvc-5.img", fs: 9<<8 | 0},
+				{device: "/dev/loop6", file: firstData + "/pvc-6.img", fs: otherFS},
+			},
+			want: map[string]string{"/dev/loop5": secondData + "/pvc-5.img"},
+		},
+		{
+			name: "another node's images and the machine's are not the node's",
+			dirs: firstDirs,
+			loops: []loopFile{
+				{device: "/dev/loop5", file: secondData + "/pvc-5.img", fs: otherFS},
+				{device: "/dev/loop6", file: "/var/lib/snapd/snaps/core.snap", fs: otherFS},
+				{device: "/dev/loop7", file: firstData + "-old/pvc-7.img", fs: otherFS},
+				{device: "/dev/loop8", file: aRun + "/converge/store.img", fs: otherFS},
+			},
+			want: map[string]string{},
+		},
+		{
+			name: "an image deleted on the node's own filesystem, which no name finds",
+			dirs: firstDirs,
+			fss:  []uint64{poolFS},
+			loops: []loopFile{
+				{device: "/dev/loop2", file: "/pvc-2.img (deleted)", fs: poolFS},
+				{device: "/dev/loop9", file: "/pvc-9.img", fs: otherFS},
+			},
+			want: map[string]string{"/dev/loop2": "/pvc-2.img (deleted)"},
+		},
+		{
+			name: "holders of the node's images, at any depth, in any order",
+			dirs: firstDirs,
+			loops: []loopFile{
+				{device: "/dev/loop12", file: "/dev/loop11", holds: "/dev/loop11"},
+				{device: "/dev/loop11", file: "/var/lib/kubelet/plugins/x", holds: "/dev/loop10"},
+				{device: "/dev/loop10", file: firstData + "/pvc-10.img", fs: otherFS},
+			},
+			want: map[string]string{
+				"/dev/loop10": firstData + "/pvc-10.img",
+				"/dev/loop11": "holds /dev/loop10",
+				"/dev/loop12": "holds /dev/loop11",
+			},
+		},
+		{
+			name: "a holder is picked by what it holds, not by its name",
+			dirs: firstDirs,
+			fss:  []uint64{poolFS},
+			loops: []loopFile{
+				{device: "/dev/loop0", file: aRun + "/pool-fast.img", fs: otherFS},
+				{device: "/dev/loop13", file: firstData + "/disk", fs: poolFS, holds: "/dev/loop0"},
+				{device: "/dev/loop14", file: firstData + "/other", fs: otherFS, holds: "8:1"},
+			},
+			want: map[string]string{},
+		},
+		{
+			name: "a directory of \"\" or \"/\" takes nothing",
+			dirs: []string{"", "/"},
+			loops: []loopFile{
+				{device: "/dev/loop1", file: firstData + "/pvc-1.img", fs: otherFS},
+			},
+			want: map[string]string{},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := pickLoops(tt.loops, tt.dirs, tt.fss)
+			if !maps.Equal(got, tt.want) {
+				t.Errorf("got %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestLoopMountsAt checks which of a node's directories are filesystems
+// of their own that a soak may fill: a whole filesystem of a loop device
+// on top at the directory, never the machine's disk.
+func TestLoopMountsAt(t *testing.T) {
+	loop := func(path string, minor uint32) host.Mount {
+		return host.Mount{Path: path, Root: "/", Dev: host.DevNum{Major: loopMajor, Minor: minor}}
+	}
+	disk := func(path string) host.Mount {
+		return host.Mount{Path: path, Root: "/", Dev: host.DevNum{Major: 8, Minor: 1}}
+	}
+	tests := []struct {
+		name   string
+		mounts []host.Mount
+		dirs   []string
+		want   []string
+	}{
+		{
+			name:   "the pool's filesystem",
+			mounts: []host.Mount{disk("/"), loop(firstPools+"/fast", 0)},
+			dirs:   []string{firstData, firstPools + "/fast"},
+			want:   []string{firstPools + "/fast"},
+		},
+		{
+			name:   "the second node's data directory",
+			mounts: []host.Mount{disk("/"), loop(secondData, 3)},
+			dirs:   []string{secondData},
+			want:   []string{secondData},
+		},
+		{
+			name:   "a directory on a loop-backed /tmp is not a filesystem of its own",
+			mounts: []host.Mount{disk("/"), loop("/tmp", 1)},
+			dirs:   []string{firstData, aRun},
+			want:   nil,
+		},
+		{
+			name:   "the machine's disk mounted on top",
+			mounts: []host.Mount{loop(firstPools+"/fast", 0), disk(firstPools + "/fast")},
+			dirs:   []string{firstPools + "/fast"},
+			want:   nil,
+		},
+		{
+			name:   "a bind of a directory of a loop device's filesystem",
+			mounts: []host.Mount{{Path: secondData, Root: "/sub", Dev: host.DevNum{Major: loopMajor, Minor: 3}}},
+			dirs:   []string{secondData},
+			want:   nil,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := loopMountsAt(tt.mounts, tt.dirs)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("got %v, want %v", got, tt.want)
+				}
+			}
+		})
+	}
+}
+
+// TestNodeLoopsDetachesImagesAndHolders makes on the real kernel, without
+// a cluster or a run, the loop devices a node leaves when its processes
+// die: images of its data directory and of its pool's filesystem,
+// attached through mounts of namespaces that have ended (as csi-node's
+// container's), one deleted since, and a kubelet's holder of one. A
+// reboot's NodeLoops must list those and DetachLoops detach them, and
+// both leave the pool's own device (the node's disk) and an image of
+// another's attached.
+func TestNodeLoopsDetachesImagesAndHolders(t *testing.T) {
+	needLoops(t)
+	node := t.TempDir() // removed after m's clean-up has unmounted the pool
+	m := newMade(t)
+	stateDir := filepath.Join(node, "converge")
+	dataDir := filepath.Join(stateDir, "volumes")
+	poolsDir := filepath.Join(node, "pools")
+	pool := filepath.Join(poolsDir, "fast")
+	disk := m.filesystem(t, filepath.Join(node, "pool-fast.img"), pool)
+	for _, f := range []string{filepath.Join(dataDir, "pvc-1.img"), filepath.Join(pool, "pvc-2.img"), filepath.Join(pool, "pvc-3.img")} {
+		sparseFile(t, f, 1<<20)
+	}
+	mnt := t.TempDir()
+	dataImage := attachIn(t, `mount --bind "$1" "$2"; losetup -f --show "$2/volumes/pvc-1.img"`, stateDir, mnt)
+	poolImage := attachIn(t, `mount --bind "$1" "$2"; losetup -f --show "$2/pvc-2.img"`, pool, mnt)
+	deleted := attachIn(t, `mount --bind "$1" "$2"; losetup -f --show "$2/pvc-3.img"; rm "$2/pvc-3.img"`, pool, mnt)
+	holder := attachIn(t, `losetup -f --show "$1"`, poolImage)
+	other := m.loop(t, filepath.Join(t.TempDir(), "pvc-9.img"), 1<<20)
+
+	loops := NodeLoops(NodeStorage{
+		Dirs:        []string{dataDir, poolsDir},
+		Roots:       []string{stateDir, dataDir, poolsDir, pool},
+		Filesystems: LoopFilesystems(pool),
+	})
+	want := []string{dataImage, poolImage, deleted, holder}
+	if got := slices.Sorted(maps.Keys(loops)); !slices.Equal(got, slices.Sorted(slices.Values(want))) {
+		t.Fatalf("NodeLoops: got %v, want %v", loops, want)
+	}
+	if got, want := loops[dataImage], filepath.Join(dataDir, "pvc-1.img"); got != want {
+		t.Errorf("the data directory's image %s: got %q, want %q", dataImage, got, want)
+	}
+	if got, want := loops[holder], "holds "+poolImage; got != want {
+		t.Errorf("the holder %s: got %q, want %q", holder, got, want)
+	}
+	ids := map[string]loopID{}
+	for _, dev := range append(want, disk, other) {
+		ids[dev], _ = identity(dev)
+	}
+	if err := DetachLoops(loops, 10*time.Second); err != nil {
+		t.Errorf("DetachLoops: %v", err)
+	}
+	for _, dev := range want {
+		if now, ok := identity(dev); ok && now == ids[dev] {
+			t.Errorf("%s (%s) is still attached", dev, loops[dev])
+		}
+	}
+	for what, dev := range map[string]string{"the pool's own device": disk, "another's image": other} {
+		if now, ok := identity(dev); !ok || now != ids[dev] {
+			t.Errorf("%s, %s, was detached", what, dev)
+		}
+	}
+}
+
+// needLoops skips t unless it runs as root on a machine with loop
+// devices, mkfs.ext4 and unshare. It makes no run: a live one is no
+// obstacle.
+func needLoops(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: it makes loop devices and mounts")
+	}
+	for _, tool := range []string{"mkfs.ext4", "unshare", "losetup"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s: %v", tool, err)
+		}
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skipf("needs loop devices: %v", err)
+	}
+}
+
+// sparseFile makes a sparse file of size bytes, and its directory.
+func sparseFile(t *testing.T, path string, size int64) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// attachIn runs script (sh, with args) in a mount namespace of its own,
+// which ends with it, and returns the loop device it prints; the device
+// is detached when t ends if it is still attached to the same file.
+func attachIn(t *testing.T, script string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: %v: %s", script, err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	id, ok := identity(dev)
+	if !ok {
+		t.Fatalf("%s: %q is no loop device", script, dev)
+	}
+	t.Cleanup(func() {
+		if now, ok := identity(dev); ok && now == id {
+			devices.DetachLoop(dev)
+		}
+	})
+	return dev
+}
