@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -260,48 +261,13 @@ func volumeGroupSnapshot(t *testing.T, name, app string, claims []string) (strin
 	})
 	uid := string(created.GetUID())
 	members := map[string]string{}
-	// Ready, and carrying snapshot-controller's finalizer, which it may add
-	// a sync after it set the group ready: a group deleted before then
-	// goes unprocessed and its content is never marked being deleted
-	// (docs/group-snapshots.md, "The upstream gap"). A test deletes a
-	// group once it is there, as a user should.
+	// A test deletes a group once it is there, as a user should.
 	poll(t, 2*time.Minute, "VolumeGroupSnapshot "+name+" ready with its members and its finalizer", func() (bool, string) {
-		got, err := groups.Get(ctx, name, metav1.GetOptions{})
+		got, err := groupMembers(ctx, name, uid, claims)
 		if err != nil {
 			return false, err.Error()
 		}
-		if ready, _, _ := unstructured.NestedBool(got.Object, "status", "readyToUse"); !ready {
-			return false, fmt.Sprintf("status %v%s", got.Object["status"], objectEvents("VolumeGroupSnapshot", name))
-		}
-		if !slices.Contains(got.GetFinalizers(), groupBoundFinalizer) {
-			return false, fmt.Sprintf("ready; finalizers %v, waiting for %s", got.GetFinalizers(), groupBoundFinalizer)
-		}
-		list, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		clear(members)
-		var waiting []string
-		for _, s := range list.Items {
-			if !slices.ContainsFunc(s.GetOwnerReferences(), func(o metav1.OwnerReference) bool { return string(o.UID) == uid }) {
-				continue
-			}
-			claim, _, _ := unstructured.NestedString(s.Object, "spec", "source", "persistentVolumeClaimName")
-			group, _, _ := unstructured.NestedString(s.Object, "status", "volumeGroupSnapshotName")
-			ready, _, _ := unstructured.NestedBool(s.Object, "status", "readyToUse")
-			if !ready || group != name {
-				waiting = append(waiting, fmt.Sprintf("%s (of %s): ready %v, group %q", s.GetName(), claim, ready, group))
-			}
-			members[claim] = s.GetName()
-		}
-		if len(waiting) > 0 || len(members) != len(claims) {
-			return false, fmt.Sprintf("members %v; waiting for %v", members, waiting)
-		}
-		for _, cl := range claims {
-			if members[cl] == "" {
-				return false, fmt.Sprintf("no member of claim %s among %v", cl, members)
-			}
-		}
+		maps.Copy(members, got)
 		return true, ""
 	})
 	content, _, _ := unstructured.NestedString(mustGet(t, volumeGroupSnapshots, name).Object, "status", "boundVolumeGroupSnapshotContentName")
@@ -315,6 +281,53 @@ func volumeGroupSnapshot(t *testing.T, name, app string, claims []string) (strin
 // VolumeGroupSnapshot bound to its content (external-snapshotter's
 // utils.VolumeGroupSnapshotBoundFinalizer).
 const groupBoundFinalizer = "groupsnapshot.storage.kubernetes.io/volumegroupsnapshot-bound-protection"
+
+// groupMembers returns the member VolumeSnapshots, by claim, of the
+// VolumeGroupSnapshot name (of UID uid) of claims, or an error that says
+// what it waits for: the group ready and carrying snapshot-controller's
+// finalizer, which it may add a sync after it set the group ready (a group
+// deleted before then goes unprocessed and its content is never marked
+// being deleted: docs/group-snapshots.md, "The upstream gap"), and a ready
+// member naming the group for each claim.
+func groupMembers(ctx context.Context, name, uid string, claims []string) (map[string]string, error) {
+	got, err := c.dynamic.Resource(volumeGroupSnapshots).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if ready, _, _ := unstructured.NestedBool(got.Object, "status", "readyToUse"); !ready {
+		return nil, fmt.Errorf("status %v%s", got.Object["status"], objectEvents("VolumeGroupSnapshot", name))
+	}
+	if !slices.Contains(got.GetFinalizers(), groupBoundFinalizer) {
+		return nil, fmt.Errorf("ready; finalizers %v, waiting for %s", got.GetFinalizers(), groupBoundFinalizer)
+	}
+	list, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	members := map[string]string{}
+	var waiting []string
+	for _, s := range list.Items {
+		if !slices.ContainsFunc(s.GetOwnerReferences(), func(o metav1.OwnerReference) bool { return string(o.UID) == uid }) {
+			continue
+		}
+		claim, _, _ := unstructured.NestedString(s.Object, "spec", "source", "persistentVolumeClaimName")
+		group, _, _ := unstructured.NestedString(s.Object, "status", "volumeGroupSnapshotName")
+		ready, _, _ := unstructured.NestedBool(s.Object, "status", "readyToUse")
+		if !ready || group != name {
+			waiting = append(waiting, fmt.Sprintf("%s (of %s): ready %v, group %q", s.GetName(), claim, ready, group))
+		}
+		members[claim] = s.GetName()
+	}
+	if len(waiting) > 0 || len(members) != len(claims) {
+		return nil, fmt.Errorf("members %v; waiting for %v", members, waiting)
+	}
+	for _, cl := range claims {
+		if members[cl] == "" {
+			return nil, fmt.Errorf("no member of claim %s among %v", cl, members)
+		}
+	}
+	return members, nil
+}
 
 // mustGet gets the object of gvr named name (in ns if namespaced).
 func mustGet(t *testing.T, gvr schema.GroupVersionResource, name string) *unstructured.Unstructured {
