@@ -67,21 +67,24 @@ const (
 // useFailpointBuild rolls the converge DaemonSet onto a csi-node built
 // with its failpoints (built and cached first, failpoints.Build), waits
 // for every node's pod to be replaced and Ready with the driver
-// registered, and returns restore, which puts the DaemonSet's pod
+// registered, and returns the build's failpoints' names and restore, which puts the DaemonSet's pod
 // template back as it was and waits the same way. A rollout replaces
 // pods and restarts no container of theirs (the new pods' restart counts
 // start at 0, under new UIDs), as TestDriverRollingUpdate does under the
 // run's invariants: the restarts to mark as intended are the crashes the
 // failpoints cause, which armFailpoint marks. If the DaemonSet already
 // runs the failpoint build, it is an error.
-func (c *cluster) useFailpointBuild(ctx context.Context, t *testing.T) (restore func() error, err error) {
+func (c *cluster) useFailpointBuild(ctx context.Context, t *testing.T) (names []string, restore func() error, err error) {
 	bin, fps, err := failpoints.Build(c.repo, failpointTags)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	for _, fp := range fps {
+		names = append(names, fp.Name)
 	}
 	dir := filepath.Join(c.dir, "failpoints")
 	if err := installExecutable(bin, filepath.Join(dir, "csi-node")); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var orig *corev1.PodTemplateSpec
 	err = c.rollDriver(ctx, func(ds *appsv1.DaemonSet) error {
@@ -89,10 +92,10 @@ func (c *cluster) useFailpointBuild(ctx context.Context, t *testing.T) (restore 
 		return withFailpoints(&ds.Spec.Template, dir)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rolling %s onto the failpoint build: %w", daemonSetName, err)
+		return nil, nil, fmt.Errorf("rolling %s onto the failpoint build: %w", daemonSetName, err)
 	}
 	t.Logf("converge's pods run csi-node with %d failpoints (%s), gofail on each pod's port %d", len(fps), bin, failpointPort)
-	return func() error {
+	return names, func() error {
 		err := c.rollDriver(ctx, func(ds *appsv1.DaemonSet) error {
 			ds.Spec.Template = *orig.DeepCopy()
 			return nil

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/converge-csi/converge/pkg/devices"
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/test/e2e/runs"
 )
 
@@ -22,9 +24,10 @@ import (
 // again as its machine would: its namespaces, containerd, the kubelet,
 // which brings its pods back.
 //
-// The filesystems of the node's volumes are not cut off as a power loss
-// cuts them: they end as their namespaces do, unmounted, which writes out
-// what they hold in memory.
+// The filesystems of the node's volumes are cut off first, as a power
+// loss cuts them (cutVolumes): what they held in memory and had not
+// written, their log's tail among it, is lost; only what was fsync'd is
+// theirs when they are mounted again.
 
 // rebootDetachTimeout bounds the wait for the node's loop devices to go
 // once detached: a device that a mount of the dying namespaces still
@@ -45,10 +48,11 @@ const rebootReadyTimeout = 2 * time.Minute
 // down what runs of it. The caller must not stop or start the node's
 // kubelet meanwhile.
 func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
+	cutErr := n.cutVolumes()
 	if err := n.killAll(); err != nil {
 		return fmt.Errorf("node %s: power off: %w", n.node, err)
 	}
-	offErr := n.powerOff()
+	offErr := errors.Join(cutErr, n.powerOff())
 	wait := time.NewTimer(down)
 	defer wait.Stop()
 	select {
@@ -60,6 +64,35 @@ func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
 		return errors.Join(offErr, fmt.Errorf("node %s: power on: %w", n.node, err))
 	}
 	return offErr
+}
+
+// cutVolumes shuts down, without writing out their logs, the xfs and
+// ext4 filesystems of the node's volumes (loop devices staged under the
+// kubelet's CSI directory), each once: xfs_io's shutdown (the GOINGDOWN
+// ioctl, which both take), as xfstests' power-loss tests do. Every later
+// write and read of them fails; what they had not written is lost.
+func (n *kubeNode) cutVolumes() error {
+	if n.ns == nil {
+		return nil
+	}
+	mounts, err := devices.ReadMounts(n.ns.mountinfo())
+	if err != nil {
+		return err
+	}
+	var errs []error
+	cut := map[host.DevNum]bool{}
+	for _, m := range mounts {
+		if cut[m.Dev] || !strings.HasPrefix(m.Source, "/dev/loop") || (m.FsType != "xfs" && m.FsType != "ext4") ||
+			!strings.HasPrefix(m.Path, nodeKubeletDir+"/plugins/kubernetes.io/csi/") {
+			continue
+		}
+		cut[m.Dev] = true
+		if out, err := n.ns.run("xfs_io", "-x", "-c", "shutdown", m.Path); err != nil {
+			errs = append(errs, fmt.Errorf("shut down %s (%s): %v: %s", m.Path, m.Source, err, out))
+		}
+	}
+	fmt.Printf("e2e: node %s: %d volume filesystems cut off\n", n.node, len(cut))
+	return errors.Join(errs...)
 }
 
 // killAll kills every process of the node at once with SIGKILL: the

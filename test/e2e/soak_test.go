@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,7 +41,7 @@ import (
 
 var (
 	soakFor  = flag.Duration("soak", 0, "TestSoak runs a soak of this length (make soak); 0: it is skipped")
-	soakSeed = flag.Uint64("soak-seed", 0, "the soak's seed; 0: a random one, which it prints")
+	soakSeed = flag.String("soak-seed", "0", "the soak's seeds, comma-separated, one soak after the other; 0: a random one, which it prints")
 	soakOut  = flag.String("soak-out", "", "a directory the soak writes its plan and history to")
 )
 
@@ -57,6 +58,7 @@ func soakKinds(nodes int) []soak.Kind {
 		{Name: "grow", Every: 40 * time.Second, Targets: 1000},
 		{Name: "snapshot", Every: 45 * time.Second, Targets: 1000},
 		{Name: "clone", Every: 60 * time.Second, Targets: 1000},
+		{Name: "group-snapshot", Every: 90 * time.Second, Targets: 1000},
 		{Name: "delete", Every: 30 * time.Second, Targets: 1000},
 		{Name: "kill-csi-node", Every: 60 * time.Second, Targets: nodes},
 		{Name: "stop-csi-node", Every: 120 * time.Second, Targets: nodes, Hold: [2]time.Duration{3 * time.Second, 20 * time.Second}},
@@ -66,6 +68,10 @@ func soakKinds(nodes int) []soak.Kind {
 		// Past the node monitor's grace (40 s): the Node goes NotReady.
 		{Name: "kubelet-down", Every: 240 * time.Second, Targets: nodes, Hold: [2]time.Duration{45 * time.Second, 75 * time.Second}},
 		{Name: "restart-apiserver", Every: 300 * time.Second, Targets: 1},
+		// A power loss: down for the hold, then up on what its disks kept.
+		{Name: "reboot", Every: 300 * time.Second, Targets: nodes, Hold: [2]time.Duration{10 * time.Second, 30 * time.Second}},
+		{Name: "fill-pool", Every: 240 * time.Second, Targets: 1000, Hold: [2]time.Duration{20 * time.Second, 60 * time.Second}},
+		{Name: "failpoint", Every: 60 * time.Second, Targets: 1000 * nodes, Hold: [2]time.Duration{5 * time.Second, 30 * time.Second}},
 	}
 }
 
@@ -105,10 +111,17 @@ type soakRun struct {
 	nodes   []*kubeNode
 	classes []soakClass
 	history *soak.History
+	// groupClasses are the classes of the groups, one for each node.
+	groupClasses []string
+	// failpoints are the failpoints of csi-node's failpoint build.
+	failpoints []string
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
 	volumes map[string]soakVolume
+	groups  []soakGroup
+	// filled are the pools filled to ENOSPC, once freed.
+	filled []soakPool
 	// copying counts, for each volume, its copies not yet Bound: a source
 	// grown or deleted meanwhile leaves its clone refused for good
 	// (external-provisioner compares the clone's request with the
@@ -124,10 +137,27 @@ func TestSoak(t *testing.T) {
 	if *soakFor <= 0 {
 		t.Skip("no -soak length (make soak)")
 	}
-	seed := *soakSeed
-	if seed == 0 {
-		seed = rand.Uint64()
+	for _, f := range strings.Split(*soakSeed, ",") {
+		seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			t.Fatalf("-soak-seed %q: %v", *soakSeed, err)
+		}
+		if seed == 0 {
+			seed = rand.Uint64()
+		}
+		out := *soakOut
+		if out != "" && strings.Contains(*soakSeed, ",") {
+			out = filepath.Join(out, strconv.FormatUint(seed, 10))
+		}
+		if !t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) { soakOnce(t, seed, out) }) {
+			return
+		}
 	}
+}
+
+// soakOnce runs one soak of seed, writing its plan and history to out if
+// not "".
+func soakOnce(t *testing.T, seed uint64, out string) {
 	nodes := []*kubeNode{c.kubeNode, secondNode(t)}
 	plan, err := soak.Plan(seed, *soakFor, soakKinds(len(nodes)))
 	if err != nil {
@@ -138,32 +168,13 @@ func TestSoak(t *testing.T) {
 		lines = append(lines, e.String())
 	}
 	t.Logf("soak: seed %d, %s, %d events (make soak SOAK_SEED=%d SOAK_FOR=%s replays it):\n%s", seed, *soakFor, len(plan), seed, *soakFor, strings.Join(lines, "\n"))
-	xfs := map[string]string{"csi.storage.k8s.io/fstype": "xfs"}
-	thin := storageClass(t, "soak-thin", map[string]string{"converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
-	thick := storageClass(t, "soak-thick", xfs)
-	fast := storageClass(t, "soak-fast", map[string]string{"converge.csi.dev/pool": fastPool, "converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
-	s := &soakRun{ctx: context.Background(), t: t, nodes: nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
-		copying: map[string]int{}, nodeMu: make([]sync.Mutex, len(nodes))}
-	for _, cl := range []string{thin, thick, fast} {
-		s.classes = append(s.classes, soakClass{cl, false}, soakClass{cl, true})
-	}
+	s := newSoakRun(t, nodes)
 	t.Cleanup(func() {
-		if *soakOut != "" {
-			s.save(*soakOut, seed, lines, t.Failed())
+		if out != "" {
+			s.save(out, seed, lines, t.Failed())
 		}
 	})
-
-	// A volume of each kind to begin with.
-	for i := range s.classes {
-		if err := s.create(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	acks, stopAcks := context.WithCancel(s.ctx)
-	acksDone := make(chan struct{})
-	go func() { defer close(acksDone); s.readAcks(acks) }()
-	defer func() { stopAcks(); <-acksDone }()
-
+	stop := s.begin()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, e := range plan {
@@ -179,6 +190,7 @@ func TestSoak(t *testing.T) {
 	wg.Wait()
 	t.Logf("soak: the plan ran in %s; settling", time.Since(start).Round(time.Second))
 	s.settle()
+	stop()
 	s.mu.Lock()
 	t.Logf("soak: %d operations or faults failed under the faults (each is retried by Kubernetes; only what does not settle counts):\n%s", len(s.failures), strings.Join(s.failures, "\n"))
 	broken := slices.Clone(s.broken)
@@ -186,6 +198,52 @@ func TestSoak(t *testing.T) {
 	if len(broken) > 0 {
 		t.Fatalf("soak seed %d broke %d invariants:\n%s", seed, len(broken), strings.Join(broken, "\n"))
 	}
+}
+
+// newSoakRun makes the soak's classes of claim on nodes.
+func newSoakRun(t *testing.T, nodes []*kubeNode) *soakRun {
+	xfs := map[string]string{"csi.storage.k8s.io/fstype": "xfs"}
+	thin := storageClass(t, "soak-thin", map[string]string{"converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
+	thick := storageClass(t, "soak-thick", xfs)
+	fast := storageClass(t, "soak-fast", map[string]string{"converge.csi.dev/pool": fastPool, "converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
+	s := &soakRun{ctx: context.Background(), t: t, nodes: nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
+		copying: map[string]int{}, nodeMu: make([]sync.Mutex, len(nodes)), groupClasses: []string{fast, thin}}
+	for _, cl := range []string{thin, thick, fast} {
+		s.classes = append(s.classes, soakClass{cl, false}, soakClass{cl, true})
+	}
+	return s
+}
+
+// begin rolls converge's pods onto the failpoint build (back when the test
+// ends), makes a volume of each kind and a group on each node (in the
+// first node's pool fast, the second's default pool), and starts reading
+// the writers' acknowledgements; it returns what stops the reading.
+func (s *soakRun) begin() (stop func()) {
+	t := s.t
+	names, restore, err := c.useFailpointBuild(s.ctx, t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.failpoints = names
+	t.Cleanup(func() {
+		if err := restore(); err != nil {
+			t.Error(err)
+		}
+	})
+	for i := range s.classes {
+		if err := s.create(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, class := range s.groupClasses {
+		if err := s.makeGroup(class, s.nodes[i].node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acks, stopAcks := context.WithCancel(s.ctx)
+	acksDone := make(chan struct{})
+	go func() { defer close(acksDone); s.readAcks(acks) }()
+	return func() { stopAcks(); <-acksDone }
 }
 
 func (s *soakRun) fail(list *[]string, format string, args ...any) {
@@ -210,6 +268,8 @@ func (s *soakRun) do(e soak.Event) error {
 		return s.copyOf(e.Target, true)
 	case "clone":
 		return s.copyOf(e.Target, false)
+	case "group-snapshot":
+		return s.groupSnapshot(e.Target)
 	case "delete":
 		return s.remove(e.Target)
 	case "kill-csi-node":
@@ -232,6 +292,12 @@ func (s *soakRun) do(e soak.Event) error {
 		}
 		time.Sleep(e.Hold)
 		return n.runKubelet()
+	case "reboot":
+		return s.rebootNode(e.Target, e.Hold)
+	case "fill-pool":
+		return s.fillPool(e.Target, e.Hold)
+	case "failpoint":
+		return s.armFailpoint(e.Target, e.Hold)
 	case "restart-apiserver":
 		if err := c.apiserver.stop(30 * time.Second); err != nil {
 			return err
@@ -461,31 +527,43 @@ func (s *soakRun) remove(draw int) error {
 // check scans a volume's log in its pod and holds it to the volume's
 // lineage: what fails is an invariant broken. It returns an error when the
 // log could not be read (the pod is not running).
-func (s *soakRun) check(v soakVolume) error {
+func (s *soakRun) check(v soakVolume) error { return s.checkLog(v.name, v.name, v.path()) }
+
+// checkLog is check of the log of volume at path in pod.
+func (s *soakRun) checkLog(pod, volume, path string) error {
 	// What was acknowledged before the scan begins: the writer goes on
 	// meanwhile, and a record it acknowledges while the scan reads may
 	// lie past what the scan read.
-	lineage, err := s.history.Lineage(v.name)
+	lineage, err := s.history.Lineage(volume)
 	if err != nil {
 		return err
 	}
-	out, err := c.kubectl(s.ctx, "exec", "-n", ns, v.name, "-c", "w", "--", "/"+soak.WriterName, "scan", v.path())
+	scanned, err := s.scan(pod, path)
 	if err != nil {
-		return fmt.Errorf("scan %s: %v: %s", v.name, err, tail(out, 5))
-	}
-	var scanned soak.Scanned
-	if err := json.Unmarshal([]byte(out[max(0, strings.Index(out, "{")):]), &scanned); err != nil {
-		return fmt.Errorf("scan %s: %v: %s", v.name, err, out)
+		return err
 	}
 	problems := soak.Check(scanned.Records(), lineage)
 	if scanned.Error != "" {
 		problems = append(problems, scanned.Error)
 	}
 	for _, p := range problems {
-		s.fail(&s.broken, "volume %s: %s", v.name, p)
+		s.fail(&s.broken, "volume %s: %s", volume, p)
 	}
-	s.logf("checked %s: %d records in %d runs, lineage %v, %d problems", v.name, len(scanned.Records()), len(scanned.Runs), lineage, len(problems))
+	s.logf("checked %s: %d records in %d runs, lineage %v, %d problems", volume, len(scanned.Records()), len(scanned.Runs), lineage, len(problems))
 	return nil
+}
+
+// scan reads the log at path in pod's writer.
+func (s *soakRun) scan(pod, path string) (soak.Scanned, error) {
+	var scanned soak.Scanned
+	out, err := c.kubectl(s.ctx, "exec", "-n", ns, pod, "-c", "w", "--", "/"+soak.WriterName, "scan", path)
+	if err != nil {
+		return scanned, fmt.Errorf("scan %s in %s: %v: %s", path, pod, err, tail(out, 5))
+	}
+	if err := json.Unmarshal([]byte(out[max(0, strings.Index(out, "{")):]), &scanned); err != nil {
+		return scanned, fmt.Errorf("scan %s in %s: %v: %s", path, pod, err, out)
+	}
+	return scanned, nil
 }
 
 // readAcks reads the writers' acknowledgements from the nodes' pod logs,
@@ -570,54 +648,75 @@ func (s *soakRun) killController() error {
 	return errors.New("no converge-controller running")
 }
 
-// settle waits, the faults over, for every claim to be Bound and every
-// writer running, then checks every volume's log; then it deletes
-// everything and waits for the nodes and the API to hold nothing of it.
-func (s *soakRun) settle() {
+// soakUnit is a pod of the soak, its claims, and the logs it writes:
+// a volume's writer, or a group's.
+type soakUnit struct {
+	pod    string
+	claims []string
+	paths  []string // the log of claims[i] in the pod
+}
+
+// units are the soak's pods, sorted by name.
+func (s *soakRun) units() []soakUnit {
 	s.mu.Lock()
-	var vols []soakVolume
+	defer s.mu.Unlock()
+	var out []soakUnit
 	for _, v := range s.volumes {
-		vols = append(vols, v)
+		out = append(out, soakUnit{pod: v.name, claims: []string{v.name}, paths: []string{v.path()}})
 	}
-	s.mu.Unlock()
-	slices.SortFunc(vols, func(a, b soakVolume) int { return strings.Compare(a.name, b.name) })
-	err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
-		var not []string
-		for _, v := range vols {
-			pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, v.name, metav1.GetOptions{})
+	for _, g := range s.groups {
+		u := soakUnit{pod: g.name, claims: g.members}
+		for i := range g.members {
+			u.paths = append(u.paths, g.path(i))
+		}
+		out = append(out, u)
+	}
+	slices.SortFunc(out, func(a, b soakUnit) int { return strings.Compare(a.pod, b.pod) })
+	return out
+}
+
+// unsettled says which of units' claims are not Bound and pods not
+// running and ready.
+func (s *soakRun) unsettled(units []soakUnit) []string {
+	var not []string
+	for _, u := range units {
+		for _, cl := range u.claims {
+			pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, cl, metav1.GetOptions{})
 			if err != nil || pvc.Status.Phase != corev1.ClaimBound {
-				not = append(not, "claim "+v.name+" not Bound")
-				continue
-			}
-			pod, err := c.client.CoreV1().Pods(ns).Get(s.ctx, v.name, metav1.GetOptions{})
-			if err != nil || pod.Status.Phase != corev1.PodRunning || !podReady(pod) {
-				not = append(not, "pod "+v.name+" not running")
+				not = append(not, "claim "+cl+" not Bound")
 			}
 		}
-		if len(not) > 0 {
+		pod, err := c.client.CoreV1().Pods(ns).Get(s.ctx, u.pod, metav1.GetOptions{})
+		if err != nil || pod.Status.Phase != corev1.PodRunning || !podReady(pod) {
+			not = append(not, "pod "+u.pod+" not running")
+		}
+	}
+	return not
+}
+
+// settle waits, the faults over, for every claim to be Bound and every
+// writer running, then checks every volume's log and that the nodes, their
+// pools and the API agree; then it deletes everything and waits for the
+// nodes and the API to hold nothing of it.
+func (s *soakRun) settle() {
+	units := s.units()
+	err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
+		if not := s.unsettled(units); len(not) > 0 {
 			return errors.New(strings.Join(not, "; "))
 		}
 		return nil
 	})
 	if err != nil {
 		s.fail(&s.broken, "not settled 5 minutes after the faults: %v", err)
-		// What the claims and pods that did not settle say of it.
-		for _, v := range vols {
-			pvc, perr := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, v.name, metav1.GetOptions{})
-			if perr == nil && pvc.Status.Phase == corev1.ClaimBound {
-				continue
-			}
-			for _, kind := range []string{"pvc", "pod"} {
-				out, _ := c.kubectl(s.ctx, "describe", "-n", ns, kind, v.name)
-				s.logf("%s %s, not settled:\n%s", kind, v.name, tail(out, 30))
-			}
-		}
+		s.describeUnsettled(units)
 	}
 	// Let every writer acknowledge more, after every fault.
 	time.Sleep(2 * time.Second)
-	for _, v := range vols {
-		if err := s.check(v); err != nil {
-			s.fail(&s.broken, "%v", err)
+	for _, u := range units {
+		for i, cl := range u.claims {
+			if err := s.checkLog(u.pod, cl, u.paths[i]); err != nil {
+				s.fail(&s.broken, "%v", err)
+			}
 		}
 	}
 	// The store and the API agree: csi-node gc, as docs/operations.md
@@ -628,7 +727,32 @@ func (s *soakRun) settle() {
 			s.fail(&s.broken, "csi-node gc on %s: %v\n%s", n.node, err, out)
 		}
 	}
+	s.poolsAgree("settled")
 	s.takeDown()
+	s.poolsAgree("taken down")
+}
+
+// describeUnsettled logs what the claims and pods that did not settle
+// say of it.
+func (s *soakRun) describeUnsettled(units []soakUnit) {
+	for _, u := range units {
+		if len(s.unsettled([]soakUnit{u})) == 0 {
+			continue
+		}
+		for _, obj := range append([]string{"pod/" + u.pod}, prefixed("pvc/", u.claims)...) {
+			out, _ := c.kubectl(s.ctx, "describe", "-n", ns, obj)
+			s.logf("%s, not settled:\n%s", obj, tail(out, 30))
+		}
+	}
+}
+
+// prefixed is each of names after prefix.
+func prefixed(prefix string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = prefix + n
+	}
+	return out
 }
 
 // takeDown deletes the soak's pods, claims and snapshots, and checks that
@@ -642,6 +766,9 @@ func (s *soakRun) takeDown() {
 			return c.client.CoreV1().PersistentVolumeClaims(ns).DeleteCollection(s.ctx, metav1.DeleteOptions{}, sel)
 		},
 		func() error { return snaps.DeleteCollection(s.ctx, metav1.DeleteOptions{}, sel) },
+		func() error {
+			return c.dynamic.Resource(volumeGroupSnapshots).Namespace(ns).DeleteCollection(s.ctx, metav1.DeleteOptions{}, sel)
+		},
 	} {
 		if err := del(); err != nil && !apierrors.IsNotFound(err) {
 			s.fail(&s.broken, "taking the soak down: %v", err)
@@ -679,6 +806,15 @@ func (s *soakRun) takeDown() {
 		for _, sc := range contents.Items {
 			if ref, _, _ := unstructured.NestedString(sc.Object, "spec", "volumeSnapshotRef", "name"); strings.HasPrefix(ref, "soak-") {
 				left = append(left, "VolumeSnapshotContent "+sc.GetName())
+			}
+		}
+		groups, err := c.dynamic.Resource(volumeGroupSnapshotContents).List(s.ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, gc := range groups.Items {
+			if ref, _, _ := unstructured.NestedString(gc.Object, "spec", "volumeGroupSnapshotRef", "name"); strings.HasPrefix(ref, "soak-") {
+				left = append(left, "VolumeGroupSnapshotContent "+gc.GetName())
 			}
 		}
 		if len(left) > 0 {

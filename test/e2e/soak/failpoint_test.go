@@ -35,9 +35,9 @@ func TestPickFailpointReplays(t *testing.T) {
 
 func TestPickFailpointCoversEveryTerm(t *testing.T) {
 	names := []string{"a", "b", "c", "d", "e"}
-	terms := []string{CrashTerm, "1*sleep(500)", "1*sleep(1500)", "1*sleep(3000)"}
+	terms := []string{CrashTerm, KillTerm, "1*sleep(500)", "1*sleep(1500)", "1*sleep(3000)"}
 	seen := map[[2]string]int{}
-	span := len(names) * 2 * len(failpointDelays)
+	span := len(names) * 3 * len(failpointDelays)
 	for draw := range span {
 		name, term := PickFailpoint(names, draw)
 		seen[[2]string{name, term}]++
@@ -52,14 +52,17 @@ func TestPickFailpointCoversEveryTerm(t *testing.T) {
 	if len(seen) != len(names)*len(terms) {
 		t.Errorf("got %d pairs, want %d: %v", len(seen), len(names)*len(terms), seen)
 	}
-	crashes := 0
+	crashes, kills := 0, 0
 	for p, k := range seen {
-		if p[1] == CrashTerm {
+		switch p[1] {
+		case CrashTerm:
 			crashes += k
+		case KillTerm:
+			kills += k
 		}
 	}
-	if crashes != span/2 {
-		t.Errorf("got %d crashes in %d draws, want half", crashes, span)
+	if crashes != span/3 || kills != span/3 {
+		t.Errorf("got %d crashes and %d kills in %d draws, want a third each", crashes, kills, span)
 	}
 }
 
@@ -67,10 +70,10 @@ func TestPickFailpointCoversEveryTerm(t *testing.T) {
 // runtime: it parses, and the crash panics once, then lets the failpoint
 // pass.
 func TestFailpointTermsAreGofails(t *testing.T) {
-	// One name: the odd draws 1, 3, 5... sleep for each delay in turn.
-	terms := []string{CrashTerm}
+	// One name: the draws 2, 5, 8... sleep for each delay in turn.
+	terms := []string{CrashTerm, KillTerm}
 	for i := range failpointDelays {
-		_, term := PickFailpoint([]string{"x"}, 2*i+1)
+		_, term := PickFailpoint([]string{"x"}, 3*i+2)
 		terms = append(terms, term)
 	}
 	for _, term := range terms {

@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/converge-csi/converge/test/e2e/soak"
+)
+
+// The soak's faults that take more than a signal: a node rebooted, a pool
+// filled to ENOSPC, a failpoint of the failpoint build armed.
+
+// rebootNode reboots node i (nodereboot.go) as a power loss does, down for
+// hold: every process of the node dies, its mounts and loop devices go;
+// the kubelet, its pods and csi-node start again on what the disks kept.
+func (s *soakRun) rebootNode(i int, hold time.Duration) error {
+	n := s.nodes[i]
+	s.nodeMu[i].Lock()
+	defer s.nodeMu[i].Unlock()
+	s.intendNodeRestarts(n)
+	return n.reboot(s.ctx, hold)
+}
+
+// intendNodeRestarts marks every container of converge's pods on n as
+// restarted on purpose.
+func (s *soakRun) intendNodeRestarts(n *kubeNode) {
+	pods, err := c.client.CoreV1().Pods("").List(s.ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.node})
+	if err != nil {
+		s.fail(&s.failures, "listing the pods of %s: %v", n.node, err)
+		return
+	}
+	for _, p := range pods.Items {
+		if hasPrefix(p.Name, convergePods) {
+			intendDriverRestart(&p)
+		}
+	}
+}
+
+// fillPool fills pool i of those that can be (each a filesystem of its
+// own), for hold, then frees it. The pool's fill is noted so that the
+// alerts that should fire can be checked.
+func (s *soakRun) fillPool(i int, hold time.Duration) error {
+	pools := s.fillable()
+	if len(pools) == 0 {
+		return nil
+	}
+	p := pools[i%len(pools)]
+	free, err := fillPool(p.dir)
+	if err != nil {
+		return err
+	}
+	time.Sleep(hold)
+	s.mu.Lock()
+	s.filled = append(s.filled, p)
+	s.mu.Unlock()
+	return free()
+}
+
+// soakPool is a pool the soak may fill: its node, name, and directory as
+// the test process sees it.
+type soakPool struct {
+	node, name, dir string
+}
+
+// fillable lists the pools of the soak's nodes that are filesystems of
+// their own (never the machine's disk).
+func (s *soakRun) fillable() []soakPool {
+	var out []soakPool
+	for _, n := range s.nodes {
+		for _, dir := range n.fillablePools() {
+			name := filepath.Base(dir)
+			if dir == n.dataDir {
+				name = "default"
+			}
+			out = append(out, soakPool{node: n.node, name: name, dir: dir})
+		}
+	}
+	return out
+}
+
+// armFailpoint arms a failpoint of the failpoint build in a node's
+// csi-node, chosen by draw (soak.PickFailpoint), for hold, then disarms
+// it: a panic wherever csi-node next passes it (which fails that
+// operation mid-step, or csi-node), a delay there, or a kill there: a
+// long sleep, and SIGKILL once csi-node has reached it.
+func (s *soakRun) armFailpoint(draw int, hold time.Duration) error {
+	if len(s.failpoints) == 0 {
+		return nil
+	}
+	n := s.nodes[draw%len(s.nodes)]
+	name, term := soak.PickFailpoint(s.failpoints, draw/len(s.nodes))
+	s.logf("failpoint %s on %s: %s", name, n.node, term)
+	if err := n.armFailpoint(name, term); err != nil {
+		return err
+	}
+	// csi-node may have crashed or been killed there: a refused disarm is
+	// no fault.
+	defer n.disarmFailpoint(name)
+	if term != soak.KillTerm {
+		time.Sleep(hold)
+		return nil
+	}
+	err := waitFor(s.ctx, hold, nil, func() error {
+		if k, err := n.failpointCount(name); err != nil || k < 1 {
+			return fmt.Errorf("failpoint %s not reached (%v)", name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil // not reached meanwhile: nothing to kill
+	}
+	s.logf("failpoint %s reached on %s: killing csi-node there", name, n.node)
+	_, err = n.killContainer(s.ctx, s.t, "csi-node")
+	return err
+}
