@@ -27,13 +27,13 @@ var buildTimeout = flag.Duration("build-timeout", 45*time.Minute, "with -build-o
 // buildAll builds everything the cluster and its tests run that a run would
 // otherwise build (the Kubernetes binaries, the older kubelets, crictl,
 // external-snapshotter, local-path-provisioner, the csi-node image's
-// Debian root, the storage suite's e2e.test and the previous release's
-// image) into the user's cache directory, or finds it built there, so
-// that the tests' own timeout bounds the tests alone: make test's e2e
-// build step (-build-only). Each item's line, built or cached and its
-// seconds, goes to stdout and to summary when that is not "". The image
-// root, which debootstrap fetches over the network, is made beside the
-// compilers.
+// Debian root, the storage suite's e2e.test, the soak's Prometheus and the
+// previous release's image) into the user's cache directory, or finds it
+// built there, so that the tests' own timeout bounds the tests alone: make
+// test's e2e build step (-build-only). Each item's line, built or cached
+// and its seconds, goes to stdout and to summary when that is not "". The
+// image root, which debootstrap fetches over the network, is made beside
+// the compilers.
 func buildAll(ctx context.Context, summary string, kubelets bool) error {
 	ctx, cancel := context.WithTimeout(ctx, *buildTimeout)
 	defer cancel()
@@ -90,6 +90,9 @@ func buildAll(ctx context.Context, summary string, kubelets bool) error {
 		{"sidecars " + sidecarVersions(), c.buildSidecars},
 		{"local-path-provisioner " + peers.LocalPathVersion, func(ctx context.Context) error { _, err := c.buildLocalPath(ctx); return err }},
 		{"storage suite (e2e.test)", func(ctx context.Context) error { _, err := c.storageSuite(ctx); return err }},
+		// The soak's Prometheus (prometheus.go): make test runs no soak,
+		// but its monitoring tests need the same package (promtool).
+		{"prometheus (Debian's package)", func(ctx context.Context) error { _, err := c.prometheusBinary(ctx); return err }},
 	}
 	if kubelets {
 		// make test builds them in a step of their own, beside the

@@ -76,6 +76,12 @@ type cluster struct {
 	// so far, by version (kubeletBinary); guarded by olderKubeletsMu.
 	olderKubelets   map[string]string
 	olderKubeletsMu sync.Mutex
+
+	// atDownMu guards atDown: the stops of what tests started beside the
+	// cluster's daemons (a Prometheus, prometheus.go), which down calls
+	// first, the newest first.
+	atDownMu sync.Mutex
+	atDown   []func()
 }
 
 // repoRoot is converge's repository root, found from this file.

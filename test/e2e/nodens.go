@@ -19,6 +19,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/test/e2e/runs"
 
 	polling "github.com/converge-csi/converge/test/testenv/poll"
 )
@@ -179,6 +180,26 @@ func (n *nodeNS) path(path string) string {
 // netns is the path of the node's network namespace.
 func (n *nodeNS) netns() string {
 	return fmt.Sprintf("/proc/%d/ns/net", n.pid())
+}
+
+// liveNodeNetns is the path of the network namespace of the node whose
+// kubelet directory (as the test process sees it) is kubeletDir, found
+// among the processes, not in the node's nodeNS: a reboot
+// (nodereboot.go) gives the node new namespaces while a reader elsewhere
+// (a proxy into the node, nodeproxy.go) goes on. While the node is down
+// it has none, and that is the error.
+func liveNodeNetns(kubeletDir string) (string, error) {
+	for _, pid := range runs.ProcessesMentioning(kubeletDir) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue // gone meanwhile
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) >= 2 && args[0] == nodeInitName && args[1] == kubeletDir {
+			return fmt.Sprintf("/proc/%d/ns/net", pid), nil
+		}
+	}
+	return "", fmt.Errorf("the node of %s has no init running: it is down", kubeletDir)
 }
 
 // mountinfo is the node's mount table.

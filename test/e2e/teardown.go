@@ -21,6 +21,7 @@ func (c *cluster) down() []string {
 	// neither containerd nor the SIGKILLs below would end them. What
 	// stays frozen, runs.Clean tries again, and notes.
 	runs.Thaw(c.dir)
+	c.runStopsAtDown()
 	for i := len(c.nodes) - 1; i >= 0; i-- {
 		c.nodes[i].down()
 	}
@@ -37,6 +38,29 @@ func (c *cluster) down() []string {
 		fmt.Printf("e2e: earlier runs left, and this run's start could not remove (no failure of this run's):\n  %s\n", strings.Join(stale, "\n  "))
 	}
 	return notes
+}
+
+// stopAtDown registers stop, which ends something a test started beside
+// the cluster's daemons, for down to call if the test has not stopped it
+// itself by then (a signal, a timeout, a failed test): stop must be safe
+// to call again.
+func (c *cluster) stopAtDown(stop func()) {
+	c.atDownMu.Lock()
+	defer c.atDownMu.Unlock()
+	c.atDown = append(c.atDown, stop)
+}
+
+// runStopsAtDown calls the stops registered with stopAtDown, the newest
+// first. What they miss, the run's clean-up ends: a process that names the
+// run's directory.
+func (c *cluster) runStopsAtDown() {
+	c.atDownMu.Lock()
+	stops := c.atDown
+	c.atDown = nil
+	c.atDownMu.Unlock()
+	for i := len(stops) - 1; i >= 0; i-- {
+		stops[i]()
+	}
 }
 
 // down stops the node's daemons: the kubelet, its containers (converge's

@@ -116,12 +116,12 @@ type alert struct {
 	Annotations map[string]string `json:"annotations"`
 }
 
-// promtool is the path of promtool (hack/promtool.sh).
+// promtool is the path of promtool (hack/prometheus.sh).
 func promtool(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("../../hack/promtool.sh").Output()
+	out, err := exec.Command("../../hack/prometheus.sh").Output()
 	if err != nil {
-		t.Fatalf("hack/promtool.sh: %v", err)
+		t.Fatalf("hack/prometheus.sh: %v", err)
 	}
 	return strings.TrimSpace(string(out))
 }

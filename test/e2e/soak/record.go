@@ -2,7 +2,8 @@
 // and plans its faults with, apart from any cluster so that its tests run
 // with the e2e module's unit tests: the append-only log of checksummed
 // records a soak pod writes, the check of a volume's log against what its
-// writers had acknowledged, and the seeded schedule of faults.
+// writers had acknowledged, the seeded schedule of faults, and the log of
+// the alerts Prometheus raised meanwhile.
 package soak
 
 import (
