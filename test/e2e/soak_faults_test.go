@@ -40,22 +40,27 @@ func (s *soakRun) intendNodeRestarts(n *kubeNode) {
 }
 
 // fillPool fills pool i of those that can be (each a filesystem of its
-// own), for hold, then frees it. The pool's fill is noted so that the
-// alerts that should fire can be checked.
+// own), for hold, then frees it, once the alert it must raise is seen.
 func (s *soakRun) fillPool(i int, hold time.Duration) error {
 	pools := s.fillable()
 	if len(pools) == 0 {
 		return nil
 	}
 	p := pools[i%len(pools)]
+	since := time.Now()
 	free, err := fillPool(p.dir)
 	if err != nil {
 		return err
 	}
 	time.Sleep(hold)
-	s.mu.Lock()
-	s.filled = append(s.filled, p)
-	s.mu.Unlock()
+	// Full, the pool is below its guard: ConvergePoolNearlyFull is pending
+	// (its for: is 5 minutes) within a scrape and an evaluation, unless
+	// csi-node is down meanwhile; the pool stays full a while longer for
+	// it.
+	match := map[string]string{"node": p.node, "pool": p.name}
+	if !s.alertWhile("ConvergePoolNearlyFull", match, since, 90*time.Second) {
+		s.fail(&s.broken, "pool %s of %s was full for %s, and ConvergePoolNearlyFull%v never pending", p.name, p.node, time.Since(since).Round(time.Second), match)
+	}
 	return free()
 }
 

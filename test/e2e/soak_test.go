@@ -115,13 +115,13 @@ type soakRun struct {
 	groupClasses []string
 	// failpoints are the failpoints of csi-node's failpoint build.
 	failpoints []string
+	// alerts are the alerts Prometheus listed (soak_alerts_test.go).
+	alerts *soak.AlertLog
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
 	volumes map[string]soakVolume
 	groups  []soakGroup
-	// filled are the pools filled to ENOSPC, once freed.
-	filled []soakPool
 	// copying counts, for each volume, its copies not yet Bound: a source
 	// grown or deleted meanwhile leaves its clone refused for good
 	// (external-provisioner compares the clone's request with the
@@ -216,8 +216,9 @@ func newSoakRun(t *testing.T, nodes []*kubeNode) *soakRun {
 
 // begin rolls converge's pods onto the failpoint build (back when the test
 // ends), makes a volume of each kind and a group on each node (in the
-// first node's pool fast, the second's default pool), and starts reading
-// the writers' acknowledgements; it returns what stops the reading.
+// first node's pool fast, the second's default pool), and starts watching
+// the alerts and reading the writers' acknowledgements; it returns what
+// stops both.
 func (s *soakRun) begin() (stop func()) {
 	t := s.t
 	names, restore, err := c.useFailpointBuild(s.ctx, t)
@@ -240,10 +241,11 @@ func (s *soakRun) begin() (stop func()) {
 			t.Fatal(err)
 		}
 	}
+	stopAlerts := s.watchAlerts()
 	acks, stopAcks := context.WithCancel(s.ctx)
 	acksDone := make(chan struct{})
 	go func() { defer close(acksDone); s.readAcks(acks) }()
-	return func() { stopAcks(); <-acksDone }
+	return func() { stopAcks(); <-acksDone; stopAlerts() }
 }
 
 func (s *soakRun) fail(list *[]string, format string, args ...any) {
@@ -728,6 +730,7 @@ func (s *soakRun) settle() {
 		}
 	}
 	s.poolsAgree("settled")
+	s.quiet(3 * time.Minute)
 	s.takeDown()
 	s.poolsAgree("taken down")
 }
@@ -850,7 +853,12 @@ func (s *soakRun) save(dir string, seed uint64, plan []string, failed bool) {
 		lineages[n], _ = s.history.Lineage(n)
 	}
 	b, _ := json.MarshalIndent(map[string]any{"seed": seed, "length": soakFor.String(), "lineages": lineages}, "", "  ")
-	for name, data := range map[string][]byte{"plan.txt": []byte(strings.Join(plan, "\n") + "\n"), "history.json": b} {
+	var alerts []soak.AlertSeen
+	if s.alerts != nil {
+		alerts = s.alerts.Entries()
+	}
+	a, _ := json.MarshalIndent(alerts, "", "  ")
+	for name, data := range map[string][]byte{"plan.txt": []byte(strings.Join(plan, "\n") + "\n"), "history.json": b, "alerts.json": a} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			s.t.Errorf("soak output: %v", err)
 		}

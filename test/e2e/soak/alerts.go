@@ -85,10 +85,16 @@ func (l *AlertLog) Observe(at time.Time, alerts []Alert) {
 // the alert. As in PromQL, an empty value matches an alert without the
 // label; a nil match matches every alert of the name.
 func (l *AlertLog) Seen(name string, match map[string]string) bool {
+	return l.SeenSince(name, match, time.Time{})
+}
+
+// SeenSince is Seen of the polls at or after since: whether the alert was
+// pending or firing at one of them.
+func (l *AlertLog) SeenSince(name string, match map[string]string, since time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, s := range l.seen {
-		if s.Name == name && matches(s.Labels, match) {
+		if s.Name == name && matches(s.Labels, match) && !s.LastSeen.Before(since) {
 			return true
 		}
 	}

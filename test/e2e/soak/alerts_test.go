@@ -169,3 +169,28 @@ func TestAlertLogCopies(t *testing.T) {
 		t.Errorf("Active: got %q, want %q", got, want)
 	}
 }
+
+// TestAlertLogSeenSince checks that SeenSince counts only the polls from
+// its time on: an alert seen before a fault began is no sign of the
+// fault's.
+func TestAlertLogSeenSince(t *testing.T) {
+	l := NewAlertLog()
+	l.Observe(t0, []Alert{notReady("n1", "pending")})
+	l.Observe(t0.Add(10*time.Second), nil)
+	match := map[string]string{"node": "n1"}
+	for _, c := range []struct {
+		since time.Time
+		want  bool
+	}{{time.Time{}, true}, {t0, true}, {t0.Add(time.Second), false}} {
+		if got := l.SeenSince("ConvergeNotReady", match, c.since); got != c.want {
+			t.Errorf("SeenSince(%s): got %v, want %v", c.since, got, c.want)
+		}
+	}
+	l.Observe(t0.Add(20*time.Second), []Alert{notReady("n1", "firing")})
+	if !l.SeenSince("ConvergeNotReady", match, t0.Add(time.Second)) {
+		t.Errorf("SeenSince after it fired again: got false, want true")
+	}
+	if l.SeenSince("ConvergeNotReady", map[string]string{"node": "n2"}, time.Time{}) {
+		t.Errorf("SeenSince of another node: got true, want false")
+	}
+}

@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/converge-csi/converge/test/e2e/soak"
+)
+
+// The soak's alerts: a Prometheus beside the cluster (prometheus.go)
+// scrapes csi-node and converge-controller and evaluates the chart's
+// rules as shipped; the soak polls its alerts all along (soak.AlertLog).
+// An alert a fault must raise is looked for while the fault holds, and
+// once the soak has settled no alert may be pending or firing.
+
+// alertPoll is how often the soak asks Prometheus for its alerts: as
+// often as it evaluates its rules.
+const alertPoll = 5 * time.Second
+
+// watchAlerts starts a Prometheus that scrapes the soak's nodes and polls
+// its alerts into s.alerts until the returned stop, which stops it too.
+func (s *soakRun) watchAlerts() (stop func()) {
+	ctx, cancel := context.WithTimeout(s.ctx, 3*time.Minute)
+	p, err := startPrometheus(ctx, s.nodes)
+	cancel()
+	if err != nil {
+		s.t.Fatalf("Prometheus for the soak's alerts: %v", err)
+	}
+	s.alerts = soak.NewAlertLog()
+	poll, stopPoll := context.WithCancel(s.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for poll.Err() == nil {
+			if as, err := p.alerts(poll); err == nil {
+				s.alerts.Observe(time.Now(), as)
+			}
+			select {
+			case <-poll.Done():
+			case <-time.After(alertPoll):
+			}
+		}
+	}()
+	return func() {
+		stopPoll()
+		<-done
+		p.stop()
+	}
+}
+
+// alertWhile waits, up to wait, for the alert name with labels match to
+// be pending or firing at a poll since since, and reports whether it was.
+func (s *soakRun) alertWhile(name string, match map[string]string, since time.Time, wait time.Duration) bool {
+	return waitFor(s.ctx, wait, nil, func() error {
+		if !s.alerts.SeenSince(name, match, since) {
+			return errors.New("not yet")
+		}
+		return nil
+	}) == nil
+}
+
+// quiet waits up to wait for no alert to be pending or firing, and counts
+// an invariant broken if one still is.
+func (s *soakRun) quiet(wait time.Duration) {
+	var active []string
+	err := waitFor(s.ctx, wait, nil, func() error {
+		if active = s.alerts.Active(); len(active) > 0 {
+			return errors.New(strings.Join(active, ", "))
+		}
+		return nil
+	})
+	if err != nil {
+		s.fail(&s.broken, "settled, alerts still pending or firing %s later: %s", wait, strings.Join(active, "; "))
+	}
+}
