@@ -86,6 +86,13 @@ func write(ctx context.Context, args []string, stdout io.Writer) error {
 		}
 		writers = append(writers, w)
 	}
+	// A group's writer that ended mid-round left the first members a
+	// record ahead: the others catch up before the next round, so that at
+	// every moment the members hold the same records, or the first ones
+	// one more (CheckGroupCut).
+	if err := catchUp(writers); err != nil {
+		return err
+	}
 	ack := func() {
 		for _, w := range writers {
 			if w.Next() > 0 {
@@ -205,4 +212,17 @@ func readLog(f *os.File) ([]byte, error) {
 			return nil, err
 		}
 	}
+}
+
+// catchUp appends to each writer behind the first until it is level with
+// it.
+func catchUp(writers []*Writer) error {
+	for _, w := range writers[1:] {
+		for w.Next() < writers[0].Next() {
+			if _, err := w.Append(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
