@@ -19,22 +19,16 @@ import (
 // often as it evaluates its rules.
 const alertPoll = 5 * time.Second
 
-// watchAlerts starts a Prometheus that scrapes the soak's nodes and polls
-// its alerts into s.alerts until the returned stop, which stops it too.
+// watchAlerts polls Prometheus's alerts into s.alerts until the returned
+// stop.
 func (s *soakRun) watchAlerts() (stop func()) {
-	ctx, cancel := context.WithTimeout(s.ctx, 3*time.Minute)
-	p, err := startPrometheus(ctx, s.nodes)
-	cancel()
-	if err != nil {
-		s.t.Fatalf("Prometheus for the soak's alerts: %v", err)
-	}
 	s.alerts = soak.NewAlertLog()
 	poll, stopPoll := context.WithCancel(s.ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for poll.Err() == nil {
-			if as, err := p.alerts(poll); err == nil {
+			if as, err := s.prometheus.alerts(poll); err == nil {
 				s.alerts.Observe(time.Now(), as)
 			}
 			select {
@@ -46,7 +40,6 @@ func (s *soakRun) watchAlerts() (stop func()) {
 	return func() {
 		stopPoll()
 		<-done
-		p.stop()
 	}
 }
 

@@ -115,8 +115,10 @@ type soakRun struct {
 	groupClasses []string
 	// failpoints are the failpoints of csi-node's failpoint build.
 	failpoints []string
-	// alerts are the alerts Prometheus listed (soak_alerts_test.go).
-	alerts *soak.AlertLog
+	// prometheus evaluates the chart's alerts, and alerts are those it
+	// listed since the soak began (soak_alerts_test.go).
+	prometheus *prometheus
+	alerts     *soak.AlertLog
 
 	mu sync.Mutex
 	// The fields below are guarded by mu.
@@ -137,6 +139,7 @@ func TestSoak(t *testing.T) {
 	if *soakFor <= 0 {
 		t.Skip("no -soak length (make soak)")
 	}
+	env := soakSetUp(t)
 	for _, f := range strings.Split(*soakSeed, ",") {
 		seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
 		if err != nil {
@@ -149,16 +152,49 @@ func TestSoak(t *testing.T) {
 		if out != "" && strings.Contains(*soakSeed, ",") {
 			out = filepath.Join(out, strconv.FormatUint(seed, 10))
 		}
-		if !t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) { soakOnce(t, seed, out) }) {
+		if !t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) { soakOnce(t, env, seed, out) }) {
 			return
 		}
 	}
 }
 
-// soakOnce runs one soak of seed, writing its plan and history to out if
-// not "".
-func soakOnce(t *testing.T, seed uint64, out string) {
-	nodes := []*kubeNode{c.kubeNode, secondNode(t)}
+// soakEnv is what the soaks of a run share: the nodes, converge's pods
+// rolled onto the failpoint build, and a Prometheus that evaluates the
+// chart's alerts.
+type soakEnv struct {
+	nodes      []*kubeNode
+	failpoints []string // the failpoint build's
+	prometheus *prometheus
+}
+
+// soakSetUp joins the second node, rolls converge's pods onto the
+// failpoint build and starts Prometheus, each undone when t ends.
+func soakSetUp(t *testing.T) soakEnv {
+	env := soakEnv{nodes: []*kubeNode{c.kubeNode, secondNode(t)}}
+	ctx := context.Background()
+	names, restore, err := c.useFailpointBuild(ctx, t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env.failpoints = names
+	t.Cleanup(func() {
+		if err := restore(); err != nil {
+			t.Error(err)
+		}
+	})
+	start, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if env.prometheus, err = startPrometheus(start, env.nodes); err != nil {
+		t.Fatalf("Prometheus for the soak's alerts: %v", err)
+	}
+	t.Cleanup(env.prometheus.stop)
+	return env
+}
+
+// soakOnce runs one soak of seed in env, writing its plan and history to
+// out if not "".
+func soakOnce(t *testing.T, env soakEnv, seed uint64, out string) {
+	nodes := env.nodes
 	plan, err := soak.Plan(seed, *soakFor, soakKinds(len(nodes)))
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +204,7 @@ func soakOnce(t *testing.T, seed uint64, out string) {
 		lines = append(lines, e.String())
 	}
 	t.Logf("soak: seed %d, %s, %d events (make soak SOAK_SEED=%d SOAK_FOR=%s replays it):\n%s", seed, *soakFor, len(plan), seed, *soakFor, strings.Join(lines, "\n"))
-	s := newSoakRun(t, nodes)
+	s := newSoakRun(t, env)
 	t.Cleanup(func() {
 		if out != "" {
 			s.save(out, seed, lines, t.Failed())
@@ -200,37 +236,27 @@ func soakOnce(t *testing.T, seed uint64, out string) {
 	}
 }
 
-// newSoakRun makes the soak's classes of claim on nodes.
-func newSoakRun(t *testing.T, nodes []*kubeNode) *soakRun {
+// newSoakRun makes the soak's classes of claim on env's nodes.
+func newSoakRun(t *testing.T, env soakEnv) *soakRun {
 	xfs := map[string]string{"csi.storage.k8s.io/fstype": "xfs"}
 	thin := storageClass(t, "soak-thin", map[string]string{"converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
 	thick := storageClass(t, "soak-thick", xfs)
 	fast := storageClass(t, "soak-fast", map[string]string{"converge.csi.dev/pool": fastPool, "converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
-	s := &soakRun{ctx: context.Background(), t: t, nodes: nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
-		copying: map[string]int{}, nodeMu: make([]sync.Mutex, len(nodes)), groupClasses: []string{fast, thin}}
+	s := &soakRun{ctx: context.Background(), t: t, nodes: env.nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
+		copying: map[string]int{}, nodeMu: make([]sync.Mutex, len(env.nodes)), groupClasses: []string{fast, thin},
+		failpoints: env.failpoints, prometheus: env.prometheus}
 	for _, cl := range []string{thin, thick, fast} {
 		s.classes = append(s.classes, soakClass{cl, false}, soakClass{cl, true})
 	}
 	return s
 }
 
-// begin rolls converge's pods onto the failpoint build (back when the test
-// ends), makes a volume of each kind and a group on each node (in the
+// begin makes a volume of each kind and a group on each node (in the
 // first node's pool fast, the second's default pool), and starts watching
 // the alerts and reading the writers' acknowledgements; it returns what
 // stops both.
 func (s *soakRun) begin() (stop func()) {
 	t := s.t
-	names, restore, err := c.useFailpointBuild(s.ctx, t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.failpoints = names
-	t.Cleanup(func() {
-		if err := restore(); err != nil {
-			t.Error(err)
-		}
-	})
 	for i := range s.classes {
 		if err := s.create(i); err != nil {
 			t.Fatal(err)
