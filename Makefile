@@ -83,12 +83,14 @@ compare: deps
 		-controller-manager-qps=$(COMPARE_KCM_QPS) \
 		-compare-out=$(RUN_DIR)/compare.json
 
-## soak: issue 71's soak on the e2e cluster (test/e2e/soak_test.go): claims of several kinds on two nodes written by pods that
-## append checksummed records, made, grown, snapshotted, restored, cloned and deleted while csi-node, its sidecars,
-## converge-controller, the kubelets and the API server are killed, stopped and restarted, for SOAK_FOR, at the times the
-## seed SOAK_SEED draws (0: a random one, printed, which replays the soak); then every acknowledged record is checked on its
-## volume and the cluster taken down to nothing. The plan and history (and on a failure the nodes' logs and stores) are in
-## $(RUN_DIR)/soak (docs/testing.md)
+## soak: issue 71's soak on the e2e cluster (test/e2e/soak_test.go): claims of several kinds and groups of claims on two
+## nodes written by pods that append checksummed records, made, grown, snapshotted (alone and as groups), restored, cloned
+## and deleted while csi-node (its failpoint build), its sidecars, converge-controller, the kubelets and the API server are
+## killed, stopped, restarted, failpoints armed, nodes rebooted and pools filled, for SOAK_FOR, at the times the seed
+## SOAK_SEED draws (0: a random one, printed, which replays the soak; a comma-separated list runs one soak after another);
+## then every acknowledged record is checked on its volume, the nodes' stores, pools and the API must agree, no alert of the
+## chart may fire, and the cluster is taken down to nothing. The plan, history and alerts (and on a failure the nodes' logs
+## and stores) are in $(RUN_DIR)/soak (docs/testing.md#the-soak)
 SOAK_FOR  ?= 30m
 SOAK_SEED ?= 0
 soak: deps
