@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,7 +40,7 @@ import (
 
 var (
 	soakFor  = flag.Duration("soak", 0, "TestSoak runs a soak of this length (make soak); 0: it is skipped")
-	soakSeed = flag.String("soak-seed", "0", "the soak's seeds, comma-separated, one soak after the other; 0: a random one, which it prints")
+	soakSeed = flag.String("soak-seed", "0", "the soak's seed; 0: a random one, which it prints; seeds joined by + run their plans at once, soaks separated by commas one after the other")
 	soakOut  = flag.String("soak-out", "", "a directory the soak writes its plan and history to")
 )
 
@@ -139,20 +138,18 @@ func TestSoak(t *testing.T) {
 	if *soakFor <= 0 {
 		t.Skip("no -soak length (make soak)")
 	}
+	soaks, err := soak.ParseSeeds(*soakSeed, rand.Uint64)
+	if err != nil {
+		t.Fatalf("-soak-seed: %v", err)
+	}
 	env := soakSetUp(t)
-	for _, f := range strings.Split(*soakSeed, ",") {
-		seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
-		if err != nil {
-			t.Fatalf("-soak-seed %q: %v", *soakSeed, err)
-		}
-		if seed == 0 {
-			seed = rand.Uint64()
-		}
+	for _, seeds := range soaks {
+		name := soak.SeedsString(seeds)
 		out := *soakOut
-		if out != "" && strings.Contains(*soakSeed, ",") {
-			out = filepath.Join(out, strconv.FormatUint(seed, 10))
+		if out != "" && len(soaks) > 1 {
+			out = filepath.Join(out, name)
 		}
-		if !t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) { soakOnce(t, env, seed, out) }) {
+		if !t.Run("seed-"+name, func(t *testing.T) { soakOnce(t, env, seeds, out) }) {
 			return
 		}
 	}
@@ -191,11 +188,12 @@ func soakSetUp(t *testing.T) soakEnv {
 	return env
 }
 
-// soakOnce runs one soak of seed in env, writing its plan and history to
+// soakOnce runs one soak of seeds in env, writing its plan and history to
 // out if not "".
-func soakOnce(t *testing.T, env soakEnv, seed uint64, out string) {
+func soakOnce(t *testing.T, env soakEnv, seeds []uint64, out string) {
 	nodes := env.nodes
-	plan, err := soak.Plan(seed, *soakFor, soakKinds(len(nodes)))
+	seed := soak.SeedsString(seeds)
+	plan, err := soak.PlanOf(seeds, *soakFor, soakKinds(len(nodes)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +201,7 @@ func soakOnce(t *testing.T, env soakEnv, seed uint64, out string) {
 	for _, e := range plan {
 		lines = append(lines, e.String())
 	}
-	t.Logf("soak: seed %d, %s, %d events (make soak SOAK_SEED=%d SOAK_FOR=%s replays it):\n%s", seed, *soakFor, len(plan), seed, *soakFor, strings.Join(lines, "\n"))
+	t.Logf("soak: seed %s, %s, %d events (make soak SOAK_SEED=%s SOAK_FOR=%s replays it):\n%s", seed, *soakFor, len(plan), seed, *soakFor, strings.Join(lines, "\n"))
 	s := newSoakRun(t, env)
 	t.Cleanup(func() {
 		if out != "" {
@@ -232,7 +230,7 @@ func soakOnce(t *testing.T, env soakEnv, seed uint64, out string) {
 	broken := slices.Clone(s.broken)
 	s.mu.Unlock()
 	if len(broken) > 0 {
-		t.Fatalf("soak seed %d broke %d invariants:\n%s", seed, len(broken), strings.Join(broken, "\n"))
+		t.Fatalf("soak seed %s broke %d invariants:\n%s", seed, len(broken), strings.Join(broken, "\n"))
 	}
 }
 
@@ -862,7 +860,7 @@ func (s *soakRun) takeDown() {
 // save writes the plan and the history to dir, and after a failure each
 // node's csi-node logs, kubelet log and csi-node's state directory (the
 // store) beside them.
-func (s *soakRun) save(dir string, seed uint64, plan []string, failed bool) {
+func (s *soakRun) save(dir, seed string, plan []string, failed bool) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		s.t.Errorf("soak output: %v", err)
 		return

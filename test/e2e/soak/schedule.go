@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -73,6 +74,53 @@ func Plan(seed uint64, length time.Duration, kinds []Kind) ([]Event, error) {
 			}
 			out = append(out, e)
 		}
+	}
+	slices.SortStableFunc(out, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
+	return out, nil
+}
+
+// ParseSeeds reads the soaks' seeds: soaks separated by commas, run one
+// after the other, each of one seed or of several joined by "+", whose
+// plans it runs at once (PlanOf). A seed of 0 is replaced by a draw of
+// random, so that the soak can print the seeds that replay it.
+func ParseSeeds(s string, random func() uint64) ([][]uint64, error) {
+	var out [][]uint64
+	for _, soak := range strings.Split(s, ",") {
+		var seeds []uint64
+		for _, f := range strings.Split(soak, "+") {
+			seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("seeds %q: %w", s, err)
+			}
+			if seed == 0 {
+				seed = random()
+			}
+			seeds = append(seeds, seed)
+		}
+		out = append(out, seeds)
+	}
+	return out, nil
+}
+
+// SeedsString is seeds as ParseSeeds reads them back: joined by "+".
+func SeedsString(seeds []uint64) string {
+	var fs []string
+	for _, s := range seeds {
+		fs = append(fs, strconv.FormatUint(s, 10))
+	}
+	return strings.Join(fs, "+")
+}
+
+// PlanOf is the plans of seeds over length, run at once: their events
+// together, in the order of their times (a seed's own in Plan's order).
+func PlanOf(seeds []uint64, length time.Duration, kinds []Kind) ([]Event, error) {
+	var out []Event
+	for _, seed := range seeds {
+		p, err := Plan(seed, length, kinds)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p...)
 	}
 	slices.SortStableFunc(out, func(a, b Event) int { return cmp.Compare(a.At, b.At) })
 	return out, nil

@@ -1,6 +1,7 @@
 package soak
 
 import (
+	"cmp"
 	"slices"
 	"testing"
 	"time"
@@ -89,5 +90,52 @@ func TestPlanRefuses(t *testing.T) {
 		if _, err := Plan(1, time.Minute, ks); err == nil {
 			t.Errorf("%+v: planned", ks)
 		}
+	}
+}
+
+func TestParseSeeds(t *testing.T) {
+	random := func() uint64 { return 99 }
+	got, err := ParseSeeds("22+0, 7,0", random)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]uint64{{22, 99}, {7}, {99}}
+	if !slices.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if s := SeedsString(got[0]); s != "22+99" {
+		t.Errorf("SeedsString: got %q, want 22+99", s)
+	}
+	for _, bad := range []string{"", "x", "1+", "1,,2", "-1"} {
+		if _, err := ParseSeeds(bad, random); err == nil {
+			t.Errorf("ParseSeeds(%q): no error", bad)
+		}
+	}
+}
+
+// TestPlanOfSeveralSeeds checks that seeds run at once give each seed's
+// events, in time order, and the same plan each time.
+func TestPlanOfSeveralSeeds(t *testing.T) {
+	kinds := []Kind{{Name: "a", Every: time.Second, Targets: 3}, {Name: "b", Every: 2 * time.Second, Targets: 2}}
+	one, _ := Plan(1, time.Minute, kinds)
+	two, _ := Plan(2, time.Minute, kinds)
+	both, err := PlanOf([]uint64{1, 2}, time.Minute, kinds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(both) != len(one)+len(two) {
+		t.Fatalf("got %d events, want %d + %d", len(both), len(one), len(two))
+	}
+	if !slices.IsSortedFunc(both, func(a, b Event) int { return cmp.Compare(a.At, b.At) }) {
+		t.Errorf("the events are not in time order")
+	}
+	for _, e := range append(one, two...) {
+		if !slices.Contains(both, e) {
+			t.Errorf("event %s of a seed is not in the plan of both", e)
+		}
+	}
+	again, _ := PlanOf([]uint64{1, 2}, time.Minute, kinds)
+	if !slices.Equal(both, again) {
+		t.Errorf("the plan of seeds 1+2 differs from one time to the next")
 	}
 }
