@@ -97,7 +97,7 @@ soak: deps
 	@./hack/install-deps.sh e2e
 	@mkdir -p $(RUN_DIR)
 	cd test/e2e && $(GO) test -count=1 -v -timeout 240m -run '^TestSoak$$' . \
-		-args -soak=$(SOAK_FOR) -soak-seed=$(SOAK_SEED) -soak-out=$(RUN_DIR)/soak
+		-args -invariants -soak=$(SOAK_FOR) -soak-seed=$(SOAK_SEED) -soak-out=$(RUN_DIR)/soak
 
 ## release: the files of a release of this checkout, of the version the chart says, in $(RUN_DIR)/release (made anew):
 ## for each platform of PLATFORMS (this machine's by default; another needs its emulator, see docs/releasing.md),

@@ -38,9 +38,11 @@ if [ ! -x "$bin" ]; then
   mkdir -p "$cache"
   # Each renamed into place whole: a run beside this one (make test's
   # monitoring tests beside its e2e build) sees an old one or a new one.
+  # A partial name of this run's own (two runs at once would each
+  # move the other's away).
   for p in promtool prometheus; do
-    mv "$work/usr/bin/$p" "$cache/$p.partial"
-    mv "$cache/$p.partial" "$cache/$p"
+    mv "$work/usr/bin/$p" "$cache/$p.partial.$$"
+    mv "$cache/$p.partial.$$" "$cache/$p"
   done
   echo "hack/prometheus.sh: unpacked promtool and prometheus of $(basename "$deb") into $cache" >&2
 fi

@@ -90,8 +90,9 @@ func buildAll(ctx context.Context, summary string, kubelets bool) error {
 		{"sidecars " + sidecarVersions(), c.buildSidecars},
 		{"local-path-provisioner " + peers.LocalPathVersion, func(ctx context.Context) error { _, err := c.buildLocalPath(ctx); return err }},
 		{"storage suite (e2e.test)", func(ctx context.Context) error { _, err := c.storageSuite(ctx); return err }},
-		// The soak's Prometheus (prometheus.go): make test runs no soak,
-		// but its monitoring tests need the same package (promtool).
+		// The soak's Prometheus (prometheus.go), which make test's short
+		// soak runs, from the package whose promtool its monitoring tests
+		// run.
 		{"prometheus (Debian's package)", func(ctx context.Context) error { _, err := c.prometheusBinary(ctx); return err }},
 	}
 	if kubelets {

@@ -92,6 +92,13 @@ func (c *cluster) useFailpointBuild(ctx context.Context, t *testing.T) (names []
 		return withFailpoints(&ds.Spec.Template, dir)
 	})
 	if err != nil {
+		// The rollout may have begun: the tests after this one must not
+		// run on the failpoint build.
+		if orig != nil {
+			if back := c.rollDriver(ctx, func(ds *appsv1.DaemonSet) error { ds.Spec.Template = *orig.DeepCopy(); return nil }); back != nil {
+				err = fmt.Errorf("%w; rolling back: %v", err, back)
+			}
+		}
 		return nil, nil, fmt.Errorf("rolling %s onto the failpoint build: %w", daemonSetName, err)
 	}
 	t.Logf("converge's pods run csi-node with %d failpoints (%s), gofail on each pod's port %d", len(fps), bin, failpointPort)
@@ -335,8 +342,14 @@ func (n *kubeNode) gofail(pod *corev1.Pod, method, name, body string) (string, e
 	addr := net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(failpointPort))
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DisableKeepAlives: true,
+		// The node's namespaces as they are now: a reboot replaces them
+		// under the soak's other events.
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return dialContextIn(ctx, n.ns.netns(), network, addr)
+			netns, err := liveNodeNetns(n.kubeletDir)
+			if err != nil {
+				return nil, err
+			}
+			return dialContextIn(ctx, netns, network, addr)
 		},
 	}}
 	req, err := http.NewRequest(method, "http://"+addr+"/"+name, strings.NewReader(body))

@@ -95,6 +95,7 @@ func TestMain(m *testing.M) {
 }
 
 var (
+	checkInvariants    = flag.Bool("invariants", false, "check the run's invariants (unexpected restarts and warnings, what is left) even when -test.run or -test.skip picks the tests: a soak run alone (make soak)")
 	buildOnly          = flag.Bool("build-only", false, "build, or find built in the cache, everything the cluster runs, then exit (make test's e2e build step)")
 	buildSummary       = flag.String("build-summary", "", "with -build-only, a file to hold a line per item: built or cached, and its seconds")
 	buildKubeletsApart = flag.Bool("build-kubelets-apart", false, "with -build-only, leave out the older kubelets, which -build-kubelets builds")
@@ -158,9 +159,13 @@ func takeDownOnExit() {
 	}()
 }
 
-// runsEveryTest says whether this run runs the whole suite: no -run or
-// -skip narrows it.
+// runsEveryTest says whether this run runs the whole suite (no -run or
+// -skip narrows it), or is to be held to the run's invariants as if it
+// did (-invariants).
 func runsEveryTest() bool {
+	if *checkInvariants {
+		return true
+	}
 	for _, name := range []string{"test.run", "test.skip"} {
 		if f := flag.Lookup(name); f != nil && f.Value.String() != "" {
 			return false

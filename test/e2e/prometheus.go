@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -342,4 +343,26 @@ func (c *cluster) prometheusBinary(ctx context.Context) (string, error) {
 		c.builtMu.Unlock()
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// scraped says whether every scrape of the node's csi-node in the last
+// window succeeded: its up series was 1 throughout (and there was one).
+// A scrape that failed, or a csi-node whose pod was not found to scrape,
+// answers false.
+func (p *prometheus) scraped(ctx context.Context, node string, window time.Duration) (bool, error) {
+	var data struct {
+		Result []struct {
+			Value [2]any `json:"value"`
+		} `json:"result"`
+	}
+	q := fmt.Sprintf(`min_over_time(up{container="csi-node",node=%q}[%ds])`, node, int(window.Seconds()))
+	if err := p.get(ctx, "/api/v1/query?query="+url.QueryEscape(q), &data); err != nil {
+		return false, err
+	}
+	for _, r := range data.Result {
+		if v, _ := r.Value[1].(string); v != "1" {
+			return false, nil
+		}
+	}
+	return len(data.Result) > 0, nil
 }

@@ -59,7 +59,14 @@ func (s *soakRun) fillPool(i int, hold time.Duration) error {
 	// it.
 	match := map[string]string{"node": p.node, "pool": p.name}
 	if !s.alertWhile("ConvergePoolNearlyFull", match, since, 90*time.Second) {
-		s.fail(&s.broken, "pool %s of %s was full for %s, and ConvergePoolNearlyFull%v never pending", p.name, p.node, time.Since(since).Round(time.Second), match)
+		// Fine while csi-node was down (a reboot, a kill, a failpoint):
+		// there was nothing to scrape.
+		full := time.Since(since)
+		if up, err := s.prometheus.scraped(s.ctx, p.node, full); err != nil || !up {
+			s.fail(&s.failures, "pool %s of %s was full for %s, and no alert: csi-node there was not scraped all along (%v)", p.name, p.node, full.Round(time.Second), err)
+		} else {
+			s.fail(&s.broken, "pool %s of %s was full for %s, csi-node there scraped all along, and ConvergePoolNearlyFull%v never pending", p.name, p.node, full.Round(time.Second), match)
+		}
 	}
 	return free()
 }

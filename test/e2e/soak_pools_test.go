@@ -93,46 +93,50 @@ func (n *kubeNode) poolsDisagree() ([]string, error) {
 }
 
 // poolDisagrees lists where pool p's accounting, the volumes csi-node
-// lists in it, and the images in its directory disagree.
+// lists in it, and the images in its directory disagree: an image for each
+// volume, of the size of its device when it is attached (csi-node reports
+// no size for one that is not), and what the pool says it promised, thick
+// and thin, the sum of its volumes' images.
 func (n *kubeNode) poolDisagrees(p volstatus.PoolStatus, volumes []volstatus.VolumeStatus) []string {
 	if p.Error != "" {
 		return []string{fmt.Sprintf("%s: pool %s cannot be read: %s", n.node, p.Name, p.Error)}
 	}
 	var out []string
-	var thick, thin int64
-	listed := map[string]int64{}
+	listed := map[string]volstatus.VolumeStatus{}
 	for _, v := range volumes {
-		if cmp.Or(v.Pool, "default") != p.Name {
-			continue
-		}
-		listed[v.ID] = v.SizeBytes
-		if v.Provisioning == "thin" {
-			thin += v.SizeBytes
-		} else {
-			thick += v.SizeBytes
+		if cmp.Or(v.Pool, "default") == p.Name {
+			listed[v.ID] = v
 		}
 	}
-	if thick != p.ThickPromisedBytes || thin != p.ThinPromisedBytes {
-		out = append(out, fmt.Sprintf("%s: pool %s promises %d thick and %d thin bytes, its volumes' sizes sum to %d and %d",
-			n.node, p.Name, p.ThickPromisedBytes, p.ThinPromisedBytes, thick, thin))
-	}
+	var thick, thin int64
 	images, _ := filepath.Glob(filepath.Join(n.hostPath(p.Dir), "*.img"))
 	for _, img := range images {
 		id := strings.TrimSuffix(filepath.Base(img), ".img")
 		fi, err := os.Stat(img)
-		size, ok := listed[id]
+		v, ok := listed[id]
 		switch {
 		case err != nil:
 			out = append(out, fmt.Sprintf("%s: pool %s: %v", n.node, p.Name, err))
+			continue
 		case !ok:
 			out = append(out, fmt.Sprintf("%s: pool %s holds image %s, of no volume csi-node lists there", n.node, p.Name, filepath.Base(img)))
-		case fi.Size() != size:
-			out = append(out, fmt.Sprintf("%s: pool %s: volume %s is %d bytes, its image %d", n.node, p.Name, id, size, fi.Size()))
+			continue
+		case v.SizeBytes != 0 && fi.Size() != v.SizeBytes:
+			out = append(out, fmt.Sprintf("%s: pool %s: volume %s's device is %d bytes, its image %d", n.node, p.Name, id, v.SizeBytes, fi.Size()))
+		}
+		if v.Provisioning == "thin" {
+			thin += fi.Size()
+		} else {
+			thick += fi.Size()
 		}
 		delete(listed, id)
 	}
 	for _, id := range slices.Sorted(maps.Keys(listed)) {
 		out = append(out, fmt.Sprintf("%s: pool %s: volume %s has no image", n.node, p.Name, id))
+	}
+	if thick != p.ThickPromisedBytes || thin != p.ThinPromisedBytes {
+		out = append(out, fmt.Sprintf("%s: pool %s promises %d thick and %d thin bytes, its images sum to %d and %d",
+			n.node, p.Name, p.ThickPromisedBytes, p.ThinPromisedBytes, thick, thin))
 	}
 	return out
 }

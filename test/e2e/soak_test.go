@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -114,6 +115,8 @@ type soakRun struct {
 	groupClasses []string
 	// failpoints are the failpoints of csi-node's failpoint build.
 	failpoints []string
+	// tookDown says whether takeDown ran.
+	tookDown bool
 	// prometheus evaluates the chart's alerts, and alerts are those it
 	// listed since the soak began (soak_alerts_test.go).
 	prometheus *prometheus
@@ -128,7 +131,6 @@ type soakRun struct {
 	// (external-provisioner compares the clone's request with the
 	// source's, and wants the source Bound).
 	copying  map[string]int
-	made     int
 	broken   []string // invariants that failed
 	failures []string // operations and faults that failed (not an invariant: faults make them fail)
 	nodeMu   []sync.Mutex
@@ -203,12 +205,20 @@ func soakOnce(t *testing.T, env soakEnv, seeds []uint64, out string) {
 	}
 	t.Logf("soak: seed %s, %s, %d events (make soak SOAK_SEED=%s SOAK_FOR=%s replays it):\n%s", seed, *soakFor, len(plan), seed, *soakFor, strings.Join(lines, "\n"))
 	s := newSoakRun(t, env)
+	// A soak that ends before it settles (t.Fatal) takes its objects down
+	// all the same, after save has kept what they show.
+	t.Cleanup(func() {
+		if !s.tookDown {
+			s.takeDown()
+		}
+	})
 	t.Cleanup(func() {
 		if out != "" {
 			s.save(out, seed, lines, t.Failed())
 		}
 	})
 	stop := s.begin()
+	defer stop()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for _, e := range plan {
@@ -224,7 +234,6 @@ func soakOnce(t *testing.T, env soakEnv, seeds []uint64, out string) {
 	wg.Wait()
 	t.Logf("soak: the plan ran in %s; settling", time.Since(start).Round(time.Second))
 	s.settle()
-	stop()
 	s.mu.Lock()
 	t.Logf("soak: %d operations or faults failed under the faults (each is retried by Kubernetes; only what does not settle counts):\n%s", len(s.failures), strings.Join(s.failures, "\n"))
 	broken := slices.Clone(s.broken)
@@ -335,12 +344,14 @@ func (s *soakRun) do(e soak.Event) error {
 	return fmt.Errorf("no such kind %s", e.Kind)
 }
 
+// soakMade counts the names the soaks of the run made: a name is never
+// used twice, so that a soak never reads the pod logs of an earlier one's
+// writer of the same name, which the kubelet removes a while after.
+var soakMade atomic.Int64
+
 // next is a new name for a claim or a snapshot.
 func (s *soakRun) next(prefix string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.made++
-	return fmt.Sprintf("%s-%d", prefix, s.made)
+	return fmt.Sprintf("%s-%d", prefix, soakMade.Add(1))
 }
 
 // pick is one of the volumes, by draw (nil when there is none); free
@@ -736,6 +747,8 @@ func (s *soakRun) settle() {
 		s.fail(&s.broken, "not settled 5 minutes after the faults: %v", err)
 		s.describeUnsettled(units)
 	}
+	settled := time.Now()
+	s.followRunbooks(units)
 	// Let every writer acknowledge more, after every fault.
 	time.Sleep(2 * time.Second)
 	for _, u := range units {
@@ -754,7 +767,7 @@ func (s *soakRun) settle() {
 		}
 	}
 	s.poolsAgree("settled")
-	s.quiet(3 * time.Minute)
+	s.quiet(settled, 3*time.Minute)
 	s.takeDown()
 	s.poolsAgree("taken down")
 }
@@ -785,6 +798,7 @@ func prefixed(prefix string, names []string) []string {
 // takeDown deletes the soak's pods, claims and snapshots, and checks that
 // each goes, with its PV, snapshot content, mounts and loop devices.
 func (s *soakRun) takeDown() {
+	s.tookDown = true
 	sel := metav1.ListOptions{LabelSelector: "app=soak"}
 	snaps := c.dynamic.Resource(volumeSnapshots).Namespace(ns)
 	for _, del := range []func() error{

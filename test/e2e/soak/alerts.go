@@ -39,6 +39,10 @@ type AlertLog struct {
 	// The fields below are guarded by mu.
 	seen   map[string]*AlertSeen // by alertKey
 	latest []string              // the alertKeys of the latest poll
+	// polled is the time of the latest poll, and activeAt each of its
+	// alerts' ActiveAt as it said.
+	polled   time.Time
+	activeAt map[string]time.Time
 }
 
 // NewAlertLog is an AlertLog of no poll.
@@ -66,8 +70,10 @@ func (l *AlertLog) Observe(at time.Time, alerts []Alert) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.latest = l.latest[:0]
+	l.polled, l.activeAt = at, map[string]time.Time{}
 	for _, a := range alerts {
 		key := alertKey(a.Name, a.Labels, a.State)
+		l.activeAt[key] = a.ActiveAt
 		s, ok := l.seen[key]
 		if !ok {
 			s = &AlertSeen{Name: a.Name, Labels: maps.Clone(a.Labels), State: a.State, ActiveAt: a.ActiveAt, FirstSeen: at}
@@ -124,6 +130,29 @@ func (l *AlertLog) Active() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// Current lists the alerts of the latest poll, sorted as Entries, each
+// with the ActiveAt that poll gave it (an alert that went inactive and
+// active again since it was first seen has a later one).
+func (l *AlertLog) Current() []AlertSeen {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]AlertSeen, 0, len(l.latest))
+	for _, key := range slices.Sorted(slices.Values(l.latest)) {
+		a := *l.seen[key]
+		a.Labels = maps.Clone(a.Labels)
+		a.ActiveAt = l.activeAt[key]
+		out = append(out, a)
+	}
+	return out
+}
+
+// LastPoll is the time of the latest poll; zero before the first.
+func (l *AlertLog) LastPoll() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.polled
 }
 
 // Entries lists every alert the log holds, in each state it was seen in,

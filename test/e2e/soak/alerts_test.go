@@ -194,3 +194,29 @@ func TestAlertLogSeenSince(t *testing.T) {
 		t.Errorf("SeenSince of another node: got true, want false")
 	}
 }
+
+// TestAlertLogCurrent checks that Current lists the latest poll's alerts
+// with the ActiveAt that poll gave: an alert that resolved and went active
+// again is active since the second time.
+func TestAlertLogCurrent(t *testing.T) {
+	l := NewAlertLog()
+	if !l.LastPoll().IsZero() || len(l.Current()) != 0 {
+		t.Fatalf("a new log: last poll %s, current %v", l.LastPoll(), l.Current())
+	}
+	first := notReady("n1", "pending")
+	l.Observe(t0, []Alert{first})
+	l.Observe(t0.Add(10*time.Second), nil)
+	if got := l.Current(); len(got) != 0 {
+		t.Errorf("after a poll of none: current %v", got)
+	}
+	again := notReady("n1", "pending")
+	again.ActiveAt = t0.Add(20 * time.Second)
+	l.Observe(t0.Add(25*time.Second), []Alert{again})
+	got := l.Current()
+	if len(got) != 1 || !got[0].ActiveAt.Equal(again.ActiveAt) || !got[0].FirstSeen.Equal(t0) {
+		t.Errorf("current: got %+v, want one active at %s, first seen %s", got, again.ActiveAt, t0)
+	}
+	if !l.LastPoll().Equal(t0.Add(25 * time.Second)) {
+		t.Errorf("last poll: got %s", l.LastPoll())
+	}
+}
