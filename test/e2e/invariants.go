@@ -195,8 +195,9 @@ func (c *cluster) checkInvariants(w *restartWatch) []string {
 				src = e.ReportingController
 			}
 			o := e.InvolvedObject
+			first, last := eventTimes(e)
 			flat = append(flat, invariants.Event{Type: e.Type, Reason: e.Reason, Source: src, Message: e.Message, Count: e.Count,
-				Object: o.Kind + "/" + o.Namespace + "/" + o.Name})
+				Object: o.Kind + "/" + o.Namespace + "/" + o.Name, First: first, Last: last})
 		}
 		for _, s := range invariants.UnexpectedWarnings(flat, convergeSources, convergePods, expected) {
 			out = append(out, "an unexpected warning: "+s)
@@ -239,4 +240,21 @@ func (c *cluster) volumesLeft(wait time.Duration) []string {
 		return nil
 	})
 	return left
+}
+
+// eventTimes is when e was first and last reported: its first and last
+// timestamps (core/v1 events), or its event time and its series' last
+// observation (events.k8s.io's, which set neither).
+func eventTimes(e corev1.Event) (first, last time.Time) {
+	first, last = e.FirstTimestamp.Time, e.LastTimestamp.Time
+	if first.IsZero() {
+		first = e.EventTime.Time
+	}
+	if e.Series != nil && !e.Series.LastObservedTime.IsZero() {
+		last = e.Series.LastObservedTime.Time
+	}
+	if last.IsZero() {
+		last = first
+	}
+	return first, last
 }

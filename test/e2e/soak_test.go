@@ -115,6 +115,8 @@ type soakRun struct {
 	groupClasses []string
 	// failpoints are the failpoints of csi-node's failpoint build.
 	failpoints []string
+	// began is when the soak began.
+	began time.Time
 	// tookDown says whether takeDown ran.
 	tookDown bool
 	// prometheus evaluates the chart's alerts, and alerts are those it
@@ -217,6 +219,7 @@ func soakOnce(t *testing.T, env soakEnv, seeds []uint64, out string) {
 			s.save(out, seed, lines, t.Failed())
 		}
 	})
+	s.began = time.Now()
 	stop := s.begin()
 	defer stop()
 	start := time.Now()
@@ -749,6 +752,9 @@ func (s *soakRun) settle() {
 	}
 	settled := time.Now()
 	s.followRunbooks(units)
+	// While the faults fell, converge's components and the kubelet warned
+	// of what failed and was retried; from now on, nothing may fail.
+	expect(invariants.Expected{AnyReason: true, From: s.began.Truncate(time.Second), Until: time.Now().Add(time.Second), Test: s.t.Name()})
 	// Let every writer acknowledge more, after every fault.
 	time.Sleep(2 * time.Second)
 	for _, u := range units {

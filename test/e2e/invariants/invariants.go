@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // ProbeErrors returns the kubelet log lines of a probe that errored (as
@@ -67,6 +68,9 @@ type Event struct {
 	Source  string // the reporting component (source.component or reportingController)
 	Message string
 	Count   int32
+	// First and Last are when it was first and last reported (zero when
+	// the event says neither).
+	First, Last time.Time
 }
 
 func (e Event) String() string {
@@ -86,13 +90,22 @@ type Expected struct {
 	// its count is within the sum of Max of the expectations it matches,
 	// unless one of them has no Max.
 	Max int32
+	// AnyReason expects warnings of every reason, and From and Until,
+	// when set, only those first and last reported within them: a soak's
+	// faults, which raise warnings of every kind while they fall, and
+	// none once the cluster has settled.
+	AnyReason   bool
+	From, Until time.Time
 	// Test is the test that causes it, for the report.
 	Test string
 }
 
 // Matches says whether e is the warning x expects.
 func (x Expected) Matches(e Event) bool {
-	return e.Reason == x.Reason && strings.Contains(e.Object, x.Object) && strings.Contains(e.Message, x.Message) &&
+	if !x.From.IsZero() && (e.First.Before(x.From) || e.Last.After(x.Until)) {
+		return false
+	}
+	return (x.AnyReason || e.Reason == x.Reason) && strings.Contains(e.Object, x.Object) && strings.Contains(e.Message, x.Message) &&
 		strings.HasPrefix(e.Message, x.Prefix)
 }
 

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Each check is shown catching a planted violation and passing what is
@@ -188,5 +189,28 @@ func TestHungLivenessExpectsItsThresholdOnly(t *testing.T) {
 	startup := Event{Type: "Warning", Reason: "Unhealthy", Object: hung, Source: "kubelet", Count: 1, Message: "Startup probe failed: HTTP probe failed with statuscode: 500"}
 	if got := UnexpectedWarnings([]Event{startup}, nil, pods, expected); len(got) != 1 {
 		t.Errorf("another probe's failure: got %q, want it unexpected", got)
+	}
+}
+
+// TestWarningsExpectedWithinAWindow checks an expectation of every
+// reason within a window (a soak's faults): a warning first and last
+// reported within it is expected, one that began before it or recurred
+// after it is not.
+func TestWarningsExpectedWithinAWindow(t *testing.T) {
+	sources := []string{"converge.csi.dev"}
+	from := time.Date(2026, 11, 28, 21, 0, 0, 0, time.UTC)
+	until := from.Add(5 * time.Minute)
+	at := func(a, b time.Duration) Event {
+		return Event{Type: "Warning", Reason: "ProvisioningFailed", Object: "PersistentVolumeClaim/default/soak-3",
+			Source: "converge.csi.dev_node-a_1", First: from.Add(a), Last: from.Add(b)}
+	}
+	within, before, recurred := at(time.Minute, 2*time.Minute), at(-time.Minute, time.Minute), at(time.Minute, 6*time.Minute)
+	expected := []Expected{{AnyReason: true, From: from, Until: until, Test: "TestSoak"}}
+	got := UnexpectedWarnings([]Event{within, before, recurred}, sources, nil, expected)
+	if len(got) != 2 {
+		t.Fatalf("got %q, want the warnings that began before or recurred after the window", got)
+	}
+	if got := UnexpectedWarnings([]Event{within}, sources, nil, nil); len(got) != 1 {
+		t.Errorf("without the expectation: got %q, want the warning unexpected", got)
 	}
 }
