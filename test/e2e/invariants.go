@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -257,4 +258,53 @@ func eventTimes(e corev1.Event) (first, last time.Time) {
 		last = first
 	}
 	return first, last
+}
+
+// restartCounts are the restart counts of the containers of converge's
+// pods, and the restarts intended of each so far.
+type restartCounts struct {
+	seen, intended map[invariants.Container]int32
+}
+
+// countRestarts reads the restart counts of converge's containers now.
+func countRestarts(ctx context.Context) (restartCounts, error) {
+	rc := restartCounts{seen: map[invariants.Container]int32{}, intended: map[invariants.Container]int32{}}
+	pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return rc, err
+	}
+	for _, p := range pods.Items {
+		if !hasPrefix(p.Name, convergePods) {
+			continue
+		}
+		for _, st := range p.Status.ContainerStatuses {
+			rc.seen[invariants.Container{Pod: p.Name, UID: string(p.UID), Name: st.Name}] = st.RestartCount
+		}
+	}
+	intent.mu.Lock()
+	defer intent.mu.Unlock()
+	maps.Copy(rc.intended, intent.restarts)
+	return rc, nil
+}
+
+// intendRestartsSince records as intended every restart of converge's
+// containers since before (countRestarts): a soak's, whose faults
+// restart them as often as they fall, and a sidecar more than once while
+// csi-node comes back.
+func intendRestartsSince(ctx context.Context, before restartCounts) error {
+	now, err := countRestarts(ctx)
+	if err != nil {
+		return err
+	}
+	intent.mu.Lock()
+	defer intent.mu.Unlock()
+	if intent.restarts == nil {
+		intent.restarts = map[invariants.Container]int32{}
+	}
+	for ctr, n := range now.seen {
+		if want := before.intended[ctr] + n - before.seen[ctr]; want > intent.restarts[ctr] {
+			intent.restarts[ctr] = want
+		}
+	}
+	return nil
 }

@@ -115,8 +115,10 @@ type soakRun struct {
 	groupClasses []string
 	// failpoints are the failpoints of csi-node's failpoint build.
 	failpoints []string
-	// began is when the soak began.
-	began time.Time
+	// began is when the soak began, and restarts the restarts of
+	// converge's containers then.
+	began    time.Time
+	restarts restartCounts
 	// tookDown says whether takeDown ran.
 	tookDown bool
 	// prometheus evaluates the chart's alerts, and alerts are those it
@@ -220,6 +222,9 @@ func soakOnce(t *testing.T, env soakEnv, seeds []uint64, out string) {
 		}
 	})
 	s.began = time.Now()
+	if s.restarts, err = countRestarts(s.ctx); err != nil {
+		t.Fatal(err)
+	}
 	stop := s.begin()
 	defer stop()
 	start := time.Now()
@@ -755,6 +760,9 @@ func (s *soakRun) settle() {
 	// While the faults fell, converge's components and the kubelet warned
 	// of what failed and was retried; from now on, nothing may fail.
 	expect(invariants.Expected{AnyReason: true, From: s.began.Truncate(time.Second), Until: time.Now().Add(time.Second), Test: s.t.Name()})
+	if err := intendRestartsSince(s.ctx, s.restarts); err != nil {
+		s.fail(&s.broken, "counting the restarts of the faults: %v", err)
+	}
 	// Let every writer acknowledge more, after every fault.
 	time.Sleep(2 * time.Second)
 	for _, u := range units {
