@@ -95,8 +95,8 @@ func write(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	ack := func() {
 		for _, w := range writers {
-			if w.Next() > 0 {
-				fmt.Fprintf(stdout, "ack %s %d\n", w.owner, w.Next()-1)
+			if w.Synced() > 0 {
+				fmt.Fprintf(stdout, "ack %s %d\n", w.owner, w.Synced()-1)
 			}
 		}
 	}

@@ -213,3 +213,32 @@ func TestGroupWriterCatchesUp(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestWriterVouchesForWhatItFound opens a writer on a log of another
+// writer's records: it writes them again as they were, fsynced (they may
+// have been in the page cache alone), and may acknowledge them.
+func TestWriterVouchesForWhatItFound(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	w, err := OpenWriter(path, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := w.Append(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.Close()
+	before, _ := os.ReadFile(path)
+	w, err = OpenWriter(path, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+		t.Errorf("the log changed when a writer opened it")
+	}
+	if w.Synced() != 3 || w.Next() != 3 {
+		t.Errorf("synced %d, next %d; want 3 and 3", w.Synced(), w.Next())
+	}
+}

@@ -14,6 +14,9 @@ type Writer struct {
 	owner string
 	next  uint64 // the seq of the owner's next record
 	off   int64  // where it goes
+	// synced is how many of the owner's records the writer made sure of
+	// on the disk, by its own fsync: the records it may acknowledge.
+	synced uint64
 }
 
 // OpenWriter opens the log at path for owner. The log must hold nothing
@@ -49,6 +52,20 @@ func OpenWriter(path, owner string) (*Writer, error) {
 		f.Close()
 		return nil, fmt.Errorf("%s: records of %s follow %s's own", path, records[len(records)-1].Owner, owner)
 	}
+	// What it read may lie in the page cache alone: a write whose
+	// writeback failed (its pool full) stays there, clean and readable,
+	// until the page is dropped, and the fsync of a process that opened
+	// the file after the failure does not report it. Written again and
+	// fsynced, it is the disk's.
+	if _, err := f.WriteAt(data[:end], 0); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	w.synced = w.next
 	return w, nil
 }
 
@@ -72,8 +89,13 @@ func (w *Writer) Append() (uint64, error) {
 	seq := w.next
 	w.next++
 	w.off += RecordSize
+	w.synced = w.next
 	return seq, nil
 }
+
+// Synced is how many of the owner's records the writer knows are on the
+// disk: the records it may acknowledge.
+func (w *Writer) Synced() uint64 { return w.synced }
 
 // Close closes the log.
 func (w *Writer) Close() error { return w.f.Close() }
