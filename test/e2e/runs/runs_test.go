@@ -2,14 +2,11 @@ package runs
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/converge-csi/converge/pkg/devices"
 )
 
 // TestCleanStale makes on the real kernel, without a cluster, what e2e
@@ -267,20 +264,8 @@ func TestCleanDetachesPoolImagesAndHolders(t *testing.T) {
 	// csi-node's container's.
 	attach := func(script string, args ...string) (string, loopID) {
 		t.Helper()
-		out, err := exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "--", "sh", "-ec", script, "sh"}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: %v: %s", script, err, out)
-		}
-		dev := strings.TrimSpace(string(out))
-		id, ok := identity(dev)
-		if !ok {
-			t.Fatalf("%s: %q is no loop device", script, dev)
-		}
-		t.Cleanup(func() {
-			if now, ok := identity(dev); ok && now == id {
-				devices.DetachLoop(dev)
-			}
-		})
+		dev := attachIn(t, script, args...)
+		id, _ := identity(dev)
 		return dev, id
 	}
 	mnt := t.TempDir()
