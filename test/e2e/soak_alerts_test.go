@@ -63,19 +63,25 @@ var windowed = map[string]bool{
 	"ConvergeNodeWriteRefused": true, "ConvergePoolUnreadable": true,
 }
 
+// windowGrace is how long after a counter moved an alert on it may go
+// active: two scrapes of the API server (every 15 s; increase() needs two
+// samples) and an evaluation.
+const windowGrace = 40 * time.Second
+
 // quiet waits up to wait for no alert to be pending or firing, and counts
 // an invariant broken if one still is: but for one of windowed that went
-// active before the soak settled (at settled), which it lists. The latest
-// poll must be recent: an alert log Prometheus stopped answering proves
-// nothing.
+// active by windowGrace after the soak settled (at settled), which it
+// lists. The log must be fresh, and csi-node on each node scraped all
+// along: an alert Prometheus could not see proves nothing.
 func (s *soakRun) quiet(settled time.Time, wait time.Duration) {
 	var active []string
+	start := time.Now()
 	err := waitFor(s.ctx, wait, nil, func() error {
 		active = nil
 		var left []string
 		for _, a := range s.alerts.Current() {
 			active = append(active, a.String())
-			if !windowed[a.Name] || !a.ActiveAt.Before(settled) {
+			if !windowed[a.Name] || a.ActiveAt.After(settled.Add(windowGrace)) {
 				left = append(left, a.String())
 			}
 		}
@@ -87,8 +93,16 @@ func (s *soakRun) quiet(settled time.Time, wait time.Duration) {
 	if err != nil {
 		s.fail(&s.broken, "settled, alerts still pending or firing %s later: %v", wait, err)
 	}
+	if as, err := s.prometheus.alerts(s.ctx); err == nil {
+		s.alerts.Observe(time.Now(), as)
+	}
 	if last := s.alerts.LastPoll(); time.Since(last) > 4*alertPoll {
 		s.fail(&s.broken, "Prometheus's alerts were last read at %s: the soak cannot say none fires", last.Format(time.TimeOnly))
+	}
+	for _, n := range s.nodes {
+		if up, err := s.prometheus.scraped(s.ctx, n.node, time.Since(start)); err != nil || !up {
+			s.fail(&s.broken, "csi-node on %s was not scraped all along while the soak waited for no alert (%v)", n.node, err)
+		}
 	}
 	if len(active) > 0 {
 		s.logf("alerts active since before the soak settled, which look back over a window: %s", strings.Join(active, "; "))

@@ -3,6 +3,9 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -62,7 +65,9 @@ func (s *soakRun) fillPool(i int, hold time.Duration) error {
 		// Fine while csi-node was down (a reboot, a kill, a failpoint):
 		// there was nothing to scrape.
 		full := time.Since(since)
-		if up, err := s.prometheus.scraped(s.ctx, p.node, full); err != nil || !up {
+		if free := freeShare(p.dir); free > poolGuardShare {
+			s.fail(&s.failures, "pool %s of %s was full, and no alert: something freed %.1f%% of it meanwhile", p.name, p.node, 100*free)
+		} else if up, err := s.prometheus.scraped(s.ctx, p.node, full); err != nil || !up {
 			s.fail(&s.failures, "pool %s of %s was full for %s, and no alert: csi-node there was not scraped all along (%v)", p.name, p.node, full.Round(time.Second), err)
 		} else {
 			s.fail(&s.broken, "pool %s of %s was full for %s, csi-node there scraped all along, and ConvergePoolNearlyFull%v never pending", p.name, p.node, full.Round(time.Second), match)
@@ -127,4 +132,24 @@ func (s *soakRun) armFailpoint(draw int, hold time.Duration) error {
 	s.logf("failpoint %s reached on %s: killing csi-node there", name, n.node)
 	_, err = n.killContainer(s.ctx, s.t, "csi-node")
 	return err
+}
+
+// poolGuardShare is the share of a pool the e2e's csi-node keeps free
+// (its guard, testPoolGuard): below it, a pool is nearly full.
+var poolGuardShare = func() float64 {
+	pct, err := strconv.ParseFloat(strings.TrimSuffix(testPoolGuard, "%"), 64)
+	if err != nil {
+		panic(fmt.Sprintf("testPoolGuard %q: %v", testPoolGuard, err))
+	}
+	return pct / 100
+}()
+
+// freeShare is the share of the filesystem at dir that is free (to an
+// unprivileged writer, as csi-node counts it); 0 when it cannot say.
+func freeShare(dir string) float64 {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil || st.Blocks == 0 {
+		return 0
+	}
+	return float64(st.Bavail) / float64(st.Blocks)
 }

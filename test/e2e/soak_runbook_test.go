@@ -111,3 +111,43 @@ func (s *soakRun) remakePod(name string) error {
 	_, err = pods.Create(s.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: pod.Labels}, Spec: spec}, metav1.CreateOptions{})
 	return err
 }
+
+// steadyFor is how long each container of converge's pods must have run,
+// unrestarted, for the soak to call converge settled.
+const steadyFor = 20 * time.Second
+
+// convergeSteady waits up to 5 minutes for converge's own pods (csi-node
+// and its sidecars, the node agent, converge-controller) to be Ready with
+// every container running for steadyFor: a kill late in the plan leaves a
+// container in the kubelet's back-off for minutes, and what it restarts
+// after the soak settled would count as unexpected.
+func (s *soakRun) convergeSteady() {
+	err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
+		pods, err := c.client.CoreV1().Pods("").List(s.ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		var not []string
+		for _, p := range pods.Items {
+			if !hasPrefix(p.Name, convergePods) || p.DeletionTimestamp != nil {
+				continue
+			}
+			if !podReady(&p) {
+				not = append(not, p.Name+" not Ready")
+				continue
+			}
+			for _, st := range p.Status.ContainerStatuses {
+				if r := st.State.Running; r == nil || time.Since(r.StartedAt.Time) < steadyFor {
+					not = append(not, p.Name+"/"+st.Name+" not running for "+steadyFor.String())
+				}
+			}
+		}
+		if len(not) > 0 {
+			return fmt.Errorf("%s", strings.Join(not, ", "))
+		}
+		return nil
+	})
+	if err != nil {
+		s.fail(&s.broken, "converge's pods not steady 5 minutes after the faults: %v", err)
+	}
+}

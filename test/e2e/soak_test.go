@@ -88,10 +88,11 @@ type soakVolume struct {
 	class soakClass
 }
 
-// size is what a new volume of v's kind asks for: an xfs's least.
+// size is what a new volume of v's kind asks for: an xfs's least, and
+// for a raw block one room for over an hour of its writer's records.
 func (v soakVolume) size() string {
 	if v.class.block {
-		return volumeSize
+		return "256Mi"
 	}
 	return "320Mi"
 }
@@ -755,8 +756,9 @@ func (s *soakRun) settle() {
 		s.fail(&s.broken, "not settled 5 minutes after the faults: %v", err)
 		s.describeUnsettled(units)
 	}
-	settled := time.Now()
 	s.followRunbooks(units)
+	s.convergeSteady()
+	settled := time.Now()
 	// While the faults fell, converge's components and the kubelet warned
 	// of what failed and was retried; from now on, nothing may fail.
 	expect(invariants.Expected{AnyReason: true, From: s.began.Truncate(time.Second), Until: time.Now().Add(time.Second), Test: s.t.Name()})

@@ -41,8 +41,8 @@ const (
 	// the machine's).
 	secondNodeName = "localhost"
 	// secondDataDir is the size of the second node's data directory:
-	// below TestTwoNodesCapacitySteersScheduling's 512 MiB claim, and room
-	// for TestOlderKubelets' xfs grown to 384 MiB.
+	// room for TestOlderKubelets' xfs grown to 384 MiB, and for little
+	// else.
 	secondDataDir = 448 << 20
 	// compareDataDir is the second node's under make compare, which puts
 	// half of a hundred claims there (a sparse image: what is written
@@ -136,13 +136,19 @@ func TestTwoNodesVolumeFollowsItsPod(t *testing.T) {
 // The second node's data directory is too small for a claim: its
 // provisioner publishes that in its CSIStorageCapacity, and a pod that
 // prefers that node is scheduled to the first node instead, where its
-// volume is provisioned.
+// volume is provisioned. The claim is just past what the second node can
+// hold (448 MiB of data directory, or 8 GiB when a soak or make compare
+// joined it first), and within what the first can.
 func TestTwoNodesCapacitySteersScheduling(t *testing.T) {
 	b := secondNode(t)
-	const size = "512Mi"
-	want := resource.MustParse(size)
+	var want resource.Quantity
 	// Both nodes' capacity for the class, as the scheduler reads it.
-	waitCapacities(t, "converge", b, func(a, bb *resource.Quantity) bool { return bb.Cmp(want) < 0 && a.Cmp(want) >= 0 })
+	waitCapacities(t, "converge", b, func(a, bb *resource.Quantity) bool {
+		want = *bb
+		want.Add(resource.MustParse("64Mi"))
+		return a.Cmp(want) >= 0
+	})
+	size := want.String()
 	claimOf(t, "roomy", fs, rwo, size, "converge")
 	pod := startPod(t, podSpec{name: "roomy", claims: []string{"roomy"}, prefer: b.node})
 	if pod.Spec.NodeName != c.node {
