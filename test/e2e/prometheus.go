@@ -346,7 +346,7 @@ func (c *cluster) prometheusBinary(ctx context.Context) (string, error) {
 }
 
 // scraped says whether every scrape of the node's csi-node in the last
-// window succeeded: its up series was 1 throughout (and there was one).
+// window (15 s at least) succeeded: its up series was 1 throughout (and there was one).
 // A scrape that failed, or a csi-node whose pod was not found to scrape,
 // answers false.
 func (p *prometheus) scraped(ctx context.Context, node string, window time.Duration) (bool, error) {
@@ -355,7 +355,8 @@ func (p *prometheus) scraped(ctx context.Context, node string, window time.Durat
 			Value [2]any `json:"value"`
 		} `json:"result"`
 	}
-	q := fmt.Sprintf(`min_over_time(up{container="csi-node",node=%q}[%ds])`, node, int(window.Seconds()))
+	// A window of at least a few scrapes: a shorter one may hold none.
+	q := fmt.Sprintf(`min_over_time(up{container="csi-node",node=%q}[%ds])`, node, max(int(window.Seconds()), 15))
 	if err := p.get(ctx, "/api/v1/query?query="+url.QueryEscape(q), &data); err != nil {
 		return false, err
 	}
