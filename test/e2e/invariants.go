@@ -202,11 +202,44 @@ func (c *cluster) checkInvariants(w *restartWatch) []string {
 		}
 		for _, s := range invariants.UnexpectedWarnings(flat, convergeSources, convergePods, expected) {
 			out = append(out, "an unexpected warning: "+s)
+			for _, e := range flat {
+				if e.String() == s {
+					out = append(out, c.kubeletSays(e)...)
+					break
+				}
+			}
 		}
 	}
 
 	// Volumes of pods deleted at a test's end are unmounted shortly after.
 	return append(out, c.volumesLeft(2*time.Minute)...)
+}
+
+// kubeletSays is what each node's kubelet logged of the pod an event is
+// about, from a minute before it was first reported to a few seconds after
+// it last was: why a warning no test explains came (a probe's failure, and
+// what the kubelet did with the pod's containers around it).
+func (c *cluster) kubeletSays(e invariants.Event) []string {
+	kind, rest, _ := strings.Cut(e.Object, "/")
+	_, pod, _ := strings.Cut(rest, "/")
+	if kind != "Pod" || e.First.IsZero() {
+		return nil
+	}
+	var out []string
+	for _, n := range c.nodes {
+		log, err := os.ReadFile(filepath.Join(n.logs, "kubelet.log"))
+		if err != nil {
+			continue
+		}
+		lines := invariants.KubeletLines(string(log), pod, e.First.Add(-time.Minute), e.Last.Add(5*time.Second))
+		if len(lines) > 40 {
+			lines = append(lines[:20], lines[len(lines)-20:]...)
+		}
+		for _, l := range lines {
+			out = append(out, fmt.Sprintf("  node %s's kubelet: %s", n.node, l))
+		}
+	}
+	return out
 }
 
 // volumesLeft waits up to wait for no node to hold a volume's mount and

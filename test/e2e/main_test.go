@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -86,6 +87,7 @@ func TestMain(m *testing.M) {
 		}
 		if code != 0 {
 			dumpLogs()
+			keepLogs()
 		}
 	}
 	if !takeDown() {
@@ -172,6 +174,25 @@ func runsEveryTest() bool {
 		}
 	}
 	return true
+}
+
+// keptLogs is where a failed run leaves its daemons' logs (the kubelets',
+// the control plane's), for a reading past the ends dumpLogs prints; the
+// next failed run replaces them.
+var keptLogs = filepath.Join(os.TempDir(), "converge-e2e-failed-logs")
+
+// keepLogs copies the run's logs to keptLogs before the take-down removes
+// the run's directory.
+func keepLogs() {
+	if c == nil || c.logs == "" {
+		return
+	}
+	os.RemoveAll(keptLogs)
+	if out, err := exec.Command("cp", "-a", c.logs, keptLogs).CombinedOutput(); err != nil {
+		fmt.Printf("e2e: keeping the run's logs: %v: %s\n", err, out)
+		return
+	}
+	fmt.Printf("e2e: the run's logs are kept in %s\n", keptLogs)
 }
 
 // dumpLogs prints the end of every daemon's log, for a failed run.

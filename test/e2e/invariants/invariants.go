@@ -74,7 +74,11 @@ type Event struct {
 }
 
 func (e Event) String() string {
-	return fmt.Sprintf("%s %s on %s from %s (x%d): %s", e.Type, e.Reason, e.Object, e.Source, max(e.Count, 1), e.Message)
+	when := ""
+	if !e.First.IsZero() {
+		when = ", first at " + e.First.UTC().Format("15:04:05")
+	}
+	return fmt.Sprintf("%s %s on %s from %s (x%d%s): %s", e.Type, e.Reason, e.Object, e.Source, max(e.Count, 1), when, e.Message)
 }
 
 // Expected is a Warning event a test causes on purpose, named by its
@@ -239,4 +243,26 @@ func HungLiveness(pod string, failureThreshold int32, test string) Expected {
 func KilledLiveness(pod string, port int32, test string) Expected {
 	return Expected{Reason: "Unhealthy", Object: pod, Prefix: "Liveness probe failed: Get ",
 		Message: fmt.Sprintf(":%d: connect: connection refused", port), Max: 1, Test: test}
+}
+
+// KubeletLines returns the lines of a kubelet's log (klog's format:
+// "I1128 23:41:07.123456 ...", the year left out) that name pod and were
+// written between from and to: what the kubelet did with a pod around a
+// warning no test explains. A line whose time does not parse is left out.
+func KubeletLines(kubeletLog, pod string, from, to time.Time) []string {
+	var out []string
+	for _, line := range strings.Split(kubeletLog, "\n") {
+		if len(line) < 21 || !strings.Contains(line, pod) {
+			continue
+		}
+		t, err := time.Parse("0102 15:04:05.000000", line[1:21])
+		if err != nil {
+			continue
+		}
+		t = t.AddDate(from.UTC().Year(), 0, 0)
+		if !t.Before(from) && !t.After(to) {
+			out = append(out, line)
+		}
+	}
+	return out
 }

@@ -214,3 +214,20 @@ func TestWarningsExpectedWithinAWindow(t *testing.T) {
 		t.Errorf("without the expectation: got %q, want the warning unexpected", got)
 	}
 }
+
+// TestKubeletLines: a pod's lines of a kubelet's log in a window of time,
+// and none of another pod's or from outside it.
+func TestKubeletLines(t *testing.T) {
+	log := `I1128 23:40:59.000001    1 prober.go:120] "Probe failed" pod="kube-system/converge-node-agent-24gxv"
+I1128 23:41:07.123456    1 prober.go:120] "Probe failed" probeType="Liveness" pod="kube-system/converge-node-agent-24gxv"
+I1128 23:41:07.200000    1 prober.go:120] "Probe failed" pod="kube-system/converge-node-x9z2k"
+I1128 23:41:08.000000    1 kubelet.go:2500] "SyncLoop DELETE" pods=["kube-system/converge-node-agent-24gxv"]
+not a klog line converge-node-agent-24gxv
+I1128 23:42:08.000000    1 kubelet.go:2500] "SyncLoop ADD" pods=["kube-system/converge-node-agent-24gxv"]`
+	from := time.Date(2026, 11, 28, 23, 41, 0, 0, time.UTC)
+	got := KubeletLines(log, "converge-node-agent-24gxv", from, from.Add(time.Minute))
+	lines := strings.Split(log, "\n")
+	if want := []string{lines[1], lines[3]}; !reflect.DeepEqual(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
