@@ -45,36 +45,6 @@ var (
 	soakOut  = flag.String("soak-out", "", "a directory the soak writes its plan and history to")
 )
 
-// soakSidecars are the containers of the node pod the soak kills, beside
-// csi-node.
-var soakSidecars = []string{"csi-provisioner", "csi-resizer", "csi-snapshotter", "node-driver-registrar"}
-
-// soakKinds are the soak's operations and faults, with how often each
-// comes on average. Targets of 1000 is a draw an operation picks its
-// volume or kind of claim with (modulo what there is).
-func soakKinds(nodes int) []soak.Kind {
-	return []soak.Kind{
-		{Name: "create", Every: 20 * time.Second, Targets: 1000},
-		{Name: "grow", Every: 40 * time.Second, Targets: 1000},
-		{Name: "snapshot", Every: 45 * time.Second, Targets: 1000},
-		{Name: "clone", Every: 60 * time.Second, Targets: 1000},
-		{Name: "group-snapshot", Every: 90 * time.Second, Targets: 1000},
-		{Name: "delete", Every: 30 * time.Second, Targets: 1000},
-		{Name: "kill-csi-node", Every: 60 * time.Second, Targets: nodes},
-		{Name: "stop-csi-node", Every: 120 * time.Second, Targets: nodes, Hold: [2]time.Duration{3 * time.Second, 20 * time.Second}},
-		{Name: "kill-sidecar", Every: 45 * time.Second, Targets: nodes * len(soakSidecars)},
-		{Name: "kill-controller", Every: 120 * time.Second, Targets: 1},
-		{Name: "restart-kubelet", Every: 90 * time.Second, Targets: nodes},
-		// Past the node monitor's grace (40 s): the Node goes NotReady.
-		{Name: "kubelet-down", Every: 240 * time.Second, Targets: nodes, Hold: [2]time.Duration{45 * time.Second, 75 * time.Second}},
-		{Name: "restart-apiserver", Every: 300 * time.Second, Targets: 1},
-		// A power loss: down for the hold, then up on what its disks kept.
-		{Name: "reboot", Every: 300 * time.Second, Targets: nodes, Hold: [2]time.Duration{10 * time.Second, 30 * time.Second}},
-		{Name: "fill-pool", Every: 240 * time.Second, Targets: 1000, Hold: [2]time.Duration{20 * time.Second, 60 * time.Second}},
-		{Name: "failpoint", Every: 60 * time.Second, Targets: 1000 * nodes, Hold: [2]time.Duration{5 * time.Second, 30 * time.Second}},
-	}
-}
-
 // soakClass is a kind of claim the soak makes.
 type soakClass struct {
 	class string
@@ -214,7 +184,7 @@ func expectRolloutProbes(t *testing.T, from time.Time) {
 func soakOnce(t *testing.T, env soakEnv, seeds []uint64, out string) {
 	nodes := env.nodes
 	seed := soak.SeedsString(seeds)
-	plan, err := soak.PlanOf(seeds, *soakFor, soakKinds(len(nodes)))
+	plan, err := soak.PlanOf(seeds, *soakFor, soak.Kinds(len(nodes)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,7 +304,7 @@ func (s *soakRun) do(e soak.Event) error {
 		_, err := s.nodes[e.Target].killContainer(s.ctx, s.t, "csi-node")
 		return err
 	case "kill-sidecar":
-		_, err := s.nodes[e.Target/len(soakSidecars)].killContainer(s.ctx, s.t, soakSidecars[e.Target%len(soakSidecars)])
+		_, err := s.nodes[e.Target/len(soak.Sidecars)].killContainer(s.ctx, s.t, soak.Sidecars[e.Target%len(soak.Sidecars)])
 		return err
 	case "stop-csi-node":
 		return s.stopDriver(s.nodes[e.Target], e.Hold)
