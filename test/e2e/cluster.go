@@ -360,17 +360,21 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.admin)
-	if err != nil {
-		return err
-	}
-	cfg.QPS, cfg.Burst = 100, 200
-	c.client, err = kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	if c.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
-		return err
+	// The clients are made once: a restart of the API server (the soak's)
+	// keeps the address and the credentials, and the clients dial again,
+	// while tests, informers and watchers read them concurrently.
+	if c.client == nil {
+		cfg, err := clientcmd.BuildConfigFromFlags("", c.admin)
+		if err != nil {
+			return err
+		}
+		cfg.QPS, cfg.Burst = 100, 200
+		if c.client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return err
+		}
+		if c.dynamic, err = dynamic.NewForConfig(cfg); err != nil {
+			return err
+		}
 	}
 	return waitFor(ctx, 60*time.Second, c.apiserver, func() error {
 		body, err := c.client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
