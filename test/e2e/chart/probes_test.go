@@ -125,3 +125,91 @@ func podSpecs(t *testing.T, manifest string) []namedPodSpec {
 	}
 	return out
 }
+
+// minLivenessDelay is the least initialDelaySeconds of a liveness probe:
+// the kubelet probes a container as soon as it sees it run, and a process
+// starved of CPU on a busy node (converge's containers ask for 5-20m) may
+// not listen yet; each refused probe is a Warning on the pod.
+const minLivenessDelay = 10
+
+// TestLivenessWaitsForStart checks every liveness probe of every container
+// deploy/ and the chart install, in each variant, against livenessErrors.
+func TestLivenessWaitsForStart(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			manifest, err := render(t, v.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for source, m := range map[string]string{"deploy/": kustomize(t, v.components), "the chart": manifest} {
+				for _, p := range podSpecs(t, m) {
+					for _, e := range livenessErrors(p.spec) {
+						t.Errorf("%s: %s: %s", source, p.name, e)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestLivenessRule shows livenessErrors refusing a probe that may come
+// before its process listens, and a registrar restarted sooner than the
+// csi-node it waits for.
+func TestLivenessRule(t *testing.T) {
+	probe := func(delay, period, failures int32) *corev1.Probe {
+		return &corev1.Probe{InitialDelaySeconds: delay, PeriodSeconds: period, FailureThreshold: failures}
+	}
+	for _, tc := range []struct {
+		name              string
+		driver, registrar *corev1.Probe
+		want              int
+	}{
+		{"both wait, the registrar as long", probe(10, 10, 5), probe(10, 10, 5), 0},
+		{"no delay", probe(0, 10, 5), probe(10, 10, 5), 1},
+		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), 2},
+		{"the registrar restarted first", probe(10, 10, 5), probe(10, 10, 3), 1},
+	} {
+		spec := corev1.PodSpec{Containers: []corev1.Container{
+			{Name: "csi-node", LivenessProbe: tc.driver},
+			{Name: "node-driver-registrar", LivenessProbe: tc.registrar},
+			{Name: "csi-provisioner"},
+		}}
+		if got := livenessErrors(spec); len(got) != tc.want {
+			t.Errorf("%s: got %q, want %d errors", tc.name, got, tc.want)
+		}
+	}
+}
+
+// livenessErrors says which liveness probes of a pod may fail before their
+// container can serve: any probed in its first minLivenessDelay seconds,
+// and node-driver-registrar's if it may be restarted before csi-node is:
+// the registrar serves /healthz only once csi-node has told it the
+// driver's name, so it needs csi-node's start-up budget (the delay, and
+// the failures the kubelet waits for, at least csi-node's).
+func livenessErrors(p corev1.PodSpec) []string {
+	var out []string
+	budget := map[string]int32{}
+	for _, c := range append(p.InitContainers, p.Containers...) {
+		pr := c.LivenessProbe
+		if pr == nil {
+			continue
+		}
+		if pr.InitialDelaySeconds < minLivenessDelay {
+			out = append(out, fmt.Sprintf("container %s: its liveness probe's initialDelaySeconds %d, want %d at least", c.Name, pr.InitialDelaySeconds, minLivenessDelay))
+		}
+		period, failures := pr.PeriodSeconds, pr.FailureThreshold
+		if period == 0 {
+			period = 10 // the kubelet's default
+		}
+		if failures == 0 {
+			failures = 3
+		}
+		budget[c.Name] = pr.InitialDelaySeconds + period*failures
+	}
+	if d, ok := budget["csi-node"]; ok {
+		if r, ok := budget["node-driver-registrar"]; ok && r < d {
+			out = append(out, fmt.Sprintf("node-driver-registrar is restarted %d s into a start at most, csi-node %d s: a slow csi-node start would restart the registrar too", r, d))
+		}
+	}
+	return out
+}
