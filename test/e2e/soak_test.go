@@ -705,8 +705,8 @@ func (s *soakRun) units() []soakUnit {
 	return out
 }
 
-// unsettled says which of units' claims are not Bound and pods not
-// running and ready.
+// unsettled says which of units' claims are not Bound or not yet grown to
+// what they ask, and which pods are not running and ready.
 func (s *soakRun) unsettled(units []soakUnit) []string {
 	var not []string
 	for _, u := range units {
@@ -714,6 +714,12 @@ func (s *soakRun) unsettled(units []soakUnit) []string {
 			pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, cl, metav1.GetOptions{})
 			if err != nil || pvc.Status.Phase != corev1.ClaimBound {
 				not = append(not, "claim "+cl+" not Bound")
+				continue
+			}
+			// A grow asked is done: the volume and its filesystem.
+			want, have := pvc.Spec.Resources.Requests[corev1.ResourceStorage], pvc.Status.Capacity[corev1.ResourceStorage]
+			if have.Cmp(want) < 0 {
+				not = append(not, fmt.Sprintf("claim %s holds %s, asks %s", cl, have.String(), want.String()))
 			}
 		}
 		pod, err := c.client.CoreV1().Pods(ns).Get(s.ctx, u.pod, metav1.GetOptions{})
@@ -724,8 +730,8 @@ func (s *soakRun) unsettled(units []soakUnit) []string {
 	return not
 }
 
-// settle waits, the faults over, for every claim to be Bound and every
-// writer running, then checks every volume's log and that the nodes, their
+// settle waits, the faults over, for every claim to be Bound and grown to
+// what it asks and every writer running, then checks every volume's log and that the nodes, their
 // pools and the API agree; then it deletes everything and waits for the
 // nodes and the API to hold nothing of it.
 func (s *soakRun) settle() {
