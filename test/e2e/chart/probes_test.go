@@ -20,6 +20,30 @@ import (
 // the probed container too, so that the manifest says which port each
 // probe reaches.
 func TestProbesNameTheirOwnPorts(t *testing.T) {
+	everyPod(t, func(t *testing.T, source string, pods []namedPodSpec) {
+		probed := 0
+		for _, p := range pods {
+			for _, c := range append(p.spec.InitContainers, p.spec.Containers...) {
+				for kind, pr := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
+					if pr == nil {
+						continue
+					}
+					probed++
+					if err := probePortResolves(pr, c); err != nil {
+						t.Errorf("%s: %s container %s: %s probe: %v", source, p.name, c.Name, kind, err)
+					}
+				}
+			}
+		}
+		if probed == 0 {
+			t.Errorf("%s: no probe found: the test reads nothing", source)
+		}
+	})
+}
+
+// everyPod calls check with the pod templates of deploy/ and of the
+// chart, in each variant (a subtest each).
+func everyPod(t *testing.T, check func(t *testing.T, source string, pods []namedPodSpec)) {
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			manifest, err := render(t, v.vals)
@@ -27,23 +51,7 @@ func TestProbesNameTheirOwnPorts(t *testing.T) {
 				t.Fatal(err)
 			}
 			for source, m := range map[string]string{"deploy/": kustomize(t, v.components), "the chart": manifest} {
-				probed := 0
-				for _, p := range podSpecs(t, m) {
-					for _, c := range append(p.spec.InitContainers, p.spec.Containers...) {
-						for kind, pr := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
-							if pr == nil {
-								continue
-							}
-							probed++
-							if err := probePortResolves(pr, c); err != nil {
-								t.Errorf("%s: %s container %s: %s probe: %v", source, p.name, c.Name, kind, err)
-							}
-						}
-					}
-				}
-				if probed == 0 {
-					t.Errorf("%s: no probe found: the test reads nothing", source)
-				}
+				check(t, source, podSpecs(t, m))
 			}
 		})
 	}
@@ -135,21 +143,13 @@ const minLivenessDelay = 10
 // TestLivenessWaitsForStart checks every liveness probe of every container
 // deploy/ and the chart install, in each variant, against livenessErrors.
 func TestLivenessWaitsForStart(t *testing.T) {
-	for _, v := range variants {
-		t.Run(v.name, func(t *testing.T) {
-			manifest, err := render(t, v.vals)
-			if err != nil {
-				t.Fatal(err)
+	everyPod(t, func(t *testing.T, source string, pods []namedPodSpec) {
+		for _, p := range pods {
+			for _, e := range livenessErrors(p.spec) {
+				t.Errorf("%s: %s: %s", source, p.name, e)
 			}
-			for source, m := range map[string]string{"deploy/": kustomize(t, v.components), "the chart": manifest} {
-				for _, p := range podSpecs(t, m) {
-					for _, e := range livenessErrors(p.spec) {
-						t.Errorf("%s: %s: %s", source, p.name, e)
-					}
-				}
-			}
-		})
-	}
+		}
+	})
 }
 
 // TestLivenessRule shows livenessErrors refusing a probe that may come
