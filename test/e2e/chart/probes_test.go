@@ -153,21 +153,22 @@ func TestLivenessWaitsForStart(t *testing.T) {
 }
 
 // TestLivenessRule shows livenessErrors refusing a probe that may come
-// before its process listens, and a registrar restarted sooner than the
-// csi-node it waits for.
+// before its process listens, and a registrar's probe that would end it
+// before its own wait for csi-node does.
 func TestLivenessRule(t *testing.T) {
 	probe := func(delay, period, failures int32) *corev1.Probe {
 		return &corev1.Probe{InitialDelaySeconds: delay, PeriodSeconds: period, FailureThreshold: failures}
 	}
 	for _, tc := range []struct {
-		name              string
-		driver, registrar *corev1.Probe
-		want              int
+		name      string
+		driver    *corev1.Probe
+		registrar *corev1.Probe
+		want      int
 	}{
-		{"both wait, the registrar as long", probe(10, 10, 5), probe(10, 10, 5), 0},
-		{"no delay", probe(0, 10, 5), probe(10, 10, 5), 1},
-		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), 2},
-		{"the registrar restarted first", probe(10, 10, 5), probe(10, 10, 3), 1},
+		{"both wait, the registrar past its give-up", probe(10, 10, 5), probe(10, 10, 3), 0},
+		{"no delay", probe(0, 10, 5), probe(10, 0, 0), 1},
+		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), 1},
+		{"the registrar ended before its give-up", probe(10, 10, 5), probe(10, 5, 3), 1},
 	} {
 		spec := corev1.PodSpec{Containers: []corev1.Container{
 			{Name: "csi-node", LivenessProbe: tc.driver},
@@ -180,15 +181,18 @@ func TestLivenessRule(t *testing.T) {
 	}
 }
 
+// registrarGiveUp is how long node-driver-registrar waits for csi-node to
+// answer before it exits (csi-lib-utils' Connect, WithTimeout(30 s)); it
+// serves /healthz only after.
+const registrarGiveUp = 30
+
 // livenessErrors says which liveness probes of a pod may fail before their
 // container can serve: any probed in its first minLivenessDelay seconds,
-// and node-driver-registrar's if it may be restarted before csi-node is:
-// the registrar serves /healthz only once csi-node has told it the
-// driver's name, so it needs csi-node's start-up budget (the delay, and
-// the failures the kubelet waits for, at least csi-node's).
+// and node-driver-registrar's if it ends the registrar (the delay, and the
+// failures the kubelet waits for) before the registrar's own wait for
+// csi-node gives up, which says why it ends.
 func livenessErrors(p corev1.PodSpec) []string {
 	var out []string
-	budget := map[string]int32{}
 	for _, c := range append(p.InitContainers, p.Containers...) {
 		pr := c.LivenessProbe
 		if pr == nil {
@@ -204,11 +208,8 @@ func livenessErrors(p corev1.PodSpec) []string {
 		if failures == 0 {
 			failures = 3
 		}
-		budget[c.Name] = pr.InitialDelaySeconds + period*failures
-	}
-	if d, ok := budget["csi-node"]; ok {
-		if r, ok := budget["node-driver-registrar"]; ok && r < d {
-			out = append(out, fmt.Sprintf("node-driver-registrar is restarted %d s into a start at most, csi-node %d s: a slow csi-node start would restart the registrar too", r, d))
+		if c.Name == "node-driver-registrar" && pr.InitialDelaySeconds+period*failures <= registrarGiveUp {
+			out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe ends it %d s into a start at most, before its own %d s wait for csi-node", pr.InitialDelaySeconds+period*failures, registrarGiveUp))
 		}
 	}
 	return out
