@@ -220,8 +220,7 @@ func (c *cluster) checkInvariants(w *restartWatch) []string {
 // it last was: why a warning no test explains came (a probe's failure, and
 // what the kubelet did with the pod's containers around it).
 func (c *cluster) kubeletSays(e invariants.Event) []string {
-	kind, rest, _ := strings.Cut(e.Object, "/")
-	_, pod, _ := strings.Cut(rest, "/")
+	kind, pod, _ := strings.Cut(e.Object, "/")
 	if kind != "Pod" || e.First.IsZero() {
 		return nil
 	}
@@ -231,9 +230,9 @@ func (c *cluster) kubeletSays(e invariants.Event) []string {
 		if err != nil {
 			continue
 		}
-		lines := invariants.KubeletLines(string(log), pod, e.First.Add(-time.Minute), e.Last.Add(5*time.Second))
+		lines := invariants.KubeletLines(string(log), pod, e.First.Add(-time.Minute), e.Last.Add(5*time.Second), time.Local)
 		if len(lines) > 40 {
-			lines = append(lines[:20], lines[len(lines)-20:]...)
+			lines = slices.Concat(lines[:20], []string{fmt.Sprintf("... %d lines left out ...", len(lines)-40)}, lines[len(lines)-20:])
 		}
 		for _, l := range lines {
 			out = append(out, fmt.Sprintf("  node %s's kubelet: %s", n.node, l))

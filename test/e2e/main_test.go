@@ -176,23 +176,26 @@ func runsEveryTest() bool {
 	return true
 }
 
-// keptLogs is where a failed run leaves its daemons' logs (the kubelets',
-// the control plane's), for a reading past the ends dumpLogs prints; the
-// next failed run replaces them.
-var keptLogs = filepath.Join(os.TempDir(), "converge-e2e-failed-logs")
-
-// keepLogs copies the run's logs to keptLogs before the take-down removes
-// the run's directory.
+// keepLogs copies a failed run's daemons' logs (the kubelets', the
+// control plane's) out of the run's directory, which the take-down
+// removes, for a reading past the ends dumpLogs prints: into a new
+// directory of root's alone (os.MkdirTemp), which it prints.
 func keepLogs() {
 	if c == nil || c.logs == "" {
 		return
 	}
-	os.RemoveAll(keptLogs)
-	if out, err := exec.Command("cp", "-a", c.logs, keptLogs).CombinedOutput(); err != nil {
-		fmt.Printf("e2e: keeping the run's logs: %v: %s\n", err, out)
+	kept, err := os.MkdirTemp("", "converge-e2e-failed-logs-")
+	if err == nil {
+		var out []byte
+		if out, err = exec.Command("cp", "-a", c.logs+"/.", kept).CombinedOutput(); err != nil {
+			err = fmt.Errorf("%v: %s", err, out)
+		}
+	}
+	if err != nil {
+		fmt.Printf("e2e: keeping the run's logs: %v\n", err)
 		return
 	}
-	fmt.Printf("e2e: the run's logs are kept in %s\n", keptLogs)
+	fmt.Printf("e2e: the run's logs are kept in %s\n", kept)
 }
 
 // dumpLogs prints the end of every daemon's log, for a failed run.

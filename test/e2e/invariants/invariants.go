@@ -246,22 +246,28 @@ func KilledLiveness(pod string, port int32, test string) Expected {
 }
 
 // KubeletLines returns the lines of a kubelet's log (klog's format:
-// "I1128 23:41:07.123456 ...", the year left out) that name pod and were
-// written between from and to: what the kubelet did with a pod around a
-// warning no test explains. A line whose time does not parse is left out.
-func KubeletLines(kubeletLog, pod string, from, to time.Time) []string {
+// "I1128 23:41:07.123456 ...", in the machine's time zone, the year left
+// out) that name pod ("<namespace>/<name>", as the kubelet does, so that
+// pod writer-1 is not writer-10) and were written between from and to:
+// what the kubelet did with a pod around a warning no test explains. A
+// line whose time does not parse is left out; the year is from's or to's,
+// whichever puts the line between them (a window across New Year).
+func KubeletLines(kubeletLog, pod string, from, to time.Time, loc *time.Location) []string {
 	var out []string
+	quoted := `"` + pod + `"`
 	for _, line := range strings.Split(kubeletLog, "\n") {
-		if len(line) < 21 || !strings.Contains(line, pod) {
+		if len(line) < 21 || !strings.Contains(line, quoted) {
 			continue
 		}
-		t, err := time.Parse("0102 15:04:05.000000", line[1:21])
+		t, err := time.ParseInLocation("0102 15:04:05.000000", line[1:21], loc)
 		if err != nil {
 			continue
 		}
-		t = t.AddDate(from.UTC().Year(), 0, 0)
-		if !t.Before(from) && !t.After(to) {
-			out = append(out, line)
+		for _, year := range []int{from.In(loc).Year(), to.In(loc).Year()} {
+			if at := t.AddDate(year, 0, 0); !at.Before(from) && !at.After(to) {
+				out = append(out, line)
+				break
+			}
 		}
 	}
 	return out

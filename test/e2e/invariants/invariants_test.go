@@ -216,18 +216,33 @@ func TestWarningsExpectedWithinAWindow(t *testing.T) {
 }
 
 // TestKubeletLines: a pod's lines of a kubelet's log in a window of time,
-// and none of another pod's or from outside it.
+// read in the log's time zone, and none of another pod's (one whose name
+// extends it among them) or from outside the window; a window across New
+// Year takes the lines of both years.
 func TestKubeletLines(t *testing.T) {
 	log := `I1128 23:40:59.000001    1 prober.go:120] "Probe failed" pod="kube-system/converge-node-agent-24gxv"
 I1128 23:41:07.123456    1 prober.go:120] "Probe failed" probeType="Liveness" pod="kube-system/converge-node-agent-24gxv"
 I1128 23:41:07.200000    1 prober.go:120] "Probe failed" pod="kube-system/converge-node-x9z2k"
+I1128 23:41:07.300000    1 prober.go:120] "Probe failed" pod="kube-system/converge-node-agent-24gxv2"
 I1128 23:41:08.000000    1 kubelet.go:2500] "SyncLoop DELETE" pods=["kube-system/converge-node-agent-24gxv"]
-not a klog line converge-node-agent-24gxv
+not a klog line "kube-system/converge-node-agent-24gxv"
 I1128 23:42:08.000000    1 kubelet.go:2500] "SyncLoop ADD" pods=["kube-system/converge-node-agent-24gxv"]`
-	from := time.Date(2026, 11, 28, 23, 41, 0, 0, time.UTC)
-	got := KubeletLines(log, "converge-node-agent-24gxv", from, from.Add(time.Minute))
 	lines := strings.Split(log, "\n")
-	if want := []string{lines[1], lines[3]}; !reflect.DeepEqual(got, want) {
+	pod := "kube-system/converge-node-agent-24gxv"
+	from := time.Date(2026, 11, 28, 23, 41, 0, 0, time.UTC)
+	if got, want := KubeletLines(log, pod, from, from.Add(time.Minute), time.UTC), []string{lines[1], lines[4]}; !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q, want %q", got, want)
+	}
+	// The same lines, written by a kubelet two hours east of UTC: the
+	// window is two hours earlier in UTC.
+	east := time.FixedZone("UTC+2", 2*60*60)
+	if got, want := KubeletLines(log, pod, from.Add(-2*time.Hour), from.Add(-2*time.Hour+time.Minute), east), []string{lines[1], lines[4]}; !reflect.DeepEqual(got, want) {
+		t.Errorf("in UTC+2: got %q, want %q", got, want)
+	}
+	newYear := `I1231 23:59:50.000000    1 prober.go:120] "Probe failed" pod="ns/p"
+I0101 00:00:05.000000    1 prober.go:120] "Probe failed" pod="ns/p"`
+	eve := time.Date(2026, 12, 31, 23, 59, 40, 0, time.UTC)
+	if got := KubeletLines(newYear, "ns/p", eve, eve.Add(time.Minute), time.UTC); len(got) != 2 {
+		t.Errorf("across New Year: got %q, want both lines", got)
 	}
 }
