@@ -27,11 +27,12 @@ cd "$(dirname "$0")/.."
 GO=${GO:-go}
 RUN_DIR=$(realpath -m "${RUN_DIR:-$PWD/.run}")
 STORAGE_SUITE=${STORAGE_SUITE-parallel}
-# The short soak's length and seeds, whose plans it runs at once: seed
-# 116, whose plan of 2 minutes holds every kind of event (test/e2e/soak's
-# FullSeed), and 0, a random seed, which it prints. SOAK_FOR=0 skips it.
+# The short soak's length and seeds, whose plans it runs at once: full,
+# the seed whose plan of 2 minutes holds every kind of event (test/e2e/
+# soak's FullSeed), and 0, a random seed, which it prints. SOAK_FOR=0
+# skips it.
 SOAK_FOR=${SOAK_FOR:-2m}
-SOAK_SEED=${SOAK_SEED:-116+0}
+SOAK_SEED=${SOAK_SEED:-full+0}
 STEP_SCALE=${STEP_SCALE:-1}
 RUN_BOUND=${RUN_BOUND:-85}
 for n in "$STEP_SCALE" "$RUN_BOUND"; do
@@ -167,7 +168,7 @@ e2e_lane() {
 	# take-down still has somewhere to write. TestSoak runs a short soak
 	# (issue 71) of two seeds' plans at once: a fixed one, whose plan holds
 	# every kind of fault, and a random one, which it prints (make soak
-	# SOAK_SEED=116+<it> SOAK_FOR=2m replays the soak), when SOAK_FOR is set.
+	# SOAK_SEED=116+<it> SOAK_FOR=2m replays the soak), unless SOAK_FOR=0.
 	step e2e 40 warm bash -c "cd test/e2e && exec '$E2E_BIN' -test.count=1 -test.v -test.parallel=3 -test.timeout=$(($(minutes 40) / 60 + 15))m \
 		-storage-suite='$STORAGE_SUITE' -storage-report='$RUN_DIR/storage-junit.xml' \
 		-soak='$SOAK_FOR' -soak-seed='$SOAK_SEED' -soak-out='$RUN_DIR/soak' > >(trap '' TERM INT HUP; exec tee '$RUN_DIR/e2e.log') 2>&1"

@@ -41,7 +41,7 @@ import (
 
 var (
 	soakFor  = flag.Duration("soak", 0, "TestSoak runs a soak of this length (make soak); 0: it is skipped")
-	soakSeed = flag.String("soak-seed", "0", "the soak's seed; 0: a random one, which it prints; seeds joined by + run their plans at once, soaks separated by commas one after the other")
+	soakSeed = flag.String("soak-seed", "0", "the soak's seed; 0: a random one, which it prints; full: the seed whose plan of 2 minutes holds every kind of event; seeds joined by + run their plans at once, soaks separated by commas one after the other")
 	soakOut  = flag.String("soak-out", "", "a directory the soak writes its plan and history to")
 )
 
@@ -705,8 +705,8 @@ func (s *soakRun) units() []soakUnit {
 	return out
 }
 
-// unsettled says which of units' claims are not Bound or not yet grown to
-// what they ask, and which pods are not running and ready.
+// unsettled says which of units' claims are not Bound and pods not
+// running and ready.
 func (s *soakRun) unsettled(units []soakUnit) []string {
 	var not []string
 	for _, u := range units {
@@ -714,17 +714,36 @@ func (s *soakRun) unsettled(units []soakUnit) []string {
 			pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, cl, metav1.GetOptions{})
 			if err != nil || pvc.Status.Phase != corev1.ClaimBound {
 				not = append(not, "claim "+cl+" not Bound")
-				continue
-			}
-			// A grow asked is done: the volume and its filesystem.
-			want, have := pvc.Spec.Resources.Requests[corev1.ResourceStorage], pvc.Status.Capacity[corev1.ResourceStorage]
-			if have.Cmp(want) < 0 {
-				not = append(not, fmt.Sprintf("claim %s holds %s, asks %s", cl, have.String(), want.String()))
 			}
 		}
 		pod, err := c.client.CoreV1().Pods(ns).Get(s.ctx, u.pod, metav1.GetOptions{})
 		if err != nil || pod.Status.Phase != corev1.PodRunning || !podReady(pod) {
 			not = append(not, "pod "+u.pod+" not running")
+		}
+	}
+	return not
+}
+
+// ungrown says which of units' claims do not yet hold what they ask: a
+// grow asked and not done, the volume's or its filesystem's.
+func (s *soakRun) ungrown(units []soakUnit) []string {
+	var not []string
+	for _, u := range units {
+		for _, cl := range u.claims {
+			pvc, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, cl, metav1.GetOptions{})
+			if err != nil {
+				not = append(not, fmt.Sprintf("claim %s: %v", cl, err))
+				continue
+			}
+			want, have := pvc.Spec.Resources.Requests[corev1.ResourceStorage], pvc.Status.Capacity[corev1.ResourceStorage]
+			if have.Cmp(want) >= 0 {
+				continue
+			}
+			var conds []string
+			for _, cond := range pvc.Status.Conditions {
+				conds = append(conds, string(cond.Type)+"="+string(cond.Status))
+			}
+			not = append(not, fmt.Sprintf("claim %s holds %s, asks %s (resize %v, conditions %v)", cl, have.String(), want.String(), pvc.Status.AllocatedResourceStatuses, conds))
 		}
 	}
 	return not
@@ -745,6 +764,17 @@ func (s *soakRun) settle() {
 	if err != nil {
 		s.fail(&s.broken, "not settled 5 minutes after the faults: %v", err)
 		s.describeUnsettled(units)
+	}
+	// A grow refused while a pool was full is retried by csi-resizer at
+	// most 5 minutes apart (its --retry-interval-max): it may come that
+	// long after the pool has room again.
+	if err := waitFor(s.ctx, 6*time.Minute, nil, func() error {
+		if not := s.ungrown(units); len(not) > 0 {
+			return errors.New(strings.Join(not, "; "))
+		}
+		return nil
+	}); err != nil {
+		s.fail(&s.broken, "a grow not done 6 minutes after the soak settled: %v", err)
 	}
 	s.followRunbooks(units)
 	s.convergeSteady()

@@ -34,5 +34,5 @@ func Kinds(nodes int) []Kind {
 
 // FullSeed is the seed whose plan of two minutes on two nodes holds every
 // kind of event (TestFullSeedHoldsEveryKind): make test's short soak runs
-// it beside a random seed (hack/test.sh's SOAK_SEED).
+// it beside a random seed (hack/test.sh's SOAK_SEED, full+0).
 const FullSeed = 116

@@ -82,12 +82,17 @@ func Plan(seed uint64, length time.Duration, kinds []Kind) ([]Event, error) {
 // ParseSeeds reads the soaks' seeds: soaks separated by commas, run one
 // after the other, each of one seed or of several joined by "+", whose
 // plans it runs at once (PlanOf). A seed of 0 is replaced by a draw of
-// random, so that the soak can print the seeds that replay it.
+// random, so that the soak can print the seeds that replay it, and
+// "full" by FullSeed.
 func ParseSeeds(s string, random func() uint64) ([][]uint64, error) {
 	var out [][]uint64
 	for _, soak := range strings.Split(s, ",") {
 		var seeds []uint64
 		for _, f := range strings.Split(soak, "+") {
+			if strings.TrimSpace(f) == "full" {
+				seeds = append(seeds, FullSeed)
+				continue
+			}
 			seed, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
 			if err != nil {
 				return nil, fmt.Errorf("seeds %q: %w", s, err)

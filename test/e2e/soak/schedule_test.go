@@ -95,11 +95,11 @@ func TestPlanRefuses(t *testing.T) {
 
 func TestParseSeeds(t *testing.T) {
 	random := func() uint64 { return 99 }
-	got, err := ParseSeeds("22+0, 7,0", random)
+	got, err := ParseSeeds("22+0, 7,0,full+0", random)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [][]uint64{{22, 99}, {7}, {99}}
+	want := [][]uint64{{22, 99}, {7}, {99}, {FullSeed, 99}}
 	if !slices.EqualFunc(got, want, slices.Equal) {
 		t.Errorf("got %v, want %v", got, want)
 	}
