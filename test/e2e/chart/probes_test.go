@@ -165,10 +165,10 @@ func TestLivenessRule(t *testing.T) {
 		registrar *corev1.Probe
 		want      int
 	}{
-		{"both wait, the registrar past its give-up", probe(10, 10, 5), probe(10, 10, 3), 0},
-		{"no delay", probe(0, 10, 5), probe(10, 0, 0), 1},
-		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), 1},
-		{"the registrar ended before its give-up", probe(10, 10, 5), probe(10, 5, 3), 1},
+		{"both wait, the registrar past its give-up", probe(10, 10, 5), probe(10, 10, 4), 0},
+		{"no delay", probe(0, 10, 5), probe(10, 0, 4), 1},
+		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), 2},
+		{"the registrar ended with its give-up", probe(10, 10, 5), probe(10, 10, 3), 1},
 	} {
 		spec := corev1.PodSpec{Containers: []corev1.Container{
 			{Name: "csi-node", LivenessProbe: tc.driver},
@@ -188,9 +188,12 @@ const registrarGiveUp = 30
 
 // livenessErrors says which liveness probes of a pod may fail before their
 // container can serve: any probed in its first minLivenessDelay seconds,
-// and node-driver-registrar's if it ends the registrar (the delay, and the
-// failures the kubelet waits for) before the registrar's own wait for
-// csi-node gives up, which says why it ends.
+// and node-driver-registrar's if it may end the registrar no later than
+// the registrar's own wait for csi-node gives up, which says why it ends.
+// The kubelet probes at the ticks of the probe's period, the first counted
+// one at initialDelaySeconds at the soonest, and ends the container on the
+// failureThreshold-th failure in a row: initialDelaySeconds +
+// (failureThreshold-1) x periodSeconds into a start at the soonest.
 func livenessErrors(p corev1.PodSpec) []string {
 	var out []string
 	for _, c := range append(p.InitContainers, p.Containers...) {
@@ -208,8 +211,8 @@ func livenessErrors(p corev1.PodSpec) []string {
 		if failures == 0 {
 			failures = 3
 		}
-		if c.Name == "node-driver-registrar" && pr.InitialDelaySeconds+period*failures <= registrarGiveUp {
-			out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe ends it %d s into a start at most, before its own %d s wait for csi-node", pr.InitialDelaySeconds+period*failures, registrarGiveUp))
+		if soonest := pr.InitialDelaySeconds + period*(failures-1); c.Name == "node-driver-registrar" && soonest <= registrarGiveUp {
+			out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe may end it %d s into a start, no later than its own %d s wait for csi-node gives up", soonest, registrarGiveUp))
 		}
 	}
 	return out
