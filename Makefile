@@ -87,7 +87,8 @@ compare: deps
 ## nodes written by pods that append checksummed records, made, grown, snapshotted (alone and as groups), restored, cloned
 ## and deleted while csi-node (its failpoint build), its sidecars, converge-controller, the kubelets and the API server are
 ## killed, stopped, restarted, failpoints armed, nodes rebooted and pools filled, for SOAK_FOR, at the times the seed
-## SOAK_SEED draws (0: a random one, printed, which replays the soak; a comma-separated list runs one soak after another);
+## SOAK_SEED draws (0: a random one, printed, which replays the soak; full: the seed whose 2-minute plan holds every kind
+## of event; seeds joined by + run their plans at once; a comma-separated list runs one soak after another);
 ## then every acknowledged record is checked on its volume, the nodes' stores, pools and the API must agree, no alert of the
 ## chart may fire, and the cluster is taken down to nothing. The plan, history and alerts (and on a failure the nodes' logs
 ## and stores) are in $(RUN_DIR)/soak (docs/testing.md#the-soak)

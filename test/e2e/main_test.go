@@ -179,20 +179,24 @@ func runsEveryTest() bool {
 // keepLogs copies a failed run's daemons' logs (the kubelets', the
 // control plane's) out of the run's directory, which the take-down
 // removes, for a reading past the ends dumpLogs prints: into a new
-// directory of root's alone (os.MkdirTemp), which it prints.
+// directory of root's alone (os.MkdirTemp), which it prints. Each failed
+// run keeps its own; nothing removes them.
 func keepLogs() {
 	if c == nil || c.logs == "" {
 		return
 	}
 	kept, err := os.MkdirTemp("", "converge-e2e-failed-logs-")
-	if err == nil {
-		var out []byte
-		if out, err = exec.Command("cp", "-a", c.logs+"/.", kept).CombinedOutput(); err != nil {
-			err = fmt.Errorf("%v: %s", err, out)
-		}
-	}
 	if err != nil {
 		fmt.Printf("e2e: keeping the run's logs: %v\n", err)
+		return
+	}
+	// cp -a of a directory's contents gives the target the source's mode.
+	out, err := exec.Command("cp", "-a", c.logs+"/.", kept).CombinedOutput()
+	if err == nil {
+		err = os.Chmod(kept, 0o700)
+	}
+	if err != nil {
+		fmt.Printf("e2e: keeping the run's logs in %s: %v: %s\n", kept, err, out)
 		return
 	}
 	fmt.Printf("e2e: the run's logs are kept in %s\n", kept)

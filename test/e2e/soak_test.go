@@ -764,11 +764,10 @@ func (s *soakRun) settle() {
 	if err != nil {
 		s.fail(&s.broken, "not settled 5 minutes after the faults: %v", err)
 		s.describeUnsettled(units)
-	}
-	// A grow refused while a pool was full is retried by csi-resizer at
-	// most 5 minutes apart (its --retry-interval-max): it may come that
-	// long after the pool has room again.
-	if err := waitFor(s.ctx, 6*time.Minute, nil, func() error {
+	} else if err := waitFor(s.ctx, 6*time.Minute, nil, func() error {
+		// A grow refused while a pool was full is retried by csi-resizer
+		// at most 5 minutes apart (its --retry-interval-max): it may come
+		// that long after the pool has room again.
 		if not := s.ungrown(units); len(not) > 0 {
 			return errors.New(strings.Join(not, "; "))
 		}
