@@ -274,10 +274,17 @@ func (s *soakRun) begin() (stop func()) {
 	return func() { stopAcks(); <-acksDone; stopAlerts() }
 }
 
+// fail records a failure in list (s.broken or s.failures), which the
+// soak's end lists; a broken invariant is also logged at once, so that a
+// soak stopped before its end still says what it found.
 func (s *soakRun) fail(list *[]string, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if list == &s.broken {
+		s.logf("invariant broken: %s", msg)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	*list = append(*list, fmt.Sprintf(format, args...))
+	*list = append(*list, msg)
 }
 
 func (s *soakRun) logf(format string, args ...any) {
