@@ -36,6 +36,10 @@ const (
 	// GetPluginInfo of the driver, and for GetInfo of its own socket in
 	// /healthz.
 	registrarTimeout = time.Second
+	// registrarConnect is how long the release waits for the CSI socket
+	// to accept a connection (csi-lib-utils' Connect, which gives up after
+	// 30 s) before it exits 1, for its container to start again.
+	registrarConnect = 30 * time.Second
 )
 
 // registrar speaks the kubelet's plugin-registration protocol for csi-node,
@@ -128,14 +132,19 @@ func (r *registrar) stop() {
 	os.Remove(r.socket)
 }
 
-// driverName waits until the CSI socket accepts a connection, as
-// csi-lib-utils' Connect does, then asks the driver's name within
-// registrarTimeout.
-func driverName(ctx context.Context, conn *grpc.ClientConn) (string, error) {
+// driverName waits up to connect for the CSI socket to accept a
+// connection, as csi-lib-utils' Connect does, then asks the driver's name
+// within registrarTimeout.
+func driverName(ctx context.Context, conn *grpc.ClientConn, connect time.Duration) (string, error) {
+	wait, cancel := context.WithTimeout(ctx, connect)
+	defer cancel()
 	conn.Connect()
 	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
-		if !conn.WaitForStateChange(ctx, s) {
-			return "", ctx.Err()
+		if !conn.WaitForStateChange(wait, s) {
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			return "", fmt.Errorf("error connecting to CSI driver: no connection in %s (last state %s)", connect, s)
 		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, registrarTimeout)
@@ -148,7 +157,8 @@ func driverName(ctx context.Context, conn *grpc.ClientConn) (string, error) {
 }
 
 // runRegistrar does what node-driver-registrar does: it asks the driver's
-// name of the CSI socket, serves the kubelet's registration socket in
+// name of the CSI socket (and ends with an error when the socket accepts
+// no connection within registrarConnect), serves the kubelet's registration socket in
 // registrarDir with --kubelet-registration-path as the endpoint, and
 // /healthz on --http-endpoint, if given. It ends with an error when the
 // kubelet refuses the driver, for the container to start again and
@@ -162,7 +172,7 @@ func runRegistrar(ctx context.Context, a args) error {
 	if err != nil {
 		return err
 	}
-	driver, err := driverName(ctx, conn)
+	driver, err := driverName(ctx, conn, registrarConnect)
 	conn.Close()
 	if err != nil {
 		return err

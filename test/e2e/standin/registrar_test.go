@@ -2,12 +2,16 @@ package standin
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -89,4 +93,54 @@ func TestRegistrarNeedsKubeletRegistrationPath(t *testing.T) {
 	if err := runRegistrar(ctx, a); err == nil || !strings.Contains(err.Error(), "kubelet-registration-path") {
 		t.Errorf("got %v, want the flag required", err)
 	}
+}
+
+// TestRegistrarGivesUpOnTheDriver: a CSI socket that accepts no
+// connection ends the registrar once its wait has passed, as
+// csi-lib-utils' Connect ends the release after 30 s (exit 1, and the
+// kubelet starts the container again); a socket that comes within the
+// wait is served.
+func TestRegistrarGivesUpOnTheDriver(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "csi.sock")
+	conn, err := csiConn(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	if name, err := driverName(ctx, conn, 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "no connection in 300ms") {
+		t.Errorf("driverName of a socket nobody serves: %q, %v; want an error after 300ms", name, err)
+	}
+	if waited := time.Since(start); ctx.Err() != nil {
+		t.Errorf("driverName waited %s, past its own wait", waited)
+	}
+
+	// The driver comes within the wait.
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	csi.RegisterIdentityServer(srv, identity{})
+	go srv.Serve(l)
+	defer srv.Stop()
+	conn2, err := csiConn(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	if name, err := driverName(ctx, conn2, 5*time.Second); err != nil || name != contract.DefaultDriverName {
+		t.Errorf("driverName of a serving socket: %q, %v; want %s", name, err, contract.DefaultDriverName)
+	}
+}
+
+// identity answers GetPluginInfo with converge's default name.
+type identity struct {
+	csi.UnimplementedIdentityServer
+}
+
+func (identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: contract.DefaultDriverName, VendorVersion: "test"}, nil
 }
