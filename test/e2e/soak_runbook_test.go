@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -52,12 +53,20 @@ func (s *soakRun) followRunbooks(units []soakUnit) {
 			}
 		}
 	}
+	// All at once: a long soak leaves dozens, each a deletion the kubelet
+	// takes its time over.
+	var wg sync.WaitGroup
 	for pod := range redo {
 		s.logf("runbook ConvergeSpaceRanOut: stopping and starting pod %s again", pod)
-		if err := s.remakePod(pod); err != nil {
-			s.fail(&s.broken, "runbook ConvergeSpaceRanOut, pod %s: %v", pod, err)
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.remakePod(pod); err != nil {
+				s.fail(&s.broken, "runbook ConvergeSpaceRanOut, pod %s: %v", pod, err)
+			}
+		}()
 	}
+	wg.Wait()
 	if len(redo) == 0 {
 		return
 	}
