@@ -153,8 +153,8 @@ func TestLivenessWaitsForStart(t *testing.T) {
 }
 
 // TestLivenessRule shows livenessErrors refusing a probe that may come
-// before its process listens, and a registrar's probe that would end it
-// before its own wait for csi-node does.
+// before its process listens, and a registrar's probe that may come while
+// the registrar still waits for csi-node.
 func TestLivenessRule(t *testing.T) {
 	probe := func(delay, period, failures int32) *corev1.Probe {
 		return &corev1.Probe{InitialDelaySeconds: delay, PeriodSeconds: period, FailureThreshold: failures}
@@ -165,10 +165,11 @@ func TestLivenessRule(t *testing.T) {
 		registrar *corev1.Probe
 		want      int
 	}{
-		{"both wait, the registrar past its give-up", probe(10, 10, 5), probe(10, 10, 4), 0},
-		{"no delay", probe(0, 10, 5), probe(10, 0, 4), 1},
+		{"both wait, the registrar past its give-up", probe(10, 10, 5), probe(35, 10, 3), 0},
+		{"no delay", probe(0, 10, 5), probe(35, 0, 4), 1},
 		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), 2},
-		{"the registrar ended with its give-up", probe(10, 10, 5), probe(10, 10, 3), 1},
+		{"the registrar probed while it waits", probe(10, 10, 5), probe(10, 10, 4), 1},
+		{"the registrar probed as its wait ends", probe(10, 10, 5), probe(31, 10, 4), 1},
 	} {
 		spec := corev1.PodSpec{Containers: []corev1.Container{
 			{Name: "csi-node", LivenessProbe: tc.driver},
@@ -181,19 +182,19 @@ func TestLivenessRule(t *testing.T) {
 	}
 }
 
-// registrarGiveUp is how long node-driver-registrar waits for csi-node to
-// answer before it exits (csi-lib-utils' Connect, WithTimeout(30 s)); it
+// registrarGiveUp is how long node-driver-registrar may wait for csi-node
+// before it exits: 30 s for a connection (csi-lib-utils' Connect,
+// WithTimeout(30 s)), then 1 s for the driver's name (its --timeout). It
 // serves /healthz only after.
-const registrarGiveUp = 30
+const registrarGiveUp = 30 + 1
 
 // livenessErrors says which liveness probes of a pod may fail before their
 // container can serve: any probed in its first minLivenessDelay seconds,
-// and node-driver-registrar's if it may end the registrar no later than
-// the registrar's own wait for csi-node gives up, which says why it ends.
-// The kubelet probes at the ticks of the probe's period, the first counted
-// one at initialDelaySeconds at the soonest, and ends the container on the
-// failureThreshold-th failure in a row: initialDelaySeconds +
-// (failureThreshold-1) x periodSeconds into a start at the soonest.
+// and node-driver-registrar's if it may be probed while the registrar
+// still waits for csi-node (registrarGiveUp): a slow csi-node start then
+// ends the registrar by its own give-up, which says why, and no refused
+// probe warns on the pod meanwhile. The kubelet probes nothing before
+// initialDelaySeconds.
 func livenessErrors(p corev1.PodSpec) []string {
 	var out []string
 	for _, c := range append(p.InitContainers, p.Containers...) {
@@ -204,15 +205,8 @@ func livenessErrors(p corev1.PodSpec) []string {
 		if pr.InitialDelaySeconds < minLivenessDelay {
 			out = append(out, fmt.Sprintf("container %s: its liveness probe's initialDelaySeconds %d, want %d at least", c.Name, pr.InitialDelaySeconds, minLivenessDelay))
 		}
-		period, failures := pr.PeriodSeconds, pr.FailureThreshold
-		if period == 0 {
-			period = 10 // the kubelet's default
-		}
-		if failures == 0 {
-			failures = 3
-		}
-		if soonest := pr.InitialDelaySeconds + period*(failures-1); c.Name == "node-driver-registrar" && soonest <= registrarGiveUp {
-			out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe may end it %d s into a start, no later than its own %d s wait for csi-node gives up", soonest, registrarGiveUp))
+		if c.Name == "node-driver-registrar" && pr.InitialDelaySeconds <= registrarGiveUp {
+			out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe may come %d s into a start, while its own %d s wait for csi-node goes on", pr.InitialDelaySeconds, registrarGiveUp))
 		}
 	}
 	return out
