@@ -190,16 +190,14 @@ func keepLogs() {
 		fmt.Printf("e2e: keeping the run's logs: %v\n", err)
 		return
 	}
-	// cp -a of a directory's contents gives the target the source's mode.
-	out, err := exec.Command("cp", "-a", c.logs+"/.", kept).CombinedOutput()
-	if err == nil {
-		err = os.Chmod(kept, 0o700)
-	}
-	if err != nil {
-		fmt.Printf("e2e: keeping the run's logs in %s: %v: %s\n", kept, err, out)
+	// Into a directory in kept (root's, 0700, as MkdirTemp made it), to
+	// which cp -a gives the source's mode: kept's never changes.
+	logs := filepath.Join(kept, "logs")
+	if out, err := exec.Command("cp", "-a", c.logs, logs).CombinedOutput(); err != nil {
+		fmt.Printf("e2e: keeping the run's logs in %s: %v: %s\n", logs, err, out)
 		return
 	}
-	fmt.Printf("e2e: the run's logs are kept in %s\n", kept)
+	fmt.Printf("e2e: the run's logs are kept in %s\n", logs)
 }
 
 // dumpLogs prints the end of every daemon's log, for a failed run.

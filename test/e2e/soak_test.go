@@ -173,10 +173,13 @@ func soakSetUp(t *testing.T) soakEnv {
 // csi-node's pods while a rollout onto the failpoint build or back
 // replaces them: a csi-node that starts slowly on a loaded machine may be
 // probed before it listens, and a sidecar that starts before its socket
-// exists exits and backs off (each seen once beside the soak).
+// exists exits and backs off (each seen once beside the soak): Unhealthy
+// and BackOff, and no other reason.
 func expectRolloutProbes(t *testing.T, from time.Time) {
-	expect(invariants.Expected{AnyReason: true, Object: "Pod/" + daemonSetNamespace + "/" + daemonSetName + "-",
-		From: from.Truncate(time.Second), Until: time.Now().Add(time.Second), Test: t.Name()})
+	for _, reason := range []string{"Unhealthy", "BackOff"} {
+		expect(invariants.Expected{Reason: reason, Object: "Pod/" + daemonSetNamespace + "/" + daemonSetName + "-",
+			From: from.Truncate(time.Second), Until: time.Now().Add(time.Second), Test: t.Name()})
+	}
 }
 
 // soakOnce runs one soak of seeds in env, writing its plan and history to
