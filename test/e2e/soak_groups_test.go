@@ -88,6 +88,9 @@ func (s *soakRun) groupSnapshot(draw int) error {
 	}
 	g := s.groups[draw%len(s.groups)]
 	s.mu.Unlock()
+	if err := s.makeRoom(draw, g.node); err != nil {
+		return err
+	}
 	var lineages [][]soak.Expect
 	for _, m := range g.members {
 		l, err := s.history.Lineage(m)

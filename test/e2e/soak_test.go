@@ -378,6 +378,13 @@ func (s *soakRun) pick(draw int, free bool) *soakVolume {
 
 // create makes a claim of the class and its writer.
 func (s *soakRun) create(class int) error {
+	var nodes []string
+	for _, n := range s.nodes {
+		nodes = append(nodes, n.node)
+	}
+	if err := s.makeRoom(class, nodes...); err != nil {
+		return err
+	}
 	v := soakVolume{name: s.next("soak"), class: s.classes[class]}
 	if err := s.history.New(v.name); err != nil {
 		return err
@@ -463,6 +470,9 @@ func (s *soakRun) copyOf(draw int, snapshot bool) error {
 	if err != nil {
 		return err
 	}
+	if err := s.makeRoom(draw, nodeOf(pv)); err != nil {
+		return err
+	}
 	lineage, err := s.history.Lineage(src.name)
 	if err != nil {
 		return err
@@ -546,17 +556,24 @@ func (s *soakRun) remove(draw int) error {
 	if few || v == nil {
 		return nil
 	}
-	if err := s.check(*v); err != nil {
+	return s.removeVolume(*v)
+}
+
+// removeVolume checks v's log, then deletes its pod and claim, unless a
+// copy of it began meanwhile.
+func (s *soakRun) removeVolume(v soakVolume) error {
+	if err := s.check(v); err != nil {
 		return err // not Running: it goes another time
 	}
 	s.mu.Lock()
+	_, there := s.volumes[v.name]
 	copying := s.copying[v.name] > 0
-	if !copying {
+	if there && !copying {
 		delete(s.volumes, v.name)
 	}
 	s.mu.Unlock()
-	if copying {
-		return nil // a copy began meanwhile: it goes another time
+	if !there || copying {
+		return nil // removed meanwhile, or a copy began: it goes another time
 	}
 	if err := c.client.CoreV1().Pods(ns).Delete(s.ctx, v.name, metav1.DeleteOptions{}); err != nil {
 		return err
