@@ -178,7 +178,8 @@ func (p *Paths) Mkdir(path string) error {
 }
 
 // Remove removes path, an empty directory or a file, reached without
-// symlinks. A missing path is a no-op; a mount point fails with EBUSY.
+// symlinks, unsealing it first when Seal sealed it. A missing path is a
+// no-op; a mount point fails with EBUSY.
 func (p *Paths) Remove(path string) error {
 	parentFd, err := p.open(filepath.Dir(path), unix.O_DIRECTORY)
 	if errors.Is(err, os.ErrNotExist) {
@@ -188,6 +189,7 @@ func (p *Paths) Remove(path string) error {
 		return err
 	}
 	defer unix.Close(parentFd)
+	unseal(parentFd, path)
 	base := filepath.Base(path)
 	err = unix.Unlinkat(parentFd, base, unix.AT_REMOVEDIR)
 	if errors.Is(err, unix.ENOTDIR) {

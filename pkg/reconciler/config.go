@@ -83,11 +83,15 @@ type Filesystems interface {
 	BindDevice(dev, target string, ro bool) (uint64, error)
 }
 
-// Paths checks, creates and removes paths without following symlinks.
+// Paths checks, creates, seals and removes paths without following
+// symlinks.
 type Paths interface {
 	CheckDir(path string) error
 	Mkdir(path string) error
 	Remove(path string) error
+	// Seal makes the target at path immutable beneath what is mounted on
+	// it, until Remove removes it: see unmountTarget.
+	Seal(path string) error
 	// Freeze freezes the filesystem mounted at path (devices.ErrFrozen
 	// when it is frozen already); Thaw thaws it, a no-op when it is not.
 	Freeze(path string) error

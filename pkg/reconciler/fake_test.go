@@ -772,6 +772,12 @@ func (w *fakeWorld) Mkdir(path string) error {
 	return nil
 }
 
+// Seal records that the target at path was sealed; nothing else in the
+// fake world tells a sealed target from another.
+func (w *fakeWorld) Seal(path string) error {
+	return w.do("seal "+path, func() string { return "" }, func() error { return nil })
+}
+
 func (w *fakeWorld) Remove(path string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -71,7 +71,9 @@ func TestShutDownFilesystemIsRemounted(t *testing.T) {
 	h.world.damage(h.world.Path("v1"), true, false)
 
 	h.runUntilIdle()
-	want := "unmount " + target + ",unmount " + staging + ",blkid,mount " + staging + ",bind " + target
+	// The target is sealed before its unmount, so that a container the
+	// kubelet restarts meanwhile cannot write to the bare directory.
+	want := "seal " + target + ",unmount " + target + ",unmount " + staging + ",blkid,mount " + staging + ",bind " + target
 	if got := h.callsSince(n); got != want {
 		t.Errorf("calls:\n got %s\nwant %s", got, want)
 	}
@@ -184,9 +186,28 @@ func TestCorruptedTargetIsRemounted(t *testing.T) {
 	}
 	h.world.corruptMount(target, nil)
 	h.runUntilIdle()
-	if got, want := h.callsSince(n), "unmount "+target+",bind "+target; got != want {
+	if got, want := h.callsSince(n), "seal "+target+",unmount "+target+",bind "+target; got != want {
 		t.Errorf("calls: got %s, want %s", got, want)
 	}
+}
+
+// A target that cannot be sealed (a filesystem without the immutable flag
+// under the kubelet's directory) is still repaired: an unusable volume
+// helps no pod.
+func TestUnsealableTargetIsStillRemounted(t *testing.T) {
+	h := newHarness(t)
+	_, target := h.stagedAndPublished("v1")
+	h.world.failOn("seal "+target, syscall.EOPNOTSUPP)
+	n := len(h.world.Calls())
+	h.world.corruptMount(target, syscall.ESTALE)
+	h.r.Pass(t.Context())
+	h.r.wait()
+	h.world.corruptMount(target, nil)
+	h.runUntilIdle()
+	if got, want := h.callsSince(n), "seal "+target+",unmount "+target+",bind "+target; got != want {
+		t.Errorf("calls: got %s, want %s", got, want)
+	}
+	h.wantNormal("v1", "after remount")
 }
 
 func TestDetachedFromOutsideIsKept(t *testing.T) {

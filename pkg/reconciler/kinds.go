@@ -3,6 +3,8 @@ package reconciler
 import (
 	"context"
 
+	"k8s.io/klog/v2"
+
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -131,8 +133,8 @@ func kindTable() [kindCount]kindSpec {
 		// Unmounts an unusable publish mount and keeps the publish, so that a
 		// later pass mounts it again.
 		actUnmountTarget: {name: "unmount unusable target", teardown: true, repair: true, counted: true, serves: forPublish, final: held,
-			run: func(_ context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
-				return r.unmountTarget(act.target)
+			run: func(ctx context.Context, r *Reconciler, _ *state.Volume, _ *actual, act action) error {
+				return r.unmountTarget(klog.FromContext(ctx), act.target)
 			}},
 		// Unmounts an unusable staging mount and keeps the stage, so that a
 		// later pass mounts it again (after fsck).

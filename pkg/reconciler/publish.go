@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 
+	"k8s.io/klog/v2"
+
 	"github.com/converge-csi/converge/pkg/classified"
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/state"
@@ -110,8 +112,16 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 }
 
 // unmountTarget unmounts the top mount at path and leaves the directory: an
-// unusable publish mount (the next pass mounts the target again).
-func (r *Reconciler) unmountTarget(path string) error {
+// unusable publish mount (the next pass mounts the target again). The
+// target is sealed first (made immutable beneath the mount): the kubelet
+// restarts a pod's containers meanwhile without asking the driver, and the
+// runtime binds the bare target into them, whose writes would go to the
+// node's disk and later hide under the volume. A seal that fails is logged
+// and the repair goes on: an unusable volume helps no one.
+func (r *Reconciler) unmountTarget(logger klog.Logger, path string) error {
+	if err := r.cfg.Paths.Seal(path); err != nil {
+		logger.Error(err, "Target left unsealed during its repair: a container started meanwhile can write to the node's disk", "targetPath", path)
+	}
 	if err := r.cfg.Filesystems.Unmount(path); err != nil {
 		return fmt.Errorf("unmounting %s: %w", path, err)
 	}

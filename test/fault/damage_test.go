@@ -219,3 +219,45 @@ func TestShutDownXfsIsRepaired(t *testing.T) {
 	eventually(t, "health", healthIs(t, p, v.id, ""))
 	tearDown(t, p, v)
 }
+
+// TestRepairSealsTheTarget: while a published volume is unmounted for its
+// repair, the bare target takes no write. The kubelet restarts a pod's
+// containers meanwhile without asking the driver, and the runtime binds
+// the bare target into them: without the seal, their writes went to the
+// node's disk and later hid under the volume, where the unpublish found
+// the target not empty. Here an xfs is shut down while another mount of it
+// holds the repair once the target is unmounted; a write in the target
+// then gets EPERM, the repair ends once the other mount goes, and the
+// unpublish unseals and removes the target.
+func TestRepairSealsTheTarget(t *testing.T) {
+	p := testenv.New(t, testenv.VolumeHealth, "--resync-period", resync.String())
+	p.Start()
+	v := setUpAs(t, p, "seal-xfs", "xfs")
+	other := filepath.Join(t.TempDir(), "other")
+	if err := os.Mkdir(other, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(v.staging, other, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(other, syscall.MNT_DETACH) })
+	shutDown(t, v.staging, filepath.Join(v.target, "data"))
+	eventually(t, "the target unmounted for its repair", func() bool { return !mounted(v.target) })
+	// The other mount keeps the shut-down filesystem: the repair waits.
+	afterPasses(t, p, 2)
+	if mounted(v.target) {
+		t.Fatal("the target was mounted again while another mount held the shut-down filesystem")
+	}
+	if err := writeSynced(filepath.Join(v.target, "on-node"), "x"); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("a write to the target under repair: got %v, want EPERM (the target sealed)", err)
+	}
+	if err := syscall.Unmount(other, 0); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the repair", func() bool { return writable(v.target) })
+	readBack(t, v)
+	tearDown(t, p, v)
+	if _, err := os.Lstat(v.target); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the sealed target after the unpublish: got %v, want it removed", err)
+	}
+}
