@@ -67,32 +67,77 @@ func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
 }
 
 // cutVolumes shuts down, without writing out their logs, the xfs and
-// ext4 filesystems of the node's volumes (loop devices staged under the
-// kubelet's CSI directory), each once: xfs_io's shutdown (the GOINGDOWN
-// ioctl, which both take), as xfstests' power-loss tests do. Every later
-// write and read of them fails; what they had not written is lost.
+// ext4 filesystems of the node's volumes, each once: xfs_io's shutdown
+// (the GOINGDOWN ioctl, which both take), as xfstests' power-loss tests
+// do. Every later write and read of them fails; what they had not written
+// is lost. Each is thawed first (thawVolumes).
 func (n *kubeNode) cutVolumes() error {
-	if n.ns == nil {
-		return nil
-	}
-	mounts, err := devices.ReadMounts(n.ns.mountinfo())
+	mounts, err := n.volumeMounts()
 	if err != nil {
 		return err
 	}
-	var errs []error
-	cut := map[host.DevNum]bool{}
+	errs := []error{n.thaw(mounts)}
 	for _, m := range mounts {
-		if cut[m.Dev] || !strings.HasPrefix(m.Source, "/dev/loop") || (m.FsType != "xfs" && m.FsType != "ext4") ||
-			!strings.HasPrefix(m.Path, nodeKubeletDir+"/plugins/kubernetes.io/csi/") {
-			continue
-		}
-		cut[m.Dev] = true
 		if out, err := n.ns.run("xfs_io", "-x", "-c", "shutdown", m.Path); err != nil {
 			errs = append(errs, fmt.Errorf("shut down %s (%s): %v: %s", m.Path, m.Source, err, out))
 		}
 	}
-	fmt.Printf("e2e: node %s: %d volume filesystems cut off\n", n.node, len(cut))
+	fmt.Printf("e2e: node %s: %d volume filesystems cut off\n", n.node, len(mounts))
 	return errors.Join(errs...)
+}
+
+// thawVolumes thaws the filesystems of the node's volumes that are
+// frozen: a snapshot under way when csi-node is killed (by a reboot, or
+// the cluster's teardown) leaves its volume's filesystem frozen, since a
+// freeze belongs to the filesystem, not to a process. A process writing
+// to it waits, unkillable, for a thaw, and would hold the node's PID
+// namespace, and with it every mount and loop device of the node, for
+// good; a machine that loses its power loses the freeze with everything
+// else. A filesystem that is not frozen is left as it is.
+func (n *kubeNode) thawVolumes() error {
+	mounts, err := n.volumeMounts()
+	if err != nil {
+		return err
+	}
+	return n.thaw(mounts)
+}
+
+func (n *kubeNode) thaw(mounts []host.Mount) error {
+	var errs []error
+	for _, m := range mounts {
+		// FITHAW of a filesystem that is not frozen fails with EINVAL.
+		if out, err := n.ns.run("xfs_io", "-x", "-c", "thaw", m.Path); err != nil && !strings.Contains(out, "Invalid argument") {
+			errs = append(errs, fmt.Errorf("thaw %s (%s): %v: %s", m.Path, m.Source, err, out))
+		} else if err == nil {
+			fmt.Printf("e2e: node %s: thawed %s (%s), frozen by a snapshot under way\n", n.node, m.Path, m.Source)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// volumeMounts returns a mount of each xfs and ext4 filesystem of the
+// node's volumes (loop devices staged or published under the kubelet's
+// CSI directory), in the node's mount namespace; none when the node has
+// no namespaces.
+func (n *kubeNode) volumeMounts() ([]host.Mount, error) {
+	if n.ns == nil {
+		return nil, nil
+	}
+	mounts, err := devices.ReadMounts(n.ns.mountinfo())
+	if err != nil {
+		return nil, err
+	}
+	var out []host.Mount
+	seen := map[host.DevNum]bool{}
+	for _, m := range mounts {
+		if seen[m.Dev] || !strings.HasPrefix(m.Source, "/dev/loop") || (m.FsType != "xfs" && m.FsType != "ext4") ||
+			!strings.HasPrefix(m.Path, nodeKubeletDir+"/plugins/kubernetes.io/csi/") {
+			continue
+		}
+		seen[m.Dev] = true
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // killAll kills every process of the node at once with SIGKILL: the

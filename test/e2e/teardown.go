@@ -67,6 +67,15 @@ func (c *cluster) runStopsAtDown() {
 // pod among them) and containerd, and then everything else in its
 // namespaces, whose mounts go with them.
 func (n *kubeNode) down() {
+	// A writer blocked on a filesystem that a killed csi-node left frozen
+	// would outlive every kill below (thawVolumes); csi-node can freeze
+	// one again until its container is gone, hence the second thaw.
+	thaw := func() {
+		if err := n.thawVolumes(); err != nil {
+			fmt.Printf("e2e: node %s: %v\n", n.node, err)
+		}
+	}
+	thaw()
 	if n.kubelet != nil {
 		n.kubelet.stop(30 * time.Second)
 	}
@@ -84,6 +93,7 @@ func (n *kubeNode) down() {
 		}
 		n.containerdProc.stop(20 * time.Second)
 	}
+	thaw()
 	killShims(n.containerd)
 	if n.ns != nil {
 		n.ns.init.kill()
