@@ -51,6 +51,16 @@ func (s *soakRun) fillPool(i int, hold time.Duration) error {
 	}
 	p := pools[i%len(pools)]
 	since := time.Now()
+	// While it is full on purpose, the soak makes no room there: it must
+	// stay full for the alert, and the volumes in it must ride it out.
+	s.mu.Lock()
+	s.filling[p.node+"/"+p.name] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.filling, p.node+"/"+p.name)
+		s.mu.Unlock()
+	}()
 	free, err := fillPool(p.dir)
 	if err != nil {
 		return err

@@ -23,6 +23,10 @@ import (
 // for), after it has checked that the restores hold one cut of the
 // writing.
 
+// groupMemberSize is what each member of a group, and each of its
+// restores, asks for: an xfs's least.
+const groupMemberSize = "320Mi"
+
 // soakGroupLabel is the label that selects a group's claims.
 const soakGroupLabel = "soak-group"
 
@@ -52,7 +56,7 @@ func (s *soakRun) makeGroup(class, node string) error {
 				AccessModes:      []corev1.PersistentVolumeAccessMode{rwo},
 				StorageClassName: ptr.To(class),
 				VolumeMode:       &mode,
-				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("320Mi")}},
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(groupMemberSize)}},
 			},
 		}
 		if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Create(s.ctx, pvc, metav1.CreateOptions{}); err != nil {
@@ -88,7 +92,9 @@ func (s *soakRun) groupSnapshot(draw int) error {
 	}
 	g := s.groups[draw%len(s.groups)]
 	s.mu.Unlock()
-	if err := s.makeRoom(draw, g.node); err != nil {
+	need := resource.MustParse(groupMemberSize)
+	need.Set(need.Value() * int64(len(g.members)))
+	if err := s.makeRoom(draw, g.class, need, g.node); err != nil {
 		return err
 	}
 	var lineages [][]soak.Expect
@@ -115,7 +121,7 @@ func (s *soakRun) groupSnapshot(draw int) error {
 		s.hold(v.name)
 		restores = append(restores, v)
 		ref := &corev1.TypedObjectReference{APIGroup: ptr.To("snapshot.storage.k8s.io"), Kind: "VolumeSnapshot", Name: members[m]}
-		if err := s.start(v, "320Mi", ref, g.node); err != nil {
+		if err := s.start(v, groupMemberSize, ref, g.node); err != nil {
 			return err
 		}
 	}

@@ -84,6 +84,8 @@ type soakRun struct {
 	history *soak.History
 	// groupClasses are the classes of the groups, one for each node.
 	groupClasses []string
+	// poolOf is the pool of each class.
+	poolOf map[string]string
 	// failpoints are the failpoints of csi-node's failpoint build.
 	failpoints []string
 	// began is when the soak began, and restarts the restarts of
@@ -105,10 +107,15 @@ type soakRun struct {
 	// grown or deleted meanwhile leaves its clone refused for good
 	// (external-provisioner compares the clone's request with the
 	// source's, and wants the source Bound).
-	copying  map[string]int
-	broken   []string // invariants that failed
-	failures []string // operations and faults that failed (not an invariant: faults make them fail)
-	nodeMu   []sync.Mutex
+	copying map[string]int
+	// filling holds the pools a fault fills now ("node/pool"), and
+	// spaceMade, for each CSIStorageCapacity, the version at which the
+	// soak last deleted a volume to make room in its pool (makeRoom).
+	filling   map[string]bool
+	spaceMade map[string]string
+	broken    []string // invariants that failed
+	failures  []string // operations and faults that failed (not an invariant: faults make them fail)
+	nodeMu    []sync.Mutex
 }
 
 func TestSoak(t *testing.T) {
@@ -247,7 +254,8 @@ func newSoakRun(t *testing.T, env soakEnv) *soakRun {
 	fast := storageClass(t, "soak-fast", map[string]string{"converge.csi.dev/pool": fastPool, "converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
 	s := &soakRun{ctx: context.Background(), t: t, nodes: env.nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
 		copying: map[string]int{}, nodeMu: make([]sync.Mutex, len(env.nodes)), groupClasses: []string{fast, thin},
-		failpoints: env.failpoints, prometheus: env.prometheus}
+		failpoints: env.failpoints, prometheus: env.prometheus,
+		poolOf: map[string]string{thin: "default", thick: "default", fast: fastPool}, filling: map[string]bool{}, spaceMade: map[string]string{}}
 	for _, cl := range []string{thin, thick, fast} {
 		s.classes = append(s.classes, soakClass{cl, false}, soakClass{cl, true})
 	}
@@ -382,10 +390,10 @@ func (s *soakRun) create(class int) error {
 	for _, n := range s.nodes {
 		nodes = append(nodes, n.node)
 	}
-	if err := s.makeRoom(class, nodes...); err != nil {
+	v := soakVolume{name: s.next("soak"), class: s.classes[class]}
+	if err := s.makeRoom(class, v.class.class, resource.MustParse(v.size()), nodes...); err != nil {
 		return err
 	}
-	v := soakVolume{name: s.next("soak"), class: s.classes[class]}
 	if err := s.history.New(v.name); err != nil {
 		return err
 	}
@@ -470,17 +478,17 @@ func (s *soakRun) copyOf(draw int, snapshot bool) error {
 	if err != nil {
 		return err
 	}
-	if err := s.makeRoom(draw, nodeOf(pv)); err != nil {
+	// At least what the source asks and has (a grow may be under way).
+	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
+	if have := pvc.Status.Capacity[corev1.ResourceStorage]; have.Cmp(size) > 0 {
+		size = have
+	}
+	if err := s.makeRoom(draw, src.class.class, size, nodeOf(pv)); err != nil {
 		return err
 	}
 	lineage, err := s.history.Lineage(src.name)
 	if err != nil {
 		return err
-	}
-	// At least what the source asks and has (a grow may be under way).
-	size := pvc.Spec.Resources.Requests[corev1.ResourceStorage]
-	if have := pvc.Status.Capacity[corev1.ResourceStorage]; have.Cmp(size) > 0 {
-		size = have
 	}
 	ref := &corev1.TypedObjectReference{Kind: "PersistentVolumeClaim", Name: src.name}
 	snap := ""
