@@ -133,9 +133,10 @@ func diffMounts(v *state.Volume, a *actual) []action {
 // whatever state it is in: the plugin's own mounts that moved to a path no
 // record names (strays), then the publishes the kubelet withdrew, unless
 // hold (a mount whose owner cannot be told this pass) keeps every
-// withdrawal waiting. A stray comes first: a publish or stage whose
-// recorded mount is somewhere else is not forgotten before that mount is
-// gone, or nothing would know it as the plugin's any more.
+// withdrawal waiting, then the withdrawal of the raw block publishes whose
+// pod the kubelet forgot (podgone.go). A stray comes first: a publish or
+// stage whose recorded mount is somewhere else is not forgotten before
+// that mount is gone, or nothing would know it as the plugin's any more.
 func takeDowns(v *state.Volume, a *actual, targets []string, hold bool) []action {
 	var acts []action
 	for _, m := range a.strays {
@@ -149,7 +150,7 @@ func takeDowns(v *state.Volume, a *actual, targets []string, hold bool) []action
 			acts = append(acts, action{kind: actUnpublish, target: t, generation: p.Generation, reason: "publish withdrawn"})
 		}
 	}
-	return acts
+	return append(acts, orphanedPublishes(v, a)...)
 }
 
 // unstageWhenFree returns the unstage of v's withdrawn stage once nothing

@@ -75,6 +75,9 @@ type actual struct {
 	poolGuard int64
 	// poolName names the pool, for the conditions.
 	poolName string
+	// podsGone maps each live raw block publish whose pod's directory is
+	// gone to that directory (podgone.go).
+	podsGone map[string]string
 	// io is what the pass saw of the IO limits in force for the device
 	// in the cgroups of the pods that publish the volume; nil for a
 	// volume whose record never asked for limits (nothing is read).

@@ -108,6 +108,7 @@ func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
 	a.poolGuard = home.Guard().Threshold(a.pool.Total)
 	a.snapshotsTaken = takenSnapshots(v, home)
 	a.io = r.observeIO(v, a)
+	a.podsGone = r.podsGone(v)
 	return plan{v: v, a: a, acts: diff(v, a)}
 }
 

@@ -94,6 +94,32 @@ func (v *Volume) WithdrawPublish(target string, gen int64) bool {
 	return false
 }
 
+// WithdrawOrphanedPublish withdraws the live raw block publish at target
+// of generation gen, whose pod the kubelet has forgotten (its pod's
+// directory is gone), as its NodeUnpublishVolume would have; and, when no
+// other live publish is left on the volume's live stage, the stage too, as
+// its NodeUnstageVolume would have: a kubelet that forgot a block volume
+// asks for neither. It reports whether it withdrew the stage, and whether
+// it changed anything.
+func (v *Volume) WithdrawOrphanedPublish(target string, gen int64) (stage, ok bool) {
+	p := v.Publishes[target]
+	if p == nil || p.Deleting || p.Generation != gen || p.Access != AccessBlock {
+		return false, false
+	}
+	p.Deleting = true
+	st := v.Stage
+	if st == nil || st.Deleting {
+		return false, true
+	}
+	for _, other := range v.Publishes {
+		if !other.Deleting {
+			return false, true
+		}
+	}
+	st.Deleting = true
+	return true, true
+}
+
 // KeepStaged cancels the withdrawal of the stage of generation gen, whose
 // unstage was refused for good: the volume stays staged.
 func (v *Volume) KeepStaged(gen int64) bool {

@@ -5,11 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/test/testenv"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 var rawBlock = &csi.VolumeCapability{
@@ -57,6 +59,7 @@ func TestRawBlockVolume(t *testing.T) {
 	// directory and asks the stats at the device map path it made there.
 	volumeDevices := filepath.Join(p.Dir, "kubelet", "plugins", "kubernetes.io", "csi", "volumeDevices")
 	kubeletTarget := filepath.Join(mkdir(t, filepath.Join(volumeDevices, "publish", "pv-raw")), "uid-1")
+	mkdir(t, filepath.Join(p.Dir, "kubelet", "pods", "uid-1")) // the kubelet makes the pod's directory first
 	_, err = p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: kubeletTarget, VolumeCapability: rawBlock})
 	must(t, "publish at the kubelet's path", err)
 	st, err = p.Node().NodeGetVolumeStats(ctx(t), &csi.NodeGetVolumeStatsRequest{VolumeId: raw, VolumePath: filepath.Join(volumeDevices, "pv-raw", "dev", "uid-1")})
@@ -85,4 +88,35 @@ func TestRawBlockVolume(t *testing.T) {
 	unstage(t, p, raw, staging)
 	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
 	must(t, "delete", err)
+}
+
+// TestForgottenRawBlockPublishIsTornDown: a kubelet that deleted a pod
+// while csi-node was down, and restarted, forgets its raw block volume (it
+// cannot reconstruct one whose links it removed): it removes the pod's
+// directory and never unpublishes nor unstages it. csi-node withdraws
+// both once the pod's directory is gone, tears them down, and the volume
+// can be deleted.
+func TestForgottenRawBlockPublishIsTornDown(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	raw := createSized(t, p, "forgotten", 32<<20)
+	kubelet := filepath.Join(p.Dir, "kubelet")
+	volumeDevices := filepath.Join(kubelet, "plugins", "kubernetes.io", "csi", "volumeDevices")
+	staging := mkdir(t, filepath.Join(volumeDevices, "staging", "pv-forgotten"))
+	pod := mkdir(t, filepath.Join(kubelet, "pods", "uid-forgotten"))
+	target := filepath.Join(mkdir(t, filepath.Join(volumeDevices, "publish", "pv-forgotten")), "uid-forgotten")
+	must(t, "stage", stage(t, p, raw, staging, rawBlock))
+	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
+	must(t, "publish", err)
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
+	wantCode(t, "delete while published", err, codes.FailedPrecondition)
+
+	must(t, "remove the pod's directory", os.Remove(pod))
+	poll.Until(t, 20*time.Second, 100*time.Millisecond, "the forgotten publish and stage torn down, the volume deleted", func() error {
+		_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
+		return err
+	})
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Errorf("the forgotten target after the teardown: %v, want it removed", err)
+	}
 }

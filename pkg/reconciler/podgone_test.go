@@ -1,0 +1,127 @@
+package reconciler
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// blockPodTarget makes the kubelet's directories of pod uid's raw block
+// publish of id (below the harness's kubelet directory, /k): the pod's
+// directory and the publish directory of the volume, and returns the
+// target.
+func (h *harness) blockPodTarget(id, uid string) string {
+	dir := "/k/plugins/kubernetes.io/csi/volumeDevices/publish/pv-" + id
+	h.world.makeDirs("/k/pods", "/k/pods/"+uid, dir)
+	return dir + "/" + uid
+}
+
+// publishedBlock stages id as a raw block volume and publishes it at
+// each target, and settles.
+func (h *harness) publishedBlock(id string, targets ...string) {
+	h.t.Helper()
+	staging, _ := h.volume(id)
+	h.update(id, func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Stage.Access = state.AccessBlock
+		v.Publishes = map[string]*state.Publish{}
+		for _, t := range targets {
+			p := publishSpec()
+			p.Access = state.AccessBlock
+			v.Publishes[t] = p
+		}
+	})
+	h.runUntilIdle()
+	for _, t := range targets {
+		if !h.world.isMounted(t) {
+			h.t.Fatalf("%s: not published", t)
+		}
+	}
+}
+
+// removeDir removes directory path from the fake world, whatever it holds,
+// as the kubelet removes a pod's directory it is done with.
+func (w *fakeWorld) removeDir(path string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.dirs, path)
+}
+
+// isMounted reports whether anything is mounted at path.
+func (w *fakeWorld) isMounted(path string) bool {
+	_, ok := w.topMount(path)
+	return ok
+}
+
+// TestForgottenBlockPublishIsWithdrawn: the kubelet forgets a raw block
+// volume whose pod it deleted while csi-node was down (it cannot
+// reconstruct one whose links it removed), removes the pod's directory,
+// and never unpublishes nor unstages it. Once a pod's directory is gone,
+// its publish is withdrawn; the stage goes with the last one, and the
+// teardown follows, so that the volume can be deleted.
+func TestForgottenBlockPublishIsWithdrawn(t *testing.T) {
+	h := newHarness(t)
+	gone, kept := h.blockPodTarget("v", "uid-gone"), h.blockPodTarget("v", "uid-kept")
+	h.publishedBlock("v", gone, kept)
+
+	h.world.removeDir("/k/pods/uid-gone")
+	h.runUntilIdle()
+	v, err := h.store.Get("v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Publishes[gone] != nil || v.Publishes[kept] == nil || v.Stage == nil || v.Stage.Deleting {
+		t.Fatalf("one of two pods gone: got publishes %v, stage %+v; want the other pod's publish and the stage kept", v.Targets(), v.Stage)
+	}
+	if h.world.isMounted(gone) || !h.world.isMounted(kept) {
+		t.Fatalf("mounts: %v; want %s unmounted and %s kept", mountPaths(h.world), gone, kept)
+	}
+
+	h.world.removeDir("/k/pods/uid-kept")
+	h.runUntilIdle()
+	if v, err := h.store.Get("v"); err == nil {
+		t.Fatalf("both pods gone: the record still holds publishes %v, stage %+v; want nothing", v.Targets(), v.Stage)
+	}
+	if _, ok := h.world.loop(h.world.Path("v")); ok {
+		t.Fatal("both pods gone: the device is still attached")
+	}
+}
+
+// TestBlockPublishKeptWhilePodsAreThere: nothing is withdrawn while the
+// pod's directory is there, when the kubelet's pods directory itself is
+// missing (a kubelet directory that says nothing of pods), for a
+// filesystem publish (whose mount the kubelet reconstructs), or for a
+// target of no kubelet layout.
+func TestBlockPublishKeptWhilePodsAreThere(t *testing.T) {
+	h := newHarness(t)
+	target := h.blockPodTarget("v", "uid-1")
+	other := "/k/elsewhere/v"
+	h.world.makeDirs("/k/elsewhere")
+	h.publishedBlock("v", target, other)
+	n := len(h.world.Calls())
+	h.runUntilIdle()
+	if got := h.callsSince(n); strings.Contains(got, "unmount") {
+		t.Fatalf("pod there: got calls %s, want none", got)
+	}
+	h.world.removeDir("/k/pods/uid-1")
+	h.world.removeDir("/k/pods")
+	h.runUntilIdle()
+	if v, _ := h.store.Get("v"); v == nil || len(v.Publishes) != 2 || v.Stage.Deleting {
+		t.Fatalf("the kubelet's pods directory missing: got %+v, want both publishes and the stage kept", v)
+	}
+
+	h2 := newHarness(t)
+	fsTarget := h2.podTarget("f", "uid-2")
+	staging, _ := h2.volume("f")
+	h2.update("f", func(v *state.Volume) {
+		v.Stage = stageSpec(staging)
+		v.Publishes = map[string]*state.Publish{fsTarget: publishSpec()}
+	})
+	h2.runUntilIdle()
+	h2.world.removeDir("/k/pods/uid-2")
+	h2.runUntilIdle()
+	if v, _ := h2.store.Get("f"); v == nil || v.Publishes[fsTarget] == nil || v.Publishes[fsTarget].Deleting {
+		t.Fatalf("a filesystem publish whose pod's directory is gone: got %+v, want it kept", v)
+	}
+}
