@@ -63,7 +63,16 @@ func (p *Paths) Seal(path string) error {
 		return fmt.Errorf("marking %s sealed: %w", path, err)
 	}
 	if err := unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags|fsImmutableFL)); err != nil {
-		return fmt.Errorf("sealing %s: %w", path, err)
+		// Unmarked again: a mark left on an inode that is not sealed
+		// would let Remove clear a flag someone else sets later.
+		return errors.Join(fmt.Errorf("sealing %s: %w", path, err), unix.Fremovexattr(fd, sealMark))
+	}
+	// A link made between openTarget's check and the flag would leave a
+	// sealed inode with another name; sealed, it can take no more links.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || (st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink != 1) {
+		return errors.Join(fmt.Errorf("sealing %s: %w", path, errNotSealable), err,
+			unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags)), unix.Fremovexattr(fd, sealMark))
 	}
 	return nil
 }
