@@ -3,6 +3,7 @@ package devices
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 
@@ -84,38 +85,72 @@ func (p *Paths) Seal(path string) error {
 // as they are; a failure is logged, and the removal then fails as it would
 // have.
 func unseal(dirFd int, path string) {
-	err := func() error {
-		fd, err := openTarget(dirFd, filepath.Base(path))
-		if errors.Is(err, unix.ENOENT) || errors.Is(err, errNotSealable) || errors.Is(err, errMountRoot) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		if _, err := unix.Fgetxattr(fd, sealMark, nil); err != nil {
-			if errors.Is(err, unix.ENODATA) || errors.Is(err, unix.EOPNOTSUPP) {
-				return nil // not sealed by us
-			}
-			return fmt.Errorf("reading its mark: %w", err)
-		}
-		flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
-		if err != nil {
-			return fmt.Errorf("reading its flags: %w", err)
-		}
-		if flags&fsImmutableFL != 0 {
-			if err := unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags&^fsImmutableFL)); err != nil {
-				return fmt.Errorf("clearing its immutable flag: %w", err)
-			}
-		}
-		if err := unix.Fremovexattr(fd, sealMark); err != nil && !errors.Is(err, unix.ENODATA) {
-			return fmt.Errorf("removing its mark: %w", err)
-		}
-		return nil
-	}()
-	if err != nil {
+	if _, err := unsealAt(dirFd, filepath.Base(path)); err != nil {
 		klog.Background().Error(err, "Could not unseal a target before removing it", "targetPath", path)
 	}
+}
+
+// unsealAt is unseal, reporting whether it unsealed name, and its failure.
+func unsealAt(dirFd int, name string) (bool, error) {
+	fd, err := openTarget(dirFd, name)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, errNotSealable) || errors.Is(err, errMountRoot) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Fgetxattr(fd, sealMark, nil); err != nil {
+		if errors.Is(err, unix.ENODATA) || errors.Is(err, unix.EOPNOTSUPP) {
+			return false, nil // not sealed by Seal
+		}
+		return false, fmt.Errorf("reading its mark: %w", err)
+	}
+	flags, err := unix.IoctlGetUint32(fd, unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		return false, fmt.Errorf("reading its flags: %w", err)
+	}
+	if flags&fsImmutableFL != 0 {
+		if err := unix.IoctlSetPointerInt(fd, unix.FS_IOC_SETFLAGS, int(flags&^fsImmutableFL)); err != nil {
+			return false, fmt.Errorf("clearing its immutable flag: %w", err)
+		}
+	}
+	if err := unix.Fremovexattr(fd, sealMark); err != nil && !errors.Is(err, unix.ENODATA) {
+		return false, fmt.Errorf("removing its mark: %w", err)
+	}
+	return true, nil
+}
+
+// UnsealTree unseals every target under dir that Seal sealed, following
+// no symlink, so that the tree can be removed once nothing is mounted in
+// it: for the clean-up of a plugin's directories after it stopped (tests,
+// a test cluster's teardown). It returns how many it unsealed, and every
+// failure. A missing dir is a no-op.
+func UnsealTree(dir string) (int, error) {
+	n := 0
+	var errs []error
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || path == dir || !(d.IsDir() || d.Type().IsRegular()) {
+			return nil
+		}
+		parent, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", path, err))
+			return nil
+		}
+		defer unix.Close(parent)
+		ok, err := unsealAt(parent, d.Name())
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unsealing %s: %w", path, err))
+		} else if ok {
+			n++
+		}
+		return nil
+	})
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil
+	}
+	return n, errors.Join(append(errs, err)...)
 }
 
 // errNotSealable is an inode Seal refuses: neither a directory nor a

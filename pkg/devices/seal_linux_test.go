@@ -237,4 +237,23 @@ func TestSealTouchesOnlyTargets(t *testing.T) {
 		t.Fatalf("Remove under an unbindable mount: %v", err)
 	}
 	unmount(t, unbindable)
+
+	// A target left sealed by a plugin that stopped: UnsealTree unseals
+	// it, and it alone, so that the tree can be removed.
+	left := filepath.Join(root, "pod", "left")
+	if err := os.MkdirAll(left, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Seal(left); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := UnsealTree(root); n != 1 || err != nil {
+		t.Fatalf("UnsealTree: got %d unsealed, %v; want 1, no error", n, err)
+	}
+	if immutable(t, left) || !immutable(t, admins) {
+		t.Fatalf("after UnsealTree: the left target immutable %v, the administrator's %v; want false, true", immutable(t, left), immutable(t, admins))
+	}
+	if err := os.Remove(left); err != nil {
+		t.Fatalf("removing the target UnsealTree unsealed: %v", err)
+	}
 }

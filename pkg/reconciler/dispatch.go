@@ -94,7 +94,7 @@ func (r *Reconciler) beginOp(ctx context.Context, c *claim.Claim, v *state.Volum
 	// neither recorded nor answered (see docs/testing.md).
 	op := func() outcome {
 		// gofail: var reconcilerBeforeAction struct{}
-		err := spec.run(ctx, r, v, a, act)
+		err := spec.run(klog.NewContext(ctx, logger), r, v, a, act)
 		// gofail: var reconcilerAfterAction struct{}
 		out := outcomeOf(act, err, repairing)
 		out.repair = repairing && spec.drifts

@@ -90,6 +90,6 @@ func (r *Reconciler) withdrawOrphan(ctx context.Context, v *state.Volume, act ac
 	if err != nil {
 		return err
 	}
-	klog.FromContext(ctx).Info("Withdrew a raw block publish whose pod is gone, as the kubelet's unpublish would have", "targetPath", act.target, "stageWithdrawn", stage)
+	klog.FromContext(ctx).Info("Withdrew a raw block publish whose pod is gone, as the kubelet's unpublish would have", "stageWithdrawn", stage)
 	return nil
 }

@@ -120,7 +120,9 @@ func (r *Reconciler) unpublish(v *state.Volume, a *actual, target string) error 
 // and the repair goes on: an unusable volume helps no one.
 func (r *Reconciler) unmountTarget(logger klog.Logger, path string) error {
 	if err := r.cfg.Paths.Seal(path); err != nil {
-		logger.Error(err, "Target left unsealed during its repair: a container started meanwhile can write to the node's disk", "targetPath", path)
+		logger.Error(err, "Target left unsealed during its repair: a container started meanwhile can write to the node's disk")
+	} else {
+		logger.Info("Sealed the target for its repair: a container started before the volume is back cannot write to the node's disk")
 	}
 	if err := r.cfg.Filesystems.Unmount(path); err != nil {
 		return fmt.Errorf("unmounting %s: %w", path, err)

@@ -69,7 +69,8 @@ func (c *cluster) runStopsAtDown() {
 func (n *kubeNode) down() {
 	// A writer blocked on a filesystem that a killed csi-node left frozen
 	// would outlive every kill below (thawVolumes); csi-node can freeze
-	// one again until its container is gone, hence the second thaw.
+	// one again until its container and its shim are gone, hence the
+	// second thaw.
 	thaw := func() {
 		if err := n.thawVolumes(); err != nil {
 			fmt.Printf("e2e: node %s: %v\n", n.node, err)
@@ -93,8 +94,8 @@ func (n *kubeNode) down() {
 		}
 		n.containerdProc.stop(20 * time.Second)
 	}
-	thaw()
 	killShims(n.containerd)
+	thaw()
 	if n.ns != nil {
 		n.ns.init.kill()
 	}

@@ -394,6 +394,9 @@ func ForceClean(dir, dataDir string) {
 			syscall.Unmount(ms[i], syscall.MNT_DETACH)
 		}
 	}
+	// A target a repair sealed (devices.Seal) would stay in the way of
+	// the removal of dir.
+	devices.UnsealTree(dir)
 }
 
 // waitLoopsGone waits up to ten seconds until none of loops (device to

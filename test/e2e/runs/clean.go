@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	"github.com/converge-csi/converge/pkg/devices"
 )
 
 // Clean takes down what is left of the run in dir, at its own teardown
@@ -50,6 +52,11 @@ func clean(dir string, host bool) []string {
 		removeHostPaths(dir, note)
 	}
 	removeCgroups(cgroups, note)
+	// A pod's target that csi-node sealed for a repair (devices.Seal) is
+	// immutable once its volume is gone, and would stay.
+	if _, err := devices.UnsealTree(dir); err != nil {
+		note("unseal the targets under %s: %v", dir, err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		note("remove %s: %v", dir, err)
 	}
