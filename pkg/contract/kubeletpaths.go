@@ -71,6 +71,25 @@ func BlockStatsTarget(path string) (string, bool) {
 	return filepath.Join(base, "publish", pv, uid), true
 }
 
+// BlockDeviceMapPath returns the path at which the kubelet binds a raw
+// block volume for the pod whose publish target is target, below
+// kubeletDir: <kubelet-dir>/plugins/kubernetes.io/csi/volumeDevices/<pv>/dev/<pod uid>,
+// which it keeps while it has the device mapped into the pod and removes
+// before its NodeUnpublishVolume (BlockStatsTarget's inverse). A target of
+// another shape has none.
+func BlockDeviceMapPath(kubeletDir, target string) (string, bool) {
+	uid, ok := PodOfTarget(kubeletDir, target)
+	if !ok {
+		return "", false
+	}
+	rel := strings.TrimPrefix(target, filepath.Clean(kubeletDir)+"/")
+	f := strings.Split(rel, "/")
+	if len(f) != 7 || f[4] != "publish" {
+		return "", false
+	}
+	return filepath.Join(filepath.Clean(kubeletDir), kubeletBlockDevices, f[5], "dev", uid), true
+}
+
 // validName reports whether a path component names something: not
 // empty, "." nor "..".
 func validName(s string) bool { return s != "" && s != "." && s != ".." }

@@ -29,6 +29,34 @@ func TestBlockStatsTarget(t *testing.T) {
 	}
 }
 
+// TestBlockDeviceMapPath: the kubelet's map path of a raw block publish
+// is the one BlockStatsTarget takes back to it; a filesystem target, or
+// one outside the kubelet's layout, has none.
+func TestBlockDeviceMapPath(t *testing.T) {
+	const kubelet = "/var/lib/kubelet"
+	const csiDir = kubelet + "/plugins/kubernetes.io/csi/volumeDevices"
+	for _, tc := range []struct {
+		name, target, want string
+	}{
+		{name: "a raw block publish", target: csiDir + "/publish/pvc-1/uid-1", want: csiDir + "/pvc-1/dev/uid-1"},
+		{name: "a filesystem publish", target: kubelet + "/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/mount"},
+		{name: "another kubelet directory", target: "/other/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1/uid-1"},
+		{name: "not clean", target: csiDir + "/publish/pvc-1/../pvc-2/uid-1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := BlockDeviceMapPath(kubelet, tc.target)
+			if got != tc.want || ok != (tc.want != "") {
+				t.Fatalf("BlockDeviceMapPath(%s): got %q, %v; want %q", tc.target, got, ok, tc.want)
+			}
+			if ok {
+				if back, _ := BlockStatsTarget(got); back != tc.target {
+					t.Errorf("BlockStatsTarget(%s): got %q, want %s", got, back, tc.target)
+				}
+			}
+		})
+	}
+}
+
 // TestPodOfTarget checks which publish targets name a pod: the kubelet's
 // two layouts, and nothing else.
 func TestPodOfTarget(t *testing.T) {

@@ -246,15 +246,15 @@ func kindTable() [kindCount]kindSpec {
 			run: func(ctx context.Context, r *Reconciler, v *state.Volume, a *actual, act action) error {
 				return r.clearIOLimits(ctx, v, a, act.target)
 			}},
-		// Records that the data directory ran out of space under the
-		// staging mount, which the volume then reports until it is
-		// mounted again.
-		// Withdraws a raw block publish whose pod the kubelet forgot, and
-		// the stage under it when no other publish is left (podgone.go).
+		// Withdraws a raw block publish whose pod the kubelet forgot
+		// (podgone.go).
 		actWithdrawOrphan: {name: "withdraw orphaned publish", teardown: true, counted: true, serves: forPublish, final: held,
 			run: func(ctx context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
 				return r.withdrawOrphan(ctx, v, act)
 			}},
+		// Records that the data directory ran out of space under the
+		// staging mount, which the volume then reports until it is
+		// mounted again.
 		actRecordSpaceRanOut: {name: "record space ran out", serves: forStage, final: held,
 			run: func(_ context.Context, r *Reconciler, v *state.Volume, _ *actual, act action) error {
 				_, err := r.cfg.Store.Update(v.ID, func(cur *state.Volume) error {

@@ -108,7 +108,7 @@ func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
 	a.poolGuard = home.Guard().Threshold(a.pool.Total)
 	a.snapshotsTaken = takenSnapshots(v, home)
 	a.io = r.observeIO(v, a)
-	a.podsGone = r.podsGone(v)
+	a.podsGone = r.podsGone(v, a, obs)
 	return plan{v: v, a: a, acts: diff(v, a)}
 }
 
@@ -151,6 +151,11 @@ func (r *Reconciler) forgetGone(vols []*state.Volume, plans []plan, epoch claim.
 	for id := range r.clearsFailed {
 		if !ids[id] {
 			delete(r.clearsFailed, id)
+		}
+	}
+	for id := range r.podsMissing {
+		if !ids[id] {
+			delete(r.podsMissing, id)
 		}
 	}
 	r.cgroupsMissingMu.Unlock()

@@ -3,7 +3,9 @@ package reconciler
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/converge-csi/converge/pkg/host"
 	"github.com/converge-csi/converge/pkg/state"
 )
 
@@ -57,15 +59,22 @@ func (w *fakeWorld) isMounted(path string) bool {
 // TestForgottenBlockPublishIsWithdrawn: the kubelet forgets a raw block
 // volume whose pod it deleted while csi-node was down (it cannot
 // reconstruct one whose links it removed), removes the pod's directory,
-// and never unpublishes nor unstages it. Once a pod's directory is gone,
-// its publish is withdrawn; the stage goes with the last one, and the
-// teardown follows, so that the volume can be deleted.
+// and never unpublishes it. Once a pod's directory has been gone for
+// podGoneGrace, its publish is withdrawn and unpublished; the stage
+// stays for other pods (the volume's deletion withdraws it).
 func TestForgottenBlockPublishIsWithdrawn(t *testing.T) {
 	h := newHarness(t)
 	gone, kept := h.blockPodTarget("v", "uid-gone"), h.blockPodTarget("v", "uid-kept")
 	h.publishedBlock("v", gone, kept)
 
 	h.world.removeDir("/k/pods/uid-gone")
+	h.runUntilIdle()
+	h.clock.Step(podGoneGrace - time.Second)
+	h.runUntilIdle()
+	if !h.world.isMounted(gone) {
+		t.Fatalf("withdrawn %s before its pod's directory was gone for %s", gone, podGoneGrace)
+	}
+	h.clock.Step(time.Second)
 	h.runUntilIdle()
 	v, err := h.store.Get("v")
 	if err != nil {
@@ -77,38 +86,47 @@ func TestForgottenBlockPublishIsWithdrawn(t *testing.T) {
 	if h.world.isMounted(gone) || !h.world.isMounted(kept) {
 		t.Fatalf("mounts: %v; want %s unmounted and %s kept", mountPaths(h.world), gone, kept)
 	}
-
-	h.world.removeDir("/k/pods/uid-kept")
-	h.runUntilIdle()
-	if v, err := h.store.Get("v"); err == nil {
-		t.Fatalf("both pods gone: the record still holds publishes %v, stage %+v; want nothing", v.Targets(), v.Stage)
-	}
-	if _, ok := h.world.loop(h.world.Path("v")); ok {
-		t.Fatal("both pods gone: the device is still attached")
+	if _, ok := h.world.loop(h.world.Path("v")); !ok {
+		t.Fatal("the device was detached: the stage is the volume's deletion's to withdraw")
 	}
 }
 
-// TestBlockPublishKeptWhilePodsAreThere: nothing is withdrawn while the
-// pod's directory is there, when the kubelet's pods directory itself is
-// missing (a kubelet directory that says nothing of pods), for a
-// filesystem publish (whose mount the kubelet reconstructs), or for a
-// target of no kubelet layout.
-func TestBlockPublishKeptWhilePodsAreThere(t *testing.T) {
+// TestBlockPublishKeptWhileTheKubeletHasIt: a raw block publish whose
+// pod's directory is missing is kept while the kubelet binds the device
+// for the pod (a pod set up while the node's network is not ready gets
+// its directory only after NodePublishVolume), while the kubelet's pods
+// directory itself is missing (a pods filesystem not mounted), and a
+// filesystem publish (whose mount the kubelet reconstructs) is never
+// withdrawn, nor one at a path of no kubelet layout.
+func TestBlockPublishKeptWhileTheKubeletHasIt(t *testing.T) {
 	h := newHarness(t)
-	target := h.blockPodTarget("v", "uid-1")
+	mapped := "/k/plugins/kubernetes.io/csi/volumeDevices/publish/pv-v/uid-new"
+	h.world.makeDirs("/k/pods", "/k/plugins/kubernetes.io/csi/volumeDevices/publish/pv-v")
+	noPods := h.blockPodTarget("v", "uid-nopods")
 	other := "/k/elsewhere/v"
 	h.world.makeDirs("/k/elsewhere")
-	h.publishedBlock("v", target, other)
+	h.publishedBlock("v", mapped, noPods, other)
+	// The kubelet binds the device for uid-new; uid-nopods' directory is
+	// there until the pods directory goes.
+	h.world.mountOutside(host.Mount{Path: "/k/plugins/kubernetes.io/csi/volumeDevices/pv-v/dev/uid-new", Source: "udev", FsType: "devtmpfs", Root: "/loop"}, true)
 	n := len(h.world.Calls())
+	for range 3 {
+		h.runUntilIdle()
+		h.clock.Step(podGoneGrace)
+	}
 	h.runUntilIdle()
 	if got := h.callsSince(n); strings.Contains(got, "unmount") {
-		t.Fatalf("pod there: got calls %s, want none", got)
+		t.Fatalf("the device bound by the kubelet: got calls %s, want none", got)
 	}
-	h.world.removeDir("/k/pods/uid-1")
+	h.world.removeDir("/k/pods/uid-nopods")
 	h.world.removeDir("/k/pods")
+	for range 3 {
+		h.runUntilIdle()
+		h.clock.Step(podGoneGrace)
+	}
 	h.runUntilIdle()
-	if v, _ := h.store.Get("v"); v == nil || len(v.Publishes) != 2 || v.Stage.Deleting {
-		t.Fatalf("the kubelet's pods directory missing: got %+v, want both publishes and the stage kept", v)
+	if v, _ := h.store.Get("v"); v == nil || len(v.Publishes) != 3 || v.Stage.Deleting {
+		t.Fatalf("the kubelet's pods directory missing: got %+v, want every publish and the stage kept", v)
 	}
 
 	h2 := newHarness(t)
@@ -120,7 +138,10 @@ func TestBlockPublishKeptWhilePodsAreThere(t *testing.T) {
 	})
 	h2.runUntilIdle()
 	h2.world.removeDir("/k/pods/uid-2")
-	h2.runUntilIdle()
+	for range 3 {
+		h2.runUntilIdle()
+		h2.clock.Step(podGoneGrace)
+	}
 	if v, _ := h2.store.Get("f"); v == nil || v.Publishes[fsTarget] == nil || v.Publishes[fsTarget].Deleting {
 		t.Fatalf("a filesystem publish whose pod's directory is gone: got %+v, want it kept", v)
 	}

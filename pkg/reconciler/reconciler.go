@@ -87,9 +87,13 @@ type Reconciler struct {
 	// the pods of its withdrawn publishes whose IO limits a clear failed
 	// to remove (clearIOLimits): their unpublishes go ahead without
 	// another try.
+	// It guards podsMissing too, which maps a volume and the target of
+	// one of its live raw block publishes to when an observation first
+	// found that publish's pod directory missing (podsGone).
 	cgroupsMissingMu locks.Mutex
 	cgroupsMissing   map[string]map[string]time.Time
 	clearsFailed     map[string]map[string]bool
+	podsMissing      map[string]map[string]time.Time
 
 	// early is what a request's early start (Start) needs: see early.go.
 	early early
@@ -136,6 +140,7 @@ func New(cfg Config) (*Reconciler, error) {
 
 		cgroupsMissing: map[string]map[string]time.Time{},
 		clearsFailed:   map[string]map[string]bool{},
+		podsMissing:    map[string]map[string]time.Time{},
 	}, nil
 }
 

@@ -94,30 +94,20 @@ func (v *Volume) WithdrawPublish(target string, gen int64) bool {
 	return false
 }
 
-// WithdrawOrphanedPublish withdraws the live raw block publish at target
-// of generation gen, whose pod the kubelet has forgotten (its pod's
-// directory is gone), as its NodeUnpublishVolume would have; and, when no
-// other live publish is left on the volume's live stage, the stage too, as
-// its NodeUnstageVolume would have: a kubelet that forgot a block volume
-// asks for neither. It reports whether it withdrew the stage, and whether
-// it changed anything.
-func (v *Volume) WithdrawOrphanedPublish(target string, gen int64) (stage, ok bool) {
-	p := v.Publishes[target]
-	if p == nil || p.Deleting || p.Generation != gen || p.Access != AccessBlock {
-		return false, false
-	}
-	p.Deleting = true
+// WithdrawIdleStage withdraws the live stage of a volume that has no
+// publish nor snapshot under way, for its deletion: the CO deletes only a
+// volume no claim names any more, which no pod can publish again, so a
+// stage left is one the kubelet is about to withdraw (it unstages after
+// the unpublish) or one it forgot (a raw block volume whose pod it deleted
+// while the plugin was down: it cannot rebuild such a volume, and never
+// unstages it). It reports whether it withdrew it.
+func (v *Volume) WithdrawIdleStage() bool {
 	st := v.Stage
-	if st == nil || st.Deleting {
-		return false, true
-	}
-	for _, other := range v.Publishes {
-		if !other.Deleting {
-			return false, true
-		}
+	if st == nil || st.Deleting || len(v.Publishes) > 0 || len(v.Snapshots) > 0 || v.Frozen != "" {
+		return false
 	}
 	st.Deleting = true
-	return true, true
+	return true
 }
 
 // KeepStaged cancels the withdrawal of the stage of generation gen, whose

@@ -75,46 +75,24 @@ func TestTransitionsApplyToTheirGeneration(t *testing.T) {
 // of the update that asks for it and keeps it while other intents change,
 // that it holds the volume's removal back, and that ForgetSnapshot drops
 // only the intent of its generation.
-// TestWithdrawOrphanedPublish: a raw block publish whose pod is gone is
-// withdrawn, and the stage with it only once no live publish is left; a
-// filesystem publish, one of another generation or one withdrawn already
-// is left as it is.
-func TestWithdrawOrphanedPublish(t *testing.T) {
-	block := func() *Volume {
-		return &Volume{ID: "v", Generation: 6,
-			Stage: &Stage{Path: "/s", Access: AccessBlock, Generation: 3},
-			Publishes: map[string]*Publish{
-				"/a": {Access: AccessBlock, Generation: 4},
-				"/b": {Access: AccessBlock, Generation: 5},
-				"/c": {Access: AccessBlock, Generation: 6, Deleting: true},
-			}}
+// TestWithdrawIdleStage: a deletion withdraws a stage left without
+// publishes, and nothing else.
+func TestWithdrawIdleStage(t *testing.T) {
+	v := record()
+	if v.WithdrawIdleStage() || v.Stage.Deleting {
+		t.Error("withdrew a stage under publishes (one live, one withdrawn)")
 	}
-	v := block()
-	for _, tc := range []struct {
-		target string
-		gen    int64
-	}{{"/a", 5}, {"/c", 6}, {"/missing", 4}} {
-		if _, ok := v.WithdrawOrphanedPublish(tc.target, tc.gen); ok {
-			t.Errorf("withdrew %s of generation %d: the wrong generation, withdrawn already or missing", tc.target, tc.gen)
-		}
+	v.Publishes = nil
+	v.Snapshots = map[string]*SnapshotIntent{"s": {Generation: 6}}
+	if v.WithdrawIdleStage() || v.Stage.Deleting {
+		t.Error("withdrew a stage under a snapshot being taken")
 	}
-	stage, ok := v.WithdrawOrphanedPublish("/a", 4)
-	if !ok || stage || !v.Publishes["/a"].Deleting || v.Stage.Deleting {
-		t.Fatalf("the first of two live publishes: got withdrawn %v, stage withdrawn %v (%+v, %+v); want the publish alone", ok, stage, v.Publishes["/a"], v.Stage)
+	v.Snapshots = nil
+	if !v.WithdrawIdleStage() || !v.Stage.Deleting {
+		t.Error("kept a stage with nothing on it")
 	}
-	stage, ok = v.WithdrawOrphanedPublish("/b", 5)
-	if !ok || !stage || !v.Publishes["/b"].Deleting || !v.Stage.Deleting {
-		t.Fatalf("the last live publish: got withdrawn %v, stage withdrawn %v (%+v); want both", ok, stage, v.Stage)
-	}
-
-	v = block()
-	v.Publishes["/a"].Access = AccessMount
-	if _, ok := v.WithdrawOrphanedPublish("/a", 4); ok || v.Publishes["/a"].Deleting {
-		t.Error("withdrew a filesystem publish: the kubelet reconstructs those")
-	}
-	v.Stage.Deleting = true
-	if stage, ok := v.WithdrawOrphanedPublish("/b", 5); !ok || stage {
-		t.Errorf("under a withdrawn stage: got withdrawn %v, stage withdrawn %v; want the publish alone", ok, stage)
+	if v.WithdrawIdleStage() {
+		t.Error("withdrew a withdrawn stage again")
 	}
 }
 

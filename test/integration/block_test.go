@@ -90,33 +90,31 @@ func TestRawBlockVolume(t *testing.T) {
 	must(t, "delete", err)
 }
 
-// TestForgottenRawBlockPublishIsTornDown: a kubelet that deleted a pod
-// while csi-node was down, and restarted, forgets its raw block volume (it
-// cannot reconstruct one whose links it removed): it removes the pod's
-// directory and never unpublishes nor unstages it. csi-node withdraws
-// both once the pod's directory is gone, tears them down, and the volume
-// can be deleted.
-func TestForgottenRawBlockPublishIsTornDown(t *testing.T) {
+// TestDeletionWithdrawsAnIdleStage: a volume staged with no publish left
+// (a raw block volume whose pod the kubelet forgot, once csi-node has
+// withdrawn its publish) is deleted all the same: the deletion withdraws
+// the stage, is refused while the unstage goes on, and the CO's retry
+// deletes it. A volume still published is refused.
+func TestDeletionWithdrawsAnIdleStage(t *testing.T) {
 	p := testenv.New(t)
 	p.Start()
-	raw := createSized(t, p, "forgotten", 32<<20)
-	kubelet := filepath.Join(p.Dir, "kubelet")
-	volumeDevices := filepath.Join(kubelet, "plugins", "kubernetes.io", "csi", "volumeDevices")
-	staging := mkdir(t, filepath.Join(volumeDevices, "staging", "pv-forgotten"))
-	pod := mkdir(t, filepath.Join(kubelet, "pods", "uid-forgotten"))
-	target := filepath.Join(mkdir(t, filepath.Join(volumeDevices, "publish", "pv-forgotten")), "uid-forgotten")
+	raw := createSized(t, p, "idle", 32<<20)
+	staging := mkdir(t, filepath.Join(p.Root, "staging-idle"))
+	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-idle")), "dev")
 	must(t, "stage", stage(t, p, raw, staging, rawBlock))
 	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
 	must(t, "publish", err)
 	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
 	wantCode(t, "delete while published", err, codes.FailedPrecondition)
+	unpublish(t, p, raw, target)
 
-	must(t, "remove the pod's directory", os.Remove(pod))
-	poll.Until(t, 20*time.Second, 100*time.Millisecond, "the forgotten publish and stage torn down, the volume deleted", func() error {
+	poll.Until(t, 20*time.Second, 100*time.Millisecond, "the idle stage withdrawn and the volume deleted", func() error {
 		_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
 		return err
 	})
-	if _, err := os.Lstat(target); !os.IsNotExist(err) {
-		t.Errorf("the forgotten target after the teardown: %v, want it removed", err)
+	if _, err := os.Stat(filepath.Join(p.DataDir, raw+".img")); !os.IsNotExist(err) {
+		t.Errorf("the deleted volume's image: %v, want it removed", err)
 	}
+	// The kubelet's late unstage is answered.
+	unstage(t, p, raw, staging)
 }
