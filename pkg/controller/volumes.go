@@ -70,11 +70,12 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 }
 
 // DeleteVolume removes a volume's image and record. It refuses while the
-// volume is staged or published, or being restored; a stage left without
-// publishes it withdraws first (the CO's retry finds it unstaged); an
-// unknown volume is a no-op. The record is marked first, so that no stage intent can slip in
-// while the image goes, and a crash in between leaves a mark the next
-// DeleteVolume or CreateVolume of the name finishes.
+// volume is staged or published, or being restored; a raw block stage
+// left without publishes it withdraws first (state.WithdrawIdleStage: the
+// CO's retry finds it unstaged); an unknown volume is a no-op. The record
+// is marked first, so that no stage intent can slip in while the image
+// goes, and a crash in between leaves a mark the next DeleteVolume or
+// CreateVolume of the name finishes.
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
@@ -90,7 +91,7 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		}
 		return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, missing.Name())
 	}
-	// A stage left without publishes is withdrawn first (see
+	// A raw block stage left without publishes is withdrawn first (see
 	// state.WithdrawIdleStage); the removal waits for the unstage, and the
 	// CO's retry finds it done.
 	withdrawn := false

@@ -198,7 +198,7 @@ func (r *Reconciler) planEarly(id string) (p plan, why string) {
 	if err != nil {
 		return plan{}, err.Error()
 	}
-	if p = r.planVolume(v, obs); len(p.acts) == 0 {
+	if p = r.planVolume(v, obs, false); len(p.acts) == 0 {
 		return plan{}, nothingToDo
 	}
 	return p, ""

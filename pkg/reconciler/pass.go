@@ -89,7 +89,7 @@ func (r *Reconciler) plan(vols []*state.Volume, obs *host.Observation) (seen, pl
 		plans = append(plans, plan{v: &state.Volume{ID: id}, a: a, act: action{kind: actRelease, reason: "no stage references the device"}})
 	}
 	for _, v := range vols {
-		s := r.planVolume(v, obs)
+		s := r.planVolume(v, obs, true)
 		seen = append(seen, s)
 		if len(s.acts) > 0 {
 			plans = append(plans, plan{v: v, a: s.a, act: s.acts[0]})
@@ -100,15 +100,19 @@ func (r *Reconciler) plan(vols []*state.Volume, obs *host.Observation) (seen, pl
 
 // planVolume derives v's actual state from obs and the actions v needs:
 // the one decision of what a volume needs, whether a full pass or a
-// request's early start (Start) asks.
-func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation) plan {
+// request's early start (Start) asks. Only a full pass (full) looks for
+// raw block publishes the kubelet forgot: that needs the kubelet's own
+// binds, which an early start's observation does not read (podsGone).
+func (r *Reconciler) planVolume(v *state.Volume, obs *host.Observation, full bool) plan {
 	name, home := r.poolOf(v)
 	a := observeVolume(v, home.Image(v.ID), obs, r.cfg.Observer.CheckMount, r.cfg.Roots, r.staticDevice(v))
 	a.home, a.pool, a.poolName = home, obs.Pool(name), name
 	a.poolGuard = home.Guard().Threshold(a.pool.Total)
 	a.snapshotsTaken = takenSnapshots(v, home)
 	a.io = r.observeIO(v, a)
-	a.podsGone = r.podsGone(v, a, obs)
+	if full {
+		a.podsGone = r.podsGone(v, a, obs)
+	}
 	return plan{v: v, a: a, acts: diff(v, a)}
 }
 

@@ -146,3 +146,23 @@ func TestBlockPublishKeptWhileTheKubeletHasIt(t *testing.T) {
 		t.Fatalf("a filesystem publish whose pod's directory is gone: got %+v, want it kept", v)
 	}
 }
+
+// TestEarlyStartLeavesForgottenPublishes: a request's early start never
+// withdraws a raw block publish whose pod's directory is missing, however
+// long: its observation does not read the kubelet's binds of the device,
+// which only a pass sees.
+func TestEarlyStartLeavesForgottenPublishes(t *testing.T) {
+	h := newHarness(t)
+	target := h.blockPodTarget("v", "uid-1")
+	h.publishedBlock("v", target)
+	h.startEarly()
+	h.world.removeDir("/k/pods/uid-1")
+	for range 3 {
+		h.r.Start("v")
+		h.r.wait()
+		h.clock.Step(podGoneGrace)
+	}
+	if v, _ := h.store.Get("v"); v == nil || v.Publishes[target] == nil || v.Publishes[target].Deleting || !h.world.isMounted(target) {
+		t.Fatalf("after early starts alone: got %+v, mounted %v; want the publish kept", v, h.world.isMounted(target))
+	}
+}

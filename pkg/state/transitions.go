@@ -94,16 +94,17 @@ func (v *Volume) WithdrawPublish(target string, gen int64) bool {
 	return false
 }
 
-// WithdrawIdleStage withdraws the live stage of a volume that has no
-// publish nor snapshot under way, for its deletion: the CO deletes only a
-// volume no claim names any more, which no pod can publish again, so a
-// stage left is one the kubelet is about to withdraw (it unstages after
-// the unpublish) or one it forgot (a raw block volume whose pod it deleted
+// WithdrawIdleStage withdraws the live raw block stage of a volume that
+// has no publish nor snapshot under way, for its deletion: the CO deletes
+// a volume once its claim is gone, which no pod then publishes, and a raw
+// block stage left is one the kubelet is about to withdraw (it unstages
+// after the unpublish) or one it forgot (a volume whose pod it deleted
 // while the plugin was down: it cannot rebuild such a volume, and never
-// unstages it). It reports whether it withdrew it.
+// unstages it). A filesystem stage the kubelet rebuilds from its mount,
+// and withdraws itself. It reports whether it withdrew the stage.
 func (v *Volume) WithdrawIdleStage() bool {
 	st := v.Stage
-	if st == nil || st.Deleting || len(v.Publishes) > 0 || len(v.Snapshots) > 0 || v.Frozen != "" {
+	if st == nil || st.Deleting || st.Access != AccessBlock || len(v.Publishes) > 0 || len(v.Snapshots) > 0 || v.Frozen != "" {
 		return false
 	}
 	st.Deleting = true

@@ -71,12 +71,8 @@ func TestTransitionsApplyToTheirGeneration(t *testing.T) {
 	}
 }
 
-// TestSnapshotIntents checks that a snapshot intent takes the generation
-// of the update that asks for it and keeps it while other intents change,
-// that it holds the volume's removal back, and that ForgetSnapshot drops
-// only the intent of its generation.
-// TestWithdrawIdleStage: a deletion withdraws a stage left without
-// publishes, and nothing else.
+// TestWithdrawIdleStage: a deletion withdraws a raw block stage left
+// without publishes, and nothing else.
 func TestWithdrawIdleStage(t *testing.T) {
 	v := record()
 	if v.WithdrawIdleStage() || v.Stage.Deleting {
@@ -88,14 +84,22 @@ func TestWithdrawIdleStage(t *testing.T) {
 		t.Error("withdrew a stage under a snapshot being taken")
 	}
 	v.Snapshots = nil
+	if v.WithdrawIdleStage() || v.Stage.Deleting {
+		t.Error("withdrew a filesystem stage: the kubelet withdraws those itself")
+	}
+	v.Stage.Access = AccessBlock
 	if !v.WithdrawIdleStage() || !v.Stage.Deleting {
-		t.Error("kept a stage with nothing on it")
+		t.Error("kept a raw block stage with nothing on it")
 	}
 	if v.WithdrawIdleStage() {
 		t.Error("withdrew a withdrawn stage again")
 	}
 }
 
+// TestSnapshotIntents checks that a snapshot intent takes the generation
+// of the update that asks for it and keeps it while other intents change,
+// that it holds the volume's removal back, and that ForgetSnapshot drops
+// only the intent of its generation.
 func TestSnapshotIntents(t *testing.T) {
 	s := openStore(t, filepath.Join(t.TempDir(), "state.db"))
 	v, err := s.Update("v", func(v *Volume) error { v.Provisioning = ProvisionThick; return nil })
