@@ -19,18 +19,27 @@ var rawBlock = &csi.VolumeCapability{
 	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 }
 
+// publishedRawBlock starts a plugin, creates a 32 MiB volume named name,
+// and stages and publishes it as a raw device; it returns the plugin, the
+// volume, its staging path and its target.
+func publishedRawBlock(t *testing.T, name string) (p *testenv.Plugin, raw, staging, target string) {
+	t.Helper()
+	p = testenv.New(t)
+	p.Start()
+	raw = createSized(t, p, name, 32<<20)
+	staging = mkdir(t, filepath.Join(p.Root, "staging-"+name))
+	target = filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-"+name)), "dev")
+	must(t, "stage", stage(t, p, raw, staging, rawBlock))
+	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
+	must(t, "publish", err)
+	return p, raw, staging, target
+}
+
 // TestRawBlockVolume stages and publishes a volume as a raw device: the
 // target is a file through which the device is written and read back; the
 // stats report its size; it grows online; and teardown leaves nothing.
 func TestRawBlockVolume(t *testing.T) {
-	p := testenv.New(t)
-	p.Start()
-	raw := createSized(t, p, "raw", 32<<20)
-	staging := mkdir(t, filepath.Join(p.Root, "staging-raw"))
-	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-raw")), "dev")
-	must(t, "stage", stage(t, p, raw, staging, rawBlock))
-	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
-	must(t, "publish", err)
+	p, raw, staging, target := publishedRawBlock(t, "raw")
 
 	payload := bytes.Repeat([]byte("converge"), 512)
 	f, err := os.OpenFile(target, os.O_RDWR, 0)
@@ -96,15 +105,8 @@ func TestRawBlockVolume(t *testing.T) {
 // the stage, is refused while the unstage goes on, and the CO's retry
 // deletes it. A volume still published is refused.
 func TestDeletionWithdrawsAnIdleStage(t *testing.T) {
-	p := testenv.New(t)
-	p.Start()
-	raw := createSized(t, p, "idle", 32<<20)
-	staging := mkdir(t, filepath.Join(p.Root, "staging-idle"))
-	target := filepath.Join(mkdir(t, filepath.Join(p.Root, "pod-idle")), "dev")
-	must(t, "stage", stage(t, p, raw, staging, rawBlock))
-	_, err := p.Node().NodePublishVolume(ctx(t), &csi.NodePublishVolumeRequest{VolumeId: raw, StagingTargetPath: staging, TargetPath: target, VolumeCapability: rawBlock})
-	must(t, "publish", err)
-	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
+	p, raw, staging, target := publishedRawBlock(t, "idle")
+	_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
 	wantCode(t, "delete while published", err, codes.FailedPrecondition)
 	unpublish(t, p, raw, target)
 
