@@ -52,14 +52,16 @@ const podGoneGrace = 5 * time.Minute
 
 // podsGone returns, for each live raw block publish of v in place
 // (a.published) at a path of the kubelet's layout whose pod's directory
-// has been missing for podGoneGrace, that directory. A publish whose device the kubelet
-// still binds for the pod (contract.BlockDeviceMapPath: it removes that
-// bind before its NodeUnpublishVolume) is the kubelet's whatever its
-// directories say, as is every publish while the kubelet's pods directory
-// is missing (a kubelet directory that is not the kubelet's, or a pods
-// filesystem not mounted, says nothing of any pod). It notes when each
-// was first seen missing, and forgets those seen otherwise; any failure
-// to look says nothing.
+// has been missing for podGoneGrace, that directory. A publish whose
+// device the kubelet still binds for the pod (contract.BlockDeviceMapPath:
+// it removes that bind before its NodeUnpublishVolume) is the kubelet's
+// whatever its directories say, as is every publish while the kubelet's
+// pods directory is missing (a kubelet directory that is not the
+// kubelet's, or a pods filesystem not mounted, says nothing of any pod).
+// It notes when each was first seen missing, and forgets those seen
+// otherwise; any failure to look says nothing. A full pass alone calls it
+// (planVolume): an early start's observation reads no bind of the
+// kubelet's.
 func (r *Reconciler) podsGone(v *state.Volume, a *actual, obs *host.Observation) map[string]string {
 	now := r.cfg.Clock.Now()
 	missing := map[string]string{}
