@@ -51,6 +51,14 @@ type Store interface {
 	Update(id string, fn func(v *state.Volume) error) (*state.Volume, error)
 }
 
+// Stages is what DeleteVolume needs of the node's stages.
+type Stages interface {
+	// WithdrawIdleStage withdraws a raw block stage of volume id left
+	// without publishes (the kubelet forgot it) and waits until any
+	// withdrawal of its stage is done; it reports whether it withdrew one.
+	WithdrawIdleStage(ctx context.Context, id string) (withdrawn bool, err error)
+}
+
 // Controller implements the node-local csi.ControllerServer: volumes are
 // image files in the data directories of this node's storage pools, thick
 // or thin, whose space each pool.Pool promises.
@@ -62,7 +70,14 @@ type Controller struct {
 	opts     Options
 	// snapshots is nil unless ServeSnapshots was called.
 	snapshots *snapshotService
+	// stages is nil unless WithdrawStagesBy was called: DeleteVolume then
+	// withdraws no stage.
+	stages Stages
 }
+
+// WithdrawStagesBy makes DeleteVolume withdraw, through s, a raw block
+// stage the kubelet left without publishes, and wait for its unstage.
+func (c *Controller) WithdrawStagesBy(s Stages) { c.stages = s }
 
 // New returns the Controller service over the images of the pools;
 // topology is this node's segment (contract.TopologyKey: the node's name).

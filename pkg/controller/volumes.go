@@ -71,11 +71,11 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 
 // DeleteVolume removes a volume's image and record. It refuses while the
 // volume is staged or published, or being restored; a raw block stage
-// left without publishes it withdraws first (state.WithdrawIdleStage: the
-// CO's retry finds it unstaged); an unknown volume is a no-op. The record
-// is marked first, so that no stage intent can slip in while the image
-// goes, and a crash in between leaves a mark the next DeleteVolume or
-// CreateVolume of the name finishes.
+// left without publishes it withdraws first, and waits for the unstage
+// (Stages); an unknown volume is a no-op. The record is marked first, so
+// that no stage intent can slip in while the image goes, and a crash in
+// between leaves a mark the next DeleteVolume or CreateVolume of the name
+// finishes.
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := contract.CheckID("volume", id, contract.Finds); err != nil {
@@ -91,17 +91,9 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		}
 		return nil, classified.Errorf(classified.KindFailedPrecondition, "volume %s is in pool %s, which this node no longer has: configure the pool again (--pool) to delete it", id, missing.Name())
 	}
-	// A raw block stage left without publishes is withdrawn first (see
-	// state.WithdrawIdleStage); the removal waits for the unstage, and the
-	// CO's retry finds it done.
-	withdrawn := false
-	if _, err := c.store.Update(id, func(v *state.Volume) error { withdrawn = v.WithdrawIdleStage(); return nil }); err != nil {
-		return nil, err
-	}
-	if withdrawn {
-		klog.FromContext(ctx).Info("Withdrew the stage of a volume being deleted: no publish is left on it", "volumeID", id)
-		if c.opts.Kick != nil {
-			c.opts.Kick()
+	if c.stages != nil {
+		if _, err := c.stages.WithdrawIdleStage(ctx, id); err != nil {
+			return nil, err
 		}
 	}
 	if err := p.Within(func(pr pool.Promise) error { return c.deleteWithin(p, pr, id) }); err != nil {

@@ -92,3 +92,21 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
+
+// WithdrawIdleStage serves a deletion of volume id on this node: it
+// withdraws a raw block stage left without publishes (see
+// state.WithdrawIdleStage) and waits, as NodeUnstageVolume does, until any
+// withdrawal of the volume's stage is done, so that the deletion goes on in
+// the same call. It reports whether it withdrew the stage.
+func (s *Server) WithdrawIdleStage(ctx context.Context, id string) (withdrawn bool, err error) {
+	err = s.request(ctx, id, func(v *state.Volume) error { withdrawn = v.WithdrawIdleStage(); return nil }, func(v *state.Volume) check {
+		if withdrawn {
+			klog.FromContext(ctx).Info("Withdrew the stage of a volume being deleted: no publish is left on it", "volumeID", id)
+		}
+		if v.Stage == nil || !v.Stage.Deleting {
+			return nil
+		}
+		return s.teardownCheck(id, state.StageKey, v.Stage.Generation, liveStage)
+	})
+	return withdrawn, err
+}

@@ -46,9 +46,11 @@ import (
 // podGoneGrace is how long a raw block publish's pod directory must stay
 // missing before the publish is withdrawn: far past the moment between a
 // NodePublishVolume and the kubelet's mapping that makes the directory,
-// and past the kubelet's longest backoff (2 minutes) between two tries of
-// that mapping.
-const podGoneGrace = 5 * time.Minute
+// and past the kubelet's longest backoff (2 minutes 2 seconds) between two
+// tries of that mapping. A forgotten volume's deletion waits for it (the
+// deletion refuses while the publish is there), so it is no longer than
+// that.
+const podGoneGrace = 3 * time.Minute
 
 // podsGone returns, for each live raw block publish of v in place
 // (a.published) at a path of the kubelet's layout whose pod's directory

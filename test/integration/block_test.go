@@ -5,13 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
 	"github.com/converge-csi/converge/test/testenv"
-	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 var rawBlock = &csi.VolumeCapability{
@@ -101,19 +99,17 @@ func TestRawBlockVolume(t *testing.T) {
 
 // TestDeletionWithdrawsAnIdleStage: a volume staged with no publish left
 // (a raw block volume whose pod the kubelet forgot, once csi-node has
-// withdrawn its publish) is deleted all the same: the deletion withdraws
-// the stage, is refused while the unstage goes on, and the CO's retry
-// deletes it. A volume still published is refused.
+// withdrawn its publish) is deleted all the same, in one call: the
+// deletion withdraws the stage and waits for the unstage. A volume still
+// published is refused.
 func TestDeletionWithdrawsAnIdleStage(t *testing.T) {
 	p, raw, staging, target := publishedRawBlock(t, "idle")
 	_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
 	wantCode(t, "delete while published", err, codes.FailedPrecondition)
 	unpublish(t, p, raw, target)
 
-	poll.Until(t, 20*time.Second, 100*time.Millisecond, "the idle stage withdrawn and the volume deleted", func() error {
-		_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
-		return err
-	})
+	_, err = p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: raw})
+	must(t, "delete once no publish is left", err)
 	if _, err := os.Stat(filepath.Join(p.DataDir, raw+".img")); !os.IsNotExist(err) {
 		t.Errorf("the deleted volume's image: %v, want it removed", err)
 	}
