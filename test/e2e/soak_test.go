@@ -885,7 +885,12 @@ func (s *soakRun) takeDown() {
 			s.fail(&s.broken, "taking the soak down: %v", err)
 		}
 	}
-	err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
+	// A raw block volume the kubelet forgot (its pod deleted while
+	// csi-node was down) is deleted within csi-node's grace of 3 minutes
+	// and one retry of csi-provisioner's, at most 5 minutes apart: see
+	// docs/operations.md.
+	const takeDownWait = 9 * time.Minute
+	err := waitFor(s.ctx, takeDownWait, nil, func() error {
 		var left []string
 		pods, err := c.client.CoreV1().Pods(ns).List(s.ctx, sel)
 		if err != nil {
@@ -934,7 +939,7 @@ func (s *soakRun) takeDown() {
 		return nil
 	})
 	if err != nil {
-		s.fail(&s.broken, "5 minutes after the soak's objects were deleted, left: %v", err)
+		s.fail(&s.broken, "%s after the soak's objects were deleted, left: %v", takeDownWait, err)
 	}
 	for _, l := range c.volumesLeft(2 * time.Minute) {
 		s.fail(&s.broken, "%s", l)
