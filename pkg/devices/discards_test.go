@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/converge-csi/converge/test/testenv/loops"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // discardsStuck reports whether the loop device number dev, attached or
@@ -92,16 +93,42 @@ func TestThickNumberRemovedAtDetach(t *testing.T) {
 				}
 				return dev
 			}
-			detach := func(dev string) {
+			// detach detaches dev, which this test alone uses, and reports
+			// whether it went. Another process may still open any loop
+			// device for an instant (a run's other tests list and probe
+			// theirs): the kernel then detaches it at that close, which
+			// is TestThickNumberHeldOpen's case, not this one's.
+			detach := func(dev string) bool {
 				t.Helper()
-				if gone, err := ld.Detach(dev); err != nil || !gone {
-					t.Fatalf("detaching unused %s: gone %v, %v; want gone", dev, gone, err)
+				gone, err := ld.Detach(dev)
+				if err != nil {
+					t.Fatalf("detaching unused %s: %v", dev, err)
 				}
+				if !gone {
+					t.Logf("%s was held open by another process at its detach", dev)
+					poll.Until(t, 10*time.Second, 10*time.Millisecond, dev+" detached at its holder's close", func() error {
+						if s := numberState(t, dev); s == "attached" {
+							return errors.New(s)
+						}
+						return nil
+					})
+				}
+				return gone
 			}
+			// Rounds whose detach found the device held open by another
+			// process are not counted; rounds are capped, so that a
+			// Detach that never reports a device gone fails.
+			const rounds, most = 5, 15
 			var thickDevs []string
-			for i := range 5 {
+			for i, done := 0, 0; done < rounds; i++ {
+				if i == most {
+					t.Fatalf("%d of %d detaches of an unused device found it held open", most-done, most)
+				}
 				dev := attach(thick, false)
-				detach(dev)
+				if !detach(dev) {
+					continue
+				}
+				done++
 				thickDevs = append(thickDevs, dev)
 				if !queued && numberState(t, dev) == "stuck" {
 					t.Fatalf("round %d: %s keeps its discards off after its detach", i, dev)
