@@ -78,13 +78,22 @@ func testExamples(t *testing.T) {
 	apply("first-claim.yaml")
 	apply("block-claim.yaml")
 	waitRunningIn(t, examplesNamespace, "writer")
+	// As the example says: its snapshot is taken once writer wrote
+	// /data/hello, which a running container may not have yet.
+	poll(t, time.Minute, "writer's /data/hello", func() (bool, string) {
+		out, err := c.kubectl(ctx, "exec", "-n", examplesNamespace, "writer", "-c", "c", "--", "cat", "/data/hello")
+		return err == nil && strings.Contains(out, "UTC"), fmt.Sprintf("%q, %v", out, err)
+	})
 	apply("snapshot-and-restore.yaml")
 	apply("group-snapshot.yaml")
 	waitRunningIn(t, examplesNamespace, "raw-user")
 	waitRunningIn(t, examplesNamespace, "reader")
-	if out, err := c.kubectl(ctx, "logs", "-n", examplesNamespace, "reader"); err != nil || !strings.Contains(out, "UTC") {
-		t.Errorf("the restored claim's /data/hello, as the reader prints it: %q, %v", out, err)
-	}
+	// Its container prints the file once it runs: a moment after it is
+	// Running.
+	poll(t, time.Minute, "the restored claim's /data/hello, as the reader prints it", func() (bool, string) {
+		out, err := c.kubectl(ctx, "logs", "-n", examplesNamespace, "reader")
+		return err == nil && strings.Contains(out, "UTC"), fmt.Sprintf("%q, %v", out, err)
+	})
 	waitRunningIn(t, examplesNamespace, "db")
 	ioLimitsExample(t, apply)
 	poll(t, 3*time.Minute, "the example's VolumeGroupSnapshot db-group ready", func() (bool, string) {
