@@ -90,8 +90,19 @@ func testGroupSnapshotConsistency(t *testing.T) {
 	}
 	waitExec(t, writer.Name, "test -s /b/"+groupCounter)
 
-	// The control: the same claims snapshotted one after the other.
+	// The control: the same claims snapshotted one after the other, the
+	// second once the writer has written WAL twice more than data held
+	// when the first was taken (no more than it holds once that snapshot
+	// is ready): the two differ by 2 or more however slowly it writes.
 	volumeSnapshot(t, "grp-ctl-data", "grp-data")
+	taken, err := waitRead(writer.Name)
+	if err != nil {
+		t.Fatalf("the writer's counters after the control's first snapshot: %v", err)
+	}
+	poll(t, 2*time.Minute, fmt.Sprintf("the writer's WAL counter past %d", taken[0]+1), func() (bool, string) {
+		now, err := waitRead(writer.Name)
+		return err == nil && now[1] >= taken[0]+2, fmt.Sprint(now, err)
+	})
 	volumeSnapshot(t, "grp-ctl-wal", "grp-wal")
 	ctl := restorePairs(t, class, []restorePair{{name: "grp-ctl", snapshots: [2]string{"grp-ctl-data", "grp-ctl-wal"}}})[0]
 	if d := ctl.a - ctl.b; d >= 0 && d <= 1 {
