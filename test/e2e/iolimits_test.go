@@ -66,10 +66,12 @@ func testIOLimits(t *testing.T) {
 	pod := startIOPod(t, "io-limits", "io-limited", "io-free")
 	v, other := boundVolume(t, "io-limited"), boundVolume(t, "io-free")
 	const limited, free = dataDir + "/f", ioFreeDir + "/f"
-	// Written with direct IO too, so that no read finds them cached; no
-	// class limits writes.
-	mustExec(t, pod.Name, fmt.Sprintf("dd if=/dev/zero of=%s bs=4k count=%d oflag=direct 2>&1 && dd if=/dev/zero of=%s bs=4k count=%d oflag=direct 2>&1",
-		limited, ioFileBlocks, free, ioFileBlocks))
+	// Written through the page cache and flushed once (fio's direct
+	// reads go past the cache to the device); no class limits writes.
+	if out, err := execWithin(t, pod.Name, fmt.Sprintf("dd if=/dev/zero of=%s bs=4k count=%d conv=fsync 2>&1 && dd if=/dev/zero of=%s bs=4k count=%d conv=fsync 2>&1",
+		limited, ioFileBlocks, free, ioFileBlocks), ioExecWithin); err != nil {
+		t.Fatalf("writing the files fio reads in %s: %v: %s", pod.Name, err, out)
+	}
 	dev := podDevice(t, pod.Name, dataDir)
 
 	waitReadIOPSRule(t, v.n, pod, dev, ioSlowIOPS)
@@ -273,21 +275,24 @@ func readIOPSFiles(n *kubeNode, pod *corev1.Pod) ([]string, error) {
 
 // readRate runs fio in the pod for ioSeconds: random reads of 4 KiB of
 // the file path with direct IO, past every page cache, so that each read
-// is one request to the volume's loop device, by ioReaders readers at
-// once (psync, each one read at a time). It returns fio's own count of
+// is one request to the volume's loop device, ioReaders readers each with
+// ioDepth reads asked at once (libaio). It returns fio's own count of
 // reads a second, of all of them.
 //
-// One reader alone may fall short of a limit that holds: blk-throttle
-// sends a held read on at its timer's tick, so a reader that waits for
-// each read before it asks the next one loses up to a tick a read (at 200
-// a second, 5 ms a read, one tick of a 250 Hz kernel is 4 ms: one reader
-// read 117-173 a second under a make test's load). Readers that ask while
-// others wait keep the throttle's queue full, and it sends reads on at
-// its limit.
+// Reads asked one at a time fall short of a limit that holds once each
+// takes long: blk-throttle sends a held read on at its timer's tick, and
+// the loop device's read of its file waits on a disk the run's other
+// tests share (four readers of one read each read 78-93 a second against
+// a limit of 100 in a make test). With 64 asked at once, the throttle's
+// queue stays full unless a read takes over half a second, and it sends
+// reads on at its limit.
 func readRate(t *testing.T, pod, path string) float64 {
 	t.Helper()
-	out := mustExec(t, pod, fmt.Sprintf("fio --name=limit --filename=%s --readonly --rw=randread --bs=4k --direct=1 --ioengine=psync "+
-		"--iodepth=1 --numjobs=%d --group_reporting --time_based --runtime=%d --output-format=json", path, ioReaders, ioSeconds))
+	out, err := execWithin(t, pod, fmt.Sprintf("fio --name=limit --filename=%s --readonly --rw=randread --bs=4k --direct=1 --ioengine=libaio "+
+		"--iodepth=%d --numjobs=%d --group_reporting --time_based --runtime=%d --output-format=json", path, ioDepth, ioReaders, ioSeconds), ioExecWithin)
+	if err != nil {
+		t.Fatalf("fio in %s: %v: %s", pod, err, out)
+	}
 	var res struct {
 		Jobs []struct {
 			Read struct {
@@ -309,8 +314,14 @@ func readRate(t *testing.T, pod, path string) float64 {
 // ioTries is how many times a read below its limit is measured again.
 const ioTries = 3
 
-// ioReaders is how many of fio's readers read at once (readRate).
-const ioReaders = 4
+// ioReaders is how many of fio's readers read at once, and ioDepth how
+// many reads each asks at once (readRate).
+const ioReaders, ioDepth = 4, 16
+
+// ioExecWithin bounds each of TestIOLimits' commands that reads or writes
+// a volume: fio's 3 s read, while the run's other tests load the disk,
+// has taken past 30 s from kubectl exec to its answer.
+const ioExecWithin = 2 * time.Minute
 
 // checkReadRate reads the file for ioSeconds and
 // fails t unless the rate is iops within ioTolerance. A limit is a

@@ -248,7 +248,14 @@ func podEvents(name string) string {
 // server and the kubelet (kubectl exec) and returns its output.
 func execIn(t *testing.T, pod, command string) (string, error) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return execWithin(t, pod, command, 30*time.Second)
+}
+
+// execWithin is execIn for a command that may take up to within: one
+// that reads or writes a volume while a run's other tests load the disk.
+func execWithin(t *testing.T, pod, command string, within time.Duration) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
 	out, err := c.kubectl(ctx, "exec", "-n", ns, pod, "-c", "c", "--", "sh", "-c", command)
 	return strings.TrimSpace(out), err
