@@ -288,3 +288,26 @@ func gatedCopy(started, gate chan struct{}) pool.CopyFunc {
 		return pool.CopySnapshot(ctx, into, id, from, snap, size, thick)
 	}
 }
+
+// failingStages answers every withdrawal with err.
+type failingStages struct{ err error }
+
+func (f failingStages) WithdrawIdleStage(context.Context, string) (bool, error) { return false, f.err }
+
+// TestDeleteVolumeAnswersTheUnstagesWait checks that a deletion whose wait
+// for an unstage fails answers that failure and deletes nothing.
+func TestDeleteVolumeAnswersTheUnstagesWait(t *testing.T) {
+	c, store, images := newController(t)
+	id := create(t, c, "v")
+	c.WithdrawStagesBy(failingStages{classified.Errorf(classified.KindDeadlineExceeded, "volume %s not converged yet", id)})
+	_, err := c.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: id})
+	if code := rpcerr.Code(err); code != codes.DeadlineExceeded {
+		t.Errorf("deleting while the unstage is not done: %v, want DeadlineExceeded", err)
+	}
+	if _, err := images.Size(id); err != nil {
+		t.Errorf("the image went: %v", err)
+	}
+	if v, err := store.Get(id); err != nil || v.Removing {
+		t.Errorf("the record after the refused deletion: %+v, %v; want it kept, unmarked", v, err)
+	}
+}

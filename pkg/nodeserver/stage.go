@@ -2,6 +2,7 @@ package nodeserver
 
 import (
 	"context"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
@@ -95,10 +96,17 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 
 // WithdrawIdleStage serves a deletion of volume id on this node: it
 // withdraws a raw block stage left without publishes (see
-// state.WithdrawIdleStage) and waits, as NodeUnstageVolume does, until any
-// withdrawal of the volume's stage is done, so that the deletion goes on in
-// the same call. It reports whether it withdrew the stage.
+// state.WithdrawIdleStage) and waits, as NodeUnstageVolume does but for
+// stageWithdrawWait at most, until the unstage is done, so that the
+// deletion goes on in the same call. A volume with no such stage takes no
+// request slot and is answered at once. It reports whether it withdrew
+// the stage.
 func (s *Server) WithdrawIdleStage(ctx context.Context, id string) (withdrawn bool, err error) {
+	if v, err := s.cfg.Store.Get(id); err != nil || !v.IdleBlockStage() {
+		return false, nil // the deletion decides alone
+	}
+	ctx, cancel := context.WithTimeout(ctx, stageWithdrawWait)
+	defer cancel()
 	err = s.request(ctx, id, func(v *state.Volume) error { withdrawn = v.WithdrawIdleStage(); return nil }, func(v *state.Volume) check {
 		if withdrawn {
 			klog.FromContext(ctx).Info("Withdrew the stage of a volume being deleted: no publish is left on it", "volumeID", id)
@@ -110,3 +118,10 @@ func (s *Server) WithdrawIdleStage(ctx context.Context, id string) (withdrawn bo
 	})
 	return withdrawn, err
 }
+
+// stageWithdrawWait bounds a deletion's wait for an unstage (a loop device
+// detached, seconds): one that takes longer (the device held open) is
+// answered DEADLINE_EXCEEDED with what it waits for, and the CO's retry
+// finds it done, rather than hold a request slot for the CO's whole
+// deadline.
+const stageWithdrawWait = 30 * time.Second

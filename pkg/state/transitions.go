@@ -103,12 +103,19 @@ func (v *Volume) WithdrawPublish(target string, gen int64) bool {
 // unstages it). A filesystem stage the kubelet rebuilds from its mount,
 // and withdraws itself. It reports whether it withdrew the stage.
 func (v *Volume) WithdrawIdleStage() bool {
-	st := v.Stage
-	if st == nil || st.Deleting || st.Access != AccessBlock || len(v.Publishes) > 0 || len(v.Snapshots) > 0 || v.Frozen != "" {
+	if !v.IdleBlockStage() || v.Stage.Deleting {
 		return false
 	}
-	st.Deleting = true
+	v.Stage.Deleting = true
 	return true
+}
+
+// IdleBlockStage reports whether the volume has a raw block stage, live or
+// being withdrawn, with no publish nor snapshot under way and no freeze:
+// one WithdrawIdleStage withdraws, or did.
+func (v *Volume) IdleBlockStage() bool {
+	st := v.Stage
+	return st != nil && st.Access == AccessBlock && len(v.Publishes) == 0 && len(v.Snapshots) == 0 && v.Frozen == ""
 }
 
 // KeepStaged cancels the withdrawal of the stage of generation gen, whose
