@@ -33,7 +33,7 @@ func TestParseArgs(t *testing.T) {
 		{name: "the last of a repeated flag", argv: []string{"--http-endpoint=:1", "--http-endpoint=:2"}, want: map[string]string{"http-endpoint": ":2"}},
 		{name: "a flag the release lacks", argv: []string{"--no-such-flag=1"}, release: "no-such-flag"},
 		{name: "not a flag", argv: []string{"stray"}, release: "stray"},
-		{name: "a flag of the release the stand-in lacks", argv: []string{"--timeout=5s"}, refused: "--timeout=5s: the stand-in does not implement"},
+		{name: "a flag of the release the stand-in lacks", argv: []string{"--mode=kubelet-registration-probe"}, refused: "--mode=kubelet-registration-probe: the stand-in does not implement"},
 		{name: "a value as the next argument", argv: []string{"--csi-address", "/csi/csi.sock"}, refused: "reads --csi-address=value only"},
 		{name: "a value-taking flag without its value", argv: []string{"--csi-address"}, release: "flag needs an argument: --csi-address"},
 	} {
@@ -161,7 +161,7 @@ func TestRunExitCodes(t *testing.T) {
 		says string
 	}{
 		{[]string{"--no-such-flag=1"}, 2, "flag provided but not defined by registry.k8s.io/sig-storage/csi-node-driver-registrar v2.17.0: --no-such-flag=1"},
-		{[]string{"--timeout=5s"}, 1, "--timeout=5s: the stand-in does not implement this flag"},
+		{[]string{"--mode=kubelet-registration-probe"}, 1, "--mode=kubelet-registration-probe: the stand-in does not implement this flag"},
 	} {
 		var stderr bytes.Buffer
 		if got := run("csi-node-driver-registrar", append(deployArgs(t, "node-driver-registrar"), tc.argv...), &stderr); got != tc.want || !strings.Contains(stderr.String(), tc.says) {

@@ -26,16 +26,15 @@ var registrarFlags = map[string]flagSpec{
 	"kubelet-registration-path": {""},
 	// Empty: no HTTP server (--health-port, deprecated, is 0).
 	"http-endpoint": {""},
+	// How long it waits for GetPluginInfo of the driver, and for GetInfo
+	// of its own socket in /healthz.
+	"timeout": {"1s"},
 }
 
 const (
 	// registrarDir is the release's --plugin-registration-path: the
 	// kubelet's plugin registration directory as the container sees it.
 	registrarDir = "/registration"
-	// registrarTimeout is the release's --timeout: how long it waits for
-	// GetPluginInfo of the driver, and for GetInfo of its own socket in
-	// /healthz.
-	registrarTimeout = time.Second
 	// registrarConnect is how long the release waits for the CSI socket
 	// to accept a connection (csi-lib-utils' Connect, which gives up after
 	// 30 s) before it exits 1, for its container to start again.
@@ -49,7 +48,9 @@ const (
 type registrar struct {
 	registerapi.UnimplementedRegistrationServer
 	driver, endpoint, socket string
-	srv                      *grpc.Server
+	// timeout is --timeout: /healthz's wait for GetInfo.
+	timeout time.Duration
+	srv     *grpc.Server
 	// refused receives the kubelet's error when it refuses the driver
 	// (capacity 1: the release ends at the first).
 	refused chan error
@@ -59,8 +60,8 @@ type registrar struct {
 // registration directory as the registrar sees it, with endpoint
 // (--kubelet-registration-path) as the driver's socket. A socket left
 // there by a previous registrar is replaced.
-func serveRegistration(dir, driver, endpoint string) (*registrar, error) {
-	r := &registrar{
+func serveRegistration(dir, driver, endpoint string, timeout time.Duration) (*registrar, error) {
+	r := &registrar{timeout: timeout,
 		driver:   driver,
 		endpoint: endpoint,
 		socket:   filepath.Join(dir, driver+"-reg.sock"),
@@ -100,7 +101,7 @@ func (r *registrar) NotifyRegistrationStatus(_ context.Context, s *registerapi.R
 
 // healthz answers as the release's /healthz: 404 while the registration
 // socket is missing, 200 when GetInfo through it names the driver within
-// registrarTimeout, 500 otherwise. Whether the kubelet has registered the
+// its --timeout, 500 otherwise. Whether the kubelet has registered the
 // driver does not count.
 func (r *registrar) healthz(w http.ResponseWriter, req *http.Request) {
 	if _, err := os.Stat(r.socket); errors.Is(err, os.ErrNotExist) {
@@ -113,7 +114,7 @@ func (r *registrar) healthz(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(req.Context(), registrarTimeout)
+	ctx, cancel := context.WithTimeout(req.Context(), r.timeout)
 	defer cancel()
 	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
 	switch {
@@ -134,8 +135,8 @@ func (r *registrar) stop() {
 
 // driverName waits up to connect for the CSI socket to accept a
 // connection, as csi-lib-utils' Connect does, then asks the driver's name
-// within registrarTimeout.
-func driverName(ctx context.Context, conn *grpc.ClientConn, connect time.Duration) (string, error) {
+// within timeout.
+func driverName(ctx context.Context, conn *grpc.ClientConn, connect, timeout time.Duration) (string, error) {
 	wait, cancel := context.WithTimeout(ctx, connect)
 	defer cancel()
 	conn.Connect()
@@ -147,7 +148,7 @@ func driverName(ctx context.Context, conn *grpc.ClientConn, connect time.Duratio
 			return "", fmt.Errorf("error connecting to CSI driver: no connection in %s (last state %s)", connect, s)
 		}
 	}
-	cctx, cancel := context.WithTimeout(ctx, registrarTimeout)
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	info, err := csi.NewIdentityClient(conn).GetPluginInfo(cctx, &csi.GetPluginInfoRequest{})
 	if err != nil {
@@ -172,12 +173,17 @@ func runRegistrar(ctx context.Context, a args) error {
 	if err != nil {
 		return err
 	}
-	driver, err := driverName(ctx, conn, registrarConnect)
+	timeout, err := time.ParseDuration(a.string("timeout"))
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("--timeout: %w", err)
+	}
+	driver, err := driverName(ctx, conn, registrarConnect, timeout)
 	conn.Close()
 	if err != nil {
 		return err
 	}
-	r, err := serveRegistration(registrarDir, driver, endpoint)
+	r, err := serveRegistration(registrarDir, driver, endpoint, timeout)
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,11 @@ func TestRegistrar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := serveRegistration(t.TempDir(), contract.DefaultDriverName, a.string("kubelet-registration-path"))
+	timeout, err := time.ParseDuration(a.string("timeout"))
+	if err != nil || timeout < 5*time.Second {
+		t.Fatalf("deploy/'s --timeout %q (%v): want 5s or more, as long as the probe's timeoutSeconds", a.string("timeout"), err)
+	}
+	r, err := serveRegistration(t.TempDir(), contract.DefaultDriverName, a.string("kubelet-registration-path"), timeout)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +114,7 @@ func TestRegistrarGivesUpOnTheDriver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	start := time.Now()
-	if name, err := driverName(ctx, conn, 300*time.Millisecond); err == nil || !strings.Contains(err.Error(), "no connection in 300ms") {
+	if name, err := driverName(ctx, conn, 300*time.Millisecond, time.Second); err == nil || !strings.Contains(err.Error(), "no connection in 300ms") {
 		t.Errorf("driverName of a socket nobody serves: %q, %v; want an error after 300ms", name, err)
 	}
 	if waited := time.Since(start); ctx.Err() != nil {
@@ -131,7 +135,7 @@ func TestRegistrarGivesUpOnTheDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn2.Close()
-	if name, err := driverName(ctx, conn2, 5*time.Second); err != nil || name != contract.DefaultDriverName {
+	if name, err := driverName(ctx, conn2, 5*time.Second, time.Second); err != nil || name != contract.DefaultDriverName {
 		t.Errorf("driverName of a serving socket: %q, %v; want %s", name, err, contract.DefaultDriverName)
 	}
 }
