@@ -48,6 +48,13 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if err := liveAt(v, path); err != nil {
 		return nil, err
 	}
+	// The result first, then the condition: a pass sets the condition
+	// before its results, so a result of the intent's generation read
+	// first means the condition read after it is that pass's or newer.
+	// The other way round, a pass landing between the two reads would
+	// pair an old condition (nothing unusable yet) with its result, and
+	// statfs would measure the filesystem beneath the path.
+	reported := s.reportedAt(v, path)
 	cond := s.cfg.Store.Condition(id)
 	if slices.Contains(cond.Unusable, path) {
 		if cond.Abnormal && s.cfg.VolumeCondition {
@@ -57,7 +64,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 		}
 		return nil, classified.Errorf(classified.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
 	}
-	if !s.reportedAt(v, path) {
+	if !reported {
 		// Recorded, and not yet seen by a pass, so the condition does not
 		// speak of it yet: statfs there would measure the filesystem
 		// beneath the empty directory.

@@ -1,0 +1,74 @@
+package nodeserver
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/converge-csi/converge/pkg/contract"
+	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/pkg/rpcerr"
+	"github.com/converge-csi/converge/pkg/state"
+)
+
+// passAfterCondition is a store on which a pass lands right after the
+// stats call reads the volume's condition: it sets the condition (the
+// staging path unusable), then the stage's result, as a pass does.
+type passAfterCondition struct {
+	*state.Store
+	pass func()
+}
+
+func (p *passAfterCondition) Condition(id string) state.Condition {
+	c := p.Store.Condition(id)
+	if p.pass != nil {
+		p.pass()
+		p.pass = nil
+	}
+	return c
+}
+
+// TestStatsNeverPairAnOldConditionWithANewResult checks that a pass
+// landing in the middle of NodeGetVolumeStats never lets it statfs a path
+// the pass found unusable: TestRequestFlood once saw OK for a volume never
+// mounted.
+func TestStatsNeverPairAnOldConditionWithANewResult(t *testing.T) {
+	store, err := state.Open(t.TempDir() + "/state.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	staging := root + "/staging/v"
+	v, err := store.Update("v", func(v *state.Volume) error {
+		v.Provisioning = state.ProvisionThick
+		v.Stage = &state.Stage{Path: staging, Access: state.AccessMount}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	racing := &passAfterCondition{Store: store, pass: func() {
+		store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Degraded, Reason: contract.Reason("StagingMountMissing"),
+			Message: "not mounted yet", Unusable: []string{staging}})
+		store.SetResult("v", state.StageKey, state.Result{Generation: v.Stage.Generation, Waiting: "the device is not attached yet"})
+	}}
+	statted := false
+	s, err := New(Config{
+		Store: racing, Kicker: &fakeReconciler{}, NodeID: "n1", Roots: []string{root}, MaxWait: 5 * time.Second,
+		Stat: func(context.Context, string) (host.Usage, error) {
+			statted = true
+			return host.Usage{TotalBytes: 1}, nil
+		},
+		Capacity: func(string) (int64, error) { return 64 << 20, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: staging})
+	if rpcerr.Code(err) != codes.Unavailable || statted {
+		t.Errorf("stats while a pass lands: %v (statfs run: %v); want UNAVAILABLE, no statfs", err, statted)
+	}
+}
