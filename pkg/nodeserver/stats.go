@@ -84,6 +84,9 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if err != nil {
 		return nil, err
 	}
+	if err := s.stillLiveAt(v, path); err != nil {
+		return nil, err
+	}
 	return s.withCondition(&csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Available: u.AvailableBytes, Used: u.UsedBytes},
 		{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Available: u.FreeInodes, Used: u.UsedInodes},
@@ -95,12 +98,43 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 // condition, which a pass sets before its results, then speaks of the
 // path.
 func (s *Server) reportedAt(v *state.Volume, path string) bool {
-	key, gen := state.StageKey, v.Stage.Generation
-	if p := v.Publishes[path]; p != nil {
-		key, gen = state.PublishKey(path), p.Generation
-	}
+	key, gen := intentAt(v, path)
 	r, ok := s.cfg.Store.Result(v.ID, key)
 	return ok && r.Generation == gen
+}
+
+// stillLiveAt refuses a measure of path taken from the record v once the
+// record has moved on: a withdrawal (NodeUnstageVolume, an unpublish) is
+// recorded before anything unmounts the path, and its result and
+// condition come only with the next pass, so the result and condition
+// read before statfs may still vouch for a path unmounted beneath it. A
+// record read after statfs that still holds the path's intent, in the
+// same generation, means no withdrawal had begun when statfs ran.
+func (s *Server) stillLiveAt(v *state.Volume, path string) error {
+	now, err := s.cfg.Store.Get(v.ID)
+	if errors.Is(err, state.ErrNotFound) {
+		return notFound(v.ID)
+	}
+	if err != nil {
+		return err
+	}
+	if err := liveAt(now, path); err != nil {
+		return err
+	}
+	_, was := intentAt(v, path)
+	if _, gen := intentAt(now, path); gen != was {
+		return classified.Errorf(classified.KindUnavailable, "volume %s changed at %s while it was measured", v.ID, path)
+	}
+	return nil
+}
+
+// intentAt names v's intent at path (live, as liveAt checked), its
+// result's key and its generation.
+func intentAt(v *state.Volume, path string) (key state.IntentKey, gen int64) {
+	if p := v.Publishes[path]; p != nil {
+		return state.PublishKey(path), p.Generation
+	}
+	return state.StageKey, v.Stage.Generation
 }
 
 // liveAt refuses, as NOT_FOUND, a path that is neither the volume's

@@ -68,7 +68,69 @@ func TestStatsNeverPairAnOldConditionWithANewResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = s.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: staging})
+	if racing.pass != nil {
+		t.Fatal("the pass never landed: the stats call read no condition, and the test tested nothing")
+	}
 	if rpcerr.Code(err) != codes.Unavailable || statted {
 		t.Errorf("stats while a pass lands: %v (statfs run: %v); want UNAVAILABLE, no statfs", err, statted)
+	}
+}
+
+// TestStatsRefuseAMeasureTheRecordOutlived checks that NodeGetVolumeStats
+// answers no usage that statfs took while a withdrawal began: the
+// withdrawal is recorded before anything unmounts the path, and the pass
+// that reports on it comes later, so statfs may have measured the
+// directory beneath it.
+func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		during func(v *state.Volume)
+		want   codes.Code
+	}{
+		{"nothing changed", nil, codes.OK},
+		{"withdrawn", func(v *state.Volume) { v.Stage.Deleting = true }, codes.NotFound},
+		{"a new generation", func(v *state.Volume) { v.Stage.Generation++ }, codes.Unavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := state.Open(t.TempDir() + "/state.db")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { store.Close() })
+			staging := root + "/staging/v"
+			v, err := store.Update("v", func(v *state.Volume) error {
+				v.Provisioning = state.ProvisionThick
+				v.Stage = &state.Stage{Path: staging, Access: state.AccessMount}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			store.SetResult("v", state.StageKey, state.Result{Generation: v.Stage.Generation, Ready: true})
+			statted := false
+			s, err := New(Config{
+				Store: store, Kicker: &fakeReconciler{}, NodeID: "n1", Roots: []string{root}, MaxWait: 5 * time.Second,
+				Stat: func(context.Context, string) (host.Usage, error) {
+					statted = true
+					if tc.during != nil {
+						if _, err := store.Update("v", func(v *state.Volume) error { tc.during(v); return nil }); err != nil {
+							t.Error(err)
+						}
+					}
+					return host.Usage{TotalBytes: 1}, nil
+				},
+				Capacity: func(string) (int64, error) { return 64 << 20, nil },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: staging})
+			if !statted {
+				t.Fatalf("statfs never ran (%v): the test tested nothing", err)
+			}
+			if got := rpcerr.Code(err); got != tc.want {
+				t.Errorf("stats while the record moved on: %v; want %s", err, tc.want)
+			}
+		})
 	}
 }
