@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -163,17 +164,20 @@ func TestLivenessRule(t *testing.T) {
 		name      string
 		driver    *corev1.Probe
 		registrar *corev1.Probe
+		args      []string
 		want      int
 	}{
-		{"both wait, the registrar past its give-up", probe(10, 10, 5), probe(35, 10, 3), 0},
-		{"no delay", probe(0, 10, 5), probe(35, 0, 4), 1},
-		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), 2},
-		{"the registrar probed while it waits", probe(10, 10, 5), probe(10, 10, 4), 1},
-		{"the registrar probed as its wait ends", probe(10, 10, 5), probe(31, 10, 4), 1},
+		{"both wait, the registrar past its give-up", probe(10, 10, 5), probe(36, 10, 3), []string{"--timeout=5s"}, 0},
+		{"no delay", probe(0, 10, 5), probe(36, 0, 4), []string{"--timeout=5s"}, 1},
+		{"the registrar's 5 s", probe(10, 10, 5), probe(5, 0, 0), nil, 2},
+		{"the registrar probed while it waits", probe(10, 10, 5), probe(10, 10, 4), nil, 1},
+		{"the registrar probed as its wait ends", probe(10, 10, 5), probe(35, 10, 4), []string{"--timeout=5s"}, 1},
+		{"the release's default --timeout", probe(10, 10, 5), probe(32, 10, 4), nil, 0},
+		{"an unreadable --timeout", probe(10, 10, 5), probe(40, 10, 4), []string{"--timeout=5"}, 1},
 	} {
 		spec := corev1.PodSpec{Containers: []corev1.Container{
 			{Name: "csi-node", LivenessProbe: tc.driver},
-			{Name: "node-driver-registrar", LivenessProbe: tc.registrar},
+			{Name: "node-driver-registrar", LivenessProbe: tc.registrar, Args: tc.args},
 			{Name: "csi-provisioner"},
 		}}
 		if got := livenessErrors(spec); len(got) != tc.want {
@@ -182,16 +186,32 @@ func TestLivenessRule(t *testing.T) {
 	}
 }
 
-// registrarGiveUp is how long node-driver-registrar may wait for csi-node
-// before it exits: 30 s for a connection (csi-lib-utils' Connect,
-// WithTimeout(30 s)), then 1 s for the driver's name (its --timeout). It
-// serves /healthz only after.
-const registrarGiveUp = 30 + 1
+// registrarConnectWait is how long node-driver-registrar waits for
+// csi-node's socket to take a connection (csi-lib-utils' Connect,
+// WithTimeout(30 s)); it then waits up to its --timeout for the driver's
+// name, and serves /healthz only after.
+const registrarConnectWait = 30 * time.Second
+
+// registrarTimeout is node-driver-registrar's --timeout among args: the
+// release's default, 1 s, where it is not given.
+func registrarTimeout(args []string) (time.Duration, error) {
+	timeout := time.Second
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--timeout="); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return 0, fmt.Errorf("its --timeout: %w", err)
+			}
+			timeout = d
+		}
+	}
+	return timeout, nil
+}
 
 // livenessErrors says which liveness probes of a pod may fail before their
 // container can serve: any probed in its first minLivenessDelay seconds,
 // and node-driver-registrar's if it may be probed while the registrar
-// still waits for csi-node (registrarGiveUp): a slow csi-node start then
+// still waits for csi-node (registrarConnectWait, then its --timeout): a slow csi-node start then
 // ends the registrar by its own give-up, which says why, and no refused
 // probe warns on the pod meanwhile. The kubelet probes nothing before
 // initialDelaySeconds.
@@ -205,8 +225,96 @@ func livenessErrors(p corev1.PodSpec) []string {
 		if pr.InitialDelaySeconds < minLivenessDelay {
 			out = append(out, fmt.Sprintf("container %s: its liveness probe's initialDelaySeconds %d, want %d at least", c.Name, pr.InitialDelaySeconds, minLivenessDelay))
 		}
-		if c.Name == "node-driver-registrar" && pr.InitialDelaySeconds <= registrarGiveUp {
-			out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe may come %d s into a start, while its own %d s wait for csi-node goes on", pr.InitialDelaySeconds, registrarGiveUp))
+		if c.Name != "node-driver-registrar" {
+			continue
+		}
+		timeout, err := registrarTimeout(c.Args)
+		if err != nil {
+			out = append(out, "node-driver-registrar: "+err.Error())
+			continue
+		}
+		if giveUp := registrarConnectWait + timeout; time.Duration(pr.InitialDelaySeconds)*time.Second <= giveUp {
+			out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe may come %d s into a start, while its own %s wait for csi-node goes on", pr.InitialDelaySeconds, giveUp))
+		}
+	}
+	return out
+}
+
+// minProbeTimeout is the least timeoutSeconds of a probe: on a node whose
+// two cores and disk a make test loaded, probes of converge-controller and
+// of the registrar took longer than the default 1 s, and each timed-out
+// probe is a Warning on the pod (a readiness probe's too, and a NotReady
+// flap).
+const minProbeTimeout = 5
+
+// TestProbesBearALoadedNode checks every probe of every container deploy/
+// and the chart install, in each variant, against timeoutErrors.
+func TestProbesBearALoadedNode(t *testing.T) {
+	everyPod(t, func(t *testing.T, source string, pods []namedPodSpec) {
+		for _, p := range pods {
+			for _, e := range timeoutErrors(p.spec) {
+				t.Errorf("%s: %s: %s", source, p.name, e)
+			}
+		}
+	})
+}
+
+// TestProbeTimeoutRule shows timeoutErrors refusing a probe with the
+// default timeout, and a registrar's probe that ends before the
+// registrar's own answer.
+func TestProbeTimeoutRule(t *testing.T) {
+	probe := func(timeout int32) *corev1.Probe { return &corev1.Probe{TimeoutSeconds: timeout} }
+	for _, tc := range []struct {
+		name                string
+		liveness, readiness *corev1.Probe
+		registrar           *corev1.Probe
+		args                []string
+		want                int
+	}{
+		{"each waits, the registrar's past its --timeout", probe(5), probe(5), probe(6), []string{"--timeout=5s"}, 0},
+		{"a readiness probe's default", probe(5), probe(0), probe(6), []string{"--timeout=5s"}, 1},
+		{"a liveness probe's 1 s", probe(1), probe(5), probe(6), []string{"--timeout=5s"}, 1},
+		{"the registrar's as long as its --timeout", probe(5), probe(5), probe(5), []string{"--timeout=5s"}, 1},
+		{"the registrar's past the release's default", probe(5), probe(5), probe(5), nil, 0},
+		{"no probes", nil, nil, nil, nil, 0},
+	} {
+		spec := corev1.PodSpec{Containers: []corev1.Container{
+			{Name: "csi-node", LivenessProbe: tc.liveness, ReadinessProbe: tc.readiness},
+			{Name: "node-driver-registrar", LivenessProbe: tc.registrar, Args: tc.args},
+		}}
+		if got := timeoutErrors(spec); len(got) != tc.want {
+			t.Errorf("%s: got %q, want %d errors", tc.name, got, tc.want)
+		}
+	}
+}
+
+// timeoutErrors says which probes of a pod may time out on a loaded node
+// (any that waits less than minProbeTimeout; the kubelet reads 0 as 1 s),
+// and node-driver-registrar's if it may end before the registrar's own
+// answer, bounded by its --timeout: a 500 that says why beats a probe
+// that timed out.
+func timeoutErrors(p corev1.PodSpec) []string {
+	var out []string
+	for _, c := range append(p.InitContainers, p.Containers...) {
+		for _, pr := range []struct {
+			kind  string
+			probe *corev1.Probe
+		}{{"liveness", c.LivenessProbe}, {"readiness", c.ReadinessProbe}, {"startup", c.StartupProbe}} {
+			if pr.probe == nil {
+				continue
+			}
+			if pr.probe.TimeoutSeconds < minProbeTimeout {
+				out = append(out, fmt.Sprintf("container %s: its %s probe's timeoutSeconds %d, want %d at least", c.Name, pr.kind, pr.probe.TimeoutSeconds, minProbeTimeout))
+			}
+			if c.Name != "node-driver-registrar" || pr.kind != "liveness" {
+				continue
+			}
+			timeout, err := registrarTimeout(c.Args)
+			if err != nil {
+				out = append(out, "node-driver-registrar: "+err.Error())
+			} else if time.Duration(pr.probe.TimeoutSeconds)*time.Second <= timeout {
+				out = append(out, fmt.Sprintf("node-driver-registrar: its liveness probe's timeoutSeconds %d ends before its own --timeout %s does", pr.probe.TimeoutSeconds, timeout))
+			}
 		}
 	}
 	return out

@@ -34,7 +34,7 @@ func TestRegistrar(t *testing.T) {
 	}
 	timeout, err := time.ParseDuration(a.string("timeout"))
 	if err != nil || timeout < 5*time.Second {
-		t.Fatalf("deploy/'s --timeout %q (%v): want 5s or more, as long as the probe's timeoutSeconds", a.string("timeout"), err)
+		t.Fatalf("deploy/'s --timeout %q (%v): want 5s or more (the chart test TestProbesBearALoadedNode holds it under the probe's timeoutSeconds)", a.string("timeout"), err)
 	}
 	r, err := serveRegistration(t.TempDir(), contract.DefaultDriverName, a.string("kubelet-registration-path"), timeout)
 	if err != nil {
