@@ -104,12 +104,14 @@ func (s *Server) reportedAt(v *state.Volume, path string) bool {
 }
 
 // stillLiveAt refuses a measure of path taken from the record v once the
-// record has moved on: a withdrawal (NodeUnstageVolume, an unpublish) is
-// recorded before anything unmounts the path, and its result and
-// condition come only with the next pass, so the result and condition
-// read before statfs may still vouch for a path unmounted beneath it. A
-// record read after statfs that still holds the path's intent, in the
-// same generation, means no withdrawal had begun when statfs ran.
+// volume has moved on while statfs ran. A withdrawal (NodeUnstageVolume,
+// an unpublish, a forgotten publish's) is recorded before anything
+// unmounts the path, and a pass marks a path unusable in the condition
+// before it unmounts it for a repair; either comes before the next pass
+// reports, so the result and condition read before statfs may still
+// vouch for a path unmounted beneath it. Read again after statfs, they
+// catch every unmount that began before statfs ran, short of one undone
+// again (a repair finished) within it.
 func (s *Server) stillLiveAt(v *state.Volume, path string) error {
 	now, err := s.cfg.Store.Get(v.ID)
 	if errors.Is(err, state.ErrNotFound) {
@@ -124,6 +126,9 @@ func (s *Server) stillLiveAt(v *state.Volume, path string) error {
 	_, was := intentAt(v, path)
 	if _, gen := intentAt(now, path); gen != was {
 		return classified.Errorf(classified.KindUnavailable, "volume %s changed at %s while it was measured", v.ID, path)
+	}
+	if cond := s.cfg.Store.Condition(v.ID); slices.Contains(cond.Unusable, path) {
+		return classified.Errorf(classified.KindUnavailable, "volume %s is not usable at %s: %s", v.ID, path, describe(cond))
 	}
 	return nil
 }

@@ -77,10 +77,10 @@ func TestStatsNeverPairAnOldConditionWithANewResult(t *testing.T) {
 }
 
 // TestStatsRefuseAMeasureTheRecordOutlived checks that NodeGetVolumeStats
-// answers no usage that statfs took while a withdrawal began: the
-// withdrawal is recorded before anything unmounts the path, and the pass
-// that reports on it comes later, so statfs may have measured the
-// directory beneath it.
+// answers no usage that statfs took while a withdrawal or a repair began:
+// each is recorded (the record, the condition) before anything unmounts
+// the path, and the pass that reports on it comes later, so statfs may
+// have measured the directory beneath it.
 func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -90,6 +90,7 @@ func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
 		{"nothing changed", nil, codes.OK},
 		{"withdrawn", func(v *state.Volume) { v.Stage.Deleting = true }, codes.NotFound},
 		{"a new generation", func(v *state.Volume) { v.Stage.Generation++ }, codes.Unavailable},
+		{"a repair began", nil, codes.Unavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store, err := state.Open(t.TempDir() + "/state.db")
@@ -112,10 +113,16 @@ func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
 				Store: store, Kicker: &fakeReconciler{}, NodeID: "n1", Roots: []string{root}, MaxWait: 5 * time.Second,
 				Stat: func(context.Context, string) (host.Usage, error) {
 					statted = true
-					if tc.during != nil {
+					switch {
+					case tc.during != nil:
 						if _, err := store.Update("v", func(v *state.Volume) error { tc.during(v); return nil }); err != nil {
 							t.Error(err)
 						}
+					case tc.name == "a repair began":
+						// What a pass does before it unmounts the path to
+						// repair its filesystem.
+						store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Degraded, Reason: contract.Reason("FilesystemShutDown"),
+							Message: "repairing", Unusable: []string{staging}})
 					}
 					return host.Usage{TotalBytes: 1}, nil
 				},
