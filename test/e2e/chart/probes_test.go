@@ -150,7 +150,22 @@ func TestLivenessWaitsForStart(t *testing.T) {
 				t.Errorf("%s: %s: %s", source, p.name, e)
 			}
 		}
+		expectRegistrarProbed(t, source, pods)
 	})
+}
+
+// expectRegistrarProbed fails t unless pods hold node-driver-registrar
+// with a liveness probe: the rules that name it would check nothing.
+func expectRegistrarProbed(t *testing.T, source string, pods []namedPodSpec) {
+	t.Helper()
+	for _, p := range pods {
+		for _, c := range p.spec.Containers {
+			if c.Name == "node-driver-registrar" && c.LivenessProbe != nil {
+				return
+			}
+		}
+	}
+	t.Errorf("%s: no node-driver-registrar with a liveness probe: its rules check nothing", source)
 }
 
 // TestLivenessRule shows livenessErrors refusing a probe that may come
@@ -256,6 +271,7 @@ func TestProbesBearALoadedNode(t *testing.T) {
 				t.Errorf("%s: %s: %s", source, p.name, e)
 			}
 		}
+		expectRegistrarProbed(t, source, pods)
 	})
 }
 
@@ -289,7 +305,7 @@ func TestProbeTimeoutRule(t *testing.T) {
 }
 
 // timeoutErrors says which probes of a pod may time out on a loaded node
-// (any that waits less than minProbeTimeout; the kubelet reads 0 as 1 s),
+// (any that waits less than minProbeTimeout; the API defaults 0 to 1 s),
 // and node-driver-registrar's if it may end before the registrar's own
 // answer, bounded by its --timeout: a 500 that says why beats a probe
 // that timed out.
