@@ -160,16 +160,44 @@ func (s Scanned) Records() []Record {
 
 // ScanPath scans the log at path, a file or a block device.
 func ScanPath(path string) Scanned {
-	f, err := os.Open(path)
-	if err != nil {
-		return Scanned{Error: err.Error()}
+	return scanLive(func() ([]byte, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return readLog(f)
+	})
+}
+
+// maxReads bounds the reads of a log whose hole moves from one read to
+// the next.
+const maxReads = 5
+
+// scanLive scans the log that read reads while its writer may go on
+// appending: a read in chunks may find a slot still empty and, in its
+// next chunk, the records the writer appended meanwhile past it, a hole
+// that is not one (a soak saw one at the 4 MiB boundary). Appends never
+// empty a slot, so a hole that a later read finds again, at the same
+// offset, is one; one that moved was an append.
+func scanLive(read func() ([]byte, error)) Scanned {
+	hole := -1
+	for reads := 1; ; reads++ {
+		data, err := read()
+		if err != nil {
+			return Scanned{Error: err.Error()}
+		}
+		records, end, err := Scan(data)
+		if err != nil && end != hole && reads < maxReads {
+			hole = end
+			continue
+		}
+		return scanned(records, end, err)
 	}
-	defer f.Close()
-	data, err := readLog(f)
-	if err != nil {
-		return Scanned{Error: err.Error()}
-	}
-	records, end, err := Scan(data)
+}
+
+// scanned is Scan's answer as scan prints it.
+func scanned(records []Record, end int, err error) Scanned {
 	s := Scanned{End: int64(end)}
 	if err != nil {
 		s.Error = err.Error()

@@ -242,3 +242,47 @@ func TestWriterVouchesForWhatItFound(t *testing.T) {
 		t.Errorf("synced %d, next %d; want 3 and 3", w.Synced(), w.Next())
 	}
 }
+
+// TestScanTakesNoAppendForAHole: a read that found a slot empty and the
+// records appended past it meanwhile is read again; a hole found again at
+// the same offset is reported, and a hole that keeps moving is reported
+// once the reads run out.
+func TestScanTakesNoAppendForAHole(t *testing.T) {
+	log := func(n int, hole int) []byte {
+		var data []byte
+		for seq := range n {
+			b, err := Record{Owner: "v", Seq: uint64(seq)}.Encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seq == hole {
+				b = make([]byte, RecordSize)
+			}
+			data = append(data, b...)
+		}
+		return data
+	}
+	for _, tc := range []struct {
+		name    string
+		reads   [][]byte
+		records int
+		hole    bool
+		read    int
+	}{
+		{"a whole log", [][]byte{log(10, -1)}, 10, false, 1},
+		{"an append past a slot read empty", [][]byte{log(10, 7), log(12, -1)}, 12, false, 2},
+		{"a hole read twice", [][]byte{log(10, 7), log(12, 7)}, 7, true, 2},
+		{"a hole that moves", [][]byte{log(10, 1), log(10, 2), log(10, 3), log(10, 4), log(10, 5), log(10, 6)}, 5, true, maxReads},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			read := 0
+			s := scanLive(func() ([]byte, error) {
+				read++
+				return tc.reads[min(read, len(tc.reads))-1], nil
+			})
+			if got := len(s.Records()); got != tc.records || (s.Error != "") != tc.hole || read != tc.read {
+				t.Errorf("%d records, error %q, in %d reads; want %d records, a hole %v, in %d reads", got, s.Error, read, tc.records, tc.hole, tc.read)
+			}
+		})
+	}
+}
