@@ -99,13 +99,13 @@ func (s *soakRun) makeRoom(draw int, class string, need resource.Quantity, nodes
 }
 
 // deleteOneOf deletes one of the soak's volumes that in says are
-// candidates, picked by draw, and not being copied; why says what room it
-// makes. None is a no-op.
+// candidates, picked by draw, and not being copied nor removed already;
+// why says what room it makes. None is a no-op.
 func (s *soakRun) deleteOneOf(draw int, why string, in func(soakVolume) bool) error {
 	var names []string
 	s.mu.Lock()
 	for n, v := range s.volumes {
-		if in(v) && s.copying[n] == 0 {
+		if in(v) && s.copying[n] == 0 && !s.removing[n] {
 			names = append(names, n)
 		}
 	}

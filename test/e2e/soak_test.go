@@ -108,6 +108,9 @@ type soakRun struct {
 	// (external-provisioner compares the clone's request with the
 	// source's, and wants the source Bound).
 	copying map[string]int
+	// removing holds the volumes a removal checks now: two makers of room
+	// at once would otherwise both pick one, and one make none.
+	removing map[string]bool
 	// filling holds the pools a fault fills now ("node/pool"), and
 	// spaceMade, for each CSIStorageCapacity, the version at which the
 	// soak last deleted a volume to make room in its pool (makeRoom).
@@ -253,7 +256,7 @@ func newSoakRun(t *testing.T, env soakEnv) *soakRun {
 	thick := storageClass(t, "soak-thick", xfs)
 	fast := storageClass(t, "soak-fast", map[string]string{"converge.csi.dev/pool": fastPool, "converge.csi.dev/provisioning": "thin", "csi.storage.k8s.io/fstype": "xfs"})
 	s := &soakRun{ctx: context.Background(), t: t, nodes: env.nodes, history: soak.NewHistory(), volumes: map[string]soakVolume{},
-		copying: map[string]int{}, nodeMu: make([]sync.Mutex, len(env.nodes)), groupClasses: []string{fast, thin},
+		copying: map[string]int{}, removing: map[string]bool{}, nodeMu: make([]sync.Mutex, len(env.nodes)), groupClasses: []string{fast, thin},
 		failpoints: env.failpoints, prometheus: env.prometheus,
 		poolOf: map[string]string{thin: "default", thick: "default", fast: fastPool}, filling: map[string]bool{}, spaceMade: map[string]string{}}
 	for _, cl := range []string{thin, thick, fast} {
@@ -570,6 +573,18 @@ func (s *soakRun) remove(draw int) error {
 // removeVolume checks v's log, then deletes its pod and claim, unless a
 // copy of it began meanwhile.
 func (s *soakRun) removeVolume(v soakVolume) error {
+	s.mu.Lock()
+	already := s.removing[v.name]
+	s.removing[v.name] = true
+	s.mu.Unlock()
+	if already {
+		return nil
+	}
+	defer func() {
+		s.mu.Lock()
+		delete(s.removing, v.name)
+		s.mu.Unlock()
+	}()
 	if err := s.check(v); err != nil {
 		return err // not Running: it goes another time
 	}
