@@ -31,11 +31,10 @@ func (p *passAfterCondition) Condition(id string) state.Condition {
 	return c
 }
 
-// TestStatsNeverPairAnOldConditionWithANewResult checks that a pass
-// landing in the middle of NodeGetVolumeStats never lets it statfs a path
-// the pass found unusable: TestRequestFlood once saw OK for a volume never
-// mounted.
-func TestStatsNeverPairAnOldConditionWithANewResult(t *testing.T) {
+// stagedStore is a store holding volume v, a thick filesystem staged at
+// its staging path, and nothing reported on it.
+func stagedStore(t *testing.T) (*state.Store, *state.Volume, string) {
+	t.Helper()
 	store, err := state.Open(t.TempDir() + "/state.db")
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +49,15 @@ func TestStatsNeverPairAnOldConditionWithANewResult(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return store, v, staging
+}
+
+// TestStatsNeverPairAnOldConditionWithANewResult checks that a pass
+// landing in the middle of NodeGetVolumeStats never lets it statfs a path
+// the pass found unusable: TestRequestFlood once saw OK for a volume never
+// mounted.
+func TestStatsNeverPairAnOldConditionWithANewResult(t *testing.T) {
+	store, v, staging := stagedStore(t)
 	racing := &passAfterCondition{Store: store, pass: func() {
 		store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Degraded, Reason: contract.Reason("StagingMountMissing"),
 			Message: "not mounted yet", Unusable: []string{staging}})
@@ -93,20 +101,7 @@ func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
 		{"a repair began", nil, codes.Unavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			store, err := state.Open(t.TempDir() + "/state.db")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { store.Close() })
-			staging := root + "/staging/v"
-			v, err := store.Update("v", func(v *state.Volume) error {
-				v.Provisioning = state.ProvisionThick
-				v.Stage = &state.Stage{Path: staging, Access: state.AccessMount}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			store, v, staging := stagedStore(t)
 			store.SetResult("v", state.StageKey, state.Result{Generation: v.Stage.Generation, Ready: true})
 			statted := false
 			s, err := New(Config{

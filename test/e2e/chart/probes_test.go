@@ -143,29 +143,26 @@ const minLivenessDelay = 10
 
 // TestLivenessWaitsForStart checks every liveness probe of every container
 // deploy/ and the chart install, in each variant, against livenessErrors.
-func TestLivenessWaitsForStart(t *testing.T) {
+func TestLivenessWaitsForStart(t *testing.T) { everyProbeHolds(t, livenessErrors) }
+
+// everyProbeHolds fails t with what rule finds in every pod of deploy/ and
+// the chart, in each variant, and where no node-driver-registrar with a
+// liveness probe is found: the rules that name it would check nothing.
+func everyProbeHolds(t *testing.T, rule func(corev1.PodSpec) []string) {
 	everyPod(t, func(t *testing.T, source string, pods []namedPodSpec) {
+		registrar := false
 		for _, p := range pods {
-			for _, e := range livenessErrors(p.spec) {
+			for _, e := range rule(p.spec) {
 				t.Errorf("%s: %s: %s", source, p.name, e)
 			}
-		}
-		expectRegistrarProbed(t, source, pods)
-	})
-}
-
-// expectRegistrarProbed fails t unless pods hold node-driver-registrar
-// with a liveness probe: the rules that name it would check nothing.
-func expectRegistrarProbed(t *testing.T, source string, pods []namedPodSpec) {
-	t.Helper()
-	for _, p := range pods {
-		for _, c := range p.spec.Containers {
-			if c.Name == "node-driver-registrar" && c.LivenessProbe != nil {
-				return
+			for _, c := range p.spec.Containers {
+				registrar = registrar || c.Name == "node-driver-registrar" && c.LivenessProbe != nil
 			}
 		}
-	}
-	t.Errorf("%s: no node-driver-registrar with a liveness probe: its rules check nothing", source)
+		if !registrar {
+			t.Errorf("%s: no node-driver-registrar with a liveness probe: its rules check nothing", source)
+		}
+	})
 }
 
 // TestLivenessRule shows livenessErrors refusing a probe that may come
@@ -264,16 +261,7 @@ const minProbeTimeout = 5
 
 // TestProbesBearALoadedNode checks every probe of every container deploy/
 // and the chart install, in each variant, against timeoutErrors.
-func TestProbesBearALoadedNode(t *testing.T) {
-	everyPod(t, func(t *testing.T, source string, pods []namedPodSpec) {
-		for _, p := range pods {
-			for _, e := range timeoutErrors(p.spec) {
-				t.Errorf("%s: %s: %s", source, p.name, e)
-			}
-		}
-		expectRegistrarProbed(t, source, pods)
-	})
-}
+func TestProbesBearALoadedNode(t *testing.T) { everyProbeHolds(t, timeoutErrors) }
 
 // TestProbeTimeoutRule shows timeoutErrors refusing a probe with the
 // default timeout, and a registrar's probe that ends before the
