@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,14 +49,34 @@ func (n *kubeNode) status() (nodeStatus, error) {
 }
 
 // hostPath is where the test process finds path of the node's, a pool's
-// directory under csi-node's state directory or the pools' root.
+// directory under csi-node's state directory or the pools' root. A path
+// is under a directory at a "/" only: the pools' root,
+// /var/lib/converge-pools, begins with the state directory's name.
 func (n *kubeNode) hostPath(path string) string {
-	for node, host := range map[string]string{nodeStateDir: n.stateDir, nodePoolsDir: n.poolsDir} {
-		if rest, ok := strings.CutPrefix(path, node); ok {
-			return host + rest
+	for _, d := range []struct{ node, host string }{{nodeStateDir, n.stateDir}, {nodePoolsDir, n.poolsDir}} {
+		if within(path, d.node) {
+			return d.host + strings.TrimPrefix(path, d.node)
 		}
 	}
 	return n.ns.path(path)
+}
+
+// TestHostPathOfAPool: a pool under the pools' root is found there, not
+// below the state directory's name (a soak once found pool fast's images
+// at <state dir>-pools/fast, seven times in eight, as a map's order
+// fell).
+func TestHostPathOfAPool(t *testing.T) {
+	n := &kubeNode{stateDir: "/run/s", poolsDir: "/run/p"}
+	for path, want := range map[string]string{
+		nodePoolsDir + "/fast":       "/run/p/fast",
+		nodeStateDir + "/volumes":    "/run/s/volumes",
+		nodeStateDir:                 "/run/s",
+		nodePoolsDir + "/fast/a.img": "/run/p/fast/a.img",
+	} {
+		if got := n.hostPath(path); got != want {
+			t.Errorf("hostPath(%s) = %s, want %s", path, got, want)
+		}
+	}
 }
 
 // poolsDisagree lists where n's store, pools, files and PVs disagree.
