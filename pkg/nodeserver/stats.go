@@ -57,12 +57,7 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	reported := s.reportedAt(v, path)
 	cond := s.cfg.Store.Condition(id)
 	if slices.Contains(cond.Unusable, path) {
-		if cond.Abnormal && s.cfg.VolumeCondition {
-			// No usage, and why: what a kubelet that reads volume
-			// conditions turns into an event on the pod.
-			return s.withCondition(&csi.NodeGetVolumeStatsResponse{}, cond), nil
-		}
-		return nil, classified.Errorf(classified.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
+		return s.unusable(id, path, cond)
 	}
 	if !reported {
 		// Recorded, and not yet seen by a pass, so the condition does not
@@ -87,6 +82,9 @@ func (s *Server) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeS
 	if err := s.stillLiveAt(v, path); err != nil {
 		return nil, err
 	}
+	if now := s.cfg.Store.Condition(id); slices.Contains(now.Unusable, path) {
+		return s.unusable(id, path, now)
+	}
 	return s.withCondition(&csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 		{Unit: csi.VolumeUsage_BYTES, Total: u.TotalBytes, Available: u.AvailableBytes, Used: u.UsedBytes},
 		{Unit: csi.VolumeUsage_INODES, Total: u.TotalInodes, Available: u.FreeInodes, Used: u.UsedInodes},
@@ -104,7 +102,8 @@ func (s *Server) reportedAt(v *state.Volume, path string) bool {
 }
 
 // stillLiveAt refuses a measure of path taken from the record v once the
-// volume has moved on while statfs ran. A withdrawal (NodeUnstageVolume,
+// volume has moved on while statfs ran (the caller reads the condition
+// again after it too). A withdrawal (NodeUnstageVolume,
 // an unpublish, a forgotten publish's) is recorded before anything
 // unmounts the path, and a pass marks a path unusable in the condition
 // before it unmounts it for a repair; either comes before the next pass
@@ -127,10 +126,17 @@ func (s *Server) stillLiveAt(v *state.Volume, path string) error {
 	if _, gen := intentAt(now, path); gen != was {
 		return classified.Errorf(classified.KindUnavailable, "volume %s changed at %s while it was measured", v.ID, path)
 	}
-	if cond := s.cfg.Store.Condition(v.ID); slices.Contains(cond.Unusable, path) {
-		return classified.Errorf(classified.KindUnavailable, "volume %s is not usable at %s: %s", v.ID, path, describe(cond))
-	}
 	return nil
+}
+
+// unusable answers stats at path, which cond says is unusable: no usage,
+// and why, where the kubelet reads volume conditions (it turns them into
+// an event on the pod); UNAVAILABLE with the reason otherwise.
+func (s *Server) unusable(id, path string, cond state.Condition) (*csi.NodeGetVolumeStatsResponse, error) {
+	if cond.Abnormal && s.cfg.VolumeCondition {
+		return s.withCondition(&csi.NodeGetVolumeStatsResponse{}, cond), nil
+	}
+	return nil, classified.Errorf(classified.KindUnavailable, "volume %s is not usable at %s: %s", id, path, describe(cond))
 }
 
 // intentAt names v's intent at path (live, as liveAt checked), its

@@ -2,6 +2,7 @@ package nodeserver
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,21 +92,23 @@ func TestStatsNeverPairAnOldConditionWithANewResult(t *testing.T) {
 // have measured the directory beneath it.
 func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		during func(v *state.Volume)
-		want   codes.Code
+		name       string
+		during     func(v *state.Volume)
+		conditions bool // the server answers volume conditions
+		want       codes.Code
 	}{
-		{"nothing changed", nil, codes.OK},
-		{"withdrawn", func(v *state.Volume) { v.Stage.Deleting = true }, codes.NotFound},
-		{"a new generation", func(v *state.Volume) { v.Stage.Generation++ }, codes.Unavailable},
-		{"a repair began", nil, codes.Unavailable},
+		{"nothing changed", nil, false, codes.OK},
+		{"withdrawn", func(v *state.Volume) { v.Stage.Deleting = true }, false, codes.NotFound},
+		{"a new generation", func(v *state.Volume) { v.Stage.Generation++ }, false, codes.Unavailable},
+		{"a repair began", nil, false, codes.Unavailable},
+		{"a repair began, conditions answered", nil, true, codes.OK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store, v, staging := stagedStore(t)
 			store.SetResult("v", state.StageKey, state.Result{Generation: v.Stage.Generation, Ready: true})
 			statted := false
 			s, err := New(Config{
-				Store: store, Kicker: &fakeReconciler{}, NodeID: "n1", Roots: []string{root}, MaxWait: 5 * time.Second,
+				Store: store, Kicker: &fakeReconciler{}, NodeID: "n1", Roots: []string{root}, MaxWait: 5 * time.Second, VolumeCondition: tc.conditions,
 				Stat: func(context.Context, string) (host.Usage, error) {
 					statted = true
 					switch {
@@ -113,7 +116,7 @@ func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
 						if _, err := store.Update("v", func(v *state.Volume) error { tc.during(v); return nil }); err != nil {
 							t.Error(err)
 						}
-					case tc.name == "a repair began":
+					case strings.HasPrefix(tc.name, "a repair began"):
 						// What a pass does before it unmounts the path to
 						// repair its filesystem.
 						store.SetCondition("v", state.Condition{Abnormal: true, Health: state.Degraded, Reason: contract.Reason("FilesystemShutDown"),
@@ -126,7 +129,10 @@ func TestStatsRefuseAMeasureTheRecordOutlived(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = s.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: staging})
+			resp, err := s.NodeGetVolumeStats(t.Context(), &csi.NodeGetVolumeStatsRequest{VolumeId: "v", VolumePath: staging})
+			if tc.conditions && err == nil && (len(resp.GetUsage()) != 0 || len(resp.ProtoReflect().GetUnknown()) == 0) {
+				t.Errorf("stats as a repair began: %v; want no usage, and the condition", resp)
+			}
 			if !statted {
 				t.Fatalf("statfs never ran (%v): the test tested nothing", err)
 			}
