@@ -646,12 +646,15 @@ func (s *soakRun) scan(pod, path string) (soak.Scanned, error) {
 	return scanned, nil
 }
 
-// readAcks reads the writers' acknowledgements from the nodes' pod logs,
-// outside the nodes, every half second until ctx ends, and once more then.
+// readAcks reads what the writers print from the nodes' pod logs, outside
+// the nodes, every half second until ctx ends, and once more then: their
+// acknowledgements, and the records each found when it (re)started, which
+// must be all its owner's acknowledged ones.
 func (s *soakRun) readAcks(ctx context.Context) {
 	read := map[string]int64{} // each log file, how far it was read
 	for {
 		done := ctx.Err() != nil
+		var lines []soak.Line
 		for _, n := range s.nodes {
 			files, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", ns+"_soak-*", "w", "*.log"))
 			for _, f := range files {
@@ -665,11 +668,24 @@ func (s *soakRun) readAcks(ctx context.Context) {
 					continue
 				}
 				for _, l := range strings.Split(string(b[read[f]:end]), "\n") {
-					if owner, seq, ok := soak.ParseAck(l); ok {
-						s.history.Ack(owner, seq)
+					if l, ok := soak.ParseLine(l); ok {
+						lines = append(lines, l)
 					}
 				}
 				read[f] = end
+			}
+		}
+		// In the order they were printed: a restarted writer's open comes
+		// after its last run's acks, which may be in a log read after its.
+		slices.SortStableFunc(lines, func(a, b soak.Line) int { return a.At.Compare(b.At) })
+		for _, l := range lines {
+			switch l.Kind {
+			case soak.LineAck:
+				s.history.Ack(l.Owner, l.N)
+			case soak.LineOpen:
+				if err := s.history.Open(l.Owner, l.N); err != nil {
+					s.fail(&s.broken, "volume %s: %v", l.Owner, err)
+				}
 			}
 		}
 		if done {

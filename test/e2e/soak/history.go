@@ -31,6 +31,19 @@ func (h *History) Ack(owner string, seq uint64) {
 	h.acked[owner] = max(h.acked[owner], seq+1)
 }
 
+// Open notes that owner's writer, starting, found n of its records in its
+// log. Fewer than were acknowledged before is a loss that no later scan
+// would see: the writer goes on from what it found, and writes the lost
+// seqs again.
+func (h *History) Open(owner string, n uint64) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if a := h.acked[owner]; n < a {
+		return fmt.Errorf("its writer began again on %d of its records, but %d were acknowledged: %d lost", n, a, a-n)
+	}
+	return nil
+}
+
 // New notes a volume made empty, written by owner.
 func (h *History) New(owner string) error {
 	return h.add(owner, nil)

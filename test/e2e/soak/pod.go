@@ -24,10 +24,11 @@ const WriterName = "soak-writer"
 //	soak-writer scan path
 //
 // write appends each owner's records to its log in turn, round after
-// round (one owner, or a group's members in the order given), and prints
-// "ack <owner> <seq>" for the last record of each that it fsynced, every
-// -report; the soak reads these lines from the node's pod logs, outside
-// the node. It goes on until SIGTERM, or exits 1 on an error: the kubelet
+// round (one owner, or a group's members in the order given). It prints
+// "open <owner> <n>" for each log it opens, n the owner's records it found
+// there, and "ack <owner> <seq>" for the last record of each that it
+// fsynced, every -report; the soak reads these lines from the node's pod
+// logs, outside the node. It goes on until SIGTERM, or exits 1 on an error: the kubelet
 // starts it again, and it goes on where each log ends.
 //
 // scan prints a log as JSON (Scanned): its records as runs, where it ends,
@@ -85,6 +86,10 @@ func write(ctx context.Context, args []string, stdout io.Writer) error {
 			return err
 		}
 		writers = append(writers, w)
+		// What it found, before it writes more: a writer that found fewer
+		// than were acknowledged would write the lost seqs again, and a
+		// later scan find them all.
+		fmt.Fprintf(stdout, "%s %s %d\n", LineOpen, owner, w.Next())
 	}
 	// A group's writer that ended mid-round left the first members a
 	// record ahead: the others catch up before the next round, so that at
@@ -96,7 +101,7 @@ func write(ctx context.Context, args []string, stdout io.Writer) error {
 	ack := func() {
 		for _, w := range writers {
 			if w.Synced() > 0 {
-				fmt.Fprintf(stdout, "ack %s %d\n", w.owner, w.Synced()-1)
+				fmt.Fprintf(stdout, "%s %s %d\n", LineAck, w.owner, w.Synced()-1)
 			}
 		}
 	}
@@ -120,18 +125,37 @@ func write(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
-// ParseAck reads a line a writer printed (within a line of the kubelet's
-// log format, "<time> stdout F ack <owner> <seq>"): the owner and the seq
-// it acknowledged, and whether the line was one.
-func ParseAck(line string) (owner string, seq uint64, ok bool) {
+// What a writer prints: each line is "<kind> <owner> <n>".
+const (
+	LineOpen = "open" // n: the owner's records it found in the log it opened
+	LineAck  = "ack"  // n: the seq of the owner's last record it fsynced
+)
+
+// A Line is one a writer printed, as the kubelet logged it: when, and
+// what.
+type Line struct {
+	At    time.Time
+	Kind  string // LineOpen or LineAck
+	Owner string
+	N     uint64
+}
+
+// ParseLine reads a line of the kubelet's log of a writer ("<time> stdout
+// F <kind> <owner> <n>"), and whether it was one a writer printed.
+func ParseLine(line string) (Line, bool) {
 	f := strings.Fields(line)
-	if len(f) < 3 || f[len(f)-3] != "ack" {
-		return "", 0, false
+	if len(f) != 6 || f[1] != "stdout" || f[2] != "F" || (f[3] != LineOpen && f[3] != LineAck) {
+		return Line{}, false
 	}
-	if _, err := fmt.Sscan(f[len(f)-1], &seq); err != nil {
-		return "", 0, false
+	at, err := time.Parse(time.RFC3339Nano, f[0])
+	if err != nil {
+		return Line{}, false
 	}
-	return f[len(f)-2], seq, true
+	l := Line{At: at, Kind: f[3], Owner: f[4]}
+	if _, err := fmt.Sscan(f[5], &l.N); err != nil {
+		return Line{}, false
+	}
+	return l, true
 }
 
 // Run is a run of one owner's records in a log, seqs From to To.
@@ -174,12 +198,21 @@ func ScanPath(path string) Scanned {
 // the next.
 const maxReads = 5
 
+// appendWindow is how far before the end of what a read read a slot it
+// found empty may lie and be an append's: a read of a device stops at the
+// first chunk of zeroes, so a slot read empty in one chunk, with the
+// records the writer appended meanwhile in the next, lies within the last
+// three (a writer appends a chunk in tens of seconds, and a read takes
+// milliseconds).
+const appendWindow = 3 * readChunk
+
 // scanLive scans the log that read reads while its writer may go on
 // appending: a read in chunks may find a slot still empty and, in its
 // next chunk, the records the writer appended meanwhile past it, a hole
 // that is not one (a soak saw one at the 4 MiB boundary). Appends never
 // empty a slot, so a hole that a later read finds again, at the same
-// offset, is one; one that moved was an append.
+// offset, is one; one that moved was an append. Only an empty slot near
+// the end is read again: an append explains no other.
 func scanLive(read func() ([]byte, error)) Scanned {
 	hole := -1
 	for reads := 1; ; reads++ {
@@ -188,7 +221,8 @@ func scanLive(read func() ([]byte, error)) Scanned {
 			return Scanned{Error: err.Error()}
 		}
 		records, end, err := Scan(data)
-		if err != nil && end != hole && reads < maxReads {
+		appended := errors.Is(err, errNoRecord) && len(data)-end <= appendWindow
+		if appended && end != hole && reads < maxReads {
 			hole = end
 			continue
 		}

@@ -33,13 +33,23 @@ func TestWriteAcksOnlyWhatItWrote(t *testing.T) {
 		}
 	}
 	acks := 0
-	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		owner, seq, ok := ParseAck("2026-11-28T16:00:00.000000000Z stdout F " + l)
-		if !ok {
-			t.Fatalf("%q is no ack", l)
+	for i, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		got, ok := ParseLine("2026-11-28T16:00:00.000000000Z stdout F " + l)
+		switch {
+		case !ok:
+			t.Fatalf("%q is no line a writer prints", l)
+		case i < 2 && (got.Kind != LineOpen || got.N != 0):
+			t.Fatalf("line %d: %q, want an open of an empty log first", i, l)
+		case i < 2:
+			if err := h.Open(got.Owner, got.N); err != nil {
+				t.Fatal(err)
+			}
+		case got.Kind != LineAck:
+			t.Fatalf("line %d: %q, want an ack", i, l)
+		default:
+			h.Ack(got.Owner, got.N)
+			acks++
 		}
-		h.Ack(owner, seq)
-		acks++
 	}
 	if acks < 4 {
 		t.Fatalf("%d acks in 300ms, want several:\n%s", acks, out.String())
@@ -64,23 +74,69 @@ func TestWriteAcksOnlyWhatItWrote(t *testing.T) {
 	}
 }
 
-func TestParseAck(t *testing.T) {
+func TestParseLine(t *testing.T) {
+	at := time.Date(2026, 11, 28, 16, 0, 0, 100_000_000, time.UTC)
 	for _, c := range []struct {
-		line  string
-		owner string
-		seq   uint64
-		ok    bool
+		line string
+		want Line
+		ok   bool
 	}{
-		{"2026-11-28T16:00:00.1Z stdout F ack soak-3 41", "soak-3", 41, true},
-		{"ack a 0", "a", 0, true},
-		{"2026-11-28T16:00:00.1Z stderr F soak-writer: write /data/log: no space", "", 0, false},
-		{"ack a x", "", 0, false},
-		{"ack", "", 0, false},
+		{"2026-11-28T16:00:00.1Z stdout F ack soak-3 41", Line{at, LineAck, "soak-3", 41}, true},
+		{"2026-11-28T16:00:00.100000000Z stdout F open soak-3 7", Line{at, LineOpen, "soak-3", 7}, true},
+		{"2026-11-28T16:00:00.1Z stderr F soak-writer: write /data/log: no space", Line{}, false},
+		{"2026-11-28T16:00:00.1Z stderr F ack a 1", Line{}, false},
+		{"2026-11-28T16:00:00.1Z stdout P ack a 1", Line{}, false},
+		{"2026-11-28T16:00:00.1Z stdout F close a 1", Line{}, false},
+		{"2026-11-28T16:00:00.1Z stdout F ack a x", Line{}, false},
+		{"yesterday stdout F ack a 1", Line{}, false},
+		{"ack a 0", Line{}, false},
 	} {
-		owner, seq, ok := ParseAck(c.line)
-		if owner != c.owner || seq != c.seq || ok != c.ok {
-			t.Errorf("ParseAck(%q) = %q, %d, %v; want %q, %d, %v", c.line, owner, seq, ok, c.owner, c.seq, c.ok)
+		got, ok := ParseLine(c.line)
+		if !got.At.Equal(c.want.At) || got.Kind != c.want.Kind || got.Owner != c.want.Owner || got.N != c.want.N || ok != c.ok {
+			t.Errorf("ParseLine(%q) = %+v, %v; want %+v, %v", c.line, got, ok, c.want, c.ok)
 		}
+	}
+}
+
+// TestOpenSeesALossARewriteHides: a log that lost its acknowledged tail
+// and is written on passes a later scan, as the writer writes the lost
+// seqs again; what its writer printed on opening it does not.
+func TestOpenSeesALossARewriteHides(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	h := NewHistory()
+	if err := h.New("v"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := OpenWriter(path, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, w, 10)
+	w.Close()
+	h.Ack("v", 9)
+	if err := os.Truncate(path, 6*RecordSize); err != nil { // the last 4 lost
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	if err := write(ctx, []string{"-every=1ms", "v=" + path}, &out); err != nil {
+		t.Fatal(err)
+	}
+	lineage, _ := h.Lineage("v")
+	if p := Check(ScanPath(path).Records(), lineage); len(p) > 0 {
+		t.Fatalf("the rewritten log fails the scan's check (%v): the test shows nothing", p)
+	}
+	first, _, _ := strings.Cut(out.String(), "\n")
+	open, ok := ParseLine("2026-11-28T16:00:00Z stdout F " + first)
+	if !ok || open.Kind != LineOpen || open.N != 6 {
+		t.Fatalf("the writer's first line %q, want it to have opened on 6 records", first)
+	}
+	if err := h.Open(open.Owner, open.N); err == nil || !strings.Contains(err.Error(), "4 lost") {
+		t.Errorf("an open on 6 records, 10 acknowledged: %v, want 4 lost", err)
+	}
+	if err := h.Open(open.Owner, 10); err != nil {
+		t.Errorf("an open on every acknowledged record: %v", err)
 	}
 }
 
@@ -243,11 +299,14 @@ func TestWriterVouchesForWhatItFound(t *testing.T) {
 	}
 }
 
-// TestScanTakesNoAppendForAHole: a read that found a slot empty and the
-// records appended past it meanwhile is read again; a hole found again at
-// the same offset is reported, and a hole that keeps moving is reported
-// once the reads run out.
+// TestScanTakesNoAppendForAHole: a read that found a slot empty near its
+// end and the records appended past it meanwhile is read again; a hole
+// found again at the same offset is reported, and a hole that keeps moving
+// is reported once the reads run out. A slot that holds no intact record,
+// or an empty one far before the end, no append explains: it is reported
+// at once.
 func TestScanTakesNoAppendForAHole(t *testing.T) {
+	var bad []byte
 	log := func(n int, hole int) []byte {
 		var data []byte
 		for seq := range n {
@@ -257,11 +316,18 @@ func TestScanTakesNoAppendForAHole(t *testing.T) {
 			}
 			if seq == hole {
 				b = make([]byte, RecordSize)
+				if bad != nil {
+					b = bad
+				}
 			}
 			data = append(data, b...)
 		}
 		return data
 	}
+	long := appendWindow/RecordSize + 10
+	bad = bytes.Repeat([]byte{0xff}, RecordSize)
+	corrupt := log(10, 7)
+	bad = nil
 	for _, tc := range []struct {
 		name    string
 		reads   [][]byte
@@ -273,6 +339,9 @@ func TestScanTakesNoAppendForAHole(t *testing.T) {
 		{"an append past a slot read empty", [][]byte{log(10, 7), log(12, -1)}, 12, false, 2},
 		{"a hole read twice", [][]byte{log(10, 7), log(12, 7)}, 7, true, 2},
 		{"a hole that moves", [][]byte{log(10, 1), log(10, 2), log(10, 3), log(10, 4), log(10, 5), log(10, 6)}, 5, true, maxReads},
+		{"an append past a slot read empty, then a hole", [][]byte{log(10, 7), log(12, 9), log(12, 9)}, 9, true, 3},
+		{"a slot read bad once", [][]byte{corrupt, log(12, -1)}, 7, true, 1},
+		{"a slot read empty far before the end", [][]byte{log(long, 3), log(long, -1)}, 3, true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			read := 0
