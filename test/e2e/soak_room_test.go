@@ -112,12 +112,14 @@ func (s *soakRun) deleteOneOf(draw int, why string, in func(soakVolume) bool) er
 	slices.Sort(names)
 	var v soakVolume
 	if len(names) > 0 {
+		// Marked as it is picked: another maker of room picks another.
 		v = s.volumes[names[draw%len(names)]]
+		s.removing[v.name] = true
 	}
 	s.mu.Unlock()
 	if len(names) == 0 {
 		return nil
 	}
 	s.logf("%s: deleting %s", why, v.name)
-	return s.removeVolume(v)
+	return s.removeMarked(v)
 }

@@ -463,8 +463,16 @@ func (s *soakRun) copyOf(draw int, snapshot bool) error {
 		return nil
 	}
 	s.mu.Lock()
-	s.copying[src.name]++
+	_, there := s.volumes[src.name]
+	if there {
+		// A removal that has not yet let it go sees the copy, and keeps
+		// it; one that has is seen here.
+		s.copying[src.name]++
+	}
 	s.mu.Unlock()
+	if !there {
+		return nil
+	}
 	defer func() {
 		s.mu.Lock()
 		s.copying[src.name]--
@@ -571,7 +579,7 @@ func (s *soakRun) remove(draw int) error {
 }
 
 // removeVolume checks v's log, then deletes its pod and claim, unless a
-// copy of it began meanwhile.
+// copy of it began meanwhile, or another removal of it is under way.
 func (s *soakRun) removeVolume(v soakVolume) error {
 	s.mu.Lock()
 	already := s.removing[v.name]
@@ -580,6 +588,11 @@ func (s *soakRun) removeVolume(v soakVolume) error {
 	if already {
 		return nil
 	}
+	return s.removeMarked(v)
+}
+
+// removeMarked is removeVolume of a volume this removal marked removing.
+func (s *soakRun) removeMarked(v soakVolume) error {
 	defer func() {
 		s.mu.Lock()
 		delete(s.removing, v.name)
