@@ -240,6 +240,7 @@ func soakOnce(t *testing.T, env soakEnv, seeds []uint64, out string) {
 	wg.Wait()
 	t.Logf("soak: the plan ran in %s; settling", time.Since(start).Round(time.Second))
 	s.settle()
+	stop() // its last read of the writers' lines may break an invariant
 	s.mu.Lock()
 	t.Logf("soak: %d operations or faults failed under the faults (each is retried by Kubernetes; only what does not settle counts):\n%s", len(s.failures), strings.Join(s.failures, "\n"))
 	broken := slices.Clone(s.broken)
@@ -285,7 +286,7 @@ func (s *soakRun) begin() (stop func()) {
 	acks, stopAcks := context.WithCancel(s.ctx)
 	acksDone := make(chan struct{})
 	go func() { defer close(acksDone); s.readAcks(acks) }()
-	return func() { stopAcks(); <-acksDone; stopAlerts() }
+	return sync.OnceFunc(func() { stopAcks(); <-acksDone; stopAlerts() })
 }
 
 // fail records a failure in list (s.broken or s.failures), which the
@@ -667,10 +668,10 @@ func (s *soakRun) readAcks(ctx context.Context) {
 	read := map[string]int64{} // each log file, how far it was read
 	for {
 		done := ctx.Err() != nil
-		var lines []soak.Line
+		var files [][]soak.Line
 		for _, n := range s.nodes {
-			files, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", ns+"_soak-*", "w", "*.log"))
-			for _, f := range files {
+			paths, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", ns+"_soak-*", "w", "*.log"))
+			for _, f := range paths {
 				b, err := os.ReadFile(f)
 				if err != nil || int64(len(b)) <= read[f] {
 					continue
@@ -680,26 +681,18 @@ func (s *soakRun) readAcks(ctx context.Context) {
 				if end <= read[f] {
 					continue
 				}
+				var lines []soak.Line
 				for _, l := range strings.Split(string(b[read[f]:end]), "\n") {
 					if l, ok := soak.ParseLine(l); ok {
 						lines = append(lines, l)
 					}
 				}
+				files = append(files, lines)
 				read[f] = end
 			}
 		}
-		// In the order they were printed: a restarted writer's open comes
-		// after its last run's acks, which may be in a log read after its.
-		slices.SortStableFunc(lines, func(a, b soak.Line) int { return a.At.Compare(b.At) })
-		for _, l := range lines {
-			switch l.Kind {
-			case soak.LineAck:
-				s.history.Ack(l.Owner, l.N)
-			case soak.LineOpen:
-				if err := s.history.Open(l.Owner, l.N); err != nil {
-					s.fail(&s.broken, "volume %s: %v", l.Owner, err)
-				}
-			}
+		for _, lost := range s.history.Read(soak.Order(files)) {
+			s.fail(&s.broken, "%s", lost)
 		}
 		if done {
 			return

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 )
 
 // History is what the soak knows, outside every node, of each volume's
@@ -80,4 +81,50 @@ func (h *History) Restore(owner string, from []Expect) error {
 		return fmt.Errorf("volume %s restored from nothing", owner)
 	}
 	return h.add(owner, slices.Clone(from))
+}
+
+// Order puts the lines of several writers' logs, each read in the order it
+// was written, in the order they were printed: by the kubelet's time, but
+// a file's lines never before an earlier line of that file, whatever the
+// clock did meanwhile. A restarted writer's open comes after its last
+// run's acks, which may lie in a log read after its own.
+func Order(files [][]Line) []Line {
+	type keyed struct {
+		Line
+		key time.Time
+	}
+	var all []keyed
+	for _, f := range files {
+		var key time.Time
+		for _, l := range f {
+			if l.At.After(key) {
+				key = l.At
+			}
+			all = append(all, keyed{l, key})
+		}
+	}
+	slices.SortStableFunc(all, func(a, b keyed) int { return a.key.Compare(b.key) })
+	out := make([]Line, len(all))
+	for i, k := range all {
+		out[i] = k.Line
+	}
+	return out
+}
+
+// Read notes lines in their order (Order's): each ack, and each open held
+// to what was acknowledged before it. It returns what each open found
+// lost.
+func (h *History) Read(lines []Line) []string {
+	var lost []string
+	for _, l := range lines {
+		switch l.Kind {
+		case LineAck:
+			h.Ack(l.Owner, l.N)
+		case LineOpen:
+			if err := h.Open(l.Owner, l.N); err != nil {
+				lost = append(lost, fmt.Sprintf("volume %s: %v", l.Owner, err))
+			}
+		}
+	}
+	return lost
 }

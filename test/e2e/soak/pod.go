@@ -199,7 +199,7 @@ func ScanPath(path string) Scanned {
 const maxReads = 5
 
 // appendWindow is how far before the end of what a read read a slot it
-// found empty may lie and be an append's: a read of a device stops at the
+// found empty (or torn) may lie and be an append's: a read of a device stops at the
 // first chunk of zeroes, so a slot read empty in one chunk, with the
 // records the writer appended meanwhile in the next, lies within the last
 // three (a writer appends a chunk in tens of seconds, and a read takes
@@ -211,8 +211,9 @@ const appendWindow = 3 * readChunk
 // next chunk, the records the writer appended meanwhile past it, a hole
 // that is not one (a soak saw one at the 4 MiB boundary). Appends never
 // empty a slot, so a hole that a later read finds again, at the same
-// offset, is one; one that moved was an append. Only an empty slot near
-// the end is read again: an append explains no other.
+// offset, is one; one that moved was an append (or a record read as it
+// was written). Only a slot near the end is read again: an append
+// explains no other.
 func scanLive(read func() ([]byte, error)) Scanned {
 	hole := -1
 	for reads := 1; ; reads++ {
@@ -221,7 +222,7 @@ func scanLive(read func() ([]byte, error)) Scanned {
 			return Scanned{Error: err.Error()}
 		}
 		records, end, err := Scan(data)
-		appended := errors.Is(err, errNoRecord) && len(data)-end <= appendWindow
+		appended := err != nil && len(data)-end <= appendWindow
 		if appended && end != hole && reads < maxReads {
 			hole = end
 			continue

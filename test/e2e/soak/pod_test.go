@@ -117,8 +117,17 @@ func TestOpenSeesALossARewriteHides(t *testing.T) {
 	if err := os.Truncate(path, 6*RecordSize); err != nil { // the last 4 lost
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	// Until it has written past what was lost, however slow the machine.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	go func() {
+		for ctx.Err() == nil {
+			if fi, err := os.Stat(path); err == nil && fi.Size() >= 12*RecordSize {
+				cancel()
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
 	var out bytes.Buffer
 	if err := write(ctx, []string{"-every=1ms", "v=" + path}, &out); err != nil {
 		t.Fatal(err)
@@ -299,12 +308,11 @@ func TestWriterVouchesForWhatItFound(t *testing.T) {
 	}
 }
 
-// TestScanTakesNoAppendForAHole: a read that found a slot empty near its
-// end and the records appended past it meanwhile is read again; a hole
-// found again at the same offset is reported, and a hole that keeps moving
-// is reported once the reads run out. A slot that holds no intact record,
-// or an empty one far before the end, no append explains: it is reported
-// at once.
+// TestScanTakesNoAppendForAHole: a read that found a slot empty (or torn)
+// near its end and the records appended past it meanwhile is read again; a
+// hole found again at the same offset is reported, and a hole that keeps
+// moving is reported once the reads run out. A bad slot far before the
+// end no append explains: it is reported at once.
 func TestScanTakesNoAppendForAHole(t *testing.T) {
 	var bad []byte
 	log := func(n int, hole int) []byte {
@@ -326,7 +334,7 @@ func TestScanTakesNoAppendForAHole(t *testing.T) {
 	}
 	long := appendWindow/RecordSize + 10
 	bad = bytes.Repeat([]byte{0xff}, RecordSize)
-	corrupt := log(10, 7)
+	torn, corrupt := log(10, 7), log(long, 3)
 	bad = nil
 	for _, tc := range []struct {
 		name    string
@@ -340,7 +348,8 @@ func TestScanTakesNoAppendForAHole(t *testing.T) {
 		{"a hole read twice", [][]byte{log(10, 7), log(12, 7)}, 7, true, 2},
 		{"a hole that moves", [][]byte{log(10, 1), log(10, 2), log(10, 3), log(10, 4), log(10, 5), log(10, 6)}, 5, true, maxReads},
 		{"an append past a slot read empty, then a hole", [][]byte{log(10, 7), log(12, 9), log(12, 9)}, 9, true, 3},
-		{"a slot read bad once", [][]byte{corrupt, log(12, -1)}, 7, true, 1},
+		{"a slot read torn near the end", [][]byte{torn, log(12, -1)}, 12, false, 2},
+		{"a slot read bad far before the end", [][]byte{corrupt, log(long, -1)}, 3, true, 1},
 		{"a slot read empty far before the end", [][]byte{log(long, 3), log(long, -1)}, 3, true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

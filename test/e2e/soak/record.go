@@ -137,7 +137,7 @@ func Scan(data []byte) (records []Record, end int, err error) {
 			// Nothing whole may follow the end.
 			for next := off + RecordSize; next+RecordSize <= len(data); next += RecordSize {
 				if _, e := Decode(data[next : next+RecordSize]); e == nil {
-					return records, off, fmt.Errorf("slot %d (offset %d): %w, and a record after it", off/RecordSize, off, derr)
+					return records, off, fmt.Errorf("slot %d (offset %d): %v, and a record after it", off/RecordSize, off, derr)
 				}
 			}
 			return records, off, nil
