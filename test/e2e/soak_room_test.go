@@ -2,10 +2,14 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/converge-csi/converge/pkg/contract"
 )
@@ -122,4 +126,127 @@ func (s *soakRun) deleteOneOf(draw int, why string, in func(soakVolume) bool) er
 	}
 	s.logf("%s: deleting %s", why, v.name)
 	return s.removeMarked(v)
+}
+
+// roomForPending makes room, as an operator would once the plan has run,
+// for the claims it left Pending on a node whose pool had no room for
+// them. A copy and a group's restores go to their source's node, however
+// full its pool, and makeRoom deletes one volume at a time, once for each
+// capacity csi-provisioner publishes, while the plan may make several
+// there meanwhile: so a pool can end promised to the full with claims
+// still asking (a soak saw eight). In each pool of each node it deletes
+// the soak's volumes placed there, other than the Pending claims' sources,
+// until what they hold covers what the claims pinned there ask (a clone
+// of a claim twice: the snapshot it is copied through, then itself) and
+// spareSpace, above the capacity the scheduler reads. It returns how many
+// it deleted.
+func (s *soakRun) roomForPending() (int, error) {
+	claims, err := c.client.CoreV1().PersistentVolumeClaims(ns).List(s.ctx, metav1.ListOptions{LabelSelector: "app=soak"})
+	if err != nil {
+		return 0, err
+	}
+	pods, err := c.client.CoreV1().Pods(ns).List(s.ctx, metav1.ListOptions{LabelSelector: "app=soak"})
+	if err != nil {
+		return 0, err
+	}
+	pinned := map[string]string{}          // claim → the node its pod must run on
+	placed := map[string]map[string]bool{} // node → claims of the pods placed there
+	for _, p := range pods.Items {
+		for _, v := range p.Spec.Volumes {
+			if v.PersistentVolumeClaim == nil {
+				continue
+			}
+			if n := p.Spec.NodeSelector[hostnameLabel]; n != "" {
+				pinned[v.PersistentVolumeClaim.ClaimName] = n
+			}
+			if n := p.Spec.NodeName; n != "" {
+				if placed[n] == nil {
+					placed[n] = map[string]bool{}
+				}
+				placed[n][v.PersistentVolumeClaim.ClaimName] = true
+			}
+		}
+	}
+	type place struct{ node, pool string }
+	need := map[place]int64{}
+	classes := map[place][]string{}
+	keep := map[string]bool{} // the Pending claims' sources
+	for _, pvc := range claims.Items {
+		node := pinned[pvc.Name]
+		if pvc.Status.Phase != corev1.ClaimPending || node == "" || pvc.Spec.StorageClassName == nil {
+			continue
+		}
+		at := place{node, s.poolOf[*pvc.Spec.StorageClassName]}
+		size := pvc.Spec.Resources.Requests.Storage().Value()
+		if ref := pvc.Spec.DataSourceRef; ref != nil {
+			switch ref.Kind {
+			case "PersistentVolumeClaim":
+				keep[ref.Name] = true
+				size *= 2
+			case "VolumeSnapshot":
+				snap, err := c.dynamic.Resource(volumeSnapshots).Namespace(ns).Get(s.ctx, ref.Name, metav1.GetOptions{})
+				if err == nil {
+					src, _, _ := unstructured.NestedString(snap.Object, "spec", "source", "persistentVolumeClaimName")
+					keep[src] = true
+				}
+			}
+		}
+		need[at] += size
+		classes[at] = append(classes[at], *pvc.Spec.StorageClassName)
+	}
+	if len(need) == 0 {
+		return 0, nil
+	}
+	caps, err := c.client.StorageV1().CSIStorageCapacities(daemonSetNamespace).List(s.ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, err
+	}
+	sizes := map[string]int64{}
+	for _, pvc := range claims.Items {
+		sizes[pvc.Name] = pvc.Status.Capacity.Storage().Value()
+	}
+	places := slices.SortedFunc(maps.Keys(need), func(a, b place) int { return strings.Compare(a.node+"/"+a.pool, b.node+"/"+b.pool) })
+	deleted := 0
+	for _, at := range places {
+		// What the scheduler reads for the Pending claims' classes there,
+		// the least of them.
+		have := int64(-1)
+		for _, cp := range caps.Items {
+			if cp.NodeTopology == nil || cp.NodeTopology.MatchLabels[contract.TopologyKey] != at.node || cp.Capacity == nil ||
+				!slices.Contains(classes[at], cp.StorageClassName) {
+				continue
+			}
+			if v := cp.Capacity.Value(); have < 0 || v < have {
+				have = v
+			}
+		}
+		short := need[at] + spareSpace.Value() - max(have, 0)
+		s.mu.Lock()
+		var names []string
+		for n, v := range s.volumes {
+			if placed[at.node][n] && s.poolOf[v.class.class] == at.pool && !keep[n] && s.copying[n] == 0 && !s.removing[n] {
+				names = append(names, n)
+			}
+		}
+		s.mu.Unlock()
+		slices.Sort(names)
+		for _, n := range names {
+			if short <= 0 {
+				break
+			}
+			s.mu.Lock()
+			v, there := s.volumes[n]
+			s.mu.Unlock()
+			if !there {
+				continue
+			}
+			s.logf("room for the Pending claims in pool %s of %s (%d bytes asked, %d to free): deleting %s", at.pool, at.node, need[at], short, n)
+			if err := s.removeVolume(v); err != nil {
+				return deleted, err
+			}
+			short -= sizes[n]
+			deleted++
+		}
+	}
+	return deleted, nil
 }

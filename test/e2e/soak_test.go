@@ -821,11 +821,18 @@ func (s *soakRun) ungrown(units []soakUnit) []string {
 	return not
 }
 
-// settle waits, the faults over, for every claim to be Bound and grown to
-// what it asks and every writer running, then checks every volume's log and that the nodes, their
-// pools and the API agree; then it deletes everything and waits for the
-// nodes and the API to hold nothing of it.
+// settle makes room for the claims left Pending in a full pool, as an
+// operator would; waits, the faults over, for every claim to be Bound and
+// grown to what it asks and every writer running; then checks every
+// volume's log and that the nodes, their pools and the API agree; then it
+// deletes everything and waits for the nodes and the API to hold nothing
+// of it.
 func (s *soakRun) settle() {
+	if n, err := s.roomForPending(); err != nil {
+		s.fail(&s.failures, "making room for the Pending claims: %v", err)
+	} else if n > 0 {
+		s.logf("deleted %d volumes to make room for the Pending claims", n)
+	}
 	units := s.units()
 	err := waitFor(s.ctx, 5*time.Minute, nil, func() error {
 		if not := s.unsettled(units); len(not) > 0 {
