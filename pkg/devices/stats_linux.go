@@ -35,9 +35,9 @@ func Statfs(ctx context.Context, path string) (host.Usage, error) {
 // statfs of a hung filesystem never returns, and the kubelet asks again
 // every minute, so each call starting its own would leave a goroutine per
 // call, without bound. A call on a path whose statfs is still running
-// waits for it to end, then starts its own: an answer measured before the
-// call began could predate what the caller checked first (that the
-// volume is mounted there).
+// waits for it to end, then starts its own (or takes one another call
+// started since): an answer measured before the call began could predate
+// what the caller checked first (that the volume is mounted there).
 var statfsFlights = &flights{statfs: unix.Statfs, running: map[string]*flight{}}
 
 type flights struct {
@@ -57,33 +57,43 @@ type flight struct {
 }
 
 func (f *flights) do(ctx context.Context, path string) (unix.Statfs_t, error) {
+	if err := ctx.Err(); err != nil {
+		return unix.Statfs_t{}, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	// A flight under way when the call comes began before it; once that
+	// one has ended, any other began after the call did, and is taken.
+	older := true
 	for {
 		f.mu.Lock()
-		fl, waiting := f.running[path]
-		if !waiting {
+		fl, ok := f.running[path]
+		if !ok {
 			fl = &flight{began: time.Now(), done: make(chan struct{})}
 			f.running[path] = fl
 			go func() {
 				fl.err = f.statfs(path, &fl.st)
 				f.mu.Lock()
-				delete(f.running, path)
+				if f.running[path] == fl {
+					delete(f.running, path)
+				}
 				f.mu.Unlock()
 				close(fl.done)
 			}()
 		}
 		f.mu.Unlock()
+		waiting := ok && older
 		if waiting && f.waits != nil {
 			f.waits(path)
 		}
 		select {
 		case <-ctx.Done():
 			if waiting {
-				return unix.Statfs_t{}, fmt.Errorf("statfs %s: the one begun %s ago has not returned: %w", path, time.Since(fl.began).Round(time.Second), ctx.Err())
+				return unix.Statfs_t{}, fmt.Errorf("statfs %s: the one begun %s ago has not returned: %w", path, time.Since(fl.began).Round(time.Millisecond), ctx.Err())
 			}
 			return unix.Statfs_t{}, fmt.Errorf("statfs %s: %w", path, ctx.Err())
 		case <-fl.done:
 		}
 		if waiting {
+			older = false
 			continue
 		}
 		if fl.err != nil {
