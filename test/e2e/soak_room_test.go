@@ -5,8 +5,10 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -137,17 +139,47 @@ func (s *soakRun) deleteOneOf(draw int, why string, in func(soakVolume) bool) er
 // still asking (a soak saw eight). In each pool of each node it deletes
 // the soak's volumes placed there, other than the Pending claims' sources,
 // until what they hold covers what the claims pinned there ask (a clone
-// of a claim twice: the snapshot it is copied through, then itself) and
-// spareSpace, above the capacity the scheduler reads. It returns how many
-// it deleted.
+// of a claim twice: the snapshot it is copied through, then itself) above
+// the capacity the scheduler reads, and again once those are gone, for at
+// most roomRounds rounds. It returns how many it deleted.
 func (s *soakRun) roomForPending() (int, error) {
+	// Round after round, as what a round frees may be short of what the
+	// capacity, read at 0 when a pool is over-promised, did not say.
+	deleted := 0
+	for range roomRounds {
+		gone, err := s.roomForPendingOnce()
+		deleted += len(gone)
+		if err != nil || len(gone) == 0 {
+			return deleted, err
+		}
+		// csi-provisioner publishes the pool's capacity again as it
+		// deletes each volume.
+		if err := waitFor(s.ctx, 2*time.Minute, nil, func() error {
+			for _, n := range gone {
+				if _, err := c.client.CoreV1().PersistentVolumeClaims(ns).Get(s.ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+					return fmt.Errorf("claim %s not yet deleted: %v", n, err)
+				}
+			}
+			return nil
+		}); err != nil {
+			return deleted, err
+		}
+	}
+	return deleted, nil
+}
+
+// roomRounds bounds roomForPending's rounds.
+const roomRounds = 4
+
+// roomForPendingOnce is a round of roomForPending: the volumes it deleted.
+func (s *soakRun) roomForPendingOnce() ([]string, error) {
 	claims, err := c.client.CoreV1().PersistentVolumeClaims(ns).List(s.ctx, metav1.ListOptions{LabelSelector: "app=soak"})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	pods, err := c.client.CoreV1().Pods(ns).List(s.ctx, metav1.ListOptions{LabelSelector: "app=soak"})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	pinned := map[string]string{}          // claim → the node its pod must run on
 	placed := map[string]map[string]bool{} // node → claims of the pods placed there
@@ -195,18 +227,18 @@ func (s *soakRun) roomForPending() (int, error) {
 		classes[at] = append(classes[at], *pvc.Spec.StorageClassName)
 	}
 	if len(need) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	caps, err := c.client.StorageV1().CSIStorageCapacities(daemonSetNamespace).List(s.ctx, metav1.ListOptions{})
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	sizes := map[string]int64{}
 	for _, pvc := range claims.Items {
 		sizes[pvc.Name] = pvc.Status.Capacity.Storage().Value()
 	}
 	places := slices.SortedFunc(maps.Keys(need), func(a, b place) int { return strings.Compare(a.node+"/"+a.pool, b.node+"/"+b.pool) })
-	deleted := 0
+	var deleted []string
 	for _, at := range places {
 		// What the scheduler reads for the Pending claims' classes there,
 		// the least of them.
@@ -220,7 +252,9 @@ func (s *soakRun) roomForPending() (int, error) {
 				have = v
 			}
 		}
-		short := need[at] + spareSpace.Value() - max(have, 0)
+		// No spare: the plan is over, and the next round sees what
+		// this one left short.
+		short := need[at] - max(have, 0)
 		s.mu.Lock()
 		var names []string
 		for n, v := range s.volumes {
@@ -242,10 +276,19 @@ func (s *soakRun) roomForPending() (int, error) {
 			}
 			s.logf("room for the Pending claims in pool %s of %s (%d bytes asked, %d to free): deleting %s", at.pool, at.node, need[at], short, n)
 			if err := s.removeVolume(v); err != nil {
-				return deleted, err
+				s.logf("room for the Pending claims: %s: %v", n, err) // the next one, then
+				continue
 			}
-			short -= sizes[n]
-			deleted++
+			s.mu.Lock()
+			_, kept := s.volumes[n] // a copy of it began
+			s.mu.Unlock()
+			if !kept {
+				short -= sizes[n]
+				deleted = append(deleted, n)
+			}
+		}
+		if short > 0 {
+			s.logf("room for the Pending claims in pool %s of %s: %d bytes still short, and no volume left to delete there", at.pool, at.node, short)
 		}
 	}
 	return deleted, nil
