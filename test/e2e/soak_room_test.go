@@ -201,6 +201,7 @@ func (s *soakRun) roomForPendingOnce() ([]string, error) {
 	}
 	type place struct{ node, pool string }
 	need := map[place]int64{}
+	least := map[place]int64{} // the least a Pending claim there asks
 	classes := map[place][]string{}
 	keep := map[string]bool{} // the Pending claims' sources
 	for _, pvc := range claims.Items {
@@ -225,6 +226,9 @@ func (s *soakRun) roomForPendingOnce() ([]string, error) {
 		}
 		need[at] += size
 		classes[at] = append(classes[at], *pvc.Spec.StorageClassName)
+		if least[at] == 0 || size < least[at] {
+			least[at] = size
+		}
 	}
 	if len(need) == 0 {
 		return nil, nil
@@ -251,6 +255,13 @@ func (s *soakRun) roomForPendingOnce() ([]string, error) {
 			if v := cp.Capacity.Value(); have < 0 || v < have {
 				have = v
 			}
+		}
+		// Room is made only for claims converge has no room for: one
+		// Pending where csi-node says it has is a fault of converge's,
+		// which the settle is left to find.
+		if room, err := s.poolRoom(at.node, at.pool); err != nil || room >= least[at] {
+			s.logf("room for the Pending claims in pool %s of %s: csi-node has %d bytes for them (%v): none deleted", at.pool, at.node, room, err)
+			continue
 		}
 		// No spare: the plan is over, and the next round sees what
 		// this one left short.
@@ -292,4 +303,25 @@ func (s *soakRun) roomForPendingOnce() ([]string, error) {
 		}
 	}
 	return deleted, nil
+}
+
+// poolRoom is the most csi-node on node says pool can promise a new
+// volume, thick or thin.
+func (s *soakRun) poolRoom(node, pool string) (int64, error) {
+	for _, n := range s.nodes {
+		if n.node != node {
+			continue
+		}
+		st, err := n.status()
+		if err != nil {
+			return 0, err
+		}
+		for _, p := range st.Pools {
+			if p.Name == pool {
+				return max(p.ThickAvailableBytes, p.ThinAvailableBytes), nil
+			}
+		}
+		return 0, fmt.Errorf("csi-node status on %s lists no pool %s", node, pool)
+	}
+	return 0, fmt.Errorf("no node %s", node)
 }
