@@ -81,11 +81,22 @@ func publishReady(v *state.Volume, a *actual, target string) bool {
 // converged.
 func diff(v *state.Volume, a *actual) []action {
 	var acts []action
-	if v.Frozen != "" {
+	if v.Frozen != "" && !thawAwaitsStage(v, a) {
 		acts = append(acts, action{kind: actThaw, target: v.Frozen, reason: "a snapshot froze the filesystem and did not record its thaw"})
 	}
 	acts = append(acts, diffMounts(v, a)...)
 	return append(acts, snapshots(v, a)...)
+}
+
+// thawAwaitsStage reports whether the thaw of what a snapshot left frozen
+// waits for the stage to mount the volume again: an unmount does not end a
+// freeze, and a filesystem unmounted while frozen (lazily, while its
+// device was held) lives on, frozen, on its device, which the stage mounts
+// again. Thawed only once mounted there, it is the volume's filesystem the
+// thaw reaches. A stage no longer wanted leaves nothing to reach.
+func thawAwaitsStage(v *state.Volume, a *actual) bool {
+	st := v.Stage
+	return st != nil && !st.Deleting && st.Path == v.Frozen && !a.stageInPlace && !a.block
 }
 
 // diffMounts returns the actions of diff that build or tear down the

@@ -227,7 +227,9 @@ func (r *Reconciler) freeze(v *state.Volume, a *actual) (thaw func() error, at t
 
 // thaw thaws the filesystem at path that v's record says a snapshot froze,
 // and clears the record. The filesystem is thawed only while it is v's
-// staging mount: anything else there is not the plugin's to thaw.
+// staging mount: anything else there is not the plugin's to thaw. While
+// the stage is wanted and not in place, diff holds the thaw back until it
+// is (thawAwaitsStage).
 func (r *Reconciler) thaw(v *state.Volume, a *actual, path string) error {
 	if st := v.Stage; st != nil && st.Path == path && a.stageInPlace && !a.block {
 		if err := r.cfg.Paths.Thaw(path); err != nil {

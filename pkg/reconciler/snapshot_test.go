@@ -221,3 +221,27 @@ func TestFrozenByACrashIsThawed(t *testing.T) {
 		t.Errorf("after the pass: record frozen %q, world frozen %v; want neither", v.Frozen, h.world.frozenImages())
 	}
 }
+
+// TestFrozenAndUnmountedIsThawedOnceStagedAgain starts from a crash between
+// a freeze and its thaw, after which someone unmounted the volume's
+// mounts (a soak's reboot, lazily): an unmount does not end a freeze, and
+// the filesystem lives on, frozen, on its device, which the next stage
+// mounts again. The thaw waits for that stage and thaws there; cleared
+// while nothing was mounted, it left the volume's writes blocked for good
+// (soak seed 6588253597532072024).
+func TestFrozenAndUnmountedIsThawedOnceStagedAgain(t *testing.T) {
+	h := newHarness(t)
+	staging, _ := h.stagedAndPublished("v1")
+	if err := h.world.Freeze(staging); err != nil {
+		t.Fatal(err)
+	}
+	h.update("v1", func(v *state.Volume) { v.Frozen = staging })
+	h.world.unmountAll()
+	h.runUntilIdle()
+	if v, _ := h.store.Get("v1"); v.Frozen != "" || len(h.world.frozenImages()) != 0 {
+		t.Errorf("after the passes: record frozen %q, world frozen %v; want neither", v.Frozen, h.world.frozenImages())
+	}
+	if got := h.world.imageAt(staging); got == "" {
+		t.Errorf("nothing mounted at %s after the passes", staging)
+	}
+}
