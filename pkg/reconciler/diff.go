@@ -89,16 +89,22 @@ func diff(v *state.Volume, a *actual) []action {
 }
 
 // thawAwaitsStage reports whether the thaw of what a snapshot left frozen
-// waits for the stage to mount the volume again: an unmount does not end a
-// freeze, and a filesystem unmounted while frozen (lazily, while its
-// device was held) lives on, frozen, on its device, which the stage mounts
-// again. Thawed only once mounted there, it is the volume's filesystem the
-// thaw reaches. A stage no longer wanted leaves nothing to reach.
+// waits for the stage to mount the volume again. An unmount does not end
+// a freeze: the frozen filesystem lives on (the freeze holds it), pinning
+// its device, and a new mount of that device is that filesystem. So while
+// the staging mount is not in place, the thaw waits for the stage, if
+// wanted, to mount it again, and thaws there, reaching the volume's
+// filesystem; a stage withdrawn meanwhile keeps the record while the
+// volume's device is still attached, so that a stage asked again thaws
+// it. Only a device gone shows the freeze over (a reboot's), and the
+// record is cleared.
 func thawAwaitsStage(v *state.Volume, a *actual) bool {
 	st := v.Stage
-	return st != nil && !st.Deleting && st.Path == v.Frozen && !a.stageInPlace && !a.block
+	if a.block || a.stageInPlace || st == nil || st.Path != v.Frozen {
+		return false
+	}
+	return !st.Deleting || a.loop != nil
 }
-
 // diffMounts returns the actions of diff that build or tear down the
 // volume's devices and mounts.
 func diffMounts(v *state.Volume, a *actual) []action {

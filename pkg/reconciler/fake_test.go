@@ -149,6 +149,7 @@ func (w *fakeWorld) Freeze(path string) error {
 func (w *fakeWorld) Thaw(path string) error {
 	return w.do("thaw "+path, func() string { return w.imageAt(path) }, func() error {
 		delete(w.frozen, w.imageAt(path))
+		w.autoclearLocked()
 		return nil
 	})
 }
@@ -733,7 +734,8 @@ func (w *fakeWorld) Unmount(target string) error {
 // mount; w.mu must be held.
 func (w *fakeWorld) autoclearLocked() {
 	for k, l := range w.loops {
-		if l.AutoClear && len(w.mountsOfLocked(l.Dev)) == 0 {
+		// A frozen filesystem lives on unmounted, holding its device.
+		if l.AutoClear && len(w.mountsOfLocked(l.Dev)) == 0 && !w.frozen[k] {
 			delete(w.loops, k)
 		}
 	}

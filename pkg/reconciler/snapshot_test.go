@@ -231,17 +231,52 @@ func TestFrozenByACrashIsThawed(t *testing.T) {
 // (soak seed 6588253597532072024).
 func TestFrozenAndUnmountedIsThawedOnceStagedAgain(t *testing.T) {
 	h := newHarness(t)
-	staging, _ := h.stagedAndPublished("v1")
+	staging, target := h.stagedAndPublished("v1")
 	if err := h.world.Freeze(staging); err != nil {
 		t.Fatal(err)
 	}
 	h.update("v1", func(v *state.Volume) { v.Frozen = staging })
 	h.world.unmountAll()
+	n := len(h.world.Calls())
 	h.runUntilIdle()
 	if v, _ := h.store.Get("v1"); v.Frozen != "" || len(h.world.frozenImages()) != 0 {
 		t.Errorf("after the passes: record frozen %q, world frozen %v; want neither", v.Frozen, h.world.frozenImages())
 	}
-	if got := h.world.imageAt(staging); got == "" {
-		t.Errorf("nothing mounted at %s after the passes", staging)
+	// Nothing binds the pod to the filesystem before it is thawed: its
+	// writes would block.
+	calls := h.world.Calls()[n:]
+	mount, thaw, bind := slices.Index(calls, "mount "+staging), slices.Index(calls, "thaw "+staging), slices.Index(calls, "bind "+target)
+	if mount < 0 || thaw < mount || bind < thaw {
+		t.Errorf("calls %v: want the stage's mount, then the thaw, then the bind", calls)
+	}
+}
+
+// TestFrozenAndWithdrawnIsThawedWhenStagedAgain: as above, but the stage
+// is withdrawn before the volume is staged again (its pod deleted while the
+// node was down, then another started there). The frozen filesystem holds
+// the volume's device, so the record of the freeze is kept while the stage
+// is withdrawn; cleared then, the stage asked again mounted the frozen
+// filesystem with nothing left to thaw it.
+func TestFrozenAndWithdrawnIsThawedWhenStagedAgain(t *testing.T) {
+	h := newHarness(t)
+	staging, target := h.stagedAndPublished("v1")
+	if err := h.world.Freeze(staging); err != nil {
+		t.Fatal(err)
+	}
+	h.update("v1", func(v *state.Volume) { v.Frozen = staging })
+	h.world.unmountAll()
+	h.world.detachInUse(h.world.Path("v1"))
+	h.request("v1", func(v *state.Volume) error { return v.RequestUnpublish(target) })
+	h.request("v1", func(v *state.Volume) error { return v.RequestUnstage(staging) })
+	for range 5 {
+		h.pass()
+	}
+	if v, _ := h.store.Get("v1"); v.Frozen != staging {
+		t.Errorf("while withdrawn, the device held by the frozen filesystem: record frozen %q, want %q", v.Frozen, staging)
+	}
+	h.request("v1", func(v *state.Volume) error { return v.RequestStage(stageSpec(staging)) })
+	h.runUntilIdle()
+	if v, _ := h.store.Get("v1"); v.Frozen != "" || len(h.world.frozenImages()) != 0 {
+		t.Errorf("staged again: record frozen %q, world frozen %v; want neither", v.Frozen, h.world.frozenImages())
 	}
 }
