@@ -105,6 +105,7 @@ func thawAwaitsStage(v *state.Volume, a *actual) bool {
 	}
 	return !st.Deleting || a.loop != nil
 }
+
 // diffMounts returns the actions of diff that build or tear down the
 // volume's devices and mounts.
 func diffMounts(v *state.Volume, a *actual) []action {
