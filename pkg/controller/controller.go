@@ -53,8 +53,8 @@ type Store interface {
 
 // Stages is what DeleteVolume needs of the node's stages.
 type Stages interface {
-	// WithdrawIdleStage withdraws a raw block stage of volume id left
-	// without publishes (the kubelet forgot it) and waits until any
+	// WithdrawIdleStage withdraws a stage of volume id left without
+	// publishes (the kubelet forgot it) and waits until any
 	// withdrawal of its stage is done; it reports whether it withdrew one.
 	WithdrawIdleStage(ctx context.Context, id string) (withdrawn bool, err error)
 }

@@ -95,14 +95,14 @@ func (s *Server) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolu
 }
 
 // WithdrawIdleStage serves a deletion of volume id on this node: it
-// withdraws a raw block stage left without publishes (see
+// withdraws a stage left without publishes (see
 // state.WithdrawIdleStage) and waits, as NodeUnstageVolume does but for
 // stageWithdrawWait at most, until the unstage is done, so that the
 // deletion goes on in the same call. A volume with no such stage takes no
 // request slot and is answered at once. It reports whether it withdrew
 // the stage.
 func (s *Server) WithdrawIdleStage(ctx context.Context, id string) (withdrawn bool, err error) {
-	if v, err := s.cfg.Store.Get(id); err != nil || !v.IdleBlockStage() {
+	if v, err := s.cfg.Store.Get(id); err != nil || !v.IdleStage() {
 		return false, nil // the deletion decides alone
 	}
 	ctx, cancel := context.WithTimeout(ctx, stageWithdrawWait)

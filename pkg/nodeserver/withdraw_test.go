@@ -15,7 +15,7 @@ import (
 )
 
 // TestWithdrawIdleStage checks a deletion's withdrawal of a stage: only a
-// raw block stage with nothing on it is withdrawn, and the call answers
+// stage with nothing on it is withdrawn, and the call answers
 // once the unstage is done, with its refusal, or at its deadline with the
 // stage still withdrawn for the retry; any other volume takes no slot and
 // starts no work.
@@ -41,7 +41,7 @@ func TestWithdrawIdleStage(t *testing.T) {
 		{name: "unstage refused", access: state.AccessBlock, unstage: refused, want: codes.FailedPrecondition, withdrawn: true, wantKicks: true, wantStaged: true},
 		{name: "unstage not done by the deadline", access: state.AccessBlock, unstage: never, want: codes.DeadlineExceeded, withdrawn: true, wantKicks: true, wantStaged: true},
 		{name: "raw block stage under a publish", access: state.AccessBlock, published: true, wantStaged: true},
-		{name: "filesystem stage", access: state.AccessMount, wantStaged: true},
+		{name: "idle filesystem stage", access: state.AccessMount, withdrawn: true, wantKicks: true},
 		{name: "unknown volume", unknown: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

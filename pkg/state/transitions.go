@@ -94,28 +94,30 @@ func (v *Volume) WithdrawPublish(target string, gen int64) bool {
 	return false
 }
 
-// WithdrawIdleStage withdraws the live raw block stage of a volume that
-// has no publish nor snapshot under way, for its deletion: the CO deletes
-// a volume once its claim is gone, which no pod then publishes, and a raw
-// block stage left is one the kubelet is about to withdraw (it unstages
-// after the unpublish) or one it forgot (a volume whose pod it deleted
-// while the plugin was down: it cannot rebuild such a volume, and never
-// unstages it). A filesystem stage the kubelet rebuilds from its mount,
-// and withdraws itself. It reports whether it withdrew the stage.
+// WithdrawIdleStage withdraws the live stage of a volume that has no
+// publish nor snapshot under way, for its deletion: the CO deletes a
+// volume once its claim is gone, which no pod then publishes, and a stage
+// left is one the kubelet is about to withdraw (it unstages after the
+// unpublish) or one it forgot. It forgets a raw block volume whose pod it
+// deleted while the plugin was down (it cannot rebuild it from its
+// links), and a volume of either kind whose pod it tore down just before
+// it restarted, as after a reboot, and never unstaged: it rebuilds a
+// volume from its pods' directories alone, and the teardown removed
+// them. It reports whether it withdrew the stage.
 func (v *Volume) WithdrawIdleStage() bool {
-	if !v.IdleBlockStage() || v.Stage.Deleting {
+	if !v.IdleStage() || v.Stage.Deleting {
 		return false
 	}
 	v.Stage.Deleting = true
 	return true
 }
 
-// IdleBlockStage reports whether the volume has a raw block stage, live or
-// being withdrawn, with no publish nor snapshot under way and no freeze:
-// one WithdrawIdleStage withdraws, or did.
-func (v *Volume) IdleBlockStage() bool {
+// IdleStage reports whether the volume has a stage, live or being
+// withdrawn, with no publish nor snapshot under way and no freeze: one
+// WithdrawIdleStage withdraws, or did.
+func (v *Volume) IdleStage() bool {
 	st := v.Stage
-	return st != nil && st.Access == AccessBlock && len(v.Publishes) == 0 && len(v.Snapshots) == 0 && v.Frozen == ""
+	return st != nil && len(v.Publishes) == 0 && len(v.Snapshots) == 0 && v.Frozen == ""
 }
 
 // KeepStaged cancels the withdrawal of the stage of generation gen, whose

@@ -71,7 +71,7 @@ func TestTransitionsApplyToTheirGeneration(t *testing.T) {
 	}
 }
 
-// TestWithdrawIdleStage: a deletion withdraws a raw block stage left
+// TestWithdrawIdleStage: a deletion withdraws a stage left
 // without publishes, and nothing else.
 func TestWithdrawIdleStage(t *testing.T) {
 	v := record()
@@ -84,12 +84,13 @@ func TestWithdrawIdleStage(t *testing.T) {
 		t.Error("withdrew a stage under a snapshot being taken")
 	}
 	v.Snapshots = nil
+	v.Frozen = v.Stage.Path
 	if v.WithdrawIdleStage() || v.Stage.Deleting {
-		t.Error("withdrew a filesystem stage: the kubelet withdraws those itself")
+		t.Error("withdrew a stage a snapshot left frozen")
 	}
-	v.Stage.Access = AccessBlock
+	v.Frozen = ""
 	if !v.WithdrawIdleStage() || !v.Stage.Deleting {
-		t.Error("kept a raw block stage with nothing on it")
+		t.Error("kept a filesystem stage with nothing on it (the kubelet forgets those too)")
 	}
 	if v.WithdrawIdleStage() {
 		t.Error("withdrew a withdrawn stage again")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -115,4 +116,26 @@ func TestDeletionWithdrawsAnIdleStage(t *testing.T) {
 	}
 	// The kubelet's late unstage is answered.
 	unstage(t, p, raw, staging)
+}
+
+// TestDeletionWithdrawsAnIdleFilesystemStage: a filesystem volume staged
+// with no publish left (its pod torn down by a kubelet that restarted
+// before it unstaged, as after a reboot, and rebuilds volumes from its
+// pods' directories alone) is deleted all the same, its staging mount
+// gone (a soak saw its PV stay Released, DeleteVolume refused).
+func TestDeletionWithdrawsAnIdleFilesystemStage(t *testing.T) {
+	p := testenv.New(t)
+	p.Start()
+	id := createSized(t, p, "idlefs", 32<<20)
+	staging := mkdir(t, filepath.Join(p.Root, "staging-idlefs"))
+	must(t, "stage", stage(t, p, id, staging, rwo))
+	_, err := p.Controller().DeleteVolume(ctx(t), &csi.DeleteVolumeRequest{VolumeId: id})
+	must(t, "delete a volume staged with no publish", err)
+	if _, err := os.Stat(filepath.Join(p.DataDir, id+".img")); !os.IsNotExist(err) {
+		t.Errorf("the deleted volume's image: %v, want it removed", err)
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), " "+staging+" ") {
+		t.Errorf("%s still mounted after the deletion", staging)
+	}
+	unstage(t, p, id, staging)
 }
