@@ -222,6 +222,20 @@ func TestFrozenByACrashIsThawed(t *testing.T) {
 	}
 }
 
+// frozenAndUnmounted stages and publishes volume id, then leaves what a
+// crash between a freeze and its thaw leaves (the filesystem frozen, the
+// record saying so), and unmounts the volume's mounts from outside.
+func (h *harness) frozenAndUnmounted(id string) (staging, target string) {
+	h.t.Helper()
+	staging, target = h.stagedAndPublished(id)
+	if err := h.world.Freeze(staging); err != nil {
+		h.t.Fatal(err)
+	}
+	h.update(id, func(v *state.Volume) { v.Frozen = staging })
+	h.world.unmountAll()
+	return staging, target
+}
+
 // TestFrozenAndUnmountedIsThawedOnceStagedAgain starts from a crash between
 // a freeze and its thaw, after which someone unmounted the volume's
 // mounts (a soak's reboot, lazily): an unmount does not end a freeze, and
@@ -231,12 +245,7 @@ func TestFrozenByACrashIsThawed(t *testing.T) {
 // (soak seed 6588253597532072024).
 func TestFrozenAndUnmountedIsThawedOnceStagedAgain(t *testing.T) {
 	h := newHarness(t)
-	staging, target := h.stagedAndPublished("v1")
-	if err := h.world.Freeze(staging); err != nil {
-		t.Fatal(err)
-	}
-	h.update("v1", func(v *state.Volume) { v.Frozen = staging })
-	h.world.unmountAll()
+	staging, target := h.frozenAndUnmounted("v1")
 	n := len(h.world.Calls())
 	h.runUntilIdle()
 	if v, _ := h.store.Get("v1"); v.Frozen != "" || len(h.world.frozenImages()) != 0 {
@@ -259,12 +268,7 @@ func TestFrozenAndUnmountedIsThawedOnceStagedAgain(t *testing.T) {
 // filesystem with nothing left to thaw it.
 func TestFrozenAndWithdrawnIsThawedWhenStagedAgain(t *testing.T) {
 	h := newHarness(t)
-	staging, target := h.stagedAndPublished("v1")
-	if err := h.world.Freeze(staging); err != nil {
-		t.Fatal(err)
-	}
-	h.update("v1", func(v *state.Volume) { v.Frozen = staging })
-	h.world.unmountAll()
+	staging, target := h.frozenAndUnmounted("v1")
 	h.world.detachInUse(h.world.Path("v1"))
 	h.request("v1", func(v *state.Volume) error { return v.RequestUnpublish(target) })
 	h.request("v1", func(v *state.Volume) error { return v.RequestUnstage(staging) })
