@@ -70,8 +70,8 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 }
 
 // DeleteVolume removes a volume's image and record. It refuses while the
-// volume is staged or published, or being restored; a raw block stage
-// left without publishes it withdraws first, and waits for the unstage
+// volume is staged or published, or being restored; a stage left without
+// publishes (one the kubelet forgot) it withdraws first, and waits for the unstage
 // (Stages); an unknown volume is a no-op. The record is marked first, so
 // that no stage intent can slip in while the image goes, and a crash in
 // between leaves a mark the next DeleteVolume or CreateVolume of the name

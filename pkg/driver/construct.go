@@ -75,7 +75,7 @@ func construct(ctx context.Context, cfg Config) (_ *plugin, err error) {
 	// Snapshots are intents of the node's records: the node server asks
 	// the reconciler for them and waits, on the controller's behalf.
 	ctrl.ServeSnapshots(node)
-	// A deletion withdraws a raw block stage the kubelet forgot, through
+	// A deletion withdraws a stage the kubelet forgot, through
 	// the node server, and waits for its unstage.
 	ctrl.WithdrawStagesBy(node)
 	p.grpc = newGRPCServer(cfg, m, p.rec, ctrl, node)
