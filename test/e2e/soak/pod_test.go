@@ -117,26 +117,19 @@ func TestOpenSeesALossARewriteHides(t *testing.T) {
 	if err := os.Truncate(path, 6*RecordSize); err != nil { // the last 4 lost
 		t.Fatal(err)
 	}
-	// Until it has written past what was lost, however slow the machine.
+	// Until it has acknowledged past what was lost, however slow the
+	// machine.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	go func() {
-		for ctx.Err() == nil {
-			if fi, err := os.Stat(path); err == nil && fi.Size() >= 12*RecordSize {
-				cancel()
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	var out bytes.Buffer
-	if err := write(ctx, []string{"-every=1ms", "v=" + path}, &out); err != nil {
+	out := &ackWatch{past: 11, cancel: cancel}
+	if err := write(ctx, []string{"-every=1ms", "-report=1ms", "v=" + path}, out); err != nil {
 		t.Fatal(err)
 	}
 	lineage, _ := h.Lineage("v")
 	if p := Check(ScanPath(path).Records(), lineage); len(p) > 0 {
 		t.Fatalf("the rewritten log fails the scan's check (%v): the test shows nothing", p)
 	}
-	first, _, _ := strings.Cut(out.String(), "\n")
+	first, _, _ := strings.Cut(out.buf.String(), "\n")
 	open, ok := ParseLine("2026-11-28T16:00:00Z stdout F " + first)
 	if !ok || open.Kind != LineOpen || open.N != 6 {
 		t.Fatalf("the writer's first line %q, want it to have opened on 6 records", first)
@@ -363,4 +356,21 @@ func TestScanTakesNoAppendForAHole(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ackWatch keeps what a writer prints, and cancels it once it has
+// acknowledged a seq of past or more.
+type ackWatch struct {
+	buf    bytes.Buffer
+	past   uint64
+	cancel func()
+}
+
+func (w *ackWatch) Write(p []byte) (int, error) {
+	for _, l := range strings.Split(string(p), "\n") {
+		if got, ok := ParseLine("2026-11-29T00:00:00Z stdout F " + l); ok && got.Kind == LineAck && got.N >= w.past {
+			w.cancel()
+		}
+	}
+	return w.buf.Write(p)
 }
