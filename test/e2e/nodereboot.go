@@ -24,15 +24,24 @@ import (
 // again as its machine would: its namespaces, containerd, the kubelet,
 // which brings its pods back.
 //
-// The filesystems of the node's volumes are cut off first, as a power
-// loss cuts them (cutVolumes): what they held in memory and had not
-// written, their log's tail among it, is lost; only what was fsync'd is
-// theirs when they are mounted again.
+// The node's pods stop first, all at once (runs.FreezeCgroups), and then
+// the filesystems of the node's volumes are cut off, as a power loss cuts
+// them (cutVolumes): what they held in memory and had not written, their
+// log's tail among it, is lost; only what was fsync'd is theirs when they
+// are mounted again. Stopped first, no writer is inside an fsync when its
+// filesystem is cut: the cut (the GOINGDOWN ioctl) can let an fsync under
+// way return success for what it then loses, which a power loss, ending
+// the fsync with the machine, never does.
 
 // rebootDetachTimeout bounds the wait for the node's loop devices to go
 // once detached: a device that a mount of the dying namespaces still
 // holds goes when that mount ends, which writes its filesystem out first.
 const rebootDetachTimeout = 2 * time.Minute
+
+// rebootFreezeTimeout bounds the wait for the node's pods to stop before
+// the cut: each stops when its system call returns, an fsync within
+// seconds.
+const rebootFreezeTimeout = 30 * time.Second
 
 // rebootReadyTimeout bounds the wait for the node to be Ready again once
 // its kubelet runs: its first status says so within seconds.
@@ -48,6 +57,9 @@ const rebootReadyTimeout = 2 * time.Minute
 // down what runs of it. The caller must not stop or start the node's
 // kubelet meanwhile.
 func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
+	if err := runs.FreezeCgroups(n.cgroupRoot, rebootFreezeTimeout); err != nil {
+		return fmt.Errorf("node %s not rebooted: its pods did not stop: %w", n.node, err)
+	}
 	cutErr := n.cutVolumes()
 	if err := n.killAll(); err != nil {
 		return fmt.Errorf("node %s: power off: %w", n.node, err)

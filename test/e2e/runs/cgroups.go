@@ -122,6 +122,61 @@ func thaw(roots []string) []string {
 	return frozen
 }
 
+// freeze freezes the cgroup v1 freezers of roots, each with every cgroup
+// below it, and waits up to timeout until each reads FROZEN: every process
+// below has stopped between two steps of its own. A process in a system
+// call that sleeps unfreezably (an fsync waiting for its device) stops
+// only once the call has returned. On a timeout, or when roots hold no
+// freezer, it thaws roots and returns an error naming the processes that
+// had not stopped.
+func freeze(roots []string, timeout time.Duration) error {
+	var states []string
+	for _, r := range roots {
+		if s := filepath.Join(r, "freezer.state"); exists(s) {
+			states = append(states, s)
+		}
+	}
+	if len(states) == 0 {
+		return fmt.Errorf("no cgroup v1 freezer among %q", roots)
+	}
+	err := poll.Wait(context.Background(), timeout, 10*time.Millisecond, func() error {
+		for _, s := range states {
+			if err := os.WriteFile(s, []byte("FROZEN"), 0o644); err != nil {
+				return poll.Stop(err)
+			}
+			b, err := os.ReadFile(s)
+			if err != nil {
+				return poll.Stop(err)
+			}
+			if state := strings.TrimSpace(string(b)); state != "FROZEN" {
+				return fmt.Errorf("%s is %s", filepath.Dir(s), state)
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		return nil
+	}
+	running := unfrozen(roots)
+	thaw(roots)
+	return fmt.Errorf("%w (not stopped: %s); thawed again", err, strings.Join(running, ", "))
+}
+
+// unfrozen names the processes at or under roots that are not in the
+// freezer's refrigerator, each with where it waits in the kernel.
+func unfrozen(roots []string) []string {
+	var out []string
+	for _, pid := range cgroupProcs(roots) {
+		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
+		if string(wchan) == "__refrigerator" {
+			continue
+		}
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		out = append(out, fmt.Sprintf("%d %s (in %s)", pid, strings.TrimSpace(string(comm)), wchan))
+	}
+	return out
+}
+
 // cgroupProcs lists the processes in the cgroups at or under roots, of
 // every hierarchy the roots are in.
 func cgroupProcs(roots []string) []int {

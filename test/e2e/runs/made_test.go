@@ -238,6 +238,25 @@ func (m *made) daemon(t *testing.T, argv0 string) *child {
 // path of every v1 hierarchy unless that is "", and returns once it sleeps.
 func (m *made) spawn(t *testing.T, cmd *exec.Cmd, cgroup string) *child {
 	t.Helper()
+	c := m.start(t, cmd, cgroup)
+	pid := strconv.Itoa(cmd.Process.Pid)
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, "process "+pid+" sleeping", func() error {
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil {
+			return err
+		}
+		if name := string(b[strings.IndexByte(string(b), '(')+1 : strings.LastIndexByte(string(b), ')')]); name != "sleep" {
+			return fmt.Errorf("it runs %s", name)
+		}
+		return nil
+	})
+	return c
+}
+
+// start starts cmd and moves it into the cgroup path of every v1
+// hierarchy unless that is "".
+func (m *made) start(t *testing.T, cmd *exec.Cmd, cgroup string) *child {
+	t.Helper()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -252,16 +271,6 @@ func (m *made) spawn(t *testing.T, cmd *exec.Cmd, cgroup string) *child {
 			}
 		}
 	}
-	poll.Until(t, 10*time.Second, 10*time.Millisecond, "process "+pid+" sleeping", func() error {
-		b, err := os.ReadFile("/proc/" + pid + "/stat")
-		if err != nil {
-			return err
-		}
-		if name := string(b[strings.IndexByte(string(b), '(')+1 : strings.LastIndexByte(string(b), ')')]); name != "sleep" {
-			return fmt.Errorf("it runs %s", name)
-		}
-		return nil
-	})
 	return c
 }
 

@@ -199,6 +199,16 @@ func nodeCgroups(root string) []string {
 	return out
 }
 
+// FreezeCgroups stops every process at or under the node's cgroup root
+// root (CgroupRoot), its pods' (csi-node's and their writers'), at once,
+// as a power loss stops them, and returns once none runs; timeout bounds
+// the wait. A root that is not a run's, or that would not freeze within
+// timeout, is an error, and nothing stays frozen. ThawCgroups lets them
+// go on.
+func FreezeCgroups(root string, timeout time.Duration) error {
+	return freeze(nodeCgroups(root), timeout)
+}
+
 // ThawCgroups thaws every frozen cgroup at or under the node's cgroup
 // root root (CgroupRoot), so that its processes can die: a frozen process
 // outlives SIGKILL and its PID namespace's end. It returns the cgroups

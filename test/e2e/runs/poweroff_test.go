@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/converge-csi/converge/pkg/devices"
 	"github.com/converge-csi/converge/pkg/host"
+	"github.com/converge-csi/converge/test/testenv/poll"
 )
 
 // The node's directories in the tables below, as a run lays them out: the
@@ -318,4 +320,89 @@ func attachIn(t *testing.T, script string, args ...string) string {
 		}
 	})
 	return dev
+}
+
+// TestFreezeCgroupsStopsTheNodeAlone: a reboot stops every process of the
+// node's pods before it cuts their filesystems, as a power loss stops them
+// all at once. A cut that fell while a writer's fsync was under way could
+// let that fsync return success for a record the cut then lost, which the
+// writer would acknowledge (a soak saw it). FreezeCgroups returns only
+// once the node's pods are stopped, and leaves another node's running.
+func TestFreezeCgroupsStopsTheNodeAlone(t *testing.T) {
+	needMachine(t)
+	m := newMade(t)
+	dir := m.run(t, "")
+	root, other := CgroupRoot(dir, "a"), CgroupRoot(dir, "b")
+	pod, otherPod := root[1:]+"/kubepods/pod1", other[1:]+"/kubepods/pod1"
+	m.cgroup(t, pod)
+	m.cgroup(t, otherPod)
+	counter := func(name string) (string, func() string) {
+		f := filepath.Join(dir, name)
+		// The last line written whole.
+		read := func() string {
+			b, _ := os.ReadFile(f)
+			lines := strings.Split(string(b), "\n")
+			if len(lines) < 2 {
+				return ""
+			}
+			return lines[len(lines)-2]
+		}
+		return f, read
+	}
+	// Writers that never sleep: each appends its counter as fast as it
+	// can, a line a write.
+	busy := func(f string) *exec.Cmd {
+		return exec.Command("sh", "-c", `i=0; while :; do i=$((i+1)); echo $i >> "$1"; done`, "sh", f)
+	}
+	f, read := counter("a")
+	otherF, otherRead := counter("b")
+	m.start(t, busy(f), pod)
+	m.start(t, busy(otherF), otherPod)
+	// value reads a writer's counter, again until it has written one.
+	value := func(what string, read func() string) int {
+		t.Helper()
+		var n int
+		poll.Until(t, 10*time.Second, time.Millisecond, what+" reading", func() error {
+			_, err := fmt.Sscan(read(), &n)
+			return err
+		})
+		return n
+	}
+	// advances waits until a writer's counter has gone 1000 past what it
+	// reads now: long enough for any writer that runs to have written.
+	advances := func(what string, read func() string) {
+		t.Helper()
+		from := value(what, read)
+		poll.Until(t, 10*time.Second, time.Millisecond, what+" going on", func() error {
+			if now := value(what, read); now < from+1000 {
+				return fmt.Errorf("its counter went from %d to %d", from, now)
+			}
+			return nil
+		})
+	}
+	advances("the node's writer", read)
+
+	if err := FreezeCgroups(root, 10*time.Second); err != nil {
+		t.Fatalf("FreezeCgroups: %v", err)
+	}
+	stopped := value("the node's writer", read)
+	if got := freezerState(pod); got != "FROZEN" {
+		t.Errorf("the node's pod: got %s, want FROZEN", got)
+	}
+	if got := freezerState(otherPod); got != "THAWED" {
+		t.Errorf("the other node's pod: got %s, want THAWED", got)
+	}
+	advances("the other node's writer", otherRead)
+	if now := value("the node's writer", read); now != stopped {
+		t.Errorf("the node's writer went on while frozen: its counter went from %d to %d", stopped, now)
+	}
+
+	if still := ThawCgroups(root); len(still) > 0 {
+		t.Fatalf("ThawCgroups: still frozen: %q", still)
+	}
+	advances("the node's writer, thawed", read)
+
+	if err := FreezeCgroups("/not-a-run", time.Second); err == nil {
+		t.Error("FreezeCgroups of a root that is not a run's: got nil, want an error")
+	}
 }
