@@ -38,6 +38,10 @@ import (
 // holds goes when that mount ends, which writes its filesystem out first.
 const rebootDetachTimeout = 2 * time.Minute
 
+// errPodsDidNotStop marks a reboot refused because the node's pods did
+// not stop within rebootFreezeTimeout: nothing of the node was touched.
+var errPodsDidNotStop = errors.New("its pods did not stop")
+
 // rebootFreezeTimeout bounds the wait for the node's pods to stop before
 // the cut: each stops when its system call returns, an fsync within
 // seconds.
@@ -47,18 +51,20 @@ const rebootFreezeTimeout = 30 * time.Second
 // its kubelet runs: its first status says so within seconds.
 const rebootReadyTimeout = 2 * time.Minute
 
-// reboot takes the node down as a power loss does (killAll, then
-// powerOff), leaves it down for down, and starts it again (powerOn). The node comes back even
-// when part of taking it down failed (a loop device that stayed
-// attached, say), and the error names every step that failed. A node
-// with a process that stays frozen is not taken down at all: nothing
-// would end it. ctx bounds the time down and the start; if it ends
+// reboot takes the node down as a power loss does (its pods stopped,
+// cutVolumes, killAll, then powerOff), leaves it down for down, and
+// starts it again (powerOn). The node comes back even when part of taking
+// it down failed (a loop device that stayed attached, say), and the error
+// names every step that failed. A node whose pods do not stop
+// (errPodsDidNotStop), or with a process that stays frozen, is not taken
+// down at all: the first would let a cut race an fsync, and nothing would
+// end the second. ctx bounds the time down and the start; if it ends
 // first, the node stays down, and the cluster's teardown still takes
 // down what runs of it. The caller must not stop or start the node's
 // kubelet meanwhile.
 func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
 	if err := runs.FreezeCgroups(n.cgroupRoot, rebootFreezeTimeout); err != nil {
-		return fmt.Errorf("node %s not rebooted: its pods did not stop: %w", n.node, err)
+		return fmt.Errorf("node %s not rebooted: %w: %w", n.node, errPodsDidNotStop, err)
 	}
 	cutErr := n.cutVolumes()
 	if err := n.killAll(); err != nil {
@@ -82,8 +88,10 @@ func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
 // ext4 filesystems of the node's volumes, each once: xfs_io's shutdown
 // (the GOINGDOWN ioctl, which both take), as xfstests' power-loss tests
 // do. Every later write and read of them fails; what they had not written
-// is lost. Each is thawed in the same breath (see thawVolumes): csi-node
-// still runs, and once shut down a filesystem can no longer be frozen.
+// is lost. The node's pods are stopped by then (reboot). Each is thawed
+// first (see thawVolumes): a snapshot's freeze, which csi-node may have
+// been stopped holding, would outlive the cut, and keep the writers
+// blocked on it unkillable.
 func (n *kubeNode) cutVolumes() error {
 	mounts, err := n.volumeMounts()
 	if err != nil {

@@ -126,9 +126,10 @@ func thaw(roots []string) []string {
 // below it, and waits up to timeout until each reads FROZEN: every process
 // below has stopped between two steps of its own. A process in a system
 // call that sleeps unfreezably (an fsync waiting for its device) stops
-// only once the call has returned. On a timeout, or when roots hold no
-// freezer, it thaws roots and returns an error naming the processes that
-// had not stopped.
+// only once the call has returned. When roots hold no freezer it is an
+// error; on a timeout, it thaws roots again and returns an error naming
+// the cgroups that had not stopped, with their threads outside the
+// freezer's refrigerator, and any cgroup left frozen.
 func freeze(roots []string, timeout time.Duration) error {
 	var states []string
 	for _, r := range roots {
@@ -158,21 +159,37 @@ func freeze(roots []string, timeout time.Duration) error {
 		return nil
 	}
 	running := unfrozen(roots)
-	thaw(roots)
-	return fmt.Errorf("%w (not stopped: %s); thawed again", err, strings.Join(running, ", "))
+	if still := thaw(roots); len(still) > 0 {
+		return fmt.Errorf("%w (not stopped: %s); still frozen: %s", err, strings.Join(running, "; "), strings.Join(still, ", "))
+	}
+	return fmt.Errorf("%w (not stopped: %s); thawed again", err, strings.Join(running, "; "))
 }
 
-// unfrozen names the processes at or under roots that are not in the
-// freezer's refrigerator, each with where it waits in the kernel.
+// unfrozen names the freezer cgroups at or under roots that are not
+// FROZEN, each with its threads outside the freezer's refrigerator and
+// where they wait in the kernel (a thread frozen in a freezable sleep is
+// named too).
 func unfrozen(roots []string) []string {
 	var out []string
-	for _, pid := range cgroupProcs(roots) {
-		wchan, _ := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", pid))
-		if string(wchan) == "__refrigerator" {
+	for _, cg := range cgroupsUnder(roots) {
+		b, err := os.ReadFile(filepath.Join(cg, "freezer.state"))
+		if err != nil || strings.TrimSpace(string(b)) == "FROZEN" {
 			continue
 		}
-		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-		out = append(out, fmt.Sprintf("%d %s (in %s)", pid, strings.TrimSpace(string(comm)), wchan))
+		tasks, _ := os.ReadFile(filepath.Join(cg, "tasks"))
+		if len(strings.Fields(string(tasks))) == 0 {
+			continue // a parent, whose state is its children's
+		}
+		var threads []string
+		for _, tid := range strings.Fields(string(tasks)) {
+			wchan, _ := os.ReadFile("/proc/" + tid + "/wchan")
+			if string(wchan) == "__refrigerator" {
+				continue
+			}
+			comm, _ := os.ReadFile("/proc/" + tid + "/comm")
+			threads = append(threads, fmt.Sprintf("%s %s in %s", tid, strings.TrimSpace(string(comm)), wchan))
+		}
+		out = append(out, fmt.Sprintf("%s [%s]", cg, strings.Join(threads, ", ")))
 	}
 	return out
 }

@@ -200,11 +200,11 @@ func nodeCgroups(root string) []string {
 }
 
 // FreezeCgroups stops every process at or under the node's cgroup root
-// root (CgroupRoot), its pods' (csi-node's and their writers'), at once,
-// as a power loss stops them, and returns once none runs; timeout bounds
-// the wait. A root that is not a run's, or that would not freeze within
-// timeout, is an error, and nothing stays frozen. ThawCgroups lets them
-// go on.
+// root (CgroupRoot), its pods' (csi-node's and their writers'), as a power
+// loss stops them, and returns once none runs; timeout bounds the wait. A
+// root that is not a run's, or that would not freeze within timeout, is an
+// error, and it is thawed again (the error names any cgroup that stayed
+// frozen). ThawCgroups lets them go on.
 func FreezeCgroups(root string, timeout time.Duration) error {
 	return freeze(nodeCgroups(root), timeout)
 }

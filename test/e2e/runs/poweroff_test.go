@@ -406,3 +406,65 @@ func TestFreezeCgroupsStopsTheNodeAlone(t *testing.T) {
 		t.Error("FreezeCgroups of a root that is not a run's: got nil, want an error")
 	}
 }
+
+// TestFreezeCgroupsGivesUpOnAStuckProcess: a process in a sleep that does
+// not freeze (a direct write to a loop device whose backing file lies on a
+// frozen filesystem: the device's I/O waits for the thaw) keeps its
+// cgroup from freezing. FreezeCgroups gives up at its timeout, names it,
+// and thaws the node again: the reboot it stands before is refused rather
+// than cut with the write under way, and nothing of the node stays frozen.
+func TestFreezeCgroupsGivesUpOnAStuckProcess(t *testing.T) {
+	needMachine(t)
+	if _, err := exec.LookPath("fsfreeze"); err != nil {
+		t.Skipf("needs fsfreeze: %v", err)
+	}
+	m := newMade(t)
+	dir := m.run(t, "")
+	root := CgroupRoot(dir, "a")
+	pod := root[1:] + "/kubepods/pod1"
+	m.cgroup(t, pod)
+	outer := filepath.Join(dir, "outer")
+	m.filesystem(t, filepath.Join(dir, "outer.img"), outer)
+	inner := m.loop(t, filepath.Join(outer, "inner.img"), 1<<20)
+	if out, err := exec.Command("fsfreeze", "-f", outer).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze -f %s: %v: %s", outer, err, out)
+	}
+	thawOuter := func() { exec.Command("fsfreeze", "-u", outer).Run() }
+	// Before m's clean-up: the write waits for the thaw, and the inner
+	// device, named by its path in outer, would not be found once outer
+	// is unmounted.
+	t.Cleanup(func() {
+		thawOuter()
+		if err := devices.DetachLoop(inner); err != nil {
+			t.Errorf("clean-up: %v", err)
+		}
+	})
+	write := m.start(t, exec.Command("dd", "if=/dev/zero", "of="+inner, "bs=4096", "count=1", "oflag=direct"), pod)
+	pid := write.cmd.Process.Pid
+	poll.Until(t, 10*time.Second, 10*time.Millisecond, "the write waiting for its device", func() error {
+		if got := processState(pid); got != "D" {
+			return fmt.Errorf("process %d is in state %s", pid, got)
+		}
+		return nil
+	})
+
+	err := FreezeCgroups(root, time.Second)
+	t.Logf("FreezeCgroups: %v", err)
+	if err == nil {
+		t.Fatal("FreezeCgroups with a process that cannot stop: got nil, want an error")
+	}
+	if want := fmt.Sprintf("%d dd in ", pid); !strings.Contains(err.Error(), want) {
+		t.Errorf("FreezeCgroups's error does not name the stuck process (%q)", want)
+	}
+	for _, cg := range []string{root[1:], pod} {
+		if got := freezerState(cg); got != "THAWED" {
+			t.Errorf("cgroup %s after FreezeCgroups gave up: got %s, want THAWED", cg, got)
+		}
+	}
+	thawOuter()
+	select {
+	case <-write.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("the write (process %d) does not end once its filesystem is thawed, state %s", pid, processState(pid))
+	}
+}
