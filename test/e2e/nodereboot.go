@@ -24,7 +24,7 @@ import (
 // again as its machine would: its namespaces, containerd, the kubelet,
 // which brings its pods back.
 //
-// The node's pods stop first, all at once (runs.FreezeCgroups), and then
+// The node's pods stop first (runs.FreezeCgroups), and then
 // the filesystems of the node's volumes are cut off, as a power loss cuts
 // them (cutVolumes): what they held in memory and had not written, their
 // log's tail among it, is lost; only what was fsync'd is theirs when they
@@ -38,13 +38,10 @@ import (
 // holds goes when that mount ends, which writes its filesystem out first.
 const rebootDetachTimeout = 2 * time.Minute
 
-// errPodsDidNotStop marks a reboot refused because the node's pods did
-// not stop within rebootFreezeTimeout: nothing of the node was touched.
-var errPodsDidNotStop = errors.New("its pods did not stop")
-
 // rebootFreezeTimeout bounds the wait for the node's pods to stop before
-// the cut: each stops when its system call returns, an fsync within
-// seconds.
+// the cut: each stops between two system calls, an fsync's within
+// seconds; a write waiting on a filesystem that a snapshot froze (csi-node
+// stopped before its thaw) is let go by thawing it.
 const rebootFreezeTimeout = 30 * time.Second
 
 // rebootReadyTimeout bounds the wait for the node to be Ready again once
@@ -55,16 +52,22 @@ const rebootReadyTimeout = 2 * time.Minute
 // cutVolumes, killAll, then powerOff), leaves it down for down, and
 // starts it again (powerOn). The node comes back even when part of taking
 // it down failed (a loop device that stayed attached, say), and the error
-// names every step that failed. A node whose pods do not stop
-// (errPodsDidNotStop), or with a process that stays frozen, is not taken
-// down at all: the first would let a cut race an fsync, and nothing would
-// end the second. ctx bounds the time down and the start; if it ends
+// names every step that failed. A node whose pods do not stop within
+// rebootFreezeTimeout (runs.ErrNotStopped) is not rebooted: its pods go
+// on, and nothing else of it was touched; a cut then could race an
+// fsync. One with a process that stays frozen once thawed has its volumes
+// cut and is left running: nothing would end that process. ctx bounds the time down and the start; if it ends
 // first, the node stays down, and the cluster's teardown still takes
 // down what runs of it. The caller must not stop or start the node's
 // kubelet meanwhile.
 func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
-	if err := runs.FreezeCgroups(n.cgroupRoot, rebootFreezeTimeout); err != nil {
-		return fmt.Errorf("node %s not rebooted: %w: %w", n.node, errPodsDidNotStop, err)
+	thaw := func() {
+		if err := n.thawVolumes(); err != nil {
+			fmt.Printf("e2e: node %s: %v\n", n.node, err)
+		}
+	}
+	if err := runs.FreezeCgroups(n.cgroupRoot, rebootFreezeTimeout, thaw); err != nil {
+		return fmt.Errorf("node %s not rebooted: its pods did not stop: %w", n.node, err)
 	}
 	cutErr := n.cutVolumes()
 	if err := n.killAll(); err != nil {

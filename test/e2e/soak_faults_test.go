@@ -11,6 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/converge-csi/converge/test/e2e/runs"
 	"github.com/converge-csi/converge/test/e2e/soak"
 )
 
@@ -26,11 +27,11 @@ func (s *soakRun) rebootNode(i int, hold time.Duration) error {
 	defer s.nodeMu[i].Unlock()
 	s.intendNodeRestarts(n)
 	err := n.reboot(s.ctx, hold)
-	if errors.Is(err, errPodsDidNotStop) {
+	if errors.Is(err, runs.ErrNotStopped) {
 		// Not a fault that fell under the others, but one that did not
 		// fall at all: a soak that passed without it would claim a power
 		// loss it never had.
-		s.fail(&s.broken, "%v", err)
+		s.fail(&s.broken, "reboot of node %s: %v", n.node, err)
 		return nil
 	}
 	return err

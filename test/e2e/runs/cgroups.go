@@ -122,15 +122,25 @@ func thaw(roots []string) []string {
 	return frozen
 }
 
+// ErrNotStopped marks a freeze that gave up: the processes did not all
+// stop within its timeout.
+var ErrNotStopped = errors.New("not stopped")
+
+// unblockEvery is how often freeze calls its unblock while it waits.
+const unblockEvery = time.Second
+
 // freeze freezes the cgroup v1 freezers of roots, each with every cgroup
 // below it, and waits up to timeout until each reads FROZEN: every process
 // below has stopped between two steps of its own. A process in a system
 // call that sleeps unfreezably (an fsync waiting for its device) stops
-// only once the call has returned. When roots hold no freezer it is an
-// error; on a timeout, it thaws roots again and returns an error naming
-// the cgroups that had not stopped, with their threads outside the
+// only once the call has returned; one that waits for something only
+// another process would end (a filesystem frozen by a process stopped
+// already) needs unblock, which freeze calls, when not nil, every
+// unblockEvery while it waits. When roots hold no freezer it is an error;
+// on a timeout (ErrNotStopped), it thaws roots again and returns an error
+// naming the cgroups that had not stopped, with their threads outside the
 // freezer's refrigerator, and any cgroup left frozen.
-func freeze(roots []string, timeout time.Duration) error {
+func freeze(roots []string, timeout time.Duration, unblock func()) error {
 	var states []string
 	for _, r := range roots {
 		if s := filepath.Join(r, "freezer.state"); exists(s) {
@@ -140,6 +150,7 @@ func freeze(roots []string, timeout time.Duration) error {
 	if len(states) == 0 {
 		return fmt.Errorf("no cgroup v1 freezer among %q", roots)
 	}
+	unblocked := time.Now()
 	err := poll.Wait(context.Background(), timeout, 10*time.Millisecond, func() error {
 		for _, s := range states {
 			if err := os.WriteFile(s, []byte("FROZEN"), 0o644); err != nil {
@@ -150,6 +161,10 @@ func freeze(roots []string, timeout time.Duration) error {
 				return poll.Stop(err)
 			}
 			if state := strings.TrimSpace(string(b)); state != "FROZEN" {
+				if unblock != nil && time.Since(unblocked) >= unblockEvery {
+					unblock()
+					unblocked = time.Now()
+				}
 				return fmt.Errorf("%s is %s", filepath.Dir(s), state)
 			}
 		}
@@ -160,9 +175,9 @@ func freeze(roots []string, timeout time.Duration) error {
 	}
 	running := unfrozen(roots)
 	if still := thaw(roots); len(still) > 0 {
-		return fmt.Errorf("%w (not stopped: %s); still frozen: %s", err, strings.Join(running, "; "), strings.Join(still, ", "))
+		return fmt.Errorf("%w: %w (%s); still frozen: %s", ErrNotStopped, err, strings.Join(running, "; "), strings.Join(still, ", "))
 	}
-	return fmt.Errorf("%w (not stopped: %s); thawed again", err, strings.Join(running, "; "))
+	return fmt.Errorf("%w: %w (%s); thawed again", ErrNotStopped, err, strings.Join(running, "; "))
 }
 
 // unfrozen names the freezer cgroups at or under roots that are not
@@ -177,9 +192,6 @@ func unfrozen(roots []string) []string {
 			continue
 		}
 		tasks, _ := os.ReadFile(filepath.Join(cg, "tasks"))
-		if len(strings.Fields(string(tasks))) == 0 {
-			continue // a parent, whose state is its children's
-		}
 		var threads []string
 		for _, tid := range strings.Fields(string(tasks)) {
 			wchan, _ := os.ReadFile("/proc/" + tid + "/wchan")
@@ -188,6 +200,9 @@ func unfrozen(roots []string) []string {
 			}
 			comm, _ := os.ReadFile("/proc/" + tid + "/comm")
 			threads = append(threads, fmt.Sprintf("%s %s in %s", tid, strings.TrimSpace(string(comm)), wchan))
+		}
+		if len(threads) == 0 {
+			continue // a parent, whose state is its children's
 		}
 		out = append(out, fmt.Sprintf("%s [%s]", cg, strings.Join(threads, ", ")))
 	}

@@ -201,12 +201,14 @@ func nodeCgroups(root string) []string {
 
 // FreezeCgroups stops every process at or under the node's cgroup root
 // root (CgroupRoot), its pods' (csi-node's and their writers'), as a power
-// loss stops them, and returns once none runs; timeout bounds the wait. A
-// root that is not a run's, or that would not freeze within timeout, is an
-// error, and it is thawed again (the error names any cgroup that stayed
-// frozen). ThawCgroups lets them go on.
-func FreezeCgroups(root string, timeout time.Duration) error {
-	return freeze(nodeCgroups(root), timeout)
+// loss stops them, and returns once none runs; timeout bounds the wait,
+// and unblock (when not nil) is called every second of it, to end what a
+// process may wait for that only a process stopped already would end. A
+// root that is not a run's is an error; one whose processes do not all
+// stop within timeout is ErrNotStopped, and is thawed again (the error
+// names any cgroup that stayed frozen). ThawCgroups lets them go on.
+func FreezeCgroups(root string, timeout time.Duration, unblock func()) error {
+	return freeze(nodeCgroups(root), timeout, unblock)
 }
 
 // ThawCgroups thaws every frozen cgroup at or under the node's cgroup

@@ -1,6 +1,7 @@
 package runs
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -382,7 +383,7 @@ func TestFreezeCgroupsStopsTheNodeAlone(t *testing.T) {
 	}
 	advances("the node's writer", read)
 
-	if err := FreezeCgroups(root, 10*time.Second); err != nil {
+	if err := FreezeCgroups(root, 10*time.Second, nil); err != nil {
 		t.Fatalf("FreezeCgroups: %v", err)
 	}
 	stopped := value("the node's writer", read)
@@ -402,18 +403,21 @@ func TestFreezeCgroupsStopsTheNodeAlone(t *testing.T) {
 	}
 	advances("the node's writer, thawed", read)
 
-	if err := FreezeCgroups("/not-a-run", time.Second); err == nil {
+	if err := FreezeCgroups("/not-a-run", time.Second, nil); err == nil {
 		t.Error("FreezeCgroups of a root that is not a run's: got nil, want an error")
 	}
 }
 
-// TestFreezeCgroupsGivesUpOnAStuckProcess: a process in a sleep that does
-// not freeze (a direct write to a loop device whose backing file lies on a
+// TestFreezeCgroupsOfAStuckProcess: a process in a sleep that does not
+// freeze (a direct write to a loop device whose backing file lies on a
 // frozen filesystem: the device's I/O waits for the thaw) keeps its
-// cgroup from freezing. FreezeCgroups gives up at its timeout, names it,
-// and thaws the node again: the reboot it stands before is refused rather
-// than cut with the write under way, and nothing of the node stays frozen.
-func TestFreezeCgroupsGivesUpOnAStuckProcess(t *testing.T) {
+// cgroup from freezing, as a writer waits on a volume that a stopped
+// csi-node froze for a snapshot. Without an unblock, FreezeCgroups gives
+// up at its timeout (ErrNotStopped), names the process, and thaws the node
+// again: the reboot it stands before is refused rather than cut with the
+// write under way, and nothing of the node stays frozen. With an unblock
+// that thaws the filesystem, the write ends and the node freezes.
+func TestFreezeCgroupsOfAStuckProcess(t *testing.T) {
 	needMachine(t)
 	if _, err := exec.LookPath("fsfreeze"); err != nil {
 		t.Skipf("needs fsfreeze: %v", err)
@@ -426,9 +430,6 @@ func TestFreezeCgroupsGivesUpOnAStuckProcess(t *testing.T) {
 	outer := filepath.Join(dir, "outer")
 	m.filesystem(t, filepath.Join(dir, "outer.img"), outer)
 	inner := m.loop(t, filepath.Join(outer, "inner.img"), 1<<20)
-	if out, err := exec.Command("fsfreeze", "-f", outer).CombinedOutput(); err != nil {
-		t.Fatalf("fsfreeze -f %s: %v: %s", outer, err, out)
-	}
 	thawOuter := func() { exec.Command("fsfreeze", "-u", outer).Run() }
 	// Before m's clean-up: the write waits for the thaw, and the inner
 	// device, named by its path in outer, would not be found once outer
@@ -439,19 +440,31 @@ func TestFreezeCgroupsGivesUpOnAStuckProcess(t *testing.T) {
 			t.Errorf("clean-up: %v", err)
 		}
 	})
+	if out, err := exec.Command("fsfreeze", "-f", outer).CombinedOutput(); err != nil {
+		t.Fatalf("fsfreeze -f %s: %v: %s", outer, err, out)
+	}
 	write := m.start(t, exec.Command("dd", "if=/dev/zero", "of="+inner, "bs=4096", "count=1", "oflag=direct"), pod)
 	pid := write.cmd.Process.Pid
+	inflight := filepath.Join("/sys/block", filepath.Base(inner), "inflight")
 	poll.Until(t, 10*time.Second, 10*time.Millisecond, "the write waiting for its device", func() error {
+		b, err := os.ReadFile(inflight)
+		if err != nil {
+			return err
+		}
+		var reads, writes int
+		if _, err := fmt.Sscan(string(b), &reads, &writes); err != nil || writes == 0 {
+			return fmt.Errorf("%s reads %q", inflight, b)
+		}
 		if got := processState(pid); got != "D" {
 			return fmt.Errorf("process %d is in state %s", pid, got)
 		}
 		return nil
 	})
 
-	err := FreezeCgroups(root, time.Second)
+	err := FreezeCgroups(root, time.Second, nil)
 	t.Logf("FreezeCgroups: %v", err)
-	if err == nil {
-		t.Fatal("FreezeCgroups with a process that cannot stop: got nil, want an error")
+	if !errors.Is(err, ErrNotStopped) {
+		t.Fatalf("FreezeCgroups with a process that cannot stop: got %v, want ErrNotStopped", err)
 	}
 	if want := fmt.Sprintf("%d dd in ", pid); !strings.Contains(err.Error(), want) {
 		t.Errorf("FreezeCgroups's error does not name the stuck process (%q)", want)
@@ -461,7 +474,16 @@ func TestFreezeCgroupsGivesUpOnAStuckProcess(t *testing.T) {
 			t.Errorf("cgroup %s after FreezeCgroups gave up: got %s, want THAWED", cg, got)
 		}
 	}
-	thawOuter()
+
+	if err := FreezeCgroups(root, 10*time.Second, thawOuter); err != nil {
+		t.Fatalf("FreezeCgroups with an unblock that thaws the filesystem: %v", err)
+	}
+	if got := freezerState(pod); got != "FROZEN" {
+		t.Errorf("the pod after FreezeCgroups with an unblock: got %s, want FROZEN", got)
+	}
+	if still := ThawCgroups(root); len(still) > 0 {
+		t.Fatalf("ThawCgroups: still frozen: %q", still)
+	}
 	select {
 	case <-write.done:
 	case <-time.After(10 * time.Second):
