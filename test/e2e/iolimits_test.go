@@ -330,7 +330,10 @@ const ioExecWithin = 2 * time.Minute
 // and is measured again, up to ioTries times.
 func checkReadRate(t *testing.T, pod, path string, iops int) {
 	t.Helper()
-	lo, hi := float64(iops)*(1-ioTolerance), float64(iops)*(1+ioTolerance)
+	// Above, the reads fio keeps in flight may come on top: a run here
+	// read 391 times in 3.5 s under a limit of 100 (111 a second), as the
+	// throttle let through at its start more than a slice's share.
+	lo, hi := float64(iops)*(1-ioTolerance), float64(iops)*(1+ioTolerance)+float64(ioReaders*ioDepth)/ioSeconds
 	var got float64
 	for range ioTries {
 		got = readRate(t, pod, path)
@@ -339,6 +342,6 @@ func checkReadRate(t *testing.T, pod, path string, iops int) {
 		}
 	}
 	if got < lo || got > hi {
-		t.Errorf("%s read at %.1f a second, want %d within %.0f%% (%.0f to %.0f)", path, got, iops, ioTolerance*100, lo, hi)
+		t.Errorf("%s read at %.1f a second, want %d within %.0f%%, and the reads in flight above (%.0f to %.0f)", path, got, iops, ioTolerance*100, lo, hi)
 	}
 }
