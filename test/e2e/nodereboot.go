@@ -56,9 +56,9 @@ const rebootReadyTimeout = 2 * time.Minute
 // rebootFreezeTimeout (runs.ErrNotStopped) is not rebooted: its pods go
 // on, and nothing else of it was touched; a cut then could race an
 // fsync. One with a process that stays frozen once thawed has its volumes
-// cut and is left running: nothing would end that process. ctx bounds the time down and the start; if it ends
-// first, the node stays down, and the cluster's teardown still takes
-// down what runs of it. The caller must not stop or start the node's
+// cut and is left running: nothing would end that process. ctx bounds
+// the time down and the start; if it ends first, the node stays down,
+// and the cluster's teardown still takes down what runs of it. The caller must not stop or start the node's
 // kubelet meanwhile.
 func (n *kubeNode) reboot(ctx context.Context, down time.Duration) error {
 	thaw := func() {

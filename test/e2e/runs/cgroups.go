@@ -151,13 +151,16 @@ func freeze(roots []string, timeout time.Duration, unblock func()) error {
 		return fmt.Errorf("no cgroup v1 freezer among %q", roots)
 	}
 	unblocked := time.Now()
+	var broken error // a freezer that cannot be written or read: not a timeout
 	err := poll.Wait(context.Background(), timeout, 10*time.Millisecond, func() error {
 		for _, s := range states {
 			if err := os.WriteFile(s, []byte("FROZEN"), 0o644); err != nil {
+				broken = err
 				return poll.Stop(err)
 			}
 			b, err := os.ReadFile(s)
 			if err != nil {
+				broken = err
 				return poll.Stop(err)
 			}
 			if state := strings.TrimSpace(string(b)); state != "FROZEN" {
@@ -174,6 +177,10 @@ func freeze(roots []string, timeout time.Duration, unblock func()) error {
 		return nil
 	}
 	running := unfrozen(roots)
+	if broken != nil {
+		still := thaw(roots)
+		return fmt.Errorf("the freezer: %w (still frozen: %q)", broken, still)
+	}
 	if still := thaw(roots); len(still) > 0 {
 		return fmt.Errorf("%w: %w (%s); still frozen: %s", ErrNotStopped, err, strings.Join(running, "; "), strings.Join(still, ", "))
 	}
